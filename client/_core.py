@@ -1,0 +1,277 @@
+"""What the sync and asyncio clients share: result types, protobuf conversion, the
+status-code-to-exception table, channel options and request building."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import grpc
+
+from stockade.v1 import sandbox_pb2, tool_pb2
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+def default_target() -> str:
+    return os.environ.get("STOCKADE_ADDR") or DEFAULT_TARGET
+
+
+class StockadeError(Exception):
+    """Root of the client's errors. `code` is the gRPC status name, `reason` the server's
+    stable reason string (empty when the server gave none)."""
+
+    def __init__(self, message: str, *, code: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+
+
+class InvalidArgument(StockadeError):
+    """The request was wrong (e.g. a malformed key)."""
+
+
+class NotFound(StockadeError):
+    """No sandbox for that key."""
+
+
+class Unavailable(StockadeError):
+    """The supervisor, its engine or the sandbox cannot work right now."""
+
+
+class ResourceExhausted(StockadeError):
+    """A size or rate limit was hit (e.g. a message larger than the server accepts)."""
+
+
+class DeadlineExceeded(StockadeError):
+    """The client's own deadline passed."""
+
+
+class ToolError(StockadeError):
+    """A convenience method's tool call returned is_error; the result is attached."""
+
+    def __init__(self, result: ToolResult) -> None:
+        super().__init__(
+            f"{result.error_code}: {result.error_message}", code="OK", reason=result.error_code
+        )
+        self.result = result
+
+
+_BY_STATUS: dict[grpc.StatusCode, type[StockadeError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+}
+
+
+def error_from_rpc(exc: grpc.RpcError) -> StockadeError:
+    """The most specific client error for a failed RPC."""
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    trailers = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    reason = dict(trailers or ()).get("stockade-error-reason", "")
+    cls = _BY_STATUS.get(code, StockadeError)
+    return cls(f"{code.name}: {details}", code=code.name, reason=str(reason))
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    for_llm: str
+    for_user: str
+    is_error: bool
+    error_code: str
+    """Short name, e.g. "TIMEOUT"; empty on success."""
+    error_message: str
+    data: dict[str, Any] = field(default_factory=dict)
+    duration_ms: int = 0
+    truncated: bool = False
+    redactions: int = 0
+    request_id: str = ""
+
+    @property
+    def stdout(self) -> str:
+        return str(self.data.get("stdout", ""))
+
+    @property
+    def stderr(self) -> str:
+        return str(self.data.get("stderr", ""))
+
+    @property
+    def exit_code(self) -> int | None:
+        code = self.data.get("exit_code")
+        return code if isinstance(code, int) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result with the protobuf field names (error_code as the enum's name)."""
+        return {
+            "for_llm": self.for_llm,
+            "for_user": self.for_user,
+            "is_error": self.is_error,
+            "error_code": f"TOOL_ERROR_CODE_{self.error_code or 'UNSPECIFIED'}",
+            "error_message": self.error_message,
+            "data_json": json.dumps(self.data, ensure_ascii=False) if self.data else "",
+            "duration_ms": self.duration_ms,
+            "truncated": self.truncated,
+            "redactions": self.redactions,
+            "request_id": self.request_id,
+        }
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    key: str
+    container_id: str
+    container_name: str
+    engine: str
+    image: str
+    state: str
+    """RUNNING, EXITED or ABSENT."""
+    created_at: datetime | None
+    last_used_at: datetime | None
+    workspace_path: str
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    group: str
+    description: str
+    parameters: dict[str, Any]
+    profiles: tuple[str, ...]
+
+
+def result_from_pb(msg: Any) -> ToolResult:
+    name = tool_pb2.ToolErrorCode.Name(msg.error_code).removeprefix("TOOL_ERROR_CODE_")
+    return ToolResult(
+        for_llm=msg.for_llm,
+        for_user=msg.for_user,
+        is_error=msg.is_error,
+        error_code="" if name == "UNSPECIFIED" else name,
+        error_message=msg.error_message,
+        data=json.loads(msg.data_json) if msg.data_json else {},
+        duration_ms=msg.duration_ms,
+        truncated=msg.truncated,
+        redactions=msg.redactions,
+        request_id=msg.request_id,
+    )
+
+
+def _time(msg: Any, name: str) -> datetime | None:
+    return msg.__getattribute__(name).ToDatetime() if msg.HasField(name) else None
+
+
+def sandbox_from_pb(msg: Any) -> SandboxInfo:
+    return SandboxInfo(
+        key=msg.key,
+        container_id=msg.container_id,
+        container_name=msg.container_name,
+        engine=msg.engine,
+        image=msg.image,
+        state=sandbox_pb2.SandboxState.Name(msg.state).removeprefix("SANDBOX_STATE_"),
+        created_at=_time(msg, "created_at"),
+        last_used_at=_time(msg, "last_used_at"),
+        workspace_path=msg.workspace_path,
+    )
+
+
+def tool_from_pb(msg: Any) -> ToolSpec:
+    return ToolSpec(
+        name=msg.name,
+        group=msg.group,
+        description=msg.description,
+        parameters=json.loads(msg.parameters_json_schema or "{}"),
+        profiles=tuple(msg.profiles),
+    )
+
+
+def call_request(
+    key: str,
+    tool: str,
+    arguments: dict[str, Any] | str | None,
+    *,
+    timeout_ms: int = 0,
+    agent_id: str = "",
+    request_id: str = "",
+) -> Any:
+    """A CallToolRequest; arguments may be a dict or already-encoded JSON."""
+    if arguments is None:
+        arguments_json = ""
+    elif isinstance(arguments, str):
+        arguments_json = arguments
+    else:
+        arguments_json = json.dumps(arguments)
+    return tool_pb2.CallToolRequest(
+        sandbox_key=key,
+        tool=tool,
+        arguments_json=arguments_json,
+        context=tool_pb2.CallContext(agent_id=agent_id),
+        timeout_ms=timeout_ms,
+        request_id=request_id,
+    )
+
+
+Op = tuple[str, dict[str, Any], Callable[[ToolResult], Any]]
+"""A helper call: tool name, arguments, and what to make of the result."""
+
+
+def _field(name: str) -> Callable[[ToolResult], Any]:
+    def take(result: ToolResult) -> Any:
+        if result.is_error:
+            raise ToolError(result)
+        return result.data[name]
+
+    return take
+
+
+def _nothing(result: ToolResult) -> None:
+    if result.is_error:
+        raise ToolError(result)
+
+
+def exec_op(
+    command: str, timeout: float | None, workdir: str | None, env: dict[str, str] | None
+) -> Op:
+    args: dict[str, Any] = {"command": command}
+    for name, value in (("timeout", timeout), ("workdir", workdir), ("env", env)):
+        if value is not None:
+            args[name] = value
+    return "exec", args, lambda result: result
+
+
+def read_file_op(path: str, start_line: int | None, end_line: int | None) -> Op:
+    args: dict[str, Any] = {"path": path}
+    for name, value in (("start_line", start_line), ("end_line", end_line)):
+        if value is not None:
+            args[name] = value
+    return "read_file", args, _field("content")
+
+
+def write_file_op(path: str, content: str) -> Op:
+    return "write_file", {"path": path, "content": content}, _nothing
+
+
+def edit_file_op(path: str, old_text: str, new_text: str) -> Op:
+    return "edit_file", {"path": path, "old_text": old_text, "new_text": new_text}, _nothing
+
+
+def list_files_op(path: str) -> Op:
+    return "list_files", {"path": path}, _field("entries")
+
+
+def glob_op(pattern: str, path: str) -> Op:
+    return "glob", {"pattern": pattern, "path": path}, _field("matches")
+
+
+def search_op(pattern: str, path: str, extra: dict[str, Any]) -> Op:
+    return "search", {"pattern": pattern, "path": path, **extra}, _field("matches")

@@ -1,0 +1,150 @@
+"""The asyncio client: `await AsyncStockade(addr).sandbox("key").exec("ls")`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from stockade.client import _core
+from stockade.client._core import SandboxInfo, ToolResult, ToolSpec
+from stockade.v1 import sandbox_pb2, sandbox_pb2_grpc, tool_pb2, tool_pb2_grpc
+
+T = TypeVar("T")
+
+
+class AsyncStockade:
+    """A connection to a Stockade supervisor.
+
+    `target` is host:port or unix:/path (default: $STOCKADE_ADDR, else 127.0.0.1:50051).
+    Pass `channel` to use a channel of your own (tests, TLS, interceptors)."""
+
+    def __init__(
+        self, target: str | None = None, *, channel: grpc.aio.Channel | None = None
+    ) -> None:
+        self.target = target or _core.default_target()
+        self._own_channel = channel is None
+        self._channel = channel or grpc.aio.insecure_channel(self.target, _core.CHANNEL_OPTIONS)
+        self._sandboxes = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
+        self._tools = tool_pb2_grpc.ToolServiceStub(self._channel)
+
+    async def __aenter__(self) -> AsyncStockade:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._own_channel:
+            await self._channel.close()
+
+    async def _rpc(
+        self, method: Callable[..., Any], request: Any, timeout: float | None = None
+    ) -> Any:
+        try:
+            return await method(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise _core.error_from_rpc(exc) from None
+
+    def sandbox(self, key: str) -> AsyncSandbox:
+        return AsyncSandbox(self, key)
+
+    async def list_sandboxes(self) -> list[SandboxInfo]:
+        reply = await self._rpc(self._sandboxes.ListSandboxes, sandbox_pb2.ListSandboxesRequest())
+        return [_core.sandbox_from_pb(s) for s in reply.sandboxes]
+
+    async def list_tools(self) -> list[ToolSpec]:
+        reply = await self._rpc(self._tools.ListTools, tool_pb2.ListToolsRequest())
+        return [_core.tool_from_pb(t) for t in reply.tools]
+
+    async def call(
+        self,
+        key: str,
+        tool: str,
+        arguments: dict[str, Any] | str | None = None,
+        *,
+        timeout: float | None = None,
+        agent_id: str = "",
+        request_id: str = "",
+    ) -> ToolResult:
+        """Call a tool; a tool failure is a result with is_error, not an exception."""
+        request = _core.call_request(
+            key,
+            tool,
+            arguments,
+            timeout_ms=int(timeout * 1000) if timeout else 0,
+            agent_id=agent_id,
+            request_id=request_id,
+        )
+        return _core.result_from_pb(await self._rpc(self._tools.CallTool, request))
+
+    async def ensure_sandbox(self, key: str) -> SandboxInfo:
+        request = sandbox_pb2.EnsureSandboxRequest(key=key)
+        return _core.sandbox_from_pb(await self._rpc(self._sandboxes.EnsureSandbox, request))
+
+    async def get_sandbox(self, key: str) -> SandboxInfo:
+        request = sandbox_pb2.GetSandboxRequest(key=key)
+        return _core.sandbox_from_pb(await self._rpc(self._sandboxes.GetSandbox, request))
+
+    async def destroy_sandbox(self, key: str, *, delete_workspace: bool = False) -> bool:
+        request = sandbox_pb2.DestroySandboxRequest(key=key, delete_workspace=delete_workspace)
+        reply = await self._rpc(self._sandboxes.DestroySandbox, request)
+        return bool(reply.removed)
+
+
+class AsyncSandbox:
+    """One sandbox key. Helpers other than call() and exec() raise ToolError on failure."""
+
+    def __init__(self, client: AsyncStockade, key: str) -> None:
+        self.client = client
+        self.key = key
+
+    async def call(
+        self, tool: str, arguments: dict[str, Any] | str | None = None, **kw: Any
+    ) -> ToolResult:
+        return await self.client.call(self.key, tool, arguments, **kw)
+
+    async def ensure(self) -> SandboxInfo:
+        return await self.client.ensure_sandbox(self.key)
+
+    async def info(self) -> SandboxInfo:
+        return await self.client.get_sandbox(self.key)
+
+    async def destroy(self, *, delete_workspace: bool = False) -> bool:
+        return await self.client.destroy_sandbox(self.key, delete_workspace=delete_workspace)
+
+    async def _do(self, op: _core.Op) -> Any:
+        tool, args, finish = op
+        return finish(await self.call(tool, args))
+
+    async def exec(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        workdir: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ToolResult:
+        """Run a shell command; a non-zero exit is a result (see .exit_code), not an error."""
+        return await self._do(_core.exec_op(command, timeout, workdir, env))  # type: ignore[no-any-return]
+
+    async def read_file(
+        self, path: str, *, start_line: int | None = None, end_line: int | None = None
+    ) -> str:
+        return str(await self._do(_core.read_file_op(path, start_line, end_line)))
+
+    async def write_file(self, path: str, content: str) -> None:
+        await self._do(_core.write_file_op(path, content))
+
+    async def edit_file(self, path: str, old_text: str, new_text: str) -> None:
+        await self._do(_core.edit_file_op(path, old_text, new_text))
+
+    async def list_files(self, path: str = ".") -> list[dict[str, Any]]:
+        return list(await self._do(_core.list_files_op(path)))
+
+    async def glob(self, pattern: str, path: str = ".") -> list[str]:
+        return list(await self._do(_core.glob_op(pattern, path)))
+
+    async def search(self, pattern: str, path: str = ".", **extra: Any) -> list[dict[str, Any]]:
+        return list(await self._do(_core.search_op(pattern, path, extra)))

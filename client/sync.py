@@ -1,0 +1,145 @@
+"""The blocking client: `Stockade(addr).sandbox("key").exec("ls")`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from stockade.client import _core
+from stockade.client._core import SandboxInfo, ToolResult, ToolSpec
+from stockade.v1 import sandbox_pb2, sandbox_pb2_grpc, tool_pb2, tool_pb2_grpc
+
+T = TypeVar("T")
+
+
+class Stockade:
+    """A connection to a Stockade supervisor.
+
+    `target` is host:port or unix:/path (default: $STOCKADE_ADDR, else 127.0.0.1:50051).
+    Pass `channel` to use a channel of your own (tests, TLS, interceptors)."""
+
+    def __init__(self, target: str | None = None, *, channel: grpc.Channel | None = None) -> None:
+        self.target = target or _core.default_target()
+        self._own_channel = channel is None
+        self._channel = channel or grpc.insecure_channel(self.target, _core.CHANNEL_OPTIONS)
+        self._sandboxes = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
+        self._tools = tool_pb2_grpc.ToolServiceStub(self._channel)
+
+    def __enter__(self) -> Stockade:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._own_channel:
+            self._channel.close()
+
+    def _rpc(self, method: Callable[..., T], request: Any, timeout: float | None = None) -> T:
+        try:
+            return method(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise _core.error_from_rpc(exc) from None
+
+    def sandbox(self, key: str) -> Sandbox:
+        return Sandbox(self, key)
+
+    def list_sandboxes(self) -> list[SandboxInfo]:
+        reply = self._rpc(self._sandboxes.ListSandboxes, sandbox_pb2.ListSandboxesRequest())
+        return [_core.sandbox_from_pb(s) for s in reply.sandboxes]
+
+    def list_tools(self) -> list[ToolSpec]:
+        reply = self._rpc(self._tools.ListTools, tool_pb2.ListToolsRequest())
+        return [_core.tool_from_pb(t) for t in reply.tools]
+
+    def call(
+        self,
+        key: str,
+        tool: str,
+        arguments: dict[str, Any] | str | None = None,
+        *,
+        timeout: float | None = None,
+        agent_id: str = "",
+        request_id: str = "",
+    ) -> ToolResult:
+        """Call a tool; a tool failure is a result with is_error, not an exception."""
+        request = _core.call_request(
+            key,
+            tool,
+            arguments,
+            timeout_ms=int(timeout * 1000) if timeout else 0,
+            agent_id=agent_id,
+            request_id=request_id,
+        )
+        return _core.result_from_pb(self._rpc(self._tools.CallTool, request))
+
+    def ensure_sandbox(self, key: str) -> SandboxInfo:
+        request = sandbox_pb2.EnsureSandboxRequest(key=key)
+        return _core.sandbox_from_pb(self._rpc(self._sandboxes.EnsureSandbox, request))
+
+    def get_sandbox(self, key: str) -> SandboxInfo:
+        request = sandbox_pb2.GetSandboxRequest(key=key)
+        return _core.sandbox_from_pb(self._rpc(self._sandboxes.GetSandbox, request))
+
+    def destroy_sandbox(self, key: str, *, delete_workspace: bool = False) -> bool:
+        request = sandbox_pb2.DestroySandboxRequest(key=key, delete_workspace=delete_workspace)
+        return bool(self._rpc(self._sandboxes.DestroySandbox, request).removed)
+
+
+class Sandbox:
+    """One sandbox key. Helpers other than call() and exec() raise ToolError on failure."""
+
+    def __init__(self, client: Stockade, key: str) -> None:
+        self.client = client
+        self.key = key
+
+    def call(
+        self, tool: str, arguments: dict[str, Any] | str | None = None, **kw: Any
+    ) -> ToolResult:
+        return self.client.call(self.key, tool, arguments, **kw)
+
+    def ensure(self) -> SandboxInfo:
+        return self.client.ensure_sandbox(self.key)
+
+    def info(self) -> SandboxInfo:
+        return self.client.get_sandbox(self.key)
+
+    def destroy(self, *, delete_workspace: bool = False) -> bool:
+        return self.client.destroy_sandbox(self.key, delete_workspace=delete_workspace)
+
+    def _do(self, op: _core.Op) -> Any:
+        tool, args, finish = op
+        return finish(self.call(tool, args))
+
+    def exec(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        workdir: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ToolResult:
+        """Run a shell command; a non-zero exit is a result (see .exit_code), not an error."""
+        return self._do(_core.exec_op(command, timeout, workdir, env))  # type: ignore[no-any-return]
+
+    def read_file(
+        self, path: str, *, start_line: int | None = None, end_line: int | None = None
+    ) -> str:
+        return str(self._do(_core.read_file_op(path, start_line, end_line)))
+
+    def write_file(self, path: str, content: str) -> None:
+        self._do(_core.write_file_op(path, content))
+
+    def edit_file(self, path: str, old_text: str, new_text: str) -> None:
+        self._do(_core.edit_file_op(path, old_text, new_text))
+
+    def list_files(self, path: str = ".") -> list[dict[str, Any]]:
+        return list(self._do(_core.list_files_op(path)))
+
+    def glob(self, pattern: str, path: str = ".") -> list[str]:
+        return list(self._do(_core.glob_op(pattern, path)))
+
+    def search(self, pattern: str, path: str = ".", **extra: Any) -> list[dict[str, Any]]:
+        return list(self._do(_core.search_op(pattern, path, extra)))

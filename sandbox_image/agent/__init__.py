@@ -1,0 +1,7 @@
+"""The Stockade agent: runs inside the sandbox container and executes tools there.
+
+It imports only the standard library, grpcio and protobuf.
+"""
+
+__version__ = "0.1.0"
+PROTOCOL_VERSION = 1

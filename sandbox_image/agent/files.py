@@ -1,0 +1,280 @@
+"""File tools: read_file, write_file, edit_file, list_files, glob, search.
+
+Each tool is `async def NAME(root, args) -> dict`; blocking file-system work
+runs in a worker thread. Every path goes through `paths.resolve`, and every
+path in a result is relative to the workspace root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import os
+import secrets
+import stat
+from pathlib import Path, PurePosixPath
+from typing import Any, Final
+
+from . import paths
+from .argcheck import Args, expect_only, opt_int, opt_str, req_str
+from .errors import ToolError, from_os_error
+
+MAX_READ_BYTES: Final = 10 * 1024 * 1024
+MAX_LIST_ENTRIES: Final = 10_000
+MAX_GLOB_MATCHES: Final = 1000
+MAX_SEARCH_RESULTS: Final = 1000
+DEFAULT_SEARCH_RESULTS: Final = 100
+SEARCH_TIMEOUT: Final = 30.0
+MAX_LINE_CHARS: Final = 500
+
+
+async def read_file(root: Path, args: dict[str, Any]) -> dict[str, Any]:
+    """Read a text file, or lines `start_line`..`end_line` of it (1-based, inclusive)."""
+    return await asyncio.to_thread(_read_file, root, args)
+
+
+async def write_file(root: Path, args: dict[str, Any]) -> dict[str, Any]:
+    """Replace or create a file atomically, creating its parent directories."""
+    return await asyncio.to_thread(_write_file, root, args)
+
+
+async def edit_file(root: Path, args: dict[str, Any]) -> dict[str, Any]:
+    """Replace the one occurrence of `old_text` with `new_text`."""
+    return await asyncio.to_thread(_edit_file, root, args)
+
+
+async def list_files(root: Path, args: dict[str, Any]) -> dict[str, Any]:
+    """List a directory's entries, sorted by name."""
+    return await asyncio.to_thread(_list_files, root, args)
+
+
+async def glob(root: Path, args: dict[str, Any]) -> dict[str, Any]:
+    """Paths matching a relative glob pattern (`**` spans directories)."""
+    return await asyncio.to_thread(_glob, root, args)
+
+
+# read_file
+
+
+def _read_file(root: Path, args: Args) -> dict[str, Any]:
+    expect_only(args, ("path", "start_line", "end_line"))
+    user_path = req_str(args, "path")
+    start, end = _line_range(args)
+    path = paths.resolve(root, user_path, kind="file")
+    data, truncated = _read_bytes(path, user_path)
+    lines = _split_lines(data.decode("utf-8", errors="replace"))
+    if start > max(len(lines), 1):
+        raise ToolError(
+            "INVALID_ARGS",
+            f"start_line {start} is past the end of '{user_path}' ({len(lines)} lines)",
+        )
+    end = len(lines) if end is None else min(end, len(lines))
+    return {
+        "path": paths.display(root, path),
+        "content": "".join(lines[start - 1 : end]),
+        "start_line": start,
+        "end_line": end,
+        "total_lines": len(lines),
+        "truncated": truncated,
+        "binary": b"\0" in data,
+    }
+
+
+def _line_range(args: Args) -> tuple[int, int | None]:
+    start = opt_int(args, "start_line", 1)
+    end = opt_int(args, "end_line", None)
+    if start < 1:
+        raise ToolError("INVALID_ARGS", f"argument 'start_line' must be at least 1, got {start}")
+    if end is not None and end < start:
+        raise ToolError(
+            "INVALID_ARGS", f"argument 'end_line' ({end}) must not be less than start_line ({start})"
+        )
+    return start, end
+
+
+def _read_bytes(path: Path, user_path: str) -> tuple[bytes, bool]:
+    """At most MAX_READ_BYTES of a regular file, and whether there was more."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise ToolError("INVALID_PATH", f"path '{user_path}' is not a regular file")
+            data = file.read(MAX_READ_BYTES + 1)
+    except OSError as exc:
+        raise from_os_error(exc, user_path) from None
+    return data[:MAX_READ_BYTES], len(data) > MAX_READ_BYTES
+
+
+def _split_lines(text: str) -> list[str]:
+    """Lines split at '\\n' only, each keeping its newline; ''.join() gives `text` back."""
+    parts = text.split("\n")
+    lines = [part + "\n" for part in parts[:-1]]
+    return [*lines, parts[-1]] if parts[-1] else lines
+
+
+# write_file and edit_file
+
+
+def _write_file(root: Path, args: Args) -> dict[str, Any]:
+    expect_only(args, ("path", "content"))
+    user_path = req_str(args, "path")
+    data = _encode(req_str(args, "content"), "content")
+    path = paths.resolve(root, user_path, must_exist=False, kind="file")
+    created = not path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise from_os_error(exc, user_path) from None
+    _atomic_write(path, data, user_path)
+    return {"path": paths.display(root, path), "bytes_written": len(data), "created": created}
+
+
+def _edit_file(root: Path, args: Args) -> dict[str, Any]:
+    expect_only(args, ("path", "old_text", "new_text"))
+    user_path = req_str(args, "path")
+    old, new = req_str(args, "old_text"), req_str(args, "new_text")
+    if not old:
+        raise ToolError("INVALID_ARGS", "argument 'old_text' must not be empty")
+    path = paths.resolve(root, user_path, kind="file")
+    data, truncated = _read_bytes(path, user_path)
+    if truncated:
+        raise ToolError("INVALID_ARGS", f"'{user_path}' is too large to edit (over 10 MiB)")
+    # surrogateescape round-trips bytes that are not UTF-8 unchanged.
+    text = data.decode("utf-8", errors="surrogateescape")
+    count = text.count(old)
+    if count != 1:
+        raise ToolError("INVALID_ARGS", _edit_miss(count, user_path))
+    _atomic_write(path, _encode(text.replace(old, new, 1), "new_text"), user_path)
+    return {"path": paths.display(root, path), "replacements": 1}
+
+
+def _edit_miss(count: int, user_path: str) -> str:
+    if count == 0:
+        return f"old_text not found in '{user_path}'"
+    return f"old_text found {count} times in '{user_path}'; add context to make it unique"
+
+
+def _encode(text: str, arg: str) -> bytes:
+    try:
+        return text.encode("utf-8", errors="surrogateescape")
+    except UnicodeEncodeError as exc:
+        raise ToolError(
+            "INVALID_ARGS", f"argument '{arg}' holds a lone surrogate at index {exc.start}"
+        ) from None
+
+
+def _atomic_write(path: Path, data: bytes, user_path: str) -> None:
+    """Write via a temporary file in the same directory, fsync, rename, fsync the dir.
+
+    An existing file keeps its mode; a new one gets 0o666 minus the umask.
+    """
+    temp = path.with_name(f".{secrets.token_hex(8)}.stockade-tmp")
+    try:
+        mode = _existing_mode(path, user_path)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+            if mode is not None:
+                os.fchmod(file.fileno(), mode)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, path)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        raise from_os_error(exc, user_path) from None
+
+
+def _existing_mode(path: Path, user_path: str) -> int | None:
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return None
+    if not os.access(path, os.W_OK):
+        raise ToolError("PERMISSION_DENIED", f"path '{user_path}' is not writable")
+    return mode
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# list_files
+
+
+def _list_files(root: Path, args: Args) -> dict[str, Any]:
+    expect_only(args, ("path",))
+    user_path = opt_str(args, "path", ".")
+    directory = paths.resolve(root, user_path, kind="dir")
+    root_real = Path(os.path.realpath(root))
+    try:
+        with os.scandir(directory) as scan:
+            first = heapq.nsmallest(MAX_LIST_ENTRIES + 1, scan, key=lambda entry: entry.name)
+    except OSError as exc:
+        raise from_os_error(exc, user_path) from None
+    entries = [_entry(root_real, entry) for entry in first[:MAX_LIST_ENTRIES]]
+    return {
+        "path": paths.display(root, directory),
+        "entries": [entry for entry in entries if entry is not None],
+        "truncated": len(first) > MAX_LIST_ENTRIES,
+    }
+
+
+def _entry(root_real: Path, entry: os.DirEntry[str]) -> dict[str, Any] | None:
+    """Describe one entry; a symlink is followed only if it stays inside the root."""
+    try:
+        info = entry.stat(follow_symlinks=False)
+        is_link = entry.is_symlink()
+    except OSError:
+        return None  # removed while listing
+    if is_link and paths.is_real_inside(root_real, entry.path):
+        with contextlib.suppress(OSError):
+            info = entry.stat()
+    return {
+        "name": entry.name,
+        "is_dir": stat.S_ISDIR(info.st_mode),
+        "size": info.st_size,
+        "is_symlink": is_link,
+    }
+
+
+# glob
+
+
+def _glob(root: Path, args: Args) -> dict[str, Any]:
+    expect_only(args, ("pattern", "path"))
+    pattern = _checked_pattern(req_str(args, "pattern"))
+    user_path = opt_str(args, "path", ".")
+    base = paths.resolve(root, user_path, kind="dir")
+    root_real = Path(os.path.realpath(root))
+    found: list[str] = []
+    try:
+        for match in base.glob(pattern):
+            if not paths.is_real_inside(root_real, match):
+                continue
+            if len(found) == MAX_GLOB_MATCHES:
+                return {"matches": sorted(found), "truncated": True}
+            found.append(paths.display(root, match))
+    except OSError as exc:
+        raise from_os_error(exc, user_path) from None
+    except ValueError as exc:  # pathlib's "Invalid pattern: '**' can only be ..."
+        raise ToolError("INVALID_ARGS", f"argument 'pattern': {exc}") from None
+    return {"matches": sorted(found), "truncated": False}
+
+
+def _checked_pattern(pattern: str) -> str:
+    if not pattern:
+        raise ToolError("INVALID_ARGS", "argument 'pattern' must not be empty")
+    if "\0" in pattern:
+        raise ToolError("INVALID_ARGS", "argument 'pattern' contains a NUL byte")
+    if pattern.startswith("/"):
+        raise ToolError("INVALID_PATH", f"pattern '{pattern}' must be relative to the workspace")
+    if ".." in PurePosixPath(pattern).parts:
+        raise ToolError("INVALID_PATH", f"pattern '{pattern}' must not contain '..'")
+    return pattern

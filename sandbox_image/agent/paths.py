@@ -1,0 +1,141 @@
+"""Resolve a path the model wrote to a real path inside the workspace.
+
+Rules, in order:
+- the path is a non-empty string of at most MAX_PATH_BYTES bytes, without NUL;
+- it is relative to the workspace root, or absolute and lexically inside it;
+- it has no '..' component (even one that would stay inside);
+- its realpath (symlinks followed; for a path that does not exist yet, the
+  deepest existing ancestor's) stays inside the root's realpath;
+- if it exists it is a regular file or a directory, of the wanted kind:
+  FIFOs, sockets and devices are never a valid target.
+
+The returned path is that realpath, so callers never act through a symlink.
+A path that a running command swaps for a symlink after the check can still
+win a race; O_NOFOLLOW at open time narrows it to the last component.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path, PurePosixPath
+from typing import Final, Literal
+
+from .errors import ToolError, from_os_error
+
+Kind = Literal["file", "dir", "any"]
+MAX_PATH_BYTES: Final = 4096
+
+
+def resolve(
+    root: Path,
+    user_path: str,
+    *,
+    must_exist: bool = True,
+    kind: Kind = "any",
+    arg: str = "path",
+) -> Path:
+    """Return the realpath of `user_path` inside `root`, or raise ToolError.
+
+    `arg` names the argument in messages. `kind` 'any' means a regular file or
+    a directory.
+    """
+    root_real = Path(os.path.realpath(root))
+    relative = _relative(root, _checked(user_path, arg), user_path)
+    real = Path(os.path.realpath(root_real / relative))
+    if not is_inside(root_real, real):
+        raise ToolError("INVALID_PATH", f"path '{user_path}' leaves the workspace")
+    mode = _mode(real, user_path)
+    if mode is None:
+        if must_exist:
+            raise ToolError("FILE_NOT_FOUND", f"path '{user_path}' does not exist")
+        return real
+    _check_kind(mode, kind, user_path)
+    return real
+
+
+def display(root: Path, path: Path | str) -> str:
+    """`path` relative to the workspace root ('.' for the root itself)."""
+    path = Path(path)
+    for base in (Path(os.path.realpath(root)), Path(os.path.abspath(root))):
+        if is_inside(base, path):
+            return str(path.relative_to(base))
+    return str(path)
+
+
+def is_inside(root: Path, path: Path) -> bool:
+    """Whether `path` is `root` or below it, comparing whole components."""
+    return path == root or path.is_relative_to(root)
+
+
+def is_real_inside(root_real: Path, path: Path | str) -> bool:
+    """Whether `path`, with every symlink followed, stays inside `root_real`."""
+    return is_inside(root_real, Path(os.path.realpath(path)))
+
+
+def _checked(user_path: str, arg: str) -> PurePosixPath:
+    if not user_path:
+        raise ToolError("INVALID_ARGS", f"argument '{arg}' must not be empty")
+    if "\0" in user_path:
+        raise ToolError("INVALID_PATH", f"argument '{arg}' contains a NUL byte")
+    try:
+        size = len(os.fsencode(user_path))
+    except UnicodeEncodeError:
+        raise ToolError(
+            "INVALID_PATH", f"argument '{arg}' holds characters no file name can have"
+        ) from None
+    if size > MAX_PATH_BYTES:
+        raise ToolError(
+            "INVALID_PATH", f"argument '{arg}' is {size} bytes long; the limit is {MAX_PATH_BYTES}"
+        )
+    return PurePosixPath(user_path)
+
+
+def _relative(root: Path, path: PurePosixPath, user_path: str) -> PurePosixPath:
+    if path.is_absolute():
+        path = _below_root(root, path, user_path)
+    if ".." in path.parts:
+        if PurePosixPath(os.path.normpath(path)).parts[:1] == ("..",):
+            raise ToolError("INVALID_PATH", f"path '{user_path}' leaves the workspace")
+        raise ToolError("INVALID_PATH", f"path '{user_path}' must not contain '..'")
+    return path
+
+
+def _below_root(root: Path, path: PurePosixPath, user_path: str) -> PurePosixPath:
+    for base in (PurePosixPath(os.path.realpath(root)), PurePosixPath(os.path.abspath(root))):
+        if path == base or path.is_relative_to(base):
+            return path.relative_to(base)
+    raise ToolError("INVALID_PATH", f"path '{user_path}' leaves the workspace")
+
+
+def _mode(real: Path, user_path: str) -> int | None:
+    try:
+        return os.stat(real).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise from_os_error(exc, user_path) from None
+
+
+def _check_kind(mode: int, kind: Kind, user_path: str) -> None:
+    is_dir, is_file = stat.S_ISDIR(mode), stat.S_ISREG(mode)
+    if not (is_dir or is_file):
+        raise ToolError(
+            "INVALID_PATH", f"path '{user_path}' is a {_special(mode)}, not a file or directory"
+        )
+    if kind == "file" and is_dir:
+        raise ToolError("INVALID_PATH", f"path '{user_path}' is a directory, not a file")
+    if kind == "dir" and is_file:
+        raise ToolError("INVALID_PATH", f"path '{user_path}' is a file, not a directory")
+
+
+_SPECIAL_KINDS: Final = (
+    (stat.S_ISFIFO, "FIFO"),
+    (stat.S_ISSOCK, "socket"),
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+)
+
+
+def _special(mode: int) -> str:
+    return next((name for test, name in _SPECIAL_KINDS if test(mode)), "special file")

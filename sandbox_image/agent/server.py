@@ -1,0 +1,93 @@
+"""The agent's gRPC service on a unix socket: Hello and Invoke."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from stockade.agent import PROTOCOL_VERSION, __version__, tools
+from stockade.agent.errors import ToolError
+from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
+
+log = logging.getLogger("stockade.agent")
+MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+_CODES = {
+    "UNKNOWN_TOOL": agent_pb2.AGENT_ERROR_CODE_UNKNOWN_TOOL,
+    "INVALID_ARGS": agent_pb2.AGENT_ERROR_CODE_INVALID_ARGS,
+    "EXECUTION_FAILED": agent_pb2.AGENT_ERROR_CODE_EXECUTION_FAILED,
+    "PERMISSION_DENIED": agent_pb2.AGENT_ERROR_CODE_PERMISSION_DENIED,
+    "FILE_NOT_FOUND": agent_pb2.AGENT_ERROR_CODE_FILE_NOT_FOUND,
+    "INVALID_PATH": agent_pb2.AGENT_ERROR_CODE_INVALID_PATH,
+    "TIMEOUT": agent_pb2.AGENT_ERROR_CODE_TIMEOUT,
+}
+
+
+class AgentService(agent_pb2_grpc.AgentServiceServicer):
+    def __init__(self, workspace: Path, max_output_bytes: int) -> None:
+        self._workspace = workspace
+        self._max_output_bytes = max_output_bytes
+
+    async def Hello(self, request: Any, context: Any) -> Any:
+        return agent_pb2.HelloResponse(
+            protocol_version=PROTOCOL_VERSION,
+            agent_version=__version__,
+            pid=os.getpid(),
+            uid=os.getuid(),
+            workspace=str(self._workspace),
+        )
+
+    async def Invoke(self, request: Any, context: Any) -> Any:
+        try:
+            args = json.loads(request.arguments_json or "{}")
+        except ValueError as exc:
+            return _error("INVALID_ARGS", f"arguments are not valid JSON: {exc}")
+        try:
+            result = await tools.run(
+                request.tool, args, root=self._workspace, max_output_bytes=self._max_output_bytes
+            )
+        except ToolError as exc:
+            return _error(exc.code, exc.message)
+        except Exception as exc:
+            log.exception("tool %s failed", request.tool)
+            return agent_pb2.InvokeResponse(
+                error_code=agent_pb2.AGENT_ERROR_CODE_INTERNAL,
+                error_message=f"agent error in {request.tool}: {type(exc).__name__}: {exc}",
+            )
+        return agent_pb2.InvokeResponse(result_json=json.dumps(result, ensure_ascii=False))
+
+
+def _error(code: str, message: str) -> Any:
+    return agent_pb2.InvokeResponse(
+        error_code=_CODES.get(code, agent_pb2.AGENT_ERROR_CODE_INTERNAL), error_message=message
+    )
+
+
+async def serve(socket_path: Path, workspace: Path, *, max_output_bytes: int) -> None:
+    """Serve until SIGTERM or SIGINT."""
+    logging.basicConfig(level=logging.INFO, format="agent %(levelname)s %(message)s")
+    socket_path.unlink(missing_ok=True)
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+    )
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(
+        AgentService(workspace, max_output_bytes), server
+    )
+    server.add_insecure_port(f"unix:{socket_path}")
+    await server.start()
+    log.info("serving on %s, workspace %s", socket_path, workspace)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop(grace=2)

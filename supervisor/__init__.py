@@ -1,0 +1,1 @@
+"""The Stockade supervisor: the gRPC server, policy and the sandbox manager."""

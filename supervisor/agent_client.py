@@ -1,0 +1,123 @@
+"""The supervisor's end of the agent protocol: one gRPC channel per sandbox, over a unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
+from stockade.supervisor.errors import SandboxBroken
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+MAX_SOCKET_PATH = 107
+_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.initial_reconnect_backoff_ms", 20),
+    ("grpc.min_reconnect_backoff_ms", 20),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
+_AGENT_CODES = {
+    agent_pb2.AGENT_ERROR_CODE_OK: "",
+    agent_pb2.AGENT_ERROR_CODE_UNKNOWN_TOOL: "NOT_FOUND",
+    agent_pb2.AGENT_ERROR_CODE_INVALID_ARGS: "INVALID_ARGS",
+    agent_pb2.AGENT_ERROR_CODE_EXECUTION_FAILED: "EXECUTION_FAILED",
+    agent_pb2.AGENT_ERROR_CODE_PERMISSION_DENIED: "PERMISSION_DENIED",
+    agent_pb2.AGENT_ERROR_CODE_FILE_NOT_FOUND: "FILE_NOT_FOUND",
+    agent_pb2.AGENT_ERROR_CODE_INVALID_PATH: "INVALID_PATH",
+    agent_pb2.AGENT_ERROR_CODE_TIMEOUT: "TIMEOUT",
+}
+
+
+class AgentCallFailed(Exception):
+    """The RPC to the agent failed (connection lost, deadline, oversized reply)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+@dataclass(frozen=True)
+class AgentReply:
+    error_code: str
+    """Empty on success, else an ErrorCode name."""
+    error_message: str
+    result: dict[str, Any] | None
+
+
+class AgentConnection:
+    def __init__(self, socket_path: Path) -> None:
+        if len(str(socket_path)) > MAX_SOCKET_PATH:
+            raise SandboxBroken(
+                f"agent socket path {socket_path} is longer than {MAX_SOCKET_PATH} bytes; "
+                "use a shorter state_dir"
+            )
+        self.socket_path = socket_path
+        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}", options=_OPTIONS)
+        self._stub = agent_pb2_grpc.AgentServiceStub(self._channel)
+
+    def is_ready(self) -> bool:
+        return bool(self._channel.get_state() == grpc.ChannelConnectivity.READY)
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Wait for the agent to answer Hello with our protocol version."""
+        deadline = time.monotonic() + timeout
+        while not self.socket_path.exists():
+            if time.monotonic() > deadline:
+                raise SandboxBroken(f"agent did not create its socket within {timeout:.0f} s")
+            await asyncio.sleep(0.003)
+        try:
+            hello = await self._stub.Hello(
+                agent_pb2.HelloRequest(),
+                timeout=max(deadline - time.monotonic(), 0.1),
+                wait_for_ready=True,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise SandboxBroken(f"agent does not answer: {exc.details()}") from exc
+        if hello.protocol_version != PROTOCOL_VERSION:
+            raise SandboxBroken(
+                f"agent speaks protocol {hello.protocol_version}, supervisor {PROTOCOL_VERSION}; "
+                "rebuild the sandbox image with `stockade image build`"
+            )
+
+    async def invoke(
+        self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
+    ) -> AgentReply:
+        request = agent_pb2.InvokeRequest(
+            tool=tool, arguments_json=json.dumps(arguments), request_id=request_id
+        )
+        try:
+            reply = await self._stub.Invoke(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise AgentCallFailed(exc.code(), exc.details() or "") from exc
+        return _parse_reply(reply)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+def _parse_reply(reply: Any) -> AgentReply:
+    """Nothing the agent says is trusted: check every field before use."""
+    code = _AGENT_CODES.get(reply.error_code)
+    if code is None:
+        code = "EXECUTION_FAILED"
+    result: dict[str, Any] | None = None
+    if reply.result_json:
+        try:
+            parsed = json.loads(reply.result_json)
+        except ValueError as exc:
+            raise SandboxBroken(f"agent sent a result that is not JSON: {exc}") from exc
+        if not isinstance(parsed, dict):
+            raise SandboxBroken("agent sent a result that is not a JSON object")
+        result = parsed
+    if not code and result is None:
+        raise SandboxBroken("agent sent neither a result nor an error")
+    return AgentReply(code, str(reply.error_message)[:65536], result)

@@ -1,0 +1,90 @@
+"""Assembly: config -> engine -> sandbox manager -> gRPC server. Used by `stockade serve`
+and by the tests, which run the real server in-process on port 0."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from stockade.supervisor.backends import create_backend
+from stockade.supervisor.config import Config
+from stockade.supervisor.errors import EngineUnavailable
+from stockade.supervisor.sandboxes import SandboxManager
+from stockade.supervisor.server import Server
+
+log = logging.getLogger("stockade")
+DOCKER_SOCKET = "unix:///var/run/docker.sock"
+
+
+def instance_id(state_dir: Path) -> str:
+    """This supervisor's identity, kept in the state directory so a restart adopts."""
+    path = state_dir / "instance-id"
+    if path.exists():
+        return path.read_text().strip()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    value = secrets.token_hex(8)
+    path.write_text(value + "\n")
+    return value
+
+
+def engine_url(config: Config) -> tuple[str, subprocess.Popen[bytes] | None]:
+    """The engine's API address; for Podman with no socket configured, start the service."""
+    if config.engine.socket:
+        return config.engine.socket, None
+    if config.engine.kind == "docker":
+        return DOCKER_SOCKET, None
+    from stockade.supervisor.engines import ensure_podman_service
+
+    socket = config.state_dir / "podman.sock"
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        process = ensure_podman_service(socket, config.state_dir / "podman-service.log")
+    except Exception as exc:
+        raise EngineUnavailable(f"cannot start the Podman service: {exc}") from exc
+    return f"unix://{socket}", process
+
+
+def sandbox_image(config: Config) -> str:
+    if config.sandbox.image:
+        return config.sandbox.image
+    from stockade.supervisor.image import image_ref
+
+    return image_ref(config.engine.kind)
+
+
+@dataclass
+class Supervisor:
+    server: Server
+    sandboxes: SandboxManager
+    engine_process: subprocess.Popen[bytes] | None
+
+    async def stop(self, grace: float = 5.0) -> None:
+        await self.server.stop(grace)
+        if self.engine_process is not None:
+            self.engine_process.terminate()
+            await asyncio.to_thread(self.engine_process.wait, 10)
+
+
+async def start(config: Config) -> Supervisor:
+    """Start everything; the caller owns the returned Supervisor and must stop() it."""
+    url, process = await asyncio.to_thread(engine_url, config)
+    backend = await asyncio.to_thread(create_backend, config.engine.kind, url)
+    manager = SandboxManager(
+        config, backend, instance_id=instance_id(config.state_dir), image=sandbox_image(config)
+    )
+    adopted = await manager.start()
+    if adopted:
+        log.info("adopted %d running sandbox(es)", len(adopted))
+    if not await asyncio.to_thread(backend.image_exists, manager.image):
+        log.warning(
+            "image %s is missing: run `stockade image build --engine %s`",
+            manager.image,
+            config.engine.kind,
+        )
+    server = Server(config, manager)
+    await server.start()
+    return Supervisor(server, manager, process)

@@ -1,0 +1,87 @@
+"""The container-engine boundary: one protocol, one module per engine.
+
+Backends are synchronous (the engines' SDKs are); the sandbox manager calls them
+through asyncio.to_thread so that no SDK call stalls the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+LABEL_MANAGED = "io.stockade.managed"
+LABEL_INSTANCE = "io.stockade.instance"
+LABEL_KEY = "io.stockade.key"
+LABEL_SANDBOX_ID = "io.stockade.sandbox-id"
+
+
+@dataclass(frozen=True)
+class BindMount:
+    source: str
+    target: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """Everything an engine needs to create one sandbox container."""
+
+    name: str
+    image: str
+    command: tuple[str, ...]
+    labels: Mapping[str, str]
+    mounts: tuple[BindMount, ...]
+    user: str
+    read_only_root: bool
+    drop_all_capabilities: bool
+    no_new_privileges: bool
+    memory_bytes: int
+    nano_cpus: int
+    pids_limit: int
+    nofile: int
+    tmpfs: Mapping[str, int] = field(default_factory=dict)
+    """Mount point -> size in bytes."""
+    environment: Mapping[str, str] = field(default_factory=dict)
+    network: str = "none"
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    id: str
+    name: str
+    running: bool
+    status: str
+    labels: Mapping[str, str]
+    image: str
+    created_at: datetime | None = None
+    exit_code: int | None = None
+    oom_killed: bool = False
+
+
+class ContainerBackend(Protocol):
+    engine: str
+    """"podman" or "docker"."""
+
+    def ping(self) -> str:
+        """Return the engine's version; raise EngineUnavailable when it cannot be reached."""
+        ...
+
+    def image_exists(self, ref: str) -> bool: ...
+
+    def run(self, spec: ContainerSpec) -> ContainerInfo:
+        """Create and start a container."""
+        ...
+
+    def inspect(self, name_or_id: str) -> ContainerInfo | None: ...
+
+    def list(self, labels: Mapping[str, str]) -> list[ContainerInfo]:
+        """Containers (running or not) carrying all of these labels."""
+        ...
+
+    def remove(self, name_or_id: str) -> bool:
+        """Force-remove; False when there was no such container."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,115 @@
+"""Podman through the `podman` SDK, over its REST service socket."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import podman
+import podman.errors
+import requests
+
+from stockade.supervisor.backends._common import info_from_inspect, label_filters
+from stockade.supervisor.backends.base import ContainerInfo, ContainerSpec
+from stockade.supervisor.errors import EngineUnavailable
+
+_ENGINE_ERRORS = (podman.errors.PodmanError, requests.RequestException)
+
+
+class PodmanBackend:
+    engine = "podman"
+
+    def __init__(self, base_url: str) -> None:
+        self._base_url = base_url
+        self._client = podman.PodmanClient(base_url=base_url, timeout=60)
+
+    def ping(self) -> str:
+        try:
+            return str(self._client.version().get("Version", "?"))
+        except _ENGINE_ERRORS as exc:
+            raise EngineUnavailable(
+                f"Podman at {self._base_url} does not answer: {exc}. "
+                "Start it with `podman system service --time=0 unix:///PATH`, "
+                "or leave engine.socket empty so that `stockade serve` starts it."
+            ) from exc
+
+    def image_exists(self, ref: str) -> bool:
+        try:
+            return bool(self._client.images.exists(ref))
+        except _ENGINE_ERRORS as exc:
+            raise EngineUnavailable(f"Podman: cannot look up image {ref}: {exc}") from exc
+
+    def run(self, spec: ContainerSpec) -> ContainerInfo:
+        if not self.image_exists(spec.image):
+            raise EngineUnavailable(
+                f"Podman has no image {spec.image}; build it with "
+                "`stockade image build --engine podman`"
+            )
+        try:
+            container = self._client.containers.create(**_create_kwargs(spec))
+            container.start()
+            attrs = self._client.containers.get(container.id).attrs
+        except _ENGINE_ERRORS as exc:
+            raise EngineUnavailable(f"Podman could not start {spec.name}: {exc}") from exc
+        return info_from_inspect(attrs)
+
+    def inspect(self, name_or_id: str) -> ContainerInfo | None:
+        try:
+            return info_from_inspect(self._client.containers.get(name_or_id).attrs)
+        except podman.errors.NotFound:
+            return None
+        except _ENGINE_ERRORS as exc:
+            raise EngineUnavailable(f"Podman: cannot inspect {name_or_id}: {exc}") from exc
+
+    def list(self, labels: Mapping[str, str]) -> list[ContainerInfo]:
+        try:
+            found = self._client.containers.list(all=True, filters={"label": label_filters(labels)})
+            infos = [self.inspect(c.id) for c in found]
+        except _ENGINE_ERRORS as exc:
+            raise EngineUnavailable(f"Podman: cannot list containers: {exc}") from exc
+        return [i for i in infos if i is not None]
+
+    def remove(self, name_or_id: str) -> bool:
+        try:
+            self._client.containers.remove(name_or_id, force=True)
+        except podman.errors.NotFound:
+            return False
+        except _ENGINE_ERRORS as exc:
+            raise EngineUnavailable(f"Podman: cannot remove {name_or_id}: {exc}") from exc
+        return True
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
+    mounts: list[dict[str, Any]] = [
+        {"type": "bind", "source": m.source, "target": m.target, "read_only": m.read_only}
+        for m in spec.mounts
+    ]
+    mounts += [
+        {"type": "tmpfs", "source": "tmpfs", "target": path, "size": str(size), "mode": "1777"}
+        for path, size in spec.tmpfs.items()
+    ]
+    kwargs: dict[str, Any] = {
+        "image": spec.image,
+        "command": list(spec.command),
+        "name": spec.name,
+        "labels": dict(spec.labels),
+        "user": spec.user,
+        "environment": dict(spec.environment),
+        "read_only": spec.read_only_root,
+        "mem_limit": spec.memory_bytes,
+        "memswap_limit": spec.memory_bytes,
+        "nano_cpus": spec.nano_cpus,
+        "pids_limit": spec.pids_limit,
+        "ulimits": [{"Name": "nofile", "Soft": spec.nofile, "Hard": spec.nofile}],
+        "network_mode": spec.network,
+        "mounts": mounts,
+        "hostname": "sandbox",
+    }
+    if spec.drop_all_capabilities:
+        kwargs["cap_drop"] = ["ALL"]
+    if spec.no_new_privileges:
+        kwargs["security_opt"] = ["no-new-privileges"]
+    return kwargs

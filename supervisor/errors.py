@@ -1,0 +1,48 @@
+"""Errors of the supervisor's domain.
+
+    StockadeError
+    ├── ConfigError            bad configuration (at load time)
+    ├── InvalidRequest         the caller is wrong: malformed key, bad field   -> INVALID_ARGUMENT
+    ├── SandboxNotFound        no sandbox for that key                         -> NOT_FOUND
+    ├── EngineUnavailable      the container engine cannot be reached or fails -> UNAVAILABLE
+    └── SandboxBroken          the container or its agent does not work        -> UNAVAILABLE
+
+Tool failures are not exceptions: they are ToolResults with is_error set. The gRPC
+layer maps these classes to status codes in one table (server.py).
+"""
+
+from __future__ import annotations
+
+
+class StockadeError(Exception):
+    """Root of the supervisor's own errors."""
+
+    reason = "STOCKADE_ERROR"
+
+
+class ConfigError(StockadeError):
+    reason = "CONFIG_INVALID"
+
+
+class InvalidRequest(StockadeError):
+    reason = "INVALID_REQUEST"
+
+
+class SandboxNotFound(StockadeError):
+    reason = "SANDBOX_NOT_FOUND"
+
+
+class EngineUnavailable(StockadeError):
+    reason = "ENGINE_UNAVAILABLE"
+
+
+class SandboxBroken(StockadeError):
+    reason = "SANDBOX_BROKEN"
+
+
+class SandboxLost(StockadeError):
+    """The container died while a call was in flight; the next call recreates it.
+
+    Reported to the model as a ToolResult (SANDBOX_LOST), not as a gRPC status."""
+
+    reason = "SANDBOX_LOST"

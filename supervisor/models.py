@@ -1,0 +1,79 @@
+"""Domain objects of the call path. No gRPC, no container SDK."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+class ErrorCode(enum.StrEnum):
+    """Why a tool call failed; mirrors stockade.v1.ToolErrorCode."""
+
+    NONE = "NONE"
+    NOT_FOUND = "NOT_FOUND"
+    INVALID_ARGS = "INVALID_ARGS"
+    EXECUTION_FAILED = "EXECUTION_FAILED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    FILE_NOT_FOUND = "FILE_NOT_FOUND"
+    INVALID_PATH = "INVALID_PATH"
+    TIMEOUT = "TIMEOUT"
+    RATE_LIMITED = "RATE_LIMITED"
+    APPROVAL_DENIED = "APPROVAL_DENIED"
+    SANDBOX_LOST = "SANDBOX_LOST"
+
+
+class SandboxState(enum.StrEnum):
+    RUNNING = "RUNNING"
+    EXITED = "EXITED"
+    ABSENT = "ABSENT"
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """Who is calling; read by host-side policy."""
+
+    agent_id: str = ""
+    provider: str = ""
+    channel: str = ""
+    chat_id: str = ""
+    peer_kind: str = ""
+    subagent_depth: int = 0
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    sandbox_key: str
+    tool: str
+    arguments_json: str
+    context: CallContext = field(default_factory=CallContext)
+    timeout_ms: int = 0
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    for_llm: str
+    for_user: str
+    is_error: bool = False
+    error_code: ErrorCode = ErrorCode.NONE
+    error_message: str = ""
+    data: dict[str, Any] | None = None
+    duration_ms: int = 0
+    truncated: bool = False
+    redactions: int = 0
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    key: str
+    container_id: str
+    container_name: str
+    engine: str
+    image: str
+    state: SandboxState
+    created_at: datetime | None
+    last_used_at: datetime | None
+    workspace_path: str

@@ -1,0 +1,78 @@
+"""Readable renderings of tool results, and the caps that keep them bounded."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def cap_text(text: str, max_bytes: int) -> tuple[str, bool]:
+    """Keep the head and the tail within max_bytes of UTF-8, with a marker between."""
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) <= max_bytes:
+        return text, False
+    marker = f"\n\n[... {len(raw) - max_bytes} bytes omitted ...]\n\n"
+    budget = max(max_bytes - len(marker), 0)
+    head = raw[: budget // 2].decode("utf-8", "ignore")
+    tail = raw[len(raw) - budget // 2 :].decode("utf-8", "ignore") if budget else ""
+    return head + marker + tail, True
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _exec(d: dict[str, Any]) -> str:
+    parts = [str(d.get("stdout", ""))]
+    if d.get("stderr"):
+        parts.append(f"[stderr]\n{d['stderr']}")
+    for stream in ("stdout", "stderr"):
+        if d.get(f"{stream}_truncated"):
+            parts.append(
+                f"[{stream} cut: kept the first part of {_size(d.get(f'{stream}_bytes', 0))}]"
+            )
+    if d.get("timed_out"):
+        parts.append(f"[timed out after {d.get('duration_ms', 0)} ms; process group killed]")
+    elif d.get("signal"):
+        parts.append(f"[killed by {d['signal']}, exit code {d.get('exit_code')}]")
+    elif d.get("exit_code"):
+        parts.append(f"[exit code {d['exit_code']}]")
+    return "\n".join(p for p in parts if p) or "[no output]"
+
+
+def _list(d: dict[str, Any]) -> str:
+    lines = [
+        f"{e['name']}/" if e.get("is_dir") else f"{e['name']}  ({e.get('size', 0)} bytes)"
+        for e in d.get("entries", [])
+    ]
+    return "\n".join(lines) or "[empty directory]"
+
+
+def _search(d: dict[str, Any]) -> str:
+    lines = [f"{m['file']}:{m['line']}: {m['text']}" for m in d.get("matches", [])]
+    return "\n".join(lines) or "[no matches]"
+
+
+_RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "exec": _exec,
+    "read_file": lambda d: str(d.get("content", "")),
+    "write_file": lambda d: f"Wrote {d.get('bytes_written', 0)} bytes to {d.get('path', '')}",
+    "edit_file": lambda d: f"Edited {d.get('path', '')}",
+    "list_files": _list,
+    "glob": lambda d: "\n".join(d.get("matches", [])) or "[no matches]",
+    "search": _search,
+}
+
+
+def render(tool: str, data: dict[str, Any]) -> str:
+    try:
+        text = _RENDERERS[tool](data)
+    except (KeyError, TypeError, AttributeError):
+        return str(data)
+    if data.get("truncated"):
+        text += "\n[result cut: more entries exist]"
+    return text

@@ -1,0 +1,157 @@
+"""Real parts for integration tests: engines brought up for real, the real `stockade serve`
+in a subprocess, the real client over gRPC."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from stockade.client import Stockade
+from stockade.supervisor.backends import create_backend
+from stockade.supervisor.backends.base import LABEL_INSTANCE, ContainerBackend
+from stockade.supervisor.engines import ensure_dockerd, ensure_podman_service
+from stockade.supervisor.image import build_image, default_cache_dir
+
+ENGINES = ("podman", "docker")
+RUN_DIR = Path("/tmp/stockade-tests")
+PODMAN_SOCKET = RUN_DIR / "podman.sock"
+DOCKER_SOCKET = Path("/var/run/docker.sock")
+
+
+def engine_url(engine: str) -> str:
+    return f"unix://{PODMAN_SOCKET if engine == 'podman' else DOCKER_SOCKET}"
+
+
+def bring_up(engine: str) -> None:
+    """Start the engine's service if nothing answers, and build the image if stale."""
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    if engine == "podman":
+        ensure_podman_service(PODMAN_SOCKET, RUN_DIR / "podman-service.log")
+    else:
+        ensure_dockerd(RUN_DIR / "dockerd.log")
+    build_image(engine, cache_dir=default_cache_dir(), log=lambda _line: None)  # type: ignore[arg-type]
+
+
+@dataclass
+class Supervisor:
+    """A `stockade serve` subprocess on a unix socket, with its own state directory."""
+
+    engine: str
+    state_dir: Path
+    extra_config: str = ""
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log_path = self.state_dir / "serve.log"
+        self.socket = self.state_dir / "api.sock"
+
+    @property
+    def target(self) -> str:
+        return f"unix:{self.socket}"
+
+    def config_file(self) -> Path:
+        path = self.state_dir / "stockade.toml"
+        path.write_text(
+            f'listen = "{self.target}"\nstate_dir = "{self.state_dir}"\n'
+            f'[engine]\nkind = "{self.engine}"\nsocket = "{engine_url(self.engine)}"\n'
+            + self.extra_config
+        )
+        return path
+
+    def start(self) -> None:
+        cmd = [sys.executable, "-m", "stockade.supervisor.cli", "serve", "--config"]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [*cmd, str(self.config_file())], stdout=log, stderr=subprocess.STDOUT
+            )
+        wait_serving(self.target, self.process, self.log_path)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+            self.process.wait(30)
+        self.process = None
+
+    def client(self) -> Stockade:
+        return Stockade(self.target)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def instance_id(self) -> str:
+        return (self.state_dir / "instance-id").read_text().strip()
+
+    def workspace(self, key: str) -> Path:
+        from stockade.supervisor.keys import sandbox_id
+
+        return self.state_dir / "sandboxes" / sandbox_id(key) / "workspace"
+
+    def rss_bytes(self) -> int:
+        assert self.process is not None
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
+
+
+def wait_serving(target: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
+    deadline = time.monotonic() + 90
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"stockade serve exited:\n{log_path.read_text()[-3000:]}")
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                time.sleep(0.1)
+    raise RuntimeError(f"stockade serve did not become healthy:\n{log_path.read_text()[-3000:]}")
+
+
+@contextmanager
+def running_supervisor(engine: str, extra_config: str = "") -> Iterator[Supervisor]:
+    """A supervisor with a fresh, short state directory (agent socket paths stay short);
+    on exit it is stopped and every container of its instance is removed."""
+    state = Path(tempfile.mkdtemp(prefix="stk", dir="/tmp"))
+    sup = Supervisor(engine, state, extra_config)
+    sup.start()
+    try:
+        yield sup
+    finally:
+        instance = sup.instance_id()
+        sup.stop()
+        remove_containers(engine, instance)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def backend(engine: str) -> ContainerBackend:
+    return create_backend(engine, engine_url(engine))
+
+
+def remove_containers(engine: str, instance: str) -> None:
+    be = backend(engine)
+    for info in be.list({LABEL_INSTANCE: instance}):
+        be.remove(info.id)
+    be.close()
+
+
+def engine_cli(engine: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if engine == "docker":
+        env["DOCKER_HOST"] = engine_url("docker")
+    return subprocess.run([engine, *args], capture_output=True, text=True, timeout=60, env=env)

@@ -1,0 +1,104 @@
+"""Fakes for unit tests of the domain core: an in-memory engine and agent connection."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from stockade.supervisor.agent_client import AgentCallFailed, AgentReply
+from stockade.supervisor.backends.base import ContainerInfo, ContainerSpec
+from stockade.supervisor.errors import SandboxBroken
+
+
+class FakeBackend:
+    engine = "fake"
+
+    def __init__(self) -> None:
+        self.containers: dict[str, ContainerInfo] = {}
+        self.runs = 0
+        self._next = 0
+
+    def ping(self) -> str:
+        return "1.0"
+
+    def image_exists(self, ref: str) -> bool:
+        return True
+
+    def run(self, spec: ContainerSpec) -> ContainerInfo:
+        self.runs += 1
+        self._next += 1
+        info = ContainerInfo(
+            id=f"c{self._next}", name=spec.name, running=True, status="running",
+            labels=dict(spec.labels), image=spec.image,
+        )  # fmt: skip
+        self.containers[info.id] = info
+        os.mknod(Path(spec.mounts[1].source, "agent.sock"), stat.S_IFSOCK | 0o600)
+        return info
+
+    def inspect(self, name_or_id: str) -> ContainerInfo | None:
+        for info in self.containers.values():
+            if name_or_id in (info.id, info.name):
+                return info
+        return None
+
+    def list(self, labels: Mapping[str, str]) -> list[ContainerInfo]:
+        return [
+            i for i in self.containers.values() if all(i.labels.get(k) == v for k, v in labels.items())
+        ]
+
+    def remove(self, name_or_id: str) -> bool:
+        info = self.inspect(name_or_id)
+        if info is None:
+            return False
+        del self.containers[info.id]
+        return True
+
+    def kill(self, container_id: str) -> None:
+        self.containers[container_id] = replace(
+            self.containers[container_id], running=False, status="exited", exit_code=137
+        )
+
+    def close(self) -> None:
+        pass
+
+
+class FakeAgent:
+    """Answers like the agent; dies when its container is not running."""
+
+    def __init__(self, backend: FakeBackend, socket_path: Path) -> None:
+        self.backend = backend
+        self.socket_path = socket_path
+        self.ready = False
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def _alive(self) -> bool:
+        return any(i.running for i in self.backend.containers.values())
+
+    def is_ready(self) -> bool:
+        return self.ready and self._alive()
+
+    async def wait_ready(self, timeout: float) -> None:
+        await asyncio.sleep(0.01)
+        if not self._alive():
+            raise SandboxBroken("agent does not answer")
+        self.ready = True
+
+    async def invoke(
+        self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
+    ) -> AgentReply:
+        self.calls.append((tool, arguments))
+        if arguments.get("die"):
+            for cid in list(self.backend.containers):
+                self.backend.kill(cid)
+            raise AgentCallFailed(grpc.StatusCode.UNAVAILABLE, "socket closed")
+        return AgentReply("", "", {"exit_code": 0, "stdout": tool, "stderr": ""})
+
+    async def close(self) -> None:
+        self.ready = False

@@ -1,0 +1,142 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stockade.supervisor.config import Config, load_config
+from stockade.supervisor.errors import ConfigError, InvalidRequest
+from stockade.supervisor.keys import sandbox_id, validate_key
+from stockade.supervisor.pipeline import _exec_outcome, parse_arguments
+from stockade.supervisor.render import cap_text, render
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return path
+
+
+def test_config_defaults() -> None:
+    cfg = load_config()
+    assert cfg.listen == "127.0.0.1:50051"
+    assert cfg.engine.kind == "podman"
+    assert cfg.sandbox.network == "none"
+    assert cfg.sandbox.user == "1000:1000"
+
+
+def test_config_file_env_and_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, 'listen = "unix:/x.sock"\n[sandbox]\nmemory_mb = 256\ncpus = 2\n')
+    monkeypatch.setenv("STOCKADE_ENGINE", "docker")
+    cfg = load_config(path, {"state_dir": str(tmp_path)})
+    assert (cfg.listen, cfg.engine.kind, cfg.state_dir) == ("unix:/x.sock", "docker", tmp_path)
+    assert (cfg.sandbox.memory_mb, cfg.sandbox.cpus) == (256, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("bogus = 1\n", "unknown key(s) in [top level]: bogus"),
+        ("[sandbox]\nmemroy_mb = 1\n", "unknown key(s) in [sandbox]: memroy_mb"),
+        ("[sandbox]\nmemory_mb = '512'\n", "sandbox.memory_mb must be int"),
+        ("[sandbox]\nmemory_mb = true\n", "sandbox.memory_mb must be int"),
+        ("[sandbox]\nmemory_mb = 0\n", "sandbox.memory_mb must be positive"),
+        ("[sandbox]\nuser = '0:0'\n", "must not be root"),
+        ("[sandbox]\nnetwork = 'open'\n", "sandbox.network must be one of ['none']"),
+        ("[engine]\nkind = 'lxc'\n", "engine.kind must be one of"),
+        ("sandbox = 3\n", "[sandbox] must be a table"),
+        ("listen = \n", "cannot read config"),
+    ],
+)
+def test_bad_config_is_an_error_at_load(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text))
+    assert message in str(info.value)
+
+
+def test_config_is_frozen() -> None:
+    cfg = Config()
+    with pytest.raises(AttributeError):
+        cfg.listen = "x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("key", ["a", "ünïcödé 🔑", "x" * 256, "with space/and:colon", "é" * 128])
+def test_good_keys(key: str) -> None:
+    assert validate_key(key) == key
+    assert len(sandbox_id(key)) == 16
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [("", "empty"), ("x" * 257, "257 bytes"), ("é" * 129, "258 bytes"), ("a\x00b", "NUL")],
+)
+def test_bad_keys(key: str, message: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        validate_key(key)
+    assert message in str(info.value)
+
+
+def test_sandbox_ids_differ() -> None:
+    assert sandbox_id("a") != sandbox_id("b")
+    assert sandbox_id("a") == sandbox_id("a")
+
+
+def test_cap_text_keeps_head_and_tail() -> None:
+    text = "HEAD" + "x" * 100_000 + "TAIL"
+    capped, cut = cap_text(text, 1000)
+    assert cut
+    assert capped.startswith("HEAD") and capped.endswith("TAIL")
+    assert len(capped.encode()) <= 1000
+    assert "bytes omitted" in capped
+
+
+def test_cap_text_leaves_short_text_and_respects_utf8() -> None:
+    assert cap_text("short", 100) == ("short", False)
+    capped, cut = cap_text("é" * 10_000, 501)
+    assert cut
+    capped.encode("utf-8")  # no split characters
+    assert len(capped.encode()) <= 501
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("", {}), ("  ", {}), ('{"a": 1}', {"a": 1})],
+)
+def test_parse_arguments(raw: str, expected: dict[str, int]) -> None:
+    assert parse_arguments(raw) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [("{", "not valid JSON"), ("[1]", "must be a JSON object, got list"), ("3", "got int")],
+)
+def test_parse_arguments_rejects(raw: str, message: str) -> None:
+    with pytest.raises(ValueError, match="arguments_json") as info:
+        parse_arguments(raw)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("data", "code", "message"),
+    [
+        ({"exit_code": 0}, "NONE", ""),
+        ({"exit_code": 2}, "EXECUTION_FAILED", "exited with code 2"),
+        ({"exit_code": 137, "signal": "SIGKILL"}, "EXECUTION_FAILED", "137 (SIGKILL)"),
+        ({"timed_out": True, "exit_code": 137, "duration_ms": 5}, "TIMEOUT", "timed out"),
+        ({}, "EXECUTION_FAILED", "no exit code"),
+        ({"exit_code": "0"}, "EXECUTION_FAILED", "no exit code"),
+    ],
+)
+def test_exec_outcome(data: dict[str, object], code: str, message: str) -> None:
+    got_code, got_message = _exec_outcome(data)
+    assert got_code.value == code
+    assert message in got_message
+
+
+def test_render_exec_and_lists() -> None:
+    text = render("exec", {"stdout": "a\n", "stderr": "b\n", "exit_code": 1})
+    assert text == "a\n\n[stderr]\nb\n\n[exit code 1]"
+    entries = [{"name": "d", "is_dir": True}, {"name": "f", "is_dir": False, "size": 3}]
+    assert render("list_files", {"entries": entries}) == "d/\nf  (3 bytes)"
+    assert render("search", {"matches": []}) == "[no matches]"
+    assert render("exec", {"stdout": "", "exit_code": 0}) == "[no output]"

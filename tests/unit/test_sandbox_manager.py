@@ -1,0 +1,124 @@
+"""The sandbox manager's lifecycle rules, against an in-memory engine."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from stockade.supervisor.config import Config
+from stockade.supervisor.errors import InvalidRequest, SandboxLost, SandboxNotFound
+from stockade.supervisor.sandboxes import SandboxManager
+from tests.unit.fakes import FakeAgent, FakeBackend
+
+UID = os.getuid()
+
+
+@pytest.fixture
+def backend() -> FakeBackend:
+    return FakeBackend()
+
+
+def manager(tmp_path: Path, backend: FakeBackend, instance: str = "inst0001") -> SandboxManager:
+    config = Config(state_dir=tmp_path, sandbox=Config().sandbox.__class__(user="1000:1000"))
+    return SandboxManager(
+        config,
+        backend,  # type: ignore[arg-type]
+        instance_id=instance,
+        image="img",
+        connect=lambda path: FakeAgent(backend, path),  # type: ignore[arg-type,return-value]
+    )
+
+
+async def test_concurrent_first_calls_create_one_container(
+    tmp_path: Path, backend: FakeBackend
+) -> None:
+    mgr = manager(tmp_path, backend)
+    await mgr.start()
+    results = await asyncio.gather(*(mgr.ensure("k") for _ in range(10)))
+    assert backend.runs == 1
+    assert len({id(r) for r in results}) == 1
+
+
+async def test_container_spec_is_hardened(tmp_path: Path, backend: FakeBackend) -> None:
+    mgr = manager(tmp_path, backend)
+    sandbox = await mgr.ensure("k")
+    info = backend.containers[sandbox.info.id]
+    assert info.labels["io.stockade.key"] == "k"
+    assert info.labels["io.stockade.instance"] == "inst0001"
+    assert info.name == f"stockade-inst0001-{sandbox.sid}"
+    run_dir = tmp_path / "sandboxes" / sandbox.sid / "run"
+    assert run_dir.stat().st_uid == 0
+    assert oct(run_dir.stat().st_mode & 0o777) == "0o755"
+    assert (tmp_path / "sandboxes" / sandbox.sid / "workspace").stat().st_uid == 1000
+
+
+async def test_adopts_running_containers_after_restart(
+    tmp_path: Path, backend: FakeBackend
+) -> None:
+    first = manager(tmp_path, backend)
+    created = await first.ensure("k")
+    await first.close()
+    second = manager(tmp_path, backend)
+    assert await second.start() == ["k"]
+    again = await second.ensure("k")
+    assert again.info.id == created.info.id
+    assert backend.runs == 1
+
+
+async def test_other_instances_containers_are_not_adopted(
+    tmp_path: Path, backend: FakeBackend
+) -> None:
+    await manager(tmp_path / "a", backend, "aaaaaaaa").ensure("k")
+    other = manager(tmp_path / "b", backend, "bbbbbbbb")
+    assert await other.start() == []
+    assert len(backend.containers) == 1
+
+
+async def test_dead_container_is_recreated_on_next_call(
+    tmp_path: Path, backend: FakeBackend
+) -> None:
+    mgr = manager(tmp_path, backend)
+    first = await mgr.ensure("k")
+    backend.kill(first.info.id)
+    reply = await mgr.invoke("k", "exec", {"command": "true"}, 5, "r1")
+    assert reply.result == {"exit_code": 0, "stdout": "exec", "stderr": ""}
+    assert backend.runs == 2
+    assert first.info.id not in backend.containers
+
+
+async def test_death_during_a_call_is_sandbox_lost(tmp_path: Path, backend: FakeBackend) -> None:
+    mgr = manager(tmp_path, backend)
+    with pytest.raises(SandboxLost, match="exited during the call with code 137"):
+        await mgr.invoke("k", "exec", {"die": True}, 5, "r1")
+    assert (await mgr.get("k")).state.value == "EXITED"
+    await mgr.invoke("k", "exec", {}, 5, "r2")
+    assert backend.runs == 2
+
+
+async def test_destroy_keeps_workspace_unless_asked(tmp_path: Path, backend: FakeBackend) -> None:
+    mgr = manager(tmp_path, backend)
+    sandbox = await mgr.ensure("k")
+    workspace = tmp_path / "sandboxes" / sandbox.sid / "workspace"
+    assert await mgr.destroy("k", delete_workspace=False) == (True, False)
+    assert workspace.is_dir()
+    assert (await mgr.get("k")).state.value == "ABSENT"
+    assert [i.key for i in await mgr.list()] == ["k"]
+    assert await mgr.destroy("k", delete_workspace=True) == (False, True)
+    assert not workspace.exists()
+    with pytest.raises(SandboxNotFound):
+        await mgr.get("k")
+    with pytest.raises(SandboxNotFound):
+        await mgr.destroy("k", delete_workspace=False)
+
+
+async def test_bad_keys_are_refused_before_any_container(
+    tmp_path: Path, backend: FakeBackend
+) -> None:
+    mgr = manager(tmp_path, backend)
+    for key in ("", "x" * 300, "a\x00"):
+        with pytest.raises(InvalidRequest):
+            await mgr.ensure(key)
+    assert backend.runs == 0
