@@ -1,6 +1,7 @@
 """Build the sandbox image for one engine (what `stockade image build` does).
 
 Usage: .venv/bin/python scripts/build_image.py --engine podman|docker [--force]
+       [--cache-dir DIR] [--log-file FILE]
 """
 
 from __future__ import annotations
@@ -18,10 +19,14 @@ def main() -> int:
     parser.add_argument("--engine", choices=["podman", "docker"], required=True)
     parser.add_argument("--force", action="store_true", help="build even if up to date")
     parser.add_argument("--cache-dir", type=Path, default=default_cache_dir())
-    parser.add_argument("--quiet", action="store_true", help="hide the build log")
+    parser.add_argument("--log-file", type=Path, help="write the build log here, not to stdout")
     ns = parser.parse_args()
-    log = (lambda line: None) if ns.quiet else print
     start = time.monotonic()
+    out = sys.stdout if ns.log_file is None else ns.log_file.open("a")
+
+    def log(line: str) -> None:
+        print(line, file=out, flush=True)
+
     try:
         ref = build_image(ns.engine, cache_dir=ns.cache_dir, force=ns.force, log=log)
     except ImageBuildError as exc:

@@ -43,6 +43,10 @@ class SandboxConfig:
     cpus: float = 1.0
     pids: int = 256
     nofile: int = 1024
+    nproc: int = 16384
+    """RLIMIT_NPROC. The kernel counts it per uid across the host (all sandboxes share uid
+    1000), so `pids` is the per-sandbox cap; this must stay at or below the engine process's
+    own hard limit, or the container fails to start."""
     tmp_size_mb: int = 64
     """Size cap of the tmpfs at /tmp."""
     start_timeout_s: float = 30.0
@@ -84,6 +88,7 @@ def _check(cfg: Config) -> None:
         "sandbox.cpus": cfg.sandbox.cpus,
         "sandbox.pids": cfg.sandbox.pids,
         "sandbox.nofile": cfg.sandbox.nofile,
+        "sandbox.nproc": cfg.sandbox.nproc,
         "sandbox.tmp_size_mb": cfg.sandbox.tmp_size_mb,
         "tools.exec_default_timeout_s": cfg.tools.exec_default_timeout_s,
         "tools.max_output_bytes": cfg.tools.max_output_bytes,

@@ -74,7 +74,10 @@ def build_image(
     force: bool = False,
     log: Callable[[str], None] = print,
 ) -> str:
-    """Build the sandbox image for engine unless it is up to date; return its reference."""
+    """Build the sandbox image for engine unless it is up to date; return its reference.
+
+    force rebuilds without the engine's layer cache (the base image is kept).
+    """
     ref = image_ref(engine)
     _check_engine(engine)
     files = context_files()
@@ -89,20 +92,20 @@ def build_image(
         context = Path(tmp)
         _assemble(context, files, wheels)
         log(f"{engine}: building {ref} (hash {digest[:12]})")
-        _build(engine, context, ref, digest, log)
+        _build(engine, context, ref, digest, log, no_cache=force)
     if current and current["Id"] != (_inspect(engine, ref) or {}).get("Id"):
         _run([engine, "image", "rm", current["Id"]], engine)  # best effort: may be in use
     return ref
 
 
 def context_files() -> dict[str, Path]:
-    """Build-context path -> source file: the Containerfile and lib/stockade/..."""
+    """Build-context path -> source file: the Containerfile and lib/stockade/**/*.py."""
     files = {"Containerfile": REPO / "sandbox_image" / "Containerfile"}
     files["lib/stockade/__init__.py"] = REPO / "src" / "stockade" / "__init__.py"
     agent = REPO / "sandbox_image" / "agent"
     for folder, dirs, names in os.walk(agent, followlinks=True):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in names:
+        for name in sorted(n for n in names if n.endswith(".py")):
             source = Path(folder) / name
             files[f"lib/stockade/agent/{source.relative_to(agent).as_posix()}"] = source
     missing = [str(p) for p in files.values() if not p.is_file()]
@@ -192,8 +195,9 @@ def _ensure_base(engine: Engine, cache_dir: Path, log: Log) -> None:
         pulled = False
     if pulled:
         return
+    log(f"{engine}: pull failed; creating the base from a debootstrap root filesystem")
     tarball = _base_rootfs(cache_dir, log)
-    log(f"{engine}: pull failed; importing {tarball} as {BASE_IMAGE}")
+    log(f"{engine}: importing {tarball} as {BASE_IMAGE}")
     cmd = [engine, "import", "--change", 'CMD ["bash"]', str(tarball), BASE_IMAGE]
     try:
         _stream(cmd, log, env=_env(engine))
@@ -282,10 +286,14 @@ def _assemble(context: Path, files: dict[str, Path], wheels: Path) -> None:
         shutil.copyfile(wheel, context / "wheels" / wheel.name)
 
 
-def _build(engine: Engine, context: Path, ref: str, digest: str, log: Log) -> None:
+def _build(
+    engine: Engine, context: Path, ref: str, digest: str, log: Log, *, no_cache: bool
+) -> None:
     cmd = [engine, "build", "--network", "host", "--label", f"{HASH_LABEL}={digest}",
            "--build-arg", f"STOCKADE_IMAGE_HASH={digest}", "-t", ref,
            "-f", str(context / "Containerfile")]  # fmt: skip
+    if no_cache:
+        cmd.append("--no-cache")  # forced: fetch the Debian packages again, too
     if engine == "podman":
         cmd.append("--pull=never")  # the base is local; never ask a registry
     try:

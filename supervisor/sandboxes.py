@@ -242,6 +242,7 @@ class SandboxManager:
             nano_cpus=int(sb.cpus * 1e9),
             pids_limit=sb.pids,
             nofile=sb.nofile,
+            nproc=sb.nproc,
             tmpfs={"/tmp": sb.tmp_size_mb * 1024 * 1024},
             network=sb.network,
         )

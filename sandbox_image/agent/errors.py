@@ -47,8 +47,8 @@ class ToolError(Exception):
         self.message = message
 
 
-def from_os_error(exc: OSError, shown_path: str) -> ToolError:
+def from_os_error(exc: OSError, shown_path: str, *, arg: str = "path") -> ToolError:
     """Map an OSError about `shown_path` (as the caller wrote it) to a ToolError."""
     code = _ERRNO_CODES.get(exc.errno or 0, "EXECUTION_FAILED")
     reason = exc.strerror or str(exc)
-    return ToolError(code, f"path '{shown_path}': {reason}")
+    return ToolError(code, f"{arg} '{shown_path}': {reason}")

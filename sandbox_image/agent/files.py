@@ -8,11 +8,15 @@ path in a result is relative to the workspace root.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import heapq
+import json
 import os
 import secrets
 import stat
+from asyncio.subprocess import PIPE
+from collections.abc import AsyncGenerator
 from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
@@ -27,6 +31,9 @@ MAX_SEARCH_RESULTS: Final = 1000
 DEFAULT_SEARCH_RESULTS: Final = 100
 SEARCH_TIMEOUT: Final = 30.0
 MAX_LINE_CHARS: Final = 500
+_RG_LINE_BYTES: Final = 8 * 1024 * 1024
+_RG_STDERR_BYTES: Final = 64 * 1024
+_CHUNK_BYTES: Final = 64 * 1024
 
 
 async def read_file(root: Path, args: dict[str, Any]) -> dict[str, Any]:
@@ -88,7 +95,8 @@ def _line_range(args: Args) -> tuple[int, int | None]:
         raise ToolError("INVALID_ARGS", f"argument 'start_line' must be at least 1, got {start}")
     if end is not None and end < start:
         raise ToolError(
-            "INVALID_ARGS", f"argument 'end_line' ({end}) must not be less than start_line ({start})"
+            "INVALID_ARGS",
+            f"argument 'end_line' ({end}) must not be less than start_line ({start})",
         )
     return start, end
 
@@ -278,3 +286,137 @@ def _checked_pattern(pattern: str) -> str:
     if ".." in PurePosixPath(pattern).parts:
         raise ToolError("INVALID_PATH", f"pattern '{pattern}' must not contain '..'")
     return pattern
+
+
+# search
+
+
+async def search(
+    root: Path, args: dict[str, Any], *, rg: str = "rg", timeout: float = SEARCH_TIMEOUT
+) -> dict[str, Any]:
+    """Lines matching a regex, found by ripgrep (a linear-time engine, so hostile
+    patterns cannot hang the agent); symlinks are not followed, nothing is ignored
+    but `.git`. `rg` and `timeout` are injectable for tests.
+    """
+    expect_only(args, ("pattern", "path", "glob", "max_results"))
+    pattern = req_str(args, "pattern")
+    file_glob = opt_str(args, "glob", None)
+    limit = _max_results(args)
+    target = await asyncio.to_thread(paths.resolve, root, opt_str(args, "path", "."))
+    found, truncated = await _run_rg(_rg_argv(rg, pattern, file_glob, target), limit, timeout)
+    return {"matches": [_hit(root, data) for data in found], "truncated": truncated}
+
+
+def _max_results(args: Args) -> int:
+    limit = opt_int(args, "max_results", DEFAULT_SEARCH_RESULTS)
+    if limit < 1:
+        raise ToolError("INVALID_ARGS", f"argument 'max_results' must be at least 1, got {limit}")
+    return min(limit, MAX_SEARCH_RESULTS)
+
+
+def _rg_argv(rg: str, pattern: str, file_glob: str | None, target: Path) -> list[str]:
+    for name, value in (("pattern", pattern), ("glob", file_glob or "")):
+        if "\0" in value:
+            raise ToolError("INVALID_ARGS", f"argument '{name}' contains a NUL byte")
+    argv = [rg, "--json", "--no-config", "--hidden", "--no-ignore", "--no-messages"]
+    argv += ["--sort", "path", "--glob", "!.git"]
+    if file_glob is not None:
+        argv += ["--glob", file_glob]
+    return [*argv, "--regexp", pattern, "--", str(target)]
+
+
+async def _run_rg(argv: list[str], limit: int, timeout: float) -> tuple[list[Any], bool]:
+    """Up to `limit` match records, and whether there were more (or some were dropped)."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=PIPE, stderr=PIPE
+        )
+    except OSError as exc:
+        raise ToolError("EXECUTION_FAILED", f"cannot run ripgrep: {exc.strerror or exc}") from None
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    errors = asyncio.create_task(_read_capped(proc.stderr, _RG_STDERR_BYTES))
+    try:
+        async with asyncio.timeout(timeout):
+            found, dropped = await _read_matches(proc.stdout, limit + 1)
+            if len(found) > limit:
+                proc.kill()
+            await proc.stdout.read()  # to EOF, so that wait() can return
+            message, returncode = await errors, await proc.wait()
+    except TimeoutError:
+        raise ToolError(
+            "TIMEOUT", f"search took longer than {timeout:g} s; narrow 'path' or 'glob'"
+        ) from None
+    finally:
+        await _stop(proc, errors)
+    if returncode == 2 and not found and message.strip():
+        raise ToolError(
+            "INVALID_ARGS",
+            f"ripgrep refused the search: {message.decode(errors='replace').strip()}",
+        )
+    return found[:limit], dropped or len(found) > limit
+
+
+async def _stop(proc: asyncio.subprocess.Process, errors: asyncio.Task[bytes]) -> None:
+    """Kill ripgrep if it still runs, drain its pipes and reap it."""
+    errors.cancel()
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.communicate()
+
+
+async def _read_matches(stream: asyncio.StreamReader, wanted: int) -> tuple[list[Any], bool]:
+    """The data of up to `wanted` rg `match` messages, and whether a line was dropped."""
+    found: list[Any] = []
+    dropped = False
+    async with contextlib.aclosing(_bounded_lines(stream, _RG_LINE_BYTES)) as lines:
+        async for line in lines:
+            message = json.loads(line) if line is not None else None
+            dropped = dropped or message is None
+            if message is not None and message.get("type") == "match":
+                found.append(message["data"])
+                if len(found) == wanted:
+                    break
+    return found, dropped
+
+
+async def _bounded_lines(
+    stream: asyncio.StreamReader, cap: int
+) -> AsyncGenerator[bytes | None, None]:
+    """The lines of `stream`; None in place of a line longer than `cap` bytes."""
+    pending, overflow = bytearray(), False
+    while chunk := await stream.read(_CHUNK_BYTES):
+        *complete, rest = chunk.split(b"\n")
+        for part in complete:
+            too_long = overflow or len(pending) + len(part) > cap
+            yield None if too_long else bytes(pending + part)
+            pending.clear()
+            overflow = False
+        pending += b"" if overflow else rest
+        if len(pending) > cap:
+            pending.clear()
+            overflow = True
+
+
+async def _read_capped(stream: asyncio.StreamReader, cap: int) -> bytes:
+    data = bytearray()
+    while chunk := await stream.read(_CHUNK_BYTES):
+        data += chunk[: cap - len(data)]
+    return bytes(data)
+
+
+def _hit(root: Path, data: dict[str, Any]) -> dict[str, Any]:
+    text = _rg_text(data["lines"], as_path=False).rstrip("\r\n")
+    if len(text) > MAX_LINE_CHARS:
+        text = text[:MAX_LINE_CHARS] + " [...]"
+    file = paths.display(root, _rg_text(data["path"], as_path=True))
+    return {"file": file, "line": data["line_number"], "text": text}
+
+
+def _rg_text(field: dict[str, str], *, as_path: bool) -> str:
+    """rg's {"text": ...} or, for bytes that are not UTF-8, {"bytes": base64}."""
+    if "text" in field:
+        return field["text"]
+    raw = base64.b64decode(field["bytes"])
+    return os.fsdecode(raw) if as_path else raw.decode("utf-8", errors="replace")

@@ -37,20 +37,21 @@ def resolve(
 ) -> Path:
     """Return the realpath of `user_path` inside `root`, or raise ToolError.
 
-    `arg` names the argument in messages. `kind` 'any' means a regular file or
-    a directory.
+    `arg` names the argument in messages ("workdir '..' leaves the workspace").
+    `kind` 'any' means a regular file or a directory.
     """
     root_real = Path(os.path.realpath(root))
-    relative = _relative(root, _checked(user_path, arg), user_path)
+    label = f"{arg} '{user_path}'"
+    relative = _relative(root, _checked(user_path, arg), label)
     real = Path(os.path.realpath(root_real / relative))
     if not is_inside(root_real, real):
-        raise ToolError("INVALID_PATH", f"path '{user_path}' leaves the workspace")
-    mode = _mode(real, user_path)
+        raise ToolError("INVALID_PATH", f"{label} leaves the workspace")
+    mode = _mode(real, user_path, arg)
     if mode is None:
         if must_exist:
-            raise ToolError("FILE_NOT_FOUND", f"path '{user_path}' does not exist")
+            raise ToolError("FILE_NOT_FOUND", f"{label} does not exist")
         return real
-    _check_kind(mode, kind, user_path)
+    _check_kind(mode, kind, label)
     return real
 
 
@@ -91,42 +92,40 @@ def _checked(user_path: str, arg: str) -> PurePosixPath:
     return PurePosixPath(user_path)
 
 
-def _relative(root: Path, path: PurePosixPath, user_path: str) -> PurePosixPath:
+def _relative(root: Path, path: PurePosixPath, label: str) -> PurePosixPath:
     if path.is_absolute():
-        path = _below_root(root, path, user_path)
+        path = _below_root(root, path, label)
     if ".." in path.parts:
         if PurePosixPath(os.path.normpath(path)).parts[:1] == ("..",):
-            raise ToolError("INVALID_PATH", f"path '{user_path}' leaves the workspace")
-        raise ToolError("INVALID_PATH", f"path '{user_path}' must not contain '..'")
+            raise ToolError("INVALID_PATH", f"{label} leaves the workspace")
+        raise ToolError("INVALID_PATH", f"{label} must not contain '..'")
     return path
 
 
-def _below_root(root: Path, path: PurePosixPath, user_path: str) -> PurePosixPath:
+def _below_root(root: Path, path: PurePosixPath, label: str) -> PurePosixPath:
     for base in (PurePosixPath(os.path.realpath(root)), PurePosixPath(os.path.abspath(root))):
         if path == base or path.is_relative_to(base):
             return path.relative_to(base)
-    raise ToolError("INVALID_PATH", f"path '{user_path}' leaves the workspace")
+    raise ToolError("INVALID_PATH", f"{label} leaves the workspace")
 
 
-def _mode(real: Path, user_path: str) -> int | None:
+def _mode(real: Path, user_path: str, arg: str) -> int | None:
     try:
         return os.stat(real).st_mode
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise from_os_error(exc, user_path) from None
+        raise from_os_error(exc, user_path, arg=arg) from None
 
 
-def _check_kind(mode: int, kind: Kind, user_path: str) -> None:
+def _check_kind(mode: int, kind: Kind, label: str) -> None:
     is_dir, is_file = stat.S_ISDIR(mode), stat.S_ISREG(mode)
     if not (is_dir or is_file):
-        raise ToolError(
-            "INVALID_PATH", f"path '{user_path}' is a {_special(mode)}, not a file or directory"
-        )
+        raise ToolError("INVALID_PATH", f"{label} is a {_special(mode)}, not a file or directory")
     if kind == "file" and is_dir:
-        raise ToolError("INVALID_PATH", f"path '{user_path}' is a directory, not a file")
+        raise ToolError("INVALID_PATH", f"{label} is a directory, not a file")
     if kind == "dir" and is_file:
-        raise ToolError("INVALID_PATH", f"path '{user_path}' is a file, not a directory")
+        raise ToolError("INVALID_PATH", f"{label} is a file, not a directory")
 
 
 _SPECIAL_KINDS: Final = (

@@ -41,6 +41,10 @@ class ContainerSpec:
     nano_cpus: int
     pids_limit: int
     nofile: int
+    nproc: int
+    """RLIMIT_NPROC counts all processes of the uid on the host, so it cannot be a per-sandbox
+    cap (that is pids_limit); it is set only because Podman's API otherwise asks for more than
+    the host's hard limit allows."""
     tmpfs: Mapping[str, int] = field(default_factory=dict)
     """Mount point -> size in bytes."""
     environment: Mapping[str, str] = field(default_factory=dict)

@@ -47,14 +47,19 @@ class DockerBackend:
 
     def run(self, spec: ContainerSpec) -> ContainerInfo:
         try:
-            container = self._client.containers.run(detach=True, **_run_kwargs(spec))
-            container.reload()
+            container = self._client.containers.create(**_run_kwargs(spec))
         except docker.errors.ImageNotFound as exc:
             raise EngineUnavailable(
                 f"Docker has no image {spec.image}; build it with "
                 "`stockade image build --engine docker`"
             ) from exc
         except _ENGINE_ERRORS as exc:
+            raise EngineUnavailable(f"Docker could not create {spec.name}: {exc}") from exc
+        try:
+            container.start()
+            container.reload()
+        except _ENGINE_ERRORS as exc:
+            self.remove(container.id)
             raise EngineUnavailable(f"Docker could not start {spec.name}: {exc}") from exc
         return info_from_inspect(container.attrs)
 
@@ -102,7 +107,10 @@ def _run_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         "memswap_limit": spec.memory_bytes,
         "nano_cpus": spec.nano_cpus,
         "pids_limit": spec.pids_limit,
-        "ulimits": [docker.types.Ulimit(name="nofile", soft=spec.nofile, hard=spec.nofile)],
+        "ulimits": [
+            docker.types.Ulimit(name="nofile", soft=spec.nofile, hard=spec.nofile),
+            docker.types.Ulimit(name="nproc", soft=spec.nproc, hard=spec.nproc),
+        ],
         "network_mode": spec.network,
         "tmpfs": {
             path: f"rw,nosuid,nodev,size={size},mode=1777" for path, size in spec.tmpfs.items()

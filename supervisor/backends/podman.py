@@ -47,9 +47,13 @@ class PodmanBackend:
             )
         try:
             container = self._client.containers.create(**_create_kwargs(spec))
+        except _ENGINE_ERRORS as exc:
+            raise EngineUnavailable(f"Podman could not create {spec.name}: {exc}") from exc
+        try:
             container.start()
             attrs = self._client.containers.get(container.id).attrs
         except _ENGINE_ERRORS as exc:
+            self.remove(container.id)
             raise EngineUnavailable(f"Podman could not start {spec.name}: {exc}") from exc
         return info_from_inspect(attrs)
 
@@ -63,7 +67,9 @@ class PodmanBackend:
 
     def list(self, labels: Mapping[str, str]) -> list[ContainerInfo]:
         try:
-            found = self._client.containers.list(all=True, filters={"label": label_filters(labels)})
+            # podman-py turns a dict's list value into its repr; the list form is encoded right
+            filters = [f"label={item}" for item in label_filters(labels)]
+            found = self._client.containers.list(all=True, filters=filters)
             infos = [self.inspect(c.id) for c in found]
         except _ENGINE_ERRORS as exc:
             raise EngineUnavailable(f"Podman: cannot list containers: {exc}") from exc
@@ -103,7 +109,10 @@ def _create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         "memswap_limit": spec.memory_bytes,
         "nano_cpus": spec.nano_cpus,
         "pids_limit": spec.pids_limit,
-        "ulimits": [{"Name": "nofile", "Soft": spec.nofile, "Hard": spec.nofile}],
+        "ulimits": [
+            {"Name": "nofile", "Soft": spec.nofile, "Hard": spec.nofile},
+            {"Name": "nproc", "Soft": spec.nproc, "Hard": spec.nproc},
+        ],
         "network_mode": spec.network,
         "mounts": mounts,
         "hostname": "sandbox",
@@ -111,5 +120,5 @@ def _create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
     if spec.drop_all_capabilities:
         kwargs["cap_drop"] = ["ALL"]
     if spec.no_new_privileges:
-        kwargs["security_opt"] = ["no-new-privileges"]
+        kwargs["no_new_privileges"] = True  # podman-py maps security_opt to SELinux options
     return kwargs

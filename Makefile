@@ -1,0 +1,25 @@
+# Stockade: `make run` serves, `make test` runs every test; each sets the machine up first
+# (scripts/setup.sh: quick when nothing is missing).
+.PHONY: setup-run setup-test run test lint proto bench
+
+setup-run:
+	scripts/setup.sh run
+
+setup-test:
+	scripts/setup.sh test
+
+run: setup-run
+	.venv/bin/stockade serve
+
+test: setup-test
+	.venv/bin/python -m pytest
+
+lint:
+	.venv/bin/ruff check .
+	.venv/bin/mypy -p stockade
+
+proto:
+	.venv/bin/python scripts/gen_proto.py
+
+bench:
+	.venv/bin/python -m bench

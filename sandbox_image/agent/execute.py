@@ -1,0 +1,228 @@
+"""The exec tool: run a shell command in its own process group, with a timeout.
+
+Life of one command:
+1. `/bin/sh -c COMMAND` starts in a new session (so its process group is its
+   own), stdin from /dev/null, its OOM score raised so an OOM kills it first;
+2. stdout and stderr are read as they come; each keeps at most
+   `max_output_bytes`, the rest is counted and dropped;
+3. when the shell exits, the pipes get at most EOF_GRACE more to reach EOF
+   (a background child may hold them open);
+4. then, and always on timeout, the whole group gets SIGKILL until none of it
+   is alive, the shell is reaped and the pipes are closed.
+A timeout is a result (timed_out=true, partial output), not an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from asyncio.subprocess import DEVNULL, PIPE
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from . import paths
+from .argcheck import Args, expect_only, opt_number, opt_str, opt_str_map, req_str
+from .errors import ToolError
+
+DEFAULT_TIMEOUT: Final = 30.0
+MAX_TIMEOUT: Final = 300.0
+EOF_GRACE: Final = 0.2
+REAP_TIMEOUT: Final = 5.0
+_KILL_PAUSE: Final = 0.01
+
+
+async def exec_command(
+    root: Path, args: dict[str, Any], *, max_output_bytes: int = 10 * 1024 * 1024
+) -> dict[str, Any]:
+    """Run `command` with /bin/sh in `workdir` (default: the workspace root)."""
+    expect_only(args, ("command", "timeout", "workdir", "env"))
+    command, timeout, env = _command(args), _timeout(args), _env(args)
+    workdir = opt_str(args, "workdir", ".")
+    cwd = await asyncio.to_thread(paths.resolve, root, workdir, kind="dir", arg="workdir")
+    started = time.monotonic()
+    transport, output = await _spawn(command, cwd, {**os.environ, **env}, max_output_bytes)
+    try:
+        timed_out = not await _within(output.exited, timeout)
+        if not timed_out:
+            await _within(output.eof, EOF_GRACE)
+    finally:
+        await _kill_group(transport.get_pid())
+        await _within(output.exited, REAP_TIMEOUT)
+        transport.close()
+    return output.result(transport.get_returncode(), timed_out, time.monotonic() - started)
+
+
+@dataclass
+class _Capture:
+    """The first `limit` bytes of a stream, and how many bytes it carried."""
+
+    limit: int
+    data: bytearray = field(default_factory=bytearray)
+    total: int = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.limit - len(self.data)
+        if room > 0:
+            self.data += chunk[:room]
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
+
+
+class _Output(asyncio.SubprocessProtocol):
+    """Collects both pipes and signals exit and end-of-output."""
+
+    def __init__(self, limit: int) -> None:
+        loop = asyncio.get_running_loop()
+        self.streams = {1: _Capture(limit), 2: _Capture(limit)}
+        self.exited: asyncio.Future[None] = loop.create_future()
+        self.eof: asyncio.Future[None] = loop.create_future()
+        self._open = {1, 2}
+
+    def pipe_data_received(self, fd: int, data: bytes | bytearray) -> None:
+        self.streams[fd].add(bytes(data))
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self._open.discard(fd)
+        if not self._open and not self.eof.done():
+            self.eof.set_result(None)
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+    def result(self, returncode: int | None, timed_out: bool, seconds: float) -> dict[str, Any]:
+        if returncode is None:
+            raise ToolError("EXECUTION_FAILED", "the command did not exit after SIGKILL")
+        out, err = self.streams[1], self.streams[2]
+        return {
+            "exit_code": 128 - returncode if returncode < 0 else returncode,
+            "stdout": out.text(),
+            "stderr": err.text(),
+            "duration_ms": round(seconds * 1000),
+            "timed_out": timed_out,
+            "stdout_bytes": out.total,
+            "stderr_bytes": err.total,
+            "stdout_truncated": out.total > out.limit,
+            "stderr_truncated": err.total > err.limit,
+            "signal": _signal_name(-returncode) if returncode < 0 else None,
+        }
+
+
+def _command(args: Args) -> str:
+    command = req_str(args, "command")
+    if not command.strip():
+        raise ToolError("INVALID_ARGS", "argument 'command' must not be empty")
+    if "\0" in command:
+        raise ToolError("INVALID_ARGS", "argument 'command' contains a NUL byte")
+    return command
+
+
+def _timeout(args: Args) -> float:
+    """Seconds, > 0; values above MAX_TIMEOUT are clamped to it."""
+    timeout = opt_number(args, "timeout", DEFAULT_TIMEOUT)
+    if timeout <= 0:
+        raise ToolError("INVALID_ARGS", f"argument 'timeout' must be above 0, got {timeout}")
+    return min(float(timeout), MAX_TIMEOUT)
+
+
+def _env(args: Args) -> dict[str, str]:
+    env = opt_str_map(args, "env")
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name:
+            raise ToolError("INVALID_ARGS", f"argument 'env': invalid variable name {name!r}")
+        if "\0" in value:
+            raise ToolError("INVALID_ARGS", f"argument 'env': the value of {name} contains NUL")
+    return env
+
+
+async def _spawn(
+    command: str, cwd: Path, env: dict[str, str], limit: int
+) -> tuple[asyncio.SubprocessTransport, _Output]:
+    loop = asyncio.get_running_loop()
+    try:
+        transport, output = await loop.subprocess_exec(
+            lambda: _Output(limit),
+            "/bin/sh",
+            "-c",
+            command,
+            stdin=DEVNULL,
+            stdout=PIPE,
+            stderr=PIPE,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+    except (OSError, RuntimeError) as exc:  # EAGAIN when pids run out; no thread left
+        raise ToolError(
+            "EXECUTION_FAILED", f"could not start the command: {_reason(exc)}"
+        ) from None
+    _raise_oom_score(transport.get_pid())
+    return transport, output
+
+
+def _reason(exc: Exception) -> str:
+    if not isinstance(exc, OSError) or not exc.strerror:
+        return str(exc)
+    return f"{exc.strerror}: '{exc.filename}'" if exc.filename else exc.strerror
+
+
+def _raise_oom_score(pid: int) -> None:
+    """Best effort: make the command, not the agent, the OOM killer's choice."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/oom_score_adj", "w") as file:
+        file.write("1000")
+
+
+async def _within(future: asyncio.Future[None], seconds: float) -> bool:
+    """Wait for `future` at most `seconds` without cancelling it; whether it is done."""
+    done, _ = await asyncio.wait({future}, timeout=seconds)
+    return bool(done)
+
+
+async def _kill_group(pgid: int) -> None:
+    """SIGKILL the group until none of it is alive.
+
+    Repeated because a forking member may add processes while the signal is
+    delivered; bounded by REAP_TIMEOUT. Zombies count as dead: whether they
+    get reaped is up to their parent or init.
+    """
+    deadline = time.monotonic() + REAP_TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            return
+        if not await asyncio.to_thread(_group_alive, pgid):
+            return
+        await asyncio.sleep(_KILL_PAUSE)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of group `pgid` is alive (not a zombie), from /proc."""
+    with os.scandir("/proc") as entries:
+        return any(entry.name.isdigit() and _pgrp_if_alive(entry.name) == pgid for entry in entries)
+
+
+def _pgrp_if_alive(pid: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            stat = file.read()
+    except OSError:
+        return None
+    # pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
+    fields = stat[stat.rfind(b")") + 1 :].split()
+    if len(fields) < 3 or fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[2])
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"

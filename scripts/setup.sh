@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Prepare this machine for Stockade (Debian 12; see DESIGN.md, "Set-up on a machine
+# like ours"). Idempotent: a second run only checks, and is quick.
+#
+#   scripts/setup.sh run    what `make run` needs: one usable engine (installs Podman
+#                           if neither Podman nor Docker works), .venv, the sandbox image
+#                           for the engine that will be used (STOCKADE_ENGINE=podman|docker
+#                           to choose; else Podman if it works, else Docker)
+#   scripts/setup.sh test   what `make test` needs: both engines (starts dockerd), .venv,
+#                           the sandbox image for Podman and for Docker
+#
+# Logs go to $STOCKADE_LOG_DIR (default /var/tmp/stockade/logs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MODE=${1:-}
+LOG_DIR=${STOCKADE_LOG_DIR:-/var/tmp/stockade/logs}
+DROP_IN=/etc/containers/containers.conf.d/stockade.conf
+VENV=.venv
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+APT_UPDATED=""
+
+step() { printf '%-9s %s\n' "$1:" "$2"; }
+fail() { printf 'setup: %s\n' "$1" >&2; exit 1; }
+have() { command -v "$1" >/dev/null 2>&1; }
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
+podman_ok() { have podman && podman info >/dev/null 2>&1; }
+docker_ok() { have docker && timeout 10 docker version >/dev/null 2>&1; }
+
+# Install the Debian packages among "$@" that are missing (apt-get update only then).
+ensure_packages() {
+    local missing=() pkg
+    for pkg in "$@"; do installed "$pkg" || missing+=("$pkg"); done
+    if [ ${#missing[@]} -eq 0 ]; then
+        step packages "present: $*"
+        return
+    fi
+    step packages "installing ${missing[*]} (log: $LOG_DIR/apt.log)"
+    if [ -z "$APT_UPDATED" ]; then
+        $SUDO apt-get update >>"$LOG_DIR/apt.log" 2>&1 || fail "apt-get update failed; see $LOG_DIR/apt.log"
+        APT_UPDATED=1
+    fi
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        "${missing[@]}" >>"$LOG_DIR/apt.log" 2>&1 || fail "apt-get install failed; see $LOG_DIR/apt.log"
+}
+
+# Podman here needs runc (crun fails on the hybrid cgroup v1 layout) and default
+# ulimits at or below the hard limits. Podman 4.3 reads this drop-in after containers.conf.
+configure_podman() {
+    have podman || return 0
+    local want
+    want=$(cat <<'EOF'
+# Written by Stockade's scripts/setup.sh; see DESIGN.md, "Set-up on a machine like ours".
+[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
+
+[engine]
+runtime = "runc"
+EOF
+)
+    if [ -f "$DROP_IN" ] && [ "$(cat "$DROP_IN")" = "$want" ]; then
+        step podman "$DROP_IN up to date"
+        return
+    fi
+    $SUDO mkdir -p "$(dirname "$DROP_IN")"
+    printf '%s\n' "$want" | $SUDO tee "$DROP_IN" >/dev/null
+    step podman "wrote $DROP_IN (runtime runc, nofile/nproc 1024)"
+}
+
+find_python() {
+    local candidate
+    for candidate in ${PYTHON:-} python3.11 python3.12 python3.13 python3; do
+        if have "$candidate" && "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+            echo "$candidate"
+            return
+        fi
+    done
+    return 1
+}
+
+# .venv with an editable install of the project and its dev tools; redone when
+# pyproject.toml changes (its hash is kept in .venv/.stockade-setup).
+ensure_venv() {
+    local stamp python
+    stamp=$(sha256sum pyproject.toml | cut -d' ' -f1)
+    if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.stockade-setup" 2>/dev/null)" = "$stamp" ]; then
+        step venv "$VENV up to date"
+        return
+    fi
+    if [ ! -x "$VENV/bin/python" ]; then
+        python=$(find_python) || { ensure_packages python3 python3-venv; python=python3; }
+        "$python" -c 'import ensurepip' 2>/dev/null || ensure_packages python3-venv
+        "$python" -m venv "$VENV" || fail "could not create $VENV with $python"
+    fi
+    step venv "pip install -e '.[dev]' (log: $LOG_DIR/pip.log)"
+    "$VENV/bin/python" -m pip install -e '.[dev]' >>"$LOG_DIR/pip.log" 2>&1 \
+        || fail "pip install failed; see $LOG_DIR/pip.log"
+    echo "$stamp" >"$VENV/.stockade-setup"
+}
+
+start_dockerd() {
+    if docker_ok; then
+        step docker "engine answers"
+        return
+    fi
+    step docker "starting dockerd (log: $LOG_DIR/dockerd.log)"
+    $SUDO "$VENV/bin/python" -c 'import sys; from pathlib import Path
+from stockade.supervisor.engines import EngineServiceError, ensure_dockerd
+try:
+    ensure_dockerd(Path(sys.argv[1]))
+except EngineServiceError as exc:
+    sys.exit(f"setup: {exc}")' "$LOG_DIR/dockerd.log"
+}
+
+build_image() {
+    "$VENV/bin/python" scripts/build_image.py --engine "$1" --log-file "$LOG_DIR/image-$1.log" \
+        | sed 's/^/image:    /'
+}
+
+# The engine `make run` will use.
+run_engine() {
+    if [ -n "${STOCKADE_ENGINE:-}" ]; then
+        echo "$STOCKADE_ENGINE"
+    elif podman_ok; then
+        echo podman
+    elif docker_ok; then
+        echo docker
+    else
+        return 1
+    fi
+}
+
+setup_run() {
+    local engine
+    case "${STOCKADE_ENGINE:-podman}" in
+        podman | docker) ;;
+        *) fail "STOCKADE_ENGINE must be podman or docker, not '$STOCKADE_ENGINE'" ;;
+    esac
+    if engine=$(run_engine); then
+        ensure_packages debootstrap
+    else
+        ensure_packages podman runc catatonit netavark aardvark-dns iptables debootstrap
+        engine=podman
+    fi
+    configure_podman
+    ensure_venv
+    case "$engine" in
+        podman) podman_ok || fail "podman does not work: run 'podman info' to see why" ;;
+        docker) docker_ok || fail "docker does not answer: start dockerd, or STOCKADE_ENGINE=podman" ;;
+    esac
+    build_image "$engine"
+}
+
+setup_test() {
+    ensure_packages podman runc catatonit netavark aardvark-dns iptables docker.io debootstrap ripgrep tini
+    configure_podman
+    ensure_venv
+    start_dockerd
+    build_image podman
+    build_image docker
+}
+
+mkdir -p "$LOG_DIR"
+case "$MODE" in
+    run) setup_run ;;
+    test) setup_test ;;
+    *) echo "usage: $0 run|test" >&2; exit 2 ;;
+esac

@@ -1,0 +1,329 @@
+"""The exec tool, run for real with /bin/sh on a temporary workspace."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stockade.agent import execute, tools
+from stockade.agent.errors import ToolError
+
+MiB = 1024 * 1024
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.txt").write_text("a")
+    return root
+
+
+async def run(ws: Path, **args: Any) -> dict[str, Any]:
+    return await execute.exec_command(ws, args)
+
+
+async def fails(code: str, ws: Path, **args: Any) -> str:
+    with pytest.raises(ToolError) as info:
+        await run(ws, **args)
+    assert info.value.code == code, info.value.message
+    return info.value.message
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs. A zombie counts as gone: on a host whose PID 1 does not
+    reap, killed orphans stay zombies, and os.kill(pid, 0) still succeeds on them."""
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            state = file.read().rsplit(b")", 1)[1].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+async def gone(pid: int, within: float = 2.0) -> bool:
+    deadline = time.monotonic() + within
+    while alive(pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    return not alive(pid)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes whose process group is `pgid`."""
+    members = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat", "rb") as file:
+                fields = file.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid:
+            members.append(int(name))
+    return members
+
+
+def zombie_children() -> list[int]:
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat", "rb") as file:
+                fields = file.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == b"Z" and int(fields[1]) == os.getpid():
+            found.append(int(name))
+    return found
+
+
+# results
+
+
+async def test_echo_result(ws: Path) -> None:
+    result = await run(ws, command="echo out; echo err >&2")
+    duration = result.pop("duration_ms")
+    assert result == {
+        "exit_code": 0,
+        "stdout": "out\n",
+        "stderr": "err\n",
+        "timed_out": False,
+        "stdout_bytes": 4,
+        "stderr_bytes": 4,
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+        "signal": None,
+    }
+    assert isinstance(duration, int)
+    assert 0 <= duration < 5000
+
+
+@pytest.mark.parametrize(
+    ("command", "exit_code", "signal_name"),
+    [
+        ("exit 3", 3, None),
+        ("false", 1, None),
+        ("kill -TERM $$", 143, "SIGTERM"),
+        ("kill -KILL $$", 137, "SIGKILL"),
+        ("kill -SEGV $$", 139, "SIGSEGV"),
+        ("exit 255", 255, None),
+    ],
+)
+async def test_exit_codes_and_signals(
+    ws: Path, command: str, exit_code: int, signal_name: str | None
+) -> None:
+    result = await run(ws, command=command)
+    assert (result["exit_code"], result["signal"]) == (exit_code, signal_name)
+
+
+async def test_undecodable_output_is_replaced(ws: Path) -> None:
+    assert (await run(ws, command="printf 'a\\377b'"))["stdout"] == "a\ufffdb"
+
+
+async def test_stdin_is_dev_null(ws: Path) -> None:
+    result = await run(ws, command="cat; echo done", timeout=10)
+    assert (result["stdout"], result["timed_out"]) == ("done\n", False)
+    assert result["duration_ms"] < 2000
+
+
+async def test_runs_in_own_process_group_and_session(ws: Path) -> None:
+    result = await run(ws, command="echo $$; cut -d' ' -f5,6 /proc/$$/stat")
+    pid, ids = result["stdout"].splitlines()
+    assert ids.split() == [pid, pid]
+
+
+async def test_oom_score_is_raised(ws: Path) -> None:
+    result = await run(ws, command="sleep 0.2; cat /proc/$$/oom_score_adj")
+    assert result["stdout"] == "1000\n"
+
+
+# output caps
+
+
+async def test_stdout_cap_counts_the_rest(ws: Path) -> None:
+    result = await execute.exec_command(
+        ws, {"command": "yes | head -c 50M"}, max_output_bytes=1 * MiB
+    )
+    assert result["exit_code"] == 0
+    assert result["stdout_bytes"] == 50 * MiB
+    assert len(result["stdout"]) == 1 * MiB
+    assert result["stdout"].startswith("y\ny\n")
+    assert (result["stdout_truncated"], result["stderr_truncated"]) == (True, False)
+
+
+async def test_stderr_cap(ws: Path) -> None:
+    command = "head -c 3000 /dev/zero | tr '\\0' e >&2"
+    result = await execute.exec_command(ws, {"command": command}, max_output_bytes=1000)
+    assert (result["stderr"], result["stderr_bytes"]) == ("e" * 1000, 3000)
+    assert result["stderr_truncated"] is True
+
+
+async def test_run_passes_max_output_bytes(ws: Path) -> None:
+    result = await tools.run("exec", {"command": "echo 12345"}, root=ws, max_output_bytes=3)
+    assert (result["stdout"], result["stdout_bytes"]) == ("123", 6)
+
+
+# timeouts and cleanup
+
+
+async def test_timeout_kills_background_children(ws: Path) -> None:
+    started = time.monotonic()
+    result = await run(ws, command="echo start; sleep 100 & echo $!; sleep 100", timeout=0.5)
+    assert time.monotonic() - started < 5
+    first, child = result["stdout"].splitlines()
+    assert first == "start"
+    assert (result["timed_out"], result["exit_code"], result["signal"]) == (True, 137, "SIGKILL")
+    assert await gone(int(child))
+
+
+async def test_background_child_holding_pipes_does_not_delay_result(ws: Path) -> None:
+    started = time.monotonic()
+    result = await run(ws, command="sleep 100 & echo $!", timeout=30)
+    assert time.monotonic() - started < 3
+    assert (result["timed_out"], result["exit_code"]) == (False, 0)
+    assert await gone(int(result["stdout"]))
+
+
+async def test_detached_background_child_is_killed_with_the_group(ws: Path) -> None:
+    result = await run(ws, command="sleep 100 >/dev/null 2>&1 & echo $!")
+    assert await gone(int(result["stdout"]))
+
+
+async def test_escaped_session_cannot_hold_the_call(ws: Path) -> None:
+    started = time.monotonic()
+    result = await run(ws, command="setsid sleep 30 & echo $!", timeout=30)
+    escaped = int(result["stdout"])
+    try:
+        assert time.monotonic() - started < 3
+        assert result["timed_out"] is False
+    finally:
+        os.kill(escaped, signal.SIGKILL)
+
+
+async def test_forking_loop_is_killed_entirely(ws: Path) -> None:
+    command = "echo $$; while :; do sleep 100 & done"
+    result = await run(ws, command=command, timeout=1)
+    assert result["timed_out"] is True
+    assert group_members(int(result["stdout"].splitlines()[0])) == []
+
+
+async def test_no_zombies_or_fd_leaks(ws: Path) -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    for command, timeout in [("echo x", 5), ("sleep 100 & sleep 100", 0.2), ("exit 1", 5)]:
+        await run(ws, command=command, timeout=timeout)
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert zombie_children() == []
+
+
+async def test_commands_run_concurrently(ws: Path) -> None:
+    started = time.monotonic()
+    results = await asyncio.gather(*(run(ws, command="sleep 0.5") for _ in range(3)))
+    assert [r["exit_code"] for r in results] == [0, 0, 0]
+    assert time.monotonic() - started < 1.4
+
+
+# arguments
+
+
+async def test_workdir(ws: Path) -> None:
+    default = await run(ws, command="pwd")
+    sub = await run(ws, command="pwd", workdir="sub")
+    assert default["stdout"] == f"{os.path.realpath(ws)}\n"
+    assert sub["stdout"] == f"{os.path.realpath(ws / 'sub')}\n"
+
+
+@pytest.mark.parametrize(
+    ("workdir", "code", "message"),
+    [
+        ("..", "INVALID_PATH", "workdir '..' leaves the workspace"),
+        ("/tmp", "INVALID_PATH", "workdir '/tmp' leaves the workspace"),
+        ("a.txt", "INVALID_PATH", "workdir 'a.txt' is a file, not a directory"),
+        ("missing", "FILE_NOT_FOUND", "workdir 'missing' does not exist"),
+        ("", "INVALID_ARGS", "argument 'workdir' must not be empty"),
+        (3, "INVALID_ARGS", "argument 'workdir' must be a string, got integer"),
+    ],
+)
+async def test_bad_workdir(ws: Path, workdir: Any, code: str, message: str) -> None:
+    assert await fails(code, ws, command="true", workdir=workdir) == message
+
+
+async def test_workdir_symlink_leaving_root(ws: Path, tmp_path: Path) -> None:
+    (ws / "out").symlink_to(tmp_path)
+    assert "leaves the workspace" in await fails("INVALID_PATH", ws, command="pwd", workdir="out")
+
+
+async def test_env_is_added_to_the_agents(ws: Path) -> None:
+    result = await run(ws, command='echo "$FOO|$PATH"', env={"FOO": "bar baz"})
+    assert result["stdout"] == f"bar baz|{os.environ['PATH']}\n"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"A=B": "x"}, "argument 'env': invalid variable name 'A=B'"),
+        ({"": "x"}, "argument 'env': invalid variable name ''"),
+        ({"A\0": "x"}, "argument 'env': invalid variable name 'A\\x00'"),
+        ({"A": "x\0y"}, "argument 'env': the value of A contains NUL"),
+        ({"A": 1}, "argument 'env' must map names to strings; 'A' is integer"),
+        (["A"], "argument 'env' must be an object, got array"),
+    ],
+)
+async def test_bad_env(ws: Path, env: Any, message: str) -> None:
+    assert await fails("INVALID_ARGS", ws, command="true", env=env) == message
+
+
+@pytest.mark.parametrize(
+    ("timeout", "message"),
+    [
+        (0, "argument 'timeout' must be above 0, got 0"),
+        (-1.5, "argument 'timeout' must be above 0, got -1.5"),
+        ("5", "argument 'timeout' must be a finite number, got string"),
+        (True, "argument 'timeout' must be a finite number, got boolean"),
+        (float("nan"), "argument 'timeout' must be a finite number, got number"),
+        (float("inf"), "argument 'timeout' must be a finite number, got number"),
+    ],
+)
+async def test_bad_timeout(ws: Path, timeout: Any, message: str) -> None:
+    assert await fails("INVALID_ARGS", ws, command="true", timeout=timeout) == message
+
+
+def test_timeout_is_clamped() -> None:
+    assert execute._timeout({"timeout": 1000}) == execute.MAX_TIMEOUT
+    assert execute._timeout({"timeout": 2}) == 2.0
+    assert execute._timeout({}) == execute.DEFAULT_TIMEOUT
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({}, "argument 'command' is required"),
+        ({"command": ""}, "argument 'command' must not be empty"),
+        ({"command": "  \n"}, "argument 'command' must not be empty"),
+        ({"command": ["ls"]}, "argument 'command' must be a string, got array"),
+        ({"command": "echo\0"}, "argument 'command' contains a NUL byte"),
+        (
+            {"command": "ls", "cwd": "."},
+            "unknown argument 'cwd'; allowed: command, env, timeout, workdir",
+        ),
+    ],
+)
+async def test_bad_command(ws: Path, args: dict[str, Any], message: str) -> None:
+    assert await fails("INVALID_ARGS", ws, **args) == message
+
+
+async def test_spawn_failure_is_execution_failed(ws: Path) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")), hard))
+    try:
+        message = await fails("EXECUTION_FAILED", ws, command="true")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert message == "could not start the command: Too many open files"
