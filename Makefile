@@ -9,7 +9,7 @@ setup-test:
 	scripts/setup.sh test
 
 run: setup-run
-	.venv/bin/stockade serve
+	STOCKADE_ENGINE=$$(cat .venv/.stockade-engine) .venv/bin/stockade serve
 
 test: setup-test
 	.venv/bin/python -m pytest
@@ -21,5 +21,8 @@ lint:
 proto:
 	.venv/bin/python scripts/gen_proto.py
 
-bench:
-	.venv/bin/python -m bench
+# Figures side by side: Stockade, the engine CLIs and llm-sandbox, on Podman and Docker.
+# Arguments through BENCH_ARGS, e.g. `make bench BENCH_ARGS="--quick --engine docker"`.
+bench: setup-test
+	.venv/bin/pip install --quiet -e '.[bench]'
+	.venv/bin/python -m bench $(BENCH_ARGS)

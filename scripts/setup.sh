@@ -150,6 +150,8 @@ setup_run() {
         docker) docker_ok || fail "docker does not answer: start dockerd, or STOCKADE_ENGINE=podman" ;;
     esac
     build_image "$engine"
+    echo "$engine" >"$VENV/.stockade-engine"
+    step engine "make run serves with $engine"
 }
 
 setup_test() {

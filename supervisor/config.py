@@ -73,7 +73,7 @@ class Config:
     """Workspaces, agent sockets and the instance id live here."""
     max_request_bytes: int = 16 * MiB
     """Largest request a client may send; larger ones get RESOURCE_EXHAUSTED."""
-    max_response_bytes: int = 64 * MiB
+    max_response_bytes: int = 128 * MiB
     engine: EngineConfig = field(default_factory=EngineConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)

@@ -97,6 +97,8 @@ def _exec_outcome(data: dict[str, Any]) -> tuple[ErrorCode, str]:
     if data.get("timed_out"):
         return ErrorCode.TIMEOUT, f"command timed out after {data.get('duration_ms', 0)} ms"
     code = data.get("exit_code")
+    if data.get("oom_killed"):
+        return ErrorCode.EXECUTION_FAILED, f"command killed: out of memory (exit code {code})"
     if not isinstance(code, int):
         return ErrorCode.EXECUTION_FAILED, "the agent reported no exit code"
     if code != 0:

@@ -2,8 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from typing import Any
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def wire_text(text: str) -> str:
+    """Text that protobuf can carry: lone surrogates (from names that are not UTF-8) become
+    U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def wire_json(data: object) -> str:
+    """JSON for the wire: UTF-8 as is, lone surrogates as \\udcXX escapes (lossless)."""
+    text = json.dumps(data, ensure_ascii=False)
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def cap_text(text: str, max_bytes: int) -> tuple[str, bool]:
@@ -37,6 +54,8 @@ def _exec(d: dict[str, Any]) -> str:
             )
     if d.get("timed_out"):
         parts.append(f"[timed out after {d.get('duration_ms', 0)} ms; process group killed]")
+    elif d.get("oom_killed"):
+        parts.append(f"[killed: out of memory, exit code {d.get('exit_code')}]")
     elif d.get("signal"):
         parts.append(f"[killed by {d['signal']}, exit code {d.get('exit_code')}]")
     elif d.get("exit_code"):

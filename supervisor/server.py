@@ -21,6 +21,7 @@ from stockade.supervisor.catalog import TOOLS
 from stockade.supervisor.config import Config
 from stockade.supervisor.models import CallContext, SandboxInfo, ToolCall, ToolResult
 from stockade.supervisor.pipeline import ToolPipeline
+from stockade.supervisor.render import wire_json, wire_text
 from stockade.supervisor.sandboxes import SandboxManager
 from stockade.v1 import sandbox_pb2, sandbox_pb2_grpc, tool_pb2, tool_pb2_grpc
 
@@ -95,12 +96,12 @@ def sandbox_to_pb(info: SandboxInfo) -> Any:
 def result_to_pb(result: ToolResult) -> Any:
     code = "UNSPECIFIED" if result.error_code.value == "NONE" else result.error_code.value
     return tool_pb2.ToolResult(
-        for_llm=result.for_llm,
-        for_user=result.for_user,
+        for_llm=wire_text(result.for_llm),
+        for_user=wire_text(result.for_user),
         is_error=result.is_error,
         error_code=tool_pb2.ToolErrorCode.Value(f"TOOL_ERROR_CODE_{code}"),  # type: ignore[arg-type]
-        error_message=result.error_message,
-        data_json=json.dumps(result.data, ensure_ascii=False) if result.data is not None else "",
+        error_message=wire_text(result.error_message),
+        data_json=wire_json(result.data) if result.data is not None else "",
         duration_ms=result.duration_ms,
         truncated=result.truncated,
         redactions=result.redactions,

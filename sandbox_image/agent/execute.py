@@ -8,7 +8,8 @@ Life of one command:
 3. when the shell exits, the pipes get at most EOF_GRACE more to reach EOF
    (a background child may hold them open);
 4. then, and always on timeout, the whole group gets SIGKILL until none of it
-   is alive, the shell is reaped and the pipes are closed.
+   is alive, the shell is reaped and the pipes are closed;
+5. oom_killed tells whether the container's OOM killer struck meanwhile.
 A timeout is a result (timed_out=true, partial output), not an error.
 """
 
@@ -43,7 +44,7 @@ async def exec_command(
     command, timeout, env = _command(args), _timeout(args), _env(args)
     workdir = opt_str(args, "workdir", ".")
     cwd = await asyncio.to_thread(paths.resolve, root, workdir, kind="dir", arg="workdir")
-    started = time.monotonic()
+    started, oom_before = time.monotonic(), _oom_kills()
     transport, output = await _spawn(command, cwd, {**os.environ, **env}, max_output_bytes)
     try:
         timed_out = not await _within(output.exited, timeout)
@@ -53,7 +54,9 @@ async def exec_command(
         await _kill_group(transport.get_pid())
         await _within(output.exited, REAP_TIMEOUT)
         transport.close()
-    return output.result(transport.get_returncode(), timed_out, time.monotonic() - started)
+    result = output.result(transport.get_returncode(), timed_out, time.monotonic() - started)
+    result["oom_killed"] = oom_before is not None and (_oom_kills() or 0) > oom_before
+    return result
 
 
 @dataclass
@@ -219,6 +222,24 @@ def _pgrp_if_alive(pid: str) -> int | None:
     if len(fields) < 3 or fields[0] in (b"Z", b"X"):
         return None
     return int(fields[2])
+
+
+_OOM_COUNTERS: Final = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+
+
+def _oom_kills() -> int | None:
+    """How many processes the memory cgroup's OOM killer has killed (v2 or v1), if known."""
+    for path in _OOM_COUNTERS:
+        try:
+            with open(path) as file:
+                lines = file.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            name, _, value = line.partition(" ")
+            if name == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    return None
 
 
 def _signal_name(number: int) -> str:

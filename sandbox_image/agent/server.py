@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 error_code=agent_pb2.AGENT_ERROR_CODE_INTERNAL,
                 error_message=f"agent error in {request.tool}: {type(exc).__name__}: {exc}",
             )
-        return agent_pb2.InvokeResponse(result_json=json.dumps(result, ensure_ascii=False))
+        # ASCII-escaped: file names that are not UTF-8 carry lone surrogates, which protobuf
+        # strings cannot hold; escaped, they reach the supervisor intact.
+        return agent_pb2.InvokeResponse(result_json=json.dumps(result))
 
 
 def _error(code: str, message: str) -> Any:
@@ -69,9 +72,19 @@ def _error(code: str, message: str) -> Any:
     )
 
 
+def _use_pidfd_child_watcher() -> None:
+    """Python 3.11 waits for each child in a thread of its own; a pidfd watcher needs none
+    (3.12 picks it by itself)."""
+    if sys.version_info < (3, 12) and hasattr(asyncio, "PidfdChildWatcher"):
+        watcher = asyncio.PidfdChildWatcher()
+        watcher.attach_loop(asyncio.get_running_loop())
+        asyncio.set_child_watcher(watcher)
+
+
 async def serve(socket_path: Path, workspace: Path, *, max_output_bytes: int) -> None:
     """Serve until SIGTERM or SIGINT."""
     logging.basicConfig(level=logging.INFO, format="agent %(levelname)s %(message)s")
+    _use_pidfd_child_watcher()
     socket_path.unlink(missing_ok=True)
     server = grpc.aio.server(
         options=[

@@ -50,7 +50,9 @@ class FakeBackend:
 
     def list(self, labels: Mapping[str, str]) -> list[ContainerInfo]:
         return [
-            i for i in self.containers.values() if all(i.labels.get(k) == v for k, v in labels.items())
+            i
+            for i in self.containers.values()
+            if all(i.labels.get(k) == v for k, v in labels.items())
         ]
 
     def remove(self, name_or_id: str) -> bool:

@@ -85,7 +85,8 @@ def test_cap_text_keeps_head_and_tail() -> None:
     text = "HEAD" + "x" * 100_000 + "TAIL"
     capped, cut = cap_text(text, 1000)
     assert cut
-    assert capped.startswith("HEAD") and capped.endswith("TAIL")
+    assert capped.startswith("HEAD")
+    assert capped.endswith("TAIL")
     assert len(capped.encode()) <= 1000
     assert "bytes omitted" in capped
 

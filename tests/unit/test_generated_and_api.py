@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _load_generator():  # type: ignore[no-untyped-def]
     spec = importlib.util.spec_from_file_location("gen_proto", ROOT / "scripts" / "gen_proto.py")
-    assert spec and spec.loader
+    assert spec
+    assert spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules["gen_proto"] = module
     spec.loader.exec_module(module)

@@ -1,0 +1,13 @@
+"""`make bench`: Stockade next to its peers, measured side by side in one run.
+
+Per engine (Podman, Docker), on the same image and machine:
+- the floor: a gRPC health check round trip to the supervisor;
+- a warm `exec true` through Stockade's gRPC API (sync client, TCP 127.0.0.1);
+- the engine CLI's `exec C true` on a plain container of the same image;
+- llm-sandbox's `execute_command("true")` on the same engine and image;
+- cold start: the first call on a new key until its result;
+- host memory per idle sandbox (PSS of its processes plus the engine's helper).
+
+Figures are printed, and the last run is kept in bench/results.json. Nothing is
+asserted: this is a measurement, not a test. Progress goes to stderr, results to stdout.
+"""

@@ -1,0 +1,109 @@
+"""`python -m bench [--engine podman|docker|both] [--n N] [--quick]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import signal
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+from bench import peers, report, stockade_runs
+from bench.engines import ENGINES, bring_up, remove_labelled
+from bench.machine import machine_info
+from bench.served import served
+from bench.timing import guarded, progress
+from stockade.client import Stockade
+
+RESULTS = Path(__file__).resolve().parent / "results.json"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--engine", choices=[*ENGINES, "both"], default="both")
+    parser.add_argument("--n", type=int, help="warm iterations per measurement (default 300)")
+    parser.add_argument("--cold", type=int, help="cold starts (default 10)")
+    parser.add_argument("--idle", type=int, help="idle sandboxes for memory (default 5)")
+    parser.add_argument("--quick", action="store_true", help="a short run: n=30, cold=3, idle=2")
+    ns = parser.parse_args(argv)
+    quick = {"n": 30, "cold": 3, "idle": 2} if ns.quick else {"n": 300, "cold": 10, "idle": 5}
+    for name, default in quick.items():
+        if getattr(ns, name) is None:
+            setattr(ns, name, default)
+        if getattr(ns, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    ns.warmup = min(max(ns.n // 10, 5), 30)
+    return ns
+
+
+def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, Any]:
+    """Everything for one engine. Stockade is measured first, then stopped, then the peers:
+    each runs alone on the machine, and Podman's exec conmons (llm-sandbox) come last."""
+    image = bring_up(engine)
+    results: dict[str, Any] = {"image": image}
+    with served(engine) as sup, Stockade(sup.target) as client:
+        results["health"] = guarded(
+            f"{engine}: gRPC health floor",
+            lambda: stockade_runs.health_floor(sup.target, ns.n, ns.warmup),
+        )
+        results["idle_memory"] = guarded(
+            f"{engine}: memory of {ns.idle} idle sandboxes",
+            lambda: stockade_runs.idle_memory(client, ns.idle),
+        )
+        results["cold_start"] = guarded(
+            f"{engine}: {ns.cold} cold starts", lambda: stockade_runs.cold_start(client, ns.cold)
+        )
+        results["stockade_warm"] = guarded(
+            f"{engine}: Stockade warm exec",
+            lambda: stockade_runs.warm_exec(client, ns.n, ns.warmup),
+        )
+    results["engine_cli"] = guarded(
+        f"{engine}: {engine} exec CLI",
+        lambda: peers.cli_exec(engine, image, run_id, ns.n, ns.warmup),
+    )
+    results["llm_sandbox"] = guarded(
+        f"{engine}: llm-sandbox",
+        lambda: peers.llm_sandbox_exec(engine, image, run_id, ns.n, ns.warmup),
+    )
+    results["ratios"] = report.ratios(results)
+    return results
+
+
+def _terminate(signum: int, _frame: object) -> NoReturn:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)  # clean up on kill as on Ctrl-C
+    engines = ENGINES if ns.engine == "both" else (ns.engine,)
+    run_id = secrets.token_hex(6)
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    settings = {"n": ns.n, "warmup": ns.warmup, "cold": ns.cold, "idle": ns.idle, "quick": ns.quick}
+    by_engine: dict[str, Any] = {}
+    try:
+        for engine in engines:
+            by_engine[engine] = bench_engine(engine, ns, run_id)
+    except KeyboardInterrupt:
+        progress("interrupted; cleaning up")
+        return 130
+    finally:
+        for engine in engines:
+            if left := remove_labelled(engine, run_id):
+                progress(f"removed {left} leftover {engine} container(s)")
+    machine = machine_info(engines)
+    print(report.header(machine, settings), end="\n\n")
+    for engine, results in by_engine.items():
+        print(report.engine_section(engine, results), end="\n\n")
+    print(report.summary(by_engine))
+    record = {"started_at": started, "machine": machine, "settings": settings, "engines": by_engine}
+    RESULTS.write_text(json.dumps(record, indent=2) + "\n")
+    progress(f"results written to {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

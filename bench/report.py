@@ -1,0 +1,132 @@
+"""Printing the results: a header with the machine, one table per engine, ratios against
+the targets, and a side-by-side summary. Targets are shown, never asserted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+TARGET_WARM_MS = 5.0
+TARGET_CLI_RATIO = 15.0
+TARGET_LLM_RATIO = 8.0
+
+ROWS = (
+    ("health", "gRPC health check (floor)"),
+    ("stockade_warm", "Stockade exec true, warm"),
+    ("engine_cli", "{engine} exec C true (CLI)"),
+    ("llm_sandbox", "llm-sandbox execute_command"),
+    ("cold_start", "Stockade cold start, 1st call"),
+)
+
+
+def ratios(results: dict[str, Any]) -> dict[str, float | None]:
+    """Peer median ÷ Stockade warm median."""
+    base = results.get("stockade_warm", {}).get("median_ms")
+
+    def over(name: str) -> float | None:
+        peer = results.get(name, {}).get("median_ms")
+        return round(peer / base, 1) if peer and base else None
+
+    return {
+        "engine_cli_over_stockade": over("engine_cli"),
+        "llm_sandbox_over_stockade": over("llm_sandbox"),
+    }
+
+
+def header(machine: dict[str, Any], settings: dict[str, Any]) -> str:
+    lines = [
+        "Stockade benchmark",
+        f"machine: {machine['cores']} cores ({machine['cpu']}), {machine['ram_gib']} GiB RAM, "
+        f"kernel {machine['kernel']}, {machine['os']}, cgroup {machine['cgroup']}",
+        f"python {machine['python']}, grpcio {machine['grpcio']}, "
+        f"llm-sandbox {machine['llm-sandbox']}",
+    ]
+    if "podman" in machine:
+        p = machine["podman"]
+        lines.append(f"podman {p['version']} (runtime {p['runtime']}, {p['cgroup_manager']})")
+    if "docker" in machine:
+        d = machine["docker"]
+        lines.append(f"docker engine {d['version']} (runtime {d['runtime']}), CLI {d['client']}")
+    lines.append(
+        f"settings: warm n={settings['n']} (+{settings['warmup']} warm-up), "
+        f"cold n={settings['cold']}, idle sandboxes={settings['idle']}"
+    )
+    return "\n".join(lines)
+
+
+def engine_section(engine: str, results: dict[str, Any]) -> str:
+    lines = [f"== {engine} ==", f"{'':34}{'n':>5}{'min':>10}{'median':>10}{'p95':>10}   ms"]
+    for name, label in ROWS:
+        lines.append(_row(label.format(engine=engine), results.get(name, {"error": "not run"})))
+    lines.append(_memory(engine, results.get("idle_memory", {"error": "not run"})))
+    lines += _targets(engine, results)
+    return "\n".join(lines)
+
+
+def _row(label: str, r: dict[str, Any]) -> str:
+    if "error" in r:
+        return f"{label:34}  n/a: {r['error']}"
+    row = f"{label:34}{r['n']:>5}{r['min_ms']:>10.2f}{r['median_ms']:>10.2f}{r['p95_ms']:>10.2f}"
+    if "conmon_left_behind" in r:
+        row += f"   ({r['conmon_left_behind']} exec conmons still alive)"
+    return row
+
+
+def _memory(engine: str, m: dict[str, Any]) -> str:
+    if "error" in m:
+        return f"{'memory per idle sandbox':34}  n/a: {m['error']}"
+    helper = "conmon" if engine == "podman" else "containerd-shim"
+    return (
+        f"memory per idle sandbox ({m['sandboxes']}): {m['pss_mib']:.1f} MiB PSS = "
+        f"agent+init {m['pss_inside_mib']:.1f} + {helper} {m['pss_helper_mib']:.1f} "
+        f"(RSS {m['rss_mib']:.1f} = {m['rss_inside_mib']:.1f} + {m['rss_helper_mib']:.1f})"
+    )
+
+
+def _targets(engine: str, results: dict[str, Any]) -> list[str]:
+    warm = results.get("stockade_warm", {}).get("median_ms")
+    cli_ratio = results.get("ratios", {}).get("engine_cli_over_stockade")
+    llm_ratio = results.get("ratios", {}).get("llm_sandbox_over_stockade")
+    return [
+        _target("Stockade warm median", _ms(warm), f"<= {TARGET_WARM_MS:g} ms",
+                None if warm is None else warm <= TARGET_WARM_MS),
+        _target(f"{engine} exec CLI ÷ Stockade", _x(cli_ratio), f">= {TARGET_CLI_RATIO:g}x",
+                None if cli_ratio is None else cli_ratio >= TARGET_CLI_RATIO),
+        _target("llm-sandbox ÷ Stockade", _x(llm_ratio), f">= {TARGET_LLM_RATIO:g}x",
+                None if llm_ratio is None else llm_ratio >= TARGET_LLM_RATIO),
+    ]  # fmt: skip
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} ms"
+
+
+def _x(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}x"
+
+
+def _target(label: str, shown: str, target: str, met: bool | None) -> str:
+    verdict = "n/a" if met is None else "met" if met else "MISSED"
+    return f"  {label:32}{shown:>12}   target {target:10} {verdict}"
+
+
+def summary(engines: dict[str, dict[str, Any]]) -> str:
+    names = list(engines)
+    lines = ["== side by side (medians, ms) ==", f"{'':34}" + "".join(f"{n:>12}" for n in names)]
+    for name, label in ROWS:
+        cells = [engines[e].get(name, {}).get("median_ms") for e in names]
+        lines.append(
+            f"{label.format(engine='engine'):34}" + "".join(_cell(c, ".2f") for c in cells)
+        )
+    pss = [engines[e].get("idle_memory", {}).get("pss_mib") for e in names]
+    lines.append(f"{'idle sandbox, MiB PSS':34}" + "".join(_cell(c, ".1f") for c in pss))
+    for key, label in (
+        ("engine_cli_over_stockade", "engine CLI ÷ Stockade (x)"),
+        ("llm_sandbox_over_stockade", "llm-sandbox ÷ Stockade (x)"),
+    ):
+        cells = [engines[e].get("ratios", {}).get(key) for e in names]
+        lines.append(f"{label:34}" + "".join(_cell(c, ".1f") for c in cells))
+    return "\n".join(lines)
+
+
+def _cell(value: float | None, spec: str) -> str:
+    return f"{'n/a':>12}" if value is None else f"{value:>12{spec}}"

@@ -1,0 +1,67 @@
+"""The `stockade` command line against a real supervisor."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.harness import Supervisor
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def cli(supervisor: Supervisor, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "STOCKADE_ADDR": supervisor.target}
+    cmd = [sys.executable, "-m", "stockade.supervisor.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_exec_prints_output_and_exits_with_the_command(supervisor: Supervisor, key: str) -> None:
+    done = cli(supervisor, "exec", key, "--", "uname", "-a")
+    assert done.returncode == 0
+    assert done.stdout.startswith("Linux sandbox ")
+    done = cli(supervisor, "exec", key, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
+    assert (done.returncode, done.stdout, done.stderr) == (7, "out\n", "err\n")
+
+
+def test_exec_timeout_exits_124(supervisor: Supervisor, key: str) -> None:
+    done = cli(supervisor, "exec", "--timeout", "1", key, "--", "sleep", "30")
+    assert done.returncode == 124
+    assert "TIMEOUT" in done.stderr
+
+
+def test_call_prints_the_tool_result_as_json(supervisor: Supervisor, key: str) -> None:
+    done = cli(supervisor, "call", key, "write_file", '{"path": "a.txt", "content": "hi"}')
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["is_error"] is False
+    assert result["error_code"] == "TOOL_ERROR_CODE_UNSPECIFIED"
+    assert json.loads(result["data_json"])["bytes_written"] == 2
+    done = cli(supervisor, "call", key, "read_file", '{"path": "missing"}')
+    assert done.returncode == 1
+    assert json.loads(done.stdout)["error_code"] == "TOOL_ERROR_CODE_FILE_NOT_FOUND"
+
+
+def test_ls_rm_and_tools(supervisor: Supervisor, key: str) -> None:
+    assert cli(supervisor, "exec", key, "--", "true").returncode == 0
+    listing = cli(supervisor, "ls")
+    assert listing.returncode == 0
+    assert any(line.split()[:2] == [key, "RUNNING"] for line in listing.stdout.splitlines())
+    removed = cli(supervisor, "rm", key)
+    assert removed.stdout.strip() == f"{key}: container removed; workspace kept"
+    tools = cli(supervisor, "tools")
+    assert [line.split()[0] for line in tools.stdout.splitlines()] == [
+        "exec", "read_file", "write_file", "edit_file", "list_files", "glob", "search",
+    ]  # fmt: skip
+
+
+def test_client_errors_exit_2_with_a_message(supervisor: Supervisor) -> None:
+    done = cli(supervisor, "rm", "never-made")
+    assert done.returncode == 2
+    assert "NOT_FOUND" in done.stderr
+    env_less = cli(supervisor, "--help")
+    assert env_less.returncode == 0

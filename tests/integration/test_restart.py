@@ -1,0 +1,73 @@
+"""Supervisor restarts adopt running containers; dead containers are recreated."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from stockade.client import ToolResult
+from tests.integration.harness import Supervisor, engine_cli, running_supervisor
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def own_supervisor(engine: str) -> Iterator[Supervisor]:
+    with running_supervisor(engine) as sup:
+        yield sup
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_restart_adopts_running_containers(own_supervisor: Supervisor, sig: int) -> None:
+    with own_supervisor.client() as c:
+        c.sandbox("a").write_file("f.txt", "A")
+        c.sandbox("b").exec("echo B > g.txt")
+        before = {s.key: s.container_id for s in c.list_sandboxes()}
+    own_supervisor.stop(sig)
+    own_supervisor.start()
+    with own_supervisor.client() as c:
+        after = {s.key: s.container_id for s in c.list_sandboxes()}
+        assert after == before
+        assert c.sandbox("a").read_file("f.txt") == "A"
+        assert c.sandbox("b").exec("cat g.txt; echo $$").stdout.startswith("B\n")
+        assert {s.key: s.container_id for s in c.list_sandboxes()} == before
+    assert "adopted 2 running sandbox(es)" in own_supervisor.log()
+
+
+def test_killed_container_is_recreated_with_its_workspace(own_supervisor: Supervisor) -> None:
+    with own_supervisor.client() as c:
+        box = c.sandbox("k")
+        box.write_file("data.txt", "survives")
+        old = box.info().container_id
+        assert engine_cli(own_supervisor.engine, "kill", old).returncode == 0
+        assert box.read_file("data.txt") == "survives"
+        new = box.info().container_id
+        assert new != old
+        assert box.info().state == "RUNNING"
+
+
+def test_container_death_during_a_call_is_reported(own_supervisor: Supervisor) -> None:
+    results: list[ToolResult] = []
+    with own_supervisor.client() as c:
+        box = c.sandbox("k")
+        old = box.ensure().container_id
+        started = threading.Event()
+
+        def long_call() -> None:
+            started.set()
+            results.append(box.exec("sleep 60", timeout=120))
+
+        worker = threading.Thread(target=long_call)
+        worker.start()
+        started.wait()
+        box.exec("true")  # a second call on the key, so the long one is surely running
+        assert engine_cli(own_supervisor.engine, "kill", old).returncode == 0
+        worker.join(60)
+        assert results, "the call in flight did not return"
+        assert results[0].error_code == "SANDBOX_LOST"
+        assert "recreates it" in results[0].error_message
+        assert box.exec("echo back").stdout == "back\n"
+        assert box.info().container_id != old
