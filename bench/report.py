@@ -75,10 +75,14 @@ def _memory(engine: str, m: dict[str, Any]) -> str:
     if "error" in m:
         return f"{'memory per idle sandbox':34}  n/a: {m['error']}"
     helper = "conmon" if engine == "podman" else "containerd-shim"
+
+    def split(kind: str) -> str:
+        return f"{m[f'{kind}_inside_mib']:.1f} + {m[f'{kind}_helper_mib']:.1f}"
+
     return (
         f"memory per idle sandbox ({m['sandboxes']}): {m['pss_mib']:.1f} MiB PSS = "
-        f"agent+init {m['pss_inside_mib']:.1f} + {helper} {m['pss_helper_mib']:.1f} "
-        f"(RSS {m['rss_mib']:.1f} = {m['rss_inside_mib']:.1f} + {m['rss_helper_mib']:.1f})"
+        f"agent+init {m['pss_inside_mib']:.1f} + {helper} {m['pss_helper_mib']:.1f}\n"
+        f"{'':31}USS {m['uss_mib']:.1f} = {split('uss')}, RSS {m['rss_mib']:.1f} = {split('rss')}"
     )
 
 

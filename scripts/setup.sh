@@ -99,6 +99,20 @@ ensure_venv() {
     echo "$stamp" >"$VENV/.stockade-setup"
 }
 
+# `stockade` on PATH, pointing at this checkout's venv (replaces only an earlier such link).
+link_cli() {
+    local link=/usr/local/bin/stockade target
+    target="$(pwd)/$VENV/bin/stockade"
+    if [ "$(readlink "$link" 2>/dev/null)" = "$target" ]; then
+        return
+    fi
+    if [ -e "$link" ] && ! readlink "$link" | grep -q '/bin/stockade$'; then
+        step cli "$link exists and is not ours; use $target"
+        return
+    fi
+    $SUDO ln -sfn "$target" "$link" && step cli "$link -> $target"
+}
+
 start_dockerd() {
     if docker_ok; then
         step docker "engine answers"
@@ -150,6 +164,7 @@ setup_run() {
         docker) docker_ok || fail "docker does not answer: start dockerd, or STOCKADE_ENGINE=podman" ;;
     esac
     build_image "$engine"
+    link_cli
     echo "$engine" >"$VENV/.stockade-engine"
     step engine "make run serves with $engine"
 }

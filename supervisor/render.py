@@ -7,7 +7,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from stockade.supervisor.agent_client import AgentCallFailed, AgentConnection, AgentReply
 from stockade.supervisor.backends.base import (
@@ -116,9 +116,8 @@ class SandboxManager:
             if exc.code.name == "DEADLINE_EXCEEDED":
                 raise
             await self._diagnose(sandbox, exc)
-            raise AssertionError("unreachable") from exc
 
-    async def _diagnose(self, sandbox: _Sandbox, exc: AgentCallFailed) -> None:
+    async def _diagnose(self, sandbox: _Sandbox, exc: AgentCallFailed) -> NoReturn:
         """The agent call failed: find out whether the container died."""
         for delay in (0.0, 0.05, 0.2, 0.5, 1.0):
             await asyncio.sleep(delay)

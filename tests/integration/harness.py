@@ -51,6 +51,8 @@ class Supervisor:
     engine: str
     state_dir: Path
     extra_config: str = ""
+    engine_socket: str = ""
+    """The engine's API address; default: the shared test service for that engine."""
     process: subprocess.Popen[bytes] | None = None
     log_path: Path = field(init=False)
 
@@ -66,8 +68,8 @@ class Supervisor:
         path = self.state_dir / "stockade.toml"
         path.write_text(
             f'listen = "{self.target}"\nstate_dir = "{self.state_dir}"\n'
-            f'[engine]\nkind = "{self.engine}"\nsocket = "{engine_url(self.engine)}"\n'
-            + self.extra_config
+            f'[engine]\nkind = "{self.engine}"\n'
+            f'socket = "{self.engine_socket or engine_url(self.engine)}"\n' + self.extra_config
         )
         return path
 

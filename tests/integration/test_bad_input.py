@@ -108,6 +108,17 @@ def test_sandbox_cannot_replace_its_agent_socket(client: Stockade, key: str) -> 
     assert client.sandbox(key).exec("echo ok").stdout == "ok\n"
 
 
+def test_permission_denied_inside_the_sandbox(client: Stockade, key: str) -> None:
+    client.sandbox(key).exec("echo x > locked; chmod 000 locked; echo y > ro; chmod 444 ro")
+    code, message = call(client, key, "read_file", {"path": "locked"})
+    assert (code, "locked" in message) == ("PERMISSION_DENIED", True)
+    code, _ = call(client, key, "write_file", {"path": "ro", "content": "z"})
+    assert code == "PERMISSION_DENIED"
+    code, _ = call(client, key, "write_file", {"path": "/workspace/../etc/x", "content": "z"})
+    assert code == "INVALID_PATH"
+    assert client.sandbox(key).exec("cat ro").stdout == "y\n"
+
+
 def test_fifo_where_a_file_is_expected_does_not_hang(client: Stockade, key: str) -> None:
     box = client.sandbox(key)
     box.exec("mkfifo pipe")

@@ -101,6 +101,7 @@ async def test_echo_result(ws: Path) -> None:
         "stdout_truncated": False,
         "stderr_truncated": False,
         "signal": None,
+        "oom_killed": False,
     }
     assert isinstance(duration, int)
     assert 0 <= duration < 5000

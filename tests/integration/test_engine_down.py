@@ -1,0 +1,65 @@
+"""A supervisor whose engine cannot be reached says so clearly, and keeps serving the
+sandboxes that already run (their agents are reached directly, not through the engine)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from stockade.client import Unavailable
+from stockade.supervisor.engines import ensure_podman_service
+from tests.integration.harness import Supervisor, bring_up, remove_containers
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_serve_refuses_to_start_without_an_engine(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(
+        f'listen = "unix:{tmp_path}/api.sock"\nstate_dir = "{tmp_path}"\n'
+        f'[engine]\nkind = "podman"\nsocket = "unix://{tmp_path}/nothing.sock"\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "stockade.supervisor.cli", "serve", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "does not answer" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_engine_down_gives_unavailable_and_running_sandboxes_keep_working() -> None:
+    bring_up("podman")
+    state = Path(tempfile.mkdtemp(prefix="stk", dir="/tmp"))
+    socket = state / "podman.sock"
+    service = ensure_podman_service(socket, state / "podman.log")
+    assert service is not None
+    sup = Supervisor("podman", state, engine_socket=f"unix://{socket}")
+    sup.start()
+    try:
+        with sup.client() as c:
+            assert c.sandbox("running").exec("echo up").stdout == "up\n"
+            service.terminate()
+            service.wait(10)
+            assert c.sandbox("running").exec("echo still").stdout == "still\n"
+            with pytest.raises(Unavailable) as info:
+                c.sandbox("new").exec("true")
+            assert "Podman" in str(info.value)
+            assert info.value.reason == "ENGINE_UNAVAILABLE"
+            service = ensure_podman_service(socket, state / "podman.log")
+            assert c.sandbox("new").exec("echo back").stdout == "back\n"
+    finally:
+        instance = sup.instance_id()
+        sup.stop()
+        remove_containers("podman", instance)
+        if service is not None:
+            service.terminate()
+            service.wait(10)
+        shutil.rmtree(state, ignore_errors=True)

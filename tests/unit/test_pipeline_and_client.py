@@ -1,0 +1,152 @@
+"""The call pipeline (with a recording fake in place of the sandbox manager) and the client's
+conversions and error table."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import grpc
+import pytest
+
+from stockade.client import InvalidArgument, NotFound, StockadeError, Unavailable
+from stockade.client._core import error_from_rpc, result_from_pb
+from stockade.supervisor.agent_client import AgentCallFailed, AgentReply
+from stockade.supervisor.config import Config, ToolsConfig
+from stockade.supervisor.errors import InvalidRequest, SandboxLost
+from stockade.supervisor.models import ToolCall
+from stockade.supervisor.pipeline import ToolPipeline
+from stockade.supervisor.server import result_to_pb
+
+
+class RecordingSandboxes:
+    def __init__(self, reply: AgentReply | Exception) -> None:
+        self.reply = reply
+        self.calls: list[tuple[str, dict[str, Any], float]] = []
+
+    async def invoke(
+        self, key: str, tool: str, args: dict[str, Any], timeout: float, request_id: str
+    ) -> AgentReply:
+        self.calls.append((tool, args, timeout))
+        if isinstance(self.reply, Exception):
+            raise self.reply
+        return self.reply
+
+
+OK = AgentReply("", "", {"exit_code": 0, "stdout": "hi\n", "stderr": ""})
+
+
+def pipeline(reply: AgentReply | Exception = OK, **tools: int) -> tuple[ToolPipeline, Any]:
+    fake = RecordingSandboxes(reply)
+    config = Config(tools=ToolsConfig(**tools))
+    return ToolPipeline(config, fake), fake  # type: ignore[arg-type]
+
+
+def call(tool: str = "exec", args: object = None, timeout_ms: int = 0) -> ToolCall:
+    return ToolCall("k", tool, json.dumps(args or {"command": "echo hi"}), timeout_ms=timeout_ms)
+
+
+async def test_exec_gets_the_default_timeout_and_a_longer_deadline() -> None:
+    pipe, fake = pipeline()
+    result = await pipe.call(call())
+    assert not result.is_error
+    assert result.for_llm == "hi\n"
+    assert result.request_id
+    (tool, args, deadline) = fake.calls[0]
+    assert (tool, args["timeout"]) == ("exec", 30)
+    assert deadline == 40
+
+
+@pytest.mark.parametrize(
+    ("args", "timeout_ms", "want_timeout", "want_deadline"),
+    [
+        ({"command": "x", "timeout": 1000}, 0, 300, 310),
+        ({"command": "x", "timeout": 100}, 5000, 5.0, 15.0),
+        ({"command": "x", "timeout": 2}, 5000, 2, 15.0),
+        ({"command": "x", "timeout": "soon"}, 0, "soon", 310),
+    ],
+)
+async def test_exec_timeout_is_clamped(
+    args: dict[str, Any], timeout_ms: int, want_timeout: object, want_deadline: float
+) -> None:
+    pipe, fake = pipeline()
+    await pipe.call(call(args=args, timeout_ms=timeout_ms))
+    _, sent, deadline = fake.calls[0]
+    assert (sent["timeout"], deadline) == (want_timeout, want_deadline)
+
+
+async def test_unknown_tool_and_bad_json_never_reach_the_sandbox() -> None:
+    pipe, fake = pipeline()
+    assert (await pipe.call(call("nope"))).error_code.value == "NOT_FOUND"
+    bad = await pipe.call(ToolCall("k", "exec", "{"))
+    assert bad.error_code.value == "INVALID_ARGS"
+    assert fake.calls == []
+
+
+async def test_bad_key_is_a_request_error() -> None:
+    pipe, _ = pipeline()
+    with pytest.raises(InvalidRequest):
+        await pipe.call(ToolCall("", "exec", "{}"))
+
+
+async def test_agent_errors_and_lost_sandboxes_become_results() -> None:
+    pipe, _ = pipeline(AgentReply("FILE_NOT_FOUND", "no such file 'x'", None))
+    result = await pipe.call(call("read_file", {"path": "x"}))
+    assert (result.error_code.value, result.error_message) == ("FILE_NOT_FOUND", "no such file 'x'")
+    pipe, _ = pipeline(SandboxLost("container exited"))
+    assert (await pipe.call(call())).error_code.value == "SANDBOX_LOST"
+    pipe, _ = pipeline(AgentCallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline"))
+    assert (await pipe.call(call())).error_code.value == "TIMEOUT"
+
+
+async def test_long_output_is_capped_for_the_model() -> None:
+    big = AgentReply("", "", {"exit_code": 0, "stdout": "x" * 200_000, "stderr": ""})
+    pipe, _ = pipeline(big, llm_max_bytes=1000)
+    result = await pipe.call(call())
+    assert result.truncated
+    assert len(result.for_llm.encode()) <= 1000
+    assert len(result.for_user) == 200_000
+    assert result.data is not None
+    assert len(result.data["stdout"]) == 200_000
+
+
+async def test_results_survive_the_wire_including_non_utf8_names() -> None:
+    reply = AgentReply("", "", {"matches": ["bad\udcffname", "ü"], "truncated": False})
+    pipe, _ = pipeline(reply)
+    result = await pipe.call(call("glob", {"pattern": "*"}))
+    message = result_to_pb(result)
+    wire = message.SerializeToString()
+    back = result_from_pb(type(message).FromString(wire))
+    assert back.data["matches"] == ["bad\udcffname", "ü"]
+    assert "\ufffd" in back.for_llm
+    assert back.to_dict()["error_code"] == "TOOL_ERROR_CODE_UNSPECIFIED"
+
+
+class FakeRpcError(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str, reason: str = "") -> None:
+        self._code, self._details, self._reason = code, details, reason
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("stockade-error-reason", self._reason),) if self._reason else ()
+
+
+@pytest.mark.parametrize(
+    ("code", "cls"),
+    [
+        (grpc.StatusCode.INVALID_ARGUMENT, InvalidArgument),
+        (grpc.StatusCode.NOT_FOUND, NotFound),
+        (grpc.StatusCode.UNAVAILABLE, Unavailable),
+        (grpc.StatusCode.INTERNAL, StockadeError),
+    ],
+)
+def test_status_codes_map_to_client_errors(code: grpc.StatusCode, cls: type) -> None:
+    err = error_from_rpc(FakeRpcError(code, "why", "SOME_REASON"))
+    assert type(err) is cls
+    assert (err.code, err.reason) == (code.name, "SOME_REASON")
+    assert str(err) == f"{code.name}: why"
