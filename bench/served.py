@@ -10,22 +10,13 @@ from __future__ import annotations
 import contextlib
 import shutil
 import socket
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from bench.engines import engine_url
-from stockade.supervisor.backends import create_backend
-from stockade.supervisor.backends.base import LABEL_INSTANCE
-
-START_TIMEOUT_S = 90.0
+from stockade.supervisor import launcher
 
 
 @dataclass(frozen=True)
@@ -47,19 +38,14 @@ def served(engine: str) -> Iterator[Served]:
         f'[engine]\nkind = "{engine}"\nsocket = "{engine_url(engine)}"\n'
     )
     log_path = state_dir / "serve.log"
-    cmd = [sys.executable, "-m", "stockade.supervisor.cli", "serve", "--config", str(config)]
-    with log_path.open("ab") as log:
-        # Own session: a Ctrl-C reaches only the bench, which then shuts this down in order.
-        process = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )  # fmt: skip
+    # Own session: a Ctrl-C reaches only the bench, which then shuts this down in order.
+    process = launcher.spawn(config, log_path, own_session=True)
     try:
-        wait_serving(target, process, log_path)
+        launcher.wait_serving(target, process, log_path)
         yield Served(engine, target, state_dir, process.pid)
     finally:
-        stop(process)
-        remove_instance(engine, state_dir)
+        launcher.stop(process)
+        launcher.remove_instance_containers(engine, engine_url(engine), state_dir)
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
@@ -67,42 +53,3 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def wait_serving(target: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"stockade serve exited:\n{log_path.read_text()[-3000:]}")
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                time.sleep(0.1)
-    raise RuntimeError(f"stockade serve did not become healthy:\n{log_path.read_text()[-3000:]}")
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-def remove_instance(engine: str, state_dir: Path) -> None:
-    id_file = state_dir / "instance-id"
-    if not id_file.exists():
-        return
-    backend = create_backend(engine, engine_url(engine))
-    try:
-        for info in backend.list({LABEL_INSTANCE: id_file.read_text().strip()}):
-            backend.remove(info.id)
-    finally:
-        backend.close()

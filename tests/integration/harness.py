@@ -7,20 +7,16 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from stockade.client import Stockade
+from stockade.supervisor import launcher
 from stockade.supervisor.backends import create_backend
-from stockade.supervisor.backends.base import LABEL_INSTANCE, ContainerBackend
+from stockade.supervisor.backends.base import ContainerBackend
 from stockade.supervisor.engines import ensure_dockerd, ensure_podman_service
 from stockade.supervisor.image import build_image, default_cache_dir
 
@@ -74,17 +70,12 @@ class Supervisor:
         return path
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "stockade.supervisor.cli", "serve", "--config"]
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [*cmd, str(self.config_file())], stdout=log, stderr=subprocess.STDOUT
-            )
-        wait_serving(self.target, self.process, self.log_path)
+        self.process = launcher.spawn(self.config_file(), self.log_path)
+        launcher.wait_serving(self.target, self.process, self.log_path)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(sig)
-            self.process.wait(30)
+        if self.process is not None:
+            launcher.stop(self.process, sig)
         self.process = None
 
     def client(self) -> Stockade:
@@ -109,22 +100,6 @@ class Supervisor:
         raise AssertionError("no VmRSS")
 
 
-def wait_serving(target: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
-    deadline = time.monotonic() + 90
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"stockade serve exited:\n{log_path.read_text()[-3000:]}")
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                time.sleep(0.1)
-    raise RuntimeError(f"stockade serve did not become healthy:\n{log_path.read_text()[-3000:]}")
-
-
 @contextmanager
 def running_supervisor(engine: str, extra_config: str = "") -> Iterator[Supervisor]:
     """A supervisor with a fresh, short state directory (agent socket paths stay short);
@@ -135,21 +110,13 @@ def running_supervisor(engine: str, extra_config: str = "") -> Iterator[Supervis
     try:
         yield sup
     finally:
-        instance = sup.instance_id()
         sup.stop()
-        remove_containers(engine, instance)
+        launcher.remove_instance_containers(engine, engine_url(engine), state)
         shutil.rmtree(state, ignore_errors=True)
 
 
 def backend(engine: str) -> ContainerBackend:
     return create_backend(engine, engine_url(engine))
-
-
-def remove_containers(engine: str, instance: str) -> None:
-    be = backend(engine)
-    for info in be.list({LABEL_INSTANCE: instance}):
-        be.remove(info.id)
-    be.close()
 
 
 def engine_cli(engine: str, *args: str) -> subprocess.CompletedProcess[str]:

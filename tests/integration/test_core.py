@@ -11,7 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from stockade.client import NotFound, Stockade
+from stockade.client import AsyncStockade, NotFound, Stockade, ToolError
 from tests.integration.harness import Supervisor, backend
 
 pytestmark = pytest.mark.timeout(300)
@@ -179,3 +179,26 @@ def test_list_tools(client: Stockade) -> None:
     assert tools["read_file"].group == "fs"
     assert tools["exec"].parameters["required"] == ["command"]
     assert json.dumps(tools["search"].parameters)
+
+
+async def test_asyncio_client(supervisor: Supervisor, key: str) -> None:
+    async with AsyncStockade(supervisor.target) as s:
+        box = s.sandbox(key)
+        await box.write_file("a.txt", "async")
+        assert await box.read_file("a.txt") == "async"
+        result = await box.exec("cat a.txt; exit 4")
+        assert (result.stdout, result.exit_code) == ("async", 4)
+        assert result.error_code == "EXECUTION_FAILED"
+        assert (await box.info()).state == "RUNNING"
+        assert "exec" in [t.name for t in await s.list_tools()]
+        with pytest.raises(ToolError) as info:
+            await box.read_file("missing")
+        assert info.value.result.error_code == "FILE_NOT_FOUND"
+
+
+def test_exec_kills_its_group_but_setsid_servers_survive(client: Stockade, key: str) -> None:
+    box = client.sandbox(key)
+    box.exec("sleep 101 & setsid sleep 102 > /dev/null 2>&1 < /dev/null &")
+    alive = box.exec("ps -eo args --no-headers").stdout.splitlines()
+    assert "sleep 102" in alive
+    assert "sleep 101" not in alive

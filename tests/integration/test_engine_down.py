@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from stockade.client import Unavailable
+from stockade.supervisor import launcher
 from stockade.supervisor.engines import ensure_podman_service
-from tests.integration.harness import Supervisor, bring_up, remove_containers
+from tests.integration.harness import Supervisor, bring_up, engine_url
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -56,9 +57,8 @@ def test_engine_down_gives_unavailable_and_running_sandboxes_keep_working() -> N
             service = ensure_podman_service(socket, state / "podman.log")
             assert c.sandbox("new").exec("echo back").stdout == "back\n"
     finally:
-        instance = sup.instance_id()
         sup.stop()
-        remove_containers("podman", instance)
+        launcher.remove_instance_containers("podman", engine_url("podman"), state)
         if service is not None:
             service.terminate()
             service.wait(10)
