@@ -14,6 +14,7 @@ from stockade.supervisor.backends.base import ContainerInfo, ContainerSpec
 from stockade.supervisor.errors import EngineUnavailable
 
 _ENGINE_ERRORS = (podman.errors.PodmanError, requests.RequestException)
+CPU_PERIOD_US = 100_000
 
 
 class PodmanBackend:
@@ -107,7 +108,9 @@ def _create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         "read_only": spec.read_only_root,
         "mem_limit": spec.memory_bytes,
         "memswap_limit": spec.memory_bytes,
-        "nano_cpus": spec.nano_cpus,
+        # podman-py ignores nano_cpus without a word; quota over period is what it passes on
+        "cpu_period": CPU_PERIOD_US,
+        "cpu_quota": spec.nano_cpus * CPU_PERIOD_US // 1_000_000_000,
         "pids_limit": spec.pids_limit,
         "ulimits": [
             {"Name": "nofile", "Soft": spec.nofile, "Hard": spec.nofile},

@@ -47,8 +47,9 @@ class Supervisor:
     engine: str
     state_dir: Path
     extra_config: str = ""
-    engine_socket: str = ""
-    """The engine's API address; default: the shared test service for that engine."""
+    engine_socket: str | None = None
+    """The engine's API address; None: the shared test service for that engine; "": none
+    configured (Podman: the supervisor starts its own service)."""
     process: subprocess.Popen[bytes] | None = None
     log_path: Path = field(init=False)
 
@@ -61,11 +62,11 @@ class Supervisor:
         return f"unix:{self.socket}"
 
     def config_file(self) -> Path:
+        socket = engine_url(self.engine) if self.engine_socket is None else self.engine_socket
         path = self.state_dir / "stockade.toml"
         path.write_text(
             f'listen = "{self.target}"\nstate_dir = "{self.state_dir}"\n'
-            f'[engine]\nkind = "{self.engine}"\n'
-            f'socket = "{self.engine_socket or engine_url(self.engine)}"\n' + self.extra_config
+            f'[engine]\nkind = "{self.engine}"\nsocket = "{socket}"\n' + self.extra_config
         )
         return path
 

@@ -58,29 +58,45 @@ def test_keys_cannot_see_each_other(client: Stockade, key: str) -> None:
     assert a.info().workspace_path != b.info().workspace_path
 
 
+def status_fields(client: Stockade, key: str) -> dict[str, str]:
+    status = client.sandbox(key).exec("cat /proc/self/status").stdout
+    return dict(re.findall(r"^(\w+):\s+(\S+)", status, re.M))
+
+
 def test_hardening_inside_the_sandbox(client: Stockade, key: str) -> None:
-    out = (
-        client.sandbox(key)
-        .exec(
-            "id -u; grep -E '^(CapEff|CapPrm|NoNewPrivs|Seccomp):' /proc/self/status; "
-            "ls /sys/class/net; touch /rootfs-write 2>&1 || echo ro-ok; "
-            "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null "
-            "|| cat /sys/fs/cgroup/memory.max"
-        )
-        .stdout
-    )
-    fields = dict(re.findall(r"^(\w+):\s+(\S+)$", out, re.M))
-    assert out.splitlines()[0] == "1000"
+    box = client.sandbox(key)
+    fields = status_fields(client, key)
+    assert box.exec("id -u").stdout == "1000\n"
     assert int(fields["CapEff"], 16) == 0
     assert int(fields["CapPrm"], 16) == 0
+    assert int(fields["CapBnd"], 16) == 0
     assert fields["NoNewPrivs"] == "1"
     assert fields["Seccomp"] == "2"
-    assert "Read-only file system" in out
-    assert "ro-ok" in out
-    nets = [line for line in out.splitlines() if re.fullmatch(r"[a-z0-9]+", line)]
-    assert "lo" in nets
-    assert not [n for n in nets if n not in ("lo", "1000") and not n.isdigit()]
-    assert str(512 * 1024 * 1024) in out
+    root = box.exec("touch /rootfs-write")
+    assert root.exit_code == 1
+    assert "Read-only file system" in root.stderr
+    assert box.exec("ls /sys/class/net").stdout.split() == ["lo"]
+    assert box.exec("grep -c . /proc/net/route").stdout == "1\n"  # the header: no routes
+
+
+def test_limits_apply(client: Stockade, key: str) -> None:
+    box = client.sandbox(key)
+    memory = box.exec(
+        "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null"
+        " || cat /sys/fs/cgroup/memory.max"
+    )
+    assert memory.stdout == f"{512 * 1024 * 1024}\n"
+    pids = box.exec("cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max")
+    assert pids.stdout == "256\n"
+    assert box.exec("ulimit -n").stdout == "1024\n"
+    tmp = box.exec("df -k --output=size /tmp | tail -1").stdout
+    assert int(tmp) == 64 * 1024
+    assert box.exec("echo x > /tmp/ok && cat /tmp/ok").stdout == "x\n"
+    quota, period = box.exec(
+        "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu/cpu.cfs_period_us"
+        " 2>/dev/null || cat /sys/fs/cgroup/cpu.max"
+    ).stdout.split()
+    assert quota == period, "one CPU by default"
 
 
 def test_list_glob_search_edit(client: Stockade, key: str) -> None:

@@ -63,3 +63,25 @@ def test_engine_down_gives_unavailable_and_running_sandboxes_keep_working() -> N
             service.terminate()
             service.wait(10)
         shutil.rmtree(state, ignore_errors=True)
+
+
+def test_serve_starts_its_own_podman_service() -> None:
+    """With no engine socket configured, `stockade serve` runs `podman system service` itself
+    (the embedded default) and stops it on shutdown; its containers stay for the next start."""
+    bring_up("podman")
+    state = Path(tempfile.mkdtemp(prefix="stk", dir="/tmp"))
+    sup = Supervisor("podman", state, engine_socket="")
+    try:
+        sup.start()
+        with sup.client() as c:
+            assert c.sandbox("k").exec("echo hi").stdout == "hi\n"
+        assert (state / "podman.sock").is_socket()
+        sup.stop()
+        sup.start()
+        with sup.client() as c:
+            assert c.sandbox("k").info().state == "RUNNING"
+            assert c.sandbox("k").exec("echo again").stdout == "again\n"
+    finally:
+        sup.stop()
+        launcher.remove_instance_containers("podman", engine_url("podman"), state)
+        shutil.rmtree(state, ignore_errors=True)
