@@ -3,10 +3,19 @@ GoClaw and clawft, so agents written for those systems find what they expect."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import re
+import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from stockade.supervisor.config import CustomToolConfig
+from stockade.supervisor.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -17,6 +26,13 @@ class ToolSpec:
     parameters: Mapping[str, Any]
     """JSON Schema of the arguments object."""
     profiles: tuple[str, ...]
+    custom: CustomToolConfig | None = None
+    """For custom tools: the command template and how to run it."""
+
+    @property
+    def runs_command(self) -> bool:
+        """Whether the call runs a shell command (the guard and approvals look at it)."""
+        return self.name == "exec" or self.custom is not None
 
 
 def _obj(required: list[str], **props: dict[str, Any]) -> dict[str, Any]:
@@ -111,6 +127,114 @@ _TOOLS = [
 ]
 
 TOOLS: Mapping[str, ToolSpec] = MappingProxyType({t.name: t for t in _TOOLS})
+
+ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        "read": "read_file",
+        "write": "write_file",
+        "edit": "edit_file",
+        "ls": "list_files",
+        "list_directory": "list_files",
+        "grep": "search",
+        "find": "glob",
+        "exec_shell": "exec",
+    }
+)
+"""Names that agents written for OpenClaw and clawft use."""
+
+PROFILES = ("minimal", "coding", "messaging", "full")
+KNOWN_GROUPS = frozenset(
+    {"fs", "runtime", "custom", "web", "memory", "sessions", "ui", "automation", "messaging"}
+)
+"""Groups of the reference tables; those Stockade has no tools in are empty, not errors."""
+
+
+class Catalog:
+    """The built-in tools plus the custom tools of the config."""
+
+    def __init__(self, custom: Sequence[CustomToolConfig] = ()) -> None:
+        tools = dict(TOOLS)
+        for item in custom:
+            _check_custom(item, tools)
+            tools[item.name] = ToolSpec(
+                item.name, "custom", item.description, item.parameters, tuple(item.profiles), item
+            )
+        self.tools: Mapping[str, ToolSpec] = MappingProxyType(tools)
+
+    def resolve(self, name: str) -> ToolSpec | None:
+        return self.tools.get(ALIASES.get(name, name))
+
+    def aliases_of(self, name: str) -> tuple[str, ...]:
+        return tuple(alias for alias, target in ALIASES.items() if target == name)
+
+    def expand(self, entry: str, where: str) -> frozenset[str]:
+        """The tool names an allow/deny entry stands for; ConfigError when it is unknown."""
+        if entry.startswith("group:"):
+            group = entry.removeprefix("group:")
+            if group not in KNOWN_GROUPS:
+                raise ConfigError(f"{where}: unknown group {entry!r}")
+            return frozenset(t.name for t in self.tools.values() if t.group == group)
+        spec = self.resolve(entry)
+        if spec is None:
+            raise ConfigError(f"{where}: {entry!r} is neither a tool, an alias nor a group:NAME")
+        return frozenset({spec.name})
+
+    def expand_all(self, entries: Sequence[str], where: str) -> frozenset[str]:
+        return frozenset().union(*(self.expand(e, where) for e in entries))
+
+    def profile(self, name: str, where: str) -> frozenset[str]:
+        if name not in PROFILES:
+            raise ConfigError(f"{where}: unknown profile {name!r}; one of {', '.join(PROFILES)}")
+        return frozenset(t.name for t in self.tools.values() if name in t.profiles)
+
+
+_PLACEHOLDER = re.compile(r"\{\{\s*\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+_NAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9_-]{0,63}$")
+
+
+def placeholders(template: str) -> list[str]:
+    return _PLACEHOLDER.findall(template)
+
+
+def render_command(template: str, arguments: Mapping[str, Any]) -> str:
+    """Fill {{.name}} with the shell-quoted argument (JSON for lists and objects; '' if absent)."""
+
+    def value(match: re.Match[str]) -> str:
+        item = arguments.get(match.group(1))
+        if item is None:
+            return "''"
+        if isinstance(item, bool):
+            text = "true" if item else "false"
+        elif isinstance(item, (dict, list)):
+            text = json.dumps(item)
+        else:
+            text = str(item)
+        return shlex.quote(text)
+
+    return _PLACEHOLDER.sub(value, template)
+
+
+def _check_custom(item: CustomToolConfig, tools: Mapping[str, ToolSpec]) -> None:
+    where = f"custom_tools.{item.name}"
+    if not _NAME.match(item.name):
+        raise ConfigError(f"{where}: a tool name is letters, digits, _ and -, up to 64")
+    if item.name in tools or item.name in ALIASES:
+        raise ConfigError(f"{where}: the name is taken by a built-in tool or alias")
+    if item.parameters.get("type") != "object":
+        raise ConfigError(f'{where}.parameters must be an object schema (type = "object")')
+    try:
+        Draft202012Validator.check_schema(dict(item.parameters))
+    except SchemaError as exc:
+        raise ConfigError(f"{where}.parameters is not a valid JSON Schema: {exc.message}") from exc
+    declared = set(item.parameters.get("properties", {}))
+    unknown = sorted(set(placeholders(item.command)) - declared)
+    if unknown:
+        raise ConfigError(f"{where}.command uses undeclared parameter(s): {', '.join(unknown)}")
+    for profile in item.profiles:
+        if profile not in PROFILES:
+            raise ConfigError(f"{where}.profiles: unknown profile {profile!r}")
+    if item.timeout_s <= 0:
+        raise ConfigError(f"{where}.timeout_s must be positive")
 
 
 def get_tool(name: str) -> ToolSpec | None:

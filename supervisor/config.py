@@ -8,9 +8,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_type_hints
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from stockade.supervisor.errors import ConfigError
 
@@ -51,6 +52,116 @@ class SandboxConfig:
     """Size cap of the tmpfs at /tmp."""
     start_timeout_s: float = 30.0
     """How long a new container's agent may take to answer."""
+    secrets: Mapping[str, str] = field(default_factory=dict)
+    """Environment variables injected into every sandbox whose values are redacted from
+    every output (with scrub.secrets)."""
+
+
+@dataclass(frozen=True)
+class ToolPolicy:
+    profile: str = ""
+    """Empty: this step does not restrict."""
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    also_allow: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AgentTools(ToolPolicy):
+    by_provider: Mapping[str, ToolPolicy] = field(default_factory=dict)
+    """Step 6: allow and deny for this agent with context.provider."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    tools: AgentTools = field(default_factory=AgentTools)
+    """Step 5: this agent's allow, deny and also_allow."""
+    approvals: Literal["", "off", "on-miss", "always"] = ""
+    """Empty: the global approvals.mode."""
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    tools: ToolPolicy = field(default_factory=ToolPolicy)
+    """Step 7, for calls whose context.peer_kind is "group" and chat_id is this group's key
+    ("*" applies to every group)."""
+
+
+@dataclass(frozen=True)
+class SubagentConfig:
+    deny: tuple[str, ...] = ()
+    """Denied to every subagent (context.subagent_depth >= 1)."""
+    leaf_deny: tuple[str, ...] = ()
+    """Also denied at subagent_depth >= max_depth."""
+    max_depth: int = 1
+
+
+@dataclass(frozen=True)
+class GuardRuleConfig:
+    name: str
+    pattern: str
+    """Regex searched in each normalized simple command ("prog arg arg")."""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    enabled: bool = True
+    on_parse_error: Literal["deny", "ask"] = "deny"
+    """What a command that cannot be parsed gets; never allow."""
+    rules: tuple[GuardRuleConfig, ...] = ()
+
+
+@dataclass(frozen=True)
+class ApprovalsConfig:
+    mode: Literal["off", "on-miss", "always"] = "off"
+    """on-miss: ask unless the command matches the allowlist; always: ask for every command."""
+    allowlist: tuple[str, ...] = ()
+    """Shell-style patterns (fnmatch) over the command, e.g. "git status", "pytest *"."""
+    timeout_s: float = 120.0
+    """No decision in time is a deny."""
+    no_approver: Literal["deny", "allow"] = "deny"
+    """What happens at once when no approver is connected."""
+
+
+@dataclass(frozen=True)
+class ScrubConfig:
+    enabled: bool = True
+    secrets: tuple[str, ...] = ()
+    """Literal values to redact (also in base64 and URL-encoded form)."""
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    rate_per_s: float = 20.0
+    """Token bucket per sandbox key: refill rate..."""
+    burst: int = 40
+    """...and size."""
+    max_concurrent: int = 10
+    """Calls running at once per key; more wait in a queue..."""
+    max_queued: int = 100
+    """...of at most this many; past it a call fails at once."""
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    enabled: bool = True
+    path: str = ""
+    """SQLite file; empty: STATE_DIR/audit.db."""
+    max_arguments_bytes: int = 4096
+
+
+@dataclass(frozen=True)
+class CustomToolConfig:
+    name: str
+    description: str
+    command: str
+    """sh command template; {{.name}} is replaced by the shell-escaped argument."""
+    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object"})
+    timeout_s: float = 60.0
+    workdir: str = "."
+    env: Mapping[str, str] = field(default_factory=dict)
+    profiles: tuple[str, ...] = ("coding", "full")
 
 
 @dataclass(frozen=True)
@@ -63,6 +174,15 @@ class ToolsConfig:
     """Cap of ToolResult.for_llm (head and tail kept)."""
     user_max_bytes: int = 1 * MiB
     """Cap of ToolResult.for_user."""
+    profile: str = "full"
+    """Step 1 of the policy pipeline: minimal, coding, messaging or full."""
+    allow: tuple[str, ...] = ()
+    """Step 3: when not empty, only these tools (names, aliases or group:NAME)."""
+    deny: tuple[str, ...] = ()
+    also_allow: tuple[str, ...] = ()
+    """Added back after the allow steps (never over a deny)."""
+    by_provider: Mapping[str, ToolPolicy] = field(default_factory=dict)
+    """Steps 2 and 4: profile, allow and deny for context.provider."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +197,15 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
+    agents: Mapping[str, AgentConfig] = field(default_factory=dict)
+    groups: Mapping[str, GroupConfig] = field(default_factory=dict)
+    subagents: SubagentConfig = field(default_factory=SubagentConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    approvals: ApprovalsConfig = field(default_factory=ApprovalsConfig)
+    scrub: ScrubConfig = field(default_factory=ScrubConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
+    custom_tools: tuple[CustomToolConfig, ...] = ()
 
     def __post_init__(self) -> None:
         _check(self)
@@ -94,10 +223,16 @@ def _check(cfg: Config) -> None:
         "tools.max_output_bytes": cfg.tools.max_output_bytes,
         "tools.llm_max_bytes": cfg.tools.llm_max_bytes,
         "max_request_bytes": cfg.max_request_bytes,
+        "limits.rate_per_s": cfg.limits.rate_per_s,
+        "limits.burst": cfg.limits.burst,
+        "limits.max_concurrent": cfg.limits.max_concurrent,
+        "approvals.timeout_s": cfg.approvals.timeout_s,
     }
     for name, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{name} must be positive, got {value}")
+    if cfg.limits.max_queued < 0:
+        raise ConfigError("limits.max_queued must not be negative")
     if cfg.tools.exec_default_timeout_s > cfg.tools.exec_max_timeout_s:
         raise ConfigError("tools.exec_default_timeout_s exceeds tools.exec_max_timeout_s")
     uid = cfg.sandbox.user.split(":", 1)[0]
@@ -113,27 +248,39 @@ def _build(cls: type[Any], data: dict[str, Any], where: str) -> Any:
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"unknown key(s) in [{where or 'top level'}]: {', '.join(unknown)}")
-    kwargs: dict[str, Any] = {}
-    for name, value in data.items():
-        hint = hints[name]
-        path = f"{where}.{name}" if where else name
-        if dataclasses.is_dataclass(hint):
-            if not isinstance(value, dict):
-                raise ConfigError(f"[{path}] must be a table")
-            kwargs[name] = _build(hint, value, path)  # type: ignore[arg-type]
-        else:
-            kwargs[name] = _coerce(hint, value, path)
-    return cls(**kwargs)
+    kwargs = {
+        name: _coerce(hints[name], value, f"{where}.{name}" if where else name)
+        for name, value in data.items()
+    }
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a required key is missing
+        raise ConfigError(f"[{where}]: {exc}") from exc
 
 
 def _coerce(hint: Any, value: Any, path: str) -> Any:
+    origin, args = get_origin(hint), get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise ConfigError(f"[{path}] must be a table")
+        return _build(hint, value, path)  # type: ignore[arg-type]
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ConfigError(f"{path} must be a list")
+        return tuple(_coerce(args[0], item, f"{path}[{i}]") for i, item in enumerate(value))
+    if origin in (Mapping, dict):
+        if not isinstance(value, dict):
+            raise ConfigError(f"[{path}] must be a table")
+        return {str(k): _coerce(args[1], v, f"{path}.{k}") for k, v in value.items()}
+    if hint is Any:
+        return value
     if hint is Path:
         if not isinstance(value, str):
             raise ConfigError(f"{path} must be a string path")
         return Path(value)
-    if getattr(hint, "__origin__", None) is Literal:
-        if value not in hint.__args__:
-            raise ConfigError(f"{path} must be one of {list(hint.__args__)}, got {value!r}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{path} must be one of {list(args)}, got {value!r}")
         return value
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)

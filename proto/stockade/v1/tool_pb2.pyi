@@ -21,6 +21,14 @@ class ToolErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOOL_ERROR_CODE_RATE_LIMITED: _ClassVar[ToolErrorCode]
     TOOL_ERROR_CODE_APPROVAL_DENIED: _ClassVar[ToolErrorCode]
     TOOL_ERROR_CODE_SANDBOX_LOST: _ClassVar[ToolErrorCode]
+
+class SchemaFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCHEMA_FORMAT_UNSPECIFIED: _ClassVar[SchemaFormat]
+    SCHEMA_FORMAT_JSON_SCHEMA: _ClassVar[SchemaFormat]
+    SCHEMA_FORMAT_OPENAI: _ClassVar[SchemaFormat]
+    SCHEMA_FORMAT_ANTHROPIC: _ClassVar[SchemaFormat]
+    SCHEMA_FORMAT_GEMINI: _ClassVar[SchemaFormat]
 TOOL_ERROR_CODE_UNSPECIFIED: ToolErrorCode
 TOOL_ERROR_CODE_NOT_FOUND: ToolErrorCode
 TOOL_ERROR_CODE_INVALID_ARGS: ToolErrorCode
@@ -32,6 +40,11 @@ TOOL_ERROR_CODE_TIMEOUT: ToolErrorCode
 TOOL_ERROR_CODE_RATE_LIMITED: ToolErrorCode
 TOOL_ERROR_CODE_APPROVAL_DENIED: ToolErrorCode
 TOOL_ERROR_CODE_SANDBOX_LOST: ToolErrorCode
+SCHEMA_FORMAT_UNSPECIFIED: SchemaFormat
+SCHEMA_FORMAT_JSON_SCHEMA: SchemaFormat
+SCHEMA_FORMAT_OPENAI: SchemaFormat
+SCHEMA_FORMAT_ANTHROPIC: SchemaFormat
+SCHEMA_FORMAT_GEMINI: SchemaFormat
 
 class CallContext(_message.Message):
     __slots__ = ("agent_id", "provider", "channel", "chat_id", "peer_kind", "subagent_depth")
@@ -90,24 +103,30 @@ class ToolResult(_message.Message):
     def __init__(self, for_llm: _Optional[str] = ..., for_user: _Optional[str] = ..., is_error: _Optional[bool] = ..., error_code: _Optional[_Union[ToolErrorCode, str]] = ..., error_message: _Optional[str] = ..., data_json: _Optional[str] = ..., duration_ms: _Optional[int] = ..., truncated: _Optional[bool] = ..., redactions: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ListToolsRequest(_message.Message):
-    __slots__ = ("context",)
+    __slots__ = ("context", "format")
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
     context: CallContext
-    def __init__(self, context: _Optional[_Union[CallContext, _Mapping]] = ...) -> None: ...
+    format: SchemaFormat
+    def __init__(self, context: _Optional[_Union[CallContext, _Mapping]] = ..., format: _Optional[_Union[SchemaFormat, str]] = ...) -> None: ...
 
 class ToolSpec(_message.Message):
-    __slots__ = ("name", "group", "description", "parameters_json_schema", "profiles")
+    __slots__ = ("name", "group", "description", "parameters_json_schema", "profiles", "declaration_json", "aliases")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     PROFILES_FIELD_NUMBER: _ClassVar[int]
+    DECLARATION_JSON_FIELD_NUMBER: _ClassVar[int]
+    ALIASES_FIELD_NUMBER: _ClassVar[int]
     name: str
     group: str
     description: str
     parameters_json_schema: str
     profiles: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., group: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json_schema: _Optional[str] = ..., profiles: _Optional[_Iterable[str]] = ...) -> None: ...
+    declaration_json: str
+    aliases: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., group: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json_schema: _Optional[str] = ..., profiles: _Optional[_Iterable[str]] = ..., declaration_json: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListToolsResponse(_message.Message):
     __slots__ = ("tools",)

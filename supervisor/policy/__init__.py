@@ -1,0 +1,1 @@
+"""Host-side policy: what may run, and what may leave the host."""

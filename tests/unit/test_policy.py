@@ -1,0 +1,205 @@
+"""The tool policy pipeline, table-style: each step, deny over allow, also_allow, subagent
+and leaf deny, aliases, groups, and config errors."""
+
+from __future__ import annotations
+
+import tomllib
+from typing import Any
+
+import pytest
+
+from stockade.supervisor.catalog import Catalog
+from stockade.supervisor.config import Config, _build
+from stockade.supervisor.errors import ConfigError
+from stockade.supervisor.models import CallContext
+from stockade.supervisor.policy.tools import PolicyEngine
+
+ALL = {"exec", "read_file", "write_file", "edit_file", "list_files", "glob", "search"}
+FS = ALL - {"exec"}
+
+
+def engine(toml: str) -> PolicyEngine:
+    config: Config = _build(Config, tomllib.loads(toml), "")
+    return PolicyEngine(config, Catalog(config.custom_tools))
+
+
+def allowed(toml: str, **ctx: Any) -> set[str]:
+    return {t.name for t in engine(toml).allowed_tools(CallContext(**ctx))}
+
+
+CASES = [
+    ("default is full", "", {}, ALL),
+    ("1 global profile", '[tools]\nprofile = "coding"', {}, ALL),
+    ("1 minimal has none of ours", '[tools]\nprofile = "minimal"', {}, set()),
+    (
+        "2 provider profile",
+        '[tools.by_provider.openai]\nprofile = "minimal"',
+        {"provider": "openai"},
+        set(),
+    ),
+    ("2 other provider unaffected", '[tools.by_provider.openai]\nprofile = "minimal"', {}, ALL),
+    ("3 global allow", '[tools]\nallow = ["group:fs"]', {}, FS),
+    (
+        "3 alias in allow",
+        '[tools]\nallow = ["read", "grep", "ls"]',
+        {},
+        {"read_file", "search", "list_files"},
+    ),
+    (
+        "4 provider allow",
+        '[tools.by_provider.gemini]\nallow = ["exec"]',
+        {"provider": "gemini"},
+        {"exec"},
+    ),
+    (
+        "5 agent allow",
+        '[agents.bot.tools]\nallow = ["read_file"]',
+        {"agent_id": "bot"},
+        {"read_file"},
+    ),
+    (
+        "5 other agent unaffected",
+        '[agents.bot.tools]\nallow = ["read_file"]',
+        {"agent_id": "x"},
+        ALL,
+    ),
+    (
+        "6 agent+provider allow",
+        '[agents.bot.tools.by_provider.openai]\nallow = ["glob", "search"]',
+        {"agent_id": "bot", "provider": "openai"},
+        {"glob", "search"},
+    ),
+    (
+        "7 group allow",
+        '[groups.g1.tools]\nallow = ["read_file", "exec"]',
+        {"peer_kind": "group", "chat_id": "g1"},
+        {"read_file", "exec"},
+    ),
+    (
+        "7 wildcard group",
+        '[groups."*".tools]\ndeny = ["exec"]',
+        {"peer_kind": "group", "chat_id": "any"},
+        FS,
+    ),
+    (
+        "7 group policy not for direct chats",
+        '[groups."*".tools]\ndeny = ["exec"]',
+        {"peer_kind": "direct", "chat_id": "any"},
+        ALL,
+    ),
+    (
+        "allow steps intersect",
+        '[tools]\nallow = ["group:fs"]\n[agents.a.tools]\nallow = ["exec", "glob"]',
+        {"agent_id": "a"},
+        {"glob"},
+    ),
+    ("global deny", '[tools]\ndeny = ["exec"]', {}, FS),
+    ("deny beats allow", '[tools]\nallow = ["exec"]\ndeny = ["exec_shell"]', {}, set()),
+    ("deny group", '[tools]\ndeny = ["group:fs"]', {}, {"exec"}),
+    (
+        "agent deny",
+        '[agents.a.tools]\ndeny = ["write", "edit"]',
+        {"agent_id": "a"},
+        ALL - {"write_file", "edit_file"},
+    ),
+    ("also_allow adds back", '[tools]\nallow = ["group:fs"]\nalso_allow = ["exec"]', {}, ALL),
+    ("also_allow never over deny", '[tools]\ndeny = ["exec"]\nalso_allow = ["exec"]', {}, FS),
+    (
+        "agent also_allow",
+        '[tools]\nprofile = "minimal"\n[agents.a.tools]\nalso_allow = ["read_file"]',
+        {"agent_id": "a"},
+        {"read_file"},
+    ),
+    ("subagent deny", '[subagents]\ndeny = ["exec"]', {"subagent_depth": 1}, FS),
+    ("subagent deny not at depth 0", '[subagents]\ndeny = ["exec"]', {"subagent_depth": 0}, ALL),
+    (
+        "leaf deny at max depth",
+        '[subagents]\nmax_depth = 2\nleaf_deny = ["write_file"]',
+        {"subagent_depth": 2},
+        ALL - {"write_file"},
+    ),
+    (
+        "leaf deny not below max",
+        '[subagents]\nmax_depth = 2\nleaf_deny = ["write_file"]',
+        {"subagent_depth": 1},
+        ALL,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("toml", "ctx", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_pipeline(toml: str, ctx: dict[str, Any], expected: set[str]) -> None:
+    assert allowed(toml, **ctx) == expected
+
+
+@pytest.mark.parametrize(
+    ("toml", "ctx", "tool", "step"),
+    [
+        ('[tools]\nprofile = "minimal"', {}, "exec", "tools.profile"),
+        (
+            "[tools.by_provider.o]\nprofile = 'minimal'",
+            {"provider": "o"},
+            "exec",
+            "tools.by_provider.o.profile",
+        ),
+        ('[tools]\nallow = ["read_file"]', {}, "exec", "tools.allow"),
+        (
+            '[agents.a.tools]\nallow = ["read_file"]',
+            {"agent_id": "a"},
+            "exec",
+            "agents.a.tools.allow",
+        ),
+        ('[tools]\ndeny = ["exec"]\nallow = ["read"]', {}, "exec", "tools.deny"),
+        (
+            '[agents.a.tools.by_provider.o]\ndeny = ["exec"]',
+            {"agent_id": "a", "provider": "o"},
+            "exec",
+            "agents.a.tools.by_provider.o.deny",
+        ),
+        ('[subagents]\ndeny = ["exec"]', {"subagent_depth": 3}, "exec", "subagents.deny"),
+        ('[subagents]\nleaf_deny = ["exec"]', {"subagent_depth": 1}, "exec", "subagents.leaf_deny"),
+        ("", {}, "exec", "allowed"),
+    ],
+)
+def test_decision_names_the_step(toml: str, ctx: dict[str, Any], tool: str, step: str) -> None:
+    decision = engine(toml).decide(tool, CallContext(**ctx))
+    assert decision.step == step
+    assert decision.allowed is (step == "allowed")
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('[tools]\nallow = ["rm_everything"]', "tools.allow: 'rm_everything' is neither a tool"),
+        ('[tools]\ndeny = ["group:nope"]', "tools.deny: unknown group 'group:nope'"),
+        ('[tools]\nprofile = "godmode"', "tools.profile: unknown profile 'godmode'"),
+        ('[agents.a.tools]\nalso_allow = ["web_search"]', "agents.a.tools.also_allow"),
+        ('[subagents]\nleaf_deny = ["x"]', "subagents.leaf_deny"),
+        ('[groups.g.tools]\nallow = ["exec", "nope"]', "groups.g.tools.allow"),
+    ],
+)
+def test_unknown_names_are_config_errors(toml: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        engine(toml)
+    assert message in str(info.value)
+
+
+def test_reference_groups_without_tools_are_empty_not_errors() -> None:
+    assert allowed('[tools]\ndeny = ["group:web", "group:memory"]') == ALL
+
+
+def test_custom_tools_join_the_pipeline() -> None:
+    toml = """
+[[custom_tools]]
+name = "dns_lookup"
+description = "Look up DNS records"
+command = "dig +short {{.domain}}"
+parameters = { type = "object", properties = { domain = { type = "string" } }, required = ["domain"] }
+[agents.a.tools]
+deny = ["group:custom"]
+"""
+    assert allowed(toml) == ALL | {"dns_lookup"}
+    assert allowed(toml, agent_id="a") == ALL
+    assert "dns_lookup" not in allowed(toml + '[tools]\nprofile = "messaging"\n')
