@@ -6,6 +6,11 @@ with Stockade("127.0.0.1:50051") as s:
 """
 
 from stockade.client._core import (
+    ApprovalClosed,
+    ApprovalRequest,
+    Approvals,
+    AuditRecord,
+    CallContext,
     DeadlineExceeded,
     InvalidArgument,
     NotFound,
@@ -21,8 +26,13 @@ from stockade.client.aio import AsyncSandbox, AsyncStockade
 from stockade.client.sync import Sandbox, Stockade
 
 __all__ = [
+    "ApprovalClosed",
+    "ApprovalRequest",
+    "Approvals",
     "AsyncSandbox",
     "AsyncStockade",
+    "AuditRecord",
+    "CallContext",
     "DeadlineExceeded",
     "InvalidArgument",
     "NotFound",

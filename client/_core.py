@@ -7,12 +7,12 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
 
-from stockade.v1 import sandbox_pb2, tool_pb2
+from stockade.v1 import approval_pb2, audit_pb2, sandbox_pb2, tool_pb2
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 MAX_MESSAGE_BYTES = 128 * 1024 * 1024
@@ -149,6 +149,87 @@ class ToolSpec:
     description: str
     parameters: dict[str, Any]
     profiles: tuple[str, ...]
+    declaration: dict[str, Any] = field(default_factory=dict)
+    """The tool in the requested provider format, ready for a model request."""
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """Who is calling: host-side policy decides with it."""
+
+    agent_id: str = ""
+    provider: str = ""
+    channel: str = ""
+    chat_id: str = ""
+    peer_kind: str = ""
+    subagent_depth: int = 0
+
+
+@dataclass(frozen=True)
+class ApprovalRequest:
+    id: str
+    sandbox_key: str
+    agent_id: str
+    tool: str
+    command: str
+    reason: str
+    created_at: datetime | None
+    expires_at: datetime | None
+    request_id: str
+
+
+@dataclass(frozen=True)
+class ApprovalClosed:
+    id: str
+    outcome: str
+    """allow-once, allow-always, deny, timeout or withdrawn."""
+    approver: str
+
+
+@dataclass(frozen=True)
+class Approvals:
+    pending: list[ApprovalRequest]
+    always_allowed: list[str]
+    """Commands approved with allow-always."""
+    approvers: int
+    """Approvers watching right now."""
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    id: int
+    time: datetime | None
+    request_id: str
+    caller: str
+    sandbox_key: str
+    agent_id: str
+    provider: str
+    tool: str
+    arguments_json: str
+    policy_step: str
+    guard_rule: str
+    approval: str
+    approver: str
+    duration_ms: int
+    exit_code: int
+    output_bytes: int
+    redactions: int
+    error_code: str
+    is_error: bool
+
+
+FORMATS = {
+    "json": tool_pb2.SCHEMA_FORMAT_JSON_SCHEMA,
+    "openai": tool_pb2.SCHEMA_FORMAT_OPENAI,
+    "anthropic": tool_pb2.SCHEMA_FORMAT_ANTHROPIC,
+    "gemini": tool_pb2.SCHEMA_FORMAT_GEMINI,
+}
+DECISIONS = {
+    "allow-once": approval_pb2.APPROVAL_DECISION_ALLOW_ONCE,
+    "allow-always": approval_pb2.APPROVAL_DECISION_ALLOW_ALWAYS,
+    "deny": approval_pb2.APPROVAL_DECISION_DENY,
+}
 
 
 def result_from_pb(msg: Any) -> ToolResult:
@@ -168,7 +249,7 @@ def result_from_pb(msg: Any) -> ToolResult:
 
 
 def _time(msg: Any, name: str) -> datetime | None:
-    return msg.__getattribute__(name).ToDatetime() if msg.HasField(name) else None
+    return msg.__getattribute__(name).ToDatetime(tzinfo=UTC) if msg.HasField(name) else None
 
 
 def sandbox_from_pb(msg: Any) -> SandboxInfo:
@@ -192,7 +273,85 @@ def tool_from_pb(msg: Any) -> ToolSpec:
         description=msg.description,
         parameters=json.loads(msg.parameters_json_schema or "{}"),
         profiles=tuple(msg.profiles),
+        declaration=json.loads(msg.declaration_json or "{}"),
+        aliases=tuple(msg.aliases),
     )
+
+
+def context_pb(context: CallContext | None) -> Any:
+    c = context or CallContext()
+    return tool_pb2.CallContext(
+        agent_id=c.agent_id,
+        provider=c.provider,
+        channel=c.channel,
+        chat_id=c.chat_id,
+        peer_kind=c.peer_kind,
+        subagent_depth=c.subagent_depth,
+    )
+
+
+def list_tools_request(fmt: str, context: CallContext | None) -> Any:
+    if fmt not in FORMATS:
+        raise InvalidArgument(f"format must be one of {', '.join(FORMATS)}", code="CLIENT")
+    return tool_pb2.ListToolsRequest(context=context_pb(context), format=FORMATS[fmt])
+
+
+def resolve_request(approval_id: str, decision: str, approver: str) -> Any:
+    if decision not in DECISIONS:
+        raise InvalidArgument(f"decision must be one of {', '.join(DECISIONS)}", code="CLIENT")
+    return approval_pb2.ResolveApprovalRequest(
+        id=approval_id, decision=DECISIONS[decision], approver=approver
+    )
+
+
+def approval_from_pb(msg: Any) -> ApprovalRequest:
+    return ApprovalRequest(
+        id=msg.id,
+        sandbox_key=msg.sandbox_key,
+        agent_id=msg.agent_id,
+        tool=msg.tool,
+        command=msg.command,
+        reason=msg.reason,
+        created_at=_time(msg, "created_at"),
+        expires_at=_time(msg, "expires_at"),
+        request_id=msg.request_id,
+    )
+
+
+def approvals_from_pb(msg: Any) -> Approvals:
+    return Approvals(
+        pending=[approval_from_pb(p) for p in msg.pending],
+        always_allowed=list(msg.always_allowed),
+        approvers=msg.approvers,
+    )
+
+
+def event_from_pb(msg: Any) -> ApprovalRequest | ApprovalClosed:
+    if msg.HasField("pending"):
+        return approval_from_pb(msg.pending)
+    c = msg.closed
+    return ApprovalClosed(id=c.id, outcome=c.outcome, approver=c.approver)
+
+
+def audit_request(
+    sandbox_key: str,
+    tool: str,
+    agent_id: str,
+    since: datetime | None,
+    limit: int,
+    errors_only: bool,
+) -> Any:
+    request = audit_pb2.ListAuditRequest(
+        sandbox_key=sandbox_key, tool=tool, agent_id=agent_id, limit=limit, errors_only=errors_only
+    )
+    if since is not None:
+        request.since.FromDatetime(since)
+    return request
+
+
+def audit_from_pb(msg: Any) -> AuditRecord:
+    names = [f for f in AuditRecord.__dataclass_fields__ if f != "time"]
+    return AuditRecord(time=_time(msg, "time"), **{n: getattr(msg, n) for n in names})
 
 
 def call_request(
@@ -201,7 +360,7 @@ def call_request(
     arguments: dict[str, Any] | str | None,
     *,
     timeout_ms: int = 0,
-    agent_id: str = "",
+    context: CallContext | None = None,
     request_id: str = "",
 ) -> Any:
     """A CallToolRequest; arguments may be a dict or already-encoded JSON."""
@@ -215,7 +374,7 @@ def call_request(
         sandbox_key=key,
         tool=tool,
         arguments_json=arguments_json,
-        context=tool_pb2.CallContext(agent_id=agent_id),
+        context=context_pb(context),
         timeout_ms=timeout_ms,
         request_id=request_id,
     )

@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime
 from typing import Any, TypeVar
 
 import grpc
 
 from stockade.client import _core
-from stockade.client._core import SandboxInfo, ToolResult, ToolSpec
-from stockade.v1 import sandbox_pb2, sandbox_pb2_grpc, tool_pb2, tool_pb2_grpc
+from stockade.client._core import (
+    ApprovalClosed,
+    ApprovalRequest,
+    Approvals,
+    AuditRecord,
+    CallContext,
+    SandboxInfo,
+    ToolResult,
+    ToolSpec,
+)
+from stockade.v1 import (
+    approval_pb2,
+    approval_pb2_grpc,
+    audit_pb2_grpc,
+    sandbox_pb2,
+    sandbox_pb2_grpc,
+    tool_pb2_grpc,
+)
 
 T = TypeVar("T")
 
@@ -28,6 +45,8 @@ class AsyncStockade:
         self._channel = channel or grpc.aio.insecure_channel(self.target, _core.CHANNEL_OPTIONS)
         self._sandboxes = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
         self._tools = tool_pb2_grpc.ToolServiceStub(self._channel)
+        self._approvals = approval_pb2_grpc.ApprovalServiceStub(self._channel)
+        self._audit = audit_pb2_grpc.AuditServiceStub(self._channel)
 
     async def __aenter__(self) -> AsyncStockade:
         return self
@@ -54,9 +73,54 @@ class AsyncStockade:
         reply = await self._rpc(self._sandboxes.ListSandboxes, sandbox_pb2.ListSandboxesRequest())
         return [_core.sandbox_from_pb(s) for s in reply.sandboxes]
 
-    async def list_tools(self) -> list[ToolSpec]:
-        reply = await self._rpc(self._tools.ListTools, tool_pb2.ListToolsRequest())
+    async def list_tools(
+        self, format: str = "json", context: CallContext | None = None
+    ) -> list[ToolSpec]:
+        """The tools policy allows for `context`, declared in `format` (json, openai,
+        anthropic or gemini)."""
+        request = _core.list_tools_request(format, context)
+        reply = await self._rpc(self._tools.ListTools, request)
         return [_core.tool_from_pb(t) for t in reply.tools]
+
+    async def list_approvals(self) -> Approvals:
+        """Pending requests, commands approved with allow-always, approvers connected."""
+        request = approval_pb2.ListApprovalsRequest()
+        return _core.approvals_from_pb(await self._rpc(self._approvals.ListApprovals, request))
+
+    async def watch_approvals(
+        self, approver: str = ""
+    ) -> AsyncIterator[ApprovalRequest | ApprovalClosed]:
+        """Pending requests, then each new request and each close, until you stop iterating."""
+        request = approval_pb2.WatchApprovalsRequest(approver=approver)
+        stream = self._approvals.WatchApprovals(request)
+        try:
+            async for event in stream:
+                yield _core.event_from_pb(event)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                raise _core.error_from_rpc(exc) from None
+        finally:
+            stream.cancel()
+
+    async def resolve_approval(self, approval_id: str, decision: str, approver: str = "") -> None:
+        """decision: allow-once, allow-always or deny."""
+        request = _core.resolve_request(approval_id, decision, approver)
+        await self._rpc(self._approvals.ResolveApproval, request)
+
+    async def list_audit(
+        self,
+        *,
+        sandbox_key: str = "",
+        tool: str = "",
+        agent_id: str = "",
+        since: datetime | None = None,
+        limit: int = 100,
+        errors_only: bool = False,
+    ) -> list[AuditRecord]:
+        """Audit records, newest first."""
+        request = _core.audit_request(sandbox_key, tool, agent_id, since, limit, errors_only)
+        reply = await self._rpc(self._audit.ListAudit, request)
+        return [_core.audit_from_pb(r) for r in reply.records]
 
     async def call(
         self,
@@ -65,19 +129,24 @@ class AsyncStockade:
         arguments: dict[str, Any] | str | None = None,
         *,
         timeout: float | None = None,
-        agent_id: str = "",
+        context: CallContext | None = None,
         request_id: str = "",
+        deadline: float | None = None,
     ) -> ToolResult:
-        """Call a tool; a tool failure is a result with is_error, not an exception."""
+        """Call a tool; a tool failure is a result with is_error, not an exception.
+
+        `timeout` (s) bounds the call on the server (a timed-out command still returns its
+        partial output); `deadline` (s) is the client's own gRPC deadline: when it passes the
+        call is cancelled, and so are its process and any approval request it waits on."""
         request = _core.call_request(
             key,
             tool,
             arguments,
             timeout_ms=int(timeout * 1000) if timeout else 0,
-            agent_id=agent_id,
+            context=context,
             request_id=request_id,
         )
-        return _core.result_from_pb(await self._rpc(self._tools.CallTool, request))
+        return _core.result_from_pb(await self._rpc(self._tools.CallTool, request, deadline))
 
     async def ensure_sandbox(self, key: str) -> SandboxInfo:
         request = sandbox_pb2.EnsureSandboxRequest(key=key)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from stockade.supervisor.backends import create_backend
 from stockade.supervisor.config import Config
-from stockade.supervisor.errors import EngineUnavailable
+from stockade.supervisor.errors import ConfigError, EngineUnavailable
+from stockade.supervisor.pipeline import HostPolicy
 from stockade.supervisor.sandboxes import SandboxManager
 from stockade.supervisor.server import Server
 
@@ -56,6 +57,36 @@ def sandbox_image(config: Config) -> str:
     return image_ref(config.engine.kind)
 
 
+def build_policy(config: Config) -> HostPolicy:
+    """The host-side policy parts; a bad rule or secret is a ConfigError here, at start."""
+    from stockade.supervisor.audit import AuditLog
+    from stockade.supervisor.catalog import Catalog
+    from stockade.supervisor.policy.approvals import AllowAlways, ApprovalManager
+    from stockade.supervisor.policy.guard import Guard, GuardConfigError, GuardRule
+    from stockade.supervisor.policy.limits import KeyLimiter
+    from stockade.supervisor.policy.scrub import Scrubber
+    from stockade.supervisor.policy.tools import PolicyEngine
+
+    catalog = Catalog(config.custom_tools)
+    db = Path(config.audit.path) if config.audit.path else config.state_dir / "stockade.db"
+    rules = [GuardRule(r.name, r.pattern, r.reason) for r in config.guard.rules]
+    secrets = [*config.scrub.secrets, *config.sandbox.secrets.values()]
+    try:
+        guard = Guard(rules, on_parse_error=config.guard.on_parse_error)
+        scrubber = Scrubber(secrets)
+    except (GuardConfigError, ValueError) as exc:
+        raise ConfigError(str(exc)) from exc
+    return HostPolicy(
+        catalog=catalog,
+        tools=PolicyEngine(config, catalog),
+        guard=guard if config.guard.enabled else None,
+        approvals=ApprovalManager(config.approvals, config.agents, AllowAlways(db)),
+        limiter=KeyLimiter(config.limits),
+        scrubber=scrubber if config.scrub.enabled else None,
+        audit=AuditLog(db) if config.audit.enabled else None,
+    )
+
+
 @dataclass
 class Supervisor:
     server: Server
@@ -71,6 +102,7 @@ class Supervisor:
 
 async def start(config: Config) -> Supervisor:
     """Start everything; the caller owns the returned Supervisor and must stop() it."""
+    policy = build_policy(config)
     url, process = await asyncio.to_thread(engine_url, config)
     backend = await asyncio.to_thread(create_backend, config.engine.kind, url)
     manager = SandboxManager(
@@ -85,6 +117,6 @@ async def start(config: Config) -> Supervisor:
             manager.image,
             config.engine.kind,
         )
-    server = Server(config, manager)
+    server = Server(config, manager, policy)
     await server.start()
     return Supervisor(server, manager, process)

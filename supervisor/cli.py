@@ -11,10 +11,11 @@ import shlex
 import signal
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from stockade.client import Stockade, StockadeError
+from stockade.client import CallContext, Stockade, StockadeError
 
 EXIT_TIMEOUT = 124
 EXIT_CLIENT_ERROR = 2
@@ -42,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
 
     client = argparse.ArgumentParser(add_help=False)
     client.add_argument("--server", help="supervisor address (default $STOCKADE_ADDR)")
+    client.add_argument("--agent", default="", help="agent id for policy (CallContext)")
+    client.add_argument("--provider", default="", help="model provider for policy")
     run = sub.add_parser("exec", parents=[client], help="run a command in a sandbox")
     run.add_argument("--timeout", type=float, help="seconds")
     run.add_argument("--workdir")
@@ -55,7 +58,27 @@ def _parser() -> argparse.ArgumentParser:
     rm = sub.add_parser("rm", parents=[client], help="destroy a sandbox's container")
     rm.add_argument("--delete-workspace", action="store_true")
     rm.add_argument("key")
-    sub.add_parser("tools", parents=[client], help="list tools")
+    tools = sub.add_parser("tools", parents=[client], help="list the tools policy allows")
+    tools.add_argument(
+        "--format", choices=["json", "openai", "anthropic", "gemini"],
+        help="print the declarations in this provider format (a JSON array)",
+    )  # fmt: skip
+    approvals = sub.add_parser("approvals", help="approve or deny commands")
+    approvals_sub = approvals.add_subparsers(dest="approvals_command", required=True)
+    watch = approvals_sub.add_parser("watch", parents=[client], help="interactive approver")
+    watch.add_argument("--approver", default="", help="your name in the audit log")
+    resolve = approvals_sub.add_parser("resolve", parents=[client], help="decide one request")
+    resolve.add_argument("id")
+    resolve.add_argument("decision", choices=["allow-once", "allow-always", "deny"])
+    resolve.add_argument("--approver", default="")
+    approvals_sub.add_parser("list", parents=[client], help="pending requests and allow-always")
+    audit = sub.add_parser("audit", parents=[client], help="the audit log, newest first")
+    audit.add_argument("--key", default="")
+    audit.add_argument("--tool", default="")
+    audit.add_argument("--since", help="e.g. 10m, 2h, 1d or an ISO time")
+    audit.add_argument("--limit", type=int, default=50)
+    audit.add_argument("--errors", action="store_true", help="only failed calls")
+    audit.add_argument("--json", action="store_true", help="one JSON object per line")
     return parser
 
 
@@ -143,6 +166,10 @@ def _client(ns: argparse.Namespace) -> Stockade:
     return Stockade(ns.server)
 
 
+def _context(ns: argparse.Namespace) -> CallContext:
+    return CallContext(agent_id=ns.agent, provider=ns.provider)
+
+
 def _exec(ns: argparse.Namespace) -> int:
     argv = ns.argv[1:] if ns.argv[:1] == ["--"] else ns.argv
     if not argv:
@@ -150,7 +177,9 @@ def _exec(ns: argparse.Namespace) -> int:
         return EXIT_CLIENT_ERROR
     command = argv[0] if len(argv) == 1 else shlex.join(argv)
     with _client(ns) as client:
-        result = client.sandbox(ns.key).exec(command, timeout=ns.timeout, workdir=ns.workdir)
+        args = {"command": command}
+        args.update({k: v for k, v in (("timeout", ns.timeout), ("workdir", ns.workdir)) if v})
+        result = client.call(ns.key, "exec", args, context=_context(ns))
     sys.stdout.write(result.stdout)
     sys.stdout.flush()
     sys.stderr.write(result.stderr)
@@ -160,9 +189,70 @@ def _exec(ns: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def _approvals(ns: argparse.Namespace) -> int:
+    from stockade.supervisor import approver
+
+    with _client(ns) as client:
+        if ns.approvals_command == "resolve":
+            client.resolve_approval(ns.id, ns.decision, ns.approver)
+            print(f"{ns.id}: {ns.decision}")
+        elif ns.approvals_command == "list":
+            state = client.list_approvals()
+            for p in state.pending:
+                print(f"{p.id}  {p.sandbox_key}  {p.agent_id or '-'}  {p.command}")
+            print(
+                f"{len(state.pending)} pending, {state.approvers} approver(s) watching, "
+                f"{len(state.always_allowed)} allowed always"
+            )
+            for command in state.always_allowed:
+                print(f"  always: {command}")
+        else:
+            return approver.watch(client, ns.approver or _default_approver())
+    return 0
+
+
+def _default_approver() -> str:
+    import getpass
+
+    return f"{getpass.getuser()}@cli"
+
+
+def _audit(ns: argparse.Namespace) -> int:
+    with _client(ns) as client:
+        records = client.list_audit(
+            sandbox_key=ns.key, tool=ns.tool, agent_id=ns.agent, since=_since(ns.since),
+            limit=ns.limit, errors_only=ns.errors,
+        )  # fmt: skip
+    for r in records:
+        if ns.json:
+            print(json.dumps({**r.__dict__, "time": r.time.isoformat() if r.time else None}))
+            continue
+        when = r.time.astimezone().strftime("%Y-%m-%d %H:%M:%S") if r.time else "?"
+        outcome = r.error_code or "ok"
+        extra = " ".join(x for x in (r.guard_rule, r.approval) if x)
+        print(
+            f"{when} {r.sandbox_key:<16} {r.agent_id or '-':<10} {r.tool:<10} {outcome:<17} "
+            f"{r.duration_ms:>6} ms  {r.policy_step} {extra}".rstrip()
+        )
+    return 0
+
+
+def _since(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if text[-1:] in units and text[:-1].isdigit():
+        return datetime.now(UTC) - timedelta(seconds=int(text[:-1]) * units[text[-1]])
+    try:
+        stamp = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise StockadeError(f"--since: use 10m, 2h, 1d or an ISO time, not {text!r}") from exc
+    return stamp if stamp.tzinfo else stamp.astimezone()
+
+
 def _call(ns: argparse.Namespace) -> int:
     with _client(ns) as client:
-        result = client.call(ns.key, ns.tool, ns.arguments)
+        result = client.call(ns.key, ns.tool, ns.arguments, context=_context(ns))
     print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
     return 1 if result.is_error else 0
 
@@ -187,7 +277,10 @@ def _rm(ns: argparse.Namespace) -> int:
 
 def _tools(ns: argparse.Namespace) -> int:
     with _client(ns) as client:
-        tools = client.list_tools()
+        tools = client.list_tools(ns.format or "json", _context(ns))
+    if ns.format:
+        print(json.dumps([t.declaration for t in tools], indent=2))
+        return 0
     for tool in tools:
         print(f"{tool.name:<12} {tool.group:<8} {tool.description}")
     return 0
@@ -202,6 +295,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "ls": _ls,
     "rm": _rm,
     "tools": _tools,
+    "approvals": _approvals,
+    "audit": _audit,
 }
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
     StockadeError
     ├── ConfigError            bad configuration (at load time)
     ├── InvalidRequest         the caller is wrong: malformed key, bad field   -> INVALID_ARGUMENT
-    ├── SandboxNotFound        no sandbox for that key                         -> NOT_FOUND
+    ├── NotFound               no such sandbox, approval, ...                  -> NOT_FOUND
     ├── EngineUnavailable      the container engine cannot be reached or fails -> UNAVAILABLE
     └── SandboxBroken          the container or its agent does not work        -> UNAVAILABLE
 
@@ -28,8 +28,16 @@ class InvalidRequest(StockadeError):
     reason = "INVALID_REQUEST"
 
 
-class SandboxNotFound(StockadeError):
+class NotFound(StockadeError):
+    reason = "NOT_FOUND"
+
+
+class SandboxNotFound(NotFound):
     reason = "SANDBOX_NOT_FOUND"
+
+
+class ApprovalNotFound(NotFound):
+    reason = "APPROVAL_NOT_FOUND"
 
 
 class EngineUnavailable(StockadeError):

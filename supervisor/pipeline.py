@@ -1,68 +1,202 @@
-"""The path of one call: resolve the tool, check the arguments, run it in the sandbox,
-render and cap the result. Host-side policy (issue: policy) plugs in before and after."""
+"""The path of one call (DESIGN.md): resolve the tool, policy, validate the arguments, guard
+the command, approval, rate limit, run it in the sandbox, scrub, cap, audit.
+
+Every decision is recorded in a Trail that ends up in the audit log. Nothing here sees
+protobuf or a container SDK."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stockade.supervisor.agent_client import AgentCallFailed, AgentReply
-from stockade.supervisor.catalog import TOOLS, ToolSpec, get_tool
+from stockade.supervisor.audit import AuditLog, AuditRecord
+from stockade.supervisor.catalog import Catalog, ToolSpec, render_command
 from stockade.supervisor.config import Config
 from stockade.supervisor.errors import SandboxLost
 from stockade.supervisor.keys import validate_key
 from stockade.supervisor.models import ErrorCode, ToolCall, ToolResult
+from stockade.supervisor.policy.approvals import ApprovalManager
+from stockade.supervisor.policy.guard import Guard
+from stockade.supervisor.policy.limits import KeyLimiter, LimitExceeded
+from stockade.supervisor.policy.scrub import Scrubber
+from stockade.supervisor.policy.tools import PolicyEngine
 from stockade.supervisor.render import cap_text, render
 from stockade.supervisor.sandboxes import SandboxManager
+from stockade.supervisor.schemas import ArgumentError, validate_arguments
 
 DEFAULT_CALL_TIMEOUT_S = 60.0
+GUARD_INLINE_CHARS = 2048
 _GRACE_S = 10.0
 
 
+@dataclass(frozen=True)
+class HostPolicy:
+    """The host-side parts of the pipeline, built once from the config."""
+
+    catalog: Catalog
+    tools: PolicyEngine
+    guard: Guard | None
+    approvals: ApprovalManager
+    limiter: KeyLimiter
+    scrubber: Scrubber | None
+    audit: AuditLog | None
+
+
+@dataclass
+class Trail:
+    """What each step decided, for the audit record."""
+
+    tool: str = ""
+    arguments: dict[str, Any] | None = None
+    policy_step: str = ""
+    guard_rule: str = ""
+    approval: str = ""
+    approver: str = ""
+    ran_as: str = ""
+    """The agent tool that produced the data (custom tools run as exec); picks the renderer."""
+
+
+class _Stop(Exception):
+    """A step refused the call; carries the result to return."""
+
+    def __init__(self, result: ToolResult) -> None:
+        self.result = result
+
+
 class ToolPipeline:
-    def __init__(self, config: Config, sandboxes: SandboxManager) -> None:
+    def __init__(self, config: Config, sandboxes: SandboxManager, policy: HostPolicy) -> None:
         self._config = config
         self._sandboxes = sandboxes
+        self._policy = policy
 
-    async def call(self, call: ToolCall) -> ToolResult:
+    async def call(self, call: ToolCall, caller: str = "") -> ToolResult:
         """Run one tool call. Raises only for a wrong request or a broken supervisor."""
         started = time.monotonic()
         validate_key(call.sandbox_key)
         call = replace(call, request_id=call.request_id or uuid.uuid4().hex)
-        result = await self._run(call)
-        elapsed = int((time.monotonic() - started) * 1000)
-        return replace(result, duration_ms=elapsed, request_id=call.request_id)
-
-    async def _run(self, call: ToolCall) -> ToolResult:
-        spec = get_tool(call.tool)
-        if spec is None:
-            known = ", ".join(sorted(TOOLS))
-            return failure(ErrorCode.NOT_FOUND, f"unknown tool {call.tool!r}; tools: {known}")
+        trail = Trail(tool=call.tool)
         try:
-            args = parse_arguments(call.arguments_json)
-        except ValueError as exc:
-            return failure(ErrorCode.INVALID_ARGS, str(exc))
-        args, timeout = self._deadline(spec, args, call.timeout_ms)
+            result = await self._run(call, trail)
+        except _Stop as stop:
+            result = stop.result
+        result = self._scrubbed(result, trail.ran_as)
+        elapsed = int((time.monotonic() - started) * 1000)
+        result = replace(result, duration_ms=elapsed, request_id=call.request_id)
+        self._audit(call, caller, trail, result)
+        return result
+
+    async def _run(self, call: ToolCall, trail: Trail) -> ToolResult:
+        spec = self._resolve(call, trail)
+        args = self._arguments(spec, call.arguments_json, trail)
+        command = _command_of(spec, args)
+        if command is not None:
+            await self._check_command(call, spec, command, trail)
+        limiter = self._policy.limiter
+        try:
+            limiter.take(call.sandbox_key)
+            async with limiter.slot(call.sandbox_key):
+                return await self._invoke(call, spec, args, command, trail)
+        except LimitExceeded as exc:
+            return failure(ErrorCode.RATE_LIMITED, str(exc))
+
+    def _resolve(self, call: ToolCall, trail: Trail) -> ToolSpec:
+        spec = self._policy.catalog.resolve(call.tool)
+        if spec is None:
+            known = ", ".join(sorted(self._policy.catalog.tools))
+            raise _Stop(failure(ErrorCode.NOT_FOUND, f"unknown tool {call.tool!r}; tools: {known}"))
+        trail.tool = spec.name
+        decision = self._policy.tools.decide(spec.name, call.context)
+        trail.policy_step = decision.step
+        if not decision.allowed:
+            message = f"tool {spec.name!r} is not allowed here: {decision.reason}"
+            raise _Stop(failure(ErrorCode.PERMISSION_DENIED, message))
+        return spec
+
+    def _arguments(self, spec: ToolSpec, raw: str, trail: Trail) -> dict[str, Any]:
+        try:
+            args = parse_arguments(raw)
+            trail.arguments = args
+            validate_arguments(spec.parameters, args)
+        except (ValueError, ArgumentError) as exc:
+            raise _Stop(failure(ErrorCode.INVALID_ARGS, str(exc))) from exc
+        return args
+
+    async def _check_command(
+        self, call: ToolCall, spec: ToolSpec, command: str, trail: Trail
+    ) -> None:
+        must_ask = None
+        guard = self._policy.guard
+        if guard is not None:
+            # a hostile 256 KiB command takes ~0.4 s to parse: keep it off the event loop
+            long = len(command) > GUARD_INLINE_CHARS
+            verdict = (
+                await asyncio.to_thread(guard.check, command) if long else guard.check(command)
+            )
+            trail.guard_rule = verdict.rule or ""
+            if verdict.action == "deny":
+                message = f"command blocked by the guard: {verdict.reason}"
+                raise _Stop(failure(ErrorCode.PERMISSION_DENIED, message))
+            if verdict.action == "ask":
+                must_ask = f"the guard asks: {verdict.reason}"
+        outcome = await self._policy.approvals.check(
+            sandbox_key=call.sandbox_key,
+            agent_id=call.context.agent_id,
+            tool=spec.name,
+            command=command,
+            request_id=call.request_id,
+            must_ask=must_ask,
+        )
+        trail.approval, trail.approver = outcome.how, outcome.approver
+        if not outcome.allowed:
+            why = {"timeout": "no decision in time", "no-approver": "no approver is connected"}
+            reason = why.get(outcome.how, f"denied by {outcome.approver or 'an approver'}")
+            raise _Stop(failure(ErrorCode.APPROVAL_DENIED, f"command not approved: {reason}"))
+
+    async def _invoke(
+        self,
+        call: ToolCall,
+        spec: ToolSpec,
+        args: dict[str, Any],
+        command: str | None,
+        trail: Trail,
+    ) -> ToolResult:
+        tool = trail.ran_as = "exec" if spec.custom else spec.name
+        if spec.custom:
+            args = self._custom_exec_args(spec, command)
+        args, timeout = self._deadline(tool, args, call.timeout_ms)
         try:
             reply = await self._sandboxes.invoke(
-                call.sandbox_key, spec.name, args, timeout, call.request_id
+                call.sandbox_key, tool, args, timeout, call.request_id
             )
         except SandboxLost as exc:
             return failure(ErrorCode.SANDBOX_LOST, str(exc))
         except AgentCallFailed:
             return failure(ErrorCode.TIMEOUT, f"{spec.name} did not finish within {timeout:.0f} s")
-        return self._result(spec, reply)
+        return self._result(tool, reply)
+
+    def _custom_exec_args(self, spec: ToolSpec, command: str | None) -> dict[str, Any]:
+        custom = spec.custom
+        if custom is None or command is None:
+            raise TypeError("not a custom tool")
+        args: dict[str, Any] = {"command": command, "timeout": custom.timeout_s}
+        if custom.workdir != ".":
+            args["workdir"] = custom.workdir
+        if custom.env:
+            args["env"] = dict(custom.env)
+        return args
 
     def _deadline(
-        self, spec: ToolSpec, args: dict[str, Any], timeout_ms: int
+        self, tool: str, args: dict[str, Any], timeout_ms: int
     ) -> tuple[dict[str, Any], float]:
         """The agent RPC's deadline; for exec also the command's own timeout, so that a
         timed-out command still returns its partial output."""
         limit = timeout_ms / 1000 if timeout_ms else None
-        if spec.name != "exec":
+        if tool != "exec":
             return args, limit or DEFAULT_CALL_TIMEOUT_S
         tools = self._config.tools
         wanted = args.get("timeout", tools.exec_default_timeout_s)
@@ -71,26 +205,97 @@ class ToolPipeline:
             return {**args, "timeout": wanted}, (limit or wanted) + _GRACE_S
         return args, (limit or tools.exec_max_timeout_s) + _GRACE_S
 
-    def _result(self, spec: ToolSpec, reply: AgentReply) -> ToolResult:
+    def _result(self, tool: str, reply: AgentReply) -> ToolResult:
         data = reply.result
         if reply.error_code and data is None:
             return failure(ErrorCode(reply.error_code), reply.error_message)
         data = data or {}
-        text = render(spec.name, data)
-        code, message = _exec_outcome(data) if spec.name == "exec" else (ErrorCode.NONE, "")
-        tools = self._config.tools
-        for_llm, cut_llm = cap_text(text, tools.llm_max_bytes)
-        for_user, cut_user = cap_text(text, tools.user_max_bytes)
-        truncated = cut_llm or cut_user or bool(data.get("stdout_truncated"))
+        code, message = _exec_outcome(data) if tool == "exec" else (ErrorCode.NONE, "")
         return ToolResult(
-            for_llm=for_llm,
-            for_user=for_user,
+            for_llm="",
+            for_user="",
             is_error=code is not ErrorCode.NONE,
             error_code=code,
             error_message=message,
             data=data,
-            truncated=truncated or bool(data.get("stderr_truncated") or data.get("truncated")),
+            truncated=any(
+                data.get(k) for k in ("stdout_truncated", "stderr_truncated", "truncated")
+            ),
         )
+
+    def _scrubbed(self, result: ToolResult, ran_as: str) -> ToolResult:
+        """Scrub every field that leaves the host, then render and cap the text."""
+        scrubber, count = self._policy.scrubber, 0
+        data, message = result.data, result.error_message
+        if scrubber is not None:
+            if data is not None:
+                cleaned, n = scrubber.scrub_value(data)
+                data, count = cleaned, count + n  # type: ignore[assignment]
+            message, n = scrubber.scrub(message)
+            count += n
+        text = result.for_llm
+        if data is not None:
+            text = render(ran_as, data)
+        elif scrubber is not None:
+            text, n = scrubber.scrub(text)
+            count += n
+        tools = self._config.tools
+        for_llm, cut_llm = cap_text(text, tools.llm_max_bytes)
+        for_user, cut_user = cap_text(text, tools.user_max_bytes)
+        return replace(
+            result,
+            for_llm=for_llm,
+            for_user=for_user,
+            error_message=message,
+            data=data,
+            truncated=result.truncated or cut_llm or cut_user,
+            redactions=count,
+        )
+
+    def _audit(self, call: ToolCall, caller: str, trail: Trail, result: ToolResult) -> None:
+        audit = self._policy.audit
+        if audit is None:
+            return
+        data = result.data or {}
+        exit_code = data.get("exit_code")
+        audit.record(
+            AuditRecord(
+                time=time.time(),
+                request_id=call.request_id,
+                caller=caller,
+                sandbox_key=call.sandbox_key,
+                agent_id=call.context.agent_id,
+                provider=call.context.provider,
+                tool=trail.tool,
+                arguments_json=self._audit_arguments(trail.arguments, call.arguments_json),
+                policy_step=trail.policy_step,
+                guard_rule=trail.guard_rule,
+                approval=trail.approval,
+                approver=trail.approver,
+                duration_ms=result.duration_ms,
+                exit_code=exit_code if isinstance(exit_code, int) else -1,
+                output_bytes=len(result.for_user.encode("utf-8", "replace")),
+                redactions=result.redactions,
+                error_code="" if result.error_code is ErrorCode.NONE else result.error_code.value,
+                is_error=result.is_error,
+            )
+        )
+
+    def _audit_arguments(self, args: dict[str, Any] | None, raw: str) -> str:
+        limit = self._config.audit.max_arguments_bytes
+        text = json.dumps(args, ensure_ascii=False) if args is not None else raw[: limit * 2]
+        if self._policy.scrubber is not None:
+            text, _ = self._policy.scrubber.scrub(text)
+        return cap_text(text, limit)[0]
+
+
+def _command_of(spec: ToolSpec, args: dict[str, Any]) -> str | None:
+    """The shell command a call would run, for the guard and approvals."""
+    if spec.custom is not None:
+        return render_command(spec.custom.command, args)
+    if spec.name == "exec":
+        return str(args["command"])
+    return None
 
 
 def _exec_outcome(data: dict[str, Any]) -> tuple[ErrorCode, str]:

@@ -243,6 +243,7 @@ class SandboxManager:
             nofile=sb.nofile,
             nproc=sb.nproc,
             tmpfs={"/tmp": sb.tmp_size_mb * 1024 * 1024},
+            environment=dict(sb.secrets),
             network=sb.network,
         )
 

@@ -3,11 +3,13 @@ domain errors to status codes. Nothing below this module sees protobuf."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable
-from datetime import datetime
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import grpc
@@ -16,20 +18,32 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from stockade.supervisor import errors
-from stockade.supervisor.catalog import TOOLS
+from stockade.supervisor import errors, schemas
+from stockade.supervisor.audit import AuditLog, AuditQuery, AuditRecord
+from stockade.supervisor.catalog import ToolSpec
 from stockade.supervisor.config import Config
 from stockade.supervisor.models import CallContext, SandboxInfo, ToolCall, ToolResult
-from stockade.supervisor.pipeline import ToolPipeline
+from stockade.supervisor.pipeline import HostPolicy, ToolPipeline
+from stockade.supervisor.policy.approvals import ApprovalManager, Closed, Pending
 from stockade.supervisor.render import wire_json, wire_text
 from stockade.supervisor.sandboxes import SandboxManager
-from stockade.v1 import sandbox_pb2, sandbox_pb2_grpc, tool_pb2, tool_pb2_grpc
+from stockade.supervisor.schemas import SchemaFormat
+from stockade.v1 import (
+    approval_pb2,
+    approval_pb2_grpc,
+    audit_pb2,
+    audit_pb2_grpc,
+    sandbox_pb2,
+    sandbox_pb2_grpc,
+    tool_pb2,
+    tool_pb2_grpc,
+)
 
 log = logging.getLogger("stockade.server")
 REASON_KEY = "stockade-error-reason"
 _STATUS = {
     errors.InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
-    errors.SandboxNotFound: grpc.StatusCode.NOT_FOUND,
+    errors.NotFound: grpc.StatusCode.NOT_FOUND,
     errors.EngineUnavailable: grpc.StatusCode.UNAVAILABLE,
     errors.SandboxBroken: grpc.StatusCode.UNAVAILABLE,
     errors.SandboxLost: grpc.StatusCode.UNAVAILABLE,
@@ -38,6 +52,8 @@ _STATUS = {
 SERVICES = (
     "stockade.v1.SandboxService",
     "stockade.v1.ToolService",
+    "stockade.v1.ApprovalService",
+    "stockade.v1.AuditService",
     "grpc.health.v1.Health",
 )
 
@@ -146,22 +162,41 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         return sandbox_pb2.DestroySandboxResponse(removed=removed, workspace_deleted=deleted)
 
 
+_FORMATS = {
+    tool_pb2.SCHEMA_FORMAT_UNSPECIFIED: SchemaFormat.JSON_SCHEMA,
+    tool_pb2.SCHEMA_FORMAT_JSON_SCHEMA: SchemaFormat.JSON_SCHEMA,
+    tool_pb2.SCHEMA_FORMAT_OPENAI: SchemaFormat.OPENAI,
+    tool_pb2.SCHEMA_FORMAT_ANTHROPIC: SchemaFormat.ANTHROPIC,
+    tool_pb2.SCHEMA_FORMAT_GEMINI: SchemaFormat.GEMINI,
+}
+
+
+def tool_to_pb(spec: ToolSpec, fmt: SchemaFormat, aliases: tuple[str, ...]) -> Any:
+    declaration = schemas.declaration(spec.name, spec.description, spec.parameters, fmt)
+    return tool_pb2.ToolSpec(
+        name=spec.name,
+        group=spec.group,
+        description=spec.description,
+        parameters_json_schema=json.dumps(spec.parameters),
+        profiles=list(spec.profiles),
+        declaration_json=json.dumps(declaration),
+        aliases=list(aliases),
+    )
+
+
 class ToolServicer(tool_pb2_grpc.ToolServiceServicer):
-    def __init__(self, pipeline: ToolPipeline) -> None:
+    def __init__(self, pipeline: ToolPipeline, policy: HostPolicy) -> None:
         self._pipeline = pipeline
+        self._policy = policy
 
     @mapped
     async def ListTools(self, request: Any, context: Any) -> Any:
-        specs = [
-            tool_pb2.ToolSpec(
-                name=t.name,
-                group=t.group,
-                description=t.description,
-                parameters_json_schema=json.dumps(t.parameters),
-                profiles=list(t.profiles),
-            )
-            for t in TOOLS.values()
-        ]
+        fmt = _FORMATS.get(request.format)
+        if fmt is None:
+            raise errors.InvalidRequest(f"unknown schema format {request.format}")
+        catalog = self._policy.catalog
+        allowed = self._policy.tools.allowed_tools(context_from_pb(request.context))
+        specs = [tool_to_pb(t, fmt, catalog.aliases_of(t.name)) for t in allowed]
         return tool_pb2.ListToolsResponse(tools=specs)
 
     @mapped
@@ -174,15 +209,102 @@ class ToolServicer(tool_pb2_grpc.ToolServiceServicer):
             timeout_ms=request.timeout_ms,
             request_id=request.request_id,
         )
-        return result_to_pb(await self._pipeline.call(call))
+        return result_to_pb(await self._pipeline.call(call, caller=context.peer()))
+
+
+_DECISIONS = {
+    approval_pb2.APPROVAL_DECISION_ALLOW_ONCE: "allow-once",
+    approval_pb2.APPROVAL_DECISION_ALLOW_ALWAYS: "allow-always",
+    approval_pb2.APPROVAL_DECISION_DENY: "deny",
+}
+
+
+def pending_to_pb(p: Pending) -> Any:
+    return approval_pb2.ApprovalRequest(
+        id=p.id,
+        sandbox_key=p.sandbox_key,
+        agent_id=p.agent_id,
+        tool=p.tool,
+        command=wire_text(p.command),
+        reason=p.reason,
+        created_at=_timestamp(p.created_at),
+        expires_at=_timestamp(p.expires_at),
+        request_id=p.request_id,
+    )
+
+
+def event_to_pb(event: Pending | Closed) -> Any:
+    if isinstance(event, Pending):
+        return approval_pb2.ApprovalEvent(pending=pending_to_pb(event))
+    closed = approval_pb2.ApprovalClosed(
+        id=event.id, outcome=event.outcome, approver=event.approver
+    )
+    return approval_pb2.ApprovalEvent(closed=closed)
+
+
+class ApprovalServicer(approval_pb2_grpc.ApprovalServiceServicer):
+    def __init__(self, approvals: ApprovalManager) -> None:
+        self._approvals = approvals
+
+    async def WatchApprovals(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        async for event in self._approvals.watch():
+            yield event_to_pb(event)
+
+    @mapped
+    async def ResolveApproval(self, request: Any, context: Any) -> Any:
+        decision = _DECISIONS.get(request.decision)
+        if decision is None:
+            raise errors.InvalidRequest("decision must be ALLOW_ONCE, ALLOW_ALWAYS or DENY")
+        approver = request.approver or context.peer()
+        self._approvals.resolve(request.id, decision, approver)
+        return approval_pb2.ResolveApprovalResponse()
+
+    @mapped
+    async def ListApprovals(self, request: Any, context: Any) -> Any:
+        return approval_pb2.ListApprovalsResponse(
+            pending=[pending_to_pb(p) for p in self._approvals.pending()],
+            always_allowed=[wire_text(c) for c in self._approvals.always_allowed()],
+            approvers=self._approvals.watchers,
+        )
+
+
+def audit_to_pb(rec: AuditRecord) -> Any:
+    fields = dataclasses.asdict(rec)
+    fields["time"] = _timestamp(datetime.fromtimestamp(rec.time, UTC))
+    values: dict[str, Any] = {
+        k: wire_text(v) if isinstance(v, str) else v for k, v in fields.items()
+    }
+    return audit_pb2.AuditRecord(**values)
+
+
+class AuditServicer(audit_pb2_grpc.AuditServiceServicer):
+    def __init__(self, audit: AuditLog | None) -> None:
+        self._audit = audit
+
+    @mapped
+    async def ListAudit(self, request: Any, context: Any) -> Any:
+        if self._audit is None:
+            raise errors.ConfigError("the audit log is off (audit.enabled = false)")
+        since = request.since.ToDatetime(UTC).timestamp() if request.HasField("since") else 0.0
+        query = AuditQuery(
+            sandbox_key=request.sandbox_key,
+            tool=request.tool,
+            agent_id=request.agent_id,
+            since=since,
+            limit=request.limit or 100,
+            errors_only=request.errors_only,
+        )
+        records = await self._audit.query(query)
+        return audit_pb2.ListAuditResponse(records=[audit_to_pb(r) for r in records])
 
 
 class Server:
     """The running gRPC server; `port` is the bound TCP port (0 for a unix socket)."""
 
-    def __init__(self, config: Config, sandboxes: SandboxManager) -> None:
+    def __init__(self, config: Config, sandboxes: SandboxManager, policy: HostPolicy) -> None:
         self.config = config
         self.sandboxes = sandboxes
+        self.policy = policy
         self.health = HealthServicer()
         self._server = grpc.aio.server(
             options=[
@@ -191,11 +313,14 @@ class Server:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        pipeline = ToolPipeline(config, sandboxes)
-        sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(
-            SandboxServicer(sandboxes), self._server
+        pipeline = ToolPipeline(config, sandboxes, policy)
+        server = self._server
+        sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(SandboxServicer(sandboxes), server)
+        tool_pb2_grpc.add_ToolServiceServicer_to_server(ToolServicer(pipeline, policy), server)
+        approval_pb2_grpc.add_ApprovalServiceServicer_to_server(
+            ApprovalServicer(policy.approvals), server
         )
-        tool_pb2_grpc.add_ToolServiceServicer_to_server(ToolServicer(pipeline), self._server)
+        audit_pb2_grpc.add_AuditServiceServicer_to_server(AuditServicer(policy.audit), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection((*SERVICES, reflection.SERVICE_NAME), self._server)
         self.port = self._server.add_insecure_port(config.listen)
@@ -204,7 +329,7 @@ class Server:
 
     async def start(self) -> None:
         await self._server.start()
-        for name in ("", *SERVICES[:2]):
+        for name in ("", *SERVICES[:-1]):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     async def wait(self) -> None:
@@ -215,3 +340,5 @@ class Server:
         await self.health.enter_graceful_shutdown()
         await self._server.stop(grace)
         await self.sandboxes.close()
+        if self.policy.audit is not None:
+            await asyncio.to_thread(self.policy.audit.close)

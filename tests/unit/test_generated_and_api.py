@@ -32,8 +32,13 @@ def test_generated_code_is_fresh(tmp_path: Path) -> None:
 
 def test_public_client_api() -> None:
     assert sorted(stockade.client.__all__) == [
+        "ApprovalClosed",
+        "ApprovalRequest",
+        "Approvals",
         "AsyncSandbox",
         "AsyncStockade",
+        "AuditRecord",
+        "CallContext",
         "DeadlineExceeded",
         "InvalidArgument",
         "NotFound",

@@ -196,7 +196,10 @@ def test_custom_tools_join_the_pipeline() -> None:
 name = "dns_lookup"
 description = "Look up DNS records"
 command = "dig +short {{.domain}}"
-parameters = { type = "object", properties = { domain = { type = "string" } }, required = ["domain"] }
+[custom_tools.parameters]
+type = "object"
+required = ["domain"]
+properties = { domain = { type = "string" } }
 [agents.a.tools]
 deny = ["group:custom"]
 """

@@ -87,9 +87,11 @@ class ListApprovalsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListApprovalsResponse(_message.Message):
-    __slots__ = ("pending", "always_allowed")
+    __slots__ = ("pending", "always_allowed", "approvers")
     PENDING_FIELD_NUMBER: _ClassVar[int]
     ALWAYS_ALLOWED_FIELD_NUMBER: _ClassVar[int]
+    APPROVERS_FIELD_NUMBER: _ClassVar[int]
     pending: _containers.RepeatedCompositeFieldContainer[ApprovalRequest]
     always_allowed: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, pending: _Optional[_Iterable[_Union[ApprovalRequest, _Mapping]]] = ..., always_allowed: _Optional[_Iterable[str]] = ...) -> None: ...
+    approvers: int
+    def __init__(self, pending: _Optional[_Iterable[_Union[ApprovalRequest, _Mapping]]] = ..., always_allowed: _Optional[_Iterable[str]] = ..., approvers: _Optional[int] = ...) -> None: ...

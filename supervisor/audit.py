@@ -1,0 +1,139 @@
+"""The audit log: one record per call and decision, in the embedded SQLite database.
+
+Writes go through a queue to one writer thread, so a call never waits on the disk; a query
+first waits until everything queued before it is written."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from stockade.supervisor import store
+
+MAX_LIMIT = 10_000
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    time: float
+    request_id: str
+    caller: str
+    sandbox_key: str
+    agent_id: str
+    provider: str
+    tool: str
+    arguments_json: str
+    policy_step: str
+    guard_rule: str = ""
+    approval: str = ""
+    approver: str = ""
+    duration_ms: int = 0
+    exit_code: int = -1
+    output_bytes: int = 0
+    redactions: int = 0
+    error_code: str = ""
+    is_error: bool = False
+    id: int = 0
+
+
+@dataclass(frozen=True)
+class AuditQuery:
+    sandbox_key: str = ""
+    tool: str = ""
+    agent_id: str = ""
+    since: float = 0.0
+    limit: int = 100
+    errors_only: bool = False
+
+
+_COLUMNS = tuple(f.name for f in dataclasses.fields(AuditRecord) if f.name != "id")
+
+
+class _Flush:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+class AuditLog:
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        store.connect(path).close()
+        self._queue: queue.SimpleQueue[AuditRecord | _Flush | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write_loop, name="audit-writer", daemon=True)
+        self._writer.start()
+
+    def record(self, rec: AuditRecord) -> None:
+        """Queue a record; never blocks on the disk."""
+        self._queue.put(rec)
+
+    def _write_loop(self) -> None:
+        db = store.connect(self._path)
+        placeholders = ", ".join("?" * len(_COLUMNS))
+        insert = f"INSERT INTO audit ({', '.join(_COLUMNS)}) VALUES ({placeholders})"
+        while True:
+            batch, flushes, stop = self._drain()
+            if batch:
+                with db:
+                    db.execute("BEGIN")
+                    db.executemany(insert, [_row(r) for r in batch])
+            for flush in flushes:
+                flush.done.set()
+            if stop:
+                db.close()
+                return
+
+    def _drain(self) -> tuple[list[AuditRecord], list[_Flush], bool]:
+        items = [self._queue.get()]
+        while not self._queue.empty() and len(items) < 1000:
+            items.append(self._queue.get())
+        records = [i for i in items if isinstance(i, AuditRecord)]
+        flushes = [i for i in items if isinstance(i, _Flush)]
+        return records, flushes, None in items
+
+    def flush(self, timeout: float = 30.0) -> None:
+        marker = _Flush()
+        self._queue.put(marker)
+        marker.done.wait(timeout)
+
+    async def query(self, q: AuditQuery) -> list[AuditRecord]:
+        return await asyncio.to_thread(self._query, q)
+
+    def _query(self, q: AuditQuery) -> list[AuditRecord]:
+        self.flush()
+        where, params = ["time >= ?"], [q.since]
+        for column in ("sandbox_key", "tool", "agent_id"):
+            if getattr(q, column):
+                where.append(f"{column} = ?")
+                params.append(getattr(q, column))
+        if q.errors_only:
+            where.append("is_error = 1")
+        limit = min(q.limit or 100, MAX_LIMIT)
+        sql = (
+            f"SELECT id, {', '.join(_COLUMNS)} FROM audit WHERE {' AND '.join(where)} "
+            "ORDER BY id DESC LIMIT ?"
+        )
+        db = store.connect(self._path)
+        try:
+            rows = db.execute(sql, (*params, limit)).fetchall()
+        finally:
+            db.close()
+        return [_from_row(row) for row in rows]
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._writer.join(30)
+
+
+def _row(rec: AuditRecord) -> tuple[object, ...]:
+    values = dataclasses.asdict(rec)
+    return tuple(int(values[c]) if c == "is_error" else values[c] for c in _COLUMNS)
+
+
+def _from_row(row: tuple[object, ...]) -> AuditRecord:
+    values = dict(zip(_COLUMNS, row[1:], strict=True))
+    values["is_error"] = bool(values["is_error"])
+    return AuditRecord(id=int(row[0]), **values)  # type: ignore[arg-type, call-overload]

@@ -1,0 +1,79 @@
+"""Per-key limits: a token bucket on the call rate, and a cap on calls running at once with a
+bounded queue behind it. Past either limit a call is refused without running."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from stockade.supervisor.config import LimitsConfig
+
+
+class LimitExceeded(Exception):
+    """The call may not run now; the message says which limit and what to do."""
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    stamp: float
+
+
+@dataclass
+class _Slots:
+    running: int = 0
+    waiting: int = 0
+    freed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+
+class KeyLimiter:
+    def __init__(self, config: LimitsConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self._config = config
+        self._clock = clock
+        self._buckets: dict[str, _Bucket] = {}
+        self._slots: dict[str, _Slots] = {}
+
+    def take(self, key: str) -> None:
+        """Spend one token of the key's bucket, or raise LimitExceeded."""
+        now, cfg = self._clock(), self._config
+        bucket = self._buckets.setdefault(key, _Bucket(float(cfg.burst), now))
+        bucket.tokens = min(cfg.burst, bucket.tokens + (now - bucket.stamp) * cfg.rate_per_s)
+        bucket.stamp = now
+        if bucket.tokens < 1:
+            wait = (1 - bucket.tokens) / cfg.rate_per_s
+            raise LimitExceeded(
+                f"rate limit for this sandbox: {cfg.rate_per_s:g} calls/s, burst {cfg.burst}; "
+                f"retry in {wait:.2f} s"
+            )
+        bucket.tokens -= 1
+
+    @asynccontextmanager
+    async def slot(self, key: str) -> AsyncIterator[None]:
+        """Hold one of the key's concurrent-call slots, queueing for one if needed."""
+        slots = self._slots.setdefault(key, _Slots())
+        cfg = self._config
+        if slots.running >= cfg.max_concurrent and slots.waiting >= cfg.max_queued:
+            raise LimitExceeded(
+                f"this sandbox already runs {slots.running} calls with {slots.waiting} queued "
+                f"(limits: {cfg.max_concurrent} at once, {cfg.max_queued} queued)"
+            )
+        async with slots.freed:
+            slots.waiting += 1
+            try:
+                await slots.freed.wait_for(lambda: slots.running < cfg.max_concurrent)
+            finally:
+                slots.waiting -= 1
+            slots.running += 1
+        try:
+            yield
+        finally:
+            async with slots.freed:
+                slots.running -= 1
+                slots.freed.notify()
+
+    def running(self, key: str) -> int:
+        slots = self._slots.get(key)
+        return slots.running if slots else 0

@@ -1,0 +1,230 @@
+"""Approvals, the audit log and per-key limits, without an engine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from stockade.supervisor.audit import AuditLog, AuditQuery, AuditRecord
+from stockade.supervisor.config import AgentConfig, ApprovalsConfig, LimitsConfig
+from stockade.supervisor.errors import ApprovalNotFound, InvalidRequest
+from stockade.supervisor.policy.approvals import (
+    AllowAlways,
+    ApprovalManager,
+    Closed,
+    Pending,
+)
+from stockade.supervisor.policy.limits import KeyLimiter, LimitExceeded
+
+
+def manager(tmp_path: Path, **cfg: object) -> ApprovalManager:
+    agents = {"strict": AgentConfig(approvals="always"), "free": AgentConfig(approvals="off")}
+    config = ApprovalsConfig(**cfg)  # type: ignore[arg-type]
+    return ApprovalManager(config, agents, AllowAlways(tmp_path / "db"))
+
+
+async def ask(mgr: ApprovalManager, command: str = "make deploy", agent: str = "") -> object:
+    return await mgr.check(
+        sandbox_key="k", agent_id=agent, tool="exec", command=command, request_id="r"
+    )
+
+
+class Approver:
+    """A watcher that records events and answers each request with a decision."""
+
+    def __init__(self, mgr: ApprovalManager, decision: str | None) -> None:
+        self.mgr, self.decision = mgr, decision
+        self.events: list[Pending | Closed] = []
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        async for event in self.mgr.watch():
+            self.events.append(event)
+            if isinstance(event, Pending) and self.decision:
+                self.mgr.resolve(event.id, self.decision, "alice")
+
+    async def started(self) -> None:
+        while self.mgr.watchers == 0:
+            await asyncio.sleep(0.001)
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+@pytest.mark.parametrize(
+    ("mode", "allowlist", "agent", "command", "asks"),
+    [
+        ("off", (), "", "rm x", False),
+        ("on-miss", ("git *", "pytest*"), "", "git status", False),
+        ("on-miss", ("git *",), "", "make deploy", True),
+        ("on-miss", ("git *",), "", "git status; curl x", False),
+        ("always", ("git *",), "", "git status", True),
+        ("off", (), "strict", "ls", True),
+        ("always", (), "free", "ls", False),
+    ],
+)
+def test_when_to_ask(
+    tmp_path: Path, mode: str, allowlist: tuple[str, ...], agent: str, command: str, asks: bool
+) -> None:
+    mgr = manager(tmp_path, mode=mode, allowlist=allowlist)
+    assert (mgr.reason_to_ask(agent, command) is not None) is asks
+
+
+async def test_no_approver_applies_the_fallback_at_once(tmp_path: Path) -> None:
+    denied = await ask(manager(tmp_path, mode="always"))
+    assert (denied.allowed, denied.how) == (False, "no-approver")  # type: ignore[attr-defined]
+    allowed = await ask(manager(tmp_path, mode="always", no_approver="allow"))
+    assert allowed.allowed is True  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("decision", "allowed"), [("allow-once", True), ("allow-always", True), ("deny", False)]
+)
+async def test_decisions(tmp_path: Path, decision: str, allowed: bool) -> None:
+    mgr = manager(tmp_path, mode="always")
+    approver = Approver(mgr, decision)
+    await approver.started()
+    outcome = await ask(mgr)
+    assert (outcome.allowed, outcome.how, outcome.approver) == (allowed, decision, "alice")  # type: ignore[attr-defined]
+    await asyncio.sleep(0.01)
+    await approver.stop()
+    assert [type(e).__name__ for e in approver.events] == ["Pending", "Closed"]
+    assert mgr.pending() == []
+    assert ("make deploy" in mgr.always_allowed()) is (decision == "allow-always")
+
+
+async def test_allow_always_persists(tmp_path: Path) -> None:
+    mgr = manager(tmp_path, mode="always")
+    approver = Approver(mgr, "allow-always")
+    await approver.started()
+    await ask(mgr)
+    await approver.stop()
+    again = manager(tmp_path, mode="always")
+    assert again.reason_to_ask("", "make deploy") is None
+    assert again.reason_to_ask("", "make deploy2") is not None
+
+
+async def test_timeout_is_a_deny(tmp_path: Path) -> None:
+    mgr = manager(tmp_path, mode="always", timeout_s=0.05)
+    approver = Approver(mgr, None)
+    await approver.started()
+    outcome = await ask(mgr)
+    assert (outcome.allowed, outcome.how) == (False, "timeout")  # type: ignore[attr-defined]
+    await asyncio.sleep(0.01)  # let the watcher read the close event
+    await approver.stop()
+    assert isinstance(approver.events[-1], Closed)
+    assert approver.events[-1].outcome == "timeout"
+
+
+async def test_cancel_withdraws_and_disconnect_keeps(tmp_path: Path) -> None:
+    mgr = manager(tmp_path, mode="always")
+    first = Approver(mgr, None)
+    await first.started()
+    waiting = asyncio.create_task(ask(mgr))
+    while not mgr.pending():
+        await asyncio.sleep(0.001)
+    await first.stop()
+    assert len(mgr.pending()) == 1, "an approver leaving must not lose requests"
+    second = Approver(mgr, None)
+    await second.started()
+    await asyncio.sleep(0.01)
+    assert isinstance(second.events[0], Pending), "a new approver sees what is pending"
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    await asyncio.sleep(0.01)
+    assert mgr.pending() == []
+    assert isinstance(second.events[-1], Closed)
+    assert second.events[-1].outcome == "withdrawn"
+    await second.stop()
+
+
+async def test_several_wait_at_once(tmp_path: Path) -> None:
+    mgr = manager(tmp_path, mode="always")
+    approver = Approver(mgr, None)
+    await approver.started()
+    tasks = [asyncio.create_task(ask(mgr, f"cmd {i}")) for i in range(5)]
+    while len(mgr.pending()) < 5:
+        await asyncio.sleep(0.001)
+    for i, pending in enumerate(mgr.pending()):
+        mgr.resolve(pending.id, "deny" if i % 2 else "allow-once", "bob")
+    outcomes = await asyncio.gather(*tasks)
+    assert [o.allowed for o in outcomes] == [True, False, True, False, True]  # type: ignore[attr-defined]
+    await approver.stop()
+
+
+def test_resolve_errors(tmp_path: Path) -> None:
+    mgr = manager(tmp_path)
+    with pytest.raises(ApprovalNotFound):
+        mgr.resolve("nope", "deny", "x")
+    with pytest.raises(InvalidRequest):
+        mgr.resolve("nope", "maybe", "x")
+
+
+def record(**kw: object) -> AuditRecord:
+    base: dict[str, object] = {
+        "time": time.time(), "request_id": "r", "caller": "c", "sandbox_key": "k",
+        "agent_id": "a", "provider": "p", "tool": "exec", "arguments_json": "{}",
+        "policy_step": "allowed",
+    }  # fmt: skip
+    return AuditRecord(**{**base, **kw})  # type: ignore[arg-type]
+
+
+async def test_audit_roundtrip_filters_and_restart(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path / "db")
+    log.record(record(sandbox_key="a", tool="exec", exit_code=0))
+    log.record(
+        record(sandbox_key="b", tool="read_file", is_error=True, error_code="FILE_NOT_FOUND")
+    )
+    log.record(record(sandbox_key="a", tool="glob", approval="allow-once", approver="alice"))
+    rows = await log.query(AuditQuery())
+    assert [r.tool for r in rows] == ["glob", "read_file", "exec"]
+    assert rows[0].approver == "alice"
+    assert [r.tool for r in await log.query(AuditQuery(sandbox_key="a"))] == ["glob", "exec"]
+    errors = await log.query(AuditQuery(errors_only=True))
+    assert [(r.tool, r.is_error) for r in errors] == [("read_file", True)]
+    assert await log.query(AuditQuery(since=time.time() + 60)) == []
+    assert len(await log.query(AuditQuery(limit=1))) == 1
+    log.close()
+    reopened = AuditLog(tmp_path / "db")
+    assert len(await reopened.query(AuditQuery())) == 3
+    reopened.close()
+
+
+def test_token_bucket() -> None:
+    now = [0.0]
+    limiter = KeyLimiter(LimitsConfig(rate_per_s=2, burst=3), clock=lambda: now[0])
+    for _ in range(3):
+        limiter.take("k")
+    with pytest.raises(LimitExceeded, match="2 calls/s, burst 3"):
+        limiter.take("k")
+    limiter.take("other")
+    now[0] = 0.5
+    limiter.take("k")
+    with pytest.raises(LimitExceeded):
+        limiter.take("k")
+
+
+async def test_concurrency_cap_and_queue_bound() -> None:
+    limiter = KeyLimiter(LimitsConfig(max_concurrent=2, max_queued=1))
+    release = asyncio.Event()
+    peak = 0
+
+    async def work() -> None:
+        nonlocal peak
+        async with limiter.slot("k"):
+            peak = max(peak, limiter.running("k"))
+            await release.wait()
+
+    tasks = [asyncio.create_task(work()) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    with pytest.raises(LimitExceeded, match="2 at once, 1 queued"):
+        async with limiter.slot("k"):
+            pass
+    release.set()
+    await asyncio.gather(*tasks)
+    assert peak == 2
+    assert limiter.running("k") == 0
