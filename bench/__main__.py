@@ -14,6 +14,8 @@ from typing import Any, NoReturn
 from bench import peers, report, stockade_runs
 from bench.engines import ENGINES, bring_up, remove_labelled
 from bench.machine import machine_info
+from bench.pipeline import host_section, run_pipeline_bench
+from bench.scrub import run_scrub_bench
 from bench.served import served
 from bench.timing import guarded, progress
 from stockade.client import Stockade
@@ -84,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC).isoformat(timespec="seconds")
     settings = {"n": ns.n, "warmup": ns.warmup, "cold": ns.cold, "idle": ns.idle, "quick": ns.quick}
     by_engine: dict[str, Any] = {}
+    progress("host-side pipeline and scrubber")
+    host = {"pipeline": run_pipeline_bench(), "scrub": run_scrub_bench()}
     try:
         for engine in engines:
             by_engine[engine] = bench_engine(engine, ns, run_id)
@@ -96,10 +100,17 @@ def main(argv: list[str] | None = None) -> int:
                 progress(f"removed {left} leftover {engine} container(s)")
     machine = machine_info(engines)
     print(report.header(machine, settings), end="\n\n")
+    print(host_section(host["pipeline"], host["scrub"]), end="\n\n")
     for engine, results in by_engine.items():
         print(report.engine_section(engine, results), end="\n\n")
     print(report.summary(by_engine))
-    record = {"started_at": started, "machine": machine, "settings": settings, "engines": by_engine}
+    record = {
+        "started_at": started,
+        "machine": machine,
+        "settings": settings,
+        "host": host,
+        "engines": by_engine,
+    }
     RESULTS.write_text(json.dumps(record, indent=2) + "\n")
     progress(f"results written to {RESULTS}")
     return 0
