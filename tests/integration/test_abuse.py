@@ -35,7 +35,11 @@ def test_memory_bomb_is_killed_not_the_agent(client: Stockade, key: str) -> None
 
 
 def test_fork_bomb_is_contained(client: Stockade, key: str) -> None:
-    result = client.sandbox(key).exec(":(){ :|:& };:", timeout=5)
+    box = client.sandbox(key)
+    assert box.exec(":(){ :|:& };:").error_code == "PERMISSION_DENIED", "the guard stops it"
+    # The guard is friction; the container is the boundary. A script gets past the guard:
+    box.write_file("bomb.sh", ":(){ :|:& };:\n")
+    result = box.exec("sh bomb.sh", timeout=5)
     assert result.error_code in ("TIMEOUT", "EXECUTION_FAILED", ""), result.for_llm
     assert_next_call_works(client, key)
 

@@ -296,6 +296,11 @@ def test_rate_limit_refuses_without_running(sup: Supervisor, c: Stockade, key: s
     assert "RATE_LIMITED" in codes[4:]
     limited = next(r for r in results if r.error_code == "RATE_LIMITED")
     assert "calls/s" in limited.error_message
+    env = {**os.environ, "STOCKADE_ADDR": sup.target}
+    cli = [sys.executable, "-m", "stockade.supervisor.cli", "exec", key, "--", "echo", "cli"]
+    refused = subprocess.run(cli, capture_output=True, text=True, env=env, timeout=60)
+    assert refused.returncode == 1
+    assert "RATE_LIMITED" in refused.stderr
     time.sleep(5.5)
     lines = c.sandbox(key).read_file("log").split()
     assert lines == [str(i) for i, code in enumerate(codes) if code == ""]
