@@ -36,6 +36,8 @@ def served(engine: str) -> Iterator[Served]:
     config.write_text(
         f'listen = "{target}"\nstate_dir = "{state_dir}"\n'
         f'[engine]\nkind = "{engine}"\nsocket = "{engine_url(engine)}"\n'
+        # the full policy pipeline runs; only the rate limit would throttle a benchmark
+        "[limits]\nrate_per_s = 1000000.0\nburst = 1000000\n"
     )
     log_path = state_dir / "serve.log"
     # Own session: a Ctrl-C reaches only the bench, which then shuts this down in order.

@@ -7,6 +7,7 @@ with Stockade("127.0.0.1:50051") as s:
 
 from stockade.client._core import (
     ApprovalClosed,
+    ApprovalPending,
     ApprovalRequest,
     Approvals,
     AuditRecord,
@@ -14,9 +15,12 @@ from stockade.client._core import (
     DeadlineExceeded,
     InvalidArgument,
     NotFound,
+    Output,
     ResourceExhausted,
     SandboxInfo,
+    Started,
     StockadeError,
+    StreamEvent,
     ToolError,
     ToolResult,
     ToolSpec,
@@ -27,6 +31,7 @@ from stockade.client.sync import Sandbox, Stockade
 
 __all__ = [
     "ApprovalClosed",
+    "ApprovalPending",
     "ApprovalRequest",
     "Approvals",
     "AsyncSandbox",
@@ -36,11 +41,14 @@ __all__ = [
     "DeadlineExceeded",
     "InvalidArgument",
     "NotFound",
+    "Output",
     "ResourceExhausted",
     "Sandbox",
     "SandboxInfo",
+    "Started",
     "Stockade",
     "StockadeError",
+    "StreamEvent",
     "ToolError",
     "ToolResult",
     "ToolSpec",

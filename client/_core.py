@@ -129,6 +129,34 @@ class ToolResult:
 
 
 @dataclass(frozen=True)
+class Started:
+    """A streamed call's command started (pid inside the sandbox)."""
+
+    pid: int
+
+
+@dataclass(frozen=True)
+class Output:
+    """A chunk of a streamed call's output, already scrubbed."""
+
+    stream: str
+    """"stdout" or "stderr"."""
+    text: str
+
+
+@dataclass(frozen=True)
+class ApprovalPending:
+    """A streamed call waits for a human's decision."""
+
+    approval_id: str
+    reason: str
+
+
+StreamEvent = Started | Output | ApprovalPending | ToolResult
+"""What a streamed call yields; the ToolResult comes last."""
+
+
+@dataclass(frozen=True)
 class SandboxInfo:
     key: str
     container_id: str
@@ -276,6 +304,18 @@ def tool_from_pb(msg: Any) -> ToolSpec:
         declaration=json.loads(msg.declaration_json or "{}"),
         aliases=tuple(msg.aliases),
     )
+
+
+def stream_event_from_pb(msg: Any) -> StreamEvent:
+    kind = msg.WhichOneof("event")
+    if kind == "started":
+        return Started(msg.started.pid)
+    if kind == "output":
+        name = "stderr" if msg.output.stream == tool_pb2.OUTPUT_STREAM_STDERR else "stdout"
+        return Output(name, msg.output.text)
+    if kind == "approval_pending":
+        return ApprovalPending(msg.approval_pending.approval_id, msg.approval_pending.reason)
+    return result_from_pb(msg.result)
 
 
 def context_pb(context: CallContext | None) -> Any:

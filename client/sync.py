@@ -16,6 +16,7 @@ from stockade.client._core import (
     AuditRecord,
     CallContext,
     SandboxInfo,
+    StreamEvent,
     ToolResult,
     ToolSpec,
 )
@@ -141,6 +142,37 @@ class Stockade:
             request_id=request_id,
         )
         return _core.result_from_pb(self._rpc(self._tools.CallTool, request, deadline))
+
+    def call_stream(
+        self,
+        key: str,
+        tool: str,
+        arguments: dict[str, Any] | str | None = None,
+        *,
+        timeout: float | None = None,
+        context: CallContext | None = None,
+        request_id: str = "",
+        deadline: float | None = None,
+    ) -> Iterator[StreamEvent]:
+        """Call a tool and follow it: Started, Output chunks as they are produced,
+        ApprovalPending while a human decides, and the ToolResult last. Stopping early
+        (closing the iterator) cancels the call and kills its process group."""
+        request = _core.call_request(
+            key,
+            tool,
+            arguments,
+            timeout_ms=int(timeout * 1000) if timeout else 0,
+            context=context,
+            request_id=request_id,
+        )
+        stream = self._tools.CallToolStream(request, timeout=deadline)
+        try:
+            for event in stream:
+                yield _core.stream_event_from_pb(event)
+        except grpc.RpcError as exc:
+            raise _core.error_from_rpc(exc) from None
+        finally:
+            stream.cancel()
 
     def ensure_sandbox(self, key: str) -> SandboxInfo:
         request = sandbox_pb2.EnsureSandboxRequest(key=key)

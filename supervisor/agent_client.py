@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,17 @@ class AgentCallFailed(Exception):
         super().__init__(f"{code.name}: {details}")
         self.code = code
         self.details = details
+
+
+@dataclass(frozen=True)
+class AgentStarted:
+    pid: int
+
+
+@dataclass(frozen=True)
+class AgentOutput:
+    fd: int
+    data: bytes
 
 
 @dataclass(frozen=True)
@@ -100,8 +112,41 @@ class AgentConnection:
             raise AgentCallFailed(exc.code(), exc.details() or "") from exc
         return _parse_reply(reply)
 
+    async def invoke_stream(
+        self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
+    ) -> AsyncIterator[AgentStarted | AgentOutput | AgentReply]:
+        """Started and output events as the tool runs; the reply last."""
+        request = agent_pb2.InvokeRequest(
+            tool=tool, arguments_json=json.dumps(arguments), request_id=request_id
+        )
+        call = self._stub.InvokeStream(request, timeout=timeout)
+        try:
+            async for event in call:
+                parsed = _parse_event(event)
+                yield parsed
+                if isinstance(parsed, AgentReply):
+                    return
+            raise SandboxBroken("the agent's stream ended without a result")
+        except grpc.aio.AioRpcError as exc:
+            raise AgentCallFailed(exc.code(), exc.details() or "") from exc
+        finally:
+            call.cancel()
+
     async def close(self) -> None:
         await self._channel.close()
+
+
+def _parse_event(event: Any) -> AgentStarted | AgentOutput | AgentReply:
+    kind = event.WhichOneof("event")
+    if kind == "started":
+        return AgentStarted(int(event.started.pid))
+    if kind == "output":
+        if event.output.fd not in (1, 2):
+            raise SandboxBroken(f"agent sent output for fd {event.output.fd}")
+        return AgentOutput(int(event.output.fd), bytes(event.output.data))
+    if kind == "result":
+        return _parse_reply(event.result)
+    raise SandboxBroken("agent sent an empty event")
 
 
 def _parse_reply(reply: Any) -> AgentReply:

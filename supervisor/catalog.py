@@ -47,6 +47,8 @@ def _obj(required: list[str], **props: dict[str, Any]) -> dict[str, Any]:
 _STR = {"type": "string"}
 _PATH = {"type": "string", "description": "Path relative to /workspace."}
 _CODING = ("coding", "full")
+_PROCESS_ACTIONS = ("start", "list", "poll", "log", "write", "kill", "remove")
+_SIGNALS = ("TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2")
 
 _TOOLS = [
     ToolSpec(
@@ -68,6 +70,45 @@ _TOOLS = [
                 "additionalProperties": {"type": "string"},
                 "description": "Extra environment variables.",
             },
+            stdin={**_STR, "description": "Text for the command's standard input (then closed)."},
+        ),
+        _CODING,
+    ),
+    ToolSpec(
+        "process",
+        "runtime",
+        "Background processes (dev servers, watchers) that outlive the call. Actions: "
+        "start (command, workdir, env, name) runs sh -c in /workspace and returns an id; "
+        "list; poll (id); log (id, offset, limit) reads the combined stdout and stderr from a "
+        "byte offset (continue from next_offset); write (id, data, eof) feeds stdin, eof "
+        "closes it; kill (id, signal: TERM by default, KILL, INT, HUP) signals its process "
+        "group; remove (id) forgets an exited one. A few may run at once (5 by default).",
+        _obj(
+            ["action"],
+            action={"type": "string", "enum": list(_PROCESS_ACTIONS)},
+            command={**_STR, "description": "start: shell command line."},
+            workdir={**_PATH, "description": "start: working directory, relative to /workspace."},
+            env={
+                "type": "object",
+                "additionalProperties": {"type": "string"},
+                "description": "start: extra environment variables.",
+            },
+            name={
+                **_STR,
+                "maxLength": 64,
+                "description": "start: a name to use instead of the id.",
+            },
+            id={**_STR, "description": "The process id (p1, p2, ...) or name."},
+            offset={"type": "integer", "minimum": 0, "description": "log: first byte (default 0)."},
+            limit={
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 1 << 20,
+                "description": "log: at most this many bytes (default 65536).",
+            },
+            data={**_STR, "description": "write: text for the process's stdin."},
+            eof={"type": "boolean", "description": "write: close stdin afterwards."},
+            signal={"type": "string", "enum": [*_SIGNALS, *(f"SIG{s}" for s in _SIGNALS)]},
         ),
         _CODING,
     ),
@@ -95,6 +136,23 @@ _TOOLS = [
         "fs",
         "Replace old_text with new_text in a file; old_text must occur exactly once.",
         _obj(["path", "old_text", "new_text"], path=_PATH, old_text=_STR, new_text=_STR),
+        _CODING,
+    ),
+    ToolSpec(
+        "apply_patch",
+        "fs",
+        "Add, update, move and delete files with one patch in the OpenAI apply_patch format: "
+        "'*** Begin Patch', then per file '*** Add File: PATH' (lines starting with +), "
+        "'*** Update File: PATH' (optional '*** Move to: PATH', then hunks: optional "
+        "'@@ context line', lines starting with space, - or +) or '*** Delete File: PATH', "
+        "then '*** End Patch'. All or nothing: if one hunk does not match, no file changes.",
+        _obj(
+            ["input"],
+            input={
+                "type": "string",
+                "description": "The patch, from *** Begin Patch to *** End Patch.",
+            },
+        ),
         _CODING,
     ),
     ToolSpec(

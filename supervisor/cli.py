@@ -10,12 +10,20 @@ import logging
 import shlex
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from stockade.client import CallContext, Stockade, StockadeError
+from stockade.client import (
+    ApprovalPending,
+    CallContext,
+    Output,
+    Stockade,
+    StockadeError,
+    StreamEvent,
+    ToolResult,
+)
 
 EXIT_TIMEOUT = 124
 EXIT_CLIENT_ERROR = 2
@@ -48,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("exec", parents=[client], help="run a command in a sandbox")
     run.add_argument("--timeout", type=float, help="seconds")
     run.add_argument("--workdir")
+    run.add_argument("--stdin", action="store_true", help="send this command's stdin to CMD")
+    run.add_argument("--no-stream", action="store_true", help="print the output at the end")
     run.add_argument("key")
     run.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]")
     call = sub.add_parser("call", parents=[client], help="call a tool; print the ToolResult")
@@ -176,17 +186,39 @@ def _exec(ns: argparse.Namespace) -> int:
         print("stockade exec: give a command after --", file=sys.stderr)
         return EXIT_CLIENT_ERROR
     command = argv[0] if len(argv) == 1 else shlex.join(argv)
+    args: dict[str, Any] = {"command": command}
+    args.update({k: v for k, v in (("timeout", ns.timeout), ("workdir", ns.workdir)) if v})
+    if ns.stdin:
+        args["stdin"] = sys.stdin.read()
     with _client(ns) as client:
-        args = {"command": command}
-        args.update({k: v for k, v in (("timeout", ns.timeout), ("workdir", ns.workdir)) if v})
-        result = client.call(ns.key, "exec", args, context=_context(ns))
-    sys.stdout.write(result.stdout)
+        if ns.no_stream:
+            result = client.call(ns.key, "exec", args, context=_context(ns))
+            sys.stdout.write(result.stdout)
+            sys.stderr.write(result.stderr)
+        else:
+            result = _follow(client.call_stream(ns.key, "exec", args, context=_context(ns)))
     sys.stdout.flush()
-    sys.stderr.write(result.stderr)
     if result.exit_code is None or result.error_code == "TIMEOUT":
         print(f"stockade: {result.error_code}: {result.error_message}", file=sys.stderr)
         return EXIT_TIMEOUT if result.error_code == "TIMEOUT" else 1
     return result.exit_code
+
+
+def _follow(events: Iterator[StreamEvent]) -> ToolResult:
+    """Print a streamed call's output as it comes; return its result."""
+    for event in events:
+        if isinstance(event, Output):
+            out = sys.stderr if event.stream == "stderr" else sys.stdout
+            out.write(event.text)
+            out.flush()
+        elif isinstance(event, ApprovalPending):
+            print(
+                f"stockade: waiting for approval {event.approval_id}: {event.reason}",
+                file=sys.stderr,
+            )
+        elif isinstance(event, ToolResult):
+            return event
+    raise StockadeError("the stream ended without a result")
 
 
 def _approvals(ns: argparse.Namespace) -> int:

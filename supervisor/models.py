@@ -77,3 +77,29 @@ class SandboxInfo:
     created_at: datetime | None
     last_used_at: datetime | None
     workspace_path: str
+
+
+@dataclass(frozen=True)
+class StartedEvent:
+    pid: int
+
+
+@dataclass(frozen=True)
+class OutputEvent:
+    stream: str
+    """"stdout" or "stderr"."""
+    text: str
+
+
+@dataclass(frozen=True)
+class ApprovalPendingEvent:
+    approval_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ResultEvent:
+    result: ToolResult
+
+
+ToolEvent = StartedEvent | OutputEvent | ApprovalPendingEvent | ResultEvent

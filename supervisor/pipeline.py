@@ -10,6 +10,7 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -19,8 +20,15 @@ from stockade.supervisor.catalog import Catalog, ToolSpec, render_command
 from stockade.supervisor.config import Config
 from stockade.supervisor.errors import SandboxLost
 from stockade.supervisor.keys import validate_key
-from stockade.supervisor.models import ErrorCode, ToolCall, ToolResult
-from stockade.supervisor.policy.approvals import ApprovalManager
+from stockade.supervisor.models import (
+    ApprovalPendingEvent,
+    ErrorCode,
+    ResultEvent,
+    ToolCall,
+    ToolEvent,
+    ToolResult,
+)
+from stockade.supervisor.policy.approvals import ApprovalManager, Pending
 from stockade.supervisor.policy.guard import Guard
 from stockade.supervisor.policy.limits import KeyLimiter, LimitExceeded
 from stockade.supervisor.policy.scrub import Scrubber
@@ -28,8 +36,10 @@ from stockade.supervisor.policy.tools import PolicyEngine
 from stockade.supervisor.render import cap_text, render
 from stockade.supervisor.sandboxes import SandboxManager
 from stockade.supervisor.schemas import ArgumentError, validate_arguments
+from stockade.supervisor.streaming import relay
 
 DEFAULT_CALL_TIMEOUT_S = 60.0
+STREAM_QUEUE = 64
 GUARD_INLINE_CHARS = 2048
 _GRACE_S = 10.0
 
@@ -59,6 +69,7 @@ class Trail:
     approver: str = ""
     ran_as: str = ""
     """The agent tool that produced the data (custom tools run as exec); picks the renderer."""
+    stream_redactions: int = 0
 
 
 class _Stop(Exception):
@@ -76,30 +87,61 @@ class ToolPipeline:
 
     async def call(self, call: ToolCall, caller: str = "") -> ToolResult:
         """Run one tool call. Raises only for a wrong request or a broken supervisor."""
+        return await self._execute(call, caller, None)
+
+    async def call_stream(self, call: ToolCall, caller: str = "") -> AsyncIterator[ToolEvent]:
+        """The same call, streamed: started, output and approval-pending events, then the
+        result. Closing the iterator cancels the call (its process group is killed)."""
+        validate_key(call.sandbox_key)
+        events: asyncio.Queue[ToolEvent] = asyncio.Queue(maxsize=STREAM_QUEUE)
+        task = asyncio.create_task(self._execute(call, caller, events))
+        try:
+            while True:
+                item = asyncio.ensure_future(events.get())
+                await asyncio.wait({item, task}, return_when=asyncio.FIRST_COMPLETED)
+                if not item.done():
+                    item.cancel()
+                    break
+                yield item.result()
+            while not events.empty():
+                yield events.get_nowait()
+            yield ResultEvent(task.result())
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def _execute(
+        self, call: ToolCall, caller: str, events: asyncio.Queue[ToolEvent] | None
+    ) -> ToolResult:
         started = time.monotonic()
         validate_key(call.sandbox_key)
         call = replace(call, request_id=call.request_id or uuid.uuid4().hex)
         trail = Trail(tool=call.tool)
         try:
-            result = await self._run(call, trail)
+            result = await self._run(call, trail, events)
         except _Stop as stop:
             result = stop.result
-        result = self._scrubbed(result, trail.ran_as)
+        result = self._scrubbed(result, trail.ran_as, trail.stream_redactions)
         elapsed = int((time.monotonic() - started) * 1000)
         result = replace(result, duration_ms=elapsed, request_id=call.request_id)
         self._audit(call, caller, trail, result)
         return result
 
-    async def _run(self, call: ToolCall, trail: Trail) -> ToolResult:
+    async def _run(
+        self, call: ToolCall, trail: Trail, events: asyncio.Queue[ToolEvent] | None
+    ) -> ToolResult:
         spec = self._resolve(call, trail)
         args = self._arguments(spec, call.arguments_json, trail)
         command = _command_of(spec, args)
         if command is not None:
-            await self._check_command(call, spec, command, trail)
+            await self._check_command(call, spec, command, trail, events)
         limiter = self._policy.limiter
         try:
             limiter.take(call.sandbox_key)
             async with limiter.slot(call.sandbox_key):
+                if events is not None and command is not None:
+                    return await self._invoke_streaming(call, spec, args, command, trail, events)
                 return await self._invoke(call, spec, args, command, trail)
         except LimitExceeded as exc:
             return failure(ErrorCode.RATE_LIMITED, str(exc))
@@ -127,7 +169,12 @@ class ToolPipeline:
         return args
 
     async def _check_command(
-        self, call: ToolCall, spec: ToolSpec, command: str, trail: Trail
+        self,
+        call: ToolCall,
+        spec: ToolSpec,
+        command: str,
+        trail: Trail,
+        events: asyncio.Queue[ToolEvent] | None = None,
     ) -> None:
         must_ask = None
         guard = self._policy.guard
@@ -150,12 +197,53 @@ class ToolPipeline:
             command=command,
             request_id=call.request_id,
             must_ask=must_ask,
+            on_pending=_announce(events),
         )
         trail.approval, trail.approver = outcome.how, outcome.approver
         if not outcome.allowed:
             why = {"timeout": "no decision in time", "no-approver": "no approver is connected"}
             reason = why.get(outcome.how, f"denied by {outcome.approver or 'an approver'}")
             raise _Stop(failure(ErrorCode.APPROVAL_DENIED, f"command not approved: {reason}"))
+
+    async def _invoke_streaming(
+        self,
+        call: ToolCall,
+        spec: ToolSpec,
+        args: dict[str, Any],
+        command: str,
+        trail: Trail,
+        events: asyncio.Queue[ToolEvent],
+    ) -> ToolResult:
+        tool, args, timeout = self._agent_call(call, spec, args, command, trail)
+        source = self._sandboxes.invoke_stream(
+            call.sandbox_key, tool, args, timeout, call.request_id
+        )
+        try:
+            reply, trail.stream_redactions = await relay(source, self._policy.scrubber, events)
+        except SandboxLost as exc:
+            return failure(ErrorCode.SANDBOX_LOST, str(exc))
+        except AgentCallFailed:
+            return failure(ErrorCode.TIMEOUT, f"{spec.name} did not finish within {timeout:.0f} s")
+        if reply is None:
+            return failure(
+                ErrorCode.EXECUTION_FAILED, "the sandbox ended the call without a result"
+            )
+        return self._result(tool, reply)
+
+    def _agent_call(
+        self,
+        call: ToolCall,
+        spec: ToolSpec,
+        args: dict[str, Any],
+        command: str | None,
+        trail: Trail,
+    ) -> tuple[str, dict[str, Any], float]:
+        """The agent tool, its arguments and the RPC deadline (custom tools run as exec)."""
+        tool = trail.ran_as = "exec" if spec.custom else spec.name
+        if spec.custom:
+            args = self._custom_exec_args(spec, command)
+        args, timeout = self._deadline(tool, args, call.timeout_ms)
+        return tool, args, timeout
 
     async def _invoke(
         self,
@@ -165,10 +253,7 @@ class ToolPipeline:
         command: str | None,
         trail: Trail,
     ) -> ToolResult:
-        tool = trail.ran_as = "exec" if spec.custom else spec.name
-        if spec.custom:
-            args = self._custom_exec_args(spec, command)
-        args, timeout = self._deadline(tool, args, call.timeout_ms)
+        tool, args, timeout = self._agent_call(call, spec, args, command, trail)
         try:
             reply = await self._sandboxes.invoke(
                 call.sandbox_key, tool, args, timeout, call.request_id
@@ -223,8 +308,9 @@ class ToolPipeline:
             ),
         )
 
-    def _scrubbed(self, result: ToolResult, ran_as: str) -> ToolResult:
-        """Scrub every field that leaves the host, then render and cap the text."""
+    def _scrubbed(self, result: ToolResult, ran_as: str, streamed: int = 0) -> ToolResult:
+        """Scrub every field that leaves the host, then render and cap the text. `streamed`:
+        redactions already made in streamed chunks of the same output (counted once)."""
         scrubber, count = self._policy.scrubber, 0
         data, message = result.data, result.error_message
         if scrubber is not None:
@@ -249,7 +335,7 @@ class ToolPipeline:
             error_message=message,
             data=data,
             truncated=result.truncated or cut_llm or cut_user,
-            redactions=count,
+            redactions=max(count, streamed),
         )
 
     def _audit(self, call: ToolCall, caller: str, trail: Trail, result: ToolResult) -> None:
@@ -287,6 +373,13 @@ class ToolPipeline:
         if self._policy.scrubber is not None:
             text, _ = self._policy.scrubber.scrub(text)
         return cap_text(text, limit)[0]
+
+
+def _announce(events: asyncio.Queue[ToolEvent] | None) -> Callable[[Pending], None] | None:
+    """For streamed calls: tell the caller that a human is being asked."""
+    if events is None:
+        return None
+    return lambda p: events.put_nowait(ApprovalPendingEvent(p.id, p.reason))
 
 
 def _command_of(spec: ToolSpec, args: dict[str, Any]) -> str | None:

@@ -75,11 +75,67 @@ def _search(d: dict[str, Any]) -> str:
     return "\n".join(lines) or "[no matches]"
 
 
+def _process_state(d: dict[str, Any]) -> str:
+    if d.get("state") != "exited":
+        return "running"
+    killed = f" by {d['signal']}" if d.get("signal") else ""
+    return f"exited{killed}, exit code {d.get('exit_code')}"
+
+
+def _process_list(d: dict[str, Any]) -> str:
+    lines = [
+        f"{p['id']}  {p.get('name') or '-'}  pid {p.get('pid')}  {_process_state(p)}  "
+        f"{_size(p.get('output_bytes', 0))} output  $ {p.get('command', '')}"
+        for p in d["processes"]
+    ]
+    return "\n".join(lines) or "[no processes]"
+
+
+def _process_log(d: dict[str, Any]) -> str:
+    parts = [str(d.get("data", ""))]
+    if d.get("dropped"):
+        parts.append(f"[{d['dropped']} bytes dropped: the log keeps only the latest output]")
+    if d.get("state") == "exited":
+        parts.append(f"[process {_process_state(d)}]")
+    parts.append(f"[next offset {d['next_offset']}]")
+    return "\n".join(p for p in parts if p)
+
+
+def _process(d: dict[str, Any]) -> str:
+    """One renderer for every action of the process tool, told apart by their fields."""
+    if "processes" in d:
+        return _process_list(d)
+    if "next_offset" in d:
+        return _process_log(d)
+    ident = d["id"]
+    if "started_at" in d:
+        named = f" '{d['name']}'" if d.get("name") else ""
+        return f"Started process {ident}{named} (pid {d.get('pid')}): {d.get('command', '')}"
+    if "written" in d:
+        closed = "; stdin closed" if d.get("eof") else ""
+        return f"Wrote {d['written']} bytes to the stdin of {ident}{closed}"
+    if d.get("removed"):
+        return f"Removed process {ident}"
+    if "output_bytes" in d:
+        return f"Process {ident}: {_process_state(d)}, {_size(d['output_bytes'])} output"
+    return f"Sent {d.get('signal')} to process {ident}: now {_process_state(d)}"
+
+
+def _patch(d: dict[str, Any]) -> str:
+    lines = [f"{tag} {path}" for key, tag in _PATCH_TAGS for path in d.get(key, [])]
+    lines += [f"R {m['from']} -> {m['to']}" for m in d.get("moved", [])]
+    return "\n".join(lines) or "[no changes]"
+
+
+_PATCH_TAGS = (("added", "A"), ("updated", "M"), ("deleted", "D"))
+
 _RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "exec": _exec,
+    "process": _process,
     "read_file": lambda d: str(d.get("content", "")),
     "write_file": lambda d: f"Wrote {d.get('bytes_written', 0)} bytes to {d.get('path', '')}",
     "edit_file": lambda d: f"Edited {d.get('path', '')}",
+    "apply_patch": _patch,
     "list_files": _list,
     "glob": lambda d: "\n".join(d.get("matches", [])) or "[no matches]",
     "search": _search,

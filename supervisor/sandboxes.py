@@ -8,13 +8,19 @@ import asyncio
 import os
 import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
-from stockade.supervisor.agent_client import AgentCallFailed, AgentConnection, AgentReply
+from stockade.supervisor.agent_client import (
+    AgentCallFailed,
+    AgentConnection,
+    AgentOutput,
+    AgentReply,
+    AgentStarted,
+)
 from stockade.supervisor.backends.base import (
     LABEL_INSTANCE,
     LABEL_KEY,
@@ -112,6 +118,19 @@ class SandboxManager:
         sandbox.last_used_at = datetime.now(UTC)
         try:
             return await sandbox.agent.invoke(tool, arguments, timeout, request_id)
+        except AgentCallFailed as exc:
+            if exc.code.name == "DEADLINE_EXCEEDED":
+                raise
+            await self._diagnose(sandbox, exc)
+
+    async def invoke_stream(
+        self, key: str, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
+    ) -> AsyncIterator[AgentStarted | AgentOutput | AgentReply]:
+        sandbox = await self.ensure(key)
+        sandbox.last_used_at = datetime.now(UTC)
+        try:
+            async for event in sandbox.agent.invoke_stream(tool, arguments, timeout, request_id):
+                yield event
         except AgentCallFailed as exc:
             if exc.code.name == "DEADLINE_EXCEEDED":
                 raise

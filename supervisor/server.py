@@ -22,7 +22,16 @@ from stockade.supervisor import errors, schemas
 from stockade.supervisor.audit import AuditLog, AuditQuery, AuditRecord
 from stockade.supervisor.catalog import ToolSpec
 from stockade.supervisor.config import Config
-from stockade.supervisor.models import CallContext, SandboxInfo, ToolCall, ToolResult
+from stockade.supervisor.models import (
+    ApprovalPendingEvent,
+    CallContext,
+    OutputEvent,
+    SandboxInfo,
+    StartedEvent,
+    ToolCall,
+    ToolEvent,
+    ToolResult,
+)
 from stockade.supervisor.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.policy.approvals import ApprovalManager, Closed, Pending
 from stockade.supervisor.render import wire_json, wire_text
@@ -83,6 +92,27 @@ def mapped(handler: Handler[R]) -> Handler[R]:
             context.set_trailing_metadata(((REASON_KEY, "INTERNAL"),))
             await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the supervisor log")
         raise AssertionError("unreachable")
+
+    return wrapper
+
+
+def mapped_stream(
+    handler: Callable[[Any, Any, Any], AsyncIterator[Any]],
+) -> Callable[[Any, Any, Any], AsyncIterator[Any]]:
+    """mapped() for server-streaming handlers."""
+
+    @functools.wraps(handler)
+    async def wrapper(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
+        try:
+            async for item in handler(self, request, context):
+                yield item
+        except errors.StockadeError as exc:
+            context.set_trailing_metadata(((REASON_KEY, exc.reason),))
+            await context.abort(status_for(exc), str(exc))
+        except Exception:
+            log.exception("internal error in %s", handler.__name__)
+            context.set_trailing_metadata(((REASON_KEY, "INTERNAL"),))
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the supervisor log")
 
     return wrapper
 
@@ -201,15 +231,40 @@ class ToolServicer(tool_pb2_grpc.ToolServiceServicer):
 
     @mapped
     async def CallTool(self, request: Any, context: Any) -> Any:
-        call = ToolCall(
-            sandbox_key=request.sandbox_key,
-            tool=request.tool,
-            arguments_json=request.arguments_json,
-            context=context_from_pb(request.context),
-            timeout_ms=request.timeout_ms,
-            request_id=request.request_id,
-        )
-        return result_to_pb(await self._pipeline.call(call, caller=context.peer()))
+        result = await self._pipeline.call(call_from_pb(request), caller=context.peer())
+        return result_to_pb(result)
+
+    @mapped_stream
+    async def CallToolStream(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        stream = self._pipeline.call_stream(call_from_pb(request), caller=context.peer())
+        async for event in stream:
+            yield tool_event_to_pb(event)
+
+
+def call_from_pb(request: Any) -> ToolCall:
+    return ToolCall(
+        sandbox_key=request.sandbox_key,
+        tool=request.tool,
+        arguments_json=request.arguments_json,
+        context=context_from_pb(request.context),
+        timeout_ms=request.timeout_ms,
+        request_id=request.request_id,
+    )
+
+
+_STREAMS = {"stdout": tool_pb2.OUTPUT_STREAM_STDOUT, "stderr": tool_pb2.OUTPUT_STREAM_STDERR}
+
+
+def tool_event_to_pb(event: ToolEvent) -> Any:
+    if isinstance(event, StartedEvent):
+        return tool_pb2.ToolEvent(started=tool_pb2.ToolStarted(pid=event.pid))
+    if isinstance(event, OutputEvent):
+        chunk = tool_pb2.OutputChunk(stream=_STREAMS[event.stream], text=wire_text(event.text))
+        return tool_pb2.ToolEvent(output=chunk)
+    if isinstance(event, ApprovalPendingEvent):
+        pending = tool_pb2.ApprovalPending(approval_id=event.approval_id, reason=event.reason)
+        return tool_pb2.ToolEvent(approval_pending=pending)
+    return tool_pb2.ToolEvent(result=result_to_pb(event.result))
 
 
 _DECISIONS = {

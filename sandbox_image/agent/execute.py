@@ -36,16 +36,59 @@ REAP_TIMEOUT: Final = 5.0
 _KILL_PAUSE: Final = 0.01
 
 
+class StreamSink:
+    """Hands the command's pid and output chunks to a consumer as they come; when the
+    consumer lags `high` chunks behind, reading from the pipes pauses (so memory stays
+    bounded and the command blocks on its own writes)."""
+
+    def __init__(self, high: int = 64) -> None:
+        self.queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+        self._high = high
+        self._pipes: list[asyncio.ReadTransport] = []
+        self._paused = False
+
+    def attach(self, transport: asyncio.SubprocessTransport) -> None:
+        pipes = (transport.get_pipe_transport(fd) for fd in (1, 2))
+        self._pipes = [p for p in pipes if isinstance(p, asyncio.ReadTransport)]
+        self.queue.put_nowait((0, str(transport.get_pid()).encode()))
+
+    def put(self, fd: int, data: bytes) -> None:
+        self.queue.put_nowait((fd, data))
+        if self.queue.qsize() >= self._high and not self._paused:
+            self._set_paused(True)
+
+    async def get(self) -> tuple[int, bytes]:
+        """(0, pid) once, then (fd, chunk) for fd 1 and 2."""
+        item = await self.queue.get()
+        if self._paused and self.queue.qsize() < self._high // 2:
+            self._set_paused(False)
+        return item
+
+    def _set_paused(self, paused: bool) -> None:
+        self._paused = paused
+        for pipe in self._pipes:
+            with contextlib.suppress(RuntimeError, AttributeError):
+                pipe.pause_reading() if paused else pipe.resume_reading()
+
+
 async def exec_command(
-    root: Path, args: dict[str, Any], *, max_output_bytes: int = 10 * 1024 * 1024
+    root: Path,
+    args: dict[str, Any],
+    *,
+    max_output_bytes: int = 10 * 1024 * 1024,
+    sink: StreamSink | None = None,
 ) -> dict[str, Any]:
-    """Run `command` with /bin/sh in `workdir` (default: the workspace root)."""
-    expect_only(args, ("command", "timeout", "workdir", "env"))
+    """Run `command` with /bin/sh in `workdir` (default: the workspace root); with a sink,
+    stream the output to it as well."""
+    expect_only(args, ("command", "timeout", "workdir", "env", "stdin"))
     command, timeout, env = _command(args), _timeout(args), _env(args)
+    stdin = _stdin(args)
     workdir = opt_str(args, "workdir", ".")
     cwd = await asyncio.to_thread(paths.resolve, root, workdir, kind="dir", arg="workdir")
     started, oom_before = time.monotonic(), _oom_kills()
-    transport, output = await _spawn(command, cwd, {**os.environ, **env}, max_output_bytes)
+    transport, output = await _spawn(
+        command, cwd, {**os.environ, **env}, max_output_bytes, sink, stdin
+    )
     try:
         timed_out = not await _within(output.exited, timeout)
         if not timed_out:
@@ -80,15 +123,19 @@ class _Capture:
 class _Output(asyncio.SubprocessProtocol):
     """Collects both pipes and signals exit and end-of-output."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, sink: StreamSink | None = None) -> None:
         loop = asyncio.get_running_loop()
+        self.sink = sink
         self.streams = {1: _Capture(limit), 2: _Capture(limit)}
         self.exited: asyncio.Future[None] = loop.create_future()
         self.eof: asyncio.Future[None] = loop.create_future()
         self._open = {1, 2}
 
     def pipe_data_received(self, fd: int, data: bytes | bytearray) -> None:
-        self.streams[fd].add(bytes(data))
+        chunk = bytes(data)
+        self.streams[fd].add(chunk)
+        if self.sink is not None:
+            self.sink.put(fd, chunk)
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
         self._open.discard(fd)
@@ -134,6 +181,19 @@ def _timeout(args: Args) -> float:
     return min(float(timeout), MAX_TIMEOUT)
 
 
+MAX_STDIN: Final = 16 * 1024 * 1024
+
+
+def _stdin(args: Args) -> bytes | None:
+    text = opt_str(args, "stdin", None)
+    if text is None:
+        return None
+    data = text.encode("utf-8", "surrogateescape")
+    if len(data) > MAX_STDIN:
+        raise ToolError("INVALID_ARGS", f"argument 'stdin' is over {MAX_STDIN} bytes")
+    return data
+
+
 def _env(args: Args) -> dict[str, str]:
     env = opt_str_map(args, "env")
     for name, value in env.items():
@@ -145,16 +205,21 @@ def _env(args: Args) -> dict[str, str]:
 
 
 async def _spawn(
-    command: str, cwd: Path, env: dict[str, str], limit: int
+    command: str,
+    cwd: Path,
+    env: dict[str, str],
+    limit: int,
+    sink: StreamSink | None = None,
+    stdin: bytes | None = None,
 ) -> tuple[asyncio.SubprocessTransport, _Output]:
     loop = asyncio.get_running_loop()
     try:
         transport, output = await loop.subprocess_exec(
-            lambda: _Output(limit),
+            lambda: _Output(limit, sink),
             "/bin/sh",
             "-c",
             command,
-            stdin=DEVNULL,
+            stdin=DEVNULL if stdin is None else PIPE,
             stdout=PIPE,
             stderr=PIPE,
             cwd=cwd,
@@ -166,7 +231,20 @@ async def _spawn(
             "EXECUTION_FAILED", f"could not start the command: {_reason(exc)}"
         ) from None
     _raise_oom_score(transport.get_pid())
+    if sink is not None:
+        sink.attach(transport)
+    if stdin is not None:
+        _feed(transport, stdin)
     return transport, output
+
+
+def _feed(transport: asyncio.SubprocessTransport, data: bytes) -> None:
+    """Write all of stdin (the transport buffers it) and close it: one-shot input."""
+    pipe = transport.get_pipe_transport(0)
+    if isinstance(pipe, asyncio.WriteTransport):
+        with contextlib.suppress(OSError, RuntimeError):
+            pipe.write(data)
+            pipe.write_eof()
 
 
 def _reason(exc: Exception) -> str:

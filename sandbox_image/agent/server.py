@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ import grpc
 
 from stockade.agent import PROTOCOL_VERSION, __version__, tools
 from stockade.agent.errors import ToolError
+from stockade.agent.execute import StreamSink
+from stockade.agent.processes import ProcessTable
 from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger("stockade.agent")
@@ -31,9 +34,12 @@ _CODES = {
 
 
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, workspace: Path, max_output_bytes: int) -> None:
+    def __init__(
+        self, workspace: Path, max_output_bytes: int, processes: ProcessTable | None = None
+    ) -> None:
         self._workspace = workspace
         self._max_output_bytes = max_output_bytes
+        self._processes = processes
 
     async def Hello(self, request: Any, context: Any) -> Any:
         return agent_pb2.HelloResponse(
@@ -45,13 +51,43 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         )
 
     async def Invoke(self, request: Any, context: Any) -> Any:
+        return await self._respond(request, None)
+
+    async def InvokeStream(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        """Started and output events while the tool runs, then its result. When the caller
+        goes away this generator is closed and the tool's task cancelled (exec then kills
+        its process group)."""
+        sink = StreamSink()
+        task = asyncio.create_task(self._respond(request, sink))
+        try:
+            while True:
+                item = asyncio.ensure_future(sink.get())
+                await asyncio.wait({item, task}, return_when=asyncio.FIRST_COMPLETED)
+                if not item.done():
+                    item.cancel()
+                    break
+                yield _event(*item.result())
+            while not sink.queue.empty():
+                yield _event(*sink.queue.get_nowait())
+            yield agent_pb2.InvokeEvent(result=task.result())
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def _respond(self, request: Any, sink: StreamSink | None) -> Any:
         try:
             args = json.loads(request.arguments_json or "{}")
         except ValueError as exc:
             return _error("INVALID_ARGS", f"arguments are not valid JSON: {exc}")
         try:
             result = await tools.run(
-                request.tool, args, root=self._workspace, max_output_bytes=self._max_output_bytes
+                request.tool,
+                args,
+                root=self._workspace,
+                max_output_bytes=self._max_output_bytes,
+                sink=sink,
+                processes=self._processes,
             )
         except ToolError as exc:
             return _error(exc.code, exc.message)
@@ -64,6 +100,12 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         # ASCII-escaped: file names that are not UTF-8 carry lone surrogates, which protobuf
         # strings cannot hold; escaped, they reach the supervisor intact.
         return agent_pb2.InvokeResponse(result_json=json.dumps(result))
+
+
+def _event(fd: int, data: bytes) -> Any:
+    if fd == 0:
+        return agent_pb2.InvokeEvent(started=agent_pb2.Started(pid=int(data)))
+    return agent_pb2.InvokeEvent(output=agent_pb2.Output(fd=fd, data=data))
 
 
 def _error(code: str, message: str) -> Any:
@@ -81,8 +123,15 @@ def _use_pidfd_child_watcher() -> None:
         asyncio.set_child_watcher(watcher)
 
 
-async def serve(socket_path: Path, workspace: Path, *, max_output_bytes: int) -> None:
-    """Serve until SIGTERM or SIGINT."""
+async def serve(
+    socket_path: Path,
+    workspace: Path,
+    *,
+    max_output_bytes: int,
+    max_processes: int = 5,
+    process_log_bytes: int = 1 << 20,
+) -> None:
+    """Serve until SIGTERM or SIGINT; then kill the background processes."""
     logging.basicConfig(level=logging.INFO, format="agent %(levelname)s %(message)s")
     _use_pidfd_child_watcher()
     socket_path.unlink(missing_ok=True)
@@ -92,8 +141,9 @@ async def serve(socket_path: Path, workspace: Path, *, max_output_bytes: int) ->
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ]
     )
+    processes = ProcessTable(workspace, max_running=max_processes, log_bytes=process_log_bytes)
     agent_pb2_grpc.add_AgentServiceServicer_to_server(
-        AgentService(workspace, max_output_bytes), server
+        AgentService(workspace, max_output_bytes, processes), server
     )
     server.add_insecure_port(f"unix:{socket_path}")
     await server.start()
@@ -104,3 +154,4 @@ async def serve(socket_path: Path, workspace: Path, *, max_output_bytes: int) ->
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await server.stop(grace=2)
+    await processes.close()

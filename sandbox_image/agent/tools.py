@@ -6,10 +6,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
-from . import files
+from . import files, patch
 from .argcheck import json_type
 from .errors import ToolError
-from .execute import exec_command
+from .execute import StreamSink, exec_command
+from .processes import ProcessTable
 
 Handler = Callable[[Path, dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -18,14 +19,29 @@ TOOLS: Final[dict[str, Handler]] = {
     "read_file": files.read_file,
     "write_file": files.write_file,
     "edit_file": files.edit_file,
+    "apply_patch": patch.apply_patch,
     "list_files": files.list_files,
     "glob": files.glob,
     "search": files.search,
+    "process": lambda root, args: _no_table(),
 }
 
 
-async def run(name: str, args: object, *, root: Path, max_output_bytes: int) -> dict[str, Any]:
-    """Run tool `name` with `args` (a decoded JSON object) in workspace `root`.
+async def _no_table() -> dict[str, Any]:
+    raise ToolError("EXECUTION_FAILED", "this agent keeps no process table")
+
+
+async def run(
+    name: str,
+    args: object,
+    *,
+    root: Path,
+    max_output_bytes: int,
+    sink: StreamSink | None = None,
+    processes: ProcessTable | None = None,
+) -> dict[str, Any]:
+    """Run tool `name` with `args` (a decoded JSON object) in workspace `root`;
+    `processes` is the agent's table of background processes (the process tool).
 
     Raises ToolError: UNKNOWN_TOOL, INVALID_ARGS when `args` is not an object,
     or whatever the tool raises.
@@ -36,5 +52,7 @@ async def run(name: str, args: object, *, root: Path, max_output_bytes: int) -> 
     if not isinstance(args, dict):
         raise ToolError("INVALID_ARGS", f"arguments must be an object, got {json_type(args)}")
     if handler is exec_command:
-        return await exec_command(root, args, max_output_bytes=max_output_bytes)
+        return await exec_command(root, args, max_output_bytes=max_output_bytes, sink=sink)
+    if name == "process" and processes is not None:
+        return await processes.handle(args)
     return await handler(root, args)

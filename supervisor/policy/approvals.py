@@ -14,7 +14,7 @@ import fnmatch
 import secrets
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -123,6 +123,7 @@ class ApprovalManager:
         command: str,
         request_id: str,
         must_ask: str | None = None,
+        on_pending: Callable[[Pending], None] | None = None,
     ) -> Outcome:
         """Decide whether the command may run, asking an approver when policy says so
         (or when `must_ask` gives a reason, e.g. the guard could not parse the command)."""
@@ -144,6 +145,8 @@ class ApprovalManager:
             expires_at=now + timedelta(seconds=self._config.timeout_s),
             request_id=request_id,
         )
+        if on_pending is not None:
+            on_pending(request)
         return await self._wait(_Waiting(request))
 
     async def _wait(self, waiting: _Waiting) -> Outcome:

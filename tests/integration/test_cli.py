@@ -55,7 +55,8 @@ def test_ls_rm_and_tools(supervisor: Supervisor, key: str) -> None:
     assert removed.stdout.strip() == f"{key}: container removed; workspace kept"
     tools = cli(supervisor, "tools")
     assert [line.split()[0] for line in tools.stdout.splitlines()] == [
-        "exec", "read_file", "write_file", "edit_file", "list_files", "glob", "search",
+        "exec", "process", "read_file", "write_file", "edit_file", "apply_patch", "list_files",
+        "glob", "search",
     ]  # fmt: skip
 
 

@@ -184,14 +184,17 @@ def test_list_tools(client: Stockade) -> None:
     tools = {t.name: t for t in client.list_tools()}
     assert set(tools) == {
         "exec",
+        "process",
         "read_file",
         "write_file",
         "edit_file",
+        "apply_patch",
         "list_files",
         "glob",
         "search",
     }
     assert tools["exec"].group == "runtime"
+    assert tools["process"].group == "runtime"
     assert tools["read_file"].group == "fs"
     assert tools["exec"].parameters["required"] == ["command"]
     assert json.dumps(tools["search"].parameters)

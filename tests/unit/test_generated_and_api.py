@@ -33,6 +33,7 @@ def test_generated_code_is_fresh(tmp_path: Path) -> None:
 def test_public_client_api() -> None:
     assert sorted(stockade.client.__all__) == [
         "ApprovalClosed",
+        "ApprovalPending",
         "ApprovalRequest",
         "Approvals",
         "AsyncSandbox",
@@ -42,11 +43,14 @@ def test_public_client_api() -> None:
         "DeadlineExceeded",
         "InvalidArgument",
         "NotFound",
+        "Output",
         "ResourceExhausted",
         "Sandbox",
         "SandboxInfo",
+        "Started",
         "Stockade",
         "StockadeError",
+        "StreamEvent",
         "ToolError",
         "ToolResult",
         "ToolSpec",

@@ -14,8 +14,20 @@ from stockade.supervisor.errors import ConfigError
 from stockade.supervisor.models import CallContext
 from stockade.supervisor.policy.tools import PolicyEngine
 
-ALL = {"exec", "read_file", "write_file", "edit_file", "list_files", "glob", "search"}
-FS = ALL - {"exec"}
+ALL = {
+    "exec",
+    "process",
+    "read_file",
+    "write_file",
+    "edit_file",
+    "apply_patch",
+    "list_files",
+    "glob",
+    "search",
+}
+RUNTIME = {"exec", "process"}
+FS = ALL - RUNTIME
+NO_EXEC = ALL - {"exec"}
 
 
 def engine(toml: str) -> PolicyEngine:
@@ -79,7 +91,7 @@ CASES = [
         "7 wildcard group",
         '[groups."*".tools]\ndeny = ["exec"]',
         {"peer_kind": "group", "chat_id": "any"},
-        FS,
+        NO_EXEC,
     ),
     (
         "7 group policy not for direct chats",
@@ -93,24 +105,30 @@ CASES = [
         {"agent_id": "a"},
         {"glob"},
     ),
-    ("global deny", '[tools]\ndeny = ["exec"]', {}, FS),
+    ("global deny", '[tools]\ndeny = ["exec"]', {}, NO_EXEC),
     ("deny beats allow", '[tools]\nallow = ["exec"]\ndeny = ["exec_shell"]', {}, set()),
-    ("deny group", '[tools]\ndeny = ["group:fs"]', {}, {"exec"}),
+    ("deny group", '[tools]\ndeny = ["group:fs"]', {}, RUNTIME),
+    ("deny runtime group", '[tools]\ndeny = ["group:runtime"]', {}, FS),
     (
         "agent deny",
         '[agents.a.tools]\ndeny = ["write", "edit"]',
         {"agent_id": "a"},
         ALL - {"write_file", "edit_file"},
     ),
-    ("also_allow adds back", '[tools]\nallow = ["group:fs"]\nalso_allow = ["exec"]', {}, ALL),
-    ("also_allow never over deny", '[tools]\ndeny = ["exec"]\nalso_allow = ["exec"]', {}, FS),
+    (
+        "also_allow adds back",
+        '[tools]\nallow = ["group:fs"]\nalso_allow = ["exec"]',
+        {},
+        ALL - {"process"},
+    ),
+    ("also_allow never over deny", '[tools]\ndeny = ["exec"]\nalso_allow = ["exec"]', {}, NO_EXEC),
     (
         "agent also_allow",
         '[tools]\nprofile = "minimal"\n[agents.a.tools]\nalso_allow = ["read_file"]',
         {"agent_id": "a"},
         {"read_file"},
     ),
-    ("subagent deny", '[subagents]\ndeny = ["exec"]', {"subagent_depth": 1}, FS),
+    ("subagent deny", '[subagents]\ndeny = ["exec"]', {"subagent_depth": 1}, NO_EXEC),
     ("subagent deny not at depth 0", '[subagents]\ndeny = ["exec"]', {"subagent_depth": 0}, ALL),
     (
         "leaf deny at max depth",

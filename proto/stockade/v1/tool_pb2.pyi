@@ -29,6 +29,12 @@ class SchemaFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCHEMA_FORMAT_OPENAI: _ClassVar[SchemaFormat]
     SCHEMA_FORMAT_ANTHROPIC: _ClassVar[SchemaFormat]
     SCHEMA_FORMAT_GEMINI: _ClassVar[SchemaFormat]
+
+class OutputStream(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTPUT_STREAM_UNSPECIFIED: _ClassVar[OutputStream]
+    OUTPUT_STREAM_STDOUT: _ClassVar[OutputStream]
+    OUTPUT_STREAM_STDERR: _ClassVar[OutputStream]
 TOOL_ERROR_CODE_UNSPECIFIED: ToolErrorCode
 TOOL_ERROR_CODE_NOT_FOUND: ToolErrorCode
 TOOL_ERROR_CODE_INVALID_ARGS: ToolErrorCode
@@ -45,6 +51,9 @@ SCHEMA_FORMAT_JSON_SCHEMA: SchemaFormat
 SCHEMA_FORMAT_OPENAI: SchemaFormat
 SCHEMA_FORMAT_ANTHROPIC: SchemaFormat
 SCHEMA_FORMAT_GEMINI: SchemaFormat
+OUTPUT_STREAM_UNSPECIFIED: OutputStream
+OUTPUT_STREAM_STDOUT: OutputStream
+OUTPUT_STREAM_STDERR: OutputStream
 
 class CallContext(_message.Message):
     __slots__ = ("agent_id", "provider", "channel", "chat_id", "peer_kind", "subagent_depth")
@@ -133,3 +142,37 @@ class ListToolsResponse(_message.Message):
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     tools: _containers.RepeatedCompositeFieldContainer[ToolSpec]
     def __init__(self, tools: _Optional[_Iterable[_Union[ToolSpec, _Mapping]]] = ...) -> None: ...
+
+class ToolStarted(_message.Message):
+    __slots__ = ("pid",)
+    PID_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    def __init__(self, pid: _Optional[int] = ...) -> None: ...
+
+class OutputChunk(_message.Message):
+    __slots__ = ("stream", "text")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    stream: OutputStream
+    text: str
+    def __init__(self, stream: _Optional[_Union[OutputStream, str]] = ..., text: _Optional[str] = ...) -> None: ...
+
+class ApprovalPending(_message.Message):
+    __slots__ = ("approval_id", "reason")
+    APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    approval_id: str
+    reason: str
+    def __init__(self, approval_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ToolEvent(_message.Message):
+    __slots__ = ("started", "output", "approval_pending", "result")
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_PENDING_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    started: ToolStarted
+    output: OutputChunk
+    approval_pending: ApprovalPending
+    result: ToolResult
+    def __init__(self, started: _Optional[_Union[ToolStarted, _Mapping]] = ..., output: _Optional[_Union[OutputChunk, _Mapping]] = ..., approval_pending: _Optional[_Union[ApprovalPending, _Mapping]] = ..., result: _Optional[_Union[ToolResult, _Mapping]] = ...) -> None: ...

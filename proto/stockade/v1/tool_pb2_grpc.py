@@ -45,6 +45,11 @@ class ToolServiceStub:
                 request_serializer=stockade_dot_v1_dot_tool__pb2.CallToolRequest.SerializeToString,
                 response_deserializer=stockade_dot_v1_dot_tool__pb2.ToolResult.FromString,
                 _registered_method=True)
+        self.CallToolStream = channel.unary_stream(
+                '/stockade.v1.ToolService/CallToolStream',
+                request_serializer=stockade_dot_v1_dot_tool__pb2.CallToolRequest.SerializeToString,
+                response_deserializer=stockade_dot_v1_dot_tool__pb2.ToolEvent.FromString,
+                _registered_method=True)
 
 
 class ToolServiceServicer:
@@ -62,6 +67,15 @@ class ToolServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CallToolStream(self, request, context):
+        """The same call, streamed: started, output chunks as they are produced (scrubbed), an
+        approval_pending while a human decides, and the final result last. Tools that do not
+        stream send only the result. Cancelling the stream kills the command's process group.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -74,6 +88,11 @@ def add_ToolServiceServicer_to_server(servicer, server):
                     servicer.CallTool,
                     request_deserializer=stockade_dot_v1_dot_tool__pb2.CallToolRequest.FromString,
                     response_serializer=stockade_dot_v1_dot_tool__pb2.ToolResult.SerializeToString,
+            ),
+            'CallToolStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.CallToolStream,
+                    request_deserializer=stockade_dot_v1_dot_tool__pb2.CallToolRequest.FromString,
+                    response_serializer=stockade_dot_v1_dot_tool__pb2.ToolEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -130,6 +149,33 @@ class ToolService:
             '/stockade.v1.ToolService/CallTool',
             stockade_dot_v1_dot_tool__pb2.CallToolRequest.SerializeToString,
             stockade_dot_v1_dot_tool__pb2.ToolResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CallToolStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/stockade.v1.ToolService/CallToolStream',
+            stockade_dot_v1_dot_tool__pb2.CallToolRequest.SerializeToString,
+            stockade_dot_v1_dot_tool__pb2.ToolEvent.FromString,
             options,
             channel_credentials,
             insecure,

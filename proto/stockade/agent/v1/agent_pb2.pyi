@@ -2,6 +2,7 @@
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -64,3 +65,27 @@ class InvokeResponse(_message.Message):
     error_message: str
     result_json: str
     def __init__(self, error_code: _Optional[_Union[AgentErrorCode, str]] = ..., error_message: _Optional[str] = ..., result_json: _Optional[str] = ...) -> None: ...
+
+class Started(_message.Message):
+    __slots__ = ("pid",)
+    PID_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    def __init__(self, pid: _Optional[int] = ...) -> None: ...
+
+class Output(_message.Message):
+    __slots__ = ("fd", "data")
+    FD_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    fd: int
+    data: bytes
+    def __init__(self, fd: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class InvokeEvent(_message.Message):
+    __slots__ = ("started", "output", "result")
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    started: Started
+    output: Output
+    result: InvokeResponse
+    def __init__(self, started: _Optional[_Union[Started, _Mapping]] = ..., output: _Optional[_Union[Output, _Mapping]] = ..., result: _Optional[_Union[InvokeResponse, _Mapping]] = ...) -> None: ...

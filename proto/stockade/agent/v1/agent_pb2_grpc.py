@@ -45,6 +45,11 @@ class AgentServiceStub:
                 request_serializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeRequest.SerializeToString,
                 response_deserializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeResponse.FromString,
                 _registered_method=True)
+        self.InvokeStream = channel.unary_stream(
+                '/stockade.agent.v1.AgentService/InvokeStream',
+                request_serializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeRequest.SerializeToString,
+                response_deserializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeEvent.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -63,6 +68,14 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InvokeStream(self, request, context):
+        """Same, streaming: Started (commands), Output chunks as produced, then the result.
+        Cancelling the call kills what it started.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +88,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.Invoke,
                     request_deserializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeRequest.FromString,
                     response_serializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeResponse.SerializeToString,
+            ),
+            'InvokeStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.InvokeStream,
+                    request_deserializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeRequest.FromString,
+                    response_serializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -131,6 +149,33 @@ class AgentService:
             '/stockade.agent.v1.AgentService/Invoke',
             stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeRequest.SerializeToString,
             stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InvokeStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/stockade.agent.v1.AgentService/InvokeStream',
+            stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeRequest.SerializeToString,
+            stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeEvent.FromString,
             options,
             channel_credentials,
             insecure,

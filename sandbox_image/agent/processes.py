@@ -1,0 +1,490 @@
+"""The process tool: background processes that outlive the call that started them.
+
+    ProcessTable    one per agent: `handle(args)` is the tool, `follow` streams a log
+    ├── _Process    one started command: its transport, its state, its output log
+    └── _Ring       the last `log_bytes` of that output, addressed by absolute offset
+
+Life of one process:
+1. `start` runs `/bin/sh -c COMMAND` in a new session (its process group is its own, so
+   no exec call's group kill reaches it), stdin a pipe kept open, stdout and stderr into
+   one pipe and one log, its OOM score raised as for exec;
+2. `write` feeds stdin through the transport's buffer, never blocking the agent; at most
+   MAX_PENDING_STDIN bytes may wait unread; `kill` signals the whole group;
+3. when the shell exits, the pipe gets EOF_GRACE to drain, then what is left of its group
+   is SIGKILLed and the shell reaped: an exited process has nothing left running;
+4. the entry and its log stay until `remove`; past `max_exited` exited entries the
+   oldest go. Processes end with the agent (`close`) or the container, never with a call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+from asyncio.subprocess import PIPE, STDOUT
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final, cast
+
+from . import paths
+from .argcheck import Args, expect_only, opt_bool, opt_int, opt_str, req_str
+from .errors import ToolError
+from .execute import (
+    EOF_GRACE,
+    REAP_TIMEOUT,
+    _command,
+    _env,
+    _kill_group,
+    _raise_oom_score,
+    _reason,
+    _signal_name,
+    _within,
+)
+
+MAX_EXITED: Final = 50
+DEFAULT_LOG_LIMIT: Final = 64 * 1024
+MAX_LOG_LIMIT: Final = 1 << 20
+MAX_PENDING_STDIN: Final = 1 << 20
+MAX_NAME: Final = 64
+KILL_WAIT: Final = 1.0
+"""How long `kill` waits for the process to exit before it answers."""
+FOLLOW_CHUNK: Final = 64 * 1024
+SIGNALS: Final = {
+    name: signal.Signals[f"SIG{name}"]
+    for name in ("TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2")
+}
+_ID: Final = re.compile(r"p[0-9]+")
+_ACTION_ARGS: Final[dict[str, tuple[str, ...]]] = {
+    "start": ("command", "workdir", "env", "name"),
+    "list": (),
+    "poll": ("id",),
+    "log": ("id", "offset", "limit"),
+    "write": ("id", "data", "eof"),
+    "kill": ("id", "signal"),
+    "remove": ("id",),
+}
+
+
+class _Ring:
+    """The last `size` bytes of a stream; offsets count every byte since the start."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.start = 0
+        """Offset of the oldest byte kept."""
+        self._data = bytearray()
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self._data)
+
+    def add(self, chunk: bytes) -> None:
+        self._data += chunk
+        excess = len(self._data) - self.size
+        if excess > 0:
+            del self._data[:excess]
+            self.start += excess
+
+    def read(self, offset: int, limit: int) -> tuple[int, bytes]:
+        """At most `limit` bytes from `offset`, or from the oldest byte kept if that is later."""
+        begin = max(offset, self.start)
+        at = begin - self.start
+        return begin, bytes(self._data[at : at + limit])
+
+
+class _Process(asyncio.SubprocessProtocol):
+    """One started command, as the protocol of its subprocess transport."""
+
+    def __init__(self, ident: str, name: str | None, command: str, log_bytes: int) -> None:
+        loop = asyncio.get_running_loop()
+        self.id, self.name, self.command = ident, name, command
+        self.log = _Ring(log_bytes)
+        self.started_at = _now()
+        self.ended_at: str | None = None
+        self.transport: asyncio.SubprocessTransport | None = None
+        self.exited: asyncio.Future[None] = loop.create_future()
+        self.eof: asyncio.Future[None] = loop.create_future()
+        self.finished: asyncio.Future[None] = loop.create_future()
+        """Exited, drained, group killed, transport closed: nothing more will come."""
+        self.removed = False
+        self.wake = asyncio.Event()
+        """Set (and replaced) whenever output arrives or the state changes."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.SubprocessTransport, transport)
+
+    def pipe_data_received(self, fd: int, data: bytes | bytearray) -> None:
+        self.log.add(bytes(data))
+        self.changed()
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if fd == 1 and not self.eof.done():
+            self.eof.set_result(None)
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
+        self.changed()
+
+    def changed(self) -> None:
+        self.wake.set()
+        self.wake = asyncio.Event()
+
+    @property
+    def pid(self) -> int:
+        return self.transport.get_pid() if self.transport else 0
+
+    @property
+    def returncode(self) -> int | None:
+        return self.transport.get_returncode() if self.transport else None
+
+    @property
+    def running(self) -> bool:
+        """Until the shell has exited and its output is all in the log."""
+        return not self.finished.done()
+
+    def status(self) -> dict[str, Any]:
+        code = self.returncode
+        if self.running or code is None:
+            return {"state": "running", "exit_code": None, "signal": None}
+        if code < 0:  # killed by a signal: the shell's convention, 128 + its number
+            return {"state": "exited", "exit_code": 128 - code, "signal": _signal_name(-code)}
+        return {"state": "exited", "exit_code": code, "signal": None}
+
+    def stdin(self) -> asyncio.WriteTransport | None:
+        pipe = self.transport.get_pipe_transport(0) if self.transport else None
+        return pipe if isinstance(pipe, asyncio.WriteTransport) else None
+
+
+class ProcessTable:
+    """The background processes of one agent, reachable by id (p1, p2, ...) or name."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        max_running: int = 5,
+        log_bytes: int = 1 << 20,
+        max_exited: int = MAX_EXITED,
+    ) -> None:
+        self._root = root
+        self._max_running = max_running
+        self._log_bytes = log_bytes
+        self._max_exited = max_exited
+        self._entries: dict[str, _Process] = {}
+        self._started = 0
+        self._ended: list[_Process] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._start_lock = asyncio.Lock()
+        self._closed = False
+        self._actions: dict[str, Callable[[Args], Awaitable[dict[str, Any]]]] = {
+            "start": self._start,
+            "list": self._list,
+            "poll": self._poll,
+            "log": self._log,
+            "write": self._write,
+            "kill": self._kill,
+            "remove": self._remove,
+        }
+
+    async def handle(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The tool: dispatch on args["action"]; ToolError for anything wrong."""
+        action = req_str(args, "action")
+        if action not in _ACTION_ARGS:
+            raise ToolError(
+                "INVALID_ARGS", f"unknown action '{action}'; one of: {', '.join(_ACTION_ARGS)}"
+            )
+        expect_only(args, ("action", *_ACTION_ARGS[action]))
+        return await self._actions[action](args)
+
+    async def follow(self, proc_id: str, offset: int = 0) -> AsyncIterator[tuple[int, bytes]]:
+        """(offset, chunk) of the process's output from `offset` as it is produced, until the
+        process has exited and everything is delivered (used for streaming 'attach').
+
+        An offset older than the log keeps starts at the oldest byte kept: the first
+        offset yielded shows the gap. One past the end waits for the output to get there.
+        Ends early if the process is removed."""
+        proc = self._find(proc_id)
+        if offset < 0:
+            raise ToolError("INVALID_ARGS", f"offset must be at least 0, got {offset}")
+        while True:
+            wake = proc.wake
+            begin, chunk = proc.log.read(offset, FOLLOW_CHUNK)
+            if chunk:
+                yield begin, chunk
+                offset = begin + len(chunk)
+            elif proc.finished.done() or proc.removed:
+                return
+            else:
+                await wake.wait()
+
+    async def close(self) -> None:
+        """Kill every process group, reap every shell, close every transport."""
+        self._closed = True
+        procs = list(self._entries.values())
+        await asyncio.gather(*(_kill_group(p.pid) for p in procs if p.running))
+        await asyncio.gather(*(_within(p.finished, REAP_TIMEOUT) for p in procs))
+        for task in list(self._tasks):
+            task.cancel()
+        for proc in procs:
+            if proc.transport is not None:
+                proc.transport.close()
+
+    # actions
+
+    async def _start(self, args: Args) -> dict[str, Any]:
+        command, env = _command(args), _env(args)
+        workdir = opt_str(args, "workdir", ".")
+        cwd = await asyncio.to_thread(paths.resolve, self._root, workdir, kind="dir", arg="workdir")
+        async with self._start_lock:
+            name = self._new_name(args)
+            self._check_room()
+            proc = await self._spawn(f"p{self._started + 1}", name, command, cwd, env)
+            self._started += 1
+            self._entries[proc.id] = proc
+        task = asyncio.create_task(self._reap(proc))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return {
+            "id": proc.id,
+            "name": proc.name,
+            "pid": proc.pid,
+            "command": command,
+            "started_at": proc.started_at,
+        }
+
+    async def _list(self, args: Args) -> dict[str, Any]:
+        return {"processes": [_entry(p) for p in self._entries.values()]}
+
+    async def _poll(self, args: Args) -> dict[str, Any]:
+        proc = self._get(args)
+        return {"id": proc.id, **proc.status(), "output_bytes": proc.log.end}
+
+    async def _log(self, args: Args) -> dict[str, Any]:
+        proc = self._get(args)
+        offset = opt_int(args, "offset", 0)
+        limit = opt_int(args, "limit", DEFAULT_LOG_LIMIT)
+        if limit < 1:
+            raise ToolError("INVALID_ARGS", f"argument 'limit' must be at least 1, got {limit}")
+        _check_offset(proc, offset)
+        begin, data = proc.log.read(offset, min(limit, MAX_LOG_LIMIT))
+        at_end = begin + len(data) == proc.log.end
+        data = _whole_chars(data, at_end=at_end, final=not proc.running)
+        return {
+            "id": proc.id,
+            "offset": begin,
+            "next_offset": begin + len(data),
+            "data": data.decode("utf-8", errors="replace"),
+            "dropped": begin - offset,
+            **proc.status(),
+            "output_bytes": proc.log.end,
+        }
+
+    async def _write(self, args: Args) -> dict[str, Any]:
+        proc = self._get(args)
+        text, eof = opt_str(args, "data", ""), opt_bool(args, "eof", False)
+        if not text and not eof:
+            raise ToolError(
+                "INVALID_ARGS", "give 'data' to write, 'eof': true to close stdin, or both"
+            )
+        try:
+            data = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raise ToolError("INVALID_ARGS", "argument 'data' holds lone surrogates") from None
+        pipe = proc.stdin()
+        if not proc.running:
+            raise ToolError("INVALID_ARGS", f"process '{proc.id}' has exited; it reads no input")
+        if pipe is None or pipe.is_closing():
+            raise ToolError("INVALID_ARGS", f"the stdin of process '{proc.id}' is closed")
+        pending = pipe.get_write_buffer_size()
+        if pending + len(data) > MAX_PENDING_STDIN:
+            raise ToolError(
+                "EXECUTION_FAILED",
+                f"process '{proc.id}' is not reading its input fast enough: {pending} bytes "
+                f"wait unread, and {len(data)} more would pass the limit of "
+                f"{MAX_PENDING_STDIN} bytes; nothing was written",
+            )
+        if data:
+            pipe.write(data)
+        if eof:
+            pipe.write_eof()
+        return {"id": proc.id, "written": len(data), "eof": eof}
+
+    async def _kill(self, args: Args) -> dict[str, Any]:
+        proc = self._get(args)
+        name, number = _signal(args)
+        if not proc.running:
+            status = proc.status()
+            raise ToolError(
+                "INVALID_ARGS",
+                f"process '{proc.id}' has exited already (exit code {status['exit_code']})",
+            )
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, number)
+        await _within(proc.finished, KILL_WAIT)
+        status = proc.status()
+        return {
+            "id": proc.id,
+            "signal": name,
+            "state": status["state"],
+            "exit_code": status["exit_code"],
+        }
+
+    async def _remove(self, args: Args) -> dict[str, Any]:
+        proc = self._get(args)
+        if proc.running:
+            raise ToolError("INVALID_ARGS", f"process '{proc.id}' is running; kill it first")
+        self._forget(proc)
+        return {"id": proc.id, "removed": True}
+
+    # helpers
+
+    def _get(self, args: Args) -> _Process:
+        return self._find(req_str(args, "id"))
+
+    def _find(self, ident: str) -> _Process:
+        proc = self._entries.get(ident)
+        if proc is None:
+            proc = next((p for p in self._entries.values() if p.name == ident), None)
+        if proc is None:
+            raise ToolError("INVALID_ARGS", f"no process '{ident}' (process list shows them)")
+        return proc
+
+    def _new_name(self, args: Args) -> str | None:
+        name = opt_str(args, "name", None)
+        if name is None:
+            return None
+        if not name.strip() or len(name) > MAX_NAME or not name.isprintable():
+            raise ToolError(
+                "INVALID_ARGS", f"argument 'name' must be 1 to {MAX_NAME} printable characters"
+            )
+        if _ID.fullmatch(name):
+            raise ToolError("INVALID_ARGS", "argument 'name' must not look like an id (p1, p2...)")
+        taken = next((p for p in self._entries.values() if p.name == name), None)
+        if taken is not None:
+            raise ToolError(
+                "INVALID_ARGS",
+                f"a process named '{name}' exists already ({taken.id}); pick another name, "
+                "or remove that one",
+            )
+        return name
+
+    def _check_room(self) -> None:
+        if self._closed:
+            raise ToolError("EXECUTION_FAILED", "the agent is shutting down")
+        running = sum(p.running for p in self._entries.values())
+        if running >= self._max_running:
+            raise ToolError(
+                "EXECUTION_FAILED",
+                f"{running} processes are running, the limit; kill or wait for one (process list)",
+            )
+
+    async def _spawn(
+        self, ident: str, name: str | None, command: str, cwd: Path, env: dict[str, str]
+    ) -> _Process:
+        loop = asyncio.get_running_loop()
+        try:
+            _, proc = await loop.subprocess_exec(
+                lambda: _Process(ident, name, command, self._log_bytes),
+                "/bin/sh",
+                "-c",
+                command,
+                stdin=PIPE,
+                stdout=PIPE,
+                stderr=STDOUT,
+                cwd=cwd,
+                env={**os.environ, **env},
+                start_new_session=True,
+            )
+        except (OSError, RuntimeError) as exc:  # EAGAIN when pids run out; no thread left
+            raise ToolError(
+                "EXECUTION_FAILED", f"could not start the command: {_reason(exc)}"
+            ) from None
+        _raise_oom_score(proc.pid)
+        return proc
+
+    async def _reap(self, proc: _Process) -> None:
+        """After the shell exits: drain, kill what is left of its group, close, prune."""
+        try:
+            await proc.exited
+            proc.ended_at = _now()
+            await _within(proc.eof, EOF_GRACE)
+            await _kill_group(proc.pid)
+        finally:
+            if proc.transport is not None:
+                proc.transport.close()
+            if not proc.finished.done():
+                proc.finished.set_result(None)
+            proc.changed()
+        self._ended.append(proc)
+        self._prune()
+
+    def _prune(self) -> None:
+        """Forget the oldest exited entries beyond `max_exited`."""
+        self._ended = [p for p in self._ended if not p.removed]
+        while len(self._ended) > self._max_exited:
+            self._forget(self._ended.pop(0))
+
+    def _forget(self, proc: _Process) -> None:
+        proc.removed = True
+        self._entries.pop(proc.id, None)
+        proc.changed()
+
+
+def _entry(proc: _Process) -> dict[str, Any]:
+    return {
+        "id": proc.id,
+        "name": proc.name,
+        "pid": proc.pid,
+        "command": proc.command,
+        **proc.status(),
+        "started_at": proc.started_at,
+        "ended_at": proc.ended_at,
+        "output_bytes": proc.log.end,
+    }
+
+
+def _check_offset(proc: _Process, offset: int) -> None:
+    if offset < 0:
+        raise ToolError("INVALID_ARGS", f"argument 'offset' must be at least 0, got {offset}")
+    if offset > proc.log.end:
+        raise ToolError(
+            "INVALID_ARGS",
+            f"offset {offset} is past the end of the output of '{proc.id}' "
+            f"({proc.log.end} bytes so far)",
+        )
+
+
+def _whole_chars(data: bytes, *, at_end: bool, final: bool) -> bytes:
+    """`data` without a UTF-8 sequence cut at its end, so that the next read starts on a
+    character. Kept when nothing more will complete it (`final`, at the end of the output),
+    or when it is all there is to return (a limit under 4 bytes)."""
+    tail = _partial_tail(data)
+    if not tail or (at_end and final) or (not at_end and tail == len(data)):
+        return data
+    return data[:-tail]
+
+
+def _partial_tail(data: bytes) -> int:
+    """How many bytes at the end of `data` begin a UTF-8 sequence without finishing it."""
+    for back in range(1, min(3, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # not a continuation byte: the sequence starts here
+            need = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4
+            return back if 0xC0 <= byte <= 0xF7 and back < need else 0
+    return 0
+
+
+def _signal(args: Args) -> tuple[str, signal.Signals]:
+    given = opt_str(args, "signal", "TERM")
+    name = given.strip().upper().removeprefix("SIG")
+    if name not in SIGNALS:
+        raise ToolError("INVALID_ARGS", f"unknown signal '{given}'; one of: {', '.join(SIGNALS)}")
+    return f"SIG{name}", SIGNALS[name]
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
