@@ -344,7 +344,7 @@ class _Index:
         return None
 
     def _join(self, loose: bool) -> tuple[str, list[int]]:
-        """'\n' + every line + '\n', and the offset of the '\n' before each line."""
+        """'\\n' + each line + '\\n', and the offset of the '\\n' before each line."""
         if loose not in self._joined:
             texts = [text.rstrip() if loose else text for text, _ in self.lines]
             offsets = list(itertools.accumulate((len(t) + 1 for t in texts), initial=0))
@@ -494,11 +494,11 @@ def _commit(plan: _Plan) -> None:
     except BaseException:
         _undo(staged, created)
         raise
-    _finish(plan, staged)
+    _finish(plan, staged, created)
 
 
-def _finish(plan: _Plan, staged: list[tuple[Path, Path, str]]) -> None:
-    touched: set[Path] = set()
+def _finish(plan: _Plan, staged: list[tuple[Path, Path, str]], created: list[Path]) -> None:
+    touched = {directory.parent for directory in created}
     steps = [(os.replace, temp, path, shown) for temp, path, shown in staged]
     steps += [(os.rename, source, target, shown) for source, target, shown in plan.renames]
     for step, source, target, shown in steps:

@@ -96,6 +96,8 @@ async def test_run_requires_an_object(ws: Path, args: object, kind: str) -> None
 async def test_run_dispatches_every_tool(ws: Path) -> None:
     assert set(tools.TOOLS) == {
         "exec",
+        "process",
+        "apply_patch",
         "read_file",
         "write_file",
         "edit_file",

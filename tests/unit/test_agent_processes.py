@@ -260,7 +260,8 @@ async def test_kill_by_signal_name(table: ProcessTable) -> None:
     [("INT", "SIGINT", 130), ("SIGHUP", "SIGHUP", 129), ("TERM", "SIGTERM", 143)],
 )
 async def test_signal_spellings(table: ProcessTable, given: str, sent: str, exit_code: int) -> None:
-    ident = await start(table, "sleep 100")
+    ident = await start(table, "echo ready; sleep 100")
+    await output(table, ident, until="ready")  # a signal between fork and exec may be lost
     result = await call(table, "kill", id=ident, signal=given)
     assert (result["signal"], result["exit_code"]) == (sent, exit_code)
 
