@@ -32,7 +32,7 @@ class ToolSpec:
     @property
     def runs_command(self) -> bool:
         """Whether the call runs a shell command (the guard and approvals look at it)."""
-        return self.name == "exec" or self.custom is not None
+        return self.name in ("exec", "process") or self.custom is not None
 
 
 def _obj(required: list[str], **props: dict[str, Any]) -> dict[str, Any]:

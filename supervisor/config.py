@@ -174,6 +174,10 @@ class ToolsConfig:
     """Cap of ToolResult.for_llm (head and tail kept)."""
     user_max_bytes: int = 1 * MiB
     """Cap of ToolResult.for_user."""
+    max_processes: int = 5
+    """Background processes (the process tool) running at once per sandbox."""
+    process_log_bytes: int = 1 * MiB
+    """Ring buffer of each background process's output."""
     profile: str = "full"
     """Step 1 of the policy pipeline: minimal, coding, messaging or full."""
     allow: tuple[str, ...] = ()
@@ -222,6 +226,8 @@ def _check(cfg: Config) -> None:
         "tools.exec_default_timeout_s": cfg.tools.exec_default_timeout_s,
         "tools.max_output_bytes": cfg.tools.max_output_bytes,
         "tools.llm_max_bytes": cfg.tools.llm_max_bytes,
+        "tools.max_processes": cfg.tools.max_processes,
+        "tools.process_log_bytes": cfg.tools.process_log_bytes,
         "max_request_bytes": cfg.max_request_bytes,
         "limits.rate_per_s": cfg.limits.rate_per_s,
         "limits.burst": cfg.limits.burst,

@@ -388,6 +388,8 @@ def _command_of(spec: ToolSpec, args: dict[str, Any]) -> str | None:
         return render_command(spec.custom.command, args)
     if spec.name == "exec":
         return str(args["command"])
+    if spec.name == "process" and args.get("action") == "start":
+        return str(args.get("command", ""))
     return None
 
 

@@ -237,8 +237,13 @@ class SandboxManager:
 
     def _agent_command(self) -> tuple[str, ...]:
         socket = f"{AGENT_SOCKET_DIR}/agent.sock"
-        limit = str(self._config.tools.max_output_bytes)
-        return ("--socket", socket, "--workspace", WORKSPACE, "--max-output-bytes", limit)
+        tools = self._config.tools
+        return (
+            *("--socket", socket, "--workspace", WORKSPACE),
+            *("--max-output-bytes", str(tools.max_output_bytes)),
+            *("--max-processes", str(tools.max_processes)),
+            *("--process-log-bytes", str(tools.process_log_bytes)),
+        )
 
     def _spec(self, key: str, paths: _Paths) -> ContainerSpec:
         sb = self._config.sandbox

@@ -245,9 +245,9 @@ class ProcessTable:
             proc = await self._spawn(f"p{self._started + 1}", name, command, cwd, env)
             self._started += 1
             self._entries[proc.id] = proc
-        task = asyncio.create_task(self._reap(proc))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+            task = asyncio.create_task(self._reap(proc))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         return {
             "id": proc.id,
             "name": proc.name,
@@ -442,7 +442,7 @@ def _entry(proc: _Process) -> dict[str, Any]:
         "command": proc.command,
         **proc.status(),
         "started_at": proc.started_at,
-        "ended_at": proc.ended_at,
+        "ended_at": None if proc.running else proc.ended_at,
         "output_bytes": proc.log.end,
     }
 

@@ -100,6 +100,8 @@ def test_guard_blocks_before_anything_runs(c: Stockade, key: str) -> None:
         result = c.call(key, "exec", {"command": command})
         assert result.error_code == "PERMISSION_DENIED", command
         assert "guard" in result.error_message
+    background = c.call(key, "process", {"action": "start", "command": "sleep 1; rm -rf ."})
+    assert background.error_code == "PERMISSION_DENIED", "process start passes the guard too"
     assert c.sandbox(key).read_file("keep.txt") == "kept"
     blocked = c.call(key, "wipe", {"path": "/workspace"})
     assert blocked.error_code == "PERMISSION_DENIED"

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -515,3 +521,79 @@ def test_partial_tail() -> None:
     cases += [("😀".encode()[:3], 3), (b"\x80\x80\x80", 0)]
     for data, tail in cases:
         assert processes._partial_tail(data) == tail, data
+
+
+def test_agent_flags_and_shutdown_reach_the_table(ws: Path) -> None:
+    """The real agent: --max-processes caps, SIGTERM kills its processes."""
+    import grpc
+
+    from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
+
+    run_dir = Path(tempfile.mkdtemp(dir="/tmp"))  # a unix socket path must stay short
+    socket = run_dir / "agent.sock"
+    flags = ["--socket", str(socket), "--workspace", str(ws)]
+    flags += ["--max-processes", "1", "--process-log-bytes", "10"]
+    agent = subprocess.Popen([sys.executable, "-m", "stockade.agent", *flags])
+    try:
+        with grpc.insecure_channel(f"unix:{socket}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=20)
+            stub = agent_pb2_grpc.AgentServiceStub(channel)
+
+            def invoke(**args: Any) -> Any:
+                request = agent_pb2.InvokeRequest(tool="process", arguments_json=json.dumps(args))
+                return stub.Invoke(request, timeout=20)
+
+            first = json.loads(invoke(action="start", command="seq 100; sleep 100").result_json)
+            second = invoke(action="start", command="true")
+            assert "1 processes are running, the limit" in second.error_message
+            deadline = time.monotonic() + 5
+            while json.loads(invoke(action="poll", id="p1").result_json)["output_bytes"] < 292:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            log = json.loads(invoke(action="log", id="p1").result_json)
+            assert (log["data"], log["dropped"]) == ("98\n99\n100\n", 282)
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=20) == 0
+        assert not alive(first["pid"])
+    finally:
+        agent.kill()
+        agent.wait()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+async def test_the_supervisor_renders_every_action(table: ProcessTable) -> None:
+    """The renderer tells the actions apart by their fields: feed it the table's own results."""
+    from stockade.supervisor.render import render
+
+    assert render("process", await call(table, "list")) == "[no processes]"
+    started = await call(table, "start", command="cat", name="echoer")
+    assert render("process", started) == f"Started process p1 'echoer' (pid {started['pid']}): cat"
+    assert render("process", await call(table, "write", id="p1", data="hi")) == (
+        "Wrote 2 bytes to the stdin of p1"
+    )
+    await output(table, "p1", until="hi")
+    assert render("process", await call(table, "poll", id="p1")) == (
+        "Process p1: running, 2 bytes output"
+    )
+    assert render("process", await call(table, "log", id="p1", offset=1)) == "i\n[next offset 2]"
+    assert render("process", await call(table, "kill", id="p1")) == (
+        "Sent SIGTERM to process p1: now exited by SIGTERM, exit code 143"
+    )
+    pid = started["pid"]
+    assert render("process", await call(table, "list")) == (
+        f"p1  echoer  pid {pid}  exited by SIGTERM, exit code 143  2 bytes output  $ cat"
+    )
+    assert render("process", await call(table, "remove", id="p1")) == "Removed process p1"
+    wrapped = {
+        "id": "p2",
+        "offset": 9,
+        "next_offset": 10,
+        "data": "x",
+        "dropped": 9,
+        "state": "exited",
+        "exit_code": 0,
+    }
+    assert render("process", wrapped) == (
+        "x\n[9 bytes dropped: the log keeps only the latest output]\n"
+        "[process exited, exit code 0]\n[next offset 10]"
+    )
