@@ -30,7 +30,7 @@ CONFIG = """
 deny = []
 [agents.reader.tools]
 allow = ["group:fs"]
-deny = ["write_file", "edit_file"]
+deny = ["write_file", "edit_file", "apply_patch"]
 [agents.asker]
 approvals = "always"
 [agents.onmiss]

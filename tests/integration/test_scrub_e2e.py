@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from stockade.client import Stockade, ToolResult
+from stockade.client import Started, Stockade, ToolResult
 from tests.integration.harness import Supervisor, running_supervisor
 
 pytestmark = pytest.mark.timeout(300)
@@ -117,19 +117,22 @@ def test_ordinary_output_is_left_alone(c: Stockade, key: str) -> None:
 
 def test_concurrency_cap_refuses_past_the_queue(sup: Supervisor, c: Stockade, key: str) -> None:
     c.sandbox(key).exec("true")
+    running = threading.Event()
     results: list[ToolResult] = []
 
     def slow() -> None:
         with sup.client() as other:
-            results.append(other.sandbox(key).exec("sleep 3; echo slept"))
+            for event in other.call_stream(key, "exec", {"command": "sleep 3; echo slept"}):
+                if isinstance(event, Started):
+                    running.set()  # it holds the only slot now
+                elif isinstance(event, ToolResult):
+                    results.append(event)
 
     worker = threading.Thread(target=slow)
     worker.start()
-    while True:
-        blocked = c.sandbox(key).exec("echo second")
-        if blocked.error_code == "RATE_LIMITED":
-            break
-        assert not results, "the slow call ended before a second call could collide"
+    assert running.wait(30)
+    blocked = c.sandbox(key).exec("echo second")
     worker.join()
+    assert blocked.error_code == "RATE_LIMITED"
     assert "1 at once, 0 queued" in blocked.error_message
     assert results[0].stdout == "slept\n"
