@@ -47,7 +47,7 @@ def _obj(required: list[str], **props: dict[str, Any]) -> dict[str, Any]:
 _STR = {"type": "string"}
 _PATH = {"type": "string", "description": "Path relative to /workspace."}
 _CODING = ("coding", "full")
-_PROCESS_ACTIONS = ("start", "list", "poll", "log", "write", "kill", "remove")
+_PROCESS_ACTIONS = ("start", "list", "poll", "log", "write", "kill", "remove", "attach")
 _SIGNALS = ("TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2")
 
 _TOOLS = [

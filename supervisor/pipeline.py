@@ -140,7 +140,7 @@ class ToolPipeline:
         try:
             limiter.take(call.sandbox_key)
             async with limiter.slot(call.sandbox_key):
-                if events is not None and command is not None:
+                if events is not None and (command is not None or _is_attach(spec, args)):
                     return await self._invoke_streaming(call, spec, args, command, trail, events)
                 return await self._invoke(call, spec, args, command, trail)
         except LimitExceeded as exc:
@@ -210,7 +210,7 @@ class ToolPipeline:
         call: ToolCall,
         spec: ToolSpec,
         args: dict[str, Any],
-        command: str,
+        command: str | None,
         trail: Trail,
         events: asyncio.Queue[ToolEvent],
     ) -> ToolResult:
@@ -380,6 +380,10 @@ def _announce(events: asyncio.Queue[ToolEvent] | None) -> Callable[[Pending], No
     if events is None:
         return None
     return lambda p: events.put_nowait(ApprovalPendingEvent(p.id, p.reason))
+
+
+def _is_attach(spec: ToolSpec, args: dict[str, Any]) -> bool:
+    return spec.name == "process" and args.get("action") == "attach"
 
 
 def _command_of(spec: ToolSpec, args: dict[str, Any]) -> str | None:

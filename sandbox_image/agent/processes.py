@@ -24,7 +24,7 @@ import os
 import re
 import signal
 from asyncio.subprocess import PIPE, STDOUT
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, cast
@@ -65,6 +65,7 @@ _ACTION_ARGS: Final[dict[str, tuple[str, ...]]] = {
     "write": ("id", "data", "eof"),
     "kill": ("id", "signal"),
     "remove": ("id",),
+    "attach": ("id", "offset"),
 }
 
 
@@ -188,6 +189,7 @@ class ProcessTable:
             "write": self._write,
             "kill": self._kill,
             "remove": self._remove,
+            "attach": self._attach_unary,
         }
 
     async def handle(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -220,6 +222,20 @@ class ProcessTable:
                 return
             else:
                 await wake.wait()
+
+    async def attach(self, args: dict[str, Any]) -> AsyncIterator[tuple[int, bytes]]:
+        """`attach` {id, offset?} through a streamed call: follow() with checked arguments."""
+        expect_only(args, ("action", *_ACTION_ARGS["attach"]))
+        offset = opt_int(args, "offset", 0)
+        async for item in self.follow(req_str(args, "id"), offset):
+            yield item
+
+    async def _attach_unary(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        raise ToolError(
+            "INVALID_ARGS",
+            "attach follows a process's output live: call it through CallToolStream "
+            "(or use action 'log' for what was printed so far)",
+        )
 
     async def close(self) -> None:
         """Kill every process group, reap every shell, close every transport."""

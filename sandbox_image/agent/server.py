@@ -57,6 +57,11 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         """Started and output events while the tool runs, then its result. When the caller
         goes away this generator is closed and the tool's task cancelled (exec then kills
         its process group)."""
+        attach = _attach_request(request)
+        if attach is not None and self._processes is not None:
+            async for event in self._attach(attach):
+                yield event
+            return
         sink = StreamSink()
         task = asyncio.create_task(self._respond(request, sink))
         try:
@@ -74,6 +79,18 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             if not task.done():
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+
+    async def _attach(self, args: dict[str, Any]) -> AsyncIterator[Any]:
+        """Stream a background process's output (as stdout) until it ends, then its state."""
+        assert self._processes is not None
+        try:
+            async for _, chunk in self._processes.attach(args):
+                yield agent_pb2.InvokeEvent(output=agent_pb2.Output(fd=1, data=chunk))
+            state = await self._processes.handle({"action": "poll", "id": args.get("id")})
+        except ToolError as exc:
+            yield agent_pb2.InvokeEvent(result=_error(exc.code, exc.message))
+            return
+        yield agent_pb2.InvokeEvent(result=agent_pb2.InvokeResponse(result_json=json.dumps(state)))
 
     async def _respond(self, request: Any, sink: StreamSink | None) -> Any:
         try:
@@ -100,6 +117,17 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         # ASCII-escaped: file names that are not UTF-8 carry lone surrogates, which protobuf
         # strings cannot hold; escaped, they reach the supervisor intact.
         return agent_pb2.InvokeResponse(result_json=json.dumps(result))
+
+
+def _attach_request(request: Any) -> dict[str, Any] | None:
+    """The arguments when the request is `process` action `attach`, else None."""
+    if request.tool != "process":
+        return None
+    try:
+        args = json.loads(request.arguments_json or "{}")
+    except ValueError:
+        return None
+    return args if isinstance(args, dict) and args.get("action") == "attach" else None
 
 
 def _event(fd: int, data: bytes) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from stockade.client import Sandbox, Stockade
+from stockade.client import Output, Sandbox, Stockade, ToolResult
 from tests.integration.harness import Supervisor, running_supervisor
 
 pytestmark = pytest.mark.timeout(300)
@@ -117,3 +117,26 @@ def test_bad_process_calls_are_clear_errors(client: Stockade, key: str) -> None:
     bad_action = box.call("process", {"action": "launch"})
     assert bad_action.error_code == "INVALID_ARGS"
     assert "launch" in bad_action.error_message
+
+
+def test_attach_follows_a_process_live_through_the_stream(client: Stockade, key: str) -> None:
+    start = {"action": "start", "command": "for i in 1 2 3; do echo tick $i; sleep 0.3; done"}
+    started = client.call(key, "process", start)
+    proc_id = started.data["id"]
+    text, result = "", None
+    for event in client.call_stream(key, "process", {"action": "attach", "id": proc_id}):
+        if isinstance(event, Output):
+            text += event.text
+        elif isinstance(event, ToolResult):
+            result = event
+    assert text == "tick 1\ntick 2\ntick 3\n"
+    assert result is not None
+    assert (result.data["state"], result.data["exit_code"]) == ("exited", 0)
+    later = client.call_stream(key, "process", {"action": "attach", "id": proc_id, "offset": 7})
+    assert "".join(e.text for e in later if isinstance(e, Output)) == "tick 2\ntick 3\n"
+    unary = client.call(key, "process", {"action": "attach", "id": proc_id})
+    assert unary.error_code == "INVALID_ARGS"
+    assert "CallToolStream" in unary.error_message
+    missing = list(client.call_stream(key, "process", {"action": "attach", "id": "p999"}))
+    assert isinstance(missing[-1], ToolResult)
+    assert missing[-1].error_code == "INVALID_ARGS"
