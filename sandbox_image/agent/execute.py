@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
 import time
 from asyncio.subprocess import DEVNULL, PIPE
 from dataclasses import dataclass, field
@@ -318,6 +319,23 @@ def _oom_kills() -> int | None:
             if name == "oom_kill" and value.strip().isdigit():
                 return int(value)
     return None
+
+
+_INHERITABLE: Final = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2")
+
+
+def unignore_signals() -> None:
+    """Give back the default action to signals this process ignores (e.g. SIGHUP under nohup).
+
+    An ignored signal stays ignored across exec, and a shell cannot un-ignore what it was
+    started with: every command and background process would inherit it, and `kill HUP`
+    would not stop them. Only from the main thread (the only one allowed to change them)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for name in _INHERITABLE:
+        number = getattr(signal, name)
+        if signal.getsignal(number) == signal.SIG_IGN:
+            signal.signal(number, signal.SIG_DFL)
 
 
 def _signal_name(number: int) -> str:

@@ -42,6 +42,7 @@ from .execute import (
     _reason,
     _signal_name,
     _within,
+    unignore_signals,
 )
 
 MAX_EXITED: Final = 50
@@ -171,6 +172,7 @@ class ProcessTable:
         log_bytes: int = 1 << 20,
         max_exited: int = MAX_EXITED,
     ) -> None:
+        unignore_signals()
         self._root = root
         self._max_running = max_running
         self._log_bytes = log_bytes

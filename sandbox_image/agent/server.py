@@ -16,7 +16,7 @@ import grpc
 
 from stockade.agent import PROTOCOL_VERSION, __version__, tools
 from stockade.agent.errors import ToolError
-from stockade.agent.execute import StreamSink
+from stockade.agent.execute import StreamSink, unignore_signals
 from stockade.agent.processes import ProcessTable
 from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
 
@@ -162,6 +162,7 @@ async def serve(
     """Serve until SIGTERM or SIGINT; then kill the background processes."""
     logging.basicConfig(level=logging.INFO, format="agent %(levelname)s %(message)s")
     _use_pidfd_child_watcher()
+    unignore_signals()
     socket_path.unlink(missing_ok=True)
     server = grpc.aio.server(
         options=[

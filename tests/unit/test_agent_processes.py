@@ -600,3 +600,20 @@ async def test_the_supervisor_renders_every_action(table: ProcessTable) -> None:
         "x\n[9 bytes dropped: the log keeps only the latest output]\n"
         "[process exited, exit code 0]\n[next offset 10]"
     )
+
+
+async def test_signals_ignored_by_the_agent_are_not_passed_on(tmp_path: Path) -> None:
+    """Under nohup SIGHUP is ignored, and ignored signals survive exec: the table gives them
+    back their default action, so `kill HUP` still stops a background process."""
+    saved = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        table = ProcessTable(tmp_path)
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
+        ident = await start(table, "echo ready; sleep 100")
+        await output(table, ident, until="ready")
+        await call(table, "kill", id=ident, signal="HUP")
+        poll = await exited(table, ident)
+        assert (poll["exit_code"], poll["signal"]) == (129, "SIGHUP")
+        await table.close()
+    finally:
+        signal.signal(signal.SIGHUP, saved)
