@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import grpc
 
-from stockade.v1 import approval_pb2, audit_pb2, sandbox_pb2, tool_pb2
+from stockade.v1 import approval_pb2, audit_pb2, file_pb2, sandbox_pb2, tool_pb2
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 MAX_MESSAGE_BYTES = 128 * 1024 * 1024
@@ -154,6 +155,20 @@ class ApprovalPending:
 
 StreamEvent = Started | Output | ApprovalPending | ToolResult
 """What a streamed call yields; the ToolResult comes last."""
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """A finished transfer: what was written (upload) or sent (download)."""
+
+    path: str
+    size: int
+    sha256: str
+    tar: bool
+    files: int
+    """With tar: entries unpacked or packed."""
+    redactions: int
+    """Downloads: credentials the supervisor replaced (the bytes then differ from the file)."""
 
 
 @dataclass(frozen=True)
@@ -474,3 +489,72 @@ def glob_op(pattern: str, path: str) -> Op:
 
 def search_op(pattern: str, path: str, extra: dict[str, Any]) -> Op:
     return "search", {"pattern": pattern, "path": path, **extra}, _field("matches")
+
+
+CHUNK = 1 << 20
+Source = str | os.PathLike[str] | bytes | BinaryIO
+
+
+def upload_requests(
+    key: str, path: str, source: Source, tar: bool, mode: int,
+    context: CallContext | None, progress: Callable[[int], None] | None,
+) -> Iterator[Any]:  # fmt: skip
+    """The FileChunk messages of an upload: the header, then the data in 1 MiB chunks."""
+    header = file_pb2.FileHeader(
+        sandbox_key=key, path=path, tar=tar, mode=mode, context=context_pb(context)
+    )
+    yield file_pb2.FileChunk(header=header)
+    for data in _read_source(source):
+        if progress is not None:
+            progress(len(data))
+        yield file_pb2.FileChunk(data=data)
+
+
+def _read_source(source: Source) -> Iterator[bytes]:
+    if isinstance(source, bytes):
+        for start in range(0, len(source), CHUNK):
+            yield source[start : start + CHUNK]
+        return
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as file:
+            yield from iter(lambda: file.read(CHUNK), b"")
+        return
+    yield from iter(lambda: source.read(CHUNK), b"")
+
+
+def download_request(key: str, path: str, tar: bool, context: CallContext | None) -> Any:
+    return file_pb2.DownloadFileRequest(
+        sandbox_key=key, path=path, tar=tar, context=context_pb(context)
+    )
+
+
+def info_from_pb(msg: Any) -> FileInfo:
+    return FileInfo(
+        path=msg.path, size=msg.size, sha256=msg.sha256, tar=msg.tar, files=msg.files,
+        redactions=msg.redactions,
+    )  # fmt: skip
+
+
+class Sink:
+    """Where downloaded bytes go: a path (written to a temporary file, renamed at the end) or
+    a binary file object."""
+
+    def __init__(self, dest: str | os.PathLike[str] | BinaryIO) -> None:
+        self._path = None if hasattr(dest, "write") else Path(dest)
+        if self._path is None:
+            self._file: BinaryIO = dest  # type: ignore[assignment]
+        else:
+            self._file = open(f"{self._path}.part", "wb")  # noqa: SIM115
+
+    def write(self, data: bytes) -> None:
+        self._file.write(data)
+
+    def finish(self, ok: bool) -> None:
+        if self._path is None:
+            return
+        self._file.close()
+        part = Path(f"{self._path}.part")
+        if ok:
+            part.replace(self._path)
+        else:
+            part.unlink(missing_ok=True)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import grpc
 
@@ -15,6 +16,7 @@ from stockade.client._core import (
     Approvals,
     AuditRecord,
     CallContext,
+    FileInfo,
     SandboxInfo,
     StreamEvent,
     ToolResult,
@@ -24,6 +26,7 @@ from stockade.v1 import (
     approval_pb2,
     approval_pb2_grpc,
     audit_pb2_grpc,
+    file_pb2_grpc,
     sandbox_pb2,
     sandbox_pb2_grpc,
     tool_pb2_grpc,
@@ -48,6 +51,7 @@ class AsyncStockade:
         self._tools = tool_pb2_grpc.ToolServiceStub(self._channel)
         self._approvals = approval_pb2_grpc.ApprovalServiceStub(self._channel)
         self._audit = audit_pb2_grpc.AuditServiceStub(self._channel)
+        self._files = file_pb2_grpc.FileServiceStub(self._channel)
 
     async def __aenter__(self) -> AsyncStockade:
         return self
@@ -179,6 +183,54 @@ class AsyncStockade:
             raise _core.error_from_rpc(exc) from None
         finally:
             stream.cancel()
+
+    async def upload(
+        self,
+        key: str,
+        path: str,
+        source: _core.Source,
+        *,
+        tar: bool = False,
+        mode: int = 0,
+        context: CallContext | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> FileInfo:
+        """Write `source` (a local path, bytes or a binary file) at `path` in the sandbox;
+        with tar, `source` is a tar stream unpacked into the directory `path`.
+        `progress(n)` is called with the size of each chunk sent."""
+        requests = _core.upload_requests(key, path, source, tar, mode, context, progress)
+        return _core.info_from_pb(await self._rpc(self._files.UploadFile, requests))
+
+    async def download(
+        self,
+        key: str,
+        path: str,
+        dest: str | os.PathLike[str] | BinaryIO,
+        *,
+        tar: bool = False,
+        context: CallContext | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> FileInfo:
+        """Copy `path` from the sandbox to `dest` (a local path, written whole or not at all,
+        or a binary file); with tar, the directory `path` arrives as a tar stream."""
+        sink = _core.Sink(dest)
+        info: FileInfo | None = None
+        try:
+            stream = self._files.DownloadFile(_core.download_request(key, path, tar, context))
+            async for chunk in stream:
+                if chunk.WhichOneof("part") == "data":
+                    sink.write(chunk.data)
+                    if progress is not None:
+                        progress(len(chunk.data))
+                else:
+                    info = _core.info_from_pb(chunk.info)
+        except grpc.RpcError as exc:
+            raise _core.error_from_rpc(exc) from None
+        finally:
+            sink.finish(info is not None)
+        if info is None:
+            raise _core.StockadeError("the download ended without its file info")
+        return info
 
     async def ensure_sandbox(self, key: str) -> SandboxInfo:
         request = sandbox_pb2.EnsureSandboxRequest(key=key)

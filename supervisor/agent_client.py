@@ -132,6 +132,39 @@ class AgentConnection:
         finally:
             call.cancel()
 
+    async def upload(
+        self, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes], timeout: float
+    ) -> AgentReply:
+        async def requests() -> AsyncIterator[Any]:
+            header = agent_pb2.TransferHeader(path=path, tar=tar, mode=mode)
+            yield agent_pb2.UploadChunk(header=header)
+            async for data in chunks:
+                yield agent_pb2.UploadChunk(data=data)
+
+        try:
+            reply = await self._stub.Upload(requests(), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise AgentCallFailed(exc.code(), exc.details() or "") from exc
+        return _parse_reply(reply)
+
+    async def download(
+        self, path: str, tar: bool, timeout: float
+    ) -> AsyncIterator[bytes | AgentReply]:
+        """Data chunks, then the reply."""
+        call = self._stub.Download(agent_pb2.DownloadRequest(path=path, tar=tar), timeout=timeout)
+        try:
+            async for chunk in call:
+                if chunk.WhichOneof("part") == "data":
+                    yield bytes(chunk.data)
+                else:
+                    yield _parse_reply(chunk.result)
+                    return
+            raise SandboxBroken("the agent's download ended without a result")
+        except grpc.aio.AioRpcError as exc:
+            raise AgentCallFailed(exc.code(), exc.details() or "") from exc
+        finally:
+            call.cancel()
+
     async def close(self) -> None:
         await self._channel.close()
 

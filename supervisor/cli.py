@@ -64,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("key")
     call.add_argument("tool")
     call.add_argument("arguments", nargs="?", default="", help="JSON object")
+    cp = sub.add_parser("cp", parents=[client], help="copy files: LOCAL KEY:PATH or KEY:PATH LOCAL")
+    cp.add_argument("-r", "--recursive", action="store_true", help="copy a directory (as tar)")
+    cp.add_argument("source")
+    cp.add_argument("dest")
     sub.add_parser("ls", parents=[client], help="list sandboxes")
     rm = sub.add_parser("rm", parents=[client], help="destroy a sandbox's container")
     rm.add_argument("--delete-workspace", action="store_true")
@@ -289,6 +293,17 @@ def _call(ns: argparse.Namespace) -> int:
     return 1 if result.is_error else 0
 
 
+def _cp(ns: argparse.Namespace) -> int:
+    from stockade.supervisor import copying
+
+    with _client(ns) as client:
+        info = copying.copy(client, ns.source, ns.dest, ns.recursive, _context(ns))
+    extra = f", {info.files} entries" if info.tar else ""
+    scrubbed = f", {info.redactions} credentials redacted" if info.redactions else ""
+    print(f"{info.path}: {info.size} bytes{extra}, sha256 {info.sha256}{scrubbed}", file=sys.stderr)
+    return 0
+
+
 def _ls(ns: argparse.Namespace) -> int:
     with _client(ns) as client:
         sandboxes = client.list_sandboxes()
@@ -324,6 +339,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "doctor": _doctor,
     "exec": _exec,
     "call": _call,
+    "cp": _cp,
     "ls": _ls,
     "rm": _rm,
     "tools": _tools,

@@ -144,6 +144,15 @@ class LimitsConfig:
 
 
 @dataclass(frozen=True)
+class FilesConfig:
+    scrub_downloads: Literal["text", "all", "off"] = "text"
+    """Replace credentials in downloaded files (the bytes then differ from the file;
+    FileInfo.redactions says how many). "text": files whose first 8 KiB hold no NUL byte
+    (binary files pass byte-exact: credential heuristics would corrupt them); "all"; "off"."""
+    chunk_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True)
 class AuditConfig:
     enabled: bool = True
     path: str = ""
@@ -209,6 +218,7 @@ class Config:
     scrub: ScrubConfig = field(default_factory=ScrubConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
+    files: FilesConfig = field(default_factory=FilesConfig)
     custom_tools: tuple[CustomToolConfig, ...] = ()
 
     def __post_init__(self) -> None:

@@ -4,6 +4,7 @@
     ├── ConfigError            bad configuration (at load time)
     ├── InvalidRequest         the caller is wrong: malformed key, bad field   -> INVALID_ARGUMENT
     ├── NotFound               no such sandbox, approval, ...                  -> NOT_FOUND
+    ├── PolicyDenied           policy forbids it (file transfer)               -> PERMISSION_DENIED
     ├── EngineUnavailable      the container engine cannot be reached or fails -> UNAVAILABLE
     └── SandboxBroken          the container or its agent does not work        -> UNAVAILABLE
 
@@ -38,6 +39,10 @@ class SandboxNotFound(NotFound):
 
 class ApprovalNotFound(NotFound):
     reason = "APPROVAL_NOT_FOUND"
+
+
+class PolicyDenied(StockadeError):
+    reason = "POLICY_DENIED"
 
 
 class EngineUnavailable(StockadeError):

@@ -37,6 +37,7 @@ from stockade.supervisor.keys import sandbox_id, validate_key
 from stockade.supervisor.models import SandboxInfo, SandboxState
 
 AGENT_SOCKET_DIR = "/run/stockade"
+TRANSFER_TIMEOUT_S = 3600.0
 WORKSPACE = "/workspace"
 
 
@@ -134,6 +135,25 @@ class SandboxManager:
         except AgentCallFailed as exc:
             if exc.code.name == "DEADLINE_EXCEEDED":
                 raise
+            await self._diagnose(sandbox, exc)
+
+    async def upload(
+        self, key: str, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes]
+    ) -> AgentReply:
+        sandbox = await self.ensure(key)
+        sandbox.last_used_at = datetime.now(UTC)
+        try:
+            return await sandbox.agent.upload(path, tar, mode, chunks, TRANSFER_TIMEOUT_S)
+        except AgentCallFailed as exc:
+            await self._diagnose(sandbox, exc)
+
+    async def download(self, key: str, path: str, tar: bool) -> AsyncIterator[bytes | AgentReply]:
+        sandbox = await self.ensure(key)
+        sandbox.last_used_at = datetime.now(UTC)
+        try:
+            async for item in sandbox.agent.download(path, tar, TRANSFER_TIMEOUT_S):
+                yield item
+        except AgentCallFailed as exc:
             await self._diagnose(sandbox, exc)
 
     async def _diagnose(self, sandbox: _Sandbox, exc: AgentCallFailed) -> NoReturn:

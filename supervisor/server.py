@@ -37,11 +37,14 @@ from stockade.supervisor.policy.approvals import ApprovalManager, Closed, Pendin
 from stockade.supervisor.render import wire_json, wire_text
 from stockade.supervisor.sandboxes import SandboxManager
 from stockade.supervisor.schemas import SchemaFormat
+from stockade.supervisor.transfers import FileTransfers, Transfer, TransferInfo
 from stockade.v1 import (
     approval_pb2,
     approval_pb2_grpc,
     audit_pb2,
     audit_pb2_grpc,
+    file_pb2,
+    file_pb2_grpc,
     sandbox_pb2,
     sandbox_pb2_grpc,
     tool_pb2,
@@ -53,6 +56,7 @@ REASON_KEY = "stockade-error-reason"
 _STATUS = {
     errors.InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.PolicyDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.EngineUnavailable: grpc.StatusCode.UNAVAILABLE,
     errors.SandboxBroken: grpc.StatusCode.UNAVAILABLE,
     errors.SandboxLost: grpc.StatusCode.UNAVAILABLE,
@@ -63,6 +67,7 @@ SERVICES = (
     "stockade.v1.ToolService",
     "stockade.v1.ApprovalService",
     "stockade.v1.AuditService",
+    "stockade.v1.FileService",
     "grpc.health.v1.Health",
 )
 
@@ -323,6 +328,52 @@ class ApprovalServicer(approval_pb2_grpc.ApprovalServiceServicer):
         )
 
 
+class FileServicer(file_pb2_grpc.FileServiceServicer):
+    def __init__(self, transfers: FileTransfers) -> None:
+        self._transfers = transfers
+
+    @mapped
+    async def UploadFile(self, request_iterator: Any, context: Any) -> Any:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("part") != "header":
+            raise errors.InvalidRequest("an upload starts with a FileChunk carrying the header")
+        h = first.header
+        transfer = Transfer(
+            h.sandbox_key, h.path, h.tar, context_from_pb(h.context), context.peer(), h.mode
+        )
+
+        async def chunks() -> AsyncIterator[bytes]:
+            async for chunk in request_iterator:
+                if chunk.WhichOneof("part") != "data":
+                    raise errors.InvalidRequest("after the header an upload carries only data")
+                yield chunk.data
+
+        return info_to_pb(await self._transfers.upload(transfer, chunks()))
+
+    @mapped_stream
+    async def DownloadFile(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        transfer = Transfer(
+            request.sandbox_key, request.path, request.tar, context_from_pb(request.context),
+            context.peer(),
+        )  # fmt: skip
+        async for item in self._transfers.download(transfer):
+            if isinstance(item, bytes):
+                yield file_pb2.FileChunk(data=item)
+            else:
+                yield file_pb2.FileChunk(info=info_to_pb(item))
+
+
+def info_to_pb(info: TransferInfo) -> Any:
+    return file_pb2.FileInfo(
+        path=wire_text(info.path),
+        size=info.size,
+        sha256=info.sha256,
+        tar=info.tar,
+        files=info.files,
+        redactions=info.redactions,
+    )
+
+
 def audit_to_pb(rec: AuditRecord) -> Any:
     fields = dataclasses.asdict(rec)
     fields["time"] = _timestamp(datetime.fromtimestamp(rec.time, UTC))
@@ -376,6 +427,8 @@ class Server:
             ApprovalServicer(policy.approvals), server
         )
         audit_pb2_grpc.add_AuditServiceServicer_to_server(AuditServicer(policy.audit), server)
+        transfers = FileTransfers(config, sandboxes, policy)
+        file_pb2_grpc.add_FileServiceServicer_to_server(FileServicer(transfers), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection((*SERVICES, reflection.SERVICE_NAME), self._server)
         self.port = self._server.add_insecure_port(config.listen)

@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from stockade.agent import PROTOCOL_VERSION, __version__, tools
+from stockade.agent import PROTOCOL_VERSION, __version__, tools, transfers
 from stockade.agent.errors import ToolError
 from stockade.agent.execute import StreamSink, unignore_signals
 from stockade.agent.processes import ProcessTable
@@ -91,6 +91,37 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             yield agent_pb2.InvokeEvent(result=_error(exc.code, exc.message))
             return
         yield agent_pb2.InvokeEvent(result=agent_pb2.InvokeResponse(result_json=json.dumps(state)))
+
+    async def Upload(self, request_iterator: Any, context: Any) -> Any:
+        """The first chunk is the header; the rest is data."""
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("part") != "header":
+            return _error("INVALID_ARGS", "an upload starts with its header")
+        header = first.header
+
+        async def chunks() -> AsyncIterator[bytes]:
+            async for chunk in request_iterator:
+                if chunk.WhichOneof("part") == "data":
+                    yield chunk.data
+
+        try:
+            result = await transfers.receive(
+                self._workspace, header.path, tar=header.tar, mode=header.mode, chunks=chunks()
+            )
+        except ToolError as exc:
+            return _error(exc.code, exc.message)
+        return agent_pb2.InvokeResponse(result_json=json.dumps(result))
+
+    async def Download(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        try:
+            async for item in transfers.send(self._workspace, request.path, tar=request.tar):
+                if isinstance(item, bytes):
+                    yield agent_pb2.DownloadChunk(data=item)
+                else:
+                    done = agent_pb2.InvokeResponse(result_json=json.dumps(item))
+                    yield agent_pb2.DownloadChunk(result=done)
+        except ToolError as exc:
+            yield agent_pb2.DownloadChunk(result=_error(exc.code, exc.message))
 
     async def _respond(self, request: Any, sink: StreamSink | None) -> Any:
         try:

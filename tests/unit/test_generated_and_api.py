@@ -41,6 +41,7 @@ def test_public_client_api() -> None:
         "AuditRecord",
         "CallContext",
         "DeadlineExceeded",
+        "FileInfo",
         "InvalidArgument",
         "NotFound",
         "Output",

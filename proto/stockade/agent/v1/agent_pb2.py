@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dstockade/agent/v1/agent.proto\x12\x11stockade.agent.v1\"\x0e\n\x0cHelloRequest\"m\n\rHelloResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x0b\n\x03uid\x18\x04 \x01(\r\x12\x11\n\tworkspace\x18\x05 \x01(\t\"I\n\rInvokeRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"s\n\x0eInvokeResponse\x12\x35\n\nerror_code\x18\x01 \x01(\x0e\x32!.stockade.agent.v1.AgentErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x13\n\x0bresult_json\x18\x03 \x01(\t\"\x16\n\x07Started\x12\x0b\n\x03pid\x18\x01 \x01(\r\"\"\n\x06Output\x12\n\n\x02\x66\x64\x18\x01 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\xa7\x01\n\x0bInvokeEvent\x12-\n\x07started\x18\x01 \x01(\x0b\x32\x1a.stockade.agent.v1.StartedH\x00\x12+\n\x06output\x18\x02 \x01(\x0b\x32\x19.stockade.agent.v1.OutputH\x00\x12\x33\n\x06result\x18\x03 \x01(\x0b\x32!.stockade.agent.v1.InvokeResponseH\x00\x42\x07\n\x05\x65vent*\xc3\x02\n\x0e\x41gentErrorCode\x12\x17\n\x13\x41GENT_ERROR_CODE_OK\x10\x00\x12!\n\x1d\x41GENT_ERROR_CODE_UNKNOWN_TOOL\x10\x01\x12!\n\x1d\x41GENT_ERROR_CODE_INVALID_ARGS\x10\x02\x12%\n!AGENT_ERROR_CODE_EXECUTION_FAILED\x10\x03\x12&\n\"AGENT_ERROR_CODE_PERMISSION_DENIED\x10\x04\x12#\n\x1f\x41GENT_ERROR_CODE_FILE_NOT_FOUND\x10\x05\x12!\n\x1d\x41GENT_ERROR_CODE_INVALID_PATH\x10\x06\x12\x1c\n\x18\x41GENT_ERROR_CODE_TIMEOUT\x10\x07\x12\x1d\n\x19\x41GENT_ERROR_CODE_INTERNAL\x10\x08\x32\xfd\x01\n\x0c\x41gentService\x12J\n\x05Hello\x12\x1f.stockade.agent.v1.HelloRequest\x1a .stockade.agent.v1.HelloResponse\x12M\n\x06Invoke\x12 .stockade.agent.v1.InvokeRequest\x1a!.stockade.agent.v1.InvokeResponse\x12R\n\x0cInvokeStream\x12 .stockade.agent.v1.InvokeRequest\x1a\x1e.stockade.agent.v1.InvokeEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dstockade/agent/v1/agent.proto\x12\x11stockade.agent.v1\"\x0e\n\x0cHelloRequest\"m\n\rHelloResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x0b\n\x03uid\x18\x04 \x01(\r\x12\x11\n\tworkspace\x18\x05 \x01(\t\"I\n\rInvokeRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"s\n\x0eInvokeResponse\x12\x35\n\nerror_code\x18\x01 \x01(\x0e\x32!.stockade.agent.v1.AgentErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x13\n\x0bresult_json\x18\x03 \x01(\t\"\x16\n\x07Started\x12\x0b\n\x03pid\x18\x01 \x01(\r\"\"\n\x06Output\x12\n\n\x02\x66\x64\x18\x01 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\xa7\x01\n\x0bInvokeEvent\x12-\n\x07started\x18\x01 \x01(\x0b\x32\x1a.stockade.agent.v1.StartedH\x00\x12+\n\x06output\x18\x02 \x01(\x0b\x32\x19.stockade.agent.v1.OutputH\x00\x12\x33\n\x06result\x18\x03 \x01(\x0b\x32!.stockade.agent.v1.InvokeResponseH\x00\x42\x07\n\x05\x65vent\"9\n\x0eTransferHeader\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0b\n\x03tar\x18\x02 \x01(\x08\x12\x0c\n\x04mode\x18\x03 \x01(\r\"Z\n\x0bUploadChunk\x12\x33\n\x06header\x18\x01 \x01(\x0b\x32!.stockade.agent.v1.TransferHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\",\n\x0f\x44ownloadRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0b\n\x03tar\x18\x02 \x01(\x08\"\\\n\rDownloadChunk\x12\x0e\n\x04\x64\x61ta\x18\x01 \x01(\x0cH\x00\x12\x33\n\x06result\x18\x02 \x01(\x0b\x32!.stockade.agent.v1.InvokeResponseH\x00\x42\x06\n\x04part*\xc3\x02\n\x0e\x41gentErrorCode\x12\x17\n\x13\x41GENT_ERROR_CODE_OK\x10\x00\x12!\n\x1d\x41GENT_ERROR_CODE_UNKNOWN_TOOL\x10\x01\x12!\n\x1d\x41GENT_ERROR_CODE_INVALID_ARGS\x10\x02\x12%\n!AGENT_ERROR_CODE_EXECUTION_FAILED\x10\x03\x12&\n\"AGENT_ERROR_CODE_PERMISSION_DENIED\x10\x04\x12#\n\x1f\x41GENT_ERROR_CODE_FILE_NOT_FOUND\x10\x05\x12!\n\x1d\x41GENT_ERROR_CODE_INVALID_PATH\x10\x06\x12\x1c\n\x18\x41GENT_ERROR_CODE_TIMEOUT\x10\x07\x12\x1d\n\x19\x41GENT_ERROR_CODE_INTERNAL\x10\x08\x32\xa0\x03\n\x0c\x41gentService\x12J\n\x05Hello\x12\x1f.stockade.agent.v1.HelloRequest\x1a .stockade.agent.v1.HelloResponse\x12M\n\x06Invoke\x12 .stockade.agent.v1.InvokeRequest\x1a!.stockade.agent.v1.InvokeResponse\x12R\n\x0cInvokeStream\x12 .stockade.agent.v1.InvokeRequest\x1a\x1e.stockade.agent.v1.InvokeEvent0\x01\x12M\n\x06Upload\x12\x1e.stockade.agent.v1.UploadChunk\x1a!.stockade.agent.v1.InvokeResponse(\x01\x12R\n\x08\x44ownload\x12\".stockade.agent.v1.DownloadRequest\x1a .stockade.agent.v1.DownloadChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stockade.agent.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_AGENTERRORCODE']._serialized_start=602
-  _globals['_AGENTERRORCODE']._serialized_end=925
+  _globals['_AGENTERRORCODE']._serialized_start=893
+  _globals['_AGENTERRORCODE']._serialized_end=1216
   _globals['_HELLOREQUEST']._serialized_start=52
   _globals['_HELLOREQUEST']._serialized_end=66
   _globals['_HELLORESPONSE']._serialized_start=68
@@ -48,6 +48,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OUTPUT']._serialized_end=429
   _globals['_INVOKEEVENT']._serialized_start=432
   _globals['_INVOKEEVENT']._serialized_end=599
-  _globals['_AGENTSERVICE']._serialized_start=928
-  _globals['_AGENTSERVICE']._serialized_end=1181
+  _globals['_TRANSFERHEADER']._serialized_start=601
+  _globals['_TRANSFERHEADER']._serialized_end=658
+  _globals['_UPLOADCHUNK']._serialized_start=660
+  _globals['_UPLOADCHUNK']._serialized_end=750
+  _globals['_DOWNLOADREQUEST']._serialized_start=752
+  _globals['_DOWNLOADREQUEST']._serialized_end=796
+  _globals['_DOWNLOADCHUNK']._serialized_start=798
+  _globals['_DOWNLOADCHUNK']._serialized_end=890
+  _globals['_AGENTSERVICE']._serialized_start=1219
+  _globals['_AGENTSERVICE']._serialized_end=1635
 # @@protoc_insertion_point(module_scope)

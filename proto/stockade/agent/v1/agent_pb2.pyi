@@ -89,3 +89,37 @@ class InvokeEvent(_message.Message):
     output: Output
     result: InvokeResponse
     def __init__(self, started: _Optional[_Union[Started, _Mapping]] = ..., output: _Optional[_Union[Output, _Mapping]] = ..., result: _Optional[_Union[InvokeResponse, _Mapping]] = ...) -> None: ...
+
+class TransferHeader(_message.Message):
+    __slots__ = ("path", "tar", "mode")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    TAR_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    tar: bool
+    mode: int
+    def __init__(self, path: _Optional[str] = ..., tar: _Optional[bool] = ..., mode: _Optional[int] = ...) -> None: ...
+
+class UploadChunk(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: TransferHeader
+    data: bytes
+    def __init__(self, header: _Optional[_Union[TransferHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class DownloadRequest(_message.Message):
+    __slots__ = ("path", "tar")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    TAR_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    tar: bool
+    def __init__(self, path: _Optional[str] = ..., tar: _Optional[bool] = ...) -> None: ...
+
+class DownloadChunk(_message.Message):
+    __slots__ = ("data", "result")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    result: InvokeResponse
+    def __init__(self, data: _Optional[bytes] = ..., result: _Optional[_Union[InvokeResponse, _Mapping]] = ...) -> None: ...

@@ -50,6 +50,16 @@ class AgentServiceStub:
                 request_serializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeRequest.SerializeToString,
                 response_deserializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeEvent.FromString,
                 _registered_method=True)
+        self.Upload = channel.stream_unary(
+                '/stockade.agent.v1.AgentService/Upload',
+                request_serializer=stockade_dot_agent_dot_v1_dot_agent__pb2.UploadChunk.SerializeToString,
+                response_deserializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeResponse.FromString,
+                _registered_method=True)
+        self.Download = channel.unary_stream(
+                '/stockade.agent.v1.AgentService/Download',
+                request_serializer=stockade_dot_agent_dot_v1_dot_agent__pb2.DownloadRequest.SerializeToString,
+                response_deserializer=stockade_dot_agent_dot_v1_dot_agent__pb2.DownloadChunk.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -76,6 +86,20 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Upload(self, request_iterator, context):
+        """A file (or a tar stream unpacked into a directory) written inside the workspace.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Download(self, request, context):
+        """A file (or a directory as a tar stream), then the result with size and sha256.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -93,6 +117,16 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.InvokeStream,
                     request_deserializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeRequest.FromString,
                     response_serializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeEvent.SerializeToString,
+            ),
+            'Upload': grpc.stream_unary_rpc_method_handler(
+                    servicer.Upload,
+                    request_deserializer=stockade_dot_agent_dot_v1_dot_agent__pb2.UploadChunk.FromString,
+                    response_serializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeResponse.SerializeToString,
+            ),
+            'Download': grpc.unary_stream_rpc_method_handler(
+                    servicer.Download,
+                    request_deserializer=stockade_dot_agent_dot_v1_dot_agent__pb2.DownloadRequest.FromString,
+                    response_serializer=stockade_dot_agent_dot_v1_dot_agent__pb2.DownloadChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +210,60 @@ class AgentService:
             '/stockade.agent.v1.AgentService/InvokeStream',
             stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeRequest.SerializeToString,
             stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Upload(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/stockade.agent.v1.AgentService/Upload',
+            stockade_dot_agent_dot_v1_dot_agent__pb2.UploadChunk.SerializeToString,
+            stockade_dot_agent_dot_v1_dot_agent__pb2.InvokeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Download(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/stockade.agent.v1.AgentService/Download',
+            stockade_dot_agent_dot_v1_dot_agent__pb2.DownloadRequest.SerializeToString,
+            stockade_dot_agent_dot_v1_dot_agent__pb2.DownloadChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,159 @@
+"""Moving files in and out of the workspace, inside the container.
+
+Uploads land atomically (a temporary file in the same directory, fsync, rename) or, for a tar
+stream, are unpacked by GNU tar (which refuses `..` members and delays symlinks, and runs as
+the sandbox user). Downloads stream a file, or a directory packed by tar. Paths follow the file
+tools' rules: nothing outside the workspace, also not through a symlink."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from . import paths
+from .errors import ToolError, from_os_error
+from .files import _fsync_dir
+
+CHUNK = 1 << 20
+TAR = "/bin/tar"
+
+
+async def receive(
+    root: Path, path: str, *, tar: bool, mode: int, chunks: AsyncIterator[bytes]
+) -> dict[str, Any]:
+    """Write the uploaded bytes at `path` (or unpack them there with tar)."""
+    if tar:
+        return await _untar(root, path, chunks)
+    target = await asyncio.to_thread(paths.resolve, root, path, must_exist=False, kind="file")
+    shown = paths.display(root, target)
+    try:
+        await asyncio.to_thread(target.parent.mkdir, parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=".stockade-upload-")
+    except OSError as exc:
+        raise from_os_error(exc, shown) from None
+    digest, size = hashlib.sha256(), 0
+    try:
+        async for data in chunks:
+            await asyncio.to_thread(_write_all, fd, data, digest)
+            size += len(data)
+        await asyncio.to_thread(_finish, fd, temp, target, mode or 0o644)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    return {"path": shown, "size": size, "sha256": digest.hexdigest(), "tar": False}
+
+
+def _write_all(fd: int, data: bytes, digest: Any) -> None:
+    digest.update(data)
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _finish(fd: int, temp: str, target: Path, mode: int) -> None:
+    os.fchmod(fd, mode & 0o777)
+    os.fsync(fd)
+    os.close(fd)
+    os.replace(temp, target)
+    _fsync_dir(target.parent)
+
+
+async def _untar(root: Path, path: str, chunks: AsyncIterator[bytes]) -> dict[str, Any]:
+    target = await asyncio.to_thread(paths.resolve, root, path, must_exist=False, kind="dir")
+    shown = paths.display(root, target)
+    await asyncio.to_thread(target.mkdir, parents=True, exist_ok=True)
+    proc = await asyncio.create_subprocess_exec(
+        TAR, "-x", "-v", "-f", "-", "-C", str(target), "--no-same-owner",
+        "--no-same-permissions", "--delay-directory-restore",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    if proc.stdin is None or proc.stdout is None or proc.stderr is None:
+        raise ToolError("EXECUTION_FAILED", "could not start tar")
+    digest, size = hashlib.sha256(), 0
+    out_task = asyncio.ensure_future(proc.stdout.read())
+    err_task = asyncio.ensure_future(proc.stderr.read())
+    try:
+        async for data in chunks:
+            digest.update(data)
+            size += len(data)
+            proc.stdin.write(data)
+            await proc.stdin.drain()
+        proc.stdin.close()
+        code = await proc.wait()
+    except (BrokenPipeError, ConnectionResetError):
+        code = await proc.wait()
+    except BaseException:
+        proc.kill()
+        await proc.wait()
+        raise
+    names, problems = await out_task, await err_task
+    if code != 0:
+        message = problems.decode(errors="replace").strip()[-2000:] or f"tar exited with {code}"
+        raise ToolError("INVALID_ARGS", f"could not unpack into '{shown}': {message}")
+    count = len([n for n in names.splitlines() if n.strip()])
+    return {"path": shown, "size": size, "sha256": digest.hexdigest(), "tar": True, "files": count}
+
+
+async def send(root: Path, path: str, *, tar: bool) -> AsyncIterator[bytes | dict[str, Any]]:
+    """The bytes of `path` (or of a tar of the directory), then a dict with size and sha256."""
+    if tar:
+        source = await asyncio.to_thread(paths.resolve, root, path, kind="dir")
+    else:
+        source = await asyncio.to_thread(paths.resolve, root, path, kind="file")
+    shown = paths.display(root, source)
+    digest, size = hashlib.sha256(), 0
+    stream = _pack(source) if tar else _read(source, shown)
+    files = 0
+    async for data in stream:
+        if isinstance(data, int):
+            files = data
+            continue
+        digest.update(data)
+        size += len(data)
+        yield data
+    yield {"path": shown, "size": size, "sha256": digest.hexdigest(), "tar": tar, "files": files}
+
+
+async def _read(source: Path, shown: str) -> AsyncIterator[bytes | int]:
+    try:
+        file = await asyncio.to_thread(open, source, "rb")
+    except OSError as exc:
+        raise from_os_error(exc, shown) from None
+    try:
+        while data := await asyncio.to_thread(file.read, CHUNK):
+            yield data
+    finally:
+        file.close()
+
+
+async def _pack(source: Path) -> AsyncIterator[bytes | int]:
+    proc = await asyncio.create_subprocess_exec(
+        TAR, "-c", "-v", "-f", "-", "-C", str(source), ".",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    if proc.stdout is None or proc.stderr is None:
+        raise ToolError("EXECUTION_FAILED", "could not start tar")
+    listing = asyncio.ensure_future(proc.stderr.read())
+    try:
+        while data := await proc.stdout.read(CHUNK):
+            yield data
+        code = await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    names = (await listing).decode(errors="replace").splitlines()
+    if code != 0:
+        raise ToolError("EXECUTION_FAILED", f"tar failed: {' '.join(names[-5:])}")
+    yield len([n for n in names if n and n != "./"])
