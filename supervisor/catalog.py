@@ -29,11 +29,6 @@ class ToolSpec:
     custom: CustomToolConfig | None = None
     """For custom tools: the command template and how to run it."""
 
-    @property
-    def runs_command(self) -> bool:
-        """Whether the call runs a shell command (the guard and approvals look at it)."""
-        return self.name in ("exec", "process") or self.custom is not None
-
 
 def _obj(required: list[str], **props: dict[str, Any]) -> dict[str, Any]:
     return {
@@ -293,7 +288,3 @@ def _check_custom(item: CustomToolConfig, tools: Mapping[str, ToolSpec]) -> None
             raise ConfigError(f"{where}.profiles: unknown profile {profile!r}")
     if item.timeout_s <= 0:
         raise ConfigError(f"{where}.timeout_s must be positive")
-
-
-def get_tool(name: str) -> ToolSpec | None:
-    return TOOLS.get(name)

@@ -140,9 +140,10 @@ class ToolPipeline:
         try:
             limiter.take(call.sandbox_key)
             async with limiter.slot(call.sandbox_key):
-                if events is not None and (command is not None or _is_attach(spec, args)):
-                    return await self._invoke_streaming(call, spec, args, command, trail, events)
-                return await self._invoke(call, spec, args, command, trail)
+                streamed = command is not None or _is_attach(spec, args)
+                return await self._invoke(
+                    call, spec, args, command, trail, events if streamed else None
+                )
         except LimitExceeded as exc:
             return failure(ErrorCode.RATE_LIMITED, str(exc))
 
@@ -205,31 +206,6 @@ class ToolPipeline:
             reason = why.get(outcome.how, f"denied by {outcome.approver or 'an approver'}")
             raise _Stop(failure(ErrorCode.APPROVAL_DENIED, f"command not approved: {reason}"))
 
-    async def _invoke_streaming(
-        self,
-        call: ToolCall,
-        spec: ToolSpec,
-        args: dict[str, Any],
-        command: str | None,
-        trail: Trail,
-        events: asyncio.Queue[ToolEvent],
-    ) -> ToolResult:
-        tool, args, timeout = self._agent_call(call, spec, args, command, trail)
-        source = self._sandboxes.invoke_stream(
-            call.sandbox_key, tool, args, timeout, call.request_id
-        )
-        try:
-            reply, trail.stream_redactions = await relay(source, self._policy.scrubber, events)
-        except SandboxLost as exc:
-            return failure(ErrorCode.SANDBOX_LOST, str(exc))
-        except AgentCallFailed:
-            return failure(ErrorCode.TIMEOUT, f"{spec.name} did not finish within {timeout:.0f} s")
-        if reply is None:
-            return failure(
-                ErrorCode.EXECUTION_FAILED, "the sandbox ended the call without a result"
-            )
-        return self._result(tool, reply)
-
     def _agent_call(
         self,
         call: ToolCall,
@@ -252,16 +228,27 @@ class ToolPipeline:
         args: dict[str, Any],
         command: str | None,
         trail: Trail,
+        events: asyncio.Queue[ToolEvent] | None,
     ) -> ToolResult:
+        """Run the call in the sandbox; with `events`, relay its output as it comes."""
         tool, args, timeout = self._agent_call(call, spec, args, command, trail)
+        key, request_id = call.sandbox_key, call.request_id
         try:
-            reply = await self._sandboxes.invoke(
-                call.sandbox_key, tool, args, timeout, call.request_id
-            )
+            if events is None:
+                reply: AgentReply | None = await self._sandboxes.invoke(
+                    key, tool, args, timeout, request_id
+                )
+            else:
+                source = self._sandboxes.invoke_stream(key, tool, args, timeout, request_id)
+                reply, trail.stream_redactions = await relay(source, self._policy.scrubber, events)
         except SandboxLost as exc:
             return failure(ErrorCode.SANDBOX_LOST, str(exc))
         except AgentCallFailed:
             return failure(ErrorCode.TIMEOUT, f"{spec.name} did not finish within {timeout:.0f} s")
+        if reply is None:
+            return failure(
+                ErrorCode.EXECUTION_FAILED, "the sandbox ended the call without a result"
+            )
         return self._result(tool, reply)
 
     def _custom_exec_args(self, spec: ToolSpec, command: str | None) -> dict[str, Any]:

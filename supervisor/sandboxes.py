@@ -9,6 +9,7 @@ import os
 import shutil
 import stat
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -112,49 +113,45 @@ class SandboxManager:
         for sandbox in self._sandboxes.values():
             await sandbox.agent.close()
 
-    async def invoke(
-        self, key: str, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
-    ) -> AgentReply:
+    @asynccontextmanager
+    async def _agent(
+        self, key: str, *, pass_deadline: bool = True
+    ) -> AsyncIterator[AgentConnection]:
+        """The key's agent (its sandbox made ready), with a failed call turned into
+        SandboxLost or SandboxBroken; a passed deadline is the caller's to report unless
+        pass_deadline is off."""
         sandbox = await self.ensure(key)
         sandbox.last_used_at = datetime.now(UTC)
         try:
-            return await sandbox.agent.invoke(tool, arguments, timeout, request_id)
+            yield sandbox.agent
         except AgentCallFailed as exc:
-            if exc.code.name == "DEADLINE_EXCEEDED":
+            if pass_deadline and exc.code.name == "DEADLINE_EXCEEDED":
                 raise
             await self._diagnose(sandbox, exc)
+
+    async def invoke(
+        self, key: str, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
+    ) -> AgentReply:
+        async with self._agent(key) as agent:
+            return await agent.invoke(tool, arguments, timeout, request_id)
 
     async def invoke_stream(
         self, key: str, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
     ) -> AsyncIterator[AgentStarted | AgentOutput | AgentReply]:
-        sandbox = await self.ensure(key)
-        sandbox.last_used_at = datetime.now(UTC)
-        try:
-            async for event in sandbox.agent.invoke_stream(tool, arguments, timeout, request_id):
+        async with self._agent(key) as agent:
+            async for event in agent.invoke_stream(tool, arguments, timeout, request_id):
                 yield event
-        except AgentCallFailed as exc:
-            if exc.code.name == "DEADLINE_EXCEEDED":
-                raise
-            await self._diagnose(sandbox, exc)
 
     async def upload(
         self, key: str, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes]
     ) -> AgentReply:
-        sandbox = await self.ensure(key)
-        sandbox.last_used_at = datetime.now(UTC)
-        try:
-            return await sandbox.agent.upload(path, tar, mode, chunks, TRANSFER_TIMEOUT_S)
-        except AgentCallFailed as exc:
-            await self._diagnose(sandbox, exc)
+        async with self._agent(key, pass_deadline=False) as agent:
+            return await agent.upload(path, tar, mode, chunks, TRANSFER_TIMEOUT_S)
 
     async def download(self, key: str, path: str, tar: bool) -> AsyncIterator[bytes | AgentReply]:
-        sandbox = await self.ensure(key)
-        sandbox.last_used_at = datetime.now(UTC)
-        try:
-            async for item in sandbox.agent.download(path, tar, TRANSFER_TIMEOUT_S):
+        async with self._agent(key, pass_deadline=False) as agent:
+            async for item in agent.download(path, tar, TRANSFER_TIMEOUT_S):
                 yield item
-        except AgentCallFailed as exc:
-            await self._diagnose(sandbox, exc)
 
     async def _diagnose(self, sandbox: _Sandbox, exc: AgentCallFailed) -> NoReturn:
         """The agent call failed: find out whether the container died."""

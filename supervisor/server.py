@@ -82,20 +82,26 @@ def status_for(exc: errors.StockadeError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+async def _abort(context: Any, exc: Exception, where: str) -> None:
+    """End the RPC with the status for `exc` and a stable reason in trailing metadata; a bug
+    shows as INTERNAL, never as a Python class path."""
+    if isinstance(exc, errors.StockadeError):
+        context.set_trailing_metadata(((REASON_KEY, exc.reason),))
+        await context.abort(status_for(exc), str(exc))
+    log.error("internal error in %s", where, exc_info=exc)
+    context.set_trailing_metadata(((REASON_KEY, "INTERNAL"),))
+    await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the supervisor log")
+
+
 def mapped(handler: Handler[R]) -> Handler[R]:
-    """Turn domain errors into gRPC statuses with a stable reason in trailing metadata."""
+    """Turn domain errors into gRPC statuses (unary handlers)."""
 
     @functools.wraps(handler)
     async def wrapper(self: Any, request: Any, context: Any) -> R:
         try:
             return await handler(self, request, context)
-        except errors.StockadeError as exc:
-            context.set_trailing_metadata(((REASON_KEY, exc.reason),))
-            await context.abort(status_for(exc), str(exc))
-        except Exception:
-            log.exception("internal error in %s", handler.__name__)
-            context.set_trailing_metadata(((REASON_KEY, "INTERNAL"),))
-            await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the supervisor log")
+        except Exception as exc:
+            await _abort(context, exc, handler.__name__)
         raise AssertionError("unreachable")
 
     return wrapper
@@ -111,13 +117,8 @@ def mapped_stream(
         try:
             async for item in handler(self, request, context):
                 yield item
-        except errors.StockadeError as exc:
-            context.set_trailing_metadata(((REASON_KEY, exc.reason),))
-            await context.abort(status_for(exc), str(exc))
-        except Exception:
-            log.exception("internal error in %s", handler.__name__)
-            context.set_trailing_metadata(((REASON_KEY, "INTERNAL"),))
-            await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the supervisor log")
+        except Exception as exc:
+            await _abort(context, exc, handler.__name__)
 
     return wrapper
 
