@@ -5,6 +5,7 @@ per transfer. The agent does the file work inside the container."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
@@ -58,7 +59,28 @@ class FileTransfers:
     async def upload(self, t: Transfer, chunks: AsyncIterator[bytes]) -> TransferInfo:
         self._allow(t, "write_file", "upload_file")
         started = time.monotonic()
-        reply = await self._sandboxes.upload(t.sandbox_key, t.path, t.tar, t.mode, chunks)
+        bad: list[errors.StockadeError] = []
+
+        async def checked() -> AsyncIterator[bytes]:
+            """The client's data; a stream that turns bad cancels the agent's upload (which
+            then drops its temporary file) instead of ending it, which would commit it."""
+            try:
+                async for data in chunks:
+                    yield data
+            except errors.StockadeError as exc:
+                bad.append(exc)
+                work.cancel()
+
+        sandboxes = self._sandboxes
+        work = asyncio.ensure_future(
+            sandboxes.upload(t.sandbox_key, t.path, t.tar, t.mode, checked())
+        )
+        try:
+            reply = await work
+        except asyncio.CancelledError:
+            if bad:
+                raise bad[0] from None
+            raise
         info = _info(self._checked(reply))
         self._audit(t, "upload_file", started, info, "")
         return info

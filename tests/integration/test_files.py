@@ -145,3 +145,30 @@ def test_policy_and_scrubbing_apply_to_transfers(policy_sup: Supervisor, tmp_pat
         assert (tmp_path / "s").read_text() == "GITHUB_TOKEN=[REDACTED]\nok\n"
         tools = [r.tool for r in c.list_audit(sandbox_key="k")]
         assert tools[:3] == ["download_file", "download_file", "upload_file"]
+
+
+def test_raw_upload_without_a_header_is_refused(supervisor: Supervisor, key: str) -> None:
+    import grpc
+
+    from stockade.v1 import file_pb2, file_pb2_grpc
+
+    with grpc.insecure_channel(supervisor.target) as channel:
+        stub = file_pb2_grpc.FileServiceStub(channel)
+        for chunks in (
+            [file_pb2.FileChunk(data=b"no header first")],
+            [],
+            [
+                file_pb2.FileChunk(header=file_pb2.FileHeader(sandbox_key=key, path="h.txt")),
+                file_pb2.FileChunk(header=file_pb2.FileHeader(sandbox_key=key, path="again")),
+            ],
+        ):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.UploadFile(iter(chunks), timeout=60)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "upload" in (info.value.details() or "")
+        with pytest.raises(grpc.RpcError) as bad_key:
+            stub.UploadFile(iter([file_pb2.FileChunk(header=file_pb2.FileHeader(path="x"))]))
+        assert bad_key.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with supervisor.client() as c:
+        left = c.sandbox(key).exec("ls -A").stdout
+    assert left == "", "a refused upload must leave neither the file nor a temporary file"

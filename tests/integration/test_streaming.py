@@ -161,3 +161,14 @@ def test_non_command_tools_stream_just_the_result(client: Stockade, key: str) ->
     assert len(events) == 1
     assert isinstance(events[0], ToolResult)
     assert events[0].data["content"] == "streamed"
+
+
+def test_bad_key_on_a_stream_is_a_status(client: Stockade) -> None:
+    from stockade.client import InvalidArgument
+
+    for bad in ("", "k" * 10_000):
+        with pytest.raises(InvalidArgument):
+            list(client.call_stream(bad, "exec", {"command": "true"}))
+    events = list(client.call_stream("fine-key", "no_such_tool", {}))
+    assert isinstance(events[-1], ToolResult)
+    assert events[-1].error_code == "NOT_FOUND"
