@@ -30,14 +30,32 @@ def engine_url(engine: str) -> str:
     return f"unix://{PODMAN_SOCKET if engine == 'podman' else DOCKER_SOCKET}"
 
 
+_started: dict[str, subprocess.Popen[bytes]] = {}
+"""Engine services this test session started (held, so they are stopped, not leaked)."""
+
+
 def bring_up(engine: str) -> None:
     """Start the engine's service if nothing answers, and build the image if stale."""
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     if engine == "podman":
-        ensure_podman_service(PODMAN_SOCKET, RUN_DIR / "podman-service.log")
+        service = ensure_podman_service(PODMAN_SOCKET, RUN_DIR / "podman-service.log")
     else:
-        ensure_dockerd(RUN_DIR / "dockerd.log")
+        service = ensure_dockerd(RUN_DIR / "dockerd.log")
+    if service is not None:
+        _started[engine] = service
     build_image(engine, cache_dir=default_cache_dir(), log=lambda _line: None)  # type: ignore[arg-type]
+
+
+def stop_started_services() -> None:
+    """Stop the engine services bring_up started, leaving the machine as the session found it."""
+    while _started:
+        _engine, service = _started.popitem()
+        service.terminate()
+        try:
+            service.wait(60)
+        except subprocess.TimeoutExpired:
+            service.kill()
+            service.wait(10)
 
 
 @dataclass
