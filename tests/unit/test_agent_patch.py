@@ -374,7 +374,6 @@ async def test_third_file_failing_changes_nothing(ws: Path) -> None:
     assert snapshot(ws) == before
 
 
-
 async def test_failure_while_staging_undoes_everything_also_as_root(ws: Path) -> None:
     """A file-size limit makes the third file's temporary copy fail (EFBIG) after the first
     two were staged and a directory was made: all of that is undone."""
@@ -394,7 +393,6 @@ async def test_failure_while_staging_undoes_everything_also_as_root(ws: Path) ->
         signal.signal(signal.SIGXFSZ, handler)
     assert message == "apply_patch: path 'fresh/big.txt': File too large"
     assert snapshot(ws) == before
-
 
 
 # files that must or must not exist, and the same file twice
