@@ -42,7 +42,10 @@ def _obj(required: list[str], **props: dict[str, Any]) -> dict[str, Any]:
 _STR = {"type": "string"}
 _PATH = {"type": "string", "description": "Path relative to /workspace."}
 _CODING = ("coding", "full")
-_PROCESS_ACTIONS = ("start", "list", "poll", "log", "write", "kill", "remove", "attach")
+_PROCESS_ACTIONS = (
+    "start", "list", "poll", "log", "write", "kill", "remove", "attach", "resize",
+)  # fmt: skip
+_WINDOW = {"type": "integer", "minimum": 1, "maximum": 1000}
 _SIGNALS = ("TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2")
 
 _TOOLS = [
@@ -73,11 +76,13 @@ _TOOLS = [
         "process",
         "runtime",
         "Background processes (dev servers, watchers) that outlive the call. Actions: "
-        "start (command, workdir, env, name) runs sh -c in /workspace and returns an id; "
+        "start (command, workdir, env, name, pty, cols, rows) runs sh -c in /workspace and "
+        "returns an id (pty: on a terminal, for programs that need one); "
         "list; poll (id); log (id, offset, limit) reads the combined stdout and stderr from a "
         "byte offset (continue from next_offset); write (id, data, eof) feeds stdin, eof "
         "closes it; kill (id, signal: TERM by default, KILL, INT, HUP) signals its process "
-        "group; remove (id) forgets an exited one. A few may run at once (5 by default).",
+        "group; resize (id, cols, rows) sets a terminal's size; remove (id) forgets an exited "
+        "one. A few may run at once (5 by default).",
         _obj(
             ["action"],
             action={"type": "string", "enum": list(_PROCESS_ACTIONS)},
@@ -93,6 +98,9 @@ _TOOLS = [
                 "maxLength": 64,
                 "description": "start: a name to use instead of the id.",
             },
+            pty={"type": "boolean", "description": "start: run on a pseudo-terminal."},
+            cols={**_WINDOW, "description": "start, resize: terminal columns (default 80)."},
+            rows={**_WINDOW, "description": "start, resize: terminal rows (default 24)."},
             id={**_STR, "description": "The process id (p1, p2, ...) or name."},
             offset={"type": "integer", "minimum": 0, "description": "log: first byte (default 0)."},
             limit={

@@ -110,10 +110,13 @@ def _process(d: dict[str, Any]) -> str:
     ident = d["id"]
     if "started_at" in d:
         named = f" '{d['name']}'" if d.get("name") else ""
-        return f"Started process {ident}{named} (pid {d.get('pid')}): {d.get('command', '')}"
+        tty = " on a terminal" if d.get("pty") else ""
+        return f"Started process {ident}{named} (pid {d.get('pid')}){tty}: {d.get('command', '')}"
     if "written" in d:
         closed = "; stdin closed" if d.get("eof") else ""
         return f"Wrote {d['written']} bytes to the stdin of {ident}{closed}"
+    if "cols" in d:
+        return f"Resized the terminal of {ident} to {d['cols']}x{d['rows']}"
     if d.get("removed"):
         return f"Removed process {ident}"
     if "output_bytes" in d:

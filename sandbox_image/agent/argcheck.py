@@ -53,6 +53,13 @@ def opt_str(args: Args, name: str, default: D) -> str | D:
     return default if value is None else _check(name, value, "a string", _is_str)
 
 
+def req_int(args: Args, name: str) -> int:
+    """A required integer argument."""
+    if name not in args:
+        raise ToolError("INVALID_ARGS", f"argument '{name}' is required")
+    return _check(name, args[name], "an integer", _is_int)
+
+
 def opt_int(args: Args, name: str, default: D) -> int | D:
     """An optional integer argument (not a boolean, not a float)."""
     value = args.get(name)

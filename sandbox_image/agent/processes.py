@@ -14,15 +14,24 @@ Life of one process:
    is SIGKILLed and the shell reaped: an exited process has nothing left running;
 4. the entry and its log stay until `remove`; past `max_exited` exited entries the
    oldest go. Processes end with the agent (`close`) or the container, never with a call.
+
+With `pty`, the command gets a pseudo-terminal instead (stdin, stdout and stderr all on its
+slave side, which is its controlling terminal): the log is what the terminal shows, input
+is typed into it (eof types the EOF character, ^D), and `resize` changes its window size
+(the kernel sends SIGWINCH to its foreground group).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import re
 import signal
+import struct
+import subprocess
+import termios
 from asyncio.subprocess import PIPE, STDOUT
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime
@@ -30,7 +39,7 @@ from pathlib import Path
 from typing import Any, Final, cast
 
 from . import paths
-from .argcheck import Args, expect_only, opt_bool, opt_int, opt_str, req_str
+from .argcheck import Args, expect_only, opt_bool, opt_int, opt_str, req_int, req_str
 from .errors import ToolError
 from .execute import (
     EOF_GRACE,
@@ -50,6 +59,10 @@ DEFAULT_LOG_LIMIT: Final = 64 * 1024
 MAX_LOG_LIMIT: Final = 1 << 20
 MAX_PENDING_STDIN: Final = 1 << 20
 MAX_NAME: Final = 64
+MAX_WINDOW: Final = 1000
+"""Columns and rows of a PTY window: 1 to this."""
+DEFAULT_WINDOW: Final = (80, 24)
+PTY_TERM: Final = "xterm-256color"
 KILL_WAIT: Final = 1.0
 """How long `kill` waits for the process to exit before it answers."""
 FOLLOW_CHUNK: Final = 64 * 1024
@@ -59,7 +72,7 @@ SIGNALS: Final = {
 }
 _ID: Final = re.compile(r"p[0-9]+")
 _ACTION_ARGS: Final[dict[str, tuple[str, ...]]] = {
-    "start": ("command", "workdir", "env", "name"),
+    "start": ("command", "workdir", "env", "name", "pty", "cols", "rows"),
     "list": (),
     "poll": ("id",),
     "log": ("id", "offset", "limit"),
@@ -67,6 +80,7 @@ _ACTION_ARGS: Final[dict[str, tuple[str, ...]]] = {
     "kill": ("id", "signal"),
     "remove": ("id",),
     "attach": ("id", "offset"),
+    "resize": ("id", "cols", "rows"),
 }
 
 
@@ -114,6 +128,7 @@ class _Process(asyncio.SubprocessProtocol):
         self.removed = False
         self.wake = asyncio.Event()
         """Set (and replaced) whenever output arrives or the state changes."""
+        self.pty: _Pty | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.SubprocessTransport, transport)
@@ -157,8 +172,66 @@ class _Process(asyncio.SubprocessProtocol):
         return {"state": "exited", "exit_code": code, "signal": None}
 
     def stdin(self) -> asyncio.WriteTransport | None:
+        if self.pty is not None:
+            return self.pty.writer
         pipe = self.transport.get_pipe_transport(0) if self.transport else None
         return pipe if isinstance(pipe, asyncio.WriteTransport) else None
+
+    def pending_stdin(self) -> int:
+        pipe = self.stdin()
+        return pipe.get_write_buffer_size() if pipe is not None and not pipe.is_closing() else 0
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        if self.pty is not None:
+            self.pty.close()
+
+
+class _PtyOutput(asyncio.Protocol):
+    """Reads the PTY's master side into the process's log; EOF (EIO) once the terminal is
+    closed by everything that held it."""
+
+    def __init__(self, proc: _Process) -> None:
+        self._proc = proc
+
+    def data_received(self, data: bytes) -> None:
+        self._proc.pipe_data_received(1, data)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._proc.pipe_connection_lost(1, exc)
+
+
+class _Pty:
+    """The master side of a process's terminal: a reader, a writer and the window size."""
+
+    def __init__(self, master: int, cols: int, rows: int) -> None:
+        self.master = master
+        self.cols, self.rows = cols, rows
+        self.reader: asyncio.ReadTransport | None = None
+        self.writer: asyncio.WriteTransport | None = None
+
+    async def connect(self, proc: _Process) -> None:
+        loop = asyncio.get_running_loop()
+        reader = os.fdopen(os.dup(self.master), "rb", buffering=0)
+        self.reader, _ = await loop.connect_read_pipe(lambda: _PtyOutput(proc), reader)
+        writer = os.fdopen(os.dup(self.master), "wb", buffering=0)
+        self.writer, _ = await loop.connect_write_pipe(asyncio.Protocol, writer)
+
+    def resize(self, cols: int, rows: int) -> None:
+        fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        self.cols, self.rows = cols, rows
+
+    def close(self) -> None:
+        for transport in (self.reader, self.writer):
+            if transport is not None:
+                transport.close()
+        if self.master >= 0:
+            os.close(self.master)
+            self.master = -1
 
 
 class ProcessTable:
@@ -192,6 +265,7 @@ class ProcessTable:
             "kill": self._kill,
             "remove": self._remove,
             "attach": self._attach_unary,
+            "resize": self._resize,
         }
 
     async def handle(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -248,19 +322,25 @@ class ProcessTable:
         for task in list(self._tasks):
             task.cancel()
         for proc in procs:
-            if proc.transport is not None:
-                proc.transport.close()
+            proc.close()
 
     # actions
 
     async def _start(self, args: Args) -> dict[str, Any]:
         command, env = _command(args), _env(args)
         workdir = opt_str(args, "workdir", ".")
+        window = _window(args) if opt_bool(args, "pty", False) else None
+        if window is None and ("cols" in args or "rows" in args):
+            raise ToolError("INVALID_ARGS", "'cols' and 'rows' need 'pty': true")
         cwd = await asyncio.to_thread(paths.resolve, self._root, workdir, kind="dir", arg="workdir")
         async with self._start_lock:
             name = self._new_name(args)
             self._check_room()
-            proc = await self._spawn(f"p{self._started + 1}", name, command, cwd, env)
+            ident = f"p{self._started + 1}"
+            if window is None:
+                proc = await self._spawn(ident, name, command, cwd, env)
+            else:
+                proc = await self._spawn_pty(ident, name, command, cwd, env, window)
             self._started += 1
             self._entries[proc.id] = proc
             task = asyncio.create_task(self._reap(proc))
@@ -272,6 +352,7 @@ class ProcessTable:
             "pid": proc.pid,
             "command": command,
             "started_at": proc.started_at,
+            "pty": proc.pty is not None,
         }
 
     async def _list(self, args: Args) -> dict[str, Any]:
@@ -279,7 +360,12 @@ class ProcessTable:
 
     async def _poll(self, args: Args) -> dict[str, Any]:
         proc = self._get(args)
-        return {"id": proc.id, **proc.status(), "output_bytes": proc.log.end}
+        return {
+            "id": proc.id,
+            **proc.status(),
+            "output_bytes": proc.log.end,
+            "pending_stdin": proc.pending_stdin(),
+        }
 
     async def _log(self, args: Args) -> dict[str, Any]:
         proc = self._get(args)
@@ -327,9 +413,16 @@ class ProcessTable:
             )
         if data:
             pipe.write(data)
-        if eof:
+        if eof and proc.pty is not None:
+            pipe.write(b"\x04")  # a terminal has no EOF to send: type ^D (ends a line read)
+        elif eof:
             pipe.write_eof()
-        return {"id": proc.id, "written": len(data), "eof": eof}
+        return {
+            "id": proc.id,
+            "written": len(data),
+            "eof": eof,
+            "pending_stdin": proc.pending_stdin(),
+        }
 
     async def _kill(self, args: Args) -> dict[str, Any]:
         proc = self._get(args)
@@ -350,6 +443,19 @@ class ProcessTable:
             "state": status["state"],
             "exit_code": status["exit_code"],
         }
+
+    async def _resize(self, args: Args) -> dict[str, Any]:
+        proc = self._get(args)
+        cols, rows = req_int(args, "cols"), req_int(args, "rows")
+        _check_window(cols, rows)
+        if proc.pty is None:
+            raise ToolError(
+                "INVALID_ARGS", f"process '{proc.id}' has no terminal (start it with 'pty': true)"
+            )
+        if not proc.running:
+            raise ToolError("INVALID_ARGS", f"process '{proc.id}' has exited")
+        proc.pty.resize(cols, rows)
+        return {"id": proc.id, "cols": cols, "rows": rows}
 
     async def _remove(self, args: Args) -> dict[str, Any]:
         proc = self._get(args)
@@ -424,6 +530,45 @@ class ProcessTable:
         _raise_oom_score(proc.pid)
         return proc
 
+    async def _spawn_pty(
+        self,
+        ident: str,
+        name: str | None,
+        command: str,
+        cwd: Path,
+        env: dict[str, str],
+        window: tuple[int, int],
+    ) -> _Process:
+        loop = asyncio.get_running_loop()
+        master, slave = os.openpty()
+        pty = _Pty(master, *window)
+        try:
+            pty.resize(*window)
+            _, proc = await loop.subprocess_exec(
+                lambda: _Process(ident, name, command, self._log_bytes),
+                "/bin/sh",
+                "-c",
+                command,
+                stdin=slave,
+                stdout=slave,
+                stderr=slave,
+                cwd=cwd,
+                env={**os.environ, "TERM": PTY_TERM, **env},
+                start_new_session=True,
+                preexec_fn=_take_terminal,
+            )
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            pty.close()
+            raise ToolError(
+                "EXECUTION_FAILED", f"could not start the command: {_reason(exc)}"
+            ) from None
+        finally:
+            os.close(slave)
+        proc.pty = pty
+        await pty.connect(proc)
+        _raise_oom_score(proc.pid)
+        return proc
+
     async def _reap(self, proc: _Process) -> None:
         """After the shell exits: drain, kill what is left of its group, close, prune."""
         try:
@@ -432,8 +577,7 @@ class ProcessTable:
             await _within(proc.eof, EOF_GRACE)
             await _kill_group(proc.pid)
         finally:
-            if proc.transport is not None:
-                proc.transport.close()
+            proc.close()
             if not proc.finished.done():
                 proc.finished.set_result(None)
             proc.changed()
@@ -462,6 +606,7 @@ def _entry(proc: _Process) -> dict[str, Any]:
         "started_at": proc.started_at,
         "ended_at": None if proc.running else proc.ended_at,
         "output_bytes": proc.log.end,
+        "pty": proc.pty is not None,
     }
 
 
@@ -494,6 +639,26 @@ def _partial_tail(data: bytes) -> int:
             need = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4
             return back if 0xC0 <= byte <= 0xF7 and back < need else 0
     return 0
+
+
+def _window(args: Args) -> tuple[int, int]:
+    cols = opt_int(args, "cols", DEFAULT_WINDOW[0])
+    rows = opt_int(args, "rows", DEFAULT_WINDOW[1])
+    _check_window(cols, rows)
+    return cols, rows
+
+
+def _check_window(cols: int, rows: int) -> None:
+    for name, value in (("cols", cols), ("rows", rows)):
+        if not 1 <= value <= MAX_WINDOW:
+            raise ToolError(
+                "INVALID_ARGS", f"argument '{name}' must be 1 to {MAX_WINDOW}, got {value}"
+            )
+
+
+def _take_terminal() -> None:
+    """In the child, after setsid: make stdin (the PTY's slave side) its controlling terminal."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 def _signal(args: Args) -> tuple[str, signal.Signals]:

@@ -79,7 +79,8 @@ async def output(table: ProcessTable, ident: str, *, until: str, within: float =
 
 async def test_start_list_poll_log(table: ProcessTable, ws: Path) -> None:
     started = await call(table, "start", command="echo out; echo err >&2", name="greeter")
-    assert set(started) == {"id", "name", "pid", "command", "started_at"}
+    assert set(started) == {"id", "name", "pid", "command", "started_at", "pty"}
+    assert started["pty"] is False
     assert (started["id"], started["name"]) == ("p1", "greeter")
     assert started["started_at"].endswith("Z")
     poll = await exited(table, "p1")
@@ -89,6 +90,7 @@ async def test_start_list_poll_log(table: ProcessTable, ws: Path) -> None:
         "exit_code": 0,
         "signal": None,
         "output_bytes": 8,
+        "pending_stdin": 0,
     }
     log = await call(table, "log", id="greeter")
     assert log == {
@@ -190,6 +192,7 @@ async def test_write_and_eof(table: ProcessTable) -> None:
         "id": ident,
         "written": 6,
         "eof": False,
+        "pending_stdin": 0,
     }
     await call(table, "write", id=ident, data="wörld\n", eof=True)
     assert (await exited(table, ident))["exit_code"] == 0
@@ -358,7 +361,8 @@ async def test_names(table: ProcessTable) -> None:
         (
             {"action": "launch"},
             "INVALID_ARGS",
-            "unknown action 'launch'; one of: start, list, poll, log, write, kill, remove, attach",
+            "unknown action 'launch'; one of: start, list, poll, log, write, kill, remove, "
+            "attach, resize",
         ),
         ({}, "INVALID_ARGS", "argument 'action' is required"),
         ({"action": 1}, "INVALID_ARGS", "argument 'action' must be a string, got integer"),
@@ -370,7 +374,8 @@ async def test_names(table: ProcessTable) -> None:
         (
             {"action": "start", "command": "true", "timeout": 5},
             "INVALID_ARGS",
-            "unknown argument 'timeout'; allowed: action, command, env, name, workdir",
+            "unknown argument 'timeout'; allowed: action, cols, command, env, name, pty, rows, "
+            "workdir",
         ),
         ({"action": "start"}, "INVALID_ARGS", "argument 'command' is required"),
         (
@@ -507,6 +512,100 @@ async def test_no_zombies_after_exits_and_kills(table: ProcessTable) -> None:
     assert zombie_children() == []
 
 
+# pty
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+async def test_pty_is_the_controlling_terminal_of_the_foreground_group(table: ProcessTable) -> None:
+    program = (
+        "import os, sys; "
+        "print(os.isatty(0), os.isatty(1), os.isatty(2), os.tcgetpgrp(0) == os.getpgrp()); "
+        "print(os.ttyname(0).startswith('/dev/pts/'), os.environ['TERM'])"
+    )
+    started = await call(table, "start", command=f'python3 -c "{program}"', pty=True)
+    assert started["pty"] is True
+    text = await output(table, started["id"], until="xterm")
+    # a terminal turns \n into \r\n
+    assert text == "True True True True\r\nTrue xterm-256color\r\n"
+    assert (await call(table, "list"))["processes"][0]["pty"] is True
+
+
+async def test_pty_input_is_echoed_and_read_by_input(table: ProcessTable) -> None:
+    ident = await start(table, "python3 -c \"print('got', input('name? '))\"", pty=True)
+    await output(table, ident, until="name? ")
+    await call(table, "write", id=ident, data="bob\n")
+    assert (await exited(table, ident))["exit_code"] == 0
+    assert await output(table, ident, until="got bob") == "name? bob\r\ngot bob\r\n"
+
+
+async def test_pty_window_size_and_resize_signal_the_program(table: ProcessTable) -> None:
+    ident = await start(table, "stty size", pty=True, cols=120, rows=40)
+    assert await output(table, ident, until="\n") == "40 120\r\n"
+    default = await start(table, "stty size", pty=True)
+    assert await output(table, default, until="\n") == "24 80\r\n"
+    program = (
+        "import os, signal, time\n"
+        'signal.signal(signal.SIGWINCH, lambda *_: print("size", *os.get_terminal_size()))\n'
+        'print("ready")\n'
+        "time.sleep(30)\n"
+    )
+    watcher = await start(table, f"python3 -c '{program}'", pty=True)
+    await output(table, watcher, until="ready")
+    assert await call(table, "resize", id=watcher, cols=100, rows=30) == {
+        "id": watcher,
+        "cols": 100,
+        "rows": 30,
+    }
+    await output(table, watcher, until="size 100 30")
+
+
+async def test_pty_eof_and_ctrl_c(table: ProcessTable) -> None:
+    cat = await start(table, "cat", pty=True)
+    await call(table, "write", id=cat, data="abc\n", eof=True)
+    assert (await exited(table, cat))["exit_code"] == 0
+    assert await output(table, cat, until="abc\r\nabc") == "abc\r\nabc\r\n"
+    sleeper = await start(table, "sleep 100", pty=True)
+    await asyncio.sleep(0.2)
+    await call(table, "write", id=sleeper, data="\x03")  # ^C: SIGINT to the foreground group
+    assert (await exited(table, sleeper))["signal"] == "SIGINT"
+
+
+async def test_pty_bad_arguments(table: ProcessTable) -> None:
+    assert await fails(table, "INVALID_ARGS", "start", command="true", cols=100) == (
+        "'cols' and 'rows' need 'pty': true"
+    )
+    for args in ({"cols": 0}, {"rows": 1001}, {"cols": -5}):
+        message = await fails(table, "INVALID_ARGS", "start", command="true", pty=True, **args)
+        assert "must be 1 to 1000" in message
+    assert "an integer" in await fails(
+        table, "INVALID_ARGS", "start", command="true", pty=True, cols="80"
+    )
+    plain = await start(table, "sleep 100")
+    assert "has no terminal" in await fails(
+        table, "INVALID_ARGS", "resize", id=plain, cols=80, rows=24
+    )
+    tty = await start(table, "true", pty=True)
+    await exited(table, tty)
+    assert "has exited" in await fails(table, "INVALID_ARGS", "resize", id=tty, cols=80, rows=24)
+    assert "'rows' is required" in await fails(table, "INVALID_ARGS", "resize", id=tty, cols=80)
+
+
+async def test_pty_processes_leave_no_descriptor_open(table: ProcessTable) -> None:
+    before = open_fds()
+    for _ in range(5):
+        ident = await start(table, "echo hi", pty=True)
+        await exited(table, ident)
+        killed = await start(table, "sleep 100", pty=True)
+        await call(table, "kill", id=killed, signal="KILL")
+        await exited(table, killed)
+    await asyncio.sleep(0.1)
+    assert open_fds() == before
+    assert zombie_children() == []
+
+
 # wiring
 
 
@@ -587,6 +686,13 @@ async def test_the_supervisor_renders_every_action(table: ProcessTable) -> None:
         f"p1  echoer  pid {pid}  exited by SIGTERM, exit code 143  2 bytes output  $ cat"
     )
     assert render("process", await call(table, "remove", id="p1")) == "Removed process p1"
+    tty = await call(table, "start", command="sleep 100", pty=True)
+    assert render("process", tty) == (
+        f"Started process p2 (pid {tty['pid']}) on a terminal: sleep 100"
+    )
+    assert render("process", await call(table, "resize", id="p2", cols=90, rows=20)) == (
+        "Resized the terminal of p2 to 90x20"
+    )
     wrapped = {
         "id": "p2",
         "offset": 9,
