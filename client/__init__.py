@@ -27,20 +27,22 @@ from stockade.client._core import (
     ToolSpec,
     Unavailable,
 )
-from stockade.client.aio import AsyncSandbox, AsyncStockade
-from stockade.client.sync import Sandbox, Stockade
+from stockade.client.aio import AsyncInteraction, AsyncSandbox, AsyncStockade
+from stockade.client.sync import Interaction, Sandbox, Stockade
 
 __all__ = [
     "ApprovalClosed",
     "ApprovalPending",
     "ApprovalRequest",
     "Approvals",
+    "AsyncInteraction",
     "AsyncSandbox",
     "AsyncStockade",
     "AuditRecord",
     "CallContext",
     "DeadlineExceeded",
     "FileInfo",
+    "Interaction",
     "InvalidArgument",
     "NotFound",
     "Output",

@@ -131,9 +131,11 @@ class ToolResult:
 
 @dataclass(frozen=True)
 class Started:
-    """A streamed call's command started (pid inside the sandbox)."""
+    """A streamed call's command started (pid inside the sandbox); for Interact also the
+    process tool's id of the process (p1, ...)."""
 
     pid: int
+    process_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -324,7 +326,7 @@ def tool_from_pb(msg: Any) -> ToolSpec:
 def stream_event_from_pb(msg: Any) -> StreamEvent:
     kind = msg.WhichOneof("event")
     if kind == "started":
-        return Started(msg.started.pid)
+        return Started(msg.started.pid, msg.started.process_id)
     if kind == "output":
         name = "stderr" if msg.output.stream == tool_pb2.OUTPUT_STREAM_STDERR else "stdout"
         return Output(name, msg.output.text)
@@ -435,6 +437,88 @@ def call_request(
     )
 
 
+def interact_start(
+    key: str,
+    command: str | None,
+    process: str | None,
+    *,
+    pty: bool,
+    cols: int,
+    rows: int,
+    workdir: str,
+    env: dict[str, str] | None,
+    name: str,
+    offset: int,
+    keep_running: bool,
+    context: CallContext | None,
+    request_id: str,
+) -> Any:
+    """The first message of an Interact call."""
+    start = tool_pb2.InteractStart(
+        sandbox_key=key,
+        context=context_pb(context),
+        process_id=process or "",
+        command=command or "",
+        workdir=workdir,
+        env=env or {},
+        name=name,
+        pty=pty,
+        offset=offset,
+        keep_running=keep_running,
+        request_id=request_id,
+    )
+    if cols or rows:
+        start.window.cols, start.window.rows = cols, rows
+    return tool_pb2.InteractInput(start=start)
+
+
+def stdin_message(data: bytes | str) -> Any:
+    return tool_pb2.InteractInput(data=data.encode() if isinstance(data, str) else data)
+
+
+def eof_message() -> Any:
+    return tool_pb2.InteractInput(eof=True)
+
+
+def resize_message(cols: int, rows: int) -> Any:
+    return tool_pb2.InteractInput(resize=tool_pb2.WindowSize(cols=cols, rows=rows))
+
+
+def signal_message(name: str) -> Any:
+    return tool_pb2.InteractInput(signal=name)
+
+
+class OutputBuffer:
+    """An Interact session's events as they are read: output text not yet consumed by
+    read_until, the Started event and the final result."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.started: Started | None = None
+        self.result: ToolResult | None = None
+
+    def add(self, event: StreamEvent) -> None:
+        if isinstance(event, Output):
+            self.text += event.text
+        elif isinstance(event, Started):
+            self.started = event
+        elif isinstance(event, ToolResult):
+            self.result = event
+
+    def take_until(self, marker: str) -> str | None:
+        """The text up to and including `marker`, once it is there."""
+        at = self.text.find(marker)
+        if at < 0:
+            return None
+        end = at + len(marker)
+        taken, self.text = self.text[:end], self.text[end:]
+        return taken
+
+    def take_all(self) -> str:
+        taken, self.text = self.text, ""
+        return taken
+
+
 Op = tuple[str, dict[str, Any], Callable[[ToolResult], Any]]
 """A helper call: tool name, arguments, and what to make of the result."""
 
@@ -454,10 +538,15 @@ def _nothing(result: ToolResult) -> None:
 
 
 def exec_op(
-    command: str, timeout: float | None, workdir: str | None, env: dict[str, str] | None
+    command: str,
+    timeout: float | None,
+    workdir: str | None,
+    env: dict[str, str] | None,
+    stdin: str | None = None,
 ) -> Op:
     args: dict[str, Any] = {"command": command}
-    for name, value in (("timeout", timeout), ("workdir", workdir), ("env", env)):
+    given = (("timeout", timeout), ("workdir", workdir), ("env", env), ("stdin", stdin))
+    for name, value in given:
         if value is not None:
             args[name] = value
     return "exec", args, lambda result: result

@@ -184,6 +184,36 @@ class AsyncStockade:
         finally:
             stream.cancel()
 
+    async def interact(
+        self,
+        key: str,
+        command: str | None = None,
+        *,
+        process: str | None = None,
+        pty: bool = False,
+        cols: int = 0,
+        rows: int = 0,
+        workdir: str = "",
+        env: dict[str, str] | None = None,
+        name: str = "",
+        offset: int = 0,
+        keep_running: bool = False,
+        context: CallContext | None = None,
+        request_id: str = "",
+        deadline: float | None = None,
+    ) -> AsyncInteraction:
+        """Start `command` as a background process (on a terminal with `pty`), or attach to
+        the running `process` (its id or name), and talk to it: see AsyncInteraction."""
+        first = _core.interact_start(
+            key, command, process, pty=pty, cols=cols, rows=rows, workdir=workdir, env=env,
+            name=name, offset=offset, keep_running=keep_running, context=context,
+            request_id=request_id,
+        )  # fmt: skip
+        call = self._tools.Interact(timeout=deadline)
+        interaction = AsyncInteraction(call)
+        await interaction._write(first)
+        return interaction
+
     async def upload(
         self,
         key: str,
@@ -246,6 +276,96 @@ class AsyncStockade:
         return bool(reply.removed)
 
 
+class AsyncInteraction:
+    """A live session with a background process (ToolService.Interact), for asyncio:
+    the same methods as the blocking Interaction, awaited; `async with` detaches at the end."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._input_open = True
+        self._buffer = _core.OutputBuffer()
+        self._ended = False
+
+    async def __aenter__(self) -> AsyncInteraction:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    async def _write(self, message: Any) -> None:
+        if not self._input_open:
+            raise ValueError("the input side of this session is closed")
+        try:
+            await self._call.write(message)
+        except grpc.RpcError as exc:
+            raise _core.error_from_rpc(exc) from None
+
+    async def _next(self) -> StreamEvent | None:
+        if self._ended:
+            return None
+        try:
+            message = await self._call.read()
+        except grpc.RpcError as exc:
+            raise _core.error_from_rpc(exc) from None
+        if message is grpc.aio.EOF:
+            self._ended = True
+            return None
+        event = _core.stream_event_from_pb(message)
+        self._buffer.add(event)
+        return event
+
+    async def send(self, data: bytes | str) -> None:
+        await self._write(_core.stdin_message(data))
+
+    async def eof(self) -> None:
+        await self._write(_core.eof_message())
+
+    async def resize(self, cols: int, rows: int) -> None:
+        await self._write(_core.resize_message(cols, rows))
+
+    async def signal(self, name: str) -> None:
+        await self._write(_core.signal_message(name))
+
+    async def close_input(self) -> None:
+        if self._input_open:
+            self._input_open = False
+            await self._call.done_writing()
+
+    async def events(self) -> AsyncIterator[StreamEvent]:
+        while (event := await self._next()) is not None:
+            yield event
+
+    async def started(self) -> _core.Started:
+        while self._buffer.started is None:
+            if await self._next() is None:
+                raise _core.ToolError(self._require_result())
+        return self._buffer.started
+
+    async def read_until(self, marker: str) -> str:
+        while (text := self._buffer.take_until(marker)) is None:
+            if await self._next() is None:
+                raise EOFError(f"the session ended before {marker!r}: {self._buffer.text!r}")
+        return text
+
+    async def wait(self) -> ToolResult:
+        while await self._next() is not None:
+            pass
+        return self._require_result()
+
+    @property
+    def output(self) -> str:
+        return self._buffer.take_all()
+
+    def _require_result(self) -> ToolResult:
+        if self._buffer.result is None:
+            raise _core.StockadeError("the session ended without a result")
+        return self._buffer.result
+
+    def close(self) -> None:
+        self._input_open = False
+        self._call.cancel()
+
+
 class AsyncSandbox:
     """One sandbox key. Helpers other than call() and exec() raise ToolError on failure."""
 
@@ -278,9 +398,15 @@ class AsyncSandbox:
         timeout: float | None = None,
         workdir: str | None = None,
         env: dict[str, str] | None = None,
+        stdin: str | None = None,
     ) -> ToolResult:
-        """Run a shell command; a non-zero exit is a result (see .exit_code), not an error."""
-        return await self._do(_core.exec_op(command, timeout, workdir, env))  # type: ignore[no-any-return]
+        """Run a shell command (`stdin`: its whole input, then closed); a non-zero exit is a
+        result (see .exit_code), not an error."""
+        return await self._do(_core.exec_op(command, timeout, workdir, env, stdin))  # type: ignore[no-any-return]
+
+    async def interact(self, command: str | None = None, **kw: Any) -> AsyncInteraction:
+        """AsyncStockade.interact for this sandbox."""
+        return await self.client.interact(self.key, command, **kw)
 
     async def read_file(
         self, path: str, *, start_line: int | None = None, end_line: int | None = None

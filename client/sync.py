@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, BinaryIO, TypeVar
@@ -178,6 +179,33 @@ class Stockade:
         finally:
             stream.cancel()
 
+    def interact(
+        self,
+        key: str,
+        command: str | None = None,
+        *,
+        process: str | None = None,
+        pty: bool = False,
+        cols: int = 0,
+        rows: int = 0,
+        workdir: str = "",
+        env: dict[str, str] | None = None,
+        name: str = "",
+        offset: int = 0,
+        keep_running: bool = False,
+        context: CallContext | None = None,
+        request_id: str = "",
+        deadline: float | None = None,
+    ) -> Interaction:
+        """Start `command` as a background process (on a terminal with `pty`), or attach to
+        the running `process` (its id or name), and talk to it: see Interaction."""
+        first = _core.interact_start(
+            key, command, process, pty=pty, cols=cols, rows=rows, workdir=workdir, env=env,
+            name=name, offset=offset, keep_running=keep_running, context=context,
+            request_id=request_id,
+        )  # fmt: skip
+        return Interaction(self._tools.Interact, first, deadline)
+
     def upload(
         self,
         key: str,
@@ -239,6 +267,108 @@ class Stockade:
         return bool(self._rpc(self._sandboxes.DestroySandbox, request).removed)
 
 
+class Interaction:
+    """A live session with a background process (ToolService.Interact).
+
+    `send`, `eof`, `resize` and `signal` go to the process; `read_until` and `events` read
+    what it prints; `wait` reads to its end and returns the result (its exit state). Leaving
+    the `with` block (or `close`) detaches, killing a process this session started unless
+    keep_running. Read from one thread; input may come from any."""
+
+    def __init__(self, method: Callable[..., Any], first: Any, deadline: float | None) -> None:
+        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._requests.put(first)
+        self._input_open = True
+        self._stream = method(self._outgoing(), timeout=deadline)
+        self._events = self._incoming()
+        self._buffer = _core.OutputBuffer()
+
+    def __enter__(self) -> Interaction:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _outgoing(self) -> Iterator[Any]:
+        while (message := self._requests.get()) is not None:
+            yield message
+
+    def _incoming(self) -> Iterator[StreamEvent]:
+        try:
+            for message in self._stream:
+                event = _core.stream_event_from_pb(message)
+                self._buffer.add(event)
+                yield event
+        except grpc.RpcError as exc:
+            raise _core.error_from_rpc(exc) from None
+
+    def _put(self, message: Any) -> None:
+        if not self._input_open:
+            raise ValueError("the input side of this session is closed")
+        self._requests.put(message)
+
+    def send(self, data: bytes | str) -> None:
+        """Bytes (or text, as UTF-8) for the process's stdin."""
+        self._put(_core.stdin_message(data))
+
+    def eof(self) -> None:
+        """Close the process's stdin (on a terminal: type ^D)."""
+        self._put(_core.eof_message())
+
+    def resize(self, cols: int, rows: int) -> None:
+        self._put(_core.resize_message(cols, rows))
+
+    def signal(self, name: str) -> None:
+        """Signal the process group: TERM, KILL, INT, HUP, QUIT, USR1 or USR2."""
+        self._put(_core.signal_message(name))
+
+    def close_input(self) -> None:
+        """No more input; the output goes on until the process exits."""
+        if self._input_open:
+            self._input_open = False
+            self._requests.put(None)
+
+    def events(self) -> Iterator[StreamEvent]:
+        """The events not read yet: Started, ApprovalPending, Output chunks, the result last."""
+        yield from self._events
+
+    @property
+    def started(self) -> _core.Started:
+        """The Started event (pid, process_id); reads until it comes."""
+        while self._buffer.started is None:
+            if next(self._events, None) is None:
+                raise _core.ToolError(self._require_result())
+        return self._buffer.started
+
+    def read_until(self, marker: str) -> str:
+        """Output up to and including `marker`, reading until it appears; EOFError if the
+        process ends first."""
+        while (text := self._buffer.take_until(marker)) is None:
+            if next(self._events, None) is None:
+                raise EOFError(f"the session ended before {marker!r}: {self._buffer.text!r}")
+        return text
+
+    def wait(self) -> ToolResult:
+        """Read to the end: the result (error if the process exited non-zero)."""
+        for _ in self._events:
+            pass
+        return self._require_result()
+
+    @property
+    def output(self) -> str:
+        """Output read but not yet returned by read_until (taken by reading it)."""
+        return self._buffer.take_all()
+
+    def _require_result(self) -> ToolResult:
+        if self._buffer.result is None:
+            raise _core.StockadeError("the session ended without a result")
+        return self._buffer.result
+
+    def close(self) -> None:
+        self.close_input()
+        self._stream.cancel()
+
+
 class Sandbox:
     """One sandbox key. Helpers other than call() and exec() raise ToolError on failure."""
 
@@ -271,9 +401,15 @@ class Sandbox:
         timeout: float | None = None,
         workdir: str | None = None,
         env: dict[str, str] | None = None,
+        stdin: str | None = None,
     ) -> ToolResult:
-        """Run a shell command; a non-zero exit is a result (see .exit_code), not an error."""
-        return self._do(_core.exec_op(command, timeout, workdir, env))  # type: ignore[no-any-return]
+        """Run a shell command (`stdin`: its whole input, then closed); a non-zero exit is a
+        result (see .exit_code), not an error."""
+        return self._do(_core.exec_op(command, timeout, workdir, env, stdin))  # type: ignore[no-any-return]
+
+    def interact(self, command: str | None = None, **kw: Any) -> Interaction:
+        """Stockade.interact for this sandbox."""
+        return self.client.interact(self.key, command, **kw)
 
     def read_file(
         self, path: str, *, start_line: int | None = None, end_line: int | None = None

@@ -82,6 +82,8 @@ class SandboxInfo:
 @dataclass(frozen=True)
 class StartedEvent:
     pid: int
+    process_id: str = ""
+    """Interact: the process tool's id of the process."""
 
 
 @dataclass(frozen=True)
@@ -103,3 +105,47 @@ class ResultEvent:
 
 
 ToolEvent = StartedEvent | OutputEvent | ApprovalPendingEvent | ResultEvent
+
+
+@dataclass(frozen=True)
+class InteractRequest:
+    """The first message of an Interact call: a process to attach to, or a command to start."""
+
+    sandbox_key: str
+    context: CallContext = field(default_factory=CallContext)
+    process_id: str = ""
+    command: str = ""
+    workdir: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+    name: str = ""
+    pty: bool = False
+    cols: int = 0
+    rows: int = 0
+    """0: the default size (80x24)."""
+    offset: int = 0
+    keep_running: bool = False
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class StdinInput:
+    data: bytes
+
+
+@dataclass(frozen=True)
+class EofInput:
+    pass
+
+
+@dataclass(frozen=True)
+class ResizeInput:
+    cols: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class SignalInput:
+    name: str
+
+
+InteractInput = StdinInput | EofInput | ResizeInput | SignalInput

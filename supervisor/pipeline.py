@@ -122,6 +122,13 @@ class ToolPipeline:
             result = await self._run(call, trail, events)
         except _Stop as stop:
             result = stop.result
+        return self.finish(call, caller, trail, result, started)
+
+    def finish(
+        self, call: ToolCall, caller: str, trail: Trail, result: ToolResult, started: float
+    ) -> ToolResult:
+        """The last steps of every call: scrub, render and cap the result, stamp its duration
+        (since `started`, a time.monotonic()) and request id, and audit it."""
         result = self._scrubbed(result, trail.ran_as, trail.stream_redactions)
         elapsed = int((time.monotonic() - started) * 1000)
         result = replace(result, duration_ms=elapsed, request_id=call.request_id)
@@ -249,7 +256,7 @@ class ToolPipeline:
             return failure(
                 ErrorCode.EXECUTION_FAILED, "the sandbox ended the call without a result"
             )
-        return self._result(tool, reply)
+        return self.result_of(tool, reply)
 
     def _custom_exec_args(self, spec: ToolSpec, command: str | None) -> dict[str, Any]:
         custom = spec.custom
@@ -277,7 +284,8 @@ class ToolPipeline:
             return {**args, "timeout": wanted}, (limit or wanted) + _GRACE_S
         return args, (limit or tools.exec_max_timeout_s) + _GRACE_S
 
-    def _result(self, tool: str, reply: AgentReply) -> ToolResult:
+    def result_of(self, tool: str, reply: AgentReply) -> ToolResult:
+        """The agent's reply for `tool` as a result (exec: a failed command is an error)."""
         data = reply.result
         if reply.error_code and data is None:
             return failure(ErrorCode(reply.error_code), reply.error_message)

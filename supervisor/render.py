@@ -119,6 +119,8 @@ def _process(d: dict[str, Any]) -> str:
         return f"Resized the terminal of {ident} to {d['cols']}x{d['rows']}"
     if d.get("removed"):
         return f"Removed process {ident}"
+    if d.get("detached"):
+        return f"Detached from process {ident} after {_size(d.get('input_bytes', 0))} of input"
     if "output_bytes" in d:
         return f"Process {ident}: {_process_state(d)}, {_size(d['output_bytes'])} output"
     return f"Sent {d.get('signal')} to process {ident}: now {_process_state(d)}"

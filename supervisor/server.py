@@ -22,12 +22,19 @@ from stockade.supervisor import errors, schemas
 from stockade.supervisor.audit import AuditLog, AuditQuery, AuditRecord
 from stockade.supervisor.catalog import ToolSpec
 from stockade.supervisor.config import Config
+from stockade.supervisor.interact import Interaction
 from stockade.supervisor.models import (
     ApprovalPendingEvent,
     CallContext,
+    EofInput,
+    InteractInput,
+    InteractRequest,
     OutputEvent,
+    ResizeInput,
     SandboxInfo,
+    SignalInput,
     StartedEvent,
+    StdinInput,
     ToolCall,
     ToolEvent,
     ToolResult,
@@ -221,9 +228,12 @@ def tool_to_pb(spec: ToolSpec, fmt: SchemaFormat, aliases: tuple[str, ...]) -> A
 
 
 class ToolServicer(tool_pb2_grpc.ToolServiceServicer):
-    def __init__(self, pipeline: ToolPipeline, policy: HostPolicy) -> None:
+    def __init__(
+        self, pipeline: ToolPipeline, policy: HostPolicy, interaction: Interaction
+    ) -> None:
         self._pipeline = pipeline
         self._policy = policy
+        self._interaction = interaction
 
     @mapped
     async def ListTools(self, request: Any, context: Any) -> Any:
@@ -246,6 +256,55 @@ class ToolServicer(tool_pb2_grpc.ToolServiceServicer):
         async for event in stream:
             yield tool_event_to_pb(event)
 
+    @mapped_stream
+    async def Interact(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("input") != "start":
+            raise errors.InvalidRequest("an Interact call starts with a 'start' message")
+        request = interact_from_pb(first.start)
+        events = self._interaction.run(
+            request, interact_inputs(request_iterator), caller=context.peer()
+        )
+        async for event in events:
+            yield tool_event_to_pb(event)
+
+
+def interact_from_pb(start: Any) -> InteractRequest:
+    return InteractRequest(
+        sandbox_key=start.sandbox_key,
+        context=context_from_pb(start.context),
+        process_id=start.process_id,
+        command=start.command,
+        workdir=start.workdir,
+        env=tuple(sorted(start.env.items())),
+        name=start.name,
+        pty=start.pty,
+        cols=start.window.cols,
+        rows=start.window.rows,
+        offset=start.offset,
+        keep_running=start.keep_running,
+        request_id=start.request_id,
+    )
+
+
+async def interact_inputs(request_iterator: Any) -> AsyncIterator[InteractInput]:
+    """The caller's messages after the first, as domain inputs."""
+    async for message in request_iterator:
+        kind = message.WhichOneof("input")
+        if kind == "data":
+            yield StdinInput(bytes(message.data))
+        elif kind == "eof":
+            if message.eof:
+                yield EofInput()
+        elif kind == "resize":
+            yield ResizeInput(message.resize.cols, message.resize.rows)
+        elif kind == "signal":
+            yield SignalInput(message.signal)
+        elif kind == "start":
+            raise errors.InvalidRequest("only the first message of an Interact call is 'start'")
+        else:
+            raise errors.InvalidRequest("an Interact message with no input")
+
 
 def call_from_pb(request: Any) -> ToolCall:
     return ToolCall(
@@ -263,7 +322,8 @@ _STREAMS = {"stdout": tool_pb2.OUTPUT_STREAM_STDOUT, "stderr": tool_pb2.OUTPUT_S
 
 def tool_event_to_pb(event: ToolEvent) -> Any:
     if isinstance(event, StartedEvent):
-        return tool_pb2.ToolEvent(started=tool_pb2.ToolStarted(pid=event.pid))
+        started = tool_pb2.ToolStarted(pid=event.pid, process_id=event.process_id)
+        return tool_pb2.ToolEvent(started=started)
     if isinstance(event, OutputEvent):
         chunk = tool_pb2.OutputChunk(stream=_STREAMS[event.stream], text=wire_text(event.text))
         return tool_pb2.ToolEvent(output=chunk)
@@ -423,7 +483,10 @@ class Server:
         pipeline = ToolPipeline(config, sandboxes, policy)
         server = self._server
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(SandboxServicer(sandboxes), server)
-        tool_pb2_grpc.add_ToolServiceServicer_to_server(ToolServicer(pipeline, policy), server)
+        interaction = Interaction(pipeline, sandboxes, policy.scrubber)
+        tool_pb2_grpc.add_ToolServiceServicer_to_server(
+            ToolServicer(pipeline, policy, interaction), server
+        )
         approval_pb2_grpc.add_ApprovalServiceServicer_to_server(
             ApprovalServicer(policy.approvals), server
         )

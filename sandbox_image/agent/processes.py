@@ -30,8 +30,8 @@ import os
 import re
 import signal
 import struct
-import subprocess
 import termios
+import time
 from asyncio.subprocess import PIPE, STDOUT
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime
@@ -63,6 +63,8 @@ MAX_WINDOW: Final = 1000
 """Columns and rows of a PTY window: 1 to this."""
 DEFAULT_WINDOW: Final = (80, 24)
 PTY_TERM: Final = "xterm-256color"
+SETSID: Final = "/usr/bin/setsid"
+SESSION_WAIT: Final = 2.0
 KILL_WAIT: Final = 1.0
 """How long `kill` waits for the process to exit before it answers."""
 FOLLOW_CHUNK: Final = 64 * 1024
@@ -362,6 +364,7 @@ class ProcessTable:
         proc = self._get(args)
         return {
             "id": proc.id,
+            "pid": proc.pid,
             **proc.status(),
             "output_bytes": proc.log.end,
             "pending_stdin": proc.pending_stdin(),
@@ -544,8 +547,13 @@ class ProcessTable:
         pty = _Pty(master, *window)
         try:
             pty.resize(*window)
+            # setsid(1) makes the child a session leader with the terminal as its controlling
+            # one, then execs the shell: the same pid, no Python run between fork and exec
+            # (a preexec_fn crashes now and then in a child of the agent's gRPC threads)
             _, proc = await loop.subprocess_exec(
                 lambda: _Process(ident, name, command, self._log_bytes),
+                SETSID,
+                "--ctty",
                 "/bin/sh",
                 "-c",
                 command,
@@ -554,10 +562,8 @@ class ProcessTable:
                 stderr=slave,
                 cwd=cwd,
                 env={**os.environ, "TERM": PTY_TERM, **env},
-                start_new_session=True,
-                preexec_fn=_take_terminal,
             )
-        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        except (OSError, RuntimeError) as exc:
             pty.close()
             raise ToolError(
                 "EXECUTION_FAILED", f"could not start the command: {_reason(exc)}"
@@ -566,6 +572,7 @@ class ProcessTable:
             os.close(slave)
         proc.pty = pty
         await pty.connect(proc)
+        await _own_session(proc.pid)
         _raise_oom_score(proc.pid)
         return proc
 
@@ -641,6 +648,19 @@ def _partial_tail(data: bytes) -> int:
     return 0
 
 
+async def _own_session(pid: int) -> None:
+    """Wait (briefly) until setsid(1) has made `pid` a group leader: until then a signal for
+    its group would reach nothing."""
+    deadline = time.monotonic() + SESSION_WAIT
+    while time.monotonic() < deadline:
+        try:
+            if os.getpgid(pid) == pid:
+                return
+        except ProcessLookupError:
+            return
+        await asyncio.sleep(0.002)
+
+
 def _window(args: Args) -> tuple[int, int]:
     cols = opt_int(args, "cols", DEFAULT_WINDOW[0])
     rows = opt_int(args, "rows", DEFAULT_WINDOW[1])
@@ -654,11 +674,6 @@ def _check_window(cols: int, rows: int) -> None:
             raise ToolError(
                 "INVALID_ARGS", f"argument '{name}' must be 1 to {MAX_WINDOW}, got {value}"
             )
-
-
-def _take_terminal() -> None:
-    """In the child, after setsid: make stdin (the PTY's slave side) its controlling terminal."""
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 def _signal(args: Args) -> tuple[str, signal.Signals]:

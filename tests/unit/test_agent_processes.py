@@ -86,6 +86,7 @@ async def test_start_list_poll_log(table: ProcessTable, ws: Path) -> None:
     poll = await exited(table, "p1")
     assert poll == {
         "id": "p1",
+        "pid": started["pid"],
         "state": "exited",
         "exit_code": 0,
         "signal": None,

@@ -25,19 +25,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16stockade/v1/tool.proto\x12\x0bstockade.v1\"~\n\x0b\x43\x61llContext\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x03 \x01(\t\x12\x0f\n\x07\x63hat_id\x18\x04 \x01(\t\x12\x11\n\tpeer_kind\x18\x05 \x01(\t\x12\x16\n\x0esubagent_depth\x18\x06 \x01(\r\"\x9f\x01\n\x0f\x43\x61llToolRequest\x12\x13\n\x0bsandbox_key\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12)\n\x07\x63ontext\x18\x04 \x01(\x0b\x32\x18.stockade.v1.CallContext\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\x12\x12\n\nrequest_id\x18\x06 \x01(\t\"\xeb\x01\n\nToolResult\x12\x0f\n\x07\x66or_llm\x18\x01 \x01(\t\x12\x10\n\x08\x66or_user\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\x12.\n\nerror_code\x18\x04 \x01(\x0e\x32\x1a.stockade.v1.ToolErrorCode\x12\x15\n\rerror_message\x18\x05 \x01(\t\x12\x11\n\tdata_json\x18\x06 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x07 \x01(\x04\x12\x11\n\ttruncated\x18\x08 \x01(\x08\x12\x12\n\nredactions\x18\t \x01(\r\x12\x12\n\nrequest_id\x18\n \x01(\t\"h\n\x10ListToolsRequest\x12)\n\x07\x63ontext\x18\x01 \x01(\x0b\x32\x18.stockade.v1.CallContext\x12)\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x19.stockade.v1.SchemaFormat\"\x99\x01\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x1e\n\x16parameters_json_schema\x18\x04 \x01(\t\x12\x10\n\x08profiles\x18\x05 \x03(\t\x12\x18\n\x10\x64\x65\x63laration_json\x18\x06 \x01(\t\x12\x0f\n\x07\x61liases\x18\x07 \x03(\t\"9\n\x11ListToolsResponse\x12$\n\x05tools\x18\x01 \x03(\x0b\x32\x15.stockade.v1.ToolSpec\"\x1a\n\x0bToolStarted\x12\x0b\n\x03pid\x18\x01 \x01(\r\"F\n\x0bOutputChunk\x12)\n\x06stream\x18\x01 \x01(\x0e\x32\x19.stockade.v1.OutputStream\x12\x0c\n\x04text\x18\x02 \x01(\t\"6\n\x0f\x41pprovalPending\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xd2\x01\n\tToolEvent\x12+\n\x07started\x18\x01 \x01(\x0b\x32\x18.stockade.v1.ToolStartedH\x00\x12*\n\x06output\x18\x02 \x01(\x0b\x32\x18.stockade.v1.OutputChunkH\x00\x12\x38\n\x10\x61pproval_pending\x18\x03 \x01(\x0b\x32\x1c.stockade.v1.ApprovalPendingH\x00\x12)\n\x06result\x18\x04 \x01(\x0b\x32\x17.stockade.v1.ToolResultH\x00\x42\x07\n\x05\x65vent*\x8a\x03\n\rToolErrorCode\x12\x1f\n\x1bTOOL_ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1d\n\x19TOOL_ERROR_CODE_NOT_FOUND\x10\x01\x12 \n\x1cTOOL_ERROR_CODE_INVALID_ARGS\x10\x02\x12$\n TOOL_ERROR_CODE_EXECUTION_FAILED\x10\x03\x12%\n!TOOL_ERROR_CODE_PERMISSION_DENIED\x10\x04\x12\"\n\x1eTOOL_ERROR_CODE_FILE_NOT_FOUND\x10\x05\x12 \n\x1cTOOL_ERROR_CODE_INVALID_PATH\x10\x06\x12\x1b\n\x17TOOL_ERROR_CODE_TIMEOUT\x10\x07\x12 \n\x1cTOOL_ERROR_CODE_RATE_LIMITED\x10\x08\x12#\n\x1fTOOL_ERROR_CODE_APPROVAL_DENIED\x10\t\x12 \n\x1cTOOL_ERROR_CODE_SANDBOX_LOST\x10\n*\x9d\x01\n\x0cSchemaFormat\x12\x1d\n\x19SCHEMA_FORMAT_UNSPECIFIED\x10\x00\x12\x1d\n\x19SCHEMA_FORMAT_JSON_SCHEMA\x10\x01\x12\x18\n\x14SCHEMA_FORMAT_OPENAI\x10\x02\x12\x1b\n\x17SCHEMA_FORMAT_ANTHROPIC\x10\x03\x12\x18\n\x14SCHEMA_FORMAT_GEMINI\x10\x04*a\n\x0cOutputStream\x12\x1d\n\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n\x14OUTPUT_STREAM_STDERR\x10\x02\x32\xe6\x01\n\x0bToolService\x12J\n\tListTools\x12\x1d.stockade.v1.ListToolsRequest\x1a\x1e.stockade.v1.ListToolsResponse\x12\x41\n\x08\x43\x61llTool\x12\x1c.stockade.v1.CallToolRequest\x1a\x17.stockade.v1.ToolResult\x12H\n\x0e\x43\x61llToolStream\x12\x1c.stockade.v1.CallToolRequest\x1a\x16.stockade.v1.ToolEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16stockade/v1/tool.proto\x12\x0bstockade.v1\"~\n\x0b\x43\x61llContext\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x03 \x01(\t\x12\x0f\n\x07\x63hat_id\x18\x04 \x01(\t\x12\x11\n\tpeer_kind\x18\x05 \x01(\t\x12\x16\n\x0esubagent_depth\x18\x06 \x01(\r\"\x9f\x01\n\x0f\x43\x61llToolRequest\x12\x13\n\x0bsandbox_key\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12)\n\x07\x63ontext\x18\x04 \x01(\x0b\x32\x18.stockade.v1.CallContext\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\x12\x12\n\nrequest_id\x18\x06 \x01(\t\"\xeb\x01\n\nToolResult\x12\x0f\n\x07\x66or_llm\x18\x01 \x01(\t\x12\x10\n\x08\x66or_user\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\x12.\n\nerror_code\x18\x04 \x01(\x0e\x32\x1a.stockade.v1.ToolErrorCode\x12\x15\n\rerror_message\x18\x05 \x01(\t\x12\x11\n\tdata_json\x18\x06 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x07 \x01(\x04\x12\x11\n\ttruncated\x18\x08 \x01(\x08\x12\x12\n\nredactions\x18\t \x01(\r\x12\x12\n\nrequest_id\x18\n \x01(\t\"h\n\x10ListToolsRequest\x12)\n\x07\x63ontext\x18\x01 \x01(\x0b\x32\x18.stockade.v1.CallContext\x12)\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x19.stockade.v1.SchemaFormat\"\x99\x01\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x1e\n\x16parameters_json_schema\x18\x04 \x01(\t\x12\x10\n\x08profiles\x18\x05 \x03(\t\x12\x18\n\x10\x64\x65\x63laration_json\x18\x06 \x01(\t\x12\x0f\n\x07\x61liases\x18\x07 \x03(\t\"9\n\x11ListToolsResponse\x12$\n\x05tools\x18\x01 \x03(\x0b\x32\x15.stockade.v1.ToolSpec\".\n\x0bToolStarted\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x12\n\nprocess_id\x18\x02 \x01(\t\"F\n\x0bOutputChunk\x12)\n\x06stream\x18\x01 \x01(\x0e\x32\x19.stockade.v1.OutputStream\x12\x0c\n\x04text\x18\x02 \x01(\t\"6\n\x0f\x41pprovalPending\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xd2\x01\n\tToolEvent\x12+\n\x07started\x18\x01 \x01(\x0b\x32\x18.stockade.v1.ToolStartedH\x00\x12*\n\x06output\x18\x02 \x01(\x0b\x32\x18.stockade.v1.OutputChunkH\x00\x12\x38\n\x10\x61pproval_pending\x18\x03 \x01(\x0b\x32\x1c.stockade.v1.ApprovalPendingH\x00\x12)\n\x06result\x18\x04 \x01(\x0b\x32\x17.stockade.v1.ToolResultH\x00\x42\x07\n\x05\x65vent\"(\n\nWindowSize\x12\x0c\n\x04\x63ols\x18\x01 \x01(\r\x12\x0c\n\x04rows\x18\x02 \x01(\r\"\xe1\x02\n\rInteractStart\x12\x13\n\x0bsandbox_key\x18\x01 \x01(\t\x12)\n\x07\x63ontext\x18\x02 \x01(\x0b\x32\x18.stockade.v1.CallContext\x12\x12\n\nprocess_id\x18\x03 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x04 \x01(\t\x12\x0f\n\x07workdir\x18\x05 \x01(\t\x12\x30\n\x03\x65nv\x18\x06 \x03(\x0b\x32#.stockade.v1.InteractStart.EnvEntry\x12\x0c\n\x04name\x18\x07 \x01(\t\x12\x0b\n\x03pty\x18\x08 \x01(\x08\x12\'\n\x06window\x18\t \x01(\x0b\x32\x17.stockade.v1.WindowSize\x12\x0e\n\x06offset\x18\n \x01(\x04\x12\x14\n\x0ckeep_running\x18\x0b \x01(\x08\x12\x12\n\nrequest_id\x18\x0c \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa1\x01\n\rInteractInput\x12+\n\x05start\x18\x01 \x01(\x0b\x32\x1a.stockade.v1.InteractStartH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\r\n\x03\x65of\x18\x03 \x01(\x08H\x00\x12)\n\x06resize\x18\x04 \x01(\x0b\x32\x17.stockade.v1.WindowSizeH\x00\x12\x10\n\x06signal\x18\x05 \x01(\tH\x00\x42\x07\n\x05input*\x8a\x03\n\rToolErrorCode\x12\x1f\n\x1bTOOL_ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1d\n\x19TOOL_ERROR_CODE_NOT_FOUND\x10\x01\x12 \n\x1cTOOL_ERROR_CODE_INVALID_ARGS\x10\x02\x12$\n TOOL_ERROR_CODE_EXECUTION_FAILED\x10\x03\x12%\n!TOOL_ERROR_CODE_PERMISSION_DENIED\x10\x04\x12\"\n\x1eTOOL_ERROR_CODE_FILE_NOT_FOUND\x10\x05\x12 \n\x1cTOOL_ERROR_CODE_INVALID_PATH\x10\x06\x12\x1b\n\x17TOOL_ERROR_CODE_TIMEOUT\x10\x07\x12 \n\x1cTOOL_ERROR_CODE_RATE_LIMITED\x10\x08\x12#\n\x1fTOOL_ERROR_CODE_APPROVAL_DENIED\x10\t\x12 \n\x1cTOOL_ERROR_CODE_SANDBOX_LOST\x10\n*\x9d\x01\n\x0cSchemaFormat\x12\x1d\n\x19SCHEMA_FORMAT_UNSPECIFIED\x10\x00\x12\x1d\n\x19SCHEMA_FORMAT_JSON_SCHEMA\x10\x01\x12\x18\n\x14SCHEMA_FORMAT_OPENAI\x10\x02\x12\x1b\n\x17SCHEMA_FORMAT_ANTHROPIC\x10\x03\x12\x18\n\x14SCHEMA_FORMAT_GEMINI\x10\x04*a\n\x0cOutputStream\x12\x1d\n\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n\x14OUTPUT_STREAM_STDERR\x10\x02\x32\xaa\x02\n\x0bToolService\x12J\n\tListTools\x12\x1d.stockade.v1.ListToolsRequest\x1a\x1e.stockade.v1.ListToolsResponse\x12\x41\n\x08\x43\x61llTool\x12\x1c.stockade.v1.CallToolRequest\x1a\x17.stockade.v1.ToolResult\x12H\n\x0e\x43\x61llToolStream\x12\x1c.stockade.v1.CallToolRequest\x1a\x16.stockade.v1.ToolEvent0\x01\x12\x42\n\x08Interact\x12\x1a.stockade.v1.InteractInput\x1a\x16.stockade.v1.ToolEvent(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stockade.v1.tool_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TOOLERRORCODE']._serialized_start=1258
-  _globals['_TOOLERRORCODE']._serialized_end=1652
-  _globals['_SCHEMAFORMAT']._serialized_start=1655
-  _globals['_SCHEMAFORMAT']._serialized_end=1812
-  _globals['_OUTPUTSTREAM']._serialized_start=1814
-  _globals['_OUTPUTSTREAM']._serialized_end=1911
+  _globals['_INTERACTSTART_ENVENTRY']._loaded_options = None
+  _globals['_INTERACTSTART_ENVENTRY']._serialized_options = b'8\001'
+  _globals['_TOOLERRORCODE']._serialized_start=1840
+  _globals['_TOOLERRORCODE']._serialized_end=2234
+  _globals['_SCHEMAFORMAT']._serialized_start=2237
+  _globals['_SCHEMAFORMAT']._serialized_end=2394
+  _globals['_OUTPUTSTREAM']._serialized_start=2396
+  _globals['_OUTPUTSTREAM']._serialized_end=2493
   _globals['_CALLCONTEXT']._serialized_start=39
   _globals['_CALLCONTEXT']._serialized_end=165
   _globals['_CALLTOOLREQUEST']._serialized_start=168
@@ -51,13 +53,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTTOOLSRESPONSE']._serialized_start=829
   _globals['_LISTTOOLSRESPONSE']._serialized_end=886
   _globals['_TOOLSTARTED']._serialized_start=888
-  _globals['_TOOLSTARTED']._serialized_end=914
-  _globals['_OUTPUTCHUNK']._serialized_start=916
-  _globals['_OUTPUTCHUNK']._serialized_end=986
-  _globals['_APPROVALPENDING']._serialized_start=988
-  _globals['_APPROVALPENDING']._serialized_end=1042
-  _globals['_TOOLEVENT']._serialized_start=1045
-  _globals['_TOOLEVENT']._serialized_end=1255
-  _globals['_TOOLSERVICE']._serialized_start=1914
-  _globals['_TOOLSERVICE']._serialized_end=2144
+  _globals['_TOOLSTARTED']._serialized_end=934
+  _globals['_OUTPUTCHUNK']._serialized_start=936
+  _globals['_OUTPUTCHUNK']._serialized_end=1006
+  _globals['_APPROVALPENDING']._serialized_start=1008
+  _globals['_APPROVALPENDING']._serialized_end=1062
+  _globals['_TOOLEVENT']._serialized_start=1065
+  _globals['_TOOLEVENT']._serialized_end=1275
+  _globals['_WINDOWSIZE']._serialized_start=1277
+  _globals['_WINDOWSIZE']._serialized_end=1317
+  _globals['_INTERACTSTART']._serialized_start=1320
+  _globals['_INTERACTSTART']._serialized_end=1673
+  _globals['_INTERACTSTART_ENVENTRY']._serialized_start=1631
+  _globals['_INTERACTSTART_ENVENTRY']._serialized_end=1673
+  _globals['_INTERACTINPUT']._serialized_start=1676
+  _globals['_INTERACTINPUT']._serialized_end=1837
+  _globals['_TOOLSERVICE']._serialized_start=2496
+  _globals['_TOOLSERVICE']._serialized_end=2794
 # @@protoc_insertion_point(module_scope)

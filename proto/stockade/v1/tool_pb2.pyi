@@ -144,10 +144,12 @@ class ListToolsResponse(_message.Message):
     def __init__(self, tools: _Optional[_Iterable[_Union[ToolSpec, _Mapping]]] = ...) -> None: ...
 
 class ToolStarted(_message.Message):
-    __slots__ = ("pid",)
+    __slots__ = ("pid", "process_id")
     PID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
     pid: int
-    def __init__(self, pid: _Optional[int] = ...) -> None: ...
+    process_id: str
+    def __init__(self, pid: _Optional[int] = ..., process_id: _Optional[str] = ...) -> None: ...
 
 class OutputChunk(_message.Message):
     __slots__ = ("stream", "text")
@@ -176,3 +178,60 @@ class ToolEvent(_message.Message):
     approval_pending: ApprovalPending
     result: ToolResult
     def __init__(self, started: _Optional[_Union[ToolStarted, _Mapping]] = ..., output: _Optional[_Union[OutputChunk, _Mapping]] = ..., approval_pending: _Optional[_Union[ApprovalPending, _Mapping]] = ..., result: _Optional[_Union[ToolResult, _Mapping]] = ...) -> None: ...
+
+class WindowSize(_message.Message):
+    __slots__ = ("cols", "rows")
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    cols: int
+    rows: int
+    def __init__(self, cols: _Optional[int] = ..., rows: _Optional[int] = ...) -> None: ...
+
+class InteractStart(_message.Message):
+    __slots__ = ("sandbox_key", "context", "process_id", "command", "workdir", "env", "name", "pty", "window", "offset", "keep_running", "request_id")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SANDBOX_KEY_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PTY_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    KEEP_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    sandbox_key: str
+    context: CallContext
+    process_id: str
+    command: str
+    workdir: str
+    env: _containers.ScalarMap[str, str]
+    name: str
+    pty: bool
+    window: WindowSize
+    offset: int
+    keep_running: bool
+    request_id: str
+    def __init__(self, sandbox_key: _Optional[str] = ..., context: _Optional[_Union[CallContext, _Mapping]] = ..., process_id: _Optional[str] = ..., command: _Optional[str] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ..., pty: _Optional[bool] = ..., window: _Optional[_Union[WindowSize, _Mapping]] = ..., offset: _Optional[int] = ..., keep_running: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class InteractInput(_message.Message):
+    __slots__ = ("start", "data", "eof", "resize", "signal")
+    START_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EOF_FIELD_NUMBER: _ClassVar[int]
+    RESIZE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    start: InteractStart
+    data: bytes
+    eof: bool
+    resize: WindowSize
+    signal: str
+    def __init__(self, start: _Optional[_Union[InteractStart, _Mapping]] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ..., resize: _Optional[_Union[WindowSize, _Mapping]] = ..., signal: _Optional[str] = ...) -> None: ...

@@ -50,6 +50,11 @@ class ToolServiceStub:
                 request_serializer=stockade_dot_v1_dot_tool__pb2.CallToolRequest.SerializeToString,
                 response_deserializer=stockade_dot_v1_dot_tool__pb2.ToolEvent.FromString,
                 _registered_method=True)
+        self.Interact = channel.stream_stream(
+                '/stockade.v1.ToolService/Interact',
+                request_serializer=stockade_dot_v1_dot_tool__pb2.InteractInput.SerializeToString,
+                response_deserializer=stockade_dot_v1_dot_tool__pb2.ToolEvent.FromString,
+                _registered_method=True)
 
 
 class ToolServiceServicer:
@@ -76,6 +81,20 @@ class ToolServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Interact(self, request_iterator, context):
+        """Interactive use of a background process (the `process` tool). The first message is
+        `start`: it names a running process to attach to, or a command to start (policy, guard
+        and approvals apply as for `process` start), optionally on a pseudo-terminal. Then input
+        chunks go to its stdin, `resize` sets its terminal size and `signal` signals its process
+        group. Events: started (pid and process id), output (scrubbed, as produced), then a
+        result with its exit state once it has exited and all its output is sent. Ending the
+        input side leaves the output running; cancelling the call detaches (a process this call
+        started is killed unless keep_running).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +111,11 @@ def add_ToolServiceServicer_to_server(servicer, server):
             'CallToolStream': grpc.unary_stream_rpc_method_handler(
                     servicer.CallToolStream,
                     request_deserializer=stockade_dot_v1_dot_tool__pb2.CallToolRequest.FromString,
+                    response_serializer=stockade_dot_v1_dot_tool__pb2.ToolEvent.SerializeToString,
+            ),
+            'Interact': grpc.stream_stream_rpc_method_handler(
+                    servicer.Interact,
+                    request_deserializer=stockade_dot_v1_dot_tool__pb2.InteractInput.FromString,
                     response_serializer=stockade_dot_v1_dot_tool__pb2.ToolEvent.SerializeToString,
             ),
     }
@@ -175,6 +199,33 @@ class ToolService:
             target,
             '/stockade.v1.ToolService/CallToolStream',
             stockade_dot_v1_dot_tool__pb2.CallToolRequest.SerializeToString,
+            stockade_dot_v1_dot_tool__pb2.ToolEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Interact(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/stockade.v1.ToolService/Interact',
+            stockade_dot_v1_dot_tool__pb2.InteractInput.SerializeToString,
             stockade_dot_v1_dot_tool__pb2.ToolEvent.FromString,
             options,
             channel_credentials,
