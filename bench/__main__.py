@@ -62,6 +62,10 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
             f"{engine}: Stockade warm exec",
             lambda: stockade_runs.warm_exec(client, ns.n, ns.warmup),
         )
+        results["interact_line"] = guarded(
+            f"{engine}: Stockade Interact line echo",
+            lambda: stockade_runs.interact_line(client, ns.n, ns.warmup),
+        )
     results["engine_cli"] = guarded(
         f"{engine}: {engine} exec CLI",
         lambda: peers.cli_exec(engine, image, run_id, ns.n, ns.warmup),

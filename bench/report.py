@@ -12,6 +12,7 @@ TARGET_LLM_RATIO = 8.0
 ROWS = (
     ("health", "gRPC health check (floor)"),
     ("stockade_warm", "Stockade exec true, warm"),
+    ("interact_line", "Stockade Interact, line echo"),
     ("engine_cli", "{engine} exec C true (CLI)"),
     ("llm_sandbox", "llm-sandbox execute_command"),
     ("cold_start", "Stockade cold start, 1st call"),

@@ -45,6 +45,25 @@ def warm_exec(client: Stockade, n: int, warmup: int) -> Result:
         destroy(client, key)
 
 
+def interact_line(client: Stockade, n: int, warmup: int) -> Result:
+    """One line in, the same line out: `cat` behind Interact, from send to the echoed line
+    read by the client (stdin write through the agent, output relayed and scrubbed)."""
+    key = "bench-interact"
+    counter = iter(range(1 << 30))
+    try:
+        with client.sandbox(key).interact("cat") as session:
+            session.started  # noqa: B018 (wait until it runs)
+
+            def one_line() -> None:
+                line = f"line {next(counter)}\n"
+                session.send(line)
+                session.read_until(line)
+
+            return time_calls(one_line, n, max(warmup, 1))
+    finally:
+        destroy(client, key)
+
+
 def cold_start(client: Stockade, n: int) -> Result:
     """The first call on a new key, until its result; each sandbox is destroyed after."""
     samples = []

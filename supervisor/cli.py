@@ -60,6 +60,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-stream", action="store_true", help="print the output at the end")
     run.add_argument("key")
     run.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]")
+    shell = sub.add_parser(
+        "shell", parents=[client], help="an interactive command in a sandbox (default: bash)"
+    )
+    shell.add_argument("--no-pty", action="store_true", help="pipes instead of a terminal")
+    shell.add_argument("key")
+    shell.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]")
+    attach = sub.add_parser(
+        "attach", parents=[client], help="attach to a background process (process tool)"
+    )
+    attach.add_argument("key")
+    attach.add_argument("process", help="its id (p1, ...) or name")
     call = sub.add_parser("call", parents=[client], help="call a tool; print the ToolResult")
     call.add_argument("key")
     call.add_argument("tool")
@@ -200,7 +211,7 @@ def _exec(ns: argparse.Namespace) -> int:
             sys.stdout.write(result.stdout)
             sys.stderr.write(result.stderr)
         else:
-            result = _follow(client.call_stream(ns.key, "exec", args, context=_context(ns)))
+            result = follow(client.call_stream(ns.key, "exec", args, context=_context(ns)))
     sys.stdout.flush()
     if result.exit_code is None or result.error_code == "TIMEOUT":
         print(f"stockade: {result.error_code}: {result.error_message}", file=sys.stderr)
@@ -208,7 +219,7 @@ def _exec(ns: argparse.Namespace) -> int:
     return result.exit_code
 
 
-def _follow(events: Iterator[StreamEvent]) -> ToolResult:
+def follow(events: Iterator[StreamEvent]) -> ToolResult:
     """Print a streamed call's output as it comes; return its result."""
     for event in events:
         if isinstance(event, Output):
@@ -223,6 +234,30 @@ def _follow(events: Iterator[StreamEvent]) -> ToolResult:
         elif isinstance(event, ToolResult):
             return event
     raise StockadeError("the stream ended without a result")
+
+
+def _shell(ns: argparse.Namespace) -> int:
+    argv = ns.argv[1:] if ns.argv[:1] == ["--"] else ns.argv
+    command = "bash" if not argv else argv[0] if len(argv) == 1 else shlex.join(argv)
+    return _interactive(ns, command=command, process=None, pty=not ns.no_pty)
+
+
+def _attach(ns: argparse.Namespace) -> int:
+    return _interactive(ns, command=None, process=ns.process, pty=False)
+
+
+def _interactive(
+    ns: argparse.Namespace, *, command: str | None, process: str | None, pty: bool
+) -> int:
+    from stockade.supervisor import terminal
+
+    with _client(ns) as client:
+        code, error = terminal.run(
+            client, ns.key, command=command, process=process, pty=pty, context=_context(ns)
+        )
+    if error:
+        print(f"stockade: {error}", file=sys.stderr)
+    return code
 
 
 def _approvals(ns: argparse.Namespace) -> int:
@@ -338,6 +373,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "image": _image,
     "doctor": _doctor,
     "exec": _exec,
+    "shell": _shell,
+    "attach": _attach,
     "call": _call,
     "cp": _cp,
     "ls": _ls,

@@ -66,3 +66,39 @@ def test_client_errors_exit_2_with_a_message(supervisor: Supervisor) -> None:
     assert "NOT_FOUND" in done.stderr
     env_less = cli(supervisor, "--help")
     assert env_less.returncode == 0
+
+
+def cli_input(supervisor: Supervisor, text: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "STOCKADE_ADDR": supervisor.target}
+    cmd = [sys.executable, "-m", "stockade.supervisor.cli", *args]
+    return subprocess.run(cmd, input=text, capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_shell_pipes_input_and_exits_with_the_command(supervisor: Supervisor, key: str) -> None:
+    program = "print('hello', input('name? '))"
+    done = cli_input(supervisor, "dave\n", "shell", "--no-pty", key, "--", "python3", "-c", program)
+    assert (done.returncode, done.stdout) == (0, "name? hello dave\n"), done.stderr
+    done = cli_input(supervisor, "", "shell", "--no-pty", key, "--", "sh", "-c", "exit 3")
+    assert done.returncode == 3
+
+
+def test_shell_runs_on_a_terminal_by_default(supervisor: Supervisor, key: str) -> None:
+    done = cli_input(supervisor, "echo typed-$((6*7))\nexit 5\n", "shell", key)
+    assert done.returncode == 5, done.stderr
+    # bash on a terminal: its prompt, the echo of the input, then the output (text mode
+    # reads the terminal's \r\n as \n)
+    assert "sandbox@sandbox:/workspace$ echo typed-$((6*7))\n" in done.stdout
+    assert "\ntyped-42\n" in done.stdout
+    done = cli_input(supervisor, "", "shell", key, "--", "tty")
+    assert done.stdout.startswith("/dev/pts/"), done.stdout
+
+
+def test_attach_follows_a_background_process(supervisor: Supervisor, key: str) -> None:
+    started = cli(supervisor, "call", key, "process", '{"action": "start", "command": "cat", '
+                  '"name": "copier"}')  # fmt: skip
+    assert started.returncode == 0, started.stdout
+    done = cli_input(supervisor, "one\ntwo\n", "attach", key, "copier")
+    assert (done.returncode, done.stdout) == (0, "one\ntwo\n"), done.stderr
+    missing = cli_input(supervisor, "", "attach", key, "nothing")
+    assert missing.returncode == 1
+    assert "no process 'nothing'" in missing.stderr

@@ -72,7 +72,7 @@ def test_log_write_and_kill(client: Stockade, key: str) -> None:
     upper = "python3 -c 'import sys; print(sys.stdin.readline().upper())'"
     ident = process(box, "start", command=upper)["id"]
     written = box.call("process", {"action": "write", "id": ident, "data": "hi\n", "eof": True})
-    assert written.data == {"id": ident, "written": 3, "eof": True}
+    assert written.data == {"id": ident, "written": 3, "eof": True, "pending_stdin": 0}
     assert written.for_llm == f"Wrote 3 bytes to the stdin of {ident}; stdin closed"
     wait_until(lambda: process(box, "poll", id=ident)["state"] == "exited")
     log = box.call("process", {"action": "log", "id": ident})
