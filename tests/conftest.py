@@ -1,4 +1,5 @@
-"""Shared test set-up. Integration tests (tests/integration) run against real engines."""
+"""Shared test set-up. Integration and security tests (tests/integration, tests/security) run
+against real engines."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "/integration/" in str(item.fspath):
+        if "/integration/" in str(item.fspath) or "/security/" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
 
 
