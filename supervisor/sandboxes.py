@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
+from stockade.supervisor import seccomp
 from stockade.supervisor.agent_client import (
     AgentCallFailed,
     AgentConnection,
@@ -77,6 +78,7 @@ class SandboxManager:
         self._image = image
         self._connect = connect
         self._root = config.state_dir / "sandboxes"
+        self._seccomp = ""
         self._sandboxes: dict[str, _Sandbox] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         uid, _, gid = config.sandbox.user.partition(":")
@@ -95,6 +97,8 @@ class SandboxManager:
         await asyncio.to_thread(self._backend.ping)
         self._root.mkdir(parents=True, exist_ok=True)
         os.chmod(self._root, 0o700)
+        profile = seccomp.write_profile(self._config.state_dir / "seccomp.json")
+        self._seccomp = str(profile) if profile else ""
         found = await asyncio.to_thread(self._backend.list, self._labels())
         adopted = []
         for info in found:
@@ -286,6 +290,7 @@ class SandboxManager:
             tmpfs={"/tmp": sb.tmp_size_mb * 1024 * 1024},
             environment=dict(sb.secrets),
             network=sb.network,
+            seccomp_profile=self._seccomp,
         )
 
     async def get(self, key: str) -> SandboxInfo:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 from pathlib import Path
 
 from stockade.agent.server import serve
@@ -19,6 +20,7 @@ def main() -> None:
         "--process-log-bytes", type=int, default=1 << 20, help="log kept per process"
     )
     ns = parser.parse_args()
+    _not_dumpable()
     asyncio.run(
         serve(
             ns.socket,
@@ -28,6 +30,18 @@ def main() -> None:
             process_log_bytes=ns.process_log_bytes,
         )
     )
+
+
+PR_SET_DUMPABLE = 4
+
+
+def _not_dumpable() -> None:
+    """Sandbox code runs as the agent's uid: without this it could ptrace the agent, read its
+    memory or take its descriptors through /proc. Commands the agent starts are dumpable
+    again (execve resets the flag), so their own tools (gdb, strace) still work."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ class ContainerSpec:
     """Mount point -> size in bytes."""
     environment: Mapping[str, str] = field(default_factory=dict)
     network: str = "none"
+    seccomp_profile: str = ""
+    """Path of a seccomp profile (JSON) on the engine's host; "": the engine's default."""
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -92,6 +93,13 @@ class DockerBackend:
         self._client.close()
 
 
+def _security_opt(spec: ContainerSpec) -> list[str]:
+    options = ["no-new-privileges"] if spec.no_new_privileges else []
+    if spec.seccomp_profile:  # Docker takes the profile itself, not a path
+        options.append("seccomp=" + Path(spec.seccomp_profile).read_text())
+    return options
+
+
 def _run_kwargs(spec: ContainerSpec) -> dict[str, Any]:
     return {
         "image": spec.image,
@@ -102,7 +110,7 @@ def _run_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         "environment": dict(spec.environment),
         "read_only": spec.read_only_root,
         "cap_drop": ["ALL"] if spec.drop_all_capabilities else None,
-        "security_opt": ["no-new-privileges"] if spec.no_new_privileges else None,
+        "security_opt": _security_opt(spec) or None,
         "mem_limit": spec.memory_bytes,
         "memswap_limit": spec.memory_bytes,
         "nano_cpus": spec.nano_cpus,

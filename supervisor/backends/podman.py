@@ -124,4 +124,6 @@ def _create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         kwargs["cap_drop"] = ["ALL"]
     if spec.no_new_privileges:
         kwargs["no_new_privileges"] = True  # podman-py maps security_opt to SELinux options
+    if spec.seccomp_profile:
+        kwargs["seccomp_profile_path"] = spec.seccomp_profile
     return kwargs
