@@ -10,20 +10,17 @@ import logging
 import shlex
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from stockade.client import (
-    ApprovalPending,
     CallContext,
-    Output,
     Stockade,
     StockadeError,
-    StreamEvent,
-    ToolResult,
 )
+from stockade.supervisor import terminal
 
 EXIT_TIMEOUT = 124
 EXIT_CLIENT_ERROR = 2
@@ -195,12 +192,17 @@ def _context(ns: argparse.Namespace) -> CallContext:
     return CallContext(agent_id=ns.agent, provider=ns.provider)
 
 
-def _exec(ns: argparse.Namespace) -> int:
+def _command_line(ns: argparse.Namespace) -> str:
+    """`-- CMD [ARG...]` as one shell command line ("" when none is given)."""
     argv = ns.argv[1:] if ns.argv[:1] == ["--"] else ns.argv
-    if not argv:
+    return "" if not argv else argv[0] if len(argv) == 1 else shlex.join(argv)
+
+
+def _exec(ns: argparse.Namespace) -> int:
+    command = _command_line(ns)
+    if not command:
         print("stockade exec: give a command after --", file=sys.stderr)
         return EXIT_CLIENT_ERROR
-    command = argv[0] if len(argv) == 1 else shlex.join(argv)
     args: dict[str, Any] = {"command": command}
     args.update({k: v for k, v in (("timeout", ns.timeout), ("workdir", ns.workdir)) if v})
     if ns.stdin:
@@ -211,7 +213,7 @@ def _exec(ns: argparse.Namespace) -> int:
             sys.stdout.write(result.stdout)
             sys.stderr.write(result.stderr)
         else:
-            result = follow(client.call_stream(ns.key, "exec", args, context=_context(ns)))
+            result = terminal.follow(client.call_stream(ns.key, "exec", args, context=_context(ns)))
     sys.stdout.flush()
     if result.exit_code is None or result.error_code == "TIMEOUT":
         print(f"stockade: {result.error_code}: {result.error_message}", file=sys.stderr)
@@ -219,26 +221,8 @@ def _exec(ns: argparse.Namespace) -> int:
     return result.exit_code
 
 
-def follow(events: Iterator[StreamEvent]) -> ToolResult:
-    """Print a streamed call's output as it comes; return its result."""
-    for event in events:
-        if isinstance(event, Output):
-            out = sys.stderr if event.stream == "stderr" else sys.stdout
-            out.write(event.text)
-            out.flush()
-        elif isinstance(event, ApprovalPending):
-            print(
-                f"stockade: waiting for approval {event.approval_id}: {event.reason}",
-                file=sys.stderr,
-            )
-        elif isinstance(event, ToolResult):
-            return event
-    raise StockadeError("the stream ended without a result")
-
-
 def _shell(ns: argparse.Namespace) -> int:
-    argv = ns.argv[1:] if ns.argv[:1] == ["--"] else ns.argv
-    command = "bash" if not argv else argv[0] if len(argv) == 1 else shlex.join(argv)
+    command = _command_line(ns) or "bash"
     return _interactive(ns, command=command, process=None, pty=not ns.no_pty)
 
 
@@ -249,8 +233,6 @@ def _attach(ns: argparse.Namespace) -> int:
 def _interactive(
     ns: argparse.Namespace, *, command: str | None, process: str | None, pty: bool
 ) -> int:
-    from stockade.supervisor import terminal
-
     with _client(ns) as client:
         code, error = terminal.run(
             client, ns.key, command=command, process=process, pty=pty, context=_context(ns)

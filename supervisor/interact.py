@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from stockade.supervisor.agent_client import AgentCallFailed
+from stockade.supervisor.agent_client import AgentCallFailed, AgentReply
 from stockade.supervisor.errors import InvalidRequest, SandboxLost
 from stockade.supervisor.keys import validate_key
 from stockade.supervisor.models import (
@@ -115,6 +115,7 @@ class Interaction:
         feeder = asyncio.create_task(self._feed(session, inputs))
         result: ToolResult | None = None
         finished = False
+        item: asyncio.Future[ToolEvent] | None = None
         try:
             while result is None:
                 item = asyncio.ensure_future(events.get())
@@ -131,9 +132,10 @@ class Interaction:
                 else:
                     result = _input_outcome(feeder)
         finally:
-            for task in (feeder, output):
+            pending = [t for t in (item, feeder, output) if t is not None]
+            for task in pending:
                 task.cancel()
-            await asyncio.gather(feeder, output, return_exceptions=True)
+            await asyncio.gather(*pending, return_exceptions=True)
             if not finished and _started_here(request):
                 await self._stop(session)
             trail.arguments = {
@@ -199,32 +201,25 @@ class Interaction:
                 raise _ProcessEnded
 
     async def _control(self, session: _Session, args: dict[str, Any]) -> dict[str, Any]:
-        reply = await self._sandboxes.invoke(
-            session.key, "process", args, CONTROL_TIMEOUT_S, session.request_id
-        )
+        reply = await self._process(session, args)
         if reply.error_code:
-            if await self._exited(session):
+            poll = await self._process(session, {"action": "poll", "id": session.process_id})
+            if poll.error_code or (poll.result or {}).get("state") == "exited":
                 raise _ProcessEnded
             raise _InputRefused(reply.error_message)
         return reply.result or {}
-
-    async def _exited(self, session: _Session) -> bool:
-        args = {"action": "poll", "id": session.process_id}
-        reply = await self._sandboxes.invoke(
-            session.key, "process", args, CONTROL_TIMEOUT_S, session.request_id
-        )
-        return bool(reply.error_code) or (reply.result or {}).get("state") == "exited"
 
     async def _stop(self, session: _Session) -> None:
         """Best effort: kill a process this call started and leaves before it exited."""
         args = {"action": "kill", "id": session.process_id, "signal": "KILL"}
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(
-                self._sandboxes.invoke(
-                    session.key, "process", args, CONTROL_TIMEOUT_S, session.request_id
-                ),
-                CONTROL_TIMEOUT_S,
-            )
+            await asyncio.wait_for(self._process(session, args), CONTROL_TIMEOUT_S)
+
+    async def _process(self, session: _Session, args: dict[str, Any]) -> AgentReply:
+        """One `process` action straight to the agent (the session passed policy at its start)."""
+        return await self._sandboxes.invoke(
+            session.key, "process", args, CONTROL_TIMEOUT_S, session.request_id
+        )
 
 
 def _opening_call(request: InteractRequest) -> ToolCall:

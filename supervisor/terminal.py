@@ -1,4 +1,4 @@
-"""`stockade shell` and `stockade attach`: this terminal (or pipe) wired to a process in a
+"""`stockade shell`, `attach` and streamed `exec`: this terminal (or pipe) wired to a process in a
 sandbox through ToolService.Interact.
 
 With a PTY and a local terminal, the local terminal goes raw (keys, ^C and ^D travel to the
@@ -10,12 +10,22 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import termios
 import threading
 import tty
 from collections.abc import Iterator
 
-from stockade.client import CallContext, Interaction, Stockade
+from stockade.client import (
+    ApprovalPending,
+    CallContext,
+    Interaction,
+    Output,
+    Stockade,
+    StockadeError,
+    StreamEvent,
+    ToolResult,
+)
 
 READ_CHUNK = 64 * 1024
 
@@ -30,8 +40,6 @@ def run(
     context: CallContext,
 ) -> tuple[int, str]:
     """Run the session; (exit code, error message or "")."""
-    from stockade.supervisor.cli import follow
-
     local_tty = os.isatty(0) and os.isatty(1)
     cols, rows = _size() if pty and local_tty else (0, 0)
     session = client.interact(
@@ -60,6 +68,23 @@ def _pump(session: Interaction) -> None:
 def _size() -> tuple[int, int]:
     size = os.get_terminal_size(1)
     return size.columns, size.lines
+
+
+def follow(events: Iterator[StreamEvent]) -> ToolResult:
+    """Print a streamed call's output as it comes; return its result."""
+    for event in events:
+        if isinstance(event, Output):
+            out = sys.stderr if event.stream == "stderr" else sys.stdout
+            out.write(event.text)
+            out.flush()
+        elif isinstance(event, ApprovalPending):
+            print(
+                f"stockade: waiting for approval {event.approval_id}: {event.reason}",
+                file=sys.stderr,
+            )
+        elif isinstance(event, ToolResult):
+            return event
+    raise StockadeError("the stream ended without a result")
 
 
 @contextlib.contextmanager

@@ -208,15 +208,24 @@ class _PtyOutput(asyncio.Protocol):
 
 
 class _Pty:
-    """The master side of a process's terminal: a reader, a writer and the window size."""
+    """A process's terminal: its master side read and written by the agent, its slave side
+    the process's stdin, stdout and stderr (closed in the agent once the process has it)."""
 
-    def __init__(self, master: int, cols: int, rows: int) -> None:
-        self.master = master
-        self.cols, self.rows = cols, rows
+    def __init__(self, master: int, slave: int) -> None:
+        self.master, self.slave = master, slave
         self.reader: asyncio.ReadTransport | None = None
         self.writer: asyncio.WriteTransport | None = None
 
+    @classmethod
+    def open(cls, cols: int, rows: int) -> _Pty:
+        pty = cls(*os.openpty())
+        pty.resize(cols, rows)
+        return pty
+
     async def connect(self, proc: _Process) -> None:
+        """Close the agent's copy of the slave side; read and write the master side."""
+        os.close(self.slave)
+        self.slave = -1
         loop = asyncio.get_running_loop()
         reader = os.fdopen(os.dup(self.master), "rb", buffering=0)
         self.reader, _ = await loop.connect_read_pipe(lambda: _PtyOutput(proc), reader)
@@ -225,15 +234,15 @@ class _Pty:
 
     def resize(self, cols: int, rows: int) -> None:
         fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        self.cols, self.rows = cols, rows
 
     def close(self) -> None:
         for transport in (self.reader, self.writer):
             if transport is not None:
                 transport.close()
-        if self.master >= 0:
-            os.close(self.master)
-            self.master = -1
+        for fd in (self.master, self.slave):
+            if fd >= 0:
+                os.close(fd)
+        self.master = self.slave = -1
 
 
 class ProcessTable:
@@ -339,10 +348,7 @@ class ProcessTable:
             name = self._new_name(args)
             self._check_room()
             ident = f"p{self._started + 1}"
-            if window is None:
-                proc = await self._spawn(ident, name, command, cwd, env)
-            else:
-                proc = await self._spawn_pty(ident, name, command, cwd, env, window)
+            proc = await self._spawn(ident, name, command, cwd, env, window)
             self._started += 1
             self._entries[proc.id] = proc
             task = asyncio.create_task(self._reap(proc))
@@ -510,69 +516,47 @@ class ProcessTable:
             )
 
     async def _spawn(
-        self, ident: str, name: str | None, command: str, cwd: Path, env: dict[str, str]
-    ) -> _Process:
-        loop = asyncio.get_running_loop()
-        try:
-            _, proc = await loop.subprocess_exec(
-                lambda: _Process(ident, name, command, self._log_bytes),
-                "/bin/sh",
-                "-c",
-                command,
-                stdin=PIPE,
-                stdout=PIPE,
-                stderr=STDOUT,
-                cwd=cwd,
-                env={**os.environ, **env},
-                start_new_session=True,
-            )
-        except (OSError, RuntimeError) as exc:  # EAGAIN when pids run out; no thread left
-            raise ToolError(
-                "EXECUTION_FAILED", f"could not start the command: {_reason(exc)}"
-            ) from None
-        _raise_oom_score(proc.pid)
-        return proc
-
-    async def _spawn_pty(
         self,
         ident: str,
         name: str | None,
         command: str,
         cwd: Path,
         env: dict[str, str],
-        window: tuple[int, int],
+        window: tuple[int, int] | None,
     ) -> _Process:
+        """Start `sh -c command` in a session of its own: on pipes, or with `window` on a new
+        terminal. For a terminal, setsid(1) makes the child a session leader with the terminal
+        as its controlling one and then execs the shell: the same pid, and no Python between
+        fork and exec (a preexec_fn crashes now and then in a child of the gRPC threads)."""
         loop = asyncio.get_running_loop()
-        master, slave = os.openpty()
-        pty = _Pty(master, *window)
+        pty = None if window is None else _Pty.open(*window)
         try:
-            pty.resize(*window)
-            # setsid(1) makes the child a session leader with the terminal as its controlling
-            # one, then execs the shell: the same pid, no Python run between fork and exec
-            # (a preexec_fn crashes now and then in a child of the agent's gRPC threads)
+            if pty is None:
+                argv: tuple[str, ...] = ("/bin/sh", "-c", command)
+                stdio: dict[str, Any] = {"stdin": PIPE, "stdout": PIPE, "stderr": STDOUT}
+                env = {**os.environ, **env}
+            else:
+                argv = (SETSID, "--ctty", "/bin/sh", "-c", command)
+                stdio = dict.fromkeys(("stdin", "stdout", "stderr"), pty.slave)
+                env = {**os.environ, "TERM": PTY_TERM, **env}
             _, proc = await loop.subprocess_exec(
                 lambda: _Process(ident, name, command, self._log_bytes),
-                SETSID,
-                "--ctty",
-                "/bin/sh",
-                "-c",
-                command,
-                stdin=slave,
-                stdout=slave,
-                stderr=slave,
+                *argv,
                 cwd=cwd,
-                env={**os.environ, "TERM": PTY_TERM, **env},
+                env=env,
+                start_new_session=pty is None,
+                **stdio,
             )
-        except (OSError, RuntimeError) as exc:
-            pty.close()
+        except (OSError, RuntimeError) as exc:  # EAGAIN when pids run out; no thread left
+            if pty is not None:
+                pty.close()
             raise ToolError(
                 "EXECUTION_FAILED", f"could not start the command: {_reason(exc)}"
             ) from None
-        finally:
-            os.close(slave)
-        proc.pty = pty
-        await pty.connect(proc)
-        await _own_session(proc.pid)
+        if pty is not None:
+            proc.pty = pty
+            await pty.connect(proc)
+            await _own_session(proc.pid)
         _raise_oom_score(proc.pid)
         return proc
 
