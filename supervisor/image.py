@@ -55,10 +55,11 @@ class ImageBuildError(Exception):
 
 
 def image_ref(engine: str) -> str:
-    """The reference of the sandbox image in that engine (the same for both)."""
+    """The reference of the sandbox image in that engine (the same for both):
+    $STOCKADE_IMAGE_REF when set (keeps two checkouts' images apart), else IMAGE_REF."""
     if engine not in ("podman", "docker"):
         raise ValueError(f"unknown engine {engine!r}")
-    return IMAGE_REF
+    return os.environ.get("STOCKADE_IMAGE_REF") or IMAGE_REF
 
 
 def default_cache_dir() -> Path:
