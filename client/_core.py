@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -185,6 +185,10 @@ class SandboxInfo:
     created_at: datetime | None
     last_used_at: datetime | None
     workspace_path: str
+    network_mode: str = ""
+    """none, egress or open."""
+    network_allow: tuple[str, ...] = ()
+    """egress: the domain patterns the sandbox may reach."""
 
 
 @dataclass(frozen=True)
@@ -308,7 +312,19 @@ def sandbox_from_pb(msg: Any) -> SandboxInfo:
         created_at=_time(msg, "created_at"),
         last_used_at=_time(msg, "last_used_at"),
         workspace_path=msg.workspace_path,
+        network_mode=msg.network_mode,
+        network_allow=tuple(msg.network_allow),
     )
+
+
+def ensure_request(key: str, network: str | None, allow: Sequence[str] | None) -> Any:
+    """EnsureSandboxRequest; network or allow set asks for that network (allow alone: egress
+    limited to those patterns)."""
+    request = sandbox_pb2.EnsureSandboxRequest(key=key)
+    if network is not None or allow is not None:
+        request.network.mode = network or ("egress" if allow else "")
+        request.network.allow.extend(allow or ())
+    return request
 
 
 def tool_from_pb(msg: Any) -> ToolSpec:

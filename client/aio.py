@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Any, BinaryIO, TypeVar
 
@@ -262,8 +262,13 @@ class AsyncStockade:
             raise _core.StockadeError("the download ended without its file info")
         return info
 
-    async def ensure_sandbox(self, key: str) -> SandboxInfo:
-        request = sandbox_pb2.EnsureSandboxRequest(key=key)
+    async def ensure_sandbox(
+        self, key: str, *, network: str | None = None, allow: Sequence[str] | None = None
+    ) -> SandboxInfo:
+        """Create the key's sandbox if needed. network ("none", "egress", "open") and allow
+        (egress domain patterns) may narrow the supervisor's configured network; a running
+        sandbox with another network is re-created with the workspace kept."""
+        request = _core.ensure_request(key, network, allow)
         return _core.sandbox_from_pb(await self._rpc(self._sandboxes.EnsureSandbox, request))
 
     async def get_sandbox(self, key: str) -> SandboxInfo:
@@ -378,8 +383,10 @@ class AsyncSandbox:
     ) -> ToolResult:
         return await self.client.call(self.key, tool, arguments, **kw)
 
-    async def ensure(self) -> SandboxInfo:
-        return await self.client.ensure_sandbox(self.key)
+    async def ensure(
+        self, *, network: str | None = None, allow: Sequence[str] | None = None
+    ) -> SandboxInfo:
+        return await self.client.ensure_sandbox(self.key, network=network, allow=allow)
 
     async def info(self) -> SandboxInfo:
         return await self.client.get_sandbox(self.key)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, BinaryIO, TypeVar
 
@@ -254,8 +254,13 @@ class Stockade:
             raise _core.StockadeError("the download ended without its file info")
         return info
 
-    def ensure_sandbox(self, key: str) -> SandboxInfo:
-        request = sandbox_pb2.EnsureSandboxRequest(key=key)
+    def ensure_sandbox(
+        self, key: str, *, network: str | None = None, allow: Sequence[str] | None = None
+    ) -> SandboxInfo:
+        """Create the key's sandbox if needed. network ("none", "egress", "open") and allow
+        (egress domain patterns) may narrow the supervisor's configured network; a running
+        sandbox with another network is re-created with the workspace kept."""
+        request = _core.ensure_request(key, network, allow)
         return _core.sandbox_from_pb(self._rpc(self._sandboxes.EnsureSandbox, request))
 
     def get_sandbox(self, key: str) -> SandboxInfo:
@@ -381,8 +386,10 @@ class Sandbox:
     ) -> ToolResult:
         return self.client.call(self.key, tool, arguments, **kw)
 
-    def ensure(self) -> SandboxInfo:
-        return self.client.ensure_sandbox(self.key)
+    def ensure(
+        self, *, network: str | None = None, allow: Sequence[str] | None = None
+    ) -> SandboxInfo:
+        return self.client.ensure_sandbox(self.key, network=network, allow=allow)
 
     def info(self) -> SandboxInfo:
         return self.client.get_sandbox(self.key)

@@ -4,15 +4,20 @@ and by the tests, which run the real server in-process on port 0."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from stockade.supervisor.audit import AuditRecord
 from stockade.supervisor.backends import create_backend
 from stockade.supervisor.config import Config
 from stockade.supervisor.errors import ConfigError, EngineUnavailable
+from stockade.supervisor.network.proxy import EgressDecision
 from stockade.supervisor.pipeline import HostPolicy
 from stockade.supervisor.sandboxes import SandboxManager
 from stockade.supervisor.server import Server
@@ -87,6 +92,35 @@ def build_policy(config: Config) -> HostPolicy:
     )
 
 
+def egress_recorder(policy: HostPolicy) -> Callable[[EgressDecision], None]:
+    """Each decision of the egress proxy becomes an audit record (tool "network")."""
+    audit = policy.audit
+
+    def record(decision: EgressDecision) -> None:
+        if audit is None:
+            return
+        target = {"method": decision.method, "host": decision.host, "port": decision.port}
+        if decision.address:
+            target["address"] = decision.address
+        audit.record(
+            AuditRecord(
+                time=time.time(),
+                request_id="",
+                caller="sandbox",
+                sandbox_key=decision.sandbox_key,
+                agent_id="",
+                provider="",
+                tool="network",
+                arguments_json=json.dumps(target),
+                policy_step=f"egress: {decision.reason}",
+                error_code="" if decision.allowed else "PERMISSION_DENIED",
+                is_error=not decision.allowed,
+            )
+        )
+
+    return record
+
+
 @dataclass
 class Supervisor:
     server: Server
@@ -106,7 +140,11 @@ async def start(config: Config) -> Supervisor:
     url, process = await asyncio.to_thread(engine_url, config)
     backend = await asyncio.to_thread(create_backend, config.engine.kind, url)
     manager = SandboxManager(
-        config, backend, instance_id=instance_id(config.state_dir), image=sandbox_image(config)
+        config,
+        backend,
+        instance_id=instance_id(config.state_dir),
+        image=sandbox_image(config),
+        record_egress=egress_recorder(policy),
     )
     adopted = await manager.start()
     if adopted:

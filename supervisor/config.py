@@ -6,6 +6,7 @@ An unknown key anywhere in the file is an error at load time, never a silent pas
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -14,8 +15,12 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from stockade.supervisor.errors import ConfigError
+from stockade.supervisor.network.allowlist import AllowlistError, check_pattern
 
 EngineKind = Literal["podman", "docker"]
+NetworkMode = Literal["none", "egress", "open"]
+NETWORK_MODES: tuple[NetworkMode, ...] = ("none", "egress", "open")
+"""Narrowest first: a request may only ask for a mode at or before the configured one."""
 MiB = 1024 * 1024
 
 
@@ -37,8 +42,10 @@ class SandboxConfig:
     read_only_root: bool = True
     drop_all_capabilities: bool = True
     no_new_privileges: bool = True
-    network: Literal["none"] = "none"
-    """Only `none` is built so far."""
+    network: NetworkMode = "none"
+    """none: only `lo`. egress: one veth link to a host-side proxy that lets through HTTP and
+    HTTPS to the [network] allowlist and nothing else. open: the engine's bridge network
+    (logged as a warning). EnsureSandbox may ask for a narrower mode, never a wider one."""
     memory_mb: int = 512
     """Memory limit; swap is set to the same value, so no swap."""
     cpus: float = 1.0
@@ -55,6 +62,33 @@ class SandboxConfig:
     secrets: Mapping[str, str] = field(default_factory=dict)
     """Environment variables injected into every sandbox whose values are redacted from
     every output (with scrub.secrets)."""
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """What `egress` sandboxes may reach, through the supervisor's proxy."""
+
+    allow: tuple[str, ...] = ()
+    """Domain names ("example.com") and wildcards ("*.example.com": any name under it, not
+    the name itself). IP addresses are never allowed."""
+    ports: tuple[int, ...] = (80, 443)
+    hosts: Mapping[str, str] = field(default_factory=dict)
+    """Pinned addresses: name -> IP, used instead of DNS (and then any address is fine,
+    e.g. a loopback test server). The name must still be allowed."""
+    allow_private_addresses: bool = False
+    """Whether an allowed name may resolve to a loopback, private, link-local or other
+    non-global address (off: an allowed name pointing inside is refused)."""
+    bandwidth_kbit: int = 0
+    """Per-sandbox cap in each direction (tc token bucket on both ends of the link); 0: none."""
+    max_connections: int = 32
+    """Proxied connections open at once per sandbox; more are refused."""
+    connect_timeout_s: float = 10.0
+    idle_timeout_s: float = 300.0
+    """A tunnel with no bytes either way for this long is closed."""
+    subnet: str = "10.213.0.0/30"
+    """The link's addresses: the proxy's side takes the first host, the sandbox the second.
+    Each sandbox's link lives in namespaces of its own, so all can use the same subnet."""
+    proxy_port: int = 3128
 
 
 @dataclass(frozen=True)
@@ -209,6 +243,7 @@ class Config:
     max_response_bytes: int = 128 * MiB
     engine: EngineConfig = field(default_factory=EngineConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     agents: Mapping[str, AgentConfig] = field(default_factory=dict)
     groups: Mapping[str, GroupConfig] = field(default_factory=dict)
@@ -254,6 +289,7 @@ def _check(cfg: Config) -> None:
     uid = cfg.sandbox.user.split(":", 1)[0]
     if uid in ("0", "root", ""):
         raise ConfigError("sandbox.user must not be root")
+    _check_network(cfg.network)
     if cfg.engine.kind not in ("podman", "docker"):
         raise ConfigError(f"engine.kind must be podman or docker, got {cfg.engine.kind!r}")
 
@@ -335,3 +371,29 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     for name in parents:
         node = node.setdefault(name, {})
     node[leaf] = value
+
+
+def _check_network(net: NetworkConfig) -> None:
+    try:
+        for pattern in net.allow:
+            check_pattern(pattern)
+    except AllowlistError as exc:
+        raise ConfigError(f"network.allow: {exc}") from exc
+    for port in (*net.ports, net.proxy_port):
+        if not 0 < port < 65536:
+            raise ConfigError(f"network: port {port} is out of range")
+    for name, address in net.hosts.items():
+        try:
+            ipaddress.ip_address(address)
+        except ValueError as exc:
+            raise ConfigError(f"network.hosts.{name}: {address!r} is not an IP address") from exc
+    try:
+        subnet = ipaddress.IPv4Network(net.subnet)
+    except ValueError as exc:
+        raise ConfigError(f"network.subnet: {exc}") from exc
+    if subnet.num_addresses < 4:
+        raise ConfigError("network.subnet needs at least two host addresses (/30)")
+    if net.bandwidth_kbit < 0 or net.max_connections <= 0:
+        raise ConfigError("network.bandwidth_kbit >= 0 and network.max_connections > 0")
+    if net.connect_timeout_s <= 0 or net.idle_timeout_s <= 0:
+        raise ConfigError("network timeouts must be positive")

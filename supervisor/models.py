@@ -77,6 +77,17 @@ class SandboxInfo:
     created_at: datetime | None
     last_used_at: datetime | None
     workspace_path: str
+    network_mode: str = ""
+    network_allow: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NetworkRequest:
+    """What EnsureSandbox asks for: an empty mode is the configured one; `allow` narrows the
+    configured allowlist (empty: all of it)."""
+
+    mode: str = ""
+    allow: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ ContainerBackend and every blocking call goes through asyncio.to_thread."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import stat
@@ -27,20 +28,44 @@ from stockade.supervisor.backends.base import (
     LABEL_INSTANCE,
     LABEL_KEY,
     LABEL_MANAGED,
+    LABEL_NETWORK,
+    LABEL_NETWORK_ALLOW,
     LABEL_SANDBOX_ID,
     BindMount,
     ContainerBackend,
     ContainerInfo,
     ContainerSpec,
 )
-from stockade.supervisor.config import Config
-from stockade.supervisor.errors import SandboxBroken, SandboxLost, SandboxNotFound
+from stockade.supervisor.config import NETWORK_MODES, Config
+from stockade.supervisor.errors import (
+    InvalidRequest,
+    PolicyDenied,
+    SandboxBroken,
+    SandboxLost,
+    SandboxNotFound,
+)
 from stockade.supervisor.keys import sandbox_id, validate_key
-from stockade.supervisor.models import SandboxInfo, SandboxState
+from stockade.supervisor.models import NetworkRequest, SandboxInfo, SandboxState
+from stockade.supervisor.network.allowlist import Allowlist, AllowlistError
+from stockade.supervisor.network.egress import EgressNetwork
+from stockade.supervisor.network.proxy import EgressDecision
+
+log = logging.getLogger("stockade")
 
 AGENT_SOCKET_DIR = "/run/stockade"
 TRANSFER_TIMEOUT_S = 3600.0
 WORKSPACE = "/workspace"
+
+
+@dataclass(frozen=True)
+class SandboxNetwork:
+    mode: str
+    """none, egress or open."""
+    allow: tuple[str, ...] = ()
+    """egress: the canonical allowlist patterns of this sandbox."""
+
+    def labels(self) -> dict[str, str]:
+        return {LABEL_NETWORK: self.mode, LABEL_NETWORK_ALLOW: ",".join(self.allow)}
 
 
 @dataclass
@@ -49,6 +74,7 @@ class _Sandbox:
     sid: str
     info: ContainerInfo
     agent: AgentConnection
+    network: SandboxNetwork
     last_used_at: datetime | None = None
     lost: bool = False
 
@@ -71,6 +97,7 @@ class SandboxManager:
         instance_id: str,
         image: str,
         connect: Callable[[Path], AgentConnection] = AgentConnection,
+        record_egress: Callable[[EgressDecision], None] | None = None,
     ) -> None:
         self._config = config
         self._backend = backend
@@ -83,6 +110,7 @@ class SandboxManager:
         self._locks: dict[str, asyncio.Lock] = {}
         uid, _, gid = config.sandbox.user.partition(":")
         self._uid, self._gid = int(uid), int(gid or uid)
+        self._egress = EgressNetwork(config.network, instance_id, record_egress or _ignore)
 
     @property
     def engine(self) -> str:
@@ -105,17 +133,64 @@ class SandboxManager:
             key = info.labels.get(LABEL_KEY, "")
             if not key or info.labels.get(LABEL_SANDBOX_ID) != sandbox_id(key):
                 continue
-            if info.running and self._run_dir_is_sealed(self._paths(key)):
-                self._sandboxes[key] = _Sandbox(key, sandbox_id(key), info, self._agent_for(key))
-                adopted.append(key)
-            else:
-                await asyncio.to_thread(self._backend.remove, info.id)
+            network = self._adopted_network(info)
+            if info.running and network and self._run_dir_is_sealed(self._paths(key)):
+                sandbox = _Sandbox(key, sandbox_id(key), info, self._agent_for(key), network)
+                try:
+                    await self._attach_network(sandbox)
+                except SandboxBroken as exc:
+                    log.warning("not adopting sandbox %r: %s", key, exc)
+                    await sandbox.agent.close()
+                else:
+                    self._sandboxes[key] = sandbox
+                    adopted.append(key)
+                    continue
+            await asyncio.to_thread(self._backend.remove, info.id)
+        await self._egress.prune({s.sid for s in self._sandboxes.values()})
         return adopted
+
+    def _adopted_network(self, info: ContainerInfo) -> SandboxNetwork | None:
+        """An adopted container's network as it was created, re-checked against today's
+        config: None when it is now wider than allowed (the container is then replaced)."""
+        mode = info.labels.get(LABEL_NETWORK, "none")
+        allow = tuple(p for p in info.labels.get(LABEL_NETWORK_ALLOW, "").split(",") if p)
+        try:
+            return self._network_for(NetworkRequest(mode, allow))
+        except (InvalidRequest, PolicyDenied):
+            return None
+
+    def _network_for(self, request: NetworkRequest | None) -> SandboxNetwork:
+        """The network a sandbox gets: the configured one, or a narrower one asked for."""
+        configured = self._config.sandbox.network
+        mode = (request.mode if request else "") or configured
+        if mode not in NETWORK_MODES:
+            raise InvalidRequest(f"network mode must be one of {list(NETWORK_MODES)}, not {mode!r}")
+        if NETWORK_MODES.index(mode) > NETWORK_MODES.index(configured):
+            raise PolicyDenied(
+                f"network mode {mode!r} is wider than the configured {configured!r} "
+                "(a request may narrow the network, never widen it)"
+            )
+        if request is not None and request.allow and mode != "egress":
+            raise InvalidRequest("an allowlist applies only to network mode 'egress'")
+        if mode != "egress":
+            return SandboxNetwork(mode)
+        configured_list = self._egress.allowlist
+        try:
+            chosen = configured_list.narrowed(request.allow) if request and request.allow else None
+        except AllowlistError as exc:
+            raise PolicyDenied(f"network allowlist: {exc}") from exc
+        return SandboxNetwork(mode, (chosen or configured_list).patterns)
+
+    async def _attach_network(self, sandbox: _Sandbox) -> None:
+        if sandbox.network.mode == "egress":
+            allowlist = Allowlist(sandbox.network.allow, self._config.network.ports)
+            await self._egress.attach(sandbox.key, sandbox.sid, sandbox.info.pid, allowlist)
 
     async def close(self) -> None:
         """Close agent channels; containers keep running for the next start to adopt."""
         for sandbox in self._sandboxes.values():
             await sandbox.agent.close()
+        await self._egress.close()
 
     @asynccontextmanager
     async def _agent(
@@ -167,19 +242,30 @@ class SandboxManager:
                 raise SandboxLost(_death_note(info))
         raise SandboxBroken(f"the sandbox's agent failed: {exc}") from exc
 
-    async def ensure(self, key: str) -> _Sandbox:
-        """The running sandbox for key, created (or re-created) when needed."""
+    async def ensure(self, key: str, network: NetworkRequest | None = None) -> _Sandbox:
+        """The running sandbox for key, created (or re-created) when needed. With a network
+        request, a sandbox whose network differs is re-created (the workspace is kept)."""
         sandbox = self._sandboxes.get(key)
-        if sandbox is not None and not sandbox.lost and sandbox.agent.is_ready():
+        wanted = self._network_for(network) if network is not None else None
+        if (
+            sandbox is not None
+            and not sandbox.lost
+            and sandbox.agent.is_ready()
+            and wanted in (None, sandbox.network)
+        ):
             return sandbox
         validate_key(key)
         async with self._locks.setdefault(key, asyncio.Lock()):
             sandbox = self._sandboxes.get(key)
-            if sandbox is not None and await self._still_alive(sandbox):
+            if (
+                sandbox is not None
+                and wanted in (None, sandbox.network)
+                and await self._still_alive(sandbox)
+            ):
                 return sandbox
             if sandbox is not None:
                 await self._discard(sandbox)
-            sandbox = await self._create(key)
+            sandbox = await self._create(key, wanted or self._network_for(None))
             self._sandboxes[key] = sandbox
             return sandbox
 
@@ -200,22 +286,27 @@ class SandboxManager:
     async def _discard(self, sandbox: _Sandbox) -> None:
         self._sandboxes.pop(sandbox.key, None)
         await sandbox.agent.close()
+        await self._egress.detach(sandbox.sid)
         await asyncio.to_thread(self._backend.remove, sandbox.info.id)
 
-    async def _create(self, key: str) -> _Sandbox:
+    async def _create(self, key: str, network: SandboxNetwork) -> _Sandbox:
         paths = self._prepare_dirs(key)
-        spec = self._spec(key, paths)
+        spec = self._spec(key, paths, network)
         await asyncio.to_thread(self._backend.remove, spec.name)
+        if network.mode == "open":
+            log.warning("sandbox %r gets network mode open: the engine's bridge network", key)
         info = await asyncio.to_thread(self._backend.run, spec)
-        agent = self._connect(paths.socket)
+        sandbox = _Sandbox(key, sandbox_id(key), info, self._connect(paths.socket), network)
         try:
-            await agent.wait_ready(self._config.sandbox.start_timeout_s)
+            await self._attach_network(sandbox)
+            await sandbox.agent.wait_ready(self._config.sandbox.start_timeout_s)
         except SandboxBroken as exc:
-            await agent.close()
+            await sandbox.agent.close()
+            await self._egress.detach(sandbox.sid)
             await asyncio.to_thread(self._backend.remove, info.id)
             raise SandboxBroken(f"sandbox {key!r} did not start: {exc}") from exc
         self._seal_run_dir(paths)
-        return _Sandbox(key, sandbox_id(key), info, agent)
+        return sandbox
 
     def _prepare_dirs(self, key: str) -> _Paths:
         paths = self._paths(key)
@@ -266,9 +357,13 @@ class SandboxManager:
             *("--process-log-bytes", str(tools.process_log_bytes)),
         )
 
-    def _spec(self, key: str, paths: _Paths) -> ContainerSpec:
+    def _spec(self, key: str, paths: _Paths, network: SandboxNetwork) -> ContainerSpec:
         sb = self._config.sandbox
         labels = {**self._labels(), LABEL_KEY: key, LABEL_SANDBOX_ID: sandbox_id(key)}
+        labels.update(network.labels())
+        environment = dict(sb.secrets)
+        if network.mode == "egress":
+            environment.update(self._egress.environment().variables())
         return ContainerSpec(
             name=self.container_name(key),
             image=self._image,
@@ -288,8 +383,8 @@ class SandboxManager:
             nofile=sb.nofile,
             nproc=sb.nproc,
             tmpfs={"/tmp": sb.tmp_size_mb * 1024 * 1024},
-            environment=dict(sb.secrets),
-            network=sb.network,
+            environment=environment,
+            network="bridge" if network.mode == "open" else "none",
             seccomp_profile=self._seccomp,
         )
 
@@ -320,6 +415,7 @@ class SandboxManager:
                 raise SandboxNotFound(f"no sandbox for key {key!r}")
             if sandbox is not None:
                 await sandbox.agent.close()
+            await self._egress.detach(sandbox_id(key))
             removed = await asyncio.to_thread(self._backend.remove, self.container_name(key))
             if delete_workspace:
                 await asyncio.to_thread(shutil.rmtree, paths.root)
@@ -336,6 +432,8 @@ class SandboxManager:
             created_at=sandbox.info.created_at,
             last_used_at=sandbox.last_used_at,
             workspace_path=str(self._paths(sandbox.key).workspace),
+            network_mode=sandbox.network.mode,
+            network_allow=sandbox.network.allow,
         )
 
     def _absent(self, key: str) -> SandboxInfo:
@@ -360,3 +458,7 @@ def _death_note(info: ContainerInfo | None) -> str:
         f"the sandbox's container exited during the call with code {info.exit_code}{why}; "
         "the next call recreates it with the same workspace"
     )
+
+
+def _ignore(_decision: EgressDecision) -> None:
+    pass

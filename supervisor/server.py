@@ -29,6 +29,7 @@ from stockade.supervisor.models import (
     EofInput,
     InteractInput,
     InteractRequest,
+    NetworkRequest,
     OutputEvent,
     ResizeInput,
     SandboxInfo,
@@ -149,6 +150,8 @@ def sandbox_to_pb(info: SandboxInfo) -> Any:
         created_at=_timestamp(info.created_at),
         last_used_at=_timestamp(info.last_used_at),
         workspace_path=info.workspace_path,
+        network_mode=info.network_mode,
+        network_allow=list(info.network_allow),
     )
 
 
@@ -185,7 +188,10 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
 
     @mapped
     async def EnsureSandbox(self, request: Any, context: Any) -> Any:
-        await self._sandboxes.ensure(request.key)
+        network = None
+        if request.HasField("network"):
+            network = NetworkRequest(request.network.mode, tuple(request.network.allow))
+        await self._sandboxes.ensure(request.key, network)
         return sandbox_to_pb(await self._sandboxes.get(request.key))
 
     @mapped

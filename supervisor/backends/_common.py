@@ -39,6 +39,7 @@ def info_from_inspect(attrs: Mapping[str, Any]) -> ContainerInfo:
         created_at=parse_time(attrs.get("Created")),
         exit_code=state.get("ExitCode"),
         oom_killed=bool(state.get("OOMKilled")),
+        pid=int(state.get("Pid") or 0),
     )
 
 

@@ -15,6 +15,8 @@ LABEL_MANAGED = "io.stockade.managed"
 LABEL_INSTANCE = "io.stockade.instance"
 LABEL_KEY = "io.stockade.key"
 LABEL_SANDBOX_ID = "io.stockade.sandbox-id"
+LABEL_NETWORK = "io.stockade.network"
+LABEL_NETWORK_ALLOW = "io.stockade.network-allow"
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class ContainerSpec:
     """Mount point -> size in bytes."""
     environment: Mapping[str, str] = field(default_factory=dict)
     network: str = "none"
+    """"none", or "bridge" (the engine's default network)."""
     seccomp_profile: str = ""
     """Path of a seccomp profile (JSON) on the engine's host; "": the engine's default."""
 
@@ -64,6 +67,8 @@ class ContainerInfo:
     created_at: datetime | None = None
     exit_code: int | None = None
     oom_killed: bool = False
+    pid: int = 0
+    """The main process on the host (0 when not running)."""
 
 
 class ContainerBackend(Protocol):

@@ -23,7 +23,7 @@ SANDBOX_STATE_EXITED: SandboxState
 SANDBOX_STATE_ABSENT: SandboxState
 
 class SandboxInfo(_message.Message):
-    __slots__ = ("key", "container_id", "engine", "image", "state", "created_at", "last_used_at", "workspace_path", "container_name")
+    __slots__ = ("key", "container_id", "engine", "image", "state", "created_at", "last_used_at", "workspace_path", "container_name", "network_mode", "network_allow")
     KEY_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,8 @@ class SandboxInfo(_message.Message):
     LAST_USED_AT_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_PATH_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_NAME_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_MODE_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_ALLOW_FIELD_NUMBER: _ClassVar[int]
     key: str
     container_id: str
     engine: str
@@ -42,13 +44,25 @@ class SandboxInfo(_message.Message):
     last_used_at: _timestamp_pb2.Timestamp
     workspace_path: str
     container_name: str
-    def __init__(self, key: _Optional[str] = ..., container_id: _Optional[str] = ..., engine: _Optional[str] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_used_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workspace_path: _Optional[str] = ..., container_name: _Optional[str] = ...) -> None: ...
+    network_mode: str
+    network_allow: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, key: _Optional[str] = ..., container_id: _Optional[str] = ..., engine: _Optional[str] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_used_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workspace_path: _Optional[str] = ..., container_name: _Optional[str] = ..., network_mode: _Optional[str] = ..., network_allow: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class NetworkRequest(_message.Message):
+    __slots__ = ("mode", "allow")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    allow: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, mode: _Optional[str] = ..., allow: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EnsureSandboxRequest(_message.Message):
-    __slots__ = ("key",)
+    __slots__ = ("key", "network")
     KEY_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
     key: str
-    def __init__(self, key: _Optional[str] = ...) -> None: ...
+    network: NetworkRequest
+    def __init__(self, key: _Optional[str] = ..., network: _Optional[_Union[NetworkRequest, _Mapping]] = ...) -> None: ...
 
 class GetSandboxRequest(_message.Message):
     __slots__ = ("key",)

@@ -1,0 +1,364 @@
+"""The egress proxy: the only thing an `egress` sandbox can reach. One instance per sandbox,
+served by the supervisor's event loop on a socket inside the sandbox's helper namespace.
+
+It speaks HTTP proxy: CONNECT host:port (HTTPS; the TLS ClientHello must name the same host
+in SNI, else the tunnel is closed before a byte reaches the upstream) and absolute-form
+http:// requests (the Host header must name the URL's host; one request per connection).
+It resolves names itself (the sandbox has no DNS), refuses IP addresses, ports and names
+outside the allowlist, names that resolve to non-public addresses (unless pinned or
+configured), and connections past the per-sandbox cap. Every decision is reported."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from stockade.supervisor.network import tls
+from stockade.supervisor.network.allowlist import (
+    Allowlist,
+    AllowlistError,
+    canonical_host,
+    is_global,
+)
+
+log = logging.getLogger("stockade.egress")
+MAX_HEAD = 64 * 1024
+HEAD_TIMEOUT_S = 30.0
+HELLO_TIMEOUT_S = 10.0
+CHUNK = 64 * 1024
+DROP_HEADERS = frozenset(
+    {"proxy-connection", "proxy-authorization", "connection", "keep-alive", "te", "upgrade"}
+)
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    ports: frozenset[int]
+    hosts: dict[str, str]
+    """Pinned name -> address (canonical names)."""
+    allow_private_addresses: bool
+    max_connections: int
+    connect_timeout_s: float
+    idle_timeout_s: float
+
+
+@dataclass(frozen=True)
+class EgressDecision:
+    sandbox_key: str
+    method: str
+    host: str
+    port: int
+    allowed: bool
+    reason: str
+    address: str = ""
+
+
+Recorder = Callable[[EgressDecision], None]
+
+
+class Refused(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class EgressProxy:
+    def __init__(
+        self, key: str, allowlist: Allowlist, settings: ProxySettings, record: Recorder
+    ) -> None:
+        self.key = key
+        self.allowlist = allowlist
+        self._settings = settings
+        self._record = record
+        self._open = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def open_connections(self) -> int:
+        return self._open
+
+    async def start(self, sock: socket.socket) -> None:
+        self._server = await asyncio.start_server(self._accept, sock=sock, limit=MAX_HEAD)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            if self._open >= self._settings.max_connections:
+                reason = f"connection cap ({self._settings.max_connections} open) reached"
+                self._decide("", "", 0, False, reason)
+                await _reply(writer, 503, reason)
+                return
+            self._open += 1
+            try:
+                await self._serve(reader, writer)
+            finally:
+                self._open -= 1
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass
+        finally:
+            self._tasks.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
+        except asyncio.LimitOverrunError:
+            await _reply(writer, 431, "request head too large")
+            return
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            await _reply(writer, 400, "not an HTTP/1 request")
+            return
+        method, target, version = parts
+        try:
+            headers = _headers(lines[1:])
+            if method.upper() == "CONNECT":
+                await self._connect(target, reader, writer)
+            else:
+                await self._forward(method, target, version, headers, reader, writer)
+        except Refused as refused:
+            await _reply(writer, refused.status, refused.reason)
+
+    async def _connect(
+        self, target: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        host, port = _split_authority(target, default_port=None)
+        name, address = await self._admit("CONNECT", host, port)
+        up_reader, up_writer = await self._open_upstream("CONNECT", name, port, address)
+        try:
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await writer.drain()
+            try:
+                hello = await asyncio.wait_for(tls.read_client_hello(reader), HELLO_TIMEOUT_S)
+                sni = tls.server_name(hello)
+            except tls.NotTLS as exc:
+                self._decide("CONNECT", name, port, False, f"not TLS: {exc}", address)
+                return
+            if sni is None:
+                self._decide("CONNECT", name, port, False, "no server name (SNI) in TLS", address)
+                return
+            try:
+                sni_name = canonical_host(sni)
+            except AllowlistError:
+                sni_name = sni
+            if sni_name != name:
+                reason = f"TLS server name {sni!r} does not match the CONNECT host"
+                self._decide("CONNECT", name, port, False, reason, address)
+                return
+            self._decide("CONNECT", name, port, True, self._why(name), address)
+            up_writer.write(hello)
+            await self._pipe(reader, writer, up_reader, up_writer)
+        finally:
+            up_writer.close()
+
+    async def _forward(
+        self,
+        method: str,
+        target: str,
+        version: str,
+        headers: list[tuple[str, str]],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        url = urlsplit(target)
+        if url.scheme.lower() != "http" or not url.netloc:
+            reason = "only absolute http:// requests and CONNECT are proxied"
+            self._decide(method, "", 0, False, reason)
+            raise Refused(400, reason)
+        host, port = _split_authority(url.netloc, default_port=80)
+        given = [v for k, v in headers if k.lower() == "host"]
+        if len(given) > 1 or (given and not _same_authority(given[0], host, port)):
+            reason = f"Host header {given!r} does not match the request's host {host!r}"
+            self._decide(method, host, port, False, reason)
+            raise Refused(400, reason)
+        name, address = await self._admit(method, host, port)
+        up_reader, up_writer = await self._open_upstream(method, name, port, address)
+        try:
+            self._decide(method, name, port, True, self._why(name), address)
+            path = url.path or "/"
+            if url.query:
+                path += "?" + url.query
+            kept = [(k, v) for k, v in headers if k.lower() not in DROP_HEADERS | {"host"}]
+            out = [f"{method} {path} {version}", f"Host: {url.netloc}"]
+            out += [f"{k}: {v}" for k, v in kept] + ["Connection: close", "", ""]
+            up_writer.write("\r\n".join(out).encode("latin-1"))
+            await self._pipe(reader, writer, up_reader, up_writer)
+        finally:
+            up_writer.close()
+
+    def _why(self, name: str) -> str:
+        return f"allowed by {self.allowlist.match(name)}"
+
+    async def _admit(self, method: str, host: str, port: int) -> tuple[str, str]:
+        """The canonical name and the address to connect to, or Refused (recorded)."""
+        decision = self.allowlist.decide(host, port)
+        if not decision.allowed:
+            self._decide(method, host, port, False, decision.reason)
+            raise Refused(403, decision.reason)
+        name = canonical_host(host)
+        pinned = self._settings.hosts.get(name)
+        if pinned:
+            return name, pinned
+        try:
+            found = await asyncio.get_running_loop().getaddrinfo(
+                name, port, type=socket.SOCK_STREAM
+            )
+        except OSError as exc:
+            reason = f"cannot resolve {name}: {exc}"
+            self._decide(method, name, port, False, reason)
+            raise Refused(502, reason) from exc
+        addresses = [str(info[4][0]) for info in found]
+        usable = [a for a in addresses if self._settings.allow_private_addresses or is_global(a)]
+        if not usable:
+            reason = f"{name} resolves only to non-public addresses ({', '.join(addresses)})"
+            self._decide(method, name, port, False, reason)
+            raise Refused(403, reason)
+        return name, usable[0]
+
+    async def _open_upstream(
+        self, method: str, name: str, port: int, address: str
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        try:
+            return await asyncio.wait_for(
+                asyncio.open_connection(address, port, limit=CHUNK),
+                self._settings.connect_timeout_s,
+            )
+        except (OSError, TimeoutError) as exc:
+            reason = f"cannot connect to {name}:{port} ({address}): {exc or 'timed out'}"
+            self._decide(method, name, port, False, reason, address)
+            raise Refused(502, reason) from exc
+
+    async def _pipe(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        up_reader: asyncio.StreamReader,
+        up_writer: asyncio.StreamWriter,
+    ) -> None:
+        """Copy both ways until both sides are done or nothing moves for the idle timeout."""
+        last = [time.monotonic()]
+        idle = self._settings.idle_timeout_s
+
+        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            while True:
+                try:
+                    data = await asyncio.wait_for(src.read(CHUNK), idle)
+                except TimeoutError:
+                    if time.monotonic() - last[0] < idle:
+                        continue
+                    raise
+                if not data:
+                    if dst.can_write_eof():
+                        dst.write_eof()
+                    return
+                last[0] = time.monotonic()
+                dst.write(data)
+                await dst.drain()
+
+        tasks = [
+            asyncio.ensure_future(copy(reader, up_writer)),
+            asyncio.ensure_future(copy(up_reader, writer)),
+        ]
+        try:
+            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            for task in done:
+                task.exception()  # consumed: a reset or timeout just ends the tunnel
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    def _decide(
+        self, method: str, host: str, port: int, allowed: bool, reason: str, address: str = ""
+    ) -> None:
+        decision = EgressDecision(self.key, method, host, port, allowed, reason, address)
+        log.info(
+            "egress %s %s %s:%s %s",
+            "allow" if allowed else "deny",
+            method,
+            host,
+            port,
+            reason,
+        )
+        self._record(decision)
+
+
+def _headers(lines: list[str]) -> list[tuple[str, str]]:
+    out = []
+    for line in lines:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep or not name.strip() or name != name.strip():
+            raise Refused(400, f"malformed header line {line[:80]!r}")
+        out.append((name, value.strip()))
+    return out
+
+
+def _split_authority(authority: str, default_port: int | None) -> tuple[str, int]:
+    if "@" in authority:
+        raise Refused(400, "credentials in the proxy target are not allowed")
+    if authority.startswith("["):
+        host, _, rest = authority[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    else:
+        host, sep, port_text = authority.rpartition(":")
+        if not sep:
+            host, port_text = authority, ""
+    if not port_text:
+        if default_port is None:
+            raise Refused(400, f"CONNECT target {authority[:100]!r} needs host:port")
+        return host, default_port
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise Refused(400, f"bad port in {authority[:100]!r}")
+    return host, int(port_text)
+
+
+def _same_authority(header: str, host: str, port: int) -> bool:
+    try:
+        given_host, given_port = _split_authority(header.strip(), default_port=80)
+    except Refused:
+        return False
+    try:
+        return canonical_host(given_host) == canonical_host(host) and given_port == port
+    except AllowlistError:
+        return given_host.lower() == host.lower() and given_port == port
+
+
+async def _reply(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
+    phrases = {400: "Bad Request", 403: "Forbidden", 431: "Request Header Fields Too Large",
+               502: "Bad Gateway", 503: "Service Unavailable"}  # fmt: skip
+    body = f"stockade egress proxy: {reason}\n".encode()
+    head = (
+        f"HTTP/1.1 {status} {phrases.get(status, 'Error')}\r\n"
+        f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    with contextlib.suppress(ConnectionError):
+        writer.write(head.encode() + body)
+        await writer.drain()
