@@ -156,7 +156,8 @@ class SandboxManager:
         allow = tuple(p for p in info.labels.get(LABEL_NETWORK_ALLOW, "").split(",") if p)
         try:
             return self._network_for(NetworkRequest(mode, allow))
-        except (InvalidRequest, PolicyDenied):
+        except (InvalidRequest, PolicyDenied) as exc:
+            log.warning("replacing sandbox %r: %s", info.labels.get(LABEL_KEY, ""), exc)
             return None
 
     def _network_for(self, request: NetworkRequest | None) -> SandboxNetwork:

@@ -102,9 +102,8 @@ class Allowlist:
         chosen = []
         for pattern in requested:
             canonical = check_pattern(pattern)
-            if not self.match(canonical[2:] if canonical.startswith("*.") else canonical) or (
-                canonical.startswith("*.") and not self._covers_wildcard(canonical)
-            ):
+            wildcard = canonical.startswith("*.")
+            if not (self._covers_wildcard(canonical) if wildcard else self.match(canonical)):
                 raise AllowlistError(f"{pattern!r} is not within the configured allowlist")
             chosen.append(canonical)
         return Allowlist(chosen, self.ports)

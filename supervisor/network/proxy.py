@@ -158,6 +158,10 @@ class EgressProxy:
             except tls.NotTLS as exc:
                 self._decide("CONNECT", name, port, False, f"not TLS: {exc}", address)
                 return
+            except TimeoutError:
+                reason = f"no TLS ClientHello within {HELLO_TIMEOUT_S:.0f} s"
+                self._decide("CONNECT", name, port, False, reason, address)
+                return
             if sni is None:
                 self._decide("CONNECT", name, port, False, "no server name (SNI) in TLS", address)
                 return
@@ -283,16 +287,12 @@ class EgressProxy:
             asyncio.ensure_future(copy(reader, up_writer)),
             asyncio.ensure_future(copy(up_reader, writer)),
         ]
-        try:
-            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-            for task in done:
-                task.exception()  # consumed: a reset or timeout just ends the tunnel
+        try:  # a reset or an idle timeout on either side ends the tunnel
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         finally:
             for task in tasks:
                 task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def _decide(
         self, method: str, host: str, port: int, allowed: bool, reason: str, address: str = ""
