@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import socket
 import ssl
 import subprocess
 import textwrap
@@ -122,14 +121,16 @@ def python(box: Sandbox, program: str, timeout: int = 60) -> ToolResult:
 
 def curl(box: Sandbox, args: str) -> tuple[str, str]:
     """(HTTP status, body) of a curl through the proxy."""
-    result = run(box, f"curl -sS --max-time 20 -x {PROXY} --noproxy '' -w '\\n%{{http_code}}' {args}")
+    options = f"-sS --max-time 20 -x {PROXY} --noproxy ''"
+    result = run(box, f"curl {options} -w '\\n%{{http_code}}' {args}")
     body, _, status = result.stdout.rpartition("\n")
     return status, body
 
 
 def test_allowed_names_are_reachable_over_http_and_https(box: Sandbox, upstream: Upstream) -> None:
     env = run(box, "env | grep -i _proxy= | sort").stdout
-    assert f"HTTP_PROXY={PROXY}" in env and f"https_proxy={PROXY}" in env
+    assert f"HTTP_PROXY={PROXY}" in env
+    assert f"https_proxy={PROXY}" in env
     plain = run(box, f"curl -sS --max-time 20 http://upstream.test:{upstream.http_port}/hi")
     assert plain.stdout == f"hello from upstream upstream.test:{upstream.http_port}"
     # HTTPS is tunnelled end to end: curl verifies the upstream's certificate itself
@@ -165,7 +166,8 @@ def test_other_names_addresses_and_ports_are_refused(box: Sandbox, upstream: Ups
         status, body = curl(box, f"-p --cacert ca.pem 'https://{target}/'")
         assert status in ("000", "403"), (target, status, body)
     tunnel = run(box, f"curl -sS -p -x {PROXY} --noproxy '' https://denied.test:{https_port}/")
-    assert tunnel.exit_code != 0 and "403" in tunnel.stderr, tunnel.for_llm
+    assert tunnel.exit_code != 0, tunnel.for_llm
+    assert "403" in tunnel.stderr, tunnel.for_llm
 
 
 def test_no_way_around_the_proxy(box: Sandbox, upstream: Upstream) -> None:
@@ -187,7 +189,8 @@ def test_no_way_around_the_proxy(box: Sandbox, upstream: Upstream) -> None:
                 print("TCP", address, port, "CONNECTED")
             except OSError as exc:
                 print("TCP", address, port, "failed", exc)
-        query = bytes.fromhex("abcd01000001000000000000") + b"\\x08upstream\\x04test\\x00\\x00\\x01\\x00\\x01"
+        query = bytes.fromhex("abcd01000001000000000000")
+        query += b"\\x08upstream\\x04test\\x00\\x00\\x01\\x00\\x01"
         for address in ["10.213.0.1"] + {[a for a in host_addresses if ":" not in a]!r}:
             udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             udp.settimeout(2)
@@ -207,7 +210,8 @@ def test_no_way_around_the_proxy(box: Sandbox, upstream: Upstream) -> None:
     assert result.exit_code == 0, result.for_llm
     lines = result.stdout.splitlines()
     kinds = [line.split()[0] for line in lines]
-    assert kinds.count("TCP") == len(targets) and kinds.count("DNS") == 2, lines
+    assert kinds.count("TCP") == len(targets), lines
+    assert kinds.count("DNS") == 2, lines
     assert kinds.count("UDP") >= 2, lines
     for line in lines:
         assert " failed " in line, line

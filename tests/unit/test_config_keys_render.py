@@ -42,7 +42,7 @@ def test_config_file_env_and_overrides(tmp_path: Path, monkeypatch: pytest.Monke
         ("[sandbox]\nmemory_mb = true\n", "sandbox.memory_mb must be int"),
         ("[sandbox]\nmemory_mb = 0\n", "sandbox.memory_mb must be positive"),
         ("[sandbox]\nuser = '0:0'\n", "must not be root"),
-        ("[sandbox]\nnetwork = 'open'\n", "sandbox.network must be one of ['none']"),
+        ("[sandbox]\nnetwork = 'host'\n", "must be one of ['none', 'egress', 'open']"),
         ("[engine]\nkind = 'lxc'\n", "engine.kind must be one of"),
         ("sandbox = 3\n", "[sandbox] must be a table"),
         ("listen = \n", "cannot read config"),
