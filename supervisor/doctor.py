@@ -186,8 +186,9 @@ def _cgroup(cg: dict[str, Any]) -> str:
     if not cg["version"]:
         return "no limit files readable"
     cpus = f"{cg['cpus']:.2f}" if cg["cpus"] else "unlimited"
+    swap = "memory+swap" if cg["version"] == "v1" else "swap"
     return (
-        f"{cg['version']}: memory {_limit(cg['memory_bytes'], True)}, swap "
+        f"{cg['version']}: memory {_limit(cg['memory_bytes'], True)}, {swap} "
         f"{_limit(cg['swap_bytes'], True)}, pids {_limit(cg['pids'])}, cpus {cpus}"
     )
 

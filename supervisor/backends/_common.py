@@ -63,18 +63,18 @@ def _short_option(option: str) -> str:
     return option
 
 
-def _seccomp(options: tuple[str, ...], attrs: Mapping[str, Any]) -> str:
+def _seccomp(options: tuple[str, ...], otherwise: str) -> str:
     for option in options:
         name, sep, value = option.partition("=")
         if name == "seccomp" and sep:
             return value
-    path = attrs.get("SeccompProfilePath")  # libpod, where it tells
-    return str(path) if path else "default"
+    return otherwise
 
 
-def view_from_inspect(attrs: Mapping[str, Any]) -> EngineView:
+def view_from_inspect(attrs: Mapping[str, Any], seccomp_otherwise: str) -> EngineView:
     """EngineView from an inspect document; libpod names its runtime at the top level
-    (HostConfig.Runtime is "oci" there), Docker in HostConfig."""
+    (HostConfig.Runtime is "oci" there), Docker in HostConfig. `seccomp_otherwise` is the
+    profile to report when the security options name none."""
     host = attrs.get("HostConfig") or {}
     config = attrs.get("Config") or {}
     state = attrs.get("State") or {}
@@ -92,7 +92,7 @@ def view_from_inspect(attrs: Mapping[str, Any]) -> EngineView:
         network_mode=str(host.get("NetworkMode") or ""),
         security_options=options,
         no_new_privileges=nnp,
-        seccomp_profile=_seccomp(options, attrs),
+        seccomp_profile=_seccomp(options, seccomp_otherwise),
         memory_bytes=_int(host.get("Memory")),
         memory_swap_bytes=_int(host.get("MemorySwap")),
         nano_cpus=_int(host.get("NanoCpus")),

@@ -101,7 +101,8 @@ class DockerBackend:
 
     def security_view(self, name_or_id: str) -> EngineView | None:
         try:
-            return view_from_inspect(self._client.api.inspect_container(name_or_id))
+            attrs = self._client.api.inspect_container(name_or_id)
+            return view_from_inspect(attrs, "default")  # Docker lists only a non-default one
         except docker.errors.NotFound:
             return None
         except _ENGINE_ERRORS as exc:

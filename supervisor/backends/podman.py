@@ -98,7 +98,8 @@ class PodmanBackend:
 
     def security_view(self, name_or_id: str) -> EngineView | None:
         try:
-            return view_from_inspect(self._client.containers.get(name_or_id).attrs)
+            attrs = self._client.containers.get(name_or_id).attrs
+            return view_from_inspect(attrs, "not reported by Podman's inspect")
         except podman.errors.NotFound:
             return None
         except _ENGINE_ERRORS as exc:

@@ -152,6 +152,7 @@ def test_outside_matches_the_engines_inspect(engine: str, report: dict[str, Any]
     else:
         assert outside["cap_drop"] == host["CapDrop"]
         assert "CAP_SYS_ADMIN" not in host["CapAdd"]
+        assert outside["seccomp_profile"] == "not reported by Podman's inspect"
 
 
 @pytest.mark.skipif(shutil.which("dpkg-query") is None, reason="needs dpkg-query")
