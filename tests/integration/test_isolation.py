@@ -225,3 +225,12 @@ def test_doctor_sandbox_cli(supervisor: Supervisor, client: Stockade, key: str) 
     missing = cli(supervisor, "doctor", "--sandbox", "no-such-key-here")
     assert missing.returncode == 2
     assert "unknown" in missing.stderr
+
+
+def test_machine_doctor_still_works(supervisor: Supervisor) -> None:
+    done = cli(supervisor, "doctor", "--config", str(supervisor.config_file()))
+    assert f"[ok  ] engine: {supervisor.engine} " in done.stdout, done.stdout + done.stderr
+    assert "[ok  ] sandbox image: " in done.stdout
+    wrong = cli(supervisor, "doctor", "--json")
+    assert wrong.returncode == 2
+    assert "--json goes with --sandbox KEY" in wrong.stderr
