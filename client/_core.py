@@ -192,6 +192,43 @@ class SandboxInfo:
 
 
 @dataclass(frozen=True)
+class IsolationReport:
+    """A sandbox's effective isolation (SandboxService.InspectIsolation), as a dict with the
+    .proto's field names: `inside` (uid/gid, capabilities, no_new_privs, seccomp, root,
+    mounts, cgroup limits, interfaces, routes), `outside` (the engine's inspect), `namespaces`
+    (private or shared with the host) and `runtime` (version, package, CVE verdicts)."""
+
+    data: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        return str(self.data["key"])
+
+    @property
+    def engine(self) -> str:
+        return str(self.data["engine"])
+
+    @property
+    def inside(self) -> dict[str, Any]:
+        return dict(self.data["inside"])
+
+    @property
+    def outside(self) -> dict[str, Any]:
+        return dict(self.data["outside"])
+
+    @property
+    def namespaces(self) -> list[dict[str, Any]]:
+        return list(self.data["namespaces"])
+
+    @property
+    def runtime(self) -> dict[str, Any]:
+        return dict(self.data["runtime"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.data
+
+
+@dataclass(frozen=True)
 class ToolSpec:
     name: str
     group: str
@@ -325,6 +362,28 @@ def ensure_request(key: str, network: str | None, allow: Sequence[str] | None) -
         request.network.mode = network or ("egress" if allow else "")
         request.network.allow.extend(allow or ())
     return request
+
+
+def isolation_from_pb(msg: Any) -> IsolationReport:
+    return IsolationReport(message_dict(msg))
+
+
+def message_dict(msg: Any) -> dict[str, Any]:
+    """Every field by its .proto name, defaults included; integers stay integers; an enum
+    by its value's name without the enum's prefix (CVE_VERDICT_FIXED -> "FIXED")."""
+    out: dict[str, Any] = {}
+    for fd in msg.DESCRIPTOR.fields:
+        value = getattr(msg, fd.name)
+        if fd.message_type is not None:
+            out[fd.name] = (
+                [message_dict(v) for v in value] if fd.is_repeated else message_dict(value)
+            )
+        elif fd.enum_type is not None:
+            prefix = fd.enum_type.values[0].name.removesuffix("UNSPECIFIED")
+            out[fd.name] = fd.enum_type.values_by_number[value].name.removeprefix(prefix)
+        else:
+            out[fd.name] = list(value) if fd.is_repeated else value
+    return out
 
 
 def tool_from_pb(msg: Any) -> ToolSpec:

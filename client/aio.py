@@ -17,6 +17,7 @@ from stockade.client._core import (
     AuditRecord,
     CallContext,
     FileInfo,
+    IsolationReport,
     SandboxInfo,
     StreamEvent,
     ToolResult,
@@ -280,6 +281,12 @@ class AsyncStockade:
         reply = await self._rpc(self._sandboxes.DestroySandbox, request)
         return bool(reply.removed)
 
+    async def inspect_isolation(self, key: str) -> IsolationReport:
+        """Stockade.inspect_isolation."""
+        request = sandbox_pb2.InspectIsolationRequest(key=key)
+        reply = await self._rpc(self._sandboxes.InspectIsolation, request)
+        return _core.isolation_from_pb(reply)
+
 
 class AsyncInteraction:
     """A live session with a background process (ToolService.Interact), for asyncio:
@@ -390,6 +397,9 @@ class AsyncSandbox:
 
     async def info(self) -> SandboxInfo:
         return await self.client.get_sandbox(self.key)
+
+    async def isolation(self) -> IsolationReport:
+        return await self.client.inspect_isolation(self.key)
 
     async def destroy(self, *, delete_workspace: bool = False) -> bool:
         return await self.client.destroy_sandbox(self.key, delete_workspace=delete_workspace)

@@ -18,6 +18,7 @@ from stockade.client._core import (
     AuditRecord,
     CallContext,
     FileInfo,
+    IsolationReport,
     SandboxInfo,
     StreamEvent,
     ToolResult,
@@ -271,6 +272,12 @@ class Stockade:
         request = sandbox_pb2.DestroySandboxRequest(key=key, delete_workspace=delete_workspace)
         return bool(self._rpc(self._sandboxes.DestroySandbox, request).removed)
 
+    def inspect_isolation(self, key: str) -> IsolationReport:
+        """The sandbox's effective isolation from inside and outside; NotFound when the key
+        has no container (this call never creates one)."""
+        request = sandbox_pb2.InspectIsolationRequest(key=key)
+        return _core.isolation_from_pb(self._rpc(self._sandboxes.InspectIsolation, request))
+
 
 class Interaction:
     """A live session with a background process (ToolService.Interact).
@@ -393,6 +400,9 @@ class Sandbox:
 
     def info(self) -> SandboxInfo:
         return self.client.get_sandbox(self.key)
+
+    def isolation(self) -> IsolationReport:
+        return self.client.inspect_isolation(self.key)
 
     def destroy(self, *, delete_workspace: bool = False) -> bool:
         return self.client.destroy_sandbox(self.key, delete_workspace=delete_workspace)

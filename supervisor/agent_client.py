@@ -18,6 +18,7 @@ from stockade.supervisor.errors import SandboxBroken
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 MAX_SOCKET_PATH = 107
+MAX_FACT_BYTES = 1 << 20
 _OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -55,6 +56,18 @@ class AgentStarted:
 class AgentOutput:
     fd: int
     data: bytes
+
+
+@dataclass(frozen=True)
+class AgentFacts:
+    """The agent's answer to Inspect: raw bytes and strings, not yet parsed or trusted."""
+
+    files: dict[str, bytes | str]
+    """path -> content, or the errno name (a str) when it could not be read."""
+    links: dict[str, str]
+    """path -> target ("" when it could not be read)."""
+    root_read_only: bool
+    write_probe_error: str
 
 
 @dataclass(frozen=True)
@@ -164,6 +177,33 @@ class AgentConnection:
             raise AgentCallFailed(exc.code(), exc.details() or "") from exc
         finally:
             call.cancel()
+
+    async def inspect(
+        self, files: list[str], links: list[str], write_probe: str, timeout: float
+    ) -> AgentFacts:
+        """Raw facts from inside; only the paths asked for are kept, each at most
+        MAX_FACT_BYTES (a hostile agent may answer anything)."""
+        request = agent_pb2.InspectRequest(
+            files=files, links=links, write_probe=write_probe, max_file_bytes=MAX_FACT_BYTES
+        )
+        try:
+            reply = await self._stub.Inspect(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise SandboxBroken(
+                    "the sandbox's agent predates Inspect; rebuild the image "
+                    "(`stockade image build`) and recreate the sandbox (`stockade rm KEY`)"
+                ) from exc
+            raise AgentCallFailed(exc.code(), exc.details() or "") from exc
+        wanted_files, wanted_links = set(files), set(links)
+        read: dict[str, bytes | str] = {}
+        for f in reply.files:
+            if f.path in wanted_files:
+                read[f.path] = bytes(f.content[:MAX_FACT_BYTES]) if not f.error else f.error[:64]
+        targets = {k.path: k.target[:4096] for k in reply.links if k.path in wanted_links}
+        return AgentFacts(
+            read, targets, bool(reply.root_statvfs_read_only), reply.write_probe_error[:64]
+        )
 
     async def close(self) -> None:
         await self._channel.close()

@@ -42,9 +42,14 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--engine", choices=["podman", "docker"], default="podman")
     build.add_argument("--force", action="store_true", help="rebuild even if up to date")
 
-    doctor = sub.add_parser("doctor", help="check engine, runtime, cgroups and image")
+    doctor = sub.add_parser(
+        "doctor", help="check engine, runtime, cgroups and image; or one sandbox's isolation"
+    )
     doctor.add_argument("--config", type=Path)
     doctor.add_argument("--engine", choices=["podman", "docker"])
+    doctor.add_argument("--sandbox", metavar="KEY", help="report this sandbox's isolation")
+    doctor.add_argument("--json", action="store_true", help="with --sandbox: the report as JSON")
+    doctor.add_argument("--server", help="with --sandbox: supervisor address")
 
     client = argparse.ArgumentParser(add_help=False)
     client.add_argument("--server", help="supervisor address (default $STOCKADE_ADDR)")
@@ -171,6 +176,12 @@ def _image(ns: argparse.Namespace) -> int:
 
 def _doctor(ns: argparse.Namespace) -> int:
     from stockade.supervisor.config import load_config
+
+    if ns.sandbox is not None:
+        return _doctor_sandbox(ns)
+    if ns.json:
+        print("stockade doctor: --json goes with --sandbox KEY", file=sys.stderr)
+        return EXIT_CLIENT_ERROR
     from stockade.supervisor.doctor import run_checks
 
     config = load_config(ns.config, {"engine.kind": ns.engine} if ns.engine else None)
@@ -182,6 +193,19 @@ def _doctor(ns: argparse.Namespace) -> int:
             ok = False
             print(f"       fix: {check.fix}")
     return 0 if ok else 1
+
+
+def _doctor_sandbox(ns: argparse.Namespace) -> int:
+    """Exit 0, or 1 when the sandbox runs privileged or under a runc with a known escape."""
+    from stockade.supervisor.doctor import isolation_lines, isolation_ok
+
+    with _client(ns) as client:
+        report = client.inspect_isolation(ns.sandbox).to_dict()
+    if ns.json:
+        print(json.dumps(report, indent=2, ensure_ascii=False))
+    else:
+        print("\n".join(isolation_lines(report)))
+    return 0 if isolation_ok(report) else 1
 
 
 def _client(ns: argparse.Namespace) -> Stockade:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from stockade.supervisor.config import Config
 
@@ -111,3 +112,119 @@ def _tool(name: str, why: str) -> Check:
     return Check(
         name, path is not None, path or f"not installed ({why})", f"apt-get install {name}"
     )
+
+
+def isolation_lines(report: dict[str, Any]) -> list[str]:
+    """`stockade doctor --sandbox KEY`: the isolation report, one aspect per line."""
+    inside, outside, runtime = report["inside"], report["outside"], report["runtime"]
+    ident, caps, seccomp, root = (
+        inside["identity"], inside["capabilities"], inside["seccomp"], inside["root"]
+    )  # fmt: skip
+    groups = ",".join(str(g) for g in ident["groups"]) or "none"
+    cap_text = "; ".join(
+        f"{kind} {' '.join(caps[kind]['names']) or 'none'}"
+        for kind in ("effective", "permitted", "inheritable", "bounding", "ambient")
+    )
+    filters = "" if seccomp["filters"] < 0 else f", {seccomp['filters']} filter(s)"
+    ns = report["namespaces"]
+    private = " ".join(n["type"] for n in ns if n["private"]) or "none"
+    shared = " ".join(n["type"] for n in ns if not n["private"]) or "none"
+    lines = [
+        f"sandbox {report['key']} on {report['engine']}, container {report['container_id'][:12]}",
+        "inside:",
+        f"  identity      uid {ident['uid']} (euid {ident['euid']}), gid {ident['gid']} "
+        f"(egid {ident['egid']}), groups {groups}",
+        f"  capabilities  {cap_text}",
+        f"  no_new_privs  {_yes(inside['no_new_privs'])}",
+        f"  seccomp       {seccomp['mode_name']}{filters}",
+        f"  root          {'read-only' if root['read_only'] else 'WRITABLE'} (mount "
+        f"{'ro' if root['mount_read_only'] else 'rw'}; creating a file: "
+        f"{root['write_error'] or 'succeeded'})",
+        f"  cgroup        {_cgroup(inside['cgroup'])}",
+        f"  namespaces    private: {private}; shared with the host: {shared}",
+        *_network(inside),
+        "  mounts:",
+        *(
+            f"    {m['target']} {m['fs_type']} {','.join(m['options'])}"
+            for m in inside["mounts"]
+        ),
+        *(f"  problem: {p}" for p in inside["problems"]),
+        "outside (engine):",
+        *_outside(outside),
+        f"runtime: {runtime['name'] or '?'} {runtime['version'] or '(version unknown)'}"
+        + (f", package {runtime['package_version']} ({runtime['package_source']})"
+           if runtime["package_version"] else "")
+        + (f", {runtime['path']}" if runtime["path"] else ""),
+        *(f"  {c['id']:<15} {c['verdict']:<14} {c['reason']}" for c in runtime["cves"]),
+    ]  # fmt: skip
+    return lines
+
+
+def isolation_ok(report: dict[str, Any]) -> bool:
+    """False when the engine runs the sandbox privileged or the runtime is vulnerable."""
+    vulnerable = any(c["verdict"] == "VULNERABLE" for c in report["runtime"]["cves"])
+    return not vulnerable and not report["outside"]["privileged"]
+
+
+def _yes(value: bool) -> str:
+    return "yes" if value else "NO"
+
+
+def _size(value: int) -> str:
+    return f"{value / (1 << 20):.0f} MiB" if value >= 1 << 20 else f"{value} B"
+
+
+def _limit(limit: dict[str, Any], size: bool = False) -> str:
+    if not limit["source"]:
+        return "?"
+    if limit["unlimited"]:
+        return "unlimited"
+    return _size(limit["value"]) if size else str(limit["value"])
+
+
+def _cgroup(cg: dict[str, Any]) -> str:
+    if not cg["version"]:
+        return "no limit files readable"
+    cpus = f"{cg['cpus']:.2f}" if cg["cpus"] else "unlimited"
+    swap = "memory+swap" if cg["version"] == "v1" else "swap"
+    return (
+        f"{cg['version']}: memory {_limit(cg['memory_bytes'], True)}, {swap} "
+        f"{_limit(cg['swap_bytes'], True)}, pids {_limit(cg['pids'])}, cpus {cpus}"
+    )
+
+
+def _network(inside: dict[str, Any]) -> list[str]:
+    names = [
+        f"{i['name']}" + (f" ({' '.join(i['ipv6'])})" if i["ipv6"] else "")
+        for i in inside["interfaces"]
+    ]
+    routes = [
+        f"    {r['family']} {r['destination']} dev {r['interface']}"
+        + (f" via {r['gateway']}" if r["gateway"] else "")
+        + f" metric {r['metric']} {r['flags']}"
+        for r in inside["routes"]
+    ]
+    return [
+        f"  interfaces    {', '.join(names) or 'none'}",
+        f"  ipv4 local    {' '.join(inside['local_ipv4']) or 'none'}",
+        f"  routes        {len(routes) or 'none'}",
+        *routes,
+    ]
+
+
+def _outside(o: dict[str, Any]) -> list[str]:
+    cpus = o["nano_cpus"] / 1e9 if o["nano_cpus"] else 0
+    if not cpus and o["cpu_quota_us"] > 0 and o["cpu_period_us"]:
+        cpus = o["cpu_quota_us"] / o["cpu_period_us"]
+    return [
+        f"  runtime {o['runtime'] or '?'}, privileged {'YES' if o['privileged'] else 'no'}, "
+        f"user {o['user'] or '(image default)'}, read-only root {_yes(o['read_only_root'])}",
+        f"  cap_drop {' '.join(o['cap_drop']) or 'none'}; "
+        f"cap_add {' '.join(o['cap_add']) or 'none'}",
+        f"  no-new-privileges {_yes(o['no_new_privileges'])}, seccomp {o['seccomp_profile']}",
+        f"  security options {' '.join(o['security_options']) or 'none'}",
+        f"  network {o['network_mode'] or '?'}, userns {o['userns_mode'] or 'host'}, "
+        f"cgroupns {o['cgroupns_mode'] or '-'}, host pid {o['host_pid']}",
+        f"  memory {_size(o['memory_bytes'])} (with swap {_size(o['memory_swap_bytes'])}), "
+        f"cpus {cpus:.2f}, pids {o['pids_limit']}",
+    ]

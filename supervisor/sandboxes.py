@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
-from stockade.supervisor import seccomp
+from stockade.supervisor import isolation, seccomp
 from stockade.supervisor.agent_client import (
     AgentCallFailed,
     AgentConnection,
@@ -54,6 +54,7 @@ log = logging.getLogger("stockade")
 
 AGENT_SOCKET_DIR = "/run/stockade"
 TRANSFER_TIMEOUT_S = 3600.0
+INSPECT_TIMEOUT_S = 30.0
 WORKSPACE = "/workspace"
 
 
@@ -232,6 +233,38 @@ class SandboxManager:
         async with self._agent(key, pass_deadline=False) as agent:
             async for item in agent.download(path, tar, TRANSFER_TIMEOUT_S):
                 yield item
+
+    async def inspect_isolation(self, key: str) -> isolation.IsolationReport:
+        """The sandbox's isolation from inside (raw facts from its agent, through no tool
+        and no policy: nothing the caller says reaches the sandbox) and from outside (the
+        engine). Never creates a container: an unknown key or one without a container is
+        SandboxNotFound."""
+        validate_key(key)
+        if key not in self._sandboxes:
+            where = "has only a workspace" if self._paths(key).root.is_dir() else "is unknown"
+            raise SandboxNotFound(f"sandbox {key!r} {where}; a tool call creates its container")
+        probe = f"/.stockade-write-probe-{os.urandom(6).hex()}"
+        async with self._agent(key, pass_deadline=False) as agent:
+            facts = await agent.inspect(
+                list(isolation.FILES), list(isolation.LINKS), probe, INSPECT_TIMEOUT_S
+            )
+        sandbox = self._sandboxes[key]
+        view = await asyncio.to_thread(self._backend.security_view, sandbox.info.id)
+        if view is None:
+            raise SandboxNotFound(f"the container of sandbox {key!r} is gone")
+        runtime = await asyncio.to_thread(self._backend.runtime_facts)
+        inside = isolation.InsideFacts(
+            facts.files, facts.links, facts.root_read_only, facts.write_probe_error
+        )
+        return isolation.IsolationReport(
+            key=key,
+            container_id=sandbox.info.id,
+            engine=self._backend.engine,
+            inside=isolation.inside_view(inside),
+            outside=view,
+            namespaces=isolation.namespaces(facts.links, isolation.host_namespaces()),
+            runtime=isolation.runtime_info(runtime, view.runtime),
+        )
 
     async def _diagnose(self, sandbox: _Sandbox, exc: AgentCallFailed) -> NoReturn:
         """The agent call failed: find out whether the container died."""

@@ -210,6 +210,33 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         )
         return sandbox_pb2.DestroySandboxResponse(removed=removed, workspace_deleted=deleted)
 
+    @mapped
+    async def InspectIsolation(self, request: Any, context: Any) -> Any:
+        report = await self._sandboxes.inspect_isolation(request.key)
+        return fill_pb(sandbox_pb2.IsolationReport(), report)
+
+
+def fill_pb(message: Any, obj: Any) -> Any:
+    """Copy a domain dataclass into a message whose fields carry the same names (the
+    isolation report mirrors its .proto); an enum takes the value named like the string."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        field = message.DESCRIPTOR.fields_by_name[f.name]
+        if field.message_type is not None and field.is_repeated:
+            for item in value:
+                fill_pb(getattr(message, f.name).add(), item)
+        elif field.message_type is not None:
+            fill_pb(getattr(message, f.name), value)
+        elif field.enum_type is not None:
+            suffix = f"_{value.upper()}"
+            names = [v.name for v in field.enum_type.values if v.name.endswith(suffix)]
+            setattr(message, f.name, field.enum_type.values_by_name[names[0]].number)
+        elif field.is_repeated:
+            getattr(message, f.name).extend(value)
+        else:
+            setattr(message, f.name, value)
+    return message
+
 
 _FORMATS = {
     tool_pb2.SCHEMA_FORMAT_UNSPECIFIED: SchemaFormat.JSON_SCHEMA,

@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from stockade.agent import PROTOCOL_VERSION, __version__, tools, transfers
+from stockade.agent import PROTOCOL_VERSION, __version__, inspect, tools, transfers
 from stockade.agent.errors import ToolError
 from stockade.agent.execute import StreamSink, unignore_signals
 from stockade.agent.processes import ProcessTable
@@ -122,6 +122,27 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                     yield agent_pb2.DownloadChunk(result=done)
         except ToolError as exc:
             yield agent_pb2.DownloadChunk(result=_error(exc.code, exc.message))
+
+    async def Inspect(self, request: Any, context: Any) -> Any:
+        try:
+            limit = inspect.limits(len(request.files) + len(request.links), request.max_file_bytes)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        files = [inspect.read_file(p, limit) for p in request.files]
+        links = [inspect.read_link(p) for p in request.links]
+        return agent_pb2.InspectResponse(
+            files=[
+                agent_pb2.FileRead(path=r.path, content=r.content, error=r.error) for r in files
+            ],
+            links=[
+                agent_pb2.LinkRead(
+                    path=r.path, target=r.content.decode(errors="replace"), error=r.error
+                )
+                for r in links
+            ],
+            root_statvfs_read_only=inspect.root_read_only(),
+            write_probe_error=inspect.write_probe(request.write_probe),
+        )
 
     async def _respond(self, request: Any, sink: StreamSink | None) -> Any:
         try:

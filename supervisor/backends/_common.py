@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from stockade.supervisor.backends.base import ContainerInfo
+from stockade.supervisor.backends.base import ContainerInfo, EngineView
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -45,3 +46,81 @@ def info_from_inspect(attrs: Mapping[str, Any]) -> ContainerInfo:
 
 def label_filters(labels: Mapping[str, str]) -> list[str]:
     return [f"{k}={v}" for k, v in labels.items()]
+
+
+def _int(value: Any) -> int:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in value) if isinstance(value, list) else ()
+
+
+def _short_option(option: str) -> str:
+    """An inline seccomp profile (Docker keeps the whole JSON) becomes its digest."""
+    name, sep, value = option.partition("=")
+    if name == "seccomp" and sep and value.lstrip().startswith("{"):
+        return f"seccomp=custom (sha256:{hashlib.sha256(value.encode()).hexdigest()[:16]})"
+    return option
+
+
+def _seccomp(options: tuple[str, ...], otherwise: str) -> str:
+    for option in options:
+        name, sep, value = option.partition("=")
+        if name == "seccomp" and sep:
+            return value
+    return otherwise
+
+
+def view_from_inspect(attrs: Mapping[str, Any], seccomp_otherwise: str) -> EngineView:
+    """EngineView from an inspect document; libpod names its runtime at the top level
+    (HostConfig.Runtime is "oci" there), Docker in HostConfig. `seccomp_otherwise` is the
+    profile to report when the security options name none."""
+    host = attrs.get("HostConfig") or {}
+    config = attrs.get("Config") or {}
+    state = attrs.get("State") or {}
+    options = tuple(_short_option(o) for o in _strings(host.get("SecurityOpt")))
+    nnp = any(
+        o.replace(":", "=") in ("no-new-privileges", "no-new-privileges=true") for o in options
+    )
+    return EngineView(
+        runtime=str(attrs.get("OCIRuntime") or host.get("Runtime") or ""),
+        privileged=bool(host.get("Privileged")),
+        cap_drop=_strings(host.get("CapDrop")),
+        cap_add=_strings(host.get("CapAdd")),
+        read_only_root=bool(host.get("ReadonlyRootfs")),
+        user=str(config.get("User") or ""),
+        network_mode=str(host.get("NetworkMode") or ""),
+        security_options=options,
+        no_new_privileges=nnp,
+        seccomp_profile=_seccomp(options, seccomp_otherwise),
+        memory_bytes=_int(host.get("Memory")),
+        memory_swap_bytes=_int(host.get("MemorySwap")),
+        nano_cpus=_int(host.get("NanoCpus")),
+        cpu_quota_us=_int(host.get("CpuQuota")),
+        cpu_period_us=_int(host.get("CpuPeriod")),
+        pids_limit=_int(host.get("PidsLimit")),
+        userns_mode=str(host.get("UsernsMode") or ""),
+        cgroupns_mode=str(host.get("CgroupnsMode") or ""),
+        host_pid=_int(state.get("Pid")),
+    )
+
+
+def debian_package_version(version: str, candidate: str) -> str:
+    """`candidate` when it reads as a Debian package version of runc `version` (Debian's runc
+    reports its package version as its commit: "1.1.5+ds1-1+deb12u1" for "1.1.5+ds1")."""
+    candidate = candidate.strip()
+    if version and candidate.startswith(f"{version}-") and " " not in candidate:
+        return candidate
+    return ""
+
+
+def parse_runc_version(text: str) -> tuple[str, str]:
+    """(version, commit) from `runc --version` output."""
+    version = commit = ""
+    for line in text.splitlines():
+        if line.startswith("runc version "):
+            version = line.removeprefix("runc version ").strip()
+        elif line.startswith("commit:"):
+            commit = line.removeprefix("commit:").strip()
+    return version, commit

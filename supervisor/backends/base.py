@@ -71,6 +71,44 @@ class ContainerInfo:
     """The main process on the host (0 when not running)."""
 
 
+@dataclass(frozen=True)
+class EngineView:
+    """The security-relevant part of the engine's inspect of one container."""
+
+    runtime: str = ""
+    privileged: bool = False
+    cap_drop: tuple[str, ...] = ()
+    cap_add: tuple[str, ...] = ()
+    read_only_root: bool = False
+    user: str = ""
+    network_mode: str = ""
+    security_options: tuple[str, ...] = ()
+    no_new_privileges: bool = False
+    seccomp_profile: str = ""
+    memory_bytes: int = 0
+    memory_swap_bytes: int = 0
+    nano_cpus: int = 0
+    cpu_quota_us: int = 0
+    cpu_period_us: int = 0
+    pids_limit: int = 0
+    userns_mode: str = ""
+    cgroupns_mode: str = ""
+    host_pid: int = 0
+
+
+@dataclass(frozen=True)
+class RuntimeFacts:
+    """The engine's OCI runtime as the engine describes it."""
+
+    name: str = ""
+    version: str = ""
+    """The runtime's own version ("1.1.5+ds1")."""
+    package_version: str = ""
+    """A Debian package version when the engine tells one ("1.1.5+ds1-1+deb12u1")."""
+    package_source: str = ""
+    path: str = ""
+
+
 class ContainerBackend(Protocol):
     engine: str
     """"podman" or "docker"."""
@@ -93,6 +131,14 @@ class ContainerBackend(Protocol):
 
     def remove(self, name_or_id: str) -> bool:
         """Force-remove; False when there was no such container."""
+        ...
+
+    def security_view(self, name_or_id: str) -> EngineView | None:
+        """What the engine says about the container's isolation; None when it is gone."""
+        ...
+
+    def runtime_facts(self) -> RuntimeFacts:
+        """The engine's default OCI runtime: name, version, package version."""
         ...
 
     def close(self) -> None: ...

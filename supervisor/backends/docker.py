@@ -11,8 +11,18 @@ import docker.errors
 import docker.types
 import requests
 
-from stockade.supervisor.backends._common import info_from_inspect, label_filters
-from stockade.supervisor.backends.base import ContainerInfo, ContainerSpec
+from stockade.supervisor.backends._common import (
+    debian_package_version,
+    info_from_inspect,
+    label_filters,
+    view_from_inspect,
+)
+from stockade.supervisor.backends.base import (
+    ContainerInfo,
+    ContainerSpec,
+    EngineView,
+    RuntimeFacts,
+)
 from stockade.supervisor.errors import EngineUnavailable
 
 _ENGINE_ERRORS = (docker.errors.DockerException, requests.RequestException)
@@ -88,6 +98,34 @@ class DockerBackend:
         except _ENGINE_ERRORS as exc:
             raise EngineUnavailable(f"Docker: cannot remove {name_or_id}: {exc}") from exc
         return True
+
+    def security_view(self, name_or_id: str) -> EngineView | None:
+        try:
+            attrs = self._client.api.inspect_container(name_or_id)
+            return view_from_inspect(attrs, "default")  # Docker lists only a non-default one
+        except docker.errors.NotFound:
+            return None
+        except _ENGINE_ERRORS as exc:
+            raise EngineUnavailable(f"Docker: cannot inspect {name_or_id}: {exc}") from exc
+
+    def runtime_facts(self) -> RuntimeFacts:
+        """Docker names its runc among the server's components; Debian's build gives the
+        package version as runc's commit."""
+        try:
+            components = self._client.version().get("Components") or []
+            info = self._client.info()
+        except _ENGINE_ERRORS as exc:
+            raise EngineUnavailable(f"Docker: cannot read its version: {exc}") from exc
+        name = str(info.get("DefaultRuntime") or "runc")
+        path = str(((info.get("Runtimes") or {}).get(name) or {}).get("path") or "")
+        for component in components:
+            if str(component.get("Name", "")).lower() == "runc" and "runc" in name:
+                version = str(component.get("Version") or "")
+                commit = str((component.get("Details") or {}).get("GitCommit") or "")
+                package = debian_package_version(version, commit)
+                source = "engine (runc commit)" if package else ""
+                return RuntimeFacts(name, version, package, source, path)
+        return RuntimeFacts(name=name, path=path)
 
     def close(self) -> None:
         self._client.close()

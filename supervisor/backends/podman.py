@@ -9,8 +9,19 @@ import podman
 import podman.errors
 import requests
 
-from stockade.supervisor.backends._common import info_from_inspect, label_filters
-from stockade.supervisor.backends.base import ContainerInfo, ContainerSpec
+from stockade.supervisor.backends._common import (
+    debian_package_version,
+    info_from_inspect,
+    label_filters,
+    parse_runc_version,
+    view_from_inspect,
+)
+from stockade.supervisor.backends.base import (
+    ContainerInfo,
+    ContainerSpec,
+    EngineView,
+    RuntimeFacts,
+)
 from stockade.supervisor.errors import EngineUnavailable
 
 _ENGINE_ERRORS = (podman.errors.PodmanError, requests.RequestException)
@@ -84,6 +95,32 @@ class PodmanBackend:
         except _ENGINE_ERRORS as exc:
             raise EngineUnavailable(f"Podman: cannot remove {name_or_id}: {exc}") from exc
         return True
+
+    def security_view(self, name_or_id: str) -> EngineView | None:
+        try:
+            attrs = self._client.containers.get(name_or_id).attrs
+            return view_from_inspect(attrs, "not reported by Podman's inspect")
+        except podman.errors.NotFound:
+            return None
+        except _ENGINE_ERRORS as exc:
+            raise EngineUnavailable(f"Podman: cannot inspect {name_or_id}: {exc}") from exc
+
+    def runtime_facts(self) -> RuntimeFacts:
+        """Podman's info names the runtime, its `--version` output and, on Debian, the
+        package it came from ("runc_1.1.5+ds1-1+deb12u1_amd64")."""
+        try:
+            oci = (self._client.info().get("host") or {}).get("ociRuntime") or {}
+        except _ENGINE_ERRORS as exc:
+            raise EngineUnavailable(f"Podman: cannot read its info: {exc}") from exc
+        name = str(oci.get("name") or "")
+        version, commit = parse_runc_version(str(oci.get("version") or ""))
+        parts = str(oci.get("package") or "").split("_")
+        package, source = "", ""
+        if len(parts) == 3 and parts[0] == name and parts[1]:
+            package, source = parts[1], "engine (package)"
+        elif debian_package_version(version, commit):
+            package, source = commit, "engine (runc commit)"
+        return RuntimeFacts(name, version, package, source, str(oci.get("path") or ""))
 
     def close(self) -> None:
         self._client.close()

@@ -13,7 +13,12 @@ from typing import Any
 import grpc
 
 from stockade.supervisor.agent_client import AgentCallFailed, AgentReply
-from stockade.supervisor.backends.base import ContainerInfo, ContainerSpec
+from stockade.supervisor.backends.base import (
+    ContainerInfo,
+    ContainerSpec,
+    EngineView,
+    RuntimeFacts,
+)
 from stockade.supervisor.errors import SandboxBroken
 
 
@@ -66,6 +71,12 @@ class FakeBackend:
         self.containers[container_id] = replace(
             self.containers[container_id], running=False, status="exited", exit_code=137
         )
+
+    def security_view(self, name_or_id: str) -> EngineView | None:
+        return EngineView(runtime="runc") if self.inspect(name_or_id) else None
+
+    def runtime_facts(self) -> RuntimeFacts:
+        return RuntimeFacts("runc", "1.1.12")
 
     def close(self) -> None:
         pass

@@ -45,6 +45,7 @@ def test_public_client_api() -> None:
         "FileInfo",
         "Interaction",
         "InvalidArgument",
+        "IsolationReport",
         "NotFound",
         "Output",
         "ResourceExhausted",

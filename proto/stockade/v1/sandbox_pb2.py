@@ -26,15 +26,17 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19stockade/v1/sandbox.proto\x12\x0bstockade.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x02\n\x0bSandboxInfo\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontainer_id\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\r\n\x05image\x18\x04 \x01(\t\x12(\n\x05state\x18\x05 \x01(\x0e\x32\x19.stockade.v1.SandboxState\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0clast_used_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0eworkspace_path\x18\x08 \x01(\t\x12\x16\n\x0e\x63ontainer_name\x18\t \x01(\t\x12\x14\n\x0cnetwork_mode\x18\n \x01(\t\x12\x15\n\rnetwork_allow\x18\x0b \x03(\t\"-\n\x0eNetworkRequest\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\r\n\x05\x61llow\x18\x02 \x03(\t\"Q\n\x14\x45nsureSandboxRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12,\n\x07network\x18\x02 \x01(\x0b\x32\x1b.stockade.v1.NetworkRequest\" \n\x11GetSandboxRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"\x16\n\x14ListSandboxesRequest\"D\n\x15ListSandboxesResponse\x12+\n\tsandboxes\x18\x01 \x03(\x0b\x32\x18.stockade.v1.SandboxInfo\">\n\x15\x44\x65stroySandboxRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x18\n\x10\x64\x65lete_workspace\x18\x02 \x01(\x08\"D\n\x16\x44\x65stroySandboxResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\x12\x19\n\x11workspace_deleted\x18\x02 \x01(\x08*|\n\x0cSandboxState\x12\x1d\n\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x18\n\x14SANDBOX_STATE_EXITED\x10\x02\x12\x18\n\x14SANDBOX_STATE_ABSENT\x10\x03\x32\xd9\x02\n\x0eSandboxService\x12L\n\rEnsureSandbox\x12!.stockade.v1.EnsureSandboxRequest\x1a\x18.stockade.v1.SandboxInfo\x12\x46\n\nGetSandbox\x12\x1e.stockade.v1.GetSandboxRequest\x1a\x18.stockade.v1.SandboxInfo\x12V\n\rListSandboxes\x12!.stockade.v1.ListSandboxesRequest\x1a\".stockade.v1.ListSandboxesResponse\x12Y\n\x0e\x44\x65stroySandbox\x12\".stockade.v1.DestroySandboxRequest\x1a#.stockade.v1.DestroySandboxResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19stockade/v1/sandbox.proto\x12\x0bstockade.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x02\n\x0bSandboxInfo\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontainer_id\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\r\n\x05image\x18\x04 \x01(\t\x12(\n\x05state\x18\x05 \x01(\x0e\x32\x19.stockade.v1.SandboxState\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0clast_used_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0eworkspace_path\x18\x08 \x01(\t\x12\x16\n\x0e\x63ontainer_name\x18\t \x01(\t\x12\x14\n\x0cnetwork_mode\x18\n \x01(\t\x12\x15\n\rnetwork_allow\x18\x0b \x03(\t\"-\n\x0eNetworkRequest\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\r\n\x05\x61llow\x18\x02 \x03(\t\"Q\n\x14\x45nsureSandboxRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12,\n\x07network\x18\x02 \x01(\x0b\x32\x1b.stockade.v1.NetworkRequest\" \n\x11GetSandboxRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"\x16\n\x14ListSandboxesRequest\"D\n\x15ListSandboxesResponse\x12+\n\tsandboxes\x18\x01 \x03(\x0b\x32\x18.stockade.v1.SandboxInfo\">\n\x15\x44\x65stroySandboxRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x18\n\x10\x64\x65lete_workspace\x18\x02 \x01(\x08\"D\n\x16\x44\x65stroySandboxResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\x12\x19\n\x11workspace_deleted\x18\x02 \x01(\x08\"&\n\x17InspectIsolationRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"\xf2\x01\n\x0fIsolationReport\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontainer_id\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\'\n\x06inside\x18\x04 \x01(\x0b\x32\x17.stockade.v1.InsideView\x12(\n\x07outside\x18\x05 \x01(\x0b\x32\x17.stockade.v1.EngineView\x12.\n\nnamespaces\x18\x06 \x03(\x0b\x32\x1a.stockade.v1.NamespaceInfo\x12)\n\x07runtime\x18\x07 \x01(\x0b\x32\x18.stockade.v1.RuntimeInfo\"\xa2\x03\n\nInsideView\x12\'\n\x08identity\x18\x01 \x01(\x0b\x32\x15.stockade.v1.Identity\x12/\n\x0c\x63\x61pabilities\x18\x02 \x01(\x0b\x32\x19.stockade.v1.Capabilities\x12\x14\n\x0cno_new_privs\x18\x03 \x01(\x08\x12)\n\x07seccomp\x18\x04 \x01(\x0b\x32\x18.stockade.v1.SeccompInfo\x12)\n\x04root\x18\x05 \x01(\x0b\x32\x1b.stockade.v1.RootFilesystem\x12&\n\x06mounts\x18\x06 \x03(\x0b\x32\x16.stockade.v1.MountInfo\x12)\n\x06\x63group\x18\x07 \x01(\x0b\x32\x19.stockade.v1.CgroupLimits\x12\x31\n\ninterfaces\x18\x08 \x03(\x0b\x32\x1d.stockade.v1.NetworkInterface\x12\"\n\x06routes\x18\t \x03(\x0b\x32\x12.stockade.v1.Route\x12\x12\n\nlocal_ipv4\x18\n \x03(\t\x12\x10\n\x08problems\x18\x0b \x03(\t\"P\n\x08Identity\x12\x0b\n\x03uid\x18\x01 \x01(\r\x12\x0c\n\x04\x65uid\x18\x02 \x01(\r\x12\x0b\n\x03gid\x18\x03 \x01(\r\x12\x0c\n\x04\x65gid\x18\x04 \x01(\r\x12\x0e\n\x06groups\x18\x05 \x03(\r\",\n\rCapabilitySet\x12\x0c\n\x04mask\x18\x01 \x01(\x04\x12\r\n\x05names\x18\x02 \x03(\t\"\xf8\x01\n\x0c\x43\x61pabilities\x12-\n\teffective\x18\x01 \x01(\x0b\x32\x1a.stockade.v1.CapabilitySet\x12-\n\tpermitted\x18\x02 \x01(\x0b\x32\x1a.stockade.v1.CapabilitySet\x12/\n\x0binheritable\x18\x03 \x01(\x0b\x32\x1a.stockade.v1.CapabilitySet\x12,\n\x08\x62ounding\x18\x04 \x01(\x0b\x32\x1a.stockade.v1.CapabilitySet\x12+\n\x07\x61mbient\x18\x05 \x01(\x0b\x32\x1a.stockade.v1.CapabilitySet\"?\n\x0bSeccompInfo\x12\x0c\n\x04mode\x18\x01 \x01(\r\x12\x11\n\tmode_name\x18\x02 \x01(\t\x12\x0f\n\x07\x66ilters\x18\x03 \x01(\x05\"Q\n\x0eRootFilesystem\x12\x11\n\tread_only\x18\x01 \x01(\x08\x12\x17\n\x0fmount_read_only\x18\x02 \x01(\x08\x12\x13\n\x0bwrite_error\x18\x03 \x01(\t\"w\n\tMountInfo\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x0f\n\x07\x66s_type\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x0f\n\x07options\x18\x04 \x03(\t\x12\x15\n\rsuper_options\x18\x05 \x03(\t\x12\x11\n\tread_only\x18\x06 \x01(\x08\"?\n\x0b\x43groupLimit\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x11\n\tunlimited\x18\x02 \x01(\x08\x12\r\n\x05value\x18\x03 \x01(\x03\"\x94\x02\n\x0c\x43groupLimits\x12\x0f\n\x07version\x18\x01 \x01(\t\x12.\n\x0cmemory_bytes\x18\x02 \x01(\x0b\x32\x18.stockade.v1.CgroupLimit\x12,\n\nswap_bytes\x18\x03 \x01(\x0b\x32\x18.stockade.v1.CgroupLimit\x12&\n\x04pids\x18\x04 \x01(\x0b\x32\x18.stockade.v1.CgroupLimit\x12.\n\x0c\x63pu_quota_us\x18\x05 \x01(\x0b\x32\x18.stockade.v1.CgroupLimit\x12/\n\rcpu_period_us\x18\x06 \x01(\x0b\x32\x18.stockade.v1.CgroupLimit\x12\x0c\n\x04\x63pus\x18\x07 \x01(\x01\"R\n\x10NetworkInterface\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08rx_bytes\x18\x02 \x01(\x04\x12\x10\n\x08tx_bytes\x18\x03 \x01(\x04\x12\x0c\n\x04ipv6\x18\x04 \x03(\t\"o\n\x05Route\x12\x0e\n\x06\x66\x61mily\x18\x01 \x01(\t\x12\x11\n\tinterface\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65stination\x18\x03 \x01(\t\x12\x0f\n\x07gateway\x18\x04 \x01(\t\x12\x0e\n\x06metric\x18\x05 \x01(\r\x12\r\n\x05\x66lags\x18\x06 \x01(\t\"Q\n\rNamespaceInfo\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\r\n\x05inode\x18\x02 \x01(\x04\x12\x12\n\nhost_inode\x18\x03 \x01(\x04\x12\x0f\n\x07private\x18\x04 \x01(\x08\"\xa1\x03\n\nEngineView\x12\x0f\n\x07runtime\x18\x01 \x01(\t\x12\x12\n\nprivileged\x18\x02 \x01(\x08\x12\x10\n\x08\x63\x61p_drop\x18\x03 \x03(\t\x12\x0f\n\x07\x63\x61p_add\x18\x04 \x03(\t\x12\x16\n\x0eread_only_root\x18\x05 \x01(\x08\x12\x0c\n\x04user\x18\x06 \x01(\t\x12\x14\n\x0cnetwork_mode\x18\x07 \x01(\t\x12\x18\n\x10security_options\x18\x08 \x03(\t\x12\x19\n\x11no_new_privileges\x18\t \x01(\x08\x12\x17\n\x0fseccomp_profile\x18\n \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x0b \x01(\x03\x12\x19\n\x11memory_swap_bytes\x18\x0c \x01(\x03\x12\x11\n\tnano_cpus\x18\r \x01(\x03\x12\x14\n\x0c\x63pu_quota_us\x18\x0e \x01(\x03\x12\x15\n\rcpu_period_us\x18\x0f \x01(\x03\x12\x12\n\npids_limit\x18\x10 \x01(\x03\x12\x13\n\x0buserns_mode\x18\x11 \x01(\t\x12\x15\n\rcgroupns_mode\x18\x12 \x01(\t\x12\x10\n\x08host_pid\x18\x13 \x01(\x03\"Q\n\tCveStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12(\n\x07verdict\x18\x02 \x01(\x0e\x32\x17.stockade.v1.CveVerdict\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x91\x01\n\x0bRuntimeInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x17\n\x0fpackage_version\x18\x03 \x01(\t\x12\x16\n\x0epackage_source\x18\x04 \x01(\t\x12\x0c\n\x04path\x18\x05 \x01(\t\x12$\n\x04\x63ves\x18\x06 \x03(\x0b\x32\x16.stockade.v1.CveStatus*|\n\x0cSandboxState\x12\x1d\n\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x18\n\x14SANDBOX_STATE_EXITED\x10\x02\x12\x18\n\x14SANDBOX_STATE_ABSENT\x10\x03*\x95\x01\n\nCveVerdict\x12\x1b\n\x17\x43VE_VERDICT_UNSPECIFIED\x10\x00\x12\x15\n\x11\x43VE_VERDICT_FIXED\x10\x01\x12\x1a\n\x16\x43VE_VERDICT_VULNERABLE\x10\x02\x12\x17\n\x13\x43VE_VERDICT_UNKNOWN\x10\x03\x12\x1e\n\x1a\x43VE_VERDICT_NOT_APPLICABLE\x10\x04\x32\xb1\x03\n\x0eSandboxService\x12L\n\rEnsureSandbox\x12!.stockade.v1.EnsureSandboxRequest\x1a\x18.stockade.v1.SandboxInfo\x12\x46\n\nGetSandbox\x12\x1e.stockade.v1.GetSandboxRequest\x1a\x18.stockade.v1.SandboxInfo\x12V\n\rListSandboxes\x12!.stockade.v1.ListSandboxesRequest\x1a\".stockade.v1.ListSandboxesResponse\x12Y\n\x0e\x44\x65stroySandbox\x12\".stockade.v1.DestroySandboxRequest\x1a#.stockade.v1.DestroySandboxResponse\x12V\n\x10InspectIsolation\x12$.stockade.v1.InspectIsolationRequest\x1a\x1c.stockade.v1.IsolationReportb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stockade.v1.sandbox_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SANDBOXSTATE']._serialized_start=782
-  _globals['_SANDBOXSTATE']._serialized_end=906
+  _globals['_SANDBOXSTATE']._serialized_start=3411
+  _globals['_SANDBOXSTATE']._serialized_end=3535
+  _globals['_CVEVERDICT']._serialized_start=3538
+  _globals['_CVEVERDICT']._serialized_end=3687
   _globals['_SANDBOXINFO']._serialized_start=76
   _globals['_SANDBOXINFO']._serialized_end=388
   _globals['_NETWORKREQUEST']._serialized_start=390
@@ -51,6 +53,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESTROYSANDBOXREQUEST']._serialized_end=710
   _globals['_DESTROYSANDBOXRESPONSE']._serialized_start=712
   _globals['_DESTROYSANDBOXRESPONSE']._serialized_end=780
-  _globals['_SANDBOXSERVICE']._serialized_start=909
-  _globals['_SANDBOXSERVICE']._serialized_end=1254
+  _globals['_INSPECTISOLATIONREQUEST']._serialized_start=782
+  _globals['_INSPECTISOLATIONREQUEST']._serialized_end=820
+  _globals['_ISOLATIONREPORT']._serialized_start=823
+  _globals['_ISOLATIONREPORT']._serialized_end=1065
+  _globals['_INSIDEVIEW']._serialized_start=1068
+  _globals['_INSIDEVIEW']._serialized_end=1486
+  _globals['_IDENTITY']._serialized_start=1488
+  _globals['_IDENTITY']._serialized_end=1568
+  _globals['_CAPABILITYSET']._serialized_start=1570
+  _globals['_CAPABILITYSET']._serialized_end=1614
+  _globals['_CAPABILITIES']._serialized_start=1617
+  _globals['_CAPABILITIES']._serialized_end=1865
+  _globals['_SECCOMPINFO']._serialized_start=1867
+  _globals['_SECCOMPINFO']._serialized_end=1930
+  _globals['_ROOTFILESYSTEM']._serialized_start=1932
+  _globals['_ROOTFILESYSTEM']._serialized_end=2013
+  _globals['_MOUNTINFO']._serialized_start=2015
+  _globals['_MOUNTINFO']._serialized_end=2134
+  _globals['_CGROUPLIMIT']._serialized_start=2136
+  _globals['_CGROUPLIMIT']._serialized_end=2199
+  _globals['_CGROUPLIMITS']._serialized_start=2202
+  _globals['_CGROUPLIMITS']._serialized_end=2478
+  _globals['_NETWORKINTERFACE']._serialized_start=2480
+  _globals['_NETWORKINTERFACE']._serialized_end=2562
+  _globals['_ROUTE']._serialized_start=2564
+  _globals['_ROUTE']._serialized_end=2675
+  _globals['_NAMESPACEINFO']._serialized_start=2677
+  _globals['_NAMESPACEINFO']._serialized_end=2758
+  _globals['_ENGINEVIEW']._serialized_start=2761
+  _globals['_ENGINEVIEW']._serialized_end=3178
+  _globals['_CVESTATUS']._serialized_start=3180
+  _globals['_CVESTATUS']._serialized_end=3261
+  _globals['_RUNTIMEINFO']._serialized_start=3264
+  _globals['_RUNTIMEINFO']._serialized_end=3409
+  _globals['_SANDBOXSERVICE']._serialized_start=3690
+  _globals['_SANDBOXSERVICE']._serialized_end=4123
 # @@protoc_insertion_point(module_scope)

@@ -17,10 +17,23 @@ class SandboxState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SANDBOX_STATE_RUNNING: _ClassVar[SandboxState]
     SANDBOX_STATE_EXITED: _ClassVar[SandboxState]
     SANDBOX_STATE_ABSENT: _ClassVar[SandboxState]
+
+class CveVerdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CVE_VERDICT_UNSPECIFIED: _ClassVar[CveVerdict]
+    CVE_VERDICT_FIXED: _ClassVar[CveVerdict]
+    CVE_VERDICT_VULNERABLE: _ClassVar[CveVerdict]
+    CVE_VERDICT_UNKNOWN: _ClassVar[CveVerdict]
+    CVE_VERDICT_NOT_APPLICABLE: _ClassVar[CveVerdict]
 SANDBOX_STATE_UNSPECIFIED: SandboxState
 SANDBOX_STATE_RUNNING: SandboxState
 SANDBOX_STATE_EXITED: SandboxState
 SANDBOX_STATE_ABSENT: SandboxState
+CVE_VERDICT_UNSPECIFIED: CveVerdict
+CVE_VERDICT_FIXED: CveVerdict
+CVE_VERDICT_VULNERABLE: CveVerdict
+CVE_VERDICT_UNKNOWN: CveVerdict
+CVE_VERDICT_NOT_APPLICABLE: CveVerdict
 
 class SandboxInfo(_message.Message):
     __slots__ = ("key", "container_id", "engine", "image", "state", "created_at", "last_used_at", "workspace_path", "container_name", "network_mode", "network_allow")
@@ -95,3 +108,261 @@ class DestroySandboxResponse(_message.Message):
     removed: bool
     workspace_deleted: bool
     def __init__(self, removed: _Optional[bool] = ..., workspace_deleted: _Optional[bool] = ...) -> None: ...
+
+class InspectIsolationRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class IsolationReport(_message.Message):
+    __slots__ = ("key", "container_id", "engine", "inside", "outside", "namespaces", "runtime")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    INSIDE_FIELD_NUMBER: _ClassVar[int]
+    OUTSIDE_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    container_id: str
+    engine: str
+    inside: InsideView
+    outside: EngineView
+    namespaces: _containers.RepeatedCompositeFieldContainer[NamespaceInfo]
+    runtime: RuntimeInfo
+    def __init__(self, key: _Optional[str] = ..., container_id: _Optional[str] = ..., engine: _Optional[str] = ..., inside: _Optional[_Union[InsideView, _Mapping]] = ..., outside: _Optional[_Union[EngineView, _Mapping]] = ..., namespaces: _Optional[_Iterable[_Union[NamespaceInfo, _Mapping]]] = ..., runtime: _Optional[_Union[RuntimeInfo, _Mapping]] = ...) -> None: ...
+
+class InsideView(_message.Message):
+    __slots__ = ("identity", "capabilities", "no_new_privs", "seccomp", "root", "mounts", "cgroup", "interfaces", "routes", "local_ipv4", "problems")
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    NO_NEW_PRIVS_FIELD_NUMBER: _ClassVar[int]
+    SECCOMP_FIELD_NUMBER: _ClassVar[int]
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    MOUNTS_FIELD_NUMBER: _ClassVar[int]
+    CGROUP_FIELD_NUMBER: _ClassVar[int]
+    INTERFACES_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_IPV4_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    identity: Identity
+    capabilities: Capabilities
+    no_new_privs: bool
+    seccomp: SeccompInfo
+    root: RootFilesystem
+    mounts: _containers.RepeatedCompositeFieldContainer[MountInfo]
+    cgroup: CgroupLimits
+    interfaces: _containers.RepeatedCompositeFieldContainer[NetworkInterface]
+    routes: _containers.RepeatedCompositeFieldContainer[Route]
+    local_ipv4: _containers.RepeatedScalarFieldContainer[str]
+    problems: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, identity: _Optional[_Union[Identity, _Mapping]] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., no_new_privs: _Optional[bool] = ..., seccomp: _Optional[_Union[SeccompInfo, _Mapping]] = ..., root: _Optional[_Union[RootFilesystem, _Mapping]] = ..., mounts: _Optional[_Iterable[_Union[MountInfo, _Mapping]]] = ..., cgroup: _Optional[_Union[CgroupLimits, _Mapping]] = ..., interfaces: _Optional[_Iterable[_Union[NetworkInterface, _Mapping]]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., local_ipv4: _Optional[_Iterable[str]] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Identity(_message.Message):
+    __slots__ = ("uid", "euid", "gid", "egid", "groups")
+    UID_FIELD_NUMBER: _ClassVar[int]
+    EUID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    EGID_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    uid: int
+    euid: int
+    gid: int
+    egid: int
+    groups: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, uid: _Optional[int] = ..., euid: _Optional[int] = ..., gid: _Optional[int] = ..., egid: _Optional[int] = ..., groups: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CapabilitySet(_message.Message):
+    __slots__ = ("mask", "names")
+    MASK_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    mask: int
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, mask: _Optional[int] = ..., names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Capabilities(_message.Message):
+    __slots__ = ("effective", "permitted", "inheritable", "bounding", "ambient")
+    EFFECTIVE_FIELD_NUMBER: _ClassVar[int]
+    PERMITTED_FIELD_NUMBER: _ClassVar[int]
+    INHERITABLE_FIELD_NUMBER: _ClassVar[int]
+    BOUNDING_FIELD_NUMBER: _ClassVar[int]
+    AMBIENT_FIELD_NUMBER: _ClassVar[int]
+    effective: CapabilitySet
+    permitted: CapabilitySet
+    inheritable: CapabilitySet
+    bounding: CapabilitySet
+    ambient: CapabilitySet
+    def __init__(self, effective: _Optional[_Union[CapabilitySet, _Mapping]] = ..., permitted: _Optional[_Union[CapabilitySet, _Mapping]] = ..., inheritable: _Optional[_Union[CapabilitySet, _Mapping]] = ..., bounding: _Optional[_Union[CapabilitySet, _Mapping]] = ..., ambient: _Optional[_Union[CapabilitySet, _Mapping]] = ...) -> None: ...
+
+class SeccompInfo(_message.Message):
+    __slots__ = ("mode", "mode_name", "filters")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    MODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    FILTERS_FIELD_NUMBER: _ClassVar[int]
+    mode: int
+    mode_name: str
+    filters: int
+    def __init__(self, mode: _Optional[int] = ..., mode_name: _Optional[str] = ..., filters: _Optional[int] = ...) -> None: ...
+
+class RootFilesystem(_message.Message):
+    __slots__ = ("read_only", "mount_read_only", "write_error")
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    MOUNT_READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    WRITE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    read_only: bool
+    mount_read_only: bool
+    write_error: str
+    def __init__(self, read_only: _Optional[bool] = ..., mount_read_only: _Optional[bool] = ..., write_error: _Optional[str] = ...) -> None: ...
+
+class MountInfo(_message.Message):
+    __slots__ = ("target", "fs_type", "source", "options", "super_options", "read_only")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    FS_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    SUPER_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    fs_type: str
+    source: str
+    options: _containers.RepeatedScalarFieldContainer[str]
+    super_options: _containers.RepeatedScalarFieldContainer[str]
+    read_only: bool
+    def __init__(self, target: _Optional[str] = ..., fs_type: _Optional[str] = ..., source: _Optional[str] = ..., options: _Optional[_Iterable[str]] = ..., super_options: _Optional[_Iterable[str]] = ..., read_only: _Optional[bool] = ...) -> None: ...
+
+class CgroupLimit(_message.Message):
+    __slots__ = ("source", "unlimited", "value")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    UNLIMITED_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    unlimited: bool
+    value: int
+    def __init__(self, source: _Optional[str] = ..., unlimited: _Optional[bool] = ..., value: _Optional[int] = ...) -> None: ...
+
+class CgroupLimits(_message.Message):
+    __slots__ = ("version", "memory_bytes", "swap_bytes", "pids", "cpu_quota_us", "cpu_period_us", "cpus")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SWAP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    CPU_QUOTA_US_FIELD_NUMBER: _ClassVar[int]
+    CPU_PERIOD_US_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    memory_bytes: CgroupLimit
+    swap_bytes: CgroupLimit
+    pids: CgroupLimit
+    cpu_quota_us: CgroupLimit
+    cpu_period_us: CgroupLimit
+    cpus: float
+    def __init__(self, version: _Optional[str] = ..., memory_bytes: _Optional[_Union[CgroupLimit, _Mapping]] = ..., swap_bytes: _Optional[_Union[CgroupLimit, _Mapping]] = ..., pids: _Optional[_Union[CgroupLimit, _Mapping]] = ..., cpu_quota_us: _Optional[_Union[CgroupLimit, _Mapping]] = ..., cpu_period_us: _Optional[_Union[CgroupLimit, _Mapping]] = ..., cpus: _Optional[float] = ...) -> None: ...
+
+class NetworkInterface(_message.Message):
+    __slots__ = ("name", "rx_bytes", "tx_bytes", "ipv6")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    IPV6_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    rx_bytes: int
+    tx_bytes: int
+    ipv6: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., rx_bytes: _Optional[int] = ..., tx_bytes: _Optional[int] = ..., ipv6: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Route(_message.Message):
+    __slots__ = ("family", "interface", "destination", "gateway", "metric", "flags")
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    INTERFACE_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    family: str
+    interface: str
+    destination: str
+    gateway: str
+    metric: int
+    flags: str
+    def __init__(self, family: _Optional[str] = ..., interface: _Optional[str] = ..., destination: _Optional[str] = ..., gateway: _Optional[str] = ..., metric: _Optional[int] = ..., flags: _Optional[str] = ...) -> None: ...
+
+class NamespaceInfo(_message.Message):
+    __slots__ = ("type", "inode", "host_inode", "private")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    HOST_INODE_FIELD_NUMBER: _ClassVar[int]
+    PRIVATE_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    inode: int
+    host_inode: int
+    private: bool
+    def __init__(self, type: _Optional[str] = ..., inode: _Optional[int] = ..., host_inode: _Optional[int] = ..., private: _Optional[bool] = ...) -> None: ...
+
+class EngineView(_message.Message):
+    __slots__ = ("runtime", "privileged", "cap_drop", "cap_add", "read_only_root", "user", "network_mode", "security_options", "no_new_privileges", "seccomp_profile", "memory_bytes", "memory_swap_bytes", "nano_cpus", "cpu_quota_us", "cpu_period_us", "pids_limit", "userns_mode", "cgroupns_mode", "host_pid")
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    PRIVILEGED_FIELD_NUMBER: _ClassVar[int]
+    CAP_DROP_FIELD_NUMBER: _ClassVar[int]
+    CAP_ADD_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_ROOT_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_MODE_FIELD_NUMBER: _ClassVar[int]
+    SECURITY_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    NO_NEW_PRIVILEGES_FIELD_NUMBER: _ClassVar[int]
+    SECCOMP_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_SWAP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NANO_CPUS_FIELD_NUMBER: _ClassVar[int]
+    CPU_QUOTA_US_FIELD_NUMBER: _ClassVar[int]
+    CPU_PERIOD_US_FIELD_NUMBER: _ClassVar[int]
+    PIDS_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    USERNS_MODE_FIELD_NUMBER: _ClassVar[int]
+    CGROUPNS_MODE_FIELD_NUMBER: _ClassVar[int]
+    HOST_PID_FIELD_NUMBER: _ClassVar[int]
+    runtime: str
+    privileged: bool
+    cap_drop: _containers.RepeatedScalarFieldContainer[str]
+    cap_add: _containers.RepeatedScalarFieldContainer[str]
+    read_only_root: bool
+    user: str
+    network_mode: str
+    security_options: _containers.RepeatedScalarFieldContainer[str]
+    no_new_privileges: bool
+    seccomp_profile: str
+    memory_bytes: int
+    memory_swap_bytes: int
+    nano_cpus: int
+    cpu_quota_us: int
+    cpu_period_us: int
+    pids_limit: int
+    userns_mode: str
+    cgroupns_mode: str
+    host_pid: int
+    def __init__(self, runtime: _Optional[str] = ..., privileged: _Optional[bool] = ..., cap_drop: _Optional[_Iterable[str]] = ..., cap_add: _Optional[_Iterable[str]] = ..., read_only_root: _Optional[bool] = ..., user: _Optional[str] = ..., network_mode: _Optional[str] = ..., security_options: _Optional[_Iterable[str]] = ..., no_new_privileges: _Optional[bool] = ..., seccomp_profile: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., memory_swap_bytes: _Optional[int] = ..., nano_cpus: _Optional[int] = ..., cpu_quota_us: _Optional[int] = ..., cpu_period_us: _Optional[int] = ..., pids_limit: _Optional[int] = ..., userns_mode: _Optional[str] = ..., cgroupns_mode: _Optional[str] = ..., host_pid: _Optional[int] = ...) -> None: ...
+
+class CveStatus(_message.Message):
+    __slots__ = ("id", "verdict", "reason")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    verdict: CveVerdict
+    reason: str
+    def __init__(self, id: _Optional[str] = ..., verdict: _Optional[_Union[CveVerdict, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RuntimeInfo(_message.Message):
+    __slots__ = ("name", "version", "package_version", "package_source", "path", "cves")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PACKAGE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PACKAGE_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    CVES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    package_version: str
+    package_source: str
+    path: str
+    cves: _containers.RepeatedCompositeFieldContainer[CveStatus]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., package_version: _Optional[str] = ..., package_source: _Optional[str] = ..., path: _Optional[str] = ..., cves: _Optional[_Iterable[_Union[CveStatus, _Mapping]]] = ...) -> None: ...

@@ -55,6 +55,11 @@ class SandboxServiceStub:
                 request_serializer=stockade_dot_v1_dot_sandbox__pb2.DestroySandboxRequest.SerializeToString,
                 response_deserializer=stockade_dot_v1_dot_sandbox__pb2.DestroySandboxResponse.FromString,
                 _registered_method=True)
+        self.InspectIsolation = channel.unary_unary(
+                '/stockade.v1.SandboxService/InspectIsolation',
+                request_serializer=stockade_dot_v1_dot_sandbox__pb2.InspectIsolationRequest.SerializeToString,
+                response_deserializer=stockade_dot_v1_dot_sandbox__pb2.IsolationReport.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -87,6 +92,15 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InspectIsolation(self, request, context):
+        """The sandbox's effective isolation: what its processes see from inside (gathered by the
+        agent, not through the tool policy) and what the engine and runtime say from outside.
+        NOT_FOUND when the key has no container; the call never creates one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +123,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.DestroySandbox,
                     request_deserializer=stockade_dot_v1_dot_sandbox__pb2.DestroySandboxRequest.FromString,
                     response_serializer=stockade_dot_v1_dot_sandbox__pb2.DestroySandboxResponse.SerializeToString,
+            ),
+            'InspectIsolation': grpc.unary_unary_rpc_method_handler(
+                    servicer.InspectIsolation,
+                    request_deserializer=stockade_dot_v1_dot_sandbox__pb2.InspectIsolationRequest.FromString,
+                    response_serializer=stockade_dot_v1_dot_sandbox__pb2.IsolationReport.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +238,33 @@ class SandboxService:
             '/stockade.v1.SandboxService/DestroySandbox',
             stockade_dot_v1_dot_sandbox__pb2.DestroySandboxRequest.SerializeToString,
             stockade_dot_v1_dot_sandbox__pb2.DestroySandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InspectIsolation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stockade.v1.SandboxService/InspectIsolation',
+            stockade_dot_v1_dot_sandbox__pb2.InspectIsolationRequest.SerializeToString,
+            stockade_dot_v1_dot_sandbox__pb2.IsolationReport.FromString,
             options,
             channel_credentials,
             insecure,

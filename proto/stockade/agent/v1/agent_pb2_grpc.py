@@ -60,6 +60,11 @@ class AgentServiceStub:
                 request_serializer=stockade_dot_agent_dot_v1_dot_agent__pb2.DownloadRequest.SerializeToString,
                 response_deserializer=stockade_dot_agent_dot_v1_dot_agent__pb2.DownloadChunk.FromString,
                 _registered_method=True)
+        self.Inspect = channel.unary_unary(
+                '/stockade.agent.v1.AgentService/Inspect',
+                request_serializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InspectRequest.SerializeToString,
+                response_deserializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InspectResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -100,6 +105,15 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Inspect(self, request, context):
+        """Raw facts about the agent's own process and its view of the system, for the isolation
+        report. Not a tool: only the supervisor calls it, with paths of its choosing; it
+        interprets nothing, so the supervisor parses (and distrusts) what comes back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +141,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.Download,
                     request_deserializer=stockade_dot_agent_dot_v1_dot_agent__pb2.DownloadRequest.FromString,
                     response_serializer=stockade_dot_agent_dot_v1_dot_agent__pb2.DownloadChunk.SerializeToString,
+            ),
+            'Inspect': grpc.unary_unary_rpc_method_handler(
+                    servicer.Inspect,
+                    request_deserializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InspectRequest.FromString,
+                    response_serializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InspectResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +283,33 @@ class AgentService:
             '/stockade.agent.v1.AgentService/Download',
             stockade_dot_agent_dot_v1_dot_agent__pb2.DownloadRequest.SerializeToString,
             stockade_dot_agent_dot_v1_dot_agent__pb2.DownloadChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Inspect(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stockade.agent.v1.AgentService/Inspect',
+            stockade_dot_agent_dot_v1_dot_agent__pb2.InspectRequest.SerializeToString,
+            stockade_dot_agent_dot_v1_dot_agent__pb2.InspectResponse.FromString,
             options,
             channel_credentials,
             insecure,
