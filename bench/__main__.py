@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
-from bench import peers, report, stockade_runs
+from bench import egress, peers, report, stockade_runs
 from bench.engines import ENGINES, bring_up, remove_labelled
 from bench.machine import machine_info
 from bench.pipeline import host_section, run_pipeline_bench
@@ -66,6 +66,9 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
             f"{engine}: Stockade Interact line echo",
             lambda: stockade_runs.interact_line(client, ns.n, ns.warmup),
         )
+    results["egress"] = guarded(
+        f"{engine}: egress bandwidth cap and proxy", lambda: egress.egress(engine, ns.n)
+    )
     results["engine_cli"] = guarded(
         f"{engine}: {engine} exec CLI",
         lambda: peers.cli_exec(engine, image, run_id, ns.n, ns.warmup),

@@ -59,6 +59,7 @@ def engine_section(engine: str, results: dict[str, Any]) -> str:
     for name, label in ROWS:
         lines.append(_row(label.format(engine=engine), results.get(name, {"error": "not run"})))
     lines.append(_memory(engine, results.get("idle_memory", {"error": "not run"})))
+    lines += _egress(results.get("egress", {"error": "not run"}))
     lines += _targets(engine, results)
     return "\n".join(lines)
 
@@ -70,6 +71,18 @@ def _row(label: str, r: dict[str, Any]) -> str:
     if "conmon_left_behind" in r:
         row += f"   ({r['conmon_left_behind']} exec conmons still alive)"
     return row
+
+
+def _egress(e: dict[str, Any]) -> list[str]:
+    if "error" in e:
+        return [f"{'egress':34}  n/a: {e['error']}"]
+    cap = e["cap_kbit"] / 8 / 1000
+    return [
+        _row("egress: small GET via the proxy", e["small_get"]),
+        f"egress cap {cap:.1f} MB/s: download {e['download_bytes_per_s'] / 1e6:.2f} MB/s "
+        f"({e['download_over_cap']:.2f} of the cap), upload {e['upload_bytes_per_s'] / 1e6:.2f} "
+        f"MB/s ({e['upload_over_cap']:.2f})",
+    ]
 
 
 def _memory(engine: str, m: dict[str, Any]) -> str:
