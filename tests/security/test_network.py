@@ -377,3 +377,48 @@ def test_link_survives_restart_and_goes_with_destroy(
         assert curl(box, url)[0] == "200"
         box.destroy()
     assert not namespace.exists()
+
+
+def test_sandbox_cannot_reconfigure_its_link(box: Sandbox) -> None:
+    """No CAP_NET_ADMIN: the address, the link state and the routes stay as built (so the
+    token bucket and the single route hold)."""
+    result = python(
+        box,
+        """
+        import fcntl, socket, struct
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        name = b"eth0".ljust(16, b"\\0")
+        attempts = {
+            "down": (0x8914, name + struct.pack("H", 0) + b"\\0" * 22),      # SIOCSIFFLAGS
+            "address": (0x8916, name + struct.pack("HH4s", socket.AF_INET, 0,
+                                                   socket.inet_aton("10.9.9.9")) + b"\\0" * 8),
+            "mtu": (0x8922, name + struct.pack("i", 9000) + b"\\0" * 20),    # SIOCSIFMTU
+        }
+        for what, (request, arg) in attempts.items():
+            try:
+                fcntl.ioctl(s, request, arg)
+                print(what, "ALLOWED")
+            except OSError as exc:
+                print(what, "denied", exc.errno)
+        """,
+    )
+    assert result.stdout.split("\n")[:3] == ["down denied 1", "address denied 1", "mtu denied 1"]
+    assert "eth0" in run(box, "cat /proc/net/route").stdout
+
+
+@pytest.fixture
+def open_supervisor(engine: str) -> Iterator[Supervisor]:
+    with running_supervisor(engine, '[sandbox]\nnetwork = "open"\n') as sup:
+        yield sup
+
+
+def test_open_mode_is_the_bridge_with_a_warning(open_supervisor: Supervisor, key: str) -> None:
+    """`open` only when configured: the engine's bridge (a default route), logged. No traffic
+    is sent: reaching anything from it is the point of the mode, not a test."""
+    with open_supervisor.client() as c:
+        box = c.sandbox(key)
+        assert box.ensure().network_mode == "open"
+        routes = run(box, "cat /proc/net/route").stdout.splitlines()[1:]
+        assert any(r.split()[1] == "00000000" for r in routes), routes  # a default route
+        assert c.sandbox(key + "-n").ensure(network="none").network_mode == "none"
+    assert f"sandbox {key!r} gets network mode open" in open_supervisor.log()
