@@ -142,7 +142,9 @@ async def _serve_until_signal(config: Any) -> None:
     from stockade.supervisor import app
 
     supervisor = await app.start(config)
-    where = config.listen if supervisor.server.port == 0 else _with_port(config.listen, supervisor)
+    unix = config.listen.startswith("unix:")  # grpc reports port 1 for a unix socket
+    port = supervisor.server.port
+    where = config.listen if unix or port == 0 else _with_port(config.listen, supervisor)
     print(
         f"stockade: serving on {where} (engine {config.engine.kind}, "
         f"image {supervisor.sandboxes.image}, state {config.state_dir})",
