@@ -663,10 +663,17 @@ def upload_requests(
     key: str, path: str, source: Source, tar: bool, mode: int,
     context: CallContext | None, progress: Callable[[int], None] | None,
 ) -> Iterator[Any]:  # fmt: skip
-    """The FileChunk messages of an upload: the header, then the data in 1 MiB chunks."""
+    """The FileChunk messages of an upload: the header, then the data in 1 MiB chunks.
+    A path that is not UTF-8 raises InvalidArgument here, before anything is sent."""
     header = file_pb2.FileHeader(
-        sandbox_key=key, path=path, tar=tar, mode=mode, context=context_pb(context)
+        sandbox_key=key, path=_wire_path(path), tar=tar, mode=mode, context=context_pb(context)
     )
+    return _upload_chunks(header, source, progress)
+
+
+def _upload_chunks(
+    header: Any, source: Source, progress: Callable[[int], None] | None
+) -> Iterator[Any]:
     yield file_pb2.FileChunk(header=header)
     for data in _read_source(source):
         if progress is not None:
@@ -688,8 +695,22 @@ def _read_source(source: Source) -> Iterator[bytes]:
 
 def download_request(key: str, path: str, tar: bool, context: CallContext | None) -> Any:
     return file_pb2.DownloadFileRequest(
-        sandbox_key=key, path=path, tar=tar, context=context_pb(context)
+        sandbox_key=key, path=_wire_path(path), tar=tar, context=context_pb(context)
     )
+
+
+def _wire_path(path: str) -> str:
+    """Transfer paths are protobuf strings: UTF-8 only. A name that is not (a str with lone
+    surrogates, as os.fsdecode and the file tools' results give it) travels in a tar of its
+    folder instead."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(
+            f"path {path!r} is not valid UTF-8 (byte {exc.start}); file transfers take UTF-8 "
+            "paths: transfer its folder with tar instead"
+        ) from None
+    return path
 
 
 def info_from_pb(msg: Any) -> FileInfo:

@@ -71,10 +71,22 @@ def _download(
             packed.seek(0)
             local.mkdir(parents=True, exist_ok=True)
             with tarfile.open(fileobj=packed, mode="r") as tar:
-                tar.extractall(local, filter="data")
+                tar.extractall(local, filter=_data_or_skip)
             return info
     finally:
         bar.done()
+
+
+def _data_or_skip(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    """tarfile's "data" filter, skipping (with a note on stderr) what it refuses instead of
+    stopping: links to absolute paths or out of the destination, FIFOs and devices. What the
+    sandbox packed never writes outside the destination."""
+    try:
+        return tarfile.data_filter(member, dest)
+    except tarfile.FilterError as exc:
+        name = member.name.removeprefix("./")
+        print(f"stockade cp: skipped {name}: {exc}", file=sys.stderr)
+        return None
 
 
 class Progress:

@@ -13,7 +13,12 @@ def validate_key(key: str) -> str:
     """Return the key if it is usable, else raise InvalidRequest saying why."""
     if not key:
         raise InvalidRequest("sandbox key is empty")
-    size = len(key.encode("utf-8", "surrogatepass"))
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(
+            f"sandbox key is not valid UTF-8 (a lone surrogate at index {exc.start})"
+        ) from None
     if size > MAX_KEY_BYTES:
         raise InvalidRequest(f"sandbox key is {size} bytes; the limit is {MAX_KEY_BYTES}")
     if "\x00" in key:

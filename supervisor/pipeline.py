@@ -406,17 +406,40 @@ def _exec_outcome(data: dict[str, Any]) -> tuple[ErrorCode, str]:
     return ErrorCode.NONE, ""
 
 
+MAX_ARGUMENT_DEPTH = 64
+"""Nesting of arguments_json: deeper JSON made json.loads (and later json.dumps) raise
+RecursionError, an internal error instead of INVALID_ARGS."""
+
+
 def parse_arguments(arguments_json: str) -> dict[str, Any]:
     """The arguments as a dict; ValueError saying what is wrong otherwise."""
     if not arguments_json.strip():
         return {}
+    too_deep = f"arguments_json nests deeper than {MAX_ARGUMENT_DEPTH} levels"
     try:
         args = json.loads(arguments_json)
     except json.JSONDecodeError as exc:
         raise ValueError(f"arguments_json is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise ValueError(too_deep) from None
     if not isinstance(args, dict):
         raise ValueError(f"arguments_json must be a JSON object, got {type(args).__name__}")
+    if _depth(args) > MAX_ARGUMENT_DEPTH:
+        raise ValueError(too_deep)
     return args
+
+
+def _depth(value: object) -> int:
+    """How deeply lists and objects nest in `value` (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in item)
+    return deepest
 
 
 def failure(code: ErrorCode, message: str) -> ToolResult:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import stat
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -16,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
-from stockade.supervisor import isolation, seccomp
+from stockade.supervisor import hostfs, isolation, seccomp
 from stockade.supervisor.agent_client import (
     AgentCallFailed,
     AgentConnection,
@@ -452,7 +451,7 @@ class SandboxManager:
             await self._egress.detach(sandbox_id(key))
             removed = await asyncio.to_thread(self._backend.remove, self.container_name(key))
             if delete_workspace:
-                await asyncio.to_thread(shutil.rmtree, paths.root)
+                await asyncio.to_thread(hostfs.remove_tree, paths.root)
             return removed, delete_workspace
 
     def _describe(self, sandbox: _Sandbox) -> SandboxInfo:

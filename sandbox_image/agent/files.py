@@ -69,7 +69,7 @@ def _read_file(root: Path, args: Args) -> dict[str, Any]:
     user_path = req_str(args, "path")
     start, end = _line_range(args)
     path = paths.resolve(root, user_path, kind="file")
-    data, truncated = _read_bytes(path, user_path)
+    data, truncated = _read_bytes(path, user_path, root)
     lines = _split_lines(data.decode("utf-8", errors="replace"))
     if start > max(len(lines), 1):
         raise ToolError(
@@ -101,10 +101,12 @@ def _line_range(args: Args) -> tuple[int, int | None]:
     return start, end
 
 
-def _read_bytes(path: Path, user_path: str) -> tuple[bytes, bool]:
-    """At most MAX_READ_BYTES of a regular file, and whether there was more."""
+def _read_bytes(path: Path, user_path: str, root: Path | None = None) -> tuple[bytes, bool]:
+    """At most MAX_READ_BYTES of a regular file, and whether there was more. With `root`,
+    the file is opened relative to its folder checked to be inside it (paths.open_in)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, flags) if root is None else paths.open_in(root, path, flags, user_path)
         with os.fdopen(fd, "rb") as file:
             if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
                 raise ToolError("INVALID_PATH", f"path '{user_path}' is not a regular file")
@@ -134,7 +136,7 @@ def _write_file(root: Path, args: Args) -> dict[str, Any]:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise from_os_error(exc, user_path) from None
-    _atomic_write(path, data, user_path)
+    _atomic_write(root, path, data, user_path)
     return {"path": paths.display(root, path), "bytes_written": len(data), "created": created}
 
 
@@ -145,7 +147,7 @@ def _edit_file(root: Path, args: Args) -> dict[str, Any]:
     if not old:
         raise ToolError("INVALID_ARGS", "argument 'old_text' must not be empty")
     path = paths.resolve(root, user_path, kind="file")
-    data, truncated = _read_bytes(path, user_path)
+    data, truncated = _read_bytes(path, user_path, root)
     if truncated:
         raise ToolError("INVALID_ARGS", f"'{user_path}' is too large to edit (over 10 MiB)")
     # surrogateescape round-trips bytes that are not UTF-8 unchanged.
@@ -153,7 +155,7 @@ def _edit_file(root: Path, args: Args) -> dict[str, Any]:
     count = text.count(old)
     if count != 1:
         raise ToolError("INVALID_ARGS", _edit_miss(count, user_path))
-    _atomic_write(path, _encode(text.replace(old, new, 1), "new_text"), user_path)
+    _atomic_write(root, path, _encode(text.replace(old, new, 1), "new_text"), user_path)
     return {"path": paths.display(root, path), "replacements": 1}
 
 
@@ -172,27 +174,46 @@ def _encode(text: str, arg: str) -> bytes:
         ) from None
 
 
-def _atomic_write(path: Path, data: bytes, user_path: str) -> None:
-    """Write via a temporary file in the same directory, fsync, rename, fsync the dir.
+def _atomic_write(root: Path, path: Path, data: bytes, user_path: str) -> None:
+    """Write via a temporary file in the same directory, fsync, rename, fsync the dir; all
+    relative to the folder's descriptor, checked to be inside `root` (paths.open_dir).
 
     An existing file keeps its mode; a new one gets 0o666 minus the umask.
     """
-    temp = path.with_name(f".{secrets.token_hex(8)}.stockade-tmp")
+    temp = f".{secrets.token_hex(8)}.stockade-tmp"
+    dir_fd = paths.open_dir(root, path.parent, user_path)
     try:
-        mode = _existing_mode(path, user_path)
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        mode = _mode_at(dir_fd, path.name, user_path)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(temp, flags, 0o666, dir_fd=dir_fd)
         with os.fdopen(fd, "wb") as file:
             file.write(data)
             if mode is not None:
                 os.fchmod(file.fileno(), mode)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(temp, path)
-        _fsync_dir(path.parent)
+        os.replace(temp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        os.fsync(dir_fd)
     except OSError as exc:
         with contextlib.suppress(OSError):
-            temp.unlink()
+            os.unlink(temp, dir_fd=dir_fd)
         raise from_os_error(exc, user_path) from None
+    finally:
+        os.close(dir_fd)
+
+
+def _mode_at(dir_fd: int, name: str, user_path: str) -> int | None:
+    """The permission bits of `name` in `dir_fd` (None: it does not exist); refuses a file
+    that is not writable, or that became a link or a special file since it was resolved."""
+    try:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        raise ToolError("INVALID_PATH", f"path '{user_path}' is no longer a regular file")
+    if not os.access(name, os.W_OK, dir_fd=dir_fd):
+        raise ToolError("PERMISSION_DENIED", f"path '{user_path}' is not writable")
+    return stat.S_IMODE(info.st_mode)
 
 
 def _existing_mode(path: Path, user_path: str) -> int | None:
@@ -273,6 +294,12 @@ def _glob(root: Path, args: Args) -> dict[str, Any]:
         raise from_os_error(exc, user_path) from None
     except ValueError as exc:  # pathlib's "Invalid pattern: '**' can only be ..."
         raise ToolError("INVALID_ARGS", f"argument 'pattern': {exc}") from None
+    except RecursionError:  # pathlib recurses per pattern part and per level under '**'
+        raise ToolError(
+            "INVALID_PATH",
+            f"glob under '{user_path}' nests deeper than it can follow "
+            f"(pattern of {pattern.count('/') + 1} parts); narrow 'path' or the pattern",
+        ) from None
     return {"matches": sorted(found), "truncated": False}
 
 
@@ -281,6 +308,10 @@ def _checked_pattern(pattern: str) -> str:
         raise ToolError("INVALID_ARGS", "argument 'pattern' must not be empty")
     if "\0" in pattern:
         raise ToolError("INVALID_ARGS", "argument 'pattern' contains a NUL byte")
+    if len(pattern.encode("utf-8", "surrogatepass")) > paths.MAX_PATH_BYTES:
+        raise ToolError(
+            "INVALID_PATH", f"argument 'pattern' is longer than {paths.MAX_PATH_BYTES} bytes"
+        )
     if pattern.startswith("/"):
         raise ToolError("INVALID_PATH", f"pattern '{pattern}' must be relative to the workspace")
     if ".." in PurePosixPath(pattern).parts:

@@ -10,8 +10,12 @@ Rules, in order:
   FIFOs, sockets and devices are never a valid target.
 
 The returned path is that realpath, so callers never act through a symlink.
-A path that a running command swaps for a symlink after the check can still
-win a race; O_NOFOLLOW at open time narrows it to the last component.
+A running command may still swap a folder on that path for a symlink after the
+check: `open_dir` and `open_in` close that race for the file tools and transfers.
+They open the folder, check where the descriptor really points (its
+/proc/self/fd link) and then act relative to it, the last component with
+O_NOFOLLOW. Whatever wins a race stays inside the container anyway: the agent
+runs there, as the sandbox's user, so no path can lead it to the host.
 """
 
 from __future__ import annotations
@@ -53,6 +57,40 @@ def resolve(
         return real
     _check_kind(mode, kind, label)
     return real
+
+
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def open_dir(root: Path, directory: Path, shown: str) -> int:
+    """A descriptor of `directory` (a path from `resolve`), checked once open to be inside
+    `root`: a folder swapped for a link since `resolve` is refused, not followed."""
+    try:
+        fd = os.open(directory, _DIR_FLAGS)
+    except OSError as exc:
+        raise from_os_error(exc, shown) from None
+    try:
+        opened = Path(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        os.close(fd)
+        raise ToolError("EXECUTION_FAILED", "cannot check an open folder: no /proc") from None
+    if not is_inside(Path(os.path.realpath(root)), opened):
+        os.close(fd)
+        raise ToolError(
+            "INVALID_PATH", f"path '{shown}' leaves the workspace (a folder on it became a link)"
+        )
+    return fd
+
+
+def open_in(root: Path, path: Path, flags: int, shown: str) -> int:
+    """Open `path` (from `resolve`) relative to its checked folder, never through a link."""
+    dir_fd = open_dir(root, path.parent, shown)
+    try:
+        return os.open(path.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        raise from_os_error(exc, shown) from None
+    finally:
+        os.close(dir_fd)
 
 
 def display(root: Path, path: Path | str) -> str:

@@ -11,14 +11,14 @@ import asyncio
 import contextlib
 import hashlib
 import os
-import tempfile
+import secrets
+import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from . import paths
 from .errors import ToolError, from_os_error
-from .files import _fsync_dir
 
 CHUNK = 1 << 20
 TAR = "/bin/tar"
@@ -34,7 +34,23 @@ async def receive(
     shown = paths.display(root, target)
     try:
         await asyncio.to_thread(target.parent.mkdir, parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=".stockade-upload-")
+    except OSError as exc:
+        raise from_os_error(exc, shown) from None
+    dir_fd = await asyncio.to_thread(paths.open_dir, root, target.parent, shown)
+    try:
+        return await _receive_in(dir_fd, target.name, shown, mode, chunks)
+    finally:
+        os.close(dir_fd)
+
+
+async def _receive_in(
+    dir_fd: int, name: str, shown: str, mode: int, chunks: AsyncIterator[bytes]
+) -> dict[str, Any]:
+    """Write the chunks to a temporary file in the folder `dir_fd`, then rename it to name."""
+    temp = f".stockade-upload-{secrets.token_hex(8)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(temp, flags, 0o600, dir_fd=dir_fd)
     except OSError as exc:
         raise from_os_error(exc, shown) from None
     digest, size = hashlib.sha256(), 0
@@ -42,12 +58,12 @@ async def receive(
         async for data in chunks:
             await asyncio.to_thread(_write_all, fd, data, digest)
             size += len(data)
-        await asyncio.to_thread(_finish, fd, temp, target, mode or 0o644)
+        await asyncio.to_thread(_finish, fd, dir_fd, temp, name, mode or 0o644)
     except BaseException:
         with contextlib.suppress(OSError):
             os.close(fd)
         with contextlib.suppress(OSError):
-            os.unlink(temp)
+            os.unlink(temp, dir_fd=dir_fd)
         raise
     return {"path": shown, "size": size, "sha256": digest.hexdigest(), "tar": False}
 
@@ -60,23 +76,35 @@ def _write_all(fd: int, data: bytes, digest: Any) -> None:
         view = view[written:]
 
 
-def _finish(fd: int, temp: str, target: Path, mode: int) -> None:
+def _finish(fd: int, dir_fd: int, temp: str, name: str, mode: int) -> None:
     os.fchmod(fd, mode & 0o777)
     os.fsync(fd)
     os.close(fd)
-    os.replace(temp, target)
-    _fsync_dir(target.parent)
+    os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    os.fsync(dir_fd)
 
 
 async def _untar(root: Path, path: str, chunks: AsyncIterator[bytes]) -> dict[str, Any]:
     target = await asyncio.to_thread(paths.resolve, root, path, must_exist=False, kind="dir")
     shown = paths.display(root, target)
-    await asyncio.to_thread(target.mkdir, parents=True, exist_ok=True)
+    try:
+        await asyncio.to_thread(target.mkdir, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise from_os_error(exc, shown) from None
+    dir_fd = await asyncio.to_thread(paths.open_dir, root, target, shown)
+    try:
+        return await _untar_in(dir_fd, shown, chunks)
+    finally:
+        os.close(dir_fd)
+
+
+async def _untar_in(dir_fd: int, shown: str, chunks: AsyncIterator[bytes]) -> dict[str, Any]:
+    """tar unpacks in the checked folder `dir_fd` (passed to it, reached as /proc/self/fd/N)."""
     proc = await asyncio.create_subprocess_exec(
-        TAR, "-x", "-v", "-f", "-", "-C", str(target), "--no-same-owner",
+        TAR, "-x", "-v", "-f", "-", "-C", f"/proc/self/fd/{dir_fd}", "--no-same-owner",
         "--no-same-permissions", "--delay-directory-restore",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, pass_fds=(dir_fd,),
     )  # fmt: skip
     if proc.stdin is None or proc.stdout is None or proc.stderr is None:
         raise ToolError("EXECUTION_FAILED", "could not start tar")
@@ -113,7 +141,7 @@ async def send(root: Path, path: str, *, tar: bool) -> AsyncIterator[bytes | dic
         source = await asyncio.to_thread(paths.resolve, root, path, kind="file")
     shown = paths.display(root, source)
     digest, size = hashlib.sha256(), 0
-    stream = _pack(source) if tar else _read(source, shown)
+    stream = _pack(root, source, shown) if tar else _read(root, source, shown)
     files = 0
     async for data in stream:
         if isinstance(data, int):
@@ -125,23 +153,31 @@ async def send(root: Path, path: str, *, tar: bool) -> AsyncIterator[bytes | dic
     yield {"path": shown, "size": size, "sha256": digest.hexdigest(), "tar": tar, "files": files}
 
 
-async def _read(source: Path, shown: str) -> AsyncIterator[bytes | int]:
+async def _read(root: Path, source: Path, shown: str) -> AsyncIterator[bytes | int]:
+    """The file's bytes; opened without blocking and without following a link, so that a
+    FIFO or link swapped in since `resolve` is refused instead of hanging or leading out."""
+    flags = os.O_RDONLY | os.O_NONBLOCK
+    fd = await asyncio.to_thread(paths.open_in, root, source, flags, shown)
+    file = os.fdopen(fd, "rb")
     try:
-        file = await asyncio.to_thread(open, source, "rb")
-    except OSError as exc:
-        raise from_os_error(exc, shown) from None
-    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ToolError("INVALID_PATH", f"path '{shown}' is not a regular file")
         while data := await asyncio.to_thread(file.read, CHUNK):
             yield data
     finally:
         file.close()
 
 
-async def _pack(source: Path) -> AsyncIterator[bytes | int]:
-    proc = await asyncio.create_subprocess_exec(
-        TAR, "-c", "-v", "-f", "-", "-C", str(source), ".",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+async def _pack(root: Path, source: Path, shown: str) -> AsyncIterator[bytes | int]:
+    """tar of the checked folder `source` (passed to tar, reached as /proc/self/fd/N)."""
+    dir_fd = await asyncio.to_thread(paths.open_dir, root, source, shown)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            TAR, "-c", "-v", "-f", "-", "-C", f"/proc/self/fd/{dir_fd}", ".",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, pass_fds=(dir_fd,),
+        )  # fmt: skip
+    finally:
+        os.close(dir_fd)
     if proc.stdout is None or proc.stderr is None:
         raise ToolError("EXECUTION_FAILED", "could not start tar")
     listing = asyncio.ensure_future(proc.stderr.read())

@@ -1,0 +1,95 @@
+"""A folder or file swapped by sandbox code between the path check and its use: the agent's
+file tools and transfers refuse it instead of following it (paths.open_dir / open_in).
+The swap is made deterministic by doing it right after `resolve`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from stockade.agent import files, paths, transfers
+from stockade.agent.errors import ToolError
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "f.txt").write_text("inside\n")
+    return root
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    directory = tmp_path / "outside"
+    directory.mkdir()
+    (directory / "f.txt").write_text("outside\n")
+    return directory
+
+
+def swap_for_link(folder: Path, target: Path) -> None:
+    os.rename(folder, folder.with_name(folder.name + ".old"))
+    os.symlink(target, folder)
+
+
+def test_write_into_a_folder_swapped_for_a_link_is_refused(ws: Path, outside: Path) -> None:
+    path = paths.resolve(ws, "d/f.txt", kind="file")
+    swap_for_link(ws / "d", outside)
+    with pytest.raises(ToolError) as info:
+        files._atomic_write(ws, path, b"pwned", "d/f.txt")
+    assert info.value.code == "INVALID_PATH"
+    assert "became a link" in info.value.message
+    assert (outside / "f.txt").read_text() == "outside\n"
+    assert sorted(p.name for p in outside.iterdir()) == ["f.txt"], "no temporary file left"
+
+
+def test_read_through_a_folder_swapped_for_a_link_is_refused(ws: Path, outside: Path) -> None:
+    path = paths.resolve(ws, "d/f.txt", kind="file")
+    swap_for_link(ws / "d", outside)
+    with pytest.raises(ToolError) as info:
+        files._read_bytes(path, "d/f.txt", ws)
+    assert info.value.code == "INVALID_PATH"
+
+
+def test_a_file_swapped_for_a_link_is_not_followed(ws: Path, outside: Path) -> None:
+    path = paths.resolve(ws, "d/f.txt", kind="file")
+    (ws / "d" / "f.txt").unlink()
+    os.symlink(outside / "f.txt", ws / "d" / "f.txt")
+    with pytest.raises(ToolError) as info:
+        files._read_bytes(path, "d/f.txt", ws)
+    assert info.value.code == "INVALID_PATH"
+    with pytest.raises(ToolError) as info:
+        files._atomic_write(ws, path, b"pwned", "d/f.txt")
+    assert info.value.code == "INVALID_PATH"
+    assert (outside / "f.txt").read_text() == "outside\n"
+
+
+async def test_download_of_a_file_swapped_for_a_fifo_fails_at_once(ws: Path) -> None:
+    path = paths.resolve(ws, "d/f.txt", kind="file")
+    (ws / "d" / "f.txt").unlink()
+    os.mkfifo(ws / "d" / "f.txt")  # no writer: a blocking open would hang forever
+    with pytest.raises(ToolError) as info:
+        async for _ in transfers._read(ws, path, "d/f.txt"):
+            pass
+    assert info.value.code == "INVALID_PATH"
+
+
+async def test_uploads_and_tar_never_open_a_folder_that_became_a_link(
+    ws: Path, outside: Path
+) -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"pwned"
+
+    target = paths.resolve(ws, "d", kind="dir")
+    swap_for_link(ws / "d", outside)
+    with pytest.raises(ToolError) as opened:
+        paths.open_dir(ws, target, "d")  # what upload and tar do after resolve
+    assert opened.value.code == "INVALID_PATH"
+    for tar in (False, True):
+        with pytest.raises(ToolError) as info:
+            await transfers.receive(ws, "d/x" if not tar else "d", tar=tar, mode=0, chunks=chunks())
+        assert info.value.code == "INVALID_PATH"
+    assert sorted(p.name for p in outside.iterdir()) == ["f.txt"]
