@@ -29,6 +29,9 @@ ENGINES = ("podman", "docker")
 RUN_DIR = Path("/tmp/stockade-tests")
 PODMAN_SOCKET = RUN_DIR / "podman.sock"
 DOCKER_SOCKET = Path("/var/run/docker.sock")
+NO_RATE_LIMIT = "[limits]\nrate_per_s = 1000000.0\nburst = 1000000\n"
+"""Config for load and fault tests: the full policy pipeline runs, but the per-key rate limit
+would turn many quick calls into RATE_LIMITED results."""
 
 
 def engine_url(engine: str) -> str:

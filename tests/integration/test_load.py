@@ -8,12 +8,15 @@ import pytest
 
 from bench.load import run_load
 from stockade.supervisor.backends.base import LABEL_KEY
-from tests.integration.harness import engine_url, instance_containers, running_supervisor
+from tests.integration.harness import (
+    NO_RATE_LIMIT,
+    engine_url,
+    instance_containers,
+    running_supervisor,
+)
 
 pytestmark = pytest.mark.timeout(900)
 KEYS, CALLS = 50, 200
-# The full policy pipeline runs; only the per-key rate limit would turn load into RATE_LIMITED.
-NO_RATE_LIMIT = "[limits]\nrate_per_s = 1000000.0\nburst = 1000000\n"
 
 
 def test_load_50_keys_x_200_mixed_calls(engine: str) -> None:
