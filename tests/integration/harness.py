@@ -220,10 +220,16 @@ class PrivateEngine:
         ]
 
     def kill(self) -> None:
-        """SIGKILL the service (by the id of the process this test started)."""
+        """Kill the service (by the id of the process this test started). Podman's gets
+        SIGKILL (its containers live on under conmon). dockerd gets SIGTERM and stops its
+        containers: killed, it leaves containerd shims whose state a restarted dockerd often
+        fails to load in time on a busy host (`timeout waiting for containerd to start`)."""
         assert self.process is not None
-        self.process.kill()
-        self.process.wait(30)
+        if self.engine == "podman":
+            self.process.kill()
+        else:
+            self.process.terminate()
+        self.process.wait(90)
         self.process = None
 
     def close(self) -> None:

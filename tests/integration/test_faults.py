@@ -5,6 +5,7 @@ call hangs past its deadline and no container is left behind (counted by label).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import shutil
 import signal
@@ -20,6 +21,7 @@ import pytest
 from stockade.client import Stockade, StockadeError, ToolResult, Unavailable
 from stockade.supervisor import launcher
 from stockade.supervisor.backends.base import LABEL_KEY
+from stockade.supervisor.errors import EngineUnavailable
 from tests.integration.harness import (
     NO_RATE_LIMIT,
     PrivateEngine,
@@ -282,9 +284,9 @@ def private_engine(engine: str) -> Iterator[PrivateEngine]:
 
 
 def test_engine_restart_during_calls(engine: str, private_engine: PrivateEngine) -> None:
-    """The engine's service SIGKILLed and started again (a private one: the shared services
-    stay up). Podman's containers outlive its service; Docker's outlive a killed dockerd, which
-    then stops them when it starts again, so they are recreated."""
+    """The engine's service killed and started again (a private one: the shared services stay
+    up). Podman's containers outlive its service; dockerd stops its own on the way down, so
+    Docker's sandboxes are recreated with their workspaces."""
     name = engine.capitalize()
     state = Path(tempfile.mkdtemp(prefix="stk", dir="/tmp"))
     sup = Supervisor(engine, state, NO_RATE_LIMIT, engine_socket=private_engine.url)
@@ -305,8 +307,8 @@ def test_engine_restart_during_calls(engine: str, private_engine: PrivateEngine)
                 c.sandbox("while-down").exec("true")
             assert down.value.reason == "ENGINE_UNAVAILABLE"
             assert name in str(down.value)
-            # the running sandboxes are reached directly, not through the engine
-            assert c.sandbox("k0").exec("echo still").stdout == "still\n"
+            if engine == "podman":  # running sandboxes are reached directly, not via the engine
+                assert c.sandbox("k0").exec("echo still").stdout == "still\n"
             failures_down = calls.failure_count()
             wait_for(
                 lambda: calls.failure_count() > failures_down, "calls while the engine is down"
@@ -327,9 +329,9 @@ def test_engine_restart_during_calls(engine: str, private_engine: PrivateEngine)
 
             allowed = {("UNAVAILABLE", "ENGINE_UNAVAILABLE"), ("RESULT", "SANDBOX_LOST")}
             assert {(f.code, f.reason) for f in calls.failures} <= allowed, calls.failures
-            assert {f.what.split()[0] for f in calls.failures if f.code == "UNAVAILABLE"} <= {
-                "create"
-            }, "only new sandboxes need the engine"
+            if engine == "podman":
+                needed_engine = {f.what.split()[0] for f in calls.failures if f.code != "RESULT"}
+                assert needed_engine <= {"create"}, "only new sandboxes need the engine"
             assert_acked_on_disk(sup, calls.acked)
             assert c.sandbox("while-down").exec("echo up").stdout == "up\n"
             for key in {*keys, *calls.created}:  # every sandbox works, its files intact
@@ -347,5 +349,6 @@ def test_engine_restart_during_calls(engine: str, private_engine: PrivateEngine)
     finally:
         calls.stop.set()
         sup.stop()
-        launcher.remove_instance_containers(engine, private_engine.url, state)
+        with contextlib.suppress(EngineUnavailable):  # the test's own failure says more
+            launcher.remove_instance_containers(engine, private_engine.url, state)
         shutil.rmtree(state, ignore_errors=True)
