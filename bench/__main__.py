@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
-from bench import egress, peers, report, stockade_runs
+from bench import egress, load, peers, report, stockade_runs
 from bench.engines import ENGINES, bring_up, remove_labelled
 from bench.machine import machine_info
 from bench.pipeline import host_section, run_pipeline_bench
@@ -29,14 +29,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--n", type=int, help="warm iterations per measurement (default 300)")
     parser.add_argument("--cold", type=int, help="cold starts (default 10)")
     parser.add_argument("--idle", type=int, help="idle sandboxes for memory (default 5)")
-    parser.add_argument("--quick", action="store_true", help="a short run: n=30, cold=3, idle=2")
+    parser.add_argument("--load-keys", type=int, help="keys in the load run (default 50)")
+    parser.add_argument("--load-calls", type=int, help="mixed calls per key (default 200)")
+    parser.add_argument(
+        "--quick", action="store_true", help="a short run: n=30, cold=3, idle=2, load 10x50"
+    )
     ns = parser.parse_args(argv)
-    quick = {"n": 30, "cold": 3, "idle": 2} if ns.quick else {"n": 300, "cold": 10, "idle": 5}
+    quick = (
+        {"n": 30, "cold": 3, "idle": 2, "load_keys": 10, "load_calls": 50}
+        if ns.quick
+        else {"n": 300, "cold": 10, "idle": 5, "load_keys": 50, "load_calls": 200}
+    )
     for name, default in quick.items():
         if getattr(ns, name) is None:
             setattr(ns, name, default)
         if getattr(ns, name) < 1:
-            parser.error(f"--{name} must be at least 1")
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
     ns.warmup = min(max(ns.n // 10, 5), 30)
     return ns
 
@@ -61,6 +69,10 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
         results["stockade_warm"] = guarded(
             f"{engine}: Stockade warm exec",
             lambda: stockade_runs.warm_exec(client, ns.n, ns.warmup),
+        )
+        results["load"] = guarded(
+            f"{engine}: load, {ns.load_keys} keys x {ns.load_calls} mixed calls",
+            lambda: load.run_load(sup.target, keys=ns.load_keys, calls=ns.load_calls),
         )
         results["interact_line"] = guarded(
             f"{engine}: Stockade Interact line echo",
@@ -91,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     engines = ENGINES if ns.engine == "both" else (ns.engine,)
     run_id = secrets.token_hex(6)
     started = datetime.now(UTC).isoformat(timespec="seconds")
-    settings = {"n": ns.n, "warmup": ns.warmup, "cold": ns.cold, "idle": ns.idle, "quick": ns.quick}
+    settings = {
+        "n": ns.n, "warmup": ns.warmup, "cold": ns.cold, "idle": ns.idle, "quick": ns.quick,
+        "load_keys": ns.load_keys, "load_calls": ns.load_calls,
+    }  # fmt: skip
     by_engine: dict[str, Any] = {}
     progress("host-side pipeline and scrubber")
     host = {"pipeline": run_pipeline_bench(), "scrub": run_scrub_bench()}

@@ -60,6 +60,7 @@ def engine_section(engine: str, results: dict[str, Any]) -> str:
         lines.append(_row(label.format(engine=engine), results.get(name, {"error": "not run"})))
     lines.append(_memory(engine, results.get("idle_memory", {"error": "not run"})))
     lines += _egress(results.get("egress", {"error": "not run"}))
+    lines.append(_load(results.get("load", {"error": "not run"})))
     lines += _targets(engine, results)
     return "\n".join(lines)
 
@@ -100,6 +101,22 @@ def _memory(engine: str, m: dict[str, Any]) -> str:
     )
 
 
+def _load(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return f"{'load (mixed calls, many keys)':34}  n/a: {r['error']}"
+    head = (
+        f"load: {r['keys']} keys x {r['calls_per_key']} mixed calls, {r['calls']} calls in "
+        f"{r['seconds']:.1f} s = {r['throughput_per_s']:.0f} calls/s, {r['errors']} errors"
+    )
+    if not r["calls"]:
+        return head
+    return (
+        f"{head}\n{'':6}latency ms: p50 {r['median_ms']:.2f}, p95 {r['p95_ms']:.2f}, "
+        f"p99 {r['p99_ms']:.2f}, mean {r['mean_ms']:.2f} "
+        f"(sandboxes made first in {r['setup_seconds']:.1f} s)"
+    )
+
+
 def _targets(engine: str, results: dict[str, Any]) -> list[str]:
     warm = results.get("stockade_warm", {}).get("median_ms")
     cli_ratio = results.get("ratios", {}).get("engine_cli_over_stockade")
@@ -135,6 +152,9 @@ def summary(engines: dict[str, dict[str, Any]]) -> str:
         lines.append(
             f"{label.format(engine='engine'):34}" + "".join(_cell(c, ".2f") for c in cells)
         )
+    for key, label in (("throughput_per_s", "load: calls/s"), ("p95_ms", "load: p95 ms")):
+        cells = [engines[e].get("load", {}).get(key) for e in names]
+        lines.append(f"{label:34}" + "".join(_cell(c, ".1f") for c in cells))
     pss = [engines[e].get("idle_memory", {}).get("pss_mib") for e in names]
     lines.append(f"{'idle sandbox, MiB PSS':34}" + "".join(_cell(c, ".1f") for c in pss))
     for key, label in (

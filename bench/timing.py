@@ -15,12 +15,16 @@ Result = dict[str, Any]
 
 def summarize(seconds: list[float]) -> Result:
     ms = sorted(s * 1000 for s in seconds)
-    p95 = ms[max(math.ceil(0.95 * len(ms)) - 1, 0)]  # nearest rank
+
+    def rank(q: float) -> float:  # nearest rank
+        return ms[max(math.ceil(q * len(ms)) - 1, 0)]
+
     return {
         "n": len(ms),
         "min_ms": round(ms[0], 3),
         "median_ms": round(statistics.median(ms), 3),
-        "p95_ms": round(p95, 3),
+        "p95_ms": round(rank(0.95), 3),
+        "p99_ms": round(rank(0.99), 3),
         "mean_ms": round(statistics.fmean(ms), 3),
     }
 

@@ -113,6 +113,14 @@ class AgentConnection:
                 "rebuild the sandbox image with `stockade image build`"
             )
 
+    async def answers(self, timeout: float = 0.5) -> bool:
+        """True if the agent answers Hello now (the container and its agent live)."""
+        try:
+            await self._stub.Hello(agent_pb2.HelloRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError:
+            return False
+        return True
+
     async def invoke(
         self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
     ) -> AgentReply:

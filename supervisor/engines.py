@@ -18,6 +18,7 @@ import socket
 import subprocess
 import time
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,16 +74,17 @@ def ensure_podman_service(socket_path: Path, log_path: Path) -> subprocess.Popen
 
 
 def ensure_dockerd(
-    log_path: Path, socket_path: Path = DOCKER_SOCKET
+    log_path: Path, socket_path: Path = DOCKER_SOCKET, args: Sequence[str] = ()
 ) -> subprocess.Popen[bytes] | None:
-    """Start dockerd (listening on socket_path) unless something answers there."""
+    """Start dockerd (listening on socket_path, with extra command-line args) unless
+    something answers there."""
     if ping(socket_path):
         return None
     dockerd = shutil.which("dockerd") or "/usr/sbin/dockerd"
     if not os.access(dockerd, os.X_OK):
         raise EngineServiceError("dockerd is not installed: apt-get install docker.io")
     cmd = [dockerd] if socket_path == DOCKER_SOCKET else [dockerd, "-H", f"unix://{socket_path}"]
-    return _start(cmd, socket_path, log_path, wait=30.0)
+    return _start([*cmd, *args], socket_path, log_path, wait=30.0)
 
 
 def _require(program: str, install: str) -> str:

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import os
 import stat
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ log = logging.getLogger("stockade")
 AGENT_SOCKET_DIR = "/run/stockade"
 TRANSFER_TIMEOUT_S = 3600.0
 INSPECT_TIMEOUT_S = 30.0
+DEATH_NOTICE_S = 15.0
 WORKSPACE = "/workspace"
 
 
@@ -266,14 +268,21 @@ class SandboxManager:
         )
 
     async def _diagnose(self, sandbox: _Sandbox, exc: AgentCallFailed) -> NoReturn:
-        """The agent call failed: find out whether the container died."""
-        for delay in (0.0, 0.05, 0.2, 0.5, 1.0):
+        """The agent call failed: find out whether the container died. An engine can take
+        seconds to notice a killed container (Podman on a busy host), so while the agent does
+        not answer either, keep asking the engine for up to DEATH_NOTICE_S; an agent that
+        answers means the container lives and only this call broke."""
+        deadline = time.monotonic() + DEATH_NOTICE_S
+        delay = 0.0
+        while True:
             await asyncio.sleep(delay)
             info = await asyncio.to_thread(self._backend.inspect, sandbox.info.id)
             if info is None or not info.running:
                 sandbox.lost = True
                 raise SandboxLost(_death_note(info))
-        raise SandboxBroken(f"the sandbox's agent failed: {exc}") from exc
+            if time.monotonic() > deadline or (delay and await sandbox.agent.answers()):
+                raise SandboxBroken(f"the sandbox's agent failed: {exc}") from exc
+            delay = min(delay * 2 or 0.05, 1.0)
 
     async def ensure(self, key: str, network: NetworkRequest | None = None) -> _Sandbox:
         """The running sandbox for key, created (or re-created) when needed. With a network

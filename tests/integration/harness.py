@@ -16,14 +16,22 @@ from pathlib import Path
 from stockade.client import Stockade
 from stockade.supervisor import launcher
 from stockade.supervisor.backends import create_backend
-from stockade.supervisor.backends.base import ContainerBackend
+from stockade.supervisor.backends.base import (
+    LABEL_INSTANCE,
+    LABEL_MANAGED,
+    ContainerBackend,
+    ContainerInfo,
+)
 from stockade.supervisor.engines import ensure_dockerd, ensure_podman_service
-from stockade.supervisor.image import build_image, default_cache_dir
+from stockade.supervisor.image import build_image, default_cache_dir, image_ref
 
 ENGINES = ("podman", "docker")
 RUN_DIR = Path("/tmp/stockade-tests")
 PODMAN_SOCKET = RUN_DIR / "podman.sock"
 DOCKER_SOCKET = Path("/var/run/docker.sock")
+NO_RATE_LIMIT = "[limits]\nrate_per_s = 1000000.0\nburst = 1000000\n"
+"""Config for load and fault tests: the full policy pipeline runs, but the per-key rate limit
+would turn many quick calls into RATE_LIMITED results."""
 
 
 def engine_url(engine: str) -> str:
@@ -143,3 +151,101 @@ def engine_cli(engine: str, *args: str) -> subprocess.CompletedProcess[str]:
     if engine == "docker":
         env["DOCKER_HOST"] = engine_url("docker")
     return subprocess.run([engine, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def instance_containers(engine: str, url: str, sup: Supervisor) -> list[ContainerInfo]:
+    """Every container (running or not) that carries this supervisor's labels: what a leak
+    check counts."""
+    be = create_backend(engine, url)
+    try:
+        return be.list({LABEL_MANAGED: "1", LABEL_INSTANCE: sup.instance_id()})
+    finally:
+        be.close()
+
+
+@dataclass
+class PrivateEngine:
+    """An engine service of a test's own, on its own socket, that the test may kill and
+    restart without disturbing the shared services. Podman: `podman system service` over the
+    shared storage. Docker: a second dockerd with its own data and exec roots and no bridge
+    or iptables rules (the sandbox image is copied in on the first start)."""
+
+    engine: str
+    root: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def socket(self) -> Path:
+        return self.root / f"{self.engine}.sock"
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket}"
+
+    def start(self) -> None:
+        log = self.root / f"{self.engine}.log"
+        if self.engine == "podman":
+            self.process = ensure_podman_service(self.socket, log)
+            return
+        self.process = ensure_dockerd(log, self.socket, self._dockerd_args())
+        ref = image_ref("docker")
+        env = {**os.environ, "DOCKER_HOST": self.url}
+        if subprocess.run(
+            ["docker", "image", "inspect", ref], env=env, capture_output=True
+        ).returncode:
+            save = subprocess.Popen(
+                ["docker", "save", ref],
+                stdout=subprocess.PIPE,
+                env={**env, "DOCKER_HOST": engine_url("docker")},
+            )
+            subprocess.run(
+                ["docker", "load", "-q"],
+                stdin=save.stdout,
+                env=env,
+                check=True,
+                capture_output=True,
+                timeout=300,
+            )
+            assert save.stdout is not None
+            save.stdout.close()
+            assert save.wait(60) == 0
+
+    def _dockerd_args(self) -> list[str]:
+        config = self.root / "daemon.json"
+        config.write_text("{}\n")
+        return [
+            *("--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec")),
+            *("--pidfile", str(self.root / "dockerd.pid"), "--config-file", str(config)),
+            *("--bridge", "none", "--iptables=false", "--ip-masq=false"),
+        ]
+
+    def kill(self) -> None:
+        """Kill the service (by the id of the process this test started). Podman's gets
+        SIGKILL (its containers live on under conmon). dockerd gets SIGTERM and stops its
+        containers: killed, it leaves containerd shims whose state a restarted dockerd often
+        fails to load in time on a busy host (`timeout waiting for containerd to start`)."""
+        assert self.process is not None
+        if self.engine == "podman":
+            self.process.kill()
+        else:
+            self.process.terminate()
+        self.process.wait(90)
+        self.process = None
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+            self.process = None
+        for mount in _mounts_under(self.root):  # dockerd bind-mounts its data root
+            subprocess.run(["umount", "-l", mount], capture_output=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _mounts_under(root: Path) -> list[str]:
+    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return sorted((p for p in points if p.startswith(f"{root}/")), reverse=True)

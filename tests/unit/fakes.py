@@ -28,6 +28,8 @@ class FakeBackend:
     def __init__(self) -> None:
         self.containers: dict[str, ContainerInfo] = {}
         self.runs = 0
+        self.stale_inspects = 0
+        """How many more inspects report a dead container as running."""
         self._next = 0
 
     def ping(self) -> str:
@@ -50,6 +52,9 @@ class FakeBackend:
     def inspect(self, name_or_id: str) -> ContainerInfo | None:
         for info in self.containers.values():
             if name_or_id in (info.id, info.name):
+                if self.stale_inspects > 0:  # an engine that has not noticed a death yet
+                    self.stale_inspects -= 1
+                    return replace(info, running=True, status="running", exit_code=None)
                 return info
         return None
 
@@ -103,6 +108,9 @@ class FakeAgent:
             raise SandboxBroken("agent does not answer")
         self.ready = True
 
+    async def answers(self, timeout: float = 0.5) -> bool:
+        return self._alive()
+
     async def invoke(
         self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
     ) -> AgentReply:
@@ -111,6 +119,8 @@ class FakeAgent:
             for cid in list(self.backend.containers):
                 self.backend.kill(cid)
             raise AgentCallFailed(grpc.StatusCode.UNAVAILABLE, "socket closed")
+        if arguments.get("break"):
+            raise AgentCallFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, "reply too large")
         return AgentReply("", "", {"exit_code": 0, "stdout": tool, "stderr": ""})
 
     async def close(self) -> None:

@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from stockade.supervisor.config import Config
-from stockade.supervisor.errors import InvalidRequest, SandboxLost, SandboxNotFound
+from stockade.supervisor.errors import (
+    InvalidRequest,
+    SandboxBroken,
+    SandboxLost,
+    SandboxNotFound,
+)
 from stockade.supervisor.sandboxes import SandboxManager
 from tests.unit.fakes import FakeAgent, FakeBackend
 
@@ -96,6 +101,28 @@ async def test_death_during_a_call_is_sandbox_lost(tmp_path: Path, backend: Fake
     assert (await mgr.get("k")).state.value == "EXITED"
     await mgr.invoke("k", "exec", {}, 5, "r2")
     assert backend.runs == 2
+
+
+async def test_death_the_engine_notices_late_is_still_sandbox_lost(
+    tmp_path: Path, backend: FakeBackend
+) -> None:
+    """Podman on a busy host reports a killed container as running for a while."""
+    mgr = manager(tmp_path, backend)
+    await mgr.ensure("k")
+    backend.stale_inspects = 6
+    with pytest.raises(SandboxLost, match="exited during the call"):
+        await mgr.invoke("k", "exec", {"die": True}, 5, "r1")
+    assert backend.stale_inspects == 0
+
+
+async def test_a_failed_call_with_a_live_agent_is_sandbox_broken(
+    tmp_path: Path, backend: FakeBackend
+) -> None:
+    mgr = manager(tmp_path, backend)
+    with pytest.raises(SandboxBroken, match="reply too large"):
+        await mgr.invoke("k", "exec", {"break": True}, 5, "r1")
+    assert (await mgr.invoke("k", "exec", {}, 5, "r2")).result is not None
+    assert backend.runs == 1
 
 
 async def test_destroy_keeps_workspace_unless_asked(tmp_path: Path, backend: FakeBackend) -> None:
