@@ -3,6 +3,7 @@ in a subprocess, the real client over gRPC."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stockade.client import Stockade
-from stockade.supervisor import launcher
+from stockade.supervisor import hostfs, launcher
 from stockade.supervisor.backends import create_backend
 from stockade.supervisor.backends.base import (
     LABEL_INSTANCE,
@@ -139,7 +140,8 @@ def running_supervisor(engine: str, extra_config: str = "") -> Iterator[Supervis
     finally:
         sup.stop()
         launcher.remove_instance_containers(engine, engine_url(engine), state)
-        shutil.rmtree(state, ignore_errors=True)
+        with contextlib.suppress(OSError):  # no recursion: sandboxes may leave deep trees
+            hostfs.remove_tree(state)
 
 
 def backend(engine: str) -> ContainerBackend:
