@@ -1,4 +1,9 @@
-"""The supervisor's end of the agent protocol: one gRPC channel per sandbox, over a unix socket."""
+"""The supervisor's end of the agent protocol: one gRPC channel per sandbox, over a unix socket.
+
+Nothing the agent sends is trusted (it runs as the same uid as the code in the sandbox): the
+channel refuses messages over ReplyLimits.max_message_bytes, every reply is checked
+(replies.py), streams must keep their order (at most one Started, before any output; output
+chunks of at most MAX_CHUNK_BYTES; a result last), and a violation raises AgentMisbehaved."""
 
 from __future__ import annotations
 
@@ -13,14 +18,22 @@ from typing import Any
 import grpc
 
 from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
-from stockade.supervisor.errors import SandboxBroken
+from stockade.supervisor.errors import AgentMisbehaved, SandboxBroken
+from stockade.supervisor.replies import (
+    MAX_CHUNK_BYTES,
+    MAX_ERROR_MESSAGE,
+    MAX_PID,
+    ReplyInvalid,
+    ReplyLimits,
+    check_result,
+    parse_result,
+)
 
 PROTOCOL_VERSION = 1
-MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+MAX_SEND_BYTES = 128 * 1024 * 1024
 MAX_SOCKET_PATH = 107
 _OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_SEND_BYTES),
     ("grpc.initial_reconnect_backoff_ms", 20),
     ("grpc.min_reconnect_backoff_ms", 20),
     ("grpc.max_reconnect_backoff_ms", 500),
@@ -34,6 +47,7 @@ _AGENT_CODES = {
     agent_pb2.AGENT_ERROR_CODE_FILE_NOT_FOUND: "FILE_NOT_FOUND",
     agent_pb2.AGENT_ERROR_CODE_INVALID_PATH: "INVALID_PATH",
     agent_pb2.AGENT_ERROR_CODE_TIMEOUT: "TIMEOUT",
+    agent_pb2.AGENT_ERROR_CODE_INTERNAL: "EXECUTION_FAILED",
 }
 
 
@@ -66,14 +80,16 @@ class AgentReply:
 
 
 class AgentConnection:
-    def __init__(self, socket_path: Path) -> None:
+    def __init__(self, socket_path: Path, limits: ReplyLimits | None = None) -> None:
         if len(str(socket_path)) > MAX_SOCKET_PATH:
             raise SandboxBroken(
                 f"agent socket path {socket_path} is longer than {MAX_SOCKET_PATH} bytes; "
                 "use a shorter state_dir"
             )
         self.socket_path = socket_path
-        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}", options=_OPTIONS)
+        self.limits = limits or ReplyLimits()
+        options = [*_OPTIONS, ("grpc.max_receive_message_length", self.limits.max_message_bytes)]
+        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}", options=options)
         self._stub = agent_pb2_grpc.AgentServiceStub(self._channel)
 
     def is_ready(self) -> bool:
@@ -110,7 +126,7 @@ class AgentConnection:
             reply = await self._stub.Invoke(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise AgentCallFailed(exc.code(), exc.details() or "") from exc
-        return _parse_reply(reply)
+        return self._reply(tool, reply)
 
     async def invoke_stream(
         self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
@@ -120,13 +136,14 @@ class AgentConnection:
             tool=tool, arguments_json=json.dumps(arguments), request_id=request_id
         )
         call = self._stub.InvokeStream(request, timeout=timeout)
+        order = _StreamOrder()
         try:
             async for event in call:
-                parsed = _parse_event(event)
+                parsed = self._event(tool, event, order)
                 yield parsed
                 if isinstance(parsed, AgentReply):
                     return
-            raise SandboxBroken("the agent's stream ended without a result")
+            raise _misbehaved("its stream ended without a result")
         except grpc.aio.AioRpcError as exc:
             raise AgentCallFailed(exc.code(), exc.details() or "") from exc
         finally:
@@ -145,7 +162,7 @@ class AgentConnection:
             reply = await self._stub.Upload(requests(), timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise AgentCallFailed(exc.code(), exc.details() or "") from exc
-        return _parse_reply(reply)
+        return self._reply("transfer", reply)
 
     async def download(
         self, path: str, tar: bool, timeout: float
@@ -154,12 +171,15 @@ class AgentConnection:
         call = self._stub.Download(agent_pb2.DownloadRequest(path=path, tar=tar), timeout=timeout)
         try:
             async for chunk in call:
-                if chunk.WhichOneof("part") == "data":
-                    yield bytes(chunk.data)
-                else:
-                    yield _parse_reply(chunk.result)
+                part = chunk.WhichOneof("part")
+                if part == "data":
+                    yield _chunk(chunk.data)
+                elif part == "result":
+                    yield self._reply("transfer", chunk.result)
                     return
-            raise SandboxBroken("the agent's download ended without a result")
+                else:
+                    raise _misbehaved("it sent an empty download chunk")
+            raise _misbehaved("its download ended without a result")
         except grpc.aio.AioRpcError as exc:
             raise AgentCallFailed(exc.code(), exc.details() or "") from exc
         finally:
@@ -168,34 +188,68 @@ class AgentConnection:
     async def close(self) -> None:
         await self._channel.close()
 
+    def _reply(self, tool: str, reply: Any) -> AgentReply:
+        try:
+            return _parse_reply(tool, reply, self.limits)
+        except ReplyInvalid as exc:
+            raise _misbehaved(f"{tool}: {exc}") from exc
 
-def _parse_event(event: Any) -> AgentStarted | AgentOutput | AgentReply:
-    kind = event.WhichOneof("event")
-    if kind == "started":
-        return AgentStarted(int(event.started.pid))
-    if kind == "output":
-        if event.output.fd not in (1, 2):
-            raise SandboxBroken(f"agent sent output for fd {event.output.fd}")
-        return AgentOutput(int(event.output.fd), bytes(event.output.data))
-    if kind == "result":
-        return _parse_reply(event.result)
-    raise SandboxBroken("agent sent an empty event")
+    def _event(
+        self, tool: str, event: Any, order: _StreamOrder
+    ) -> AgentStarted | AgentOutput | AgentReply:
+        kind = event.WhichOneof("event")
+        if kind == "result":
+            return self._reply(tool, event.result)
+        if kind == "started":
+            return order.started(int(event.started.pid))
+        if kind == "output":
+            return order.output(int(event.output.fd), event.output.data)
+        raise _misbehaved("it sent an empty event")
 
 
-def _parse_reply(reply: Any) -> AgentReply:
+@dataclass
+class _StreamOrder:
+    """At most one Started, before any output; output only on fd 1 and 2, in bounded chunks."""
+
+    seen_started: bool = False
+    seen_output: bool = False
+
+    def started(self, pid: int) -> AgentStarted:
+        if self.seen_started or self.seen_output:
+            raise _misbehaved("it sent Started twice or after output")
+        if not 0 < pid <= MAX_PID:
+            raise _misbehaved(f"it sent Started with pid {pid}")
+        self.seen_started = True
+        return AgentStarted(pid)
+
+    def output(self, fd: int, data: bytes) -> AgentOutput:
+        if fd not in (1, 2):
+            raise _misbehaved(f"it sent output for fd {fd}")
+        self.seen_output = True
+        return AgentOutput(fd, _chunk(data))
+
+
+def _chunk(data: bytes) -> bytes:
+    if len(data) > MAX_CHUNK_BYTES:
+        raise _misbehaved(f"it sent a chunk of {len(data)} bytes (at most {MAX_CHUNK_BYTES})")
+    return bytes(data)
+
+
+def _misbehaved(what: str) -> AgentMisbehaved:
+    return AgentMisbehaved(f"the sandbox's agent broke the protocol: {what}")
+
+
+def _parse_reply(tool: str, reply: Any, limits: ReplyLimits) -> AgentReply:
     """Nothing the agent says is trusted: check every field before use."""
     code = _AGENT_CODES.get(reply.error_code)
     if code is None:
-        code = "EXECUTION_FAILED"
+        raise ReplyInvalid(f"unknown error code {reply.error_code}")
+    if len(reply.error_message) > MAX_ERROR_MESSAGE:
+        raise ReplyInvalid(f"an error message of {len(reply.error_message)} characters")
     result: dict[str, Any] | None = None
     if reply.result_json:
-        try:
-            parsed = json.loads(reply.result_json)
-        except ValueError as exc:
-            raise SandboxBroken(f"agent sent a result that is not JSON: {exc}") from exc
-        if not isinstance(parsed, dict):
-            raise SandboxBroken("agent sent a result that is not a JSON object")
-        result = parsed
+        result = parse_result(reply.result_json)
+        check_result(tool, result, limits)
     if not code and result is None:
-        raise SandboxBroken("agent sent neither a result nor an error")
-    return AgentReply(code, str(reply.error_message)[:65536], result)
+        raise ReplyInvalid("neither a result nor an error")
+    return AgentReply(code, str(reply.error_message), result)

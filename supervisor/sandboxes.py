@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -34,9 +35,15 @@ from stockade.supervisor.backends.base import (
     ContainerSpec,
 )
 from stockade.supervisor.config import Config
-from stockade.supervisor.errors import SandboxBroken, SandboxLost, SandboxNotFound
+from stockade.supervisor.errors import (
+    AgentMisbehaved,
+    SandboxBroken,
+    SandboxLost,
+    SandboxNotFound,
+)
 from stockade.supervisor.keys import sandbox_id, validate_key
 from stockade.supervisor.models import SandboxInfo, SandboxState
+from stockade.supervisor.replies import ReplyLimits
 
 AGENT_SOCKET_DIR = "/run/stockade"
 TRANSFER_TIMEOUT_S = 3600.0
@@ -51,6 +58,8 @@ class _Sandbox:
     agent: AgentConnection
     last_used_at: datetime | None = None
     lost: bool = False
+    broken: bool = False
+    """The agent misbehaved: nothing more is asked of it; the next call recreates the sandbox."""
 
 
 @dataclass(frozen=True)
@@ -70,13 +79,14 @@ class SandboxManager:
         *,
         instance_id: str,
         image: str,
-        connect: Callable[[Path], AgentConnection] = AgentConnection,
+        connect: Callable[[Path], AgentConnection] | None = None,
     ) -> None:
         self._config = config
         self._backend = backend
         self._instance_id = instance_id
         self._image = image
-        self._connect = connect
+        limits = ReplyLimits(config.tools.max_output_bytes, config.tools.process_log_bytes)
+        self._connect = connect or partial(AgentConnection, limits=limits)
         self._root = config.state_dir / "sandboxes"
         self._seccomp = ""
         self._sandboxes: dict[str, _Sandbox] = {}
@@ -119,30 +129,44 @@ class SandboxManager:
 
     @asynccontextmanager
     async def _agent(
-        self, key: str, *, pass_deadline: bool = True
+        self, key: str, *, pass_deadline: bool = True, deadline_breaks: bool = False
     ) -> AsyncIterator[AgentConnection]:
         """The key's agent (its sandbox made ready), with a failed call turned into
-        SandboxLost or SandboxBroken; a passed deadline is the caller's to report unless
-        pass_deadline is off."""
+        SandboxLost, AgentMisbehaved (the sandbox marked broken) or SandboxBroken; a passed
+        deadline is the caller's to report unless pass_deadline is off, or a fault of the
+        agent with deadline_breaks (exec: the agent enforces the command's timeout itself)."""
         sandbox = await self.ensure(key)
         sandbox.last_used_at = datetime.now(UTC)
         try:
             yield sandbox.agent
+        except AgentMisbehaved as exc:
+            self._mark_broken(sandbox, str(exc))
         except AgentCallFailed as exc:
-            if pass_deadline and exc.code.name == "DEADLINE_EXCEEDED":
+            deadline = exc.code.name == "DEADLINE_EXCEEDED"
+            if deadline and deadline_breaks:
+                why = "the sandbox's agent did not end the command by its timeout and grace"
+                self._mark_broken(sandbox, why)
+            if deadline and pass_deadline:
                 raise
             await self._diagnose(sandbox, exc)
+
+    def _mark_broken(self, sandbox: _Sandbox, why: str) -> NoReturn:
+        sandbox.broken = True
+        raise AgentMisbehaved(
+            f"{why}; the sandbox is marked broken and the next call recreates it "
+            "(the workspace is kept)"
+        )
 
     async def invoke(
         self, key: str, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
     ) -> AgentReply:
-        async with self._agent(key) as agent:
+        async with self._agent(key, deadline_breaks=tool == "exec") as agent:
             return await agent.invoke(tool, arguments, timeout, request_id)
 
     async def invoke_stream(
         self, key: str, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
     ) -> AsyncIterator[AgentStarted | AgentOutput | AgentReply]:
-        async with self._agent(key) as agent:
+        async with self._agent(key, deadline_breaks=tool == "exec") as agent:
             async for event in agent.invoke_stream(tool, arguments, timeout, request_id):
                 yield event
 
@@ -158,19 +182,23 @@ class SandboxManager:
                 yield item
 
     async def _diagnose(self, sandbox: _Sandbox, exc: AgentCallFailed) -> NoReturn:
-        """The agent call failed: find out whether the container died."""
+        """The agent call failed: find out whether the container died. If it runs on, the
+        agent failed (an oversized or undecodable reply, a broken connection): broken, unless
+        the call only ran out of time."""
         for delay in (0.0, 0.05, 0.2, 0.5, 1.0):
             await asyncio.sleep(delay)
             info = await asyncio.to_thread(self._backend.inspect, sandbox.info.id)
             if info is None or not info.running:
                 sandbox.lost = True
                 raise SandboxLost(_death_note(info))
-        raise SandboxBroken(f"the sandbox's agent failed: {exc}") from exc
+        if exc.code.name in ("DEADLINE_EXCEEDED", "CANCELLED"):
+            raise SandboxBroken(f"the sandbox's agent failed: {exc}") from exc
+        self._mark_broken(sandbox, f"the sandbox's agent failed: {exc}")
 
     async def ensure(self, key: str) -> _Sandbox:
         """The running sandbox for key, created (or re-created) when needed."""
         sandbox = self._sandboxes.get(key)
-        if sandbox is not None and not sandbox.lost and sandbox.agent.is_ready():
+        if sandbox is not None and _usable(sandbox) and sandbox.agent.is_ready():
             return sandbox
         validate_key(key)
         async with self._locks.setdefault(key, asyncio.Lock()):
@@ -184,7 +212,7 @@ class SandboxManager:
             return sandbox
 
     async def _still_alive(self, sandbox: _Sandbox) -> bool:
-        if sandbox.lost:
+        if not _usable(sandbox):
             return False
         if sandbox.agent.is_ready():
             return True
@@ -332,7 +360,7 @@ class SandboxManager:
             container_name=sandbox.info.name,
             engine=self._backend.engine,
             image=self._image,
-            state=SandboxState.EXITED if sandbox.lost else SandboxState.RUNNING,
+            state=_state(sandbox),
             created_at=sandbox.info.created_at,
             last_used_at=sandbox.last_used_at,
             workspace_path=str(self._paths(sandbox.key).workspace),
@@ -350,6 +378,16 @@ class SandboxManager:
             last_used_at=None,
             workspace_path=str(self._paths(key).workspace),
         )
+
+
+def _usable(sandbox: _Sandbox) -> bool:
+    return not (sandbox.lost or sandbox.broken)
+
+
+def _state(sandbox: _Sandbox) -> SandboxState:
+    if sandbox.lost:
+        return SandboxState.EXITED
+    return SandboxState.BROKEN if sandbox.broken else SandboxState.RUNNING
 
 
 def _death_note(info: ContainerInfo | None) -> str:

@@ -26,15 +26,15 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19stockade/v1/sandbox.proto\x12\x0bstockade.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8b\x02\n\x0bSandboxInfo\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontainer_id\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\r\n\x05image\x18\x04 \x01(\t\x12(\n\x05state\x18\x05 \x01(\x0e\x32\x19.stockade.v1.SandboxState\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0clast_used_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0eworkspace_path\x18\x08 \x01(\t\x12\x16\n\x0e\x63ontainer_name\x18\t \x01(\t\"#\n\x14\x45nsureSandboxRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\" \n\x11GetSandboxRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"\x16\n\x14ListSandboxesRequest\"D\n\x15ListSandboxesResponse\x12+\n\tsandboxes\x18\x01 \x03(\x0b\x32\x18.stockade.v1.SandboxInfo\">\n\x15\x44\x65stroySandboxRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x18\n\x10\x64\x65lete_workspace\x18\x02 \x01(\x08\"D\n\x16\x44\x65stroySandboxResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\x12\x19\n\x11workspace_deleted\x18\x02 \x01(\x08*|\n\x0cSandboxState\x12\x1d\n\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x18\n\x14SANDBOX_STATE_EXITED\x10\x02\x12\x18\n\x14SANDBOX_STATE_ABSENT\x10\x03\x32\xd9\x02\n\x0eSandboxService\x12L\n\rEnsureSandbox\x12!.stockade.v1.EnsureSandboxRequest\x1a\x18.stockade.v1.SandboxInfo\x12\x46\n\nGetSandbox\x12\x1e.stockade.v1.GetSandboxRequest\x1a\x18.stockade.v1.SandboxInfo\x12V\n\rListSandboxes\x12!.stockade.v1.ListSandboxesRequest\x1a\".stockade.v1.ListSandboxesResponse\x12Y\n\x0e\x44\x65stroySandbox\x12\".stockade.v1.DestroySandboxRequest\x1a#.stockade.v1.DestroySandboxResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19stockade/v1/sandbox.proto\x12\x0bstockade.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8b\x02\n\x0bSandboxInfo\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontainer_id\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\r\n\x05image\x18\x04 \x01(\t\x12(\n\x05state\x18\x05 \x01(\x0e\x32\x19.stockade.v1.SandboxState\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0clast_used_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0eworkspace_path\x18\x08 \x01(\t\x12\x16\n\x0e\x63ontainer_name\x18\t \x01(\t\"#\n\x14\x45nsureSandboxRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\" \n\x11GetSandboxRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"\x16\n\x14ListSandboxesRequest\"D\n\x15ListSandboxesResponse\x12+\n\tsandboxes\x18\x01 \x03(\x0b\x32\x18.stockade.v1.SandboxInfo\">\n\x15\x44\x65stroySandboxRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x18\n\x10\x64\x65lete_workspace\x18\x02 \x01(\x08\"D\n\x16\x44\x65stroySandboxResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\x12\x19\n\x11workspace_deleted\x18\x02 \x01(\x08*\x96\x01\n\x0cSandboxState\x12\x1d\n\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x18\n\x14SANDBOX_STATE_EXITED\x10\x02\x12\x18\n\x14SANDBOX_STATE_ABSENT\x10\x03\x12\x18\n\x14SANDBOX_STATE_BROKEN\x10\x04\x32\xd9\x02\n\x0eSandboxService\x12L\n\rEnsureSandbox\x12!.stockade.v1.EnsureSandboxRequest\x1a\x18.stockade.v1.SandboxInfo\x12\x46\n\nGetSandbox\x12\x1e.stockade.v1.GetSandboxRequest\x1a\x18.stockade.v1.SandboxInfo\x12V\n\rListSandboxes\x12!.stockade.v1.ListSandboxesRequest\x1a\".stockade.v1.ListSandboxesResponse\x12Y\n\x0e\x44\x65stroySandbox\x12\".stockade.v1.DestroySandboxRequest\x1a#.stockade.v1.DestroySandboxResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stockade.v1.sandbox_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SANDBOXSTATE']._serialized_start=644
-  _globals['_SANDBOXSTATE']._serialized_end=768
+  _globals['_SANDBOXSTATE']._serialized_start=645
+  _globals['_SANDBOXSTATE']._serialized_end=795
   _globals['_SANDBOXINFO']._serialized_start=76
   _globals['_SANDBOXINFO']._serialized_end=343
   _globals['_ENSURESANDBOXREQUEST']._serialized_start=345
@@ -49,6 +49,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESTROYSANDBOXREQUEST']._serialized_end=572
   _globals['_DESTROYSANDBOXRESPONSE']._serialized_start=574
   _globals['_DESTROYSANDBOXRESPONSE']._serialized_end=642
-  _globals['_SANDBOXSERVICE']._serialized_start=771
-  _globals['_SANDBOXSERVICE']._serialized_end=1116
+  _globals['_SANDBOXSERVICE']._serialized_start=798
+  _globals['_SANDBOXSERVICE']._serialized_end=1143
 # @@protoc_insertion_point(module_scope)

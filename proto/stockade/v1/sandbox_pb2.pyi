@@ -17,10 +17,12 @@ class SandboxState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SANDBOX_STATE_RUNNING: _ClassVar[SandboxState]
     SANDBOX_STATE_EXITED: _ClassVar[SandboxState]
     SANDBOX_STATE_ABSENT: _ClassVar[SandboxState]
+    SANDBOX_STATE_BROKEN: _ClassVar[SandboxState]
 SANDBOX_STATE_UNSPECIFIED: SandboxState
 SANDBOX_STATE_RUNNING: SandboxState
 SANDBOX_STATE_EXITED: SandboxState
 SANDBOX_STATE_ABSENT: SandboxState
+SANDBOX_STATE_BROKEN: SandboxState
 
 class SandboxInfo(_message.Message):
     __slots__ = ("key", "container_id", "engine", "image", "state", "created_at", "last_used_at", "workspace_path", "container_name")
