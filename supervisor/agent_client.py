@@ -32,7 +32,11 @@ from stockade.supervisor.replies import (
 PROTOCOL_VERSION = 1
 MAX_SEND_BYTES = 128 * 1024 * 1024
 MAX_SOCKET_PATH = 107
+_MESSAGE = "protobuf (UTF-8)"
 _OPTIONS = [
+    # each channel its own connections: from the global pool, a new channel to a recreated
+    # sandbox could reuse a live connection to the socket that was there before
+    ("grpc.use_local_subchannel_pool", 1),
     ("grpc.max_send_message_length", MAX_SEND_BYTES),
     ("grpc.initial_reconnect_backoff_ms", 20),
     ("grpc.min_reconnect_backoff_ms", 20),
@@ -110,6 +114,8 @@ class AgentConnection:
             )
         except grpc.aio.AioRpcError as exc:
             raise SandboxBroken(f"agent does not answer: {exc.details()}") from exc
+        if hello is None:
+            raise SandboxBroken(f"agent answered Hello with no valid {_MESSAGE} message")
         if hello.protocol_version != PROTOCOL_VERSION:
             raise SandboxBroken(
                 f"agent speaks protocol {hello.protocol_version}, supervisor {PROTOCOL_VERSION}; "
@@ -171,6 +177,8 @@ class AgentConnection:
         call = self._stub.Download(agent_pb2.DownloadRequest(path=path, tar=tar), timeout=timeout)
         try:
             async for chunk in call:
+                if chunk is None:
+                    raise _misbehaved(f"a download chunk that is not a valid {_MESSAGE} message")
                 part = chunk.WhichOneof("part")
                 if part == "data":
                     yield _chunk(chunk.data)
@@ -189,6 +197,8 @@ class AgentConnection:
         await self._channel.close()
 
     def _reply(self, tool: str, reply: Any) -> AgentReply:
+        if reply is None:  # grpc.aio hands on a message it cannot decode as None
+            raise _misbehaved(f"{tool}: a reply that is not a valid {_MESSAGE} message")
         try:
             return _parse_reply(tool, reply, self.limits)
         except ReplyInvalid as exc:
@@ -197,6 +207,8 @@ class AgentConnection:
     def _event(
         self, tool: str, event: Any, order: _StreamOrder
     ) -> AgentStarted | AgentOutput | AgentReply:
+        if event is None:
+            raise _misbehaved(f"{tool}: an event that is not a valid {_MESSAGE} message")
         kind = event.WhichOneof("event")
         if kind == "result":
             return self._reply(tool, event.result)
