@@ -2,8 +2,8 @@
 
 Nothing the agent sends is trusted (it runs as the same uid as the code in the sandbox): the
 channel refuses messages over ReplyLimits.max_message_bytes, every reply is checked
-(replies.py), streams must keep their order (at most one Started, before any output; output
-chunks of at most MAX_CHUNK_BYTES; a result last), and a violation raises AgentMisbehaved."""
+(replies.py), streams must keep their order (at most one Started; output chunks of at most
+MAX_CHUNK_BYTES; a result last), and a violation raises AgentMisbehaved."""
 
 from __future__ import annotations
 
@@ -221,14 +221,15 @@ class AgentConnection:
 
 @dataclass
 class _StreamOrder:
-    """At most one Started, before any output; output only on fd 1 and 2, in bounded chunks."""
+    """At most one Started (it may follow the first output: the agent's pipes can deliver
+    before it learns the pid); output only on fd 1 and 2, in bounded chunks; the result ends
+    the stream (the caller reads nothing after it)."""
 
     seen_started: bool = False
-    seen_output: bool = False
 
     def started(self, pid: int) -> AgentStarted:
-        if self.seen_started or self.seen_output:
-            raise _misbehaved("it sent Started twice or after output")
+        if self.seen_started:
+            raise _misbehaved("it sent Started twice")
         if not 0 < pid <= MAX_PID:
             raise _misbehaved(f"it sent Started with pid {pid}")
         self.seen_started = True
@@ -237,7 +238,6 @@ class _StreamOrder:
     def output(self, fd: int, data: bytes) -> AgentOutput:
         if fd not in (1, 2):
             raise _misbehaved(f"it sent output for fd {fd}")
-        self.seen_output = True
         return AgentOutput(fd, _chunk(data))
 
 
@@ -256,12 +256,11 @@ def _parse_reply(tool: str, reply: Any, limits: ReplyLimits) -> AgentReply:
     code = _AGENT_CODES.get(reply.error_code)
     if code is None:
         raise ReplyInvalid(f"unknown error code {reply.error_code}")
-    if len(reply.error_message) > MAX_ERROR_MESSAGE:
-        raise ReplyInvalid(f"an error message of {len(reply.error_message)} characters")
     result: dict[str, Any] | None = None
     if reply.result_json:
         result = parse_result(reply.result_json)
         check_result(tool, result, limits)
     if not code and result is None:
         raise ReplyInvalid("neither a result nor an error")
-    return AgentReply(code, str(reply.error_message), result)
+    # a message may quote what it could not take (a patch's context lines): cut, not refused
+    return AgentReply(code, str(reply.error_message)[:MAX_ERROR_MESSAGE], result)

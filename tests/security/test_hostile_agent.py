@@ -94,7 +94,7 @@ def test_killing_the_agent_loses_the_sandbox_which_comes_back(
 
 def test_pid_1_cannot_be_killed(supervisor: Supervisor, client: Stockade, key: str) -> None:
     box = client.sandbox(key)
-    before = box.info().container_id
+    before = box.ensure().container_id
     result = box.exec("kill -9 1; sleep 0.5; echo still here", timeout=30)
     assert result.stdout == "still here\n", result.for_llm
     assert box.info().container_id == before
@@ -148,7 +148,7 @@ def test_the_agent_socket_cannot_be_taken_over(
     supervisor: Supervisor, client: Stockade, key: str
 ) -> None:
     box = client.sandbox(key)
-    before = box.info().container_id
+    before = box.ensure().container_id
     result = python(box, AGENT_PID + TAKEOVER)
     lines = result.stdout.splitlines()
     assert len(lines) == 12, result.for_llm
@@ -299,11 +299,8 @@ CASES = {
     "unknown-error-code": Case("exec", once(reply(error_code=99, error_message="x")),
                                "unknown error code 99"),
     "empty-reply": Case("exec", once(reply()), "neither a result nor an error"),
-    "huge-error-message": Case("exec", once(reply(error_code=3, error_message="e" * MiB)),
-                               "an error message of"),
-    "started-twice": Case("stream", seq(started(), started(), done()), "Started twice"),
-    "started-after-output": Case("stream", seq(output(b"a"), started(), done()),
-                                 "Started twice or after output"),
+    "started-twice": Case("stream", seq(started(), output(b"a"), started(), done()),
+                          "Started twice"),
     "bad-pid": Case("stream", seq(started(pid=2**31), done()), "Started with pid"),
     "bad-fd": Case("stream", seq(started(), output(b"a", fd=7), done()), "output for fd 7"),
     "big-chunk": Case("stream", seq(started(), output(b"a" * (2 * MiB)), done()),
