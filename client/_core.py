@@ -181,7 +181,7 @@ class SandboxInfo:
     engine: str
     image: str
     state: str
-    """RUNNING, EXITED or ABSENT."""
+    """RUNNING, EXITED, BROKEN (recreated on the next call) or ABSENT."""
     created_at: datetime | None
     last_used_at: datetime | None
     workspace_path: str

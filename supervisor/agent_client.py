@@ -1,4 +1,9 @@
-"""The supervisor's end of the agent protocol: one gRPC channel per sandbox, over a unix socket."""
+"""The supervisor's end of the agent protocol: one gRPC channel per sandbox, over a unix socket.
+
+Nothing the agent sends is trusted (it runs as the same uid as the code in the sandbox): the
+channel refuses messages over ReplyLimits.max_message_bytes, every reply is checked
+(replies.py), streams must keep their order (at most one Started; output chunks of at most
+MAX_CHUNK_BYTES; a result last), and a violation raises AgentMisbehaved."""
 
 from __future__ import annotations
 
@@ -13,15 +18,27 @@ from typing import Any
 import grpc
 
 from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
-from stockade.supervisor.errors import SandboxBroken
+from stockade.supervisor.errors import AgentMisbehaved, SandboxBroken
+from stockade.supervisor.replies import (
+    MAX_CHUNK_BYTES,
+    MAX_ERROR_MESSAGE,
+    MAX_PID,
+    ReplyInvalid,
+    ReplyLimits,
+    check_result,
+    parse_result,
+)
 
 PROTOCOL_VERSION = 1
-MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+MAX_SEND_BYTES = 128 * 1024 * 1024
 MAX_SOCKET_PATH = 107
 MAX_FACT_BYTES = 1 << 20
+_MESSAGE = "protobuf (UTF-8)"
 _OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # each channel its own connections: from the global pool, a new channel to a recreated
+    # sandbox could reuse a live connection to the socket that was there before
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.max_send_message_length", MAX_SEND_BYTES),
     ("grpc.initial_reconnect_backoff_ms", 20),
     ("grpc.min_reconnect_backoff_ms", 20),
     ("grpc.max_reconnect_backoff_ms", 500),
@@ -35,6 +52,7 @@ _AGENT_CODES = {
     agent_pb2.AGENT_ERROR_CODE_FILE_NOT_FOUND: "FILE_NOT_FOUND",
     agent_pb2.AGENT_ERROR_CODE_INVALID_PATH: "INVALID_PATH",
     agent_pb2.AGENT_ERROR_CODE_TIMEOUT: "TIMEOUT",
+    agent_pb2.AGENT_ERROR_CODE_INTERNAL: "EXECUTION_FAILED",
 }
 
 
@@ -79,14 +97,16 @@ class AgentReply:
 
 
 class AgentConnection:
-    def __init__(self, socket_path: Path) -> None:
+    def __init__(self, socket_path: Path, limits: ReplyLimits | None = None) -> None:
         if len(str(socket_path)) > MAX_SOCKET_PATH:
             raise SandboxBroken(
                 f"agent socket path {socket_path} is longer than {MAX_SOCKET_PATH} bytes; "
                 "use a shorter state_dir"
             )
         self.socket_path = socket_path
-        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}", options=_OPTIONS)
+        self.limits = limits or ReplyLimits()
+        options = [*_OPTIONS, ("grpc.max_receive_message_length", self.limits.max_message_bytes)]
+        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}", options=options)
         self._stub = agent_pb2_grpc.AgentServiceStub(self._channel)
 
     def is_ready(self) -> bool:
@@ -107,6 +127,8 @@ class AgentConnection:
             )
         except grpc.aio.AioRpcError as exc:
             raise SandboxBroken(f"agent does not answer: {exc.details()}") from exc
+        if hello is None:
+            raise SandboxBroken(f"agent answered Hello with no valid {_MESSAGE} message")
         if hello.protocol_version != PROTOCOL_VERSION:
             raise SandboxBroken(
                 f"agent speaks protocol {hello.protocol_version}, supervisor {PROTOCOL_VERSION}; "
@@ -131,7 +153,7 @@ class AgentConnection:
             reply = await self._stub.Invoke(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise AgentCallFailed(exc.code(), exc.details() or "") from exc
-        return _parse_reply(reply)
+        return self._reply(tool, reply)
 
     async def invoke_stream(
         self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
@@ -141,13 +163,14 @@ class AgentConnection:
             tool=tool, arguments_json=json.dumps(arguments), request_id=request_id
         )
         call = self._stub.InvokeStream(request, timeout=timeout)
+        order = _StreamOrder()
         try:
             async for event in call:
-                parsed = _parse_event(event)
+                parsed = self._event(tool, event, order)
                 yield parsed
                 if isinstance(parsed, AgentReply):
                     return
-            raise SandboxBroken("the agent's stream ended without a result")
+            raise _misbehaved("its stream ended without a result")
         except grpc.aio.AioRpcError as exc:
             raise AgentCallFailed(exc.code(), exc.details() or "") from exc
         finally:
@@ -166,7 +189,7 @@ class AgentConnection:
             reply = await self._stub.Upload(requests(), timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise AgentCallFailed(exc.code(), exc.details() or "") from exc
-        return _parse_reply(reply)
+        return self._reply("transfer", reply)
 
     async def download(
         self, path: str, tar: bool, timeout: float
@@ -175,12 +198,17 @@ class AgentConnection:
         call = self._stub.Download(agent_pb2.DownloadRequest(path=path, tar=tar), timeout=timeout)
         try:
             async for chunk in call:
-                if chunk.WhichOneof("part") == "data":
-                    yield bytes(chunk.data)
-                else:
-                    yield _parse_reply(chunk.result)
+                if chunk is None:
+                    raise _misbehaved(f"a download chunk that is not a valid {_MESSAGE} message")
+                part = chunk.WhichOneof("part")
+                if part == "data":
+                    yield _chunk(chunk.data)
+                elif part == "result":
+                    yield self._reply("transfer", chunk.result)
                     return
-            raise SandboxBroken("the agent's download ended without a result")
+                else:
+                    raise _misbehaved("it sent an empty download chunk")
+            raise _misbehaved("its download ended without a result")
         except grpc.aio.AioRpcError as exc:
             raise AgentCallFailed(exc.code(), exc.details() or "") from exc
         finally:
@@ -216,34 +244,71 @@ class AgentConnection:
     async def close(self) -> None:
         await self._channel.close()
 
+    def _reply(self, tool: str, reply: Any) -> AgentReply:
+        if reply is None:  # grpc.aio hands on a message it cannot decode as None
+            raise _misbehaved(f"{tool}: a reply that is not a valid {_MESSAGE} message")
+        try:
+            return _parse_reply(tool, reply, self.limits)
+        except ReplyInvalid as exc:
+            raise _misbehaved(f"{tool}: {exc}") from exc
 
-def _parse_event(event: Any) -> AgentStarted | AgentOutput | AgentReply:
-    kind = event.WhichOneof("event")
-    if kind == "started":
-        return AgentStarted(int(event.started.pid))
-    if kind == "output":
-        if event.output.fd not in (1, 2):
-            raise SandboxBroken(f"agent sent output for fd {event.output.fd}")
-        return AgentOutput(int(event.output.fd), bytes(event.output.data))
-    if kind == "result":
-        return _parse_reply(event.result)
-    raise SandboxBroken("agent sent an empty event")
+    def _event(
+        self, tool: str, event: Any, order: _StreamOrder
+    ) -> AgentStarted | AgentOutput | AgentReply:
+        if event is None:
+            raise _misbehaved(f"{tool}: an event that is not a valid {_MESSAGE} message")
+        kind = event.WhichOneof("event")
+        if kind == "result":
+            return self._reply(tool, event.result)
+        if kind == "started":
+            return order.started(int(event.started.pid))
+        if kind == "output":
+            return order.output(int(event.output.fd), event.output.data)
+        raise _misbehaved("it sent an empty event")
 
 
-def _parse_reply(reply: Any) -> AgentReply:
+@dataclass
+class _StreamOrder:
+    """At most one Started (it may follow the first output: the agent's pipes can deliver
+    before it learns the pid); output only on fd 1 and 2, in bounded chunks; the result ends
+    the stream (the caller reads nothing after it)."""
+
+    seen_started: bool = False
+
+    def started(self, pid: int) -> AgentStarted:
+        if self.seen_started:
+            raise _misbehaved("it sent Started twice")
+        if not 0 < pid <= MAX_PID:
+            raise _misbehaved(f"it sent Started with pid {pid}")
+        self.seen_started = True
+        return AgentStarted(pid)
+
+    def output(self, fd: int, data: bytes) -> AgentOutput:
+        if fd not in (1, 2):
+            raise _misbehaved(f"it sent output for fd {fd}")
+        return AgentOutput(fd, _chunk(data))
+
+
+def _chunk(data: bytes) -> bytes:
+    if len(data) > MAX_CHUNK_BYTES:
+        raise _misbehaved(f"it sent a chunk of {len(data)} bytes (at most {MAX_CHUNK_BYTES})")
+    return bytes(data)
+
+
+def _misbehaved(what: str) -> AgentMisbehaved:
+    return AgentMisbehaved(f"the sandbox's agent broke the protocol: {what}")
+
+
+def _parse_reply(tool: str, reply: Any, limits: ReplyLimits) -> AgentReply:
     """Nothing the agent says is trusted: check every field before use."""
     code = _AGENT_CODES.get(reply.error_code)
     if code is None:
-        code = "EXECUTION_FAILED"
+        raise ReplyInvalid(f"unknown error code {reply.error_code}")
     result: dict[str, Any] | None = None
     if reply.result_json:
-        try:
-            parsed = json.loads(reply.result_json)
-        except ValueError as exc:
-            raise SandboxBroken(f"agent sent a result that is not JSON: {exc}") from exc
-        if not isinstance(parsed, dict):
-            raise SandboxBroken("agent sent a result that is not a JSON object")
-        result = parsed
+        result = parse_result(reply.result_json)
+        check_result(tool, result, limits)
     if not code and result is None:
-        raise SandboxBroken("agent sent neither a result nor an error")
-    return AgentReply(code, str(reply.error_message)[:65536], result)
+        raise ReplyInvalid("neither a result nor an error")
+    # a message may quote what it could not take (a patch's context lines): cut, not refused
+    return AgentReply(code, str(reply.error_message)[:MAX_ERROR_MESSAGE], result)

@@ -6,7 +6,9 @@
     ├── NotFound               no such sandbox, approval, ...                  -> NOT_FOUND
     ├── PolicyDenied           policy forbids it (file transfer)               -> PERMISSION_DENIED
     ├── EngineUnavailable      the container engine cannot be reached or fails -> UNAVAILABLE
-    └── SandboxBroken          the container or its agent does not work        -> UNAVAILABLE
+    ├── SandboxBroken          the container or its agent does not work        -> UNAVAILABLE
+    │   └── AgentMisbehaved    the agent answered outside the protocol
+    └── SandboxLost            the container died during a call
 
 Tool failures are not exceptions: they are ToolResults with is_error set. The gRPC
 layer maps these classes to status codes in one table (server.py).
@@ -51,6 +53,16 @@ class EngineUnavailable(StockadeError):
 
 class SandboxBroken(StockadeError):
     reason = "SANDBOX_BROKEN"
+
+
+class AgentMisbehaved(SandboxBroken):
+    """The agent answered outside the protocol (oversized, malformed or out-of-order messages,
+    fields of the wrong type or size) or failed while its container runs. Nothing it sent is
+    used; the sandbox is marked broken and the next call recreates it (workspace kept).
+
+    Reported to the model as a ToolResult (SANDBOX_LOST), not as a gRPC status."""
+
+    reason = "AGENT_MISBEHAVED"
 
 
 class SandboxLost(StockadeError):

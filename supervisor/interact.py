@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from stockade.supervisor.agent_client import AgentCallFailed, AgentReply
-from stockade.supervisor.errors import InvalidRequest, SandboxLost
+from stockade.supervisor.errors import AgentMisbehaved, InvalidRequest, SandboxLost
 from stockade.supervisor.keys import validate_key
 from stockade.supervisor.models import (
     EofInput,
@@ -95,6 +95,9 @@ class Interaction:
         if opened is None or opened.is_error or not opened.data:
             yield ResultEvent(opened or failure(ErrorCode.EXECUTION_FAILED, "no process"))
             return
+        if not isinstance(opened.data.get("id"), str):
+            yield ResultEvent(failure(ErrorCode.EXECUTION_FAILED, "the sandbox named no process"))
+            return
         session = _Session(request.sandbox_key, str(opened.data["id"]), request.request_id)
         yield StartedEvent(int(opened.data.get("pid") or 0), session.process_id)
         async for event in self._follow(request, session, inputs, opening, caller):
@@ -160,7 +163,7 @@ class Interaction:
         )
         try:
             reply, trail.stream_redactions = await relay(source, self._scrubber, events)
-        except SandboxLost as exc:
+        except (SandboxLost, AgentMisbehaved) as exc:
             return failure(ErrorCode.SANDBOX_LOST, str(exc))
         except AgentCallFailed:
             return failure(ErrorCode.TIMEOUT, f"the session passed {SESSION_MAX_S:.0f} s")
@@ -271,7 +274,7 @@ def _input_outcome(feeder: asyncio.Task[None]) -> ToolResult | None:
         return None
     if isinstance(exc, _InputRefused):
         return failure(ErrorCode.INVALID_ARGS, f"input refused: {exc}")
-    if isinstance(exc, SandboxLost):
+    if isinstance(exc, (SandboxLost, AgentMisbehaved)):
         return failure(ErrorCode.SANDBOX_LOST, str(exc))
     if isinstance(exc, AgentCallFailed):
         return failure(ErrorCode.TIMEOUT, "the sandbox did not take the input in time")

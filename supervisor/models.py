@@ -28,6 +28,7 @@ class SandboxState(enum.StrEnum):
     RUNNING = "RUNNING"
     EXITED = "EXITED"
     ABSENT = "ABSENT"
+    BROKEN = "BROKEN"
 
 
 @dataclass(frozen=True)

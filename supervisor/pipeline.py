@@ -18,7 +18,7 @@ from stockade.supervisor.agent_client import AgentCallFailed, AgentReply
 from stockade.supervisor.audit import AuditLog, AuditRecord
 from stockade.supervisor.catalog import Catalog, ToolSpec, render_command
 from stockade.supervisor.config import Config
-from stockade.supervisor.errors import SandboxLost
+from stockade.supervisor.errors import AgentMisbehaved, SandboxLost
 from stockade.supervisor.keys import validate_key
 from stockade.supervisor.models import (
     ApprovalPendingEvent,
@@ -248,7 +248,7 @@ class ToolPipeline:
             else:
                 source = self._sandboxes.invoke_stream(key, tool, args, timeout, request_id)
                 reply, trail.stream_redactions = await relay(source, self._policy.scrubber, events)
-        except SandboxLost as exc:
+        except (SandboxLost, AgentMisbehaved) as exc:
             return failure(ErrorCode.SANDBOX_LOST, str(exc))
         except AgentCallFailed:
             return failure(ErrorCode.TIMEOUT, f"{spec.name} did not finish within {timeout:.0f} s")

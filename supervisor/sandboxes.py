@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -38,6 +39,7 @@ from stockade.supervisor.backends.base import (
 )
 from stockade.supervisor.config import NETWORK_MODES, Config
 from stockade.supervisor.errors import (
+    AgentMisbehaved,
     InvalidRequest,
     PolicyDenied,
     SandboxBroken,
@@ -49,6 +51,7 @@ from stockade.supervisor.models import NetworkRequest, SandboxInfo, SandboxState
 from stockade.supervisor.network.allowlist import Allowlist, AllowlistError
 from stockade.supervisor.network.egress import EgressNetwork
 from stockade.supervisor.network.proxy import EgressDecision
+from stockade.supervisor.replies import ReplyLimits
 
 log = logging.getLogger("stockade")
 
@@ -79,6 +82,8 @@ class _Sandbox:
     network: SandboxNetwork
     last_used_at: datetime | None = None
     lost: bool = False
+    broken: bool = False
+    """The agent misbehaved: nothing more is asked of it; the next call recreates the sandbox."""
 
 
 @dataclass(frozen=True)
@@ -98,14 +103,15 @@ class SandboxManager:
         *,
         instance_id: str,
         image: str,
-        connect: Callable[[Path], AgentConnection] = AgentConnection,
+        connect: Callable[[Path], AgentConnection] | None = None,
         record_egress: Callable[[EgressDecision], None] | None = None,
     ) -> None:
         self._config = config
         self._backend = backend
         self._instance_id = instance_id
         self._image = image
-        self._connect = connect
+        limits = ReplyLimits(config.tools.max_output_bytes, config.tools.process_log_bytes)
+        self._connect = connect or partial(AgentConnection, limits=limits)
         self._root = config.state_dir / "sandboxes"
         self._seccomp = ""
         self._sandboxes: dict[str, _Sandbox] = {}
@@ -197,30 +203,44 @@ class SandboxManager:
 
     @asynccontextmanager
     async def _agent(
-        self, key: str, *, pass_deadline: bool = True
+        self, key: str, *, pass_deadline: bool = True, deadline_breaks: bool = False
     ) -> AsyncIterator[AgentConnection]:
         """The key's agent (its sandbox made ready), with a failed call turned into
-        SandboxLost or SandboxBroken; a passed deadline is the caller's to report unless
-        pass_deadline is off."""
+        SandboxLost, AgentMisbehaved (the sandbox marked broken) or SandboxBroken; a passed
+        deadline is the caller's to report unless pass_deadline is off, or a fault of the
+        agent with deadline_breaks (exec: the agent enforces the command's timeout itself)."""
         sandbox = await self.ensure(key)
         sandbox.last_used_at = datetime.now(UTC)
         try:
             yield sandbox.agent
+        except AgentMisbehaved as exc:
+            self._mark_broken(sandbox, str(exc))
         except AgentCallFailed as exc:
-            if pass_deadline and exc.code.name == "DEADLINE_EXCEEDED":
+            deadline = exc.code.name == "DEADLINE_EXCEEDED"
+            if deadline and deadline_breaks:
+                why = "the sandbox's agent did not end the command by its timeout and grace"
+                self._mark_broken(sandbox, why)
+            if deadline and pass_deadline:
                 raise
             await self._diagnose(sandbox, exc)
+
+    def _mark_broken(self, sandbox: _Sandbox, why: str) -> NoReturn:
+        sandbox.broken = True
+        raise AgentMisbehaved(
+            f"{why}; the sandbox is marked broken and the next call recreates it "
+            "(the workspace is kept)"
+        )
 
     async def invoke(
         self, key: str, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
     ) -> AgentReply:
-        async with self._agent(key) as agent:
+        async with self._agent(key, deadline_breaks=tool == "exec") as agent:
             return await agent.invoke(tool, arguments, timeout, request_id)
 
     async def invoke_stream(
         self, key: str, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
     ) -> AsyncIterator[AgentStarted | AgentOutput | AgentReply]:
-        async with self._agent(key) as agent:
+        async with self._agent(key, deadline_breaks=tool == "exec") as agent:
             async for event in agent.invoke_stream(tool, arguments, timeout, request_id):
                 yield event
 
@@ -270,8 +290,9 @@ class SandboxManager:
     async def _diagnose(self, sandbox: _Sandbox, exc: AgentCallFailed) -> NoReturn:
         """The agent call failed: find out whether the container died. An engine can take
         seconds to notice a killed container (Podman on a busy host), so while the agent does
-        not answer either, keep asking the engine for up to DEATH_NOTICE_S; an agent that
-        answers means the container lives and only this call broke."""
+        not answer either, keep asking the engine for up to DEATH_NOTICE_S. If the container
+        runs on, the agent failed (an oversized or undecodable reply, a broken connection):
+        the sandbox is broken, unless the call only ran out of time."""
         deadline = time.monotonic() + DEATH_NOTICE_S
         delay = 0.0
         while True:
@@ -281,8 +302,11 @@ class SandboxManager:
                 sandbox.lost = True
                 raise SandboxLost(_death_note(info))
             if time.monotonic() > deadline or (delay and await sandbox.agent.answers()):
-                raise SandboxBroken(f"the sandbox's agent failed: {exc}") from exc
+                break
             delay = min(delay * 2 or 0.05, 1.0)
+        if exc.code.name in ("DEADLINE_EXCEEDED", "CANCELLED"):
+            raise SandboxBroken(f"the sandbox's agent failed: {exc}") from exc
+        self._mark_broken(sandbox, f"the sandbox's agent failed: {exc}")
 
     async def ensure(self, key: str, network: NetworkRequest | None = None) -> _Sandbox:
         """The running sandbox for key, created (or re-created) when needed. With a network
@@ -291,7 +315,7 @@ class SandboxManager:
         wanted = self._network_for(network) if network is not None else None
         if (
             sandbox is not None
-            and not sandbox.lost
+            and _usable(sandbox)
             and sandbox.agent.is_ready()
             and wanted in (None, sandbox.network)
         ):
@@ -312,7 +336,7 @@ class SandboxManager:
             return sandbox
 
     async def _still_alive(self, sandbox: _Sandbox) -> bool:
-        if sandbox.lost:
+        if not _usable(sandbox):
             return False
         if sandbox.agent.is_ready():
             return True
@@ -470,7 +494,7 @@ class SandboxManager:
             container_name=sandbox.info.name,
             engine=self._backend.engine,
             image=self._image,
-            state=SandboxState.EXITED if sandbox.lost else SandboxState.RUNNING,
+            state=_state(sandbox),
             created_at=sandbox.info.created_at,
             last_used_at=sandbox.last_used_at,
             workspace_path=str(self._paths(sandbox.key).workspace),
@@ -490,6 +514,16 @@ class SandboxManager:
             last_used_at=None,
             workspace_path=str(self._paths(key).workspace),
         )
+
+
+def _usable(sandbox: _Sandbox) -> bool:
+    return not (sandbox.lost or sandbox.broken)
+
+
+def _state(sandbox: _Sandbox) -> SandboxState:
+    if sandbox.lost:
+        return SandboxState.EXITED
+    return SandboxState.BROKEN if sandbox.broken else SandboxState.RUNNING
 
 
 def _death_note(info: ContainerInfo | None) -> str:

@@ -17,6 +17,7 @@ class SandboxState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SANDBOX_STATE_RUNNING: _ClassVar[SandboxState]
     SANDBOX_STATE_EXITED: _ClassVar[SandboxState]
     SANDBOX_STATE_ABSENT: _ClassVar[SandboxState]
+    SANDBOX_STATE_BROKEN: _ClassVar[SandboxState]
 
 class CveVerdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -29,6 +30,7 @@ SANDBOX_STATE_UNSPECIFIED: SandboxState
 SANDBOX_STATE_RUNNING: SandboxState
 SANDBOX_STATE_EXITED: SandboxState
 SANDBOX_STATE_ABSENT: SandboxState
+SANDBOX_STATE_BROKEN: SandboxState
 CVE_VERDICT_UNSPECIFIED: CveVerdict
 CVE_VERDICT_FIXED: CveVerdict
 CVE_VERDICT_VULNERABLE: CveVerdict

@@ -1,0 +1,471 @@
+"""The hostile agent. The agent runs as the same uid as the code in the sandbox, so that code may
+kill it, try to replace it, or (had it taken it over) answer the supervisor with anything.
+
+1. From inside, as tool calls: kill the agent, every process, PID 1; freeze the agent; take its
+   socket or listen where the supervisor connects. The supervisor stays up, reports the sandbox
+   lost or broken, and the next call recreates it with its workspace; no listener of the
+   sandbox's ever hears from the supervisor.
+2. An attacker speaking the agent protocol: the real `stockade serve` adopts a sandbox whose
+   agent socket the test (root) replaced with a gRPC server of its own, which answers oversized,
+   malformed and out-of-order messages. Each: a clear error, the supervisor alive with bounded
+   memory, the sandbox BROKEN, then recreated by the next call with the workspace intact, and
+   the attacker never asked again."""
+
+from __future__ import annotations
+
+import io
+import json
+import textwrap
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from stockade.agent.v1 import agent_pb2
+from stockade.client import Output, Sandbox, Stockade, StockadeError, ToolResult
+from stockade.supervisor.keys import sandbox_id
+from tests.integration.harness import Supervisor, running_supervisor
+
+pytestmark = pytest.mark.timeout(600)
+
+MiB = 1024 * 1024
+MAX_OUTPUT = MiB
+CONFIG = f"[tools]\nmax_output_bytes = {MAX_OUTPUT}\n"
+"""Caps the attacker's cases are measured against: agent messages over 64 MiB are refused."""
+MESSAGE_LIMIT = 64 * MiB
+MEMORY_SLACK = 48 * MiB
+FLOOD_SLACK = 200 * MiB
+"""A flood may fill the bounded queue (64 chunks of at most 1 MiB) and gRPC's windows."""
+AGENT_PID = """
+import os
+agent = next(
+    int(pid) for pid in os.listdir("/proc") if pid.isdigit()
+    and open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"python3\\0-m\\0stockade.agent")
+)
+"""
+
+
+def python(box: Sandbox, program: str, timeout: float = 60) -> ToolResult:
+    box.write_file("attempt.py", textwrap.dedent(program))
+    return box.exec("python3 attempt.py", timeout=timeout)
+
+
+def alive(sup: Supervisor) -> bool:
+    return sup.process is not None and sup.process.poll() is None
+
+
+def recreated_with_workspace(box: Sandbox, before: str) -> None:
+    """The next call runs in a new container that has the old workspace."""
+    assert box.read_file("keep.txt") == "kept\n"
+    info = box.info()
+    assert info.state == "RUNNING", info
+    assert info.container_id != before
+    assert box.exec("echo fine").stdout == "fine\n"
+
+
+# 1. From inside the sandbox ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        pytest.param(AGENT_PID + "os.kill(agent, 9)", id="kill-9-agent"),
+        pytest.param("import os\nos.kill(-1, 9)", id="kill-9-minus-1"),
+    ],
+)
+def test_killing_the_agent_loses_the_sandbox_which_comes_back(
+    supervisor: Supervisor, client: Stockade, key: str, program: str
+) -> None:
+    box = client.sandbox(key)
+    box.write_file("keep.txt", "kept\n")
+    before = box.info().container_id
+    result = python(box, program)
+    assert result.error_code == "SANDBOX_LOST", result.for_llm
+    assert "next call recreates it" in result.error_message
+    assert alive(supervisor)
+    recreated_with_workspace(box, before)
+
+
+def test_pid_1_cannot_be_killed(supervisor: Supervisor, client: Stockade, key: str) -> None:
+    box = client.sandbox(key)
+    before = box.ensure().container_id
+    result = box.exec("kill -9 1; sleep 0.5; echo still here", timeout=30)
+    assert result.stdout == "still here\n", result.for_llm
+    assert box.info().container_id == before
+    assert box.exec("echo fine").stdout == "fine\n"
+    assert alive(supervisor)
+
+
+TAKEOVER = """
+import ctypes, errno, os, socket
+def attempt(name, act):
+    try:
+        act()
+        print(name, "ALLOWED")
+    except OSError as exc:
+        print(name, "denied", errno.errorcode.get(exc.errno, exc.errno))
+def listen(path):
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(path)
+    s.listen()
+RUN = "/run/stockade"
+attempt("create a file in the run dir", lambda: open(f"{RUN}/evil", "w"))
+attempt("create a directory in the run dir", lambda: os.mkdir(f"{RUN}/evil.d"))
+attempt("remove the agent socket", lambda: os.unlink(f"{RUN}/agent.sock"))
+attempt("rename the agent socket", lambda: os.rename(f"{RUN}/agent.sock", f"{RUN}/old.sock"))
+attempt("move the agent socket out", lambda: os.rename(f"{RUN}/agent.sock", "/tmp/old.sock"))
+attempt("symlink in the run dir", lambda: os.symlink("/tmp/evil.sock", f"{RUN}/evil.sock"))
+attempt("listen on the agent socket", lambda: listen(f"{RUN}/agent.sock"))
+attempt("listen in the run dir", lambda: listen(f"{RUN}/new.sock"))
+attempt("chmod the run dir", lambda: os.chmod(RUN, 0o777))
+attempt("move the run dir", lambda: os.rename(RUN, "/tmp/run"))
+libc = ctypes.CDLL(None, use_errno=True)
+pidfd = libc.syscall(434, agent, 0)  # pidfd_open
+stolen = [fd for fd in range(64) if pidfd >= 0 and libc.syscall(438, pidfd, fd, 0) >= 0]
+print("steal the agent's descriptors", "ALLOWED" if stolen else "denied")
+held = []
+for fd in map(int, os.listdir("/proc/self/fd")):
+    try:
+        s = socket.socket(fileno=fd)
+    except OSError:
+        continue
+    try:
+        held.append(s.getsockname())
+    except OSError:
+        pass
+    s.detach()
+print("inherit the agent's socket", "ALLOWED" if any("agent" in str(n) for n in held) else "denied")
+"""
+
+
+def test_the_agent_socket_cannot_be_taken_over(
+    supervisor: Supervisor, client: Stockade, key: str
+) -> None:
+    box = client.sandbox(key)
+    before = box.ensure().container_id
+    result = python(box, AGENT_PID + TAKEOVER)
+    lines = result.stdout.splitlines()
+    assert len(lines) == 12, result.for_llm
+    assert all(" denied" in line for line in lines), lines
+    assert box.exec("echo fine").stdout == "fine\n"
+    assert box.info().container_id == before
+    run = supervisor.state_dir / "sandboxes" / sandbox_id(key) / "run"
+    assert sorted(p.name for p in run.iterdir()) == ["agent.sock"]
+
+
+LISTENER = """
+import os, socket, sys
+for path in ("/run/stockade/agent.sock", "/workspace/agent.sock", "/tmp/agent.sock"):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(path)
+        s.listen()
+        break
+    except OSError:
+        continue
+open("/workspace/listening", "w").write(path)
+while True:
+    conn, _ = s.accept()
+    open("/workspace/heard", "a").write("a connection\\n")
+"""
+
+
+def test_a_frozen_agent_makes_the_sandbox_broken_and_a_listener_hears_nothing(
+    supervisor: Supervisor, client: Stockade, key: str
+) -> None:
+    """A listener of the sandbox's own waits while the agent is frozen (it cannot die: its
+    container would go with it); the supervisor gives up on the agent at the command's timeout
+    plus grace, reports the sandbox broken and recreates it; the listener never hears from it."""
+    box = client.sandbox(key)
+    box.write_file("keep.txt", "kept\n")
+    box.write_file("listener.py", textwrap.dedent(LISTENER))
+    started = client.call(key, "process", {"action": "start", "command": "python3 listener.py"})
+    assert not started.is_error, started.for_llm
+    for _ in range(100):
+        if (supervisor.workspace(key) / "listening").exists():
+            break
+        time.sleep(0.1)
+    assert (supervisor.workspace(key) / "listening").read_text() != "/run/stockade/agent.sock"
+    before = box.info().container_id
+    result = python(box, AGENT_PID + "os.kill(agent, 19)  # SIGSTOP", timeout=1)
+    assert result.error_code == "SANDBOX_LOST", result.for_llm
+    assert "did not end the command by its timeout" in result.error_message
+    assert "marked broken" in result.error_message
+    assert box.info().state == "BROKEN"
+    assert alive(supervisor)
+    recreated_with_workspace(box, before)
+    assert not (supervisor.workspace(key) / "heard").exists()
+
+
+# 2. An attacker speaking the agent protocol --------------------------------------------------
+
+Answer = Callable[[grpc.ServicerContext], Iterator[bytes]]
+
+
+def reply(**fields: Any) -> bytes:
+    return bytes(agent_pb2.InvokeResponse(**fields).SerializeToString())
+
+
+def result(data: Any) -> bytes:
+    return reply(result_json=data if isinstance(data, str) else json.dumps(data))
+
+
+def event(**fields: Any) -> bytes:
+    return bytes(agent_pb2.InvokeEvent(**fields).SerializeToString())
+
+
+def started(pid: int = 7) -> bytes:
+    return event(started=agent_pb2.Started(pid=pid))
+
+
+def output(data: bytes, fd: int = 1) -> bytes:
+    return event(output=agent_pb2.Output(fd=fd, data=data))
+
+
+def done() -> bytes:
+    return event(result=agent_pb2.InvokeResponse(result_json=json.dumps(EXEC_OK)))
+
+
+def nested(depth: int) -> Any:
+    return [nested(depth - 1)] if depth else 0
+
+
+EXEC_OK = {"exit_code": 0, "stdout": "", "stderr": "", "timed_out": False, "duration_ms": 1}
+
+
+def once(message: bytes) -> Answer:
+    return lambda _context: iter([message])
+
+
+def seq(*messages: bytes) -> Answer:
+    return lambda _context: iter(messages)
+
+
+def flood_then_silence(context: grpc.ServicerContext) -> Iterator[bytes]:
+    """1 MiB chunks as fast as the supervisor takes them for 3 s, then nothing, never a result."""
+    yield started()
+    chunk = output(b"x" * MiB)
+    until = time.monotonic() + 3
+    while context.is_active() and time.monotonic() < until:
+        yield chunk
+    while context.is_active():
+        time.sleep(0.1)
+
+
+UNDECODABLE = "not a valid protobuf (UTF-8) message"
+
+
+@dataclass(frozen=True)
+class Case:
+    call: str
+    """exec (Invoke), stream (InvokeStream), download, upload or hello."""
+    answer: Answer
+    expect: str
+    """In the error; "" for a Hello refused, after which the call succeeds on a new container."""
+
+
+# fmt: off
+CASES = {
+    "oversized": Case("exec", lambda _c: iter([result({"stdout": "x" * (MESSAGE_LIMIT + MiB)})]),
+                      "RESOURCE_EXHAUSTED"),
+    "not-protobuf": Case("exec", once(b"\xff\xff\xff\xff"), UNDECODABLE),
+    "invalid-utf8": Case("exec", once(b"\x08\x03\x12\x02\xff\xfe"), UNDECODABLE),
+    "stream-not-protobuf": Case("stream", seq(started(), b"\xff\xff\xff\xff", done()),
+                                UNDECODABLE),
+    "not-json": Case("exec", once(result("{'exit_code': 0")), "not JSON"),
+    "json-list": Case("exec", once(result("[0]")), "not a JSON object but list"),
+    "json-nan": Case("exec", once(result('{"exit_code": NaN}')), "NaN is not JSON"),
+    "json-infinite": Case("exec", once(result('{"duration_ms": 1e999}')), "not finite"),
+    "json-deep": Case("exec", once(result('{"a":' + "[" * 200_000 + "]" * 200_000 + "}")),
+                      "nested too deeply"),
+    "json-deeper-than-results": Case("exec", once(result({"a": nested(17)})), "deeper than 16"),
+    "huge-exit-code": Case("exec", once(result({**EXEC_OK, "exit_code": 2**80})), "64 bits"),
+    "exit-code-type": Case("exec", once(result({**EXEC_OK, "exit_code": "0"})),
+                           "'exit_code' of type str"),
+    "stdout-type": Case("exec", once(result({**EXEC_OK, "stdout": {"a": 1}})),
+                        "'stdout' of type dict"),
+    "stdout-over-cap": Case("exec", once(result({**EXEC_OK, "stdout": "x" * (MAX_OUTPUT + 1)})),
+                            "over the cap"),
+    "unknown-error-code": Case("exec", once(reply(error_code=99, error_message="x")),
+                               "unknown error code 99"),
+    "empty-reply": Case("exec", once(reply()), "neither a result nor an error"),
+    "started-twice": Case("stream", seq(started(), output(b"a"), started(), done()),
+                          "Started twice"),
+    "bad-pid": Case("stream", seq(started(pid=2**31), done()), "Started with pid"),
+    "bad-fd": Case("stream", seq(started(), output(b"a", fd=7), done()), "output for fd 7"),
+    "big-chunk": Case("stream", seq(started(), output(b"a" * (2 * MiB)), done()),
+                      "a chunk of 2097152 bytes"),
+    "empty-event": Case("stream", seq(started(), event(), done()), "empty event"),
+    "no-result": Case("stream", seq(started(), output(b"a")), "ended without a result"),
+    "flood-and-never-end": Case("stream", flood_then_silence, "did not end the command"),
+    "download-not-protobuf": Case("download", once(b"\x0a\x09"), UNDECODABLE),
+    "download-empty-chunk": Case("download", once(b""), "empty download chunk"),
+    "download-no-result": Case("download", seq(bytes(agent_pb2.DownloadChunk(data=b"a")
+                                                     .SerializeToString())),
+                               "download ended without a result"),
+    "download-bad-size": Case("download", once(bytes(agent_pb2.DownloadChunk(
+        result=agent_pb2.InvokeResponse(result_json='{"path": "x", "files": "many"}'))
+        .SerializeToString())), "'files' of type str"),
+    "upload-bad-size": Case("upload", once(result({"path": "x", "size": -1})),
+                            "'size' out of range"),
+    "hello-other-protocol": Case("hello", once(b""), ""),
+}
+# fmt: on
+
+
+@dataclass
+class Attacker:
+    """A gRPC server on the sandbox's agent socket that answers as its case says."""
+
+    case: Case
+    calls: list[str] = field(default_factory=list)
+    server: grpc.Server | None = None
+
+    def serve(self, socket_path: Path) -> None:
+        unary = grpc.unary_unary_rpc_method_handler
+        streamed = grpc.unary_stream_rpc_method_handler
+        handlers = {
+            "Hello": unary(self._hello),
+            "Invoke": unary(self._unary("Invoke")),
+            "InvokeStream": streamed(self._stream("InvokeStream")),
+            "Download": streamed(self._stream("Download")),
+            "Upload": grpc.stream_unary_rpc_method_handler(self._upload),
+        }
+        generic = grpc.method_handlers_generic_handler("stockade.agent.v1.AgentService", handlers)
+        limit = 256 * MiB
+        options = [
+            ("grpc.max_send_message_length", limit),
+            ("grpc.max_receive_message_length", limit),
+        ]
+        self.server = grpc.server(ThreadPoolExecutor(max_workers=4), options=options)
+        self.server.add_generic_rpc_handlers((generic,))
+        self.server.add_insecure_port(f"unix:{socket_path}")
+        self.server.start()
+
+    def _hello(self, _request: bytes, _context: grpc.ServicerContext) -> bytes:
+        self.calls.append("Hello")
+        version = 2 if self.case.call == "hello" else 1
+        return bytes(agent_pb2.HelloResponse(protocol_version=version).SerializeToString())
+
+    def _unary(self, name: str) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+        def answer(_request: bytes, context: grpc.ServicerContext) -> bytes:
+            self.calls.append(name)
+            return next(self.case.answer(context))
+
+        return answer
+
+    def _stream(self, name: str) -> Callable[[bytes, grpc.ServicerContext], Iterator[bytes]]:
+        def answer(_request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+            self.calls.append(name)
+            yield from self.case.answer(context)
+
+        return answer
+
+    def _upload(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        self.calls.append("Upload")
+        for _ in requests:
+            pass
+        return next(self.case.answer(context))
+
+
+@dataclass
+class Hostile:
+    sup: Supervisor
+    keys: dict[str, tuple[str, str]]
+    """Case name: (sandbox key, container id before the takeover)."""
+    attackers: dict[str, Attacker]
+
+
+@pytest.fixture(scope="module")
+def hostile(engine: str) -> Iterator[Hostile]:
+    """One sandbox per case; then, with the supervisor stopped, the test (root) replaces each
+    sandbox's agent socket with an attacker; the restarted supervisor adopts them all."""
+    with running_supervisor(engine, CONFIG) as sup:
+        keys = {}
+        with sup.client() as client:
+            for name in CASES:
+                key = f"hostile-{name}-{uuid.uuid4().hex[:6]}"
+                box = client.sandbox(key)
+                box.write_file("keep.txt", "kept\n")
+                keys[name] = (key, box.info().container_id)
+        sup.stop()
+        attackers = {name: Attacker(case) for name, case in CASES.items()}
+        for name, attacker in attackers.items():
+            socket_path = sup.state_dir / "sandboxes" / sandbox_id(keys[name][0]) / "run"
+            (socket_path / "agent.sock").unlink()
+            attacker.serve(socket_path / "agent.sock")
+        try:
+            sup.start()
+            yield Hostile(sup, keys, attackers)
+        finally:
+            for attacker in attackers.values():
+                assert attacker.server is not None
+                attacker.server.stop(None)
+
+
+def provoke(client: Stockade, key: str, case: Case, sup: Supervisor, slow: bool) -> tuple[str, int]:
+    """Make the call the case answers; its error message and the supervisor's largest RSS
+    seen meanwhile. `slow`: read the stream as a slow reader would."""
+    if case.call in ("exec", "hello"):
+        res = client.sandbox(key).exec("true", timeout=1)
+        return ("" if not res.is_error else res.error_message), sup.rss_bytes()
+    if case.call == "stream":
+        peak = 0
+        events = client.call_stream(key, "exec", {"command": "true", "timeout": 1})
+        for item in events:
+            if isinstance(item, Output) and slow and not peak:
+                time.sleep(4)  # a slow reader: the flood must back up, not pile up
+                peak = sup.rss_bytes()
+            if isinstance(item, ToolResult):
+                assert item.is_error
+                return item.error_message, max(peak, sup.rss_bytes())
+        raise AssertionError("no result")
+    transfer: Callable[[], object] = (
+        (lambda: client.download(key, "keep.txt", io.BytesIO()))
+        if case.call == "download"
+        else (lambda: client.upload(key, "up.txt", b"data"))
+    )
+    with pytest.raises(StockadeError) as caught:
+        transfer()
+    assert caught.value.code == "UNAVAILABLE", caught.value
+    assert caught.value.reason == "AGENT_MISBEHAVED", caught.value
+    return str(caught.value), sup.rss_bytes()
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_an_attacker_answering_for_the_agent(hostile: Hostile, name: str) -> None:
+    case, sup = CASES[name], hostile.sup
+    key, before = hostile.keys[name]
+    attacker = hostile.attackers[name]
+    baseline = sup.rss_bytes()
+    with sup.client() as client:
+        box = client.sandbox(key)
+        flood = name.startswith("flood")
+        error, peak = provoke(client, key, case, sup, slow=flood)
+        assert alive(sup)
+        slack = FLOOD_SLACK if flood else MEMORY_SLACK
+        assert peak - baseline < slack, (peak - baseline) / MiB
+        if not case.expect:
+            assert error == ""
+            assert attacker.calls == ["Hello"]
+            recreated_with_workspace(box, before)
+            return
+        assert case.expect in error, error
+        assert "marked broken" in error, error
+        assert "next call recreates it" in error, error
+        assert box.info().state == "BROKEN"
+        heard = list(attacker.calls)
+        assert heard[0] == "Hello"
+        assert len(heard) == 2, heard
+        recreated_with_workspace(box, before)
+        assert attacker.calls == heard, "the attacker was asked again"
