@@ -115,14 +115,17 @@ async def test_death_the_engine_notices_late_is_still_sandbox_lost(
     assert backend.stale_inspects == 0
 
 
-async def test_a_failed_call_with_a_live_agent_is_sandbox_broken(
+async def test_a_failed_call_with_a_live_agent_marks_the_sandbox_broken(
     tmp_path: Path, backend: FakeBackend
 ) -> None:
+    """The container lives but its agent answered what the channel refused (issue 5: an
+    oversized reply reports the sandbox broken and the next call recreates it)."""
     mgr = manager(tmp_path, backend)
     with pytest.raises(SandboxBroken, match="reply too large"):
         await mgr.invoke("k", "exec", {"break": True}, 5, "r1")
+    assert (await mgr.get("k")).state.value == "BROKEN"
     assert (await mgr.invoke("k", "exec", {}, 5, "r2")).result is not None
-    assert backend.runs == 1
+    assert backend.runs == 2
 
 
 async def test_destroy_keeps_workspace_unless_asked(tmp_path: Path, backend: FakeBackend) -> None:
