@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
-from stockade.supervisor import seccomp
+from stockade.supervisor import seccomp, workspaces
 from stockade.supervisor.agent_client import (
     AgentCallFailed,
     AgentConnection,
@@ -60,6 +60,8 @@ class _Paths:
     run: Path
     socket: Path
     key_file: Path
+    image: Path
+    """The workspace's file system when it is size-capped (sandbox.workspace_size_mb)."""
 
 
 class SandboxManager:
@@ -95,6 +97,8 @@ class SandboxManager:
     async def start(self) -> list[str]:
         """Check the engine and adopt this instance's running containers; return adopted keys."""
         await asyncio.to_thread(self._backend.ping)
+        if self._config.sandbox.workspace_size_mb:
+            await asyncio.to_thread(workspaces.check_support)
         self._root.mkdir(parents=True, exist_ok=True)
         os.chmod(self._root, 0o700)
         profile = seccomp.write_profile(self._config.state_dir / "seccomp.json")
@@ -105,7 +109,7 @@ class SandboxManager:
             key = info.labels.get(LABEL_KEY, "")
             if not key or info.labels.get(LABEL_SANDBOX_ID) != sandbox_id(key):
                 continue
-            if info.running and self._run_dir_is_sealed(self._paths(key)):
+            if info.running and self._adoptable(self._paths(key)):
                 self._sandboxes[key] = _Sandbox(key, sandbox_id(key), info, self._agent_for(key))
                 adopted.append(key)
             else:
@@ -206,6 +210,7 @@ class SandboxManager:
         paths = self._prepare_dirs(key)
         spec = self._spec(key, paths)
         await asyncio.to_thread(self._backend.remove, spec.name)
+        await asyncio.to_thread(self._mount_workspace, paths)
         info = await asyncio.to_thread(self._backend.run, spec)
         agent = self._connect(paths.socket)
         try:
@@ -228,6 +233,22 @@ class SandboxManager:
         paths.socket.unlink(missing_ok=True)
         return paths
 
+    def _mount_workspace(self, paths: _Paths) -> None:
+        """Mount the workspace's own file system when it is capped, or was capped before (its
+        files live there); no container may be running on the directory meanwhile."""
+        size_mb = self._config.sandbox.workspace_size_mb
+        if size_mb or paths.image.exists():
+            workspaces.mount(paths.image, paths.workspace, size_mb, self._uid, self._gid)
+
+    def _adoptable(self, paths: _Paths) -> bool:
+        """A running container is adopted when its agent's directory is sealed and, if its
+        workspace should be a file system of its own, that is mounted (else the container was
+        made on the plain directory, and is made again)."""
+        capped = self._config.sandbox.workspace_size_mb or paths.image.exists()
+        if capped and not paths.workspace.is_mount():
+            return False
+        return self._run_dir_is_sealed(paths)
+
     def _seal_run_dir(self, paths: _Paths) -> None:
         """Once the agent listens, hand its socket directory to root, so that code in the
         sandbox (same uid as the agent) cannot replace the socket with a symlink that would
@@ -248,7 +269,9 @@ class SandboxManager:
     def _paths(self, key: str) -> _Paths:
         root = self._root / sandbox_id(key)
         run = root / "run"
-        return _Paths(root, root / "workspace", run, run / "agent.sock", root / "key")
+        return _Paths(
+            root, root / "workspace", run, run / "agent.sock", root / "key", root / "workspace.img"
+        )
 
     def _labels(self) -> dict[str, str]:
         return {LABEL_MANAGED: "1", LABEL_INSTANCE: self._instance_id}
@@ -287,6 +310,7 @@ class SandboxManager:
             pids_limit=sb.pids,
             nofile=sb.nofile,
             nproc=sb.nproc,
+            fsize=sb.max_file_size_mb * 1024 * 1024,
             tmpfs={"/tmp": sb.tmp_size_mb * 1024 * 1024},
             environment=dict(sb.secrets),
             network=sb.network,
@@ -321,6 +345,7 @@ class SandboxManager:
             if sandbox is not None:
                 await sandbox.agent.close()
             removed = await asyncio.to_thread(self._backend.remove, self.container_name(key))
+            await asyncio.to_thread(workspaces.unmount, paths.workspace)
             if delete_workspace:
                 await asyncio.to_thread(shutil.rmtree, paths.root)
             return removed, delete_workspace

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import signal
 import threading
 import time
@@ -217,9 +218,7 @@ async def _spawn(
     try:
         transport, output = await loop.subprocess_exec(
             lambda: _Output(limit, sink),
-            "/bin/sh",
-            "-c",
-            command,
+            *with_file_size_errors("/bin/sh", "-c", command),
             stdin=DEVNULL if stdin is None else PIPE,
             stdout=PIPE,
             stderr=PIPE,
@@ -319,6 +318,22 @@ def _oom_kills() -> int | None:
             if name == "oom_kill" and value.strip().isdigit():
                 return int(value)
     return None
+
+
+ENV: Final = "/usr/bin/env"
+
+
+def with_file_size_errors(*argv: str) -> tuple[str, ...]:
+    """`argv` with SIGXFSZ ignored, when the container caps file sizes (RLIMIT_FSIZE).
+
+    A write past the cap sends SIGXFSZ, whose default action kills the writer; the agent
+    ignores it (Python does), but subprocess gives children the default back. Ignored, the
+    write fails with EFBIG ("File too large"), which the program reports like a full disk.
+    env(1) sets the disposition and execs: the same pid, and no Python between fork and exec."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft == resource.RLIM_INFINITY:
+        return argv
+    return (ENV, "--ignore-signal=XFSZ", *argv)
 
 
 _INHERITABLE: Final = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2")

@@ -52,6 +52,7 @@ from .execute import (
     _signal_name,
     _within,
     unignore_signals,
+    with_file_size_errors,
 )
 
 MAX_EXITED: Final = 50
@@ -532,11 +533,11 @@ class ProcessTable:
         pty = None if window is None else _Pty.open(*window)
         try:
             if pty is None:
-                argv: tuple[str, ...] = ("/bin/sh", "-c", command)
+                argv: tuple[str, ...] = with_file_size_errors("/bin/sh", "-c", command)
                 stdio: dict[str, Any] = {"stdin": PIPE, "stdout": PIPE, "stderr": STDOUT}
                 env = {**os.environ, **env}
             else:
-                argv = (SETSID, "--ctty", "/bin/sh", "-c", command)
+                argv = with_file_size_errors(SETSID, "--ctty", "/bin/sh", "-c", command)
                 stdio = dict.fromkeys(("stdin", "stdout", "stderr"), pty.slave)
                 env = {**os.environ, "TERM": PTY_TERM, **env}
             _, proc = await loop.subprocess_exec(

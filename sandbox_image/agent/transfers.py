@@ -18,6 +18,7 @@ from typing import Any
 
 from . import paths
 from .errors import ToolError, from_os_error
+from .execute import with_file_size_errors
 from .files import _fsync_dir
 
 CHUNK = 1 << 20
@@ -43,11 +44,13 @@ async def receive(
             await asyncio.to_thread(_write_all, fd, data, digest)
             size += len(data)
         await asyncio.to_thread(_finish, fd, temp, target, mode or 0o644)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(temp)
+        if isinstance(exc, OSError):  # a full disk, a file past the size cap
+            raise from_os_error(exc, shown) from None
         raise
     return {"path": shown, "size": size, "sha256": digest.hexdigest(), "tar": False}
 
@@ -73,8 +76,10 @@ async def _untar(root: Path, path: str, chunks: AsyncIterator[bytes]) -> dict[st
     shown = paths.display(root, target)
     await asyncio.to_thread(target.mkdir, parents=True, exist_ok=True)
     proc = await asyncio.create_subprocess_exec(
-        TAR, "-x", "-v", "-f", "-", "-C", str(target), "--no-same-owner",
-        "--no-same-permissions", "--delay-directory-restore",
+        *with_file_size_errors(
+            TAR, "-x", "-v", "-f", "-", "-C", str(target), "--no-same-owner",
+            "--no-same-permissions", "--delay-directory-restore",
+        ),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

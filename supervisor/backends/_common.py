@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from stockade.supervisor.backends.base import ContainerInfo
+from stockade.supervisor.backends.base import ContainerInfo, ContainerSpec
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -44,3 +44,11 @@ def info_from_inspect(attrs: Mapping[str, Any]) -> ContainerInfo:
 
 def label_filters(labels: Mapping[str, str]) -> list[str]:
     return [f"{k}={v}" for k, v in labels.items()]
+
+
+def ulimits(spec: ContainerSpec) -> dict[str, int]:
+    """The container's rlimits (soft = hard), in the engines' names and units (bytes)."""
+    limits = {"nofile": spec.nofile, "nproc": spec.nproc}
+    if spec.fsize > 0:
+        limits["fsize"] = spec.fsize
+    return limits

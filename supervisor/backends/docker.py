@@ -11,7 +11,7 @@ import docker.errors
 import docker.types
 import requests
 
-from stockade.supervisor.backends._common import info_from_inspect, label_filters
+from stockade.supervisor.backends._common import info_from_inspect, label_filters, ulimits
 from stockade.supervisor.backends.base import ContainerInfo, ContainerSpec
 from stockade.supervisor.errors import EngineUnavailable
 
@@ -116,8 +116,8 @@ def _run_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         "nano_cpus": spec.nano_cpus,
         "pids_limit": spec.pids_limit,
         "ulimits": [
-            docker.types.Ulimit(name="nofile", soft=spec.nofile, hard=spec.nofile),
-            docker.types.Ulimit(name="nproc", soft=spec.nproc, hard=spec.nproc),
+            docker.types.Ulimit(name=name, soft=value, hard=value)
+            for name, value in ulimits(spec).items()
         ],
         "network_mode": spec.network,
         "tmpfs": {

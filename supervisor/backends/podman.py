@@ -9,7 +9,7 @@ import podman
 import podman.errors
 import requests
 
-from stockade.supervisor.backends._common import info_from_inspect, label_filters
+from stockade.supervisor.backends._common import info_from_inspect, label_filters, ulimits
 from stockade.supervisor.backends.base import ContainerInfo, ContainerSpec
 from stockade.supervisor.errors import EngineUnavailable
 
@@ -113,8 +113,7 @@ def _create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         "cpu_quota": spec.nano_cpus * CPU_PERIOD_US // 1_000_000_000,
         "pids_limit": spec.pids_limit,
         "ulimits": [
-            {"Name": "nofile", "Soft": spec.nofile, "Hard": spec.nofile},
-            {"Name": "nproc", "Soft": spec.nproc, "Hard": spec.nproc},
+            {"Name": name, "Soft": value, "Hard": value} for name, value in ulimits(spec).items()
         ],
         "network_mode": spec.network,
         "mounts": mounts,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stockade.client import Stockade
-from stockade.supervisor import launcher
+from stockade.supervisor import launcher, workspaces
 from stockade.supervisor.backends import create_backend
 from stockade.supervisor.backends.base import ContainerBackend
 from stockade.supervisor.engines import ensure_dockerd, ensure_podman_service
@@ -131,6 +131,7 @@ def running_supervisor(engine: str, extra_config: str = "") -> Iterator[Supervis
     finally:
         sup.stop()
         launcher.remove_instance_containers(engine, engine_url(engine), state)
+        workspaces.unmount_all(state)
         shutil.rmtree(state, ignore_errors=True)
 
 
