@@ -29,7 +29,7 @@ class Served:
 
 
 @contextlib.contextmanager
-def served(engine: str) -> Iterator[Served]:
+def served(engine: str, extra_config: str = "") -> Iterator[Served]:
     state_dir = Path(tempfile.mkdtemp(prefix="stkb", dir="/tmp"))
     target = f"127.0.0.1:{free_port()}"
     config = state_dir / "stockade.toml"
@@ -37,7 +37,7 @@ def served(engine: str) -> Iterator[Served]:
         f'listen = "{target}"\nstate_dir = "{state_dir}"\n'
         f'[engine]\nkind = "{engine}"\nsocket = "{engine_url(engine)}"\n'
         # the full policy pipeline runs; only the rate limit would throttle a benchmark
-        "[limits]\nrate_per_s = 1000000.0\nburst = 1000000\n"
+        "[limits]\nrate_per_s = 1000000.0\nburst = 1000000\n" + extra_config
     )
     log_path = state_dir / "serve.log"
     # Own session: a Ctrl-C reaches only the bench, which then shuts this down in order.
