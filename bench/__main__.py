@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
-from bench import egress, load, peers, report, stockade_runs
+from bench import abuse, egress, load, peers, report, stockade_runs
 from bench.engines import ENGINES, bring_up, remove_labelled
 from bench.machine import machine_info
 from bench.pipeline import host_section, run_pipeline_bench
@@ -81,6 +81,11 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
     results["egress"] = guarded(
         f"{engine}: egress bandwidth cap and proxy", lambda: egress.egress(engine, ns.n)
     )
+    with served(engine, abuse.CONFIG) as sup, Stockade(sup.target) as client:
+        results["neighbour_abuse"] = guarded(
+            f"{engine}: a quiet sandbox's latency while another abuses",
+            lambda: abuse.neighbour_latency(client, ns.n, ns.warmup),
+        )
     results["engine_cli"] = guarded(
         f"{engine}: {engine} exec CLI",
         lambda: peers.cli_exec(engine, image, run_id, ns.n, ns.warmup),
@@ -125,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     print(host_section(host["pipeline"], host["scrub"]), end="\n\n")
     for engine, results in by_engine.items():
         print(report.engine_section(engine, results), end="\n\n")
+        print(abuse.section(engine, results["neighbour_abuse"]), end="\n\n")
     print(report.summary(by_engine))
     record = {
         "started_at": started,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.engines import engine_url
-from stockade.supervisor import launcher
+from stockade.supervisor import launcher, workspaces
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ def served(engine: str, extra_config: str = "") -> Iterator[Served]:
     finally:
         launcher.stop(process)
         launcher.remove_instance_containers(engine, engine_url(engine), state_dir)
+        workspaces.unmount_all(state_dir)
         shutil.rmtree(state_dir, ignore_errors=True)
 
 

@@ -22,6 +22,8 @@ NetworkMode = Literal["none", "egress", "open"]
 NETWORK_MODES: tuple[NetworkMode, ...] = ("none", "egress", "open")
 """Narrowest first: a request may only ask for a mode at or before the configured one."""
 MiB = 1024 * 1024
+MIN_WORKSPACE_MB = 16
+"""Smallest capped workspace: ext4 keeps about 5 MiB of a small file system for itself."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,15 @@ class SandboxConfig:
     own hard limit, or the container fails to start."""
     tmp_size_mb: int = 64
     """Size cap of the tmpfs at /tmp."""
+    workspace_size_mb: int = 0
+    """Size cap of the workspace: a file system of its own per sandbox (ext4 in a sparse image
+    file beside the workspace, loop-mounted at it; its inodes are capped too, one per 16 KiB).
+    Needs a supervisor running as root on a host with loop devices; the start fails with the
+    reason otherwise. 0: no cap, the workspace is a directory on the state directory's disk.
+    The size applies when a workspace's image is made; an existing image keeps its size."""
+    max_file_size_mb: int = 0
+    """Largest file a sandbox process may write (RLIMIT_FSIZE); a write past it fails with
+    EFBIG, "File too large". 0: no limit."""
     start_timeout_s: float = 30.0
     """How long a new container's agent may take to answer."""
     secrets: Mapping[str, str] = field(default_factory=dict)
@@ -282,6 +293,17 @@ def _check(cfg: Config) -> None:
     for name, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{name} must be positive, got {value}")
+    for name, value in {
+        "sandbox.workspace_size_mb": cfg.sandbox.workspace_size_mb,
+        "sandbox.max_file_size_mb": cfg.sandbox.max_file_size_mb,
+    }.items():
+        if value < 0:
+            raise ConfigError(f"{name} must not be negative (0: no limit), got {value}")
+    if 0 < cfg.sandbox.workspace_size_mb < MIN_WORKSPACE_MB:
+        raise ConfigError(
+            f"sandbox.workspace_size_mb must be 0 (no cap) or at least {MIN_WORKSPACE_MB}, "
+            f"got {cfg.sandbox.workspace_size_mb}"
+        )
     if cfg.limits.max_queued < 0:
         raise ConfigError("limits.max_queued must not be negative")
     if cfg.tools.exec_default_timeout_s > cfg.tools.exec_max_timeout_s:

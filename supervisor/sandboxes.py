@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
-from stockade.supervisor import hostfs, isolation, seccomp
+from stockade.supervisor import hostfs, isolation, seccomp, workspaces
 from stockade.supervisor.agent_client import (
     AgentCallFailed,
     AgentConnection,
@@ -93,6 +93,8 @@ class _Paths:
     run: Path
     socket: Path
     key_file: Path
+    image: Path
+    """The workspace's file system when it is size-capped (sandbox.workspace_size_mb)."""
 
 
 class SandboxManager:
@@ -131,6 +133,8 @@ class SandboxManager:
     async def start(self) -> list[str]:
         """Check the engine and adopt this instance's running containers; return adopted keys."""
         await asyncio.to_thread(self._backend.ping)
+        if self._config.sandbox.workspace_size_mb:
+            await asyncio.to_thread(workspaces.check_support)
         self._root.mkdir(parents=True, exist_ok=True)
         os.chmod(self._root, 0o700)
         profile = seccomp.write_profile(self._config.state_dir / "seccomp.json")
@@ -142,7 +146,7 @@ class SandboxManager:
             if not key or info.labels.get(LABEL_SANDBOX_ID) != sandbox_id(key):
                 continue
             network = self._adopted_network(info)
-            if info.running and network and self._run_dir_is_sealed(self._paths(key)):
+            if info.running and network and self._adoptable(self._paths(key)):
                 sandbox = _Sandbox(key, sandbox_id(key), info, self._agent_for(key), network)
                 try:
                     await self._attach_network(sandbox)
@@ -361,6 +365,7 @@ class SandboxManager:
         await asyncio.to_thread(self._backend.remove, spec.name)
         if network.mode == "open":
             log.warning("sandbox %r gets network mode open: the engine's bridge network", key)
+        await asyncio.to_thread(self._mount_workspace, paths)
         info = await asyncio.to_thread(self._backend.run, spec)
         sandbox = _Sandbox(key, sandbox_id(key), info, self._connect(paths.socket), network)
         try:
@@ -385,6 +390,22 @@ class SandboxManager:
         paths.socket.unlink(missing_ok=True)
         return paths
 
+    def _mount_workspace(self, paths: _Paths) -> None:
+        """Mount the workspace's own file system when it is capped, or was capped before (its
+        files live there); no container may be running on the directory meanwhile."""
+        size_mb = self._config.sandbox.workspace_size_mb
+        if size_mb or paths.image.exists():
+            workspaces.mount(paths.image, paths.workspace, size_mb, self._uid, self._gid)
+
+    def _adoptable(self, paths: _Paths) -> bool:
+        """A running container is adopted when its agent's directory is sealed and, if its
+        workspace should be a file system of its own, that is mounted (else the container was
+        made on the plain directory, and is made again)."""
+        capped = self._config.sandbox.workspace_size_mb or paths.image.exists()
+        if capped and not paths.workspace.is_mount():
+            return False
+        return self._run_dir_is_sealed(paths)
+
     def _seal_run_dir(self, paths: _Paths) -> None:
         """Once the agent listens, hand its socket directory to root, so that code in the
         sandbox (same uid as the agent) cannot replace the socket with a symlink that would
@@ -405,7 +426,9 @@ class SandboxManager:
     def _paths(self, key: str) -> _Paths:
         root = self._root / sandbox_id(key)
         run = root / "run"
-        return _Paths(root, root / "workspace", run, run / "agent.sock", root / "key")
+        return _Paths(
+            root, root / "workspace", run, run / "agent.sock", root / "key", root / "workspace.img"
+        )
 
     def _labels(self) -> dict[str, str]:
         return {LABEL_MANAGED: "1", LABEL_INSTANCE: self._instance_id}
@@ -448,6 +471,7 @@ class SandboxManager:
             pids_limit=sb.pids,
             nofile=sb.nofile,
             nproc=sb.nproc,
+            fsize=sb.max_file_size_mb * 1024 * 1024,
             tmpfs={"/tmp": sb.tmp_size_mb * 1024 * 1024},
             environment=environment,
             network="bridge" if network.mode == "open" else "none",
@@ -483,6 +507,7 @@ class SandboxManager:
                 await sandbox.agent.close()
             await self._egress.detach(sandbox_id(key))
             removed = await asyncio.to_thread(self._backend.remove, self.container_name(key))
+            await asyncio.to_thread(workspaces.unmount, paths.workspace)
             if delete_workspace:
                 await asyncio.to_thread(hostfs.remove_tree, paths.root)
             return removed, delete_workspace

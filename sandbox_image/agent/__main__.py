@@ -7,6 +7,7 @@ import asyncio
 import ctypes
 from pathlib import Path
 
+from stockade.agent import strays
 from stockade.agent.server import serve
 
 
@@ -21,6 +22,7 @@ def main() -> None:
     )
     ns = parser.parse_args()
     _not_dumpable()
+    strays.enable()
     asyncio.run(
         serve(
             ns.socket,

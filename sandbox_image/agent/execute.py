@@ -18,18 +18,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import signal
 import threading
 import time
 from asyncio.subprocess import DEVNULL, PIPE
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
-from . import paths
+from . import paths, strays
 from .argcheck import Args, expect_only, opt_number, opt_str, opt_str_map, req_str
 from .errors import ToolError
 
+_T = TypeVar("_T")
 DEFAULT_TIMEOUT: Final = 30.0
 MAX_TIMEOUT: Final = 300.0
 EOF_GRACE: Final = 0.2
@@ -90,6 +93,7 @@ async def exec_command(
     transport, output = await _spawn(
         command, cwd, {**os.environ, **env}, max_output_bytes, sink, stdin
     )
+    strays.LIVE.add(transport.get_pid())
     try:
         timed_out = not await _within(output.exited, timeout)
         if not timed_out:
@@ -98,6 +102,8 @@ async def exec_command(
         await _kill_group(transport.get_pid())
         await _within(output.exited, REAP_TIMEOUT)
         transport.close()
+        strays.LIVE.discard(transport.get_pid())
+        await asyncio.to_thread(strays.sweep_if_crowded)
     result = output.result(transport.get_returncode(), timed_out, time.monotonic() - started)
     result["oom_killed"] = oom_before is not None and (_oom_kills() or 0) > oom_before
     return result
@@ -214,12 +220,11 @@ async def _spawn(
     stdin: bytes | None = None,
 ) -> tuple[asyncio.SubprocessTransport, _Output]:
     loop = asyncio.get_running_loop()
-    try:
-        transport, output = await loop.subprocess_exec(
+
+    async def start() -> tuple[asyncio.SubprocessTransport, _Output]:
+        return await loop.subprocess_exec(
             lambda: _Output(limit, sink),
-            "/bin/sh",
-            "-c",
-            command,
+            *with_file_size_errors("/bin/sh", "-c", command),
             stdin=DEVNULL if stdin is None else PIPE,
             stdout=PIPE,
             stderr=PIPE,
@@ -227,16 +232,28 @@ async def _spawn(
             env=env,
             start_new_session=True,
         )
-    except (OSError, RuntimeError) as exc:  # EAGAIN when pids run out; no thread left
-        raise ToolError(
-            "EXECUTION_FAILED", f"could not start the command: {_reason(exc)}"
-        ) from None
+
+    transport, output = await start_or_sweep(start)
     _raise_oom_score(transport.get_pid())
     if sink is not None:
         sink.attach(transport)
     if stdin is not None:
         _feed(transport, stdin)
     return transport, output
+
+
+async def start_or_sweep(start: Callable[[], Awaitable[_T]]) -> _T:
+    """start(); when it fails (EAGAIN when pids run out, no thread left) and processes that
+    nobody owns could be swept, start() once more; a ToolError when it still fails."""
+    for attempt in (1, 2):
+        try:
+            return await start()
+        except (OSError, RuntimeError) as exc:
+            if attempt == 2 or not await asyncio.to_thread(strays.sweep):
+                raise ToolError(
+                    "EXECUTION_FAILED", f"could not start the command: {_reason(exc)}"
+                ) from None
+    raise AssertionError("unreachable")
 
 
 def _feed(transport: asyncio.SubprocessTransport, data: bytes) -> None:
@@ -319,6 +336,22 @@ def _oom_kills() -> int | None:
             if name == "oom_kill" and value.strip().isdigit():
                 return int(value)
     return None
+
+
+ENV: Final = "/usr/bin/env"
+
+
+def with_file_size_errors(*argv: str) -> tuple[str, ...]:
+    """`argv` with SIGXFSZ ignored, when the container caps file sizes (RLIMIT_FSIZE).
+
+    A write past the cap sends SIGXFSZ, whose default action kills the writer; the agent
+    ignores it (Python does), but subprocess gives children the default back. Ignored, the
+    write fails with EFBIG ("File too large"), which the program reports like a full disk.
+    env(1) sets the disposition and execs: the same pid, and no Python between fork and exec."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft == resource.RLIM_INFINITY:
+        return argv
+    return (ENV, "--ignore-signal=XFSZ", *argv)
 
 
 _INHERITABLE: Final = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2")

@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, cast
 
-from . import paths
+from . import paths, strays
 from .argcheck import Args, expect_only, opt_bool, opt_int, opt_str, req_int, req_str
 from .errors import ToolError
 from .execute import (
@@ -48,10 +48,11 @@ from .execute import (
     _env,
     _kill_group,
     _raise_oom_score,
-    _reason,
     _signal_name,
     _within,
+    start_or_sweep,
     unignore_signals,
+    with_file_size_errors,
 )
 
 MAX_EXITED: Final = 50
@@ -532,27 +533,28 @@ class ProcessTable:
         pty = None if window is None else _Pty.open(*window)
         try:
             if pty is None:
-                argv: tuple[str, ...] = ("/bin/sh", "-c", command)
+                argv: tuple[str, ...] = with_file_size_errors("/bin/sh", "-c", command)
                 stdio: dict[str, Any] = {"stdin": PIPE, "stdout": PIPE, "stderr": STDOUT}
                 env = {**os.environ, **env}
             else:
-                argv = (SETSID, "--ctty", "/bin/sh", "-c", command)
+                argv = with_file_size_errors(SETSID, "--ctty", "/bin/sh", "-c", command)
                 stdio = dict.fromkeys(("stdin", "stdout", "stderr"), pty.slave)
                 env = {**os.environ, "TERM": PTY_TERM, **env}
-            _, proc = await loop.subprocess_exec(
-                lambda: _Process(ident, name, command, self._log_bytes),
-                *argv,
-                cwd=cwd,
-                env=env,
-                start_new_session=pty is None,
-                **stdio,
+            _, proc = await start_or_sweep(
+                lambda: loop.subprocess_exec(
+                    lambda: _Process(ident, name, command, self._log_bytes),
+                    *argv,
+                    cwd=cwd,
+                    env=env,
+                    start_new_session=pty is None,
+                    **stdio,
+                )
             )
-        except (OSError, RuntimeError) as exc:  # EAGAIN when pids run out; no thread left
+        except ToolError:
             if pty is not None:
                 pty.close()
-            raise ToolError(
-                "EXECUTION_FAILED", f"could not start the command: {_reason(exc)}"
-            ) from None
+            raise
+        strays.LIVE.add(proc.pid)
         if pty is not None:
             proc.pty = pty
             await pty.connect(proc)
@@ -568,12 +570,14 @@ class ProcessTable:
             await _within(proc.eof, EOF_GRACE)
             await _kill_group(proc.pid)
         finally:
+            strays.LIVE.discard(proc.pid)
             proc.close()
             if not proc.finished.done():
                 proc.finished.set_result(None)
             proc.changed()
         self._ended.append(proc)
         self._prune()
+        await asyncio.to_thread(strays.sweep_if_crowded)
 
     def _prune(self) -> None:
         """Forget the oldest exited entries beyond `max_exited`."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from . import paths
 from .errors import ToolError, from_os_error
+from .execute import with_file_size_errors
 
 CHUNK = 1 << 20
 TAR = "/bin/tar"
@@ -59,11 +60,13 @@ async def _receive_in(
             await asyncio.to_thread(_write_all, fd, data, digest)
             size += len(data)
         await asyncio.to_thread(_finish, fd, dir_fd, temp, name, mode or 0o644)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(temp, dir_fd=dir_fd)
+        if isinstance(exc, OSError):  # a full disk, a file past the size cap
+            raise from_os_error(exc, shown) from None
         raise
     return {"path": shown, "size": size, "sha256": digest.hexdigest(), "tar": False}
 
@@ -101,8 +104,10 @@ async def _untar(root: Path, path: str, chunks: AsyncIterator[bytes]) -> dict[st
 async def _untar_in(dir_fd: int, shown: str, chunks: AsyncIterator[bytes]) -> dict[str, Any]:
     """tar unpacks in the checked folder `dir_fd` (passed to it, reached as /proc/self/fd/N)."""
     proc = await asyncio.create_subprocess_exec(
-        TAR, "-x", "-v", "-f", "-", "-C", f"/proc/self/fd/{dir_fd}", "--no-same-owner",
-        "--no-same-permissions", "--delay-directory-restore",
+        *with_file_size_errors(
+            TAR, "-x", "-v", "-f", "-", "-C", f"/proc/self/fd/{dir_fd}", "--no-same-owner",
+            "--no-same-permissions", "--delay-directory-restore",
+        ),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, pass_fds=(dir_fd,),
     )  # fmt: skip

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from stockade.supervisor.backends.base import ContainerInfo, EngineView
+from stockade.supervisor.backends.base import ContainerInfo, ContainerSpec, EngineView
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -124,3 +124,11 @@ def parse_runc_version(text: str) -> tuple[str, str]:
         elif line.startswith("commit:"):
             commit = line.removeprefix("commit:").strip()
     return version, commit
+
+
+def ulimits(spec: ContainerSpec) -> dict[str, int]:
+    """The container's rlimits (soft = hard), in the engines' names and units (bytes)."""
+    limits = {"nofile": spec.nofile, "nproc": spec.nproc}
+    if spec.fsize > 0:
+        limits["fsize"] = spec.fsize
+    return limits

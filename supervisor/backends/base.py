@@ -47,6 +47,8 @@ class ContainerSpec:
     """RLIMIT_NPROC counts all processes of the uid on the host, so it cannot be a per-sandbox
     cap (that is pids_limit); it is set only because Podman's API otherwise asks for more than
     the host's hard limit allows."""
+    fsize: int = 0
+    """RLIMIT_FSIZE in bytes, the largest file a process may write; 0: unlimited."""
     tmpfs: Mapping[str, int] = field(default_factory=dict)
     """Mount point -> size in bytes."""
     environment: Mapping[str, str] = field(default_factory=dict)

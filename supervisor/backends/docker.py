@@ -15,6 +15,7 @@ from stockade.supervisor.backends._common import (
     debian_package_version,
     info_from_inspect,
     label_filters,
+    ulimits,
     view_from_inspect,
 )
 from stockade.supervisor.backends.base import (
@@ -154,8 +155,8 @@ def _run_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         "nano_cpus": spec.nano_cpus,
         "pids_limit": spec.pids_limit,
         "ulimits": [
-            docker.types.Ulimit(name="nofile", soft=spec.nofile, hard=spec.nofile),
-            docker.types.Ulimit(name="nproc", soft=spec.nproc, hard=spec.nproc),
+            docker.types.Ulimit(name=name, soft=value, hard=value)
+            for name, value in ulimits(spec).items()
         ],
         "network_mode": spec.network,
         "tmpfs": {

@@ -14,6 +14,7 @@ from stockade.supervisor.backends._common import (
     info_from_inspect,
     label_filters,
     parse_runc_version,
+    ulimits,
     view_from_inspect,
 )
 from stockade.supervisor.backends.base import (
@@ -150,8 +151,7 @@ def _create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         "cpu_quota": spec.nano_cpus * CPU_PERIOD_US // 1_000_000_000,
         "pids_limit": spec.pids_limit,
         "ulimits": [
-            {"Name": "nofile", "Soft": spec.nofile, "Hard": spec.nofile},
-            {"Name": "nproc", "Soft": spec.nproc, "Hard": spec.nproc},
+            {"Name": name, "Soft": value, "Hard": value} for name, value in ulimits(spec).items()
         ],
         "network_mode": spec.network,
         "mounts": mounts,

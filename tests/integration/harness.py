@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stockade.client import Stockade
-from stockade.supervisor import hostfs, launcher
+from stockade.supervisor import hostfs, launcher, workspaces
 from stockade.supervisor.backends import create_backend
 from stockade.supervisor.backends.base import (
     LABEL_INSTANCE,
@@ -140,6 +140,7 @@ def running_supervisor(engine: str, extra_config: str = "") -> Iterator[Supervis
     finally:
         sup.stop()
         launcher.remove_instance_containers(engine, engine_url(engine), state)
+        workspaces.unmount_all(state)
         with contextlib.suppress(OSError):  # no recursion: sandboxes may leave deep trees
             hostfs.remove_tree(state)
 

@@ -7,6 +7,7 @@ import os
 import resource
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -328,3 +329,31 @@ async def test_spawn_failure_is_execution_failed(ws: Path) -> None:
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert message == "could not start the command: Too many open files"
+
+
+@pytest.fixture
+def file_size_cap() -> Iterator[int]:
+    """RLIMIT_FSIZE of 100 KB for this process and what it starts, as a sandbox's fsize."""
+    cap = 100_000
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (cap, limits[1]))
+    try:
+        yield cap
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+
+
+async def test_write_past_the_file_size_cap_is_an_error_not_a_signal(
+    ws: Path, file_size_cap: int
+) -> None:
+    result = await run(ws, command="head -c 200000 /dev/zero > big; echo status $?")
+    assert result["signal"] is None
+    assert result["exit_code"] == 0
+    assert result["stdout"] == "status 1\n"
+    assert "File too large" in result["stderr"]
+    assert (ws / "big").stat().st_size == file_size_cap
+
+
+async def test_without_a_file_size_cap_commands_run_directly(ws: Path) -> None:
+    assert resource.getrlimit(resource.RLIMIT_FSIZE)[0] == resource.RLIM_INFINITY
+    assert execute.with_file_size_errors("/bin/sh", "-c", "x") == ("/bin/sh", "-c", "x")

@@ -1,0 +1,92 @@
+"""Processes nobody owns, and their sweep when they crowd the sandbox's pids limit.
+
+Every command the agent starts leads a session of its own (an exec call, a background
+process); when it ends, its process group is killed. What left the group on purpose (setsid,
+a daemon, job control) lives on, reparented to tini: harmless, until such strays fill the pids
+cgroup and no command can start any more, which would leave the sandbox stuck for good (a
+thousand `setsid sleep 300 &` is enough). So, when more than half of the pids limit is in use
+after a command ends, or when a command cannot start, every process outside the agent's own
+session and the sessions of live commands is killed. Below that mark daemons are left alone.
+
+Only the agent's entry point turns this on (`enable()`): tests that run the tools on a host
+must never kill the host's processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from typing import Final
+
+LIVE: Final[set[int]] = set()
+"""Session ids (= leader pids) of the commands that run now: exec calls and background
+processes. Their members are never swept."""
+
+_PIDS_FILES: Final = (
+    ("/sys/fs/cgroup/pids/pids.current", "/sys/fs/cgroup/pids/pids.max"),
+    ("/sys/fs/cgroup/pids.current", "/sys/fs/cgroup/pids.max"),
+)
+_ROUNDS: Final = 5
+_enabled = False
+
+
+def enable() -> None:
+    global _enabled
+    _enabled = True
+
+
+def crowded() -> bool:
+    """Whether more than half of the pids cgroup's limit is in use (False when unknown)."""
+    for current_path, max_path in _PIDS_FILES:
+        try:
+            with open(current_path) as current, open(max_path) as limit:
+                used, cap = current.read().strip(), limit.read().strip()
+        except OSError:
+            continue
+        if used.isdigit() and cap.isdigit():
+            return int(used) * 2 > int(cap)
+    return False
+
+
+def sweep_if_crowded() -> int:
+    """sweep() when the pids limit is crowded; how many processes were killed."""
+    return sweep() if _enabled and crowded() else 0
+
+
+def sweep() -> int:
+    """SIGKILL every process outside the agent's session and the live sessions (not tini),
+    in rounds, as strays may be forking; how many signals were sent."""
+    if not _enabled:
+        return 0
+    killed = 0
+    for _ in range(_ROUNDS):
+        round_killed = _sweep_once({os.getsid(0), *LIVE})
+        killed += round_killed
+        if not round_killed:
+            break
+    return killed
+
+
+def _sweep_once(keep: set[int]) -> int:
+    killed = 0
+    me = os.getpid()
+    with os.scandir("/proc") as entries:
+        pids = [int(entry.name) for entry in entries if entry.name.isdigit()]
+    for pid in pids:
+        if pid in (1, me):
+            continue
+        try:
+            if os.getsid(pid) in keep or _is_zombie(pid):
+                continue
+            os.kill(pid, signal.SIGKILL)
+        except OSError:  # gone meanwhile
+            continue
+        killed += 1
+    return killed
+
+
+def _is_zombie(pid: int) -> bool:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat", "rb") as file:
+        return file.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    return True

@@ -1,0 +1,132 @@
+"""Size-capped workspaces: an ext4 file system per sandbox in a sparse image file beside the
+workspace directory, loop-mounted at it on the host (the supervisor runs as root).
+
+The engine bind-mounts the directory into the container, so the container sees the file
+system. The mount outlives the container and the supervisor (a restart finds it mounted);
+destroying the sandbox unmounts it; deleting the workspace deletes the image too. Only the
+kernel reads the image; nothing here walks files that sandbox code wrote, except mkfs's copy
+of a directory that held files before the cap was set (made while no container runs).
+
+Blocking (subprocesses): the sandbox manager calls these through asyncio.to_thread.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from stockade.supervisor.errors import ConfigError, SandboxBroken
+
+MOUNT_OPTIONS = "loop,nosuid,nodev,noatime"
+_TIMEOUT_S = 120.0
+
+
+def check_support() -> None:
+    """Raise ConfigError saying why this machine cannot loop-mount workspaces."""
+    missing = [tool for tool in ("mkfs.ext4", "mount", "umount") if shutil.which(tool) is None]
+    if os.geteuid() != 0:
+        why = "the supervisor does not run as root"
+    elif missing:
+        why = f"{', '.join(missing)} not found (Debian: apt-get install e2fsprogs mount)"
+    elif not Path("/dev/loop-control").exists():
+        why = "this machine has no loop devices (/dev/loop-control; modprobe loop)"
+    elif not _has_ext4():
+        why = "the kernel has no ext4 file system"
+    else:
+        return
+    raise ConfigError(
+        f"sandbox.workspace_size_mb needs a loop-mounted file system per sandbox, but {why}; "
+        "set it to 0 for workspaces without a size cap"
+    )
+
+
+def _has_ext4() -> bool:
+    try:
+        return "ext4" in Path("/proc/filesystems").read_text().split()
+    except OSError:
+        return False
+
+
+def mount(image: Path, target: Path, size_mb: int, uid: int, gid: int) -> None:
+    """Mount `image` at `target`, first making it (size_mb, root owned by uid:gid) when it does
+    not exist; files already in `target` move into the new file system. Mounted: nothing."""
+    if target.is_mount():
+        return
+    made = not image.exists()
+    if made:
+        _make(image, target, size_mb, uid, gid)
+    _run("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(target))
+    if made:
+        (target / "lost+found").rmdir()  # e2fsck makes it again should it need one
+
+
+def _make(image: Path, target: Path, size_mb: int, uid: int, gid: int) -> None:
+    partial = image.with_name(image.name + ".partial")
+    partial.unlink(missing_ok=True)
+    has_files = any(target.iterdir())
+    with partial.open("wb") as file:
+        file.truncate(size_mb * 1024 * 1024)
+    populate = ("-d", str(target)) if has_files else ()
+    try:
+        _run(
+            "mkfs.ext4", "-q", "-F", "-m", "0", "-E", f"root_owner={uid}:{gid}",
+            *populate, str(partial),
+        )  # fmt: skip
+    except SandboxBroken as exc:
+        partial.unlink(missing_ok=True)
+        raise SandboxBroken(f"cannot make the workspace's file system: {exc}") from None
+    os.chmod(partial, 0o600)
+    partial.rename(image)
+    if has_files:  # now in the image; the mount would only hide them
+        for child in list(target.iterdir()):
+            _remove(child)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def unmount(target: Path) -> None:
+    """Unmount `target` when it is a mount point; lazily when something still holds it."""
+    if not target.is_mount():
+        return
+    try:
+        _run("umount", str(target))
+    except SandboxBroken:
+        _run("umount", "-l", str(target))
+
+
+def unmount_all(under: Path) -> int:
+    """Unmount every mount point below `under` (cleanup of a whole state directory)."""
+    prefix = str(under.resolve()).rstrip("/") + "/"
+    targets = [t for t in _mount_points() if t.startswith(prefix)]
+    for target in sorted(targets, reverse=True):
+        unmount(Path(target))
+    return len(targets)
+
+
+def _mount_points() -> list[str]:
+    with open("/proc/self/mounts") as mounts:
+        return [_unescape(line.split()[1]) for line in mounts if line.strip()]
+
+
+def _unescape(field: str) -> str:
+    """/proc/self/mounts writes space, tab, newline and backslash as octal escapes."""
+    for code in ("040", "011", "012", "134"):
+        field = field.replace("\\" + code, chr(int(code, 8)))
+    return field
+
+
+def _run(*argv: str) -> None:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SandboxBroken(f"{argv[0]} failed: {exc}") from None
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip()
+        raise SandboxBroken(f"{argv[0]} failed (exit {done.returncode}): {said}")
