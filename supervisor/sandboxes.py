@@ -296,8 +296,11 @@ class SandboxManager:
         seconds to notice a killed container (Podman on a busy host), so while the agent does
         not answer either, keep asking the engine for up to DEATH_NOTICE_S. If the container
         runs on, the agent failed (an oversized or undecodable reply, a broken connection):
-        the sandbox is broken, unless the call only ran out of time."""
-        deadline = time.monotonic() + DEATH_NOTICE_S
+        the sandbox is broken, unless the call only ran out of time. A reply the channel
+        refused (too large, undecodable) proves the agent answered: no probing then, only the
+        one look at the container."""
+        answered = exc.code.name in ("RESOURCE_EXHAUSTED", "INTERNAL")
+        deadline = time.monotonic() + (0.0 if answered else DEATH_NOTICE_S)
         delay = 0.0
         while True:
             await asyncio.sleep(delay)
@@ -305,7 +308,7 @@ class SandboxManager:
             if info is None or not info.running:
                 sandbox.lost = True
                 raise SandboxLost(_death_note(info))
-            if time.monotonic() > deadline or (delay and await sandbox.agent.answers()):
+            if time.monotonic() >= deadline or (delay and await sandbox.agent.answers()):
                 break
             delay = min(delay * 2 or 0.05, 1.0)
         if exc.code.name in ("DEADLINE_EXCEEDED", "CANCELLED"):
