@@ -166,12 +166,16 @@ def instance_containers(engine: str, url: str, sup: Supervisor) -> list[Containe
         be.close()
 
 
+PRIVATE_BRIDGE = "stkprivate0"
+
+
 @dataclass
 class PrivateEngine:
     """An engine service of a test's own, on its own socket, that the test may kill and
     restart without disturbing the shared services. Podman: `podman system service` over the
-    shared storage. Docker: a second dockerd with its own data and exec roots and no bridge
-    or iptables rules (the sandbox image is copied in on the first start)."""
+    shared storage. Docker: a second dockerd with its own data and exec roots, a bridge of
+    its own and no iptables rules (the sandbox image is copied in on the first start). Not
+    `--bridge none`: a dockerd started so deletes the host's docker0, the shared dockerd's."""
 
     engine: str
     root: Path
@@ -190,6 +194,7 @@ class PrivateEngine:
         if self.engine == "podman":
             self.process = ensure_podman_service(self.socket, log)
             return
+        self._add_bridge()
         self.process = ensure_dockerd(log, self.socket, self._dockerd_args())
         ref = image_ref("docker")
         env = {**os.environ, "DOCKER_HOST": self.url}
@@ -219,8 +224,16 @@ class PrivateEngine:
         return [
             *("--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec")),
             *("--pidfile", str(self.root / "dockerd.pid"), "--config-file", str(config)),
-            *("--bridge", "none", "--iptables=false", "--ip-masq=false"),
+            *("--bridge", PRIVATE_BRIDGE, "--iptables=false", "--ip-masq=false"),
         ]
+
+    @staticmethod
+    def _add_bridge() -> None:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            if not ipr.link_lookup(ifname=PRIVATE_BRIDGE):
+                ipr.link("add", ifname=PRIVATE_BRIDGE, kind="bridge")
 
     def kill(self) -> None:
         """Kill the service (by the id of the process this test started). Podman's gets
@@ -247,6 +260,12 @@ class PrivateEngine:
         for mount in _mounts_under(self.root):  # dockerd bind-mounts its data root
             subprocess.run(["umount", "-l", mount], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
+        if self.engine == "docker":
+            from pyroute2 import IPRoute
+
+            with IPRoute() as ipr:
+                for index in ipr.link_lookup(ifname=PRIVATE_BRIDGE):
+                    ipr.link("del", index=index)
 
 
 def _mounts_under(root: Path) -> list[str]:
