@@ -198,6 +198,7 @@ def test_a_link_swapped_during_calls_never_leads_out(
     )
     started = client.call(key, "process", {"action": "start", "command": "python3 flip.py"})
     assert not started.is_error, started.for_llm
+    container = box.info().container_id
     try:
         for i in range(150):
             client.call(key, "write_file", {"path": "d/f.txt", "content": f"{i}\n"})
@@ -207,6 +208,7 @@ def test_a_link_swapped_during_calls_never_leads_out(
                 client.upload(key, "d/up.txt", b"u")
     finally:
         client.call(key, "process", {"action": "kill", "id": started.data["id"]})
+    assert box.info().container_id == container, "the sandbox was re-created during the calls"
     assert sh(box, "ls -A /tmp/out").stdout == "", "no call wrote through the link"
     landed = sh(box, "ls -A d.dir d 2>/dev/null; true").stdout
     assert "f.txt" in landed, "calls that won the race wrote inside the workspace"
