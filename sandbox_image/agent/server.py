@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from stockade.agent import PROTOCOL_VERSION, __version__, inspect, tools, transfers
-from stockade.agent.errors import ToolError
+from stockade.agent.errors import ToolError, from_os_error
 from stockade.agent.execute import StreamSink, unignore_signals
 from stockade.agent.processes import ProcessTable
 from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
@@ -110,6 +110,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             )
         except ToolError as exc:
             return _error(exc.code, exc.message)
+        except OSError as exc:  # a folder that vanished under a race: the caller's error
+            error = from_os_error(exc, header.path)
+            return _error(error.code, error.message)
         return agent_pb2.InvokeResponse(result_json=json.dumps(result))
 
     async def Download(self, request: Any, context: Any) -> AsyncIterator[Any]:
@@ -122,6 +125,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                     yield agent_pb2.DownloadChunk(result=done)
         except ToolError as exc:
             yield agent_pb2.DownloadChunk(result=_error(exc.code, exc.message))
+        except OSError as exc:  # a file that vanished under a race: the caller's error
+            error = from_os_error(exc, request.path)
+            yield agent_pb2.DownloadChunk(result=_error(error.code, error.message))
 
     async def Inspect(self, request: Any, context: Any) -> Any:
         try:

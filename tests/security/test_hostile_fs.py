@@ -9,7 +9,6 @@ Transfer paths are protobuf strings, so a non-UTF-8 name travels inside a tar of
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import os
@@ -177,7 +176,7 @@ def test_a_link_swapped_in_between_calls_is_refused(client: Stockade, key: str, 
 
 
 def test_a_link_swapped_during_calls_never_leads_out(
-    client: Stockade, key: str, host: Path
+    supervisor: Supervisor, client: Stockade, key: str, host: Path
 ) -> None:
     """A process flips `d` between a folder and a link out while calls use d/f.txt: each
     call acts inside the workspace or fails, never through the link."""
@@ -200,15 +199,25 @@ def test_a_link_swapped_during_calls_never_leads_out(
     assert not started.is_error, started.for_llm
     container = box.info().container_id
     try:
+        lost = []
         for i in range(150):
-            client.call(key, "write_file", {"path": "d/f.txt", "content": f"{i}\n"})
-            client.call(key, "edit_file", {"path": "d/f.txt", "old_text": "\n", "new_text": "!"})
-            client.call(key, "read_file", {"path": "d/f.txt"})
-            with contextlib.suppress(StockadeError):
+            edit = {"path": "d/f.txt", "old_text": "\n", "new_text": "!"}
+            results = [
+                client.call(key, "write_file", {"path": "d/f.txt", "content": f"{i}\n"}),
+                client.call(key, "edit_file", edit),
+                client.call(key, "read_file", {"path": "d/f.txt"}),
+            ]
+            lost += [r.for_llm for r in results if r.error_code == "SANDBOX_LOST"]
+            try:
                 client.upload(key, "d/up.txt", b"u")
+            except StockadeError as exc:
+                if exc.code != "INVALID_ARGUMENT" and exc.code != "NOT_FOUND":
+                    lost.append(f"upload: {exc.code} {exc}")
     finally:
+        log = client.call(key, "process", {"action": "log", "id": started.data["id"]}).for_llm
         client.call(key, "process", {"action": "kill", "id": started.data["id"]})
-    assert box.info().container_id == container, "the sandbox was re-created during the calls"
+    assert box.info().container_id == container, (lost[:3], supervisor.log()[-2000:])
+    assert "Traceback" not in log, log
     assert sh(box, "ls -A /tmp/out").stdout == "", "no call wrote through the link"
     landed = sh(box, "ls -A d.dir d 2>/dev/null; true").stdout
     assert "f.txt" in landed, "calls that won the race wrote inside the workspace"
