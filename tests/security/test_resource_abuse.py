@@ -109,6 +109,13 @@ def process(box: Sandbox, action: str, **args: Any) -> dict[str, Any]:
     return result.data
 
 
+def wait_armed(box: Sandbox, ident: str) -> None:
+    deadline = time.monotonic() + 60
+    while "armed" not in process(box, "log", id=ident).get("data", ""):
+        assert time.monotonic() < deadline, "the process never set its trap"
+        time.sleep(0.05)
+
+
 def wait_exited(box: Sandbox, ident: str) -> dict[str, Any]:
     deadline = time.monotonic() + 60
     while (polled := process(box, "poll", id=ident))["state"] == "running":
@@ -263,6 +270,7 @@ def test_a_process_ignoring_sigterm_is_still_killed(
     assert timed_out.stdout == "armed\n"
     assert_next_call_works(client, key)
     started = process(box, "start", command=stubborn)
+    wait_armed(box, started["id"])  # the trap is set: TERM sent before it would just kill
     process(box, "kill", id=started["id"], signal="TERM")
     assert process(box, "poll", id=started["id"])["state"] == "running", "TERM is ignored"
     process(box, "kill", id=started["id"], signal="KILL")
