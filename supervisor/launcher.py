@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from stockade.supervisor.backends import create_backend
 from stockade.supervisor.backends.base import LABEL_INSTANCE
+from stockade.supervisor.network import links
 
 START_TIMEOUT_S = 90.0
 
@@ -59,16 +60,21 @@ def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
 
 
 def remove_instance_containers(engine: str, engine_url: str, state_dir: Path) -> int:
-    """Remove every container of the instance whose state dir this is; how many."""
+    """Remove every container of the instance whose state dir this is, and the egress links
+    it left (a stopped supervisor keeps them for its next start to rebuild); how many
+    containers."""
     id_file = state_dir / "instance-id"
     if not id_file.exists():
         return 0
+    instance = id_file.read_text().strip()
     backend = create_backend(engine, engine_url)
     try:
-        found = backend.list({LABEL_INSTANCE: id_file.read_text().strip()})
+        found = backend.list({LABEL_INSTANCE: instance})
         return sum(backend.remove(info.id) for info in found)
     finally:
         backend.close()
+        for namespace in links.namespaces(links.instance_prefix(instance)):
+            links.remove(namespace)
 
 
 def _tail(path: Path) -> str:

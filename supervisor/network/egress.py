@@ -37,7 +37,7 @@ class EgressEnvironment:
 class EgressNetwork:
     def __init__(self, config: NetworkConfig, instance_id: str, record: Recorder) -> None:
         self._config = config
-        self._prefix = f"stockade-{instance_id[:8]}-"
+        self._prefix = links.instance_prefix(instance_id)
         self._record = record
         self.allowlist = Allowlist(config.allow, config.ports)
         self._settings = ProxySettings(

@@ -170,6 +170,11 @@ def _configure(ipr: IPRoute, ifname: str, address: str, plan: LinkPlan) -> None:
         ipr.tc("add", "tbf", index, rate=rate, burst=burst, latency=TBF_LATENCY)
 
 
+def instance_prefix(instance_id: str) -> str:
+    """Helper namespaces of one supervisor instance are named with this prefix."""
+    return f"stockade-{instance_id[:8]}-"
+
+
 def remove(namespace: str) -> None:
     """Remove a helper namespace (and with it the link); no error when there is none."""
     path = NETNS_DIR / namespace
