@@ -60,6 +60,8 @@ TRANSFER_TIMEOUT_S = 3600.0
 INSPECT_TIMEOUT_S = 30.0
 DEATH_NOTICE_S = 15.0
 WORKSPACE = "/workspace"
+MAX_NETWORK_ALLOW = 256
+"""Patterns an EnsureSandbox request may list (they travel in a container label)."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,11 @@ class SandboxManager:
             raise PolicyDenied(
                 f"network mode {mode!r} is wider than the configured {configured!r} "
                 "(a request may narrow the network, never widen it)"
+            )
+        if request is not None and len(request.allow) > MAX_NETWORK_ALLOW:
+            raise InvalidRequest(
+                f"a network allowlist may have at most {MAX_NETWORK_ALLOW} patterns, "
+                f"not {len(request.allow)}"
             )
         if request is not None and request.allow and mode != "egress":
             raise InvalidRequest("an allowlist applies only to network mode 'egress'")
@@ -396,18 +403,22 @@ class SandboxManager:
     def _mount_workspace(self, paths: _Paths) -> None:
         """Mount the workspace's own file system when it is capped, or was capped before (its
         files live there); no container may be running on the directory meanwhile."""
-        size_mb = self._config.sandbox.workspace_size_mb
-        if size_mb or paths.image.exists():
+        if self._capped(paths):
+            size_mb = self._config.sandbox.workspace_size_mb
             workspaces.mount(paths.image, paths.workspace, size_mb, self._uid, self._gid)
 
     def _adoptable(self, paths: _Paths) -> bool:
         """A running container is adopted when its agent's directory is sealed and, if its
         workspace should be a file system of its own, that is mounted (else the container was
         made on the plain directory, and is made again)."""
-        capped = self._config.sandbox.workspace_size_mb or paths.image.exists()
-        if capped and not paths.workspace.is_mount():
+        if self._capped(paths) and not paths.workspace.is_mount():
             return False
         return self._run_dir_is_sealed(paths)
+
+    def _capped(self, paths: _Paths) -> bool:
+        """Whether the workspace is a file system of its own: capped now, or before (its
+        files live in the image)."""
+        return bool(self._config.sandbox.workspace_size_mb) or paths.image.exists()
 
     def _seal_run_dir(self, paths: _Paths) -> None:
         """Once the agent listens, hand its socket directory to root, so that code in the
@@ -455,7 +466,7 @@ class SandboxManager:
         labels.update(network.labels())
         environment = dict(sb.secrets)
         if network.mode == "egress":
-            environment.update(self._egress.environment().variables())
+            environment.update(self._egress.environment)
         return ContainerSpec(
             name=self.container_name(key),
             image=self._image,

@@ -23,23 +23,31 @@ class Decision:
     allowed: bool
     reason: str
     """Why: the pattern that allowed it, or what refused it."""
+    name: str = ""
+    """The canonical host name ("" when the host is no valid name)."""
+
+
+def shown(text: str) -> str:
+    """A name as quoted in an error: at most 100 characters of it (errors travel in gRPC
+    status metadata, which has a size limit)."""
+    return repr(text if len(text) <= 100 else text[:100] + "...")
 
 
 def canonical_host(host: str) -> str:
     """Lower case, no trailing dot, IDNA-encoded; AllowlistError when it is no valid name."""
-    name = host.strip().rstrip(".").lower()
+    name = host.rstrip(".").lower()
     if not name:
         raise AllowlistError("empty host name")
     if looks_like_address(name):
-        raise AllowlistError(f"{host!r} is an IP address, not a name")
+        raise AllowlistError(f"{shown(host)} is an IP address, not a name")
     try:
         name = name.encode("idna").decode("ascii")
     except UnicodeError as exc:
-        raise AllowlistError(f"{host!r} is not a valid host name") from exc
+        raise AllowlistError(f"{shown(host)} is not a valid host name") from exc
     if len(name) > MAX_NAME or not all(_LABEL.match(label) for label in name.split(".")):
-        raise AllowlistError(f"{host!r} is not a valid host name")
+        raise AllowlistError(f"{shown(host)} is not a valid host name")
     if name.replace(".", "").isdigit():
-        raise AllowlistError(f"{host!r} is not a valid host name")
+        raise AllowlistError(f"{shown(host)} is not a valid host name")
     return name
 
 
@@ -64,7 +72,7 @@ def check_pattern(pattern: str) -> str:
     wildcard = pattern.startswith("*.")
     base = canonical_host(pattern[2:] if wildcard else pattern)
     if "*" in base:
-        raise AllowlistError(f"{pattern!r}: '*' is only allowed as the first label ('*.name')")
+        raise AllowlistError(f"{shown(pattern)}: '*' is only allowed as the first label ('*.name')")
     return f"*.{base}" if wildcard else base
 
 
@@ -90,11 +98,11 @@ class Allowlist:
             return Decision(False, str(exc))
         if port not in self.ports:
             allowed = ", ".join(str(p) for p in sorted(self.ports))
-            return Decision(False, f"port {port} is not allowed (allowed: {allowed})")
+            return Decision(False, f"port {port} is not allowed (allowed: {allowed})", name)
         pattern = self.match(name)
         if not pattern:
-            return Decision(False, f"{name} is not on the allowlist")
-        return Decision(True, f"allowed by {pattern}")
+            return Decision(False, f"{name} is not on the allowlist", name)
+        return Decision(True, f"allowed by {pattern}", name)
 
     def narrowed(self, requested: Iterable[str]) -> Allowlist:
         """A sub-list for one sandbox: every requested pattern must be covered by this list
@@ -104,7 +112,7 @@ class Allowlist:
             canonical = check_pattern(pattern)
             wildcard = canonical.startswith("*.")
             if not (self._covers_wildcard(canonical) if wildcard else self.match(canonical)):
-                raise AllowlistError(f"{pattern!r} is not within the configured allowlist")
+                raise AllowlistError(f"{shown(pattern)} is not within the configured allowlist")
             chosen.append(canonical)
         return Allowlist(chosen, self.ports)
 

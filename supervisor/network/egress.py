@@ -6,32 +6,13 @@ when the container goes."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
-from dataclasses import dataclass
 
 from stockade.supervisor.config import NetworkConfig
 from stockade.supervisor.errors import SandboxBroken
 from stockade.supervisor.network import links
 from stockade.supervisor.network.allowlist import Allowlist, canonical_host
 from stockade.supervisor.network.proxy import EgressProxy, ProxySettings, Recorder
-
-log = logging.getLogger("stockade.egress")
-
-
-@dataclass(frozen=True)
-class EgressEnvironment:
-    proxy_url: str
-
-    def variables(self) -> dict[str, str]:
-        """What programs in the sandbox read to find the proxy (both spellings: curl reads
-        only the lower-case http_proxy)."""
-        values = {
-            "HTTP_PROXY": self.proxy_url,
-            "HTTPS_PROXY": self.proxy_url,
-            "NO_PROXY": "localhost,127.0.0.1,::1",
-        }
-        return {**values, **{k.lower(): v for k, v in values.items()}}
 
 
 class EgressNetwork:
@@ -49,10 +30,12 @@ class EgressNetwork:
             idle_timeout_s=config.idle_timeout_s,
         )
         self._proxies: dict[str, EgressProxy] = {}
-
-    def environment(self) -> EgressEnvironment:
         plan = self._plan("")
-        return EgressEnvironment(f"http://{plan.proxy_address}:{plan.proxy_port}")
+        proxy = f"http://{plan.proxy_address}:{plan.proxy_port}"
+        values = {"HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "NO_PROXY": "localhost,127.0.0.1,::1"}
+        self.environment = {**values, **{k.lower(): v for k, v in values.items()}}
+        """What programs in the sandbox read to find the proxy (both spellings: curl reads
+        only the lower-case http_proxy)."""
 
     def _plan(self, sid: str) -> links.LinkPlan:
         c = self._config

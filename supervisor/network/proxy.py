@@ -21,10 +21,12 @@ from urllib.parse import urlsplit
 
 from stockade.supervisor.network import tls
 from stockade.supervisor.network.allowlist import (
+    MAX_NAME,
     Allowlist,
     AllowlistError,
     canonical_host,
     is_global,
+    shown,
 )
 
 log = logging.getLogger("stockade.egress")
@@ -35,6 +37,8 @@ CHUNK = 64 * 1024
 DROP_HEADERS = frozenset(
     {"proxy-connection", "proxy-authorization", "connection", "keep-alive", "te", "upgrade"}
 )
+"""Not passed on upstream (Host is written afresh from the URL)."""
+REWRITTEN_HEADERS = DROP_HEADERS | {"host"}
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,7 @@ class EgressProxy:
         self, target: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         host, port = _split_authority(target, default_port=None)
-        name, address = await self._admit("CONNECT", host, port)
+        name, address, why = await self._admit("CONNECT", host, port)
         up_reader, up_writer = await self._open_upstream("CONNECT", name, port, address)
         try:
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -170,10 +174,10 @@ class EgressProxy:
             except AllowlistError:
                 sni_name = sni
             if sni_name != name:
-                reason = f"TLS server name {sni!r} does not match the CONNECT host"
+                reason = f"TLS server name {shown(sni)} does not match the CONNECT host"
                 self._decide("CONNECT", name, port, False, reason, address)
                 return
-            self._decide("CONNECT", name, port, True, self._why(name), address)
+            self._decide("CONNECT", name, port, True, why, address)
             up_writer.write(hello)
             await self._pipe(reader, writer, up_reader, up_writer)
         finally:
@@ -196,17 +200,20 @@ class EgressProxy:
         host, port = _split_authority(url.netloc, default_port=80)
         given = [v for k, v in headers if k.lower() == "host"]
         if len(given) > 1 or (given and not _same_authority(given[0], host, port)):
-            reason = f"Host header {given!r} does not match the request's host {host!r}"
+            reason = (
+                f"Host header {shown(', '.join(given))} does not match the request's host "
+                f"{shown(host)}"
+            )
             self._decide(method, host, port, False, reason)
             raise Refused(400, reason)
-        name, address = await self._admit(method, host, port)
+        name, address, why = await self._admit(method, host, port)
         up_reader, up_writer = await self._open_upstream(method, name, port, address)
         try:
-            self._decide(method, name, port, True, self._why(name), address)
+            self._decide(method, name, port, True, why, address)
             path = url.path or "/"
             if url.query:
                 path += "?" + url.query
-            kept = [(k, v) for k, v in headers if k.lower() not in DROP_HEADERS | {"host"}]
+            kept = [(k, v) for k, v in headers if k.lower() not in REWRITTEN_HEADERS]
             out = [f"{method} {path} {version}", f"Host: {url.netloc}"]
             out += [f"{k}: {v}" for k, v in kept] + ["Connection: close", "", ""]
             up_writer.write("\r\n".join(out).encode("latin-1"))
@@ -214,19 +221,17 @@ class EgressProxy:
         finally:
             up_writer.close()
 
-    def _why(self, name: str) -> str:
-        return f"allowed by {self.allowlist.match(name)}"
-
-    async def _admit(self, method: str, host: str, port: int) -> tuple[str, str]:
-        """The canonical name and the address to connect to, or Refused (recorded)."""
+    async def _admit(self, method: str, host: str, port: int) -> tuple[str, str, str]:
+        """The canonical name, the address to connect to and why it is allowed, or Refused
+        (recorded)."""
         decision = self.allowlist.decide(host, port)
         if not decision.allowed:
             self._decide(method, host, port, False, decision.reason)
             raise Refused(403, decision.reason)
-        name = canonical_host(host)
+        name = decision.name
         pinned = self._settings.hosts.get(name)
         if pinned:
-            return name, pinned
+            return name, pinned, decision.reason
         try:
             found = await asyncio.get_running_loop().getaddrinfo(
                 name, port, type=socket.SOCK_STREAM
@@ -241,7 +246,7 @@ class EgressProxy:
             reason = f"{name} resolves only to non-public addresses ({', '.join(addresses)})"
             self._decide(method, name, port, False, reason)
             raise Refused(403, reason)
-        return name, usable[0]
+        return name, usable[0], decision.reason
 
     async def _open_upstream(
         self, method: str, name: str, port: int, address: str
@@ -297,6 +302,8 @@ class EgressProxy:
     def _decide(
         self, method: str, host: str, port: int, allowed: bool, reason: str, address: str = ""
     ) -> None:
+        # what the sandbox sent is bounded before it reaches the log and the audit record
+        host, method = host[: MAX_NAME + 1], method[:32]
         decision = EgressDecision(self.key, method, host, port, allowed, reason, address)
         log.info(
             "egress %s %s %s:%s %s",

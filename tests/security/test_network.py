@@ -350,6 +350,9 @@ def test_ensure_sandbox_narrows_never_widens(
         ("egress", ["10.0.0.1"], "PERMISSION_DENIED"),
         ("bogus", None, "INVALID_ARGUMENT"),
         ("none", ["upstream.test"], "INVALID_ARGUMENT"),
+        ("egress", ["a.wild.test"] * 10_000, "INVALID_ARGUMENT"),
+        ("egress", ["a.wild.test\n"], "PERMISSION_DENIED"),
+        ("egress", ["x" * 70_000 + ".wild.test"], "PERMISSION_DENIED"),
     ]:
         with pytest.raises(StockadeError) as raised:
             box.ensure(network=network, allow=allow)

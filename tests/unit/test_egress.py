@@ -295,3 +295,18 @@ async def test_tls_upstream_through_the_tunnel(tmp_path: object) -> None:
         await proxy.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_huge_names_are_bounded_in_replies_and_records(harness: Harness) -> None:
+    port = harness.upstream_port
+    name = "a" * 60000 + ".test"
+    reply = await exchange(harness, f"GET http://{name}:{port}/ HTTP/1.1\r\n\r\n".encode())
+    assert reply.startswith(b"HTTP/1.1 403")
+    assert len(reply) < 1000
+    mismatch = f"GET http://up.test:{port}/ HTTP/1.1\r\nHost: {name}\r\n\r\n".encode()
+    assert (await exchange(harness, mismatch)).startswith(b"HTTP/1.1 400")
+    assert len(harness.decisions) == 2
+    for decision in harness.decisions:
+        assert not decision.allowed
+        assert len(decision.host) <= 254
+        assert len(decision.reason) < 400
