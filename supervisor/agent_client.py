@@ -8,9 +8,10 @@ MAX_CHUNK_BYTES; a result last), and a violation raises AgentMisbehaved."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import grpc
 
 from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
-from stockade.supervisor.errors import AgentMisbehaved, SandboxBroken
+from stockade.supervisor.errors import AgentMisbehaved, SandboxBroken, SandboxLost
 from stockade.supervisor.replies import (
     MAX_CHUNK_BYTES,
     MAX_ERROR_MESSAGE,
@@ -34,6 +35,7 @@ MAX_SEND_BYTES = 128 * 1024 * 1024
 MAX_SOCKET_PATH = 107
 MAX_FACT_BYTES = 1 << 20
 _MESSAGE = "protobuf (UTF-8)"
+_CLOSED = "the sandbox was destroyed or replaced while the call ran"
 _OPTIONS = [
     # each channel its own connections: from the global pool, a new channel to a recreated
     # sandbox could reuse a live connection to the socket that was there before
@@ -108,6 +110,7 @@ class AgentConnection:
         options = [*_OPTIONS, ("grpc.max_receive_message_length", self.limits.max_message_bytes)]
         self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}", options=options)
         self._stub = agent_pb2_grpc.AgentServiceStub(self._channel)
+        self._closed = False
 
     def is_ready(self) -> bool:
         return bool(self._channel.get_state() == grpc.ChannelConnectivity.READY)
@@ -149,10 +152,8 @@ class AgentConnection:
         request = agent_pb2.InvokeRequest(
             tool=tool, arguments_json=json.dumps(arguments), request_id=request_id
         )
-        try:
+        with self._failures():
             reply = await self._stub.Invoke(request, timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise AgentCallFailed(exc.code(), exc.details() or "") from exc
         return self._reply(tool, reply)
 
     async def invoke_stream(
@@ -165,14 +166,13 @@ class AgentConnection:
         call = self._stub.InvokeStream(request, timeout=timeout)
         order = _StreamOrder()
         try:
-            async for event in call:
-                parsed = self._event(tool, event, order)
-                yield parsed
-                if isinstance(parsed, AgentReply):
-                    return
+            with self._failures():
+                async for event in call:
+                    parsed = self._event(tool, event, order)
+                    yield parsed
+                    if isinstance(parsed, AgentReply):
+                        return
             raise _misbehaved("its stream ended without a result")
-        except grpc.aio.AioRpcError as exc:
-            raise AgentCallFailed(exc.code(), exc.details() or "") from exc
         finally:
             call.cancel()
 
@@ -185,10 +185,8 @@ class AgentConnection:
             async for data in chunks:
                 yield agent_pb2.UploadChunk(data=data)
 
-        try:
+        with self._failures():
             reply = await self._stub.Upload(requests(), timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise AgentCallFailed(exc.code(), exc.details() or "") from exc
         return self._reply("transfer", reply)
 
     async def download(
@@ -197,20 +195,21 @@ class AgentConnection:
         """Data chunks, then the reply."""
         call = self._stub.Download(agent_pb2.DownloadRequest(path=path, tar=tar), timeout=timeout)
         try:
-            async for chunk in call:
-                if chunk is None:
-                    raise _misbehaved(f"a download chunk that is not a valid {_MESSAGE} message")
-                part = chunk.WhichOneof("part")
-                if part == "data":
-                    yield _chunk(chunk.data)
-                elif part == "result":
-                    yield self._reply("transfer", chunk.result)
-                    return
-                else:
-                    raise _misbehaved("it sent an empty download chunk")
+            with self._failures():
+                async for chunk in call:
+                    if chunk is None:
+                        raise _misbehaved(
+                            f"a download chunk that is not a valid {_MESSAGE} message"
+                        )
+                    part = chunk.WhichOneof("part")
+                    if part == "data":
+                        yield _chunk(chunk.data)
+                    elif part == "result":
+                        yield self._reply("transfer", chunk.result)
+                        return
+                    else:
+                        raise _misbehaved("it sent an empty download chunk")
             raise _misbehaved("its download ended without a result")
-        except grpc.aio.AioRpcError as exc:
-            raise AgentCallFailed(exc.code(), exc.details() or "") from exc
         finally:
             call.cancel()
 
@@ -222,15 +221,16 @@ class AgentConnection:
         request = agent_pb2.InspectRequest(
             files=files, links=links, write_probe=write_probe, max_file_bytes=MAX_FACT_BYTES
         )
-        try:
-            reply = await self._stub.Inspect(request, timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                raise SandboxBroken(
-                    "the sandbox's agent predates Inspect; rebuild the image "
-                    "(`stockade image build`) and recreate the sandbox (`stockade rm KEY`)"
-                ) from exc
-            raise AgentCallFailed(exc.code(), exc.details() or "") from exc
+        with self._failures():
+            try:
+                reply = await self._stub.Inspect(request, timeout=timeout)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    raise SandboxBroken(
+                        "the sandbox's agent predates Inspect; rebuild the image "
+                        "(`stockade image build`) and recreate the sandbox (`stockade rm KEY`)"
+                    ) from exc
+                raise
         wanted_files, wanted_links = set(files), set(links)
         read: dict[str, bytes | str] = {}
         for f in reply.files:
@@ -242,7 +242,27 @@ class AgentConnection:
         )
 
     async def close(self) -> None:
+        """Close the channel; calls still in flight end with SandboxLost."""
+        self._closed = True
         await self._channel.close()
+
+    @contextlib.contextmanager
+    def _failures(self) -> Iterator[None]:
+        """A failed RPC as AgentCallFailed; a call cut short by close() (its sandbox destroyed
+        or replaced meanwhile) as SandboxLost. grpc.aio cancels such calls by raising
+        CancelledError in the task awaiting them, which a server handler would pass on as its
+        own cancellation: its caller would then wait for a status that never comes."""
+        try:
+            yield
+        except grpc.aio.AioRpcError as exc:
+            if self._closed and exc.code() == grpc.StatusCode.CANCELLED:
+                raise SandboxLost(_CLOSED) from exc
+            raise AgentCallFailed(exc.code(), exc.details() or "") from exc
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._closed and task is not None and not task.cancelling():
+                raise SandboxLost(_CLOSED) from None
+            raise
 
     def _reply(self, tool: str, reply: Any) -> AgentReply:
         if reply is None:  # grpc.aio hands on a message it cannot decode as None

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from stockade.client import ToolResult
+from stockade.client import Stockade, ToolResult
 from tests.integration.harness import Supervisor, engine_cli, running_supervisor
 
 pytestmark = pytest.mark.timeout(300)
@@ -71,3 +72,37 @@ def test_container_death_during_a_call_is_reported(own_supervisor: Supervisor) -
         assert "recreates it" in results[0].error_message
         assert box.exec("echo back").stdout == "back\n"
         assert box.info().container_id != old
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["unary", "stream"])
+def test_destroy_during_a_call_ends_it(client: Stockade, key: str, streamed: bool) -> None:
+    """A call in flight when its sandbox is destroyed ends at once with SANDBOX_LOST (it
+    used to wait forever: the closed agent channel cancelled the server's handler, which
+    then sent the caller no status at all)."""
+    box = client.sandbox(key)
+    box.exec("true")
+    results: list[ToolResult] = []
+
+    def long_call() -> None:
+        if streamed:
+            events = list(client.call_stream(key, "exec", {"command": "sleep 100", "timeout": 120}))
+            results.append(events[-1])  # type: ignore[arg-type]
+        else:
+            results.append(box.exec("sleep 100", timeout=120))
+
+    worker = threading.Thread(target=long_call)
+    worker.start()
+    running = "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '"
+    for _ in range(300):
+        if "sleep 100" in box.exec(running).stdout:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the long call never started")
+    assert box.destroy()
+    worker.join(30)
+    assert not worker.is_alive(), "the call in flight did not end when its sandbox was destroyed"
+    assert isinstance(results[0], ToolResult)
+    assert results[0].error_code == "SANDBOX_LOST"
+    assert "destroyed" in results[0].error_message
+    assert box.exec("echo back").stdout == "back\n"
