@@ -102,9 +102,11 @@ def _start(
         socket_path.unlink()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as out:
+        # conmon, started by Podman's service, writes a file named `oom` into its working
+        # directory when a container is OOM-killed: keep that out of the caller's folder
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, cwd=socket_path.parent,
         )  # fmt: skip
     _wait_for_ping(proc, Path(cmd[0]).name, socket_path, log_path, wait)
     return proc
