@@ -123,6 +123,19 @@ class SandboxManager:
         uid, _, gid = config.sandbox.user.partition(":")
         self._uid, self._gid = int(uid), int(gid or uid)
         self._egress = EgressNetwork(config.network, instance_id, record_egress or _ignore)
+        self.starts = 0
+        """Containers started (and answered by their agent) since this supervisor started."""
+        self.start_failures = 0
+        """Container starts that failed: the engine refused, or the agent never answered."""
+
+    def state_counts(self) -> dict[str, int]:
+        """How many sandboxes held now are in each state (RUNNING, BROKEN, EXITED), every
+        state named; the ones with only a workspace are not counted."""
+        held = (SandboxState.RUNNING, SandboxState.BROKEN, SandboxState.EXITED)
+        counts = {state.name: 0 for state in held}
+        for sandbox in self._sandboxes.values():
+            counts[_state(sandbox).name] += 1
+        return counts
 
     @property
     def engine(self) -> str:
@@ -376,16 +389,22 @@ class SandboxManager:
         if network.mode == "open":
             log.warning("sandbox %r gets network mode open: the engine's bridge network", key)
         await asyncio.to_thread(self._mount_workspace, paths)
-        info = await asyncio.to_thread(self._backend.run, spec)
+        try:
+            info = await asyncio.to_thread(self._backend.run, spec)
+        except Exception:
+            self.start_failures += 1
+            raise
         sandbox = _Sandbox(key, sandbox_id(key), info, self._connect(paths.socket), network)
         try:
             await self._attach_network(sandbox)
             await sandbox.agent.wait_ready(self._config.sandbox.start_timeout_s)
         except SandboxBroken as exc:
+            self.start_failures += 1
             await sandbox.agent.close()
             await self._egress.detach(sandbox.sid)
             await asyncio.to_thread(self._backend.remove, info.id)
             raise SandboxBroken(f"sandbox {key!r} did not start: {exc}") from exc
+        self.starts += 1
         self._seal_run_dir(paths)
         return sandbox
 
