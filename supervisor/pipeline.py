@@ -74,6 +74,8 @@ class Trail:
     """The agent tool that produced the data (custom tools run as exec); picks the renderer."""
     stream_redactions: int = 0
     stages: Stages = field(default_factory=Stages)
+    start_ns: int = field(default_factory=time.time_ns)
+    """Wall clock when the call arrived, for its span (the stages' times are wall clock)."""
 
 
 class _Stop(Exception):
@@ -147,21 +149,20 @@ class ToolPipeline:
         result = replace(result, duration_ms=int(elapsed * 1000), request_id=call.request_id)
         self._audit(call, caller, trail, result)
         if self._observers:
-            telemetry.notify(self._observers, self._observation(call, trail, result, elapsed))
+            telemetry.notify(self._observers, self._observation(call, trail, result))
         return result
 
     def _observation(
-        self, call: ToolCall, trail: Trail, result: ToolResult, elapsed: float
+        self, call: ToolCall, trail: Trail, result: ToolResult
     ) -> telemetry.CallObservation:
-        end = time.time_ns()
         known = trail.tool if trail.tool in self._policy.catalog.tools else ""
         return telemetry.CallObservation(
             request_id=call.request_id,
             sandbox_key=call.sandbox_key,
             tool=known,
             result=result.error_code.name if result.is_error else "ok",
-            start_ns=end - int(elapsed * 1e9),
-            end_ns=end,
+            start_ns=trail.start_ns,
+            end_ns=time.time_ns(),
             stages=tuple(trail.stages.done),
             redactions=result.redactions,
             agent_id=call.context.agent_id,
