@@ -40,6 +40,7 @@ from stockade.supervisor.backends.base import (
 from stockade.supervisor.config import NETWORK_MODES, Config
 from stockade.supervisor.errors import (
     AgentMisbehaved,
+    EngineUnavailable,
     InvalidRequest,
     PolicyDenied,
     SandboxBroken,
@@ -515,12 +516,14 @@ class SandboxManager:
         validate_key(key)
         sandbox = self._sandboxes.get(key)
         if sandbox is not None:
+            await self._notice_deaths((sandbox,))
             return self._describe(sandbox)
         if self._paths(key).root.is_dir():
             return self._absent(key)
         raise SandboxNotFound(f"no sandbox for key {key!r}")
 
     async def list(self) -> list[SandboxInfo]:
+        await self._notice_deaths(tuple(self._sandboxes.values()))
         infos = {k: self._describe(s) for k, s in self._sandboxes.items()}
         for key_file in sorted(self._root.glob("*/key")):
             key = key_file.read_text(encoding="utf-8", errors="surrogatepass")
@@ -544,6 +547,26 @@ class SandboxManager:
             if delete_workspace:
                 await asyncio.to_thread(hostfs.remove_tree, paths.root)
             return removed, delete_workspace
+
+    async def _notice_deaths(self, sandboxes: tuple[_Sandbox, ...]) -> None:
+        """Mark sandboxes whose container stopped or vanished since their last call as
+        lost, so that Get and List never report a dead container as RUNNING (the next call
+        recreates it). One engine call; when the engine does not answer, what is known stays."""
+        alive = [s for s in sandboxes if not s.lost]
+        if not alive:
+            return
+        try:
+            if len(alive) == 1:
+                found = await asyncio.to_thread(self._backend.inspect, alive[0].info.id)
+                infos = [found] if found is not None else []
+            else:
+                infos = await asyncio.to_thread(self._backend.list, self._labels())
+        except EngineUnavailable:
+            return
+        running = {i.id for i in infos if i.running}
+        for sandbox in alive:
+            if sandbox.info.id not in running:
+                sandbox.lost = True
 
     def _describe(self, sandbox: _Sandbox) -> SandboxInfo:
         return SandboxInfo(
