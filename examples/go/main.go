@@ -179,7 +179,7 @@ func destroy(sandboxes stockadev1.SandboxServiceClient, key string) error {
 }
 
 func useSandbox(box *sandbox) error {
-	command := "echo hello from the sandbox; uname -sm"
+	command := "echo hello from $(uname -n); uname -sm"
 	executed, err := box.call("exec", map[string]interface{}{"command": command})
 	if err != nil {
 		return err

@@ -157,7 +157,7 @@ async function destroy(sandboxes: SandboxServiceClient, key: string): Promise<vo
 }
 
 async function useSandbox(box: Sandbox): Promise<void> {
-  const command = "echo hello from the sandbox; uname -sm";
+  const command = "echo hello from $(uname -n); uname -sm";
   const executed = await box.call("exec", { command });
   console.log(`$ ${command}`);
   process.stdout.write(String(executed.stdout));
