@@ -4,14 +4,16 @@ what the sandbox did, and the supervisor's audit log must show their calls."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -162,3 +164,109 @@ def test_example_fails_when_no_supervisor_answers(example: tuple[str, list[str]]
     assert done.returncode == 1
     assert done.stdout == ""
     assert re.match(r"error: EnsureSandbox: (UNAVAILABLE|Unavailable): ", done.stderr), done.stderr
+
+
+REFLECT = ROOT / "examples" / "reflection" / "reflect.py"
+
+
+def reflect(target: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return run([sys.executable, str(REFLECT), target], *args)
+
+
+def json_documents(text: str) -> list[dict[str, Any]]:
+    """The JSON objects reflect.py printed one after the other."""
+    decoder, documents, at = json.JSONDecoder(), [], 0
+    while text[at:].strip():
+        document, at = decoder.raw_decode(text, at + len(text[at:]) - len(text[at:].lstrip()))
+        documents.append(document)
+    return documents
+
+
+def test_reflection_lists_the_services(tcp_supervisor: Supervisor) -> None:
+    """What grpcurl's `list` shows: everything is described by the server itself."""
+    done = reflect(tcp_supervisor.target, "list")
+    assert done.returncode == 0, done.stderr
+    services = set(done.stdout.split())
+    assert {
+        "grpc.health.v1.Health",
+        "stockade.v1.ApprovalService",
+        "stockade.v1.AuditService",
+        "stockade.v1.FileService",
+        "stockade.v1.SandboxService",
+        "stockade.v1.ToolService",
+    } <= services
+    done = reflect(tcp_supervisor.target, "list", "stockade.v1.ToolService")
+    assert done.stdout.split() == [
+        f"stockade.v1.ToolService.{m}"
+        for m in ("ListTools", "CallTool", "CallToolStream", "Interact")
+    ]
+
+
+def test_reflection_calls_tools(tcp_supervisor: Supervisor, tcp_client: Stockade, key: str) -> None:
+    """CallTool and CallToolStream with JSON requests, types learnt through reflection only."""
+    target = tcp_supervisor.target
+    request = {"sandbox_key": key, "tool": "exec", "arguments_json": '{"command": "echo $((6*7))"}'}
+    done = reflect(target, "call", "stockade.v1.ToolService/CallTool", "-d", json.dumps(request))
+    assert done.returncode == 0, done.stderr
+    [result] = json_documents(done.stdout)
+    assert json.loads(result["data_json"])["stdout"] == "42\n"
+    assert "is_error" not in result  # false: left out, as protobuf's JSON mapping does
+
+    request["arguments_json"] = json.dumps({"command": "echo one; echo two >&2; echo three"})
+    done = reflect(
+        target, "call", "stockade.v1.ToolService.CallToolStream", "-d", json.dumps(request)
+    )
+    assert done.returncode == 0, done.stderr
+    events = json_documents(done.stdout)
+    assert "result" in events[-1]
+    [started] = [e["started"] for e in events if "started" in e]
+    assert started["pid"] > 0
+    chunks = [e["output"] for e in events if "output" in e]
+    stdout = "".join(c["text"] for c in chunks if c["stream"] == "OUTPUT_STREAM_STDOUT")
+    assert stdout == "one\nthree\n"
+    assert "two\n" in [c["text"] for c in chunks if c["stream"] == "OUTPUT_STREAM_STDERR"]
+
+    done = reflect(
+        target,
+        "call",
+        "stockade.v1.SandboxService/DestroySandbox",
+        "-d",
+        json.dumps({"key": key, "deleteWorkspace": True}),
+    )
+    assert json_documents(done.stdout) == [{"removed": True, "workspace_deleted": True}]
+    with pytest.raises(NotFound):
+        tcp_client.get_sandbox(key)
+
+
+@pytest.mark.parametrize(
+    ("method", "data", "error"),
+    [
+        ("stockade.v1.Nope/Call", "{}", "error: the server has no service 'stockade.v1.Nope'\n"),
+        (
+            "stockade.v1.ToolService/Nope",
+            "{}",
+            "error: service 'stockade.v1.ToolService' has no method 'Nope'\n",
+        ),
+        ("CallTool", "{}", "error: 'CallTool' is not SERVICE/METHOD\n"),
+        (
+            "stockade.v1.ToolService/Interact",
+            "{}",
+            "takes a stream of requests: not supported here\n",
+        ),
+        ("stockade.v1.ToolService/CallTool", '{"bogus": 1}', 'has no field named "bogus"'),
+        ("stockade.v1.ToolService/CallTool", "[1, 2", "does not fit stockade.v1.CallToolRequest"),
+        (
+            "stockade.v1.ToolService/CallTool",
+            '{"sandbox_key": ""}',
+            "error: INVALID_ARGUMENT: sandbox key is empty\n",
+        ),
+        ("stockade.v1.SandboxService/GetSandbox", '{"key": "x"}', "error: NOT_FOUND: "),
+    ],
+)
+def test_reflection_reports_bad_requests(
+    tcp_supervisor: Supervisor, method: str, data: str, error: str
+) -> None:
+    done = reflect(tcp_supervisor.target, "call", method, "-d", data)
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert error in done.stderr
