@@ -38,6 +38,8 @@ protoc -I"$proto" -I/usr/include \
     "${files[@]}"
 
 cd "$here"
+# go needs a build cache; without HOME (some CI shells) it has no default for one.
+[ -n "${GOCACHE:-}" ] || [ -n "${HOME:-}" ] || export GOCACHE=/var/tmp/stockade-go-cache
 GO111MODULE=off GOPATH="$gopath:/usr/share/gocode" GOFLAGS= \
     go build -o "$out/stockade-example" main.go
 echo "$out/stockade-example"

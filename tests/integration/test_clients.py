@@ -166,6 +166,14 @@ def test_example_fails_when_no_supervisor_answers(example: tuple[str, list[str]]
     assert re.match(r"error: EnsureSandbox: (UNAVAILABLE|Unavailable): ", done.stderr), done.stderr
 
 
+def test_example_refuses_extra_arguments(example: tuple[str, list[str]]) -> None:
+    _language, argv = example
+    done = run(argv, "127.0.0.1:1", "key", "extra")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert "usage: " in done.stderr
+
+
 REFLECT = ROOT / "examples" / "reflection" / "reflect.py"
 
 

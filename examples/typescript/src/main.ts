@@ -176,5 +176,10 @@ async function useSandbox(box: Sandbox): Promise<void> {
   process.stdout.write(`read notes/hello.txt: ${read.content}`);
 }
 
-const [address = process.env.STOCKADE_ADDR || "127.0.0.1:50051", key = "example-typescript"] = process.argv.slice(2);
+const args = process.argv.slice(2);
+if (args.length > 2) {
+  console.error("usage: node dist/main.js [ADDR [KEY]]");
+  process.exit(2);
+}
+const [address = process.env.STOCKADE_ADDR || "127.0.0.1:50051", key = "example-typescript"] = args;
 run(address, key).catch(fail);
