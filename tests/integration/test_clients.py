@@ -73,7 +73,8 @@ def example(request: pytest.FixtureRequest) -> tuple[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def tcp_supervisor(engine: str) -> Iterator[Supervisor]:
-    """On 127.0.0.1: grpc-go 1.33 (Debian's) has no unix: targets."""
+    """On TCP (127.0.0.1), as clients elsewhere reach a supervisor, not on the unix socket
+    the other integration tests use."""
     with running_supervisor(engine, listen=free_tcp_address()) as sup:
         yield sup
 
