@@ -159,11 +159,12 @@ def context_files() -> dict[str, Path]:
 
 def supervisor_context_files() -> dict[str, Path]:
     """Build-context path -> source file for the supervisor image: the top-level
-    Containerfile and every module of the stockade package (the agent's too: one tree)."""
+    Containerfile and the stockade package (the agent's protocol too) but stockade.testing."""
     files = {"Containerfile": REPO / "Containerfile"}
     package = REPO / "src" / "stockade"
     for folder, dirs, names in os.walk(package, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        # stockade.testing runs on the test's side, never in the image
+        dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "testing"))
         for name in sorted(n for n in names if n.endswith(".py") or n == "py.typed"):
             source = Path(folder) / name
             files[f"lib/stockade/{source.relative_to(package).as_posix()}"] = source
