@@ -101,7 +101,9 @@ class StockadeContainer(DockerContainer):
             STOCKADE_LISTEN=self.target,
         )
         self.with_command(["serve", "--config", str(config)])
-        self._kwargs = {"network_mode": "none", **self._kwargs}
+        # `network`, not `network_mode`: testcontainers, when it thinks it runs in a
+        # container, picks a network of its own for containers created without `network`
+        self._kwargs = {"network": "none", **self._kwargs}
         super().start()
         self._wait_serving()
         self._client = Stockade(self.target)

@@ -266,11 +266,12 @@ def test_stockade_container_cleans_up_after_itself(testcontainers_engine: str) -
         assert s.client.sandbox("k").exec("echo hi").stdout == "hi\n"
         assert s.client.sandbox("j").exec("pwd").stdout == "/workspace\n"
         instance, state = s.instance_id(), s.state_dir
-        supervisor = s.get_wrapped_container().id
+        supervisor = s.get_wrapped_container()
+        assert supervisor.attrs["HostConfig"]["NetworkMode"] == "none"  # no way in but the socket
     be = backend(testcontainers_engine)
     try:
         assert be.list({"io.stockade.instance": instance}) == []
-        assert be.inspect(supervisor) is None
+        assert be.inspect(supervisor.id) is None
     finally:
         be.close()
     assert not state.exists()
