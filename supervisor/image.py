@@ -130,7 +130,7 @@ def _build_if_stale(
     wheels = _wheels(dists, cache_dir, log)
     with tempfile.TemporaryDirectory(prefix="stockade-image-") as tmp:
         context = Path(tmp)
-        _assemble(context, files, wheels, dists)
+        _assemble(context, files, wheels)
         log(f"{engine}: building {ref} (hash {digest[:12]})")
         _build(engine, context, ref, digest, log, no_cache=force)
     if current and current["Id"] != (_inspect(engine, ref) or {}).get("Id"):
@@ -349,15 +349,13 @@ def _wheels(dists: tuple[str, ...], cache_dir: Path, log: Log) -> Path:
     return folder
 
 
-def _assemble(context: Path, files: dict[str, Path], wheels: Path, dists: tuple[str, ...]) -> None:
+def _assemble(context: Path, files: dict[str, Path], wheels: Path) -> None:
     for name, source in files.items():
         (context / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, context / name)
     (context / "wheels").mkdir()
     for wheel in wheels.glob("*.whl"):
         shutil.copyfile(wheel, context / "wheels" / wheel.name)
-    pins = [f"{dist}=={version}" for dist, version in _versions(dists).items()]
-    (context / "wheels" / "requirements.txt").write_text("\n".join(pins) + "\n")
 
 
 def _build(

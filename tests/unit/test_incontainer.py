@@ -131,3 +131,19 @@ def test_declared_container_unknown_to_the_engine_is_refused(
 def _info(cid: str) -> ContainerInfo:
 
     return ContainerInfo(cid, "sup", True, "running", {}, "img")
+
+
+def test_supervisor_image_context() -> None:
+    from stockade.supervisor import image
+
+    dists = image.runtime_dependencies()
+    assert {"grpcio", "protobuf", "docker", "podman", "pyroute2"} <= set(dists)
+    assert not {"pytest", "testcontainers", "llm-sandbox"} & set(dists)
+    files = image.supervisor_context_files()
+    assert files["Containerfile"] == image.REPO / "Containerfile"
+    # what the supervisor imports is there (the agent's protocol with it); stockade.testing
+    # and caches are not
+    for needed in ("supervisor/app.py", "client/__init__.py", "agent/v1/agent_pb2.py"):
+        assert f"lib/stockade/{needed}" in files
+    assert not [n for n in files if "/testing/" in n or "__pycache__" in n]
+    assert image.content_hash(files, dists) != image.content_hash(files)
