@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from stockade.supervisor import incontainer
 from stockade.supervisor.audit import AuditRecord
 from stockade.supervisor.backends import create_backend
 from stockade.supervisor.config import Config
@@ -190,8 +191,19 @@ class Supervisor:
 async def start(config: Config) -> Supervisor:
     """Start everything; the caller owns the returned Supervisor and must stop() it."""
     policy = build_policy(config)
+    if incontainer.declared():  # before engine_url, which may start a Podman service
+        problems = incontainer.config_problems(config)
+        if problems:
+            raise ConfigError("in a container: " + "; ".join(problems))
     url, process = await asyncio.to_thread(engine_url, config)
     backend = await asyncio.to_thread(create_backend, config.engine.kind, url)
+    try:
+        await asyncio.to_thread(incontainer.check, config, backend)
+    except Exception:
+        backend.close()
+        if process is not None:
+            process.terminate()
+        raise
     manager = SandboxManager(
         config,
         backend,

@@ -41,6 +41,10 @@ def _parser() -> argparse.ArgumentParser:
     build = image_sub.add_parser("build", help="build the sandbox image for an engine")
     build.add_argument("--engine", choices=["podman", "docker"], default="podman")
     build.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    build.add_argument(
+        "--supervisor", action="store_true",
+        help="also build the supervisor's own image (the top-level Containerfile)",
+    )  # fmt: skip
 
     doctor = sub.add_parser(
         "doctor", help="check engine, runtime, cgroups and image; or one sandbox's isolation"
@@ -173,14 +177,20 @@ def _with_port(listen: str, supervisor: Any) -> str:
 
 
 def _image(ns: argparse.Namespace) -> int:
-    from stockade.supervisor.image import ImageBuildError, build_image, default_cache_dir
+    from stockade.supervisor.image import (
+        ImageBuildError,
+        build_image,
+        build_supervisor_image,
+        default_cache_dir,
+    )
 
+    builders = [build_image, build_supervisor_image] if ns.supervisor else [build_image]
     try:
-        ref = build_image(ns.engine, cache_dir=default_cache_dir(), force=ns.force)
+        for build in builders:
+            print(build(ns.engine, cache_dir=default_cache_dir(), force=ns.force))
     except ImageBuildError as exc:
         print(f"stockade image build: {exc}", file=sys.stderr)
         return 1
-    print(ref)
     return 0
 
 

@@ -386,7 +386,7 @@ class SandboxManager:
     async def _create(self, key: str, network: SandboxNetwork) -> _Sandbox:
         paths = self._prepare_dirs(key)
         spec = self._spec(key, paths, network)
-        await asyncio.to_thread(self._backend.remove, spec.name)
+        await asyncio.to_thread(self._remove_own, spec.name)
         if network.mode == "open":
             log.warning("sandbox %r gets network mode open: the engine's bridge network", key)
         await asyncio.to_thread(self._mount_workspace, paths)
@@ -408,6 +408,15 @@ class SandboxManager:
         self.starts += 1
         self._seal_run_dir(paths)
         return sandbox
+
+    def _remove_own(self, name: str) -> bool:
+        """Remove the container of that name if it is this instance's. Names carry only a
+        prefix of the instance id: another supervisor's container may hold the name (then
+        creating ours fails on the conflict, which is better than removing theirs)."""
+        info = self._backend.inspect(name)
+        if info is None or info.labels.get(LABEL_INSTANCE) != self._instance_id:
+            return False
+        return self._backend.remove(info.id)
 
     def _prepare_dirs(self, key: str) -> _Paths:
         paths = self._paths(key)
@@ -542,7 +551,7 @@ class SandboxManager:
             if sandbox is not None:
                 await sandbox.agent.close()
             await self._egress.detach(sandbox_id(key))
-            removed = await asyncio.to_thread(self._backend.remove, self.container_name(key))
+            removed = await asyncio.to_thread(self._remove_own, self.container_name(key))
             await asyncio.to_thread(workspaces.unmount, paths.workspace)
             if delete_workspace:
                 await asyncio.to_thread(hostfs.remove_tree, paths.root)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from stockade.supervisor.backends.base import ContainerInfo, ContainerSpec, EngineView
+from stockade.supervisor.backends.base import BindMount, ContainerInfo, ContainerSpec, EngineView
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -41,6 +41,16 @@ def info_from_inspect(attrs: Mapping[str, Any]) -> ContainerInfo:
         exit_code=state.get("ExitCode"),
         oom_killed=bool(state.get("OOMKilled")),
         pid=int(state.get("Pid") or 0),
+    )
+
+
+def mounts_from_inspect(attrs: Mapping[str, Any]) -> tuple[BindMount, ...]:
+    """The bind mounts of an inspect document (Docker and libpod agree: Type, Source,
+    Destination, RW); volumes and tmpfs are left out."""
+    return tuple(
+        BindMount(str(m.get("Source", "")), str(m.get("Destination", "")), not m.get("RW", True))
+        for m in attrs.get("Mounts") or []
+        if m.get("Type") == "bind"
     )
 
 
