@@ -50,13 +50,23 @@ def engine_url(config: Config) -> tuple[str, subprocess.Popen[bytes] | None]:
         return config.engine.socket, None
     if config.engine.kind == "docker":
         return DOCKER_SOCKET, None
-    from stockade.supervisor.engines import ensure_podman_service
+    from stockade.supervisor.engines import ensure_podman_service, podman_service_args
 
     socket = config.state_dir / "podman.sock"
     config.state_dir.mkdir(parents=True, exist_ok=True)
+    runtime = config.sandbox.runtime
     try:
-        process = ensure_podman_service(socket, config.state_dir / "podman-service.log")
+        process = ensure_podman_service(
+            socket, config.state_dir / "podman-service.log", podman_service_args(runtime)
+        )
     except Exception as exc:
+        if runtime and "runtime" in str(exc):
+            raise ConfigError(
+                f"Podman's service does not start with sandbox.runtime {runtime!r}: {exc}\n"
+                "The runtime must be an absolute path or a name listed under [engine.runtimes] "
+                f'in containers.conf (e.g. {Path(runtime).name} = ["/usr/bin/{Path(runtime).name}"]'
+                " in /etc/containers/containers.conf.d/runtimes.conf)"
+            ) from exc
         raise EngineUnavailable(f"cannot start the Podman service: {exc}") from exc
     return f"unix://{socket}", process
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ NetworkMode = Literal["none", "egress", "open"]
 NETWORK_MODES: tuple[NetworkMode, ...] = ("none", "egress", "open")
 """Narrowest first: a request may only ask for a mode at or before the configured one."""
 MiB = 1024 * 1024
+MAX_RUNTIME_CHARS = 4096
+RUNTIME_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
 MIN_WORKSPACE_MB = 16
 """Smallest capped workspace: ext4 keeps about 5 MiB of a small file system for itself."""
 
@@ -59,6 +62,22 @@ class SandboxConfig:
     own hard limit, or the container fails to start."""
     tmp_size_mb: int = 64
     """Size cap of the tmpfs at /tmp."""
+    tmp_inodes: int = 65536
+    """Inode cap of /tmp (files, directories and links at once); past it a create fails with
+    ENOSPC, so a million empty files cannot eat the memory limit. Docker sets it on its
+    tmpfs; Podman 4.3 refuses the option, so on Podman the supervisor (as root) mounts a
+    fresh tmpfs per container under the sandbox's state folder and bind-mounts it at /tmp.
+    0: the engine's default (half the host's RAM pages)."""
+    runtime: str = ""
+    """OCI runtime of the sandboxes: a name the engine knows ("runc", "runsc") or, for
+    Podman, an absolute path; empty: the engine's default. Docker: the name must be
+    registered under "runtimes" in /etc/docker/daemon.json. Podman: its API ignores a
+    container's runtime (Podman 4.3), so the service's default applies: the service the
+    supervisor starts (engine.socket empty) gets --runtime; a configured socket's service
+    must have been started with it. A container that runs under another runtime is removed
+    and its creation fails. gVisor's runsc needs --host-uds=create (the agent's socket is on
+    a bind mount) and --network=none; the supervisor adds these for its own Podman service.
+    Under runsc a sandbox has no network but its own loopback."""
     workspace_size_mb: int = 0
     """Size cap of the workspace: a file system of its own per sandbox (ext4 in a sparse image
     file beside the workspace, loop-mounted at it; its inodes are capped too, one per 16 KiB).
@@ -313,6 +332,7 @@ def _check(cfg: Config) -> None:
         if value <= 0:
             raise ConfigError(f"{name} must be positive, got {value}")
     for name, value in {
+        "sandbox.tmp_inodes": cfg.sandbox.tmp_inodes,
         "sandbox.workspace_size_mb": cfg.sandbox.workspace_size_mb,
         "sandbox.max_file_size_mb": cfg.sandbox.max_file_size_mb,
     }.items():
@@ -327,6 +347,7 @@ def _check(cfg: Config) -> None:
         raise ConfigError("limits.max_queued must not be negative")
     if cfg.tools.exec_default_timeout_s > cfg.tools.exec_max_timeout_s:
         raise ConfigError("tools.exec_default_timeout_s exceeds tools.exec_max_timeout_s")
+    _check_runtime(cfg.sandbox.runtime)
     uid = cfg.sandbox.user.split(":", 1)[0]
     if uid in ("0", "root", ""):
         raise ConfigError("sandbox.user must not be root")
@@ -352,6 +373,23 @@ def split_host_port(value: str, name: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"{name} must be host:port, got {value!r}")
     return host, int(port)
+
+
+def _check_runtime(runtime: str) -> None:
+    """A runtime name or absolute path; it reaches the engine's command line and API, so
+    nothing that could read as a flag or carry more than one word."""
+    if not runtime:
+        return
+    if len(runtime) > MAX_RUNTIME_CHARS:
+        raise ConfigError(f"sandbox.runtime is longer than {MAX_RUNTIME_CHARS} characters")
+    if runtime.startswith("/"):
+        ok = all(c.isprintable() and not c.isspace() for c in runtime) and ".." not in runtime
+        what = "an absolute path without spaces, control characters or '..'"
+    else:
+        ok = bool(RUNTIME_NAME.fullmatch(runtime))
+        what = "a name of letters, digits, '.', '_', '+' and '-' (not first), or an absolute path"
+    if not ok:
+        raise ConfigError(f"sandbox.runtime must be {what}, got {runtime[:80]!r}")
 
 
 def _build(cls: type[Any], data: dict[str, Any], where: str) -> Any:

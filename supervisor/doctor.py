@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ def run_checks(config: Config) -> list[Check]:
     engine = _engine(config)
     checks.append(engine)
     if engine.ok:
+        checks.append(_runtimes(config))
         checks.append(_image(config))
     checks.append(_tool("debootstrap", "needed by `stockade image build` when no base image"))
     return checks
@@ -76,6 +78,42 @@ def _engine(config: Config) -> Check:
     except StockadeError as exc:
         return Check("engine", False, str(exc), SETUP)
     return Check("engine", True, f"{config.engine.kind} {version} at {url}")
+
+
+def _runtimes(config: Config) -> Check:
+    """The OCI runtimes the engine knows, and whether the configured one is among them."""
+    from stockade.supervisor.backends import create_backend
+    from stockade.supervisor.engines import configured_runtimes
+    from stockade.supervisor.errors import StockadeError
+
+    url = _engine_url(config)
+    wanted, podman = config.sandbox.runtime, config.engine.kind == "podman"
+    try:
+        backend = create_backend(config.engine.kind, url) if url else None
+        known = backend.runtimes() if backend else configured_runtimes()
+        default = backend.runtime_facts().name if backend else ""
+    except StockadeError as exc:
+        return Check("runtimes", False, f"cannot ask the engine: {exc}", SETUP)
+    listed = ", ".join(
+        f"{name}{' (default)' if name == default else ''}{f' {path}' if path else ''}"
+        for name, path in sorted(known.items())
+    )
+    detail = f"known: {listed or 'none'}; sandbox.runtime: {wanted or '(the default)'}"
+    if podman and wanted and config.engine.socket and wanted != default:
+        fix = f"start that service as `podman --runtime {wanted} system service`"
+        why = f"the Podman service at {url} runs its containers under {default or '?'}"
+        return Check("runtimes", False, f"{detail}: {why}", fix)
+    if not wanted or wanted in known:
+        return Check("runtimes", True, detail)
+    if podman and wanted.startswith("/"):
+        ok = os.access(wanted, os.X_OK)
+        return Check("runtimes", ok, detail, "" if ok else f"{wanted} is not an executable")
+    fix = (
+        "give an absolute path, or list the name under [engine.runtimes] in containers.conf"
+        if podman
+        else 'register it under "runtimes" in /etc/docker/daemon.json and reload dockerd'
+    )
+    return Check("runtimes", False, f"{detail}: not known to the engine", fix)
 
 
 def _engine_url(config: Config) -> str | None:

@@ -64,12 +64,15 @@ def ping(socket_path: Path, timeout: float = 2.0) -> bool:
         conn.close()
 
 
-def ensure_podman_service(socket_path: Path, log_path: Path) -> subprocess.Popen[bytes] | None:
-    """Start `podman system service` on socket_path unless something answers there."""
+def ensure_podman_service(
+    socket_path: Path, log_path: Path, global_args: Sequence[str] = ()
+) -> subprocess.Popen[bytes] | None:
+    """Start `podman system service` on socket_path unless something answers there;
+    global_args go before `system` (e.g. --runtime: the runtime of all its containers)."""
     if ping(socket_path):
         return None
     podman = _require("podman", "apt-get install podman runc catatonit")
-    cmd = [podman, "system", "service", "--time=0", f"unix://{socket_path}"]
+    cmd = [podman, *global_args, "system", "service", "--time=0", f"unix://{socket_path}"]
     return _start(cmd, socket_path, log_path, wait=20.0)
 
 
@@ -186,6 +189,41 @@ def _conf_files() -> list[Path]:
     for folder in (Path("/usr/share/containers/containers.conf.d"), DROP_IN.parent):
         files += sorted(folder.glob("*.conf")) if folder.is_dir() else []
     return [f for f in files if f.is_file()]
+
+
+def configured_runtimes() -> dict[str, str]:
+    """Runtimes listed under [engine.runtimes] in this host's containers.conf files (name ->
+    the first listed path that exists; names with none are left out)."""
+    listed: dict[str, list[str]] = {}
+    for path in _conf_files():
+        try:
+            with path.open("rb") as f:
+                runtimes = tomllib.load(f).get("engine", {}).get("runtimes", {})
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+        if isinstance(runtimes, dict):
+            listed.update(
+                {str(k): [str(p) for p in v] for k, v in runtimes.items() if isinstance(v, list)}
+            )
+    found = {}
+    for name, paths in listed.items():
+        existing = [p for p in paths if os.access(p, os.X_OK)]
+        if existing:
+            found[name] = existing[0]
+    return found
+
+
+def podman_service_args(runtime: str) -> list[str]:
+    """Global flags for a Podman service whose containers run under `runtime` (its API
+    ignores a container's own runtime). gVisor's runsc gets --host-uds=create, so that the
+    agent's socket, made inside the sandbox on a bind mount, answers on the host, and
+    --network=none (its netstack otherwise refuses the namespace Podman gives it)."""
+    if not runtime:
+        return []
+    args = [f"--runtime={runtime}"]
+    if Path(runtime).name == "runsc":
+        args += ["--runtime-flag=host-uds=create", "--runtime-flag=network=none"]
+    return args
 
 
 def _configured_ulimits() -> dict[str, int]:

@@ -510,17 +510,21 @@ def namespaces(links: Mapping[str, str], host: Mapping[str, int]) -> tuple[Names
     return tuple(found)
 
 
-def runtime_info(facts: RuntimeFacts, container_runtime: str) -> RuntimeInfo:
+def runtime_info(
+    facts: RuntimeFacts, container_runtime: str, known: Mapping[str, str] | None = None
+) -> RuntimeInfo:
     """The runtime and its CVE verdicts; the container's own runtime name wins over the
-    engine's default (a container may run under another runtime)."""
+    engine's default (a container may run under another runtime: then only its path, from
+    the engine's list, is known, and runc verdicts are given for a runc alone)."""
     name = container_runtime or facts.name
     same = not container_runtime or not facts.name or container_runtime == facts.name
     version, package = (facts.version, facts.package_version) if same else ("", "")
+    path = facts.path if same else (known or {}).get(name, "")
     return RuntimeInfo(
         name=name,
         version=version,
         package_version=package,
         package_source=facts.package_source if same else "",
-        path=facts.path if same else "",
+        path=path,
         cves=tuple(assess(name, version, package)),
     )

@@ -40,6 +40,7 @@ from stockade.supervisor.backends.base import (
 from stockade.supervisor.config import NETWORK_MODES, Config
 from stockade.supervisor.errors import (
     AgentMisbehaved,
+    ConfigError,
     EngineUnavailable,
     InvalidRequest,
     PolicyDenied,
@@ -98,6 +99,8 @@ class _Paths:
     key_file: Path
     image: Path
     """The workspace's file system when it is size-capped (sandbox.workspace_size_mb)."""
+    tmp: Path
+    """/tmp's tmpfs when the supervisor mounts it (an inode cap the engine cannot set)."""
 
 
 class SandboxManager:
@@ -151,6 +154,12 @@ class SandboxManager:
         await asyncio.to_thread(self._backend.ping)
         if self._config.sandbox.workspace_size_mb:
             await asyncio.to_thread(workspaces.check_support)
+        if self._host_tmp() and os.geteuid() != 0:
+            raise ConfigError(
+                f"sandbox.tmp_inodes: {self._backend.engine}'s tmpfs mounts take no inode cap, "
+                "so the supervisor mounts /tmp's tmpfs itself, which needs it to run as root; "
+                "set sandbox.tmp_inodes = 0 for the engine's default"
+            )
         self._root.mkdir(parents=True, exist_ok=True)
         os.chmod(self._root, 0o700)
         profile = seccomp.write_profile(self._config.state_dir / "seccomp.json")
@@ -299,6 +308,7 @@ class SandboxManager:
         if view is None:
             raise SandboxNotFound(f"the container of sandbox {key!r} is gone")
         runtime = await asyncio.to_thread(self._backend.runtime_facts)
+        known = await asyncio.to_thread(self._backend.runtimes)
         inside = isolation.InsideFacts(
             facts.files, facts.links, facts.root_read_only, facts.write_probe_error
         )
@@ -309,7 +319,7 @@ class SandboxManager:
             inside=isolation.inside_view(inside),
             outside=view,
             namespaces=isolation.namespaces(facts.links, isolation.host_namespaces()),
-            runtime=isolation.runtime_info(runtime, view.runtime),
+            runtime=isolation.runtime_info(runtime, view.runtime, known),
         )
 
     async def _diagnose(self, sandbox: _Sandbox, exc: AgentCallFailed) -> NoReturn:
@@ -382,6 +392,7 @@ class SandboxManager:
         await sandbox.agent.close()
         await self._egress.detach(sandbox.sid)
         await asyncio.to_thread(self._backend.remove, sandbox.info.id)
+        await asyncio.to_thread(workspaces.unmount, self._paths(sandbox.key).tmp)
 
     async def _create(self, key: str, network: SandboxNetwork) -> _Sandbox:
         paths = self._prepare_dirs(key)
@@ -390,10 +401,15 @@ class SandboxManager:
         if network.mode == "open":
             log.warning("sandbox %r gets network mode open: the engine's bridge network", key)
         await asyncio.to_thread(self._mount_workspace, paths)
+        if self._host_tmp():
+            sb = self._config.sandbox
+            size = sb.tmp_size_mb * 1024 * 1024
+            await asyncio.to_thread(workspaces.mount_tmp, paths.tmp, size, sb.tmp_inodes)
         try:
             info = await asyncio.to_thread(self._backend.run, spec)
         except Exception:
             self.start_failures += 1
+            await asyncio.to_thread(workspaces.unmount, paths.tmp)
             raise
         sandbox = _Sandbox(key, sandbox_id(key), info, self._connect(paths.socket), network)
         try:
@@ -404,6 +420,7 @@ class SandboxManager:
             await sandbox.agent.close()
             await self._egress.detach(sandbox.sid)
             await asyncio.to_thread(self._backend.remove, info.id)
+            await asyncio.to_thread(workspaces.unmount, paths.tmp)
             raise SandboxBroken(f"sandbox {key!r} did not start: {exc}") from exc
         self.starts += 1
         self._seal_run_dir(paths)
@@ -428,6 +445,10 @@ class SandboxManager:
         os.chmod(paths.run, 0o700)
         paths.socket.unlink(missing_ok=True)
         return paths
+
+    def _host_tmp(self) -> bool:
+        """Whether /tmp is a tmpfs the supervisor mounts: an inode cap the engine cannot set."""
+        return bool(self._config.sandbox.tmp_inodes) and not self._backend.tmpfs_inodes
 
     def _mount_workspace(self, paths: _Paths) -> None:
         """Mount the workspace's own file system when it is capped, or was capped before (its
@@ -470,8 +491,9 @@ class SandboxManager:
         root = self._root / sandbox_id(key)
         run = root / "run"
         return _Paths(
-            root, root / "workspace", run, run / "agent.sock", root / "key", root / "workspace.img"
-        )
+            root, root / "workspace", run, run / "agent.sock", root / "key",
+            root / "workspace.img", root / "tmp",
+        )  # fmt: skip
 
     def _labels(self) -> dict[str, str]:
         return {LABEL_MANAGED: "1", LABEL_INSTANCE: self._instance_id}
@@ -496,15 +518,20 @@ class SandboxManager:
         environment = dict(sb.secrets)
         if network.mode == "egress":
             environment.update(self._egress.environment)
+        mounts = [
+            BindMount(str(paths.workspace), WORKSPACE),
+            BindMount(str(paths.run), AGENT_SOCKET_DIR),
+        ]
+        tmpfs = {"/tmp": sb.tmp_size_mb * 1024 * 1024}
+        if self._host_tmp():
+            mounts.append(BindMount(str(paths.tmp), "/tmp"))
+            tmpfs = {}
         return ContainerSpec(
             name=self.container_name(key),
             image=self._image,
             command=self._agent_command(),
             labels=labels,
-            mounts=(
-                BindMount(str(paths.workspace), WORKSPACE),
-                BindMount(str(paths.run), AGENT_SOCKET_DIR),
-            ),
+            mounts=tuple(mounts),
             user=sb.user,
             read_only_root=sb.read_only_root,
             drop_all_capabilities=sb.drop_all_capabilities,
@@ -515,10 +542,12 @@ class SandboxManager:
             nofile=sb.nofile,
             nproc=sb.nproc,
             fsize=sb.max_file_size_mb * 1024 * 1024,
-            tmpfs={"/tmp": sb.tmp_size_mb * 1024 * 1024},
+            tmpfs=tmpfs,
+            tmpfs_inodes=sb.tmp_inodes,
             environment=environment,
             network="bridge" if network.mode == "open" else "none",
             seccomp_profile=self._seccomp,
+            runtime=sb.runtime,
         )
 
     async def get(self, key: str) -> SandboxInfo:
@@ -553,6 +582,7 @@ class SandboxManager:
             await self._egress.detach(sandbox_id(key))
             removed = await asyncio.to_thread(self._remove_own, self.container_name(key))
             await asyncio.to_thread(workspaces.unmount, paths.workspace)
+            await asyncio.to_thread(workspaces.unmount, paths.tmp)
             if delete_workspace:
                 await asyncio.to_thread(hostfs.remove_tree, paths.root)
             return removed, delete_workspace

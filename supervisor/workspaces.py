@@ -91,6 +91,17 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+def mount_tmp(target: Path, size_bytes: int, inodes: int) -> None:
+    """Mount a fresh tmpfs at `target` (any earlier one unmounted first: its files belonged
+    to an earlier container), capped in bytes and inodes: /tmp of a sandbox on an engine
+    whose tmpfs mounts take no inode cap. Its pages are charged to the memory cgroup of the
+    process that writes them, as an engine's tmpfs's are."""
+    unmount(target)
+    target.mkdir(mode=0o700, exist_ok=True)
+    options = f"size={size_bytes},nr_inodes={inodes},mode=1777,nosuid,nodev,noatime"
+    _run("mount", "-t", "tmpfs", "-o", options, "stockade-tmp", str(target))
+
+
 def unmount(target: Path) -> None:
     """Unmount `target` when it is a mount point; lazily when something still holds it."""
     if not target.is_mount():

@@ -126,11 +126,13 @@ def debian_package_version(version: str, candidate: str) -> str:
 
 
 def parse_runc_version(text: str) -> tuple[str, str]:
-    """(version, commit) from `runc --version` output."""
+    """(version, commit) from `runc --version` output (or another runtime's that starts the
+    same way: "runsc version 0.0~20221219.0")."""
     version = commit = ""
     for line in text.splitlines():
-        if line.startswith("runc version "):
-            version = line.removeprefix("runc version ").strip()
+        name, sep, rest = line.partition(" version ")
+        if sep and not version and name and " " not in name:
+            version = rest.strip()
         elif line.startswith("commit:"):
             commit = line.removeprefix("commit:").strip()
     return version, commit

@@ -51,6 +51,11 @@ class ContainerSpec:
     """RLIMIT_FSIZE in bytes, the largest file a process may write; 0: unlimited."""
     tmpfs: Mapping[str, int] = field(default_factory=dict)
     """Mount point -> size in bytes."""
+    tmpfs_inodes: int = 0
+    """Inode cap of each tmpfs (nr_inodes); 0: the kernel's default. Only for a backend whose
+    tmpfs_inodes is True."""
+    runtime: str = ""
+    """OCI runtime name (or, for Podman, path); "": the engine's default."""
     environment: Mapping[str, str] = field(default_factory=dict)
     network: str = "none"
     """"none", or "bridge" (the engine's default network)."""
@@ -114,6 +119,8 @@ class RuntimeFacts:
 class ContainerBackend(Protocol):
     engine: str
     """"podman" or "docker"."""
+    tmpfs_inodes: bool
+    """Whether the engine's tmpfs mounts take an inode cap (Podman 4.3 refuses nr_inodes)."""
 
     def ping(self) -> str:
         """Return the engine's version; raise EngineUnavailable when it cannot be reached."""
@@ -146,6 +153,10 @@ class ContainerBackend(Protocol):
 
     def runtime_facts(self) -> RuntimeFacts:
         """The engine's default OCI runtime: name, version, package version."""
+        ...
+
+    def runtimes(self) -> dict[str, str]:
+        """The OCI runtimes the engine knows: name -> path ("" when not told)."""
         ...
 
     def close(self) -> None: ...

@@ -26,13 +26,14 @@ from stockade.supervisor.backends.base import (
     EngineView,
     RuntimeFacts,
 )
-from stockade.supervisor.errors import EngineUnavailable
+from stockade.supervisor.errors import ConfigError, EngineUnavailable
 
 _ENGINE_ERRORS = (docker.errors.DockerException, requests.RequestException)
 
 
 class DockerBackend:
     engine = "docker"
+    tmpfs_inodes = True
 
     def __init__(self, base_url: str) -> None:
         self._base_url = base_url
@@ -67,6 +68,10 @@ class DockerBackend:
                 f"Docker has no image {spec.image}; build it with "
                 "`stockade image build --engine docker`"
             ) from exc
+        except docker.errors.APIError as exc:
+            if spec.runtime and "unknown runtime" in str(exc.explanation or exc).lower():
+                raise ConfigError(self._unknown_runtime(spec.runtime)) from exc
+            raise EngineUnavailable(f"Docker could not create {spec.name}: {exc}") from exc
         except _ENGINE_ERRORS as exc:
             raise EngineUnavailable(f"Docker could not create {spec.name}: {exc}") from exc
         try:
@@ -138,6 +143,31 @@ class DockerBackend:
                 return RuntimeFacts(name, version, package, source, path)
         return RuntimeFacts(name=name, path=path)
 
+    def runtimes(self) -> dict[str, str]:
+        try:
+            found = self._client.info().get("Runtimes") or {}
+        except _ENGINE_ERRORS as exc:
+            raise EngineUnavailable(f"Docker: cannot read its info: {exc}") from exc
+        return {str(name): str((v or {}).get("path") or "") for name, v in found.items()}
+
+    def _unknown_runtime(self, runtime: str) -> str:
+        try:
+            known = ", ".join(sorted(self.runtimes())) or "none"
+        except EngineUnavailable:
+            known = "(cannot ask)"
+        name = Path(runtime).name if runtime.startswith("/") else runtime
+        path = runtime if runtime.startswith("/") else f"/usr/bin/{runtime}"
+        how = (
+            f'register it in /etc/docker/daemon.json, e.g. {{"runtimes": {{"{name}": '
+            f'{{"path": "{path}"}}}}}}, then reload dockerd (SIGHUP)'
+        )
+        if runtime.startswith("/"):
+            how = f"Docker takes a registered name, not a path: {how} and set {name!r}"
+        return (
+            f"sandbox.runtime {runtime!r} is not a runtime Docker knows (it knows: {known}): "
+            f"{how}; or change sandbox.runtime (empty: Docker's default)"
+        )
+
     def close(self) -> None:
         self._client.close()
 
@@ -170,11 +200,18 @@ def _run_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         ],
         "network_mode": spec.network,
         "tmpfs": {
-            path: f"rw,nosuid,nodev,size={size},mode=1777" for path, size in spec.tmpfs.items()
+            path: _tmpfs_options(size, spec.tmpfs_inodes) for path, size in spec.tmpfs.items()
         },
         "mounts": [
             docker.types.Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
             for m in spec.mounts
         ],
         "hostname": "sandbox",
+        **({"runtime": spec.runtime} if spec.runtime else {}),
     }
+
+
+def _tmpfs_options(size: int, inodes: int) -> str:
+    return (
+        f"rw,nosuid,nodev,size={size}" + (f",nr_inodes={inodes}" if inodes else "") + ",mode=1777"
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import podman
@@ -25,7 +26,7 @@ from stockade.supervisor.backends.base import (
     EngineView,
     RuntimeFacts,
 )
-from stockade.supervisor.errors import EngineUnavailable
+from stockade.supervisor.errors import ConfigError, EngineUnavailable
 
 _ENGINE_ERRORS = (podman.errors.PodmanError, requests.RequestException)
 CPU_PERIOD_US = 100_000
@@ -33,6 +34,8 @@ CPU_PERIOD_US = 100_000
 
 class PodmanBackend:
     engine = "podman"
+    tmpfs_inodes = False
+    """Podman 4.3 refuses nr_inodes on its tmpfs mounts ("invalid mount option")."""
 
     def __init__(self, base_url: str) -> None:
         self._base_url = base_url
@@ -65,12 +68,29 @@ class PodmanBackend:
         except _ENGINE_ERRORS as exc:
             raise EngineUnavailable(f"Podman could not create {spec.name}: {exc}") from exc
         try:
+            attrs = self._client.containers.get(container.id).attrs
+            actual = str(attrs.get("OCIRuntime") or "")
+            if spec.runtime and actual != spec.runtime:
+                self.remove(container.id)
+                raise ConfigError(self._other_runtime(spec.runtime, actual))
             container.start()
             attrs = self._client.containers.get(container.id).attrs
         except _ENGINE_ERRORS as exc:
             self.remove(container.id)
             raise EngineUnavailable(f"Podman could not start {spec.name}: {exc}") from exc
         return info_from_inspect(attrs)
+
+    def _other_runtime(self, wanted: str, actual: str) -> str:
+        return (
+            f"sandbox.runtime is {wanted!r}, but Podman at {self._base_url} made the container "
+            f"for runtime {actual or '?'!r} (Podman 4.3's API ignores the runtime asked for per "
+            "container: its service's default applies). Leave engine.socket empty so that the "
+            f"supervisor starts Podman's service with --runtime {wanted}, or start the service "
+            f"as `podman --runtime {wanted} system service`; the runtime must be an absolute "
+            "path or a name listed under [engine.runtimes] in containers.conf "
+            f'(e.g. {Path(wanted).name} = ["/usr/bin/{Path(wanted).name}"] in '
+            "/etc/containers/containers.conf.d/runtimes.conf)"
+        )
 
     def inspect(self, name_or_id: str) -> ContainerInfo | None:
         try:
@@ -127,11 +147,23 @@ class PodmanBackend:
         version, commit = parse_runc_version(str(oci.get("version") or ""))
         parts = str(oci.get("package") or "").split("_")
         package, source = "", ""
-        if len(parts) == 3 and parts[0] == name and parts[1]:
+        if len(parts) == 3 and parts[0] == Path(name).name and parts[1]:
             package, source = parts[1], "engine (package)"
         elif debian_package_version(version, commit):
             package, source = commit, "engine (runc commit)"
         return RuntimeFacts(name, version, package, source, str(oci.get("path") or ""))
+
+    def runtimes(self) -> dict[str, str]:
+        """The service's runtime (its API tells no other), and the runtimes listed in this
+        host's containers.conf files whose program exists (a service started with --runtime
+        may use those by name)."""
+        from stockade.supervisor.engines import configured_runtimes
+
+        found = configured_runtimes()
+        facts = self.runtime_facts()
+        if facts.name:
+            found[facts.name] = facts.path
+        return found
 
     def close(self) -> None:
         self._client.close()
@@ -167,6 +199,8 @@ def _create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         "mounts": mounts,
         "hostname": "sandbox",
     }
+    if spec.runtime:  # honoured by later Podman versions; 4.3 ignores it (run() checks)
+        kwargs["runtime"] = spec.runtime
     if spec.drop_all_capabilities:
         kwargs["cap_drop"] = ["ALL"]
     if spec.no_new_privileges:

@@ -4,6 +4,7 @@ in a subprocess, the real client over gRPC."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -193,6 +194,10 @@ class PrivateEngine:
     engine: str
     root: Path
     process: subprocess.Popen[bytes] | None = None
+    runtimes: dict[str, dict[str, object]] = field(default_factory=dict)
+    """Docker: OCI runtimes to register in the daemon.json ("runtimes"), name -> {"path",
+    "runtimeArgs"}. Podman: the service's runtime is the first one's path, with its
+    runtimeArgs as --runtime-flag (Podman's API ignores a container's own runtime)."""
 
     @property
     def socket(self) -> Path:
@@ -205,7 +210,7 @@ class PrivateEngine:
     def start(self) -> None:
         log = self.root / f"{self.engine}.log"
         if self.engine == "podman":
-            self.process = ensure_podman_service(self.socket, log)
+            self.process = ensure_podman_service(self.socket, log, self._podman_args())
             return
         self._add_bridge()
         self.process = ensure_dockerd(log, self.socket, self._dockerd_args())
@@ -233,12 +238,18 @@ class PrivateEngine:
 
     def _dockerd_args(self) -> list[str]:
         config = self.root / "daemon.json"
-        config.write_text("{}\n")
+        config.write_text(json.dumps({"runtimes": self.runtimes} if self.runtimes else {}) + "\n")
         return [
             *("--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec")),
             *("--pidfile", str(self.root / "dockerd.pid"), "--config-file", str(config)),
             *("--bridge", PRIVATE_BRIDGE, "--iptables=false", "--ip-masq=false"),
         ]
+
+    def _podman_args(self) -> list[str]:
+        for runtime in self.runtimes.values():
+            flags = [str(f).removeprefix("--") for f in runtime.get("runtimeArgs") or []]  # type: ignore[attr-defined]
+            return ["--runtime", str(runtime["path"]), *(f"--runtime-flag={f}" for f in flags)]
+        return []
 
     @staticmethod
     def _add_bridge() -> None:

@@ -25,6 +25,7 @@ from stockade.supervisor.errors import SandboxBroken
 
 class FakeBackend:
     engine = "fake"
+    tmpfs_inodes = True
 
     def __init__(self) -> None:
         self.containers: dict[str, ContainerInfo] = {}
@@ -89,6 +90,9 @@ class FakeBackend:
 
     def runtime_facts(self) -> RuntimeFacts:
         return RuntimeFacts("runc", "1.1.12")
+
+    def runtimes(self) -> dict[str, str]:
+        return {"runc": ""}
 
     def close(self) -> None:
         pass
