@@ -41,9 +41,7 @@ def test_runc_named_explicitly(engine: str, key: str) -> None:
 
 
 @pytest.mark.parametrize("runtime", ["no-such-runtime", "/nonexistent/bin/runsc"])
-def test_an_unknown_runtime_fails_the_creation_clearly(
-    engine: str, key: str, runtime: str
-) -> None:
+def test_an_unknown_runtime_fails_the_creation_clearly(engine: str, key: str, runtime: str) -> None:
     config = f'[sandbox]\nruntime = "{runtime}"\n'
     with running_supervisor(engine, config) as sup, sup.client() as c:
         for _attempt in range(2):  # the supervisor stays up and says the same again

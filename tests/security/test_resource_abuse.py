@@ -26,6 +26,7 @@ QUOTAS = """
 [sandbox]
 workspace_size_mb = 64
 tmp_size_mb = 16
+tmp_inodes = 4096
 max_file_size_mb = 8
 """
 
@@ -156,6 +157,50 @@ def test_tmp_fill_stops_at_its_quota(client: Stockade, key: str, neighbour: Neig
     run(box, "rm -f /tmp/fill*")
     assert run(box, "echo room > /tmp/x && cat /tmp/x").stdout == "room\n"
     assert_next_call_works(client, key)
+
+
+def test_a_million_files_in_tmp_stop_at_its_inode_cap(
+    supervisor: Supervisor, client: Stockade, key: str, neighbour: Neighbour
+) -> None:
+    """Empty files cost no blocks, so only an inode cap stops them before they eat the
+    memory limit (tmpfs inodes are kernel memory charged to the sandbox)."""
+    box = client.sandbox(key)
+    container = box.ensure().container_id
+    assert run(box, "df --output=itotal /tmp | tail -1").stdout.strip() == "4096"
+    run(box, "echo kept > /tmp/marker")
+    box.write_file(
+        "many.py",
+        "import os\nos.mkdir('/tmp/m')\nn = 0\ntry:\n"
+        "    for n in range(1_000_000):\n        open(f'/tmp/m/{n}', 'w').close()\n"
+        "except OSError as exc:\n    print(n, exc.strerror)\n",
+    )
+    result = run(box, "python3 many.py")
+    assert result.data["oom_killed"] is not True
+    made, reason = result.stdout.split(" ", 1)
+    assert int(made) < 4096
+    assert reason.strip() == "No space left on device"
+    assert run(box, "cat /tmp/marker").stdout == "kept\n", "the same container, not a new one"
+    assert box.ensure().container_id == container
+    run(box, "python3 -c 'import shutil; shutil.rmtree(\"/tmp/m\")'")
+    assert run(box, "touch /tmp/again && echo room").stdout == "room\n"
+    assert_next_call_works(client, key)
+
+
+def test_tmp_is_fresh_per_container_and_unmounted_on_destroy(
+    supervisor: Supervisor, client: Stockade, key: str
+) -> None:
+    """Podman's /tmp is a tmpfs the supervisor mounts: a new container gets a new one, and
+    destroying the sandbox leaves no mount behind (Docker's is the engine's own)."""
+    box = client.sandbox(key)
+    run(box, "echo old > /tmp/left")
+    host_tmp = supervisor.workspace(key).parent / "tmp"
+    assert host_tmp.is_mount() is (supervisor.engine == "podman")
+    client.destroy_sandbox(key)
+    assert not host_tmp.is_mount()
+    assert run(box, "ls -A /tmp").stdout == "", "a new container's /tmp is empty"
+    assert run(box, "df --output=itotal /tmp | tail -1").stdout.strip() == "4096"
+    client.destroy_sandbox(key, delete_workspace=True)
+    assert not host_tmp.exists()
 
 
 def test_a_file_past_the_size_cap_is_an_error_not_a_kill(
