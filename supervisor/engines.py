@@ -213,16 +213,21 @@ def configured_runtimes() -> dict[str, str]:
     return found
 
 
+RUNSC_FLAGS = ("host-uds=create", "network=none", "oci-seccomp")
+"""What gVisor's runsc needs under Stockade: host-uds=create, so that the agent's socket, made
+inside the sandbox on a bind mount, answers on the host; network=none, as its netstack refuses
+the namespace the engines give it; oci-seccomp, so that the sandbox's seccomp profile (no
+namespaces, no mount, ...) holds inside gVisor too (runsc ignores it otherwise)."""
+
+
 def podman_service_args(runtime: str) -> list[str]:
     """Global flags for a Podman service whose containers run under `runtime` (its API
-    ignores a container's own runtime). gVisor's runsc gets --host-uds=create, so that the
-    agent's socket, made inside the sandbox on a bind mount, answers on the host, and
-    --network=none (its netstack otherwise refuses the namespace Podman gives it)."""
+    ignores a container's own runtime); runsc gets RUNSC_FLAGS."""
     if not runtime:
         return []
     args = [f"--runtime={runtime}"]
     if Path(runtime).name == "runsc":
-        args += ["--runtime-flag=host-uds=create", "--runtime-flag=network=none"]
+        args += [f"--runtime-flag={flag}" for flag in RUNSC_FLAGS]
     return args
 
 

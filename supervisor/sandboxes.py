@@ -162,7 +162,8 @@ class SandboxManager:
             )
         self._root.mkdir(parents=True, exist_ok=True)
         os.chmod(self._root, 0o700)
-        profile = seccomp.write_profile(self._config.state_dir / "seccomp.json")
+        gvisor = await asyncio.to_thread(self._runs_gvisor)
+        profile = seccomp.write_profile(self._config.state_dir / "seccomp.json", gvisor=gvisor)
         self._seccomp = str(profile) if profile else ""
         found = await asyncio.to_thread(self._backend.list, self._labels())
         adopted = []
@@ -445,6 +446,15 @@ class SandboxManager:
         os.chmod(paths.run, 0o700)
         paths.socket.unlink(missing_ok=True)
         return paths
+
+    def _runs_gvisor(self) -> bool:
+        """Whether sandbox.runtime is gVisor's runsc: by name or path, or (Docker) a name
+        registered for a runsc program."""
+        runtime = self._config.sandbox.runtime
+        if not runtime:
+            return False
+        path = self._backend.runtimes().get(runtime) or runtime
+        return "runsc" in (Path(runtime).name, Path(path).name)
 
     def _host_tmp(self) -> bool:
         """Whether /tmp is a tmpfs the supervisor mounts: an inode cap the engine cannot set."""

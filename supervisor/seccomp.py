@@ -9,6 +9,12 @@ Podman installs:
 
 - clone and unshare are allowed only without namespace flags (as Docker does);
 - clone3 gets ENOSYS (its flags sit in memory seccomp cannot read; libc falls back to clone).
+
+Under gVisor (runsc with --oci-seccomp) the profile is applied by gVisor's own kernel, which
+in runsc 20221219 ignores errnoRet: a refused call gets EPERM, on which glibc does not fall
+back from clone3 to clone, so no thread could start. There clone3 is allowed: that gVisor has
+no clone3 and answers ENOSYS itself (a later one would make its namespaces in its own kernel,
+not the host's).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ ENOSYS: Final = 38
 _GUARDED: Final = frozenset({"clone", "clone3", "unshare"})
 
 
-def tighten(profile: dict[str, Any]) -> dict[str, Any]:
+def tighten(profile: dict[str, Any], *, gvisor: bool = False) -> dict[str, Any]:
     """`profile` with clone, clone3 and unshare replaced by the rules above."""
     rules = []
     for rule in profile.get("syscalls", []):
@@ -42,14 +48,18 @@ def tighten(profile: dict[str, Any]) -> dict[str, Any]:
     ]
     rules += [
         {"names": ["clone", "unshare"], "action": "SCMP_ACT_ALLOW", "args": no_namespaces},
-        {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS},
+        {"names": ["clone3"], "action": "SCMP_ACT_ALLOW"}
+        if gvisor
+        else {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS},
     ]
     return {**profile, "syscalls": rules}
 
 
-def write_profile(target: Path, bases: tuple[Path, ...] = BASE_PROFILES) -> Path | None:
-    """Write the tightened profile to `target`; None (the engine's default stays) when no
-    base profile is installed."""
+def write_profile(
+    target: Path, bases: tuple[Path, ...] = BASE_PROFILES, *, gvisor: bool = False
+) -> Path | None:
+    """Write the tightened profile to `target` (for gVisor: see above); None (the engine's
+    default stays) when no base profile is installed."""
     for base in bases:
         try:
             profile = json.loads(base.read_text())
@@ -59,7 +69,7 @@ def write_profile(target: Path, bases: tuple[Path, ...] = BASE_PROFILES) -> Path
             log.warning("cannot read the seccomp profile %s: %s", base, exc)
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(tighten(profile)))
+        target.write_text(json.dumps(tighten(profile, gvisor=gvisor)))
         return target
     log.warning(
         "no containers-common seccomp profile (%s): sandboxes run with the engine's default "

@@ -202,11 +202,20 @@ def _error(code: str, message: str) -> Any:
 
 def _use_pidfd_child_watcher() -> None:
     """Python 3.11 waits for each child in a thread of its own; a pidfd watcher needs none
-    (3.12 picks it by itself)."""
-    if sys.version_info < (3, 12) and hasattr(asyncio, "PidfdChildWatcher"):
+    (3.12 picks it by itself). Not where the kernel lacks pidfd_open (gVisor's of 2022): every
+    start of a command would then fail with ENOSYS."""
+    if sys.version_info < (3, 12) and hasattr(asyncio, "PidfdChildWatcher") and _has_pidfd():
         watcher = asyncio.PidfdChildWatcher()
         watcher.attach_loop(asyncio.get_running_loop())
         asyncio.set_child_watcher(watcher)
+
+
+def _has_pidfd() -> bool:
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
 
 
 async def serve(
