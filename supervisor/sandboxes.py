@@ -122,6 +122,7 @@ class SandboxManager:
         self._connect = connect or partial(AgentConnection, limits=limits)
         self._root = config.state_dir / "sandboxes"
         self._seccomp = ""
+        self._gvisor = False
         self._sandboxes: dict[str, _Sandbox] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         uid, _, gid = config.sandbox.user.partition(":")
@@ -152,18 +153,20 @@ class SandboxManager:
     async def start(self) -> list[str]:
         """Check the engine and adopt this instance's running containers; return adopted keys."""
         await asyncio.to_thread(self._backend.ping)
+        self._gvisor = await asyncio.to_thread(self._runs_gvisor)
         if self._config.sandbox.workspace_size_mb:
             await asyncio.to_thread(workspaces.check_support)
         if self._host_tmp() and os.geteuid() != 0:
             raise ConfigError(
-                f"sandbox.tmp_inodes: {self._backend.engine}'s tmpfs mounts take no inode cap, "
-                "so the supervisor mounts /tmp's tmpfs itself, which needs it to run as root; "
-                "set sandbox.tmp_inodes = 0 for the engine's default"
+                "sandbox.tmp_inodes: the engine's tmpfs mounts take no inode cap here (Podman "
+                "4.3 refuses one; gVisor ignores it), so the supervisor mounts /tmp's tmpfs "
+                "itself, which needs it to run as root; set sandbox.tmp_inodes = 0 for the "
+                "engine's default"
             )
         self._root.mkdir(parents=True, exist_ok=True)
         os.chmod(self._root, 0o700)
-        gvisor = await asyncio.to_thread(self._runs_gvisor)
-        profile = seccomp.write_profile(self._config.state_dir / "seccomp.json", gvisor=gvisor)
+        target = self._config.state_dir / "seccomp.json"
+        profile = seccomp.write_profile(target, gvisor=self._gvisor)
         self._seccomp = str(profile) if profile else ""
         found = await asyncio.to_thread(self._backend.list, self._labels())
         adopted = []
@@ -457,8 +460,11 @@ class SandboxManager:
         return "runsc" in (Path(runtime).name, Path(path).name)
 
     def _host_tmp(self) -> bool:
-        """Whether /tmp is a tmpfs the supervisor mounts: an inode cap the engine cannot set."""
-        return bool(self._config.sandbox.tmp_inodes) and not self._backend.tmpfs_inodes
+        """Whether /tmp is a tmpfs the supervisor mounts: an inode cap the engine cannot set
+        (Podman 4.3), or that the runtime would ignore (gVisor makes an engine's tmpfs in its
+        own kernel, where nr_inodes has no effect: `df -i` shows 0 inodes)."""
+        engine_can = self._backend.tmpfs_inodes and not self._gvisor
+        return bool(self._config.sandbox.tmp_inodes) and not engine_can
 
     def _mount_workspace(self, paths: _Paths) -> None:
         """Mount the workspace's own file system when it is capped, or was capped before (its

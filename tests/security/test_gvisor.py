@@ -54,7 +54,8 @@ def supervisor(engine: str) -> Iterator[Supervisor]:
         runtimes: dict[str, dict[str, object]] = {
             "runsc": {"path": RUNSC, "runtimeArgs": RUNSC_ARGS}
         }
-        own = PrivateEngine(engine, Path(tempfile.mkdtemp(prefix="stke", dir="/tmp")), runtimes)
+        root = Path(tempfile.mkdtemp(prefix="stke", dir="/tmp"))
+        own = PrivateEngine(engine, root, runtimes=runtimes)
         own.start()
         sup = Supervisor(engine, state, '[sandbox]\nruntime = "runsc"\n', engine_socket=own.url)
     else:  # the supervisor's own Podman service, over the shared storage
