@@ -23,6 +23,15 @@ def test_config_defaults() -> None:
     assert cfg.engine.kind == "podman"
     assert cfg.sandbox.network == "none"
     assert cfg.sandbox.user == "1000:1000"
+    assert (cfg.sandbox.runtime, cfg.sandbox.tmp_inodes) == ("", 65536)
+
+
+@pytest.mark.parametrize(
+    "runtime", ["runc", "runsc", "io.containerd.runsc.v1", "crun+x", "/usr/bin/runsc"]
+)
+def test_runtime_names_and_paths(tmp_path: Path, runtime: str) -> None:
+    cfg = load_config(write(tmp_path, f"[sandbox]\nruntime = '{runtime}'\ntmp_inodes = 0\n"))
+    assert (cfg.sandbox.runtime, cfg.sandbox.tmp_inodes) == (runtime, 0)
 
 
 def test_config_file_env_and_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,6 +56,20 @@ def test_config_file_env_and_overrides(tmp_path: Path, monkeypatch: pytest.Monke
         ("[sandbox]\nworkspace_size_mb = -1\n", "workspace_size_mb must not be negative"),
         ("[sandbox]\nworkspace_size_mb = 8\n", "must be 0 (no cap) or at least 16, got 8"),
         ("[sandbox]\nmax_file_size_mb = -5\n", "max_file_size_mb must not be negative"),
+        ("[sandbox]\ntmp_inodes = -1\n", "sandbox.tmp_inodes must not be negative"),
+        ("[sandbox]\ntmp_inodes = 1.5\n", "sandbox.tmp_inodes must be int"),
+        ("[sandbox]\nruntime = 3\n", "sandbox.runtime must be str"),
+        ("[sandbox]\nruntime = '--root=/'\n", "sandbox.runtime must be a name"),
+        ("[sandbox]\nruntime = '-runsc'\n", "sandbox.runtime must be a name"),
+        ("[sandbox]\nruntime = 'run sc'\n", "sandbox.runtime must be a name"),
+        ("[sandbox]\nruntime = 'bin/runsc'\n", "sandbox.runtime must be a name"),
+        ("[sandbox]\nruntime = './runsc'\n", "sandbox.runtime must be a name"),
+        ("[sandbox]\nruntime = 'runsc\\n'\n", "sandbox.runtime must be a name"),
+        ("[sandbox]\nruntime = '/usr/bin/../../x'\n", "must be an absolute path without"),
+        ("[sandbox]\nruntime = '/usr/bin/run sc'\n", "must be an absolute path without"),
+        ('[sandbox]\nruntime = "/usr/bin/runsc\\t"\n', "must be an absolute path without"),
+        ('[sandbox]\nruntime = "runsc\\u0000"\n', "sandbox.runtime must be a name"),
+        ("[sandbox]\nruntime = '" + "r" * 5000 + "'\n", "longer than 4096 characters"),
         ("sandbox = 3\n", "[sandbox] must be a table"),
         ("listen = \n", "cannot read config"),
     ],

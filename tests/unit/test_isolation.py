@@ -300,6 +300,24 @@ def test_runtime_version_sources() -> None:
     other = iso.runtime_info(RuntimeFacts("runc", "1.1.5+ds1", "1.1.5+ds1-1", "x", "/r"), "runsc")
     assert (other.name, other.version, other.package_version) == ("runsc", "", "")
     assert {c.verdict for c in other.cves} == {"not_applicable"}
+    assert other.path == ""
+    known = {"runc": "runc", "runsc": "/usr/bin/runsc"}
+    facts = RuntimeFacts("runc", "1.1.5+ds1", "1.1.5+ds1-1", "x", "/r")
+    named = iso.runtime_info(facts, "runsc", known)
+    assert (named.name, named.version, named.path) == ("runsc", "", "/usr/bin/runsc")
+    assert {c.verdict for c in named.cves} == {"not_applicable"}
+    # Podman's service run with --runtime /usr/bin/runsc: its own facts, still not runc's
+    text = "runsc version 0.0~20221219.0\nspec: 1.0.2-dev"
+    assert parse_runc_version(text) == ("0.0~20221219.0", "")
+    gvisor = RuntimeFacts(
+        "/usr/bin/runsc", "0.0~20221219.0", "0.0~20221219.0-2+b3", "p", "/usr/bin/runsc"
+    )
+    own = iso.runtime_info(gvisor, "/usr/bin/runsc")
+    assert (own.version, own.package_version) == ("0.0~20221219.0", "0.0~20221219.0-2+b3")
+    assert {c.verdict for c in own.cves} == {"not_applicable"}
+    # an unknown other runtime that is a runc: judged without a version (unknown), not fixed
+    old = iso.runtime_info(facts, "runc-old", {"runc-old": "/opt/runc-old"})
+    assert {c.verdict for c in old.cves} == {"unknown"}
 
 
 def test_engine_view_from_docker_inspect() -> None:

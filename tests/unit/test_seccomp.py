@@ -32,6 +32,14 @@ def test_tighten_guards_clone_unshare_and_clone3() -> None:
     assert BASE["syscalls"][0]["names"][1] == "clone"  # the input is left alone
 
 
+def test_gvisor_gets_clone3_allowed_and_the_same_namespace_rules() -> None:
+    """gVisor's seccomp (runsc 20221219) ignores errnoRet: a refused clone3 would be EPERM,
+    and glibc falls back to clone only on ENOSYS; that gVisor answers ENOSYS itself."""
+    plain, gvisor = seccomp.tighten(BASE), seccomp.tighten(BASE, gvisor=True)
+    assert gvisor["syscalls"][:-1] == plain["syscalls"][:-1]
+    assert gvisor["syscalls"][-1] == {"names": ["clone3"], "action": "SCMP_ACT_ALLOW"}
+
+
 def test_write_profile_uses_the_first_base_found(tmp_path: Path) -> None:
     base = tmp_path / "seccomp.json"
     base.write_text(json.dumps(BASE))
