@@ -195,7 +195,8 @@ setup_clients() {
 }
 
 setup_test() {
-    ensure_packages podman runc catatonit netavark aardvark-dns iptables docker.io debootstrap ripgrep tini
+    # runsc: gVisor, for tests/security/test_gvisor.py (sandbox.runtime = "runsc"; skipped without)
+    ensure_packages podman runc catatonit netavark aardvark-dns iptables docker.io debootstrap ripgrep tini runsc
     configure_podman
     ensure_venv
     start_dockerd

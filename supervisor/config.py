@@ -76,8 +76,10 @@ class SandboxConfig:
     supervisor starts (engine.socket empty) gets --runtime; a configured socket's service
     must have been started with it. A container that runs under another runtime is removed
     and its creation fails. gVisor's runsc needs --host-uds=create (the agent's socket is on
-    a bind mount) and --network=none; the supervisor adds these for its own Podman service.
-    Under runsc a sandbox has no network but its own loopback."""
+    a bind mount), --network=none and --oci-seccomp (engines.RUNSC_FLAGS); the supervisor
+    adds these to its own Podman service, Docker's daemon.json must list them as runtimeArgs.
+    Under runsc a sandbox has no network but its own loopback, and /tmp is a tmpfs the
+    supervisor mounts (gVisor ignores an engine tmpfs's inode cap)."""
     workspace_size_mb: int = 0
     """Size cap of the workspace: a file system of its own per sandbox (ext4 in a sparse image
     file beside the workspace, loop-mounted at it; its inodes are capped too, one per 16 KiB).

@@ -154,6 +154,12 @@ class SandboxManager:
         """Check the engine and adopt this instance's running containers; return adopted keys."""
         await asyncio.to_thread(self._backend.ping)
         self._gvisor = await asyncio.to_thread(self._runs_gvisor)
+        if self._gvisor and self._config.sandbox.network != "none":
+            log.warning(
+                "sandbox.runtime %r is gVisor, which runs with --network=none here: sandboxes "
+                "get no network, whatever their mode",
+                self._config.sandbox.runtime,
+            )
         if self._config.sandbox.workspace_size_mb:
             await asyncio.to_thread(workspaces.check_support)
         if self._host_tmp() and os.geteuid() != 0:
