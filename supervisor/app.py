@@ -208,7 +208,7 @@ async def start(config: Config) -> Supervisor:
     url, process = await asyncio.to_thread(engine_url, config)
     backend = await asyncio.to_thread(create_backend, config.engine.kind, url)
     try:
-        await asyncio.to_thread(incontainer.check, config, backend)
+        contained = await asyncio.to_thread(incontainer.check, config, backend)
     except Exception:
         backend.close()
         if process is not None:
@@ -220,6 +220,7 @@ async def start(config: Config) -> Supervisor:
         instance_id=instance_id(config.state_dir),
         image=sandbox_image(config),
         record_egress=egress_recorder(policy),
+        host_mounts=not contained,
     )
     adopted = await manager.start()
     if adopted:

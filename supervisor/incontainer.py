@@ -148,12 +148,13 @@ def own_mounts(backend: ContainerBackend, ids: Iterable[str]) -> tuple[str, list
     return "", []
 
 
-def check(config: Config, backend: ContainerBackend) -> None:
+def check(config: Config, backend: ContainerBackend) -> bool:
     """The start-up check (blocking: engine calls). Raise ConfigError when the supervisor
-    runs in a container of this engine and what it needs does not line up."""
+    runs in a container of this engine and what it needs does not line up; True when it
+    runs in one (then mounts it makes do not reach the engine)."""
     wanted = declared()
     if wanted is False or not may_be_in_container():
-        return
+        return False
     ids = candidate_ids(_read("/proc/self/mountinfo"), _read("/proc/self/cgroup"))
     container, mounts = own_mounts(backend, ids)
     if not container:
@@ -166,10 +167,11 @@ def check(config: Config, backend: ContainerBackend) -> None:
                 f"{ENV}=0 only when the engine runs inside this container; {RUN_HINT}"
             )
         log.info("in a container the engine does not know: its paths are taken as they are")
-        return
+        return False
     problems = config_problems(config)
     if problems:
         raise ConfigError("in a container: " + "; ".join(problems))
     check_same_path(config.state_dir, mounts)
     log.info("in container %s; the state directory %s is the host's", container[:12],
              config.state_dir)  # fmt: skip
+    return True

@@ -113,7 +113,10 @@ class SandboxManager:
         image: str,
         connect: Callable[[Path], AgentConnection] | None = None,
         record_egress: Callable[[EgressDecision], None] | None = None,
+        host_mounts: bool = True,
     ) -> None:
+        """host_mounts: whether a mount the supervisor makes reaches the engine (not from
+        the supervisor's own container)."""
         self._config = config
         self._backend = backend
         self._instance_id = instance_id
@@ -123,6 +126,7 @@ class SandboxManager:
         self._root = config.state_dir / "sandboxes"
         self._seccomp = ""
         self._gvisor = False
+        self._host_mounts = host_mounts
         self._sandboxes: dict[str, _Sandbox] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         uid, _, gid = config.sandbox.user.partition(":")
@@ -162,6 +166,16 @@ class SandboxManager:
             )
         if self._config.sandbox.workspace_size_mb:
             await asyncio.to_thread(workspaces.check_support)
+        if (
+            not self._host_mounts
+            and self._config.sandbox.tmp_inodes
+            and (self._gvisor or not self._backend.tmpfs_inodes)
+        ):
+            log.warning(
+                "sandbox.tmp_inodes is not enforced: %s's tmpfs takes no inode cap here, and a "
+                "tmpfs this supervisor mounts in its container would not reach the engine",
+                "gVisor" if self._gvisor else self._backend.engine,
+            )
         if self._host_tmp() and os.geteuid() != 0:
             raise ConfigError(
                 "sandbox.tmp_inodes: the engine's tmpfs mounts take no inode cap here (Podman "
@@ -468,9 +482,12 @@ class SandboxManager:
     def _host_tmp(self) -> bool:
         """Whether /tmp is a tmpfs the supervisor mounts: an inode cap the engine cannot set
         (Podman 4.3), or that the runtime would ignore (gVisor makes an engine's tmpfs in its
-        own kernel, where nr_inodes has no effect: `df -i` shows 0 inodes)."""
+        own kernel, where nr_inodes has no effect: `df -i` shows 0 inodes). Never from the
+        supervisor's container: its mount would not reach the engine, which would bind-mount
+        the plain directory under it (no cap at all); the engine's tmpfs stays then."""
         engine_can = self._backend.tmpfs_inodes and not self._gvisor
-        return bool(self._config.sandbox.tmp_inodes) and not engine_can
+        wanted = bool(self._config.sandbox.tmp_inodes) and not engine_can
+        return wanted and self._host_mounts
 
     def _mount_workspace(self, paths: _Paths) -> None:
         """Mount the workspace's own file system when it is capped, or was capped before (its

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from stockade.supervisor.config import Config
+from stockade.supervisor.backends.base import ContainerInfo, ContainerSpec
+from stockade.supervisor.config import Config, SandboxConfig
 from stockade.supervisor.errors import (
     InvalidRequest,
     SandboxBroken,
@@ -173,3 +174,54 @@ async def test_bad_keys_are_refused_before_any_container(
         with pytest.raises(InvalidRequest):
             await mgr.ensure(key)
     assert backend.runs == 0
+
+
+class SpecBackend(FakeBackend):
+    """Keeps the specs it was asked to run."""
+
+    def __init__(self, tmpfs_inodes: bool) -> None:
+        super().__init__()
+        self.tmpfs_inodes = tmpfs_inodes
+        self.specs: list[ContainerSpec] = []
+
+    def run(self, spec: ContainerSpec) -> ContainerInfo:
+        self.specs.append(spec)
+        return super().run(spec)
+
+
+def spec_manager(tmp_path: Path, backend: SpecBackend, host_mounts: bool) -> SandboxManager:
+    config = Config(state_dir=tmp_path, sandbox=SandboxConfig(runtime="runc"))
+    return SandboxManager(
+        config,
+        backend,  # type: ignore[arg-type]
+        instance_id="inst0001",
+        image="img",
+        connect=lambda path: FakeAgent(backend, path),  # type: ignore[arg-type,return-value]
+        host_mounts=host_mounts,
+    )
+
+
+async def test_an_engine_with_tmpfs_inodes_caps_tmp_itself(tmp_path: Path) -> None:
+    backend = SpecBackend(tmpfs_inodes=True)
+    mgr = spec_manager(tmp_path, backend, host_mounts=True)
+    await mgr.start()
+    await mgr.ensure("k")
+    spec = backend.specs[0]
+    assert (spec.tmpfs, spec.tmpfs_inodes, spec.runtime) == ({"/tmp": 64 << 20}, 65536, "runc")
+    assert [m.target for m in spec.mounts] == ["/workspace", "/run/stockade"]
+
+
+async def test_from_a_container_tmp_stays_the_engines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tmpfs mounted in the supervisor's container would not reach the engine, which would
+    bind-mount the bare directory under it: the engine's tmpfs stays, with a warning."""
+    backend = SpecBackend(tmpfs_inodes=False)
+    mgr = spec_manager(tmp_path, backend, host_mounts=False)
+    await mgr.start()
+    assert "sandbox.tmp_inodes is not enforced" in caplog.text
+    await mgr.ensure("k")
+    spec = backend.specs[0]
+    assert spec.tmpfs == {"/tmp": 64 << 20}
+    assert "/tmp" not in [m.target for m in spec.mounts]
+    assert not (tmp_path / "sandboxes" / mgr._paths("k").root.name / "tmp").is_mount()
