@@ -195,9 +195,8 @@ class PrivateEngine:
     root: Path
     process: subprocess.Popen[bytes] | None = None
     runtimes: dict[str, dict[str, object]] = field(default_factory=dict)
-    """Docker: OCI runtimes to register in the daemon.json ("runtimes"), name -> {"path",
-    "runtimeArgs"}. Podman: the service's runtime is the first one's path, with its
-    runtimeArgs as --runtime-flag (Podman's API ignores a container's own runtime)."""
+    """Docker: OCI runtimes to register in its daemon.json ("runtimes"), name -> {"path",
+    "runtimeArgs"} (the shared dockerd's config stays untouched)."""
 
     @property
     def socket(self) -> Path:
@@ -210,7 +209,7 @@ class PrivateEngine:
     def start(self) -> None:
         log = self.root / f"{self.engine}.log"
         if self.engine == "podman":
-            self.process = ensure_podman_service(self.socket, log, self._podman_args())
+            self.process = ensure_podman_service(self.socket, log)
             return
         self._add_bridge()
         self.process = ensure_dockerd(log, self.socket, self._dockerd_args())
@@ -244,12 +243,6 @@ class PrivateEngine:
             *("--pidfile", str(self.root / "dockerd.pid"), "--config-file", str(config)),
             *("--bridge", PRIVATE_BRIDGE, "--iptables=false", "--ip-masq=false"),
         ]
-
-    def _podman_args(self) -> list[str]:
-        for runtime in self.runtimes.values():
-            flags = [str(f).removeprefix("--") for f in runtime.get("runtimeArgs") or []]  # type: ignore[attr-defined]
-            return ["--runtime", str(runtime["path"]), *(f"--runtime-flag={f}" for f in flags)]
-        return []
 
     @staticmethod
     def _add_bridge() -> None:
