@@ -217,24 +217,6 @@ def _mode_at(dir_fd: int, name: str, user_path: str) -> int | None:
     return stat.S_IMODE(info.st_mode)
 
 
-def _existing_mode(path: Path, user_path: str) -> int | None:
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except FileNotFoundError:
-        return None
-    if not os.access(path, os.W_OK):
-        raise ToolError("PERMISSION_DENIED", f"path '{user_path}' is not writable")
-    return mode
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # list_files
 
 
