@@ -49,7 +49,10 @@ def resolve(
     root_real = Path(os.path.realpath(root))
     label = f"{arg} '{user_path}'"
     relative = _relative(root, _checked(user_path, arg), label)
-    real = Path(os.path.realpath(root_real / relative))
+    try:
+        real = Path(os.path.realpath(root_real / relative))
+    except OSError as exc:  # a link renamed away while realpath read it: a race
+        raise from_os_error(exc, user_path, arg=arg) from None
     if not is_inside(root_real, real):
         raise ToolError("INVALID_PATH", f"{label} leaves the workspace")
     mode = _mode(real, user_path, arg)
