@@ -51,8 +51,8 @@ def resolve(
     relative = _relative(root, _checked(user_path, arg), label)
     try:
         real = Path(os.path.realpath(root_real / relative))
-    except OSError as exc:  # a link renamed away while realpath read it: a race
-        raise from_os_error(exc, user_path, arg=arg) from None
+    except OSError:  # a link swapped for something else while realpath read it: a race
+        raise ToolError("INVALID_PATH", f"{label} changed while it was checked") from None
     if not is_inside(root_real, real):
         raise ToolError("INVALID_PATH", f"{label} leaves the workspace")
     mode = _mode(real, user_path, arg)

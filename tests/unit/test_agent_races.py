@@ -8,7 +8,7 @@ import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,22 +19,20 @@ from stockade.agent.errors import ToolError
 pytestmark = pytest.mark.timeout(120)
 
 FLIP = """
-import os, sys
+import ctypes, os, sys
+# renameat2(RENAME_EXCHANGE): `d` always exists, a folder one moment and a link the next.
+libc = ctypes.CDLL(None, use_errno=True)
 os.chdir(sys.argv[1])
 while True:
-    for src, dst in (("d.dir", "d"), ("d", "d.dir"), ("d.link", "d"), ("d", "d.link")):
-        try:
-            os.rename(src, dst)
-        except OSError:
-            pass
+    libc.renameat2(-100, b"d", -100, b"d.other", 2)
 """
 
 
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
     root = tmp_path / "ws"
-    (root / "d.dir").mkdir(parents=True)
-    (root / "d.dir" / "inside.txt").write_text("inside needle\n")
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "inside.txt").write_text("inside needle\n")
     return root
 
 
@@ -44,19 +42,24 @@ def outside(tmp_path: Path, ws: Path) -> Path:
     directory.mkdir()
     (directory / "secret.txt").write_text("outside needle\n")
     (directory / "victim.txt").write_text("outside needle\n")
-    (ws / "d.link").symlink_to(directory)
+    (ws / "d.other").symlink_to(directory)
     return directory
 
 
 @pytest.fixture
-def flipping(ws: Path, outside: Path) -> Iterator[None]:
-    """A process renames d.dir and d.link to `d` and back, as fast as it can."""
+def flipping(ws: Path, outside: Path) -> Iterator[Callable[[], None]]:
+    """A process swaps the folder `d` and the link `d.other` (to `outside`), as fast as it
+    can, until the test calls the function given (or ends)."""
     proc = subprocess.Popen([sys.executable, "-c", FLIP, str(ws)])
-    try:
-        yield
-    finally:
+
+    def stop() -> None:
         proc.kill()
         proc.wait()
+
+    try:
+        yield stop
+    finally:
+        stop()
 
 
 def snapshot(directory: Path) -> dict[str, str]:
@@ -103,12 +106,13 @@ async def test_search_skips_listed_names_that_lead_out(
     """What ripgrep's walk lists when a folder became a link mid-walk: names behind the link.
     They do not open inside the workspace, so they are skipped."""
     (ws / "a.txt").write_text("a needle\n")
+    (ws / "d").rename(ws / "d.dir")
     (ws / "d").symlink_to(outside)
     fake = tmp_path / "listing-rg"
     fake.write_text(
         "#!/bin/sh\n"
         'case " $* " in *" --files "*)\n'
-        f"  printf '%s\\0' '{ws}/d/secret.txt' '{ws}/a.txt' '{ws}/d.link/victim.txt'; exit 0;;\n"
+        f"  printf '%s\\0' '{ws}/d/secret.txt' '{ws}/a.txt' '{ws}/d.other/victim.txt'; exit 0;;\n"
         "esac\n"
         'exec rg "$@"\n'
     )
@@ -151,8 +155,9 @@ def patch_of(*sections: str) -> dict[str, str]:
     return {"input": "*** Begin Patch\n" + "".join(sections) + "*** End Patch\n"}
 
 
-@pytest.mark.usefixtures("flipping")
-async def test_apply_patch_never_acts_through_a_swapped_folder(ws: Path, outside: Path) -> None:
+async def test_apply_patch_never_acts_through_a_swapped_folder(
+    ws: Path, outside: Path, flipping: Callable[[], None]
+) -> None:
     """Adds (also in new folders), moves out of and deletes in `d` while it flips: nothing
     outside changes and no content from outside lands in the workspace."""
     before = snapshot(outside)
@@ -172,6 +177,7 @@ async def test_apply_patch_never_acts_through_a_swapped_folder(ws: Path, outside
                 applied += 1
             except ToolError as exc:
                 codes.add(exc.code)
+    flipping()
     assert applied > 0, "patches that won the race were applied inside"
     assert codes <= {"INVALID_PATH", "FILE_NOT_FOUND", "INVALID_ARGS"}
     assert snapshot(outside) == before
