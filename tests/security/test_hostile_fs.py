@@ -268,7 +268,8 @@ def test_search_never_returns_content_from_behind_a_folder_swapped_for_a_link(
                     codes.add(result.error_code)
                     continue
                 for match in result.data["matches"]:
-                    assert match == {"file": "d/inside.txt", "line": 1, "text": "root: inside"}
+                    assert match["text"] == "root: inside", match
+                    assert match["file"] in ("d/inside.txt", "d.other/inside.txt"), match
                     hits += 1
     assert codes <= {*REFUSED, "TIMEOUT"}, codes
     assert hits > 0, "searches that won the race found the file inside"
@@ -287,7 +288,7 @@ def test_apply_patch_never_writes_through_a_folder_swapped_for_a_link(
     def patch(*sections: str) -> dict[str, object]:
         return {"input": "*** Begin Patch\n" + "".join(sections) + "*** End Patch\n"}
 
-    applied, codes = 0, set()
+    applied, codes = 0, dict[str, str]()
     with swapping(client, key, box, "/tmp/out"):
         for i in range(40):
             for args in (
@@ -301,10 +302,10 @@ def test_apply_patch_never_writes_through_a_folder_swapped_for_a_link(
             ):
                 result = client.call(key, "apply_patch", args)
                 if result.is_error:
-                    codes.add(result.error_code)
+                    codes[result.error_code] = result.for_llm
                 else:
                     applied += 1
-    assert codes <= {*REFUSED, "INVALID_ARGS"}, codes
+    assert set(codes) <= {*REFUSED, "INVALID_ARGS"}, codes
     assert applied > 0, "patches that won the race were applied inside"
     assert sh(box, "ls -A /tmp/out").stdout == "victim.txt\n", "nothing landed or was moved"
     assert box.exec("cat /tmp/out/victim.txt").stdout == "outside\n"
