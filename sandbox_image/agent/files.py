@@ -399,7 +399,7 @@ async def _search_batch(
     root: Path, rg: str, pattern: str, names: list[bytes], wanted: int
 ) -> tuple[list[dict[str, Any]], bool]:
     """Search the files `names` through checked descriptors: up to `wanted` hits."""
-    opened = await asyncio.to_thread(_open_all, root, names)
+    opened = await _open_batch(root, names)
     try:
         shown = {f"/proc/self/fd/{fd}": name for fd, name in opened}
         argv = [rg, "--json", *_RG_COMMON, "--threads", "1", "--max-count", str(wanted)]
@@ -415,6 +415,23 @@ async def _search_batch(
         for fd, _ in opened:
             os.close(fd)
     return [_hit(shown, data) for data in hits], dropped
+
+
+async def _open_batch(root: Path, names: list[bytes]) -> list[tuple[int, str]]:
+    """`_open_all` in a worker thread; if the search is cancelled (its timeout) meanwhile,
+    the descriptors are closed once the thread is done instead of leaking."""
+    opening = asyncio.ensure_future(asyncio.to_thread(_open_all, root, names))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        opening.add_done_callback(_close_opened)
+        raise
+
+
+def _close_opened(opening: asyncio.Future[list[tuple[int, str]]]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        for fd, _ in opening.result():
+            os.close(fd)
 
 
 def _open_all(root: Path, names: list[bytes]) -> list[tuple[int, str]]:

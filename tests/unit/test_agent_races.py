@@ -4,6 +4,7 @@ acts inside the workspace or fails; none reads or writes through the link."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import subprocess
@@ -183,3 +184,20 @@ async def test_apply_patch_never_acts_through_a_swapped_folder(
     assert snapshot(outside) == before
     texts = workspace_texts(ws)
     assert not [name for name, data in texts.items() if b"outside" in data]
+
+
+async def test_search_leaves_no_descriptor_open(ws: Path, tmp_path: Path) -> None:
+    for index in range(files._SEARCH_BATCH * 3):
+        (ws / f"f{index}.txt").write_text("hit\n")
+    before = len(os.listdir("/proc/self/fd"))
+    await files.search(ws, {"pattern": "hit", "max_results": 5})
+    await files.search(ws, {"pattern": "hit", "max_results": 1000})
+    slow = tmp_path / "slow-rg"
+    slow.write_text(
+        '#!/bin/sh\ncase " $* " in *" --files "*) exec rg "$@";; esac\nexec sleep 100\n'
+    )
+    slow.chmod(0o755)
+    with pytest.raises(ToolError):
+        await files.search(ws, {"pattern": "hit"}, rg=str(slow), timeout=1.0)
+    await asyncio.sleep(0.5)  # a worker thread still opening files closes them when done
+    assert len(os.listdir("/proc/self/fd")) == before
