@@ -140,3 +140,14 @@ def test_apply_patch_never_reads_through_a_folder_swapped_for_a_link(
     with pytest.raises(ToolError) as info:
         paths.exists_in(ws, path, "d/f.txt")  # not even whether a file is there
     assert info.value.code == "INVALID_PATH"
+
+
+def test_exists_in(ws: Path) -> None:
+    root = Path(os.path.realpath(ws))
+    assert paths.exists_in(ws, root, ".")
+    assert paths.exists_in(ws, root / "d" / "f.txt", "d/f.txt")
+    assert not paths.exists_in(ws, root / "d" / "no.txt", "d/no.txt")
+    assert not paths.exists_in(ws, root / "no" / "x.txt", "no/x.txt"), "a missing folder"
+    assert not paths.exists_in(ws, root / "d" / "f.txt" / "x", "d/f.txt/x"), "a file as folder"
+    os.symlink("/nowhere", ws / "d" / "dangling")
+    assert paths.exists_in(ws, root / "d" / "dangling", "d/dangling"), "a link is not followed"
