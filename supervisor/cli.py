@@ -41,6 +41,10 @@ def _parser() -> argparse.ArgumentParser:
     build = image_sub.add_parser("build", help="build the sandbox image for an engine")
     build.add_argument("--engine", choices=["podman", "docker"], default="podman")
     build.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    build.add_argument(
+        "--supervisor", action="store_true",
+        help="also build the supervisor's own image (the top-level Containerfile)",
+    )  # fmt: skip
 
     doctor = sub.add_parser(
         "doctor", help="check engine, runtime, cgroups and image; or one sandbox's isolation"
@@ -122,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(ns: argparse.Namespace) -> int:
     from stockade.supervisor.config import load_config
     from stockade.supervisor.errors import StockadeError as ServerError
+    from stockade.supervisor.telemetry import setup_logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     overrides = {
@@ -131,6 +136,7 @@ def _serve(ns: argparse.Namespace) -> int:
     }
     try:
         config = load_config(ns.config, {k: v for k, v in overrides.items() if v})
+        setup_logging(config.observability.log_format)
         asyncio.run(_serve_until_signal(config))
     except ServerError as exc:
         print(f"stockade serve: {exc}", file=sys.stderr)
@@ -150,6 +156,12 @@ async def _serve_until_signal(config: Any) -> None:
         f"image {supervisor.sandboxes.image}, state {config.state_dir})",
         flush=True,
     )
+    if supervisor.telemetry.metrics_port:
+        host = config.observability.metrics_listen.rpartition(":")[0]
+        print(
+            f"stockade: metrics on http://{host}:{supervisor.telemetry.metrics_port}/metrics",
+            flush=True,
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -165,14 +177,20 @@ def _with_port(listen: str, supervisor: Any) -> str:
 
 
 def _image(ns: argparse.Namespace) -> int:
-    from stockade.supervisor.image import ImageBuildError, build_image, default_cache_dir
+    from stockade.supervisor.image import (
+        ImageBuildError,
+        build_image,
+        build_supervisor_image,
+        default_cache_dir,
+    )
 
+    builders = [build_image, build_supervisor_image] if ns.supervisor else [build_image]
     try:
-        ref = build_image(ns.engine, cache_dir=default_cache_dir(), force=ns.force)
+        for build in builders:
+            print(build(ns.engine, cache_dir=default_cache_dir(), force=ns.force))
     except ImageBuildError as exc:
         print(f"stockade image build: {exc}", file=sys.stderr)
         return 1
-    print(ref)
     return 0
 
 

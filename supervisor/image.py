@@ -1,14 +1,16 @@
-"""Build the sandbox image (sandbox_image/Containerfile) for Podman or Docker.
+"""Build the sandbox image (sandbox_image/Containerfile) and the supervisor's own image (the
+top-level Containerfile) for Podman or Docker.
 
-No registry is needed. The steps of `build_image`:
+No registry is needed. The steps of `build_image` (and `build_supervisor_image`):
 
-1. hash the build's inputs (Containerfile, agent code, grpcio/protobuf versions);
+1. hash the build's inputs (Containerfile, Python code, the versions of the wheels);
    an image already labelled with that hash is kept, so a second run is quick;
 2. make sure the base `debian:bookworm` exists: pull it, or else create it with
    `debootstrap --variant=minbase` (the root filesystem tarball is cached under
    cache_dir, so the second engine reuses it) and import it under that name;
 3. assemble a build context (Containerfile, wheels/ downloaded on the host since
-   containers here cannot reach PyPI over HTTPS, lib/stockade/...);
+   containers here cannot reach PyPI over HTTPS, lib/stockade/...); the supervisor image's
+   wheels are the package's runtime dependencies at the versions installed here;
 4. build with the engine's CLI on the host network, streaming the log.
 
 Both engines get the same reference, `localhost/stockade-sandbox:latest`: Podman
@@ -40,6 +42,7 @@ Log = Callable[[str], None]
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE_REF = "localhost/stockade-sandbox:latest"
+SUPERVISOR_REF = "localhost/stockade-supervisor:latest"
 HASH_LABEL = "io.stockade.image-hash"
 BASE_IMAGE = "docker.io/library/debian:bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
@@ -62,6 +65,12 @@ def image_ref(engine: str) -> str:
     return os.environ.get("STOCKADE_IMAGE_REF") or IMAGE_REF
 
 
+def supervisor_image_ref() -> str:
+    """The supervisor image's reference: $STOCKADE_SUPERVISOR_IMAGE_REF when set, else
+    SUPERVISOR_REF (the same in both engines)."""
+    return os.environ.get("STOCKADE_SUPERVISOR_IMAGE_REF") or SUPERVISOR_REF
+
+
 def default_cache_dir() -> Path:
     """Where downloads (base root filesystem, wheels) are kept between builds."""
     xdg = os.environ.get("XDG_CACHE_HOME")
@@ -79,16 +88,46 @@ def build_image(
 
     force rebuilds without the engine's layer cache (the base image is kept).
     """
-    ref = image_ref(engine)
-    _check_engine(engine)
     files = context_files()
-    digest = content_hash(files)
+    return _build_if_stale(
+        engine, image_ref(engine), files, content_hash(files), WHEELS, cache_dir, force, log
+    )
+
+
+def build_supervisor_image(
+    engine: Literal["podman", "docker"],
+    *,
+    cache_dir: Path,
+    force: bool = False,
+    log: Callable[[str], None] = print,
+) -> str:
+    """Build the supervisor image (the top-level Containerfile) for engine unless it is up
+    to date; return its reference. It runs sandboxes of the sandbox image, built apart."""
+    files = supervisor_context_files()
+    dists = runtime_dependencies()
+    digest = content_hash(files, dists)
+    return _build_if_stale(
+        engine, supervisor_image_ref(), files, digest, dists, cache_dir, force, log
+    )
+
+
+def _build_if_stale(
+    engine: Engine,
+    ref: str,
+    files: dict[str, Path],
+    digest: str,
+    dists: tuple[str, ...],
+    cache_dir: Path,
+    force: bool,
+    log: Log,
+) -> str:
+    _check_engine(engine)
     current = _inspect(engine, ref)
     if current and _labels(current).get(HASH_LABEL) == digest and not force:
         log(f"{engine}: {ref} is up to date (hash {digest[:12]})")
         return ref
     _ensure_base(engine, cache_dir, log)
-    wheels = _wheels(cache_dir, log)
+    wheels = _wheels(dists, cache_dir, log)
     with tempfile.TemporaryDirectory(prefix="stockade-image-") as tmp:
         context = Path(tmp)
         _assemble(context, files, wheels)
@@ -118,18 +157,46 @@ def context_files() -> dict[str, Path]:
     return files
 
 
-def content_hash(files: dict[str, Path]) -> str:
-    """sha256 over the context files and the grpcio/protobuf versions."""
+def supervisor_context_files() -> dict[str, Path]:
+    """Build-context path -> source file for the supervisor image: the top-level
+    Containerfile and the stockade package (the agent's protocol too) but stockade.testing."""
+    files = {"Containerfile": REPO / "Containerfile"}
+    package = REPO / "src" / "stockade"
+    for folder, dirs, names in os.walk(package, followlinks=True):
+        # stockade.testing runs on the test's side, never in the image
+        dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "testing"))
+        for name in sorted(n for n in names if n.endswith(".py") or n == "py.typed"):
+            source = Path(folder) / name
+            files[f"lib/stockade/{source.relative_to(package).as_posix()}"] = source
+    if not files["Containerfile"].is_file() or "lib/stockade/supervisor/app.py" not in files:
+        raise ImageBuildError(
+            "the supervisor image's sources are incomplete: build from a full checkout"
+        )
+    return files
+
+
+def runtime_dependencies() -> tuple[str, ...]:
+    """The stockade package's own requirements (no extras), by distribution name."""
+    names = []
+    for requirement in importlib.metadata.requires("stockade") or []:
+        if "extra ==" in requirement.replace("extra==", "extra =="):
+            continue
+        names.append(re.split(r"[\s<>=!~;\[(]", requirement, maxsplit=1)[0])
+    return tuple(names)
+
+
+def content_hash(files: dict[str, Path], dists: tuple[str, ...] = WHEELS) -> str:
+    """sha256 over the context files and the versions of the wheels it installs."""
     digest = hashlib.sha256()
     for name in sorted(files):
         digest.update(f"{name}\0".encode() + files[name].read_bytes() + b"\0")
-    for dist, version in _versions().items():
+    for dist, version in _versions(dists).items():
         digest.update(f"{dist}=={version}\n".encode())
     return digest.hexdigest()
 
 
-def _versions() -> dict[str, str]:
-    return {dist: importlib.metadata.version(dist) for dist in WHEELS}
+def _versions(dists: tuple[str, ...] = WHEELS) -> dict[str, str]:
+    return {dist: importlib.metadata.version(dist) for dist in dists}
 
 
 def _check_engine(engine: Engine) -> None:
@@ -254,11 +321,15 @@ def _remove_rootfs(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _wheels(cache_dir: Path, log: Log) -> Path:
-    """A folder of cp311 manylinux wheels of grpcio, protobuf and their dependencies."""
+def _wheels(dists: tuple[str, ...], cache_dir: Path, log: Log) -> Path:
+    """A folder of cp311 manylinux wheels of dists (at the versions installed here) and
+    their dependencies."""
     arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine(), platform.machine())
-    pins = [f"{dist}=={version}" for dist, version in _versions().items()]
-    folder = cache_dir / "wheels" / f"cp311-{arch}-{'-'.join(pins).replace('==', '-')}"
+    pins = [f"{dist}=={version}" for dist, version in _versions(dists).items()]
+    name = "-".join(pins).replace("==", "-")
+    if len(name) > 80:  # the supervisor's dozen pins: a digest keeps the name short
+        name = hashlib.sha256(name.encode()).hexdigest()[:16]
+    folder = cache_dir / "wheels" / f"cp311-{arch}-{name}"
     if (folder / ".complete").is_file():
         return folder
     log(f"pip: downloading {' '.join(pins)} for cp311 {arch} into {folder}")

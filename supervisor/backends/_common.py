@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from stockade.supervisor.backends.base import ContainerInfo, ContainerSpec, EngineView
+from stockade.supervisor.backends.base import BindMount, ContainerInfo, ContainerSpec, EngineView
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -48,6 +48,16 @@ def info_from_inspect(attrs: Mapping[str, Any]) -> ContainerInfo:
 def bare_id(value: Any) -> str:
     """An image id as both engines can compare it: Docker writes "sha256:HEX", libpod HEX."""
     return str(value or "").removeprefix("sha256:")
+
+
+def mounts_from_inspect(attrs: Mapping[str, Any]) -> tuple[BindMount, ...]:
+    """The bind mounts of an inspect document (Docker and libpod agree: Type, Source,
+    Destination, RW); volumes and tmpfs are left out."""
+    return tuple(
+        BindMount(str(m.get("Source", "")), str(m.get("Destination", "")), not m.get("RW", True))
+        for m in attrs.get("Mounts") or []
+        if m.get("Type") == "bind"
+    )
 
 
 def label_filters(labels: Mapping[str, str]) -> list[str]:

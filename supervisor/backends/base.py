@@ -141,6 +141,11 @@ class ContainerBackend(Protocol):
         """Force-remove; False when there was no such container."""
         ...
 
+    def mounts(self, name_or_id: str) -> tuple[BindMount, ...] | None:
+        """The container's bind mounts as the engine made them (source: the host path);
+        None when the engine knows no such container."""
+        ...
+
     def security_view(self, name_or_id: str) -> EngineView | None:
         """What the engine says about the container's isolation; None when it is gone."""
         ...

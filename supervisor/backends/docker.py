@@ -16,10 +16,12 @@ from stockade.supervisor.backends._common import (
     debian_package_version,
     info_from_inspect,
     label_filters,
+    mounts_from_inspect,
     ulimits,
     view_from_inspect,
 )
 from stockade.supervisor.backends.base import (
+    BindMount,
     ContainerInfo,
     ContainerSpec,
     EngineView,
@@ -108,6 +110,14 @@ class DockerBackend:
         except _ENGINE_ERRORS as exc:
             raise EngineUnavailable(f"Docker: cannot remove {name_or_id}: {exc}") from exc
         return True
+
+    def mounts(self, name_or_id: str) -> tuple[BindMount, ...] | None:
+        try:
+            return mounts_from_inspect(self._client.api.inspect_container(name_or_id))
+        except docker.errors.NotFound:
+            return None
+        except _ENGINE_ERRORS as exc:
+            raise EngineUnavailable(f"Docker: cannot inspect {name_or_id}: {exc}") from exc
 
     def security_view(self, name_or_id: str) -> EngineView | None:
         try:

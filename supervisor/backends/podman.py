@@ -14,11 +14,13 @@ from stockade.supervisor.backends._common import (
     debian_package_version,
     info_from_inspect,
     label_filters,
+    mounts_from_inspect,
     parse_runc_version,
     ulimits,
     view_from_inspect,
 )
 from stockade.supervisor.backends.base import (
+    BindMount,
     ContainerInfo,
     ContainerSpec,
     EngineView,
@@ -105,6 +107,14 @@ class PodmanBackend:
         except _ENGINE_ERRORS as exc:
             raise EngineUnavailable(f"Podman: cannot remove {name_or_id}: {exc}") from exc
         return True
+
+    def mounts(self, name_or_id: str) -> tuple[BindMount, ...] | None:
+        try:
+            return mounts_from_inspect(self._client.containers.get(name_or_id).attrs)
+        except podman.errors.NotFound:
+            return None
+        except _ENGINE_ERRORS as exc:
+            raise EngineUnavailable(f"Podman: cannot inspect {name_or_id}: {exc}") from exc
 
     def security_view(self, name_or_id: str) -> EngineView | None:
         try:

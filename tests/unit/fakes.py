@@ -14,6 +14,7 @@ import grpc
 
 from stockade.supervisor.agent_client import AgentCallFailed, AgentReply
 from stockade.supervisor.backends.base import (
+    BindMount,
     ContainerInfo,
     ContainerSpec,
     EngineView,
@@ -27,6 +28,8 @@ class FakeBackend:
 
     def __init__(self) -> None:
         self.containers: dict[str, ContainerInfo] = {}
+        self.container_mounts: dict[str, tuple[BindMount, ...]] = {}
+        """Mounts of containers the fake did not make (the supervisor's own, say)."""
         self.runs = 0
         self.image_ids: dict[str, str] = {}
         """What an image reference names now (default: id-of-REF)."""
@@ -81,6 +84,10 @@ class FakeBackend:
         self.containers[container_id] = replace(
             self.containers[container_id], running=False, status="exited", exit_code=137
         )
+
+    def mounts(self, name_or_id: str) -> tuple[BindMount, ...] | None:
+        info = self.inspect(name_or_id)
+        return None if info is None else self.container_mounts.get(info.id, ())
 
     def security_view(self, name_or_id: str) -> EngineView | None:
         return EngineView(runtime="runc") if self.inspect(name_or_id) else None

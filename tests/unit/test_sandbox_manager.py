@@ -136,6 +136,27 @@ async def test_other_instances_containers_are_not_adopted(
     assert len(backend.containers) == 1
 
 
+async def test_a_name_held_by_another_instance_is_never_removed(
+    tmp_path: Path, backend: FakeBackend
+) -> None:
+    """Names carry an 8-character prefix of the instance id: two instances whose ids share
+    it name their containers alike, and neither may remove the other's by name."""
+    theirs = manager(tmp_path / "a", backend, "abcdef01-theirs")
+    ours = manager(tmp_path / "b", backend, "abcdef01-ours")
+    assert theirs.container_name("k") == ours.container_name("k")
+    held = (await theirs.ensure("k")).info.id
+    await ours.ensure("k")  # the fake engine allows the same name twice; a real one refuses
+    mine = [
+        c
+        for c in backend.containers.values()
+        if c.labels["io.stockade.instance"] != "abcdef01-theirs"
+    ]
+    assert held in backend.containers
+    assert await ours.destroy("k", delete_workspace=False) == (False, False)
+    assert held in backend.containers
+    assert len(mine) == 1
+
+
 async def test_dead_container_is_recreated_on_next_call(
     tmp_path: Path, backend: FakeBackend
 ) -> None:
