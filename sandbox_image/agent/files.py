@@ -368,8 +368,11 @@ async def _search(
     """Up to `limit` hits, and whether there were more (or some lines were dropped)."""
     found: list[dict[str, Any]] = []
     dropped = searched = False
-    async with _spawn(_list_argv(rg, file_glob, target)) as lister:
-        async for batch in _batches(lister.stdout, _SEARCH_BATCH):
+    async with (
+        _spawn(_list_argv(rg, file_glob, target)) as lister,
+        contextlib.aclosing(_batches(lister.stdout, _SEARCH_BATCH)) as batches,
+    ):
+        async for batch in batches:
             hits, lost = await _search_batch(root, rg, pattern, batch, limit + 1 - len(found))
             found, dropped, searched = found + hits, dropped or lost, True
             if len(found) > limit:
