@@ -41,7 +41,9 @@ class EngineConfig:
 @dataclass(frozen=True)
 class SandboxConfig:
     image: str = ""
-    """Sandbox image; empty means the one `stockade image build` makes for the engine."""
+    """Sandbox image; empty means the one `stockade image build` makes for the engine. At start,
+    a running sandbox whose container was made from another image than the one this names now
+    is re-created from it (workspace kept, processes lost)."""
     user: str = "1000:1000"
     """uid:gid the agent and every tool run as. Never root."""
     read_only_root: bool = True

@@ -155,7 +155,8 @@ class SandboxManager:
         return self._image
 
     async def start(self) -> list[str]:
-        """Check the engine and adopt this instance's running containers; return adopted keys."""
+        """Check the engine and adopt this instance's running containers; return adopted keys.
+        A container made from another image than the configured one is re-created instead."""
         await asyncio.to_thread(self._backend.ping)
         self._gvisor = await asyncio.to_thread(self._runs_gvisor)
         if self._gvisor and self._config.sandbox.network != "none":
@@ -189,6 +190,7 @@ class SandboxManager:
         profile = seccomp.write_profile(target, gvisor=self._gvisor)
         self._seccomp = str(profile) if profile else ""
         found = await asyncio.to_thread(self._backend.list, self._labels())
+        image_id = await asyncio.to_thread(self._backend.image_id, self._image)
         adopted = []
         for info in found:
             key = info.labels.get(LABEL_KEY, "")
@@ -196,6 +198,9 @@ class SandboxManager:
                 continue
             network = self._adopted_network(info)
             if info.running and network and self._adoptable(self._paths(key)):
+                if image_id and info.image_id != image_id:
+                    await self._replace(key, info, network, image_id)
+                    continue
                 sandbox = _Sandbox(key, sandbox_id(key), info, self._agent_for(key), network)
                 try:
                     await self._attach_network(sandbox)
@@ -209,6 +214,24 @@ class SandboxManager:
             await asyncio.to_thread(self._backend.remove, info.id)
         await self._egress.prune({s.sid for s in self._sandboxes.values()})
         return adopted
+
+    async def _replace(
+        self, key: str, info: ContainerInfo, network: SandboxNetwork, image_id: str
+    ) -> None:
+        """Re-create, with its workspace, a container that runs another image than the
+        configured one (`stockade image build` made a new agent, or [sandbox] image changed).
+        Done here rather than by the next call so that it keeps its network, which
+        EnsureSandbox may have narrowed (a call would make it with the configured one)."""
+        log.warning(
+            "replacing sandbox %r: its container runs image %s (%s), the configured image %s "
+            "is now %s; processes running in it are lost, its workspace is kept",
+            key, info.image, info.image_id[:12] or "?", self._image, image_id[:12],
+        )  # fmt: skip
+        await asyncio.to_thread(self._backend.remove, info.id)
+        try:
+            self._sandboxes[key] = await self._create(key, network)
+        except SandboxBroken as exc:
+            log.warning("sandbox %r not re-created (the next call tries again): %s", key, exc)
 
     def _adopted_network(self, info: ContainerInfo) -> SandboxNetwork | None:
         """An adopted container's network as it was created, re-checked against today's

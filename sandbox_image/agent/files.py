@@ -16,7 +16,8 @@ import os
 import secrets
 import stat
 from asyncio.subprocess import PIPE
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
@@ -216,24 +217,6 @@ def _mode_at(dir_fd: int, name: str, user_path: str) -> int | None:
     return stat.S_IMODE(info.st_mode)
 
 
-def _existing_mode(path: Path, user_path: str) -> int | None:
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except FileNotFoundError:
-        return None
-    if not os.access(path, os.W_OK):
-        raise ToolError("PERMISSION_DENIED", f"path '{user_path}' is not writable")
-    return mode
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # list_files
 
 
@@ -328,14 +311,29 @@ async def search(
     """Lines matching a regex, found by ripgrep (a linear-time engine, so hostile
     patterns cannot hang the agent); symlinks are not followed, nothing is ignored
     but `.git`. `rg` and `timeout` are injectable for tests.
+
+    ripgrep only lists the files (`--files`: its walk, glob rules and order); the agent
+    opens each one relative to its folder checked inside the workspace, without
+    following a link (paths.open_in), and ripgrep searches those descriptors
+    (/proc/self/fd/N). A folder swapped for a link while ripgrep walks can only make it
+    list names: a name that no longer opens inside the workspace is skipped, so no
+    content from elsewhere is ever searched. A file in which ripgrep finds a NUL byte is
+    binary and gives no matches, as in ripgrep's own walk.
     """
     expect_only(args, ("pattern", "path", "glob", "max_results"))
     pattern = req_str(args, "pattern")
     file_glob = opt_str(args, "glob", None)
     limit = _max_results(args)
     target = await asyncio.to_thread(paths.resolve, root, opt_str(args, "path", "."))
-    found, truncated = await _run_rg(_rg_argv(rg, pattern, file_glob, target), limit, timeout)
-    return {"matches": [_hit(root, data) for data in found], "truncated": truncated}
+    _check_no_nul(pattern, file_glob)
+    try:
+        async with asyncio.timeout(timeout):
+            found, truncated = await _search(root, rg, pattern, file_glob, target, limit)
+    except TimeoutError:
+        raise ToolError(
+            "TIMEOUT", f"search took longer than {timeout:g} s; narrow 'path' or 'glob'"
+        ) from None
+    return {"matches": found, "truncated": truncated}
 
 
 def _max_results(args: Args) -> int:
@@ -345,47 +343,156 @@ def _max_results(args: Args) -> int:
     return min(limit, MAX_SEARCH_RESULTS)
 
 
-def _rg_argv(rg: str, pattern: str, file_glob: str | None, target: Path) -> list[str]:
+def _check_no_nul(pattern: str, file_glob: str | None) -> None:
     for name, value in (("pattern", pattern), ("glob", file_glob or "")):
         if "\0" in value:
             raise ToolError("INVALID_ARGS", f"argument '{name}' contains a NUL byte")
-    argv = [rg, "--json", "--no-config", "--hidden", "--no-ignore", "--no-messages"]
-    argv += ["--sort", "path", "--glob", "!.git"]
+
+
+_RG_COMMON: Final = ("--no-config", "--no-messages")
+_SEARCH_BATCH: Final = 128
+"""Files opened and handed to one ripgrep at a time (the sandbox's open-file limit is low)."""
+
+
+def _list_argv(rg: str, file_glob: str | None, target: Path) -> list[str]:
+    argv = [rg, "--files", "--null", *_RG_COMMON, "--hidden", "--no-ignore", "--sort", "path"]
+    argv += ["--glob", "!.git"]
     if file_glob is not None:
         argv += ["--glob", file_glob]
-    return [*argv, "--regexp", pattern, "--", str(target)]
+    return [*argv, "--", str(target)]
 
 
-async def _run_rg(argv: list[str], limit: int, timeout: float) -> tuple[list[Any], bool]:
-    """Up to `limit` match records, and whether there were more (or some were dropped)."""
+async def _search(
+    root: Path, rg: str, pattern: str, file_glob: str | None, target: Path, limit: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """Up to `limit` hits, and whether there were more (or some lines were dropped)."""
+    found: list[dict[str, Any]] = []
+    dropped = searched = False
+    async with (
+        _spawn(_list_argv(rg, file_glob, target)) as lister,
+        contextlib.aclosing(_batches(lister.stdout, _SEARCH_BATCH)) as batches,
+    ):
+        async for batch in batches:
+            hits, lost = await _search_batch(root, rg, pattern, batch, limit + 1 - len(found))
+            found, dropped, searched = found + hits, dropped or lost, True
+            if len(found) > limit:
+                return found[:limit], True
+        _refused(*await lister.finish())
+    if not searched:  # nothing to search: ripgrep still judges the pattern
+        await _search_batch(root, rg, pattern, [], 1)
+    return found, dropped
+
+
+async def _batches(stream: asyncio.StreamReader, size: int) -> AsyncGenerator[list[bytes], None]:
+    """The NUL-separated names ripgrep lists, `size` at a time."""
+    batch: list[bytes] = []
+    pending = b""
+    while chunk := await stream.read(_CHUNK_BYTES):
+        *names, pending = (pending + chunk).split(b"\0")
+        batch += [name for name in names if name]
+        while len(batch) >= size:
+            yield batch[:size]
+            batch = batch[size:]
+    batch += [pending] if pending else []
+    if batch:
+        yield batch
+
+
+async def _search_batch(
+    root: Path, rg: str, pattern: str, names: list[bytes], wanted: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """Search the files `names` through checked descriptors: up to `wanted` hits."""
+    opened = await _open_batch(root, names)
+    try:
+        shown = {f"/proc/self/fd/{fd}": name for fd, name in opened}
+        argv = [rg, "--json", *_RG_COMMON, "--threads", "1", "--max-count", str(wanted)]
+        argv += ["--regexp", pattern, "--", *(shown or ["/dev/null"])]
+        async with _spawn(argv, pass_fds=[fd for fd, _ in opened]) as searcher:
+            hits, dropped = await _read_matches(searcher.stdout, wanted)
+            if len(hits) >= wanted:
+                searcher.proc.kill()
+            message, returncode = await searcher.finish()
+        if not hits:
+            _refused(message, returncode)
+    finally:
+        for fd, _ in opened:
+            os.close(fd)
+    return [_hit(shown, data) for data in hits], dropped
+
+
+async def _open_batch(root: Path, names: list[bytes]) -> list[tuple[int, str]]:
+    """`_open_all` in a worker thread; if the search is cancelled (its timeout) meanwhile,
+    the descriptors are closed once the thread is done instead of leaking."""
+    opening = asyncio.ensure_future(asyncio.to_thread(_open_all, root, names))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        opening.add_done_callback(_close_opened)
+        raise
+
+
+def _close_opened(opening: asyncio.Future[list[tuple[int, str]]]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        for fd, _ in opening.result():
+            os.close(fd)
+
+
+def _open_all(root: Path, names: list[bytes]) -> list[tuple[int, str]]:
+    """(descriptor, name shown) of each listed regular file that opens inside the workspace;
+    the others (gone, swapped for a link, a FIFO, unreadable) are skipped, as ripgrep would."""
+    opened: list[tuple[int, str]] = []
+    flags = os.O_RDONLY | os.O_NONBLOCK
+    for name in names:
+        path = Path(os.fsdecode(name))
+        shown = paths.display(root, path)
+        try:
+            fd = paths.open_in(root, path, flags, shown)
+        except ToolError:
+            continue
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            opened.append((fd, shown))
+        else:
+            os.close(fd)
+    return opened
+
+
+@dataclass
+class _Rg:
+    proc: asyncio.subprocess.Process
+    stdout: asyncio.StreamReader
+    errors: asyncio.Task[bytes]
+
+    async def finish(self) -> tuple[bytes, int]:
+        """ripgrep's messages and exit status, once its output is read to the end."""
+        await self.stdout.read()  # to EOF, so that wait() can return
+        return await self.errors, await self.proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def _spawn(argv: list[str], pass_fds: list[int] | None = None) -> AsyncIterator[_Rg]:
+    """ripgrep with its pipes; killed, drained and reaped however the block ends."""
     try:
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=PIPE, stderr=PIPE
-        )
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=PIPE, stderr=PIPE,
+            pass_fds=pass_fds or (),
+        )  # fmt: skip
     except OSError as exc:
         raise ToolError("EXECUTION_FAILED", f"cannot run ripgrep: {exc.strerror or exc}") from None
     assert proc.stdout is not None
     assert proc.stderr is not None
     errors = asyncio.create_task(_read_capped(proc.stderr, _RG_STDERR_BYTES))
     try:
-        async with asyncio.timeout(timeout):
-            found, dropped = await _read_matches(proc.stdout, limit + 1)
-            if len(found) > limit:
-                proc.kill()
-            await proc.stdout.read()  # to EOF, so that wait() can return
-            message, returncode = await errors, await proc.wait()
-    except TimeoutError:
-        raise ToolError(
-            "TIMEOUT", f"search took longer than {timeout:g} s; narrow 'path' or 'glob'"
-        ) from None
+        yield _Rg(proc, proc.stdout, errors)
     finally:
         await _stop(proc, errors)
-    if returncode == 2 and not found and message.strip():
+
+
+def _refused(message: bytes, returncode: int) -> None:
+    if returncode == 2 and message.strip():
         raise ToolError(
             "INVALID_ARGS",
             f"ripgrep refused the search: {message.decode(errors='replace').strip()}",
         )
-    return found[:limit], dropped or len(found) > limit
 
 
 async def _stop(proc: asyncio.subprocess.Process, errors: asyncio.Task[bytes]) -> None:
@@ -398,15 +505,21 @@ async def _stop(proc: asyncio.subprocess.Process, errors: asyncio.Task[bytes]) -
 
 
 async def _read_matches(stream: asyncio.StreamReader, wanted: int) -> tuple[list[Any], bool]:
-    """The data of up to `wanted` rg `match` messages, and whether a line was dropped."""
+    """The data of up to `wanted` rg `match` messages, and whether a line was dropped.
+    A file's matches count once its `end` message says it is not binary."""
     found: list[Any] = []
+    pending: list[Any] = []
     dropped = False
     async with contextlib.aclosing(_bounded_lines(stream, _RG_LINE_BYTES)) as lines:
         async for line in lines:
-            message = json.loads(line) if line is not None else None
-            dropped = dropped or message is None
-            if message is not None and message.get("type") == "match":
-                found.append(message["data"])
+            message: dict[str, Any] = json.loads(line) if line is not None else {}
+            dropped = dropped or line is None
+            if message.get("type") == "match":
+                pending.append(message["data"])
+            elif message.get("type") == "end":
+                binary = message["data"].get("binary_offset") is not None
+                found += [] if binary else pending[: wanted - len(found)]
+                pending = []
                 if len(found) == wanted:
                     break
     return found, dropped
@@ -437,11 +550,12 @@ async def _read_capped(stream: asyncio.StreamReader, cap: int) -> bytes:
     return bytes(data)
 
 
-def _hit(root: Path, data: dict[str, Any]) -> dict[str, Any]:
+def _hit(shown: dict[str, str], data: dict[str, Any]) -> dict[str, Any]:
+    """A match record, its /proc/self/fd/N path replaced by the workspace path it stands for."""
     text = _rg_text(data["lines"], as_path=False).rstrip("\r\n")
     if len(text) > MAX_LINE_CHARS:
         text = text[:MAX_LINE_CHARS] + " [...]"
-    file = paths.display(root, _rg_text(data["path"], as_path=True))
+    file = shown[_rg_text(data["path"], as_path=True)]
     return {"file": file, "line": data["line_number"], "text": text}
 
 

@@ -31,7 +31,7 @@ from typing import Any, Final, Literal
 from . import paths
 from .argcheck import Args, expect_only, req_str
 from .errors import ToolError, from_os_error
-from .files import _encode, _existing_mode, _fsync_dir, _read_bytes
+from .files import _encode, _mode_at, _read_bytes
 
 MAX_PATCH_BYTES: Final = 10 * 1024 * 1024
 _QUOTE_CHARS: Final = 200
@@ -56,7 +56,7 @@ def _apply_patch(root: Path, args: Args) -> dict[str, Any]:
     try:
         _check_size(text)
         plan = _plan(root, parse(text))
-        _commit(plan)
+        _commit(root, plan)
     except ToolError as exc:
         raise ToolError(exc.code, f"apply_patch: {exc.message}") from None
     return plan.result
@@ -413,7 +413,7 @@ def _claim(root: Path, user_path: str, op: FileOp, plan: _Plan) -> Path:
 
 def _plan_add(root: Path, op: FileOp, plan: _Plan) -> None:
     path = _claim(root, op.path, op, plan)
-    if path.exists():
+    if paths.exists_in(root, path, op.path):
         raise ToolError("INVALID_ARGS", f"cannot add '{op.path}': it already exists")
     plan.writes.append((path, _encode(op.content, "input"), None, op.path))
     plan.result["added"].append(paths.display(root, path))
@@ -421,7 +421,7 @@ def _plan_add(root: Path, op: FileOp, plan: _Plan) -> None:
 
 def _plan_delete(root: Path, op: FileOp, plan: _Plan) -> None:
     path = _existing(root, op, plan, "delete")
-    _check_dir_writable(path.parent, op.path)
+    _check_dir_writable(root, path.parent, op.path)
     plan.removals.append((path, op.path))
     plan.result["deleted"].append(paths.display(root, path))
 
@@ -430,12 +430,13 @@ def _plan_update(root: Path, op: FileOp, plan: _Plan) -> None:
     source = _existing(root, op, plan, "update")
     target = source if op.move_to is None else _move_target(root, op, plan, source)
     if op.hunks:
-        data = _patched_file(source, op)
-        plan.writes.append((target, data, _existing_mode(source, op.path), op.move_to or op.path))
+        data = _patched_file(root, source, op)
+        mode = _mode_in(root, source, op.path)
+        plan.writes.append((target, data, mode, op.move_to or op.path))
     if target == source:
         plan.result["updated"].append(paths.display(root, source))
         return
-    _check_dir_writable(source.parent, op.path)
+    _check_dir_writable(root, source.parent, op.path)
     if op.hunks:
         plan.removals.append((source, op.path))
     else:
@@ -444,8 +445,8 @@ def _plan_update(root: Path, op: FileOp, plan: _Plan) -> None:
     plan.result["moved"].append(moved)
 
 
-def _patched_file(path: Path, op: FileOp) -> bytes:
-    data, truncated = _read_bytes(path, op.path)
+def _patched_file(root: Path, path: Path, op: FileOp) -> bytes:
+    data, truncated = _read_bytes(path, op.path, root)
     if truncated:
         raise ToolError("INVALID_ARGS", f"'{op.path}' is too large to patch (over 10 MiB)")
     # surrogateescape round-trips bytes that are not UTF-8 unchanged.
@@ -453,9 +454,14 @@ def _patched_file(path: Path, op: FileOp) -> bytes:
     return _encode(patched(text, op.hunks, op.path), "input")
 
 
+def _mode_in(root: Path, path: Path, shown: str) -> int | None:
+    with paths.folder(root, path.parent, shown) as dir_fd:
+        return _mode_at(dir_fd, path.name, shown)
+
+
 def _existing(root: Path, op: FileOp, plan: _Plan, verb: str) -> Path:
     path = _claim(root, op.path, op, plan)
-    if not path.exists():
+    if not paths.exists_in(root, path, op.path):
         raise ToolError("FILE_NOT_FOUND", f"cannot {verb} '{op.path}': no such file")
     return path
 
@@ -466,92 +472,114 @@ def _move_target(root: Path, op: FileOp, plan: _Plan, source: Path) -> Path:
     if target == source:
         return source
     target = _claim(root, op.move_to, op, plan)
-    if target.exists():
+    if paths.exists_in(root, target, op.move_to):
         raise ToolError("INVALID_ARGS", f"cannot move '{op.path}' to '{op.move_to}': it exists")
     return target
 
 
-def _check_dir_writable(directory: Path, shown: str) -> None:
-    if not os.access(directory, os.W_OK | os.X_OK):
+def _check_dir_writable(root: Path, directory: Path, shown: str) -> None:
+    with paths.folder(root, directory, shown) as dir_fd:
+        writable = os.access(".", os.W_OK | os.X_OK, dir_fd=dir_fd)
+    if not writable:
         raise ToolError("PERMISSION_DENIED", f"the directory of '{shown}' is not writable")
 
 
-# committing
+# committing: every step acts in a folder opened and checked inside the workspace
+# (paths.folder), with the last component never followed if it is a link.
+
+_Staged = tuple[str, Path, str]
+"""(temporary name in the final path's folder, final path, path as written)."""
 
 
-def _commit(plan: _Plan) -> None:
+def _commit(root: Path, plan: _Plan) -> None:
     """Stage every new content in an fsynced temporary file, then rename them all into
     place, then move and delete. A failure while staging undoes the staging."""
     created: list[Path] = []
-    staged: list[tuple[Path, Path, str]] = []
+    staged: list[_Staged] = []
     try:
         for path, data, mode, shown in plan.writes:
-            _make_parents(path.parent, created, shown)
-            staged.append((_stage(path, data, mode, shown), path, shown))
+            _make_parents(root, path.parent, created, shown)
+            staged.append((_stage(root, path, data, mode, shown), path, shown))
         for _, target, shown in plan.renames:
-            _make_parents(target.parent, created, shown)
-            _check_dir_writable(target.parent, shown)
+            _make_parents(root, target.parent, created, shown)
+            _check_dir_writable(root, target.parent, shown)
     except BaseException:
-        _undo(staged, created)
+        _undo(root, staged, created)
         raise
-    _finish(plan, staged, created)
+    _finish(root, plan, staged, created)
 
 
-def _finish(plan: _Plan, staged: list[tuple[Path, Path, str]], created: list[Path]) -> None:
+def _finish(root: Path, plan: _Plan, staged: list[_Staged], created: list[Path]) -> None:
     touched = {directory.parent for directory in created}
-    steps = [(os.replace, temp, path, shown) for temp, path, shown in staged]
-    steps += [(os.rename, source, target, shown) for source, target, shown in plan.renames]
-    for step, source, target, shown in steps:
-        try:
-            step(source, target)
-        except OSError as exc:
-            raise from_os_error(exc, shown) from None
-        touched |= {source.parent, target.parent}
+    steps = [(path.parent, temp, path, shown) for temp, path, shown in staged]
+    steps += [(source.parent, source.name, target, shown) for source, target, shown in plan.renames]
+    for source_dir, name, target, shown in steps:
+        _rename(root, source_dir, name, target, shown)
+        touched |= {source_dir, target.parent}
     for path, shown in plan.removals:
-        try:
-            path.unlink()
-        except OSError as exc:
-            raise from_os_error(exc, shown) from None
+        with paths.folder(root, path.parent, shown) as dir_fd:
+            try:
+                os.unlink(path.name, dir_fd=dir_fd)
+            except OSError as exc:
+                raise from_os_error(exc, shown) from None
         touched.add(path.parent)
     for directory in sorted(touched):
-        with contextlib.suppress(OSError):
-            _fsync_dir(directory)
+        with contextlib.suppress(OSError, ToolError), paths.folder(root, directory, "") as fd:
+            os.fsync(fd)
 
 
-def _make_parents(directory: Path, created: list[Path], shown: str) -> None:
+def _rename(root: Path, source_dir: Path, name: str, target: Path, shown: str) -> None:
+    """Rename `name` in `source_dir` to `target` (replacing a file there)."""
+    with (
+        paths.folder(root, source_dir, shown) as source_fd,
+        paths.folder(root, target.parent, shown) as target_fd,
+    ):
+        try:
+            os.rename(name, target.name, src_dir_fd=source_fd, dst_dir_fd=target_fd)
+        except OSError as exc:
+            raise from_os_error(exc, shown) from None
+
+
+def _make_parents(root: Path, directory: Path, created: list[Path], shown: str) -> None:
     missing: list[Path] = []
-    while not directory.exists():
+    while not paths.exists_in(root, directory, shown):
         missing.append(directory)
         directory = directory.parent
-    try:
-        for path in reversed(missing):
-            path.mkdir()
-            created.append(path)
-    except OSError as exc:
-        raise from_os_error(exc, shown) from None
+    for path in reversed(missing):
+        with paths.folder(root, path.parent, shown) as dir_fd:
+            try:
+                os.mkdir(path.name, dir_fd=dir_fd)
+            except OSError as exc:
+                raise from_os_error(exc, shown) from None
+        created.append(path)
 
 
-def _stage(path: Path, data: bytes, mode: int | None, shown: str) -> Path:
-    temp = path.with_name(f".{secrets.token_hex(8)}.stockade-tmp")
-    try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-            if mode is not None:
-                os.fchmod(file.fileno(), mode)
-            file.flush()
-            os.fsync(file.fileno())
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            temp.unlink()
-        raise from_os_error(exc, shown) from None
+def _stage(root: Path, path: Path, data: bytes, mode: int | None, shown: str) -> str:
+    temp = f".{secrets.token_hex(8)}.stockade-tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with paths.folder(root, path.parent, shown) as dir_fd:
+        try:
+            fd = os.open(temp, flags, 0o666, dir_fd=dir_fd)
+            with os.fdopen(fd, "wb") as file:
+                file.write(data)
+                if mode is not None:
+                    os.fchmod(file.fileno(), mode)
+                file.flush()
+                os.fsync(file.fileno())
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=dir_fd)
+            raise from_os_error(exc, shown) from None
     return temp
 
 
-def _undo(staged: list[tuple[Path, Path, str]], created: list[Path]) -> None:
-    for temp, _, _ in staged:
-        with contextlib.suppress(OSError):
-            temp.unlink()
+def _undo(root: Path, staged: list[_Staged], created: list[Path]) -> None:
+    for temp, path, shown in staged:
+        with contextlib.suppress(OSError, ToolError), paths.folder(root, path.parent, shown) as fd:
+            os.unlink(temp, dir_fd=fd)
     for directory in reversed(created):
-        with contextlib.suppress(OSError):
-            directory.rmdir()
+        with (
+            contextlib.suppress(OSError, ToolError),
+            paths.folder(root, directory.parent, "") as fd,
+        ):
+            os.rmdir(directory.name, dir_fd=fd)

@@ -20,8 +20,10 @@ runs there, as the sandbox's user, so no path can lead it to the host.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Final, Literal
 
@@ -47,7 +49,10 @@ def resolve(
     root_real = Path(os.path.realpath(root))
     label = f"{arg} '{user_path}'"
     relative = _relative(root, _checked(user_path, arg), label)
-    real = Path(os.path.realpath(root_real / relative))
+    try:
+        real = Path(os.path.realpath(root_real / relative))
+    except OSError:  # a link swapped for something else while realpath read it: a race
+        raise ToolError("INVALID_PATH", f"{label} changed while it was checked") from None
     if not is_inside(root_real, real):
         raise ToolError("INVALID_PATH", f"{label} leaves the workspace")
     mode = _mode(real, user_path, arg)
@@ -69,6 +74,11 @@ def open_dir(root: Path, directory: Path, shown: str) -> int:
         fd = os.open(directory, _DIR_FLAGS)
     except OSError as exc:
         raise from_os_error(exc, shown) from None
+    return _checked_dir(root, fd, shown)
+
+
+def _checked_dir(root: Path, fd: int, shown: str) -> int:
+    """`fd` if it points inside `root`; else it is closed and ToolError raised."""
     try:
         opened = Path(os.readlink(f"/proc/self/fd/{fd}"))
     except OSError:
@@ -80,6 +90,38 @@ def open_dir(root: Path, directory: Path, shown: str) -> int:
             "INVALID_PATH", f"path '{shown}' leaves the workspace (a folder on it became a link)"
         )
     return fd
+
+
+@contextlib.contextmanager
+def folder(root: Path, directory: Path, shown: str) -> Iterator[int]:
+    """`open_dir` for the length of a block."""
+    fd = open_dir(root, directory, shown)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def exists_in(root: Path, path: Path, shown: str) -> bool:
+    """Whether `path` (from `resolve`) exists, looked up in its checked folder without
+    following a link at its end; a missing folder, or a file in its place, means no."""
+    if path == Path(os.path.realpath(root)):
+        return True
+    try:
+        fd = _checked_dir(root, os.open(path.parent, _DIR_FLAGS), shown)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        raise from_os_error(exc, shown) from None
+    try:
+        os.stat(path.name, dir_fd=fd, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        raise from_os_error(exc, shown) from None
+    finally:
+        os.close(fd)
+    return True
 
 
 def open_in(root: Path, path: Path, flags: int, shown: str) -> int:

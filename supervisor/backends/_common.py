@@ -38,10 +38,16 @@ def info_from_inspect(attrs: Mapping[str, Any]) -> ContainerInfo:
         labels=dict(config.get("Labels") or {}),
         image=str(attrs.get("ImageName") or config.get("Image") or ""),
         created_at=parse_time(attrs.get("Created")),
+        image_id=bare_id(attrs.get("Image")),
         exit_code=state.get("ExitCode"),
         oom_killed=bool(state.get("OOMKilled")),
         pid=int(state.get("Pid") or 0),
     )
+
+
+def bare_id(value: Any) -> str:
+    """An image id as both engines can compare it: Docker writes "sha256:HEX", libpod HEX."""
+    return str(value or "").removeprefix("sha256:")
 
 
 def mounts_from_inspect(attrs: Mapping[str, Any]) -> tuple[BindMount, ...]:

@@ -72,6 +72,8 @@ class ContainerInfo:
     labels: Mapping[str, str]
     image: str
     created_at: datetime | None = None
+    image_id: str = ""
+    """The id of the image the container was made from (no "sha256:" prefix)."""
     exit_code: int | None = None
     oom_killed: bool = False
     pid: int = 0
@@ -127,6 +129,10 @@ class ContainerBackend(Protocol):
         ...
 
     def image_exists(self, ref: str) -> bool: ...
+
+    def image_id(self, ref: str) -> str | None:
+        """The id `ref` names now (no "sha256:" prefix); None when there is no such image."""
+        ...
 
     def run(self, spec: ContainerSpec) -> ContainerInfo:
         """Create and start a container."""

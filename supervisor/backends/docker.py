@@ -12,6 +12,7 @@ import docker.types
 import requests
 
 from stockade.supervisor.backends._common import (
+    bare_id,
     debian_package_version,
     info_from_inspect,
     label_filters,
@@ -59,6 +60,14 @@ class DockerBackend:
         except _ENGINE_ERRORS as exc:
             raise EngineUnavailable(f"Docker: cannot look up image {ref}: {exc}") from exc
         return True
+
+    def image_id(self, ref: str) -> str | None:
+        try:
+            return bare_id(self._client.images.get(ref).id)
+        except docker.errors.ImageNotFound:
+            return None
+        except _ENGINE_ERRORS as exc:
+            raise EngineUnavailable(f"Docker: cannot look up image {ref}: {exc}") from exc
 
     def run(self, spec: ContainerSpec) -> ContainerInfo:
         try:

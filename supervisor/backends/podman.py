@@ -11,6 +11,7 @@ import podman.errors
 import requests
 
 from stockade.supervisor.backends._common import (
+    bare_id,
     debian_package_version,
     info_from_inspect,
     label_filters,
@@ -54,6 +55,14 @@ class PodmanBackend:
     def image_exists(self, ref: str) -> bool:
         try:
             return bool(self._client.images.exists(ref))
+        except _ENGINE_ERRORS as exc:
+            raise EngineUnavailable(f"Podman: cannot look up image {ref}: {exc}") from exc
+
+    def image_id(self, ref: str) -> str | None:
+        try:
+            return bare_id(self._client.images.get(ref).id)
+        except podman.errors.ImageNotFound:
+            return None
         except _ENGINE_ERRORS as exc:
             raise EngineUnavailable(f"Podman: cannot look up image {ref}: {exc}") from exc
 

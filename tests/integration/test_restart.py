@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from stockade.client import Stockade, ToolResult
-from tests.integration.harness import Supervisor, engine_cli, running_supervisor
+from stockade.supervisor.image import image_ref
+from tests.integration.harness import Supervisor, engine_cli, engine_url, running_supervisor
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -36,6 +41,56 @@ def test_restart_adopts_running_containers(own_supervisor: Supervisor, sig: int)
         assert c.sandbox("b").exec("cat g.txt; echo $$").stdout.startswith("B\n")
         assert {s.key: s.container_id for s in c.list_sandboxes()} == before
     assert "adopted 2 running sandbox(es)" in own_supervisor.log()
+
+
+@pytest.fixture
+def changed_image(engine: str, tmp_path: Path) -> Iterator[str]:
+    """An image built FROM the sandbox image with one more label, under a name of its own
+    (removed afterwards): a new image, as `stockade image build` or [sandbox] image make."""
+    ref = f"localhost/stockade-test-{uuid.uuid4().hex[:10]}:latest"
+    (tmp_path / "Containerfile").write_text(
+        f"FROM {image_ref(engine)}\nLABEL io.stockade.test-image={ref}\n"
+    )
+    env = {**os.environ, "DOCKER_BUILDKIT": "0"}
+    if engine == "docker":
+        env["DOCKER_HOST"] = engine_url("docker")
+    cmd = [engine, "build", "-t", ref, "-f", str(tmp_path / "Containerfile"), str(tmp_path)]
+    if engine == "podman":
+        cmd.insert(2, "--pull=never")
+    built = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert built.returncode == 0, built.stderr
+    try:
+        yield ref
+    finally:
+        engine_cli(engine, "rmi", "-f", ref)
+
+
+def test_restart_recreates_a_container_of_another_image_with_its_workspace(
+    own_supervisor: Supervisor, changed_image: str
+) -> None:
+    with own_supervisor.client() as c:
+        box = c.sandbox("a")
+        box.write_file("f.txt", "kept")
+        box.exec("echo lost > /tmp/mark")
+        old = box.info().container_id
+    own_supervisor.stop()
+    own_supervisor.extra_config += f'[sandbox]\nimage = "{changed_image}"\n'
+    own_supervisor.start()
+    with own_supervisor.client() as c:
+        box = c.sandbox("a")
+        info = box.info()
+        assert info.state == "RUNNING"
+        assert info.container_id != old
+        assert box.read_file("f.txt") == "kept"
+        assert box.exec("cat /tmp/mark").exit_code != 0, "a new container, not the old one"
+        assert box.info().container_id == info.container_id
+    labels = engine_cli(
+        own_supervisor.engine, "inspect", "--format", "{{json .Config.Labels}}", info.container_id
+    )
+    assert changed_image in labels.stdout, "the new container runs the changed image"
+    assert engine_cli(own_supervisor.engine, "inspect", old).returncode != 0, "the old is gone"
+    [line] = [x for x in own_supervisor.log().splitlines() if "replacing sandbox 'a'" in x]
+    assert "processes running in it are lost" in line
 
 
 def test_killed_container_is_recreated_with_its_workspace(own_supervisor: Supervisor) -> None:

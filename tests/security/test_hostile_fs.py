@@ -9,6 +9,7 @@ Transfer paths are protobuf strings, so a non-UTF-8 name travels inside a tar of
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -222,6 +223,95 @@ def test_a_link_swapped_during_calls_never_leads_out(
     landed = sh(box, "ls -A d.dir d 2>/dev/null; true").stdout
     assert "f.txt" in landed, "calls that won the race wrote inside the workspace"
     assert snapshot(host) == before
+
+
+SWAPPER = """
+import ctypes, os, sys
+# renameat2(RENAME_EXCHANGE): `d` always exists, a folder one moment and a link the next.
+libc = ctypes.CDLL(None, use_errno=True)
+while True:
+    libc.renameat2(-100, b"d", -100, b"d.other", 2)
+"""
+
+
+@contextlib.contextmanager
+def swapping(client: Stockade, key: str, box: Sandbox, target: str) -> Iterator[None]:
+    """A process in the sandbox swaps the folder `d` and a link to `target`, in a loop."""
+    box.write_file("swap.py", SWAPPER)
+    sh(box, f"ln -s '{target}' d.other")
+    started = client.call(key, "process", {"action": "start", "command": "python3 swap.py"})
+    assert not started.is_error, started.for_llm
+    try:
+        yield
+    finally:
+        log = client.call(key, "process", {"action": "log", "id": started.data["id"]}).for_llm
+        client.call(key, "process", {"action": "kill", "id": started.data["id"]})
+        sh(box, "if [ -L d ]; then rm d; mv d.other d; else rm d.other; fi")
+        assert "Traceback" not in log, log
+
+
+@pytest.mark.parametrize("target", ["/etc", "/"])
+def test_search_never_returns_content_from_behind_a_folder_swapped_for_a_link(
+    supervisor: Supervisor, client: Stockade, key: str, target: str
+) -> None:
+    """ripgrep walks the workspace while `d` flips between a folder and a link to /etc or /:
+    every hit is the file inside the workspace, never /etc/passwd."""
+    box = client.sandbox(key)
+    box.write_file("d/inside.txt", "root: inside\n")
+    container = box.info().container_id
+    hits, codes = 0, set()
+    with swapping(client, key, box, target):
+        for _ in range(40):
+            for args in ({"pattern": "^root:"}, {"pattern": "^root:", "path": "d"}):
+                result = client.call(key, "search", args)
+                if result.is_error:
+                    codes.add(result.error_code)
+                    continue
+                for match in result.data["matches"]:
+                    assert match["text"] == "root: inside", match
+                    assert match["file"] in ("d/inside.txt", "d.other/inside.txt"), match
+                    hits += 1
+    assert codes <= {*REFUSED, "TIMEOUT"}, codes
+    assert hits > 0, "searches that won the race found the file inside"
+    assert box.info().container_id == container, supervisor.log()[-2000:]
+
+
+def test_apply_patch_never_writes_through_a_folder_swapped_for_a_link(
+    supervisor: Supervisor, client: Stockade, key: str
+) -> None:
+    """Adds (in new folders too), updates, moves and deletes in `d` while it flips between a
+    folder and a link to /tmp/out: nothing lands in, leaves or is read from /tmp/out."""
+    box = client.sandbox(key)
+    sh(box, "mkdir -p /tmp/out d && echo outside > /tmp/out/victim.txt && echo in > d/f.txt")
+    container = box.info().container_id
+
+    def patch(*sections: str) -> dict[str, object]:
+        return {"input": "*** Begin Patch\n" + "".join(sections) + "*** End Patch\n"}
+
+    applied, codes = 0, dict[str, str]()
+    with swapping(client, key, box, "/tmp/out"):
+        for i in range(40):
+            for args in (
+                patch(f"*** Add File: d/a{i}.txt\n+new\n"),
+                patch(f"*** Add File: d/s{i}/deep/b.txt\n+new\n"),
+                patch("*** Add File: d/victim.txt\n+inside\n"),
+                patch(f"*** Update File: d/victim.txt\n*** Move to: top{i}.txt\n"),
+                patch("*** Add File: d/victim.txt\n+inside\n"),
+                patch("*** Delete File: d/victim.txt\n"),
+                patch("*** Update File: d/f.txt\n@@\n-in\n+in\n"),
+            ):
+                result = client.call(key, "apply_patch", args)
+                if result.is_error:
+                    codes[result.error_code] = result.for_llm
+                else:
+                    applied += 1
+    assert set(codes) <= {*REFUSED, "INVALID_ARGS"}, codes
+    assert applied > 0, "patches that won the race were applied inside"
+    assert sh(box, "ls -A /tmp/out").stdout == "victim.txt\n", "nothing landed or was moved"
+    assert box.exec("cat /tmp/out/victim.txt").stdout == "outside\n"
+    leaked = box.exec("grep -rl outside . --exclude=swap.py").stdout
+    assert leaked == "", "no content from /tmp/out reached the workspace"
+    assert box.info().container_id == container, supervisor.log()[-2000:]
 
 
 def test_hardlinks_cannot_reach_outside_the_workspace(client: Stockade, key: str) -> None:

@@ -32,6 +32,8 @@ class FakeBackend:
         self.container_mounts: dict[str, tuple[BindMount, ...]] = {}
         """Mounts of containers the fake did not make (the supervisor's own, say)."""
         self.runs = 0
+        self.image_ids: dict[str, str] = {}
+        """What an image reference names now (default: id-of-REF)."""
         self.stale_inspects = 0
         """How many more inspects report a dead container as running."""
         self._next = 0
@@ -42,12 +44,15 @@ class FakeBackend:
     def image_exists(self, ref: str) -> bool:
         return True
 
+    def image_id(self, ref: str) -> str | None:
+        return self.image_ids.get(ref, f"id-of-{ref}") or None
+
     def run(self, spec: ContainerSpec) -> ContainerInfo:
         self.runs += 1
         self._next += 1
         info = ContainerInfo(
             id=f"c{self._next}", name=spec.name, running=True, status="running",
-            labels=dict(spec.labels), image=spec.image,
+            labels=dict(spec.labels), image=spec.image, image_id=self.image_id(spec.image) or "",
         )  # fmt: skip
         self.containers[info.id] = info
         os.mknod(Path(spec.mounts[1].source, "agent.sock"), stat.S_IFSOCK | 0o600)

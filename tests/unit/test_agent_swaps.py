@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stockade.agent import files, paths, transfers
+from stockade.agent import files, patch, paths, transfers
 from stockade.agent.errors import ToolError
 
 
@@ -93,3 +93,61 @@ async def test_uploads_and_tar_never_open_a_folder_that_became_a_link(
             await transfers.receive(ws, "d/x" if not tar else "d", tar=tar, mode=0, chunks=chunks())
         assert info.value.code == "INVALID_PATH"
     assert sorted(p.name for p in outside.iterdir()) == ["f.txt"]
+
+
+PATCHES = {
+    "add": "*** Add File: d/new.txt\n+pwned\n",
+    "add in a new folder": "*** Add File: d/sub/deep/new.txt\n+pwned\n",
+    "update": "*** Update File: d/f.txt\n@@\n-inside\n+pwned\n",
+    "move out": "*** Update File: d/f.txt\n*** Move to: moved.txt\n",
+    "move in": "*** Update File: top.txt\n*** Move to: d/top.txt\n",
+    "delete": "*** Delete File: d/f.txt\n",
+}
+
+
+@pytest.mark.parametrize("section", PATCHES.values(), ids=PATCHES.keys())
+def test_apply_patch_into_a_folder_swapped_after_planning_is_refused(
+    ws: Path, outside: Path, section: str
+) -> None:
+    """Everything is checked and planned, then `d` becomes a link out: the commit writes,
+    creates, moves and deletes nothing outside (and takes nothing from there)."""
+    (ws / "top.txt").write_text("top\n")
+    plan = patch._plan(ws, patch.parse(f"*** Begin Patch\n{section}*** End Patch\n"))
+    swap_for_link(ws / "d", outside)
+    with pytest.raises(ToolError) as info:
+        patch._commit(ws, plan)
+    assert info.value.code == "INVALID_PATH"
+    assert "became a link" in info.value.message
+    assert sorted(p.name for p in outside.iterdir()) == ["f.txt"]
+    assert (outside / "f.txt").read_text() == "outside\n"
+    assert not (ws / "moved.txt").exists()
+
+
+def test_apply_patch_never_reads_through_a_folder_swapped_for_a_link(
+    ws: Path, outside: Path
+) -> None:
+    (outside / "f.txt").write_text("inside\nsecret\n")
+    text = "*** Begin Patch\n*** Update File: d/f.txt\n@@\n-inside\n+x\n*** End Patch\n"
+    [op] = patch.parse(text)
+    path = paths.resolve(ws, "d/f.txt", kind="file")
+    swap_for_link(ws / "d", outside)
+    with pytest.raises(ToolError) as info:
+        patch._patched_file(ws, path, op)
+    assert info.value.code == "INVALID_PATH"
+    with pytest.raises(ToolError) as info:
+        patch._mode_in(ws, path, "d/f.txt")
+    assert info.value.code == "INVALID_PATH"
+    with pytest.raises(ToolError) as info:
+        paths.exists_in(ws, path, "d/f.txt")  # not even whether a file is there
+    assert info.value.code == "INVALID_PATH"
+
+
+def test_exists_in(ws: Path) -> None:
+    root = Path(os.path.realpath(ws))
+    assert paths.exists_in(ws, root, ".")
+    assert paths.exists_in(ws, root / "d" / "f.txt", "d/f.txt")
+    assert not paths.exists_in(ws, root / "d" / "no.txt", "d/no.txt")
+    assert not paths.exists_in(ws, root / "no" / "x.txt", "no/x.txt"), "a missing folder"
+    assert not paths.exists_in(ws, root / "d" / "f.txt" / "x", "d/f.txt/x"), "a file as folder"
+    os.symlink("/nowhere", ws / "d" / "dangling")
+    assert paths.exists_in(ws, root / "d" / "dangling", "d/dangling"), "a link is not followed"

@@ -16,6 +16,7 @@ from stockade.supervisor.errors import (
     SandboxLost,
     SandboxNotFound,
 )
+from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.sandboxes import SandboxManager
 from tests.unit.fakes import FakeAgent, FakeBackend
 
@@ -27,8 +28,11 @@ def backend() -> FakeBackend:
     return FakeBackend()
 
 
-def manager(tmp_path: Path, backend: FakeBackend, instance: str = "inst0001") -> SandboxManager:
-    config = Config(state_dir=tmp_path, sandbox=Config().sandbox.__class__(user="1000:1000"))
+def manager(
+    tmp_path: Path, backend: FakeBackend, instance: str = "inst0001", network: str = "none"
+) -> SandboxManager:
+    sandbox = Config().sandbox.__class__(user="1000:1000", network=network)  # type: ignore[arg-type]
+    config = Config(state_dir=tmp_path, sandbox=sandbox)
     return SandboxManager(
         config,
         backend,  # type: ignore[arg-type]
@@ -72,6 +76,56 @@ async def test_adopts_running_containers_after_restart(
     again = await second.ensure("k")
     assert again.info.id == created.info.id
     assert backend.runs == 1
+
+
+async def test_a_container_of_another_image_is_recreated_at_start_with_its_workspace(
+    tmp_path: Path, backend: FakeBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After `stockade image build` the same reference names a new image: the container
+    made from the old one is replaced when the supervisor starts, its workspace kept."""
+    first = manager(tmp_path, backend)
+    old = await first.ensure("k")
+    (tmp_path / "sandboxes" / old.sid / "workspace" / "f.txt").write_text("kept")
+    await first.close()
+    backend.image_ids["img"] = "rebuilt"
+    second = manager(tmp_path, backend)
+    assert await second.start() == []
+    assert old.info.id not in backend.containers
+    [new] = backend.containers.values()
+    assert (new.image_id, new.running, backend.runs) == ("rebuilt", True, 2)
+    assert (await second.ensure("k")).info.id == new.id
+    assert backend.runs == 2, "the next call uses the container made at start"
+    assert (tmp_path / "sandboxes" / old.sid / "workspace" / "f.txt").read_text() == "kept"
+    [line] = [r.getMessage() for r in caplog.records if "replacing sandbox" in r.getMessage()]
+    assert "'k'" in line
+    assert "processes running in it are lost" in line
+
+
+async def test_a_recreated_container_keeps_its_narrowed_network(
+    tmp_path: Path, backend: FakeBackend
+) -> None:
+    first = manager(tmp_path, backend, network="open")
+    await first.ensure("k", NetworkRequest("none"))
+    await first.close()
+    backend.image_ids["img"] = "rebuilt"
+    second = manager(tmp_path, backend, network="open")
+    await second.start()
+    [new] = backend.containers.values()
+    assert new.image_id == "rebuilt"
+    assert new.labels["io.stockade.network"] == "none"
+
+
+async def test_a_container_is_adopted_when_the_image_is_missing(
+    tmp_path: Path, backend: FakeBackend
+) -> None:
+    """No image to make a new container from: the running one is kept."""
+    first = manager(tmp_path, backend)
+    created = await first.ensure("k")
+    await first.close()
+    backend.image_ids["img"] = ""
+    second = manager(tmp_path, backend)
+    assert await second.start() == ["k"]
+    assert (await second.ensure("k")).info.id == created.info.id
 
 
 async def test_other_instances_containers_are_not_adopted(
