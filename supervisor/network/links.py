@@ -86,6 +86,12 @@ def _build(plan: LinkPlan, container_pid: int) -> socket.socket:
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     container = os.open(f"/proc/{container_pid}/ns/net", os.O_RDONLY)
     try:
+        # the kernel tears a removed namespace down later, and with it the old veth pair:
+        # the container's end of an earlier link may still be there (EEXIST on the add)
+        _check(libc.setns(container, CLONE_NEWNET), "setns into the container")
+        with IPRoute() as inside:
+            for index in inside.link_lookup(ifname=SANDBOX_IFNAME):
+                inside.link("del", index=index)
         _check(libc.unshare(CLONE_NEWNET), "unshare")
         _pin(libc, plan.namespace)
         with IPRoute() as helper:  # this thread is in the helper namespace now
