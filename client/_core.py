@@ -3,6 +3,7 @@ status-code-to-exception table, channel options and request building."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -57,6 +58,137 @@ class DeadlineExceeded(StockadeError):
     """The client's own deadline passed."""
 
 
+class Unauthenticated(StockadeError):
+    """No credentials, or wrong ones (see the `token` and `tls` arguments of the client)."""
+
+
+@dataclass(frozen=True)
+class TLS:
+    """TLS for the connection; file contents (PEM), not paths. `ca`: the CA that signed the
+    server's certificate (None: the system's roots); `cert` and `key`: this client's
+    certificate for mutual TLS; `server_name`: the name to check the server's certificate
+    against when it differs from the target's host."""
+
+    ca: bytes | None = None
+    cert: bytes | None = None
+    key: bytes | None = None
+    server_name: str = ""
+
+    @classmethod
+    def from_files(
+        cls, ca: str | None = None, cert: str | None = None, key: str | None = None
+    ) -> TLS:
+        def read(path: str | None) -> bytes | None:
+            return Path(path).read_bytes() if path else None
+
+        return cls(read(ca), read(cert), read(key))
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(self.ca, self.key, self.cert)
+
+    def options(self) -> list[tuple[str, Any]]:
+        override = [("grpc.ssl_target_name_override", self.server_name)]
+        return [*CHANNEL_OPTIONS, *(override if self.server_name else [])]
+
+
+def default_token() -> str | None:
+    return os.environ.get("STOCKADE_TOKEN") or None
+
+
+def bearer(token: str) -> tuple[str, str]:
+    """The metadata entry that carries a token."""
+    if not token or any(c in token for c in "\r\n"):
+        raise InvalidArgument("a token must be one non-empty line")
+    return ("authorization", f"Bearer {token}")
+
+
+class _Details(
+    collections.namedtuple(
+        "_Details",
+        ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"),
+    ),
+    grpc.ClientCallDetails,  # type: ignore[misc]
+):
+    pass
+
+
+class BearerInterceptor(
+    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
+    grpc.StreamUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.StreamStreamClientInterceptor,  # type: ignore[misc]
+):
+    """Adds `authorization: Bearer TOKEN` to every call of a sync channel."""
+
+    def __init__(self, token: str) -> None:
+        self._entry = bearer(token)
+
+    def _details(self, d: Any) -> _Details:
+        metadata = [*(d.metadata or ()), self._entry]
+        return _Details(
+            d.method, d.timeout, metadata, d.credentials, d.wait_for_ready, d.compression
+        )
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+
+class AsyncBearerInterceptor(
+    grpc.aio.UnaryUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[misc]
+    grpc.aio.StreamUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.aio.StreamStreamClientInterceptor,  # type: ignore[misc]
+):
+    """Adds `authorization: Bearer TOKEN` to every call of an asyncio channel."""
+
+    def __init__(self, token: str) -> None:
+        self._entry = bearer(token)
+
+    def _details(self, d: Any) -> Any:
+        metadata = grpc.aio.Metadata(*(d.metadata or ()), self._entry)
+        return grpc.aio.ClientCallDetails(
+            d.method, d.timeout, metadata, d.credentials, d.wait_for_ready
+        )
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(self._details(details), requests)
+
+    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(self._details(details), requests)
+
+
+def sync_channel(target: str, token: str | None, tls: TLS | None) -> grpc.Channel:
+    if tls is None:
+        channel = grpc.insecure_channel(target, CHANNEL_OPTIONS)
+    else:
+        channel = grpc.secure_channel(target, tls.credentials(), tls.options())
+    return grpc.intercept_channel(channel, BearerInterceptor(token)) if token else channel
+
+
+def aio_channel(target: str, token: str | None, tls: TLS | None) -> grpc.aio.Channel:
+    interceptors = [AsyncBearerInterceptor(token)] if token else None
+    if tls is None:
+        return grpc.aio.insecure_channel(target, CHANNEL_OPTIONS, interceptors=interceptors)
+    return grpc.aio.secure_channel(
+        target, tls.credentials(), tls.options(), interceptors=interceptors
+    )
+
+
 class ToolError(StockadeError):
     """A convenience method's tool call returned is_error; the result is attached."""
 
@@ -73,6 +205,7 @@ _BY_STATUS: dict[grpc.StatusCode, type[StockadeError]] = {
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
 }
 
 

@@ -40,14 +40,23 @@ class AsyncStockade:
     """A connection to a Stockade supervisor.
 
     `target` is host:port or unix:/path (default: $STOCKADE_ADDR, else 127.0.0.1:50051).
-    Pass `channel` to use a channel of your own (tests, TLS, interceptors)."""
+    `token` is sent as `authorization: Bearer TOKEN` (default: $STOCKADE_TOKEN); `tls`
+    makes the connection TLS (see TLS). Pass `channel` to use a channel of your own (tests,
+    interceptors)."""
 
     def __init__(
-        self, target: str | None = None, *, channel: grpc.aio.Channel | None = None
+        self,
+        target: str | None = None,
+        *,
+        token: str | None = None,
+        tls: _core.TLS | None = None,
+        channel: grpc.aio.Channel | None = None,
     ) -> None:
         self.target = target or _core.default_target()
         self._own_channel = channel is None
-        self._channel = channel or grpc.aio.insecure_channel(self.target, _core.CHANNEL_OPTIONS)
+        self._channel = channel or _core.aio_channel(
+            self.target, token or _core.default_token(), tls
+        )
         self._sandboxes = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
         self._tools = tool_pb2_grpc.ToolServiceStub(self._channel)
         self._approvals = approval_pb2_grpc.ApprovalServiceStub(self._channel)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stockade.supervisor.audit import AuditRecord
+from stockade.supervisor.auth import Authenticator, auth_enabled
 from stockade.supervisor.backends import create_backend
 from stockade.supervisor.config import Config
 from stockade.supervisor.errors import ConfigError, EngineUnavailable
@@ -135,7 +136,9 @@ class Supervisor:
 
 
 async def start(config: Config) -> Supervisor:
-    """Start everything; the caller owns the returned Supervisor and must stop() it."""
+    """Start everything; the caller owns the returned Supervisor and must stop() it. A
+    config that would serve without authentication beyond this host is refused first."""
+    authenticator = Authenticator(config.auth) if auth_enabled(config) else None
     policy = build_policy(config)
     url, process = await asyncio.to_thread(engine_url, config)
     backend = await asyncio.to_thread(create_backend, config.engine.kind, url)
@@ -155,6 +158,6 @@ async def start(config: Config) -> Supervisor:
             manager.image,
             config.engine.kind,
         )
-    server = Server(config, manager, policy)
+    server = Server(config, manager, policy, authenticator)
     await server.start()
     return Supervisor(server, manager, process)

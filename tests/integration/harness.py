@@ -33,6 +33,9 @@ DOCKER_SOCKET = Path("/var/run/docker.sock")
 NO_RATE_LIMIT = "[limits]\nrate_per_s = 1000000.0\nburst = 1000000\n"
 """Config for load and fault tests: the full policy pipeline runs, but the per-key rate limit
 would turn many quick calls into RATE_LIMITED results."""
+NO_AUTH = "[auth]\nenabled = false\n"
+"""What the tests' supervisors run with unless a test gives its own [auth]: they listen on a
+unix socket, where authentication may be switched off (explicitly)."""
 
 
 def engine_url(engine: str) -> str:
@@ -78,6 +81,10 @@ class Supervisor:
     """The engine's API address; None: the shared test service for that engine; "": none
     configured (Podman: the supervisor starts its own service)."""
     process: subprocess.Popen[bytes] | None = None
+    auth_config: str = NO_AUTH
+    """The [auth] section (and anything else) written after extra_config."""
+    token: str | None = None
+    """What client() sends as its bearer token."""
     log_path: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -93,7 +100,9 @@ class Supervisor:
         path = self.state_dir / "stockade.toml"
         path.write_text(
             f'listen = "{self.target}"\nstate_dir = "{self.state_dir}"\n'
-            f'[engine]\nkind = "{self.engine}"\nsocket = "{socket}"\n' + self.extra_config
+            f'[engine]\nkind = "{self.engine}"\nsocket = "{socket}"\n'
+            + self.extra_config
+            + self.auth_config
         )
         return path
 
@@ -106,8 +115,8 @@ class Supervisor:
             launcher.stop(self.process, sig)
         self.process = None
 
-    def client(self) -> Stockade:
-        return Stockade(self.target)
+    def client(self, token: str | None = None) -> Stockade:
+        return Stockade(self.target, token=token or self.token)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -129,11 +138,13 @@ class Supervisor:
 
 
 @contextmanager
-def running_supervisor(engine: str, extra_config: str = "") -> Iterator[Supervisor]:
+def running_supervisor(
+    engine: str, extra_config: str = "", *, auth_config: str = NO_AUTH
+) -> Iterator[Supervisor]:
     """A supervisor with a fresh, short state directory (agent socket paths stay short);
     on exit it is stopped and every container of its instance is removed."""
     state = Path(tempfile.mkdtemp(prefix="stk", dir="/tmp"))
-    sup = Supervisor(engine, state, extra_config)
+    sup = Supervisor(engine, state, extra_config, auth_config=auth_config)
     sup.start()
     try:
         yield sup
