@@ -436,6 +436,7 @@ class AuditRecord:
     redactions: int
     error_code: str
     is_error: bool
+    tenant: str = ""
 
 
 FORMATS = {

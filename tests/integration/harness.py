@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stockade.client import Stockade
+from stockade.client import TLS, Stockade
 from stockade.supervisor import hostfs, launcher, workspaces
 from stockade.supervisor.backends import create_backend
 from stockade.supervisor.backends.base import (
@@ -85,6 +85,8 @@ class Supervisor:
     """The [auth] section (and anything else) written after extra_config."""
     token: str | None = None
     """What client() sends as its bearer token."""
+    tls: TLS | None = None
+    """The client side of TLS, when the [auth] section makes the server speak it."""
     log_path: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -108,15 +110,16 @@ class Supervisor:
 
     def start(self) -> None:
         self.process = launcher.spawn(self.config_file(), self.log_path)
-        launcher.wait_serving(self.target, self.process, self.log_path)
+        tls = (self.tls.credentials(), self.tls.options()) if self.tls else None
+        launcher.wait_serving(self.target, self.process, self.log_path, tls=tls)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.process is not None:
             launcher.stop(self.process, sig)
         self.process = None
 
-    def client(self, token: str | None = None) -> Stockade:
-        return Stockade(self.target, token=token or self.token)
+    def client(self, token: str | None = None, tls: TLS | None = None) -> Stockade:
+        return Stockade(self.target, token=token or self.token, tls=tls or self.tls)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -139,14 +142,15 @@ class Supervisor:
 
 @contextmanager
 def running_supervisor(
-    engine: str, extra_config: str = "", *, auth_config: str = NO_AUTH
+    engine: str, extra_config: str = "", *, auth_config: str = NO_AUTH, tls: TLS | None = None
 ) -> Iterator[Supervisor]:
     """A supervisor with a fresh, short state directory (agent socket paths stay short);
-    on exit it is stopped and every container of its instance is removed."""
+    on exit it is stopped and every container of its instance is removed. `tls`: the
+    client side, when auth_config makes the server speak TLS."""
     state = Path(tempfile.mkdtemp(prefix="stk", dir="/tmp"))
-    sup = Supervisor(engine, state, extra_config, auth_config=auth_config)
-    sup.start()
+    sup = Supervisor(engine, state, extra_config, auth_config=auth_config, tls=tls)
     try:
+        sup.start()
         yield sup
     finally:
         sup.stop()
