@@ -24,6 +24,7 @@ from stockade.supervisor.keys import validate_tenant
 log = logging.getLogger("stockade.auth")
 MIN_TOKEN_CHARS = 16
 MAX_HEADER_CHARS = 4096
+MAX_FILE_BYTES = 16 << 20
 _HASHED = "sha256:"
 
 
@@ -131,8 +132,10 @@ class TokenFile:
                     f"mode {stat.S_IMODE(st.st_mode):o} lets others read or write it "
                     f"(chmod 600 {self._path})"
                 )
-            text = f.read(16 << 20).decode("utf-8")
-        return _stamp(st), parse_tokens(text)
+            data = f.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise ValueError(f"larger than {MAX_FILE_BYTES >> 20} MiB")
+        return _stamp(st), parse_tokens(data.decode("utf-8"))
 
     def _refresh(self) -> None:
         try:

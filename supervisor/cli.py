@@ -165,9 +165,14 @@ async def _serve_until_signal(config: Any) -> None:
     unix = config.listen.startswith("unix:")  # grpc reports port 1 for a unix socket
     port = supervisor.server.port
     where = config.listen if unix or port == 0 else _with_port(config.listen, supervisor)
+    auth = config.auth
+    ways = [
+        w for w, on in (("tokens", auth.tokens_file), ("client certificates", auth.client_ca)) if on
+    ]
     print(
         f"stockade: serving on {where} (engine {config.engine.kind}, "
-        f"image {supervisor.sandboxes.image}, state {config.state_dir})",
+        f"image {supervisor.sandboxes.image}, state {config.state_dir}, "
+        f"auth {' and '.join(ways) or 'off'}{', TLS' if auth.tls_cert else ''})",
         flush=True,
     )
     stop = asyncio.Event()

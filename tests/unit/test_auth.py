@@ -16,7 +16,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stockade.supervisor.audit import AuditLog, AuditQuery, AuditRecord
-from stockade.supervisor.auth import Authenticator, TokenFile, auth_enabled, local_only
+from stockade.supervisor.auth import (
+    MAX_FILE_BYTES,
+    Authenticator,
+    TokenFile,
+    auth_enabled,
+    local_only,
+)
 from stockade.supervisor.config import (
     ApprovalsConfig,
     AuthConfig,
@@ -197,6 +203,13 @@ def test_tokens_file_group_read_is_allowed(tmp_path: Path) -> None:
     path = tmp_path / "tokens"
     write(path, f"{TOKEN_A} a\n", 0o640)
     assert TokenFile(path).tenant_for(TOKEN_A) == "a"
+
+
+def test_huge_tokens_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    write(path, f"{TOKEN_A} a\n" * (MAX_FILE_BYTES // 34 + 1))
+    with pytest.raises(ConfigError, match="larger than 16 MiB"):
+        TokenFile(path)
 
 
 def test_missing_or_binary_tokens_file_is_refused_at_start(tmp_path: Path) -> None:
