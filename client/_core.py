@@ -3,7 +3,7 @@ status-code-to-exception table, channel options and request building."""
 
 from __future__ import annotations
 
-import collections
+import functools
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -76,12 +76,16 @@ class TLS:
 
     @classmethod
     def from_files(
-        cls, ca: str | None = None, cert: str | None = None, key: str | None = None
+        cls,
+        ca: str | None = None,
+        cert: str | None = None,
+        key: str | None = None,
+        server_name: str = "",
     ) -> TLS:
         def read(path: str | None) -> bytes | None:
             return Path(path).read_bytes() if path else None
 
-        return cls(read(ca), read(cert), read(key))
+        return cls(read(ca), read(cert), read(key), server_name)
 
     def credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(self.ca, self.key, self.cert)
@@ -102,91 +106,31 @@ def bearer(token: str) -> tuple[str, str]:
     return ("authorization", f"Bearer {token}")
 
 
-class _Details(
-    collections.namedtuple(
-        "_Details",
-        ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"),
-    ),
-    grpc.ClientCallDetails,  # type: ignore[misc]
-):
-    pass
+class Authorized:
+    """A stub whose every call carries `authorization: Bearer TOKEN` as call metadata: the
+    same for sync and asyncio stubs, and for a channel the caller passed in."""
+
+    def __init__(self, stub: Any, token: str | None) -> None:
+        self._stub = stub
+        self._metadata = (bearer(token),) if token else None
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._stub, name)
+        if self._metadata is None:
+            return method
+        return functools.partial(method, metadata=self._metadata)
 
 
-class BearerInterceptor(
-    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
-    grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
-    grpc.StreamUnaryClientInterceptor,  # type: ignore[misc]
-    grpc.StreamStreamClientInterceptor,  # type: ignore[misc]
-):
-    """Adds `authorization: Bearer TOKEN` to every call of a sync channel."""
-
-    def __init__(self, token: str) -> None:
-        self._entry = bearer(token)
-
-    def _details(self, d: Any) -> _Details:
-        metadata = [*(d.metadata or ()), self._entry]
-        return _Details(
-            d.method, d.timeout, metadata, d.credentials, d.wait_for_ready, d.compression
-        )
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return continuation(self._details(details), requests)
-
-    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return continuation(self._details(details), requests)
-
-
-class AsyncBearerInterceptor(
-    grpc.aio.UnaryUnaryClientInterceptor,  # type: ignore[misc]
-    grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[misc]
-    grpc.aio.StreamUnaryClientInterceptor,  # type: ignore[misc]
-    grpc.aio.StreamStreamClientInterceptor,  # type: ignore[misc]
-):
-    """Adds `authorization: Bearer TOKEN` to every call of an asyncio channel."""
-
-    def __init__(self, token: str) -> None:
-        self._entry = bearer(token)
-
-    def _details(self, d: Any) -> Any:
-        metadata = grpc.aio.Metadata(*(d.metadata or ()), self._entry)
-        return grpc.aio.ClientCallDetails(
-            d.method, d.timeout, metadata, d.credentials, d.wait_for_ready
-        )
-
-    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
-
-    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
-
-    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(self._details(details), requests)
-
-    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(self._details(details), requests)
-
-
-def sync_channel(target: str, token: str | None, tls: TLS | None) -> grpc.Channel:
+def sync_channel(target: str, tls: TLS | None) -> grpc.Channel:
     if tls is None:
-        channel = grpc.insecure_channel(target, CHANNEL_OPTIONS)
-    else:
-        channel = grpc.secure_channel(target, tls.credentials(), tls.options())
-    return grpc.intercept_channel(channel, BearerInterceptor(token)) if token else channel
+        return grpc.insecure_channel(target, CHANNEL_OPTIONS)
+    return grpc.secure_channel(target, tls.credentials(), tls.options())
 
 
-def aio_channel(target: str, token: str | None, tls: TLS | None) -> grpc.aio.Channel:
-    interceptors = [AsyncBearerInterceptor(token)] if token else None
+def aio_channel(target: str, tls: TLS | None) -> grpc.aio.Channel:
     if tls is None:
-        return grpc.aio.insecure_channel(target, CHANNEL_OPTIONS, interceptors=interceptors)
-    return grpc.aio.secure_channel(
-        target, tls.credentials(), tls.options(), interceptors=interceptors
-    )
+        return grpc.aio.insecure_channel(target, CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(target, tls.credentials(), tls.options())
 
 
 class ToolError(StockadeError):

@@ -55,14 +55,14 @@ class Stockade:
     ) -> None:
         self.target = target or _core.default_target()
         self._own_channel = channel is None
-        self._channel = channel or _core.sync_channel(
-            self.target, token or _core.default_token(), tls
-        )
-        self._sandboxes = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
-        self._tools = tool_pb2_grpc.ToolServiceStub(self._channel)
-        self._approvals = approval_pb2_grpc.ApprovalServiceStub(self._channel)
-        self._audit = audit_pb2_grpc.AuditServiceStub(self._channel)
-        self._files = file_pb2_grpc.FileServiceStub(self._channel)
+        self._channel = channel or _core.sync_channel(self.target, tls)
+        token = token or _core.default_token()
+        channel_ = self._channel
+        self._sandboxes = _core.Authorized(sandbox_pb2_grpc.SandboxServiceStub(channel_), token)
+        self._tools = _core.Authorized(tool_pb2_grpc.ToolServiceStub(channel_), token)
+        self._approvals = _core.Authorized(approval_pb2_grpc.ApprovalServiceStub(channel_), token)
+        self._audit = _core.Authorized(audit_pb2_grpc.AuditServiceStub(channel_), token)
+        self._files = _core.Authorized(file_pb2_grpc.FileServiceStub(channel_), token)
 
     def __enter__(self) -> Stockade:
         return self

@@ -124,6 +124,9 @@ def _credential_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-ca", help="PEM file of the CA of the server's certificate")
     parser.add_argument("--tls-cert", help="PEM file: this client's certificate (mutual TLS)")
     parser.add_argument("--tls-key", help="PEM file: the key of --tls-cert")
+    parser.add_argument(
+        "--tls-server-name", default="", help="the name the server's certificate must carry"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,7 +241,8 @@ def _doctor_sandbox(ns: argparse.Namespace) -> int:
 def _client(ns: argparse.Namespace) -> Stockade:
     files = (ns.tls_ca, ns.tls_cert, ns.tls_key)
     try:
-        tls = TLS.from_files(*files) if ns.tls or any(files) else None
+        wanted = ns.tls or ns.tls_server_name or any(files)
+        tls = TLS.from_files(*files, server_name=ns.tls_server_name) if wanted else None
     except OSError as exc:
         raise InvalidArgument(f"cannot read a TLS file: {exc}") from None
     return Stockade(ns.server, token=ns.token, tls=tls)

@@ -6,6 +6,7 @@ limits; and a start on a public address without authentication."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import socket
@@ -27,6 +28,7 @@ from stockade.client import (
     TLS,
     ApprovalClosed,
     ApprovalRequest,
+    AsyncStockade,
     CallContext,
     NotFound,
     ResourceExhausted,
@@ -155,6 +157,8 @@ def test_every_rpc_refuses_missing_and_wrong_credentials(tenants: Tenants, rpc: 
 
 
 def test_refused_calls_do_nothing(tenants: Tenants) -> None:
+    with tenants.client("a") as a:
+        a.ensure_sandbox("present")
     with grpc.insecure_channel(tenants.sup.target) as channel:
         stub = channel.unary_unary(
             "/stockade.v1.SandboxService/EnsureSandbox",
@@ -169,8 +173,9 @@ def test_refused_calls_do_nothing(tenants: Tenants) -> None:
     for tenant in TENANTS:
         with tenants.client(tenant) as c:
             assert "ghost" not in [s.key for s in c.list_sandboxes()]
-    assert not any(d.is_dir() for d in (tenants.sup.state_dir / "sandboxes").glob("*/workspace")
-                   if (d.parent / "key").read_bytes().endswith(b"ghost"))  # fmt: skip
+    key_files = sorted((tenants.sup.state_dir / "sandboxes").glob("*/key"))
+    assert key_files, "the check below must look at something"
+    assert not [f for f in key_files if f.read_bytes().endswith(b"ghost")]
 
 
 def test_client_errors_name_the_problem(tenants: Tenants) -> None:
@@ -392,6 +397,35 @@ def test_hot_reload_of_the_tokens_file(tenants: Tenants) -> None:
         c.list_sandboxes()
 
 
+def test_async_client_sends_its_token_on_every_kind_of_call(tenants: Tenants) -> None:
+    target, token_a = tenants.sup.target, tenants.tokens["a"]
+    local = tenants.tokens_file.parent / "async-down"
+
+    async def main() -> None:
+        async with AsyncStockade(target, token=token_a) as a:
+            await a.upload("async", "up.txt", b"uploaded\n")  # stream -> unary
+            events = [e async for e in a.call_stream("async", "exec", {"command": "cat up.txt"})]
+            assert events[-1].stdout == "uploaded\n"  # type: ignore[union-attr]
+            session = await a.sandbox("async").interact("cat")  # stream <-> stream
+            async with session:
+                await session.send("echoed\n")
+                assert await session.read_until("\n") == "echoed\n"
+                await session.eof()
+                assert not (await session.wait()).is_error
+            await a.download("async", "up.txt", str(local))  # unary -> stream
+            assert "async" in [s.key for s in await a.list_sandboxes()]  # unary
+        async with AsyncStockade(target, token="w" * 40) as wrong:
+            with pytest.raises(Unauthenticated):
+                await wrong.list_sandboxes()
+            with pytest.raises(Unauthenticated):
+                await wrong.upload("async", "x", b"x")
+        async with AsyncStockade(target, token=tenants.tokens["b"]) as b:
+            assert "async" not in [s.key for s in await b.list_sandboxes()]
+
+    asyncio.run(main())
+    assert local.read_text() == "uploaded\n"
+
+
 def test_cli_takes_a_token(tenants: Tenants) -> None:
     cli = [sys.executable, "-m", "stockade.supervisor.cli"]
     server = ["--server", tenants.sup.target]
@@ -470,6 +504,19 @@ def test_mutual_tls_maps_certificates_to_tenants(engine: str, pki: dict[str, Any
                 c.list_sandboxes()
         with Stockade(sup.target) as plain, pytest.raises(Unavailable):
             plain.list_sandboxes()
+        # the command line, with the certificate files
+        issued = pki["ca"].issue_cert("agent-a.example")
+        issued.cert_chain_pems[0].write_to_path(str(root / "a.crt"))
+        issued.private_key_pem.write_to_path(str(root / "a.key"))
+        cli = [sys.executable, "-m", "stockade.supervisor.cli", "ls", "--server", sup.target]
+        tls = ["--tls-ca", str(root / "ca.pem"), "--tls-server-name", "localhost"]
+        mine = ["--tls-cert", str(root / "a.crt"), "--tls-key", str(root / "a.key")]
+        done = subprocess.run([*cli, *tls, *mine], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert "tls" in done.stdout
+        refused = subprocess.run([*cli, *tls], capture_output=True, text=True, timeout=60)
+        assert refused.returncode != 0
+        assert "UNAVAILABLE" in refused.stderr
 
 
 # --- starting without authentication ----------------------------------------------------
