@@ -9,7 +9,7 @@ setup-test:
 	scripts/setup.sh test
 
 run: setup-run
-	STOCKADE_ENGINE=$$(cat .venv/.stockade-engine) .venv/bin/stockade serve
+	STOCKADE_ENGINE=$$(cat .venv/.stockade-engine) .venv/bin/stockade serve --no-auth
 
 test: setup-test
 	.venv/bin/python -m pytest

@@ -37,7 +37,8 @@ def served(engine: str, extra_config: str = "") -> Iterator[Served]:
         f'listen = "{target}"\nstate_dir = "{state_dir}"\n'
         f'[engine]\nkind = "{engine}"\nsocket = "{engine_url(engine)}"\n'
         # the full policy pipeline runs; only the rate limit would throttle a benchmark
-        "[limits]\nrate_per_s = 1000000.0\nburst = 1000000\n" + extra_config
+        "[limits]\nrate_per_s = 1000000.0\nburst = 1000000\n"
+        "[auth]\nenabled = false\n" + extra_config
     )
     log_path = state_dir / "serve.log"
     # Own session: a Ctrl-C reaches only the bench, which then shuts this down in order.

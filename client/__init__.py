@@ -6,6 +6,7 @@ with Stockade("127.0.0.1:50051") as s:
 """
 
 from stockade.client._core import (
+    TLS,
     ApprovalClosed,
     ApprovalPending,
     ApprovalRequest,
@@ -26,12 +27,14 @@ from stockade.client._core import (
     ToolError,
     ToolResult,
     ToolSpec,
+    Unauthenticated,
     Unavailable,
 )
 from stockade.client.aio import AsyncInteraction, AsyncSandbox, AsyncStockade
 from stockade.client.sync import Interaction, Sandbox, Stockade
 
 __all__ = [
+    "TLS",
     "ApprovalClosed",
     "ApprovalPending",
     "ApprovalRequest",
@@ -58,5 +61,6 @@ __all__ = [
     "ToolError",
     "ToolResult",
     "ToolSpec",
+    "Unauthenticated",
     "Unavailable",
 ]

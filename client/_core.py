@@ -3,6 +3,7 @@ status-code-to-exception table, channel options and request building."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -57,6 +58,81 @@ class DeadlineExceeded(StockadeError):
     """The client's own deadline passed."""
 
 
+class Unauthenticated(StockadeError):
+    """No credentials, or wrong ones (see the `token` and `tls` arguments of the client)."""
+
+
+@dataclass(frozen=True)
+class TLS:
+    """TLS for the connection; file contents (PEM), not paths. `ca`: the CA that signed the
+    server's certificate (None: the system's roots); `cert` and `key`: this client's
+    certificate for mutual TLS; `server_name`: the name to check the server's certificate
+    against when it differs from the target's host."""
+
+    ca: bytes | None = None
+    cert: bytes | None = None
+    key: bytes | None = None
+    server_name: str = ""
+
+    @classmethod
+    def from_files(
+        cls,
+        ca: str | None = None,
+        cert: str | None = None,
+        key: str | None = None,
+        server_name: str = "",
+    ) -> TLS:
+        def read(path: str | None) -> bytes | None:
+            return Path(path).read_bytes() if path else None
+
+        return cls(read(ca), read(cert), read(key), server_name)
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(self.ca, self.key, self.cert)
+
+    def options(self) -> list[tuple[str, Any]]:
+        override = [("grpc.ssl_target_name_override", self.server_name)]
+        return [*CHANNEL_OPTIONS, *(override if self.server_name else [])]
+
+
+def default_token() -> str | None:
+    return os.environ.get("STOCKADE_TOKEN") or None
+
+
+def bearer(token: str) -> tuple[str, str]:
+    """The metadata entry that carries a token."""
+    if not token or any(c in token for c in "\r\n"):
+        raise InvalidArgument("a token must be one non-empty line")
+    return ("authorization", f"Bearer {token}")
+
+
+class Authorized:
+    """A stub whose every call carries `authorization: Bearer TOKEN` as call metadata: the
+    same for sync and asyncio stubs, and for a channel the caller passed in."""
+
+    def __init__(self, stub: Any, token: str | None) -> None:
+        self._stub = stub
+        self._metadata = (bearer(token),) if token else None
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._stub, name)
+        if self._metadata is None:
+            return method
+        return functools.partial(method, metadata=self._metadata)
+
+
+def sync_channel(target: str, tls: TLS | None) -> grpc.Channel:
+    if tls is None:
+        return grpc.insecure_channel(target, CHANNEL_OPTIONS)
+    return grpc.secure_channel(target, tls.credentials(), tls.options())
+
+
+def aio_channel(target: str, tls: TLS | None) -> grpc.aio.Channel:
+    if tls is None:
+        return grpc.aio.insecure_channel(target, CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(target, tls.credentials(), tls.options())
+
+
 class ToolError(StockadeError):
     """A convenience method's tool call returned is_error; the result is attached."""
 
@@ -73,6 +149,7 @@ _BY_STATUS: dict[grpc.StatusCode, type[StockadeError]] = {
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
 }
 
 
@@ -303,6 +380,7 @@ class AuditRecord:
     redactions: int
     error_code: str
     is_error: bool
+    tenant: str = ""
 
 
 FORMATS = {

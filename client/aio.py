@@ -40,19 +40,28 @@ class AsyncStockade:
     """A connection to a Stockade supervisor.
 
     `target` is host:port or unix:/path (default: $STOCKADE_ADDR, else 127.0.0.1:50051).
-    Pass `channel` to use a channel of your own (tests, TLS, interceptors)."""
+    `token` is sent as `authorization: Bearer TOKEN` (default: $STOCKADE_TOKEN); `tls`
+    makes the connection TLS (see TLS). Pass `channel` to use a channel of your own (tests,
+    interceptors)."""
 
     def __init__(
-        self, target: str | None = None, *, channel: grpc.aio.Channel | None = None
+        self,
+        target: str | None = None,
+        *,
+        token: str | None = None,
+        tls: _core.TLS | None = None,
+        channel: grpc.aio.Channel | None = None,
     ) -> None:
         self.target = target or _core.default_target()
         self._own_channel = channel is None
-        self._channel = channel or grpc.aio.insecure_channel(self.target, _core.CHANNEL_OPTIONS)
-        self._sandboxes = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
-        self._tools = tool_pb2_grpc.ToolServiceStub(self._channel)
-        self._approvals = approval_pb2_grpc.ApprovalServiceStub(self._channel)
-        self._audit = audit_pb2_grpc.AuditServiceStub(self._channel)
-        self._files = file_pb2_grpc.FileServiceStub(self._channel)
+        self._channel = channel or _core.aio_channel(self.target, tls)
+        token = token or _core.default_token()
+        channel_ = self._channel
+        self._sandboxes = _core.Authorized(sandbox_pb2_grpc.SandboxServiceStub(channel_), token)
+        self._tools = _core.Authorized(tool_pb2_grpc.ToolServiceStub(channel_), token)
+        self._approvals = _core.Authorized(approval_pb2_grpc.ApprovalServiceStub(channel_), token)
+        self._audit = _core.Authorized(audit_pb2_grpc.AuditServiceStub(channel_), token)
+        self._files = _core.Authorized(file_pb2_grpc.FileServiceStub(channel_), token)
 
     async def __aenter__(self) -> AsyncStockade:
         return self

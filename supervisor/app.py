@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from stockade.supervisor import incontainer
 from stockade.supervisor.audit import AuditRecord
+from stockade.supervisor.auth import Authenticator, auth_enabled
 from stockade.supervisor.backends import create_backend
 from stockade.supervisor.config import Config
 from stockade.supervisor.errors import ConfigError, EngineUnavailable
@@ -199,7 +200,9 @@ class Supervisor:
 
 
 async def start(config: Config) -> Supervisor:
-    """Start everything; the caller owns the returned Supervisor and must stop() it."""
+    """Start everything; the caller owns the returned Supervisor and must stop() it. A
+    config that would serve without authentication beyond this host is refused first."""
+    authenticator = Authenticator(config.auth) if auth_enabled(config) else None
     policy = build_policy(config)
     if incontainer.declared():  # before engine_url, which may start a Podman service
         problems = incontainer.config_problems(config)
@@ -233,7 +236,7 @@ async def start(config: Config) -> Supervisor:
         )
     telemetry = start_telemetry(config, manager, policy)
     try:
-        server = Server(config, manager, policy, telemetry.observers)
+        server = Server(config, manager, policy, authenticator, telemetry.observers)
         await server.start()
     except BaseException:
         telemetry.close()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stockade.supervisor import store
+from stockade.supervisor.keys import split
 
 MAX_LIMIT = 10_000
 
@@ -37,11 +38,15 @@ class AuditRecord:
     redactions: int = 0
     error_code: str = ""
     is_error: bool = False
+    tenant: str = ""
+    """The caller's tenant ("" with auth off); sandbox_key is the key as that caller wrote it."""
     id: int = 0
 
 
 @dataclass(frozen=True)
 class AuditQuery:
+    tenant: str = ""
+    """Only this tenant's records (always applied: "" is the records of no tenant)."""
     sandbox_key: str = ""
     tool: str = ""
     agent_id: str = ""
@@ -67,7 +72,11 @@ class AuditLog:
         self._writer.start()
 
     def record(self, rec: AuditRecord) -> None:
-        """Queue a record; never blocks on the disk."""
+        """Queue a record; never blocks on the disk. A scoped key (keys.scope) is stored as
+        its tenant and the caller's key."""
+        tenant, key = split(rec.sandbox_key)
+        if tenant:
+            rec = dataclasses.replace(rec, tenant=tenant, sandbox_key=key)
         self._queue.put(rec)
 
     def _write_loop(self) -> None:
@@ -104,7 +113,7 @@ class AuditLog:
 
     def _query(self, q: AuditQuery) -> list[AuditRecord]:
         self.flush()
-        where, params = ["time >= ?"], [q.since]
+        where, params = ["time >= ?", "tenant = ?"], [q.since, q.tenant]
         for column in ("sandbox_key", "tool", "agent_id"):
             if getattr(q, column):
                 where.append(f"{column} = ?")

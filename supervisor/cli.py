@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from stockade.client import (
+    TLS,
     CallContext,
+    InvalidArgument,
     Stockade,
     StockadeError,
 )
@@ -35,6 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--listen", help="host:port or unix:/path (default 127.0.0.1:50051)")
     serve.add_argument("--engine", choices=["podman", "docker"])
     serve.add_argument("--state-dir", help="default /var/lib/stockade")
+    serve.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="serve without authentication (auth.enabled = false; unix socket or loopback only)",
+    )
 
     image = sub.add_parser("image", help="sandbox image")
     image_sub = image.add_subparsers(dest="image_command", required=True)
@@ -54,9 +61,11 @@ def _parser() -> argparse.ArgumentParser:
     doctor.add_argument("--sandbox", metavar="KEY", help="report this sandbox's isolation")
     doctor.add_argument("--json", action="store_true", help="with --sandbox: the report as JSON")
     doctor.add_argument("--server", help="with --sandbox: supervisor address")
+    _credential_flags(doctor)
 
     client = argparse.ArgumentParser(add_help=False)
     client.add_argument("--server", help="supervisor address (default $STOCKADE_ADDR)")
+    _credential_flags(client)
     client.add_argument("--agent", default="", help="agent id for policy (CallContext)")
     client.add_argument("--provider", default="", help="model provider for policy")
     run = sub.add_parser("exec", parents=[client], help="run a command in a sandbox")
@@ -113,6 +122,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _credential_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--token", help="bearer token (default $STOCKADE_TOKEN)")
+    parser.add_argument("--tls", action="store_true", help="connect with TLS (system CAs)")
+    parser.add_argument("--tls-ca", help="PEM file of the CA of the server's certificate")
+    parser.add_argument("--tls-cert", help="PEM file: this client's certificate (mutual TLS)")
+    parser.add_argument("--tls-key", help="PEM file: the key of --tls-cert")
+    parser.add_argument(
+        "--tls-server-name", default="", help="the name the server's certificate must carry"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
     handler = _COMMANDS[ns.command]
@@ -134,8 +154,11 @@ def _serve(ns: argparse.Namespace) -> int:
         "engine.kind": ns.engine,
         "state_dir": ns.state_dir,
     }
+    chosen: dict[str, Any] = {k: v for k, v in overrides.items() if v}
+    if ns.no_auth:
+        chosen["auth.enabled"] = False
     try:
-        config = load_config(ns.config, {k: v for k, v in overrides.items() if v})
+        config = load_config(ns.config, chosen)
         setup_logging(config.observability.log_format)
         asyncio.run(_serve_until_signal(config))
     except ServerError as exc:
@@ -151,9 +174,14 @@ async def _serve_until_signal(config: Any) -> None:
     unix = config.listen.startswith("unix:")  # grpc reports port 1 for a unix socket
     port = supervisor.server.port
     where = config.listen if unix or port == 0 else _with_port(config.listen, supervisor)
+    auth = config.auth
+    ways = [
+        w for w, on in (("tokens", auth.tokens_file), ("client certificates", auth.client_ca)) if on
+    ]
     print(
         f"stockade: serving on {where} (engine {config.engine.kind}, "
-        f"image {supervisor.sandboxes.image}, state {config.state_dir})",
+        f"image {supervisor.sandboxes.image}, state {config.state_dir}, "
+        f"auth {' and '.join(ways) or 'off'}{', TLS' if auth.tls_cert else ''})",
         flush=True,
     )
     if supervisor.telemetry.metrics_port:
@@ -229,7 +257,13 @@ def _doctor_sandbox(ns: argparse.Namespace) -> int:
 
 
 def _client(ns: argparse.Namespace) -> Stockade:
-    return Stockade(ns.server)
+    files = (ns.tls_ca, ns.tls_cert, ns.tls_key)
+    try:
+        wanted = ns.tls or ns.tls_server_name or any(files)
+        tls = TLS.from_files(*files, server_name=ns.tls_server_name) if wanted else None
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read a TLS file: {exc}") from None
+    return Stockade(ns.server, token=ns.token, tls=tls)
 
 
 def _context(ns: argparse.Namespace) -> CallContext:

@@ -13,9 +13,11 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import UnionType
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from stockade.supervisor.errors import ConfigError
+from stockade.supervisor.errors import ConfigError, InvalidRequest
+from stockade.supervisor.keys import validate_tenant
 from stockade.supervisor.network.allowlist import AllowlistError, check_pattern
 
 EngineKind = Literal["podman", "docker"]
@@ -260,6 +262,43 @@ class CustomToolConfig:
 
 
 @dataclass(frozen=True)
+class AuthConfig:
+    """Who may call. Required unless explicitly off, and off only on a unix socket or a
+    loopback address: a start that would serve without it anywhere else is refused.
+    Health checking and reflection stay open (they name services, never sandboxes)."""
+
+    enabled: bool | None = None
+    """true: callers must authenticate (then tokens_file or client_ca is needed). false: no
+    authentication; allowed only when `listen` is unix:/path or a loopback address. Unset:
+    on when tokens_file or client_ca is set, else the start is refused (say which you mean)."""
+    tokens_file: str = ""
+    """Bearer tokens, one `TOKEN TENANT` per line (`#` comments; `sha256:HEX TENANT` stores a
+    token's SHA-256 instead of the token). Re-read when it changes, on the next call; a new
+    version that does not parse leaves the previous tokens in force (logged), a missing file
+    accepts no token. Refused when others may read or write it, or its group may write it."""
+    tls_cert: str = ""
+    """PEM certificate chain of the server; with tls_key, the port speaks TLS."""
+    tls_key: str = ""
+    client_ca: str = ""
+    """PEM CA bundle: clients must present a certificate it signed (mutual TLS; a client
+    without one cannot connect). Needs tls_cert and tls_key."""
+    client_certs: Mapping[str, str] = field(default_factory=dict)
+    """Client certificate identity (a subject alternative name or the common name) -> tenant.
+    A certificate naming no mapped identity needs a bearer token as well."""
+
+
+@dataclass(frozen=True)
+class TenantConfig:
+    """Limits of one tenant (`[tenants.NAME]`; `[tenants."*"]` for tenants without a table)."""
+
+    max_sandboxes: int = 0
+    """Containers at once (running or being created); 0: no limit. Past it, creating another
+    is RESOURCE_EXHAUSTED."""
+    max_memory_mb: int = 0
+    """Sum of the memory limits (sandbox.memory_mb each) of its containers; 0: no limit."""
+
+
+@dataclass(frozen=True)
 class ToolsConfig:
     exec_default_timeout_s: int = 30
     exec_max_timeout_s: int = 300
@@ -308,9 +347,17 @@ class Config:
     files: FilesConfig = field(default_factory=FilesConfig)
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
     custom_tools: tuple[CustomToolConfig, ...] = ()
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    tenants: Mapping[str, TenantConfig] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check(self)
+
+    def tenant_limits(self, tenant: str) -> TenantConfig:
+        """The limits of a tenant ("": no tenant, auth off: none)."""
+        if not tenant:
+            return TenantConfig()
+        return self.tenants.get(tenant) or self.tenants.get("*") or TenantConfig()
 
 
 def _check(cfg: Config) -> None:
@@ -357,6 +404,7 @@ def _check(cfg: Config) -> None:
         raise ConfigError("sandbox.user must not be root")
     _check_network(cfg.network)
     _check_observability(cfg.observability)
+    _check_auth(cfg.auth, cfg.tenants)
     if cfg.engine.kind not in ("podman", "docker"):
         raise ConfigError(f"engine.kind must be podman or docker, got {cfg.engine.kind!r}")
 
@@ -414,6 +462,9 @@ def _build(cls: type[Any], data: dict[str, Any], where: str) -> Any:
 
 def _coerce(hint: Any, value: Any, path: str) -> Any:
     origin, args = get_origin(hint), get_args(hint)
+    if origin is UnionType and type(None) in args:  # TOML has no null: the value is set
+        (hint,) = (a for a in args if a is not type(None))
+        origin, args = get_origin(hint), get_args(hint)
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
             raise ConfigError(f"[{path}] must be a table")
@@ -499,3 +550,23 @@ def _check_network(net: NetworkConfig) -> None:
         raise ConfigError("network.bandwidth_kbit >= 0 and network.max_connections > 0")
     if net.connect_timeout_s <= 0 or net.idle_timeout_s <= 0:
         raise ConfigError("network timeouts must be positive")
+
+
+def _check_auth(auth: AuthConfig, tenants: Mapping[str, TenantConfig]) -> None:
+    if bool(auth.tls_cert) != bool(auth.tls_key):
+        raise ConfigError("auth.tls_cert and auth.tls_key go together")
+    if auth.client_ca and not auth.tls_cert:
+        raise ConfigError("auth.client_ca (mutual TLS) needs auth.tls_cert and auth.tls_key")
+    if auth.client_certs and not auth.client_ca:
+        raise ConfigError("auth.client_certs needs auth.client_ca")
+    if auth.enabled is False and (auth.tokens_file or auth.client_ca):
+        raise ConfigError("auth.enabled = false, yet auth.tokens_file or auth.client_ca is set")
+    names = [*auth.client_certs.values(), *(t for t in tenants if t != "*")]
+    try:
+        for name in names:
+            validate_tenant(name)
+    except InvalidRequest as exc:
+        raise ConfigError(str(exc)) from None
+    for name, limits in tenants.items():
+        if limits.max_sandboxes < 0 or limits.max_memory_mb < 0:
+            raise ConfigError(f"tenants.{name}: limits must not be negative (0: no limit)")

@@ -3,7 +3,9 @@
     StockadeError
     ├── ConfigError            bad configuration (at load time)
     ├── InvalidRequest         the caller is wrong: malformed key, bad field   -> INVALID_ARGUMENT
-    ├── NotFound               no such sandbox, approval, ...                  -> NOT_FOUND
+    ├── Unauthenticated        missing or wrong credentials                    -> UNAUTHENTICATED
+    ├── NotFound               no such sandbox, approval, ... (also another tenant's)  -> NOT_FOUND
+    ├── QuotaExceeded          a tenant's sandbox or memory limit              -> RESOURCE_EXHAUSTED
     ├── PolicyDenied           policy forbids it (file transfer)               -> PERMISSION_DENIED
     ├── EngineUnavailable      the container engine cannot be reached or fails -> UNAVAILABLE
     ├── SandboxBroken          the container or its agent does not work        -> UNAVAILABLE
@@ -29,6 +31,14 @@ class ConfigError(StockadeError):
 
 class InvalidRequest(StockadeError):
     reason = "INVALID_REQUEST"
+
+
+class Unauthenticated(StockadeError):
+    reason = "UNAUTHENTICATED"
+
+
+class QuotaExceeded(StockadeError):
+    reason = "QUOTA_EXCEEDED"
 
 
 class NotFound(StockadeError):

@@ -26,7 +26,7 @@ from typing import Any, Final
 
 from stockade.supervisor.agent_client import AgentCallFailed, AgentReply
 from stockade.supervisor.errors import AgentMisbehaved, InvalidRequest, SandboxLost
-from stockade.supervisor.keys import validate_key
+from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import (
     EofInput,
     ErrorCode,

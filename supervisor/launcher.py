@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -30,11 +31,18 @@ def spawn(config: Path, log_path: Path, *, own_session: bool = False) -> subproc
 
 
 def wait_serving(
-    target: str, process: subprocess.Popen[bytes], log_path: Path, timeout: float = START_TIMEOUT_S
+    target: str,
+    process: subprocess.Popen[bytes],
+    log_path: Path,
+    timeout: float = START_TIMEOUT_S,
+    *,
+    tls: tuple[grpc.ChannelCredentials, list[tuple[str, Any]]] | None = None,
 ) -> None:
-    """Wait until the server's health check says SERVING; raise with its log otherwise."""
+    """Wait until the server's health check says SERVING; raise with its log otherwise.
+    `tls`: credentials and options for a server that speaks TLS."""
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(target) as channel:
+    channel = grpc.secure_channel(target, *tls) if tls else grpc.insecure_channel(target)
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if process.poll() is not None:

@@ -21,7 +21,7 @@ from stockade.supervisor.audit import AuditLog, AuditRecord
 from stockade.supervisor.catalog import Catalog, ToolSpec, render_command
 from stockade.supervisor.config import Config
 from stockade.supervisor.errors import AgentMisbehaved, SandboxLost
-from stockade.supervisor.keys import validate_key
+from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import (
     ApprovalPendingEvent,
     ErrorCode,

@@ -9,7 +9,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,6 +32,7 @@ from stockade.supervisor.backends.base import (
     LABEL_NETWORK,
     LABEL_NETWORK_ALLOW,
     LABEL_SANDBOX_ID,
+    LABEL_TENANT,
     BindMount,
     ContainerBackend,
     ContainerInfo,
@@ -44,11 +45,13 @@ from stockade.supervisor.errors import (
     EngineUnavailable,
     InvalidRequest,
     PolicyDenied,
+    QuotaExceeded,
     SandboxBroken,
     SandboxLost,
     SandboxNotFound,
 )
-from stockade.supervisor.keys import sandbox_id, validate_key
+from stockade.supervisor.keys import sandbox_id, scope, shown, split
+from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import NetworkRequest, SandboxInfo, SandboxState
 from stockade.supervisor.network.allowlist import Allowlist, AllowlistError
 from stockade.supervisor.network.egress import EgressNetwork
@@ -129,6 +132,7 @@ class SandboxManager:
         self._host_mounts = host_mounts
         self._sandboxes: dict[str, _Sandbox] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._starting: set[str] = set()
         uid, _, gid = config.sandbox.user.partition(":")
         self._uid, self._gid = int(uid), int(gid or uid)
         self._egress = EgressNetwork(config.network, instance_id, record_egress or _ignore)
@@ -193,7 +197,7 @@ class SandboxManager:
         image_id = await asyncio.to_thread(self._backend.image_id, self._image)
         adopted = []
         for info in found:
-            key = info.labels.get(LABEL_KEY, "")
+            key = _labelled_key(info.labels)
             if not key or info.labels.get(LABEL_SANDBOX_ID) != sandbox_id(key):
                 continue
             network = self._adopted_network(info)
@@ -344,7 +348,9 @@ class SandboxManager:
         validate_key(key)
         if key not in self._sandboxes:
             where = "has only a workspace" if self._paths(key).root.is_dir() else "is unknown"
-            raise SandboxNotFound(f"sandbox {key!r} {where}; a tool call creates its container")
+            raise SandboxNotFound(
+                f"sandbox {shown(key)!r} {where}; a tool call creates its container"
+            )
         probe = f"/.stockade-write-probe-{os.urandom(6).hex()}"
         async with self._agent(key, pass_deadline=False) as agent:
             facts = await agent.inspect(
@@ -353,7 +359,7 @@ class SandboxManager:
         sandbox = self._sandboxes[key]
         view = await asyncio.to_thread(self._backend.security_view, sandbox.info.id)
         if view is None:
-            raise SandboxNotFound(f"the container of sandbox {key!r} is gone")
+            raise SandboxNotFound(f"the container of sandbox {shown(key)!r} is gone")
         runtime = await asyncio.to_thread(self._backend.runtime_facts)
         known = await asyncio.to_thread(self._backend.runtimes)
         inside = isolation.InsideFacts(
@@ -416,9 +422,37 @@ class SandboxManager:
                 return sandbox
             if sandbox is not None:
                 await self._discard(sandbox)
-            sandbox = await self._create(key, wanted or self._network_for(None))
+            self._admit(key)
+            self._starting.add(key)
+            try:
+                sandbox = await self._create(key, wanted or self._network_for(None))
+            finally:
+                self._starting.discard(key)
             self._sandboxes[key] = sandbox
             return sandbox
+
+    def _admit(self, key: str) -> None:
+        """Refuse a new container past its tenant's limits. Sandboxes being created count
+        (no await between this check and the reservation, so concurrent first calls of one
+        tenant cannot overshoot together)."""
+        tenant = split(key)[0]
+        limits = self._config.tenant_limits(tenant)
+        if not (limits.max_sandboxes or limits.max_memory_mb):
+            return
+        live = {k for k in (*self._sandboxes, *self._starting) if split(k)[0] == tenant}
+        count = len(live - {key}) + 1
+        if limits.max_sandboxes and count > limits.max_sandboxes:
+            raise QuotaExceeded(
+                f"tenant {tenant!r} may have at most {limits.max_sandboxes} sandbox(es) "
+                f"(tenants.{tenant}.max_sandboxes); destroy one first"
+            )
+        memory = count * self._config.sandbox.memory_mb
+        if limits.max_memory_mb and memory > limits.max_memory_mb:
+            raise QuotaExceeded(
+                f"tenant {tenant!r} may use at most {limits.max_memory_mb} MiB of sandbox memory "
+                f"(tenants.{tenant}.max_memory_mb); another sandbox of "
+                f"{self._config.sandbox.memory_mb} MiB would make {memory} MiB"
+            )
 
     async def _still_alive(self, sandbox: _Sandbox) -> bool:
         if not _usable(sandbox):
@@ -468,7 +502,7 @@ class SandboxManager:
             await self._egress.detach(sandbox.sid)
             await asyncio.to_thread(self._backend.remove, info.id)
             await asyncio.to_thread(workspaces.unmount, paths.tmp)
-            raise SandboxBroken(f"sandbox {key!r} did not start: {exc}") from exc
+            raise SandboxBroken(f"sandbox {shown(key)!r} did not start: {exc}") from exc
         self.starts += 1
         self._seal_run_dir(paths)
         return sandbox
@@ -575,7 +609,10 @@ class SandboxManager:
 
     def _spec(self, key: str, paths: _Paths, network: SandboxNetwork) -> ContainerSpec:
         sb = self._config.sandbox
-        labels = {**self._labels(), LABEL_KEY: key, LABEL_SANDBOX_ID: sandbox_id(key)}
+        tenant, plain = split(key)
+        labels = {**self._labels(), LABEL_KEY: plain, LABEL_SANDBOX_ID: sandbox_id(key)}
+        if tenant:
+            labels[LABEL_TENANT] = tenant
         labels.update(network.labels())
         environment = dict(sb.secrets)
         if network.mode == "egress":
@@ -620,7 +657,7 @@ class SandboxManager:
             return self._describe(sandbox)
         if self._paths(key).root.is_dir():
             return self._absent(key)
-        raise SandboxNotFound(f"no sandbox for key {key!r}")
+        raise SandboxNotFound(f"no sandbox for key {shown(key)!r}")
 
     async def list(self) -> list[SandboxInfo]:
         await self._notice_deaths(tuple(self._sandboxes.values()))
@@ -638,7 +675,7 @@ class SandboxManager:
         async with self._locks.setdefault(key, asyncio.Lock()):
             sandbox = self._sandboxes.pop(key, None)
             if sandbox is None and not paths.root.is_dir():
-                raise SandboxNotFound(f"no sandbox for key {key!r}")
+                raise SandboxNotFound(f"no sandbox for key {shown(key)!r}")
             if sandbox is not None:
                 await sandbox.agent.close()
             await self._egress.detach(sandbox_id(key))
@@ -696,6 +733,15 @@ class SandboxManager:
             last_used_at=None,
             workspace_path=str(self._paths(key).workspace),
         )
+
+
+def _labelled_key(labels: Mapping[str, str]) -> str:
+    """The scoped key a container's labels name ("" when they name none that is valid)."""
+    key = labels.get(LABEL_KEY, "")
+    try:
+        return scope(labels.get(LABEL_TENANT, ""), key) if key else ""
+    except InvalidRequest:
+        return ""
 
 
 def _usable(sandbox: _Sandbox) -> bool:

@@ -10,6 +10,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -20,9 +21,12 @@ from grpc_reflection.v1alpha import reflection
 
 from stockade.supervisor import errors, schemas
 from stockade.supervisor.audit import AuditLog, AuditQuery, AuditRecord
+from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.catalog import ToolSpec
-from stockade.supervisor.config import Config
+from stockade.supervisor.config import AuthConfig, Config
 from stockade.supervisor.interact import Interaction
+from stockade.supervisor.interceptor import AuthInterceptor, current_tenant
+from stockade.supervisor.keys import scope, shown, split
 from stockade.supervisor.models import (
     ApprovalPendingEvent,
     CallContext,
@@ -64,6 +68,8 @@ log = logging.getLogger("stockade.server")
 REASON_KEY = "stockade-error-reason"
 _STATUS = {
     errors.InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
     errors.PolicyDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.EngineUnavailable: grpc.StatusCode.UNAVAILABLE,
@@ -142,7 +148,7 @@ def _timestamp(value: datetime | None) -> Timestamp | None:
 
 def sandbox_to_pb(info: SandboxInfo) -> Any:
     return sandbox_pb2.SandboxInfo(
-        key=info.key,
+        key=shown(info.key),
         container_id=info.container_id,
         container_name=info.container_name,
         engine=info.engine,
@@ -192,29 +198,38 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         network = None
         if request.HasField("network"):
             network = NetworkRequest(request.network.mode, tuple(request.network.allow))
-        await self._sandboxes.ensure(request.key, network)
-        return sandbox_to_pb(await self._sandboxes.get(request.key))
+        key = scoped(request.key)
+        await self._sandboxes.ensure(key, network)
+        return sandbox_to_pb(await self._sandboxes.get(key))
 
     @mapped
     async def GetSandbox(self, request: Any, context: Any) -> Any:
-        return sandbox_to_pb(await self._sandboxes.get(request.key))
+        return sandbox_to_pb(await self._sandboxes.get(scoped(request.key)))
 
     @mapped
     async def ListSandboxes(self, request: Any, context: Any) -> Any:
-        infos = await self._sandboxes.list()
+        tenant = current_tenant()
+        infos = [i for i in await self._sandboxes.list() if split(i.key)[0] == tenant]
         return sandbox_pb2.ListSandboxesResponse(sandboxes=[sandbox_to_pb(i) for i in infos])
 
     @mapped
     async def DestroySandbox(self, request: Any, context: Any) -> Any:
         removed, deleted = await self._sandboxes.destroy(
-            request.key, delete_workspace=request.delete_workspace
+            scoped(request.key), delete_workspace=request.delete_workspace
         )
         return sandbox_pb2.DestroySandboxResponse(removed=removed, workspace_deleted=deleted)
 
     @mapped
     async def InspectIsolation(self, request: Any, context: Any) -> Any:
-        report = await self._sandboxes.inspect_isolation(request.key)
+        report = await self._sandboxes.inspect_isolation(scoped(request.key))
+        report = dataclasses.replace(report, key=shown(report.key))
         return fill_pb(sandbox_pb2.IsolationReport(), report)
+
+
+def scoped(key: str) -> str:
+    """The caller's key within its tenant (see keys.scope): every key a request names
+    passes here, so no tenant reaches another's sandboxes."""
+    return scope(current_tenant(), key)
 
 
 def fill_pb(message: Any, obj: Any) -> Any:
@@ -298,6 +313,7 @@ class ToolServicer(tool_pb2_grpc.ToolServiceServicer):
         if first is None or first.WhichOneof("input") != "start":
             raise errors.InvalidRequest("an Interact call starts with a 'start' message")
         request = interact_from_pb(first.start)
+        request = dataclasses.replace(request, sandbox_key=scoped(request.sandbox_key))
         events = self._interaction.run(
             request, interact_inputs(request_iterator), caller=context.peer()
         )
@@ -344,7 +360,7 @@ async def interact_inputs(request_iterator: Any) -> AsyncIterator[InteractInput]
 
 def call_from_pb(request: Any, traceparent: str = "") -> ToolCall:
     return ToolCall(
-        sandbox_key=request.sandbox_key,
+        sandbox_key=scoped(request.sandbox_key),
         tool=request.tool,
         arguments_json=request.arguments_json,
         context=context_from_pb(request.context),
@@ -392,7 +408,7 @@ _DECISIONS = {
 def pending_to_pb(p: Pending) -> Any:
     return approval_pb2.ApprovalRequest(
         id=p.id,
-        sandbox_key=p.sandbox_key,
+        sandbox_key=shown(p.sandbox_key),
         agent_id=p.agent_id,
         tool=p.tool,
         command=wire_text(p.command),
@@ -417,7 +433,7 @@ class ApprovalServicer(approval_pb2_grpc.ApprovalServiceServicer):
         self._approvals = approvals
 
     async def WatchApprovals(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        async for event in self._approvals.watch():
+        async for event in self._approvals.watch(current_tenant()):
             yield event_to_pb(event)
 
     @mapped
@@ -426,15 +442,16 @@ class ApprovalServicer(approval_pb2_grpc.ApprovalServiceServicer):
         if decision is None:
             raise errors.InvalidRequest("decision must be ALLOW_ONCE, ALLOW_ALWAYS or DENY")
         approver = request.approver or context.peer()
-        self._approvals.resolve(request.id, decision, approver)
+        self._approvals.resolve(request.id, decision, approver, tenant=current_tenant())
         return approval_pb2.ResolveApprovalResponse()
 
     @mapped
     async def ListApprovals(self, request: Any, context: Any) -> Any:
+        tenant = current_tenant()
         return approval_pb2.ListApprovalsResponse(
-            pending=[pending_to_pb(p) for p in self._approvals.pending()],
-            always_allowed=[wire_text(c) for c in self._approvals.always_allowed()],
-            approvers=self._approvals.watchers,
+            pending=[pending_to_pb(p) for p in self._approvals.pending(tenant)],
+            always_allowed=[wire_text(c) for c in self._approvals.always_allowed(tenant)],
+            approvers=self._approvals.watchers_of(tenant),
         )
 
 
@@ -449,7 +466,7 @@ class FileServicer(file_pb2_grpc.FileServiceServicer):
             raise errors.InvalidRequest("an upload starts with a FileChunk carrying the header")
         h = first.header
         transfer = Transfer(
-            h.sandbox_key, h.path, h.tar, context_from_pb(h.context), context.peer(), h.mode
+            scoped(h.sandbox_key), h.path, h.tar, context_from_pb(h.context), context.peer(), h.mode
         )
 
         async def chunks() -> AsyncIterator[bytes]:
@@ -462,10 +479,8 @@ class FileServicer(file_pb2_grpc.FileServiceServicer):
 
     @mapped_stream
     async def DownloadFile(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        transfer = Transfer(
-            request.sandbox_key, request.path, request.tar, context_from_pb(request.context),
-            context.peer(),
-        )  # fmt: skip
+        key, context_ = scoped(request.sandbox_key), context_from_pb(request.context)
+        transfer = Transfer(key, request.path, request.tar, context_, context.peer())
         async for item in self._transfers.download(transfer):
             if isinstance(item, bytes):
                 yield file_pb2.FileChunk(data=item)
@@ -502,8 +517,10 @@ class AuditServicer(audit_pb2_grpc.AuditServiceServicer):
         if self._audit is None:
             raise errors.ConfigError("the audit log is off (audit.enabled = false)")
         since = request.since.ToDatetime(UTC).timestamp() if request.HasField("since") else 0.0
+        tenant = current_tenant()
         query = AuditQuery(
-            sandbox_key=request.sandbox_key,
+            tenant=tenant,
+            sandbox_key=shown(scope(tenant, request.sandbox_key)) if request.sandbox_key else "",
             tool=request.tool,
             agent_id=request.agent_id,
             since=since,
@@ -514,6 +531,22 @@ class AuditServicer(audit_pb2_grpc.AuditServiceServicer):
         return audit_pb2.ListAuditResponse(records=[audit_to_pb(r) for r in records])
 
 
+def _add_port(server: Any, auth: AuthConfig, listen: str) -> int:
+    """Bind `listen`: TLS when a certificate is configured, requiring a client certificate
+    signed by client_ca when one is set (gRPC can only require it or not ask)."""
+    if not auth.tls_cert:
+        return int(server.add_insecure_port(listen))
+    try:
+        chain, key = Path(auth.tls_cert).read_bytes(), Path(auth.tls_key).read_bytes()
+        ca = Path(auth.client_ca).read_bytes() if auth.client_ca else None
+    except OSError as exc:
+        raise errors.ConfigError(f"auth: cannot read a TLS file: {exc}") from exc
+    credentials = grpc.ssl_server_credentials(
+        [(key, chain)], root_certificates=ca, require_client_auth=ca is not None
+    )
+    return int(server.add_secure_port(listen, credentials))
+
+
 class Server:
     """The running gRPC server; `port` is the bound TCP port (0 for a unix socket)."""
 
@@ -522,6 +555,7 @@ class Server:
         config: Config,
         sandboxes: SandboxManager,
         policy: HostPolicy,
+        authenticator: Authenticator | None = None,
         observers: tuple[Observer, ...] = (),
     ) -> None:
         self.config = config
@@ -529,11 +563,12 @@ class Server:
         self.policy = policy
         self.health = HealthServicer()
         self._server = grpc.aio.server(
+            interceptors=[AuthInterceptor(authenticator)],
             options=[
                 ("grpc.max_receive_message_length", config.max_request_bytes),
                 ("grpc.max_send_message_length", config.max_response_bytes),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
         pipeline = ToolPipeline(config, sandboxes, policy, observers)
         server = self._server
@@ -550,7 +585,7 @@ class Server:
         file_pb2_grpc.add_FileServiceServicer_to_server(FileServicer(transfers), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection((*SERVICES, reflection.SERVICE_NAME), self._server)
-        self.port = self._server.add_insecure_port(config.listen)
+        self.port = _add_port(self._server, config.auth, config.listen)
         if self.port == 0 and not config.listen.startswith("unix:"):
             raise errors.ConfigError(f"cannot listen on {config.listen}")
 

@@ -30,12 +30,24 @@ CREATE TABLE IF NOT EXISTS audit (
 );
 CREATE INDEX IF NOT EXISTS audit_key_time ON audit (sandbox_key, time);
 CREATE INDEX IF NOT EXISTS audit_time ON audit (time);
-CREATE TABLE IF NOT EXISTS approved_commands (
-    command TEXT PRIMARY KEY,
+CREATE TABLE IF NOT EXISTS approved (
+    tenant TEXT NOT NULL,
+    command TEXT NOT NULL,
     approver TEXT NOT NULL,
-    time REAL NOT NULL
+    time REAL NOT NULL,
+    PRIMARY KEY (tenant, command)
 );
 """
+_MIGRATIONS = (
+    # tenants: audit records carry one; allow-always commands are per tenant
+    ("audit", "tenant", "ALTER TABLE audit ADD COLUMN tenant TEXT NOT NULL DEFAULT ''"),
+    (
+        "approved_commands",
+        None,
+        "INSERT OR IGNORE INTO approved SELECT '', command, approver, time "
+        "FROM approved_commands; DROP TABLE approved_commands",
+    ),
+)
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -45,4 +57,14 @@ def connect(path: Path) -> sqlite3.Connection:
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
     db.executescript(SCHEMA)
+    _migrate(db)
     return db
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Bring a database made by an older version up to SCHEMA (each step once)."""
+    for table, column, script in _MIGRATIONS:
+        columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if columns and (column is None or column not in columns):
+            db.executescript(f"BEGIN; {script}; COMMIT;")
+    db.execute("CREATE INDEX IF NOT EXISTS audit_tenant_time ON audit (tenant, time)")

@@ -17,7 +17,7 @@ from stockade.supervisor import errors
 from stockade.supervisor.agent_client import AgentReply
 from stockade.supervisor.audit import AuditRecord
 from stockade.supervisor.config import Config
-from stockade.supervisor.keys import validate_key
+from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import CallContext
 from stockade.supervisor.pipeline import HostPolicy
 from stockade.supervisor.policy.scrub_stream import StreamScrubber

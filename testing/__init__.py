@@ -47,7 +47,8 @@ class StockadeContainer(DockerContainer):
     build: build the supervisor and sandbox images when they are missing or stale; needs a
       checkout of the repository. Default: when running from one.
     config: extra TOML for the supervisor's config file (state_dir, listen and [engine] are
-      set here).
+      set here). Without an [auth] section the supervisor runs without authentication (its
+      API is a unix socket in the state directory); with one, pass the client's token.
     start_timeout: seconds to wait for the gRPC health check to say SERVING.
     """
 
@@ -57,6 +58,7 @@ class StockadeContainer(DockerContainer):
         *,
         build: bool | None = None,
         config: str = "",
+        token: str | None = None,
         start_timeout: float = 120.0,
         **kwargs: Any,
     ) -> None:
@@ -65,6 +67,7 @@ class StockadeContainer(DockerContainer):
         super().__init__(image or supervisor_image_ref(), **kwargs)
         self._build = build
         self._config = config
+        self._token = token
         self._start_timeout = start_timeout
         self._client: Stockade | None = None
         self.state_dir = Path(tempfile.mkdtemp(prefix="stockade-tc-", dir="/tmp"))
@@ -100,13 +103,16 @@ class StockadeContainer(DockerContainer):
             STOCKADE_STATE_DIR=state,
             STOCKADE_LISTEN=self.target,
         )
-        self.with_command(["serve", "--config", str(config)])
+        # the API is a unix socket only its owner can reach; an [auth] section of the
+        # caller's own config (then pass token=) replaces that
+        no_auth = [] if "[auth]" in self._config else ["--no-auth"]
+        self.with_command(["serve", "--config", str(config), *no_auth])
         # `network`, not `network_mode`: testcontainers, when it thinks it runs in a
         # container, picks a network of its own for containers created without `network`
         self._kwargs = {"network": "none", **self._kwargs}
         super().start()
         self._wait_serving()
-        self._client = Stockade(self.target)
+        self._client = Stockade(self.target, token=self._token)
         return self
 
     def stop(self, force: bool = True, delete_volume: bool = True) -> None:

@@ -14,6 +14,7 @@ from typing import Protocol
 LABEL_MANAGED = "io.stockade.managed"
 LABEL_INSTANCE = "io.stockade.instance"
 LABEL_KEY = "io.stockade.key"
+LABEL_TENANT = "io.stockade.tenant"
 LABEL_SANDBOX_ID = "io.stockade.sandbox-id"
 LABEL_NETWORK = "io.stockade.network"
 LABEL_NETWORK_ALLOW = "io.stockade.network-allow"

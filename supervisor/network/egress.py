@@ -10,6 +10,7 @@ import os
 
 from stockade.supervisor.config import NetworkConfig
 from stockade.supervisor.errors import SandboxBroken
+from stockade.supervisor.keys import shown
 from stockade.supervisor.network import links
 from stockade.supervisor.network.allowlist import Allowlist, canonical_host
 from stockade.supervisor.network.proxy import EgressProxy, ProxySettings, Recorder
@@ -54,7 +55,7 @@ class EgressNetwork:
         try:
             sock = await asyncio.to_thread(links.build, self._plan(sid), container_pid)
         except links.LinkError as exc:
-            raise SandboxBroken(f"sandbox {key!r}: {exc}") from exc
+            raise SandboxBroken(f"sandbox {shown(key)!r}: {exc}") from exc
         proxy = EgressProxy(key, allowlist, self._settings, self._record)
         try:
             await proxy.start(sock)

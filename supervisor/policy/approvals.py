@@ -23,6 +23,7 @@ from typing import Literal
 from stockade.supervisor import store
 from stockade.supervisor.config import AgentConfig, ApprovalsConfig
 from stockade.supervisor.errors import ApprovalNotFound, InvalidRequest
+from stockade.supervisor.keys import split
 
 Decision = Literal["allow-once", "allow-always", "deny"]
 DECISIONS: tuple[Decision, ...] = ("allow-once", "allow-always", "deny")
@@ -69,25 +70,29 @@ class _Waiting:
 
 
 class AllowAlways:
-    """Commands approved with allow-always, persisted in SQLite."""
+    """Commands approved with allow-always, persisted in SQLite, per tenant (one tenant's
+    approval never lets another's command through)."""
 
     def __init__(self, path: Path) -> None:
         self._db: sqlite3.Connection = store.connect(path)
-        rows = self._db.execute("SELECT command FROM approved_commands").fetchall()
-        self._commands = {row[0] for row in rows}
+        rows = self._db.execute("SELECT tenant, command FROM approved").fetchall()
+        self._commands: set[tuple[str, str]] = {(row[0], row[1]) for row in rows}
 
     def __contains__(self, command: str) -> bool:
-        return command in self._commands
+        return ("", command) in self._commands
 
-    def add(self, command: str, approver: str) -> None:
+    def has(self, tenant: str, command: str) -> bool:
+        return (tenant, command) in self._commands
+
+    def add(self, command: str, approver: str, tenant: str = "") -> None:
         self._db.execute(
-            "INSERT OR REPLACE INTO approved_commands VALUES (?, ?, ?)",
-            (command, approver, time.time()),
+            "INSERT OR REPLACE INTO approved VALUES (?, ?, ?, ?)",
+            (tenant, command, approver, time.time()),
         )
-        self._commands.add(command)
+        self._commands.add((tenant, command))
 
-    def commands(self) -> list[str]:
-        return sorted(self._commands)
+    def commands(self, tenant: str = "") -> list[str]:
+        return sorted(c for t, c in self._commands if t == tenant)
 
     def close(self) -> None:
         self._db.close()
@@ -101,12 +106,13 @@ class ApprovalManager:
         self._modes = {a: c.approvals for a, c in agents.items() if c.approvals}
         self._always = always
         self._waiting: dict[str, _Waiting] = {}
-        self._watchers: set[asyncio.Queue[Event]] = set()
+        self._watchers: dict[str, set[asyncio.Queue[Event]]] = {}
+        """Per tenant: an approver sees, and answers for, its own tenant's requests only."""
 
-    def reason_to_ask(self, agent_id: str, command: str) -> str | None:
+    def reason_to_ask(self, agent_id: str, command: str, tenant: str = "") -> str | None:
         """Why this command needs a decision, or None when it may run as is."""
         mode = self._modes.get(agent_id, self._config.mode)
-        if mode == "off" or command in self._always:
+        if mode == "off" or self._always.has(tenant, command):
             return None
         if mode == "always":
             return "approvals mode always: every command needs a decision"
@@ -127,11 +133,12 @@ class ApprovalManager:
     ) -> Outcome:
         """Decide whether the command may run, asking an approver when policy says so
         (or when `must_ask` gives a reason, e.g. the guard could not parse the command)."""
-        reason = must_ask or self.reason_to_ask(agent_id, command)
+        tenant = split(sandbox_key)[0]
+        reason = must_ask or self.reason_to_ask(agent_id, command, tenant)
         if reason is None:
             mode = self._modes.get(agent_id, self._config.mode)
             return Outcome(True, "" if mode == "off" else "allowlist")
-        if not self._watchers:
+        if not self._watchers.get(tenant):
             return Outcome(self._config.no_approver == "allow", "no-approver")
         now = datetime.now(UTC)
         request = Pending(
@@ -165,43 +172,58 @@ class ApprovalManager:
             raise
         return Outcome(decision != "deny", decision, approver)
 
-    def resolve(self, request_id: str, decision: str, approver: str) -> None:
+    def resolve(self, request_id: str, decision: str, approver: str, tenant: str = "") -> None:
+        """Decide a request of `tenant` (another tenant's is not found, as an unknown id)."""
         if decision not in DECISIONS:  # narrows str to Decision below
             raise InvalidRequest(f"decision must be one of {', '.join(DECISIONS)}")
         waiting = self._waiting.get(request_id)
-        if waiting is None:
-            raise ApprovalNotFound(f"no pending approval {request_id!r}")
+        if waiting is None or _tenant(waiting.request) != tenant:
+            raise ApprovalNotFound(f"no pending approval {request_id[:64]!r}")
         if decision == "allow-always":
-            self._always.add(waiting.request.command, approver)
+            self._always.add(waiting.request.command, approver, tenant)
         waiting.decided.set_result((decision, approver))
         self._close(request_id, decision, approver)
 
     def _close(self, request_id: str, outcome: str, approver: str = "") -> None:
-        if self._waiting.pop(request_id, None) is not None:
-            self._publish(Closed(request_id, outcome, approver))
+        waiting = self._waiting.pop(request_id, None)
+        if waiting is not None:
+            self._publish(Closed(request_id, outcome, approver), _tenant(waiting.request))
 
-    def _publish(self, event: Event) -> None:
-        for queue in self._watchers:
+    def _publish(self, event: Event, tenant: str | None = None) -> None:
+        if tenant is None and isinstance(event, Pending):
+            tenant = _tenant(event)
+        for queue in self._watchers.get(tenant or "", ()):
             queue.put_nowait(event)
 
-    def pending(self) -> list[Pending]:
-        return [w.request for w in self._waiting.values()]
+    def pending(self, tenant: str = "") -> list[Pending]:
+        return [w.request for w in self._waiting.values() if _tenant(w.request) == tenant]
 
-    def always_allowed(self) -> list[str]:
-        return self._always.commands()
+    def always_allowed(self, tenant: str = "") -> list[str]:
+        return self._always.commands(tenant)
 
     @property
     def watchers(self) -> int:
-        return len(self._watchers)
+        return self.watchers_of("")
 
-    async def watch(self) -> AsyncIterator[Event]:
-        """Pending requests, then every new request and close, until the caller stops."""
+    def watchers_of(self, tenant: str) -> int:
+        return len(self._watchers.get(tenant, ()))
+
+    async def watch(self, tenant: str = "") -> AsyncIterator[Event]:
+        """The tenant's pending requests, then every new request and close of that tenant,
+        until the caller stops."""
         queue: asyncio.Queue[Event] = asyncio.Queue()
-        for waiting in self._waiting.values():
-            queue.put_nowait(waiting.request)
-        self._watchers.add(queue)
+        for request in self.pending(tenant):
+            queue.put_nowait(request)
+        watchers = self._watchers.setdefault(tenant, set())
+        watchers.add(queue)
         try:
             while True:
                 yield await queue.get()
         finally:
-            self._watchers.discard(queue)
+            watchers.discard(queue)
+            if not watchers:
+                self._watchers.pop(tenant, None)
+
+
+def _tenant(request: Pending) -> str:
+    return split(request.sandbox_key)[0]

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stockade.client import Stockade
+from stockade.client import TLS, Stockade
 from stockade.supervisor import hostfs, launcher, workspaces
 from stockade.supervisor.backends import create_backend
 from stockade.supervisor.backends.base import (
@@ -35,6 +35,9 @@ DOCKER_SOCKET = Path("/var/run/docker.sock")
 NO_RATE_LIMIT = "[limits]\nrate_per_s = 1000000.0\nburst = 1000000\n"
 """Config for load and fault tests: the full policy pipeline runs, but the per-key rate limit
 would turn many quick calls into RATE_LIMITED results."""
+NO_AUTH = "[auth]\nenabled = false\n"
+"""What the tests' supervisors run with unless a test gives its own [auth]: they listen on a
+unix socket, where authentication may be switched off (explicitly)."""
 
 
 def engine_url(engine: str) -> str:
@@ -83,6 +86,12 @@ class Supervisor:
     listen: str = ""
     """host:port to serve on instead of the unix socket (for clients that cannot reach one)."""
     process: subprocess.Popen[bytes] | None = None
+    auth_config: str = NO_AUTH
+    """The [auth] section (and anything else) written after extra_config."""
+    token: str | None = None
+    """What client() sends as its bearer token."""
+    tls: TLS | None = None
+    """The client side of TLS, when the [auth] section makes the server speak it."""
     log_path: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -98,21 +107,24 @@ class Supervisor:
         path = self.state_dir / "stockade.toml"
         path.write_text(
             f'listen = "{self.target}"\nstate_dir = "{self.state_dir}"\n'
-            f'[engine]\nkind = "{self.engine}"\nsocket = "{socket}"\n' + self.extra_config
+            f'[engine]\nkind = "{self.engine}"\nsocket = "{socket}"\n'
+            + self.extra_config
+            + self.auth_config
         )
         return path
 
     def start(self) -> None:
         self.process = launcher.spawn(self.config_file(), self.log_path)
-        launcher.wait_serving(self.target, self.process, self.log_path)
+        tls = (self.tls.credentials(), self.tls.options()) if self.tls else None
+        launcher.wait_serving(self.target, self.process, self.log_path, tls=tls)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.process is not None:
             launcher.stop(self.process, sig)
         self.process = None
 
-    def client(self) -> Stockade:
-        return Stockade(self.target)
+    def client(self, token: str | None = None, tls: TLS | None = None) -> Stockade:
+        return Stockade(self.target, token=token or self.token, tls=tls or self.tls)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -142,14 +154,20 @@ def free_tcp_address() -> str:
 
 @contextmanager
 def running_supervisor(
-    engine: str, extra_config: str = "", listen: str = ""
+    engine: str,
+    extra_config: str = "",
+    listen: str = "",
+    *,
+    auth_config: str = NO_AUTH,
+    tls: TLS | None = None,
 ) -> Iterator[Supervisor]:
     """A supervisor with a fresh, short state directory (agent socket paths stay short);
-    on exit it is stopped and every container of its instance is removed."""
+    on exit it is stopped and every container of its instance is removed. `tls`: the
+    client side, when auth_config makes the server speak TLS."""
     state = Path(tempfile.mkdtemp(prefix="stk", dir="/tmp"))
-    sup = Supervisor(engine, state, extra_config, listen=listen)
-    sup.start()
+    sup = Supervisor(engine, state, extra_config, listen=listen, auth_config=auth_config, tls=tls)
     try:
+        sup.start()
         yield sup
     finally:
         sup.stop()

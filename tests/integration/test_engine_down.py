@@ -24,6 +24,7 @@ def test_serve_refuses_to_start_without_an_engine(tmp_path: Path) -> None:
     config.write_text(
         f'listen = "unix:{tmp_path}/api.sock"\nstate_dir = "{tmp_path}"\n'
         f'[engine]\nkind = "podman"\nsocket = "unix://{tmp_path}/nothing.sock"\n'
+        "[auth]\nenabled = false\n"
     )
     done = subprocess.run(
         [sys.executable, "-m", "stockade.supervisor.cli", "serve", "--config", str(config)],

@@ -202,7 +202,7 @@ def test_what_cannot_work_in_a_container_is_refused(engine: str, image: str) -> 
         config = state / "stockade.toml"
         config.write_text('[sandbox]\nnetwork = "egress"\n[network]\nallow = ["example.com"]\n')
         argv = run_line(engine, state, f"stkimg-{uuid.uuid4().hex[:10]}")
-        argv += ["serve", "--config", str(config)]
+        argv += ["serve", "--config", str(config), "--no-auth"]
         output = refused(engine, argv)
         assert 'sandbox.network = "egress"' in output
         assert "cannot reach" in output

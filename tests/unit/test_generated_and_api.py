@@ -55,9 +55,11 @@ def test_public_client_api() -> None:
         "Stockade",
         "StockadeError",
         "StreamEvent",
+        "TLS",
         "ToolError",
         "ToolResult",
         "ToolSpec",
+        "Unauthenticated",
         "Unavailable",
     ]
     for name in stockade.client.__all__:
