@@ -121,13 +121,42 @@ def egress_recorder(policy: HostPolicy) -> Callable[[EgressDecision], None]:
     return record
 
 
+def housekeeping_recorder(policy: HostPolicy) -> Callable[[str, str, str], None]:
+    """Each housekeeping action (a container pruned or reaped, a workspace deleted) becomes
+    an audit record (tool "housekeeping", the action and reason in policy_step)."""
+    audit = policy.audit
+
+    def record(key: str, action: str, reason: str) -> None:
+        if audit is None:
+            return
+        audit.record(
+            AuditRecord(
+                time=time.time(),
+                request_id="",
+                caller="supervisor",
+                sandbox_key=key,
+                agent_id="",
+                provider="",
+                tool="housekeeping",
+                arguments_json=json.dumps({"action": action}),
+                policy_step=f"housekeeping: {action}: {reason}",
+            )
+        )
+
+    return record
+
+
 @dataclass
 class Supervisor:
     server: Server
     sandboxes: SandboxManager
     engine_process: subprocess.Popen[bytes] | None
 
-    async def stop(self, grace: float = 5.0) -> None:
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain (housekeeping.shutdown_grace_s unless given), then stop; sandboxes'
+        containers keep running for the next start to adopt."""
+        if grace is None:
+            grace = self.server.config.housekeeping.shutdown_grace_s
         await self.server.stop(grace)
         if self.engine_process is not None:
             self.engine_process.terminate()
@@ -145,6 +174,7 @@ async def start(config: Config) -> Supervisor:
         instance_id=instance_id(config.state_dir),
         image=sandbox_image(config),
         record_egress=egress_recorder(policy),
+        record_event=housekeeping_recorder(policy),
     )
     adopted = await manager.start()
     if adopted:
@@ -157,4 +187,5 @@ async def start(config: Config) -> Supervisor:
         )
     server = Server(config, manager, policy)
     await server.start()
+    manager.start_housekeeping()
     return Supervisor(server, manager, process)
