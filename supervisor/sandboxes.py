@@ -77,6 +77,8 @@ POOL_ID = "pool-id"
 """In a sandbox's folder that began as a warm-pool container: that container's pool id (its
 labels carry no key, so adoption after a restart finds the key here)."""
 
+POOL_CLOSE_S = 30.0
+"""At close, how long a pool container being made may take beyond start_timeout_s."""
 POOL_PROBE_S = 2.0
 """How long a pool container's agent may take to answer before it is replaced."""
 
@@ -175,6 +177,7 @@ class SandboxManager:
         self._pool: list[_Pooled] = []
         self._pool_wanted = asyncio.Event()
         self._pool_task: asyncio.Task[None] | None = None
+        self._closing = False
 
     @property
     def engine(self) -> str:
@@ -308,10 +311,17 @@ class SandboxManager:
     async def close(self) -> None:
         """Stop the background tasks, remove the unassigned pool containers, close agent
         channels; sandboxes' containers keep running for the next start to adopt."""
-        for task in (self._sweeper, self._pool_task):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        if self._pool_task is not None:  # let a container being made join the pool first
+            self._closing = True
+            self._pool_wanted.set()
+            limit = self._config.sandbox.start_timeout_s + POOL_CLOSE_S
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._pool_task), limit)
+            self._pool_task.cancel()
+            await asyncio.gather(self._pool_task, return_exceptions=True)
         while self._pool:
             await self._drop_pooled(self._pool.pop())
         for sandbox in self._sandboxes.values():
@@ -733,14 +743,14 @@ class SandboxManager:
 
     async def _fill_pool(self) -> None:
         size = self._config.housekeeping.warm_pool
-        while True:
+        while not self._closing:
             await self._pool_wanted.wait()
             self._pool_wanted.clear()
             for pooled in list(self._pool):
                 if not await pooled.agent.answers(POOL_PROBE_S) and pooled in self._pool:
                     self._pool.remove(pooled)
                     await self._drop_pooled(pooled)
-            while len(self._pool) < size:
+            while len(self._pool) < size and not self._closing:
                 try:
                     hk, state_dir = self._config.housekeeping, self._config.state_dir
                     await asyncio.to_thread(pressure.check, hk, state_dir)
