@@ -754,7 +754,9 @@ class SandboxManager:
                 try:
                     hk, state_dir = self._config.housekeeping, self._config.state_dir
                     await asyncio.to_thread(pressure.check, hk, state_dir)
-                    self._pool.append(await self._make_pooled())
+                    pooled = await self._make_pooled()
+                    self._pool.append(pooled)
+                    log.info("warm pool: container %s ready", pooled.info.name)
                 except (StockadeError, OSError) as exc:
                     log.warning("warm pool: no container added: %s", exc)
                     break  # the next sweep asks again
@@ -795,6 +797,7 @@ class SandboxManager:
         pooled = self._pool.pop(0)
         self._pool_wanted.set()
         if not await pooled.agent.answers(POOL_PROBE_S):
+            log.warning("warm pool: container %s does not answer; dropped", pooled.info.name)
             await self._drop_pooled(pooled)
             return None
         (pooled.paths.root / "key").write_text(key, encoding="utf-8", errors="surrogatepass")

@@ -5,6 +5,7 @@ supervisor's containers), the warm pool, host pressure and the graceful drain on
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import tempfile
 import threading
@@ -168,8 +169,10 @@ def test_orphans_of_a_dead_instance_are_reaped_never_a_live_or_stopped_ones(
                 with live.client() as c:
                     assert c.sandbox("live").exec("echo alive").stdout == "alive\n"
                     assert c.sandbox("live").info().container_id == live_box
-                with reaper.client() as c:
-                    steps = [r.policy_step for r in c.list_audit(tool="housekeeping")]
+                steps = []  # the live supervisor reaps too (reap_orphans is on by default)
+                for sup in (reaper, live):
+                    with sup.client() as c:
+                        steps += [r.policy_step for r in c.list_audit(tool="housekeeping")]
                 assert sum("reap orphan" in s and instances[0] in s for s in steps) == 2
             stopped.start()
             with stopped.client() as c:
@@ -192,7 +195,8 @@ def test_warm_pool_serves_a_new_key_refills_and_is_adopted(engine: str) -> None:
             found = instance_containers(engine, url, sup)
             return [i.id for i in found if LABEL_POOL in i.labels and i.id != taken and i.running]
 
-        wait_for(unassigned, "the pool's first container")
+        ready = re.compile(r"warm pool: container \S+ ready")
+        wait_for(lambda: ready.search(sup.log()), "the pool's first container")
         pooled = unassigned()[0]
         with sup.client() as c:
             box = c.sandbox("fresh")
