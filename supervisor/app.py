@@ -18,6 +18,7 @@ from stockade.supervisor.backends import create_backend
 from stockade.supervisor.config import Config
 from stockade.supervisor.errors import ConfigError, EngineUnavailable
 from stockade.supervisor.network.proxy import EgressDecision
+from stockade.supervisor.owner import InstanceLock
 from stockade.supervisor.pipeline import HostPolicy
 from stockade.supervisor.sandboxes import SandboxManager
 from stockade.supervisor.server import Server
@@ -165,6 +166,8 @@ class Supervisor:
 
 async def start(config: Config) -> Supervisor:
     """Start everything; the caller owns the returned Supervisor and must stop() it."""
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    lock = InstanceLock(config.state_dir)  # first: a second supervisor starts nothing
     policy = build_policy(config)
     url, process = await asyncio.to_thread(engine_url, config)
     backend = await asyncio.to_thread(create_backend, config.engine.kind, url)
@@ -175,6 +178,7 @@ async def start(config: Config) -> Supervisor:
         image=sandbox_image(config),
         record_egress=egress_recorder(policy),
         record_event=housekeeping_recorder(policy),
+        lock=lock,
     )
     adopted = await manager.start()
     if adopted:

@@ -155,7 +155,10 @@ class SandboxManager:
         connect: Callable[[Path], AgentConnection] | None = None,
         record_egress: Callable[[EgressDecision], None] | None = None,
         record_event: Recorder | None = None,
+        lock: owner.InstanceLock | None = None,
     ) -> None:
+        """`lock`: this instance's lock on the state directory, when the caller took it
+        already (before starting an engine service); else it is taken here."""
         self._config = config
         self._backend = backend
         self._instance_id = instance_id
@@ -171,7 +174,7 @@ class SandboxManager:
         self._egress = EgressNetwork(config.network, instance_id, record_egress or _ignore)
         self._record = record_event or _ignore_event
         config.state_dir.mkdir(parents=True, exist_ok=True)
-        self._lock = owner.InstanceLock(config.state_dir)
+        self._lock = lock or owner.InstanceLock(config.state_dir)
         self._owner = owner.this_process(self._lock)
         self._sweeper: asyncio.Task[None] | None = None
         self._pool: list[_Pooled] = []

@@ -18,7 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from stockade.client import NotFound, ResourceExhausted, Stockade, ToolResult, Unavailable
-from stockade.supervisor import hostfs, workspaces
+from stockade.supervisor import hostfs, launcher, workspaces
 from stockade.supervisor.backends.base import LABEL_INSTANCE, LABEL_POOL, ContainerInfo
 from tests.integration.harness import (
     NO_RATE_LIMIT,
@@ -185,6 +185,16 @@ def test_orphans_of_a_dead_instance_are_reaped_never_a_live_or_stopped_ones(
         workspaces.unmount_all(stopped.state_dir)
         with contextlib.suppress(OSError):
             hostfs.remove_tree(stopped.state_dir)
+
+
+def test_a_second_supervisor_on_the_same_state_dir_is_refused(engine: str) -> None:
+    with running_supervisor(engine) as sup:
+        log_path = sup.state_dir / "second.log"
+        second = launcher.spawn(sup.config_file(), log_path)
+        assert second.wait(120) == 1
+        assert "another supervisor is running on the state directory" in log_path.read_text()
+        with sup.client() as c:
+            assert c.sandbox("still").exec("echo fine").stdout == "fine\n"
 
 
 def test_warm_pool_serves_a_new_key_refills_and_is_adopted(engine: str) -> None:
