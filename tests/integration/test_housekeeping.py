@@ -93,7 +93,7 @@ def test_idle_sandbox_loses_its_container_and_keeps_its_workspace(
         box.write_file("keep.txt", "kept")
         old = box.info().container_id
         wait_for(lambda: c.get_sandbox(key).state == "ABSENT", "the idle prune")
-        assert not engine_has(idle_supervisor.engine, old)
+        wait_for(lambda: not engine_has(idle_supervisor.engine, old), "the container's removal")
         assert (idle_supervisor.workspace(key) / "keep.txt").read_text() == "kept"
         assert box.read_file("keep.txt") == "kept"  # a new container on the same workspace
         assert box.info().container_id not in ("", old)
@@ -162,18 +162,17 @@ def test_orphans_of_a_dead_instance_are_reaped_never_a_live_or_stopped_ones(
             stopped.stop()  # cleanly, state kept: its next start adopts
             kept = {i.id for i in containers_of(engine, instances[1])}
             assert len(kept) == 2
-            with running_supervisor(engine, FAST) as reaper:
+            with running_supervisor(engine, FAST):
                 wait_for(lambda: not containers_of(engine, instances[0]), "the reaping")
-                # the sweep that reaped looked at every container: the others are intact
+                # The sweep that reaped looked at every container; more sweeps get their
+                # chance to do wrong (not a timing assertion: it only gives them time).
+                time.sleep(2)
                 assert {i.id for i in containers_of(engine, instances[1])} == kept
                 with live.client() as c:
                     assert c.sandbox("live").exec("echo alive").stdout == "alive\n"
                     assert c.sandbox("live").info().container_id == live_box
-                steps = []  # the live supervisor reaps too (reap_orphans is on by default)
-                for sup in (reaper, live):
-                    with sup.client() as c:
-                        steps += [r.policy_step for r in c.list_audit(tool="housekeeping")]
-                assert sum("reap orphan" in s and instances[0] in s for s in steps) == 2
+                # Which live supervisor reaped is not fixed (every one with reap_orphans on
+                # may, e.g. another test's): the audit record is checked in the unit tests.
             stopped.start()
             with stopped.client() as c:
                 assert {s.container_id for s in c.list_sandboxes()} == kept
