@@ -7,7 +7,9 @@
 #                           for the engine that will be used (STOCKADE_ENGINE=podman|docker
 #                           to choose; else Podman if it works, else Docker)
 #   scripts/setup.sh test   what `make test` needs: both engines (starts dockerd), .venv,
-#                           the sandbox image for Podman and for Docker
+#                           the sandbox image for Podman and for Docker, and the toolchains of
+#                           the client examples (Go and protoc from Debian, Node and npm
+#                           packages for the TypeScript one)
 #
 # Logs go to $STOCKADE_LOG_DIR (default /var/tmp/stockade/logs).
 set -euo pipefail
@@ -169,6 +171,29 @@ setup_run() {
     step engine "make run serves with $engine"
 }
 
+# The examples in examples/ are built and run by tests/integration/test_clients.py.
+# Go in GOPATH mode from Debian's packages (the Go module proxy is not needed); protobuf 1.5's
+# github.com/golang/protobuf is named explicitly: with 1.3 (apt's first choice for
+# golang-google-grpc-dev) grpc-go cannot decode the messages protoc-gen-go now generates.
+# npm ci only when package-lock.json changed (its hash is kept in node_modules).
+setup_clients() {
+    local ts=examples/typescript stamp
+    ensure_packages golang-go golang-google-grpc-dev golang-google-protobuf-dev \
+        golang-github-golang-protobuf-1-5-dev protobuf-compiler protoc-gen-go protoc-gen-go-grpc
+    if ! have node || ! have npm; then
+        ensure_packages nodejs npm
+    fi
+    stamp=$(sha256sum "$ts/package-lock.json" | cut -d' ' -f1)
+    if [ "$(cat "$ts/node_modules/.stockade-setup" 2>/dev/null)" = "$stamp" ]; then
+        step npm "$ts/node_modules up to date"
+        return
+    fi
+    step npm "npm ci in $ts (log: $LOG_DIR/npm.log)"
+    (cd "$ts" && npm ci --ignore-scripts --no-audit --no-fund) >>"$LOG_DIR/npm.log" 2>&1 \
+        || fail "npm ci failed; see $LOG_DIR/npm.log"
+    echo "$stamp" >"$ts/node_modules/.stockade-setup"
+}
+
 setup_test() {
     ensure_packages podman runc catatonit netavark aardvark-dns iptables docker.io debootstrap ripgrep tini
     configure_podman
@@ -176,6 +201,7 @@ setup_test() {
     start_dockerd
     build_image podman
     build_image docker
+    setup_clients
 }
 
 mkdir -p "$LOG_DIR"

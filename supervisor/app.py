@@ -12,16 +12,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stockade.supervisor.audit import AuditRecord
 from stockade.supervisor.backends import create_backend
 from stockade.supervisor.config import Config
 from stockade.supervisor.errors import ConfigError, EngineUnavailable
+from stockade.supervisor.metrics import Metrics
 from stockade.supervisor.network.proxy import EgressDecision
 from stockade.supervisor.owner import InstanceLock
 from stockade.supervisor.pipeline import HostPolicy
 from stockade.supervisor.sandboxes import SandboxManager
 from stockade.supervisor.server import Server
+from stockade.supervisor.telemetry import Observer, log_call
+
+if TYPE_CHECKING:
+    from stockade.supervisor.tracing import CallTracer
 
 log = logging.getLogger("stockade")
 DOCKER_SOCKET = "unix:///var/run/docker.sock"
@@ -148,10 +154,56 @@ def housekeeping_recorder(policy: HostPolicy) -> Callable[[str, str, str], None]
 
 
 @dataclass
+class Telemetry:
+    """The observers of calls, and what serves or exports them."""
+
+    observers: tuple[Observer, ...] = ()
+    metrics: Metrics | None = None
+    metrics_port: int = 0
+    tracer: CallTracer | None = None
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.tracer is not None:
+            self.tracer.close()
+
+
+def start_telemetry(config: Config, manager: SandboxManager, policy: HostPolicy) -> Telemetry:
+    """Per-call log lines, Prometheus metrics (serving already) and tracing, as configured."""
+    obs = config.observability
+    found = Telemetry()
+    observers: list[Observer] = [log_call] if obs.log_calls else []
+    if obs.trace_exporter:
+        from stockade.supervisor.tracing import CallTracer
+
+        found.tracer = CallTracer(obs)
+        observers.append(found.tracer.observe)
+    if obs.metrics_listen:
+        metrics = Metrics()
+        approvals = policy.approvals
+        metrics.watch(
+            manager.state_counts,
+            lambda: (manager.starts, manager.start_failures),
+            lambda: len(approvals.pending()),
+        )
+        try:
+            found.metrics_port = metrics.serve(obs.metrics_listen)
+        except OSError as exc:
+            found.close()
+            raise ConfigError(f"cannot serve metrics on {obs.metrics_listen}: {exc}") from exc
+        found.metrics = metrics
+        observers.append(metrics.observe)
+    found.observers = tuple(observers)
+    return found
+
+
+@dataclass
 class Supervisor:
     server: Server
     sandboxes: SandboxManager
     engine_process: subprocess.Popen[bytes] | None
+    telemetry: Telemetry
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain (housekeeping.shutdown_grace_s unless given), then stop; sandboxes'
@@ -159,6 +211,7 @@ class Supervisor:
         if grace is None:
             grace = self.server.config.housekeeping.shutdown_grace_s
         await self.server.stop(grace)
+        self.telemetry.close()
         if self.engine_process is not None:
             self.engine_process.terminate()
             await asyncio.to_thread(self.engine_process.wait, 10)
@@ -189,7 +242,12 @@ async def start(config: Config) -> Supervisor:
             manager.image,
             config.engine.kind,
         )
-    server = Server(config, manager, policy)
-    await server.start()
+    telemetry = start_telemetry(config, manager, policy)
+    try:
+        server = Server(config, manager, policy, telemetry.observers)
+        await server.start()
+    except BaseException:
+        telemetry.close()
+        raise
     manager.start_housekeeping()
-    return Supervisor(server, manager, process)
+    return Supervisor(server, manager, process, telemetry)

@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(ns: argparse.Namespace) -> int:
     from stockade.supervisor.config import load_config
     from stockade.supervisor.errors import StockadeError as ServerError
+    from stockade.supervisor.telemetry import setup_logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     overrides = {
@@ -131,6 +132,7 @@ def _serve(ns: argparse.Namespace) -> int:
     }
     try:
         config = load_config(ns.config, {k: v for k, v in overrides.items() if v})
+        setup_logging(config.observability.log_format)
         asyncio.run(_serve_until_signal(config))
     except ServerError as exc:
         print(f"stockade serve: {exc}", file=sys.stderr)
@@ -150,6 +152,12 @@ async def _serve_until_signal(config: Any) -> None:
         f"image {supervisor.sandboxes.image}, state {config.state_dir})",
         flush=True,
     )
+    if supervisor.telemetry.metrics_port:
+        host = config.observability.metrics_listen.rpartition(":")[0]
+        print(
+            f"stockade: metrics on http://{host}:{supervisor.telemetry.metrics_port}/metrics",
+            flush=True,
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

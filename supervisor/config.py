@@ -189,6 +189,24 @@ class LimitsConfig:
 
 
 @dataclass(frozen=True)
+class ObservabilityConfig:
+    metrics_listen: str = ""
+    """host:port of an HTTP endpoint serving Prometheus metrics at /metrics (e.g.
+    "127.0.0.1:9464"); empty: none. Unauthenticated: keep it on loopback or behind a proxy."""
+    log_format: Literal["text", "json"] = "text"
+    """json: one JSON object per line, with the request id of the call being served."""
+    log_calls: bool = True
+    """One INFO line per tool call (tool, key, result, duration, request id)."""
+    trace_exporter: Literal["", "otlp", "console"] = ""
+    """OpenTelemetry traces of each call, a span per pipeline stage (needs the `otel` extra:
+    pip install 'stockade[otel]'). otlp: OTLP over HTTP to trace_endpoint; console: JSON
+    spans appended to trace_file (stderr when empty); "": no tracing."""
+    trace_endpoint: str = "http://127.0.0.1:4318/v1/traces"
+    trace_file: str = ""
+    service_name: str = "stockade"
+
+
+@dataclass(frozen=True)
 class FilesConfig:
     scrub_downloads: Literal["text", "all", "off"] = "text"
     """Replace credentials in downloaded files (the bytes then differ from the file;
@@ -303,6 +321,7 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
     files: FilesConfig = field(default_factory=FilesConfig)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
     custom_tools: tuple[CustomToolConfig, ...] = ()
     housekeeping: HousekeepingConfig = field(default_factory=HousekeepingConfig)
 
@@ -352,8 +371,27 @@ def _check(cfg: Config) -> None:
         raise ConfigError("sandbox.user must not be root")
     _check_network(cfg.network)
     _check_housekeeping(cfg.housekeeping)
+    _check_observability(cfg.observability)
     if cfg.engine.kind not in ("podman", "docker"):
         raise ConfigError(f"engine.kind must be podman or docker, got {cfg.engine.kind!r}")
+
+
+def _check_observability(obs: ObservabilityConfig) -> None:
+    if obs.metrics_listen:
+        split_host_port(obs.metrics_listen, "observability.metrics_listen")
+    if obs.trace_exporter == "otlp" and not obs.trace_endpoint.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"observability.trace_endpoint must be an http(s) URL, got {obs.trace_endpoint!r}"
+        )
+
+
+def split_host_port(value: str, name: str) -> tuple[str, int]:
+    """("127.0.0.1", 9464) from "127.0.0.1:9464" ("[::1]:9464" for IPv6)."""
+    host, sep, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{name} must be host:port, got {value!r}")
+    return host, int(port)
 
 
 def _build(cls: type[Any], data: dict[str, Any], where: str) -> Any:

@@ -51,6 +51,8 @@ class ToolCall:
     context: CallContext = field(default_factory=CallContext)
     timeout_ms: int = 0
     request_id: str = ""
+    traceparent: str = ""
+    """The caller's W3C trace context (gRPC metadata `traceparent`), for tracing only."""
 
 
 @dataclass(frozen=True)

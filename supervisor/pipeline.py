@@ -7,13 +7,15 @@ protobuf or a container SDK."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from stockade.supervisor import telemetry
 from stockade.supervisor.agent_client import AgentCallFailed, AgentReply
 from stockade.supervisor.audit import AuditLog, AuditRecord
 from stockade.supervisor.catalog import Catalog, ToolSpec, render_command
@@ -37,6 +39,7 @@ from stockade.supervisor.render import cap_text, render
 from stockade.supervisor.sandboxes import SandboxManager
 from stockade.supervisor.schemas import ArgumentError, validate_arguments
 from stockade.supervisor.streaming import relay
+from stockade.supervisor.telemetry import Observer, Stages
 
 DEFAULT_CALL_TIMEOUT_S = 60.0
 STREAM_QUEUE = 64
@@ -70,6 +73,9 @@ class Trail:
     ran_as: str = ""
     """The agent tool that produced the data (custom tools run as exec); picks the renderer."""
     stream_redactions: int = 0
+    stages: Stages = field(default_factory=Stages)
+    start_ns: int = field(default_factory=time.time_ns)
+    """Wall clock when the call arrived, for its span (the stages' times are wall clock)."""
 
 
 class _Stop(Exception):
@@ -80,10 +86,17 @@ class _Stop(Exception):
 
 
 class ToolPipeline:
-    def __init__(self, config: Config, sandboxes: SandboxManager, policy: HostPolicy) -> None:
+    def __init__(
+        self,
+        config: Config,
+        sandboxes: SandboxManager,
+        policy: HostPolicy,
+        observers: tuple[Observer, ...] = (),
+    ) -> None:
         self._config = config
         self._sandboxes = sandboxes
         self._policy = policy
+        self._observers = observers
 
     async def call(self, call: ToolCall, caller: str = "") -> ToolResult:
         """Run one tool call. Raises only for a wrong request or a broken supervisor."""
@@ -117,6 +130,7 @@ class ToolPipeline:
         started = time.monotonic()
         validate_key(call.sandbox_key)
         call = replace(call, request_id=call.request_id or uuid.uuid4().hex)
+        telemetry.request_id.set(call.request_id)  # this task's: a copy of the context
         trail = Trail(tool=call.tool)
         try:
             result = await self._run(call, trail, events)
@@ -129,30 +143,56 @@ class ToolPipeline:
     ) -> ToolResult:
         """The last steps of every call: scrub, render and cap the result, stamp its duration
         (since `started`, a time.monotonic()) and request id, and audit it."""
-        result = self._scrubbed(result, trail.ran_as, trail.stream_redactions)
-        elapsed = int((time.monotonic() - started) * 1000)
-        result = replace(result, duration_ms=elapsed, request_id=call.request_id)
+        with trail.stages.timed("finish"):
+            result = self._scrubbed(result, trail.ran_as, trail.stream_redactions)
+        elapsed = time.monotonic() - started
+        result = replace(result, duration_ms=int(elapsed * 1000), request_id=call.request_id)
         self._audit(call, caller, trail, result)
+        if self._observers:
+            telemetry.notify(self._observers, self._observation(call, trail, result))
         return result
+
+    def _observation(
+        self, call: ToolCall, trail: Trail, result: ToolResult
+    ) -> telemetry.CallObservation:
+        known = trail.tool if trail.tool in self._policy.catalog.tools else ""
+        return telemetry.CallObservation(
+            request_id=call.request_id,
+            sandbox_key=call.sandbox_key,
+            tool=known,
+            result=result.error_code.name if result.is_error else "ok",
+            start_ns=trail.start_ns,
+            end_ns=time.time_ns(),
+            stages=tuple(trail.stages.done),
+            redactions=result.redactions,
+            agent_id=call.context.agent_id,
+            traceparent=call.traceparent,
+        )
 
     async def _run(
         self, call: ToolCall, trail: Trail, events: asyncio.Queue[ToolEvent] | None
     ) -> ToolResult:
-        spec = self._resolve(call, trail)
-        args = self._arguments(spec, call.arguments_json, trail)
+        with trail.stages.timed("policy"):
+            spec = self._resolve(call, trail)
+            args = self._arguments(spec, call.arguments_json, trail)
         command = _command_of(spec, args)
         if command is not None:
             await self._check_command(call, spec, command, trail, events)
         limiter = self._policy.limiter
-        try:
-            limiter.take(call.sandbox_key)
-            async with limiter.slot(call.sandbox_key):
-                streamed = command is not None or _is_attach(spec, args)
+        async with contextlib.AsyncExitStack() as hold:
+            try:
+                with trail.stages.timed("queue"):
+                    limiter.take(call.sandbox_key)
+                    await hold.enter_async_context(limiter.slot(call.sandbox_key))
+            except LimitExceeded as exc:
+                return failure(ErrorCode.RATE_LIMITED, str(exc))
+            with trail.stages.timed("sandbox"):
+                await self._sandboxes.ensure(call.sandbox_key)
+            streamed = command is not None or _is_attach(spec, args)
+            with trail.stages.timed("agent"):
                 return await self._invoke(
                     call, spec, args, command, trail, events if streamed else None
                 )
-        except LimitExceeded as exc:
-            return failure(ErrorCode.RATE_LIMITED, str(exc))
 
     def _resolve(self, call: ToolCall, trail: Trail) -> ToolSpec:
         spec = self._policy.catalog.resolve(call.tool)
@@ -187,26 +227,28 @@ class ToolPipeline:
         must_ask = None
         guard = self._policy.guard
         if guard is not None:
-            # a hostile 256 KiB command takes ~0.4 s to parse: keep it off the event loop
-            long = len(command) > GUARD_INLINE_CHARS
-            verdict = (
-                await asyncio.to_thread(guard.check, command) if long else guard.check(command)
-            )
+            with trail.stages.timed("guard"):
+                # a hostile 256 KiB command takes ~0.4 s to parse: keep it off the event loop
+                long = len(command) > GUARD_INLINE_CHARS
+                verdict = (
+                    await asyncio.to_thread(guard.check, command) if long else guard.check(command)
+                )
             trail.guard_rule = verdict.rule or ""
             if verdict.action == "deny":
                 message = f"command blocked by the guard: {verdict.reason}"
                 raise _Stop(failure(ErrorCode.PERMISSION_DENIED, message))
             if verdict.action == "ask":
                 must_ask = f"the guard asks: {verdict.reason}"
-        outcome = await self._policy.approvals.check(
-            sandbox_key=call.sandbox_key,
-            agent_id=call.context.agent_id,
-            tool=spec.name,
-            command=command,
-            request_id=call.request_id,
-            must_ask=must_ask,
-            on_pending=_announce(events),
-        )
+        with trail.stages.timed("approval"):
+            outcome = await self._policy.approvals.check(
+                sandbox_key=call.sandbox_key,
+                agent_id=call.context.agent_id,
+                tool=spec.name,
+                command=command,
+                request_id=call.request_id,
+                must_ask=must_ask,
+                on_pending=_announce(events),
+            )
         trail.approval, trail.approver = outcome.how, outcome.approver
         if not outcome.allowed:
             why = {"timeout": "no decision in time", "no-approver": "no approver is connected"}

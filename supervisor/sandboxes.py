@@ -45,6 +45,7 @@ from stockade.supervisor.backends.base import (
 from stockade.supervisor.config import NETWORK_MODES, Config
 from stockade.supervisor.errors import (
     AgentMisbehaved,
+    EngineUnavailable,
     InvalidRequest,
     PolicyDenied,
     SandboxBroken,
@@ -181,6 +182,19 @@ class SandboxManager:
         self._pool_wanted = asyncio.Event()
         self._pool_task: asyncio.Task[None] | None = None
         self._closing = False
+        self.starts = 0
+        """Containers started (and answered by their agent) since this supervisor started."""
+        self.start_failures = 0
+        """Container starts that failed: the engine refused, or the agent never answered."""
+
+    def state_counts(self) -> dict[str, int]:
+        """How many sandboxes held now are in each state (RUNNING, BROKEN, EXITED), every
+        state named; the ones with only a workspace are not counted."""
+        held = (SandboxState.RUNNING, SandboxState.BROKEN, SandboxState.EXITED)
+        counts = {state.name: 0 for state in held}
+        for sandbox in self._sandboxes.values():
+            counts[_state(sandbox).name] += 1
+        return counts
 
     @property
     def engine(self) -> str:
@@ -503,17 +517,23 @@ class SandboxManager:
         if network.mode == "open":
             log.warning("sandbox %r gets network mode open: the engine's bridge network", key)
         await asyncio.to_thread(self._mount_workspace, paths)
-        info = await asyncio.to_thread(self._backend.run, spec)
+        try:
+            info = await asyncio.to_thread(self._backend.run, spec)
+        except Exception:
+            self.start_failures += 1
+            raise
         sandbox = _Sandbox(key, sandbox_id(key), info, self._connect(paths.socket), network)
         sandbox.born = _born(info)
         try:
             await self._attach_network(sandbox)
             await sandbox.agent.wait_ready(self._config.sandbox.start_timeout_s)
         except SandboxBroken as exc:
+            self.start_failures += 1
             await sandbox.agent.close()
             await self._egress.detach(sandbox.sid)
             await asyncio.to_thread(self._backend.remove, info.id)
             raise SandboxBroken(f"sandbox {key!r} did not start: {exc}") from exc
+        self.starts += 1
         self._seal_run_dir(paths)
         return sandbox
 
@@ -774,13 +794,19 @@ class SandboxManager:
         name = f"stockade-{self._instance_id[:8]}-{POOL_PREFIX}{pool_id}"
         spec = self._spec_for(name, {LABEL_POOL: pool_id}, paths, network)
         await asyncio.to_thread(self._mount_workspace, paths)
-        info = await asyncio.to_thread(self._backend.run, spec)
+        try:
+            info = await asyncio.to_thread(self._backend.run, spec)
+        except Exception:
+            self.start_failures += 1
+            raise
         pooled = _Pooled(pool_id, info, self._connect(paths.socket), paths)
         try:
             await pooled.agent.wait_ready(self._config.sandbox.start_timeout_s)
         except SandboxBroken:
+            self.start_failures += 1
             await self._drop_pooled(pooled)
             raise
+        self.starts += 1
         self._seal_run_dir(paths)
         return pooled
 
@@ -822,12 +848,14 @@ class SandboxManager:
         validate_key(key)
         sandbox = self._sandboxes.get(key)
         if sandbox is not None:
+            await self._notice_deaths((sandbox,))
             return self._describe(sandbox)
         if self._paths(key).root.is_dir():
             return self._absent(key)
         raise SandboxNotFound(f"no sandbox for key {key!r}")
 
     async def list(self) -> list[SandboxInfo]:
+        await self._notice_deaths(tuple(self._sandboxes.values()))
         infos = {k: self._describe(s) for k, s in self._sandboxes.items()}
         for key_file in sorted(self._root.glob("*/key")):
             key = key_file.read_text(encoding="utf-8", errors="surrogatepass")
@@ -854,6 +882,26 @@ class SandboxManager:
             else:
                 _stamp(paths.retired)
             return removed, delete_workspace
+
+    async def _notice_deaths(self, sandboxes: tuple[_Sandbox, ...]) -> None:
+        """Mark sandboxes whose container stopped or vanished since their last call as
+        lost, so that Get and List never report a dead container as RUNNING (the next call
+        recreates it). One engine call; when the engine does not answer, what is known stays."""
+        alive = [s for s in sandboxes if not s.lost]
+        if not alive:
+            return
+        try:
+            if len(alive) == 1:
+                found = await asyncio.to_thread(self._backend.inspect, alive[0].info.id)
+                infos = [found] if found is not None else []
+            else:
+                infos = await asyncio.to_thread(self._backend.list, self._labels())
+        except EngineUnavailable:
+            return
+        running = {i.id for i in infos if i.running}
+        for sandbox in alive:
+            if sandbox.info.id not in running:
+                sandbox.lost = True
 
     def _describe(self, sandbox: _Sandbox) -> SandboxInfo:
         return SandboxInfo(

@@ -46,6 +46,7 @@ from stockade.supervisor.policy.approvals import ApprovalManager, Closed, Pendin
 from stockade.supervisor.render import wire_json, wire_text
 from stockade.supervisor.sandboxes import SandboxManager
 from stockade.supervisor.schemas import SchemaFormat
+from stockade.supervisor.telemetry import Observer
 from stockade.supervisor.transfers import FileTransfers, Transfer, TransferInfo
 from stockade.v1 import (
     approval_pb2,
@@ -282,12 +283,14 @@ class ToolServicer(tool_pb2_grpc.ToolServiceServicer):
 
     @mapped
     async def CallTool(self, request: Any, context: Any) -> Any:
-        result = await self._pipeline.call(call_from_pb(request), caller=context.peer())
+        call = call_from_pb(request, traceparent_of(context))
+        result = await self._pipeline.call(call, caller=context.peer())
         return result_to_pb(result)
 
     @mapped_stream
     async def CallToolStream(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        stream = self._pipeline.call_stream(call_from_pb(request), caller=context.peer())
+        call = call_from_pb(request, traceparent_of(context))
+        stream = self._pipeline.call_stream(call, caller=context.peer())
         async for event in stream:
             yield tool_event_to_pb(event)
 
@@ -341,7 +344,7 @@ async def interact_inputs(request_iterator: Any) -> AsyncIterator[InteractInput]
             raise errors.InvalidRequest("an Interact message with no input")
 
 
-def call_from_pb(request: Any) -> ToolCall:
+def call_from_pb(request: Any, traceparent: str = "") -> ToolCall:
     return ToolCall(
         sandbox_key=request.sandbox_key,
         tool=request.tool,
@@ -349,7 +352,20 @@ def call_from_pb(request: Any) -> ToolCall:
         context=context_from_pb(request.context),
         timeout_ms=request.timeout_ms,
         request_id=request.request_id,
+        traceparent=traceparent,
     )
+
+
+MAX_TRACEPARENT = 128
+
+
+def traceparent_of(context: Any) -> str:
+    """The caller's W3C trace context from the call's metadata ("" when absent or too long
+    to be one: it only names a parent span, it is never trusted for anything else)."""
+    for name, value in context.invocation_metadata() or ():
+        if name == "traceparent" and isinstance(value, str) and len(value) <= MAX_TRACEPARENT:
+            return value
+    return ""
 
 
 _STREAMS = {"stdout": tool_pb2.OUTPUT_STREAM_STDOUT, "stderr": tool_pb2.OUTPUT_STREAM_STDERR}
@@ -591,7 +607,13 @@ FLUSH_S = 1.0
 class Server:
     """The running gRPC server; `port` is the bound TCP port (0 for a unix socket)."""
 
-    def __init__(self, config: Config, sandboxes: SandboxManager, policy: HostPolicy) -> None:
+    def __init__(
+        self,
+        config: Config,
+        sandboxes: SandboxManager,
+        policy: HostPolicy,
+        observers: tuple[Observer, ...] = (),
+    ) -> None:
         self.config = config
         self.sandboxes = sandboxes
         self.policy = policy
@@ -605,7 +627,7 @@ class Server:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        pipeline = ToolPipeline(config, sandboxes, policy)
+        pipeline = ToolPipeline(config, sandboxes, policy, observers)
         server = self._server
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(SandboxServicer(sandboxes), server)
         interaction = Interaction(pipeline, sandboxes, policy.scrubber)

@@ -50,13 +50,22 @@ class StreamSink:
         self._high = high
         self._pipes: list[asyncio.ReadTransport] = []
         self._paused = False
+        self._early: list[tuple[int, bytes]] | None = []
+        """Output read before attach(): the pipes can deliver data before the process's
+        transport is handed back, and the pid must come first."""
 
     def attach(self, transport: asyncio.SubprocessTransport) -> None:
         pipes = (transport.get_pipe_transport(fd) for fd in (1, 2))
         self._pipes = [p for p in pipes if isinstance(p, asyncio.ReadTransport)]
         self.queue.put_nowait((0, str(transport.get_pid()).encode()))
+        early, self._early = self._early or [], None
+        for fd, data in early:
+            self.put(fd, data)
 
     def put(self, fd: int, data: bytes) -> None:
+        if self._early is not None:
+            self._early.append((fd, data))
+            return
         self.queue.put_nowait((fd, data))
         if self.queue.qsize() >= self._high and not self._paused:
             self._set_paused(True)

@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -69,7 +70,8 @@ def stop_started_services() -> None:
 
 @dataclass
 class Supervisor:
-    """A `stockade serve` subprocess on a unix socket, with its own state directory."""
+    """A `stockade serve` subprocess on a unix socket (or `listen`), with its own state
+    directory."""
 
     engine: str
     state_dir: Path
@@ -77,6 +79,8 @@ class Supervisor:
     engine_socket: str | None = None
     """The engine's API address; None: the shared test service for that engine; "": none
     configured (Podman: the supervisor starts its own service)."""
+    listen: str = ""
+    """host:port to serve on instead of the unix socket (for clients that cannot reach one)."""
     process: subprocess.Popen[bytes] | None = None
     log_path: Path = field(init=False)
 
@@ -86,7 +90,7 @@ class Supervisor:
 
     @property
     def target(self) -> str:
-        return f"unix:{self.socket}"
+        return self.listen or f"unix:{self.socket}"
 
     def config_file(self) -> Path:
         socket = engine_url(self.engine) if self.engine_socket is None else self.engine_socket
@@ -128,12 +132,21 @@ class Supervisor:
         raise AssertionError("no VmRSS")
 
 
+def free_tcp_address() -> str:
+    """127.0.0.1 and a port nothing listens on at the moment."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
 @contextmanager
-def running_supervisor(engine: str, extra_config: str = "") -> Iterator[Supervisor]:
+def running_supervisor(
+    engine: str, extra_config: str = "", listen: str = ""
+) -> Iterator[Supervisor]:
     """A supervisor with a fresh, short state directory (agent socket paths stay short);
     on exit it is stopped and every container of its instance is removed."""
     state = Path(tempfile.mkdtemp(prefix="stk", dir="/tmp"))
-    sup = Supervisor(engine, state, extra_config)
+    sup = Supervisor(engine, state, extra_config, listen=listen)
     sup.start()
     try:
         yield sup

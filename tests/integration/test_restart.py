@@ -106,3 +106,21 @@ def test_destroy_during_a_call_ends_it(client: Stockade, key: str, streamed: boo
     assert results[0].error_code == "SANDBOX_LOST"
     assert "destroyed" in results[0].error_message
     assert box.exec("echo back").stdout == "back\n"
+
+
+def test_a_container_that_died_unobserved_is_not_listed_as_running(
+    own_supervisor: Supervisor,
+) -> None:
+    """Get and List ask the engine: a sandbox whose container was killed between calls shows
+    EXITED (never RUNNING), and its next call recreates it."""
+    with own_supervisor.client() as c:
+        a, b = c.sandbox("dies"), c.sandbox("lives")
+        old = a.ensure().container_id
+        b.ensure()
+        assert engine_cli(own_supervisor.engine, "kill", old).returncode == 0
+        states = {s.key: s.state for s in c.list_sandboxes()}
+        assert states == {"dies": "EXITED", "lives": "RUNNING"}
+        assert a.info().state == "EXITED"
+        assert a.exec("echo again").stdout == "again\n"
+        assert a.info().state == "RUNNING"
+        assert a.info().container_id != old

@@ -357,3 +357,33 @@ async def test_write_past_the_file_size_cap_is_an_error_not_a_signal(
 async def test_without_a_file_size_cap_commands_run_directly(ws: Path) -> None:
     assert resource.getrlimit(resource.RLIMIT_FSIZE)[0] == resource.RLIM_INFINITY
     assert execute.with_file_size_errors("/bin/sh", "-c", "x") == ("/bin/sh", "-c", "x")
+
+
+class _Transport:
+    def get_pid(self) -> int:
+        return 4242
+
+    def get_pipe_transport(self, fd: int) -> None:
+        return None
+
+
+async def test_stream_sink_hands_the_pid_before_output_read_early() -> None:
+    """Pipes can deliver output before the process's transport is handed back to attach();
+    the pid still comes first, then the early chunks in order."""
+    sink = execute.StreamSink()
+    sink.put(1, b"early out")
+    sink.put(2, b"early err")
+    sink.attach(_Transport())  # type: ignore[arg-type]
+    sink.put(1, b"late")
+    got = [await sink.get() for _ in range(4)]
+    assert got == [(0, b"4242"), (1, b"early out"), (2, b"early err"), (1, b"late")]
+
+
+async def test_streamed_exec_always_starts_with_the_pid(ws: Path) -> None:
+    for _ in range(20):
+        sink = execute.StreamSink()
+        task = asyncio.ensure_future(execute.exec_command(ws, {"command": "echo a"}, sink=sink))
+        first = await sink.get()
+        await task
+        assert first[0] == 0, first
+        assert int(first[1]) > 0, first

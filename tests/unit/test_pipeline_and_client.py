@@ -27,6 +27,9 @@ class RecordingSandboxes:
         self.reply = reply
         self.calls: list[tuple[str, dict[str, Any], float]] = []
 
+    async def ensure(self, key: str) -> None:
+        """The pipeline makes the sandbox ready before invoking (its own stage)."""
+
     async def invoke(
         self, key: str, tool: str, args: dict[str, Any], timeout: float, request_id: str
     ) -> AgentReply:
