@@ -276,8 +276,8 @@ class SandboxManager:
         return found
 
     def _drop_pool_folders(self) -> None:
-        """Delete the folders of unassigned pool containers (at start: their containers
-        were just removed; at close: likewise). They never held a caller's files."""
+        """Delete the folders of unassigned pool containers, at start (their containers
+        were just removed). They never held a caller's files."""
         for folder in self._root.glob(f"{POOL_PREFIX}*"):
             workspaces.unmount(folder / "workspace")
             hostfs.remove_tree(folder)
@@ -661,7 +661,9 @@ class SandboxManager:
             await asyncio.sleep(self._config.housekeeping.sweep_interval_s)
             try:
                 await self.sweep()
-            except Exception:  # a bad sweep must not end housekeeping for good
+            except StockadeError as exc:  # e.g. the engine is down: the next sweep retries
+                log.warning("housekeeping sweep failed: %s", exc)
+            except Exception:  # a bug must not end housekeeping for good
                 log.exception("housekeeping sweep failed")
 
     async def sweep(self) -> None:
