@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
-from bench import abuse, egress, load, peers, report, stockade_runs
+from bench import abuse, coldstart, egress, load, peers, report, stockade_runs
 from bench.engines import ENGINES, bring_up, remove_labelled
 from bench.machine import machine_info
 from bench.pipeline import host_section, run_pipeline_bench
@@ -77,6 +77,11 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
         results["interact_line"] = guarded(
             f"{engine}: Stockade Interact line echo",
             lambda: stockade_runs.interact_line(client, ns.n, ns.warmup),
+        )
+    with served(engine, coldstart.POOL_CONFIG) as sup, Stockade(sup.target) as client:
+        results["cold_start_pool"] = guarded(
+            f"{engine}: {ns.cold} cold starts with a warm pool",
+            lambda: coldstart.cold_starts(client, ns.cold, pooled=True),
         )
     results["egress"] = guarded(
         f"{engine}: egress bandwidth cap and proxy", lambda: egress.egress(engine, ns.n)

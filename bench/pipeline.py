@@ -30,6 +30,9 @@ class _InstantSandbox:
             "", "", {"exit_code": 0, "stdout": OUTPUT, "stderr": "", "duration_ms": 5}
         )
 
+    async def ensure(self, *args: Any) -> None:
+        """The pipeline makes the sandbox ready first (its own stage); this one always is."""
+
     async def invoke(self, *args: Any) -> AgentReply:
         return self.reply
 

@@ -16,6 +16,7 @@ ROWS = (
     ("engine_cli", "{engine} exec C true (CLI)"),
     ("llm_sandbox", "llm-sandbox execute_command"),
     ("cold_start", "Stockade cold start, 1st call"),
+    ("cold_start_pool", "cold start, warm pool of 2"),
 )
 
 
@@ -69,6 +70,8 @@ def _row(label: str, r: dict[str, Any]) -> str:
     if "error" in r:
         return f"{label:34}  n/a: {r['error']}"
     row = f"{label:34}{r['n']:>5}{r['min_ms']:>10.2f}{r['median_ms']:>10.2f}{r['p95_ms']:>10.2f}"
+    if "from_pool" in r:
+        row += f"   ({r['from_pool']} of {r['n']} from the pool)"
     if "conmon_left_behind" in r:
         row += f"   ({r['conmon_left_behind']} exec conmons still alive)"
     return row

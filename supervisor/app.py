@@ -22,6 +22,7 @@ from stockade.supervisor.config import Config
 from stockade.supervisor.errors import ConfigError, EngineUnavailable
 from stockade.supervisor.metrics import Metrics
 from stockade.supervisor.network.proxy import EgressDecision
+from stockade.supervisor.owner import InstanceLock
 from stockade.supervisor.pipeline import HostPolicy
 from stockade.supervisor.sandboxes import SandboxManager
 from stockade.supervisor.server import Server
@@ -139,6 +140,31 @@ def egress_recorder(policy: HostPolicy) -> Callable[[EgressDecision], None]:
     return record
 
 
+def housekeeping_recorder(policy: HostPolicy) -> Callable[[str, str, str], None]:
+    """Each housekeeping action (a container pruned or reaped, a workspace deleted) becomes
+    an audit record (tool "housekeeping", the action and reason in policy_step)."""
+    audit = policy.audit
+
+    def record(key: str, action: str, reason: str) -> None:
+        if audit is None:
+            return
+        audit.record(
+            AuditRecord(
+                time=time.time(),
+                request_id="",
+                caller="supervisor",
+                sandbox_key=key,
+                agent_id="",
+                provider="",
+                tool="housekeeping",
+                arguments_json=json.dumps({"action": action}),
+                policy_step=f"housekeeping: {action}: {reason}",
+            )
+        )
+
+    return record
+
+
 @dataclass
 class Telemetry:
     """The observers of calls, and what serves or exports them."""
@@ -191,7 +217,11 @@ class Supervisor:
     engine_process: subprocess.Popen[bytes] | None
     telemetry: Telemetry
 
-    async def stop(self, grace: float = 5.0) -> None:
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain (housekeeping.shutdown_grace_s unless given), then stop; sandboxes'
+        containers keep running for the next start to adopt."""
+        if grace is None:
+            grace = self.server.config.housekeeping.shutdown_grace_s
         await self.server.stop(grace)
         self.telemetry.close()
         if self.engine_process is not None:
@@ -203,6 +233,8 @@ async def start(config: Config) -> Supervisor:
     """Start everything; the caller owns the returned Supervisor and must stop() it. A
     config that would serve without authentication beyond this host is refused first."""
     authenticator = Authenticator(config.auth) if auth_enabled(config) else None
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    lock = InstanceLock(config.state_dir)  # then: a second supervisor starts nothing
     policy = build_policy(config)
     if incontainer.declared():  # before engine_url, which may start a Podman service
         problems = incontainer.config_problems(config)
@@ -224,6 +256,8 @@ async def start(config: Config) -> Supervisor:
         image=sandbox_image(config),
         record_egress=egress_recorder(policy),
         host_mounts=not contained,
+        record_event=housekeeping_recorder(policy),
+        lock=lock,
     )
     adopted = await manager.start()
     if adopted:
@@ -241,4 +275,5 @@ async def start(config: Config) -> Supervisor:
     except BaseException:
         telemetry.close()
         raise
+    manager.start_housekeeping()
     return Supervisor(server, manager, process, telemetry)

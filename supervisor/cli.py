@@ -195,8 +195,13 @@ async def _serve_until_signal(config: Any) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    print("stockade: shutting down; sandboxes keep running for the next start", flush=True)
-    await supervisor.stop()
+    grace = config.housekeeping.shutdown_grace_s
+    print(
+        f"stockade: shutting down (calls in flight get {grace:g} s); sandboxes keep running "
+        "for the next start",
+        flush=True,
+    )
+    await supervisor.stop(grace)
 
 
 def _with_port(listen: str, supervisor: Any) -> str:

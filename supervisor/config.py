@@ -324,6 +324,44 @@ class ToolsConfig:
 
 
 @dataclass(frozen=True)
+class HousekeepingConfig:
+    """Removing what is no longer used, refusing what the host cannot hold, and stopping
+    gently. Times are in seconds; 0 turns a timer off."""
+
+    idle_timeout_s: float = 1800.0
+    """A sandbox with no call for this long loses its container (the workspace is kept; the
+    next call makes a new container on it). Never while a call is in flight. Background
+    processes started with the `process` tool do not count as use: they end with it."""
+    max_age_s: float = 86400.0
+    """A container older than this is removed at the first moment no call is in flight (the
+    next call makes a new one on the same workspace)."""
+    workspace_retention_s: float = 7 * 86400.0
+    """How long a workspace without a container (pruned, destroyed without
+    --delete-workspace, or lost) is kept before it is deleted; 0: kept until destroyed."""
+    reap_orphans: bool = True
+    """Remove containers of other supervisor instances on this engine that are provably gone:
+    same boot, same pid and mount namespaces as this supervisor, their process no longer
+    runs and their state directory no longer holds their instance id. Containers that
+    carry no such proof (older supervisors, other namespaces) are never touched."""
+    sweep_interval_s: float = 30.0
+    """How often the sweeper looks for idle and old sandboxes, expired workspaces and
+    orphans."""
+    warm_pool: int = 0
+    """Started containers kept with no key, so that a new key's first call does not wait
+    for a container start (they use memory while unused). 0: no pool."""
+    min_free_memory_mb: int = 256
+    """No new container while the host has less memory available (psutil's
+    virtual_memory().available): the call gets RESOURCE_EXHAUSTED; running sandboxes keep
+    working. 0: no check."""
+    min_free_disk_mb: int = 1024
+    """The same for free space on the state directory's file system. 0: no check."""
+    shutdown_grace_s: float = 10.0
+    """On SIGTERM: health goes NOT_SERVING at once, new calls get UNAVAILABLE, calls in
+    flight get this long to finish before the server stops. Containers keep running for the
+    next start to adopt."""
+
+
+@dataclass(frozen=True)
 class Config:
     listen: str = "127.0.0.1:50051"
     """host:port, or unix:/path."""
@@ -349,6 +387,7 @@ class Config:
     custom_tools: tuple[CustomToolConfig, ...] = ()
     auth: AuthConfig = field(default_factory=AuthConfig)
     tenants: Mapping[str, TenantConfig] = field(default_factory=dict)
+    housekeeping: HousekeepingConfig = field(default_factory=HousekeepingConfig)
 
     def __post_init__(self) -> None:
         _check(self)
@@ -403,6 +442,7 @@ def _check(cfg: Config) -> None:
     if uid in ("0", "root", ""):
         raise ConfigError("sandbox.user must not be root")
     _check_network(cfg.network)
+    _check_housekeeping(cfg.housekeeping)
     _check_observability(cfg.observability)
     _check_auth(cfg.auth, cfg.tenants)
     if cfg.engine.kind not in ("podman", "docker"):
@@ -524,6 +564,41 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     for name in parents:
         node = node.setdefault(name, {})
     node[leaf] = value
+
+
+MAX_WARM_POOL = 64
+MAX_SECONDS = 10 * 365 * 86400.0
+"""Longest timer accepted (ten years): beyond it a value is a mistake, and an infinite or
+NaN one would never compare as intended."""
+
+
+def _check_housekeeping(hk: HousekeepingConfig) -> None:
+    timers = {
+        "idle_timeout_s": hk.idle_timeout_s,
+        "max_age_s": hk.max_age_s,
+        "workspace_retention_s": hk.workspace_retention_s,
+        "sweep_interval_s": hk.sweep_interval_s,
+        "shutdown_grace_s": hk.shutdown_grace_s,
+    }
+    for name, value in timers.items():
+        if not 0 <= value <= MAX_SECONDS:  # also false for NaN
+            raise ConfigError(
+                f"housekeeping.{name} must be between 0 and {MAX_SECONDS:.0f} s, got {value}"
+            )
+    if hk.sweep_interval_s < 0.05:
+        raise ConfigError(
+            f"housekeeping.sweep_interval_s must be at least 0.05 s, got {hk.sweep_interval_s}"
+        )
+    if not 0 <= hk.warm_pool <= MAX_WARM_POOL:
+        raise ConfigError(
+            f"housekeeping.warm_pool must be between 0 and {MAX_WARM_POOL}, got {hk.warm_pool}"
+        )
+    for name, mb in {
+        "min_free_memory_mb": hk.min_free_memory_mb,
+        "min_free_disk_mb": hk.min_free_disk_mb,
+    }.items():
+        if mb < 0:
+            raise ConfigError(f"housekeeping.{name} must not be negative (0: no check), got {mb}")
 
 
 def _check_network(net: NetworkConfig) -> None:

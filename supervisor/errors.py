@@ -8,6 +8,8 @@
     ├── QuotaExceeded          a tenant's sandbox or memory limit              -> RESOURCE_EXHAUSTED
     ├── PolicyDenied           policy forbids it (file transfer)               -> PERMISSION_DENIED
     ├── EngineUnavailable      the container engine cannot be reached or fails -> UNAVAILABLE
+    ├── HostExhausted          the host is short of memory or disk for a new sandbox
+    │                                                                  -> RESOURCE_EXHAUSTED
     ├── SandboxBroken          the container or its agent does not work        -> UNAVAILABLE
     │   └── AgentMisbehaved    the agent answered outside the protocol
     └── SandboxLost            the container died during a call
@@ -59,6 +61,13 @@ class PolicyDenied(StockadeError):
 
 class EngineUnavailable(StockadeError):
     reason = "ENGINE_UNAVAILABLE"
+
+
+class HostExhausted(StockadeError):
+    """No new container now: the host has too little memory or disk left (housekeeping.
+    min_free_*); sandboxes that run keep working."""
+
+    reason = "HOST_RESOURCES_EXHAUSTED"
 
 
 class SandboxBroken(StockadeError):

@@ -5,19 +5,21 @@ ContainerBackend and every blocking call goes through asyncio.to_thread."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import secrets
 import stat
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
-from stockade.supervisor import hostfs, isolation, seccomp, workspaces
+from stockade.supervisor import hostfs, isolation, owner, pressure, seccomp, workspaces
 from stockade.supervisor.agent_client import (
     AgentCallFailed,
     AgentConnection,
@@ -31,7 +33,10 @@ from stockade.supervisor.backends.base import (
     LABEL_MANAGED,
     LABEL_NETWORK,
     LABEL_NETWORK_ALLOW,
+    LABEL_OWNER,
+    LABEL_POOL,
     LABEL_SANDBOX_ID,
+    LABEL_STATE_DIR,
     LABEL_TENANT,
     BindMount,
     ContainerBackend,
@@ -49,6 +54,7 @@ from stockade.supervisor.errors import (
     SandboxBroken,
     SandboxLost,
     SandboxNotFound,
+    StockadeError,
 )
 from stockade.supervisor.keys import sandbox_id, scope, shown, split
 from stockade.supervisor.keys import validate_scoped as validate_key
@@ -67,6 +73,22 @@ DEATH_NOTICE_S = 15.0
 WORKSPACE = "/workspace"
 MAX_NETWORK_ALLOW = 256
 """Patterns an EnsureSandbox request may list (they travel in a container label)."""
+POOL_PREFIX = "pool-"
+"""Folders of warm-pool containers under STATE/sandboxes (sandbox ids are hex: no clash)."""
+RETIRED = "retired-at"
+"""In a sandbox's folder: written when its container is removed (its mtime starts the
+workspace's retention), deleted when a container is made."""
+POOL_ID = "pool-id"
+"""In a sandbox's folder that began as a warm-pool container: that container's pool id (its
+labels carry no key, so adoption after a restart finds the key here)."""
+
+POOL_CLOSE_S = 30.0
+"""At close, how long a pool container being made may take beyond start_timeout_s."""
+POOL_PROBE_S = 2.0
+"""How long a pool container's agent may take to answer before it is replaced."""
+
+Recorder = Callable[[str, str, str], None]
+"""(sandbox key, action, reason): a housekeeping event for the audit log."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +110,11 @@ class _Sandbox:
     agent: AgentConnection
     network: SandboxNetwork
     last_used_at: datetime | None = None
+    in_flight: int = 0
+    """Calls using the agent now; housekeeping never removes a sandbox while above 0."""
+    idle_since: float = field(default_factory=time.monotonic)
+    born: float = field(default_factory=time.time)
+    """When the container was made (wall clock: an adopted container's age counts too)."""
     lost: bool = False
     broken: bool = False
     """The agent misbehaved: nothing more is asked of it; the next call recreates the sandbox."""
@@ -105,6 +132,24 @@ class _Paths:
     tmp: Path
     """/tmp's tmpfs when the supervisor mounts it (an inode cap the engine cannot set)."""
 
+    @property
+    def retired(self) -> Path:
+        return self.root / RETIRED
+
+    @property
+    def pool_id(self) -> Path:
+        return self.root / POOL_ID
+
+
+@dataclass
+class _Pooled:
+    """A warm-pool container: started, its agent ready, no key yet."""
+
+    pool_id: str
+    info: ContainerInfo
+    agent: AgentConnection
+    paths: _Paths
+
 
 class SandboxManager:
     def __init__(
@@ -117,9 +162,13 @@ class SandboxManager:
         connect: Callable[[Path], AgentConnection] | None = None,
         record_egress: Callable[[EgressDecision], None] | None = None,
         host_mounts: bool = True,
+        record_event: Recorder | None = None,
+        lock: owner.InstanceLock | None = None,
     ) -> None:
         """host_mounts: whether a mount the supervisor makes reaches the engine (not from
-        the supervisor's own container)."""
+        the supervisor's own container). `lock`: this instance's lock on the state directory,
+        when the caller took it already (before starting an engine service); else it is
+        taken here."""
         self._config = config
         self._backend = backend
         self._instance_id = instance_id
@@ -136,6 +185,15 @@ class SandboxManager:
         uid, _, gid = config.sandbox.user.partition(":")
         self._uid, self._gid = int(uid), int(gid or uid)
         self._egress = EgressNetwork(config.network, instance_id, record_egress or _ignore)
+        self._record = record_event or _ignore_event
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = lock or owner.InstanceLock(config.state_dir)
+        self._owner = owner.this_process(self._lock)
+        self._sweeper: asyncio.Task[None] | None = None
+        self._pool: list[_Pooled] = []
+        self._pool_wanted = asyncio.Event()
+        self._pool_task: asyncio.Task[None] | None = None
+        self._closing = False
         self.starts = 0
         """Containers started (and answered by their agent) since this supervisor started."""
         self.start_failures = 0
@@ -195,29 +253,65 @@ class SandboxManager:
         self._seccomp = str(profile) if profile else ""
         found = await asyncio.to_thread(self._backend.list, self._labels())
         image_id = await asyncio.to_thread(self._backend.image_id, self._image)
-        adopted = []
+        pooled = self._pool_folders()
+        adopted: list[str] = []
         for info in found:
-            key = _labelled_key(info.labels)
-            if not key or info.labels.get(LABEL_SANDBOX_ID) != sandbox_id(key):
-                continue
-            network = self._adopted_network(info)
-            if info.running and network and self._adoptable(self._paths(key)):
-                if image_id and info.image_id != image_id:
-                    await self._replace(key, info, network, image_id)
-                    continue
-                sandbox = _Sandbox(key, sandbox_id(key), info, self._agent_for(key), network)
-                try:
-                    await self._attach_network(sandbox)
-                except SandboxBroken as exc:
-                    log.warning("not adopting sandbox %r: %s", key, exc)
-                    await sandbox.agent.close()
-                else:
-                    self._sandboxes[key] = sandbox
-                    adopted.append(key)
-                    continue
-            await asyncio.to_thread(self._backend.remove, info.id)
+            key = self._key_of(info, pooled)
+            outcome = await self._adopt(key, info, image_id) if key is not None else ""
+            if outcome == "adopted" and key is not None:
+                adopted.append(key)
+            elif not outcome:
+                await asyncio.to_thread(self._backend.remove, info.id)
+        await asyncio.to_thread(self._drop_pool_folders)
         await self._egress.prune({s.sid for s in self._sandboxes.values()})
         return adopted
+
+    def start_housekeeping(self) -> None:
+        """The sweeper (idle and age prune, workspace retention, orphan reaping) and the
+        warm pool's filler, as background tasks until close()."""
+        self._sweeper = asyncio.create_task(self._sweep_forever(), name="stockade-sweeper")
+        if self._config.housekeeping.warm_pool:
+            self._pool_task = asyncio.create_task(self._fill_pool(), name="stockade-pool")
+            self._pool_wanted.set()
+
+    def _key_of(self, info: ContainerInfo, pooled: dict[str, Path]) -> str | None:
+        """The (tenant-scoped) key a container of this instance serves: from its labels, or
+        for one that began in the warm pool, from the folder it was given; None: not
+        adoptable."""
+        pool_id = info.labels.get(LABEL_POOL, "")
+        if not pool_id:
+            key = _labelled_key(info.labels)
+            return key if key and info.labels.get(LABEL_SANDBOX_ID) == sandbox_id(key) else None
+        folder = pooled.get(pool_id)
+        if folder is None or folder.name.startswith(POOL_PREFIX):
+            return None  # unassigned (the pool is filled afresh) or its folder is gone
+        try:
+            key = (folder / "key").read_text(encoding="utf-8", errors="surrogatepass")
+        except OSError:
+            return None
+        return key if sandbox_id(key) == folder.name else None
+
+    async def _adopt(self, key: str, info: ContainerInfo, image_id: str | None) -> str:
+        """ "adopted", "replaced" (re-created on the configured image), or "" (not
+        adoptable: the caller removes the container)."""
+        network = self._adopted_network(info)
+        if key in self._sandboxes or not info.running or network is None:
+            return ""
+        if not self._adoptable(self._paths(key)):
+            return ""
+        if image_id and info.image_id != image_id:
+            await self._replace(key, info, network, image_id)
+            return "replaced"
+        sandbox = _Sandbox(key, sandbox_id(key), info, self._agent_for(key), network)
+        sandbox.born = _born(info)
+        try:
+            await self._attach_network(sandbox)
+        except SandboxBroken as exc:
+            log.warning("not adopting sandbox %r: %s", shown(key), exc)
+            await sandbox.agent.close()
+            return ""
+        self._sandboxes[key] = sandbox
+        return "adopted"
 
     async def _replace(
         self, key: str, info: ContainerInfo, network: SandboxNetwork, image_id: str
@@ -229,13 +323,30 @@ class SandboxManager:
         log.warning(
             "replacing sandbox %r: its container runs image %s (%s), the configured image %s "
             "is now %s; processes running in it are lost, its workspace is kept",
-            key, info.image, info.image_id[:12] or "?", self._image, image_id[:12],
+            shown(key), info.image, info.image_id[:12] or "?", self._image, image_id[:12],
         )  # fmt: skip
         await asyncio.to_thread(self._backend.remove, info.id)
         try:
             self._sandboxes[key] = await self._create(key, network)
         except SandboxBroken as exc:
-            log.warning("sandbox %r not re-created (the next call tries again): %s", key, exc)
+            log.warning(
+                "sandbox %r not re-created (the next call tries again): %s", shown(key), exc
+            )
+
+    def _pool_folders(self) -> dict[str, Path]:
+        """pool id -> the folder holding it (pool-ID while unassigned, else a key's)."""
+        found = {}
+        for marker in self._root.glob(f"*/{POOL_ID}"):
+            with contextlib.suppress(OSError):
+                found[marker.read_text().strip()] = marker.parent
+        return found
+
+    def _drop_pool_folders(self) -> None:
+        """Delete the folders of unassigned pool containers, at start (their containers
+        were just removed). They never held a caller's files."""
+        for folder in self._root.glob(f"{POOL_PREFIX}*"):
+            workspaces.unmount(folder / "workspace")
+            hostfs.remove_tree(folder)
 
     def _adopted_network(self, info: ContainerInfo) -> SandboxNetwork | None:
         """An adopted container's network as it was created, re-checked against today's
@@ -281,10 +392,25 @@ class SandboxManager:
             await self._egress.attach(sandbox.key, sandbox.sid, sandbox.info.pid, allowlist)
 
     async def close(self) -> None:
-        """Close agent channels; containers keep running for the next start to adopt."""
+        """Stop the background tasks, remove the unassigned pool containers, close agent
+        channels; sandboxes' containers keep running for the next start to adopt."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        if self._pool_task is not None:  # let a container being made join the pool first
+            self._closing = True
+            self._pool_wanted.set()
+            limit = self._config.sandbox.start_timeout_s + POOL_CLOSE_S
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._pool_task), limit)
+            self._pool_task.cancel()
+            await asyncio.gather(self._pool_task, return_exceptions=True)
+        while self._pool:
+            await self._drop_pooled(self._pool.pop())
         for sandbox in self._sandboxes.values():
             await sandbox.agent.close()
         await self._egress.close()
+        self._lock.release()
 
     @asynccontextmanager
     async def _agent(
@@ -296,6 +422,7 @@ class SandboxManager:
         agent with deadline_breaks (exec: the agent enforces the command's timeout itself)."""
         sandbox = await self.ensure(key)
         sandbox.last_used_at = datetime.now(UTC)
+        sandbox.in_flight += 1  # no await since ensure returned: housekeeping cannot slip in
         try:
             yield sandbox.agent
         except AgentMisbehaved as exc:
@@ -308,6 +435,9 @@ class SandboxManager:
             if deadline and pass_deadline:
                 raise
             await self._diagnose(sandbox, exc)
+        finally:
+            sandbox.in_flight -= 1
+            sandbox.idle_since = time.monotonic()
 
     def _mark_broken(self, sandbox: _Sandbox, why: str) -> NoReturn:
         sandbox.broken = True
@@ -410,22 +540,25 @@ class SandboxManager:
             and sandbox.agent.is_ready()
             and wanted in (None, sandbox.network)
         ):
+            sandbox.idle_since = time.monotonic()
             return sandbox
         validate_key(key)
         async with self._locks.setdefault(key, asyncio.Lock()):
-            sandbox = self._sandboxes.get(key)
-            if (
-                sandbox is not None
-                and wanted in (None, sandbox.network)
-                and await self._still_alive(sandbox)
-            ):
-                return sandbox
-            if sandbox is not None:
-                await self._discard(sandbox)
+            old = self._sandboxes.get(key)
+            if old is not None and wanted in (None, old.network) and await self._still_alive(old):
+                old.idle_since = time.monotonic()
+                return old
+            if old is not None:
+                await self._discard(old)
+            chosen = wanted or self._network_for(None)
             self._admit(key)
             self._starting.add(key)
             try:
-                sandbox = await self._create(key, wanted or self._network_for(None))
+                sandbox = await self._take_pooled(key, chosen)
+                if sandbox is None:
+                    hk, state_dir = self._config.housekeeping, self._config.state_dir
+                    await asyncio.to_thread(pressure.check, hk, state_dir)
+                    sandbox = await self._create(key, chosen)
             finally:
                 self._starting.discard(key)
             self._sandboxes[key] = sandbox
@@ -493,6 +626,7 @@ class SandboxManager:
             await asyncio.to_thread(workspaces.unmount, paths.tmp)
             raise
         sandbox = _Sandbox(key, sandbox_id(key), info, self._connect(paths.socket), network)
+        sandbox.born = _born(info)
         try:
             await self._attach_network(sandbox)
             await sandbox.agent.wait_ready(self._config.sandbox.start_timeout_s)
@@ -520,12 +654,17 @@ class SandboxManager:
         paths = self._paths(key)
         paths.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         paths.key_file.write_text(key, encoding="utf-8", errors="surrogatepass")
+        paths.retired.unlink(missing_ok=True)
+        paths.pool_id.unlink(missing_ok=True)  # a container of its own now, not the pool's
+        self._prepare_subdirs(paths)
+        return paths
+
+    def _prepare_subdirs(self, paths: _Paths) -> None:
         for directory in (paths.workspace, paths.run):
             directory.mkdir(exist_ok=True)
             os.chown(directory, self._uid, self._gid, follow_symlinks=False)
         os.chmod(paths.run, 0o700)
         paths.socket.unlink(missing_ok=True)
-        return paths
 
     def _runs_gvisor(self) -> bool:
         """Whether sandbox.runtime is gVisor's runsc: by name or path, or (Docker) a name
@@ -584,15 +723,17 @@ class SandboxManager:
         return self._connect(self._paths(key).socket)
 
     def _paths(self, key: str) -> _Paths:
-        root = self._root / sandbox_id(key)
-        run = root / "run"
-        return _Paths(
-            root, root / "workspace", run, run / "agent.sock", root / "key",
-            root / "workspace.img", root / "tmp",
-        )  # fmt: skip
+        return _paths_at(self._root / sandbox_id(key))
 
     def _labels(self) -> dict[str, str]:
         return {LABEL_MANAGED: "1", LABEL_INSTANCE: self._instance_id}
+
+    def _owner_labels(self) -> dict[str, str]:
+        """What another supervisor's orphan reaper needs to prove this one gone (owner.py)."""
+        return {
+            LABEL_STATE_DIR: str(self._config.state_dir.resolve()),
+            LABEL_OWNER: self._owner.label(),
+        }
 
     def container_name(self, key: str) -> str:
         return f"stockade-{self._instance_id[:8]}-{sandbox_id(key)}"
@@ -608,12 +749,17 @@ class SandboxManager:
         )
 
     def _spec(self, key: str, paths: _Paths, network: SandboxNetwork) -> ContainerSpec:
-        sb = self._config.sandbox
         tenant, plain = split(key)
-        labels = {**self._labels(), LABEL_KEY: plain, LABEL_SANDBOX_ID: sandbox_id(key)}
+        labels = {LABEL_KEY: plain, LABEL_SANDBOX_ID: sandbox_id(key)}
         if tenant:
             labels[LABEL_TENANT] = tenant
-        labels.update(network.labels())
+        return self._spec_for(self.container_name(key), labels, paths, network)
+
+    def _spec_for(
+        self, name: str, labels: dict[str, str], paths: _Paths, network: SandboxNetwork
+    ) -> ContainerSpec:
+        sb = self._config.sandbox
+        labels = {**self._labels(), **self._owner_labels(), **labels, **network.labels()}
         environment = dict(sb.secrets)
         if network.mode == "egress":
             environment.update(self._egress.environment)
@@ -626,7 +772,7 @@ class SandboxManager:
             mounts.append(BindMount(str(paths.tmp), "/tmp"))
             tmpfs = {}
         return ContainerSpec(
-            name=self.container_name(key),
+            name=name,
             image=self._image,
             command=self._agent_command(),
             labels=labels,
@@ -648,6 +794,199 @@ class SandboxManager:
             seccomp_profile=self._seccomp,
             runtime=sb.runtime,
         )
+
+    # Housekeeping: one sweep removes idle and old containers, deletes workspaces past their
+    # retention and reaps other instances' orphans; each step logs and records what it did.
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._config.housekeeping.sweep_interval_s)
+            try:
+                await self.sweep()
+            except StockadeError as exc:  # e.g. the engine is down: the next sweep retries
+                log.warning("housekeeping sweep failed: %s", exc)
+            except Exception:  # a bug must not end housekeeping for good
+                log.exception("housekeeping sweep failed")
+
+    async def sweep(self) -> None:
+        await self.prune()
+        await self.expire_workspaces()
+        if self._config.housekeeping.reap_orphans:
+            await self.reap_orphans()
+        if self._config.housekeeping.warm_pool:
+            self._pool_wanted.set()  # replaces pool containers that failed or died
+
+    async def prune(self) -> int:
+        """Remove the containers of sandboxes idle or old past their limits (never one with
+        a call in flight); their workspaces stay. How many were removed."""
+        hk = self._config.housekeeping
+        idle_now, now = time.monotonic(), time.time()
+        due = []
+        for sandbox in list(self._sandboxes.values()):
+            idle, age = idle_now - sandbox.idle_since, now - sandbox.born
+            if hk.idle_timeout_s and idle >= hk.idle_timeout_s:
+                due.append(
+                    (sandbox, f"idle for {idle:.0f} s (idle_timeout_s {hk.idle_timeout_s:g})")
+                )
+            elif hk.max_age_s and age >= hk.max_age_s:
+                due.append((sandbox, f"{age:.0f} s old (max_age_s {hk.max_age_s:g})"))
+        return sum([await self._retire(sandbox, why) for sandbox, why in due])
+
+    async def _retire(self, sandbox: _Sandbox, why: str) -> bool:
+        async with self._locks.setdefault(sandbox.key, asyncio.Lock()):
+            if self._sandboxes.get(sandbox.key) is not sandbox or sandbox.in_flight:
+                return False  # used or replaced while we waited for the lock
+            del self._sandboxes[sandbox.key]  # from here a new call waits, then makes anew
+            await sandbox.agent.close()
+            await self._egress.detach(sandbox.sid)
+            await asyncio.to_thread(self._backend.remove, sandbox.info.id)
+            paths = self._paths(sandbox.key)
+            await asyncio.to_thread(workspaces.unmount, paths.workspace)
+            _stamp(paths.retired)
+        log.info("removed the container of sandbox %r, %s; the workspace is kept", sandbox.key, why)
+        self._record(sandbox.key, "remove container", why)
+        return True
+
+    async def expire_workspaces(self) -> int:
+        """Delete workspaces that have had no container for workspace_retention_s. A
+        workspace found without a container and without a stamp gets one now."""
+        keep = self._config.housekeeping.workspace_retention_s
+        if not keep:
+            return 0
+        expired = 0
+        for key_file in sorted(self._root.glob("*/key")):
+            paths = _paths_at(key_file.parent)
+            key = key_file.read_text(encoding="utf-8", errors="surrogatepass")
+            if key in self._sandboxes or sandbox_id(key) != paths.root.name:
+                continue
+            try:
+                since = paths.retired.stat().st_mtime
+            except FileNotFoundError:
+                _stamp(paths.retired)
+                continue
+            if time.time() - since >= keep:
+                expired += await self._expire(key, paths, f"no container for {keep:g} s")
+        return expired
+
+    async def _expire(self, key: str, paths: _Paths, why: str) -> bool:
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            if key in self._sandboxes or not paths.retired.exists():
+                return False  # a call made a container meanwhile
+            await asyncio.to_thread(workspaces.unmount, paths.workspace)
+            await asyncio.to_thread(hostfs.remove_tree, paths.root)
+        log.info("deleted the workspace of sandbox %r: %s", key, why)
+        self._record(key, "delete workspace", why)
+        return True
+
+    async def reap_orphans(self) -> int:
+        """Remove containers (and egress links) of other instances that have provably
+        ended (owner.py says what counts as proof); how many containers."""
+        found = await asyncio.to_thread(self._backend.list, {LABEL_MANAGED: "1"})
+        theirs = [i for i in found if i.labels.get(LABEL_INSTANCE) != self._instance_id]
+        if not theirs:
+            return 0
+        locked = await asyncio.to_thread(owner.locked_inodes)
+        reaped, ended, alive = 0, set(), {self._instance_id[:8]}
+        for info in theirs:
+            labels = dict(info.labels)
+            why = await asyncio.to_thread(owner.gone_because, labels, self._owner, locked)
+            if why is None:
+                alive.add(labels.get(LABEL_INSTANCE, "")[:8])
+                continue
+            instance = labels[LABEL_INSTANCE]
+            ended.add(instance)
+            if await asyncio.to_thread(self._backend.remove, info.id):
+                reaped += 1
+                log.warning("reaped container %s of instance %s: %s", info.name, instance, why)
+                self._record(labels.get(LABEL_KEY, ""), "reap orphan", f"{info.name}: {why}")
+        for instance in ended:
+            if instance[:8] not in alive:  # links are named by the id's first 8 characters
+                await self._egress.remove_instance(instance)
+        return reaped
+
+    # The warm pool: started containers with no key. A new key (no folder yet) takes one:
+    # its folder is renamed to the key's (the bind mounts follow the folder) and the key is
+    # written there, with the pool id, so that adoption after a restart finds the key.
+
+    async def _fill_pool(self) -> None:
+        size = self._config.housekeeping.warm_pool
+        while not self._closing:
+            await self._pool_wanted.wait()
+            self._pool_wanted.clear()
+            for pooled in list(self._pool):
+                if not await pooled.agent.answers(POOL_PROBE_S) and pooled in self._pool:
+                    self._pool.remove(pooled)
+                    await self._drop_pooled(pooled)
+            while len(self._pool) < size and not self._closing:
+                try:
+                    hk, state_dir = self._config.housekeeping, self._config.state_dir
+                    await asyncio.to_thread(pressure.check, hk, state_dir)
+                    pooled = await self._make_pooled()
+                    self._pool.append(pooled)
+                    log.info("warm pool: container %s ready", pooled.info.name)
+                except (StockadeError, OSError) as exc:
+                    log.warning("warm pool: no container added: %s", exc)
+                    break  # the next sweep asks again
+
+    async def _make_pooled(self) -> _Pooled:
+        pool_id = secrets.token_hex(8)
+        paths = _paths_at(self._root / f"{POOL_PREFIX}{pool_id}")
+        paths.root.mkdir(mode=0o700)
+        paths.pool_id.write_text(pool_id + "\n")
+        self._prepare_subdirs(paths)
+        network = self._network_for(None)
+        name = f"stockade-{self._instance_id[:8]}-{POOL_PREFIX}{pool_id}"
+        spec = self._spec_for(name, {LABEL_POOL: pool_id}, paths, network)
+        await asyncio.to_thread(self._mount_workspace, paths)
+        try:
+            info = await asyncio.to_thread(self._backend.run, spec)
+        except Exception:
+            self.start_failures += 1
+            raise
+        pooled = _Pooled(pool_id, info, self._connect(paths.socket), paths)
+        try:
+            await pooled.agent.wait_ready(self._config.sandbox.start_timeout_s)
+        except SandboxBroken:
+            self.start_failures += 1
+            await self._drop_pooled(pooled)
+            raise
+        self.starts += 1
+        self._seal_run_dir(paths)
+        return pooled
+
+    async def _drop_pooled(self, pooled: _Pooled) -> None:
+        await pooled.agent.close()
+        await asyncio.to_thread(self._backend.remove, pooled.info.id)
+        await asyncio.to_thread(workspaces.unmount, pooled.paths.workspace)
+        with contextlib.suppress(FileNotFoundError):
+            await asyncio.to_thread(hostfs.remove_tree, pooled.paths.root)
+
+    async def _take_pooled(self, key: str, network: SandboxNetwork) -> _Sandbox | None:
+        """A pool container for a new key (no folder yet) with the default network; None
+        when there is none to take (the caller then makes a container)."""
+        paths = self._paths(key)
+        if not self._pool or network != self._network_for(None) or paths.root.exists():
+            return None
+        pooled = self._pool.pop(0)
+        self._pool_wanted.set()
+        if not await pooled.agent.answers(POOL_PROBE_S):
+            log.warning("warm pool: container %s does not answer; dropped", pooled.info.name)
+            await self._drop_pooled(pooled)
+            return None
+        (pooled.paths.root / "key").write_text(key, encoding="utf-8", errors="surrogatepass")
+        os.rename(pooled.paths.root, paths.root)
+        await pooled.agent.close()
+        sandbox = _Sandbox(key, sandbox_id(key), pooled.info, self._connect(paths.socket), network)
+        sandbox.born = _born(pooled.info)
+        try:
+            await self._attach_network(sandbox)
+            await sandbox.agent.wait_ready(self._config.sandbox.start_timeout_s)
+        except SandboxBroken as exc:
+            log.warning("sandbox %r: the pool container failed (%s); making one", key, exc)
+            await self._discard(sandbox)
+            return None
+        log.info("sandbox %r took warm-pool container %s", key, pooled.info.name)
+        return sandbox
 
     async def get(self, key: str) -> SandboxInfo:
         validate_key(key)
@@ -679,11 +1018,14 @@ class SandboxManager:
             if sandbox is not None:
                 await sandbox.agent.close()
             await self._egress.detach(sandbox_id(key))
-            removed = await asyncio.to_thread(self._remove_own, self.container_name(key))
+            name = sandbox.info.id if sandbox is not None else self.container_name(key)
+            removed = await asyncio.to_thread(self._remove_own, name)
             await asyncio.to_thread(workspaces.unmount, paths.workspace)
             await asyncio.to_thread(workspaces.unmount, paths.tmp)
             if delete_workspace:
                 await asyncio.to_thread(hostfs.remove_tree, paths.root)
+            else:
+                _stamp(paths.retired)
             return removed, delete_workspace
 
     async def _notice_deaths(self, sandboxes: tuple[_Sandbox, ...]) -> None:
@@ -744,6 +1086,23 @@ def _labelled_key(labels: Mapping[str, str]) -> str:
         return ""
 
 
+def _paths_at(root: Path) -> _Paths:
+    run = root / "run"
+    return _Paths(
+        root, root / "workspace", run, run / "agent.sock", root / "key",
+        root / "workspace.img", root / "tmp",
+    )  # fmt: skip
+
+
+def _born(info: ContainerInfo) -> float:
+    return info.created_at.timestamp() if info.created_at is not None else time.time()
+
+
+def _stamp(path: Path) -> None:
+    """Write the time into `path` (its mtime is what counts)."""
+    path.write_text(f"{time.time():.0f}\n")
+
+
 def _usable(sandbox: _Sandbox) -> bool:
     return not (sandbox.lost or sandbox.broken)
 
@@ -765,4 +1124,8 @@ def _death_note(info: ContainerInfo | None) -> str:
 
 
 def _ignore(_decision: EgressDecision) -> None:
+    pass
+
+
+def _ignore_event(_key: str, _action: str, _reason: str) -> None:
     pass

@@ -4,11 +4,12 @@ domain errors to status codes. Nothing below this module sees protobuf."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -73,6 +74,7 @@ _STATUS = {
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
     errors.PolicyDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.EngineUnavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.HostExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.SandboxBroken: grpc.StatusCode.UNAVAILABLE,
     errors.SandboxLost: grpc.StatusCode.UNAVAILABLE,
     errors.ConfigError: grpc.StatusCode.FAILED_PRECONDITION,
@@ -547,6 +549,94 @@ def _add_port(server: Any, auth: AuthConfig, listen: str) -> int:
     return int(server.add_secure_port(listen, credentials))
 
 
+class Drain(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Graceful shutdown at the edge: once draining, every new call except health checks and
+    reflection gets UNAVAILABLE; calls in flight are counted so that stop() can wait for
+    them. An approver's watch stream is not counted (it would hold the drain open to its
+    end) but stays open until the server stops, so a call in flight can still be approved."""
+
+    _EXEMPT = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+    _UNCOUNTED = ("/stockade.v1.ApprovalService/WatchApprovals",)
+
+    def __init__(self) -> None:
+        self.draining = False
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(self._EXEMPT):
+            return handler
+        counted = details.method not in self._UNCOUNTED
+        kinds = {
+            "unary_unary": (grpc.unary_unary_rpc_method_handler, self._unary),
+            "stream_unary": (grpc.stream_unary_rpc_method_handler, self._unary),
+            "unary_stream": (grpc.unary_stream_rpc_method_handler, self._stream),
+            "stream_stream": (grpc.stream_stream_rpc_method_handler, self._stream),
+        }
+        for attribute, (make, wrap) in kinds.items():
+            behavior = getattr(handler, attribute)
+            if behavior is not None:
+                return make(
+                    wrap(behavior, counted),
+                    request_deserializer=handler.request_deserializer,
+                    response_serializer=handler.response_serializer,
+                )
+        return handler
+
+    def _unary(self, behavior: Any, counted: bool) -> Any:
+        async def run(request: Any, context: Any) -> Any:
+            await self._admit(context)
+            with self._counting(counted):
+                return await behavior(request, context)
+
+        return run
+
+    def _stream(self, behavior: Any, counted: bool) -> Any:
+        async def run(request: Any, context: Any) -> AsyncIterator[Any]:
+            await self._admit(context)
+            with self._counting(counted):
+                async for item in behavior(request, context):
+                    yield item
+
+        return run
+
+    async def _admit(self, context: Any) -> None:
+        if self.draining:
+            context.set_trailing_metadata(((REASON_KEY, "SHUTTING_DOWN"),))
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                "the supervisor is shutting down; retry when it has started again",
+            )
+
+    @contextlib.contextmanager
+    def _counting(self, counted: bool) -> Iterator[None]:
+        if not counted:
+            yield
+            return
+        self._active += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._active -= 1
+            if not self._active:
+                self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for the counted calls to end; whether they all did."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+
+FLUSH_S = 1.0
+"""After the drain: time for replies just produced to reach their callers."""
+
+
 class Server:
     """The running gRPC server; `port` is the bound TCP port (0 for a unix socket)."""
 
@@ -562,8 +652,9 @@ class Server:
         self.sandboxes = sandboxes
         self.policy = policy
         self.health = HealthServicer()
+        self._drain = Drain()
         self._server = grpc.aio.server(
-            interceptors=[AuthInterceptor(authenticator)],
+            interceptors=[self._drain, AuthInterceptor(authenticator)],
             options=[
                 ("grpc.max_receive_message_length", config.max_request_bytes),
                 ("grpc.max_send_message_length", config.max_response_bytes),
@@ -598,9 +689,14 @@ class Server:
         await self._server.wait_for_termination()
 
     async def stop(self, grace: float = 5.0) -> None:
-        """Graceful: health goes NOT_SERVING, in-flight calls get `grace` seconds."""
+        """Graceful: health goes NOT_SERVING and new calls get UNAVAILABLE at once, calls in
+        flight get `grace` seconds to finish; then the server stops (ending what is left)
+        and the sandbox manager closes (containers keep running for the next start)."""
+        self._drain.draining = True
         await self.health.enter_graceful_shutdown()
-        await self._server.stop(grace)
+        if not await self._drain.wait_idle(grace):
+            log.warning("shutdown: calls still in flight after %g s are ended", grace)
+        await self._server.stop(FLUSH_S)
         await self.sandboxes.close()
         if self.policy.audit is not None:
             await asyncio.to_thread(self.policy.audit.close)

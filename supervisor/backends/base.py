@@ -18,6 +18,13 @@ LABEL_TENANT = "io.stockade.tenant"
 LABEL_SANDBOX_ID = "io.stockade.sandbox-id"
 LABEL_NETWORK = "io.stockade.network"
 LABEL_NETWORK_ALLOW = "io.stockade.network-allow"
+LABEL_STATE_DIR = "io.stockade.state-dir"
+"""The owning supervisor's state directory (absolute): where its instance id lives."""
+LABEL_OWNER = "io.stockade.owner"
+"""The owning supervisor process: boot id, pid and mount namespaces, pid, start time (what
+the orphan reaper needs to prove the owner has ended; supervisor/owner.py)."""
+LABEL_POOL = "io.stockade.pool"
+"""A warm-pool container's pool id; it has no key label (labels are fixed at creation)."""
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,8 @@ class PodmanBackend:
         except podman.errors.NotFound:
             return None
         except _ENGINE_ERRORS as exc:
+            if "no such container" in str(exc):  # a 500 while it is being removed
+                return None
             raise EngineUnavailable(f"Podman: cannot inspect {name_or_id}: {exc}") from exc
 
     def list(self, labels: Mapping[str, str]) -> list[ContainerInfo]:

@@ -77,6 +77,14 @@ class EgressNetwork:
             if name[len(self._prefix) :] not in keep:
                 await asyncio.to_thread(links.remove, name)
 
+    async def remove_instance(self, instance_id: str) -> None:
+        """Remove the helper namespaces another, ended, instance left behind."""
+        prefix = links.instance_prefix(instance_id)
+        if prefix == self._prefix:
+            return
+        for name in await asyncio.to_thread(links.namespaces, prefix):
+            await asyncio.to_thread(links.remove, name)
+
     async def close(self) -> None:
         """Stop serving; the links stay until the next start rebuilds them."""
         for proxy in self._proxies.values():

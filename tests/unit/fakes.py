@@ -131,6 +131,8 @@ class FakeAgent:
         self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
     ) -> AgentReply:
         self.calls.append((tool, arguments))
+        if (hold := arguments.get("hold")) is not None:  # an asyncio.Event: a call in flight
+            await hold.wait()
         if arguments.get("die"):
             for cid in list(self.backend.containers):
                 self.backend.kill(cid)
