@@ -132,11 +132,8 @@ def _write_file(root: Path, args: Args) -> dict[str, Any]:
     user_path = req_str(args, "path")
     data = _encode(req_str(args, "content"), "content")
     path = paths.resolve(root, user_path, must_exist=False, kind="file")
-    created = not path.exists()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise from_os_error(exc, user_path) from None
+    created = not paths.exists_in(root, path, user_path)
+    paths.make_folders(root, path.parent, user_path)
     _atomic_write(root, path, data, user_path)
     return {"path": paths.display(root, path), "bytes_written": len(data), "created": created}
 

@@ -498,10 +498,10 @@ def _commit(root: Path, plan: _Plan) -> None:
     staged: list[_Staged] = []
     try:
         for path, data, mode, shown in plan.writes:
-            _make_parents(root, path.parent, created, shown)
+            paths.make_folders(root, path.parent, shown, created)
             staged.append((_stage(root, path, data, mode, shown), path, shown))
         for _, target, shown in plan.renames:
-            _make_parents(root, target.parent, created, shown)
+            paths.make_folders(root, target.parent, shown, created)
             _check_dir_writable(root, target.parent, shown)
     except BaseException:
         _undo(root, staged, created)
@@ -538,20 +538,6 @@ def _rename(root: Path, source_dir: Path, name: str, target: Path, shown: str) -
             os.rename(name, target.name, src_dir_fd=source_fd, dst_dir_fd=target_fd)
         except OSError as exc:
             raise from_os_error(exc, shown) from None
-
-
-def _make_parents(root: Path, directory: Path, created: list[Path], shown: str) -> None:
-    missing: list[Path] = []
-    while not paths.exists_in(root, directory, shown):
-        missing.append(directory)
-        directory = directory.parent
-    for path in reversed(missing):
-        with paths.folder(root, path.parent, shown) as dir_fd:
-            try:
-                os.mkdir(path.name, dir_fd=dir_fd)
-            except OSError as exc:
-                raise from_os_error(exc, shown) from None
-        created.append(path)
 
 
 def _stage(root: Path, path: Path, data: bytes, mode: int | None, shown: str) -> str:

@@ -124,6 +124,29 @@ def exists_in(root: Path, path: Path, shown: str) -> bool:
     return True
 
 
+def make_folders(
+    root: Path, directory: Path, shown: str, created: list[Path] | None = None
+) -> None:
+    """Create `directory` (from `resolve`) and its missing parents one level at a time, each
+    in its checked parent: a folder swapped for a link meanwhile never leads outside the
+    workspace (as mkdir(parents=True) would follow it). `created` gets each folder made here,
+    in order, also when a later level fails."""
+    missing: list[Path] = []
+    while not exists_in(root, directory, shown):
+        missing.append(directory)
+        directory = directory.parent
+    for path in reversed(missing):
+        with folder(root, path.parent, shown) as dir_fd:
+            try:
+                os.mkdir(path.name, dir_fd=dir_fd)
+            except FileExistsError:
+                continue  # made meanwhile: the next level's open checks what it is
+            except OSError as exc:
+                raise from_os_error(exc, shown) from None
+        if created is not None:
+            created.append(path)
+
+
 def open_in(root: Path, path: Path, flags: int, shown: str) -> int:
     """Open `path` (from `resolve`) relative to its checked folder, never through a link."""
     dir_fd = open_dir(root, path.parent, shown)

@@ -33,10 +33,7 @@ async def receive(
         return await _untar(root, path, chunks)
     target = await asyncio.to_thread(paths.resolve, root, path, must_exist=False, kind="file")
     shown = paths.display(root, target)
-    try:
-        await asyncio.to_thread(target.parent.mkdir, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise from_os_error(exc, shown) from None
+    await asyncio.to_thread(paths.make_folders, root, target.parent, shown)
     dir_fd = await asyncio.to_thread(paths.open_dir, root, target.parent, shown)
     try:
         return await _receive_in(dir_fd, target.name, shown, mode, chunks)
@@ -90,10 +87,7 @@ def _finish(fd: int, dir_fd: int, temp: str, name: str, mode: int) -> None:
 async def _untar(root: Path, path: str, chunks: AsyncIterator[bytes]) -> dict[str, Any]:
     target = await asyncio.to_thread(paths.resolve, root, path, must_exist=False, kind="dir")
     shown = paths.display(root, target)
-    try:
-        await asyncio.to_thread(target.mkdir, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise from_os_error(exc, shown) from None
+    await asyncio.to_thread(paths.make_folders, root, target, shown)
     dir_fd = await asyncio.to_thread(paths.open_dir, root, target, shown)
     try:
         return await _untar_in(dir_fd, shown, chunks)

@@ -151,3 +151,47 @@ def test_exists_in(ws: Path) -> None:
     assert not paths.exists_in(ws, root / "d" / "f.txt" / "x", "d/f.txt/x"), "a file as folder"
     os.symlink("/nowhere", ws / "d" / "dangling")
     assert paths.exists_in(ws, root / "d" / "dangling", "d/dangling"), "a link is not followed"
+
+
+def test_missing_folders_are_made_level_by_level_never_through_a_swapped_link(
+    ws: Path, outside: Path
+) -> None:
+    """write_file, uploads and apply_patch make missing parents with make_folders: a folder
+    swapped for a link after the check leads nowhere outside (mkdir(parents=True) followed
+    it and made the folders in `outside`)."""
+    target = paths.resolve(ws, "d/new/deeper", must_exist=False, kind="dir")
+    swap_for_link(ws / "d", outside)
+    with pytest.raises(ToolError) as info:
+        paths.make_folders(ws, target, "d/new/deeper")
+    assert info.value.code == "INVALID_PATH"
+    assert sorted(p.name for p in outside.iterdir()) == ["f.txt"]
+
+
+def test_make_folders_reports_what_it_made_and_accepts_a_racing_mkdir(ws: Path) -> None:
+    root = Path(os.path.realpath(ws))
+    made: list[Path] = []
+    paths.make_folders(ws, root / "x" / "y" / "z", "x/y/z", made)
+    assert made == [root / "x", root / "x" / "y", root / "x" / "y" / "z"]
+    made.clear()
+    paths.make_folders(ws, root / "x" / "y" / "z", "x/y/z", made)
+    assert made == [], "nothing to make the second time"
+    (root / "x" / "file").write_text("")
+    with pytest.raises(ToolError):
+        paths.make_folders(ws, root / "x" / "file" / "sub", "x/file/sub")
+
+
+async def test_write_file_makes_no_folder_outside_when_its_parent_is_swapped(
+    ws: Path, outside: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_resolve = paths.resolve
+
+    def resolve_then_swap(*args: object, **kw: object) -> Path:
+        resolved = real_resolve(*args, **kw)  # type: ignore[arg-type]
+        swap_for_link(ws / "d", outside)
+        return resolved
+
+    monkeypatch.setattr(paths, "resolve", resolve_then_swap)
+    with pytest.raises(ToolError) as info:
+        await files.write_file(ws, {"path": "d/new/x.txt", "content": "x"})
+    assert info.value.code == "INVALID_PATH"
+    assert sorted(p.name for p in outside.iterdir()) == ["f.txt"], "a folder made outside"
