@@ -345,7 +345,7 @@ class SandboxManager:
         """Delete the folders of unassigned pool containers, at start (their containers
         were just removed). They never held a caller's files."""
         for folder in self._root.glob(f"{POOL_PREFIX}*"):
-            workspaces.unmount(folder / "workspace")
+            _unmount_dirs(_paths_at(folder))
             hostfs.remove_tree(folder)
 
     def _adopted_network(self, info: ContainerInfo) -> SandboxNetwork | None:
@@ -614,11 +614,7 @@ class SandboxManager:
         await asyncio.to_thread(self._remove_own, spec.name)
         if network.mode == "open":
             log.warning("sandbox %r gets network mode open: the engine's bridge network", key)
-        await asyncio.to_thread(self._mount_workspace, paths)
-        if self._host_tmp():
-            sb = self._config.sandbox
-            size = sb.tmp_size_mb * 1024 * 1024
-            await asyncio.to_thread(workspaces.mount_tmp, paths.tmp, size, sb.tmp_inodes)
+        await asyncio.to_thread(self._mount_dirs, paths)
         try:
             info = await asyncio.to_thread(self._backend.run, spec)
         except Exception:
@@ -640,6 +636,15 @@ class SandboxManager:
         self.starts += 1
         self._seal_run_dir(paths)
         return sandbox
+
+    def _mount_dirs(self, paths: _Paths) -> None:
+        """The file systems the supervisor makes for a new container: the size-capped
+        workspace when configured, and /tmp when the engine cannot cap its inodes (a fresh
+        tmpfs per container)."""
+        self._mount_workspace(paths)
+        if self._host_tmp():
+            sb = self._config.sandbox
+            workspaces.mount_tmp(paths.tmp, sb.tmp_size_mb * 1024 * 1024, sb.tmp_inodes)
 
     def _remove_own(self, name: str) -> bool:
         """Remove the container of that name if it is this instance's. Names carry only a
@@ -841,7 +846,7 @@ class SandboxManager:
             await self._egress.detach(sandbox.sid)
             await asyncio.to_thread(self._backend.remove, sandbox.info.id)
             paths = self._paths(sandbox.key)
-            await asyncio.to_thread(workspaces.unmount, paths.workspace)
+            await asyncio.to_thread(_unmount_dirs, paths)
             _stamp(paths.retired)
         log.info("removed the container of sandbox %r, %s; the workspace is kept", sandbox.key, why)
         self._record(sandbox.key, "remove container", why)
@@ -872,7 +877,7 @@ class SandboxManager:
         async with self._locks.setdefault(key, asyncio.Lock()):
             if key in self._sandboxes or not paths.retired.exists():
                 return False  # a call made a container meanwhile
-            await asyncio.to_thread(workspaces.unmount, paths.workspace)
+            await asyncio.to_thread(_unmount_dirs, paths)
             await asyncio.to_thread(hostfs.remove_tree, paths.root)
         log.info("deleted the workspace of sandbox %r: %s", key, why)
         self._record(key, "delete workspace", why)
@@ -937,11 +942,12 @@ class SandboxManager:
         network = self._network_for(None)
         name = f"stockade-{self._instance_id[:8]}-{POOL_PREFIX}{pool_id}"
         spec = self._spec_for(name, {LABEL_POOL: pool_id}, paths, network)
-        await asyncio.to_thread(self._mount_workspace, paths)
+        await asyncio.to_thread(self._mount_dirs, paths)
         try:
             info = await asyncio.to_thread(self._backend.run, spec)
         except Exception:
             self.start_failures += 1
+            await asyncio.to_thread(_unmount_dirs, paths)
             raise
         pooled = _Pooled(pool_id, info, self._connect(paths.socket), paths)
         try:
@@ -957,7 +963,7 @@ class SandboxManager:
     async def _drop_pooled(self, pooled: _Pooled) -> None:
         await pooled.agent.close()
         await asyncio.to_thread(self._backend.remove, pooled.info.id)
-        await asyncio.to_thread(workspaces.unmount, pooled.paths.workspace)
+        await asyncio.to_thread(_unmount_dirs, pooled.paths)
         with contextlib.suppress(FileNotFoundError):
             await asyncio.to_thread(hostfs.remove_tree, pooled.paths.root)
 
@@ -1020,8 +1026,7 @@ class SandboxManager:
             await self._egress.detach(sandbox_id(key))
             name = sandbox.info.id if sandbox is not None else self.container_name(key)
             removed = await asyncio.to_thread(self._remove_own, name)
-            await asyncio.to_thread(workspaces.unmount, paths.workspace)
-            await asyncio.to_thread(workspaces.unmount, paths.tmp)
+            await asyncio.to_thread(_unmount_dirs, paths)
             if delete_workspace:
                 await asyncio.to_thread(hostfs.remove_tree, paths.root)
             else:
@@ -1092,6 +1097,12 @@ def _paths_at(root: Path) -> _Paths:
         root, root / "workspace", run, run / "agent.sock", root / "key",
         root / "workspace.img", root / "tmp",
     )  # fmt: skip
+
+
+def _unmount_dirs(paths: _Paths) -> None:
+    """Undo _mount_dirs once the container is gone (no error when nothing is mounted)."""
+    workspaces.unmount(paths.workspace)
+    workspaces.unmount(paths.tmp)
 
 
 def _born(info: ContainerInfo) -> float:

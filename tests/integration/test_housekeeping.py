@@ -212,6 +212,9 @@ def test_warm_pool_serves_a_new_key_refills_and_is_adopted(engine: str) -> None:
             assert box.exec("echo hi > f; cat f").stdout == "hi\n"
             assert box.info().container_id == pooled
             assert (sup.workspace("fresh") / "f").read_text() == "hi\n"  # the key's folder
+            # the pooled container has the same capped /tmp as any other (65536 inodes)
+            inodes = box.exec("df -i /tmp | tail -1").stdout.split()[1]
+            assert inodes == "64K" or int(inodes) <= 65536, inodes
             wait_for(lambda: unassigned(pooled), "the pool's refill")
         sup.stop()
         assert [i.id for i in instance_containers(engine, url, sup)] == [pooled]
