@@ -153,9 +153,14 @@ async def test_a_name_held_by_another_instance_is_never_removed(
         if c.labels["io.stockade.instance"] != "abcdef01-theirs"
     ]
     assert held in backend.containers
+    assert len(mine) == 1
+    # destroy removes its own container by id: ours goes, theirs (same name) stays
+    assert await ours.destroy("k", delete_workspace=False) == (True, False)
+    assert held in backend.containers
+    assert mine[0].id not in backend.containers
+    # with no container of ours left, the name leads only to theirs: never removed
     assert await ours.destroy("k", delete_workspace=False) == (False, False)
     assert held in backend.containers
-    assert len(mine) == 1
 
 
 async def test_dead_container_is_recreated_on_next_call(
