@@ -180,6 +180,7 @@ def isolation_lines(report: dict[str, Any]) -> list[str]:
         f"{root['write_error'] or 'succeeded'})",
         f"  cgroup        {_cgroup(inside['cgroup'])}",
         f"  namespaces    private: {private}; shared with the host: {shared}",
+        f"  user ns       {_userns(inside)}",
         *_network(inside),
         "  mounts:",
         *(
@@ -218,6 +219,17 @@ def _limit(limit: dict[str, Any], size: bool = False) -> str:
     if limit["unlimited"]:
         return "unlimited"
     return _size(limit["value"]) if size else str(limit["value"])
+
+
+def _map(ranges: list[dict[str, Any]]) -> str:
+    return ",".join(f"{r['inside']}:{r['host']}:{r['count']}" for r in ranges) or "?"
+
+
+def _userns(inside: dict[str, Any]) -> str:
+    maps = f"uid map {_map(inside['uid_map'])}; gid map {_map(inside['gid_map'])}"
+    if inside["user_namespace"]:
+        return f"yes: {maps} (inside:host:count)"
+    return f"NO: the sandbox's ids are the host's ({maps})"
 
 
 def _cgroup(cg: dict[str, Any]) -> str:
@@ -263,6 +275,11 @@ def _outside(o: dict[str, Any]) -> list[str]:
         f"  security options {' '.join(o['security_options']) or 'none'}",
         f"  network {o['network_mode'] or '?'}, userns {o['userns_mode'] or 'host'}, "
         f"cgroupns {o['cgroupns_mode'] or '-'}, host pid {o['host_pid']}",
+        *(
+            [f"  id maps uid {_map(o['uid_map'])}; gid {_map(o['gid_map'])}"]
+            if o["uid_map"] or o["gid_map"]
+            else []
+        ),
         f"  memory {_size(o['memory_bytes'])} (with swap {_size(o['memory_swap_bytes'])}), "
         f"cpus {cpus:.2f}, pids {o['pids_limit']}",
     ]
