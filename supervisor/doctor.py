@@ -11,6 +11,10 @@ from typing import Any
 from stockade.supervisor.config import Config
 
 SETUP = "run `scripts/setup.sh run` (or `make run`)"
+DOCKER_REMAP = (
+    'add "userns-remap": "default" to /etc/docker/daemon.json and restart dockerd, '
+    "or set sandbox.user_namespace = false"
+)
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,8 @@ def run_checks(config: Config) -> list[Check]:
     if engine.ok:
         checks.append(_runtimes(config))
         checks.append(_image(config))
+    if config.sandbox.user_namespace:
+        checks.append(_user_namespace(config, engine.ok))
     checks.append(_tool("debootstrap", "needed by `stockade image build` when no base image"))
     return checks
 
@@ -128,6 +134,29 @@ def _engine_url(config: Config) -> str | None:
         if ping(candidate):
             return f"unix://{candidate}"
     return None
+
+
+def _user_namespace(config: Config, engine_ok: bool) -> Check:
+    """Podman's ranges come from this host's /etc/subuid; Docker's remap is the daemon's."""
+    from stockade.supervisor.errors import StockadeError
+    from stockade.supervisor.userns import SUBGID, SUBUID, check_podman_subids, read_host_file
+
+    try:
+        if config.engine.kind == "podman":
+            check_podman_subids(read_host_file(SUBUID), read_host_file(SUBGID))
+            return Check("user namespaces", True, "Podman's 'containers' range in /etc/subuid")
+        url = _engine_url(config)
+        if not engine_ok or url is None:
+            return Check("user namespaces", False, "the engine does not answer", SETUP)
+        from stockade.supervisor.backends import create_backend
+
+        maps = create_backend(config.engine.kind, url).check_user_namespace(True)
+    except StockadeError as exc:
+        fix = SETUP if config.engine.kind == "podman" else DOCKER_REMAP
+        return Check("user namespaces", False, str(exc), fix)
+    first = maps.uids[0] if maps and maps.uids else None
+    where = f" to host ids from {first.host}" if first else ""
+    return Check("user namespaces", True, f"Docker remaps (userns-remap){where}")
 
 
 def _image(config: Config) -> Check:

@@ -220,6 +220,30 @@ def test_doctor_reports_the_user_namespace(setup: Setup, client: Stockade, key: 
     assert f"userns {outside['userns_mode']}" in done.stdout
 
 
+def test_a_capped_workspace_is_handed_over_too(setup: Setup, key: str) -> None:
+    """sandbox.workspace_size_mb: the ext4 file system made for the workspace gets its root
+    handed to the mapped ids before the container starts, and keeps its cap."""
+    state = Path(tempfile.mkdtemp(prefix="stk", dir="/tmp"))
+    capped = USERNS + "workspace_size_mb = 32\n"
+    sup = Supervisor(setup.sup.engine, state, capped, engine_socket=setup.url)
+    sup.start()
+    try:
+        with sup.client() as c:
+            box = c.sandbox(key)
+            mapped = host_uid(box)
+            sh(box, "echo x > f && mkdir d")
+            assert sup.workspace(key).is_mount()
+            for path in (".", "f", "d"):
+                assert os.lstat(sup.workspace(key) / path).st_uid == mapped, path
+            fill = box.exec("head -c 64M /dev/zero > big", timeout=120)
+            assert "No space left on device" in fill.stderr
+    finally:
+        sup.stop()
+        launcher.remove_instance_containers(setup.sup.engine, setup.url, state)
+        workspaces.unmount_all(state)
+        hostfs.remove_tree(state)
+
+
 def test_a_restarted_supervisor_adopts_userns_sandboxes(
     setup: Setup, client: Stockade, key: str
 ) -> None:
@@ -260,3 +284,27 @@ def test_docker_without_remap_refuses_to_start_with_user_namespaces(engine: str)
         assert "Traceback" not in done.stderr
     finally:
         hostfs.remove_tree(state)
+
+
+def test_doctor_checks_the_machine_for_user_namespaces(engine: str, tmp_path: Path) -> None:
+    """Podman: the `containers` range scripts/setup.sh adds. Docker: the shared dockerd does
+    not remap, and doctor says how to make it."""
+    bring_up(engine)
+    config = tmp_path / "c.toml"
+    config.write_text(
+        f'state_dir = "{tmp_path}"\n[engine]\nkind = "{engine}"\n'
+        f'socket = "{engine_url(engine)}"\n{USERNS}'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "stockade.supervisor.cli", "doctor", "--config", str(config)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    line = next(x for x in done.stdout.splitlines() if "user namespaces:" in x)
+    if engine == "podman":
+        assert line.startswith("[ok  ]"), done.stdout
+        assert "'containers' range" in line
+    else:
+        assert line.startswith("[FAIL]"), done.stdout
+        assert "does not remap" in line
+        assert done.returncode == 1
+        assert 'fix: add "userns-remap": "default"' in done.stdout
