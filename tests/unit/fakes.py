@@ -40,6 +40,8 @@ class FakeBackend:
         self._next = 0
         self.maps: IdMaps | None = None
         """Daemon-wide id maps, as a remapping dockerd has."""
+        self.per_container = False
+        """User namespaces per container, as Podman's (identity maps given to `prepare`)."""
 
     def ping(self) -> str:
         return "1.0"
@@ -51,7 +53,7 @@ class FakeBackend:
         return self.image_ids.get(ref, f"id-of-{ref}") or None
 
     def check_user_namespace(self, wanted: bool) -> IdMaps | None:
-        if wanted and self.maps is None:
+        if wanted and self.maps is None and not self.per_container:
             raise ConfigError("the fake engine has no user namespaces")
         return self.maps
 
@@ -62,6 +64,7 @@ class FakeBackend:
         info = ContainerInfo(
             id=f"c{self._next}", name=spec.name, running=True, status="running",
             labels=dict(spec.labels), image=spec.image, image_id=self.image_id(spec.image) or "",
+            own_userns=spec.user_namespace,
         )  # fmt: skip
         self.containers[info.id] = info
         os.mknod(Path(spec.mounts[1].source, "agent.sock"), stat.S_IFSOCK | 0o600)

@@ -268,6 +268,22 @@ async def test_without_user_namespaces_nothing_is_walked(tmp_path: Path) -> None
     assert not (root / "owner").exists()
 
 
+async def test_turning_user_namespaces_on_replaces_sandboxes_without_one(tmp_path: Path) -> None:
+    backend = FakeBackend()
+    backend.per_container = True
+    first = manager(tmp_path, backend)
+    plain = await first.ensure("plain")
+    await first.close()
+    second = manager(tmp_path, backend, userns=True)
+    assert await second.start() == []
+    assert plain.info.id not in backend.containers
+    remade = await second.ensure("plain")
+    assert backend.containers[remade.info.id].own_userns
+    await second.close()
+    third = manager(tmp_path, backend, userns=True)
+    assert await third.start() == ["plain"], "one with a namespace is adopted"
+
+
 async def test_user_namespaces_on_an_engine_without_them_refuse_to_start(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no user namespaces"):
         await manager(tmp_path, FakeBackend(), userns=True).start()
