@@ -244,6 +244,30 @@ def test_a_capped_workspace_is_handed_over_too(setup: Setup, key: str) -> None:
         hostfs.remove_tree(state)
 
 
+def test_a_remapping_dockerd_is_used_with_the_option_off(setup: Setup, key: str) -> None:
+    """Docker's remap applies to every container: with sandbox.user_namespace off the
+    supervisor still hands the workspace to the remapped ids (or nothing could write it), and
+    says so in its log."""
+    if setup.sup.engine != "docker":
+        pytest.skip("only Docker remaps daemon-wide")
+    state = Path(tempfile.mkdtemp(prefix="stk", dir="/tmp"))
+    sup = Supervisor("docker", state, "", engine_socket=setup.url)
+    sup.start()
+    try:
+        with sup.client() as c:
+            box = c.sandbox(key)
+            mapped = host_uid(box)
+            assert mapped != SANDBOX_UID
+            sh(box, "echo x > f")
+            assert os.lstat(sup.workspace(key) / "f").st_uid == mapped
+            assert c.inspect_isolation(key).outside["userns_mode"] == "remap"
+        assert "remaps user namespaces for every container" in sup.log()
+    finally:
+        sup.stop()
+        launcher.remove_instance_containers("docker", setup.url, state)
+        hostfs.remove_tree(state)
+
+
 def test_a_restarted_supervisor_adopts_userns_sandboxes(
     setup: Setup, client: Stockade, key: str
 ) -> None:
