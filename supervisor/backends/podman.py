@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ from stockade.supervisor.userns import (
 )
 
 _ENGINE_ERRORS = (podman.errors.PodmanError, requests.RequestException)
+_BUSY = "device or resource busy"
+_REMOVE_TRIES = 5
 CPU_PERIOD_US = 100_000
 
 
@@ -142,13 +145,22 @@ class PodmanBackend:
         return [i for i in infos if i is not None]
 
     def remove(self, name_or_id: str) -> bool:
-        try:
-            self._client.containers.remove(name_or_id, force=True)
-        except podman.errors.NotFound:
-            return False
-        except _ENGINE_ERRORS as exc:
-            raise EngineUnavailable(f"Podman: cannot remove {name_or_id}: {exc}") from exc
-        return True
+        """Podman 4.3 often fails a forced remove of a container with a user namespace with
+        "unlinkat .../userdata/shm: device or resource busy" (its processes are still on their
+        way out; containers/podman#11594), mostly having removed it: asked again, after a
+        pause, it finishes or finds nothing left."""
+        attempt = 1
+        while True:
+            try:
+                self._client.containers.remove(name_or_id, force=True)
+                return True
+            except podman.errors.NotFound:
+                return attempt > 1  # an attempt that failed removed it
+            except _ENGINE_ERRORS as exc:
+                if _BUSY not in str(exc) or attempt == _REMOVE_TRIES:
+                    raise EngineUnavailable(f"Podman: cannot remove {name_or_id}: {exc}") from exc
+            time.sleep(0.2 * attempt)
+            attempt += 1
 
     def mounts(self, name_or_id: str) -> tuple[BindMount, ...] | None:
         try:

@@ -13,7 +13,6 @@ import pwd
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,6 @@ import pytest
 from stockade.client import Sandbox, Stockade
 from stockade.supervisor import hostfs, launcher, workspaces
 from stockade.supervisor.backends import create_backend
-from stockade.supervisor.errors import EngineUnavailable
 from stockade.supervisor.userns import IDENTITY, IdMap, parse_proc_map, to_host
 from tests.integration.harness import (
     PrivateEngine,
@@ -70,7 +68,7 @@ def setup(engine: str) -> Iterator[Setup]:
             yield Setup(sup, url)
         finally:
             sup.stop()
-            remove_containers(engine, url, state)
+            launcher.remove_instance_containers(engine, url, state)
     finally:
         workspaces.unmount_all(state)
         hostfs.remove_tree(state)
@@ -82,17 +80,6 @@ def setup(engine: str) -> Iterator[Setup]:
 def client(setup: Setup) -> Iterator[Stockade]:
     with setup.sup.client() as c:
         yield c
-
-
-def remove_containers(engine: str, url: str, state: Path) -> None:
-    """Cleanup, once more after a pause: Podman 4.3's remove at times fails with
-    "unlinkat .../userdata/shm: device or resource busy" while other removes run (a known
-    Podman race, containers/podman#11594), and usually has removed the container anyway."""
-    try:
-        launcher.remove_instance_containers(engine, url, state)
-    except EngineUnavailable:
-        time.sleep(2)
-        launcher.remove_instance_containers(engine, url, state)
 
 
 def sh(box: Sandbox, command: str) -> str:
@@ -210,6 +197,19 @@ def test_the_workspace_survives_recreation_in_another_range(
     assert bystander.read_text() == "host file\n"
 
 
+def test_destroy_with_the_workspace_removes_the_mapped_files(
+    setup: Setup, client: Stockade, key: str
+) -> None:
+    box = client.sandbox(key)
+    sh(box, "mkdir -p x/y && echo z > x/y/z && chmod 000 x/y && ln -s / x/root")
+    workspace = setup.sup.workspace(key)
+    assert client.destroy_sandbox(key, delete_workspace=True)
+    assert not workspace.exists()
+    assert not workspace.parent.exists()
+    assert Path("/etc/passwd").exists()
+    assert sh(client.sandbox(key), "ls -A | wc -l") == "0\n", "a new, empty workspace"
+
+
 def test_doctor_reports_the_user_namespace(setup: Setup, client: Stockade, key: str) -> None:
     box = client.sandbox(key)
     inside = uid_map(box)
@@ -252,7 +252,7 @@ def test_a_capped_workspace_is_handed_over_too(setup: Setup, key: str) -> None:
             assert "No space left on device" in fill.stderr
     finally:
         sup.stop()
-        remove_containers(setup.sup.engine, setup.url, state)
+        launcher.remove_instance_containers(setup.sup.engine, setup.url, state)
         workspaces.unmount_all(state)
         hostfs.remove_tree(state)
 
@@ -277,7 +277,7 @@ def test_a_remapping_dockerd_is_used_with_the_option_off(setup: Setup, key: str)
         assert "remaps user namespaces for every container" in sup.log()
     finally:
         sup.stop()
-        remove_containers("docker", setup.url, state)
+        launcher.remove_instance_containers("docker", setup.url, state)
         hostfs.remove_tree(state)
 
 
