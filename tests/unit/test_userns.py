@@ -14,7 +14,7 @@ from stockade.supervisor import isolation as iso
 from stockade.supervisor.backends._common import id_maps, view_from_inspect
 from stockade.supervisor.config import Config, SandboxConfig, load_config
 from stockade.supervisor.errors import ConfigError
-from stockade.supervisor.hostfs import chown_tree
+from stockade.supervisor.hostfs import chown_tree, remove_tree
 from stockade.supervisor.sandboxes import SandboxManager
 from stockade.supervisor.userns import (
     IDENTITY,
@@ -186,8 +186,11 @@ def test_chown_tree_goes_deep_without_recursion(tmp_path: Path) -> None:
         os.chown("leaf", *OLD, dir_fd=fd)
     finally:
         os.close(fd)
-    assert chown_tree(tree, NEW, {OLD[0]}, {OLD[1]}) == 2002
-    assert owner(Path(tree, *["d"] * 2000, "leaf")) == NEW
+    try:
+        assert chown_tree(tree, NEW, {OLD[0]}, {OLD[1]}) == 2002
+        assert owner(Path(tree, *["d"] * 2000, "leaf")) == NEW
+    finally:  # pytest's own clean-up of tmp_path recurses, and fails on such a tree
+        remove_tree(tree)
 
 
 def test_chown_tree_refuses_a_link_as_the_tree(tmp_path: Path) -> None:
