@@ -123,6 +123,7 @@ def test_files_the_sandbox_makes_belong_to_the_mapped_ids_on_the_host(
 ) -> None:
     box = client.sandbox(key)
     sh(box, "mkdir -p d && touch d/by-exec && ln -s /etc/shadow d/link")
+    assert sh(box, "echo t > /tmp/t && cat /tmp/t") == "t\n", "/tmp (Podman: a tmpfs of ours)"
     box.write_file("by-tool.txt", "x")
     mapped = host_uid(box)
     workspace = setup.sup.workspace(key)
