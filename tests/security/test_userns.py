@@ -23,6 +23,7 @@ from stockade.supervisor import hostfs, launcher, workspaces
 from stockade.supervisor.backends import create_backend
 from stockade.supervisor.userns import IDENTITY, IdMap, parse_proc_map, to_host
 from tests.integration.harness import (
+    NO_AUTH,
     PrivateEngine,
     Supervisor,
     bring_up,
@@ -310,7 +311,7 @@ def test_docker_without_remap_refuses_to_start_with_user_namespaces(engine: str)
         config = state / "c.toml"
         config.write_text(
             f'listen = "unix:{state}/api.sock"\nstate_dir = "{state}"\n'
-            f'[engine]\nkind = "docker"\nsocket = "{engine_url("docker")}"\n{USERNS}'
+            f'[engine]\nkind = "docker"\nsocket = "{engine_url("docker")}"\n{USERNS}{NO_AUTH}'
         )
         done = subprocess.run(
             [sys.executable, "-m", "stockade.supervisor.cli", "serve", "--config", str(config)],
