@@ -13,6 +13,7 @@ import pwd
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -280,6 +281,33 @@ def test_a_remapping_dockerd_is_used_with_the_option_off(setup: Setup, key: str)
     finally:
         sup.stop()
         launcher.remove_instance_containers("docker", setup.url, state)
+        workspaces.unmount_all(state)
+        hostfs.remove_tree(state)
+
+
+def test_a_warm_pool_container_is_handed_over_before_it_starts(setup: Setup, key: str) -> None:
+    """housekeeping.warm_pool: a pool container gets its folder handed to its ids like any
+    other; the key that takes it writes there, and it is the pool's container."""
+    state = Path(tempfile.mkdtemp(prefix="stk", dir="/tmp"))
+    pooled = USERNS + "[housekeeping]\nsweep_interval_s = 0.2\nwarm_pool = 1\n"
+    sup = Supervisor(setup.sup.engine, state, pooled, engine_socket=setup.url)
+    sup.start()
+    try:
+        deadline = time.monotonic() + 120
+        while "warm pool: container" not in sup.log():
+            assert time.monotonic() < deadline, sup.log()[-3000:]
+            time.sleep(0.2)
+        with sup.client() as c:
+            box = c.sandbox(key)
+            sh(box, "echo hi > f")
+            mapped = host_uid(box)
+            assert mapped != SANDBOX_UID
+            assert os.lstat(sup.workspace(key) / "f").st_uid == mapped
+            assert "took warm-pool container" in sup.log()
+    finally:
+        sup.stop()
+        launcher.remove_instance_containers(setup.sup.engine, setup.url, state)
+        workspaces.unmount_all(state)  # Podman's /tmp tmpfs of the pool's next container
         hostfs.remove_tree(state)
 
 
