@@ -70,6 +70,26 @@ EOF
     step podman "wrote $DROP_IN (runtime runc, nofile/nproc 1024)"
 }
 
+# sandbox.user_namespace on Podman (--userns=auto, rootful) allocates each sandbox's ids from
+# the `containers` ranges in /etc/subuid and /etc/subgid: the range Podman's documentation
+# suggests, far above any real user's ids. Added once; an existing entry is left as it is.
+# (Rootful Podman writes the maps itself: no newuidmap, so no uidmap package, is needed.)
+ensure_subids() {
+    have podman || return 0
+    local file added=""
+    for file in /etc/subuid /etc/subgid; do
+        if ! grep -q '^containers:' "$file" 2>/dev/null; then
+            echo 'containers:2147483647:2147483648' | $SUDO tee -a "$file" >/dev/null
+            added="$added $file"
+        fi
+    done
+    if [ -n "$added" ]; then
+        step podman "added the 'containers' id range to$added (sandbox.user_namespace)"
+    else
+        step podman "'containers' id range present in /etc/subuid and /etc/subgid"
+    fi
+}
+
 find_python() {
     local candidate
     for candidate in ${PYTHON:-} python3.11 python3.12 python3.13 python3; do
@@ -160,6 +180,7 @@ setup_run() {
         engine=podman
     fi
     configure_podman
+    ensure_subids
     ensure_venv
     case "$engine" in
         podman) podman_ok || fail "podman does not work: run 'podman info' to see why" ;;
@@ -198,6 +219,7 @@ setup_test() {
     # runsc: gVisor, for tests/security/test_gvisor.py (sandbox.runtime = "runsc"; skipped without)
     ensure_packages podman runc catatonit netavark aardvark-dns iptables docker.io debootstrap ripgrep tini runsc
     configure_podman
+    ensure_subids
     ensure_venv
     start_dockerd
     build_image podman

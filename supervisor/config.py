@@ -93,6 +93,15 @@ class SandboxConfig:
     max_file_size_mb: int = 0
     """Largest file a sandbox process may write (RLIMIT_FSIZE); a write past it fails with
     EFBIG, "File too large". 0: no limit."""
+    user_namespace: bool = False
+    """Run each sandbox in a user namespace, so that its uids are unprivileged ids of no host
+    user. Podman: a range of 65536 ids of its own per container (`--userns=auto`, from the
+    `containers` entry in /etc/subuid and /etc/subgid; the start fails naming it when
+    missing). Docker: the daemon's `userns-remap` (daemon-wide; the start fails when dockerd
+    does not remap). The workspace and agent directory are handed to the mapped ids before the
+    container starts; a re-created sandbox given another range has its workspace walked and
+    re-owned (a cost that grows with its number of files). Off, but on a remapping dockerd,
+    the workspace is handed over all the same."""
     start_timeout_s: float = 30.0
     """How long a new container's agent may take to answer."""
     secrets: Mapping[str, str] = field(default_factory=dict)

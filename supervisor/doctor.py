@@ -11,6 +11,10 @@ from typing import Any
 from stockade.supervisor.config import Config
 
 SETUP = "run `scripts/setup.sh run` (or `make run`)"
+DOCKER_REMAP = (
+    'add "userns-remap": "default" to /etc/docker/daemon.json and restart dockerd, '
+    "or set sandbox.user_namespace = false"
+)
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,8 @@ def run_checks(config: Config) -> list[Check]:
     if engine.ok:
         checks.append(_runtimes(config))
         checks.append(_image(config))
+    if config.sandbox.user_namespace:
+        checks.append(_user_namespace(config, engine.ok))
     checks.append(_tool("debootstrap", "needed by `stockade image build` when no base image"))
     return checks
 
@@ -130,6 +136,29 @@ def _engine_url(config: Config) -> str | None:
     return None
 
 
+def _user_namespace(config: Config, engine_ok: bool) -> Check:
+    """Podman's ranges come from this host's /etc/subuid; Docker's remap is the daemon's."""
+    from stockade.supervisor.errors import StockadeError
+    from stockade.supervisor.userns import SUBGID, SUBUID, check_podman_subids, read_host_file
+
+    try:
+        if config.engine.kind == "podman":
+            check_podman_subids(read_host_file(SUBUID), read_host_file(SUBGID))
+            return Check("user namespaces", True, "Podman's 'containers' range in /etc/subuid")
+        url = _engine_url(config)
+        if not engine_ok or url is None:
+            return Check("user namespaces", False, "the engine does not answer", SETUP)
+        from stockade.supervisor.backends import create_backend
+
+        maps = create_backend(config.engine.kind, url).check_user_namespace(True)
+    except StockadeError as exc:
+        fix = SETUP if config.engine.kind == "podman" else DOCKER_REMAP
+        return Check("user namespaces", False, str(exc), fix)
+    first = maps.uids[0] if maps and maps.uids else None
+    where = f" to host ids from {first.host}" if first else ""
+    return Check("user namespaces", True, f"Docker remaps (userns-remap){where}")
+
+
 def _image(config: Config) -> Check:
     import subprocess
 
@@ -180,6 +209,7 @@ def isolation_lines(report: dict[str, Any]) -> list[str]:
         f"{root['write_error'] or 'succeeded'})",
         f"  cgroup        {_cgroup(inside['cgroup'])}",
         f"  namespaces    private: {private}; shared with the host: {shared}",
+        f"  user ns       {_userns(inside)}",
         *_network(inside),
         "  mounts:",
         *(
@@ -218,6 +248,17 @@ def _limit(limit: dict[str, Any], size: bool = False) -> str:
     if limit["unlimited"]:
         return "unlimited"
     return _size(limit["value"]) if size else str(limit["value"])
+
+
+def _map(ranges: list[dict[str, Any]]) -> str:
+    return ",".join(f"{r['inside']}:{r['host']}:{r['count']}" for r in ranges) or "?"
+
+
+def _userns(inside: dict[str, Any]) -> str:
+    maps = f"uid map {_map(inside['uid_map'])}; gid map {_map(inside['gid_map'])}"
+    if inside["user_namespace"]:
+        return f"yes: {maps} (inside:host:count)"
+    return f"NO: the sandbox's ids are the host's ({maps})"
 
 
 def _cgroup(cg: dict[str, Any]) -> str:
@@ -263,6 +304,11 @@ def _outside(o: dict[str, Any]) -> list[str]:
         f"  security options {' '.join(o['security_options']) or 'none'}",
         f"  network {o['network_mode'] or '?'}, userns {o['userns_mode'] or 'host'}, "
         f"cgroupns {o['cgroupns_mode'] or '-'}, host pid {o['host_pid']}",
+        *(
+            [f"  id maps uid {_map(o['uid_map'])}; gid {_map(o['gid_map'])}"]
+            if o["uid_map"] or o["gid_map"]
+            else []
+        ),
         f"  memory {_size(o['memory_bytes'])} (with swap {_size(o['memory_swap_bytes'])}), "
         f"cpus {cpus:.2f}, pids {o['pids_limit']}",
     ]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from stockade.supervisor.backends.base import EngineView, RuntimeFacts
 from stockade.supervisor.runc_cves import CveStatus, assess
+from stockade.supervisor.userns import IdMap, is_identity, parse_proc_map
 
 STATUS = "/proc/self/status"
 MOUNTINFO = "/proc/self/mountinfo"
@@ -21,6 +22,8 @@ NET_ROUTE = "/proc/net/route"
 NET_IF_INET6 = "/proc/net/if_inet6"
 NET_IPV6_ROUTE = "/proc/net/ipv6_route"
 FIB_TRIE = "/proc/net/fib_trie"
+UID_MAP = "/proc/self/uid_map"
+GID_MAP = "/proc/self/gid_map"
 CG = "/sys/fs/cgroup"
 CGROUP_V2 = {
     "controllers": f"{CG}/cgroup.controllers",
@@ -50,6 +53,8 @@ FILES = (
     NET_IF_INET6,
     NET_IPV6_ROUTE,
     FIB_TRIE,
+    UID_MAP,
+    GID_MAP,
     *CGROUP_V2.values(),
     *(path for paths in CGROUP_V1.values() for path in paths),
 )
@@ -164,6 +169,10 @@ class InsideView:
     routes: tuple[Route, ...]
     local_ipv4: tuple[str, ...]
     problems: tuple[str, ...]
+    uid_map: IdMap = ()
+    gid_map: IdMap = ()
+    user_namespace: bool = False
+    """The maps are not the identity: the sandbox's ids are other ids on the host."""
 
 
 @dataclass(frozen=True)
@@ -469,7 +478,7 @@ def inside_view(facts: InsideFacts) -> InsideView:
         content = facts.files.get(path)
         return content.decode("utf-8", "replace") if isinstance(content, bytes) else None
 
-    for required in (STATUS, MOUNTINFO):
+    for required in (STATUS, MOUNTINFO, UID_MAP, GID_MAP):
         if text(required) is None:
             problems.append(f"{required}: not read")
     status = parse_status(text(STATUS) or "")
@@ -482,6 +491,7 @@ def inside_view(facts: InsideFacts) -> InsideView:
         for name, (rx, tx) in sorted(counters.items())
     ]
     routes = parse_route(text(NET_ROUTE) or "") + parse_ipv6_route(text(NET_IPV6_ROUTE) or "")
+    uid_map, gid_map = parse_proc_map(text(UID_MAP) or ""), parse_proc_map(text(GID_MAP) or "")
     return InsideView(
         identity=identity(status),
         capabilities=capabilities(status),
@@ -496,6 +506,9 @@ def inside_view(facts: InsideFacts) -> InsideView:
         routes=tuple(routes),
         local_ipv4=tuple(parse_fib_trie_local(text(FIB_TRIE) or "")),
         problems=tuple(problems),
+        uid_map=uid_map,
+        gid_map=gid_map,
+        user_namespace=bool(uid_map) and not (is_identity(uid_map) and is_identity(gid_map)),
     )
 
 

@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
-from stockade.supervisor import hostfs, isolation, owner, pressure, seccomp, workspaces
+from stockade.supervisor import hostfs, isolation, owner, pressure, seccomp, userns, workspaces
 from stockade.supervisor.agent_client import (
     AgentCallFailed,
     AgentConnection,
@@ -131,6 +131,9 @@ class _Paths:
     """The workspace's file system when it is size-capped (sandbox.workspace_size_mb)."""
     tmp: Path
     """/tmp's tmpfs when the supervisor mounts it (an inode cap the engine cannot set)."""
+    owners: Path
+    """The host uid:gid the workspace was last handed to, one per line (two while a hand-over
+    to new ids is under way): the ids the sandbox user had, to be translated."""
 
     @property
     def retired(self) -> Path:
@@ -194,6 +197,7 @@ class SandboxManager:
         self._pool_wanted = asyncio.Event()
         self._pool_task: asyncio.Task[None] | None = None
         self._closing = False
+        self._daemon_maps: userns.IdMaps | None = None
         self.starts = 0
         """Containers started (and answered by their agent) since this supervisor started."""
         self.start_failures = 0
@@ -227,6 +231,15 @@ class SandboxManager:
                 "get no network, whatever their mode",
                 self._config.sandbox.runtime,
             )
+        wanted = self._config.sandbox.user_namespace
+        self._daemon_maps = await asyncio.to_thread(self._backend.check_user_namespace, wanted)
+        if self._daemon_maps is not None and not wanted:
+            uid, gid = self._daemon_maps.host_ids(self._uid, self._gid)
+            log.warning(
+                "%s remaps user namespaces for every container (userns-remap): the sandbox "
+                "user is %s:%s on the host, and workspaces are handed to it",
+                self._backend.engine, uid, gid,
+            )  # fmt: skip
         if self._config.sandbox.workspace_size_mb:
             await asyncio.to_thread(workspaces.check_support)
         if (
@@ -297,7 +310,7 @@ class SandboxManager:
         network = self._adopted_network(info)
         if key in self._sandboxes or not info.running or network is None:
             return ""
-        if not self._adoptable(self._paths(key)):
+        if not self._adoptable(self._paths(key), info):
             return ""
         if image_id and info.image_id != image_id:
             await self._replace(key, info, network, image_id)
@@ -615,8 +628,10 @@ class SandboxManager:
         if network.mode == "open":
             log.warning("sandbox %r gets network mode open: the engine's bridge network", key)
         await asyncio.to_thread(self._mount_dirs, paths)
+        handed: list[tuple[int, int]] = []
+        hand_over = partial(self._hand_over, paths, handed)
         try:
-            info = await asyncio.to_thread(self._backend.run, spec)
+            info = await asyncio.to_thread(self._backend.run, spec, hand_over)
         except Exception:
             self.start_failures += 1
             await asyncio.to_thread(workspaces.unmount, paths.tmp)
@@ -624,6 +639,7 @@ class SandboxManager:
         sandbox = _Sandbox(key, sandbox_id(key), info, self._connect(paths.socket), network)
         sandbox.born = _born(info)
         try:
+            _check_mapped(info, self._uid, handed[0])
             await self._attach_network(sandbox)
             await sandbox.agent.wait_ready(self._config.sandbox.start_timeout_s)
         except SandboxBroken as exc:
@@ -690,6 +706,32 @@ class SandboxManager:
         wanted = bool(self._config.sandbox.tmp_inodes) and not engine_can
         return wanted and self._host_mounts
 
+    def _hand_over(self, paths: _Paths, handed: list[tuple[int, int]], maps: userns.IdMaps) -> None:
+        """Before the container starts: give its workspace and agent directory to the host
+        ids its user has (itself without a user namespace). A workspace made for other ids
+        (an earlier container had another range, or none) is walked, and what the sandbox
+        user owned there changes hands; with unchanged ids nothing is walked."""
+        try:
+            ids = maps.host_ids(self._uid, self._gid)
+        except ConfigError as exc:
+            raise SandboxBroken(str(exc)) from None
+        handed.append(ids)
+        previous = _read_owners(paths.owners) or [(self._uid, self._gid)]
+        try:
+            if previous != [ids]:
+                _write_owners(paths.owners, [*previous, ids])
+                changed = hostfs.chown_tree(
+                    paths.workspace, ids, {u for u, _ in previous}, {g for _, g in previous}
+                )
+                _write_owners(paths.owners, [ids])
+                log.info(
+                    "workspace %s handed to %s:%s (%d entries)", paths.workspace, *ids, changed
+                )
+            os.chown(paths.workspace, *ids, follow_symlinks=False)
+            os.chown(paths.run, *ids, follow_symlinks=False)
+        except OSError as exc:
+            raise SandboxBroken(f"cannot hand the workspace to the sandbox's ids: {exc}") from exc
+
     def _mount_workspace(self, paths: _Paths) -> None:
         """Mount the workspace's own file system when it is capped, or was capped before (its
         files live there); no container may be running on the directory meanwhile."""
@@ -697,11 +739,15 @@ class SandboxManager:
             size_mb = self._config.sandbox.workspace_size_mb
             workspaces.mount(paths.image, paths.workspace, size_mb, self._uid, self._gid)
 
-    def _adoptable(self, paths: _Paths) -> bool:
+    def _adoptable(self, paths: _Paths, info: ContainerInfo) -> bool:
         """A running container is adopted when its agent's directory is sealed and, if its
         workspace should be a file system of its own, that is mounted (else the container was
-        made on the plain directory, and is made again)."""
+        made on the plain directory, and is made again); with sandbox.user_namespace on, a
+        container without a user namespace (made before it was turned on) is made again."""
         if self._capped(paths) and not paths.workspace.is_mount():
+            return False
+        if self._config.sandbox.user_namespace and not (info.own_userns or self._daemon_maps):
+            log.warning("replacing sandbox %r: it has no user namespace", info.labels[LABEL_KEY])
             return False
         return self._run_dir_is_sealed(paths)
 
@@ -798,6 +844,7 @@ class SandboxManager:
             network="bridge" if network.mode == "open" else "none",
             seccomp_profile=self._seccomp,
             runtime=sb.runtime,
+            user_namespace=sb.user_namespace,
         )
 
     # Housekeeping: one sweep removes idle and old containers, deletes workspaces past their
@@ -943,14 +990,17 @@ class SandboxManager:
         name = f"stockade-{self._instance_id[:8]}-{POOL_PREFIX}{pool_id}"
         spec = self._spec_for(name, {LABEL_POOL: pool_id}, paths, network)
         await asyncio.to_thread(self._mount_dirs, paths)
+        handed: list[tuple[int, int]] = []
         try:
-            info = await asyncio.to_thread(self._backend.run, spec)
+            hand_over = partial(self._hand_over, paths, handed)
+            info = await asyncio.to_thread(self._backend.run, spec, hand_over)
         except Exception:
             self.start_failures += 1
             await asyncio.to_thread(_unmount_dirs, paths)
             raise
         pooled = _Pooled(pool_id, info, self._connect(paths.socket), paths)
         try:
+            _check_mapped(info, self._uid, handed[0])
             await pooled.agent.wait_ready(self._config.sandbox.start_timeout_s)
         except SandboxBroken:
             self.start_failures += 1
@@ -1095,7 +1145,7 @@ def _paths_at(root: Path) -> _Paths:
     run = root / "run"
     return _Paths(
         root, root / "workspace", run, run / "agent.sock", root / "key",
-        root / "workspace.img", root / "tmp",
+        root / "workspace.img", root / "tmp", root / "owner",
     )  # fmt: skip
 
 
@@ -1132,6 +1182,36 @@ def _death_note(info: ContainerInfo | None) -> str:
         f"the sandbox's container exited during the call with code {info.exit_code}{why}; "
         "the next call recreates it with the same workspace"
     )
+
+
+def _read_owners(path: Path) -> list[tuple[int, int]]:
+    try:
+        lines = path.read_text().split("\n")
+    except FileNotFoundError:
+        return []
+    pairs = [line.split(":") for line in lines if line]
+    return [(int(u), int(g)) for u, g in pairs]
+
+
+def _write_owners(path: Path, owners: list[tuple[int, int]]) -> None:
+    partial_file = path.with_name(path.name + ".partial")
+    partial_file.write_text("".join(f"{u}:{g}\n" for u, g in owners))
+    partial_file.rename(path)
+
+
+def _check_mapped(info: ContainerInfo, uid: int, ids: tuple[int, int]) -> None:
+    """The running container's own uid map (from the kernel) must give the sandbox user the
+    host uid its workspace was handed to; else the agent could not use it."""
+    try:
+        text = Path(f"/proc/{info.pid}/uid_map").read_text()
+    except OSError:  # not on this host's /proc (or already gone): the agent's start tells
+        return
+    host = userns.to_host(userns.parse_proc_map(text), uid)
+    if host != ids[0]:
+        raise SandboxBroken(
+            f"the container maps uid {uid} to host uid {host}, not {ids[0]} as its engine "
+            "said; its workspace was handed to the wrong ids"
+        )
 
 
 def _ignore(_decision: EgressDecision) -> None:

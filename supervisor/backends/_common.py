@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from stockade.supervisor.backends.base import BindMount, ContainerInfo, ContainerSpec, EngineView
+from stockade.supervisor.userns import IDENTITY, IdMaps, is_identity, parse_engine_map
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -42,6 +43,7 @@ def info_from_inspect(attrs: Mapping[str, Any]) -> ContainerInfo:
         exit_code=state.get("ExitCode"),
         oom_killed=bool(state.get("OOMKilled")),
         pid=int(state.get("Pid") or 0),
+        own_userns=not is_identity(id_maps(attrs).uids),
     )
 
 
@@ -88,6 +90,24 @@ def _seccomp(options: tuple[str, ...], otherwise: str) -> str:
     return otherwise
 
 
+def engine_maps(attrs: Mapping[str, Any]) -> IdMaps:
+    """The id maps libpod's inspect gives (HostConfig.IDMappings: "0:2147483647:65536"
+    strings); empty ones when it gives none (Docker never does)."""
+    mappings = (attrs.get("HostConfig") or {}).get("IDMappings") or {}
+    if not isinstance(mappings, dict):
+        return IdMaps((), ())
+    return IdMaps(
+        parse_engine_map(mappings.get("UidMap")), parse_engine_map(mappings.get("GidMap"))
+    )
+
+
+def id_maps(attrs: Mapping[str, Any]) -> IdMaps:
+    """The container's id maps: identity ones when the engine gives none (no user namespace
+    of its own)."""
+    maps = engine_maps(attrs)
+    return IdMaps(maps.uids or IDENTITY, maps.gids or IDENTITY)
+
+
 def view_from_inspect(attrs: Mapping[str, Any], seccomp_otherwise: str) -> EngineView:
     """EngineView from an inspect document; libpod names its runtime at the top level
     (HostConfig.Runtime is "oci" there), Docker in HostConfig. `seccomp_otherwise` is the
@@ -96,6 +116,7 @@ def view_from_inspect(attrs: Mapping[str, Any], seccomp_otherwise: str) -> Engin
     config = attrs.get("Config") or {}
     state = attrs.get("State") or {}
     options = tuple(_short_option(o) for o in _strings(host.get("SecurityOpt")))
+    maps = engine_maps(attrs)
     nnp = any(
         o.replace(":", "=") in ("no-new-privileges", "no-new-privileges=true") for o in options
     )
@@ -116,10 +137,19 @@ def view_from_inspect(attrs: Mapping[str, Any], seccomp_otherwise: str) -> Engin
         cpu_quota_us=_int(host.get("CpuQuota")),
         cpu_period_us=_int(host.get("CpuPeriod")),
         pids_limit=_int(host.get("PidsLimit")),
-        userns_mode=str(host.get("UsernsMode") or ""),
+        userns_mode=_userns_mode(str(host.get("UsernsMode") or ""), maps),
         cgroupns_mode=str(host.get("CgroupnsMode") or ""),
         host_pid=_int(state.get("Pid")),
+        uid_map=maps.uids,
+        gid_map=maps.gids,
     )
+
+
+def _userns_mode(mode: str, maps: IdMaps) -> str:
+    """Podman 4 leaves UsernsMode empty even for --userns=auto: its maps tell."""
+    if mode or not (maps.uids or maps.gids):
+        return mode
+    return "host" if is_identity(maps.uids) and is_identity(maps.gids) else "private"
 
 
 def debian_package_version(version: str, candidate: str) -> str:

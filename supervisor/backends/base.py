@@ -6,10 +6,12 @@ through asyncio.to_thread so that no SDK call stalls the event loop.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
+
+from stockade.supervisor.userns import IdMap, IdMaps
 
 LABEL_MANAGED = "io.stockade.managed"
 LABEL_INSTANCE = "io.stockade.instance"
@@ -69,6 +71,9 @@ class ContainerSpec:
     """"none", or "bridge" (the engine's default network)."""
     seccomp_profile: str = ""
     """Path of a seccomp profile (JSON) on the engine's host; "": the engine's default."""
+    user_namespace: bool = False
+    """A user namespace of the container's own (Podman: --userns=auto). Docker's is the
+    daemon's (userns-remap), never per container."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,8 @@ class ContainerInfo:
     oom_killed: bool = False
     pid: int = 0
     """The main process on the host (0 when not running)."""
+    own_userns: bool = False
+    """The engine gave it id maps of its own (Podman's --userns=auto)."""
 
 
 @dataclass(frozen=True)
@@ -109,8 +116,11 @@ class EngineView:
     cpu_period_us: int = 0
     pids_limit: int = 0
     userns_mode: str = ""
+    """"host", "private" (a map of the container's own) or "remap" (Docker's daemon-wide)."""
     cgroupns_mode: str = ""
     host_pid: int = 0
+    uid_map: IdMap = ()
+    gid_map: IdMap = ()
 
 
 @dataclass(frozen=True)
@@ -142,8 +152,15 @@ class ContainerBackend(Protocol):
         """The id `ref` names now (no "sha256:" prefix); None when there is no such image."""
         ...
 
-    def run(self, spec: ContainerSpec) -> ContainerInfo:
-        """Create and start a container."""
+    def check_user_namespace(self, wanted: bool) -> IdMaps | None:
+        """Raise ConfigError when `wanted` and the engine cannot give sandboxes a user
+        namespace; return the daemon-wide id maps when the engine remaps every container
+        (Docker's userns-remap, whatever `wanted` says), None otherwise."""
+        ...
+
+    def run(self, spec: ContainerSpec, prepare: Callable[[IdMaps], None]) -> ContainerInfo:
+        """Create a container, call `prepare` with its id maps (identity ones without a user
+        namespace) while it has not started, then start it. A failure removes it."""
         ...
 
     def inspect(self, name_or_id: str) -> ContainerInfo | None: ...

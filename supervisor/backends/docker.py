@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,14 @@ from stockade.supervisor.backends.base import (
     RuntimeFacts,
 )
 from stockade.supervisor.errors import ConfigError, EngineUnavailable
+from stockade.supervisor.userns import (
+    NO_USERNS,
+    SUBGID,
+    SUBUID,
+    IdMaps,
+    docker_remap,
+    read_host_file,
+)
 
 _ENGINE_ERRORS = (docker.errors.DockerException, requests.RequestException)
 
@@ -69,7 +78,32 @@ class DockerBackend:
         except _ENGINE_ERRORS as exc:
             raise EngineUnavailable(f"Docker: cannot look up image {ref}: {exc}") from exc
 
-    def run(self, spec: ContainerSpec) -> ContainerInfo:
+    def check_user_namespace(self, wanted: bool) -> IdMaps | None:
+        maps = self._remap()
+        if wanted and maps is None:
+            raise ConfigError(
+                f"sandbox.user_namespace is on, but Docker at {self._base_url} does not remap "
+                "user namespaces (Docker's are daemon-wide, not per container): add "
+                '"userns-remap": "default" to /etc/docker/daemon.json (or start dockerd with '
+                "--userns-remap=default) and restart dockerd; it creates the 'dockremap' user "
+                "and its /etc/subuid range. Or set sandbox.user_namespace = false"
+            )
+        return maps
+
+    def _remap(self) -> IdMaps | None:
+        """The daemon's userns-remap maps (its info lists "name=userns" among the security
+        options and keeps its data under a root named after the remapped root's ids)."""
+        try:
+            info = self._client.info()
+        except _ENGINE_ERRORS as exc:
+            raise EngineUnavailable(f"Docker: cannot read its info: {exc}") from exc
+        if "name=userns" not in (info.get("SecurityOptions") or []):
+            return None
+        root = str(info.get("DockerRootDir") or "")
+        return docker_remap(root, read_host_file(SUBUID), read_host_file(SUBGID))
+
+    def run(self, spec: ContainerSpec, prepare: Callable[[IdMaps], None]) -> ContainerInfo:
+        maps = self._remap() or NO_USERNS
         try:
             container = self._client.containers.create(**_run_kwargs(spec))
         except docker.errors.ImageNotFound as exc:
@@ -84,11 +118,15 @@ class DockerBackend:
         except _ENGINE_ERRORS as exc:
             raise EngineUnavailable(f"Docker could not create {spec.name}: {exc}") from exc
         try:
+            prepare(maps)
             container.start()
             container.reload()
         except _ENGINE_ERRORS as exc:
             self.remove(container.id)
             raise EngineUnavailable(f"Docker could not start {spec.name}: {exc}") from exc
+        except BaseException:
+            self.remove(container.id)
+            raise
         return info_from_inspect(container.attrs)
 
     def inspect(self, name_or_id: str) -> ContainerInfo | None:
@@ -127,11 +165,17 @@ class DockerBackend:
     def security_view(self, name_or_id: str) -> EngineView | None:
         try:
             attrs = self._client.api.inspect_container(name_or_id)
-            return view_from_inspect(attrs, "default")  # Docker lists only a non-default one
+            view = view_from_inspect(attrs, "default")  # Docker lists only a non-default one
         except docker.errors.NotFound:
             return None
         except _ENGINE_ERRORS as exc:
             raise EngineUnavailable(f"Docker: cannot inspect {name_or_id}: {exc}") from exc
+        if (attrs.get("HostConfig") or {}).get("UsernsMode") == "host":  # opted out of remap
+            return view
+        maps = self._remap()
+        if maps is None:
+            return view
+        return replace(view, userns_mode="remap", uid_map=maps.uids, gid_map=maps.gids)
 
     def runtime_facts(self) -> RuntimeFacts:
         """Docker names its runc among the server's components; Debian's build gives the

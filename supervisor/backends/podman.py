@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import requests
 from stockade.supervisor.backends._common import (
     bare_id,
     debian_package_version,
+    id_maps,
     info_from_inspect,
     label_filters,
     mounts_from_inspect,
@@ -28,8 +30,18 @@ from stockade.supervisor.backends.base import (
     RuntimeFacts,
 )
 from stockade.supervisor.errors import ConfigError, EngineUnavailable
+from stockade.supervisor.userns import (
+    AUTO_SIZE,
+    SUBGID,
+    SUBUID,
+    IdMaps,
+    check_podman_subids,
+    read_host_file,
+)
 
 _ENGINE_ERRORS = (podman.errors.PodmanError, requests.RequestException)
+_BUSY = "device or resource busy"
+_REMOVE_TRIES = 5
 CPU_PERIOD_US = 100_000
 
 
@@ -66,7 +78,14 @@ class PodmanBackend:
         except _ENGINE_ERRORS as exc:
             raise EngineUnavailable(f"Podman: cannot look up image {ref}: {exc}") from exc
 
-    def run(self, spec: ContainerSpec) -> ContainerInfo:
+    def check_user_namespace(self, wanted: bool) -> IdMaps | None:
+        """Podman maps per container; its automatic ranges come from /etc/subuid and
+        /etc/subgid of its host (the supervisor's: it bind-mounts host directories)."""
+        if wanted:
+            check_podman_subids(read_host_file(SUBUID), read_host_file(SUBGID))
+        return None
+
+    def run(self, spec: ContainerSpec, prepare: Callable[[IdMaps], None]) -> ContainerInfo:
         if not self.image_exists(spec.image):
             raise EngineUnavailable(
                 f"Podman has no image {spec.image}; build it with "
@@ -82,11 +101,15 @@ class PodmanBackend:
             if spec.runtime and actual != spec.runtime:
                 self.remove(container.id)
                 raise ConfigError(self._other_runtime(spec.runtime, actual))
+            prepare(id_maps(attrs))
             container.start()
             attrs = self._client.containers.get(container.id).attrs
         except _ENGINE_ERRORS as exc:
             self.remove(container.id)
             raise EngineUnavailable(f"Podman could not start {spec.name}: {exc}") from exc
+        except BaseException:
+            self.remove(container.id)
+            raise
         return info_from_inspect(attrs)
 
     def _other_runtime(self, wanted: str, actual: str) -> str:
@@ -122,13 +145,22 @@ class PodmanBackend:
         return [i for i in infos if i is not None]
 
     def remove(self, name_or_id: str) -> bool:
-        try:
-            self._client.containers.remove(name_or_id, force=True)
-        except podman.errors.NotFound:
-            return False
-        except _ENGINE_ERRORS as exc:
-            raise EngineUnavailable(f"Podman: cannot remove {name_or_id}: {exc}") from exc
-        return True
+        """Podman 4.3 often fails a forced remove of a container with a user namespace with
+        "unlinkat .../userdata/shm: device or resource busy" (its processes are still on their
+        way out; containers/podman#11594), mostly having removed it: asked again, after a
+        pause, it finishes or finds nothing left."""
+        attempt = 1
+        while True:
+            try:
+                self._client.containers.remove(name_or_id, force=True)
+                return True
+            except podman.errors.NotFound:
+                return attempt > 1  # an attempt that failed removed it
+            except _ENGINE_ERRORS as exc:
+                if _BUSY not in str(exc) or attempt == _REMOVE_TRIES:
+                    raise EngineUnavailable(f"Podman: cannot remove {name_or_id}: {exc}") from exc
+            time.sleep(0.2 * attempt)
+            attempt += 1
 
     def mounts(self, name_or_id: str) -> tuple[BindMount, ...] | None:
         try:
@@ -218,4 +250,9 @@ def _create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         kwargs["no_new_privileges"] = True  # podman-py maps security_opt to SELinux options
     if spec.seccomp_profile:
         kwargs["seccomp_profile_path"] = spec.seccomp_profile
+    if spec.user_namespace:
+        # libpod 4.3 takes `--userns=auto:size=N` as this pair: the mode alone (podman-py's
+        # userns_mode) creates no namespace; the id mappings carry "auto" and its size
+        kwargs["userns_mode"] = "auto"
+        kwargs["idmappings"] = {"AutoUserNs": True, "AutoUserNsOpts": {"Size": AUTO_SIZE}}
     return kwargs

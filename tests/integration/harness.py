@@ -215,6 +215,11 @@ class PrivateEngine:
     runtimes: dict[str, dict[str, object]] = field(default_factory=dict)
     """Docker: OCI runtimes to register in its daemon.json ("runtimes"), name -> {"path",
     "runtimeArgs"} (the shared dockerd's config stays untouched)."""
+    userns_remap: bool = False
+    """Docker: `--userns-remap=default` (dockerd makes the `dockremap` user and its /etc/subuid
+    range; images live per remap root, so the image is copied into this one)."""
+    bridge: str = PRIVATE_BRIDGE
+    """Docker: the bridge of its own (tests that may run beside test_faults use another)."""
 
     @property
     def socket(self) -> Path:
@@ -230,6 +235,8 @@ class PrivateEngine:
             self.process = ensure_podman_service(self.socket, log)
             return
         self._add_bridge()
+        if self.userns_remap:  # the remapped root must be able to pass through to its data
+            self.root.chmod(0o711)
         self.process = ensure_dockerd(log, self.socket, self._dockerd_args())
         ref = image_ref("docker")
         env = {**os.environ, "DOCKER_HOST": self.url}
@@ -259,16 +266,16 @@ class PrivateEngine:
         return [
             *("--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec")),
             *("--pidfile", str(self.root / "dockerd.pid"), "--config-file", str(config)),
-            *("--bridge", PRIVATE_BRIDGE, "--iptables=false", "--ip-masq=false"),
+            *("--bridge", self.bridge, "--iptables=false", "--ip-masq=false"),
+            *(["--userns-remap=default"] if self.userns_remap else []),
         ]
 
-    @staticmethod
-    def _add_bridge() -> None:
+    def _add_bridge(self) -> None:
         from pyroute2 import IPRoute
 
         with IPRoute() as ipr:
-            if not ipr.link_lookup(ifname=PRIVATE_BRIDGE):
-                ipr.link("add", ifname=PRIVATE_BRIDGE, kind="bridge")
+            if not ipr.link_lookup(ifname=self.bridge):
+                ipr.link("add", ifname=self.bridge, kind="bridge")
 
     def kill(self) -> None:
         """Kill the service (by the id of the process this test started). Podman's gets
@@ -299,7 +306,7 @@ class PrivateEngine:
             from pyroute2 import IPRoute
 
             with IPRoute() as ipr:
-                for index in ipr.link_lookup(ifname=PRIVATE_BRIDGE):
+                for index in ipr.link_lookup(ifname=self.bridge):
                     ipr.link("del", index=index)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,8 @@ from stockade.supervisor.backends.base import (
     EngineView,
     RuntimeFacts,
 )
-from stockade.supervisor.errors import SandboxBroken
+from stockade.supervisor.errors import ConfigError, SandboxBroken
+from stockade.supervisor.userns import NO_USERNS, IdMaps
 
 
 class FakeBackend:
@@ -37,6 +38,10 @@ class FakeBackend:
         self.stale_inspects = 0
         """How many more inspects report a dead container as running."""
         self._next = 0
+        self.maps: IdMaps | None = None
+        """Daemon-wide id maps, as a remapping dockerd has."""
+        self.per_container = False
+        """User namespaces per container, as Podman's (identity maps given to `prepare`)."""
 
     def ping(self) -> str:
         return "1.0"
@@ -47,12 +52,19 @@ class FakeBackend:
     def image_id(self, ref: str) -> str | None:
         return self.image_ids.get(ref, f"id-of-{ref}") or None
 
-    def run(self, spec: ContainerSpec) -> ContainerInfo:
+    def check_user_namespace(self, wanted: bool) -> IdMaps | None:
+        if wanted and self.maps is None and not self.per_container:
+            raise ConfigError("the fake engine has no user namespaces")
+        return self.maps
+
+    def run(self, spec: ContainerSpec, prepare: Callable[[IdMaps], None]) -> ContainerInfo:
+        prepare(self.maps or NO_USERNS)
         self.runs += 1
         self._next += 1
         info = ContainerInfo(
             id=f"c{self._next}", name=spec.name, running=True, status="running",
             labels=dict(spec.labels), image=spec.image, image_id=self.image_id(spec.image) or "",
+            own_userns=spec.user_namespace,
         )  # fmt: skip
         self.containers[info.id] = info
         os.mknod(Path(spec.mounts[1].source, "agent.sock"), stat.S_IFSOCK | 0o600)

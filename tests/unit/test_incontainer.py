@@ -91,12 +91,14 @@ def test_config_problems_name_what_cannot_work() -> None:
             "engine.kind": "docker",
             "sandbox.network": "egress",
             "sandbox.workspace_size_mb": 64,
+            "sandbox.user_namespace": True,
         }
     )
     problems = incontainer.config_problems(wide)
-    assert len(problems) == 2
+    assert len(problems) == 3
     assert "egress" in problems[0]
     assert "workspace_size_mb" in problems[1]
+    assert "user_namespace" in problems[2]
 
 
 @pytest.mark.parametrize(

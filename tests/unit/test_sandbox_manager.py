@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from stockade.supervisor.errors import (
 )
 from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.sandboxes import SandboxManager
+from stockade.supervisor.userns import IdMaps
 from tests.unit.fakes import FakeAgent, FakeBackend
 
 UID = os.getuid()
@@ -243,9 +245,9 @@ class SpecBackend(FakeBackend):
         self.tmpfs_inodes = tmpfs_inodes
         self.specs: list[ContainerSpec] = []
 
-    def run(self, spec: ContainerSpec) -> ContainerInfo:
+    def run(self, spec: ContainerSpec, prepare: Callable[[IdMaps], None]) -> ContainerInfo:
         self.specs.append(spec)
-        return super().run(spec)
+        return super().run(spec, prepare)
 
 
 def spec_manager(tmp_path: Path, backend: SpecBackend, host_mounts: bool) -> SandboxManager:

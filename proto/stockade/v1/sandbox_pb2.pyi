@@ -136,7 +136,7 @@ class IsolationReport(_message.Message):
     def __init__(self, key: _Optional[str] = ..., container_id: _Optional[str] = ..., engine: _Optional[str] = ..., inside: _Optional[_Union[InsideView, _Mapping]] = ..., outside: _Optional[_Union[EngineView, _Mapping]] = ..., namespaces: _Optional[_Iterable[_Union[NamespaceInfo, _Mapping]]] = ..., runtime: _Optional[_Union[RuntimeInfo, _Mapping]] = ...) -> None: ...
 
 class InsideView(_message.Message):
-    __slots__ = ("identity", "capabilities", "no_new_privs", "seccomp", "root", "mounts", "cgroup", "interfaces", "routes", "local_ipv4", "problems")
+    __slots__ = ("identity", "capabilities", "no_new_privs", "seccomp", "root", "mounts", "cgroup", "interfaces", "routes", "local_ipv4", "problems", "uid_map", "gid_map", "user_namespace")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     NO_NEW_PRIVS_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +148,9 @@ class InsideView(_message.Message):
     ROUTES_FIELD_NUMBER: _ClassVar[int]
     LOCAL_IPV4_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    UID_MAP_FIELD_NUMBER: _ClassVar[int]
+    GID_MAP_FIELD_NUMBER: _ClassVar[int]
+    USER_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     identity: Identity
     capabilities: Capabilities
     no_new_privs: bool
@@ -159,7 +162,20 @@ class InsideView(_message.Message):
     routes: _containers.RepeatedCompositeFieldContainer[Route]
     local_ipv4: _containers.RepeatedScalarFieldContainer[str]
     problems: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, identity: _Optional[_Union[Identity, _Mapping]] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., no_new_privs: _Optional[bool] = ..., seccomp: _Optional[_Union[SeccompInfo, _Mapping]] = ..., root: _Optional[_Union[RootFilesystem, _Mapping]] = ..., mounts: _Optional[_Iterable[_Union[MountInfo, _Mapping]]] = ..., cgroup: _Optional[_Union[CgroupLimits, _Mapping]] = ..., interfaces: _Optional[_Iterable[_Union[NetworkInterface, _Mapping]]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., local_ipv4: _Optional[_Iterable[str]] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
+    uid_map: _containers.RepeatedCompositeFieldContainer[IdRange]
+    gid_map: _containers.RepeatedCompositeFieldContainer[IdRange]
+    user_namespace: bool
+    def __init__(self, identity: _Optional[_Union[Identity, _Mapping]] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., no_new_privs: _Optional[bool] = ..., seccomp: _Optional[_Union[SeccompInfo, _Mapping]] = ..., root: _Optional[_Union[RootFilesystem, _Mapping]] = ..., mounts: _Optional[_Iterable[_Union[MountInfo, _Mapping]]] = ..., cgroup: _Optional[_Union[CgroupLimits, _Mapping]] = ..., interfaces: _Optional[_Iterable[_Union[NetworkInterface, _Mapping]]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., local_ipv4: _Optional[_Iterable[str]] = ..., problems: _Optional[_Iterable[str]] = ..., uid_map: _Optional[_Iterable[_Union[IdRange, _Mapping]]] = ..., gid_map: _Optional[_Iterable[_Union[IdRange, _Mapping]]] = ..., user_namespace: _Optional[bool] = ...) -> None: ...
+
+class IdRange(_message.Message):
+    __slots__ = ("inside", "host", "count")
+    INSIDE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    inside: int
+    host: int
+    count: int
+    def __init__(self, inside: _Optional[int] = ..., host: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class Identity(_message.Message):
     __slots__ = ("uid", "euid", "gid", "egid", "groups")
@@ -302,7 +318,7 @@ class NamespaceInfo(_message.Message):
     def __init__(self, type: _Optional[str] = ..., inode: _Optional[int] = ..., host_inode: _Optional[int] = ..., private: _Optional[bool] = ...) -> None: ...
 
 class EngineView(_message.Message):
-    __slots__ = ("runtime", "privileged", "cap_drop", "cap_add", "read_only_root", "user", "network_mode", "security_options", "no_new_privileges", "seccomp_profile", "memory_bytes", "memory_swap_bytes", "nano_cpus", "cpu_quota_us", "cpu_period_us", "pids_limit", "userns_mode", "cgroupns_mode", "host_pid")
+    __slots__ = ("runtime", "privileged", "cap_drop", "cap_add", "read_only_root", "user", "network_mode", "security_options", "no_new_privileges", "seccomp_profile", "memory_bytes", "memory_swap_bytes", "nano_cpus", "cpu_quota_us", "cpu_period_us", "pids_limit", "userns_mode", "cgroupns_mode", "host_pid", "uid_map", "gid_map")
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
     PRIVILEGED_FIELD_NUMBER: _ClassVar[int]
     CAP_DROP_FIELD_NUMBER: _ClassVar[int]
@@ -322,6 +338,8 @@ class EngineView(_message.Message):
     USERNS_MODE_FIELD_NUMBER: _ClassVar[int]
     CGROUPNS_MODE_FIELD_NUMBER: _ClassVar[int]
     HOST_PID_FIELD_NUMBER: _ClassVar[int]
+    UID_MAP_FIELD_NUMBER: _ClassVar[int]
+    GID_MAP_FIELD_NUMBER: _ClassVar[int]
     runtime: str
     privileged: bool
     cap_drop: _containers.RepeatedScalarFieldContainer[str]
@@ -341,7 +359,9 @@ class EngineView(_message.Message):
     userns_mode: str
     cgroupns_mode: str
     host_pid: int
-    def __init__(self, runtime: _Optional[str] = ..., privileged: _Optional[bool] = ..., cap_drop: _Optional[_Iterable[str]] = ..., cap_add: _Optional[_Iterable[str]] = ..., read_only_root: _Optional[bool] = ..., user: _Optional[str] = ..., network_mode: _Optional[str] = ..., security_options: _Optional[_Iterable[str]] = ..., no_new_privileges: _Optional[bool] = ..., seccomp_profile: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., memory_swap_bytes: _Optional[int] = ..., nano_cpus: _Optional[int] = ..., cpu_quota_us: _Optional[int] = ..., cpu_period_us: _Optional[int] = ..., pids_limit: _Optional[int] = ..., userns_mode: _Optional[str] = ..., cgroupns_mode: _Optional[str] = ..., host_pid: _Optional[int] = ...) -> None: ...
+    uid_map: _containers.RepeatedCompositeFieldContainer[IdRange]
+    gid_map: _containers.RepeatedCompositeFieldContainer[IdRange]
+    def __init__(self, runtime: _Optional[str] = ..., privileged: _Optional[bool] = ..., cap_drop: _Optional[_Iterable[str]] = ..., cap_add: _Optional[_Iterable[str]] = ..., read_only_root: _Optional[bool] = ..., user: _Optional[str] = ..., network_mode: _Optional[str] = ..., security_options: _Optional[_Iterable[str]] = ..., no_new_privileges: _Optional[bool] = ..., seccomp_profile: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., memory_swap_bytes: _Optional[int] = ..., nano_cpus: _Optional[int] = ..., cpu_quota_us: _Optional[int] = ..., cpu_period_us: _Optional[int] = ..., pids_limit: _Optional[int] = ..., userns_mode: _Optional[str] = ..., cgroupns_mode: _Optional[str] = ..., host_pid: _Optional[int] = ..., uid_map: _Optional[_Iterable[_Union[IdRange, _Mapping]]] = ..., gid_map: _Optional[_Iterable[_Union[IdRange, _Mapping]]] = ...) -> None: ...
 
 class CveStatus(_message.Message):
     __slots__ = ("id", "verdict", "reason")
