@@ -14,7 +14,18 @@ from typing import Any, BinaryIO
 
 import grpc
 
-from stockade.v1 import approval_pb2, audit_pb2, file_pb2, sandbox_pb2, tool_pb2
+from stockade.v1 import (
+    approval_pb2,
+    approval_pb2_grpc,
+    audit_pb2,
+    audit_pb2_grpc,
+    file_pb2,
+    file_pb2_grpc,
+    sandbox_pb2,
+    sandbox_pb2_grpc,
+    tool_pb2,
+    tool_pb2_grpc,
+)
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 MAX_MESSAGE_BYTES = 128 * 1024 * 1024
@@ -119,6 +130,30 @@ class Authorized:
         if self._metadata is None:
             return method
         return functools.partial(method, metadata=self._metadata)
+
+
+@dataclass(frozen=True)
+class Stubs:
+    """The services' stubs on one channel, each carrying the token."""
+
+    sandboxes: Authorized
+    tools: Authorized
+    approvals: Authorized
+    audit: Authorized
+    files: Authorized
+
+
+def stubs(channel: grpc.Channel | grpc.aio.Channel, token: str | None) -> Stubs:
+    """Stubs for a sync or asyncio channel (the generated stubs serve both); token None:
+    $STOCKADE_TOKEN, if set."""
+    token = token or default_token()
+    return Stubs(
+        Authorized(sandbox_pb2_grpc.SandboxServiceStub(channel), token),
+        Authorized(tool_pb2_grpc.ToolServiceStub(channel), token),
+        Authorized(approval_pb2_grpc.ApprovalServiceStub(channel), token),
+        Authorized(audit_pb2_grpc.AuditServiceStub(channel), token),
+        Authorized(file_pb2_grpc.FileServiceStub(channel), token),
+    )
 
 
 def sync_channel(target: str, tls: TLS | None) -> grpc.Channel:

@@ -26,12 +26,7 @@ from stockade.client._core import (
 )
 from stockade.v1 import (
     approval_pb2,
-    approval_pb2_grpc,
-    audit_pb2_grpc,
-    file_pb2_grpc,
     sandbox_pb2,
-    sandbox_pb2_grpc,
-    tool_pb2_grpc,
 )
 
 T = TypeVar("T")
@@ -56,13 +51,9 @@ class Stockade:
         self.target = target or _core.default_target()
         self._own_channel = channel is None
         self._channel = channel or _core.sync_channel(self.target, tls)
-        token = token or _core.default_token()
-        channel_ = self._channel
-        self._sandboxes = _core.Authorized(sandbox_pb2_grpc.SandboxServiceStub(channel_), token)
-        self._tools = _core.Authorized(tool_pb2_grpc.ToolServiceStub(channel_), token)
-        self._approvals = _core.Authorized(approval_pb2_grpc.ApprovalServiceStub(channel_), token)
-        self._audit = _core.Authorized(audit_pb2_grpc.AuditServiceStub(channel_), token)
-        self._files = _core.Authorized(file_pb2_grpc.FileServiceStub(channel_), token)
+        stubs = _core.stubs(self._channel, token)
+        self._sandboxes, self._tools, self._files = stubs.sandboxes, stubs.tools, stubs.files
+        self._approvals, self._audit = stubs.approvals, stubs.audit
 
     def __enter__(self) -> Stockade:
         return self
