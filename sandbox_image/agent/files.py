@@ -178,26 +178,40 @@ def _atomic_write(root: Path, path: Path, data: bytes, user_path: str) -> None:
 
     An existing file keeps its mode; a new one gets 0o666 minus the umask.
     """
-    temp = f".{secrets.token_hex(8)}.stockade-tmp"
     dir_fd = paths.open_dir(root, path.parent, user_path)
     try:
-        mode = _mode_at(dir_fd, path.name, user_path)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(temp, flags, 0o666, dir_fd=dir_fd)
+        temp = stage_in(dir_fd, data, _mode_at(dir_fd, path.name, user_path))
+        try:
+            os.replace(temp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=dir_fd)
+            raise
+        os.fsync(dir_fd)
+    except OSError as exc:
+        raise from_os_error(exc, user_path) from None
+    finally:
+        os.close(dir_fd)
+
+
+def stage_in(dir_fd: int, data: bytes, mode: int | None) -> str:
+    """A new temporary file in the folder `dir_fd` holding `data` (synced; `mode` set when
+    given); its name. Raises OSError with nothing left behind."""
+    temp = f".{secrets.token_hex(8)}.stockade-tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temp, flags, 0o666, dir_fd=dir_fd)
+    try:
         with os.fdopen(fd, "wb") as file:
             file.write(data)
             if mode is not None:
                 os.fchmod(file.fileno(), mode)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(temp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        os.fsync(dir_fd)
-    except OSError as exc:
+    except OSError:
         with contextlib.suppress(OSError):
             os.unlink(temp, dir_fd=dir_fd)
-        raise from_os_error(exc, user_path) from None
-    finally:
-        os.close(dir_fd)
+        raise
+    return temp
 
 
 def _mode_at(dir_fd: int, name: str, user_path: str) -> int | None:

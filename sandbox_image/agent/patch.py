@@ -23,7 +23,6 @@ import bisect
 import contextlib
 import itertools
 import os
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -31,7 +30,7 @@ from typing import Any, Final, Literal
 from . import paths
 from .argcheck import Args, expect_only, req_str
 from .errors import ToolError, from_os_error
-from .files import _encode, _mode_at, _read_bytes
+from .files import _encode, _mode_at, _read_bytes, stage_in
 
 MAX_PATCH_BYTES: Final = 10 * 1024 * 1024
 _QUOTE_CHARS: Final = 200
@@ -541,22 +540,11 @@ def _rename(root: Path, source_dir: Path, name: str, target: Path, shown: str) -
 
 
 def _stage(root: Path, path: Path, data: bytes, mode: int | None, shown: str) -> str:
-    temp = f".{secrets.token_hex(8)}.stockade-tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     with paths.folder(root, path.parent, shown) as dir_fd:
         try:
-            fd = os.open(temp, flags, 0o666, dir_fd=dir_fd)
-            with os.fdopen(fd, "wb") as file:
-                file.write(data)
-                if mode is not None:
-                    os.fchmod(file.fileno(), mode)
-                file.flush()
-                os.fsync(file.fileno())
+            return stage_in(dir_fd, data, mode)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(temp, dir_fd=dir_fd)
             raise from_os_error(exc, shown) from None
-    return temp
 
 
 def _undo(root: Path, staged: list[_Staged], created: list[Path]) -> None:
