@@ -639,7 +639,7 @@ class SandboxManager:
         sandbox = _Sandbox(key, sandbox_id(key), info, self._connect(paths.socket), network)
         sandbox.born = _born(info)
         try:
-            _check_mapped(info, self._uid, handed[0])
+            self._check_mapped(info, handed[0])
             await self._attach_network(sandbox)
             await sandbox.agent.wait_ready(self._config.sandbox.start_timeout_s)
         except SandboxBroken as exc:
@@ -686,6 +686,12 @@ class SandboxManager:
             os.chown(directory, self._uid, self._gid, follow_symlinks=False)
         os.chmod(paths.run, 0o700)
         paths.socket.unlink(missing_ok=True)
+
+    def _check_mapped(self, info: ContainerInfo, ids: tuple[int, int]) -> None:
+        """Under gVisor the container's host process is gVisor's own kernel, whose uid map
+        says nothing about the sandbox user's: the agent's start tells instead."""
+        if not self._runs_gvisor():
+            _check_mapped(info, self._uid, ids)
 
     def _runs_gvisor(self) -> bool:
         """Whether sandbox.runtime is gVisor's runsc: by name or path, or (Docker) a name
@@ -1000,7 +1006,7 @@ class SandboxManager:
             raise
         pooled = _Pooled(pool_id, info, self._connect(paths.socket), paths)
         try:
-            _check_mapped(info, self._uid, handed[0])
+            self._check_mapped(info, handed[0])
             await pooled.agent.wait_ready(self._config.sandbox.start_timeout_s)
         except SandboxBroken:
             self.start_failures += 1
