@@ -461,10 +461,19 @@ def _open_all(root: Path, names: list[bytes]) -> list[tuple[int, str]]:
         except ToolError:
             continue
         if stat.S_ISREG(os.fstat(fd).st_mode):
-            opened.append((fd, shown))
+            # the name where the file really is: a folder swapped for a link inside the
+            # workspace would otherwise show it under an alias (d/workspace/x for x)
+            opened.append((fd, _shown_at(root, fd, shown)))
         else:
             os.close(fd)
     return opened
+
+
+def _shown_at(root: Path, fd: int, listed: str) -> str:
+    try:
+        return paths.display(root, os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        return listed
 
 
 @dataclass
