@@ -160,3 +160,41 @@ def test_bad_observability_config_is_refused(tmp_path: Path, text: str, message:
     path.write_text(f"[observability]\n{text}\n")
     with pytest.raises(ConfigError, match=message):
         load_config(path)
+
+
+def test_otlp_exports_spans_to_a_collector(tmp_path: Path) -> None:
+    """The OTLP/HTTP exporter, against a collector of the test's own on loopback."""
+    import http.server
+    import threading
+
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    received: list[bytes] = []
+
+    class Collector(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Collector)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+        tracer = CallTracer(ObservabilityConfig(trace_exporter="otlp", trace_endpoint=endpoint))
+        tracer.observe(observation(request_id="otlp-1"))
+        tracer.close()  # flushes
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert received, "the collector got nothing"
+    request = trace_service_pb2.ExportTraceServiceRequest.FromString(received[0])
+    spans = [s for r in request.resource_spans for ss in r.scope_spans for s in ss.spans]
+    assert {s.name for s in spans} == {"tool exec", "policy"}
+    service = {a.key: a.value.string_value for a in request.resource_spans[0].resource.attributes}
+    assert service["service.name"] == "stockade"
