@@ -129,13 +129,19 @@ class DockerBackend:
             raise
         return info_from_inspect(container.attrs)
 
-    def inspect(self, name_or_id: str) -> ContainerInfo | None:
+    def _attrs(self, name_or_id: str) -> dict[str, Any] | None:
+        """The engine's inspect document; None when there is no such container."""
         try:
-            return info_from_inspect(self._client.api.inspect_container(name_or_id))
+            attrs: dict[str, Any] = self._client.api.inspect_container(name_or_id)
         except docker.errors.NotFound:
             return None
         except _ENGINE_ERRORS as exc:
             raise EngineUnavailable(f"Docker: cannot inspect {name_or_id}: {exc}") from exc
+        return attrs
+
+    def inspect(self, name_or_id: str) -> ContainerInfo | None:
+        attrs = self._attrs(name_or_id)
+        return None if attrs is None else info_from_inspect(attrs)
 
     def list(self, labels: Mapping[str, str]) -> list[ContainerInfo]:
         try:
@@ -155,21 +161,14 @@ class DockerBackend:
         return True
 
     def mounts(self, name_or_id: str) -> tuple[BindMount, ...] | None:
-        try:
-            return mounts_from_inspect(self._client.api.inspect_container(name_or_id))
-        except docker.errors.NotFound:
-            return None
-        except _ENGINE_ERRORS as exc:
-            raise EngineUnavailable(f"Docker: cannot inspect {name_or_id}: {exc}") from exc
+        attrs = self._attrs(name_or_id)
+        return None if attrs is None else mounts_from_inspect(attrs)
 
     def security_view(self, name_or_id: str) -> EngineView | None:
-        try:
-            attrs = self._client.api.inspect_container(name_or_id)
-            view = view_from_inspect(attrs, "default")  # Docker lists only a non-default one
-        except docker.errors.NotFound:
+        attrs = self._attrs(name_or_id)
+        if attrs is None:
             return None
-        except _ENGINE_ERRORS as exc:
-            raise EngineUnavailable(f"Docker: cannot inspect {name_or_id}: {exc}") from exc
+        view = view_from_inspect(attrs, "default")  # Docker lists only a non-default one
         if (attrs.get("HostConfig") or {}).get("UsernsMode") == "host":  # opted out of remap
             return view
         maps = self._remap()

@@ -124,15 +124,21 @@ class PodmanBackend:
             "/etc/containers/containers.conf.d/runtimes.conf)"
         )
 
-    def inspect(self, name_or_id: str) -> ContainerInfo | None:
+    def _attrs(self, name_or_id: str) -> dict[str, Any] | None:
+        """The engine's inspect document; None when there is no such container."""
         try:
-            return info_from_inspect(self._client.containers.get(name_or_id).attrs)
+            attrs: dict[str, Any] = self._client.containers.get(name_or_id).attrs
         except podman.errors.NotFound:
             return None
         except _ENGINE_ERRORS as exc:
             if "no such container" in str(exc):  # a 500 while it is being removed
                 return None
             raise EngineUnavailable(f"Podman: cannot inspect {name_or_id}: {exc}") from exc
+        return attrs
+
+    def inspect(self, name_or_id: str) -> ContainerInfo | None:
+        attrs = self._attrs(name_or_id)
+        return None if attrs is None else info_from_inspect(attrs)
 
     def list(self, labels: Mapping[str, str]) -> list[ContainerInfo]:
         try:
@@ -163,21 +169,14 @@ class PodmanBackend:
             attempt += 1
 
     def mounts(self, name_or_id: str) -> tuple[BindMount, ...] | None:
-        try:
-            return mounts_from_inspect(self._client.containers.get(name_or_id).attrs)
-        except podman.errors.NotFound:
-            return None
-        except _ENGINE_ERRORS as exc:
-            raise EngineUnavailable(f"Podman: cannot inspect {name_or_id}: {exc}") from exc
+        attrs = self._attrs(name_or_id)
+        return None if attrs is None else mounts_from_inspect(attrs)
 
     def security_view(self, name_or_id: str) -> EngineView | None:
-        try:
-            attrs = self._client.containers.get(name_or_id).attrs
-            return view_from_inspect(attrs, "not reported by Podman's inspect")
-        except podman.errors.NotFound:
+        attrs = self._attrs(name_or_id)
+        if attrs is None:
             return None
-        except _ENGINE_ERRORS as exc:
-            raise EngineUnavailable(f"Podman: cannot inspect {name_or_id}: {exc}") from exc
+        return view_from_inspect(attrs, "not reported by Podman's inspect")
 
     def runtime_facts(self) -> RuntimeFacts:
         """Podman's info names the runtime, its `--version` output and, on Debian, the
