@@ -32,7 +32,10 @@ Built-in rules (name: category):
 - ``dd-copy``: disk-destruction. dd with ``if=``.
 - ``system-power``: system-control. shutdown, reboot, poweroff, halt, init 0/6,
   systemctl/loginctl poweroff|reboot|halt|kexec.
-- ``chmod-root``: permissions. chmod/chown/chgrp on / or a system or home directory.
+- ``kill-all``: system-control. ``kill -9 -1``, ``kill 1`` (init), ``killall5``.
+- ``chmod-root``: permissions. chmod/chown/chgrp on / or a system or home directory,
+  or on anything under /etc, /boot, /root, /proc, /sys, /dev, /bin, /usr/bin ...;
+  chmod setting the setuid/setgid bit.
 - ``dev-tcp``: reverse-shell. ``/dev/tcp/`` or ``/dev/udp/`` anywhere.
 - ``netcat-shell``: reverse-shell. nc/ncat -e/-c/--exec/--sh-exec, or a shell
   and netcat/socat/telnet in one pipeline, or network data run as code.
@@ -51,18 +54,27 @@ Built-in rules (name: category):
   (``$CMD``, ``$(..)``, a glob): ask; deny when the arguments would be
   destructive for rm, find, dd, chmod, chown, nc or socat.
 
+Files written earlier in the same command are followed: a file from curl/wget (``-o``,
+``-O``, ``> f``, ``| tee f``) or from a decoder, run later (``sh f``, ``. f``, ``./f``), is
+denied like ``curl | sh``; a file written with literal ``echo``/``cat <<EOF`` is checked
+as the code it holds. Rules also look at arguments as they would be should the run-time
+parts be empty (``rm $u-rf $u/``).
+
 Pseudo-rules in results: ``parse-error`` and ``too-complex``.
 """
 
 from __future__ import annotations
 
+import itertools
 import posixpath
 import re
-from collections.abc import Callable, Sequence
+import shlex
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, NoReturn
 
 from stockade.supervisor.policy.shell_parse import (
+    Budget,
     Command,
     Script,
     Sub,
@@ -107,22 +119,40 @@ _DOWNLOADERS |= {"lwp-download"}
 _NETCATS = frozenset({"nc", "ncat", "netcat", "nc.traditional", "nc.openbsd", "socat", "telnet"})
 _PRIVILEGED = frozenset({"sudo", "su", "doas", "pkexec", "runuser", "sudoedit"})
 _POWER = frozenset({"shutdown", "reboot", "poweroff", "halt"})
-_POWER_VERBS = frozenset({"poweroff", "reboot", "halt", "kexec", "soft-reboot"})
+_POWER_VERBS = frozenset({"poweroff", "reboot", "halt", "kexec", "soft-reboot", "rescue"})
+_POWER_VERBS |= {"emergency", "isolate", "suspend", "hibernate", "hybrid-sleep"}
+_POWER_VERBS |= {"suspend-then-hibernate"}
 _MINERS = frozenset({"xmrig", "minerd", "cpuminer", "ethminer", "cgminer", "bfgminer", "nbminer"})
 _MINERS |= {"lolminer"}
 _DISK_WRITERS = frozenset({"tee", "cp", "mv", "install", "shred", "truncate", "ln", "rsync"})
+_DISK_WRITERS |= {"fdisk", "sfdisk", "gdisk", "sgdisk", "cfdisk", "parted", "blkdiscard"}
+_DISK_WRITERS |= {"hdparm", "badblocks", "pv"}
 _DASH_C = frozenset({"su", "flock", "script", "runuser"})
 _STDIN_PATHS = frozenset({"-", "/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"})
 _CRITICAL = frozenset({"/", "~", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64"})
 _CRITICAL |= {"/opt", "/proc", "/root", "/sbin", "/srv", "/sys", "/usr", "/var"}
+_SYSTEM_TREES = (
+    *("/etc", "/boot", "/root", "/proc", "/sys", "/dev", "/bin", "/sbin", "/lib", "/lib64"),
+    *("/usr/bin", "/usr/sbin", "/usr/lib"),
+)
+_SETUID = re.compile(r"0*[2-7][0-7]{3}|[ugoa]*[+=][rwxXt]*s[rwxXst]*")
+_DECODERS = {"base64": "d D --decode", "base32": "d D --decode", "basenc": "d --decode"}
+_DECODERS |= {"xxd": "r --reverse", "gzip": "d --decompress --decode", "bzip2": "d --decompress"}
+_DECODERS |= {"xz": "d --decompress", "zstd": "d --decompress", "lzma": "d --decompress"}
+_DECODERS |= {"gpg": "d --decrypt"}
+_ALWAYS_DECODERS = frozenset({"uudecode", "rev", "zcat", "gunzip", "bzcat", "bunzip2", "xzcat"})
+_ALWAYS_DECODERS |= {"unxz", "zstdcat", "unzstd", "lzcat", "unlzma", "tr", "uncompress"}
 _FIND_TESTS = frozenset({"-name", "-iname", "-path", "-ipath", "-wholename", "-iwholename"})
 _FIND_TESTS |= {"-regex", "-iregex", "-lname", "-ilname", "-newer", "-mtime", "-mmin", "-atime"}
 _FIND_TESTS |= {"-amin", "-ctime", "-cmin", "-size", "-empty", "-user", "-group", "-uid", "-gid"}
 _FIND_TESTS |= {"-perm", "-inum", "-samefile", "-links"}
 _TRIVIAL = (["*"], [".*"], ["*.*"], ["**"])
 _CANDIDATES = ("rm", "find", "dd", "chmod", "chown", "nc", "socat")
-_RAW_DISK = re.compile(r"/dev/(?:[shv]d[a-z]|xvd[a-z]|nvme\d|mmcblk\d|disk|dm-\d|md\d|mapper/)")
-_DEV_NET = re.compile(r"/dev/+(?:tcp|udp)/")
+_RAW_DISK = re.compile(
+    r"/dev/(?:[shv]d[a-z]|xvd[a-z]|nvme\d|mmcblk\d|disk|dm-\d|md\d|mapper/|loop\d)", re.IGNORECASE
+)
+_DEV_NET = re.compile(r"/dev/+(?:\./+)*(?:tcp|udp)/|/inet[46]?/(?:tcp|udp)/", re.IGNORECASE)
+_SYSRQ = re.compile(r"^/+proc/+sysrq-trigger$")
 _HOME = re.compile(r"^(?:~|\$HOME|\$\{HOME\})(?=/|$)")
 _STRATUM = re.compile(r"stratum\d?\+(?:tcp|ssl|tls)://", re.IGNORECASE)
 _SOCAT_EXEC = re.compile(r"(?:^|!!)\s*(?:exec|system):", re.IGNORECASE)
@@ -134,7 +164,21 @@ _REVERSE_SHELL = (
     re.compile(r"connect|TCPSocket|fsockopen|IO::Socket::INET|PeerAddr", re.IGNORECASE),
     re.compile(r"subprocess|pty|spawn|exec|dup2|popen|system|child_process|/bin/\w*sh\b"),
 )
-_FORK_LOOP = re.compile(r"\bwhile\b[^\n]*\bfork\b|\bfork\b[^\n]*\bwhile\b|\bloop\s*\{\s*fork")
+_FORK_LOOP = re.compile(
+    r"\bwhile\b[^\n]*\bfork\b|\bfork\b[^\n]*\b(?:while|iter\s*\(|count\s*\(|repeat\s*\()"
+    r"|\bloop\s*\{\s*fork|\bfor\s*\(\s*;\s*;\s*\)[^\n]*\bfork"
+)
+_RMTREE = re.compile(
+    r"\b(?:rmtree|rm_rf|rm_r|remove_tree|rmSync|rimraf|removeSync|emptyDirSync)\s*\(\s*"
+    r"(?P<q>['\"])(?P<path>[^'\"]*)(?P=q)"
+)
+_ARGV = re.compile(r"\[\s*(?:['\"](?:\\.|[^'\"\\])*['\"]\s*,?\s*)+\]")
+_ARGV_ITEM = re.compile(r"(['\"])((?:\\.|(?!\1).)*)\1")
+_ARGV_PROGRAM = re.compile(r"(['\"])([\w./-]+)\1\s*,\s*$")
+_AWK_PIPE = re.compile(
+    r"(?:\"(?P<data>(?:\\.|[^\"\\])*)\"\s*\)?\s*)?\|&?\s*\"(?P<cmd>(?:\\.|[^\"\\])*)\""
+    r"|\"(?P<getline>(?:\\.|[^\"\\])*)\"\s*\|&?\s*getline"
+)
 _EMBEDDED = re.compile(
     r"""\b(?:system|popen|exec\w*|spawn\w*|shell_exec|passthru|check_output|check_call"""
     r"""|getoutput|getstatusoutput|call|run|Popen)(?:\s*\(\s*\[?\s*|\s+)(?P<q>['"])"""
@@ -179,6 +223,12 @@ _WRAPPERS: dict[str, _Wrap] = {
     ),
     **dict.fromkeys(("torsocks", "chronic", "coproc", "busybox", "toybox", "proxychains"), _Wrap()),
     "proxychains4": _wrap("-f"),
+    **dict.fromkeys(("valgrind", "entr"), _Wrap()),
+    "systemd-run": _wrap(
+        "-u --unit -p --property -E --setenv -M --machine --uid --gid --nice --slice "
+        "--working-directory -H --host --description"
+    ),
+    "screen": _wrap("-S -c -e -h -p -X -T -t -L -Logfile"),
     "exec": _wrap("-a"),
     "command": _wrap(stop="-v -V"),
     "time": _wrap("-f -o --format --output"),
@@ -238,6 +288,9 @@ def _wrapped(inv: _Inv) -> list[tuple[Word, ...]]:
         return _env_wrapped(inv.args)
     if inv.program == "find":
         return _find_exec(inv.args)
+    if inv.program == "coproc":
+        args = inv.args[1:] if inv.args[1:2] and inv.args[1].text in ("{", "(") else inv.args
+        return [args[1:] if args[:1] and args[0].text in ("{", "(") else args]
     if inv.program == "watch":
         index = _watch_index(inv.args)
         return [inv.args[index:]] if index is not None and _has(inv, "-x", "--exec") else []
@@ -294,6 +347,8 @@ def _split_string(args: tuple[Word, ...], i: int) -> tuple[Word, ...] | None:
 
 
 def _find_exec(args: tuple[Word, ...]) -> list[tuple[Word, ...]]:
+    """The commands of -exec/-execdir/-ok, with ``{}`` as each root (find visits it too)."""
+    roots = _find_roots([a.text for a in args])[:8] or ["."]
     found: list[tuple[Word, ...]] = []
     i = 0
     while i < len(args):
@@ -301,10 +356,22 @@ def _find_exec(args: tuple[Word, ...]) -> list[tuple[Word, ...]]:
             end = i + 1
             while end < len(args) and args[end].text not in (";", "+"):
                 end += 1
-            found.append(args[i + 1 : end])
+            found.extend(
+                tuple(Word(root) if w.text == "{}" else w for w in args[i + 1 : end])
+                for root in roots
+            )
             i = end
         i += 1
     return found
+
+
+def _find_roots(argv: list[str]) -> list[str]:
+    roots = []
+    for text in argv:
+        if text.startswith(("-", "(", "!")):
+            break
+        roots.append(text)
+    return roots
 
 
 def _watch_index(args: tuple[Word, ...]) -> int | None:
@@ -324,6 +391,7 @@ class _Code:
     inline: Word | None = None  # -c/-e code, eval's arguments
     operand: Word | None = None  # script file operand
     stdin: bool = False  # reads its program from stdin
+    positional: tuple[str, ...] | None = None  # $0 $1 .. of `sh -c CODE $0 $1 ..`
 
 
 def _code_of(inv: _Inv) -> _Code | None:
@@ -332,6 +400,11 @@ def _code_of(inv: _Inv) -> _Code | None:
         return _shell_code(args)
     if program == "eval":
         return _Code("sh", _joined(args)) if args else None
+    if program in ("at", "batch"):
+        return None if _has(inv, "-f") else _Code("sh", stdin=True)
+    if program == "trap":
+        rest = args[1:] if args[:1] and args[0].text == "--" else args
+        return _Code("sh", rest[0]) if len(rest) > 1 and rest[0].text not in ("-p", "-l") else None
     if program in ("source", ".") and args:
         return _Code("sh", None, args[0], args[0].text in _STDIN_PATHS)
     if program == "watch" and not _has(inv, "-x", "--exec"):
@@ -366,7 +439,9 @@ def _shell_code(args: tuple[Word, ...]) -> _Code:
             break
     operand = args[i] if i < len(args) else None
     if dash_c:
-        return _Code("sh", operand or Word(""))
+        rest = args[i + 1 :]
+        known = None if any(w.dynamic for w in rest) else tuple(w.text for w in rest)
+        return _Code("sh", operand or Word(""), positional=known)
     stdin = dash_s or operand is None or operand.text in _STDIN_PATHS
     return _Code("sh", None, None if stdin else operand, stdin)
 
@@ -508,11 +583,7 @@ def _rm(inv: _Inv) -> str | None:
 def _find(inv: _Inv) -> str | None:
     if inv.program != "find" or "-delete" not in inv.argv:
         return None
-    roots = []
-    for text in inv.argv:
-        if text.startswith(("-", "(", "!")):
-            break
-        roots.append(text)
+    roots = _find_roots(inv.argv)
     if any(_critical(r) for r in roots):
         return "find -delete on / or a system or home directory"
     argv = inv.argv
@@ -556,7 +627,7 @@ def _dd(inv: _Inv) -> str | None:
 
 
 def _prefixed(inv: _Inv, prefix: str) -> list[str]:
-    return [t[len(prefix) :] for t in inv.argv if t.startswith(prefix)]
+    return [t[len(prefix) :] for t in inv.argv if t.lower().startswith(prefix)]
 
 
 def _disk_write(inv: _Inv) -> str | None:
@@ -571,8 +642,12 @@ def _power(inv: _Inv) -> str | None:
     argv = inv.argv
     if inv.program in _POWER:
         return f"system power control ({inv.name})"
-    if inv.program in ("init", "telinit") and argv[:1] in (["0"], ["6"]):
+    if inv.program in ("init", "telinit") and argv and re.fullmatch(r"[0-6sS]", argv[0]):
         return f"system power control ({inv.name} {argv[0]})"
+    if inv.program == "kexec" and _flags(inv.args, ("--exec",)) & {"e", "--exec"}:
+        return "system power control (kexec -e)"
+    if inv.program == "tee" and any(_SYSRQ.match(t) for t in argv):
+        return "system power control (/proc/sysrq-trigger)"
     verbs = sorted(_POWER_VERBS.intersection(t.removesuffix(".target") for t in argv))
     if inv.program in ("systemctl", "loginctl") and verbs:
         return f"system power control ({inv.name} {verbs[0]})"
@@ -580,8 +655,36 @@ def _power(inv: _Inv) -> str | None:
 
 
 def _chmod_root(inv: _Inv) -> str | None:
-    if inv.program in ("chmod", "chown", "chgrp") and any(map(_critical, _operands(inv.args))):
+    if inv.program not in ("chmod", "chown", "chgrp"):
+        return None
+    operands = _operands(inv.args)
+    if any(map(_critical, operands)):
         return f"{inv.name} of / or a system or home directory"
+    if any(_in_system_tree(a.text) for a in inv.args if not a.dynamic):
+        return f"{inv.name} of a file in a system directory (/etc, /bin, /usr/bin ...)"
+    mode = next((t for t in inv.argv if not re.fullmatch(r"-[RvcfH]+|--\S+", t)), "")
+    if inv.program == "chmod" and _SETUID.fullmatch(mode):
+        return f"chmod that sets the setuid/setgid bit ({mode})"
+    return None
+
+
+def _in_system_tree(path: str) -> bool:
+    if not path.startswith("/"):
+        return False
+    norm = posixpath.normpath("/" + path.lstrip("/"))
+    return any(norm == top or norm.startswith(top + "/") for top in _SYSTEM_TREES)
+
+
+def _kill(inv: _Inv) -> str | None:
+    if inv.program == "killall5":
+        return "signal to every process (killall5)"
+    if inv.program != "kill":
+        return None
+    argv = inv.argv
+    i = 2 if argv[:1] in (["-s"], ["-n"]) else int(len(argv) > 1 and argv[0][:1] == "-")
+    i += argv[i : i + 1] == ["--"]
+    if any(t in ("-1", "1") for t in argv[i:]) or argv == ["-1"]:
+        return "signal to every process or to init (kill -1, kill 1)"
     return None
 
 
@@ -622,6 +725,13 @@ def _dev_net(command: Command) -> str | None:
     return None
 
 
+def _sysrq(command: Command) -> str | None:
+    for redirect in command.redirects:
+        if ">" in redirect.op and any(_SYSRQ.match(t.text) for t in redirect.targets):
+            return "system power control (> /proc/sysrq-trigger)"
+    return None
+
+
 def _disk_redirect(command: Command) -> str | None:
     for redirect in command.redirects:
         if ">" in redirect.op and any(_raw_disk(t.text) for t in redirect.targets):
@@ -647,7 +757,8 @@ _RULES = (
     _Rule("mkfs", "disk-destruction", _mkfs),
     _Rule("raw-disk-write", "disk-destruction", _disk_write, _disk_redirect),
     _Rule("dd-copy", "disk-destruction", _dd),
-    _Rule("system-power", "system-control", _power),
+    _Rule("system-power", "system-control", _power, _sysrq),
+    _Rule("kill-all", "system-control", _kill),
     _Rule("chmod-root", "permissions", _chmod_root),
     _Rule("dev-tcp", "reverse-shell", None, _dev_net),
     _Rule("netcat-shell", "reverse-shell", _netcat),
@@ -666,14 +777,16 @@ _BUILTIN_NAMES = (*(r.name for r in _RULES), "parse-error", "too-complex")
 
 
 def _is_decoder(inv: _Inv) -> bool:
-    flags = _flags(inv.args, ("--decode", "--reverse"))
-    if inv.program in ("base64", "base32", "basenc"):
-        return bool(flags & {"d", "D", "--decode"})
-    if inv.program == "xxd":
-        return bool(flags & {"r", "--reverse"})
+    """Does this turn its input into something else (decode, decompress, decrypt, reverse)?"""
+    if inv.program in _ALWAYS_DECODERS:
+        return inv.program != "tr" or len(_operands(inv.args)) == 2
+    options = _DECODERS.get(inv.program)
+    if options is not None:
+        longs = [o for o in options.split() if o.startswith("--")]
+        return bool(_flags(inv.args, longs) & set(options.split()))
     if inv.program == "openssl":
-        return bool({"base64", "enc"} & set(inv.argv)) and "d" in flags
-    return inv.program == "uudecode"
+        return bool({"base64", "enc"} & set(inv.argv)) and "d" in _flags(inv.args)
+    return False
 
 
 # -- evaluation -------------------------------------------------------------------
@@ -693,6 +806,8 @@ class _Evaluation:
         self.asked: GuardResult | None = None
         self.unparsed: tuple[str, str] | None = None  # (pseudo-rule, why)
         self.cache: dict[int, tuple[Command, list[_Inv]]] = {}
+        self.budget = Budget()
+        self.written: dict[str, tuple[str, str] | str] = {}  # file -> (rule, what) or content
 
     def deny(self, rule: str, what: str) -> NoReturn:
         reason = f"{what} is blocked by rule {rule}"
@@ -729,7 +844,13 @@ class _Evaluation:
         if script.error:
             self.note_unparsed("too-complex" if script.too_complex else "parse-error", script.error)
         for name in script.fork_bombs:
+            if name == "while":
+                self.deny("fork-bomb", "fork bomb (endless loop that starts background processes)")
             self.deny("fork-bomb", f"fork bomb (function {name!r} calls itself concurrently)")
+        for previous, command in zip((None, *script.commands), script.commands, strict=False):
+            self.note_written(command, previous)
+        for stages in script.pipelines:
+            self.note_teed(stages)
         for command in script.commands:
             self.command(command, depth)
         for stages in script.pipelines:
@@ -757,12 +878,65 @@ class _Evaluation:
             what = on_invocation(inv)
             if what:
                 self.deny(name, what)
+        if any(a.bare is not None for a in inv.args):  # `rm $u-rf $u/`: $u may be empty
+            args = tuple(a if a.bare is None else Word(a.bare, dynamic=True) for a in inv.args)
+            bare = replace(inv, args=tuple(a for a in args if a.text))
+            for name, on_invocation in _ON_INVOCATION:
+                what = on_invocation(bare)
+                if what:
+                    self.deny(name, f"{what}, should its run-time parts be empty")
         self.config_rules(inv)
         code = _code_of(inv)
         if code is not None:
             self.code(inv, code, depth)
+        self.run_written(inv, code, depth)
         if inv.word.dynamic or inv.word.glob:
             self.dynamic(inv)
+
+    # files written earlier in the same command, then run -----------------------------
+
+    def note_written(self, command: Command, previous: Command | None) -> None:
+        """``curl -o f URL``, ``base64 -d > f``, ``echo 'code' > f``: remember what f holds.
+        ``a | b > f`` and ``{ a; } > f`` come as a command with no words after ``b``/``a``."""
+        source = previous if not command.words and previous is not None else command
+        invs = self.invocations(source)
+        producer = _producer(invs)
+        kept = tuple(r for r in source.redirects if ">" not in r.op)
+        content = static_output(replace(source, redirects=kept))
+        for inv in invs:
+            for path in _download_targets(inv):
+                self.written[_norm(path)] = ("remote-code-exec", f"file downloaded by {inv.name}")
+        for redirect in command.redirects:
+            if redirect.op in (">", ">>", ">|", "&>", "&>>") and redirect.targets:
+                path = _norm(redirect.targets[0].text)
+                if producer is not None:
+                    self.written[path] = producer
+                elif content is not None:
+                    self.written[path] = content
+
+    def note_teed(self, stages: tuple[tuple[Command, ...], ...]) -> None:
+        """``curl URL | tee f``."""
+        producer: tuple[str, str] | None = None
+        for stage in stages:
+            invs = [inv for command in stage for inv in self.invocations(command)]
+            for inv in invs:
+                if producer is not None and inv.program == "tee":
+                    for path in _operands(inv.args):
+                        self.written[_norm(path)] = producer
+            producer = producer or _producer(invs)
+
+    def run_written(self, inv: _Inv, code: _Code | None, depth: int) -> None:
+        """A file noted by ``note_written`` run as a program or script."""
+        paths = [code.operand.text] if code is not None and code.operand is not None else []
+        if "/" in inv.word.text:
+            paths.append(inv.word.text)
+        for path in paths:
+            held = self.written.get(_norm(path))
+            if isinstance(held, tuple):
+                rule, what = held
+                self.deny(rule, f"{what} ({path}) run as code by {inv.name}")
+            if isinstance(held, str):
+                self.source(code.lang if code is not None else "sh", held, depth)
 
     def config_rules(self, inv: _Inv) -> None:
         if not self.guard._extra:
@@ -785,15 +959,23 @@ class _Evaluation:
                 self.upstream(self.sub_invocations(sub), inv.name)
         for source in (code.inline, body):
             if source is not None:
-                self.source(code.lang, source.text, depth)
+                self.source(code.lang, source.text, depth, positional=code.positional)
 
-    def source(self, lang: str, text: str, depth: int, *, strict: bool = True) -> None:
+    def source(
+        self,
+        lang: str,
+        text: str,
+        depth: int,
+        *,
+        strict: bool = True,
+        positional: Sequence[str] | None = (),
+    ) -> None:
         if lang == "script":
             self.script_code(text, depth)
         elif depth >= self.guard._max_depth:
             self.note_unparsed("too-complex", f"shell code nested more than {depth} levels deep")
         else:
-            script = parse_script(text)
+            script = parse_script(text, positional=positional, budget=self.budget)
             self.script(script if strict else replace(script, error=None), depth + 1)
 
     def script_code(self, text: str, depth: int) -> None:
@@ -803,11 +985,11 @@ class _Evaluation:
             self.deny("script-reverse-shell", "inline code that connects a socket to a shell")
         if _FORK_LOOP.search(text):
             self.deny("fork-bomb", "fork bomb (fork in a loop)")
-        for i, match in enumerate(_EMBEDDED.finditer(text)):
-            if i == _MAX_EMBEDDED:
-                break
-            embedded = match.group("body") if match.group("q") else match.group("tick")
-            self.source("sh", re.sub(r"\\(.)", r"\1", embedded or ""), depth, strict=False)
+        for match in _RMTREE.finditer(text):
+            if _critical(match.group("path")):
+                self.deny("destructive-rm", "inline code that removes / or a system directory tree")
+        for embedded in itertools.islice(_embedded_commands(text), _MAX_EMBEDDED):
+            self.source("sh", embedded, depth, strict=False)
 
     def upstream(self, producers: list[_Inv], consumer: str) -> None:
         """Deny when a downloader, decoder or socket feeds code to ``consumer``."""
@@ -825,6 +1007,8 @@ class _Evaluation:
         invs = [[inv for c in stage for inv in self.invocations(c)] for stage in stages]
         for i, stage in enumerate(invs):
             readers = [(inv, code) for inv in stage if (code := _code_of(inv)) and code.stdin]
+            if any(inv.program in ("xargs", "parallel") for inv in stage[:1]):  # stdin -> argv
+                readers += [(inv, code) for inv in stage[1:] if (code := _code_of(inv))]
             if not readers:
                 continue
             self.upstream([inv for earlier in invs[:i] for inv in earlier], readers[0][0].name)
@@ -852,6 +1036,68 @@ class _Evaluation:
         self.ask(
             "dynamic-command", f"command name {_short(inv.word.text)!r} is known only at run time"
         )
+
+
+def _embedded_commands(text: str) -> Iterator[str]:
+    """Shell commands in inline code: ``system("..")``, backticks, argv lists
+    (``subprocess.run(["rm", "-rf", "/"])``, ``spawn("rm", [..])``), awk ``print .. | "sh"``."""
+    for match in _EMBEDDED.finditer(text):
+        embedded = match.group("body") if match.group("q") else match.group("tick")
+        yield _unescape(embedded or "")
+    for match in _ARGV.finditer(text):
+        argv = [_unescape(m.group(2)) for m in _ARGV_ITEM.finditer(match.group())]
+        program = _ARGV_PROGRAM.search(text[max(0, match.start() - 200) : match.start()])
+        yield shlex.join(([program.group(2)] if program else []) + argv)
+    for match in _AWK_PIPE.finditer(text):
+        command = _unescape(match.group("cmd") or match.group("getline") or "")
+        yield command
+        data = match.group("data")
+        if data and command.split()[:1] and basename(command.split()[0]) in _SHELLS:
+            yield _unescape(data)
+
+
+def _unescape(text: str) -> str:
+    return re.sub(r"\\(.)", r"\1", text)
+
+
+def _producer(invs: list[_Inv]) -> tuple[str, str] | None:
+    for inv in invs:
+        if inv.program in _DOWNLOADERS:
+            return ("remote-code-exec", f"file downloaded by {inv.name}")
+        if _is_decoder(inv):
+            return ("decode-to-shell", f"file decoded by {inv.name}")
+    return None
+
+
+def _download_targets(inv: _Inv) -> list[str]:
+    """Files curl or wget write: ``-o f``, ``-O`` (the URL's name), wget's default."""
+    if inv.program not in ("curl", "wget"):
+        return []
+    output = ("-o", "--output") if inv.program == "curl" else ("-O", "--output-document")
+    found, urls, remote_name = [], [], inv.program == "wget"
+    argv = inv.argv
+    for i, text in enumerate(argv):
+        option = text.split("=", 1)[0]
+        short = re.fullmatch(r"-[a-zA-Z]*" + output[0][1], text)
+        if (text in output or short) and i + 1 < len(argv):
+            found.append(argv[i + 1])
+        elif option == output[1] and "=" in text:
+            found.append(text.partition("=")[2])
+        elif text.startswith(output[0]) and not text.startswith("--") and len(text) > 2:
+            found.append(text[2:])
+        elif inv.program == "curl" and (
+            text in ("--remote-name", "--remote-name-all") or re.fullmatch(r"-[a-zA-Z]*O", text)
+        ):
+            remote_name = True
+        elif "://" in text:
+            urls.append(text)
+    if remote_name and not found:
+        found += [posixpath.basename(u.split("?", 1)[0].rstrip("/")) or "index.html" for u in urls]
+    return [f for f in found if f and f != "-"]
+
+
+def _norm(path: str) -> str:
+    return posixpath.normpath(path) if path else path
 
 
 def _short(text: str, limit: int = 80) -> str:
@@ -901,7 +1147,7 @@ class Guard:
         """Allow, deny or ask for one shell command string."""
         evaluation = _Evaluation(self)
         try:
-            evaluation.script(parse_script(command), depth=0)
+            evaluation.script(parse_script(command, budget=evaluation.budget), depth=0)
         except _Decided as decided:
             return decided.result
         except RecursionError:

@@ -26,6 +26,8 @@ import itertools
 import re
 import shlex
 import threading
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import tree_sitter
@@ -38,6 +40,11 @@ MAX_NESTING = 64
 """Statements and substitutions nested deeper than this are "too complex"."""
 MAX_NODES = 20_000
 MAX_BRACE_WORDS = 256
+MAX_PIPES = 1000
+"""More ``|`` than this (quoted or not) are not parsed: tree-sitter's error recovery after a
+long pipeline takes memory no progress callback can stop (``a|`` * 10,000 took 1 GB)."""
+PARSE_SECONDS = 2.0
+"""CPU seconds all the parses of one guard check may take together."""
 _FALLBACK_BYTES = 64 * 1024
 
 _LANGUAGE = tree_sitter.Language(tree_sitter_bash.language())
@@ -59,6 +66,9 @@ _REDIRECTS = frozenset({"file_redirect", "heredoc_redirect", "herestring_redirec
 _UNCONDITIONAL = frozenset({"program", "compound_statement", "redirected_statement"})
 _VAR_WRITERS = frozenset({"read", "mapfile", "readarray", "getopts", "printf", "unset"})
 _GLOB = re.compile(r"[*?\[]")
+_JOINED = re.compile(rb"(?:\\\n)*")
+_SPECIAL = frozenset("0123456789@*#")
+_HIDDEN_SUB = re.compile(r"`|\$\(|[<>]\(")
 _BACKSLASH = re.compile(r"\\(.)", re.DOTALL)
 _DQUOTE_ESCAPE = re.compile(r'\\([$`"\\\n])')
 _C_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{1,2}|u[0-9a-fA-F]{1,4}|U[0-9a-fA-F]{1,8}|[0-7]{1,3}|c.|.)")
@@ -93,6 +103,7 @@ class Word:
     dynamic: bool = False  # part of the value is only known at run time
     glob: bool = False  # has unquoted glob characters
     subs: tuple[Sub, ...] = ()
+    bare: str | None = None  # a dynamic word's text should its run-time parts be empty
 
 
 @dataclass(frozen=True)
@@ -126,22 +137,47 @@ def basename(text: str) -> str:
     return text.rsplit("/", 1)[-1]
 
 
-def parse_script(text: str) -> Script:
-    """Parse shell text; never raises for any input string."""
+class Budget:
+    """CPU time one guard check may spend parsing. tree-sitter's error recovery is superlinear
+    on some inputs (200 KB of ``a|a|...|`` takes minutes and gigabytes), so every parse of one
+    check shares this and stops when it runs out."""
+
+    def __init__(self, seconds: float = PARSE_SECONDS) -> None:
+        self.deadline = time.thread_time() + seconds
+
+    def spent(self, *_: object) -> bool:
+        return time.thread_time() > self.deadline
+
+
+def parse_script(
+    text: str, *, positional: Sequence[str] | None = (), budget: Budget | None = None
+) -> Script:
+    """Parse shell text; never raises for any input string.
+
+    ``positional`` holds ``$0 $1 ...`` (``$0`` first; default: a ``sh -c`` without operands,
+    so ``$1``.. and ``$@`` are empty); None when they are unknown.
+    """
     error = "command contains a NUL byte" if "\x00" in text else None
     text = text.replace("\x00", " ")
     data = text.encode("utf-8", "replace")
     if len(data) > MAX_BYTES:
         return Script(error=f"command is {len(data)} bytes (limit {MAX_BYTES})", too_complex=True)
-    tree = _parser().parse(data.translate(_ASCII_ONLY))
+    pipes = data.count(b"|") - 2 * data.count(b"||")
+    if pipes > MAX_PIPES:
+        return Script(error=f"command has {pipes} '|' (limit {MAX_PIPES})", too_complex=True)
+    budget = budget or Budget()
+    tree = _parse(data.translate(_ASCII_ONLY), budget)
+    if tree is None:
+        return Script(error="command took too long to parse", too_complex=True)
     root = tree.root_node
-    walker = _Walker(data)
+    walker = _Walker(data, positional, budget)
     try:
         walker.statement(root)
     except (_TooComplex, RecursionError) as exc:
         return Script(tuple(_fallback(text)), error=str(exc) or "too deep", too_complex=True)
     if error is None and root.has_error:
         error = _syntax_error(root, data)
+    error = error or walker.error
     fallback = _fallback(text) if error else []
     return Script(
         tuple(walker.commands + fallback),
@@ -149,6 +185,22 @@ def parse_script(text: str) -> Script:
         tuple(walker.fork_bombs),
         error,
     )
+
+
+def _parse(data: bytes, budget: Budget) -> tree_sitter.Tree | None:
+    """tree-sitter parse that gives up (None) when the budget runs out."""
+    if budget.spent():
+        return None
+
+    def read(offset: int, _point: object) -> bytes:
+        return data[offset : offset + 65536]
+
+    parser = _parser()
+    try:
+        return parser.parse(read, progress_callback=budget.spent)
+    except ValueError:  # "Parsing failed": the budget ran out
+        parser.reset()  # a cancelled parse would otherwise resume on the next call
+        return None
 
 
 def static_output(command: Command) -> str | None:
@@ -194,8 +246,11 @@ def _parser() -> tree_sitter.Parser:
 class _Walker:
     """One pass over a syntax tree; collects commands in source order."""
 
-    def __init__(self, src: bytes) -> None:
+    def __init__(self, src: bytes, positional: Sequence[str] | None, budget: Budget) -> None:
         self.src = src
+        self.positional = None if positional is None else tuple(positional)
+        self.budget = budget
+        self.error: str | None = None  # a syntax error in text tree-sitter left unparsed
         self.commands: list[Command] = []
         self.pipelines: list[tuple[tuple[Command, ...], ...]] = []
         self.fork_bombs: list[str] = []
@@ -243,6 +298,8 @@ class _Walker:
             self.declaration(node)
         elif kind == "function_definition":
             self.function(node)
+        elif kind == "while_statement":
+            self.loop(node)
         else:
             self.block(node, conditional=kind not in _UNCONDITIONAL)
 
@@ -262,6 +319,16 @@ class _Walker:
             elif child.is_named:
                 self.scan(child)
         self.cond -= conditional
+
+    def loop(self, node: Node) -> None:
+        """``while true; do sh & done``: an endless loop that starts background processes."""
+        first = len(self.commands)
+        self.block(node, conditional=True)
+        endless = ["false"] if node.children[0].type == "until" else ["true"], [":"]
+        condition = self.commands[first].words if first < len(self.commands) else ()
+        body = self.commands[first + 1 :]
+        if [w.text for w in condition] in endless and any(c.background for c in body):
+            self.fork_bombs.append("while")
 
     def and_or(self, node: Node) -> None:
         items: list[Node] = []
@@ -316,24 +383,46 @@ class _Walker:
         self.cond -= 1
 
     def command(self, node: Node, redirects: list[Redirect]) -> None:
-        words: list[Word] = []
         own: list[Redirect] = []
-        children = node.children
-        for i, child in enumerate(children):
+        pieces: list[Node] = []
+        for child in node.children:
             kind = child.type
             if kind == "variable_assignment":  # prefix assignment: only its substitutions run
                 self.scan(child)
             elif kind in _REDIRECTS:
                 own.extend(self.redirect(child, []))
             elif kind == "command_name":
-                for part in child.children:
-                    words.extend(self.expand(part))
-            elif kind == "$" and i + 1 < len(children):  # `$"..."` split by tree-sitter
-                continue
+                pieces.extend(_flat(child.children))
             else:
-                words.extend(self.expand(child))
-        words = self.after_words(words)
+                pieces.extend(_flat([child]))
+        words = self.after_words(self.words(pieces))
         self.commands.append(Command(tuple(words), tuple(own + redirects), self.background > 0))
+
+    def words(self, pieces: list[Node]) -> list[Word]:
+        """Pieces with nothing but line continuations between them are one shell word
+        (tree-sitter splits ``r\\<newline>m`` and ``rm$IFS$9-rf`` apart)."""
+        words: list[Word] = []
+        segs: list[_Seg] = []
+        subs: list[Sub] = []
+        dollar, end = False, -1
+        for piece in pieces:
+            if end >= 0 and not _JOINED.fullmatch(self.src[end : piece.start_byte]):
+                words.extend(_fields(segs, tuple(subs)))
+                segs, subs, dollar = [], [], False
+            end = piece.end_byte
+            text = self.text(piece)
+            if dollar and piece.type == "word" and text[:1] in _SPECIAL:  # `$` `9-rf`
+                self.parameter(text[0], segs, quoted=False, source="$" + text[0])
+                segs.extend(_unescape_word(text[1:]))
+            elif piece.type != "$":
+                if dollar and piece.type not in ("string", "translated_string"):
+                    segs.append(("$", _LIT))
+                self.segments(piece, segs, subs, quoted=False)
+            dollar = piece.type == "$"
+        if dollar:
+            segs.append(("$", _LIT))
+        words.extend(_fields(segs, tuple(subs)))
+        return words
 
     def after_words(self, words: list[Word]) -> list[Word]:
         """Apply aliases and forget variables this command may set."""
@@ -350,7 +439,21 @@ class _Walker:
         elif program in _VAR_WRITERS:
             for word in words[1:]:
                 self.vars.pop(word.text.split("=", 1)[0], None)
+        elif program in ("set", "shift"):
+            self.set_positional(words[1:] if program == "set" else None)
         return words
+
+    def set_positional(self, args: list[Word] | None) -> None:
+        """``set -- a b`` sets ``$1 $2``; ``shift`` or anything unclear makes them unknown."""
+        if args is not None and args and args[0].text == "--":
+            args = args[1:]
+        elif args is not None and (not args or args[0].text.startswith(("-", "+"))):
+            return  # options only
+        known = self.positional
+        if args is None or self.cond or known is None or any(w.dynamic for w in args):
+            self.positional = None
+        else:
+            self.positional = (known[:1] or ("",)) + tuple(w.text for w in args)
 
     def assignment(self, node: Node) -> Word:
         name_node, value = node.child_by_field_name("name"), node.child_by_field_name("value")
@@ -385,9 +488,11 @@ class _Walker:
         name = self.text(name_node) if name_node else ""
         first_command, first_pipeline = len(self.commands), len(self.pipelines)
         self.cond += 1
+        outer, self.positional = self.positional, None  # $1.. are the function's arguments
         for child in node.children:
             if child.type in _STATEMENTS:
                 self.statement(child)
+        self.positional = outer
         self.cond -= 1
         piped = {id(c) for p in self.pipelines[first_pipeline:] for s in p for c in s}
         for command in self.commands[first_command:]:
@@ -517,10 +622,58 @@ class _Walker:
             return
         if not simple:
             subs.extend(self.scan(node))
+            for child in node.children:  # `${x:=`id`}`, `${x#$(id)}`: left as plain text
+                if child.child_count == 0 and _HIDDEN_SUB.search(self.text(child)):
+                    subs.append(self.reparse(self.text(child)))
         if simple and name in self.vars:
             self.value(self.vars[name], out, quoted=quoted)
+        elif simple and name is not None and name in _SPECIAL:
+            self.parameter(name, out, quoted=quoted, source=source)
         else:
             out.append((source, _DYN))
+
+    def parameter(self, name: str, out: list[_Seg], *, quoted: bool, source: str) -> None:
+        """``$0``..``$9``, ``$@``, ``$*``, ``$#`` from the known positional parameters."""
+        known = self.positional
+        if known is None or (name == "0" and not known):
+            out.append((source, _DYN))
+        elif name.isdigit():
+            index = int(name)
+            self.value(known[index] if index < len(known) else "", out, quoted=quoted)
+        elif name == "#":
+            out.append((str(max(len(known) - 1, 0)), _QUOTED))
+        elif name == "@" and quoted:  # "$@": one word per parameter
+            for i, value in enumerate(known[1:]):
+                out.extend([("", _SPLIT)] if i else [])
+                out.append((value, _QUOTED))
+        else:
+            self.value(" ".join(known[1:]), out, quoted=quoted)
+
+    def reparse(self, text: str) -> Sub:
+        """Commands in a piece of text tree-sitter did not parse as code."""
+        self.depth += 1
+        try:
+            if self.depth > MAX_NESTING:
+                raise _TooComplex(f"command nests deeper than {MAX_NESTING} levels")
+            data = (": " + text).encode("utf-8", "replace")
+            tree = _parse(data.translate(_ASCII_ONLY), self.budget)
+            if tree is None:
+                raise _TooComplex("command took too long to parse")
+            inner = _Walker(data, self.positional, self.budget)
+            inner.vars, inner.aliases, inner.ifs = self.vars, self.aliases, self.ifs
+            inner.depth, inner.nodes, inner.cond = self.depth, self.nodes, self.cond + 1
+            inner.background = self.background
+            inner.statement(tree.root_node)
+        finally:
+            self.depth -= 1
+        self.nodes = inner.nodes
+        if tree.root_node.has_error:
+            self.error = self.error or _syntax_error(tree.root_node, data)
+        self.error = self.error or inner.error
+        self.commands.extend(inner.commands)
+        self.pipelines.extend(inner.pipelines)
+        self.fork_bombs.extend(inner.fork_bombs)
+        return Sub("$(", tuple(inner.commands))
 
     def value(self, value: str, out: list[_Seg], *, quoted: bool) -> None:
         """A known expansion result: one piece when quoted, split on $IFS when not."""
@@ -569,6 +722,10 @@ class _Walker:
         return found
 
 
+def _flat(nodes: list[Node]) -> list[Node]:
+    return [part for n in nodes for part in (n.children if n.type == "concatenation" else [n])]
+
+
 def _subs(words: list[Word]) -> tuple[Sub, ...]:
     return tuple(s for w in words for s in w.subs)
 
@@ -612,7 +769,8 @@ def _field_words(group: list[_Seg], subs: tuple[Sub, ...]) -> list[Word]:
     dynamic = any(k == _DYN for _, k in group)
     glob = any(k in (_LIT, _EXPANDED) and _GLOB.search(s) for s, k in group)
     if not any(k == _LIT and "{" in s for s, k in group):
-        return [Word("".join(s for s, _ in group), dynamic, glob, subs)]
+        bare = "".join(s for s, k in group if k != _DYN) if dynamic else None
+        return [Word("".join(s for s, _ in group), dynamic, glob, subs, bare)]
     masked = "".join(s if k == _LIT else s.translate(_PROTECT) for s, k in group)
     texts = brace_expand(masked)
     if texts is None:  # too many words: keep it, but do not trust it
