@@ -72,8 +72,12 @@ def adapt_schema(schema: Mapping[str, Any], fmt: SchemaFormat) -> dict[str, Any]
     """A new JSON-ready schema for that provider; `schema` is not changed.
 
     openai: top-level `type: "object"` and `properties`; no `$schema`/`$id`; a top-level
-    allOf/anyOf/oneOf is merged into one object (OpenAI refuses them there).
-    anthropic: the full schema with top-level `type: "object"`, without `$schema`.
+    allOf/anyOf/oneOf is merged into one object (OpenAI refuses them there); an array
+    schema without `items` gets `items: {}` (any item, as before; OpenAI answers "array
+    schema missing items" otherwise).
+    anthropic: the full schema with top-level `type: "object"`, without `$schema`; a
+    top-level allOf/anyOf/oneOf is merged as for openai (Anthropic answers "input_schema
+    does not support oneOf, allOf, or anyOf at the top level").
     gemini: the OpenAPI 3.0 subset Gemini accepts; see `_Gemini`.
     """
     plain: dict[str, Any] = _plain(schema)
@@ -81,10 +85,9 @@ def adapt_schema(schema: Mapping[str, Any], fmt: SchemaFormat) -> dict[str, Any]
         case SchemaFormat.JSON_SCHEMA:
             return plain
         case SchemaFormat.OPENAI:
-            return _openai(plain)
+            return _with_items(_object_root(plain))
         case SchemaFormat.ANTHROPIC:
-            plain.pop("$schema", None)
-            return {**plain, "type": "object"}
+            return _object_root(plain)
         case SchemaFormat.GEMINI:
             return _Gemini(plain).parameters()
 
@@ -127,7 +130,8 @@ def _merge(schemas: Iterable[Mapping[str, Any]], *, union: bool = False) -> dict
     return out
 
 
-def _openai(schema: dict[str, Any]) -> dict[str, Any]:
+def _object_root(schema: dict[str, Any]) -> dict[str, Any]:
+    """The root as one object schema: combinators merged, nothing but an object allowed."""
     for key in ("$schema", "$id", "enum", "const", "not"):
         schema.pop(key, None)
     parts = [_resolve_local(schema, part) for part in schema.pop("allOf", [])]
@@ -138,6 +142,37 @@ def _openai(schema: dict[str, Any]) -> dict[str, Any]:
         schema = _merge([schema, _merge(variants, union=True)])
     schema.setdefault("properties", {})
     return {**schema, "type": "object"}
+
+
+_SUBSCHEMA_MAPS: Final = (
+    "properties",
+    "patternProperties",
+    "$defs",
+    "definitions",
+    "dependentSchemas",
+)
+_SUBSCHEMA_LISTS: Final = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_ONE: Final = (
+    "items", "additionalProperties", "contains", "not", "if", "then", "else",
+    "propertyNames", "unevaluatedItems", "unevaluatedProperties",
+)  # fmt: skip
+
+
+def _with_items(node: Any) -> Any:
+    """`node` (changed in place) with `items: {}` in every array schema that has none."""
+    if not isinstance(node, dict):
+        return node
+    kind = node.get("type")
+    if (kind == "array" or (isinstance(kind, list) and "array" in kind)) and "items" not in node:
+        node["items"] = {}
+    subs = [node.get(key) for key in _SUBSCHEMA_ONE]
+    subs += [s for key in _SUBSCHEMA_LISTS if isinstance(node.get(key), list) for s in node[key]]
+    subs += [
+        s for key in _SUBSCHEMA_MAPS if isinstance(node.get(key), dict) for s in node[key].values()
+    ]
+    for sub in subs:
+        _with_items(sub)
+    return node
 
 
 def _resolve_local(root: Mapping[str, Any], node: Any) -> dict[str, Any]:
