@@ -14,7 +14,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from stockade.supervisor.config import CustomToolConfig
+from stockade.supervisor.config import CustomToolConfig, check_seconds
 from stockade.supervisor.errors import ConfigError
 
 
@@ -249,6 +249,24 @@ class Catalog:
         return frozenset(t.name for t in self.tools.values() if name in t.profiles)
 
 
+MAX_SCHEMA_NESTING = 64
+"""Nesting of a custom tool's JSON Schema (objects and lists): deeper ones made the schema
+check overflow Python's stack at load, a crash instead of a ConfigError."""
+
+
+def nesting_depth(value: object) -> int:
+    """How deeply lists and objects nest in `value` (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, Mapping):
+            item = list(item.values())
+        if isinstance(item, list | tuple):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in item)
+    return deepest
+
+
 _PLACEHOLDER = re.compile(r"\{\{\s*\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 _NAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9_-]{0,63}$")
 
@@ -281,6 +299,8 @@ def _check_custom(item: CustomToolConfig, tools: Mapping[str, ToolSpec]) -> None
         raise ConfigError(f"{where}: a tool name is letters, digits, _ and -, up to 64")
     if item.name in tools or item.name in ALIASES:
         raise ConfigError(f"{where}: the name is taken by a built-in tool or alias")
+    if nesting_depth(item.parameters) > MAX_SCHEMA_NESTING:
+        raise ConfigError(f"{where}.parameters nests deeper than {MAX_SCHEMA_NESTING} levels")
     if item.parameters.get("type") != "object":
         raise ConfigError(f'{where}.parameters must be an object schema (type = "object")')
     try:
@@ -294,5 +314,6 @@ def _check_custom(item: CustomToolConfig, tools: Mapping[str, ToolSpec]) -> None
     for profile in item.profiles:
         if profile not in PROFILES:
             raise ConfigError(f"{where}.profiles: unknown profile {profile!r}")
+    check_seconds(f"{where}.timeout_s", item.timeout_s)
     if item.timeout_s <= 0:
         raise ConfigError(f"{where}.timeout_s must be positive")

@@ -18,7 +18,7 @@ from typing import Any
 from stockade.supervisor import telemetry
 from stockade.supervisor.agent_client import AgentCallFailed, AgentReply
 from stockade.supervisor.audit import AuditLog, AuditRecord
-from stockade.supervisor.catalog import Catalog, ToolSpec, render_command
+from stockade.supervisor.catalog import Catalog, ToolSpec, nesting_depth, render_command
 from stockade.supervisor.config import Config
 from stockade.supervisor.errors import AgentMisbehaved, SandboxLost
 from stockade.supervisor.keys import validate_scoped as validate_key
@@ -466,22 +466,9 @@ def parse_arguments(arguments_json: str) -> dict[str, Any]:
         raise ValueError(too_deep) from None
     if not isinstance(args, dict):
         raise ValueError(f"arguments_json must be a JSON object, got {type(args).__name__}")
-    if _depth(args) > MAX_ARGUMENT_DEPTH:
+    if nesting_depth(args) > MAX_ARGUMENT_DEPTH:
         raise ValueError(too_deep)
     return args
-
-
-def _depth(value: object) -> int:
-    """How deeply lists and objects nest in `value` (a scalar: 0), without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        if isinstance(item, list):
-            deepest = max(deepest, level)
-            stack.extend((child, level + 1) for child in item)
-    return deepest
 
 
 def failure(code: ErrorCode, message: str) -> ToolResult:

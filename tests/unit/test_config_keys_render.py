@@ -72,6 +72,7 @@ def test_config_file_env_and_overrides(tmp_path: Path, monkeypatch: pytest.Monke
         ("[sandbox]\nruntime = '" + "r" * 5000 + "'\n", "longer than 4096 characters"),
         ("sandbox = 3\n", "[sandbox] must be a table"),
         ("listen = \n", "cannot read config"),
+        ("x = " + "[" * 5000 + "]" * 5000 + "\n", "cannot read config"),
     ],
 )
 def test_bad_config_is_an_error_at_load(tmp_path: Path, text: str, message: str) -> None:

@@ -224,3 +224,52 @@ deny = ["group:custom"]
     assert allowed(toml) == ALL | {"dns_lookup"}
     assert allowed(toml, agent_id="a") == ALL
     assert "dns_lookup" not in allowed(toml + '[tools]\nprofile = "messaging"\n')
+
+
+def _deep_schema(levels: int) -> str:
+    inner = '{ type = "string" }'
+    for _ in range(levels):
+        inner = f'{{ type = "object", properties = {{ a = {inner} }} }}'
+    return inner
+
+
+CUSTOM_HEAD = '[[custom_tools]]\nname = "t"\ndescription = "d"\ncommand = "true"\n'
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("[limits]\nrate_per_s = nan", "limits.rate_per_s must be a finite number"),
+        ("[limits]\nrate_per_s = inf", "limits.rate_per_s must be a finite number"),
+        ("[approvals]\ntimeout_s = nan", "approvals.timeout_s must be a finite number"),
+        ("[approvals]\ntimeout_s = inf", "approvals.timeout_s must be a finite number"),
+        ("[subagents]\nmax_depth = 0", "subagents.max_depth must be at least 1"),
+        ("[subagents]\nmax_depth = -3", "subagents.max_depth must be at least 1"),
+        ("[audit]\nmax_arguments_bytes = -1", "audit.max_arguments_bytes must be positive"),
+        ("[tools]\nuser_max_bytes = 0", "tools.user_max_bytes must be positive"),
+        (CUSTOM_HEAD + "timeout_s = nan", "custom_tools.t.timeout_s must be a finite number"),
+        (CUSTOM_HEAD + "timeout_s = inf", "custom_tools.t.timeout_s must be a finite number"),
+        (
+            CUSTOM_HEAD + f"parameters = {_deep_schema(60)}",
+            "custom_tools.t.parameters nests deeper than",
+        ),
+        ('[agents.""]\napprovals = "off"', "agents: an id must not be empty"),
+        ('[groups.""]\ntools = { deny = ["exec"] }', "groups: an id must not be empty"),
+        ('[tools.by_provider.""]\ndeny = ["exec"]', "tools.by_provider: an id must not be empty"),
+        ('[tools]\nallow = ["group:"]', "unknown group 'group:'"),
+        ('[tools]\nallow = ["group:FS"]', "unknown group 'group:FS'"),
+        ('[tools]\nallow = "exec"', "tools.allow must be a list"),
+        ("[tools]\nallow = [1]", "tools.allow[0] must be str"),
+        ("[tools]\nprofile = 1", "tools.profile must be str"),
+        ("[agents.a]\ntools = []", "[agents.a.tools] must be a table"),
+    ],
+)
+def test_hostile_policy_config_is_a_clear_error(toml: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        engine(toml)
+    assert message in str(info.value)
+
+
+def test_huge_lists_load() -> None:
+    names = ", ".join(['"exec"', '"read"', '"group:fs"'] * 20_000)
+    assert allowed(f"[tools]\nallow = [{names}]\ndeny = [{names}]") == set()
