@@ -85,7 +85,9 @@ def adapt_schema(schema: Mapping[str, Any], fmt: SchemaFormat) -> dict[str, Any]
         case SchemaFormat.JSON_SCHEMA:
             return plain
         case SchemaFormat.OPENAI:
-            return _with_items(_object_root(plain))
+            root = _object_root(plain)
+            _with_items(root)
+            return root
         case SchemaFormat.ANTHROPIC:
             return _object_root(plain)
         case SchemaFormat.GEMINI:
