@@ -206,8 +206,12 @@ ALIASES: Mapping[str, str] = MappingProxyType(
 PROFILES = ("minimal", "coding", "messaging", "full")
 KNOWN_GROUPS = frozenset(
     {"fs", "runtime", "custom", "web", "memory", "sessions", "ui", "automation", "messaging"}
+    | {"nodes", "agents", "media"}
 )
-"""Groups of the reference tables; those Stockade has no tools in are empty, not errors."""
+"""Groups of the reference tables (GoClaw's, then OpenClaw's); those Stockade has no tools
+in are empty, not errors."""
+NATIVE_GROUPS = frozenset({"goclaw", "openclaw"})
+"""GoClaw's and OpenClaw's composite groups: every built-in tool, no custom one."""
 
 
 class Catalog:
@@ -232,6 +236,8 @@ class Catalog:
         """The tool names an allow/deny entry stands for; ConfigError when it is unknown."""
         if entry.startswith("group:"):
             group = entry.removeprefix("group:")
+            if group in NATIVE_GROUPS:
+                return frozenset(t.name for t in self.tools.values() if t.custom is None)
             if group not in KNOWN_GROUPS:
                 raise ConfigError(f"{where}: unknown group {entry!r}")
             return frozenset(t.name for t in self.tools.values() if t.group == group)

@@ -273,3 +273,85 @@ def test_hostile_policy_config_is_a_clear_error(toml: str, message: str) -> None
 def test_huge_lists_load() -> None:
     names = ", ".join(['"exec"', '"read"', '"group:fs"'] * 20_000)
     assert allowed(f"[tools]\nallow = [{names}]\ndeny = [{names}]") == set()
+
+
+FULL_ONLY_TOOL = """
+[[custom_tools]]
+name = "deploy"
+description = "Deploy"
+command = "true"
+profiles = ["full"]
+"""
+
+PROFILE_CASES = [
+    (
+        "2 provider profile overrides the global one (GoClaw step 2), widening too",
+        '[tools]\nprofile = "minimal"\n[tools.by_provider.openai]\nprofile = "coding"',
+        {"provider": "openai"},
+        ALL,
+    ),
+    (
+        "2 without that provider the global profile holds",
+        '[tools]\nprofile = "minimal"\n[tools.by_provider.openai]\nprofile = "coding"',
+        {"provider": "gemini"},
+        set(),
+    ),
+    (
+        "2 provider profile full brings a full-only tool back",
+        FULL_ONLY_TOOL + '[tools]\nprofile = "coding"\n[tools.by_provider.o]\nprofile = "full"',
+        {"provider": "o"},
+        ALL | {"deploy"},
+    ),
+    (
+        "agent's provider profile overrides the agent's profile",
+        '[agents.a.tools]\nprofile = "minimal"\n[agents.a.tools.by_provider.o]\nprofile = "full"',
+        {"agent_id": "a", "provider": "o"},
+        ALL,
+    ),
+    (
+        "agent's profile still narrows for other providers",
+        '[agents.a.tools]\nprofile = "minimal"\n[agents.a.tools.by_provider.o]\nprofile = "full"',
+        {"agent_id": "a", "provider": "x"},
+        set(),
+    ),
+    (
+        "an agent's profile never widens the global one",
+        '[tools]\nprofile = "minimal"\n[agents.a.tools]\nprofile = "full"',
+        {"agent_id": "a"},
+        set(),
+    ),
+    (
+        "provider allow still intersects (step 4)",
+        '[tools]\nallow = ["group:fs"]\n[tools.by_provider.o]\nallow = ["exec", "read"]',
+        {"provider": "o"},
+        {"read_file"},
+    ),
+    ("group:goclaw is every built-in tool", '[tools]\nallow = ["group:goclaw"]', {}, ALL),
+    (
+        "group:openclaw leaves custom tools out",
+        FULL_ONLY_TOOL + '[tools]\nallow = ["group:openclaw"]',
+        {},
+        ALL,
+    ),
+    (
+        "OpenClaw's groups without tools here are empty",
+        '[tools]\ndeny = ["group:nodes", "group:agents", "group:media"]',
+        {},
+        ALL,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("toml", "ctx", "expected"),
+    [c[1:] for c in PROFILE_CASES],
+    ids=[c[0] for c in PROFILE_CASES],
+)
+def test_profiles_and_reference_groups(toml: str, ctx: dict[str, Any], expected: set[str]) -> None:
+    assert allowed(toml, **ctx) == expected
+
+
+def test_overriding_profile_is_the_step_named() -> None:
+    toml = '[tools]\nprofile = "coding"\n[tools.by_provider.o]\nprofile = "minimal"'
+    decision = engine(toml).decide("exec", CallContext(provider="o"))
+    assert (decision.allowed, decision.step) == (False, "tools.by_provider.o.profile")
