@@ -64,6 +64,11 @@ class KeyLimiter:
             slots.waiting += 1
             try:
                 await slots.freed.wait_for(lambda: slots.running < cfg.max_concurrent)
+            except asyncio.CancelledError:
+                # The wake-up of a freed slot may have come to this call as it was cancelled
+                # (Python 3.11's Condition drops it): pass it on to the next one in the queue.
+                slots.freed.notify()
+                raise
             finally:
                 slots.waiting -= 1
             slots.running += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -227,4 +228,43 @@ async def test_concurrency_cap_and_queue_bound() -> None:
     release.set()
     await asyncio.gather(*tasks)
     assert peak == 2
+    assert limiter.running("k") == 0
+
+
+async def _spin(until: Callable[[], bool]) -> bool:
+    """Let the event loop run a bounded number of steps until `until()` holds."""
+    for _ in range(200):
+        if until():
+            return True
+        await asyncio.sleep(0)
+    return until()
+
+
+async def test_a_queued_call_cancelled_as_it_is_woken_passes_the_slot_on() -> None:
+    """The freed slot's wake-up went to a call that was cancelled at that moment (its client
+    went away); the next queued call must get the slot, not wait for another call to end."""
+    limiter = KeyLimiter(LimitsConfig(max_concurrent=1, max_queued=10))
+    release, started = asyncio.Event(), []
+
+    async def work(name: str, hold: asyncio.Event | None = None) -> None:
+        async with limiter.slot("k"):
+            started.append(name)
+            if hold is not None:
+                await hold.wait()
+
+    async def first_then_cancel() -> None:
+        await work("first", release)
+        doomed.cancel()  # in the same step as the exit that woke `doomed`
+
+    first = asyncio.create_task(first_then_cancel())
+    assert await _spin(lambda: started == ["first"])
+    doomed = asyncio.create_task(work("doomed"))
+    queued = asyncio.create_task(work("queued", asyncio.Event()))
+    assert await _spin(lambda: limiter._slots["k"].waiting == 2)
+    release.set()
+    await first
+    assert await _spin(lambda: "queued" in started), started
+    assert "doomed" not in started
+    queued.cancel()
+    await asyncio.gather(doomed, queued, return_exceptions=True)
     assert limiter.running("k") == 0
