@@ -11,7 +11,7 @@ import pytest
 
 from stockade.supervisor.audit import AuditLog, AuditQuery, AuditRecord
 from stockade.supervisor.config import AgentConfig, ApprovalsConfig, LimitsConfig
-from stockade.supervisor.errors import ApprovalNotFound, InvalidRequest
+from stockade.supervisor.errors import ApprovalNotFound, ApproverBehind, InvalidRequest
 from stockade.supervisor.policy.approvals import (
     AllowAlways,
     ApprovalManager,
@@ -21,10 +21,10 @@ from stockade.supervisor.policy.approvals import (
 from stockade.supervisor.policy.limits import KeyLimiter, LimitExceeded
 
 
-def manager(tmp_path: Path, **cfg: object) -> ApprovalManager:
+def manager(tmp_path: Path, backlog: int = 10_000, **cfg: object) -> ApprovalManager:
     agents = {"strict": AgentConfig(approvals="always"), "free": AgentConfig(approvals="off")}
     config = ApprovalsConfig(**cfg)  # type: ignore[arg-type]
-    return ApprovalManager(config, agents, AllowAlways(tmp_path / "db"))
+    return ApprovalManager(config, agents, AllowAlways(tmp_path / "db"), backlog=backlog)
 
 
 async def ask(mgr: ApprovalManager, command: str = "make deploy", agent: str = "") -> object:
@@ -268,3 +268,25 @@ async def test_a_queued_call_cancelled_as_it_is_woken_passes_the_slot_on() -> No
     queued.cancel()
     await asyncio.gather(doomed, queued, return_exceptions=True)
     assert limiter.running("k") == 0
+
+
+async def test_an_approver_that_never_reads_is_dropped_not_buffered(tmp_path: Path) -> None:
+    """Its events are not kept without end: past the backlog its stream ends with
+    ApproverBehind, it no longer counts as connected, and nothing pending is lost."""
+    mgr = manager(tmp_path, backlog=10, mode="always")
+    stream = mgr.watch()
+    first = asyncio.ensure_future(anext(stream))  # reads one event, then never again
+    assert await _spin(lambda: mgr.watchers == 1)
+    calls = [asyncio.create_task(ask(mgr, "make t0"))]
+    assert isinstance(await first, Pending)
+    calls += [asyncio.create_task(ask(mgr, f"make t{i}")) for i in range(1, 30)]
+    assert await _spin(lambda: all(c.done() for c in calls[12:]))
+    assert mgr.watchers == 0
+    assert len(mgr.pending()) == 12
+    assert {c.result().how for c in calls[12:]} == {"no-approver"}  # type: ignore[attr-defined]
+    with pytest.raises(ApproverBehind, match="reconnect"):
+        await anext(stream)
+    approver = Approver(mgr, "allow-once")
+    outcomes = await asyncio.gather(*calls[:12])
+    assert {o.how for o in outcomes} == {"allow-once"}  # type: ignore[attr-defined]
+    await approver.stop()
