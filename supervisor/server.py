@@ -520,7 +520,7 @@ class AuditServicer(audit_pb2_grpc.AuditServiceServicer):
     async def ListAudit(self, request: Any, context: Any) -> Any:
         if self._audit is None:
             raise errors.ConfigError("the audit log is off (audit.enabled = false)")
-        since = request.since.ToDatetime(UTC).timestamp() if request.HasField("since") else 0.0
+        since = request.since.seconds + request.since.nanos / 1e9  # any value: no datetime
         tenant = current_tenant()
         query = AuditQuery(
             tenant=tenant,

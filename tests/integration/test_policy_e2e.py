@@ -11,16 +11,20 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
+import grpc
 import pytest
 
 from stockade.client import (
     ApprovalClosed,
     ApprovalRequest,
     CallContext,
+    InvalidArgument,
     Stockade,
     ToolResult,
 )
+from stockade.v1 import audit_pb2, audit_pb2_grpc
 from tests.integration.harness import Supervisor, running_supervisor
 
 pytestmark = pytest.mark.timeout(300)
@@ -327,3 +331,53 @@ def test_audit_through_api_and_cli(sup: Supervisor, c: Stockade, key: str) -> No
     assert [line["tool"] for line in lines] == ["write_file", "exec"]
     errors = c.list_audit(sandbox_key=key, errors_only=True)
     assert [r.tool for r in errors] == ["write_file"]
+
+
+def _cli(sup: Supervisor, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "STOCKADE_ADDR": sup.target}
+    cmd = [sys.executable, "-m", "stockade.supervisor.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_audit_with_hostile_filters(sup: Supervisor, c: Stockade, key: str) -> None:
+    c.sandbox(key).exec("echo hostile filters")
+    future = datetime.now(UTC) + timedelta(days=365)
+    assert c.list_audit(sandbox_key=key, since=future) == []
+    assert len(c.list_audit(sandbox_key=key, limit=2**32 - 1)) == 1
+    assert c.list_audit(sandbox_key=key, tool="no such tool") == []
+    for limit in (-1, 2**32):
+        with pytest.raises(InvalidArgument, match="limit"):
+            c.list_audit(sandbox_key=key, limit=limit)
+    # a raw request with timestamps no datetime holds (it was INTERNAL): an answer
+    with grpc.insecure_channel(sup.target) as channel:
+        stub = audit_pb2_grpc.AuditServiceStub(channel)
+        for seconds, nanos in ((2**62, 0), (-(2**62), 0), (0, -5), (0, 2**31 - 1)):
+            request = audit_pb2.ListAuditRequest(sandbox_key=key)
+            request.since.seconds, request.since.nanos = seconds, nanos
+            reply = stub.ListAudit(request, timeout=30)
+            assert len(reply.records) == (1 if seconds <= 0 else 0)
+    for args, message in (
+        (("--limit", "-1"), "limit must be between 0"),
+        (("--limit", "5000000000"), "limit must be between 0"),
+        (("--since", "99999999999d"), "--since"),
+        (("--since", "0001-01-01"), "--since"),
+        (("--since", "yesterday"), "--since"),
+    ):
+        done = _cli(sup, "audit", "--key", key, *args)
+        assert (done.returncode, done.stdout) == (2, ""), done.stderr
+        assert done.stderr.startswith("stockade: "), done.stderr
+        assert message in done.stderr
+        assert "Traceback" not in done.stderr
+    done = _cli(sup, "audit", "--key", key, "--since", future.isoformat())
+    assert (done.returncode, done.stdout) == (0, ""), done.stderr
+
+
+def test_cli_resolve_with_bad_input(sup: Supervisor) -> None:
+    for approval_id in ("nope", "", "x" * 10_000):
+        done = _cli(sup, "approvals", "resolve", approval_id, "allow-once")
+        assert done.returncode == 2, done.stderr
+        assert "NOT_FOUND" in done.stderr, done.stderr
+        assert len(done.stderr) < 500
+    done = _cli(sup, "approvals", "resolve", "abc", "maybe")
+    assert done.returncode == 2
+    assert "invalid choice: 'maybe'" in done.stderr
