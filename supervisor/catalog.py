@@ -16,6 +16,7 @@ from jsonschema.exceptions import SchemaError
 
 from stockade.supervisor.config import CustomToolConfig, check_seconds
 from stockade.supervisor.errors import ConfigError
+from stockade.supervisor.schemas import reference_problems
 
 
 @dataclass(frozen=True)
@@ -313,6 +314,9 @@ def _check_custom(item: CustomToolConfig, tools: Mapping[str, ToolSpec]) -> None
         Draft202012Validator.check_schema(dict(item.parameters))
     except SchemaError as exc:
         raise ConfigError(f"{where}.parameters is not a valid JSON Schema: {exc.message}") from exc
+    problems = reference_problems(item.parameters)
+    if problems:
+        raise ConfigError(f"{where}.parameters: {'; '.join(problems)}")
     declared = set(item.parameters.get("properties", {}))
     unknown = sorted(set(placeholders(item.command)) - declared)
     if unknown:

@@ -160,21 +160,43 @@ _SUBSCHEMA_ONE: Final = (
 )  # fmt: skip
 
 
-def _with_items(node: Any) -> Any:
-    """`node` (changed in place) with `items: {}` in every array schema that has none."""
-    if not isinstance(node, dict):
-        return node
-    kind = node.get("type")
-    if (kind == "array" or (isinstance(kind, list) and "array" in kind)) and "items" not in node:
-        node["items"] = {}
-    subs = [node.get(key) for key in _SUBSCHEMA_ONE]
+def _children(node: Mapping[str, Any]) -> list[Any]:
+    """The subschemas of a schema object (not property names that look like keywords)."""
+    subs = [node[key] for key in _SUBSCHEMA_ONE if key in node]
     subs += [s for key in _SUBSCHEMA_LISTS if isinstance(node.get(key), list) for s in node[key]]
     subs += [
         s for key in _SUBSCHEMA_MAPS if isinstance(node.get(key), dict) for s in node[key].values()
     ]
-    for sub in subs:
+    return subs
+
+
+def _with_items(node: Any) -> None:
+    """Give every array schema in `node` (changed in place) that has no `items` `items: {}`."""
+    if not isinstance(node, dict):
+        return
+    kind = node.get("type")
+    if (kind == "array" or (isinstance(kind, list) and "array" in kind)) and "items" not in node:
+        node["items"] = {}
+    for sub in _children(node):
         _with_items(sub)
-    return node
+
+
+def reference_problems(schema: Mapping[str, Any]) -> list[str]:
+    """Why `schema`'s references cannot be followed: a `$ref` that is not a pointer into the
+    schema itself (no other document is ever fetched), or an `$id` below the root (it would
+    move the base such pointers start from). Empty when there is nothing wrong."""
+    problems, stack = [], [(schema, True)]
+    while stack:
+        node, top = stack.pop()
+        if not isinstance(node, Mapping):
+            continue
+        if "$id" in node and not top:
+            problems.append("$id is allowed at the top only")
+        for key in ("$ref", "$dynamicRef"):
+            if key in node and _pointer(schema, node[key]) is None:
+                problems.append(f"{key} {node[key]!r} points nowhere in the schema")
+        stack.extend((sub, False) for sub in _children(node))
+    return problems
 
 
 def _resolve_local(root: Mapping[str, Any], node: Any) -> dict[str, Any]:

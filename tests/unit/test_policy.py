@@ -253,6 +253,20 @@ CUSTOM_HEAD = '[[custom_tools]]\nname = "t"\ndescription = "d"\ncommand = "true"
             CUSTOM_HEAD + f"parameters = {_deep_schema(60)}",
             "custom_tools.t.parameters nests deeper than",
         ),
+        (
+            CUSTOM_HEAD
+            + 'parameters = { type = "object", properties = { a = { "$ref" = "#/x" } } }',
+            "custom_tools.t.parameters: $ref '#/x' points nowhere in the schema",
+        ),
+        (
+            CUSTOM_HEAD
+            + 'parameters = { type = "object", properties = { a = { "$ref" = "http://h/x" } } }',
+            "custom_tools.t.parameters: $ref 'http://h/x' points nowhere in the schema",
+        ),
+        (
+            CUSTOM_HEAD + 'parameters = { type = "object", "$defs" = { a = { "$id" = "u:a" } } }',
+            "custom_tools.t.parameters: $id is allowed at the top only",
+        ),
         ('[agents.""]\napprovals = "off"', "agents: an id must not be empty"),
         ('[groups.""]\ntools = { deny = ["exec"] }', "groups: an id must not be empty"),
         ('[tools.by_provider.""]\ndeny = ["exec"]', "tools.by_provider: an id must not be empty"),
@@ -355,3 +369,12 @@ def test_overriding_profile_is_the_step_named() -> None:
     toml = '[tools]\nprofile = "coding"\n[tools.by_provider.o]\nprofile = "minimal"'
     decision = engine(toml).decide("exec", CallContext(provider="o"))
     assert (decision.allowed, decision.step) == (False, "tools.by_provider.o.profile")
+
+
+def test_local_references_and_property_names_like_keywords_load() -> None:
+    toml = (
+        CUSTOM_HEAD
+        + 'parameters = { type = "object", "$defs" = { s = { type = "string" } }, '
+        + 'properties = { a = { "$ref" = "#/$defs/s" }, "$ref" = { type = "string" } } }'
+    )
+    assert "t" in allowed(toml)
