@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -381,3 +382,26 @@ def test_cli_resolve_with_bad_input(sup: Supervisor) -> None:
     done = _cli(sup, "approvals", "resolve", "abc", "maybe")
     assert done.returncode == 2
     assert "invalid choice: 'maybe'" in done.stderr
+
+
+def test_truncation_through_api_audit_and_cli(sup: Supervisor, c: Stockade, key: str) -> None:
+    """for_llm keeps 64 KiB (head, marker, tail) and says truncated; for_user keeps all of
+    these 589 KB (its cap is 1 MiB); the audit records the bytes given to the user."""
+    result = c.sandbox(key).exec("seq 1 100000")
+    llm, user = result.for_llm.encode(), result.for_user.encode()
+    assert len(llm) <= 64 * 1024 < len(user)
+    assert result.truncated is True
+    assert result.for_llm.startswith("1\n2\n3\n")
+    assert result.for_llm.rstrip().endswith("99999\n100000")
+    omitted = re.search(r"\[\.\.\. (\d+) bytes omitted \.\.\.\]", result.for_llm)
+    assert omitted is not None
+    assert int(omitted.group(1)) == len(user) - len(llm) + len(omitted.group(0)) + 4
+    assert result.stdout == "".join(f"{i}\n" for i in range(1, 100001))
+    assert "omitted" not in result.for_user
+    record = c.list_audit(sandbox_key=key, limit=1)[0]
+    assert (record.tool, record.output_bytes, record.exit_code) == ("exec", len(user), 0)
+    done = _cli(sup, "call", key, "exec", json.dumps({"command": "seq 1 100000"}))
+    printed = json.loads(done.stdout)
+    assert printed["truncated"] is True
+    assert len(printed["for_llm"].encode()) <= 64 * 1024
+    assert printed["for_user"] == result.for_user
