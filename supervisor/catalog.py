@@ -222,8 +222,9 @@ class Catalog:
         tools = dict(TOOLS)
         for item in custom:
             _check_custom(item, tools)
+            profiles = tuple(dict.fromkeys([*item.profiles, "full"]))  # full: every tool
             tools[item.name] = ToolSpec(
-                item.name, "custom", item.description, item.parameters, tuple(item.profiles), item
+                item.name, "custom", item.description, item.parameters, profiles, item
             )
         self.tools: Mapping[str, ToolSpec] = MappingProxyType(tools)
 

@@ -269,6 +269,7 @@ class CustomToolConfig:
     workdir: str = "."
     env: Mapping[str, str] = field(default_factory=dict)
     profiles: tuple[str, ...] = ("coding", "full")
+    """The profiles that include this tool; `full` includes every tool in any case."""
 
 
 @dataclass(frozen=True)

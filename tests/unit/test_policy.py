@@ -378,3 +378,11 @@ def test_local_references_and_property_names_like_keywords_load() -> None:
         + 'properties = { a = { "$ref" = "#/$defs/s" }, "$ref" = { type = "string" } } }'
     )
     assert "t" in allowed(toml)
+
+
+@pytest.mark.parametrize("profiles", ['["coding"]', '["minimal"]', "[]"])
+def test_full_profile_restricts_nothing(profiles: str) -> None:
+    """GoClaw and OpenClaw: `full` is every tool, whatever profiles a custom tool lists."""
+    toml = CUSTOM_HEAD + f"profiles = {profiles}\n"
+    assert allowed(toml) == ALL | {"t"}
+    assert allowed(toml + '[tools]\nprofile = "full"\n') == ALL | {"t"}
