@@ -290,3 +290,61 @@ async def test_an_approver_that_never_reads_is_dropped_not_buffered(tmp_path: Pa
     outcomes = await asyncio.gather(*calls[:12])
     assert {o.how for o in outcomes} == {"allow-once"}  # type: ignore[attr-defined]
     await approver.stop()
+
+
+async def test_hostile_resolutions(tmp_path: Path) -> None:
+    """Two approvers racing, a second answer, an answer after the timeout and an answer to a
+    withdrawn request: the first answer counts, the others are NOT_FOUND."""
+    mgr = manager(tmp_path, mode="always", timeout_s=60)
+    watcher = Approver(mgr, None)
+    await watcher.started()
+    call = asyncio.create_task(ask(mgr))
+    assert await _spin(lambda: len(mgr.pending()) == 1)
+    request = mgr.pending()[0]
+    mgr.resolve(request.id, "deny", "alice")
+    with pytest.raises(ApprovalNotFound):
+        mgr.resolve(request.id, "allow-always", "mallory")
+    assert (await call).how == "deny"  # type: ignore[attr-defined]
+    assert "make deploy" not in mgr.always_allowed()
+    # an answer to a withdrawn request, and a cancel that lands as the answer comes
+    call = asyncio.create_task(ask(mgr))
+    assert await _spin(lambda: len(mgr.pending()) == 1)
+    request = mgr.pending()[0]
+    call.cancel()
+    await asyncio.gather(call, return_exceptions=True)
+    with pytest.raises(ApprovalNotFound):
+        mgr.resolve(request.id, "allow-once", "alice")
+    call = asyncio.create_task(ask(mgr))
+    assert await _spin(lambda: len(mgr.pending()) == 1)
+    mgr.resolve(mgr.pending()[0].id, "allow-once", "alice")
+    call.cancel()
+    await asyncio.gather(call, return_exceptions=True)
+    assert mgr.pending() == []
+    await watcher.stop()
+    # after the timeout
+    quick = manager(tmp_path, mode="always", timeout_s=0.01)
+    watcher = Approver(quick, None)
+    await watcher.started()
+    call = asyncio.create_task(ask(quick))
+    assert await _spin(lambda: len(quick.pending()) == 1)
+    late = quick.pending()[0].id
+    assert (await call).how == "timeout"  # type: ignore[attr-defined]
+    with pytest.raises(ApprovalNotFound):
+        quick.resolve(late, "allow-once", "alice")
+    await watcher.stop()
+
+
+async def test_a_thousand_calls_wait_and_are_answered(tmp_path: Path) -> None:
+    mgr = manager(tmp_path, mode="always", timeout_s=60)
+    calls = [asyncio.create_task(ask(mgr, f"make t{i}")) for i in range(1000)]
+    assert {(await c).how for c in calls} == {"no-approver"}  # type: ignore[attr-defined]
+    watcher = Approver(mgr, None)
+    await watcher.started()
+    calls = [asyncio.create_task(ask(mgr, f"make t{i}")) for i in range(1000)]
+    assert await _spin(lambda: len(mgr.pending()) == 1000)
+    late = Approver(mgr, "allow-once")  # connects with 1000 pending: gets and answers all
+    outcomes = await asyncio.gather(*calls)
+    assert {o.how for o in outcomes} == {"allow-once"}  # type: ignore[attr-defined]
+    assert mgr.pending() == []
+    await late.stop()
+    await watcher.stop()
