@@ -42,6 +42,8 @@ from stockade.supervisor.streaming import relay
 from stockade.supervisor.telemetry import Observer, Stages
 
 DEFAULT_CALL_TIMEOUT_S = 60.0
+CANCELLED = "CANCELLED"
+"""The audit's error code of a call whose caller went away before it ended."""
 STREAM_QUEUE = 64
 GUARD_INLINE_CHARS = 2048
 _GRACE_S = 10.0
@@ -136,6 +138,11 @@ class ToolPipeline:
             result = await self._run(call, trail, events)
         except _Stop as stop:
             result = stop.result
+        except asyncio.CancelledError:  # the caller went away: the call is audited all the same
+            elapsed = int((time.monotonic() - started) * 1000)
+            gone = replace(failure(ErrorCode.NONE, "cancelled"), duration_ms=elapsed)
+            self._audit(call, caller, trail, gone, error_code=CANCELLED)
+            raise
         return self.finish(call, caller, trail, result, started)
 
     def finish(
@@ -239,6 +246,7 @@ class ToolPipeline:
                 raise _Stop(failure(ErrorCode.PERMISSION_DENIED, message))
             if verdict.action == "ask":
                 must_ask = f"the guard asks: {verdict.reason}"
+        trail.approval = "withdrawn"  # unless the check below returns
         with trail.stages.timed("approval"):
             outcome = await self._policy.approvals.check(
                 sandbox_key=call.sandbox_key,
@@ -375,7 +383,9 @@ class ToolPipeline:
             redactions=max(count, streamed),
         )
 
-    def _audit(self, call: ToolCall, caller: str, trail: Trail, result: ToolResult) -> None:
+    def _audit(
+        self, call: ToolCall, caller: str, trail: Trail, result: ToolResult, error_code: str = ""
+    ) -> None:
         audit = self._policy.audit
         if audit is None:
             return
@@ -399,7 +409,8 @@ class ToolPipeline:
                 exit_code=exit_code if isinstance(exit_code, int) else -1,
                 output_bytes=len(result.for_user.encode("utf-8", "replace")),
                 redactions=result.redactions,
-                error_code="" if result.error_code is ErrorCode.NONE else result.error_code.value,
+                error_code=error_code
+                or ("" if result.error_code is ErrorCode.NONE else result.error_code.value),
                 is_error=result.is_error,
             )
         )
