@@ -243,6 +243,9 @@ def test_approver_disconnect_keeps_requests_and_cancel_withdraws(
     assert c.list_approvals().pending == []
     third.close()
     assert [e.outcome for e in third.events if isinstance(e, ApprovalClosed)] == ["withdrawn"]
+    gone = c.list_audit(sandbox_key=key, limit=1)[0]
+    assert (gone.error_code, gone.approval, gone.is_error) == ("CANCELLED", "withdrawn", True)
+    assert json.loads(gone.arguments_json) == {"command": "echo never"}
 
 
 def test_allow_always_survives_a_restart(engine: str) -> None:
