@@ -257,6 +257,9 @@ class Catalog:
         return frozenset(t.name for t in self.tools.values() if name in t.profiles)
 
 
+MAX_DESCRIPTION = 1024
+"""Longest tool description OpenAI accepts; ListTools must be able to give every tool in
+every format."""
 MAX_SCHEMA_NESTING = 64
 """Nesting of a custom tool's JSON Schema (objects and lists): deeper ones made the schema
 check overflow Python's stack at load, a crash instead of a ConfigError."""
@@ -305,6 +308,11 @@ def _check_custom(item: CustomToolConfig, tools: Mapping[str, ToolSpec]) -> None
     where = f"custom_tools.{item.name}"
     if not _NAME.match(item.name):
         raise ConfigError(f"{where}: a tool name is letters, digits, _ and -, up to 64")
+    if len(item.description) > MAX_DESCRIPTION:
+        raise ConfigError(
+            f"{where}.description is {len(item.description)} characters long; OpenAI takes "
+            f"at most {MAX_DESCRIPTION} (answering 400 string_above_max_length)"
+        )
     if item.name in tools or item.name in ALIASES:
         raise ConfigError(f"{where}: the name is taken by a built-in tool or alias")
     if nesting_depth(item.parameters) > MAX_SCHEMA_NESTING:

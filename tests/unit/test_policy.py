@@ -267,6 +267,10 @@ CUSTOM_HEAD = '[[custom_tools]]\nname = "t"\ndescription = "d"\ncommand = "true"
             CUSTOM_HEAD + 'parameters = { type = "object", "$defs" = { a = { "$id" = "u:a" } } }',
             "custom_tools.t.parameters: $id is allowed at the top only",
         ),
+        (
+            CUSTOM_HEAD.replace('"d"', '"' + "d" * 1025 + '"'),
+            "custom_tools.t.description is 1025 characters long; OpenAI takes at most 1024",
+        ),
         ('[agents.""]\napprovals = "off"', "agents: an id must not be empty"),
         ('[groups.""]\ntools = { deny = ["exec"] }', "groups: an id must not be empty"),
         ('[tools.by_provider.""]\ndeny = ["exec"]', "tools.by_provider: an id must not be empty"),

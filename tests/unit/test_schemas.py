@@ -880,6 +880,7 @@ def test_hostile_custom_schemas_pass_every_providers_rules(schema: dict[str, Any
 @pytest.mark.parametrize("name", sorted(TOOLS))
 def test_catalog_passes_the_strict_checkers(name: str) -> None:
     params = TOOLS[name].parameters
+    assert len(TOOLS[name].description) <= 1024  # OpenAI: 400 string_above_max_length
     assert openai_problems(adapt_schema(params, SchemaFormat.OPENAI)) == []
     assert anthropic_problems(adapt_schema(params, SchemaFormat.ANTHROPIC)) == []
 
