@@ -25,8 +25,10 @@ from stockade.client import (
     Stockade,
     ToolResult,
 )
+from stockade.supervisor.schemas import SchemaFormat
 from stockade.v1 import audit_pb2, audit_pb2_grpc
 from tests.integration.harness import Supervisor, running_supervisor
+from tests.unit.test_schemas import CHECKERS, anthropic_problems, openai_problems
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -62,6 +64,17 @@ command = "rm -rf {{.path}}"
 [custom_tools.parameters]
 type = "object"
 properties = { path = { type = "string" } }
+[[custom_tools]]
+name = "pick"
+description = "A custom tool whose schema every provider would refuse as written"
+command = "echo {{.tags}} {{.mode}}"
+[custom_tools.parameters]
+type = "object"
+anyOf = [{ required = ["tags"] }, { required = ["mode"] }]
+[custom_tools.parameters.properties]
+tags = { type = "array" }
+mode = { oneOf = [{ const = "fast" }, { const = "slow" }, { type = "null" }] }
+when = { type = ["string", "null"], format = "date-time" }
 """
 
 
@@ -137,6 +150,12 @@ def test_list_tools_formats(c: Stockade, fmt: str) -> None:
         assert decl["exec"]["input_schema"]["type"] == "object"
     elif fmt == "gemini":
         assert "anyOf" not in json.dumps(decl)
+    for declaration in decl.values():
+        CHECKERS[SchemaFormat(fmt)](declaration)
+    if fmt == "openai":
+        assert openai_problems(decl["pick"]["function"]["parameters"]) == []
+    if fmt == "anthropic":
+        assert anthropic_problems(decl["pick"]["input_schema"]) == []
     assert {t.name: t.aliases for t in tools}["read_file"] == ("read",)
 
 
