@@ -23,6 +23,7 @@ from stockade.client import (
     CallContext,
     InvalidArgument,
     Stockade,
+    StockadeError,
     ToolResult,
 )
 from stockade.supervisor.schemas import SchemaFormat
@@ -427,3 +428,35 @@ def test_truncation_through_api_audit_and_cli(sup: Supervisor, c: Stockade, key:
     assert printed["truncated"] is True
     assert len(printed["for_llm"].encode()) <= 64 * 1024
     assert printed["for_user"] == result.for_user
+
+
+def test_a_restart_with_a_pending_request(engine: str) -> None:
+    """Stopping the supervisor while a call waits for a human ends the call; after the
+    restart nothing is pending, the command never ran, and the audit says what happened."""
+    config = CONFIG.replace("timeout_s = 3", "timeout_s = 60")
+    config += "[housekeeping]\nshutdown_grace_s = 0.5\n"
+    with running_supervisor(engine, extra_config=config) as s, s.client() as c:
+        watcher = Watcher(s, None)
+        watcher.wait_connected(c)
+        outcome: list[BaseException | ToolResult] = []
+
+        def call() -> None:
+            try:
+                outcome.append(ask(c, "k", "touch ran"))
+            except StockadeError as exc:
+                outcome.append(exc)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        while not c.list_approvals().pending:
+            time.sleep(0.05)
+        watcher.close()  # the request stays pending without an approver
+        s.stop()
+        caller.join(60)
+        assert isinstance(outcome[0], StockadeError), outcome
+        s.start()
+        with s.client() as again:
+            assert again.list_approvals().pending == []
+            assert again.sandbox("k").exec("ls").stdout == ""
+            records = again.list_audit(sandbox_key="k")
+            assert [(r.error_code, r.approval) for r in records][-1] == ("CANCELLED", "withdrawn")
