@@ -348,3 +348,25 @@ async def test_a_thousand_calls_wait_and_are_answered(tmp_path: Path) -> None:
     assert mgr.pending() == []
     await late.stop()
     await watcher.stop()
+
+
+async def test_limits_keep_nothing_for_keys_at_rest() -> None:
+    """A caller naming ever new keys (each call refused later, e.g. by a tenant quota) must
+    not grow the limiter without end: a full bucket and an unused slot table are dropped."""
+    now = [0.0]
+    limiter = KeyLimiter(LimitsConfig(rate_per_s=1, burst=2), clock=lambda: now[0])
+    for i in range(20_000):
+        limiter.take(f"key-{i}")
+        async with limiter.slot(f"key-{i}"):
+            pass
+        now[0] += 0.01
+    assert len(limiter._slots) == 0
+    assert len(limiter._buckets) < 5_000
+    limiter.take("busy")
+    limiter.take("busy")
+    now[0] += 100  # long enough for every bucket to refill
+    for i in range(5_000):
+        limiter.take(f"late-{i}")
+    limiter.take("late-0")  # a recent bucket is kept: its tokens still count (burst 2)
+    with pytest.raises(LimitExceeded):
+        limiter.take("late-0")
