@@ -204,7 +204,8 @@ class ToolPipeline:
     def _resolve(self, call: ToolCall, trail: Trail) -> ToolSpec:
         spec = self._policy.catalog.resolve(call.tool)
         if spec is None:
-            known = ", ".join(sorted(self._policy.catalog.tools))
+            allowed = self._policy.tools.allowed_tools(call.context)  # as ListTools gives them
+            known = ", ".join(sorted(t.name for t in allowed)) or "none"
             raise _Stop(failure(ErrorCode.NOT_FOUND, f"unknown tool {call.tool!r}; tools: {known}"))
         trail.tool = spec.name
         decision = self._policy.tools.decide(spec.name, call.context)

@@ -17,9 +17,15 @@ from stockade.client._core import error_from_rpc, result_from_pb
 from stockade.supervisor.agent_client import AgentCallFailed, AgentReply
 from stockade.supervisor.app import build_policy
 from stockade.supervisor.audit import AuditQuery
-from stockade.supervisor.config import ApprovalsConfig, Config, ToolsConfig
+from stockade.supervisor.config import (
+    AgentConfig,
+    AgentTools,
+    ApprovalsConfig,
+    Config,
+    ToolsConfig,
+)
 from stockade.supervisor.errors import InvalidRequest, SandboxLost
-from stockade.supervisor.models import ToolCall
+from stockade.supervisor.models import CallContext, ToolCall
 from stockade.supervisor.pipeline import ToolPipeline
 from stockade.supervisor.server import result_to_pb
 
@@ -213,3 +219,18 @@ async def test_a_call_its_caller_cancels_is_still_audited() -> None:
     ]
     assert json.loads(records[1].arguments_json) == {"command": "sleep 1"}
     assert (records[1].caller, records[1].approver) == ("bob", "alice")
+
+
+async def test_unknown_tool_names_only_what_the_caller_may_use() -> None:
+    """As ListTools: a denied tool is not offered in the NOT_FOUND message either."""
+    config = Config(
+        state_dir=STATE[-1],
+        agents={"reader": AgentConfig(tools=AgentTools(allow=("group:fs",), deny=("write",)))},
+    )
+    pipe = ToolPipeline(config, RecordingSandboxes(OK), build_policy(config))  # type: ignore[arg-type]
+    reader = ToolCall("k", "nope", "{}", context=CallContext(agent_id="reader"))
+    message = (await pipe.call(reader)).error_message
+    assert "read_file" in message
+    assert "exec" not in message
+    assert "write_file" not in message
+    assert "exec" in (await pipe.call(call("nope"))).error_message
