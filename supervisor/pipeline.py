@@ -206,7 +206,8 @@ class ToolPipeline:
         if spec is None:
             allowed = self._policy.tools.allowed_tools(call.context)  # as ListTools gives them
             known = ", ".join(sorted(t.name for t in allowed)) or "none"
-            raise _Stop(failure(ErrorCode.NOT_FOUND, f"unknown tool {call.tool!r}; tools: {known}"))
+            name = call.tool[:64] + ("..." if len(call.tool) > 64 else "")
+            raise _Stop(failure(ErrorCode.NOT_FOUND, f"unknown tool {name!r}; tools: {known}"))
         trail.tool = spec.name
         decision = self._policy.tools.decide(spec.name, call.context)
         trail.policy_step = decision.step

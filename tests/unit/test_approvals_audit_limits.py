@@ -370,3 +370,15 @@ async def test_limits_keep_nothing_for_keys_at_rest() -> None:
     limiter.take("late-0")  # a recent bucket is kept: its tokens still count (burst 2)
     with pytest.raises(LimitExceeded):
         limiter.take("late-0")
+
+
+async def test_audit_keeps_short_what_callers_make_up(tmp_path: Path) -> None:
+    """A caller's own strings (an unknown tool's name, agent id, provider, request id) are
+    cut, so a refused call cannot write megabytes into the audit database."""
+    log = AuditLog(tmp_path / "db")
+    big = "x" * 5_000_000
+    log.record(record(tool=big, agent_id=big, provider=big, request_id=big, caller=big))
+    (stored,) = await log.query(AuditQuery())
+    for name in ("tool", "agent_id", "provider", "request_id", "caller"):
+        assert len(getattr(stored, name)) <= 1024, name
+    log.close()

@@ -234,3 +234,10 @@ async def test_unknown_tool_names_only_what_the_caller_may_use() -> None:
     assert "exec" not in message
     assert "write_file" not in message
     assert "exec" in (await pipe.call(call("nope"))).error_message
+
+
+async def test_a_huge_unknown_tool_name_gives_a_short_message() -> None:
+    pipe, _ = pipeline()
+    result = await pipe.call(call("x" * 1_000_000))
+    assert result.error_code.value == "NOT_FOUND"
+    assert len(result.error_message) < 1000
