@@ -66,6 +66,7 @@ class PolicyEngine:
             for a, c in config.agents.items()
             for p, t in c.tools.by_provider.items()
         }
+        self._known_providers = self._providers.keys() | {p for _, p in self._agent_providers}
         self._groups = {
             g: self._rules(c.tools, f"groups.{g}.tools") for g, c in config.groups.items()
         }
@@ -93,10 +94,10 @@ class PolicyEngine:
 
     def decide(self, tool: str, ctx: CallContext) -> Decision:
         """Whether `tool` (canonical name) may be called in this context; which step said so."""
-        return self._decide(tool, _scope(ctx))
+        return self._decide(tool, self._scope(ctx))
 
     def allowed_tools(self, ctx: CallContext) -> list[ToolSpec]:
-        scope = _scope(ctx)
+        scope = self._scope(ctx)
         return [t for t in self._catalog.tools.values() if self._decide(t.name, scope).allowed]
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019 (the engine lives as long as the server)
@@ -127,6 +128,18 @@ class PolicyEngine:
         ]
         yield from (r for r in found if r is not None)
 
+    def _scope(self, ctx: CallContext) -> tuple[str, str, str, int]:
+        """The context as far as the config tells its parts apart: names it does not know
+        (callers make them up) count as none, so the decision cache holds configured names
+        only; the depth as none, subagent or leaf."""
+        agent = ctx.agent_id if ctx.agent_id in self._agents else ""
+        provider = ctx.provider if ctx.provider in self._known_providers else ""
+        group = ""
+        if ctx.peer_kind == "group" and ctx.chat_id:
+            group = ctx.chat_id if ctx.chat_id in self._groups else "*"
+        depth = min(max(ctx.subagent_depth, 0), self._max_depth)
+        return agent, provider, group, depth
+
 
 def _allow_steps(chain: list[_Rules]) -> Iterator[tuple[str, frozenset[str]]]:
     """(step, tools it keeps) in pipeline order: profiles first (a provider's in place of its
@@ -139,8 +152,3 @@ def _allow_steps(chain: list[_Rules]) -> Iterator[tuple[str, frozenset[str]]]:
     for rules in chain:
         if rules.allow is not None:
             yield f"{rules.where}.allow", rules.allow
-
-
-def _scope(ctx: CallContext) -> tuple[str, str, str, int]:
-    group = ctx.chat_id if ctx.peer_kind == "group" else ""
-    return ctx.agent_id, ctx.provider, group, ctx.subagent_depth
