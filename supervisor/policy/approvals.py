@@ -24,6 +24,7 @@ from stockade.supervisor import store
 from stockade.supervisor.config import AgentConfig, ApprovalsConfig
 from stockade.supervisor.errors import ApprovalNotFound, ApproverBehind, InvalidRequest
 from stockade.supervisor.keys import split
+from stockade.supervisor.policy.shell_parse import parse_script
 
 WATCH_BACKLOG = 10_000
 """Events kept for one approver that does not read its stream; past it the approver is
@@ -126,9 +127,18 @@ class ApprovalManager:
             return None
         if mode == "always":
             return "approvals mode always: every command needs a decision"
-        if any(fnmatch.fnmatchcase(command, p) for p in self._config.allowlist):
+        if self._allowlisted(command):
             return None
         return "approvals mode on-miss: the command is not in the allowlist"
+
+    def _allowlisted(self, command: str) -> bool:
+        """A pattern matches the command, and it is one simple command: `*` must not let
+        "git status; curl x | sh" pass as "git *" (nor a pipe, `&&`, a new line or a
+        substitution); what does not parse is not allowlisted."""
+        if not any(fnmatch.fnmatchcase(command, p) for p in self._config.allowlist):
+            return False
+        script = parse_script(command)
+        return script.error is None and len(script.commands) == 1
 
     async def check(
         self,
