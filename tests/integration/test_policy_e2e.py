@@ -232,6 +232,9 @@ def test_timeout_is_a_deny(sup: Supervisor, c: Stockade, key: str) -> None:
 def test_on_miss_uses_the_allowlist(sup: Supervisor, c: Stockade, key: str) -> None:
     assert ask(c, key, "echo safe to run", agent="onmiss").stdout == "safe to run\n"
     assert ask(c, key, "echo not listed", agent="onmiss").error_code == "APPROVAL_DENIED"
+    chained = ask(c, key, "echo safe; touch pwned", agent="onmiss")
+    assert chained.error_code == "APPROVAL_DENIED"
+    assert c.sandbox(key).exec("ls").stdout == ""
 
 
 def test_approver_disconnect_keeps_requests_and_cancel_withdraws(
