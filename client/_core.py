@@ -578,6 +578,9 @@ def event_from_pb(msg: Any) -> ApprovalRequest | ApprovalClosed:
     return ApprovalClosed(id=c.id, outcome=c.outcome, approver=c.approver)
 
 
+MAX_UINT32 = 2**32 - 1
+
+
 def audit_request(
     sandbox_key: str,
     tool: str,
@@ -586,11 +589,19 @@ def audit_request(
     limit: int,
     errors_only: bool,
 ) -> Any:
+    if isinstance(limit, bool) or not 0 <= limit <= MAX_UINT32:
+        raise InvalidArgument(
+            f"limit must be between 0 (the server's default) and {MAX_UINT32}, got {limit}",
+            code="CLIENT",
+        )
     request = audit_pb2.ListAuditRequest(
         sandbox_key=sandbox_key, tool=tool, agent_id=agent_id, limit=limit, errors_only=errors_only
     )
     if since is not None:
-        request.since.FromDatetime(since)
+        try:
+            request.since.FromDatetime(since)
+        except (ValueError, OverflowError) as exc:
+            raise InvalidArgument(f"since: {exc}", code="CLIENT") from None
     return request
 
 

@@ -11,6 +11,7 @@ import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from stockade.supervisor import store
 from stockade.supervisor.keys import split
@@ -77,7 +78,7 @@ class AuditLog:
         tenant, key = split(rec.sandbox_key)
         if tenant:
             rec = dataclasses.replace(rec, tenant=tenant, sandbox_key=key)
-        self._queue.put(rec)
+        self._queue.put(_clipped(rec))
 
     def _write_loop(self) -> None:
         db = store.connect(self._path)
@@ -135,6 +136,22 @@ class AuditLog:
     def close(self) -> None:
         self._queue.put(None)
         self._writer.join(30)
+
+
+MAX_FIELD_CHARS = 1024
+"""Longest text kept of a field other than the arguments (capped by the pipeline): callers
+make up tool names, agent ids and the like, and a refused call is audited too."""
+
+
+def _clipped(rec: AuditRecord) -> AuditRecord:
+    long: dict[str, Any] = {
+        f.name: value[:MAX_FIELD_CHARS]
+        for f in dataclasses.fields(rec)
+        if f.name != "arguments_json"
+        and isinstance(value := getattr(rec, f.name), str)
+        and len(value) > MAX_FIELD_CHARS
+    }
+    return dataclasses.replace(rec, **long) if long else rec
 
 
 def _row(rec: AuditRecord) -> tuple[object, ...]:

@@ -14,8 +14,9 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from stockade.supervisor.config import CustomToolConfig
+from stockade.supervisor.config import CustomToolConfig, check_seconds
 from stockade.supervisor.errors import ConfigError
+from stockade.supervisor.schemas import reference_problems
 
 
 @dataclass(frozen=True)
@@ -206,8 +207,12 @@ ALIASES: Mapping[str, str] = MappingProxyType(
 PROFILES = ("minimal", "coding", "messaging", "full")
 KNOWN_GROUPS = frozenset(
     {"fs", "runtime", "custom", "web", "memory", "sessions", "ui", "automation", "messaging"}
+    | {"nodes", "agents", "media"}
 )
-"""Groups of the reference tables; those Stockade has no tools in are empty, not errors."""
+"""Groups of the reference tables (GoClaw's, then OpenClaw's); those Stockade has no tools
+in are empty, not errors."""
+NATIVE_GROUPS = frozenset({"goclaw", "openclaw"})
+"""GoClaw's and OpenClaw's composite groups: every built-in tool, no custom one."""
 
 
 class Catalog:
@@ -217,8 +222,9 @@ class Catalog:
         tools = dict(TOOLS)
         for item in custom:
             _check_custom(item, tools)
+            profiles = tuple(dict.fromkeys([*item.profiles, "full"]))  # full: every tool
             tools[item.name] = ToolSpec(
-                item.name, "custom", item.description, item.parameters, tuple(item.profiles), item
+                item.name, "custom", item.description, item.parameters, profiles, item
             )
         self.tools: Mapping[str, ToolSpec] = MappingProxyType(tools)
 
@@ -232,6 +238,8 @@ class Catalog:
         """The tool names an allow/deny entry stands for; ConfigError when it is unknown."""
         if entry.startswith("group:"):
             group = entry.removeprefix("group:")
+            if group in NATIVE_GROUPS:
+                return frozenset(t.name for t in self.tools.values() if t.custom is None)
             if group not in KNOWN_GROUPS:
                 raise ConfigError(f"{where}: unknown group {entry!r}")
             return frozenset(t.name for t in self.tools.values() if t.group == group)
@@ -247,6 +255,27 @@ class Catalog:
         if name not in PROFILES:
             raise ConfigError(f"{where}: unknown profile {name!r}; one of {', '.join(PROFILES)}")
         return frozenset(t.name for t in self.tools.values() if name in t.profiles)
+
+
+MAX_DESCRIPTION = 1024
+"""Longest tool description OpenAI accepts; ListTools must be able to give every tool in
+every format."""
+MAX_SCHEMA_NESTING = 64
+"""Nesting of a custom tool's JSON Schema (objects and lists): deeper ones made the schema
+check overflow Python's stack at load, a crash instead of a ConfigError."""
+
+
+def nesting_depth(value: object) -> int:
+    """How deeply lists and objects nest in `value` (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, Mapping):
+            item = list(item.values())
+        if isinstance(item, list | tuple):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in item)
+    return deepest
 
 
 _PLACEHOLDER = re.compile(r"\{\{\s*\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
@@ -279,14 +308,24 @@ def _check_custom(item: CustomToolConfig, tools: Mapping[str, ToolSpec]) -> None
     where = f"custom_tools.{item.name}"
     if not _NAME.match(item.name):
         raise ConfigError(f"{where}: a tool name is letters, digits, _ and -, up to 64")
+    if len(item.description) > MAX_DESCRIPTION:
+        raise ConfigError(
+            f"{where}.description is {len(item.description)} characters long; OpenAI takes "
+            f"at most {MAX_DESCRIPTION} (answering 400 string_above_max_length)"
+        )
     if item.name in tools or item.name in ALIASES:
         raise ConfigError(f"{where}: the name is taken by a built-in tool or alias")
+    if nesting_depth(item.parameters) > MAX_SCHEMA_NESTING:
+        raise ConfigError(f"{where}.parameters nests deeper than {MAX_SCHEMA_NESTING} levels")
     if item.parameters.get("type") != "object":
         raise ConfigError(f'{where}.parameters must be an object schema (type = "object")')
     try:
         Draft202012Validator.check_schema(dict(item.parameters))
     except SchemaError as exc:
         raise ConfigError(f"{where}.parameters is not a valid JSON Schema: {exc.message}") from exc
+    problems = reference_problems(item.parameters)
+    if problems:
+        raise ConfigError(f"{where}.parameters: {'; '.join(problems)}")
     declared = set(item.parameters.get("properties", {}))
     unknown = sorted(set(placeholders(item.command)) - declared)
     if unknown:
@@ -294,5 +333,6 @@ def _check_custom(item: CustomToolConfig, tools: Mapping[str, ToolSpec]) -> None
     for profile in item.profiles:
         if profile not in PROFILES:
             raise ConfigError(f"{where}.profiles: unknown profile {profile!r}")
+    check_seconds(f"{where}.timeout_s", item.timeout_s)
     if item.timeout_s <= 0:
         raise ConfigError(f"{where}.timeout_s must be positive")

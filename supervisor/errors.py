@@ -6,6 +6,7 @@
     ├── Unauthenticated        missing or wrong credentials                    -> UNAUTHENTICATED
     ├── NotFound               no such sandbox, approval, ... (also another tenant's)  -> NOT_FOUND
     ├── QuotaExceeded          a tenant's sandbox or memory limit              -> RESOURCE_EXHAUSTED
+    ├── ApproverBehind         an approver left too many events unread         -> RESOURCE_EXHAUSTED
     ├── PolicyDenied           policy forbids it (file transfer)               -> PERMISSION_DENIED
     ├── EngineUnavailable      the container engine cannot be reached or fails -> UNAVAILABLE
     ├── HostExhausted          the host is short of memory or disk for a new sandbox
@@ -41,6 +42,12 @@ class Unauthenticated(StockadeError):
 
 class QuotaExceeded(StockadeError):
     reason = "QUOTA_EXCEEDED"
+
+
+class ApproverBehind(StockadeError):
+    """An approver's stream held more unread events than the backlog: it was dropped."""
+
+    reason = "APPROVER_BEHIND"
 
 
 class NotFound(StockadeError):

@@ -18,7 +18,7 @@ from typing import Any
 from stockade.supervisor import telemetry
 from stockade.supervisor.agent_client import AgentCallFailed, AgentReply
 from stockade.supervisor.audit import AuditLog, AuditRecord
-from stockade.supervisor.catalog import Catalog, ToolSpec, render_command
+from stockade.supervisor.catalog import Catalog, ToolSpec, nesting_depth, render_command
 from stockade.supervisor.config import Config
 from stockade.supervisor.errors import AgentMisbehaved, SandboxLost
 from stockade.supervisor.keys import validate_scoped as validate_key
@@ -42,6 +42,8 @@ from stockade.supervisor.streaming import relay
 from stockade.supervisor.telemetry import Observer, Stages
 
 DEFAULT_CALL_TIMEOUT_S = 60.0
+CANCELLED = "CANCELLED"
+"""The audit's error code of a call whose caller went away before it ended."""
 STREAM_QUEUE = 64
 GUARD_INLINE_CHARS = 2048
 _GRACE_S = 10.0
@@ -136,6 +138,11 @@ class ToolPipeline:
             result = await self._run(call, trail, events)
         except _Stop as stop:
             result = stop.result
+        except asyncio.CancelledError:  # the caller went away: the call is audited all the same
+            elapsed = int((time.monotonic() - started) * 1000)
+            gone = replace(failure(ErrorCode.NONE, "cancelled"), duration_ms=elapsed)
+            self._audit(call, caller, trail, gone, error_code=CANCELLED)
+            raise
         return self.finish(call, caller, trail, result, started)
 
     def finish(
@@ -197,8 +204,10 @@ class ToolPipeline:
     def _resolve(self, call: ToolCall, trail: Trail) -> ToolSpec:
         spec = self._policy.catalog.resolve(call.tool)
         if spec is None:
-            known = ", ".join(sorted(self._policy.catalog.tools))
-            raise _Stop(failure(ErrorCode.NOT_FOUND, f"unknown tool {call.tool!r}; tools: {known}"))
+            allowed = self._policy.tools.allowed_tools(call.context)  # as ListTools gives them
+            known = ", ".join(sorted(t.name for t in allowed)) or "none"
+            name = call.tool[:64] + ("..." if len(call.tool) > 64 else "")
+            raise _Stop(failure(ErrorCode.NOT_FOUND, f"unknown tool {name!r}; tools: {known}"))
         trail.tool = spec.name
         decision = self._policy.tools.decide(spec.name, call.context)
         trail.policy_step = decision.step
@@ -239,6 +248,7 @@ class ToolPipeline:
                 raise _Stop(failure(ErrorCode.PERMISSION_DENIED, message))
             if verdict.action == "ask":
                 must_ask = f"the guard asks: {verdict.reason}"
+        trail.approval = "withdrawn"  # unless the check below returns
         with trail.stages.timed("approval"):
             outcome = await self._policy.approvals.check(
                 sandbox_key=call.sandbox_key,
@@ -375,7 +385,9 @@ class ToolPipeline:
             redactions=max(count, streamed),
         )
 
-    def _audit(self, call: ToolCall, caller: str, trail: Trail, result: ToolResult) -> None:
+    def _audit(
+        self, call: ToolCall, caller: str, trail: Trail, result: ToolResult, error_code: str = ""
+    ) -> None:
         audit = self._policy.audit
         if audit is None:
             return
@@ -399,7 +411,8 @@ class ToolPipeline:
                 exit_code=exit_code if isinstance(exit_code, int) else -1,
                 output_bytes=len(result.for_user.encode("utf-8", "replace")),
                 redactions=result.redactions,
-                error_code="" if result.error_code is ErrorCode.NONE else result.error_code.value,
+                error_code=error_code
+                or ("" if result.error_code is ErrorCode.NONE else result.error_code.value),
                 is_error=result.is_error,
             )
         )
@@ -466,22 +479,9 @@ def parse_arguments(arguments_json: str) -> dict[str, Any]:
         raise ValueError(too_deep) from None
     if not isinstance(args, dict):
         raise ValueError(f"arguments_json must be a JSON object, got {type(args).__name__}")
-    if _depth(args) > MAX_ARGUMENT_DEPTH:
+    if nesting_depth(args) > MAX_ARGUMENT_DEPTH:
         raise ValueError(too_deep)
     return args
-
-
-def _depth(value: object) -> int:
-    """How deeply lists and objects nest in `value` (a scalar: 0), without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        if isinstance(item, list):
-            deepest = max(deepest, level)
-            stack.extend((child, level + 1) for child in item)
-    return deepest
 
 
 def failure(code: ErrorCode, message: str) -> ToolResult:

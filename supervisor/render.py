@@ -27,11 +27,16 @@ def cap_text(text: str, max_bytes: int) -> tuple[str, bool]:
     raw = text.encode("utf-8", "surrogatepass")
     if len(raw) <= max_bytes:
         return text, False
-    marker = f"\n\n[... {len(raw) - max_bytes} bytes omitted ...]\n\n"
-    budget = max(max_bytes - len(marker), 0)
+    budget = max_bytes - len(_MARKER.format(len(raw)))  # the count has at most these digits
+    if budget <= 0:  # no room for the marker: the head only
+        return raw[:max_bytes].decode("utf-8", "ignore"), True
     head = raw[: budget // 2].decode("utf-8", "ignore")
-    tail = raw[len(raw) - budget // 2 :].decode("utf-8", "ignore") if budget else ""
-    return head + marker + tail, True
+    tail = raw[len(raw) - budget // 2 :].decode("utf-8", "ignore")
+    omitted = len(raw) - len(head.encode()) - len(tail.encode())
+    return head + _MARKER.format(omitted) + tail, True
+
+
+_MARKER = "\n\n[... {} bytes omitted ...]\n\n"
 
 
 def _size(n: int) -> str:

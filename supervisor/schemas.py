@@ -72,8 +72,12 @@ def adapt_schema(schema: Mapping[str, Any], fmt: SchemaFormat) -> dict[str, Any]
     """A new JSON-ready schema for that provider; `schema` is not changed.
 
     openai: top-level `type: "object"` and `properties`; no `$schema`/`$id`; a top-level
-    allOf/anyOf/oneOf is merged into one object (OpenAI refuses them there).
-    anthropic: the full schema with top-level `type: "object"`, without `$schema`.
+    allOf/anyOf/oneOf is merged into one object (OpenAI refuses them there); an array
+    schema without `items` gets `items: {}` (any item, as before; OpenAI answers "array
+    schema missing items" otherwise).
+    anthropic: the full schema with top-level `type: "object"`, without `$schema`; a
+    top-level allOf/anyOf/oneOf is merged as for openai (Anthropic answers "input_schema
+    does not support oneOf, allOf, or anyOf at the top level").
     gemini: the OpenAPI 3.0 subset Gemini accepts; see `_Gemini`.
     """
     plain: dict[str, Any] = _plain(schema)
@@ -81,10 +85,11 @@ def adapt_schema(schema: Mapping[str, Any], fmt: SchemaFormat) -> dict[str, Any]
         case SchemaFormat.JSON_SCHEMA:
             return plain
         case SchemaFormat.OPENAI:
-            return _openai(plain)
+            root = _object_root(plain)
+            _with_items(root)
+            return root
         case SchemaFormat.ANTHROPIC:
-            plain.pop("$schema", None)
-            return {**plain, "type": "object"}
+            return _object_root(plain)
         case SchemaFormat.GEMINI:
             return _Gemini(plain).parameters()
 
@@ -127,7 +132,8 @@ def _merge(schemas: Iterable[Mapping[str, Any]], *, union: bool = False) -> dict
     return out
 
 
-def _openai(schema: dict[str, Any]) -> dict[str, Any]:
+def _object_root(schema: dict[str, Any]) -> dict[str, Any]:
+    """The root as one object schema: combinators merged, nothing but an object allowed."""
     for key in ("$schema", "$id", "enum", "const", "not"):
         schema.pop(key, None)
     parts = [_resolve_local(schema, part) for part in schema.pop("allOf", [])]
@@ -138,6 +144,59 @@ def _openai(schema: dict[str, Any]) -> dict[str, Any]:
         schema = _merge([schema, _merge(variants, union=True)])
     schema.setdefault("properties", {})
     return {**schema, "type": "object"}
+
+
+_SUBSCHEMA_MAPS: Final = (
+    "properties",
+    "patternProperties",
+    "$defs",
+    "definitions",
+    "dependentSchemas",
+)
+_SUBSCHEMA_LISTS: Final = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_ONE: Final = (
+    "items", "additionalProperties", "contains", "not", "if", "then", "else",
+    "propertyNames", "unevaluatedItems", "unevaluatedProperties",
+)  # fmt: skip
+
+
+def _children(node: Mapping[str, Any]) -> list[Any]:
+    """The subschemas of a schema object (not property names that look like keywords)."""
+    subs = [node[key] for key in _SUBSCHEMA_ONE if key in node]
+    subs += [s for key in _SUBSCHEMA_LISTS if isinstance(node.get(key), list) for s in node[key]]
+    subs += [
+        s for key in _SUBSCHEMA_MAPS if isinstance(node.get(key), dict) for s in node[key].values()
+    ]
+    return subs
+
+
+def _with_items(node: Any) -> None:
+    """Give every array schema in `node` (changed in place) that has no `items` `items: {}`."""
+    if not isinstance(node, dict):
+        return
+    kind = node.get("type")
+    if (kind == "array" or (isinstance(kind, list) and "array" in kind)) and "items" not in node:
+        node["items"] = {}
+    for sub in _children(node):
+        _with_items(sub)
+
+
+def reference_problems(schema: Mapping[str, Any]) -> list[str]:
+    """Why `schema`'s references cannot be followed: a `$ref` that is not a pointer into the
+    schema itself (no other document is ever fetched), or an `$id` below the root (it would
+    move the base such pointers start from). Empty when there is nothing wrong."""
+    problems, stack = [], [(schema, True)]
+    while stack:
+        node, top = stack.pop()
+        if not isinstance(node, Mapping):
+            continue
+        if "$id" in node and not top:
+            problems.append("$id is allowed at the top only")
+        for key in ("$ref", "$dynamicRef"):
+            if key in node and _pointer(schema, node[key]) is None:
+                problems.append(f"{key} {node[key]!r} points nowhere in the schema")
+        stack.extend((sub, False) for sub in _children(node))
+    return problems
 
 
 def _resolve_local(root: Mapping[str, Any], node: Any) -> dict[str, Any]:

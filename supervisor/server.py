@@ -71,6 +71,7 @@ _STATUS = {
     errors.InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     errors.QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.ApproverBehind: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
     errors.PolicyDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.EngineUnavailable: grpc.StatusCode.UNAVAILABLE,
@@ -434,6 +435,7 @@ class ApprovalServicer(approval_pb2_grpc.ApprovalServiceServicer):
     def __init__(self, approvals: ApprovalManager) -> None:
         self._approvals = approvals
 
+    @mapped_stream
     async def WatchApprovals(self, request: Any, context: Any) -> AsyncIterator[Any]:
         async for event in self._approvals.watch(current_tenant()):
             yield event_to_pb(event)
@@ -518,7 +520,7 @@ class AuditServicer(audit_pb2_grpc.AuditServiceServicer):
     async def ListAudit(self, request: Any, context: Any) -> Any:
         if self._audit is None:
             raise errors.ConfigError("the audit log is off (audit.enabled = false)")
-        since = request.since.ToDatetime(UTC).timestamp() if request.HasField("since") else 0.0
+        since = request.since.seconds + request.since.nanos / 1e9  # any value: no datetime
         tenant = current_tenant()
         query = AuditQuery(
             tenant=tenant,

@@ -22,8 +22,14 @@ from typing import Literal
 
 from stockade.supervisor import store
 from stockade.supervisor.config import AgentConfig, ApprovalsConfig
-from stockade.supervisor.errors import ApprovalNotFound, InvalidRequest
+from stockade.supervisor.errors import ApprovalNotFound, ApproverBehind, InvalidRequest
 from stockade.supervisor.keys import split
+from stockade.supervisor.policy.shell_parse import parse_script
+
+WATCH_BACKLOG = 10_000
+"""Events kept for one approver that does not read its stream; past it the approver is
+dropped (its stream ends with ApproverBehind) rather than held in memory without end. It may
+reconnect: the pending requests are sent again."""
 
 Decision = Literal["allow-once", "allow-always", "deny"]
 DECISIONS: tuple[Decision, ...] = ("allow-once", "allow-always", "deny")
@@ -100,13 +106,18 @@ class AllowAlways:
 
 class ApprovalManager:
     def __init__(
-        self, config: ApprovalsConfig, agents: Mapping[str, AgentConfig], always: AllowAlways
+        self,
+        config: ApprovalsConfig,
+        agents: Mapping[str, AgentConfig],
+        always: AllowAlways,
+        backlog: int = WATCH_BACKLOG,
     ) -> None:
         self._config = config
+        self._backlog = backlog
         self._modes = {a: c.approvals for a, c in agents.items() if c.approvals}
         self._always = always
         self._waiting: dict[str, _Waiting] = {}
-        self._watchers: dict[str, set[asyncio.Queue[Event]]] = {}
+        self._watchers: dict[str, set[asyncio.Queue[Event | None]]] = {}
         """Per tenant: an approver sees, and answers for, its own tenant's requests only."""
 
     def reason_to_ask(self, agent_id: str, command: str, tenant: str = "") -> str | None:
@@ -116,9 +127,18 @@ class ApprovalManager:
             return None
         if mode == "always":
             return "approvals mode always: every command needs a decision"
-        if any(fnmatch.fnmatchcase(command, p) for p in self._config.allowlist):
+        if self._allowlisted(command):
             return None
         return "approvals mode on-miss: the command is not in the allowlist"
+
+    def _allowlisted(self, command: str) -> bool:
+        """A pattern matches the command, and it is one simple command: `*` must not let
+        "git status; curl x | sh" pass as "git *" (nor a pipe, `&&`, a new line or a
+        substitution); what does not parse is not allowlisted."""
+        if not any(fnmatch.fnmatchcase(command, p) for p in self._config.allowlist):
+            return False
+        script = parse_script(command)
+        return script.error is None and len(script.commands) == 1
 
     async def check(
         self,
@@ -192,8 +212,15 @@ class ApprovalManager:
     def _publish(self, event: Event, tenant: str | None = None) -> None:
         if tenant is None and isinstance(event, Pending):
             tenant = _tenant(event)
-        for queue in self._watchers.get(tenant or "", ()):
-            queue.put_nowait(event)
+        watchers = self._watchers.get(tenant or "", set())
+        for queue in list(watchers):
+            if not queue.full():
+                queue.put_nowait(event)
+                continue
+            watchers.discard(queue)  # it no longer counts as connected
+            while not queue.empty():
+                queue.get_nowait()
+            queue.put_nowait(None)
 
     def pending(self, tenant: str = "") -> list[Pending]:
         return [w.request for w in self._waiting.values() if _tenant(w.request) == tenant]
@@ -211,17 +238,22 @@ class ApprovalManager:
     async def watch(self, tenant: str = "") -> AsyncIterator[Event]:
         """The tenant's pending requests, then every new request and close of that tenant,
         until the caller stops."""
-        queue: asyncio.Queue[Event] = asyncio.Queue()
-        for request in self.pending(tenant):
+        pending = self.pending(tenant)
+        queue: asyncio.Queue[Event | None] = asyncio.Queue(len(pending) + self._backlog)
+        for request in pending:
             queue.put_nowait(request)
         watchers = self._watchers.setdefault(tenant, set())
         watchers.add(queue)
         try:
-            while True:
-                yield await queue.get()
+            while (event := await queue.get()) is not None:
+                yield event
+            raise ApproverBehind(
+                f"this approver left more than {self._backlog} events unread and was dropped; "
+                "reconnect to get the pending requests again"
+            )
         finally:
             watchers.discard(queue)
-            if not watchers:
+            if not watchers and self._watchers.get(tenant) is watchers:
                 self._watchers.pop(tenant, None)
 
 

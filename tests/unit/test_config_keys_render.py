@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,7 @@ def test_config_file_env_and_overrides(tmp_path: Path, monkeypatch: pytest.Monke
         ("[sandbox]\nruntime = '" + "r" * 5000 + "'\n", "longer than 4096 characters"),
         ("sandbox = 3\n", "[sandbox] must be a table"),
         ("listen = \n", "cannot read config"),
+        ("x = " + "[" * 5000 + "]" * 5000 + "\n", "cannot read config"),
     ],
 )
 def test_bad_config_is_an_error_at_load(tmp_path: Path, text: str, message: str) -> None:
@@ -123,6 +125,30 @@ def test_cap_text_leaves_short_text_and_respects_utf8() -> None:
     assert cut
     capped.encode("utf-8")  # no split characters
     assert len(capped.encode()) <= 501
+
+
+@pytest.mark.parametrize(
+    ("text", "limit"),
+    [
+        ("HEAD" + "x" * 100_000 + "TAIL", 1000),
+        ("é" * 10_000, 501),
+        ("a" * 10**6, 65536),
+        ("€" * 999 + "z", 300),
+        ("x" * 1000, 10),
+        ("x" * 1000, 1),
+    ],
+)
+def test_cap_text_says_how_much_it_left_out_and_stays_within(text: str, limit: int) -> None:
+    capped, cut = cap_text(text, limit)
+    assert cut
+    assert len(capped.encode()) <= limit
+    shown = re.search(r"\[\.\.\. (\d+) bytes omitted \.\.\.\]", capped)
+    kept = capped.encode()
+    if shown is not None:
+        kept = kept.replace(shown.group(0).encode(), b"").replace(b"\n", b"")
+        assert int(shown.group(1)) == len(text.encode()) - len(kept)
+    else:
+        assert text.encode().startswith(kept)
 
 
 @pytest.mark.parametrize(

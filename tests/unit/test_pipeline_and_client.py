@@ -3,6 +3,7 @@ conversions and error table."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +16,16 @@ from stockade.client import InvalidArgument, NotFound, StockadeError, Unavailabl
 from stockade.client._core import error_from_rpc, result_from_pb
 from stockade.supervisor.agent_client import AgentCallFailed, AgentReply
 from stockade.supervisor.app import build_policy
-from stockade.supervisor.config import Config, ToolsConfig
+from stockade.supervisor.audit import AuditQuery
+from stockade.supervisor.config import (
+    AgentConfig,
+    AgentTools,
+    ApprovalsConfig,
+    Config,
+    ToolsConfig,
+)
 from stockade.supervisor.errors import InvalidRequest, SandboxLost
-from stockade.supervisor.models import ToolCall
+from stockade.supervisor.models import CallContext, ToolCall
 from stockade.supervisor.pipeline import ToolPipeline
 from stockade.supervisor.server import result_to_pb
 
@@ -168,3 +176,68 @@ def test_status_codes_map_to_client_errors(code: grpc.StatusCode, cls: type) -> 
     assert type(err) is cls
     assert (err.code, err.reason) == (code.name, "SOME_REASON")
     assert str(err) == f"{code.name}: why"
+
+
+class HangingSandboxes(RecordingSandboxes):
+    """An agent call that never ends until it is cancelled."""
+
+    def __init__(self) -> None:
+        super().__init__(OK)
+        self.entered = asyncio.Event()
+
+    async def invoke(
+        self, key: str, tool: str, args: dict[str, Any], timeout: float, request_id: str
+    ) -> AgentReply:
+        self.entered.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_call_its_caller_cancels_is_still_audited() -> None:
+    """A command that ran (or waited for a human) when its caller went away leaves a record."""
+    config = Config(state_dir=STATE[-1], approvals=ApprovalsConfig(mode="on-miss"))
+    fake = HangingSandboxes()
+    policy = build_policy(config)
+    pipe = ToolPipeline(config, fake, policy)  # type: ignore[arg-type]
+    watcher = asyncio.ensure_future(anext(policy.approvals.watch()))
+    running = asyncio.create_task(pipe.call(call(args={"command": "sleep 1"}), caller="bob"))
+    await asyncio.wait_for(watcher, 5)  # the approval request
+    request = policy.approvals.pending()[0]
+    policy.approvals.resolve(request.id, "allow-once", "alice")
+    await asyncio.wait_for(fake.entered.wait(), 5)
+    running.cancel()
+    waiting = asyncio.create_task(pipe.call(call(args={"command": "make deploy"})))
+    while not policy.approvals.pending():
+        await asyncio.sleep(0.001)
+    waiting.cancel()
+    await asyncio.gather(running, waiting, return_exceptions=True)
+    assert policy.audit is not None
+    records = await policy.audit.query(AuditQuery())
+    assert [(r.tool, r.error_code, r.is_error, r.approval) for r in records] == [
+        ("exec", "CANCELLED", True, "withdrawn"),
+        ("exec", "CANCELLED", True, "allow-once"),
+    ]
+    assert json.loads(records[1].arguments_json) == {"command": "sleep 1"}
+    assert (records[1].caller, records[1].approver) == ("bob", "alice")
+
+
+async def test_unknown_tool_names_only_what_the_caller_may_use() -> None:
+    """As ListTools: a denied tool is not offered in the NOT_FOUND message either."""
+    config = Config(
+        state_dir=STATE[-1],
+        agents={"reader": AgentConfig(tools=AgentTools(allow=("group:fs",), deny=("write",)))},
+    )
+    pipe = ToolPipeline(config, RecordingSandboxes(OK), build_policy(config))  # type: ignore[arg-type]
+    reader = ToolCall("k", "nope", "{}", context=CallContext(agent_id="reader"))
+    message = (await pipe.call(reader)).error_message
+    assert "read_file" in message
+    assert "exec" not in message
+    assert "write_file" not in message
+    assert "exec" in (await pipe.call(call("nope"))).error_message
+
+
+async def test_a_huge_unknown_tool_name_gives_a_short_message() -> None:
+    pipe, _ = pipeline()
+    result = await pipe.call(call("x" * 1_000_000))
+    assert result.error_code.value == "NOT_FOUND"
+    assert len(result.error_message) < 1000

@@ -224,3 +224,184 @@ deny = ["group:custom"]
     assert allowed(toml) == ALL | {"dns_lookup"}
     assert allowed(toml, agent_id="a") == ALL
     assert "dns_lookup" not in allowed(toml + '[tools]\nprofile = "messaging"\n')
+
+
+def _deep_schema(levels: int) -> str:
+    inner = '{ type = "string" }'
+    for _ in range(levels):
+        inner = f'{{ type = "object", properties = {{ a = {inner} }} }}'
+    return inner
+
+
+CUSTOM_HEAD = '[[custom_tools]]\nname = "t"\ndescription = "d"\ncommand = "true"\n'
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("[limits]\nrate_per_s = nan", "limits.rate_per_s must be a finite number"),
+        ("[limits]\nrate_per_s = inf", "limits.rate_per_s must be a finite number"),
+        ("[approvals]\ntimeout_s = nan", "approvals.timeout_s must be a finite number"),
+        ("[approvals]\ntimeout_s = inf", "approvals.timeout_s must be a finite number"),
+        ("[subagents]\nmax_depth = 0", "subagents.max_depth must be at least 1"),
+        ("[subagents]\nmax_depth = -3", "subagents.max_depth must be at least 1"),
+        ("[audit]\nmax_arguments_bytes = -1", "audit.max_arguments_bytes must be positive"),
+        ("[tools]\nuser_max_bytes = 0", "tools.user_max_bytes must be positive"),
+        (CUSTOM_HEAD + "timeout_s = nan", "custom_tools.t.timeout_s must be a finite number"),
+        (CUSTOM_HEAD + "timeout_s = inf", "custom_tools.t.timeout_s must be a finite number"),
+        (
+            CUSTOM_HEAD + f"parameters = {_deep_schema(60)}",
+            "custom_tools.t.parameters nests deeper than",
+        ),
+        (
+            CUSTOM_HEAD
+            + 'parameters = { type = "object", properties = { a = { "$ref" = "#/x" } } }',
+            "custom_tools.t.parameters: $ref '#/x' points nowhere in the schema",
+        ),
+        (
+            CUSTOM_HEAD
+            + 'parameters = { type = "object", properties = { a = { "$ref" = "http://h/x" } } }',
+            "custom_tools.t.parameters: $ref 'http://h/x' points nowhere in the schema",
+        ),
+        (
+            CUSTOM_HEAD + 'parameters = { type = "object", "$defs" = { a = { "$id" = "u:a" } } }',
+            "custom_tools.t.parameters: $id is allowed at the top only",
+        ),
+        (
+            CUSTOM_HEAD.replace('"d"', '"' + "d" * 1025 + '"'),
+            "custom_tools.t.description is 1025 characters long; OpenAI takes at most 1024",
+        ),
+        ('[agents.""]\napprovals = "off"', "agents: an id must not be empty"),
+        ('[groups.""]\ntools = { deny = ["exec"] }', "groups: an id must not be empty"),
+        ('[tools.by_provider.""]\ndeny = ["exec"]', "tools.by_provider: an id must not be empty"),
+        ('[tools]\nallow = ["group:"]', "unknown group 'group:'"),
+        ('[tools]\nallow = ["group:FS"]', "unknown group 'group:FS'"),
+        ('[tools]\nallow = "exec"', "tools.allow must be a list"),
+        ("[tools]\nallow = [1]", "tools.allow[0] must be str"),
+        ("[tools]\nprofile = 1", "tools.profile must be str"),
+        ("[agents.a]\ntools = []", "[agents.a.tools] must be a table"),
+    ],
+)
+def test_hostile_policy_config_is_a_clear_error(toml: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        engine(toml)
+    assert message in str(info.value)
+
+
+def test_huge_lists_load() -> None:
+    names = ", ".join(['"exec"', '"read"', '"group:fs"'] * 20_000)
+    assert allowed(f"[tools]\nallow = [{names}]\ndeny = [{names}]") == set()
+
+
+FULL_ONLY_TOOL = """
+[[custom_tools]]
+name = "deploy"
+description = "Deploy"
+command = "true"
+profiles = ["full"]
+"""
+
+PROFILE_CASES = [
+    (
+        "2 provider profile overrides the global one (GoClaw step 2), widening too",
+        '[tools]\nprofile = "minimal"\n[tools.by_provider.openai]\nprofile = "coding"',
+        {"provider": "openai"},
+        ALL,
+    ),
+    (
+        "2 without that provider the global profile holds",
+        '[tools]\nprofile = "minimal"\n[tools.by_provider.openai]\nprofile = "coding"',
+        {"provider": "gemini"},
+        set(),
+    ),
+    (
+        "2 provider profile full brings a full-only tool back",
+        FULL_ONLY_TOOL + '[tools]\nprofile = "coding"\n[tools.by_provider.o]\nprofile = "full"',
+        {"provider": "o"},
+        ALL | {"deploy"},
+    ),
+    (
+        "agent's provider profile overrides the agent's profile",
+        '[agents.a.tools]\nprofile = "minimal"\n[agents.a.tools.by_provider.o]\nprofile = "full"',
+        {"agent_id": "a", "provider": "o"},
+        ALL,
+    ),
+    (
+        "agent's profile still narrows for other providers",
+        '[agents.a.tools]\nprofile = "minimal"\n[agents.a.tools.by_provider.o]\nprofile = "full"',
+        {"agent_id": "a", "provider": "x"},
+        set(),
+    ),
+    (
+        "an agent's profile never widens the global one",
+        '[tools]\nprofile = "minimal"\n[agents.a.tools]\nprofile = "full"',
+        {"agent_id": "a"},
+        set(),
+    ),
+    (
+        "provider allow still intersects (step 4)",
+        '[tools]\nallow = ["group:fs"]\n[tools.by_provider.o]\nallow = ["exec", "read"]',
+        {"provider": "o"},
+        {"read_file"},
+    ),
+    ("group:goclaw is every built-in tool", '[tools]\nallow = ["group:goclaw"]', {}, ALL),
+    (
+        "group:openclaw leaves custom tools out",
+        FULL_ONLY_TOOL + '[tools]\nallow = ["group:openclaw"]',
+        {},
+        ALL,
+    ),
+    (
+        "OpenClaw's groups without tools here are empty",
+        '[tools]\ndeny = ["group:nodes", "group:agents", "group:media"]',
+        {},
+        ALL,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("toml", "ctx", "expected"),
+    [c[1:] for c in PROFILE_CASES],
+    ids=[c[0] for c in PROFILE_CASES],
+)
+def test_profiles_and_reference_groups(toml: str, ctx: dict[str, Any], expected: set[str]) -> None:
+    assert allowed(toml, **ctx) == expected
+
+
+def test_overriding_profile_is_the_step_named() -> None:
+    toml = '[tools]\nprofile = "coding"\n[tools.by_provider.o]\nprofile = "minimal"'
+    decision = engine(toml).decide("exec", CallContext(provider="o"))
+    assert (decision.allowed, decision.step) == (False, "tools.by_provider.o.profile")
+
+
+def test_local_references_and_property_names_like_keywords_load() -> None:
+    toml = (
+        CUSTOM_HEAD
+        + 'parameters = { type = "object", "$defs" = { s = { type = "string" } }, '
+        + 'properties = { a = { "$ref" = "#/$defs/s" }, "$ref" = { type = "string" } } }'
+    )
+    assert "t" in allowed(toml)
+
+
+@pytest.mark.parametrize("profiles", ['["coding"]', '["minimal"]', "[]"])
+def test_full_profile_restricts_nothing(profiles: str) -> None:
+    """GoClaw and OpenClaw: `full` is every tool, whatever profiles a custom tool lists."""
+    toml = CUSTOM_HEAD + f"profiles = {profiles}\n"
+    assert allowed(toml) == ALL | {"t"}
+    assert allowed(toml + '[tools]\nprofile = "full"\n') == ALL | {"t"}
+
+
+def test_decisions_cache_only_configured_names() -> None:
+    """Agent ids, providers and chat ids come from callers: unknown ones share the rules of
+    none, and the decision cache must not keep each made-up (possibly huge) name alive."""
+    policy = engine('[agents.a.tools]\ndeny = ["exec"]\n[groups.g.tools]\ndeny = ["glob"]')
+    before = policy._decide.cache_info().currsize
+    for i in range(2000):
+        made_up = f"{i}-" + "x" * 100_000
+        ctx = CallContext(agent_id=made_up, provider=made_up, chat_id=made_up, peer_kind="group")
+        assert policy.decide("exec", ctx).allowed
+        assert policy.decide("exec", CallContext(subagent_depth=10**9 + i)).allowed
+    assert policy._decide.cache_info().currsize - before <= 4
+    assert not policy.decide("exec", CallContext(agent_id="a")).allowed
+    assert not policy.decide("glob", CallContext(chat_id="g", peer_kind="group")).allowed

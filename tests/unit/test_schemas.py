@@ -751,3 +751,152 @@ def test_public_api() -> None:
     }
     assert issubclass(ArgumentError, ValueError)
     assert [f.value for f in SchemaFormat] == ["json", "openai", "anthropic", "gemini"]
+
+
+# --- what the providers answer with 400, checked everywhere in the schema -------------------
+
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_ONE = (
+    "items", "additionalProperties", "contains", "not", "if", "then", "else",
+    "propertyNames", "unevaluatedItems", "unevaluatedProperties",
+)  # fmt: skip
+
+
+def subschemas(schema: Any, where: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """Every schema object in `schema` with its path, `schema` first."""
+    if not isinstance(schema, dict):
+        return []
+    found = [(where or "root", schema)]
+    for key in _SUBSCHEMA_MAPS:
+        for name, sub in (schema.get(key) or {}).items():
+            found += subschemas(sub, f"{where}.{key}.{name}")
+    for key in _SUBSCHEMA_LISTS:
+        for i, sub in enumerate(schema.get(key) or []):
+            found += subschemas(sub, f"{where}.{key}[{i}]")
+    for key in _SUBSCHEMA_ONE:
+        found += subschemas(schema.get(key), f"{where}.{key}")
+    return found
+
+
+def openai_problems(params: dict[str, Any]) -> list[str]:
+    """OpenAI's 400s for function parameters: top-level type object without combinators
+    ("schema must be a JSON Schema of 'type: \"object\"'"), and anywhere an array without
+    items ("In context=('properties', 'tags'), array schema missing items")."""
+    problems = [] if params.get("type") == "object" else ["root: type is not object"]
+    problems += [f"root: {k}" for k in ("anyOf", "oneOf", "allOf", "enum", "not") if k in params]
+    for where, sub in subschemas(params):
+        types = sub.get("type")
+        is_array = types == "array" or (isinstance(types, list) and "array" in types)
+        if is_array and "items" not in sub:
+            problems.append(f"{where}: array schema missing items")
+    return problems
+
+
+def anthropic_problems(schema: dict[str, Any]) -> list[str]:
+    """Anthropic's 400 "input_schema does not support oneOf, allOf, or anyOf at the top
+    level", and its rule that input_schema is of type object."""
+    problems = [] if schema.get("type") == "object" else ["root: type is not object"]
+    return problems + [f"root: {k}" for k in ("anyOf", "oneOf", "allOf") if k in schema]
+
+
+HOSTILE_CUSTOM: list[tuple[str, dict[str, Any]]] = [
+    (
+        "top-level anyOf of required",
+        {
+            "type": "object",
+            "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+            "anyOf": [{"required": ["a"]}, {"required": ["b"]}],
+        },
+    ),
+    (
+        "top-level oneOf of objects",
+        {
+            "oneOf": [
+                {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+                {"type": "object", "properties": {"b": {"type": "string"}}, "required": ["b"]},
+            ]
+        },
+    ),
+    (
+        "top-level allOf with $ref",
+        {
+            "$defs": {"base": {"type": "object", "properties": {"a": {"type": "string"}}}},
+            "allOf": [{"$ref": "#/$defs/base"}, {"properties": {"b": {"type": "boolean"}}}],
+        },
+    ),
+    (
+        "arrays without items",
+        {
+            "type": "object",
+            "properties": {
+                "tags": {"type": "array"},
+                "either": {"type": ["string", "array"]},
+                "nested": {
+                    "type": "object",
+                    "properties": {"m": {"type": "array", "maxItems": 3}},
+                },
+                "list_of_lists": {"type": "array", "items": {"type": "array"}},
+                "maybe": {"anyOf": [{"type": "array"}, {"type": "null"}]},
+                "ref": {"$ref": "#/$defs/bare"},
+                "tuple": {"type": "array", "prefixItems": [{"type": "string"}]},
+            },
+            "$defs": {"bare": {"type": "array"}},
+        },
+    ),
+    (
+        "hostile mix",
+        {
+            "type": "object",
+            "properties": {
+                "c": {"const": "x"},
+                "n": {"type": ["string", "null"]},
+                "p": {"type": "object", "patternProperties": {"^x": {"type": "array"}}},
+                "d": {"oneOf": [{"type": "string"}, {"type": "array"}]},
+            },
+            "additionalProperties": {"type": "array"},
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "schema", [c[1] for c in HOSTILE_CUSTOM], ids=[c[0] for c in HOSTILE_CUSTOM]
+)
+def test_hostile_custom_schemas_pass_every_providers_rules(schema: dict[str, Any]) -> None:
+    Draft202012Validator.check_schema(schema)
+    before = copy.deepcopy(schema)
+    openai = declaration("t", "d", schema, SchemaFormat.OPENAI)["function"]["parameters"]
+    assert openai_problems(openai) == [], json.dumps(openai)
+    Draft202012Validator.check_schema(openai)
+    anthropic = declaration("t", "d", schema, SchemaFormat.ANTHROPIC)["input_schema"]
+    assert anthropic_problems(anthropic) == [], json.dumps(anthropic)
+    Draft202012Validator.check_schema(anthropic)
+    gemini = declaration("t", "d", schema, SchemaFormat.GEMINI)
+    check_gemini(gemini)
+    assert schema == before
+
+
+@pytest.mark.parametrize("name", sorted(TOOLS))
+def test_catalog_passes_the_strict_checkers(name: str) -> None:
+    params = TOOLS[name].parameters
+    assert len(TOOLS[name].description) <= 1024  # OpenAI: 400 string_above_max_length
+    assert openai_problems(adapt_schema(params, SchemaFormat.OPENAI)) == []
+    assert anthropic_problems(adapt_schema(params, SchemaFormat.ANTHROPIC)) == []
+
+
+def test_anthropic_top_level_union_keeps_what_validation_needs() -> None:
+    """Merged like OpenAI's: every property offered, only what all alternatives require
+    is required; the original still validates the call."""
+    schema = HOSTILE_CUSTOM[1][1]
+    out = adapt_schema(schema, SchemaFormat.ANTHROPIC)
+    assert set(out["properties"]) == {"a", "b"}
+    assert "required" not in out
+
+
+def test_array_items_added_mean_any_item() -> None:
+    out = adapt_schema(HOSTILE_CUSTOM[3][1], SchemaFormat.OPENAI)
+    assert out["properties"]["tags"] == {"type": "array", "items": {}}
+    assert out["properties"]["list_of_lists"]["items"] == {"type": "array", "items": {}}
+    for instance in ({"tags": [1, "a", None]}, {"either": "x"}, {"list_of_lists": [[1], []]}):
+        assert Draft202012Validator(out).is_valid(instance)
