@@ -23,7 +23,7 @@ from grpc_reflection.v1alpha import reflection
 from stockade.supervisor import errors, schemas
 from stockade.supervisor.audit import AuditLog, AuditQuery, AuditRecord
 from stockade.supervisor.auth import Authenticator
-from stockade.supervisor.catalog import ToolSpec
+from stockade.supervisor.catalog import ALIASES, ToolSpec
 from stockade.supervisor.config import AuthConfig, Config
 from stockade.supervisor.interact import Interaction
 from stockade.supervisor.interceptor import AuthInterceptor, current_tenant
@@ -525,7 +525,7 @@ class AuditServicer(audit_pb2_grpc.AuditServiceServicer):
         query = AuditQuery(
             tenant=tenant,
             sandbox_key=shown(scope(tenant, request.sandbox_key)) if request.sandbox_key else "",
-            tool=request.tool,
+            tool=ALIASES.get(request.tool, request.tool),  # records hold the tool's own name
             agent_id=request.agent_id,
             since=since,
             limit=request.limit or 100,

@@ -358,6 +358,8 @@ def test_audit_through_api_and_cli(sup: Supervisor, c: Stockade, key: str) -> No
     assert [line["tool"] for line in lines] == ["write_file", "exec"]
     errors = c.list_audit(sandbox_key=key, errors_only=True)
     assert [r.tool for r in errors] == ["write_file"]
+    by_alias = c.list_audit(sandbox_key=key, tool="write")  # OpenClaw's name for write_file
+    assert [r.tool for r in by_alias] == ["write_file"]
 
 
 def _cli(sup: Supervisor, *args: str) -> subprocess.CompletedProcess[str]:
