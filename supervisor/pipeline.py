@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -35,7 +36,7 @@ from stockade.supervisor.policy.guard import Guard
 from stockade.supervisor.policy.limits import KeyLimiter, LimitExceeded
 from stockade.supervisor.policy.scrub import Scrubber
 from stockade.supervisor.policy.tools import PolicyEngine
-from stockade.supervisor.render import cap_text, render
+from stockade.supervisor.render import cap_text, render, wire_json
 from stockade.supervisor.sandboxes import SandboxManager
 from stockade.supervisor.schemas import ArgumentError, validate_arguments
 from stockade.supervisor.streaming import relay
@@ -293,7 +294,7 @@ class ToolPipeline:
         except (SandboxLost, AgentMisbehaved) as exc:
             return failure(ErrorCode.SANDBOX_LOST, str(exc))
         except AgentCallFailed:
-            return failure(ErrorCode.TIMEOUT, f"{spec.name} did not finish within {timeout:.0f} s")
+            return failure(ErrorCode.TIMEOUT, f"{spec.name} did not finish within {timeout:g} s")
         if reply is None:
             return failure(
                 ErrorCode.EXECUTION_FAILED, "the sandbox ended the call without a result"
@@ -406,7 +407,7 @@ class ToolPipeline:
 
     def _audit_arguments(self, args: dict[str, Any] | None, raw: str) -> str:
         limit = self._config.audit.max_arguments_bytes
-        text = json.dumps(args, ensure_ascii=False) if args is not None else raw[: limit * 2]
+        text = wire_json(args) if args is not None else raw[: limit * 2]
         if self._policy.scrubber is not None:
             text, _ = self._policy.scrubber.scrub(text)
         return cap_text(text, limit)[0]
@@ -462,6 +463,9 @@ def parse_arguments(arguments_json: str) -> dict[str, Any]:
         args = json.loads(arguments_json)
     except json.JSONDecodeError as exc:
         raise ValueError(f"arguments_json is not valid JSON: {exc}") from exc
+    except ValueError:  # int() refuses more digits than sys.get_int_max_str_digits()
+        limit = sys.get_int_max_str_digits()
+        raise ValueError(f"arguments_json holds an integer of more than {limit} digits") from None
     except RecursionError:
         raise ValueError(too_deep) from None
     if not isinstance(args, dict):

@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
 from . import paths
-from .argcheck import Args, expect_only, opt_int, opt_str, req_str
+from .argcheck import Args, encoded, expect_only, opt_int, opt_str, req_str
 from .errors import ToolError, from_os_error
 
 MAX_READ_BYTES: Final = 10 * 1024 * 1024
@@ -130,7 +130,7 @@ def _split_lines(text: str) -> list[str]:
 def _write_file(root: Path, args: Args) -> dict[str, Any]:
     expect_only(args, ("path", "content"))
     user_path = req_str(args, "path")
-    data = _encode(req_str(args, "content"), "content")
+    data = encoded(req_str(args, "content"), "content")
     path = paths.resolve(root, user_path, must_exist=False, kind="file")
     created = not paths.exists_in(root, path, user_path)
     paths.make_folders(root, path.parent, user_path)
@@ -153,7 +153,7 @@ def _edit_file(root: Path, args: Args) -> dict[str, Any]:
     count = text.count(old)
     if count != 1:
         raise ToolError("INVALID_ARGS", _edit_miss(count, user_path))
-    _atomic_write(root, path, _encode(text.replace(old, new, 1), "new_text"), user_path)
+    _atomic_write(root, path, encoded(text.replace(old, new, 1), "new_text"), user_path)
     return {"path": paths.display(root, path), "replacements": 1}
 
 
@@ -161,15 +161,6 @@ def _edit_miss(count: int, user_path: str) -> str:
     if count == 0:
         return f"old_text not found in '{user_path}'"
     return f"old_text found {count} times in '{user_path}'; add context to make it unique"
-
-
-def _encode(text: str, arg: str) -> bytes:
-    try:
-        return text.encode("utf-8", errors="surrogateescape")
-    except UnicodeEncodeError as exc:
-        raise ToolError(
-            "INVALID_ARGS", f"argument '{arg}' holds a lone surrogate at index {exc.start}"
-        ) from None
 
 
 def _atomic_write(root: Path, path: Path, data: bytes, user_path: str) -> None:
