@@ -8,7 +8,7 @@ from stockade.supervisor.config import Config, load_config
 from stockade.supervisor.errors import ConfigError, InvalidRequest
 from stockade.supervisor.keys import sandbox_id, validate_key
 from stockade.supervisor.pipeline import _exec_outcome, parse_arguments
-from stockade.supervisor.render import cap_text, render
+from stockade.supervisor.render import cap_text, printable, render
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -167,3 +167,9 @@ def test_render_exec_and_lists() -> None:
     assert render("list_files", {"entries": entries}) == "d/\nf  (3 bytes)"
     assert render("search", {"matches": []}) == "[no matches]"
     assert render("exec", {"stdout": "", "exit_code": 0}) == "[no output]"
+
+
+def test_printable_escapes_what_would_act_on_a_terminal() -> None:
+    assert printable("plain key é 🔑 a b") == "plain key é 🔑 a b"
+    assert printable("a\nKEY  RUNNING") == "a\\nKEY  RUNNING"
+    assert printable("\x1b[2J\rx\t\x00\u202eevil") == "\\x1b[2J\\rx\\t\\x00\\u202eevil"
