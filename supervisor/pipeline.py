@@ -469,10 +469,22 @@ def parse_arguments(arguments_json: str) -> dict[str, Any]:
     except RecursionError:
         raise ValueError(too_deep) from None
     if not isinstance(args, dict):
-        raise ValueError(f"arguments_json must be a JSON object, got {type(args).__name__}")
+        raise ValueError(f"arguments_json must be a JSON object, got {_json_type(args)}")
     if _depth(args) > MAX_ARGUMENT_DEPTH:
         raise ValueError(too_deep)
     return args
+
+
+_JSON_TYPES = ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"))
+
+
+def _json_type(value: object) -> str:
+    """What the caller wrote, in JSON's words (a model reads them)."""
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "an array"
+    return next((name for kind, name in _JSON_TYPES if isinstance(value, kind)), "a value")
 
 
 def _depth(value: object) -> int:

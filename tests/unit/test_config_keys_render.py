@@ -135,7 +135,14 @@ def test_parse_arguments(raw: str, expected: dict[str, int]) -> None:
 
 @pytest.mark.parametrize(
     ("raw", "message"),
-    [("{", "not valid JSON"), ("[1]", "must be a JSON object, got list"), ("3", "got int")],
+    [
+        ("{", "not valid JSON"),
+        ("[1]", "must be a JSON object, got an array"),
+        ("3", "got a number"),
+        ("null", "got null"),
+        ('"x"', "got a string"),
+        ("true", "got a boolean"),
+    ],
 )
 def test_parse_arguments_rejects(raw: str, message: str) -> None:
     with pytest.raises(ValueError, match="arguments_json") as info:
