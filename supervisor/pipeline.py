@@ -452,6 +452,10 @@ def _exec_outcome(data: dict[str, Any]) -> tuple[ErrorCode, str]:
 MAX_ARGUMENT_DEPTH = 64
 """Nesting of arguments_json: deeper JSON made json.loads (and later json.dumps) raise
 RecursionError, an internal error instead of INVALID_ARGS."""
+MAX_ARGUMENT_VALUES = 10_000
+"""Objects, arrays, members and items in arguments_json, all told. No tool takes more; a
+request of a million members held the event loop (so every other call and the health check)
+for seconds in validation, rendering and the audit."""
 
 
 def parse_arguments(arguments_json: str) -> dict[str, Any]:
@@ -470,8 +474,7 @@ def parse_arguments(arguments_json: str) -> dict[str, Any]:
         raise ValueError(too_deep) from None
     if not isinstance(args, dict):
         raise ValueError(f"arguments_json must be a JSON object, got {_json_type(args)}")
-    if _depth(args) > MAX_ARGUMENT_DEPTH:
-        raise ValueError(too_deep)
+    _check_shape(args)
     return args
 
 
@@ -487,17 +490,21 @@ def _json_type(value: object) -> str:
     return next((name for kind, name in _JSON_TYPES if isinstance(value, kind)), "a value")
 
 
-def _depth(value: object) -> int:
-    """How deeply lists and objects nest in `value` (a scalar: 0), without recursion."""
-    deepest, stack = 0, [(value, 1)]
+def _check_shape(value: object) -> None:
+    """ValueError when `value` nests deeper than MAX_ARGUMENT_DEPTH or holds more than
+    MAX_ARGUMENT_VALUES values; walked without recursion, stopping at the first excess."""
+    stack, seen = [(value, 1)], 1
     while stack:
         item, level = stack.pop()
         if isinstance(item, dict):
             item = list(item.values())
         if isinstance(item, list):
-            deepest = max(deepest, level)
+            if level > MAX_ARGUMENT_DEPTH:
+                raise ValueError(f"arguments_json nests deeper than {MAX_ARGUMENT_DEPTH} levels")
+            seen += len(item)
+            if seen > MAX_ARGUMENT_VALUES:
+                raise ValueError(f"arguments_json holds more than {MAX_ARGUMENT_VALUES} values")
             stack.extend((child, level + 1) for child in item)
-    return deepest
 
 
 def failure(code: ErrorCode, message: str) -> ToolResult:

@@ -32,6 +32,8 @@ MAX_SEARCH_RESULTS: Final = 1000
 DEFAULT_SEARCH_RESULTS: Final = 100
 SEARCH_TIMEOUT: Final = 30.0
 MAX_LINE_CHARS: Final = 500
+MAX_SEARCH_ARGUMENT_BYTES: Final = 64 * 1024
+"""A search pattern or glob (Linux takes at most 128 KiB in one argument of a command)."""
 _RG_LINE_BYTES: Final = 8 * 1024 * 1024
 _RG_STDERR_BYTES: Final = 64 * 1024
 _CHUNK_BYTES: Final = 64 * 1024
@@ -389,9 +391,16 @@ def _max_results(args: Args) -> int:
 
 
 def _check_no_nul(pattern: str, file_glob: str | None) -> None:
+    """No NUL, and short enough to be one argument of ripgrep's command line."""
     for name, value in (("pattern", pattern), ("glob", file_glob or "")):
         if "\0" in value:
             raise ToolError("INVALID_ARGS", f"argument '{name}' contains a NUL byte")
+        size = len(encoded(value, name))
+        if size > MAX_SEARCH_ARGUMENT_BYTES:
+            raise ToolError(
+                "INVALID_ARGS",
+                f"argument '{name}' is {size} bytes; the limit is {MAX_SEARCH_ARGUMENT_BYTES}",
+            )
 
 
 _RG_COMMON: Final = ("--no-config", "--no-messages")

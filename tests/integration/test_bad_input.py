@@ -267,3 +267,26 @@ def test_oversized_request_ids_and_contexts_are_refused(
     assert needle in str(info.value)
     result = client.call(key, "exec", {"command": "true"}, request_id="é" * 128)
     assert (result.is_error, result.request_id) == (False, "é" * 128)
+
+
+def test_arguments_with_a_million_members_are_refused_at_once(client: Stockade, key: str) -> None:
+    """Validating, rendering and auditing them held the supervisor's event loop (every other
+    caller, the health check) for seconds."""
+    members = json.dumps({"command": "true", **{f"a{i}": 0 for i in range(1_000_000)}})
+    code, message = call(client, key, "exec", members)
+    assert (code, message) == ("INVALID_ARGS", "arguments_json holds more than 10000 values")
+    env = {"command": "true", "env": {f"V{i}": "x" for i in range(500_000)}}
+    assert call(client, key, "exec", env) == (code, message)
+
+
+@pytest.mark.parametrize("name", ["pattern", "glob"])
+def test_a_search_pattern_too_long_for_a_command_line(
+    client: Stockade, key: str, name: str
+) -> None:
+    """It was EXECUTION_FAILED 'cannot run ripgrep: Argument list too long'."""
+    args = {"pattern": "x", name: "a" * 200_000}
+    code, message = call(client, key, "search", args)
+    assert (code, message) == (
+        "INVALID_ARGS",
+        f"argument '{name}' is 200000 bytes; the limit is 65536",
+    )

@@ -133,6 +133,11 @@ def test_parse_arguments(raw: str, expected: dict[str, int]) -> None:
     assert parse_arguments(raw) == expected
 
 
+def test_parse_arguments_up_to_the_limits() -> None:
+    assert parse_arguments('{"a": ' + "[" * 63 + "]" * 63 + "}")
+    assert len(parse_arguments('{"a": [' + "0," * 9997 + "0]}")["a"]) == 9998  # 10000 values
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
@@ -142,6 +147,9 @@ def test_parse_arguments(raw: str, expected: dict[str, int]) -> None:
         ("null", "got null"),
         ('"x"', "got a string"),
         ("true", "got a boolean"),
+        ('{"a": ' + "[" * 64 + "]" * 64 + "}", "nests deeper than 64 levels"),
+        ('{"a": [' + "0," * 9998 + "0]}", "holds more than 10000 values"),
+        ("{" + ", ".join(f'"k{i}": {{}}' for i in range(10_000)) + "}", "more than 10000 values"),
     ],
 )
 def test_parse_arguments_rejects(raw: str, message: str) -> None:
