@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 from stockade.client import ApprovalClosed, ApprovalRequest, Stockade, StockadeError
+from stockade.supervisor.render import printable
 
 KEYS = {"o": "allow-once", "a": "allow-always", "d": "deny"}
 HELP = "o = allow once, a = allow always, d = deny, s = skip, q = quit"
@@ -83,8 +84,9 @@ def _show_next(pending: dict[str, ApprovalRequest]) -> str | None:
         seconds = (request.expires_at - datetime.now(UTC)).total_seconds()
         left = f", {max(seconds, 0):.0f} s left"
     print(
-        f"\n[{request.id}] sandbox {request.sandbox_key!r}, agent {request.agent_id or '-'}, "
-        f"tool {request.tool}{left}\n  $ {request.command}\n  ({request.reason})\n"
+        f"\n[{request.id}] sandbox {request.sandbox_key!r}, "
+        f"agent {printable(request.agent_id or '-')}, tool {request.tool}{left}\n"
+        f"  $ {printable(request.command)}\n  ({printable(request.reason)})\n"
         f"  decide: {HELP}",
         flush=True,
     )

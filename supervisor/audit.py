@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import queue
 import threading
 from dataclasses import dataclass
@@ -15,7 +16,9 @@ from typing import Any
 
 from stockade.supervisor import store
 from stockade.supervisor.keys import split
+from stockade.supervisor.render import wire_text
 
+log = logging.getLogger("stockade.audit")
 MAX_LIMIT = 10_000
 
 
@@ -87,9 +90,12 @@ class AuditLog:
         while True:
             batch, flushes, stop = self._drain()
             if batch:
-                with db:
-                    db.execute("BEGIN")
-                    db.executemany(insert, [_row(r) for r in batch])
+                try:
+                    with db:
+                        db.execute("BEGIN")
+                        db.executemany(insert, [_row(r) for r in batch])
+                except Exception:  # the writer must outlive a bad batch: it is the only one
+                    log.exception("audit: %d records could not be written", len(batch))
             for flush in flushes:
                 flush.done.set()
             if stop:
@@ -155,8 +161,16 @@ def _clipped(rec: AuditRecord) -> AuditRecord:
 
 
 def _row(rec: AuditRecord) -> tuple[object, ...]:
+    """The record's columns; text as SQLite can store it (a lone surrogate from a caller's
+    arguments or a file name that is not UTF-8 becomes U+FFFD, instead of failing the batch)."""
     values = dataclasses.asdict(rec)
-    return tuple(int(values[c]) if c == "is_error" else values[c] for c in _COLUMNS)
+    return tuple(_column(c, values[c]) for c in _COLUMNS)
+
+
+def _column(name: str, value: object) -> object:
+    if name == "is_error":
+        return int(bool(value))
+    return wire_text(value) if isinstance(value, str) else value
 
 
 def _from_row(row: tuple[object, ...]) -> AuditRecord:

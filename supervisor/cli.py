@@ -23,6 +23,7 @@ from stockade.client import (
     StockadeError,
 )
 from stockade.supervisor import terminal
+from stockade.supervisor.render import printable
 
 EXIT_TIMEOUT = 124
 EXIT_CLIENT_ERROR = 2
@@ -335,13 +336,14 @@ def _approvals(ns: argparse.Namespace) -> int:
         elif ns.approvals_command == "list":
             state = client.list_approvals()
             for p in state.pending:
-                print(f"{p.id}  {p.sandbox_key}  {p.agent_id or '-'}  {p.command}")
+                shown = (printable(x) for x in (p.sandbox_key, p.agent_id or "-", p.command))
+                print(p.id, *shown, sep="  ")
             print(
                 f"{len(state.pending)} pending, {state.approvers} approver(s) watching, "
                 f"{len(state.always_allowed)} allowed always"
             )
             for command in state.always_allowed:
-                print(f"  always: {command}")
+                print(f"  always: {printable(command)}")
         else:
             return approver.watch(client, ns.approver or _default_approver())
     return 0
@@ -367,7 +369,8 @@ def _audit(ns: argparse.Namespace) -> int:
         outcome = r.error_code or "ok"
         extra = " ".join(x for x in (r.guard_rule, r.approval) if x)
         print(
-            f"{when} {r.sandbox_key:<16} {r.agent_id or '-':<10} {r.tool:<10} {outcome:<17} "
+            f"{when} {printable(r.sandbox_key):<16} {printable(r.agent_id or '-'):<10} "
+            f"{printable(r.tool):<10} {outcome:<17} "
             f"{r.duration_ms:>6} ms  {r.policy_step} {extra}".rstrip()
         )
     return 0
@@ -412,14 +415,14 @@ def _ls(ns: argparse.Namespace) -> int:
     print(f"{'KEY':<24} {'STATE':<8} {'ENGINE':<7} {'CONTAINER':<14} WORKSPACE")
     for s in sandboxes:
         cid = s.container_id[:12]
-        print(f"{s.key:<24} {s.state:<8} {s.engine:<7} {cid:<14} {s.workspace_path}")
+        print(f"{printable(s.key):<24} {s.state:<8} {s.engine:<7} {cid:<14} {s.workspace_path}")
     return 0
 
 
 def _rm(ns: argparse.Namespace) -> int:
     with _client(ns) as client:
         removed = client.destroy_sandbox(ns.key, delete_workspace=ns.delete_workspace)
-    print(f"{ns.key}: {'container removed' if removed else 'no container'}", end="")
+    print(f"{printable(ns.key)}: {'container removed' if removed else 'no container'}", end="")
     print("; workspace deleted" if ns.delete_workspace else "; workspace kept")
     return 0
 

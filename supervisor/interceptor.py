@@ -1,6 +1,8 @@
 """The server interceptor that authenticates every call before its handler runs, and the
 caller's tenant for the handlers. Health checking and reflection stay open: they name
-services, never sandboxes, and launchers and load balancers probe them without credentials."""
+services, never sandboxes, and launchers and load balancers probe them without credentials.
+It also turns a request that does not parse (a string field that is not UTF-8, a corrupt
+message) into INVALID_ARGUMENT; gRPC itself would answer UNKNOWN with a Python class name."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ from contextvars import ContextVar
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from stockade.supervisor.auth import Authenticator
-from stockade.supervisor.errors import Unauthenticated
+from stockade.supervisor.errors import InvalidRequest, Unauthenticated
 
 OPEN_SERVICES = frozenset({"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"})
 REASON_KEY = "stockade-error-reason"
@@ -60,10 +63,45 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         _TENANT.set(tenant)
 
 
+class _Malformed:
+    """A request message that did not parse; its handler is not called."""
+
+    def __init__(self, error: DecodeError) -> None:
+        self.message = f"malformed request: {error}"
+
+
+def _tolerant(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except DecodeError as exc:
+            return _Malformed(exc)
+
+    return deserialize
+
+
+async def _parsed(request: Any, context: Any) -> Any:
+    """`request`, or the call ends with INVALID_ARGUMENT when it did not parse."""
+    if isinstance(request, _Malformed):
+        context.set_trailing_metadata(((REASON_KEY, InvalidRequest.reason),))
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+    return request
+
+
+async def _parsed_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """The caller's messages; one that did not parse raises InvalidRequest in the handler
+    (whose error mapping answers INVALID_ARGUMENT)."""
+    async for request in requests:
+        if isinstance(request, _Malformed):
+            raise InvalidRequest(request.message)
+        yield request
+
+
 def _wrapped(handler: Any, enter: Callable[[Any], Awaitable[None]]) -> Any:
-    """The same handler, authenticating first (for each of the four kinds of RPC)."""
+    """The same handler, authenticating first and refusing requests that do not parse (for
+    each of the four kinds of RPC)."""
     codec = {
-        "request_deserializer": handler.request_deserializer,
+        "request_deserializer": _tolerant(handler.request_deserializer),
         "response_serializer": handler.response_serializer,
     }
     if handler.unary_unary:
@@ -71,7 +109,7 @@ def _wrapped(handler: Any, enter: Callable[[Any], Awaitable[None]]) -> Any:
 
         async def unary_unary(request: Any, context: Any) -> Any:
             await enter(context)
-            return await inner_uu(request, context)
+            return await inner_uu(await _parsed(request, context), context)
 
         return grpc.unary_unary_rpc_method_handler(unary_unary, **codec)
     if handler.stream_unary:
@@ -79,16 +117,23 @@ def _wrapped(handler: Any, enter: Callable[[Any], Awaitable[None]]) -> Any:
 
         async def stream_unary(requests: Any, context: Any) -> Any:
             await enter(context)
-            return await inner_su(requests, context)
+            return await inner_su(_parsed_stream(requests), context)
 
         return grpc.stream_unary_rpc_method_handler(stream_unary, **codec)
-    inner = handler.unary_stream or handler.stream_stream
+    if handler.unary_stream:
+        inner_us = handler.unary_stream
 
-    async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
+        async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            await enter(context)
+            async for item in inner_us(await _parsed(request, context), context):
+                yield item
+
+        return grpc.unary_stream_rpc_method_handler(unary_stream, **codec)
+    inner_ss = handler.stream_stream
+
+    async def stream_stream(requests: Any, context: Any) -> AsyncIterator[Any]:
         await enter(context)
-        async for item in inner(request, context):
+        async for item in inner_ss(_parsed_stream(requests), context):
             yield item
 
-    if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(streaming, **codec)
-    return grpc.stream_stream_rpc_method_handler(streaming, **codec)
+    return grpc.stream_stream_rpc_method_handler(stream_stream, **codec)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -18,7 +19,7 @@ from typing import Any
 from stockade.supervisor import telemetry
 from stockade.supervisor.agent_client import AgentCallFailed, AgentReply
 from stockade.supervisor.audit import AuditLog, AuditRecord
-from stockade.supervisor.catalog import Catalog, ToolSpec, nesting_depth, render_command
+from stockade.supervisor.catalog import Catalog, ToolSpec, render_command
 from stockade.supervisor.config import Config
 from stockade.supervisor.errors import AgentMisbehaved, SandboxLost
 from stockade.supervisor.keys import validate_scoped as validate_key
@@ -35,7 +36,7 @@ from stockade.supervisor.policy.guard import Guard
 from stockade.supervisor.policy.limits import KeyLimiter, LimitExceeded
 from stockade.supervisor.policy.scrub import Scrubber
 from stockade.supervisor.policy.tools import PolicyEngine
-from stockade.supervisor.render import cap_text, render
+from stockade.supervisor.render import cap_text, render, wire_json
 from stockade.supervisor.sandboxes import SandboxManager
 from stockade.supervisor.schemas import ArgumentError, validate_arguments
 from stockade.supervisor.streaming import relay
@@ -303,7 +304,7 @@ class ToolPipeline:
         except (SandboxLost, AgentMisbehaved) as exc:
             return failure(ErrorCode.SANDBOX_LOST, str(exc))
         except AgentCallFailed:
-            return failure(ErrorCode.TIMEOUT, f"{spec.name} did not finish within {timeout:.0f} s")
+            return failure(ErrorCode.TIMEOUT, f"{spec.name} did not finish within {timeout:g} s")
         if reply is None:
             return failure(
                 ErrorCode.EXECUTION_FAILED, "the sandbox ended the call without a result"
@@ -419,7 +420,7 @@ class ToolPipeline:
 
     def _audit_arguments(self, args: dict[str, Any] | None, raw: str) -> str:
         limit = self._config.audit.max_arguments_bytes
-        text = json.dumps(args, ensure_ascii=False) if args is not None else raw[: limit * 2]
+        text = wire_json(args) if args is not None else raw[: limit * 2]
         if self._policy.scrubber is not None:
             text, _ = self._policy.scrubber.scrub(text)
         return cap_text(text, limit)[0]
@@ -464,6 +465,10 @@ def _exec_outcome(data: dict[str, Any]) -> tuple[ErrorCode, str]:
 MAX_ARGUMENT_DEPTH = 64
 """Nesting of arguments_json: deeper JSON made json.loads (and later json.dumps) raise
 RecursionError, an internal error instead of INVALID_ARGS."""
+MAX_ARGUMENT_VALUES = 10_000
+"""Objects, arrays, members and items in arguments_json, all told. No tool takes more; a
+request of a million members held the event loop (so every other call and the health check)
+for seconds in validation, rendering and the audit."""
 
 
 def parse_arguments(arguments_json: str) -> dict[str, Any]:
@@ -475,13 +480,44 @@ def parse_arguments(arguments_json: str) -> dict[str, Any]:
         args = json.loads(arguments_json)
     except json.JSONDecodeError as exc:
         raise ValueError(f"arguments_json is not valid JSON: {exc}") from exc
+    except ValueError:  # int() refuses more digits than sys.get_int_max_str_digits()
+        limit = sys.get_int_max_str_digits()
+        raise ValueError(f"arguments_json holds an integer of more than {limit} digits") from None
     except RecursionError:
         raise ValueError(too_deep) from None
     if not isinstance(args, dict):
-        raise ValueError(f"arguments_json must be a JSON object, got {type(args).__name__}")
-    if nesting_depth(args) > MAX_ARGUMENT_DEPTH:
-        raise ValueError(too_deep)
+        raise ValueError(f"arguments_json must be a JSON object, got {_json_type(args)}")
+    _check_shape(args)
     return args
+
+
+_JSON_TYPES = ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"))
+
+
+def _json_type(value: object) -> str:
+    """What the caller wrote, in JSON's words (a model reads them)."""
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "an array"
+    return next((name for kind, name in _JSON_TYPES if isinstance(value, kind)), "a value")
+
+
+def _check_shape(value: object) -> None:
+    """ValueError when `value` nests deeper than MAX_ARGUMENT_DEPTH or holds more than
+    MAX_ARGUMENT_VALUES values; walked without recursion, stopping at the first excess."""
+    stack, seen = [(value, 1)], 1
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            if level > MAX_ARGUMENT_DEPTH:
+                raise ValueError(f"arguments_json nests deeper than {MAX_ARGUMENT_DEPTH} levels")
+            seen += len(item)
+            if seen > MAX_ARGUMENT_VALUES:
+                raise ValueError(f"arguments_json holds more than {MAX_ARGUMENT_VALUES} values")
+            stack.extend((child, level + 1) for child in item)
 
 
 def failure(code: ErrorCode, message: str) -> ToolResult:

@@ -22,6 +22,13 @@ def wire_json(data: object) -> str:
     return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
+def printable(text: str) -> str:
+    """`text` for one line of a terminal: every character that is not printable (newlines,
+    carriage returns, escape sequences, direction overrides) as its Python escape, so a key or
+    a command cannot forge lines, repaint the screen or hide what it says."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def cap_text(text: str, max_bytes: int) -> tuple[str, bool]:
     """Keep the head and the tail within max_bytes of UTF-8, with a marker between."""
     raw = text.encode("utf-8", "surrogatepass")

@@ -181,13 +181,26 @@ def result_to_pb(result: ToolResult) -> Any:
     )
 
 
+MAX_NAME_BYTES = 256
+"""A request id, an approver's name and each CallContext string: they are echoed in logs,
+replies and every audit record, so they are bounded as keys are."""
+
+
+def bounded(field: str, value: str) -> str:
+    """`value`, or InvalidRequest when it is longer than MAX_NAME_BYTES of UTF-8."""
+    size = len(value.encode("utf-8"))
+    if size > MAX_NAME_BYTES:
+        raise errors.InvalidRequest(f"{field} is {size} bytes; the limit is {MAX_NAME_BYTES}")
+    return value
+
+
 def context_from_pb(ctx: Any) -> CallContext:
     return CallContext(
-        agent_id=ctx.agent_id,
-        provider=ctx.provider,
-        channel=ctx.channel,
-        chat_id=ctx.chat_id,
-        peer_kind=ctx.peer_kind,
+        agent_id=bounded("context.agent_id", ctx.agent_id),
+        provider=bounded("context.provider", ctx.provider),
+        channel=bounded("context.channel", ctx.channel),
+        chat_id=bounded("context.chat_id", ctx.chat_id),
+        peer_kind=bounded("context.peer_kind", ctx.peer_kind),
         subagent_depth=ctx.subagent_depth,
     )
 
@@ -338,7 +351,7 @@ def interact_from_pb(start: Any) -> InteractRequest:
         rows=start.window.rows,
         offset=start.offset,
         keep_running=start.keep_running,
-        request_id=start.request_id,
+        request_id=bounded("request_id", start.request_id),
     )
 
 
@@ -368,7 +381,7 @@ def call_from_pb(request: Any, traceparent: str = "") -> ToolCall:
         arguments_json=request.arguments_json,
         context=context_from_pb(request.context),
         timeout_ms=request.timeout_ms,
-        request_id=request.request_id,
+        request_id=bounded("request_id", request.request_id),
         traceparent=traceparent,
     )
 
@@ -445,7 +458,7 @@ class ApprovalServicer(approval_pb2_grpc.ApprovalServiceServicer):
         decision = _DECISIONS.get(request.decision)
         if decision is None:
             raise errors.InvalidRequest("decision must be ALLOW_ONCE, ALLOW_ALWAYS or DENY")
-        approver = request.approver or context.peer()
+        approver = bounded("approver", request.approver) or context.peer()
         self._approvals.resolve(request.id, decision, approver, tenant=current_tenant())
         return approval_pb2.ResolveApprovalResponse()
 

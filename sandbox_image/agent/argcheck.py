@@ -93,6 +93,18 @@ def opt_str_map(args: Args, name: str) -> dict[str, str]:
     return {str(key): str(item) for key, item in mapping.items()}
 
 
+def encoded(text: str, name: str) -> bytes:
+    """`text` as the bytes it stands for: UTF-8, with the lone surrogates that stand for bytes
+    of names that are not UTF-8 (U+DC80-U+DCFF, PEP 383) turned back into those bytes. Any
+    other lone surrogate stands for nothing: INVALID_ARGS naming the argument."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as exc:
+        raise ToolError(
+            "INVALID_ARGS", f"argument '{name}' holds a lone surrogate at index {exc.start}"
+        ) from None
+
+
 def _check(name: str, value: object, expected: str, ok: Callable[[object], TypeGuard[T]]) -> T:
     if not ok(value):
         raise ToolError(

@@ -10,6 +10,7 @@ meant for the model: it names the failing argument or path.
 from __future__ import annotations
 
 import errno
+import re
 from typing import Final, Literal, get_args
 
 ErrorCode = Literal[
@@ -52,3 +53,13 @@ def from_os_error(exc: OSError, shown_path: str, *, arg: str = "path") -> ToolEr
     code = _ERRNO_CODES.get(exc.errno or 0, "EXECUTION_FAILED")
     reason = exc.strerror or str(exc)
     return ToolError(code, f"{arg} '{shown_path}': {reason}")
+
+
+_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
+def wire_text(text: str) -> str:
+    """`text` as a protobuf string can carry it: lone surrogates (from names that are not
+    UTF-8, or from the caller's own arguments) become U+FFFD. A message holding one would
+    not serialize, and the supervisor would take the failed reply for a broken agent."""
+    return _LONE_SURROGATE.sub("\ufffd", text)

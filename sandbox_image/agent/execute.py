@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from . import paths, strays
-from .argcheck import Args, expect_only, opt_number, opt_str, opt_str_map, req_str
+from .argcheck import Args, encoded, expect_only, opt_number, opt_str, opt_str_map, req_str
 from .errors import ToolError
 
 _T = TypeVar("_T")
@@ -186,6 +186,7 @@ def _command(args: Args) -> str:
         raise ToolError("INVALID_ARGS", "argument 'command' must not be empty")
     if "\0" in command:
         raise ToolError("INVALID_ARGS", "argument 'command' contains a NUL byte")
+    encoded(command, "command")
     return command
 
 
@@ -204,7 +205,7 @@ def _stdin(args: Args) -> bytes | None:
     text = opt_str(args, "stdin", None)
     if text is None:
         return None
-    data = text.encode("utf-8", "surrogateescape")
+    data = encoded(text, "stdin")
     if len(data) > MAX_STDIN:
         raise ToolError("INVALID_ARGS", f"argument 'stdin' is over {MAX_STDIN} bytes")
     return data
@@ -217,6 +218,8 @@ def _env(args: Args) -> dict[str, str]:
             raise ToolError("INVALID_ARGS", f"argument 'env': invalid variable name {name!r}")
         if "\0" in value:
             raise ToolError("INVALID_ARGS", f"argument 'env': the value of {name} contains NUL")
+        encoded(name, "env")
+        encoded(value, f"env.{name}")
     return env
 
 

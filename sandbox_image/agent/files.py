@@ -16,13 +16,13 @@ import os
 import secrets
 import stat
 from asyncio.subprocess import PIPE
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 from . import paths
-from .argcheck import Args, expect_only, opt_int, opt_str, req_str
+from .argcheck import Args, encoded, expect_only, opt_int, opt_str, req_str
 from .errors import ToolError, from_os_error
 
 MAX_READ_BYTES: Final = 10 * 1024 * 1024
@@ -32,6 +32,8 @@ MAX_SEARCH_RESULTS: Final = 1000
 DEFAULT_SEARCH_RESULTS: Final = 100
 SEARCH_TIMEOUT: Final = 30.0
 MAX_LINE_CHARS: Final = 500
+MAX_SEARCH_ARGUMENT_BYTES: Final = 64 * 1024
+"""A search pattern or glob (Linux takes at most 128 KiB in one argument of a command)."""
 _RG_LINE_BYTES: Final = 8 * 1024 * 1024
 _RG_STDERR_BYTES: Final = 64 * 1024
 _CHUNK_BYTES: Final = 64 * 1024
@@ -70,23 +72,65 @@ def _read_file(root: Path, args: Args) -> dict[str, Any]:
     user_path = req_str(args, "path")
     start, end = _line_range(args)
     path = paths.resolve(root, user_path, kind="file")
-    data, truncated = _read_bytes(path, user_path, root)
-    lines = _split_lines(data.decode("utf-8", errors="replace"))
-    if start > max(len(lines), 1):
+    with _regular_file(path, user_path, root) as file:
+        lines = _read_lines(file, start, end)
+    if start > max(lines.total, 1):
         raise ToolError(
             "INVALID_ARGS",
-            f"start_line {start} is past the end of '{user_path}' ({len(lines)} lines)",
+            f"start_line {start} is past the end of '{user_path}' ({lines.total} lines)",
         )
-    end = len(lines) if end is None else min(end, len(lines))
+    last = lines.total if end is None else min(end, lines.total)
     return {
         "path": paths.display(root, path),
-        "content": "".join(lines[start - 1 : end]),
+        "content": lines.data.decode("utf-8", errors="replace"),
         "start_line": start,
-        "end_line": end,
-        "total_lines": len(lines),
-        "truncated": truncated,
-        "binary": b"\0" in data,
+        "end_line": lines.last if lines.cut else last,
+        "total_lines": lines.total,
+        "truncated": lines.cut,
+        "binary": b"\0" in lines.data,
     }
+
+
+@dataclass
+class _Lines:
+    first: int
+    data: bytearray
+    """Lines from `first` on, at most MAX_READ_BYTES of them."""
+    total: int
+    cut: bool
+
+    @property
+    def last(self) -> int:
+        """The number of the last line `data` holds, in part when cut."""
+        return self.first + self.data.count(b"\n") - self.data.endswith(b"\n")
+
+
+def _read_lines(file: BinaryIO, start: int, end: int | None) -> _Lines:
+    """Lines `start` to `end` (1-based, inclusive; None: to the end) of `file`, and how many
+    lines it has. Read in chunks: a line range deep in a file of any size is found, while
+    memory stays bounded (the lines before and after the range are only counted)."""
+    kept, line, cut, final = bytearray(), 1, False, b""
+    while chunk := file.read(_CHUNK_BYTES):
+        final, newlines = chunk[-1:], chunk.count(b"\n")
+        if not cut and line + newlines >= start and (end is None or line <= end):
+            begin = _after_newlines(chunk, start - line)
+            stop = len(chunk)
+            if end is not None and line + newlines > end:  # line `end` ends in this chunk
+                stop = _after_newlines(chunk, end - line + 1)
+            room = MAX_READ_BYTES - len(kept)
+            kept += chunk[begin : min(stop, begin + room)]
+            cut = stop - begin > room
+        line += newlines
+    total = line - 1 if final in (b"", b"\n") else line
+    return _Lines(start, kept, total, cut)
+
+
+def _after_newlines(chunk: bytes, count: int) -> int:
+    """The offset in `chunk` just after its `count`th newline (0 for count <= 0)."""
+    offset = 0
+    for _ in range(count):
+        offset = chunk.index(b"\n", offset) + 1
+    return offset
 
 
 def _line_range(args: Args) -> tuple[int, int | None]:
@@ -103,25 +147,26 @@ def _line_range(args: Args) -> tuple[int, int | None]:
 
 
 def _read_bytes(path: Path, user_path: str, root: Path | None = None) -> tuple[bytes, bool]:
-    """At most MAX_READ_BYTES of a regular file, and whether there was more. With `root`,
-    the file is opened relative to its folder checked to be inside it (paths.open_in)."""
+    """At most MAX_READ_BYTES of a regular file, and whether there was more."""
+    with _regular_file(path, user_path, root) as file:
+        data = file.read(MAX_READ_BYTES + 1)
+    return data[:MAX_READ_BYTES], len(data) > MAX_READ_BYTES
+
+
+@contextlib.contextmanager
+def _regular_file(path: Path, user_path: str, root: Path | None) -> Iterator[BinaryIO]:
+    """The regular file at `path`, opened without following a link at its end (with `root`:
+    relative to its folder checked to be inside it, paths.open_in); an OSError while it is
+    open becomes a ToolError about `user_path`."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(path, flags) if root is None else paths.open_in(root, path, flags, user_path)
         with os.fdopen(fd, "rb") as file:
             if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
                 raise ToolError("INVALID_PATH", f"path '{user_path}' is not a regular file")
-            data = file.read(MAX_READ_BYTES + 1)
+            yield file
     except OSError as exc:
         raise from_os_error(exc, user_path) from None
-    return data[:MAX_READ_BYTES], len(data) > MAX_READ_BYTES
-
-
-def _split_lines(text: str) -> list[str]:
-    """Lines split at '\\n' only, each keeping its newline; ''.join() gives `text` back."""
-    parts = text.split("\n")
-    lines = [part + "\n" for part in parts[:-1]]
-    return [*lines, parts[-1]] if parts[-1] else lines
 
 
 # write_file and edit_file
@@ -130,7 +175,7 @@ def _split_lines(text: str) -> list[str]:
 def _write_file(root: Path, args: Args) -> dict[str, Any]:
     expect_only(args, ("path", "content"))
     user_path = req_str(args, "path")
-    data = _encode(req_str(args, "content"), "content")
+    data = encoded(req_str(args, "content"), "content")
     path = paths.resolve(root, user_path, must_exist=False, kind="file")
     created = not paths.exists_in(root, path, user_path)
     paths.make_folders(root, path.parent, user_path)
@@ -153,7 +198,7 @@ def _edit_file(root: Path, args: Args) -> dict[str, Any]:
     count = text.count(old)
     if count != 1:
         raise ToolError("INVALID_ARGS", _edit_miss(count, user_path))
-    _atomic_write(root, path, _encode(text.replace(old, new, 1), "new_text"), user_path)
+    _atomic_write(root, path, encoded(text.replace(old, new, 1), "new_text"), user_path)
     return {"path": paths.display(root, path), "replacements": 1}
 
 
@@ -161,15 +206,6 @@ def _edit_miss(count: int, user_path: str) -> str:
     if count == 0:
         return f"old_text not found in '{user_path}'"
     return f"old_text found {count} times in '{user_path}'; add context to make it unique"
-
-
-def _encode(text: str, arg: str) -> bytes:
-    try:
-        return text.encode("utf-8", errors="surrogateescape")
-    except UnicodeEncodeError as exc:
-        raise ToolError(
-            "INVALID_ARGS", f"argument '{arg}' holds a lone surrogate at index {exc.start}"
-        ) from None
 
 
 def _atomic_write(root: Path, path: Path, data: bytes, user_path: str) -> None:
@@ -355,9 +391,16 @@ def _max_results(args: Args) -> int:
 
 
 def _check_no_nul(pattern: str, file_glob: str | None) -> None:
+    """No NUL, and short enough to be one argument of ripgrep's command line."""
     for name, value in (("pattern", pattern), ("glob", file_glob or "")):
         if "\0" in value:
             raise ToolError("INVALID_ARGS", f"argument '{name}' contains a NUL byte")
+        size = len(encoded(value, name))
+        if size > MAX_SEARCH_ARGUMENT_BYTES:
+            raise ToolError(
+                "INVALID_ARGS",
+                f"argument '{name}' is {size} bytes; the limit is {MAX_SEARCH_ARGUMENT_BYTES}",
+            )
 
 
 _RG_COMMON: Final = ("--no-config", "--no-messages")

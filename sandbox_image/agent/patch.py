@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from . import paths
-from .argcheck import Args, expect_only, req_str
+from .argcheck import Args, encoded, expect_only, req_str
 from .errors import ToolError, from_os_error
-from .files import _encode, _mode_at, _read_bytes, stage_in
+from .files import _mode_at, _read_bytes, stage_in
 
 MAX_PATCH_BYTES: Final = 10 * 1024 * 1024
 _QUOTE_CHARS: Final = 200
@@ -62,7 +62,7 @@ def _apply_patch(root: Path, args: Args) -> dict[str, Any]:
 
 
 def _check_size(text: str) -> None:
-    size = len(text) if len(text) > MAX_PATCH_BYTES else len(_encode(text, "input"))
+    size = len(text) if len(text) > MAX_PATCH_BYTES else len(encoded(text, "input"))
     if size > MAX_PATCH_BYTES:
         raise ToolError("INVALID_ARGS", "the patch is larger than 10 MiB")
 
@@ -414,7 +414,7 @@ def _plan_add(root: Path, op: FileOp, plan: _Plan) -> None:
     path = _claim(root, op.path, op, plan)
     if paths.exists_in(root, path, op.path):
         raise ToolError("INVALID_ARGS", f"cannot add '{op.path}': it already exists")
-    plan.writes.append((path, _encode(op.content, "input"), None, op.path))
+    plan.writes.append((path, encoded(op.content, "input"), None, op.path))
     plan.result["added"].append(paths.display(root, path))
 
 
@@ -450,7 +450,7 @@ def _patched_file(root: Path, path: Path, op: FileOp) -> bytes:
         raise ToolError("INVALID_ARGS", f"'{op.path}' is too large to patch (over 10 MiB)")
     # surrogateescape round-trips bytes that are not UTF-8 unchanged.
     text = data.decode("utf-8", errors="surrogateescape")
-    return _encode(patched(text, op.hunks, op.path), "input")
+    return encoded(patched(text, op.hunks, op.path), "input")
 
 
 def _mode_in(root: Path, path: Path, shown: str) -> int | None:

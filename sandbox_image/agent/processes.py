@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Final, cast
 
 from . import paths, strays
-from .argcheck import Args, expect_only, opt_bool, opt_int, opt_str, req_int, req_str
+from .argcheck import Args, encoded, expect_only, opt_bool, opt_int, opt_str, req_int, req_str
 from .errors import ToolError
 from .execute import (
     EOF_GRACE,
@@ -404,10 +404,7 @@ class ProcessTable:
             raise ToolError(
                 "INVALID_ARGS", "give 'data' to write, 'eof': true to close stdin, or both"
             )
-        try:
-            data = text.encode("utf-8", "surrogateescape")
-        except UnicodeEncodeError:
-            raise ToolError("INVALID_ARGS", "argument 'data' holds lone surrogates") from None
+        data = encoded(text, "data")
         pipe = proc.stdin()
         if not proc.running:
             raise ToolError("INVALID_ARGS", f"process '{proc.id}' has exited; it reads no input")

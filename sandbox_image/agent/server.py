@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from stockade.agent import PROTOCOL_VERSION, __version__, inspect, tools, transfers
-from stockade.agent.errors import ToolError, from_os_error
+from stockade.agent.errors import ToolError, from_os_error, wire_text
 from stockade.agent.execute import StreamSink, unignore_signals
 from stockade.agent.processes import ProcessTable
 from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
@@ -168,10 +168,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             return _error(exc.code, exc.message)
         except Exception as exc:
             log.exception("tool %s failed", request.tool)
-            return agent_pb2.InvokeResponse(
-                error_code=agent_pb2.AGENT_ERROR_CODE_INTERNAL,
-                error_message=f"agent error in {request.tool}: {type(exc).__name__}: {exc}",
-            )
+            return _error("INTERNAL", f"agent error in {request.tool}: {type(exc).__name__}: {exc}")
         # ASCII-escaped: file names that are not UTF-8 carry lone surrogates, which protobuf
         # strings cannot hold; escaped, they reach the supervisor intact.
         return agent_pb2.InvokeResponse(result_json=json.dumps(result))
@@ -195,8 +192,10 @@ def _event(fd: int, data: bytes) -> Any:
 
 
 def _error(code: str, message: str) -> Any:
+    """A failed call's reply; a code outside _CODES is INTERNAL."""
     return agent_pb2.InvokeResponse(
-        error_code=_CODES.get(code, agent_pb2.AGENT_ERROR_CODE_INTERNAL), error_message=message
+        error_code=_CODES.get(code, agent_pb2.AGENT_ERROR_CODE_INTERNAL),
+        error_message=wire_text(message),
     )
 
 

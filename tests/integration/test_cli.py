@@ -102,3 +102,18 @@ def test_attach_follows_a_background_process(supervisor: Supervisor, key: str) -
     missing = cli_input(supervisor, "", "attach", key, "nothing")
     assert missing.returncode == 1
     assert "no process 'nothing'" in missing.stderr
+
+
+def test_keys_and_commands_cannot_forge_lines_or_drive_the_terminal(
+    supervisor: Supervisor, key: str
+) -> None:
+    """Keys are any UTF-8: `ls` and `rm` showed a newline or an escape sequence as is."""
+    forged = f"{key}\nfake     RUNNING  podman  000000000000   /\x1b[2J"
+    assert cli(supervisor, "exec", forged, "--", "true").returncode == 0
+    listing = cli(supervisor, "ls").stdout
+    assert "\x1b" not in listing
+    shown = f"{key}\\nfake     RUNNING  podman  000000000000   /\\x1b[2J"
+    assert not [line for line in listing.splitlines() if line.startswith("fake")]
+    assert f"\n{shown} RUNNING " in listing
+    removed = cli(supervisor, "rm", "--delete-workspace", forged).stdout
+    assert removed == f"{shown}: container removed; workspace deleted\n"

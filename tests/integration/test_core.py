@@ -113,6 +113,17 @@ def test_list_glob_search_edit(client: Stockade, key: str) -> None:
     assert box.read_file("src/app.py", start_line=2, end_line=2) == "    return 42\n"
 
 
+def test_read_file_finds_lines_past_its_10_mib_read_cap(client: Stockade, key: str) -> None:
+    box = client.sandbox(key)
+    box.exec("seq 1 3000000 > big.log")  # 20.8 MB
+    result = box.call("read_file", {"path": "big.log", "start_line": 2999999})
+    assert not result.is_error, result.error_message
+    assert result.data["content"] == "2999999\n3000000\n"
+    assert (result.data["total_lines"], result.data["end_line"]) == (3000000, 3000000)
+    past = box.call("read_file", {"path": "big.log", "start_line": 3000001})
+    assert past.error_message == "start_line 3000001 is past the end of 'big.log' (3000000 lines)"
+
+
 def test_sandbox_lifecycle_rpcs(client: Stockade, key: str) -> None:
     with pytest.raises(NotFound):
         client.get_sandbox(key)

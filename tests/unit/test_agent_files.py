@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 import time
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stockade.agent import files, tools
 from stockade.agent.errors import ToolError
@@ -161,6 +164,41 @@ async def test_read_caps_huge_file(ws: Path) -> None:
     result = await files.read_file(ws, {"path": "big"})
     assert result["truncated"] is True
     assert len(result["content"]) == files.MAX_READ_BYTES
+
+
+async def test_read_a_line_range_past_the_read_cap(ws: Path) -> None:
+    """A line range beyond the first 10 MiB (the tail of a big log) is found, and the line
+    count is the file's: it was the count within the first 10 MiB, and 'past the end'."""
+    (ws / "big.log").write_bytes(b"x" * (11 * MiB) + b"\nsecond\nthird")
+    result = await files.read_file(ws, {"path": "big.log", "start_line": 2})
+    assert (result["content"], result["total_lines"], result["end_line"]) == ("second\nthird", 3, 3)
+    assert result["truncated"] is False
+    whole = await files.read_file(ws, {"path": "big.log"})
+    assert (whole["truncated"], whole["end_line"], whole["total_lines"]) == (True, 1, 3)
+    message = await fails("INVALID_ARGS", files.read_file, ws, {"path": "big.log", "start_line": 4})
+    assert message == "start_line 4 is past the end of 'big.log' (3 lines)"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    content=st.lists(st.sampled_from([b"\n", b"a", b"bc", b"\xff", b"\n\n"]), max_size=40),
+    start=st.integers(1, 12),
+    length=st.one_of(st.none(), st.integers(0, 12)),
+)
+def test_read_lines_in_chunks_equals_splitting_the_whole_file(
+    content: list[bytes], start: int, length: int | None
+) -> None:
+    data = b"".join(content)
+    lines = data.splitlines(keepends=True)
+    end = None if length is None else start + length
+    wanted = b"".join(lines[start - 1 : end])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(files, "_CHUNK_BYTES", 3)
+        patch.setattr(files, "MAX_READ_BYTES", 7)
+        got = files._read_lines(io.BytesIO(data), start, end)
+    assert (bytes(got.data), got.total, got.cut) == (wanted[:7], len(lines), len(wanted) > 7)
+    if got.cut:
+        assert got.last == start + len(wanted[:7].splitlines()) - 1
 
 
 @pytest.mark.timeout(5)

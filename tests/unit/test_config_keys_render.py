@@ -9,7 +9,7 @@ from stockade.supervisor.config import Config, load_config
 from stockade.supervisor.errors import ConfigError, InvalidRequest
 from stockade.supervisor.keys import sandbox_id, validate_key
 from stockade.supervisor.pipeline import _exec_outcome, parse_arguments
-from stockade.supervisor.render import cap_text, render
+from stockade.supervisor.render import cap_text, printable, render
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -159,9 +159,24 @@ def test_parse_arguments(raw: str, expected: dict[str, int]) -> None:
     assert parse_arguments(raw) == expected
 
 
+def test_parse_arguments_up_to_the_limits() -> None:
+    assert parse_arguments('{"a": ' + "[" * 63 + "]" * 63 + "}")
+    assert len(parse_arguments('{"a": [' + "0," * 9997 + "0]}")["a"]) == 9998  # 10000 values
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
-    [("{", "not valid JSON"), ("[1]", "must be a JSON object, got list"), ("3", "got int")],
+    [
+        ("{", "not valid JSON"),
+        ("[1]", "must be a JSON object, got an array"),
+        ("3", "got a number"),
+        ("null", "got null"),
+        ('"x"', "got a string"),
+        ("true", "got a boolean"),
+        ('{"a": ' + "[" * 64 + "]" * 64 + "}", "nests deeper than 64 levels"),
+        ('{"a": [' + "0," * 9998 + "0]}", "holds more than 10000 values"),
+        ("{" + ", ".join(f'"k{i}": {{}}' for i in range(10_000)) + "}", "more than 10000 values"),
+    ],
 )
 def test_parse_arguments_rejects(raw: str, message: str) -> None:
     with pytest.raises(ValueError, match="arguments_json") as info:
@@ -193,3 +208,9 @@ def test_render_exec_and_lists() -> None:
     assert render("list_files", {"entries": entries}) == "d/\nf  (3 bytes)"
     assert render("search", {"matches": []}) == "[no matches]"
     assert render("exec", {"stdout": "", "exit_code": 0}) == "[no output]"
+
+
+def test_printable_escapes_what_would_act_on_a_terminal() -> None:
+    assert printable("plain key é 🔑 a b") == "plain key é 🔑 a b"
+    assert printable("a\nKEY  RUNNING") == "a\\nKEY  RUNNING"
+    assert printable("\x1b[2J\rx\t\x00\u202eevil") == "\\x1b[2J\\rx\\t\\x00\\u202eevil"
