@@ -49,6 +49,8 @@ def resolve(
     root_real = Path(os.path.realpath(root))
     label = f"{arg} '{user_path}'"
     relative = _relative(root, _checked(user_path, arg), label)
+    if kind == "file" and user_path.endswith("/"):  # realpath would drop the slash
+        raise ToolError("INVALID_PATH", f"{label} ends in '/', which names a directory")
     try:
         real = Path(os.path.realpath(root_real / relative))
     except OSError:  # a link swapped for something else while realpath read it: a race

@@ -219,6 +219,24 @@ async def test_read_through_symlink_to_outside_is_refused(ws: Path, outside: Pat
     await fails("INVALID_PATH", files.read_file, ws, {"path": str(outside / "secret.txt")})
 
 
+@pytest.mark.parametrize("tool", [files.read_file, files.write_file, files.edit_file])
+async def test_a_file_path_ending_in_a_slash_is_refused(ws: Path, tool: Tool) -> None:
+    (ws / "f.txt").write_text("x")
+    args = {"path": "f.txt/", "content": "y", "old_text": "x", "new_text": "y"}
+    args = {k: v for k, v in args.items() if k in _ARGS[tool.__name__]}
+    assert "ends in '/'" in await fails("INVALID_PATH", tool, ws, args)
+    await fails("INVALID_PATH", tool, ws, {**args, "path": "new/"})
+    assert sorted(p.name for p in ws.iterdir()) == ["a.txt", "f.txt", "sub"]
+    assert (ws / "f.txt").read_text() == "x"
+
+
+_ARGS = {
+    "read_file": ("path",),
+    "write_file": ("path", "content"),
+    "edit_file": ("path", "old_text", "new_text"),
+}
+
+
 async def test_read_missing_file(ws: Path) -> None:
     await fails("FILE_NOT_FOUND", files.read_file, ws, {"path": "missing.txt"})
 
