@@ -3,9 +3,11 @@ r"""Credential scrubbing: the last step before any text leaves the host.
 `Scrubber.scrub(text)` returns the text with every credential it recognises replaced by
 `[REDACTED]`, and how many replacements it made. Two sources of credentials:
 
-- literal secrets from the config (values injected into sandboxes), also in their base64
-  (standard and URL-safe, padded or not), URL-encoded (`quote`, `quote(safe="")`,
-  `quote_plus`) and JSON-escaped forms;
+- literal secrets from the config (values injected into sandboxes), also URL-encoded (`%XX`
+  in either case, `+` for a space, whatever set of characters the encoder leaves alone),
+  JSON-escaped (`\\uXXXX` in either case, `\\/`), HTML-escaped or backslash-escaped, and in
+  base64 (standard and URL-safe, padded or not, also inside a longer base64 stream at any of
+  its three alignments, and wrapped over lines as `base64` and PEM write it);
 - known formats, below. A prefix that tells the reader what was hidden stays outside the
   redaction: `password=[REDACTED]`, `Authorization: Bearer [REDACTED]`,
   `https://user:[REDACTED]@host`.
@@ -69,12 +71,14 @@ where it starts at the separator, `:` or `=`, instead of at common letters.
 from __future__ import annotations
 
 import base64
+import html
 import json
 import re
 from array import array
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from urllib.parse import quote, quote_plus
+from urllib.parse import quote
 
 __all__ = ["REDACTED", "Scrubber"]
 
@@ -324,29 +328,122 @@ def _refused(text: str, value: re.Match[str], keyword: str) -> bool:
     )
 
 
-def _encodings(secret: str) -> set[str]:
-    """The forms a secret takes on its way out: as is, base64, URL- and JSON-encoded."""
-    raw = secret.encode("utf-8", "surrogatepass")
-    url = {quote(secret, safe=safe, errors="surrogatepass") for safe in ("", "/")}
-    forms = {secret, *url, quote_plus(secret, errors="surrogatepass")}
-    forms |= {json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}
-    for encoded in (base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode()):
-        forms |= {encoded, encoded.rstrip("=")}
-    return forms
+_PLAIN = frozenset("-_.")
+"""Characters besides ASCII letters and digits that no encoder changes."""
 
 
-_MAX_LITERAL_PASSES = 12
+def _plain(c: str) -> bool:
+    return (c.isascii() and c.isalnum()) or c in _PLAIN
 
 
-def _literal_patterns(forms: Iterable[str]) -> tuple[re.Pattern[str], ...]:
-    """One alternation per two-character prefix, longest first, so that `re` searches each
-    for its literal prefix; past `_MAX_LITERAL_PASSES` such passes, one alternation."""
-    groups: dict[str, list[str]] = {}
-    for form in forms:
-        groups.setdefault(form[:2], []).append(form)
-    if len(groups) > _MAX_LITERAL_PASSES:
-        groups = {"": [form for group in groups.values() for form in group]}
-    return tuple(re.compile(_alternation(group)) for group in groups.values())
+def _char_pattern(c: str) -> str:
+    """`c` as encoders write it: itself, `%XX` (either case; `+` for a space), a JSON `\\uXXXX`
+    (either case) or other backslash escape, an HTML entity."""
+    if _plain(c):
+        return re.escape(c)
+    raw = c.encode("utf-8", "surrogatepass")
+    units = c.encode("utf-16-be", "surrogatepass")
+    u16 = "".join(f"\\u{units[i]:02x}{units[i + 1]:02x}" for i in range(0, len(units), 2))
+    forms = {c, "\\" + c, json.dumps(c)[1:-1], html.escape(c), f"&#{ord(c)};", f"&#x{ord(c):x};"}
+    forms |= {"".join(f"%{b:02X}" for b in raw), "".join(f"%{b:02x}" for b in raw)}
+    forms |= {u16, u16.upper().replace("\\U", "\\u")}
+    if c == " ":
+        forms.add("+")
+    return f"(?:{_alternation(forms)})"
+
+
+def _base64_forms(raw: bytes) -> set[str]:
+    """The base64 of a secret alone (padded or not) and inside a longer stream: at each of
+    the three alignments, the characters made only of the secret's bits; each also
+    URL-encoded, in either case."""
+    forms: set[str] = set()
+    for encode in (base64.b64encode, base64.urlsafe_b64encode):
+        whole = encode(raw).decode()
+        forms |= {whole, whole.rstrip("=")}
+        for shift in range(3):
+            shifted = encode(bytes(shift) + raw).decode()
+            forms.add(shifted[(8 * shift + 5) // 6 : 8 * (shift + len(raw)) // 6])
+    escaped = {quote(form, safe="") for form in forms}
+    return forms | escaped | {re.sub("%..", lambda m: m[0].lower(), e) for e in escaped}
+
+
+_WRAPPED = re.compile(
+    r"\n(?:(?<=[A-Za-z0-9+/=_-]{8}\n)|(?<=[A-Za-z0-9+/=_-]{8}\r\n))(?=[A-Za-z0-9+/_-]{4})"
+)
+"""A line break inside base64: `base64` wraps its output at 76 columns, PEM at 64."""
+
+
+def _unwrapped(text: str) -> tuple[str, array[int], array[int]]:
+    """The text without line breaks between base64-like lines; where each break was in the
+    result, and how many characters were removed up to and including it."""
+    where, removed = array("q"), array("q")
+    if "\n" not in text:
+        return text, where, removed
+    pieces, done, count = [], 0, 0
+    for m in _WRAPPED.finditer(text):
+        start = m.start() - (text[m.start() - 1] == "\r")
+        pieces.append(text[done:start])
+        where.append(start - count)
+        count += m.end() - start
+        removed.append(count)
+        done = m.end()
+    pieces.append(text[done:])
+    return "".join(pieces), where, removed
+
+
+def _original(where: array[int], removed: array[int], at: int, end: bool) -> int:
+    """An offset in the unwrapped text as one in the original: a start goes past the breaks
+    at its offset, an end does not."""
+    before = bisect_left(where, at) if end else bisect_right(where, at)
+    return at + (removed[before - 1] if before else 0)
+
+
+def _occurrences(word: str, text: str) -> Iterator[_Span]:
+    """Where `word` occurs; overlapping occurrences as one span."""
+    size, start = len(word), text.find(word)
+    while start != -1:
+        end, at = start + size, text.find(word, start + 1)
+        while at != -1 and at <= end:
+            end, at = at + size, text.find(word, at + 1)
+        yield start, end
+        start = at
+
+
+@dataclass(frozen=True)
+class _Literals:
+    """The configured secrets: `words` found as they are, `base64` also across line breaks,
+    `patterns` (secrets with characters that encoders change) as regexes."""
+
+    words: tuple[str, ...] = ()
+    base64: tuple[str, ...] = ()
+    patterns: tuple[re.Pattern[str], ...] = ()
+
+    @classmethod
+    def of(cls, secrets: Iterable[str]) -> _Literals:
+        words: set[str] = set()
+        encoded: set[str] = set()
+        patterns: list[re.Pattern[str]] = []
+        for secret in secrets:
+            encoded |= _base64_forms(secret.encode("utf-8", "surrogatepass"))
+            if all(_plain(c) for c in secret):
+                words.add(secret)
+            else:
+                patterns.append(re.compile("".join(_char_pattern(c) for c in secret)))
+        return cls(tuple(words), tuple(encoded - words), tuple(patterns))
+
+    def spans(self, text: str) -> Iterator[_Span]:
+        for word in self.words:
+            yield from _occurrences(word, text)
+        for pattern in self.patterns:
+            yield from _overlapping(pattern, text)
+        if self.base64:
+            joined, where, removed = _unwrapped(text)
+            for word in self.base64:
+                for start, end in _occurrences(word, joined):
+                    yield (
+                        _original(where, removed, start, end=False),
+                        _original(where, removed, end, end=True),
+                    )
 
 
 def _overlapping(pattern: re.Pattern[str], text: str) -> Iterator[_Span]:
@@ -401,7 +498,7 @@ class Scrubber:
             raise ValueError(f"min_secret_length must be at least 1, not {min_secret_length}")
         if isinstance(secrets, str):
             raise ValueError("secrets must be a collection of strings, not one string")
-        forms: set[str] = set()
+        checked: list[str] = []
         for number, secret in enumerate(secrets, 1):
             if not isinstance(secret, str):
                 raise ValueError(f"secret #{number} is a {type(secret).__name__}, not a string")
@@ -410,12 +507,12 @@ class Scrubber:
                     f"secret #{number} has {len(secret)} characters; at least "
                     f"{min_secret_length} are needed to redact it without damaging other text"
                 )
-            forms |= _encodings(secret)
-        self._literals = _literal_patterns(forms) if forms else ()
+            checked.append(secret)
+        self._literals = _Literals.of(checked)
 
     def scrub(self, text: str) -> tuple[str, int]:
         """The text with every credential replaced by `[REDACTED]`, and how many were."""
-        spans = [span for pattern in self._literals for span in _overlapping(pattern, text)]
+        spans = list(self._literals.spans(text))
         spans += _rule_spans(text)
         spans += _keyword_spans(text)
         return _redact(text, spans)

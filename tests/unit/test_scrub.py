@@ -4,7 +4,9 @@ their encodings, ordinary output left alone, and hostile input in bounded time."
 from __future__ import annotations
 
 import base64
+import html
 import json
+import re
 from urllib.parse import quote, quote_plus
 
 import pytest
@@ -539,3 +541,67 @@ def test_odd_characters_around_secrets() -> None:
     scrubber = Scrubber(["hunter2\x00\ud800x"])
     text = f"\x00{NPM}\ud800 hunter2\x00\ud800x \udfff"
     assert scrubber.scrub(text) == (f"\x00{R}\ud800 {R} \udfff", 2)
+
+
+# Configured secrets inside longer encoded output
+
+EMBEDDED = "pa$$:w0rd/+~é!*(x)&<"  # URL-, JSON- and HTML-special characters, one non-ASCII
+
+
+def _wrapped(text: str, width: int) -> str:
+    return "\n".join(text[i : i + width] for i in range(0, len(text), width))
+
+
+@pytest.mark.parametrize("wrap", [0, 76, 64], ids=["one-line", "wrap-76", "wrap-64"])
+@pytest.mark.parametrize("alphabet", ["standard", "urlsafe"])
+@pytest.mark.parametrize("before", ["", "K", "KE", "KEY=", "API_TOKEN_X=", "Zz9" * 25 + "#"])
+def test_secret_inside_a_longer_base64_stream(before: str, alphabet: str, wrap: int) -> None:
+    """`env | base64`: the secret sits at any of the three alignments of a longer stream, so
+    its base64 differs from that of the secret alone; `base64` wraps at 76 columns."""
+    encode = base64.b64encode if alphabet == "standard" else base64.urlsafe_b64encode
+    raw = f"{before}{EMBEDDED}\nOTHER=value\n".encode()
+    encoded = encode(raw).decode()
+    text = _wrapped(encoded, wrap) if wrap else encoded
+    cleaned, count = Scrubber([EMBEDDED]).scrub(text)
+    assert count >= 1
+    # Every base64 character fully made of the secret's bits is gone: no 8-character run of
+    # the secret's own encoding (at any alignment) survives.
+    flat = cleaned.replace("\n", "")
+    for shift in range(3):
+        alone = encode(b"\0" * shift + EMBEDDED.encode()).decode()
+        inner = alone[(8 * shift + 5) // 6 : (8 * (shift + len(EMBEDDED.encode()))) // 6]
+        assert all(inner[i : i + 8] not in flat for i in range(len(inner) - 7)), shift
+
+
+def _url_forms(secret: str) -> list[tuple[str, str]]:
+    upper = quote(secret, safe="")
+    js = quote(secret, safe="!'()*~-_.")  # encodeURIComponent leaves !'()* alone
+    return [
+        ("lowercase-hex", re.sub("%[0-9A-F]{2}", lambda m: m[0].lower(), upper)),
+        ("encodeURIComponent", js),
+        ("encodeURI", quote(secret, safe="!#$&'()*+,/:;=?@~")),
+        ("plus-for-space", quote_plus(secret + " x").removesuffix("+x")),
+    ]
+
+
+def _json_forms(secret: str) -> list[tuple[str, str]]:
+    ascii_json = json.dumps(secret)[1:-1]
+    return [
+        ("json-slash-escaped", ascii_json.replace("/", "\\/")),  # PHP json_encode
+        ("json-uppercase-u", re.sub(r"\\u(....)", lambda m: "\\u" + m[1].upper(), ascii_json)),
+        ("json-go-html-escapes", ascii_json.replace("<", "\\u003c").replace("&", "\\u0026")),
+        ("json-all-escaped", "".join(f"\\u{ord(c):04x}" if not c.isalnum() else c for c in secret)),
+        ("html-entities", html.escape(secret)),
+        ("shell-printf-q", re.sub(r"([^A-Za-z0-9_/.,:=@%+-])", r"\\\1", secret)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("form", "encoded"),
+    _url_forms(EMBEDDED) + _json_forms(EMBEDDED),
+    ids=[name for name, _ in _url_forms(EMBEDDED) + _json_forms(EMBEDDED)],
+)
+def test_secret_in_other_encoders_forms(form: str, encoded: str) -> None:
+    cleaned, count = Scrubber([EMBEDDED]).scrub(f"<{encoded}>")
+    assert count == 1, (form, encoded, cleaned)
+    assert "w0rd" not in cleaned
