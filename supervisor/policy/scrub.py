@@ -5,7 +5,7 @@ r"""Credential scrubbing: the last step before any text leaves the host.
 
 - literal secrets from the config (values injected into sandboxes), also URL-encoded (`%XX`
   in either case, `+` for a space, whatever set of characters the encoder leaves alone),
-  JSON-escaped (`\\uXXXX` in either case, `\\/`), HTML-escaped or backslash-escaped, and in
+  JSON-escaped (`\uXXXX` in either case, `\/`), HTML-escaped or backslash-escaped, and in
   base64 (standard and URL-safe, padded or not, also inside a longer base64 stream at any of
   its three alignments, and wrapped over lines as `base64` and PEM write it);
 - known formats, below. A prefix that tells the reader what was hidden stays outside the
@@ -308,6 +308,23 @@ def _keyword_spans(text: str) -> Iterator[_Span]:
                 yield value.span(value.lastgroup)
 
 
+def _names_a_secret(value: str) -> bool:
+    """Code that names a secret rather than holding one: `token=token`, `self.token`,
+    `key_password`, `authToken`, `GITHUB_TOKEN`; not a password that ends in a keyword:
+    `hunter2pass`, `MyPassword`, `adminpassword`."""
+    parts = value.split(".")
+    if not all(part.isidentifier() for part in parts) or any(c.isdigit() for c in value):
+        return False
+    name = parts[-1]
+    lowered = name.lower()
+    return any(
+        lowered == word
+        or (lowered.endswith(word) and name[-len(word) - 1] == "_")
+        or (lowered.endswith(word) and name[-len(word)].isupper() and name[0].islower())
+        for word in _NAMED
+    )
+
+
 def _refused(text: str, value: re.Match[str], keyword: str) -> bool:
     """Whether a value after a keyword is code or prose rather than a secret. Values in
     quotes are data: never refused."""
@@ -319,7 +336,7 @@ def _refused(text: str, value: re.Match[str], keyword: str) -> bool:
     return (
         bare.lower() in _NOT_SECRETS
         or _REFERENCE.fullmatch(bare) is not None
-        or (bare.lower().endswith(_NAMED) and all(p.isidentifier() for p in bare.split(".")))
+        or _names_a_secret(bare)
         or text.startswith(("(", "[", "{", "<"), value.end())  # code: f(), x[k], Option<T>
         or (keyword == "pwd" and bare.startswith("/"))  # PWD=/home/me is a directory
         or (bare.startswith("#") and text[value.start("bare") - 1] in " \t")  # a comment
