@@ -14,12 +14,14 @@ r"""Credential scrubbing: the last step before any text leaves the host.
 
 | Rule          | Redacts                                                                    |
 |---------------|----------------------------------------------------------------------------|
-| openai        | `sk-` + 20+ alnum; `sk-proj-`, `sk-svcacct-`, `sk-admin-` + 20+ `[\w-]`    |
+| openai        | `sk-` + 20+ alnum; `sk-proj-`, `sk-svcacct-`, `sk-admin-`, `sk-None-`,     |
+|               | OpenRouter `sk-or-v1-` + 20+ `[\w-]`                                        |
 | anthropic     | `sk-ant-` + 20+ `[\w-]`                                                    |
 | stripe        | `sk_live_`, `sk_test_`, `rk_live_`, `rk_test_` + 16+; `whsec_` + 24+       |
 | github        | `ghp_ gho_ ghu_ ghs_ ghr_` + 36+ alnum; `github_pat_` + 22+ `\w`           |
-| gitlab        | `glpat-`, `gldt-`, `glrt-` + 20+ `[\w-]`                                   |
-| aws           | access key ids: `AKIA`/`ASIA` + 16 `[A-Z0-9]`, as a whole word             |
+| gitlab        | `glpat- gldt- glrt- glptt- glcbt- glsoat- glft- glimt- glagent- gloas-`   |
+|               | `glffct- glrtr- glwt-` + 20+ `[\w-]`; Grafana `glc_`, `glsa_`              |
+| aws           | access key ids: `AKIA`/`ASIA`/`ABIA`/`ACCA` + 16 `[A-Z0-9]`, a whole word  |
 | google        | API keys `AIza` + 35; OAuth client secrets `GOCSPX-`; tokens `ya29.`       |
 | jwt           | `eyJ...` `.` `eyJ...` `.` signature (may be empty)                         |
 | slack         | `xox[abposre]-<digit>...`, `xapp-<digit>-...`; webhook paths after         |
@@ -28,12 +30,23 @@ r"""Credential scrubbing: the last step before any text leaves the host.
 | twilio        | API key SIDs: `SK` + 32 hex                                                |
 | npm, pypi, hf | `npm_` + 36 alnum; `pypi-AgE` + 50+; `hf_` + 34+ alnum                     |
 | digitalocean  | `dop_v1_`, `doo_v1_`, `dor_v1_` + 64 hex                                   |
+| more vendors  | Groq `gsk_`, xAI `xai-`, Perplexity `pplx-`, Replicate `r8_`, Vault `hvs.`,|
+|               | Shopify `shpat_`..., Atlassian `ATATT3`, Linear `lin_api_`, Notion `ntn_`, |
+|               | Sentry `sntrys_`, Postman `PMAK-`, Databricks `dapi`, Doppler `dp.pt.`,    |
+|               | Tailscale `tskey-`, Supabase `sbp_`, age `AGE-SECRET-KEY-1`, Telegram bot  |
+|               | `<id>:AA...`, Azure AD `8Q~` (the 3 characters before it stay), Discord    |
+|               | webhook URLs                                                               |
 | pem           | a `-----BEGIN ... PRIVATE KEY[ BLOCK]-----` block through its END line     |
 |               | (RSA, EC, DSA, OPENSSH, ENCRYPTED, PGP...); with no END line, up to the    |
 |               | next `-----` or the end of the text: a truncated key is hidden too         |
 | url           | the password in `scheme://user:password@host` (postgres, mongodb+srv...)   |
-| bearer        | `Bearer <16+ token characters>` anywhere                                   |
-| cli flag      | `--password X`, `--github-token X` (not `--password-stdin`)                |
+| bearer        | `Bearer <16+ token characters>` anywhere (also `bearer`, `BEARER`)          |
+| cookie        | the rest of a `Cookie:` or `Set-Cookie:` header line                       |
+| xml           | the text of an element named like a keyword: `<password>x</password>`      |
+| putty / ssh2  | PuTTY `Private-Lines`; `---- BEGIN SSH2 ... PRIVATE KEY ----` blocks        |
+| cli flag      | `--password X`, `--github-token X` (not `--password-stdin`); the password  |
+|               | of `curl -u user:pass` / `--user` (not `-u 1000:1000`), `sshpass -p X`,    |
+|               | `mysql ... -pX`                                                            |
 | netrc         | `login U password P`                                                       |
 | keyword       | the value in `NAME: value`, `NAME = value`, `NAME => value` where NAME     |
 |               | ends in a `_KEYWORDS` word, any case: `GITHUB_TOKEN=x`, `"password": "x"`  |
@@ -165,7 +178,7 @@ _RULES = (
         "openai/anthropic/stripe",
         re.compile(
             _after("sk")
-            + r"(?:-(?:(?:ant|proj|svcacct|admin)-[\w-]{20,}|[A-Za-z0-9]{20,}[\w-]*)"
+            + r"(?:-(?:(?:ant|proj|svcacct|admin|None|or-v1)-[\w-]{20,}|[A-Za-z0-9]{20,}[\w-]*)"
             + r"|_(?:live|test)_[A-Za-z0-9]{16,})",
             re.ASCII,
         ),
@@ -177,7 +190,8 @@ _RULES = (
         re.compile(
             _after("g")
             + r"(?:h[pousr]_[A-Za-z0-9]{36,}|ithub_pat_[A-Za-z0-9_]{22,}"
-            + r"|l(?:pat|dt|rt)-[\w-]{20,})",
+            + r"|l(?:pat|dt|rt|ptt|cbt|soat|ft|imt|agent|oas|ffct|rtr|wt)-[\w-]{20,}"
+            + r"|l(?:c|sa)_[A-Za-z0-9_]{30,}|sk_[A-Za-z0-9]{40,})",
             re.ASCII,
         ),
     ),
@@ -185,7 +199,9 @@ _RULES = (
         "aws/google",
         re.compile(
             _after("A", "[A-Za-z0-9]")
-            + f"(?:[KS]IA[A-Z0-9]{{16}}(?![A-Za-z0-9])|Iza[{_W}-]{{35}}{_TOKEN_END})"
+            + f"(?:(?:[KS]IA|BIA|CCA)[A-Z0-9]{{16}}(?![A-Za-z0-9])|Iza[{_W}-]{{35}}{_TOKEN_END}"
+            + f"|TATT3[{_W}=-]{{50,}}|GE-SECRET-KEY-1[0-9A-Z]{{58}}"
+            + f"|(?<=[0-9]:A)A[{_W}-]{{31,}})"
         ),
     ),
     _Rule("google-oauth", re.compile(_after("GOCSPX-") + f"[{_W}-]{{20,}}")),
@@ -193,7 +209,10 @@ _RULES = (
     _Rule("jwt", re.compile(_after("eyJ") + f"[{_W}-]{{8,}}\\.eyJ[{_W}-]{{8,}}\\.[{_W}-]*")),
     _Rule(
         "slack",
-        re.compile(_after("x") + r"(?:ox[abposre](?:\.xox[abposre])?|app)-\d[A-Za-z0-9-]{8,}"),
+        re.compile(
+            _after("x")
+            + r"(?:(?:ox[abposre](?:\.xox[abposre])?|app)-\d[A-Za-z0-9-]{8,}|ai-[A-Za-z0-9]{40,})"
+        ),
     ),
     _Rule(
         "sendgrid/twilio",
@@ -205,7 +224,25 @@ _RULES = (
     _Rule("npm", re.compile(_after("npm_") + r"[A-Za-z0-9]{36}(?![A-Za-z0-9])")),
     _Rule("pypi", re.compile(_after("pypi-AgE") + f"[{_W}-]{{50,}}")),
     _Rule("huggingface", re.compile(_after("hf_") + r"[A-Za-z0-9]{34,}")),
-    _Rule("digitalocean", re.compile(_after("do") + r"[por]_v1_[a-f0-9]{64}(?![a-f0-9])")),
+    _Rule(
+        "digitalocean/databricks/doppler",
+        re.compile(
+            _after("d")
+            + r"(?:o[por]_v1_[a-f0-9]{64}(?![a-f0-9])|api[a-f0-9]{32}(?![a-f0-9])"
+            + r"|p\.(?:pt|st|sa|ct|scim|audit)\.[A-Za-z0-9]{40,})"
+        ),
+    ),
+    _Rule("vault", re.compile(_after("hv") + f"[sbr]\\.[{_W}-]{{24,}}")),
+    _Rule("shopify", re.compile(_after("shp") + r"(?:at|ss|ca|pa)_[a-fA-F0-9]{32}")),
+    _Rule("sentry", re.compile(_after("sntry") + r"[su]_[\w=+/]{30,}")),
+    _Rule("linear", re.compile(_after("lin_") + r"(?:api|oauth)_[A-Za-z0-9]{32,}")),
+    _Rule("notion", re.compile(_after("ntn_") + r"[A-Za-z0-9]{40,}")),
+    _Rule("postman", re.compile(_after("PMAK-") + r"[a-f0-9]{24}-[a-f0-9]{34}")),
+    _Rule("tailscale", re.compile(_after("tskey-") + f"[a-z]+-[{_W}-]{{20,}}")),
+    _Rule("perplexity", re.compile(_after("pplx-") + r"[A-Za-z0-9]{40,}")),
+    _Rule("replicate", re.compile(_after("r8_") + r"[A-Za-z0-9]{37}(?![A-Za-z0-9])")),
+    _Rule("supabase", re.compile(_after("sbp_") + r"[a-f0-9]{40}(?![a-f0-9])")),
+    _Rule("azure-ad", re.compile(r"8Q~(?<=[\w.~-]{3}8Q~)[\w.~-]{31,34}")),
     _Rule(
         "pem-private-key/cli-flag",
         # A PEM body cannot contain `-----`, so a BEGIN without END costs one scan to the
@@ -214,6 +251,8 @@ _RULES = (
             r"--(?:---BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"
             r"[^-]*(?:-(?!----)[^-]*)*"
             r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----)?"
+            r"|-- BEGIN SSH2 (?:ENCRYPTED )?PRIVATE KEY ----[^-]*(?:-(?!---)[^-]*)*"
+            r"(?:---- END SSH2 (?:ENCRYPTED )?PRIVATE KEY ----)?"
             r"|(?<![\w-]--)(?:[A-Za-z0-9]+[-_])*"
             + _caseless_trie((*_KEYWORDS, *_SHORT_KEYWORDS, *_EQUALS_KEYWORDS))
             + r"[ \t]+(?:\"(?P<dq>[^\"\n]+)\"|'(?P<sq>[^'\n]+)'"
@@ -225,13 +264,41 @@ _RULES = (
         "url-password/slack-webhook",
         re.compile(
             r"://(?:hooks\.slack\.com/(?:services|workflows|triggers)/(?P<hook>[\w/-]+)"
+            r"|(?:ptb\.|canary\.)?discord(?:app)?\.com/api/webhooks/(?P<discord>\d+/[\w-]{20,})"
             r"|[^\s:/?#@\[\]\"'<>]*:(?P<password>[^\s/?#@\[\]\"'<>]+(?:@[^\s/?#@\[\]\"'<>]+)*)@)",
             re.ASCII,
         ),
-        ("hook", "password"),
+        ("hook", "discord", "password"),
     ),
     _Rule(
-        "bearer", re.compile(_after("Bearer") + r"[ \t]+(?P<s>[\w.~+/-]{16,}=*)", re.ASCII), ("s",)
+        "bearer",
+        re.compile(
+            r"earer(?<=[Bb]earer|BEARER)(?<![\w-].earer)[ \t]+(?P<s>[\w.~+/-]{16,}=*)", re.ASCII
+        ),
+        ("s",),
+    ),
+    _Rule(
+        "putty-private-key",
+        re.compile(
+            r"Private-Lines:[ \t]*\d+\r?\n"
+            r"(?P<s>[A-Za-z0-9+/=]+(?=\r?\n|$)(?:\r?\n[A-Za-z0-9+/=]+(?=\r?\n|$))*)"
+        ),
+        ("s",),
+    ),
+    _Rule("cookie", re.compile(r"ookie:(?<=[Cc]ookie:)[ \t]*(?P<s>[^\s;][^\r\n]*)"), ("s",)),
+    _Rule(
+        "cli-user",  # curl -u user:pass, --user user:pass; not docker's -u 1000:1000
+        re.compile(
+            r"-u(?<![\w]-u)(?:(?<=--u)ser[ \t=]+|[ \t]+)[\"']?[^\s:'\"]+:"
+            r"(?![0-9]*(?:[\s'\"]|$))(?P<s>[^\s'\"]+)"
+        ),
+        ("s",),
+    ),
+    _Rule("sshpass", re.compile(r"sshpass[ \t]+-p[ \t]*(?P<s>[^\s-]\S*)"), ("s",)),
+    _Rule(
+        "mysql",  # mysql -u root -pSECRET
+        re.compile(r"mysql(?:dump|admin)?[ \t][^\r\n]{0,200}?[ \t]-p(?P<s>[^\s-]\S*)"),
+        ("s",),
     ),
     _Rule("netrc", re.compile(r"login(?<![\w-]login)\s+\S+\s+password\s+(?P<s>\S+)"), ("s",)),
 )
@@ -306,6 +373,23 @@ def _keyword_spans(text: str) -> Iterator[_Span]:
             if value and value.lastgroup and not _refused(text, value, keyword):
                 covered = value.end(value.lastgroup)
                 yield value.span(value.lastgroup)
+
+
+_XML_CLOSE = re.compile(
+    "</(?:[A-Za-z0-9_.:-]*)"
+    + _caseless_trie((*_KEYWORDS, *(word + _WORD_END for word in _SHORT_KEYWORDS)))
+    + ">"
+)
+"""The end of an element named for a secret: `</password>`, `</ns:ApiKey>`."""
+
+
+def _xml_spans(text: str) -> Iterator[_Span]:
+    """The text of elements named for a secret: `<password>x</password>`."""
+    for end in _XML_CLOSE.finditer(text):
+        start = text.rfind(">", 0, end.start()) + 1
+        value = text[start : end.start()]
+        if start and value.strip() and "<" not in value:
+            yield start, end.start()
 
 
 def _names_a_secret(value: str) -> bool:
@@ -532,6 +616,7 @@ class Scrubber:
         spans = list(self._literals.spans(text))
         spans += _rule_spans(text)
         spans += _keyword_spans(text)
+        spans += _xml_spans(text)
         return _redact(text, spans)
 
     def scrub_value(self, value: object) -> tuple[object, int]:

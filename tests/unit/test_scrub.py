@@ -258,6 +258,74 @@ ROWS = [
         id="cli-flags",
     ),
     pytest.param("run --api-key=k1 --verbose", f"run --api-key={R} --verbose", 1, id="cli-equals"),
+    # More widely used formats.
+    *(
+        pytest.param(f"key {token} end", f"key {R} end", 1, id=name)
+        for name, token in (
+            ("openai-none", "sk-None-" + run(48)),
+            ("openrouter", "sk-or-v1-" + HEX * 4),
+            ("anthropic-admin", "sk-ant-admin01-" + run(80)),
+            ("groq", "gsk_" + run(52)),
+            ("xai", "xai-" + run(80)),
+            ("perplexity", "pplx-" + run(48)),
+            ("replicate", "r8_" + run(37)),
+            *((f"gitlab-{p}", f"{p}-{run(20)}") for p in ("glptt", "glcbt", "glsoat", "gloas")),
+            ("grafana-cloud", "glc_" + run(60)),
+            ("grafana-service-account", f"glsa_{run(32)}_{HEX[:8]}"),
+            ("aws-abia", "ABIA" + "IOSFODNN7EXAMPLE"),
+            ("shopify", "shpat_" + HEX * 2),
+            ("atlassian", "ATATT3xFfGF0" + run(60)),
+            ("linear", "lin_api_" + run(40)),
+            ("notion", "ntn_" + run(46)),
+            ("sentry", "sntrys_eyJpYXQiOjE2" + run(40)),
+            ("postman", f"PMAK-{(HEX * 2)[:24]}-{(HEX * 3)[:34]}"),
+            ("vault", "hvs." + run(90)),
+            ("databricks", "dapi" + HEX * 2),
+            ("doppler", "dp.pt." + run(43)),
+            ("tailscale", "tskey-auth-" + run(40)),
+            ("supabase", "sbp_" + (HEX * 3)[:40]),
+            ("age", "AGE-SECRET-KEY-1" + ("QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L" * 2)[:58]),
+        )
+    ),
+    pytest.param(
+        f"https://discord.com/api/webhooks/123456789012345678/{run(68)}",
+        f"https://discord.com/api/webhooks/{R}",
+        1,
+        id="discord-webhook",
+    ),
+    pytest.param(f"bot 123456:AAH{run(32)}", f"bot 123456:{R}", 1, id="telegram-bot"),
+    # Azure AD client secrets: the three characters before `8Q~` stay.
+    pytest.param(f"abc8Q~{run(34)}", f"abc{R}", 1, id="azure-ad-client-secret"),
+    pytest.param(f"X-Auth: bearer {run(30)}", f"X-Auth: bearer {R}", 1, id="bearer-lowercase"),
+    pytest.param("curl -u admin:s3cretpw x", f"curl -u admin:{R} x", 1, id="curl-user"),
+    pytest.param("curl --user 'me:s3cret'", f"curl --user 'me:{R}'", 1, id="curl-user-long"),
+    pytest.param("docker run -u 1000:1000 img", "docker run -u 1000:1000 img", 0, id="docker-uid"),
+    pytest.param("sshpass -p s3cretpw ssh h", f"sshpass -p {R} ssh h", 1, id="sshpass"),
+    pytest.param("mysql -u root -ps3cretpw db", f"mysql -u root -p{R} db", 1, id="mysql-p"),
+    pytest.param("<Password>a b</Password>", f"<Password>{R}</Password>", 1, id="xml-element"),
+    pytest.param("<ns:ApiKey>k1</ns:ApiKey>", f"<ns:ApiKey>{R}</ns:ApiKey>", 1, id="xml-ns"),
+    pytest.param("<author>me</author>", "<author>me</author>", 0, id="xml-not-auth"),
+    pytest.param(
+        "> Cookie: theme=dark; session=abc123\n< set-cookie: sid=xyz; Path=/\n",
+        f"> Cookie: {R}\n< set-cookie: {R}\n",
+        2,
+        id="cookies",
+    ),
+    pytest.param(
+        f"---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----\nComment: x\nP2/56w{run(40)}\n"
+        "---- END SSH2 ENCRYPTED PRIVATE KEY ----\nafter",
+        f"{R}\nafter",
+        1,
+        id="ssh2-private-key",
+    ),
+    pytest.param(
+        f"PuTTY-User-Key-File-3: ssh-ed25519\nPublic-Lines: 1\nAAAAC3Nz\n"
+        f"Private-Lines: 1\nAAAAIF{run(40)}\nPrivate-MAC: {HEX}",
+        f"PuTTY-User-Key-File-3: ssh-ed25519\nPublic-Lines: 1\nAAAAC3Nz\n"
+        f"Private-Lines: 1\n{R}\nPrivate-MAC: {HEX}",
+        1,
+        id="putty-private-key",
+    ),
     # Placement.
     pytest.param(f"{OPENAI}", R, 1, id="whole-text"),
     pytest.param(f"{NPM} at start", f"{R} at start", 1, id="start-of-text"),
