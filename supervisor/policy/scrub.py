@@ -301,6 +301,11 @@ _RULES = (
         ("s",),
     ),
     _Rule("netrc", re.compile(r"login(?<![\w-]login)\s+\S+\s+password\s+(?P<s>\S+)"), ("s",)),
+    _Rule(
+        "netrc-line",  # `password P` ending its line: a .netrc over lines, seen line by line
+        re.compile(r"password(?<!\Spassword)[ \t]+(?P<s>\S+)[ \t]*(?=\r?\n|$)"),
+        ("s",),
+    ),
 )
 
 
@@ -611,13 +616,23 @@ class Scrubber:
             checked.append(secret)
         self._literals = _Literals.of(checked)
 
-    def scrub(self, text: str) -> tuple[str, int]:
-        """The text with every credential replaced by `[REDACTED]`, and how many were."""
+    @property
+    def spans_lines(self) -> bool:
+        """Whether a configured secret may be found across a line break (in wrapped base64)."""
+        return bool(self._literals.base64)
+
+    def spans(self, text: str) -> list[_Span]:
+        """Where the credentials in `text` are (start, end), in order, possibly overlapping."""
         spans = list(self._literals.spans(text))
         spans += _rule_spans(text)
         spans += _keyword_spans(text)
         spans += _xml_spans(text)
-        return _redact(text, spans)
+        spans.sort()
+        return spans
+
+    def scrub(self, text: str) -> tuple[str, int]:
+        """The text with every credential replaced by `[REDACTED]`, and how many were."""
+        return _redact(text, self.spans(text))
 
     def scrub_value(self, value: object) -> tuple[object, int]:
         """`scrub` through dicts (values only), lists, tuples and strings; anything else, and
