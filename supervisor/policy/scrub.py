@@ -591,7 +591,7 @@ def _redact(text: str, spans: list[_Span]) -> tuple[str, int]:
 class Scrubber:
     """Replaces credentials in text by `[REDACTED]`; immutable, safe to share."""
 
-    __slots__ = ("_literals",)
+    __slots__ = ("_formats", "_literals")
 
     def __init__(self, secrets: Iterable[str] = (), *, min_secret_length: int = 8) -> None:
         """secrets: literal values to hide (e.g. values injected into the sandbox
@@ -615,6 +615,16 @@ class Scrubber:
                 )
             checked.append(secret)
         self._literals = _Literals.of(checked)
+        self._formats = True
+
+    def secrets_only(self) -> Scrubber | None:
+        """A scrubber for the configured secrets alone, without the formats; None when no
+        secret is configured."""
+        if not (self._literals.words or self._literals.base64 or self._literals.patterns):
+            return None
+        only = Scrubber()
+        only._literals, only._formats = self._literals, False
+        return only
 
     @property
     def spans_lines(self) -> bool:
@@ -624,9 +634,10 @@ class Scrubber:
     def spans(self, text: str) -> list[_Span]:
         """Where the credentials in `text` are (start, end), in order, possibly overlapping."""
         spans = list(self._literals.spans(text))
-        spans += _rule_spans(text)
-        spans += _keyword_spans(text)
-        spans += _xml_spans(text)
+        if self._formats:
+            spans += _rule_spans(text)
+            spans += _keyword_spans(text)
+            spans += _xml_spans(text)
         spans.sort()
         return spans
 
