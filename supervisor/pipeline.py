@@ -406,7 +406,9 @@ class ToolPipeline:
 
     def _audit_arguments(self, args: dict[str, Any] | None, raw: str) -> str:
         limit = self._config.audit.max_arguments_bytes
-        text = json.dumps(args, ensure_ascii=False) if args is not None else raw[: limit * 2]
+        # scrubbed whole, then cut: a credential cut first would leave a piece no rule knows,
+        # and the redactions before it could pull that piece under the limit
+        text = json.dumps(args, ensure_ascii=False) if args is not None else raw
         if self._policy.scrubber is not None:
             text, _ = self._policy.scrubber.scrub(text)
         return cap_text(text, limit)[0]

@@ -397,21 +397,14 @@ def _xml_spans(text: str) -> Iterator[_Span]:
             yield start, end.start()
 
 
-def _names_a_secret(value: str) -> bool:
-    """Code that names a secret rather than holding one: `token=token`, `self.token`,
-    `key_password`, `authToken`, `GITHUB_TOKEN`; not a password that ends in a keyword:
-    `hunter2pass`, `MyPassword`, `adminpassword`."""
-    parts = value.split(".")
-    if not all(part.isidentifier() for part in parts) or any(c.isdigit() for c in value):
-        return False
-    name = parts[-1]
-    lowered = name.lower()
-    return any(
-        lowered == word
-        or (lowered.endswith(word) and name[-len(word) - 1] == "_")
-        or (lowered.endswith(word) and name[-len(word)].isupper() and name[0].islower())
-        for word in _NAMED
-    )
+_CODE_NAME = re.compile(
+    r"(?:[A-Za-z_]+\.)*(?:[A-Za-z_]*_|[a-z][A-Za-z]*(?=[A-Z]))?"
+    + f"(?i:{_alternation(word for word in _NAMED if word.isidentifier())})"
+)
+"""Code that names a secret rather than holding one: `token=token`, `self.token`,
+`key_password`, `authToken`, `GITHUB_TOKEN`; not a password that ends in a keyword:
+`hunter2pass`, `MyPassword`, `adminpassword` (no digits, a `_`, `.` or camelCase hump before
+the keyword)."""
 
 
 def _refused(text: str, value: re.Match[str], keyword: str) -> bool:
@@ -425,7 +418,7 @@ def _refused(text: str, value: re.Match[str], keyword: str) -> bool:
     return (
         bare.lower() in _NOT_SECRETS
         or _REFERENCE.fullmatch(bare) is not None
-        or _names_a_secret(bare)
+        or _CODE_NAME.fullmatch(bare) is not None
         or text.startswith(("(", "[", "{", "<"), value.end())  # code: f(), x[k], Option<T>
         or (keyword == "pwd" and bare.startswith("/"))  # PWD=/home/me is a directory
         or (bare.startswith("#") and text[value.start("bare") - 1] in " \t")  # a comment

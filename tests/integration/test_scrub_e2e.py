@@ -254,3 +254,19 @@ def test_the_approver_sees_no_credential(sup: Supervisor, c: Stockade, key: str)
         assert token not in shown
         assert SECRET not in shown
         assert "[REDACTED]" in shown
+
+
+def test_audit_of_unparsable_arguments_keeps_no_part_of_a_credential(c: Stockade, key: str) -> None:
+    """Arguments that are not JSON are audited as sent, cut to audit.max_arguments_bytes
+    (4096): a credential across the cut must not leave a readable piece once the redactions
+    before it have made the text shorter."""
+    token = FORMATS["github"]
+    key_block = "-----BEGIN PRIVATE KEY-----\n" + "A" * 6000 + "\n-----END PRIVATE KEY-----"
+    raw = '{"command": "' + key_block + " " * (8192 - len(key_block) - 33) + token + " not json"
+    result = c.call(key, "exec", raw)
+    assert result.is_error
+    records = [r for r in c.list_audit(sandbox_key=key) if r.request_id == result.request_id]
+    assert records
+    audited = records[0].arguments_json
+    assert token[:12] not in audited
+    assert "AAAAAAAAAA" not in audited
