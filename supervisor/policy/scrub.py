@@ -303,7 +303,15 @@ _RULES = (
     _Rule("netrc", re.compile(r"login(?<![\w-]login)\s+\S+\s+password\s+(?P<s>\S+)"), ("s",)),
     _Rule(
         "netrc-line",  # `password P` ending its line: a .netrc over lines, seen line by line
-        re.compile(r"password(?<!\Spassword)[ \t]+(?P<s>\S+)[ \t]*(?=\r?\n|$)"),
+        re.compile(
+            "password(?:"
+            + "|".join(
+                f"(?<={start}{indent}password)"
+                for start in ("^", "\n")
+                for indent in ("", " ", "  ", "   ", "    ", "\t", "\t\t")
+            )
+            + r")[ \t]+(?P<s>\S+)[ \t]*(?=\r?\n|$)"
+        ),
         ("s",),
     ),
 )

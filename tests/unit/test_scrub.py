@@ -305,6 +305,8 @@ ROWS = [
     pytest.param("<Password>a b</Password>", f"<Password>{R}</Password>", 1, id="xml-element"),
     pytest.param("<ns:ApiKey>k1</ns:ApiKey>", f"<ns:ApiKey>{R}</ns:ApiKey>", 1, id="xml-ns"),
     pytest.param("<author>me</author>", "<author>me</author>", 0, id="xml-not-auth"),
+    pytest.param("  password q1w2e3r4\n", f"  password {R}\n", 1, id="netrc-password-line"),
+    pytest.param("username and password keys.", "username and password keys.", 0, id="prose"),
     pytest.param(
         "> Cookie: theme=dark; session=abc123\n< set-cookie: sid=xyz; Path=/\n",
         f"> Cookie: {R}\n< set-cookie: {R}\n",
