@@ -89,8 +89,8 @@ import json
 import re
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from urllib.parse import quote
 
 __all__ = ["REDACTED", "Scrubber"]
@@ -297,7 +297,7 @@ _RULES = (
     _Rule("sshpass", re.compile(r"sshpass[ \t]+-p[ \t]*(?P<s>[^\s-]\S*)"), ("s",)),
     _Rule(
         "mysql",  # mysql -u root -pSECRET
-        re.compile(r"mysql(?:dump|admin)?[ \t][^\r\n]{0,200}?[ \t]-p(?P<s>[^\s-]\S*)"),
+        re.compile(r"mysql(?:dump|admin)?(?:[ \t]+(?!-p)\S+){0,12}[ \t]+-p(?P<s>[^\s-]\S*)"),
         ("s",),
     ),
     _Rule("netrc", re.compile(r"login(?<![\w-]login)\s+\S+\s+password\s+(?P<s>\S+)"), ("s",)),
@@ -470,12 +470,17 @@ def _base64_forms(raw: bytes) -> set[str]:
         for shift in range(3):
             shifted = encode(bytes(shift) + raw).decode()
             forms.add(shifted[(8 * shift + 5) // 6 : 8 * (shift + len(raw)) // 6])
+    forms = {form for form in forms if len(form) >= _MIN_BASE64}
     escaped = {quote(form, safe="") for form in forms}
     return forms | escaped | {re.sub("%..", lambda m: m[0].lower(), e) for e in escaped}
 
 
+_MIN_BASE64 = 6
+"""Shorter pieces of base64 (of a secret of 4 characters or less) would match elsewhere."""
+
+
 _WRAPPED = re.compile(
-    r"\n(?:(?<=[A-Za-z0-9+/=_-]{8}\n)|(?<=[A-Za-z0-9+/=_-]{8}\r\n))(?=[A-Za-z0-9+/_-]{4})"
+    r"\n(?:(?<=[A-Za-z0-9+/=_-]{40}\n)|(?<=[A-Za-z0-9+/=_-]{40}\r\n))(?=[A-Za-z0-9+/_-]{4})"
 )
 """A line break inside base64: `base64` wraps its output at 76 columns, PEM at 64."""
 
@@ -505,24 +510,39 @@ def _original(where: array[int], removed: array[int], at: int, end: bool) -> int
     return at + (removed[before - 1] if before else 0)
 
 
-def _occurrences(word: str, text: str) -> Iterator[_Span]:
-    """Where `word` occurs; overlapping occurrences as one span."""
-    size, start = len(word), text.find(word)
-    while start != -1:
-        end, at = start + size, text.find(word, start + 1)
-        while at != -1 and at <= end:
-            end, at = at + size, text.find(word, at + 1)
-        yield start, end
-        start = at
+_PREFIX = 4
+"""Literal secrets are searched by their first characters, one pass per distinct prefix: the
+forms of a secret (padded, unpadded, cut to the characters made of it alone, URL-encoded)
+mostly share one."""
+
+
+def _by_prefix(words: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """The words by their first `_PREFIX` characters, longest first in each group."""
+    groups: dict[str, list[str]] = {}
+    for word in words:
+        groups.setdefault(word[:_PREFIX], []).append(word)
+    return {prefix: tuple(sorted(group, key=len, reverse=True)) for prefix, group in groups.items()}
+
+
+def _occurrences(groups: dict[str, tuple[str, ...]], text: str) -> Iterator[_Span]:
+    """Where the words occur (at each place the longest), overlapping ones too."""
+    for prefix, words in groups.items():
+        at = text.find(prefix)
+        while at != -1:
+            for word in words:
+                if text.startswith(word, at):
+                    yield at, at + len(word)
+                    break
+            at = text.find(prefix, at + 1)
 
 
 @dataclass(frozen=True)
 class _Literals:
-    """The configured secrets: `words` found as they are, `base64` also across line breaks,
-    `patterns` (secrets with characters that encoders change) as regexes."""
+    """The configured secrets: `words` found as they are, `base64` also across line breaks
+    (both by prefix), `patterns` (secrets with characters that encoders change) as regexes."""
 
-    words: tuple[str, ...] = ()
-    base64: tuple[str, ...] = ()
+    words: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    base64: dict[str, tuple[str, ...]] = field(default_factory=dict)
     patterns: tuple[re.Pattern[str], ...] = ()
 
     @classmethod
@@ -536,21 +556,19 @@ class _Literals:
                 words.add(secret)
             else:
                 patterns.append(re.compile("".join(_char_pattern(c) for c in secret)))
-        return cls(tuple(words), tuple(encoded - words), tuple(patterns))
+        return cls(_by_prefix(words), _by_prefix(encoded - words), tuple(patterns))
 
     def spans(self, text: str) -> Iterator[_Span]:
-        for word in self.words:
-            yield from _occurrences(word, text)
+        yield from _occurrences(self.words, text)
         for pattern in self.patterns:
             yield from _overlapping(pattern, text)
         if self.base64:
             joined, where, removed = _unwrapped(text)
-            for word in self.base64:
-                for start, end in _occurrences(word, joined):
-                    yield (
-                        _original(where, removed, start, end=False),
-                        _original(where, removed, end, end=True),
-                    )
+            for start, end in _occurrences(self.base64, joined):
+                yield (
+                    _original(where, removed, start, end=False),
+                    _original(where, removed, end, end=True),
+                )
 
 
 def _overlapping(pattern: re.Pattern[str], text: str) -> Iterator[_Span]:
@@ -561,8 +579,43 @@ def _overlapping(pattern: re.Pattern[str], text: str) -> Iterator[_Span]:
         match = pattern.search(text, match.start() + 1)
 
 
+_UNMERGED = frozenset("e")
+"""Too common a first letter to search for alone: `eyJ` and `earer` keep their own passes."""
+
+
+def _merged(rules: Sequence[_Rule]) -> _Rule:
+    """Rules whose patterns start with the same letter as one regex: `re` searches for that
+    letter once, then tells the rules apart by the next character, instead of one pass over
+    the text per rule (each rule's boundary lookbehind comes after its second character)."""
+    if len(rules) == 1:
+        return rules[0]
+    branches: list[str] = []
+    groups: list[str | int] = []
+    for number, rule in enumerate(rules):
+        source = re.sub(r"\(\?P<(\w+)>", rf"(?P<\g<1>{number}>", rule.pattern.pattern[1:])
+        ascii_only = "a" if rule.pattern.flags & re.ASCII else ""
+        branches.append(f"(?{ascii_only}:{source})")
+        groups += [f"{g}{number}" for g in rule.groups if g != 0]
+    whole: tuple[int, ...] = (0,) if any(0 in rule.groups for rule in rules) else ()
+    name = "/".join(rule.name for rule in rules)
+    first = re.escape(rules[0].pattern.pattern[0])
+    return _Rule(name, re.compile(first + f"(?:{'|'.join(branches)})"), (*groups, *whole))
+
+
+def _merge_by_first_letter(rules: Sequence[_Rule]) -> tuple[_Rule, ...]:
+    by_letter: dict[str, list[_Rule]] = {}
+    for rule in rules:
+        first = rule.pattern.pattern[0]
+        key = first if first.isalpha() and first not in _UNMERGED else f"{len(by_letter)}"
+        by_letter.setdefault(key, []).append(rule)
+    return tuple(_merged(group) for group in by_letter.values())
+
+
+_SEARCHES = _merge_by_first_letter(_RULES)
+
+
 def _rule_spans(text: str) -> Iterator[_Span]:
-    for rule in _RULES:
+    for rule in _SEARCHES:
         for match in rule.pattern.finditer(text):
             for group in rule.groups:
                 if match.start(group) >= 0:
