@@ -297,7 +297,10 @@ _RULES = (
     _Rule("sshpass", re.compile(r"sshpass[ \t]+-p[ \t]*(?P<s>[^\s-]\S*)"), ("s",)),
     _Rule(
         "mysql",  # mysql -u root -pSECRET
-        re.compile(r"mysql(?:dump|admin)?(?:[ \t]+(?!-p)\S+){0,12}[ \t]+-p(?P<s>[^\s-]\S*)"),
+        re.compile(
+            r"mysql(?:dump|admin)?(?:[ \t]+-(?!p)\S*(?:[ \t]+[^\s-]\S*)?){0,6}"
+            r"[ \t]+-p(?P<s>[^\s-]\S*)"
+        ),
         ("s",),
     ),
     _Rule("netrc", re.compile(r"login(?<![\w-]login)\s+\S+\s+password\s+(?P<s>\S+)"), ("s",)),
@@ -389,7 +392,7 @@ def _keyword_spans(text: str) -> Iterator[_Span]:
 
 
 _XML_CLOSE = re.compile(
-    "</(?:[A-Za-z0-9_.:-]*)"
+    "(?<!>)</(?:[A-Za-z0-9_.:-]*)"
     + _caseless_trie((*_KEYWORDS, *(word + _WORD_END for word in _SHORT_KEYWORDS)))
     + ">"
 )
