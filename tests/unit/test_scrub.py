@@ -613,7 +613,7 @@ def test_ordinary_output_is_unchanged() -> None:
         pytest.param("8Q~" * 500_000, 38_461, id="azure-ad-prefix-repeated"),
         pytest.param("Private-Lines: 1\n" * 100_000, 0, id="putty-lines-repeated"),
         pytest.param("1:AA" * 500_000, 0, id="telegram-prefix-repeated"),
-        pytest.param("QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFB\n" * 40_000, 0, id="b64-lines"),
+        pytest.param(("QUFBQUFBQUFB" * 4 + "\n") * 40_000, 0, id="b64-lines"),
         pytest.param("\ud800\udfff\x00" * 1_000_000, 0, id="surrogates-and-nul"),
     ],
 )
