@@ -270,3 +270,54 @@ def test_audit_of_unparsable_arguments_keeps_no_part_of_a_credential(c: Stockade
     audited = records[0].arguments_json
     assert token[:12] not in audited
     assert "AAAAAAAAAA" not in audited
+
+
+def test_names_process_output_and_interact(c: Stockade, key: str) -> None:
+    """A file named after a secret (list_files), a background process's poll and log, and an
+    Interact session that prints the secret base64-encoded in a PTY."""
+    box = c.sandbox(key)
+    box.exec('mkdir -p d && touch "d/$API_KEY.txt"')
+    assert_clean(c.call(key, "list_files", {"path": "d"}), SECRET)
+    started = c.call(key, "process", {"action": "start", "command": 'echo "$API_KEY"; sleep 1'})
+    ident = started.data["id"]
+    time.sleep(0.5)
+    for action in ("poll", "log", "list"):
+        result = c.call(key, "process", {"action": action, "id": ident})
+        text = everything(result)
+        assert SECRET not in text, action
+    with box.interact('printf "%s" "$ODD_KEY" | base64; echo done', pty=True) as session:
+        seen = session.read_until("done")
+        result = session.wait()
+    assert ODD_SECRET not in seen
+    assert base64.b64encode(ODD_SECRET.encode()).decode()[:12] not in seen
+    assert "[REDACTED]" in seen
+    assert ODD_SECRET not in everything(result)
+
+
+ODD_FORMS = {
+    "plain": "print(s)",
+    "json-ascii": "import json; print(json.dumps({'k': s}))",
+    "json-slashes": "import json; print(json.dumps(s).replace('/', '\\\\/'))",
+    "url-lowercase": "import urllib.parse as u, re\n"
+    "print(re.sub('%..', lambda m: m[0].lower(), u.quote(s, safe='')))",
+    "url-js": 'import urllib.parse as u; print(u.quote(s, safe="!\'()*~"))',
+    "url-plus": "import urllib.parse as u; print(u.quote_plus(s))",
+    "html": "import html; print(html.escape(s))",
+    "env-base64": "import base64, os\n"
+    "env = ''.join(f'{k}={v}\\n' for k, v in sorted(os.environ.items()))\n"
+    "print(base64.encodebytes(env.encode()).decode())",
+    "base64-offset-1": "import base64; print(base64.b64encode(b'x' + s.encode()).decode())",
+    "base64-offset-2": "import base64\n"
+    "print(base64.urlsafe_b64encode(b'xy' + s.encode() + b'z').decode())",
+}
+
+
+@pytest.mark.parametrize("form", sorted(ODD_FORMS))
+def test_configured_secret_with_odd_characters_in_every_form(
+    c: Stockade, key: str, form: str
+) -> None:
+    script = "import os; s = os.environ['ODD_KEY']\n" + ODD_FORMS[form]
+    result = c.sandbox(key).exec("python3 -", stdin=script)
+    assert result.exit_code == 0, result.stderr
+    assert_clean(result, ODD_SECRET, SECRET)
+    assert "w0rd" not in everything(result)
