@@ -33,33 +33,46 @@ BASE64_LINE = re.compile(r"[A-Za-z0-9+/=_-]{16,}\r?\n")
 class StreamScrubber:
     def __init__(self, scrubber: Scrubber | None) -> None:
         self._scrubber = scrubber
-        self._pending = ""
+        self._parts: list[str] = []
+        self._size = 0
         self.redactions = 0
 
     def feed(self, text: str) -> str:
-        """Scrubbed text that is safe to send now (may be empty)."""
-        self._pending += text
-        cut = self._safe_cut()
-        out, self._pending = self._pending[:cut], self._pending[cut:]
-        return self._scrub(out)
+        """Scrubbed text that is safe to send now (may be empty). Without a line end, and
+        short of MAX_HOLD, nothing new can be released: the chunk is only kept (so that a
+        line that comes a character at a time costs no rescans)."""
+        self._parts.append(text)
+        self._size += len(text)
+        if "\n" not in text and self._size <= MAX_HOLD:
+            return ""
+        pending = self._take()
+        cut = self._safe_cut(pending)
+        self._keep(pending[cut:])
+        return self._scrub(pending[:cut])
 
     def flush(self) -> str:
         """Everything held, scrubbed."""
-        out, self._pending = self._pending, ""
-        return self._scrub(out)
+        return self._scrub(self._take())
 
     def flush_prompt(self) -> str:
         """On a pause: release the open line if it ends like a prompt; else keep holding."""
-        if self._pending and self._pending[-1] in PROMPT_ENDS:
-            return self.flush()
-        return ""
+        last = next((part[-1] for part in reversed(self._parts) if part), "")
+        return self.flush() if last and last in PROMPT_ENDS else ""
 
     @property
     def holding(self) -> bool:
-        return bool(self._pending)
+        return self._size > 0
 
-    def _safe_cut(self) -> int:
-        text = self._pending
+    def _take(self) -> str:
+        text = "".join(self._parts)
+        self._parts, self._size = [], 0
+        return text
+
+    def _keep(self, text: str) -> None:
+        if text:
+            self._parts, self._size = [text], len(text)
+
+    def _safe_cut(self, text: str) -> int:
         cut = text.rfind("\n") + 1
         for begin, marker, end in KEY_BLOCKS:
             cut = min(cut, self._open_key_block(text, cut, begin, marker, end))

@@ -142,3 +142,11 @@ def test_multi_line_credentials_split_across_chunks(text: str, hidden: str, size
     out = feed_all(s, [text[i : i + size] for i in range(0, len(text), size)])
     assert hidden not in out
     assert "[REDACTED]" in out
+
+
+def test_a_prompt_then_an_empty_chunk_is_still_released_on_a_pause() -> None:
+    s = StreamScrubber(Scrubber([SECRET]))
+    assert s.feed("Password: ") == ""
+    assert s.feed("") == ""
+    assert s.flush_prompt() == "Password: "
+    assert not s.holding
