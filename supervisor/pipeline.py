@@ -354,6 +354,8 @@ class ToolPipeline:
             if data is not None:
                 cleaned, n = scrubber.scrub_value(data)
                 data, count = cleaned, count + n  # type: ignore[assignment]
+                data, n = _cut_ends_scrubbed(scrubber, data)
+                count += n
             message, n = scrubber.scrub(message)
             count += n
         text = result.for_llm
@@ -412,6 +414,19 @@ class ToolPipeline:
         if self._policy.scrubber is not None:
             text, _ = self._policy.scrubber.scrub(text)
         return cap_text(text, limit)[0]
+
+
+def _cut_ends_scrubbed(scrubber: Scrubber, data: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """An output the sandbox cut at its limit (`stdout_truncated`) may end in a piece of a
+    configured secret: Scrubber.scrub_cut hides it."""
+    count = 0
+    for name in ("stdout", "stderr"):
+        text = data.get(name)
+        if data.get(f"{name}_truncated") and isinstance(text, str):
+            cleaned, n = scrubber.scrub_cut(text)
+            if n:
+                data, count = {**data, name: cleaned}, count + n
+    return data, count
 
 
 def _announce(events: asyncio.Queue[ToolEvent] | None) -> Callable[[Pending], None] | None:

@@ -478,6 +478,8 @@ def _base64_forms(raw: bytes) -> set[str]:
     return forms | escaped | {re.sub("%..", lambda m: m[0].lower(), e) for e in escaped}
 
 
+_MIN_CUT = 3
+"""A piece of a secret at a cut shorter than this (3 characters or less) stays."""
 _MIN_BASE64 = 6
 """Shorter pieces of base64 (of a secret of 4 characters or less) would match elsewhere."""
 
@@ -547,9 +549,12 @@ class _Literals:
     words: dict[str, tuple[str, ...]] = field(default_factory=dict)
     base64: dict[str, tuple[str, ...]] = field(default_factory=dict)
     patterns: tuple[re.Pattern[str], ...] = ()
+    forms: tuple[str, ...] = ()
+    """Every secret as it is and its base64 forms, for a piece left at a cut."""
 
     @classmethod
     def of(cls, secrets: Iterable[str]) -> _Literals:
+        secrets = tuple(secrets)
         words: set[str] = set()
         encoded: set[str] = set()
         patterns: list[re.Pattern[str]] = []
@@ -559,7 +564,9 @@ class _Literals:
                 words.add(secret)
             else:
                 patterns.append(re.compile("".join(_char_pattern(c) for c in secret)))
-        return cls(_by_prefix(words), _by_prefix(encoded - words), tuple(patterns))
+        return cls(
+            _by_prefix(words), _by_prefix(encoded - words), tuple(patterns), (*secrets, *encoded)
+        )
 
     def spans(self, text: str) -> Iterator[_Span]:
         yield from _occurrences(self.words, text)
@@ -701,6 +708,21 @@ class Scrubber:
     def scrub(self, text: str) -> tuple[str, int]:
         """The text with every credential replaced by `[REDACTED]`, and how many were."""
         return _redact(text, self.spans(text))
+
+    def scrub_cut(self, text: str) -> tuple[str, int]:
+        """`scrub` for a text cut short at its end (a truncated output): a configured secret
+        cut there leaves a piece no pattern knows, so a tail of 4 characters or more that
+        begins one of its forms becomes `[REDACTED]` too."""
+        cleaned, count = self.scrub(text)
+        longest = 0
+        for form in self._literals.forms:
+            for size in range(min(len(form) - 1, len(cleaned)), max(_MIN_CUT, longest), -1):
+                if cleaned.endswith(form[:size]):
+                    longest = size
+                    break
+        if longest:
+            return cleaned[:-longest] + REDACTED, count + 1
+        return cleaned, count
 
     def scrub_value(self, value: object) -> tuple[object, int]:
         """`scrub` through dicts (values only), lists, tuples and strings; anything else, and

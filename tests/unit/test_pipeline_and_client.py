@@ -15,7 +15,7 @@ from stockade.client import InvalidArgument, NotFound, StockadeError, Unavailabl
 from stockade.client._core import error_from_rpc, result_from_pb
 from stockade.supervisor.agent_client import AgentCallFailed, AgentReply
 from stockade.supervisor.app import build_policy
-from stockade.supervisor.config import Config, ToolsConfig
+from stockade.supervisor.config import Config, ScrubConfig, ToolsConfig
 from stockade.supervisor.errors import InvalidRequest, SandboxLost
 from stockade.supervisor.models import ToolCall
 from stockade.supervisor.pipeline import ToolPipeline
@@ -168,3 +168,19 @@ def test_status_codes_map_to_client_errors(code: grpc.StatusCode, cls: type) -> 
     assert type(err) is cls
     assert (err.code, err.reason) == (code.name, "SOME_REASON")
     assert str(err) == f"{code.name}: why"
+
+
+async def test_a_configured_secret_cut_by_the_output_limit_leaves_no_piece(tmp_path: Path) -> None:
+    """The agent keeps the first max_output_bytes: a secret across that limit ends the
+    output as a piece no pattern knows."""
+    secret = "Zq7-hunter2-s3cr3t-9fX"
+    reply = AgentReply(
+        "", "", {"exit_code": 0, "stdout": "x" * 50 + secret[:12], "stdout_truncated": True}
+    )
+    fake = RecordingSandboxes(reply)
+    config = Config(scrub=ScrubConfig(secrets=[secret]), state_dir=tmp_path)
+    pipe = ToolPipeline(config, fake, build_policy(config))  # type: ignore[arg-type]
+    result = await pipe.call(call())
+    assert secret[:12] not in json.dumps(result.data)
+    assert secret[:12] not in result.for_llm
+    assert result.redactions == 1

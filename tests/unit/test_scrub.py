@@ -691,3 +691,18 @@ def test_secret_in_other_encoders_forms(form: str, encoded: str) -> None:
     cleaned, count = Scrubber([EMBEDDED]).scrub(f"<{encoded}>")
     assert count == 1, (form, encoded, cleaned)
     assert "w0rd" not in cleaned
+
+
+@pytest.mark.parametrize("kept", [4, 10, len(SECRET) - 1])
+@pytest.mark.parametrize("encode", [str, lambda s: base64.b64encode(s.encode()).decode()])
+def test_a_secret_cut_at_the_end_of_a_truncated_output(kept: int, encode: object) -> None:
+    encoded = encode(SECRET)  # type: ignore[operator]
+    text = f"line one\nvalue: x{encoded}"[: len("line one\nvalue: x") + kept]
+    cleaned, count = Scrubber([SECRET]).scrub_cut(text)
+    assert cleaned == f"line one\nvalue: x{R}"
+    assert count == 1
+
+
+def test_a_cut_that_ends_in_no_secret_changes_nothing() -> None:
+    assert Scrubber([SECRET]).scrub_cut("ordinary text, cut her") == ("ordinary text, cut her", 0)
+    assert Scrubber([SECRET]).scrub_cut(f"ends in three: x{SECRET[:3]}")[1] == 0
