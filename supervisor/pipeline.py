@@ -365,6 +365,8 @@ class ToolPipeline:
             if data is not None:
                 cleaned, n = scrubber.scrub_value(data)
                 data, count = cleaned, count + n  # type: ignore[assignment]
+                data, n = _cut_ends_scrubbed(scrubber, data)
+                count += n
             message, n = scrubber.scrub(message)
             count += n
         text = result.for_llm
@@ -420,10 +422,25 @@ class ToolPipeline:
 
     def _audit_arguments(self, args: dict[str, Any] | None, raw: str) -> str:
         limit = self._config.audit.max_arguments_bytes
-        text = wire_json(args) if args is not None else raw[: limit * 2]
+        # scrubbed whole, then cut: a credential cut first would leave a piece no rule knows,
+        # and the redactions before it could pull that piece under the limit
+        text = wire_json(args) if args is not None else raw
         if self._policy.scrubber is not None:
             text, _ = self._policy.scrubber.scrub(text)
         return cap_text(text, limit)[0]
+
+
+def _cut_ends_scrubbed(scrubber: Scrubber, data: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """An output the sandbox cut at its limit (`stdout_truncated`) may end in a piece of a
+    configured secret: Scrubber.scrub_cut hides it."""
+    count = 0
+    for name in ("stdout", "stderr"):
+        text = data.get(name)
+        if data.get(f"{name}_truncated") and isinstance(text, str):
+            cleaned, n = scrubber.scrub_cut(text)
+            if n:
+                data, count = {**data, name: cleaned}, count + n
+    return data, count
 
 
 def _announce(events: asyncio.Queue[ToolEvent] | None) -> Callable[[Pending], None] | None:

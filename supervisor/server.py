@@ -47,6 +47,7 @@ from stockade.supervisor.models import (
 )
 from stockade.supervisor.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.policy.approvals import ApprovalManager, Closed, Pending
+from stockade.supervisor.policy.scrub import Scrubber
 from stockade.supervisor.render import wire_json, wire_text
 from stockade.supervisor.sandboxes import SandboxManager
 from stockade.supervisor.schemas import SchemaFormat
@@ -100,15 +101,21 @@ def status_for(exc: errors.StockadeError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-async def _abort(context: Any, exc: Exception, where: str) -> None:
-    """End the RPC with the status for `exc` and a stable reason in trailing metadata; a bug
-    shows as INTERNAL, never as a Python class path."""
+async def _abort(context: Any, exc: Exception, where: str, scrubber: Scrubber | None) -> None:
+    """End the RPC with the status for `exc` (its message scrubbed) and a stable reason in
+    trailing metadata; a bug shows as INTERNAL, never as a Python class path."""
     if isinstance(exc, errors.StockadeError):
+        message = str(exc) if scrubber is None else scrubber.scrub(str(exc))[0]
         context.set_trailing_metadata(((REASON_KEY, exc.reason),))
-        await context.abort(status_for(exc), str(exc))
+        await context.abort(status_for(exc), message)
     log.error("internal error in %s", where, exc_info=exc)
     context.set_trailing_metadata(((REASON_KEY, "INTERNAL"),))
     await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the supervisor log")
+
+
+def _scrubber_of(servicer: Any) -> Scrubber | None:
+    """The scrubber a servicer was given (`scrubber`), for its error messages."""
+    return getattr(servicer, "scrubber", None)
 
 
 def mapped(handler: Handler[R]) -> Handler[R]:
@@ -119,7 +126,7 @@ def mapped(handler: Handler[R]) -> Handler[R]:
         try:
             return await handler(self, request, context)
         except Exception as exc:
-            await _abort(context, exc, handler.__name__)
+            await _abort(context, exc, handler.__name__, _scrubber_of(self))
         raise AssertionError("unreachable")
 
     return wrapper
@@ -136,7 +143,7 @@ def mapped_stream(
             async for item in handler(self, request, context):
                 yield item
         except Exception as exc:
-            await _abort(context, exc, handler.__name__)
+            await _abort(context, exc, handler.__name__, _scrubber_of(self))
 
     return wrapper
 
@@ -206,8 +213,9 @@ def context_from_pb(ctx: Any) -> CallContext:
 
 
 class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
-    def __init__(self, sandboxes: SandboxManager) -> None:
+    def __init__(self, sandboxes: SandboxManager, scrubber: Scrubber | None = None) -> None:
         self._sandboxes = sandboxes
+        self.scrubber = scrubber
 
     @mapped
     async def EnsureSandbox(self, request: Any, context: Any) -> Any:
@@ -299,6 +307,7 @@ class ToolServicer(tool_pb2_grpc.ToolServiceServicer):
         self._pipeline = pipeline
         self._policy = policy
         self._interaction = interaction
+        self.scrubber = policy.scrubber
 
     @mapped
     async def ListTools(self, request: Any, context: Any) -> Any:
@@ -421,23 +430,29 @@ _DECISIONS = {
 }
 
 
-def pending_to_pb(p: Pending) -> Any:
+def _scrubbed(text: str, scrubber: Scrubber | None) -> str:
+    return wire_text(text if scrubber is None else scrubber.scrub(text)[0])
+
+
+def pending_to_pb(p: Pending, scrubber: Scrubber | None = None) -> Any:
+    """An approval request as the approver sees it: a credential in the command is shown as
+    `[REDACTED]` (the approver is a client like any other)."""
     return approval_pb2.ApprovalRequest(
         id=p.id,
         sandbox_key=shown(p.sandbox_key),
         agent_id=p.agent_id,
         tool=p.tool,
-        command=wire_text(p.command),
-        reason=p.reason,
+        command=_scrubbed(p.command, scrubber),
+        reason=_scrubbed(p.reason, scrubber),
         created_at=_timestamp(p.created_at),
         expires_at=_timestamp(p.expires_at),
         request_id=p.request_id,
     )
 
 
-def event_to_pb(event: Pending | Closed) -> Any:
+def event_to_pb(event: Pending | Closed, scrubber: Scrubber | None = None) -> Any:
     if isinstance(event, Pending):
-        return approval_pb2.ApprovalEvent(pending=pending_to_pb(event))
+        return approval_pb2.ApprovalEvent(pending=pending_to_pb(event, scrubber))
     closed = approval_pb2.ApprovalClosed(
         id=event.id, outcome=event.outcome, approver=event.approver
     )
@@ -445,13 +460,14 @@ def event_to_pb(event: Pending | Closed) -> Any:
 
 
 class ApprovalServicer(approval_pb2_grpc.ApprovalServiceServicer):
-    def __init__(self, approvals: ApprovalManager) -> None:
+    def __init__(self, approvals: ApprovalManager, scrubber: Scrubber | None = None) -> None:
         self._approvals = approvals
+        self.scrubber = scrubber
 
     @mapped_stream
     async def WatchApprovals(self, request: Any, context: Any) -> AsyncIterator[Any]:
         async for event in self._approvals.watch(current_tenant()):
-            yield event_to_pb(event)
+            yield event_to_pb(event, self.scrubber)
 
     @mapped
     async def ResolveApproval(self, request: Any, context: Any) -> Any:
@@ -466,15 +482,18 @@ class ApprovalServicer(approval_pb2_grpc.ApprovalServiceServicer):
     async def ListApprovals(self, request: Any, context: Any) -> Any:
         tenant = current_tenant()
         return approval_pb2.ListApprovalsResponse(
-            pending=[pending_to_pb(p) for p in self._approvals.pending(tenant)],
-            always_allowed=[wire_text(c) for c in self._approvals.always_allowed(tenant)],
+            pending=[pending_to_pb(p, self.scrubber) for p in self._approvals.pending(tenant)],
+            always_allowed=[
+                _scrubbed(c, self.scrubber) for c in self._approvals.always_allowed(tenant)
+            ],
             approvers=self._approvals.watchers_of(tenant),
         )
 
 
 class FileServicer(file_pb2_grpc.FileServiceServicer):
-    def __init__(self, transfers: FileTransfers) -> None:
+    def __init__(self, transfers: FileTransfers, scrubber: Scrubber | None = None) -> None:
         self._transfers = transfers
+        self.scrubber = scrubber
 
     @mapped
     async def UploadFile(self, request_iterator: Any, context: Any) -> Any:
@@ -526,8 +545,9 @@ def audit_to_pb(rec: AuditRecord) -> Any:
 
 
 class AuditServicer(audit_pb2_grpc.AuditServiceServicer):
-    def __init__(self, audit: AuditLog | None) -> None:
+    def __init__(self, audit: AuditLog | None, scrubber: Scrubber | None = None) -> None:
         self._audit = audit
+        self.scrubber = scrubber
 
     @mapped
     async def ListAudit(self, request: Any, context: Any) -> Any:
@@ -678,17 +698,23 @@ class Server:
         )
         pipeline = ToolPipeline(config, sandboxes, policy, observers)
         server = self._server
-        sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(SandboxServicer(sandboxes), server)
+        sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(
+            SandboxServicer(sandboxes, policy.scrubber), server
+        )
         interaction = Interaction(pipeline, sandboxes, policy.scrubber)
         tool_pb2_grpc.add_ToolServiceServicer_to_server(
             ToolServicer(pipeline, policy, interaction), server
         )
         approval_pb2_grpc.add_ApprovalServiceServicer_to_server(
-            ApprovalServicer(policy.approvals), server
+            ApprovalServicer(policy.approvals, policy.scrubber), server
         )
-        audit_pb2_grpc.add_AuditServiceServicer_to_server(AuditServicer(policy.audit), server)
+        audit_pb2_grpc.add_AuditServiceServicer_to_server(
+            AuditServicer(policy.audit, policy.scrubber), server
+        )
         transfers = FileTransfers(config, sandboxes, policy)
-        file_pb2_grpc.add_FileServiceServicer_to_server(FileServicer(transfers), server)
+        file_pb2_grpc.add_FileServiceServicer_to_server(
+            FileServicer(transfers, policy.scrubber), server
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection((*SERVICES, reflection.SERVICE_NAME), self._server)
         self.port = _add_port(self._server, config.auth, config.listen)

@@ -1,11 +1,13 @@
 """File transfer between a client and a sandbox: policy (uploads need write_file, downloads
 read_file), scrubbing of text downloads (across chunk boundaries; binary files, with a NUL in
-their first 8 KiB, pass byte-exact unless files.scrub_downloads = "all"), and an audit record
-per transfer. The agent does the file work inside the container."""
+their first 8 KiB, pass byte-exact unless files.scrub_downloads = "all", or fail if they hold a
+configured secret), and an audit record per transfer. The agent does the file work inside the
+container."""
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import hashlib
 import json
 import time
@@ -20,6 +22,7 @@ from stockade.supervisor.config import Config
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import CallContext
 from stockade.supervisor.pipeline import HostPolicy
+from stockade.supervisor.policy.scrub import Scrubber
 from stockade.supervisor.policy.scrub_stream import StreamScrubber
 from stockade.supervisor.sandboxes import SandboxManager
 
@@ -91,7 +94,7 @@ class FileTransfers:
         started = time.monotonic()
         mode = self._config.files.scrub_downloads
         scrub = self._policy.scrubber if mode != "off" else None
-        stream = StreamScrubber(scrub)
+        stream = _Scrubbing(scrub)
         digest, size = hashlib.sha256(), 0
         reply: AgentReply | None = None
         first = True
@@ -100,17 +103,16 @@ class FileTransfers:
                 reply = item
                 break
             if first and mode == "text" and not t.tar and b"\0" in item[:SNIFF_BYTES]:
-                scrub = None  # a binary file: byte-exact
+                stream = _Scrubbing(scrub, binary=True)
             first = False
-            out = _bytes(stream.feed(item.decode("latin-1"))) if scrub else item
-            if out:
+            if out := stream.feed(item):
                 digest.update(out)
                 size += len(out)
                 yield out
         if reply is None:
             raise errors.SandboxBroken("the sandbox ended the download without a result")
         sent = self._checked(reply)
-        if rest := _bytes(stream.flush()):
+        if rest := stream.flush():
             digest.update(rest)
             size += len(rest)
             yield rest
@@ -180,5 +182,41 @@ def _info(result: dict[str, Any]) -> TransferInfo:
     )
 
 
-def _bytes(text: str) -> bytes:
-    return text.encode("latin-1")
+class _Scrubbing:
+    """A download's bytes through the stream scrubber, as UTF-8 (bytes that are not UTF-8
+    pass as they are, so text in other encodings stays byte-exact where nothing is redacted).
+
+    A binary file is not changed: it is searched for the configured secrets only (formats in
+    a binary are too often code, not credentials), and the download fails before any of one
+    would be sent."""
+
+    def __init__(self, scrubber: Scrubber | None, binary: bool = False) -> None:
+        self._binary = binary
+        if binary and scrubber is not None:
+            scrubber = scrubber.secrets_only()
+        self._stream = StreamScrubber(scrubber) if scrubber is not None else None
+        self._decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
+
+    @property
+    def redactions(self) -> int:
+        return self._stream.redactions if self._stream is not None else 0
+
+    def feed(self, data: bytes) -> bytes:
+        if self._stream is None:
+            return data
+        return self._checked(self._stream.feed(self._decoder.decode(data)))
+
+    def flush(self) -> bytes:
+        if self._stream is None:
+            return b""
+        return self._checked(
+            self._stream.feed(self._decoder.decode(b"", final=True)) + self._stream.flush()
+        )
+
+    def _checked(self, text: str) -> bytes:
+        if self._binary and self.redactions:
+            raise errors.PolicyDenied(
+                "the file is binary and holds a configured secret: it is not sent (binary "
+                'files are not changed; files.scrub_downloads = "all" would scrub it)'
+            )
+        return text.encode("utf-8", "surrogateescape")

@@ -3,21 +3,25 @@ r"""Credential scrubbing: the last step before any text leaves the host.
 `Scrubber.scrub(text)` returns the text with every credential it recognises replaced by
 `[REDACTED]`, and how many replacements it made. Two sources of credentials:
 
-- literal secrets from the config (values injected into sandboxes), also in their base64
-  (standard and URL-safe, padded or not), URL-encoded (`quote`, `quote(safe="")`,
-  `quote_plus`) and JSON-escaped forms;
+- literal secrets from the config (values injected into sandboxes), also URL-encoded (`%XX`
+  in either case, `+` for a space, whatever set of characters the encoder leaves alone),
+  JSON-escaped (`\uXXXX` in either case, `\/`), HTML-escaped or backslash-escaped, and in
+  base64 (standard and URL-safe, padded or not, also inside a longer base64 stream at any of
+  its three alignments, and wrapped over lines as `base64` and PEM write it);
 - known formats, below. A prefix that tells the reader what was hidden stays outside the
   redaction: `password=[REDACTED]`, `Authorization: Bearer [REDACTED]`,
   `https://user:[REDACTED]@host`.
 
 | Rule          | Redacts                                                                    |
 |---------------|----------------------------------------------------------------------------|
-| openai        | `sk-` + 20+ alnum; `sk-proj-`, `sk-svcacct-`, `sk-admin-` + 20+ `[\w-]`    |
+| openai        | `sk-` + 20+ alnum; `sk-proj-`, `sk-svcacct-`, `sk-admin-`, `sk-None-`,     |
+|               | OpenRouter `sk-or-v1-` + 20+ `[\w-]`                                        |
 | anthropic     | `sk-ant-` + 20+ `[\w-]`                                                    |
 | stripe        | `sk_live_`, `sk_test_`, `rk_live_`, `rk_test_` + 16+; `whsec_` + 24+       |
 | github        | `ghp_ gho_ ghu_ ghs_ ghr_` + 36+ alnum; `github_pat_` + 22+ `\w`           |
-| gitlab        | `glpat-`, `gldt-`, `glrt-` + 20+ `[\w-]`                                   |
-| aws           | access key ids: `AKIA`/`ASIA` + 16 `[A-Z0-9]`, as a whole word             |
+| gitlab        | `glpat- gldt- glrt- glptt- glcbt- glsoat- glft- glimt- glagent- gloas-`   |
+|               | `glffct- glrtr- glwt-` + 20+ `[\w-]`; Grafana `glc_`, `glsa_`              |
+| aws           | access key ids: `AKIA`/`ASIA`/`ABIA`/`ACCA` + 16 `[A-Z0-9]`, a whole word  |
 | google        | API keys `AIza` + 35; OAuth client secrets `GOCSPX-`; tokens `ya29.`       |
 | jwt           | `eyJ...` `.` `eyJ...` `.` signature (may be empty)                         |
 | slack         | `xox[abposre]-<digit>...`, `xapp-<digit>-...`; webhook paths after         |
@@ -26,12 +30,23 @@ r"""Credential scrubbing: the last step before any text leaves the host.
 | twilio        | API key SIDs: `SK` + 32 hex                                                |
 | npm, pypi, hf | `npm_` + 36 alnum; `pypi-AgE` + 50+; `hf_` + 34+ alnum                     |
 | digitalocean  | `dop_v1_`, `doo_v1_`, `dor_v1_` + 64 hex                                   |
+| more vendors  | Groq `gsk_`, xAI `xai-`, Perplexity `pplx-`, Replicate `r8_`, Vault `hvs.`,|
+|               | Shopify `shpat_`..., Atlassian `ATATT3`, Linear `lin_api_`, Notion `ntn_`, |
+|               | Sentry `sntrys_`, Postman `PMAK-`, Databricks `dapi`, Doppler `dp.pt.`,    |
+|               | Tailscale `tskey-`, Supabase `sbp_`, age `AGE-SECRET-KEY-1`, Telegram bot  |
+|               | `<id>:AA...`, Azure AD `8Q~` (the 3 characters before it stay), Discord    |
+|               | webhook URLs                                                               |
 | pem           | a `-----BEGIN ... PRIVATE KEY[ BLOCK]-----` block through its END line     |
 |               | (RSA, EC, DSA, OPENSSH, ENCRYPTED, PGP...); with no END line, up to the    |
 |               | next `-----` or the end of the text: a truncated key is hidden too         |
 | url           | the password in `scheme://user:password@host` (postgres, mongodb+srv...)   |
-| bearer        | `Bearer <16+ token characters>` anywhere                                   |
-| cli flag      | `--password X`, `--github-token X` (not `--password-stdin`)                |
+| bearer        | `Bearer <16+ token characters>` anywhere (also `bearer`, `BEARER`)          |
+| cookie        | the rest of a `Cookie:` or `Set-Cookie:` header line                       |
+| xml           | the text of an element named like a keyword: `<password>x</password>`      |
+| putty / ssh2  | PuTTY `Private-Lines`; `---- BEGIN SSH2 ... PRIVATE KEY ----` blocks        |
+| cli flag      | `--password X`, `--github-token X` (not `--password-stdin`); the password  |
+|               | of `curl -u user:pass` / `--user` (not `-u 1000:1000`), `sshpass -p X`,    |
+|               | `mysql ... -pX`                                                            |
 | netrc         | `login U password P`                                                       |
 | keyword       | the value in `NAME: value`, `NAME = value`, `NAME => value` where NAME     |
 |               | ends in a `_KEYWORDS` word, any case: `GITHUB_TOKEN=x`, `"password": "x"`  |
@@ -69,12 +84,14 @@ where it starts at the separator, `:` or `=`, instead of at common letters.
 from __future__ import annotations
 
 import base64
+import html
 import json
 import re
 from array import array
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from urllib.parse import quote, quote_plus
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import quote
 
 __all__ = ["REDACTED", "Scrubber"]
 
@@ -161,7 +178,7 @@ _RULES = (
         "openai/anthropic/stripe",
         re.compile(
             _after("sk")
-            + r"(?:-(?:(?:ant|proj|svcacct|admin)-[\w-]{20,}|[A-Za-z0-9]{20,}[\w-]*)"
+            + r"(?:-(?:(?:ant|proj|svcacct|admin|None|or-v1)-[\w-]{20,}|[A-Za-z0-9]{20,}[\w-]*)"
             + r"|_(?:live|test)_[A-Za-z0-9]{16,})",
             re.ASCII,
         ),
@@ -173,7 +190,8 @@ _RULES = (
         re.compile(
             _after("g")
             + r"(?:h[pousr]_[A-Za-z0-9]{36,}|ithub_pat_[A-Za-z0-9_]{22,}"
-            + r"|l(?:pat|dt|rt)-[\w-]{20,})",
+            + r"|l(?:pat|dt|rt|ptt|cbt|soat|ft|imt|agent|oas|ffct|rtr|wt)-[\w-]{20,}"
+            + r"|l(?:c|sa)_[A-Za-z0-9_]{30,}|sk_[A-Za-z0-9]{40,})",
             re.ASCII,
         ),
     ),
@@ -181,7 +199,9 @@ _RULES = (
         "aws/google",
         re.compile(
             _after("A", "[A-Za-z0-9]")
-            + f"(?:[KS]IA[A-Z0-9]{{16}}(?![A-Za-z0-9])|Iza[{_W}-]{{35}}{_TOKEN_END})"
+            + f"(?:(?:[KS]IA|BIA|CCA)[A-Z0-9]{{16}}(?![A-Za-z0-9])|Iza[{_W}-]{{35}}{_TOKEN_END}"
+            + f"|TATT3[{_W}=-]{{50,}}|GE-SECRET-KEY-1[0-9A-Z]{{58}}"
+            + f"|(?<=[0-9]:A)A[{_W}-]{{31,}})"
         ),
     ),
     _Rule("google-oauth", re.compile(_after("GOCSPX-") + f"[{_W}-]{{20,}}")),
@@ -189,7 +209,10 @@ _RULES = (
     _Rule("jwt", re.compile(_after("eyJ") + f"[{_W}-]{{8,}}\\.eyJ[{_W}-]{{8,}}\\.[{_W}-]*")),
     _Rule(
         "slack",
-        re.compile(_after("x") + r"(?:ox[abposre](?:\.xox[abposre])?|app)-\d[A-Za-z0-9-]{8,}"),
+        re.compile(
+            _after("x")
+            + r"(?:(?:ox[abposre](?:\.xox[abposre])?|app)-\d[A-Za-z0-9-]{8,}|ai-[A-Za-z0-9]{40,})"
+        ),
     ),
     _Rule(
         "sendgrid/twilio",
@@ -201,7 +224,25 @@ _RULES = (
     _Rule("npm", re.compile(_after("npm_") + r"[A-Za-z0-9]{36}(?![A-Za-z0-9])")),
     _Rule("pypi", re.compile(_after("pypi-AgE") + f"[{_W}-]{{50,}}")),
     _Rule("huggingface", re.compile(_after("hf_") + r"[A-Za-z0-9]{34,}")),
-    _Rule("digitalocean", re.compile(_after("do") + r"[por]_v1_[a-f0-9]{64}(?![a-f0-9])")),
+    _Rule(
+        "digitalocean/databricks/doppler",
+        re.compile(
+            _after("d")
+            + r"(?:o[por]_v1_[a-f0-9]{64}(?![a-f0-9])|api[a-f0-9]{32}(?![a-f0-9])"
+            + r"|p\.(?:pt|st|sa|ct|scim|audit)\.[A-Za-z0-9]{40,})"
+        ),
+    ),
+    _Rule("vault", re.compile(_after("hv") + f"[sbr]\\.[{_W}-]{{24,}}")),
+    _Rule("shopify", re.compile(_after("shp") + r"(?:at|ss|ca|pa)_[a-fA-F0-9]{32}")),
+    _Rule("sentry", re.compile(_after("sntry") + r"[su]_[\w=+/]{30,}")),
+    _Rule("linear", re.compile(_after("lin_") + r"(?:api|oauth)_[A-Za-z0-9]{32,}")),
+    _Rule("notion", re.compile(_after("ntn_") + r"[A-Za-z0-9]{40,}")),
+    _Rule("postman", re.compile(_after("PMAK-") + r"[a-f0-9]{24}-[a-f0-9]{34}")),
+    _Rule("tailscale", re.compile(_after("tskey-") + f"[a-z]+-[{_W}-]{{20,}}")),
+    _Rule("perplexity", re.compile(_after("pplx-") + r"[A-Za-z0-9]{40,}")),
+    _Rule("replicate", re.compile(_after("r8_") + r"[A-Za-z0-9]{37}(?![A-Za-z0-9])")),
+    _Rule("supabase", re.compile(_after("sbp_") + r"[a-f0-9]{40}(?![a-f0-9])")),
+    _Rule("azure-ad", re.compile(r"8Q~(?<=[\w.~-]{3}8Q~)[\w.~-]{31,34}")),
     _Rule(
         "pem-private-key/cli-flag",
         # A PEM body cannot contain `-----`, so a BEGIN without END costs one scan to the
@@ -210,6 +251,8 @@ _RULES = (
             r"--(?:---BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"
             r"[^-]*(?:-(?!----)[^-]*)*"
             r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----)?"
+            r"|-- BEGIN SSH2 (?:ENCRYPTED )?PRIVATE KEY ----[^-]*(?:-(?!---)[^-]*)*"
+            r"(?:---- END SSH2 (?:ENCRYPTED )?PRIVATE KEY ----)?"
             r"|(?<![\w-]--)(?:[A-Za-z0-9]+[-_])*"
             + _caseless_trie((*_KEYWORDS, *_SHORT_KEYWORDS, *_EQUALS_KEYWORDS))
             + r"[ \t]+(?:\"(?P<dq>[^\"\n]+)\"|'(?P<sq>[^'\n]+)'"
@@ -221,15 +264,59 @@ _RULES = (
         "url-password/slack-webhook",
         re.compile(
             r"://(?:hooks\.slack\.com/(?:services|workflows|triggers)/(?P<hook>[\w/-]+)"
+            r"|(?:ptb\.|canary\.)?discord(?:app)?\.com/api/webhooks/(?P<discord>\d+/[\w-]{20,})"
             r"|[^\s:/?#@\[\]\"'<>]*:(?P<password>[^\s/?#@\[\]\"'<>]+(?:@[^\s/?#@\[\]\"'<>]+)*)@)",
             re.ASCII,
         ),
-        ("hook", "password"),
+        ("hook", "discord", "password"),
     ),
     _Rule(
-        "bearer", re.compile(_after("Bearer") + r"[ \t]+(?P<s>[\w.~+/-]{16,}=*)", re.ASCII), ("s",)
+        "bearer",
+        re.compile(
+            r"earer(?<=[Bb]earer|BEARER)(?<![\w-].earer)[ \t]+(?P<s>[\w.~+/-]{16,}=*)", re.ASCII
+        ),
+        ("s",),
+    ),
+    _Rule(
+        "putty-private-key",
+        re.compile(
+            r"Private-Lines:[ \t]*\d+\r?\n"
+            r"(?P<s>[A-Za-z0-9+/=]+(?=\r?\n|$)(?:\r?\n[A-Za-z0-9+/=]+(?=\r?\n|$))*)"
+        ),
+        ("s",),
+    ),
+    _Rule("cookie", re.compile(r"ookie:(?<=[Cc]ookie:)[ \t]*(?P<s>[^\s;][^\r\n]*)"), ("s",)),
+    _Rule(
+        "cli-user",  # curl -u user:pass, --user user:pass; not docker's -u 1000:1000
+        re.compile(
+            r"-u(?<![\w]-u)(?:(?<=--u)ser[ \t=]+|[ \t]+)[\"']?[^\s:'\"]+:"
+            r"(?![0-9]*(?:[\s'\"]|$))(?P<s>[^\s'\"]+)"
+        ),
+        ("s",),
+    ),
+    _Rule("sshpass", re.compile(r"sshpass[ \t]+-p[ \t]*(?P<s>[^\s-]\S*)"), ("s",)),
+    _Rule(
+        "mysql",  # mysql -u root -pSECRET
+        re.compile(
+            r"mysql(?:dump|admin)?(?:[ \t]+-(?!p)\S*(?:[ \t]+[^\s-]\S*)?){0,6}"
+            r"[ \t]+-p(?P<s>[^\s-]\S*)"
+        ),
+        ("s",),
     ),
     _Rule("netrc", re.compile(r"login(?<![\w-]login)\s+\S+\s+password\s+(?P<s>\S+)"), ("s",)),
+    _Rule(
+        "netrc-line",  # `password P` ending its line: a .netrc over lines, seen line by line
+        re.compile(
+            "password(?:"
+            + "|".join(
+                f"(?<={start}{indent}password)"
+                for start in ("^", "\n")
+                for indent in ("", " ", "  ", "   ", "    ", "\t", "\t\t")
+            )
+            + r")[ \t]+(?P<s>\S+)[ \t]*(?=\r?\n|$)"
+        ),
+        ("s",),
+    ),
 )
 
 
@@ -304,6 +391,33 @@ def _keyword_spans(text: str) -> Iterator[_Span]:
                 yield value.span(value.lastgroup)
 
 
+_XML_CLOSE = re.compile(
+    "(?<!>)</(?:[A-Za-z0-9_.:-]*)"
+    + _caseless_trie((*_KEYWORDS, *(word + _WORD_END for word in _SHORT_KEYWORDS)))
+    + ">"
+)
+"""The end of an element named for a secret: `</password>`, `</ns:ApiKey>`."""
+
+
+def _xml_spans(text: str) -> Iterator[_Span]:
+    """The text of elements named for a secret: `<password>x</password>`."""
+    for end in _XML_CLOSE.finditer(text):
+        start = text.rfind(">", 0, end.start()) + 1
+        value = text[start : end.start()]
+        if start and value.strip() and "<" not in value:
+            yield start, end.start()
+
+
+_CODE_NAME = re.compile(
+    r"(?:[A-Za-z_]+\.)*(?:[A-Za-z_]*_|[a-z][A-Za-z]*(?=[A-Z]))?"
+    + f"(?i:{_alternation(word for word in _NAMED if word.isidentifier())})"
+)
+"""Code that names a secret rather than holding one: `token=token`, `self.token`,
+`key_password`, `authToken`, `GITHUB_TOKEN`; not a password that ends in a keyword:
+`hunter2pass`, `MyPassword`, `adminpassword` (no digits, a `_`, `.` or camelCase hump before
+the keyword)."""
+
+
 def _refused(text: str, value: re.Match[str], keyword: str) -> bool:
     """Whether a value after a keyword is code or prose rather than a secret. Values in
     quotes are data: never refused."""
@@ -315,7 +429,7 @@ def _refused(text: str, value: re.Match[str], keyword: str) -> bool:
     return (
         bare.lower() in _NOT_SECRETS
         or _REFERENCE.fullmatch(bare) is not None
-        or (bare.lower().endswith(_NAMED) and all(p.isidentifier() for p in bare.split(".")))
+        or _CODE_NAME.fullmatch(bare) is not None
         or text.startswith(("(", "[", "{", "<"), value.end())  # code: f(), x[k], Option<T>
         or (keyword == "pwd" and bare.startswith("/"))  # PWD=/home/me is a directory
         or (bare.startswith("#") and text[value.start("bare") - 1] in " \t")  # a comment
@@ -324,29 +438,147 @@ def _refused(text: str, value: re.Match[str], keyword: str) -> bool:
     )
 
 
-def _encodings(secret: str) -> set[str]:
-    """The forms a secret takes on its way out: as is, base64, URL- and JSON-encoded."""
-    raw = secret.encode("utf-8", "surrogatepass")
-    url = {quote(secret, safe=safe, errors="surrogatepass") for safe in ("", "/")}
-    forms = {secret, *url, quote_plus(secret, errors="surrogatepass")}
-    forms |= {json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}
-    for encoded in (base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode()):
-        forms |= {encoded, encoded.rstrip("=")}
-    return forms
+_PLAIN = frozenset("-_.")
+"""Characters besides ASCII letters and digits that no encoder changes."""
 
 
-_MAX_LITERAL_PASSES = 12
+def _plain(c: str) -> bool:
+    return (c.isascii() and c.isalnum()) or c in _PLAIN
 
 
-def _literal_patterns(forms: Iterable[str]) -> tuple[re.Pattern[str], ...]:
-    """One alternation per two-character prefix, longest first, so that `re` searches each
-    for its literal prefix; past `_MAX_LITERAL_PASSES` such passes, one alternation."""
+def _char_pattern(c: str) -> str:
+    """`c` as encoders write it: itself, `%XX` (either case; `+` for a space), a JSON `\\uXXXX`
+    (either case) or other backslash escape, an HTML entity."""
+    if _plain(c):
+        return re.escape(c)
+    raw = c.encode("utf-8", "surrogatepass")
+    units = c.encode("utf-16-be", "surrogatepass")
+    u16 = "".join(f"\\u{units[i]:02x}{units[i + 1]:02x}" for i in range(0, len(units), 2))
+    forms = {c, "\\" + c, json.dumps(c)[1:-1], html.escape(c), f"&#{ord(c)};", f"&#x{ord(c):x};"}
+    forms |= {"".join(f"%{b:02X}" for b in raw), "".join(f"%{b:02x}" for b in raw)}
+    forms |= {u16, u16.upper().replace("\\U", "\\u")}
+    if c == " ":
+        forms.add("+")
+    return f"(?:{_alternation(forms)})"
+
+
+def _base64_forms(raw: bytes) -> set[str]:
+    """The base64 of a secret alone (padded or not) and inside a longer stream: at each of
+    the three alignments, the characters made only of the secret's bits; each also
+    URL-encoded, in either case."""
+    forms: set[str] = set()
+    for encode in (base64.b64encode, base64.urlsafe_b64encode):
+        whole = encode(raw).decode()
+        forms |= {whole, whole.rstrip("=")}
+        for shift in range(3):
+            shifted = encode(bytes(shift) + raw).decode()
+            forms.add(shifted[(8 * shift + 5) // 6 : 8 * (shift + len(raw)) // 6])
+    forms = {form for form in forms if len(form) >= _MIN_BASE64}
+    escaped = {quote(form, safe="") for form in forms}
+    return forms | escaped | {re.sub("%..", lambda m: m[0].lower(), e) for e in escaped}
+
+
+_MIN_CUT = 3
+"""A piece of a secret at a cut shorter than this (3 characters or less) stays."""
+_MIN_BASE64 = 6
+"""Shorter pieces of base64 (of a secret of 4 characters or less) would match elsewhere."""
+
+
+_WRAPPED = re.compile(
+    r"\n(?:(?<=[A-Za-z0-9+/=_-]{40}\n)|(?<=[A-Za-z0-9+/=_-]{40}\r\n))(?=[A-Za-z0-9+/_-]{4})"
+)
+"""A line break inside base64: `base64` wraps its output at 76 columns, PEM at 64."""
+
+
+def _unwrapped(text: str) -> tuple[str, array[int], array[int]]:
+    """The text without line breaks between base64-like lines; where each break was in the
+    result, and how many characters were removed up to and including it."""
+    where, removed = array("q"), array("q")
+    if "\n" not in text:
+        return text, where, removed
+    pieces, done, count = [], 0, 0
+    for m in _WRAPPED.finditer(text):
+        start = m.start() - (text[m.start() - 1] == "\r")
+        pieces.append(text[done:start])
+        where.append(start - count)
+        count += m.end() - start
+        removed.append(count)
+        done = m.end()
+    pieces.append(text[done:])
+    return "".join(pieces), where, removed
+
+
+def _original(where: array[int], removed: array[int], at: int, end: bool) -> int:
+    """An offset in the unwrapped text as one in the original: a start goes past the breaks
+    at its offset, an end does not."""
+    before = bisect_left(where, at) if end else bisect_right(where, at)
+    return at + (removed[before - 1] if before else 0)
+
+
+_PREFIX = 4
+"""Literal secrets are searched by their first characters, one pass per distinct prefix: the
+forms of a secret (padded, unpadded, cut to the characters made of it alone, URL-encoded)
+mostly share one."""
+
+
+def _by_prefix(words: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """The words by their first `_PREFIX` characters, longest first in each group."""
     groups: dict[str, list[str]] = {}
-    for form in forms:
-        groups.setdefault(form[:2], []).append(form)
-    if len(groups) > _MAX_LITERAL_PASSES:
-        groups = {"": [form for group in groups.values() for form in group]}
-    return tuple(re.compile(_alternation(group)) for group in groups.values())
+    for word in words:
+        groups.setdefault(word[:_PREFIX], []).append(word)
+    return {prefix: tuple(sorted(group, key=len, reverse=True)) for prefix, group in groups.items()}
+
+
+def _occurrences(groups: dict[str, tuple[str, ...]], text: str) -> Iterator[_Span]:
+    """Where the words occur (at each place the longest), overlapping ones too."""
+    for prefix, words in groups.items():
+        at = text.find(prefix)
+        while at != -1:
+            for word in words:
+                if text.startswith(word, at):
+                    yield at, at + len(word)
+                    break
+            at = text.find(prefix, at + 1)
+
+
+@dataclass(frozen=True)
+class _Literals:
+    """The configured secrets: `words` found as they are, `base64` also across line breaks
+    (both by prefix), `patterns` (secrets with characters that encoders change) as regexes."""
+
+    words: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    base64: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    patterns: tuple[re.Pattern[str], ...] = ()
+    forms: tuple[str, ...] = ()
+    """Every secret as it is and its base64 forms, for a piece left at a cut."""
+
+    @classmethod
+    def of(cls, secrets: Iterable[str]) -> _Literals:
+        secrets = tuple(secrets)
+        words: set[str] = set()
+        encoded: set[str] = set()
+        patterns: list[re.Pattern[str]] = []
+        for secret in secrets:
+            encoded |= _base64_forms(secret.encode("utf-8", "surrogatepass"))
+            if all(_plain(c) for c in secret):
+                words.add(secret)
+            else:
+                patterns.append(re.compile("".join(_char_pattern(c) for c in secret)))
+        return cls(
+            _by_prefix(words), _by_prefix(encoded - words), tuple(patterns), (*secrets, *encoded)
+        )
+
+    def spans(self, text: str) -> Iterator[_Span]:
+        yield from _occurrences(self.words, text)
+        for pattern in self.patterns:
+            yield from _overlapping(pattern, text)
+        if self.base64:
+            joined, where, removed = _unwrapped(text)
+            for start, end in _occurrences(self.base64, joined):
+                yield (
+                    _original(where, removed, start, end=False),
+                    _original(where, removed, end, end=True),
+                )
 
 
 def _overlapping(pattern: re.Pattern[str], text: str) -> Iterator[_Span]:
@@ -357,8 +589,43 @@ def _overlapping(pattern: re.Pattern[str], text: str) -> Iterator[_Span]:
         match = pattern.search(text, match.start() + 1)
 
 
+_UNMERGED = frozenset("e")
+"""Too common a first letter to search for alone: `eyJ` and `earer` keep their own passes."""
+
+
+def _merged(rules: Sequence[_Rule]) -> _Rule:
+    """Rules whose patterns start with the same letter as one regex: `re` searches for that
+    letter once, then tells the rules apart by the next character, instead of one pass over
+    the text per rule (each rule's boundary lookbehind comes after its second character)."""
+    if len(rules) == 1:
+        return rules[0]
+    branches: list[str] = []
+    groups: list[str | int] = []
+    for number, rule in enumerate(rules):
+        source = re.sub(r"\(\?P<(\w+)>", rf"(?P<\g<1>{number}>", rule.pattern.pattern[1:])
+        ascii_only = "a" if rule.pattern.flags & re.ASCII else ""
+        branches.append(f"(?{ascii_only}:{source})")
+        groups += [f"{g}{number}" for g in rule.groups if g != 0]
+    whole: tuple[int, ...] = (0,) if any(0 in rule.groups for rule in rules) else ()
+    name = "/".join(rule.name for rule in rules)
+    first = re.escape(rules[0].pattern.pattern[0])
+    return _Rule(name, re.compile(first + f"(?:{'|'.join(branches)})"), (*groups, *whole))
+
+
+def _merge_by_first_letter(rules: Sequence[_Rule]) -> tuple[_Rule, ...]:
+    by_letter: dict[str, list[_Rule]] = {}
+    for rule in rules:
+        first = rule.pattern.pattern[0]
+        key = first if first.isalpha() and first not in _UNMERGED else f"{len(by_letter)}"
+        by_letter.setdefault(key, []).append(rule)
+    return tuple(_merged(group) for group in by_letter.values())
+
+
+_SEARCHES = _merge_by_first_letter(_RULES)
+
+
 def _rule_spans(text: str) -> Iterator[_Span]:
-    for rule in _RULES:
+    for rule in _SEARCHES:
         for match in rule.pattern.finditer(text):
             for group in rule.groups:
                 if match.start(group) >= 0:
@@ -388,7 +655,7 @@ def _redact(text: str, spans: list[_Span]) -> tuple[str, int]:
 class Scrubber:
     """Replaces credentials in text by `[REDACTED]`; immutable, safe to share."""
 
-    __slots__ = ("_literals",)
+    __slots__ = ("_formats", "_literals")
 
     def __init__(self, secrets: Iterable[str] = (), *, min_secret_length: int = 8) -> None:
         """secrets: literal values to hide (e.g. values injected into the sandbox
@@ -401,7 +668,7 @@ class Scrubber:
             raise ValueError(f"min_secret_length must be at least 1, not {min_secret_length}")
         if isinstance(secrets, str):
             raise ValueError("secrets must be a collection of strings, not one string")
-        forms: set[str] = set()
+        checked: list[str] = []
         for number, secret in enumerate(secrets, 1):
             if not isinstance(secret, str):
                 raise ValueError(f"secret #{number} is a {type(secret).__name__}, not a string")
@@ -410,15 +677,52 @@ class Scrubber:
                     f"secret #{number} has {len(secret)} characters; at least "
                     f"{min_secret_length} are needed to redact it without damaging other text"
                 )
-            forms |= _encodings(secret)
-        self._literals = _literal_patterns(forms) if forms else ()
+            checked.append(secret)
+        self._literals = _Literals.of(checked)
+        self._formats = True
+
+    def secrets_only(self) -> Scrubber | None:
+        """A scrubber for the configured secrets alone, without the formats; None when no
+        secret is configured."""
+        if not (self._literals.words or self._literals.base64 or self._literals.patterns):
+            return None
+        only = Scrubber()
+        only._literals, only._formats = self._literals, False
+        return only
+
+    @property
+    def spans_lines(self) -> bool:
+        """Whether a configured secret may be found across a line break (in wrapped base64)."""
+        return bool(self._literals.base64)
+
+    def spans(self, text: str) -> list[_Span]:
+        """Where the credentials in `text` are (start, end), in order, possibly overlapping."""
+        spans = list(self._literals.spans(text))
+        if self._formats:
+            spans += _rule_spans(text)
+            spans += _keyword_spans(text)
+            spans += _xml_spans(text)
+        spans.sort()
+        return spans
 
     def scrub(self, text: str) -> tuple[str, int]:
         """The text with every credential replaced by `[REDACTED]`, and how many were."""
-        spans = [span for pattern in self._literals for span in _overlapping(pattern, text)]
-        spans += _rule_spans(text)
-        spans += _keyword_spans(text)
-        return _redact(text, spans)
+        return _redact(text, self.spans(text))
+
+    def scrub_cut(self, text: str) -> tuple[str, int]:
+        """`scrub` for a text cut short at its end (a truncated output): a configured secret
+        cut there leaves a piece no pattern knows, so a tail of 4 characters or more that
+        begins one of its forms becomes `[REDACTED]` too."""
+        cleaned, count = self.scrub(text)
+        longest = 0
+        for form in self._literals.forms:
+            for size in range(min(len(form) - 1, len(cleaned)), max(_MIN_CUT, longest), -1):
+                if cleaned.endswith(form[:size]):
+                    longest = size
+                    break
+        if longest:
+            return cleaned[:-longest] + REDACTED, count + 1
+        return cleaned, count
 
     def scrub_value(self, value: object) -> tuple[object, int]:
         """`scrub` through dicts (values only), lists, tuples and strings; anything else, and

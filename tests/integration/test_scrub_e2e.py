@@ -3,20 +3,29 @@ URL-encoded) are redacted in every field, and ordinary output is left alone."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from stockade.client import Started, Stockade, ToolResult
+from stockade.client import ApprovalRequest, CallContext, Output, Started, Stockade, ToolResult
 from tests.integration.harness import Supervisor, running_supervisor
 
 pytestmark = pytest.mark.timeout(300)
 SECRET = "Zq7-hunter2-s3cr3t-9fX"
+ODD_SECRET = "pä$$ w0rd/Zq7+&é!"  # non-ASCII, and characters encoders change
 CONFIG = f"""
 [sandbox.secrets]
 API_KEY = "{SECRET}"
+ODD_KEY = "{ODD_SECRET}"
+[agents.asker]
+approvals = "always"
+[approvals]
+timeout_s = 20
 [limits]
 max_concurrent = 1
 max_queued = 0
@@ -136,3 +145,179 @@ def test_concurrency_cap_refuses_past_the_queue(sup: Supervisor, c: Stockade, ke
     assert blocked.error_code == "RATE_LIMITED"
     assert "1 at once, 0 queued" in blocked.error_message
     assert results[0].stdout == "slept\n"
+
+
+# Channels besides the tool result
+
+
+def download(c: Stockade, key: str, path: str) -> bytes:
+    sink = io.BytesIO()
+    c.download(key, path, sink)
+    return sink.getvalue()
+
+
+def test_text_download_with_a_non_ascii_secret(c: Stockade, key: str) -> None:
+    """Text downloads were scrubbed as Latin-1, where a UTF-8 secret's bytes never match."""
+    c.sandbox(key).exec('printf "odd=%s\\nplain=%s\\n" "$ODD_KEY" "$API_KEY" > both.txt')
+    data = download(c, key, "both.txt")
+    assert ODD_SECRET.encode() not in data
+    assert SECRET.encode() not in data
+    assert data == b"odd=[REDACTED]\nplain=[REDACTED]\n"
+
+
+def test_binary_download_holding_a_configured_secret_is_refused(c: Stockade, key: str) -> None:
+    """A file with a NUL in its first 8 KiB passes byte-exact: unless it holds a configured
+    secret, which would leave the host as it is."""
+    box = c.sandbox(key)
+    box.exec("head -c 3000 /dev/urandom > plain.bin; printf 'x\\0y' >> plain.bin")
+    assert download(c, key, "plain.bin") == base64.b64decode(
+        box.exec("base64 -w0 plain.bin").stdout
+    )
+    box.exec('{ printf "\\0\\1\\2"; head -c 70000 /dev/zero; echo "$API_KEY"; } > s.bin')
+    with pytest.raises(Exception, match="configured secret") as info:
+        download(c, key, "s.bin")
+    assert SECRET not in str(info.value)
+
+
+def test_error_messages_of_file_transfers(c: Stockade, key: str) -> None:
+    c.sandbox(key).exec("true")
+    with pytest.raises(Exception, match="REDACTED") as info:
+        download(c, key, f"missing-{SECRET}.txt")
+    assert SECRET not in str(info.value)
+
+
+def streamed(c: Stockade, key: str, command: str) -> tuple[str, ToolResult]:
+    chunks: list[str] = []
+    final: list[ToolResult] = []
+    for event in c.call_stream(key, "exec", {"command": command}):
+        if isinstance(event, Output):
+            chunks.append(event.text)
+        elif isinstance(event, ToolResult):
+            final.append(event)
+    return "".join(chunks), final[0]
+
+
+SLOW = 'import os, sys, time\nfor ch in os.environ["{name}"]:\n'
+SLOW += "    sys.{fd}.write(ch); sys.{fd}.flush(); time.sleep(0.02)\n"
+
+
+@pytest.mark.parametrize("fd", ["stdout", "stderr"])
+def test_streamed_secret_written_one_character_at_a_time(c: Stockade, key: str, fd: str) -> None:
+    script = SLOW.format(name="API_KEY", fd=fd)
+    text, result = streamed(c, key, f"python3 -c '{script}'; echo; echo done")
+    assert SECRET not in text
+    assert "[REDACTED]" in text
+    assert_clean(result, SECRET)
+
+
+def test_streamed_wrapped_base64_with_pauses_between_lines(c: Stockade, key: str) -> None:
+    """`env | base64` wraps at 76 columns; the secret straddles the first break (a 40-byte
+    prefix) and each line comes 0.3 s after the last, longer than the stream waits."""
+    command = (
+        'printf "%040d%s\\n" 0 "$API_KEY" | base64 | while read -r l; do echo "$l"; sleep 0.3; done'
+    )
+    text, result = streamed(c, key, command)
+    plain = base64.b64decode(text.replace("\n", "").replace("[REDACTED]", ""), validate=False)
+    assert SECRET.encode() not in plain
+    assert "[REDACTED]" in text
+    assert result.redactions >= 1
+
+
+def test_the_approver_sees_no_credential(sup: Supervisor, c: Stockade, key: str) -> None:
+    """WatchApprovals and ListApprovals show the command to decide on: with the credential
+    in it as [REDACTED]."""
+    token = FORMATS["github"]
+    c.sandbox(key).exec("true")
+    seen: list[str] = []
+
+    def approve() -> None:
+        with sup.client() as approver:
+            for event in approver.watch_approvals("tester"):
+                if isinstance(event, ApprovalRequest):
+                    seen.append(json.dumps(event.__dict__, default=str))
+                    listed = approver.list_approvals().pending
+                    seen.append(json.dumps([p.__dict__ for p in listed], default=str))
+                    approver.resolve_approval(event.id, "deny", "tester")
+                    return
+
+    watcher = threading.Thread(target=approve)
+    watcher.start()
+    deadline = time.monotonic() + 30
+    while not c.list_approvals().approvers and time.monotonic() < deadline:
+        time.sleep(0.05)
+    command = f"echo {token} {SECRET}"
+    result = c.call(key, "exec", {"command": command}, context=CallContext(agent_id="asker"))
+    watcher.join(30)
+    assert result.is_error
+    assert len(seen) == 2
+    for shown in seen:
+        assert token not in shown
+        assert SECRET not in shown
+        assert "[REDACTED]" in shown
+
+
+def test_audit_of_unparsable_arguments_keeps_no_part_of_a_credential(c: Stockade, key: str) -> None:
+    """Arguments that are not JSON are audited as sent, cut to audit.max_arguments_bytes
+    (4096): a credential across the cut must not leave a readable piece once the redactions
+    before it have made the text shorter."""
+    token = FORMATS["github"]
+    key_block = "-----BEGIN PRIVATE KEY-----\n" + "A" * 6000 + "\n-----END PRIVATE KEY-----"
+    raw = '{"command": "' + key_block + " " * (8192 - len(key_block) - 33) + token + " not json"
+    result = c.call(key, "exec", raw)
+    assert result.is_error
+    records = [r for r in c.list_audit(sandbox_key=key) if r.request_id == result.request_id]
+    assert records
+    audited = records[0].arguments_json
+    assert token[:12] not in audited
+    assert "AAAAAAAAAA" not in audited
+
+
+def test_names_process_output_and_interact(c: Stockade, key: str) -> None:
+    """A file named after a secret (list_files), a background process's poll and log, and an
+    Interact session that prints the secret base64-encoded in a PTY."""
+    box = c.sandbox(key)
+    box.exec('mkdir -p d && touch "d/$API_KEY.txt"')
+    assert_clean(c.call(key, "list_files", {"path": "d"}), SECRET)
+    started = c.call(key, "process", {"action": "start", "command": 'echo "$API_KEY"; sleep 1'})
+    ident = started.data["id"]
+    time.sleep(0.5)
+    for action in ("poll", "log", "list"):
+        result = c.call(key, "process", {"action": action, "id": ident})
+        text = everything(result)
+        assert SECRET not in text, action
+    with box.interact('printf "%s" "$ODD_KEY" | base64; echo done', pty=True) as session:
+        seen = session.read_until("done")
+        result = session.wait()
+    assert ODD_SECRET not in seen
+    assert base64.b64encode(ODD_SECRET.encode()).decode()[:12] not in seen
+    assert "[REDACTED]" in seen
+    assert ODD_SECRET not in everything(result)
+
+
+ODD_FORMS = {
+    "plain": "print(s)",
+    "json-ascii": "import json; print(json.dumps({'k': s}))",
+    "json-slashes": "import json; print(json.dumps(s).replace('/', '\\\\/'))",
+    "url-lowercase": "import urllib.parse as u, re\n"
+    "print(re.sub('%..', lambda m: m[0].lower(), u.quote(s, safe='')))",
+    "url-js": 'import urllib.parse as u; print(u.quote(s, safe="!\'()*~"))',
+    "url-plus": "import urllib.parse as u; print(u.quote_plus(s))",
+    "html": "import html; print(html.escape(s))",
+    "env-base64": "import base64, os\n"
+    "env = ''.join(f'{k}={v}\\n' for k, v in sorted(os.environ.items()))\n"
+    "print(base64.encodebytes(env.encode()).decode())",
+    "base64-offset-1": "import base64; print(base64.b64encode(b'x' + s.encode()).decode())",
+    "base64-offset-2": "import base64\n"
+    "print(base64.urlsafe_b64encode(b'xy' + s.encode() + b'z').decode())",
+}
+
+
+@pytest.mark.parametrize("form", sorted(ODD_FORMS))
+def test_configured_secret_with_odd_characters_in_every_form(
+    c: Stockade, key: str, form: str
+) -> None:
+    script = "import os; s = os.environ['ODD_KEY']\n" + ODD_FORMS[form]
+    result = c.sandbox(key).exec("python3 -", stdin=script)
+    assert result.exit_code == 0, result.stderr
+    assert_clean(result, ODD_SECRET, SECRET)
+    assert "w0rd" not in everything(result)

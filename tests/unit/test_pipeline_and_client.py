@@ -22,6 +22,7 @@ from stockade.supervisor.config import (
     AgentTools,
     ApprovalsConfig,
     Config,
+    ScrubConfig,
     ToolsConfig,
 )
 from stockade.supervisor.errors import InvalidRequest, SandboxLost
@@ -241,3 +242,19 @@ async def test_a_huge_unknown_tool_name_gives_a_short_message() -> None:
     result = await pipe.call(call("x" * 1_000_000))
     assert result.error_code.value == "NOT_FOUND"
     assert len(result.error_message) < 1000
+
+
+async def test_a_configured_secret_cut_by_the_output_limit_leaves_no_piece(tmp_path: Path) -> None:
+    """The agent keeps the first max_output_bytes: a secret across that limit ends the
+    output as a piece no pattern knows."""
+    secret = "Zq7-hunter2-s3cr3t-9fX"
+    reply = AgentReply(
+        "", "", {"exit_code": 0, "stdout": "x" * 50 + secret[:12], "stdout_truncated": True}
+    )
+    fake = RecordingSandboxes(reply)
+    config = Config(scrub=ScrubConfig(secrets=[secret]), state_dir=tmp_path)
+    pipe = ToolPipeline(config, fake, build_policy(config))  # type: ignore[arg-type]
+    result = await pipe.call(call())
+    assert secret[:12] not in json.dumps(result.data)
+    assert secret[:12] not in result.for_llm
+    assert result.redactions == 1

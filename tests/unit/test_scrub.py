@@ -4,7 +4,9 @@ their encodings, ordinary output left alone, and hostile input in bounded time."
 from __future__ import annotations
 
 import base64
+import html
 import json
+import re
 from urllib.parse import quote, quote_plus
 
 import pytest
@@ -78,6 +80,14 @@ ROWS = [
     pytest.param("PASSWORD='a b c'", f"PASSWORD='{R}'", 1, id="generic-uppercase-quoted"),
     pytest.param("db.Passwd = s3cr3t!", f"db.Passwd = {R}", 1, id="generic-passwd"),
     pytest.param("Server=db;Uid=sa;Pwd=Secr3t;", f"Server=db;Uid=sa;Pwd={R};", 1, id="generic-pwd"),
+    # A password may end in a keyword without being the name of one.
+    pytest.param("password=hunter2pass", f"password={R}", 1, id="value-ends-in-pass"),
+    pytest.param("DB_PASSWORD=adminpassword", f"DB_PASSWORD={R}", 1, id="value-ends-in-password"),
+    pytest.param("token: secrettoken", f"token: {R}", 1, id="value-ends-in-token"),
+    pytest.param("password = MyPassword", f"password = {R}", 1, id="value-pascal-case"),
+    pytest.param("login(password=password)", "login(password=password)", 0, id="kwarg-passed-on"),
+    pytest.param("f(token=authToken)", "f(token=authToken)", 0, id="camel-case-name"),
+    pytest.param("token = GITHUB_TOKEN", "token = GITHUB_TOKEN", 0, id="constant-name"),
     pytest.param("DB_PASS=abc", f"DB_PASS={R}", 1, id="generic-pass-name-part"),
     pytest.param("client_secret: abc-123", f"client_secret: {R}", 1, id="generic-client-secret"),
     pytest.param("X-Api-Key: k123", f"X-Api-Key: {R}", 1, id="generic-api-key-header"),
@@ -248,6 +258,76 @@ ROWS = [
         id="cli-flags",
     ),
     pytest.param("run --api-key=k1 --verbose", f"run --api-key={R} --verbose", 1, id="cli-equals"),
+    # More widely used formats.
+    *(
+        pytest.param(f"key {token} end", f"key {R} end", 1, id=name)
+        for name, token in (
+            ("openai-none", "sk-None-" + run(48)),
+            ("openrouter", "sk-or-v1-" + HEX * 4),
+            ("anthropic-admin", "sk-ant-admin01-" + run(80)),
+            ("groq", "gsk_" + run(52)),
+            ("xai", "xai-" + run(80)),
+            ("perplexity", "pplx-" + run(48)),
+            ("replicate", "r8_" + run(37)),
+            *((f"gitlab-{p}", f"{p}-{run(20)}") for p in ("glptt", "glcbt", "glsoat", "gloas")),
+            ("grafana-cloud", "glc_" + run(60)),
+            ("grafana-service-account", f"glsa_{run(32)}_{HEX[:8]}"),
+            ("aws-abia", "ABIA" + "IOSFODNN7EXAMPLE"),
+            ("shopify", "shpat_" + HEX * 2),
+            ("atlassian", "ATATT3xFfGF0" + run(60)),
+            ("linear", "lin_api_" + run(40)),
+            ("notion", "ntn_" + run(46)),
+            ("sentry", "sntrys_eyJpYXQiOjE2" + run(40)),
+            ("postman", f"PMAK-{(HEX * 2)[:24]}-{(HEX * 3)[:34]}"),
+            ("vault", "hvs." + run(90)),
+            ("databricks", "dapi" + HEX * 2),
+            ("doppler", "dp.pt." + run(43)),
+            ("tailscale", "tskey-auth-" + run(40)),
+            ("supabase", "sbp_" + (HEX * 3)[:40]),
+            ("age", "AGE-SECRET-KEY-1" + ("QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L" * 2)[:58]),
+        )
+    ),
+    pytest.param(
+        f"https://discord.com/api/webhooks/123456789012345678/{run(68)}",
+        f"https://discord.com/api/webhooks/{R}",
+        1,
+        id="discord-webhook",
+    ),
+    pytest.param(f"bot 123456:AAH{run(32)}", f"bot 123456:{R}", 1, id="telegram-bot"),
+    # Azure AD client secrets: the three characters before `8Q~` stay.
+    pytest.param(f"abc8Q~{run(34)}", f"abc{R}", 1, id="azure-ad-client-secret"),
+    pytest.param(f"X-Auth: bearer {run(30)}", f"X-Auth: bearer {R}", 1, id="bearer-lowercase"),
+    pytest.param("curl -u admin:s3cretpw x", f"curl -u admin:{R} x", 1, id="curl-user"),
+    pytest.param("curl --user 'me:s3cret'", f"curl --user 'me:{R}'", 1, id="curl-user-long"),
+    pytest.param("docker run -u 1000:1000 img", "docker run -u 1000:1000 img", 0, id="docker-uid"),
+    pytest.param("sshpass -p s3cretpw ssh h", f"sshpass -p {R} ssh h", 1, id="sshpass"),
+    pytest.param("mysql -u root -ps3cretpw db", f"mysql -u root -p{R} db", 1, id="mysql-p"),
+    pytest.param("<Password>a b</Password>", f"<Password>{R}</Password>", 1, id="xml-element"),
+    pytest.param("<ns:ApiKey>k1</ns:ApiKey>", f"<ns:ApiKey>{R}</ns:ApiKey>", 1, id="xml-ns"),
+    pytest.param("<author>me</author>", "<author>me</author>", 0, id="xml-not-auth"),
+    pytest.param("  password q1w2e3r4\n", f"  password {R}\n", 1, id="netrc-password-line"),
+    pytest.param("username and password keys.", "username and password keys.", 0, id="prose"),
+    pytest.param(
+        "> Cookie: theme=dark; session=abc123\n< set-cookie: sid=xyz; Path=/\n",
+        f"> Cookie: {R}\n< set-cookie: {R}\n",
+        2,
+        id="cookies",
+    ),
+    pytest.param(
+        f"---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----\nComment: x\nP2/56w{run(40)}\n"
+        "---- END SSH2 ENCRYPTED PRIVATE KEY ----\nafter",
+        f"{R}\nafter",
+        1,
+        id="ssh2-private-key",
+    ),
+    pytest.param(
+        f"PuTTY-User-Key-File-3: ssh-ed25519\nPublic-Lines: 1\nAAAAC3Nz\n"
+        f"Private-Lines: 1\nAAAAIF{run(40)}\nPrivate-MAC: {HEX}",
+        f"PuTTY-User-Key-File-3: ssh-ed25519\nPublic-Lines: 1\nAAAAC3Nz\n"
+        f"Private-Lines: 1\n{R}\nPrivate-MAC: {HEX}",
+        1,
+        id="putty-private-key",
+    ),
     # Placement.
     pytest.param(f"{OPENAI}", R, 1, id="whole-text"),
     pytest.param(f"{NPM} at start", f"{R} at start", 1, id="start-of-text"),
@@ -526,6 +606,14 @@ def test_ordinary_output_is_unchanged() -> None:
         pytest.param("--" + "a-" * 1_000_000, 0, id="cli-flag-one-long-name"),
         pytest.param("login.x " * 500_000, 0, id="netrc-near-misses"),
         pytest.param("Bearer " * 500_000, 0, id="bearer-repeated"),
+        pytest.param("mysql " * 300_000, 0, id="mysql-repeated"),
+        pytest.param("mysql -u a " * 100_000, 0, id="mysql-options-repeated"),
+        pytest.param("</password>" * 200_000, 0, id="xml-close-repeated"),
+        pytest.param("-u 1:1 " * 300_000, 0, id="docker-user-repeated"),
+        pytest.param("8Q~" * 500_000, 38_461, id="azure-ad-prefix-repeated"),
+        pytest.param("Private-Lines: 1\n" * 100_000, 0, id="putty-lines-repeated"),
+        pytest.param("1:AA" * 500_000, 0, id="telegram-prefix-repeated"),
+        pytest.param(("QUFBQUFBQUFB" * 4 + "\n") * 40_000, 0, id="b64-lines"),
         pytest.param("\ud800\udfff\x00" * 1_000_000, 0, id="surrogates-and-nul"),
     ],
 )
@@ -539,3 +627,82 @@ def test_odd_characters_around_secrets() -> None:
     scrubber = Scrubber(["hunter2\x00\ud800x"])
     text = f"\x00{NPM}\ud800 hunter2\x00\ud800x \udfff"
     assert scrubber.scrub(text) == (f"\x00{R}\ud800 {R} \udfff", 2)
+
+
+# Configured secrets inside longer encoded output
+
+EMBEDDED = "pa$$:w0rd/+~é!*(x)&<"  # URL-, JSON- and HTML-special characters, one non-ASCII
+
+
+def _wrapped(text: str, width: int) -> str:
+    return "\n".join(text[i : i + width] for i in range(0, len(text), width))
+
+
+@pytest.mark.parametrize("wrap", [0, 76, 64], ids=["one-line", "wrap-76", "wrap-64"])
+@pytest.mark.parametrize("alphabet", ["standard", "urlsafe"])
+@pytest.mark.parametrize("before", ["", "K", "KE", "KEY=", "API_TOKEN_X=", "Zz9" * 25 + "#"])
+def test_secret_inside_a_longer_base64_stream(before: str, alphabet: str, wrap: int) -> None:
+    """`env | base64`: the secret sits at any of the three alignments of a longer stream, so
+    its base64 differs from that of the secret alone; `base64` wraps at 76 columns."""
+    encode = base64.b64encode if alphabet == "standard" else base64.urlsafe_b64encode
+    raw = f"{before}{EMBEDDED}\nOTHER=value\n".encode()
+    encoded = encode(raw).decode()
+    text = _wrapped(encoded, wrap) if wrap else encoded
+    cleaned, count = Scrubber([EMBEDDED]).scrub(text)
+    assert count >= 1
+    # Every base64 character fully made of the secret's bits is gone: no 8-character run of
+    # the secret's own encoding (at any alignment) survives.
+    flat = cleaned.replace("\n", "")
+    for shift in range(3):
+        alone = encode(b"\0" * shift + EMBEDDED.encode()).decode()
+        inner = alone[(8 * shift + 5) // 6 : (8 * (shift + len(EMBEDDED.encode()))) // 6]
+        assert all(inner[i : i + 8] not in flat for i in range(len(inner) - 7)), shift
+
+
+def _url_forms(secret: str) -> list[tuple[str, str]]:
+    upper = quote(secret, safe="")
+    js = quote(secret, safe="!'()*~-_.")  # encodeURIComponent leaves !'()* alone
+    return [
+        ("lowercase-hex", re.sub("%[0-9A-F]{2}", lambda m: m[0].lower(), upper)),
+        ("encodeURIComponent", js),
+        ("encodeURI", quote(secret, safe="!#$&'()*+,/:;=?@~")),
+        ("plus-for-space", quote_plus(secret + " x").removesuffix("+x")),
+    ]
+
+
+def _json_forms(secret: str) -> list[tuple[str, str]]:
+    ascii_json = json.dumps(secret)[1:-1]
+    return [
+        ("json-slash-escaped", ascii_json.replace("/", "\\/")),  # PHP json_encode
+        ("json-uppercase-u", re.sub(r"\\u(....)", lambda m: "\\u" + m[1].upper(), ascii_json)),
+        ("json-go-html-escapes", ascii_json.replace("<", "\\u003c").replace("&", "\\u0026")),
+        ("json-all-escaped", "".join(f"\\u{ord(c):04x}" if not c.isalnum() else c for c in secret)),
+        ("html-entities", html.escape(secret)),
+        ("shell-printf-q", re.sub(r"([^A-Za-z0-9_/.,:=@%+-])", r"\\\1", secret)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("form", "encoded"),
+    _url_forms(EMBEDDED) + _json_forms(EMBEDDED),
+    ids=[name for name, _ in _url_forms(EMBEDDED) + _json_forms(EMBEDDED)],
+)
+def test_secret_in_other_encoders_forms(form: str, encoded: str) -> None:
+    cleaned, count = Scrubber([EMBEDDED]).scrub(f"<{encoded}>")
+    assert count == 1, (form, encoded, cleaned)
+    assert "w0rd" not in cleaned
+
+
+@pytest.mark.parametrize("kept", [4, 10, len(SECRET) - 1])
+@pytest.mark.parametrize("encode", [str, lambda s: base64.b64encode(s.encode()).decode()])
+def test_a_secret_cut_at_the_end_of_a_truncated_output(kept: int, encode: object) -> None:
+    encoded = encode(SECRET)  # type: ignore[operator]
+    text = f"line one\nvalue: x{encoded}"[: len("line one\nvalue: x") + kept]
+    cleaned, count = Scrubber([SECRET]).scrub_cut(text)
+    assert cleaned == f"line one\nvalue: x{R}"
+    assert count == 1
+
+
+def test_a_cut_that_ends_in_no_secret_changes_nothing() -> None:
+    assert Scrubber([SECRET]).scrub_cut("ordinary text, cut her") == ("ordinary text, cut her", 0)
+    assert Scrubber([SECRET]).scrub_cut(f"ends in three: x{SECRET[:3]}")[1] == 0
