@@ -468,11 +468,9 @@ def _check(cfg: Config) -> None:
 def _check_policy(cfg: Config) -> None:
     """What the policy pipeline cannot check itself: numbers that NaN or infinity would make
     fail open (a NaN rate never runs out of tokens), and ids that could never match a call."""
-    for name, value in {
-        "limits.rate_per_s": cfg.limits.rate_per_s,
-        "approvals.timeout_s": cfg.approvals.timeout_s,
-    }.items():
-        check_seconds(name, value)
+    if not math.isfinite(cfg.limits.rate_per_s):  # any finite rate; 1e9 means "no limit"
+        raise ConfigError(f"limits.rate_per_s must be a finite number, got {cfg.limits.rate_per_s}")
+    check_seconds("approvals.timeout_s", cfg.approvals.timeout_s)
     if cfg.subagents.max_depth < 1:
         raise ConfigError(f"subagents.max_depth must be at least 1, got {cfg.subagents.max_depth}")
     tables: dict[str, Mapping[str, Any]] = {

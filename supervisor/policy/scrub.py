@@ -392,7 +392,9 @@ def _keyword_spans(text: str) -> Iterator[_Span]:
 
 
 _XML_CLOSE = re.compile(
-    "(?<!>)</(?:[A-Za-z0-9_.:-]*)"
+    # `</` first, its lookbehind after: a pattern that starts with a literal is searched for
+    # by it (a leading lookbehind made `re` try every position: 17 ms a MiB instead of 0.4)
+    "</(?<!></)(?:[A-Za-z0-9_.:-]*)"
     + _caseless_trie((*_KEYWORDS, *(word + _WORD_END for word in _SHORT_KEYWORDS)))
     + ">"
 )
@@ -515,7 +517,7 @@ def _original(where: array[int], removed: array[int], at: int, end: bool) -> int
     return at + (removed[before - 1] if before else 0)
 
 
-_PREFIX = 4
+_PREFIX = 16
 """Literal secrets are searched by their first characters, one pass per distinct prefix: the
 forms of a secret (padded, unpadded, cut to the characters made of it alone, URL-encoded)
 mostly share one."""

@@ -288,6 +288,12 @@ def test_hostile_policy_config_is_a_clear_error(toml: str, message: str) -> None
     assert message in str(info.value)
 
 
+def test_a_rate_too_high_to_matter_loads() -> None:
+    """1e9 calls a second is how benchmarks and tests say "no rate limit"."""
+    config: Config = _build(Config, tomllib.loads("[limits]\nrate_per_s = 1e9"), "")
+    assert config.limits.rate_per_s == 1e9
+
+
 def test_huge_lists_load() -> None:
     names = ", ".join(['"exec"', '"read"', '"group:fs"'] * 20_000)
     assert allowed(f"[tools]\nallow = [{names}]\ndeny = [{names}]") == set()
