@@ -14,6 +14,7 @@ must never kill the host's processes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -49,9 +50,13 @@ def crowded() -> bool:
     return False
 
 
-def sweep_if_crowded() -> int:
-    """sweep() when the pids limit is crowded; how many processes were killed."""
-    return sweep() if _enabled and crowded() else 0
+async def sweep_if_crowded() -> int:
+    """sweep(), in a thread, when the pids limit is crowded; how many processes were killed.
+    The check itself reads two small cgroup files and stays on the event loop: it runs after
+    every command, the sweep only when needed."""
+    if not (_enabled and crowded()):
+        return 0
+    return await asyncio.to_thread(sweep)
 
 
 def sweep() -> int:
