@@ -296,6 +296,8 @@ async def resolve_workdir(root: Path, workdir: str) -> Path:
 
 async def _within(future: asyncio.Future[None], seconds: float) -> bool:
     """Wait for `future` at most `seconds` without cancelling it; whether it is done."""
+    if future.done():  # most often after a command: no round trips through the loop
+        return True
     done, _ = await asyncio.wait({future}, timeout=seconds)
     return bool(done)
 
