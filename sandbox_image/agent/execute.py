@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from . import paths, strays
+from . import kernfiles, paths, strays
 from .argcheck import Args, expect_only, opt_number, opt_str, opt_str_map, req_str
 from .errors import ToolError
 
@@ -282,8 +282,8 @@ def _reason(exc: Exception) -> str:
 
 def _raise_oom_score(pid: int) -> None:
     """Best effort: make the command, not the agent, the OOM killer's choice."""
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/oom_score_adj", "w") as file:
-        file.write("1000")
+    with contextlib.suppress(OSError):
+        kernfiles.write(f"/proc/{pid}/oom_score_adj", "1000")
 
 
 async def resolve_workdir(root: Path, workdir: str) -> Path:
@@ -346,8 +346,7 @@ def _oom_kills() -> int | None:
     """How many processes the memory cgroup's OOM killer has killed (v2 or v1), if known."""
     for path in _OOM_COUNTERS:
         try:
-            with open(path) as file:
-                lines = file.read().splitlines()
+            lines = kernfiles.read(path).splitlines()
         except OSError:
             continue
         for line in lines:

@@ -20,6 +20,8 @@ import os
 import signal
 from typing import Final
 
+from . import kernfiles
+
 LIVE: Final[set[int]] = set()
 """Session ids (= leader pids) of the commands that run now: exec calls and background
 processes. Their members are never swept."""
@@ -41,8 +43,7 @@ def crowded() -> bool:
     """Whether more than half of the pids cgroup's limit is in use (False when unknown)."""
     for current_path, max_path in _PIDS_FILES:
         try:
-            with open(current_path) as current, open(max_path) as limit:
-                used, cap = current.read().strip(), limit.read().strip()
+            used, cap = kernfiles.read(current_path).strip(), kernfiles.read(max_path).strip()
         except OSError:
             continue
         if used.isdigit() and cap.isdigit():
