@@ -339,14 +339,17 @@ def _pgrp_if_alive(pid: str) -> int | None:
     return int(fields[2])
 
 
-_OOM_COUNTERS: Final = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+_OOM_COUNTERS: Final = (
+    kernfiles.Kept("/sys/fs/cgroup/memory.events"),
+    kernfiles.Kept("/sys/fs/cgroup/memory/memory.oom_control"),
+)
 
 
 def _oom_kills() -> int | None:
     """How many processes the memory cgroup's OOM killer has killed (v2 or v1), if known."""
-    for path in _OOM_COUNTERS:
+    for counter in _OOM_COUNTERS:
         try:
-            lines = kernfiles.read(path).splitlines()
+            lines = counter.read().splitlines()
         except OSError:
             continue
         for line in lines:

@@ -26,9 +26,9 @@ LIVE: Final[set[int]] = set()
 """Session ids (= leader pids) of the commands that run now: exec calls and background
 processes. Their members are never swept."""
 
-_PIDS_FILES: Final = (
-    ("/sys/fs/cgroup/pids/pids.current", "/sys/fs/cgroup/pids/pids.max"),
-    ("/sys/fs/cgroup/pids.current", "/sys/fs/cgroup/pids.max"),
+_PIDS_FILES: Final = tuple(
+    (kernfiles.Kept(f"{folder}/pids.current"), kernfiles.Kept(f"{folder}/pids.max"))
+    for folder in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup")
 )
 _ROUNDS: Final = 5
 _enabled = False
@@ -41,9 +41,9 @@ def enable() -> None:
 
 def crowded() -> bool:
     """Whether more than half of the pids cgroup's limit is in use (False when unknown)."""
-    for current_path, max_path in _PIDS_FILES:
+    for current, limit in _PIDS_FILES:
         try:
-            used, cap = kernfiles.read(current_path).strip(), kernfiles.read(max_path).strip()
+            used, cap = current.read().strip(), limit.read().strip()
         except OSError:
             continue
         if used.isdigit() and cap.isdigit():
