@@ -134,8 +134,17 @@ def _build_if_stale(
         log(f"{engine}: building {ref} (hash {digest[:12]})")
         _build(engine, context, ref, digest, log, no_cache=force)
     if current and current["Id"] != (_inspect(engine, ref) or {}).get("Id"):
-        _run([engine, "image", "rm", current["Id"]], engine)  # best effort: may be in use
+        _remove_if_untagged(engine, current["Id"])
     return ref
+
+
+def _remove_if_untagged(engine: Engine, image_id: str) -> None:
+    """Remove the image a reference named before its rebuild, unless another tag still names
+    it: a private tag (STOCKADE_IMAGE_REF) built from the same sources shares the shared
+    tag's image, and removing it by id took that tag with it. Best effort: it may be in use."""
+    old = _inspect(engine, image_id)
+    if old is not None and not old.get("RepoTags"):
+        _run([engine, "image", "rm", image_id], engine)
 
 
 def context_files() -> dict[str, Path]:

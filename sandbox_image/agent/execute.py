@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import resource
 import signal
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from . import paths, strays
+from . import kernfiles, paths, strays
 from .argcheck import Args, encoded, expect_only, opt_number, opt_str, opt_str_map, req_str
 from .errors import ToolError
 
@@ -96,8 +97,7 @@ async def exec_command(
     expect_only(args, ("command", "timeout", "workdir", "env", "stdin"))
     command, timeout, env = _command(args), _timeout(args), _env(args)
     stdin = _stdin(args)
-    workdir = opt_str(args, "workdir", ".")
-    cwd = await asyncio.to_thread(paths.resolve, root, workdir, kind="dir", arg="workdir")
+    cwd = await resolve_workdir(root, opt_str(args, "workdir", "."))
     started, oom_before = time.monotonic(), _oom_kills()
     transport, output = await _spawn(
         command, cwd, {**os.environ, **env}, max_output_bytes, sink, stdin
@@ -112,7 +112,7 @@ async def exec_command(
         await _within(output.exited, REAP_TIMEOUT)
         transport.close()
         strays.LIVE.discard(transport.get_pid())
-        await asyncio.to_thread(strays.sweep_if_crowded)
+        await strays.sweep_if_crowded()
     result = output.result(transport.get_returncode(), timed_out, time.monotonic() - started)
     result["oom_killed"] = oom_before is not None and (_oom_kills() or 0) > oom_before
     return result
@@ -285,12 +285,22 @@ def _reason(exc: Exception) -> str:
 
 def _raise_oom_score(pid: int) -> None:
     """Best effort: make the command, not the agent, the OOM killer's choice."""
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/oom_score_adj", "w") as file:
-        file.write("1000")
+    with contextlib.suppress(OSError):
+        kernfiles.write(f"/proc/{pid}/oom_score_adj", "1000")
+
+
+async def resolve_workdir(root: Path, workdir: str) -> Path:
+    """paths.resolve of a command's working folder. The default, the workspace root, takes
+    a few stat calls and is resolved here; any other path may have thousands of components
+    and is resolved in a thread, off the event loop."""
+    resolve = functools.partial(paths.resolve, root, workdir, kind="dir", arg="workdir")
+    return resolve() if workdir == "." else await asyncio.to_thread(resolve)
 
 
 async def _within(future: asyncio.Future[None], seconds: float) -> bool:
     """Wait for `future` at most `seconds` without cancelling it; whether it is done."""
+    if future.done():  # most often after a command: no round trips through the loop
+        return True
     done, _ = await asyncio.wait({future}, timeout=seconds)
     return bool(done)
 
@@ -332,15 +342,17 @@ def _pgrp_if_alive(pid: str) -> int | None:
     return int(fields[2])
 
 
-_OOM_COUNTERS: Final = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+_OOM_COUNTERS: Final = (
+    kernfiles.Kept("/sys/fs/cgroup/memory.events"),
+    kernfiles.Kept("/sys/fs/cgroup/memory/memory.oom_control"),
+)
 
 
 def _oom_kills() -> int | None:
     """How many processes the memory cgroup's OOM killer has killed (v2 or v1), if known."""
-    for path in _OOM_COUNTERS:
+    for counter in _OOM_COUNTERS:
         try:
-            with open(path) as file:
-                lines = file.read().splitlines()
+            lines = counter.read().splitlines()
         except OSError:
             continue
         for line in lines:

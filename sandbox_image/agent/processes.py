@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, cast
 
-from . import paths, strays
+from . import strays
 from .argcheck import Args, encoded, expect_only, opt_bool, opt_int, opt_str, req_int, req_str
 from .errors import ToolError
 from .execute import (
@@ -50,6 +50,7 @@ from .execute import (
     _raise_oom_score,
     _signal_name,
     _within,
+    resolve_workdir,
     start_or_sweep,
     unignore_signals,
     with_file_size_errors,
@@ -344,7 +345,7 @@ class ProcessTable:
         window = _window(args) if opt_bool(args, "pty", False) else None
         if window is None and ("cols" in args or "rows" in args):
             raise ToolError("INVALID_ARGS", "'cols' and 'rows' need 'pty': true")
-        cwd = await asyncio.to_thread(paths.resolve, self._root, workdir, kind="dir", arg="workdir")
+        cwd = await resolve_workdir(self._root, workdir)
         async with self._start_lock:
             name = self._new_name(args)
             self._check_room()
@@ -574,7 +575,7 @@ class ProcessTable:
             proc.changed()
         self._ended.append(proc)
         self._prune()
-        await asyncio.to_thread(strays.sweep_if_crowded)
+        await strays.sweep_if_crowded()
 
     def _prune(self) -> None:
         """Forget the oldest exited entries beyond `max_exited`."""

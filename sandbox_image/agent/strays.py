@@ -14,18 +14,21 @@ must never kill the host's processes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
 from typing import Final
 
+from . import kernfiles
+
 LIVE: Final[set[int]] = set()
 """Session ids (= leader pids) of the commands that run now: exec calls and background
 processes. Their members are never swept."""
 
-_PIDS_FILES: Final = (
-    ("/sys/fs/cgroup/pids/pids.current", "/sys/fs/cgroup/pids/pids.max"),
-    ("/sys/fs/cgroup/pids.current", "/sys/fs/cgroup/pids.max"),
+_PIDS_FILES: Final = tuple(
+    (kernfiles.Kept(f"{folder}/pids.current"), kernfiles.Kept(f"{folder}/pids.max"))
+    for folder in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup")
 )
 _ROUNDS: Final = 5
 _enabled = False
@@ -38,10 +41,9 @@ def enable() -> None:
 
 def crowded() -> bool:
     """Whether more than half of the pids cgroup's limit is in use (False when unknown)."""
-    for current_path, max_path in _PIDS_FILES:
+    for current, limit in _PIDS_FILES:
         try:
-            with open(current_path) as current, open(max_path) as limit:
-                used, cap = current.read().strip(), limit.read().strip()
+            used, cap = current.read().strip(), limit.read().strip()
         except OSError:
             continue
         if used.isdigit() and cap.isdigit():
@@ -49,9 +51,13 @@ def crowded() -> bool:
     return False
 
 
-def sweep_if_crowded() -> int:
-    """sweep() when the pids limit is crowded; how many processes were killed."""
-    return sweep() if _enabled and crowded() else 0
+async def sweep_if_crowded() -> int:
+    """sweep(), in a thread, when the pids limit is crowded; how many processes were killed.
+    The check itself reads two small cgroup files and stays on the event loop: it runs after
+    every command, the sweep only when needed."""
+    if not (_enabled and crowded()):
+        return 0
+    return await asyncio.to_thread(sweep)
 
 
 def sweep() -> int:
