@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import heapq
+import itertools
 import json
 import os
 import secrets
@@ -312,14 +313,18 @@ def _glob(root: Path, args: Args) -> dict[str, Any]:
     user_path = opt_str(args, "path", ".")
     base = paths.resolve(root, user_path, kind="dir")
     root_real = Path(os.path.realpath(root))
-    found: list[str] = []
+    found: set[str] = set()
+    # a last `**` means everything below, as in bash's globstar and glob.glob (pathlib before
+    # Python 3.13 gives only the folders)
+    wanted = [pattern, f"{pattern}/*"] if PurePosixPath(pattern).name == "**" else [pattern]
     try:
-        for match in base.glob(pattern):
+        for match in itertools.chain.from_iterable(base.glob(p) for p in wanted):
             if not paths.is_real_inside(root_real, match):
                 continue
-            if len(found) == MAX_GLOB_MATCHES:
+            shown = paths.display(root, match)
+            if shown not in found and len(found) == MAX_GLOB_MATCHES:
                 return {"matches": sorted(found), "truncated": True}
-            found.append(paths.display(root, match))
+            found.add(shown)
     except OSError as exc:
         raise from_os_error(exc, user_path) from None
     except ValueError as exc:  # pathlib's "Invalid pattern: '**' can only be ..."

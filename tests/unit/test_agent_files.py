@@ -447,6 +447,16 @@ async def test_glob_double_star(ws: Path) -> None:
     assert result == {"matches": ["sub/b.py", "sub/deep/c.py", "top.py"], "truncated": False}
 
 
+async def test_glob_ending_in_double_star_lists_files_too(ws: Path) -> None:
+    """As bash's globstar and glob.glob: `sub/**` is sub, and everything below it."""
+    (ws / "sub" / "deep").mkdir()
+    (ws / "sub" / "deep" / "c.py").write_text("")
+    result = await files.glob(ws, {"pattern": "sub/**"})
+    assert result["matches"] == ["sub", "sub/b.py", "sub/deep", "sub/deep/c.py"]
+    everything = await files.glob(ws, {"pattern": "**"})
+    assert {"a.txt", "sub/b.py", "sub/deep/c.py"} <= set(everything["matches"])
+
+
 async def test_glob_under_path_reports_paths_from_root(ws: Path) -> None:
     result = await files.glob(ws, {"pattern": "*.py", "path": "sub"})
     assert result["matches"] == ["sub/b.py"]
