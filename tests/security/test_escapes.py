@@ -19,7 +19,10 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def run(box: Sandbox, command: str) -> ToolResult:
-    result = box.exec(command, timeout=60)
+    """The attempt, from a script the guard never reads: these tests prove that the container
+    refuses it (the guard would stop `echo b > /proc/sysrq-trigger` first)."""
+    box.write_file(".attempt.sh", command + "\n")
+    result = box.exec("sh .attempt.sh", timeout=60)
     assert result.exit_code is not None, f"{command!r}: {result.error_code} {result.for_llm}"
     return result
 
