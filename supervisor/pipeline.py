@@ -38,7 +38,7 @@ from stockade.supervisor.policy.scrub import Scrubber
 from stockade.supervisor.policy.tools import PolicyEngine
 from stockade.supervisor.render import cap_text, render, wire_json
 from stockade.supervisor.sandboxes import SandboxManager
-from stockade.supervisor.schemas import ArgumentError, validate_arguments
+from stockade.supervisor.schemas import ArgumentError, json_type_phrase, validate_arguments
 from stockade.supervisor.streaming import relay
 from stockade.supervisor.telemetry import Observer, Stages
 
@@ -503,21 +503,9 @@ def parse_arguments(arguments_json: str) -> dict[str, Any]:
     except RecursionError:
         raise ValueError(too_deep) from None
     if not isinstance(args, dict):
-        raise ValueError(f"arguments_json must be a JSON object, got {_json_type(args)}")
+        raise ValueError(f"arguments_json must be a JSON object, got {json_type_phrase(args)}")
     _check_shape(args)
     return args
-
-
-_JSON_TYPES = ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"))
-
-
-def _json_type(value: object) -> str:
-    """What the caller wrote, in JSON's words (a model reads them)."""
-    if value is None:
-        return "null"
-    if isinstance(value, list):
-        return "an array"
-    return next((name for kind, name in _JSON_TYPES if isinstance(value, kind)), "a value")
 
 
 def _check_shape(value: object) -> None:

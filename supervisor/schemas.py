@@ -704,6 +704,12 @@ def _types(types: Any) -> str:
     return " or ".join(_ARTICLE.get(t, str(t)) for t in _unique(_listed(types)))
 
 
+def json_type_phrase(value: Any) -> str:
+    """What a decoded JSON value is, in JSON's words with an article ("an array", "null")."""
+    kind = _json_type(value)
+    return _ARTICLE.get(kind, f"a {kind}")
+
+
 def _json_type(value: Any) -> str:
     if value is None:
         return "null"

@@ -169,7 +169,7 @@ def test_parse_arguments_up_to_the_limits() -> None:
     [
         ("{", "not valid JSON"),
         ("[1]", "must be a JSON object, got an array"),
-        ("3", "got a number"),
+        ("3", "got an integer"),
         ("null", "got null"),
         ('"x"', "got a string"),
         ("true", "got a boolean"),
