@@ -1,7 +1,10 @@
 """The audit log: one record per call and decision, in the embedded SQLite database.
 
 Writes go through a queue to one writer thread, so a call never waits on the disk; a query
-first waits until everything queued before it is written."""
+first waits until everything queued before it is written. The writer gathers what arrives in
+BATCH_WINDOW_S after a first record and writes it as one transaction: one wake-up of that
+thread per window instead of one per call, since each takes the interpreter lock from the
+event loop's thread while calls are being served."""
 
 from __future__ import annotations
 
@@ -20,6 +23,10 @@ from stockade.supervisor.render import wire_text
 
 log = logging.getLogger("stockade.audit")
 MAX_LIMIT = 10_000
+BATCH_WINDOW_S = 0.05
+"""How long the writer waits after a record for more before writing (a flush, a query or
+close cuts it short). Records of that window are lost if the supervisor is killed."""
+MAX_BATCH = 1000
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,11 @@ class AuditLog:
         self._path = path
         store.connect(path).close()
         self._queue: queue.SimpleQueue[AuditRecord | _Flush | None] = queue.SimpleQueue()
+        self._urgent = threading.Event()
+        """Set by flush() and close(): write what is queued now, without waiting."""
+        self._markers = 0
+        """Flush and stop markers queued and not yet taken: while any is, nothing waits."""
+        self._markers_lock = threading.Lock()
         self._writer = threading.Thread(target=self._write_loop, name="audit-writer", daemon=True)
         self._writer.start()
 
@@ -103,16 +115,33 @@ class AuditLog:
                 return
 
     def _drain(self) -> tuple[list[AuditRecord], list[_Flush], bool]:
+        """The next batch: blocks for a first item; after a record, gathers more for up to
+        BATCH_WINDOW_S (less when flush() or close() asks)."""
         items = [self._queue.get()]
-        while not self._queue.empty() and len(items) < 1000:
+        if isinstance(items[0], AuditRecord) and self._queue.qsize() < MAX_BATCH:
+            with self._markers_lock:
+                urgent = self._markers > 0
+            if not urgent:
+                self._urgent.wait(BATCH_WINDOW_S)
+        self._urgent.clear()
+        while not self._queue.empty() and len(items) < MAX_BATCH:
             items.append(self._queue.get())
         records = [i for i in items if isinstance(i, AuditRecord)]
         flushes = [i for i in items if isinstance(i, _Flush)]
-        return records, flushes, None in items
+        stop = None in items
+        with self._markers_lock:
+            self._markers -= len(flushes) + stop
+        return records, flushes, stop
+
+    def _put_marker(self, marker: _Flush | None) -> None:
+        with self._markers_lock:
+            self._markers += 1
+        self._queue.put(marker)
+        self._urgent.set()
 
     def flush(self, timeout: float = 30.0) -> None:
         marker = _Flush()
-        self._queue.put(marker)
+        self._put_marker(marker)
         marker.done.wait(timeout)
 
     async def query(self, q: AuditQuery) -> list[AuditRecord]:
@@ -140,7 +169,7 @@ class AuditLog:
         return [_from_row(row) for row in rows]
 
     def close(self) -> None:
-        self._queue.put(None)
+        self._put_marker(None)
         self._writer.join(30)
 
 

@@ -23,13 +23,12 @@ import resource
 import signal
 import threading
 import time
-from asyncio.subprocess import DEVNULL, PIPE
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from . import kernfiles, paths, strays
+from . import kernfiles, paths, spawn, strays
 from .argcheck import Args, encoded, expect_only, opt_number, opt_str, opt_str_map, req_str
 from .errors import ToolError
 
@@ -49,16 +48,15 @@ class StreamSink:
     def __init__(self, high: int = 64) -> None:
         self.queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
         self._high = high
-        self._pipes: list[asyncio.ReadTransport] = []
+        self._pipes: list[spawn.PipeReader] = []
         self._paused = False
         self._early: list[tuple[int, bytes]] | None = []
         """Output read before attach(): the pipes can deliver data before the process's
         transport is handed back, and the pid must come first."""
 
-    def attach(self, transport: asyncio.SubprocessTransport) -> None:
-        pipes = (transport.get_pipe_transport(fd) for fd in (1, 2))
-        self._pipes = [p for p in pipes if isinstance(p, asyncio.ReadTransport)]
-        self.queue.put_nowait((0, str(transport.get_pid()).encode()))
+    def attach(self, child: spawn.Child) -> None:
+        self._pipes = child.pipes
+        self.queue.put_nowait((0, str(child.pid).encode()))
         early, self._early = self._early or [], None
         for fd, data in early:
             self.put(fd, data)
@@ -99,21 +97,20 @@ async def exec_command(
     stdin = _stdin(args)
     cwd = await resolve_workdir(root, opt_str(args, "workdir", "."))
     started, oom_before = time.monotonic(), _oom_kills()
-    transport, output = await _spawn(
-        command, cwd, {**os.environ, **env}, max_output_bytes, sink, stdin
-    )
-    strays.LIVE.add(transport.get_pid())
+    output = _Output(max_output_bytes, sink)
+    child = await _spawn(command, cwd, {**os.environ, **env}, output, stdin)
+    strays.LIVE.add(child.pid)
     try:
         timed_out = not await _within(output.exited, timeout)
         if not timed_out:
             await _within(output.eof, EOF_GRACE)
     finally:
-        await _kill_group(transport.get_pid())
+        await _kill_group(child.pid)
         await _within(output.exited, REAP_TIMEOUT)
-        transport.close()
-        strays.LIVE.discard(transport.get_pid())
+        child.close()
+        strays.LIVE.discard(child.pid)
         await strays.sweep_if_crowded()
-    result = output.result(transport.get_returncode(), timed_out, time.monotonic() - started)
+    result = output.result(child.returncode, timed_out, time.monotonic() - started)
     result["oom_killed"] = oom_before is not None and (_oom_kills() or 0) > oom_before
     return result
 
@@ -136,7 +133,7 @@ class _Capture:
         return self.data.decode("utf-8", errors="replace")
 
 
-class _Output(asyncio.SubprocessProtocol):
+class _Output:
     """Collects both pipes and signals exit and end-of-output."""
 
     def __init__(self, limit: int, sink: StreamSink | None = None) -> None:
@@ -147,13 +144,12 @@ class _Output(asyncio.SubprocessProtocol):
         self.eof: asyncio.Future[None] = loop.create_future()
         self._open = {1, 2}
 
-    def pipe_data_received(self, fd: int, data: bytes | bytearray) -> None:
-        chunk = bytes(data)
+    def data(self, fd: int, chunk: bytes) -> None:
         self.streams[fd].add(chunk)
         if self.sink is not None:
             self.sink.put(fd, chunk)
 
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+    def closed(self, fd: int) -> None:
         self._open.discard(fd)
         if not self._open and not self.eof.done():
             self.eof.set_result(None)
@@ -224,34 +220,21 @@ def _env(args: Args) -> dict[str, str]:
 
 
 async def _spawn(
-    command: str,
-    cwd: Path,
-    env: dict[str, str],
-    limit: int,
-    sink: StreamSink | None = None,
-    stdin: bytes | None = None,
-) -> tuple[asyncio.SubprocessTransport, _Output]:
-    loop = asyncio.get_running_loop()
+    command: str, cwd: Path, env: dict[str, str], output: _Output, stdin: bytes | None
+) -> spawn.Child:
+    argv = spawn.shell_argv(command, cwd)
 
-    async def start() -> tuple[asyncio.SubprocessTransport, _Output]:
-        return await loop.subprocess_exec(
-            lambda: _Output(limit, sink),
-            *with_file_size_errors("/bin/sh", "-c", command),
-            stdin=DEVNULL if stdin is None else PIPE,
-            stdout=PIPE,
-            stderr=PIPE,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-        )
+    async def start() -> spawn.Child:
+        return spawn.spawn(
+            argv, env, on_data=output.data, on_eof=output.closed, on_exit=output.process_exited,
+            stdin=stdin,
+        )  # fmt: skip
 
-    transport, output = await start_or_sweep(start)
-    _raise_oom_score(transport.get_pid())
-    if sink is not None:
-        sink.attach(transport)
-    if stdin is not None:
-        _feed(transport, stdin)
-    return transport, output
+    child = await start_or_sweep(start)
+    _raise_oom_score(child.pid)
+    if output.sink is not None:
+        output.sink.attach(child)
+    return child
 
 
 async def start_or_sweep(start: Callable[[], Awaitable[_T]]) -> _T:
@@ -266,15 +249,6 @@ async def start_or_sweep(start: Callable[[], Awaitable[_T]]) -> _T:
                     "EXECUTION_FAILED", f"could not start the command: {_reason(exc)}"
                 ) from None
     raise AssertionError("unreachable")
-
-
-def _feed(transport: asyncio.SubprocessTransport, data: bytes) -> None:
-    """Write all of stdin (the transport buffers it) and close it: one-shot input."""
-    pipe = transport.get_pipe_transport(0)
-    if isinstance(pipe, asyncio.WriteTransport):
-        with contextlib.suppress(OSError, RuntimeError):
-            pipe.write(data)
-            pipe.write_eof()
 
 
 def _reason(exc: Exception) -> str:

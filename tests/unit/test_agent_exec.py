@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from stockade.agent import execute, tools
+from stockade.agent import execute, spawn, tools
 from stockade.agent.errors import ToolError
 
 MiB = 1024 * 1024
@@ -359,21 +359,13 @@ async def test_without_a_file_size_cap_commands_run_directly(ws: Path) -> None:
     assert execute.with_file_size_errors("/bin/sh", "-c", "x") == ("/bin/sh", "-c", "x")
 
 
-class _Transport:
-    def get_pid(self) -> int:
-        return 4242
-
-    def get_pipe_transport(self, fd: int) -> None:
-        return None
-
-
 async def test_stream_sink_hands_the_pid_before_output_read_early() -> None:
     """Pipes can deliver output before the process's transport is handed back to attach();
     the pid still comes first, then the early chunks in order."""
     sink = execute.StreamSink()
     sink.put(1, b"early out")
     sink.put(2, b"early err")
-    sink.attach(_Transport())  # type: ignore[arg-type]
+    sink.attach(spawn.Child(4242, on_exit=lambda: None))
     sink.put(1, b"late")
     got = [await sink.get() for _ in range(4)]
     assert got == [(0, b"4242"), (1, b"early out"), (2, b"early err"), (1, b"late")]
@@ -387,3 +379,88 @@ async def test_streamed_exec_always_starts_with_the_pid(ws: Path) -> None:
         await task
         assert first[0] == 0, first
         assert int(first[1]) > 0, first
+
+
+# Both ways a command starts (spawn.shell_argv): directly when it runs in the agent's own
+# folder (the workspace root in a sandbox), through `env --chdir` elsewhere.
+@pytest.fixture(params=["direct", "env-chdir"])
+def start_route(request: pytest.FixtureRequest, ws: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.chdir(ws if request.param == "direct" else ws / "sub")
+    assert (spawn.shell_argv("x", ws)[0] == "/bin/sh") == (request.param == "direct")
+    return str(request.param)
+
+
+async def test_each_route_runs_in_the_workdir_asked_for(ws: Path, start_route: str) -> None:
+    assert (await run(ws, command="pwd"))["stdout"] == f"{ws}\n"
+    assert (await run(ws, command="pwd", workdir="sub"))["stdout"] == f"{ws / 'sub'}\n"
+
+
+async def test_each_route_gives_the_command_only_stdin_stdout_and_stderr(
+    ws: Path, start_route: str
+) -> None:
+    """No descriptor of the agent's reaches a command, not even one its own parent left
+    without close-on-exec (planted here): /proc/self/fd of `ls` holds 0, 1, 2 and the folder
+    ls itself reads."""
+    planted = os.open(ws / "a.txt", os.O_RDONLY)
+    os.set_inheritable(planted, True)
+    try:
+        result = await run(ws, command="ls /proc/self/fd")
+    finally:
+        os.close(planted)
+    assert result["stdout"].split() == ["0", "1", "2", "3"]
+
+
+async def test_each_route_gives_sigpipe_its_default_action(ws: Path, start_route: str) -> None:
+    """The agent (Python) ignores SIGPIPE; a command must not: `yes | head` ends quietly."""
+    result = await run(ws, command="yes | head -c 3; grep SigIgn /proc/self/status")
+    assert result["stdout"].startswith("y\ny")
+    assert result["stderr"] == ""
+    ignored = int(result["stdout"].split()[-1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1))
+    assert not ignored & (1 << (signal.SIGXFSZ - 1))
+
+
+async def test_each_route_keeps_sigxfsz_ignored_under_a_file_size_cap(
+    ws: Path, start_route: str, file_size_cap: int
+) -> None:
+    result = await run(ws, command="head -c 200000 /dev/zero > big; echo status $?")
+    assert (result["signal"], result["stdout"]) == (None, "status 1\n")
+    assert "File too large" in result["stderr"]
+
+
+async def test_each_route_feeds_stdin_and_reports_a_signal(ws: Path, start_route: str) -> None:
+    assert (await run(ws, command="cat", stdin="in\n"))["stdout"] == "in\n"
+    killed = await run(ws, command="kill -TERM $$")
+    assert (killed["signal"], killed["exit_code"]) == ("SIGTERM", 128 + 15)
+
+
+async def test_a_command_that_cannot_start_is_execution_failed(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(spawn, "ENV", "/nonexistent/env")
+    message = await fails("EXECUTION_FAILED", ws, command="true", workdir="sub")
+    assert message == "could not start the command: No such file or directory: '/nonexistent/env'"
+
+
+async def test_stdin_larger_than_a_pipe_is_delivered_whole(ws: Path) -> None:
+    data = "".join(f"line {i}\n" for i in range(400_000))  # ~5 MB, far past a pipe's 64 KiB
+    result = await run(ws, command="wc -c; cat >/dev/null", stdin=data)
+    assert result["stdout"] == f"{len(data)}\n"
+
+
+async def test_a_command_that_reads_no_stdin_ends_normally(ws: Path) -> None:
+    """The writer meets EPIPE when the command exits unread: no error, no stuck call."""
+    result = await run(ws, command="head -c 3", stdin="x" * (4 * MiB))
+    assert (result["exit_code"], result["stdout"], result["timed_out"]) == (0, "xxx", False)
+    result = await run(ws, command="exit 7", stdin="x" * (4 * MiB))
+    assert result["exit_code"] == 7
+
+
+async def test_cancelling_a_call_kills_its_command(ws: Path) -> None:
+    task = asyncio.ensure_future(run(ws, command="echo $$ > pid; exec sleep 30", stdin="x"))
+    while not (ws / "pid").exists() or not (ws / "pid").read_text().strip():
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await gone(int((ws / "pid").read_text()))

@@ -392,3 +392,24 @@ async def test_audit_keeps_short_what_callers_make_up(tmp_path: Path) -> None:
     for name in ("tool", "agent_id", "provider", "request_id", "caller"):
         assert len(getattr(stored, name)) <= 1024, name
     log.close()
+
+
+@pytest.mark.timeout(20)
+async def test_audit_batches_yet_a_query_or_close_never_waits_for_the_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records are gathered for a window before they are written; a query (which flushes)
+    and close() cut the window short: with an hour-long window both still see every record
+    (else this test hangs until its timeout)."""
+    monkeypatch.setattr("stockade.supervisor.audit.BATCH_WINDOW_S", 3600.0)
+    log = AuditLog(tmp_path / "db")
+    log.record(record(sandbox_key="a", tool="exec"))
+    await asyncio.sleep(0.05)  # the writer now waits in its window
+    log.record(record(sandbox_key="a", tool="glob"))
+    assert [r.tool for r in await log.query(AuditQuery())] == ["glob", "exec"]
+    for i in range(2500):  # more than a batch: written in several transactions
+        log.record(record(sandbox_key=f"k{i}", tool="read_file"))
+    log.close()
+    reopened = AuditLog(tmp_path / "db")
+    assert len(await reopened.query(AuditQuery(limit=10_000))) == 2502
+    reopened.close()
