@@ -21,7 +21,6 @@ must never kill the host's processes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 from dataclasses import dataclass
