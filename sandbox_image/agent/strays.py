@@ -21,6 +21,7 @@ must never kill the host's processes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from dataclasses import dataclass
