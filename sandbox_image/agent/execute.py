@@ -1,8 +1,8 @@
 """The exec tool: run a shell command in its own process group, with a timeout.
 
 Life of one command:
-1. `/bin/sh -c COMMAND` starts as the leader of a new process group (spawn.py),
-   stdin from /dev/null, its OOM score raised so an OOM kills it first;
+1. `/bin/sh -c COMMAND` starts in a new session (so its process group is its
+   own), stdin from /dev/null, its OOM score raised so an OOM kills it first;
 2. stdout and stderr are read as they come; each keeps at most
    `max_output_bytes`, the rest is counted and dropped;
 3. when the shell exits, the pipes get at most EOF_GRACE more to reach EOF

@@ -9,10 +9,6 @@ every child the default action back). posix_spawn takes the signals to reset as 
 so SIGXFSZ stays ignored while SIGPIPE and the rest get their default; the pipes are read with
 plain add_reader callbacks.
 
-A command leads a process group of its own, not a session: inside a container setsid() took
-~0.5 ms of every call on our machines (setpgid nothing measurable), and the group is what the
-agent kills when the call ends; strays.py knows both kinds of leaders.
-
 posix_spawn has no working-folder argument (Python 3.11 does not expose glibc's addchdir), and
 the agent must never chdir while other tasks and threads run: a command that runs in the
 agent's own folder (the workspace root, the default) starts directly, any other through
@@ -169,7 +165,7 @@ def spawn(
     on_exit: Callable[[], None],
     stdin: bytes | None = None,
 ) -> Child:
-    """Start `argv` as the leader of a new process group, stdin from /dev/null (or the pipe `stdin`
+    """Start `argv` as the leader of a new session, stdin from /dev/null (or the pipe `stdin`
     is written to, then closed), stdout and stderr on pipes. OSError when it cannot start
     (EAGAIN when the pids limit is reached, EMFILE, ENOENT). Nothing here waits: a caller
     cancelled right after gets the Child (and must end it), never a command left untracked."""
@@ -190,7 +186,7 @@ def spawn(
             actions.append((os.POSIX_SPAWN_DUP2, in_r, 0))
         pid = os.posix_spawn(
             argv[0], list(argv), env,
-            file_actions=actions, setpgroup=0, setsigdef=reset_signals(),
+            file_actions=actions, setsid=True, setsigdef=reset_signals(),
         )  # fmt: skip
     except BaseException:
         for fd in opened:

@@ -290,73 +290,18 @@ def test_fork_bomb_is_contained(client: Stockade, key: str, neighbour: Neighbour
 PIDS = "cat /sys/fs/cgroup/pids/pids.{0} 2>/dev/null || cat /sys/fs/cgroup/pids.{0}"
 
 
-OWN_GROUP = "perl -e 'setpgrp(0, 0) or die; exec qw(sleep 300)' &"
-"""A process group of its own in the agent's session (what job control makes)."""
-AGENTS_GROUP = (
-    'perl -e \'open F, "/proc/$ARGV[0]/stat"; @f = split / /, <F>; setpgrp(0, $f[4]) or die;'
-    " exec qw(sleep 300)' $AGENT &"
-)
-"""Joins the agent's own process group: exec commands share the agent's session, so they can."""
-STARTS = {
-    "plain": "sleep 300 &",
-    "setsid": "setsid sleep 300 &",
-    "own-group": OWN_GROUP,
-    "agents-group": AGENTS_GROUP,
-}
-FIND_AGENT = """\
-AGENT=$$
-while [ "$(cat /proc/$AGENT/comm)" != python3 ]; do AGENT=$(cut -d' ' -f4 /proc/$AGENT/stat); done
-"""
-
-
-@pytest.mark.parametrize("start", STARTS.values(), ids=STARTS.keys())
+@pytest.mark.parametrize("start", ["sleep 300 &", "setsid sleep 300 &"])
 def test_a_thousand_background_processes_meet_the_pids_limit(
     client: Stockade, key: str, neighbour: Neighbour, start: str
 ) -> None:
-    """Plain ones die with their call's process group; ones that left it (setsid, a group of
-    their own, the agent's group) are swept because they crowd the pids limit: either way the
-    sandbox can fork again. Run from a script: the guard need not see them. (dash exits at
-    the first fork that fails: the script may end there.)"""
+    """Plain ones die with their call's process group; ones that left it (setsid) are swept
+    because they crowd the pids limit: either way the sandbox can fork again."""
     box = client.sandbox(key)
     limit = int(run(box, PIDS.format("max")).stdout)
-    box.write_file("flood.sh", f"{FIND_AGENT}for i in $(seq 1000); do {start} done 2>/dev/null\n")
-    flood = run(box, f"sh flood.sh; {PIDS.format('current')}")
+    flood = run(box, f"for i in $(seq 1000); do {start} done 2>/dev/null; {PIDS.format('current')}")
     assert flood.exit_code != 0 or int(flood.stdout) <= limit, "cannot fork past the limit"
     assert int(run(box, PIDS.format("current")).stdout) < limit // 2
     assert run(box, "sh -c 'sh -c \"echo forked\"' | cat").stdout == "forked\n"
-    assert_next_call_works(client, key)
-
-
-CROWD = """\
-GROUP=$(cut -d' ' -f5 /proc/$AGENT/stat)
-i=0; while [ $i -lt {count} ]; do {start} i=$((i+1)); done
-sleep 1
-total=0; in_group=0
-for f in /proc/[0-9]*/stat; do
-  read -r line < $f || continue
-  set -- $line
-  [ "$2" = "(sleep)" ] || continue
-  total=$((total+1)); [ "$5" = "$GROUP" ] && in_group=$((in_group+1))
-done 2>/dev/null
-echo $total $in_group
-"""
-
-
-@pytest.mark.parametrize("start", STARTS.values(), ids=STARTS.keys())
-def test_strays_that_crowd_the_pids_limit_are_swept_after_the_call(
-    client: Stockade, key: str, start: str
-) -> None:
-    """Three quarters of the pids limit in sleepers, each started as `start`, all running when
-    the call ends (counted from /proc, and whether they sit in the agent's process group):
-    after the call none is left, killed with the call's group or swept as strays."""
-    box = client.sandbox(key)
-    limit = int(run(box, PIDS.format("max")).stdout)
-    count = limit * 3 // 4
-    box.write_file("crowd.sh", FIND_AGENT + CROWD.format(count=count, start=start))
-    total, in_group = map(int, run(box, "sh crowd.sh").stdout.split())
-    assert total == count, "every sleeper ran as the call ended"
-    assert in_group == (count if start == AGENTS_GROUP else 0)
-    assert int(run(box, PIDS.format("current")).stdout) < limit // 4
     assert_next_call_works(client, key)
 
 
