@@ -193,7 +193,9 @@ def error_from_rpc(exc: grpc.RpcError) -> StockadeError:
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
     trailers = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
-    reason = dict(trailers or ()).get("stockade-error-reason", "")
+    # (key, value) pairs: a tuple from sync stubs, grpc.aio.Metadata from asyncio ones (which
+    # dict() cannot take in every grpcio release: its keys() gave the pairs before 1.80)
+    reason = next((v for k, v in (trailers or ()) if k == "stockade-error-reason"), "")
     cls = _BY_STATUS.get(code, StockadeError)
     return cls(f"{code.name}: {details}", code=code.name, reason=str(reason))
 

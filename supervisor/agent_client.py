@@ -249,13 +249,14 @@ class AgentConnection:
     @contextlib.contextmanager
     def _failures(self) -> Iterator[None]:
         """A failed RPC as AgentCallFailed; a call cut short by close() (its sandbox destroyed
-        or replaced meanwhile) as SandboxLost. grpc.aio cancels such calls by raising
-        CancelledError in the task awaiting them, which a server handler would pass on as its
-        own cancellation: its caller would then wait for a status that never comes."""
+        or replaced meanwhile) as SandboxLost, whatever status grpc gave it (CANCELLED, or for
+        a stream on some grpcio releases UNAVAILABLE). grpc.aio may also cancel such calls by
+        raising CancelledError in the task awaiting them, which a server handler would pass on
+        as its own cancellation: its caller would then wait for a status that never comes."""
         try:
             yield
         except grpc.aio.AioRpcError as exc:
-            if self._closed and exc.code() == grpc.StatusCode.CANCELLED:
+            if self._closed:
                 raise SandboxLost(_CLOSED) from exc
             raise AgentCallFailed(exc.code(), exc.details() or "") from exc
         except asyncio.CancelledError:

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from stockade.supervisor import wire
 from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.errors import InvalidRequest, Unauthenticated
 
@@ -66,16 +67,18 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 class _Malformed:
     """A request message that did not parse; its handler is not called."""
 
-    def __init__(self, error: DecodeError) -> None:
-        self.message = f"malformed request: {error}"
+    def __init__(self, why: str) -> None:
+        self.message = f"malformed request: {why}"
 
 
 def _tolerant(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    descriptor = getattr(getattr(deserializer, "__self__", None), "DESCRIPTOR", None)
+
     def deserialize(data: bytes) -> Any:
         try:
             return deserializer(data)
         except DecodeError as exc:
-            return _Malformed(exc)
+            return _Malformed(wire.problem(descriptor, data) if descriptor else str(exc))
 
     return deserialize
 

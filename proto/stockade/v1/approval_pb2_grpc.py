@@ -6,7 +6,7 @@ import warnings
 
 from stockade.v1 import approval_pb2 as stockade_dot_v1_dot_approval__pb2
 
-GRPC_GENERATED_VERSION = '1.78.2'
+GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -26,7 +26,7 @@ if _version_not_supported:
     )
 
 
-class ApprovalServiceStub(object):
+class ApprovalServiceStub:
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -52,7 +52,7 @@ class ApprovalServiceStub(object):
                 _registered_method=True)
 
 
-class ApprovalServiceServicer(object):
+class ApprovalServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def WatchApprovals(self, request, context):
@@ -100,7 +100,7 @@ def add_ApprovalServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class ApprovalService(object):
+class ApprovalService:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

@@ -52,7 +52,7 @@ class AuditRecord(_message.Message):
     error_code: str
     is_error: bool
     tenant: str
-    def __init__(self, id: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., request_id: _Optional[str] = ..., caller: _Optional[str] = ..., sandbox_key: _Optional[str] = ..., agent_id: _Optional[str] = ..., provider: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., policy_step: _Optional[str] = ..., guard_rule: _Optional[str] = ..., approval: _Optional[str] = ..., approver: _Optional[str] = ..., duration_ms: _Optional[int] = ..., exit_code: _Optional[int] = ..., output_bytes: _Optional[int] = ..., redactions: _Optional[int] = ..., error_code: _Optional[str] = ..., is_error: bool = ..., tenant: _Optional[str] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., request_id: _Optional[str] = ..., caller: _Optional[str] = ..., sandbox_key: _Optional[str] = ..., agent_id: _Optional[str] = ..., provider: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., policy_step: _Optional[str] = ..., guard_rule: _Optional[str] = ..., approval: _Optional[str] = ..., approver: _Optional[str] = ..., duration_ms: _Optional[int] = ..., exit_code: _Optional[int] = ..., output_bytes: _Optional[int] = ..., redactions: _Optional[int] = ..., error_code: _Optional[str] = ..., is_error: _Optional[bool] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class ListAuditRequest(_message.Message):
     __slots__ = ("sandbox_key", "tool", "agent_id", "since", "limit", "errors_only")
@@ -68,7 +68,7 @@ class ListAuditRequest(_message.Message):
     since: _timestamp_pb2.Timestamp
     limit: int
     errors_only: bool
-    def __init__(self, sandbox_key: _Optional[str] = ..., tool: _Optional[str] = ..., agent_id: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., limit: _Optional[int] = ..., errors_only: bool = ...) -> None: ...
+    def __init__(self, sandbox_key: _Optional[str] = ..., tool: _Optional[str] = ..., agent_id: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., limit: _Optional[int] = ..., errors_only: _Optional[bool] = ...) -> None: ...
 
 class ListAuditResponse(_message.Message):
     __slots__ = ("records",)

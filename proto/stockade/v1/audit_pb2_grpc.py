@@ -6,7 +6,7 @@ import warnings
 
 from stockade.v1 import audit_pb2 as stockade_dot_v1_dot_audit__pb2
 
-GRPC_GENERATED_VERSION = '1.78.2'
+GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -26,7 +26,7 @@ if _version_not_supported:
     )
 
 
-class AuditServiceStub(object):
+class AuditServiceStub:
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -42,7 +42,7 @@ class AuditServiceStub(object):
                 _registered_method=True)
 
 
-class AuditServiceServicer(object):
+class AuditServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def ListAudit(self, request, context):
@@ -68,7 +68,7 @@ def add_AuditServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class AuditService(object):
+class AuditService:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

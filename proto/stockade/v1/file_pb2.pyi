@@ -19,7 +19,7 @@ class FileHeader(_message.Message):
     tar: bool
     mode: int
     context: _tool_pb2.CallContext
-    def __init__(self, sandbox_key: _Optional[str] = ..., path: _Optional[str] = ..., tar: bool = ..., mode: _Optional[int] = ..., context: _Optional[_Union[_tool_pb2.CallContext, _Mapping]] = ...) -> None: ...
+    def __init__(self, sandbox_key: _Optional[str] = ..., path: _Optional[str] = ..., tar: _Optional[bool] = ..., mode: _Optional[int] = ..., context: _Optional[_Union[_tool_pb2.CallContext, _Mapping]] = ...) -> None: ...
 
 class FileInfo(_message.Message):
     __slots__ = ("path", "size", "sha256", "tar", "files", "redactions")
@@ -35,7 +35,7 @@ class FileInfo(_message.Message):
     tar: bool
     files: int
     redactions: int
-    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., tar: bool = ..., files: _Optional[int] = ..., redactions: _Optional[int] = ...) -> None: ...
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., tar: _Optional[bool] = ..., files: _Optional[int] = ..., redactions: _Optional[int] = ...) -> None: ...
 
 class FileChunk(_message.Message):
     __slots__ = ("header", "data", "info")
@@ -57,4 +57,4 @@ class DownloadFileRequest(_message.Message):
     path: str
     tar: bool
     context: _tool_pb2.CallContext
-    def __init__(self, sandbox_key: _Optional[str] = ..., path: _Optional[str] = ..., tar: bool = ..., context: _Optional[_Union[_tool_pb2.CallContext, _Mapping]] = ...) -> None: ...
+    def __init__(self, sandbox_key: _Optional[str] = ..., path: _Optional[str] = ..., tar: _Optional[bool] = ..., context: _Optional[_Union[_tool_pb2.CallContext, _Mapping]] = ...) -> None: ...

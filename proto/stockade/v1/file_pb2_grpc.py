@@ -6,7 +6,7 @@ import warnings
 
 from stockade.v1 import file_pb2 as stockade_dot_v1_dot_file__pb2
 
-GRPC_GENERATED_VERSION = '1.78.2'
+GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -26,7 +26,7 @@ if _version_not_supported:
     )
 
 
-class FileServiceStub(object):
+class FileServiceStub:
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -47,7 +47,7 @@ class FileServiceStub(object):
                 _registered_method=True)
 
 
-class FileServiceServicer(object):
+class FileServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def UploadFile(self, request_iterator, context):
@@ -85,7 +85,7 @@ def add_FileServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class FileService(object):
+class FileService:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

@@ -101,7 +101,7 @@ class DestroySandboxRequest(_message.Message):
     DELETE_WORKSPACE_FIELD_NUMBER: _ClassVar[int]
     key: str
     delete_workspace: bool
-    def __init__(self, key: _Optional[str] = ..., delete_workspace: bool = ...) -> None: ...
+    def __init__(self, key: _Optional[str] = ..., delete_workspace: _Optional[bool] = ...) -> None: ...
 
 class DestroySandboxResponse(_message.Message):
     __slots__ = ("removed", "workspace_deleted")
@@ -109,7 +109,7 @@ class DestroySandboxResponse(_message.Message):
     WORKSPACE_DELETED_FIELD_NUMBER: _ClassVar[int]
     removed: bool
     workspace_deleted: bool
-    def __init__(self, removed: bool = ..., workspace_deleted: bool = ...) -> None: ...
+    def __init__(self, removed: _Optional[bool] = ..., workspace_deleted: _Optional[bool] = ...) -> None: ...
 
 class InspectIsolationRequest(_message.Message):
     __slots__ = ("key",)
@@ -165,7 +165,7 @@ class InsideView(_message.Message):
     uid_map: _containers.RepeatedCompositeFieldContainer[IdRange]
     gid_map: _containers.RepeatedCompositeFieldContainer[IdRange]
     user_namespace: bool
-    def __init__(self, identity: _Optional[_Union[Identity, _Mapping]] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., no_new_privs: bool = ..., seccomp: _Optional[_Union[SeccompInfo, _Mapping]] = ..., root: _Optional[_Union[RootFilesystem, _Mapping]] = ..., mounts: _Optional[_Iterable[_Union[MountInfo, _Mapping]]] = ..., cgroup: _Optional[_Union[CgroupLimits, _Mapping]] = ..., interfaces: _Optional[_Iterable[_Union[NetworkInterface, _Mapping]]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., local_ipv4: _Optional[_Iterable[str]] = ..., problems: _Optional[_Iterable[str]] = ..., uid_map: _Optional[_Iterable[_Union[IdRange, _Mapping]]] = ..., gid_map: _Optional[_Iterable[_Union[IdRange, _Mapping]]] = ..., user_namespace: bool = ...) -> None: ...
+    def __init__(self, identity: _Optional[_Union[Identity, _Mapping]] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., no_new_privs: _Optional[bool] = ..., seccomp: _Optional[_Union[SeccompInfo, _Mapping]] = ..., root: _Optional[_Union[RootFilesystem, _Mapping]] = ..., mounts: _Optional[_Iterable[_Union[MountInfo, _Mapping]]] = ..., cgroup: _Optional[_Union[CgroupLimits, _Mapping]] = ..., interfaces: _Optional[_Iterable[_Union[NetworkInterface, _Mapping]]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., local_ipv4: _Optional[_Iterable[str]] = ..., problems: _Optional[_Iterable[str]] = ..., uid_map: _Optional[_Iterable[_Union[IdRange, _Mapping]]] = ..., gid_map: _Optional[_Iterable[_Union[IdRange, _Mapping]]] = ..., user_namespace: _Optional[bool] = ...) -> None: ...
 
 class IdRange(_message.Message):
     __slots__ = ("inside", "host", "count")
@@ -231,7 +231,7 @@ class RootFilesystem(_message.Message):
     read_only: bool
     mount_read_only: bool
     write_error: str
-    def __init__(self, read_only: bool = ..., mount_read_only: bool = ..., write_error: _Optional[str] = ...) -> None: ...
+    def __init__(self, read_only: _Optional[bool] = ..., mount_read_only: _Optional[bool] = ..., write_error: _Optional[str] = ...) -> None: ...
 
 class MountInfo(_message.Message):
     __slots__ = ("target", "fs_type", "source", "options", "super_options", "read_only")
@@ -247,7 +247,7 @@ class MountInfo(_message.Message):
     options: _containers.RepeatedScalarFieldContainer[str]
     super_options: _containers.RepeatedScalarFieldContainer[str]
     read_only: bool
-    def __init__(self, target: _Optional[str] = ..., fs_type: _Optional[str] = ..., source: _Optional[str] = ..., options: _Optional[_Iterable[str]] = ..., super_options: _Optional[_Iterable[str]] = ..., read_only: bool = ...) -> None: ...
+    def __init__(self, target: _Optional[str] = ..., fs_type: _Optional[str] = ..., source: _Optional[str] = ..., options: _Optional[_Iterable[str]] = ..., super_options: _Optional[_Iterable[str]] = ..., read_only: _Optional[bool] = ...) -> None: ...
 
 class CgroupLimit(_message.Message):
     __slots__ = ("source", "unlimited", "value")
@@ -257,7 +257,7 @@ class CgroupLimit(_message.Message):
     source: str
     unlimited: bool
     value: int
-    def __init__(self, source: _Optional[str] = ..., unlimited: bool = ..., value: _Optional[int] = ...) -> None: ...
+    def __init__(self, source: _Optional[str] = ..., unlimited: _Optional[bool] = ..., value: _Optional[int] = ...) -> None: ...
 
 class CgroupLimits(_message.Message):
     __slots__ = ("version", "memory_bytes", "swap_bytes", "pids", "cpu_quota_us", "cpu_period_us", "cpus")
@@ -315,7 +315,7 @@ class NamespaceInfo(_message.Message):
     inode: int
     host_inode: int
     private: bool
-    def __init__(self, type: _Optional[str] = ..., inode: _Optional[int] = ..., host_inode: _Optional[int] = ..., private: bool = ...) -> None: ...
+    def __init__(self, type: _Optional[str] = ..., inode: _Optional[int] = ..., host_inode: _Optional[int] = ..., private: _Optional[bool] = ...) -> None: ...
 
 class EngineView(_message.Message):
     __slots__ = ("runtime", "privileged", "cap_drop", "cap_add", "read_only_root", "user", "network_mode", "security_options", "no_new_privileges", "seccomp_profile", "memory_bytes", "memory_swap_bytes", "nano_cpus", "cpu_quota_us", "cpu_period_us", "pids_limit", "userns_mode", "cgroupns_mode", "host_pid", "uid_map", "gid_map")
@@ -361,7 +361,7 @@ class EngineView(_message.Message):
     host_pid: int
     uid_map: _containers.RepeatedCompositeFieldContainer[IdRange]
     gid_map: _containers.RepeatedCompositeFieldContainer[IdRange]
-    def __init__(self, runtime: _Optional[str] = ..., privileged: bool = ..., cap_drop: _Optional[_Iterable[str]] = ..., cap_add: _Optional[_Iterable[str]] = ..., read_only_root: bool = ..., user: _Optional[str] = ..., network_mode: _Optional[str] = ..., security_options: _Optional[_Iterable[str]] = ..., no_new_privileges: bool = ..., seccomp_profile: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., memory_swap_bytes: _Optional[int] = ..., nano_cpus: _Optional[int] = ..., cpu_quota_us: _Optional[int] = ..., cpu_period_us: _Optional[int] = ..., pids_limit: _Optional[int] = ..., userns_mode: _Optional[str] = ..., cgroupns_mode: _Optional[str] = ..., host_pid: _Optional[int] = ..., uid_map: _Optional[_Iterable[_Union[IdRange, _Mapping]]] = ..., gid_map: _Optional[_Iterable[_Union[IdRange, _Mapping]]] = ...) -> None: ...
+    def __init__(self, runtime: _Optional[str] = ..., privileged: _Optional[bool] = ..., cap_drop: _Optional[_Iterable[str]] = ..., cap_add: _Optional[_Iterable[str]] = ..., read_only_root: _Optional[bool] = ..., user: _Optional[str] = ..., network_mode: _Optional[str] = ..., security_options: _Optional[_Iterable[str]] = ..., no_new_privileges: _Optional[bool] = ..., seccomp_profile: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., memory_swap_bytes: _Optional[int] = ..., nano_cpus: _Optional[int] = ..., cpu_quota_us: _Optional[int] = ..., cpu_period_us: _Optional[int] = ..., pids_limit: _Optional[int] = ..., userns_mode: _Optional[str] = ..., cgroupns_mode: _Optional[str] = ..., host_pid: _Optional[int] = ..., uid_map: _Optional[_Iterable[_Union[IdRange, _Mapping]]] = ..., gid_map: _Optional[_Iterable[_Union[IdRange, _Mapping]]] = ...) -> None: ...
 
 class CveStatus(_message.Message):
     __slots__ = ("id", "verdict", "reason")

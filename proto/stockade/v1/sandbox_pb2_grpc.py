@@ -6,7 +6,7 @@ import warnings
 
 from stockade.v1 import sandbox_pb2 as stockade_dot_v1_dot_sandbox__pb2
 
-GRPC_GENERATED_VERSION = '1.78.2'
+GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -26,7 +26,7 @@ if _version_not_supported:
     )
 
 
-class SandboxServiceStub(object):
+class SandboxServiceStub:
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -62,7 +62,7 @@ class SandboxServiceStub(object):
                 _registered_method=True)
 
 
-class SandboxServiceServicer(object):
+class SandboxServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def EnsureSandbox(self, request, context):
@@ -137,7 +137,7 @@ def add_SandboxServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class SandboxService(object):
+class SandboxService:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

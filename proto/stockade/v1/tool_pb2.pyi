@@ -109,7 +109,7 @@ class ToolResult(_message.Message):
     truncated: bool
     redactions: int
     request_id: str
-    def __init__(self, for_llm: _Optional[str] = ..., for_user: _Optional[str] = ..., is_error: bool = ..., error_code: _Optional[_Union[ToolErrorCode, str]] = ..., error_message: _Optional[str] = ..., data_json: _Optional[str] = ..., duration_ms: _Optional[int] = ..., truncated: bool = ..., redactions: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, for_llm: _Optional[str] = ..., for_user: _Optional[str] = ..., is_error: _Optional[bool] = ..., error_code: _Optional[_Union[ToolErrorCode, str]] = ..., error_message: _Optional[str] = ..., data_json: _Optional[str] = ..., duration_ms: _Optional[int] = ..., truncated: _Optional[bool] = ..., redactions: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ListToolsRequest(_message.Message):
     __slots__ = ("context", "format")
@@ -220,7 +220,7 @@ class InteractStart(_message.Message):
     offset: int
     keep_running: bool
     request_id: str
-    def __init__(self, sandbox_key: _Optional[str] = ..., context: _Optional[_Union[CallContext, _Mapping]] = ..., process_id: _Optional[str] = ..., command: _Optional[str] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ..., pty: bool = ..., window: _Optional[_Union[WindowSize, _Mapping]] = ..., offset: _Optional[int] = ..., keep_running: bool = ..., request_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, sandbox_key: _Optional[str] = ..., context: _Optional[_Union[CallContext, _Mapping]] = ..., process_id: _Optional[str] = ..., command: _Optional[str] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ..., pty: _Optional[bool] = ..., window: _Optional[_Union[WindowSize, _Mapping]] = ..., offset: _Optional[int] = ..., keep_running: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class InteractInput(_message.Message):
     __slots__ = ("start", "data", "eof", "resize", "signal")
@@ -234,4 +234,4 @@ class InteractInput(_message.Message):
     eof: bool
     resize: WindowSize
     signal: str
-    def __init__(self, start: _Optional[_Union[InteractStart, _Mapping]] = ..., data: _Optional[bytes] = ..., eof: bool = ..., resize: _Optional[_Union[WindowSize, _Mapping]] = ..., signal: _Optional[str] = ...) -> None: ...
+    def __init__(self, start: _Optional[_Union[InteractStart, _Mapping]] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ..., resize: _Optional[_Union[WindowSize, _Mapping]] = ..., signal: _Optional[str] = ...) -> None: ...

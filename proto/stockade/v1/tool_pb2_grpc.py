@@ -6,7 +6,7 @@ import warnings
 
 from stockade.v1 import tool_pb2 as stockade_dot_v1_dot_tool__pb2
 
-GRPC_GENERATED_VERSION = '1.78.2'
+GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -26,7 +26,7 @@ if _version_not_supported:
     )
 
 
-class ToolServiceStub(object):
+class ToolServiceStub:
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -57,7 +57,7 @@ class ToolServiceStub(object):
                 _registered_method=True)
 
 
-class ToolServiceServicer(object):
+class ToolServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def ListTools(self, request, context):
@@ -126,7 +126,7 @@ def add_ToolServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class ToolService(object):
+class ToolService:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

@@ -99,7 +99,7 @@ class TransferHeader(_message.Message):
     path: str
     tar: bool
     mode: int
-    def __init__(self, path: _Optional[str] = ..., tar: bool = ..., mode: _Optional[int] = ...) -> None: ...
+    def __init__(self, path: _Optional[str] = ..., tar: _Optional[bool] = ..., mode: _Optional[int] = ...) -> None: ...
 
 class UploadChunk(_message.Message):
     __slots__ = ("header", "data")
@@ -115,7 +115,7 @@ class DownloadRequest(_message.Message):
     TAR_FIELD_NUMBER: _ClassVar[int]
     path: str
     tar: bool
-    def __init__(self, path: _Optional[str] = ..., tar: bool = ...) -> None: ...
+    def __init__(self, path: _Optional[str] = ..., tar: _Optional[bool] = ...) -> None: ...
 
 class DownloadChunk(_message.Message):
     __slots__ = ("data", "result")
@@ -167,4 +167,4 @@ class InspectResponse(_message.Message):
     links: _containers.RepeatedCompositeFieldContainer[LinkRead]
     root_statvfs_read_only: bool
     write_probe_error: str
-    def __init__(self, files: _Optional[_Iterable[_Union[FileRead, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkRead, _Mapping]]] = ..., root_statvfs_read_only: bool = ..., write_probe_error: _Optional[str] = ...) -> None: ...
+    def __init__(self, files: _Optional[_Iterable[_Union[FileRead, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkRead, _Mapping]]] = ..., root_statvfs_read_only: _Optional[bool] = ..., write_probe_error: _Optional[str] = ...) -> None: ...

@@ -6,7 +6,7 @@ import warnings
 
 from stockade.agent.v1 import agent_pb2 as stockade_dot_agent_dot_v1_dot_agent__pb2
 
-GRPC_GENERATED_VERSION = '1.78.2'
+GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -26,7 +26,7 @@ if _version_not_supported:
     )
 
 
-class AgentServiceStub(object):
+class AgentServiceStub:
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -67,7 +67,7 @@ class AgentServiceStub(object):
                 _registered_method=True)
 
 
-class AgentServiceServicer(object):
+class AgentServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Hello(self, request, context):
@@ -155,7 +155,7 @@ def add_AgentServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class AgentService(object):
+class AgentService:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
