@@ -15,7 +15,6 @@ import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from stockade.supervisor import store
 from stockade.supervisor.keys import split
@@ -88,12 +87,9 @@ class AuditLog:
         self._writer.start()
 
     def record(self, rec: AuditRecord) -> None:
-        """Queue a record; never blocks on the disk. A scoped key (keys.scope) is stored as
-        its tenant and the caller's key."""
-        tenant, key = split(rec.sandbox_key)
-        if tenant:
-            rec = dataclasses.replace(rec, tenant=tenant, sandbox_key=key)
-        self._queue.put(_clipped(rec))
+        """Queue a record; never blocks on the disk. The writer thread turns it into a row
+        (_row), off the path of the call being answered."""
+        self._queue.put(rec)
 
     def _write_loop(self) -> None:
         db = store.connect(self._path)
@@ -178,29 +174,26 @@ MAX_FIELD_CHARS = 1024
 make up tool names, agent ids and the like, and a refused call is audited too."""
 
 
-def _clipped(rec: AuditRecord) -> AuditRecord:
-    long: dict[str, Any] = {
-        f.name: value[:MAX_FIELD_CHARS]
-        for f in dataclasses.fields(rec)
-        if f.name != "arguments_json"
-        and isinstance(value := getattr(rec, f.name), str)
-        and len(value) > MAX_FIELD_CHARS
-    }
-    return dataclasses.replace(rec, **long) if long else rec
-
-
 def _row(rec: AuditRecord) -> tuple[object, ...]:
-    """The record's columns in order; text as SQLite can store it (a lone surrogate from a
-    caller's arguments or a file name that is not UTF-8 becomes U+FFFD, instead of failing the
-    batch). Every field is a scalar: no dataclasses.asdict, which deep-copies and takes 15x as
-    long, on the writer thread that shares the GIL."""
-    return tuple(_column(c, getattr(rec, c)) for c in _COLUMNS)
+    """The record's columns in order. A scoped key (keys.scope) is stored as its tenant and
+    the caller's key; text is cut to MAX_FIELD_CHARS (but the arguments, capped by the
+    pipeline) and made storable (a lone surrogate from a caller's arguments or a file name
+    that is not UTF-8 becomes U+FFFD, instead of failing the batch). Every field is a scalar:
+    no dataclasses.asdict, which deep-copies and takes 15x as long, on the writer thread that
+    shares the GIL."""
+    values = {column: getattr(rec, column) for column in _COLUMNS}
+    tenant, key = split(rec.sandbox_key)
+    if tenant:
+        values.update(tenant=tenant, sandbox_key=key)
+    return tuple(_column(name, value) for name, value in values.items())
 
 
 def _column(name: str, value: object) -> object:
     if name == "is_error":
         return int(bool(value))
-    return wire_text(value) if isinstance(value, str) else value
+    if not isinstance(value, str):
+        return value
+    return wire_text(value if name == "arguments_json" else value[:MAX_FIELD_CHARS])
 
 
 def _from_row(row: tuple[object, ...]) -> AuditRecord:

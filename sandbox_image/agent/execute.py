@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import functools
 import os
-import resource
 import signal
 import threading
 import time
@@ -336,23 +335,15 @@ def _oom_kills() -> int | None:
     return None
 
 
-ENV: Final = "/usr/bin/env"
-
-
 def with_file_size_errors(*argv: str) -> tuple[str, ...]:
-    """`argv` with SIGXFSZ ignored, when the container caps file sizes (RLIMIT_FSIZE).
+    """`argv` with SIGXFSZ ignored, when the container caps file sizes (RLIMIT_FSIZE): for
+    what starts through subprocess (background processes, transfers; exec uses spawn.py).
 
     A write past the cap sends SIGXFSZ, whose default action kills the writer; the agent
     ignores it (Python does), but subprocess gives children the default back. Ignored, the
     write fails with EFBIG ("File too large"), which the program reports like a full disk.
     env(1) sets the disposition and execs: the same pid, and no Python between fork and exec."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    if soft == resource.RLIM_INFINITY:
-        return argv
-    return (ENV, "--ignore-signal=XFSZ", *argv)
-
-
-_INHERITABLE: Final = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2")
+    return (spawn.ENV, "--ignore-signal=XFSZ", *argv) if spawn.file_sizes_capped() else argv
 
 
 def unignore_signals() -> None:
@@ -363,8 +354,7 @@ def unignore_signals() -> None:
     would not stop them. Only from the main thread (the only one allowed to change them)."""
     if threading.current_thread() is not threading.main_thread():
         return
-    for name in _INHERITABLE:
-        number = getattr(signal, name)
+    for number in spawn.INHERITABLE_SIGNALS:
         if signal.getsignal(number) == signal.SIG_IGN:
             signal.signal(number, signal.SIG_DFL)
 

@@ -377,7 +377,7 @@ async def search(
     file_glob = opt_str(args, "glob", None)
     limit = _max_results(args)
     target = await asyncio.to_thread(paths.resolve, root, opt_str(args, "path", "."))
-    _check_no_nul(pattern, file_glob)
+    _check_search_arguments(pattern, file_glob)
     try:
         async with asyncio.timeout(timeout):
             found, truncated = await _search(root, rg, pattern, file_glob, target, limit)
@@ -395,7 +395,7 @@ def _max_results(args: Args) -> int:
     return min(limit, MAX_SEARCH_RESULTS)
 
 
-def _check_no_nul(pattern: str, file_glob: str | None) -> None:
+def _check_search_arguments(pattern: str, file_glob: str | None) -> None:
     """No NUL, and short enough to be one argument of ripgrep's command line."""
     for name, value in (("pattern", pattern), ("glob", file_glob or "")):
         if "\0" in value:

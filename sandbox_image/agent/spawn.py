@@ -31,19 +31,31 @@ ENV: Final = "/usr/bin/env"
 READ_BYTES: Final = 256 * 1024
 """The most one read takes from a pipe (asyncio's pipe transports read as much)."""
 
-_RESET: Final = frozenset(
-    {signal.SIGPIPE, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM}
-    | {signal.SIGUSR1, signal.SIGUSR2}
+INHERITABLE_SIGNALS: Final = (
+    signal.SIGHUP,
+    signal.SIGINT,
+    signal.SIGQUIT,
+    signal.SIGTERM,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
 )
+"""Signals an ignoring parent would pass on ignored (under nohup, say): commands get them at
+their default action (execute.unignore_signals gives the agent's own back too)."""
+_RESET: Final = frozenset({signal.SIGPIPE, *INHERITABLE_SIGNALS})
 """Signals a command starts with at their default action whatever the agent does with them
 (Python ignores SIGPIPE and SIGXFSZ; a handler is reset by exec anyway)."""
 
 
+def file_sizes_capped() -> bool:
+    """Whether the sandbox caps file sizes (RLIMIT_FSIZE): then a command must start with
+    SIGXFSZ ignored, so a write past the cap fails with EFBIG ("File too large") instead of
+    killing the writer."""
+    return resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY
+
+
 def reset_signals() -> frozenset[int]:
-    """_RESET, and SIGXFSZ unless the sandbox caps file sizes: with a cap it stays ignored, so
-    a write past it fails with EFBIG ("File too large") instead of killing the writer."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    return _RESET if soft != resource.RLIM_INFINITY else _RESET | {signal.SIGXFSZ}
+    """_RESET, and SIGXFSZ unless file sizes are capped."""
+    return _RESET if file_sizes_capped() else _RESET | {signal.SIGXFSZ}
 
 
 def shell_argv(command: str, cwd: Path) -> list[str]:
@@ -174,6 +186,7 @@ def spawn(
     try:
         out_r, out_w = _pipe(opened)
         err_r, err_w = _pipe(opened)
+        child_ends = [out_w, err_w]
         actions: list[tuple[int, ...] | tuple[int, int, str, int, int]] = [
             (os.POSIX_SPAWN_DUP2, out_w, 1),
             (os.POSIX_SPAWN_DUP2, err_w, 2),
@@ -183,6 +196,7 @@ def spawn(
             actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0))
         else:
             in_r, in_w = _pipe(opened)
+            child_ends.append(in_r)
             actions.append((os.POSIX_SPAWN_DUP2, in_r, 0))
         pid = os.posix_spawn(
             argv[0], list(argv), env,
@@ -192,7 +206,7 @@ def spawn(
         for fd in opened:
             os.close(fd)
         raise
-    for fd in (out_w, err_w) if stdin is None else (out_w, err_w, in_r):
+    for fd in child_ends:
         os.close(fd)
     child = Child(pid, on_exit)
     child.pipes = [PipeReader(loop, out_r, 1, on_data, on_eof)]
