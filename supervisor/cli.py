@@ -241,10 +241,10 @@ def _doctor(ns: argparse.Namespace) -> int:
     config = load_config(ns.config, {"engine.kind": ns.engine} if ns.engine else None)
     ok = True
     for check in run_checks(config):
-        mark = "ok  " if check.ok else "FAIL"
+        mark = "FAIL" if not check.ok else "WARN" if check.warning else "ok  "
         print(f"[{mark}] {check.name}: {check.detail}")
-        if not check.ok:
-            ok = False
+        if not check.ok or check.warning:
+            ok = ok and check.ok
             print(f"       fix: {check.fix}")
     return 0 if ok else 1
 

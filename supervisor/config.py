@@ -29,6 +29,10 @@ MiB = 1024 * 1024
 MAX_RUNTIME_CHARS = 4096
 RUNTIME_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
 MIN_WORKSPACE_MB = 16
+AGENT_UID = 65533
+"""The image's stockade-agent user and group, which tini and the agent run as (a constant of
+the image's entry point)."""
+MAX_ID = 0xFFFFFFFE
 """Smallest capped workspace: ext4 keeps about 5 MiB of a small file system for itself."""
 
 
@@ -47,8 +51,12 @@ class SandboxConfig:
     """Sandbox image; empty means the one `stockade image build` makes for the engine. At start,
     a running sandbox whose container was made from another image than the one this names now
     is re-created from it (workspace kept, processes lost)."""
-    user: str = "1000:1000"
-    """uid:gid the agent and every tool run as. Never root."""
+    user: str = "65532:65532"
+    """uid:gid every tool runs as (numbers; never root, never AGENT_UID). The default is the
+    image's `sandbox` user, an id of no account on Debian, Ubuntu or Fedora hosts (Debian and
+    systemd leave 65520-65533 unused): without a user namespace the container's ids are the
+    host's, and a host account's uid would make the sandbox that person. The agent and init
+    run as AGENT_UID, out of reach of the tools (signals, ptrace, /proc)."""
     read_only_root: bool = True
     drop_all_capabilities: bool = True
     no_new_privileges: bool = True
@@ -62,9 +70,9 @@ class SandboxConfig:
     pids: int = 256
     nofile: int = 1024
     nproc: int = 16384
-    """RLIMIT_NPROC. The kernel counts it per uid across the host (all sandboxes share uid
-    1000), so `pids` is the per-sandbox cap; this must stay at or below the engine process's
-    own hard limit, or the container fails to start."""
+    """RLIMIT_NPROC. The kernel counts it per uid across the host (without a user namespace
+    all sandboxes share one uid), so `pids` is the per-sandbox cap; this must stay at or
+    below the engine process's own hard limit, or the container fails to start."""
     tmp_size_mb: int = 64
     """Size cap of the tmpfs at /tmp."""
     tmp_inodes: int = 65536
@@ -94,9 +102,13 @@ class SandboxConfig:
     max_file_size_mb: int = 0
     """Largest file a sandbox process may write (RLIMIT_FSIZE); a write past it fails with
     EFBIG, "File too large". 0: no limit."""
-    user_namespace: bool = False
+    user_namespace: bool | None = None
     """Run each sandbox in a user namespace, so that its uids are unprivileged ids of no host
-    user. Podman: a range of 65536 ids of its own per container (`--userns=auto`, from the
+    user. Unset (the default): on where the engine gives each sandbox a range of its own
+    (Podman on the host, not under gVisor, with a `containers` range), else off with a
+    warning at start (the sandbox user's uid is then the host's, shared by all sandboxes).
+    true: on, or the start fails saying why; false: off. Podman: a range of 65536 ids of its
+    own per container (`--userns=auto`, from the
     `containers` entry in /etc/subuid and /etc/subgid; the start fails naming it when
     missing). Docker: the daemon's `userns-remap` (daemon-wide; the start fails when dockerd
     does not remap). The workspace and agent directory are handed to the mapped ids before the
@@ -453,9 +465,7 @@ def _check(cfg: Config) -> None:
     if cfg.tools.exec_default_timeout_s > cfg.tools.exec_max_timeout_s:
         raise ConfigError("tools.exec_default_timeout_s exceeds tools.exec_max_timeout_s")
     _check_runtime(cfg.sandbox.runtime)
-    uid = cfg.sandbox.user.split(":", 1)[0]
-    if uid in ("0", "root", ""):
-        raise ConfigError("sandbox.user must not be root")
+    _check_user(cfg.sandbox.user)
     _check_network(cfg.network)
     _check_policy(cfg)
     _check_housekeeping(cfg.housekeeping)
@@ -523,6 +533,19 @@ def _check_runtime(runtime: str) -> None:
         what = "a name of letters, digits, '.', '_', '+' and '-' (not first), or an absolute path"
     if not ok:
         raise ConfigError(f"sandbox.runtime must be {what}, got {runtime[:80]!r}")
+
+
+def _check_user(user: str) -> None:
+    uid, _, gid = user.partition(":")
+    if not (uid.isdigit() and (gid or uid).isdigit() and len(user) <= 21):
+        raise ConfigError(f"sandbox.user must be UID:GID in digits, got {user[:40]!r}")
+    if int(uid) == 0 or int(gid or uid) == 0:
+        raise ConfigError("sandbox.user must not be root")
+    if AGENT_UID in (int(uid), int(gid or uid)) or max(int(uid), int(gid or uid)) > MAX_ID:
+        raise ConfigError(
+            f"sandbox.user must not be {AGENT_UID} (the agent's own user) nor above {MAX_ID}, "
+            f"got {user!r}"
+        )
 
 
 def _build(cls: type[Any], data: dict[str, Any], where: str) -> Any:

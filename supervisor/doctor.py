@@ -23,6 +23,8 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
+    warning: bool = False
+    """Works, but less safely than it could: printed as WARN with the fix; exit code 0."""
 
 
 def run_checks(config: Config) -> list[Check]:
@@ -34,8 +36,9 @@ def run_checks(config: Config) -> list[Check]:
     if engine.ok:
         checks.append(_runtimes(config))
         checks.append(_image(config))
-    if config.sandbox.user_namespace:
+    if config.sandbox.user_namespace is not False and _userns_possible(config):
         checks.append(_user_namespace(config, engine.ok))
+    checks.append(sandbox_ids(config, _userns_possible(config), _host_accounts()))
     checks.append(_tool("debootstrap", "needed by `stockade image build` when no base image"))
     return checks
 
@@ -134,6 +137,59 @@ def _engine_url(config: Config) -> str | None:
         if ping(candidate):
             return f"unix://{candidate}"
     return None
+
+
+def _userns_possible(config: Config) -> bool:
+    """Whether sandboxes get user namespaces: configured on, or left unset where start()
+    turns them on (Podman on this host, not gVisor, with a `containers` range)."""
+    from stockade.supervisor.userns import auto_refusal
+
+    if config.sandbox.user_namespace is not None:
+        return config.sandbox.user_namespace
+    gvisor = "runsc" in config.sandbox.runtime
+    return auto_refusal(config.engine.kind, gvisor, host_mounts=True) is None
+
+
+def _host_accounts() -> dict[int, str]:
+    """uid -> name of this host's accounts (/etc/passwd, and NSS where it answers)."""
+    import pwd
+
+    try:
+        return {entry.pw_uid: entry.pw_name for entry in pwd.getpwall()}
+    except OSError:
+        return {}
+
+
+def sandbox_ids(config: Config, namespaced: bool, accounts: dict[int, str]) -> Check:
+    """Whose ids do sandboxes run as on the host? With a user namespace, ids of no host user,
+    a range per sandbox on Podman; without one, the configured sandbox user and the agent's
+    user themselves: a host account's uid would make the sandbox that person (its files, its
+    processes), and every sandbox shares them."""
+    from stockade.supervisor.config import AGENT_UID
+
+    uid = int(config.sandbox.user.partition(":")[0])
+    name = "sandbox ids"
+    if namespaced and config.engine.kind == "podman":
+        return Check(name, True, "a range of 65536 ids per sandbox (Podman's --userns=auto)")
+    taken = [f"{i} is the host account {accounts[i]!r}" for i in (uid, AGENT_UID) if i in accounts]
+    if taken:
+        fix = "set sandbox.user to a uid:gid of no host account (the default 65532:65532)"
+        if AGENT_UID in accounts:
+            fix = f"remove or renumber the host account using {AGENT_UID}, the agent's uid"
+        return Check(name, False, "; ".join(taken), fix)
+    fix = "Podman gives each sandbox a range of ids of its own (sandbox.user_namespace)"
+    if namespaced:
+        detail = (
+            "Docker's userns-remap: ids of no host user, but one range for every container "
+            f"of the daemon: sandboxes share uid {uid} of it with each other"
+        )
+    else:
+        detail = (
+            f"no user namespace: every sandbox runs as host uid {uid} (no host account's), "
+            f"the agent as {AGENT_UID}; sandboxes share that uid with each other"
+        )
+        fix += '; on Docker, add "userns-remap": "default" to /etc/docker/daemon.json'
+    return Check(name, True, detail, fix, warning=True)
 
 
 def _user_namespace(config: Config, engine_ok: bool) -> Check:

@@ -148,8 +148,10 @@ def _remove_if_untagged(engine: Engine, image_id: str) -> None:
 
 
 def context_files() -> dict[str, Path]:
-    """Build-context path -> source file: the Containerfile and lib/stockade/**/*.py."""
+    """Build-context path -> source file: the Containerfile, drop/drop.c (the command
+    launcher, compiled in the build) and lib/stockade/**/*.py."""
     files = {"Containerfile": REPO / "sandbox_image" / "Containerfile"}
+    files["drop/drop.c"] = REPO / "sandbox_image" / "drop" / "drop.c"
     files["lib/stockade/__init__.py"] = REPO / "src" / "stockade" / "__init__.py"
     agent = REPO / "sandbox_image" / "agent"
     for folder, dirs, names in os.walk(agent, followlinks=True):

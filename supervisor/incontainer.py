@@ -76,7 +76,7 @@ def config_problems(config: Config) -> list[str]:
             "which a mount made in the supervisor's container is not: set it to 0, or run "
             "the supervisor on the host"
         )
-    if config.sandbox.user_namespace:
+    if config.sandbox.user_namespace is True:
         problems.append(
             "sandbox.user_namespace reads the host's /etc/subuid and /etc/subgid and checks "
             "each container's /proc/PID/uid_map, which a supervisor in a container does not "

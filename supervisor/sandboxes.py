@@ -67,6 +67,11 @@ from stockade.supervisor.replies import ReplyLimits
 log = logging.getLogger("stockade")
 
 AGENT_SOCKET_DIR = "/run/stockade"
+CONTAINER_USER = "0:0"
+"""The container starts as root only for the image's entry point (setpriv), which at once
+makes tini and the agent the image's stockade-agent (config.AGENT_UID) with the three
+capabilities below; the agent takes the sandbox user as effective ids and drops them all."""
+AGENT_CAPABILITIES = ("SETUID", "SETGID", "SETPCAP")
 TRANSFER_TIMEOUT_S = 3600.0
 INSPECT_TIMEOUT_S = 30.0
 DEATH_NOTICE_S = 15.0
@@ -198,6 +203,8 @@ class SandboxManager:
         self._pool_task: asyncio.Task[None] | None = None
         self._closing = False
         self._daemon_maps: userns.IdMaps | None = None
+        self._userns = bool(config.sandbox.user_namespace)
+        """sandbox.user_namespace as start() resolved it (unset: where the engine can)."""
         self.starts = 0
         """Containers started (and answered by their agent) since this supervisor started."""
         self.start_failures = 0
@@ -231,7 +238,8 @@ class SandboxManager:
                 "get no network, whatever their mode",
                 self._config.sandbox.runtime,
             )
-        wanted = self._config.sandbox.user_namespace
+        self._userns = await asyncio.to_thread(self._wants_userns)
+        wanted = self._userns
         self._daemon_maps = await asyncio.to_thread(self._backend.check_user_namespace, wanted)
         if self._daemon_maps is not None and not wanted:
             uid, gid = self._daemon_maps.host_ids(self._uid, self._gid)
@@ -693,6 +701,23 @@ class SandboxManager:
         if not self._runs_gvisor():
             _check_mapped(info, self._uid, ids)
 
+    def _wants_userns(self) -> bool:
+        """sandbox.user_namespace, or when unset: on for Podman on the host (a range of ids
+        per sandbox), unless under gVisor or without a `containers` range; else off, with a
+        warning naming the uid sandboxes then share with the host."""
+        configured = self._config.sandbox.user_namespace
+        if configured is not None:
+            return configured
+        why = userns.auto_refusal(self._backend.engine, self._gvisor, self._host_mounts)
+        if why is None:
+            return True
+        log.warning(
+            "sandboxes run without a user namespace (%s): every sandbox runs as uid %s:%s on "
+            "the host (no host account's, see `stockade doctor`), shared by all of them",
+            why, self._uid, self._gid,
+        )  # fmt: skip
+        return False
+
     def _runs_gvisor(self) -> bool:
         """Whether sandbox.runtime is gVisor's runsc: by name or path, or (Docker) a name
         registered for a runsc program."""
@@ -722,7 +747,7 @@ class SandboxManager:
         except ConfigError as exc:
             raise SandboxBroken(str(exc)) from None
         handed.append(ids)
-        previous = _read_owners(paths.owners) or [(self._uid, self._gid)]
+        previous = _read_owners(paths.owners) or [_owner_of(paths.workspace, ids)]
         try:
             if previous != [ids]:
                 _write_owners(paths.owners, [*previous, ids])
@@ -752,7 +777,7 @@ class SandboxManager:
         container without a user namespace (made before it was turned on) is made again."""
         if self._capped(paths) and not paths.workspace.is_mount():
             return False
-        if self._config.sandbox.user_namespace and not (info.own_userns or self._daemon_maps):
+        if self._userns and not (info.own_userns or self._daemon_maps):
             log.warning("replacing sandbox %r: it has no user namespace", info.labels[LABEL_KEY])
             return False
         return self._run_dir_is_sealed(paths)
@@ -800,6 +825,7 @@ class SandboxManager:
         tools = self._config.tools
         return (
             *("--socket", socket, "--workspace", WORKSPACE),
+            *("--user", f"{self._uid}:{self._gid}"),
             *("--max-output-bytes", str(tools.max_output_bytes)),
             *("--max-processes", str(tools.max_processes)),
             *("--process-log-bytes", str(tools.process_log_bytes)),
@@ -834,7 +860,8 @@ class SandboxManager:
             command=self._agent_command(),
             labels=labels,
             mounts=tuple(mounts),
-            user=sb.user,
+            user=CONTAINER_USER,
+            cap_add=AGENT_CAPABILITIES,
             read_only_root=sb.read_only_root,
             drop_all_capabilities=sb.drop_all_capabilities,
             no_new_privileges=sb.no_new_privileges,
@@ -850,7 +877,7 @@ class SandboxManager:
             network="bridge" if network.mode == "open" else "none",
             seccomp_profile=self._seccomp,
             runtime=sb.runtime,
-            user_namespace=sb.user_namespace,
+            user_namespace=self._userns,
         )
 
     # Housekeeping: one sweep removes idle and old containers, deletes workspaces past their
@@ -1188,6 +1215,18 @@ def _death_note(info: ContainerInfo | None) -> str:
         f"the sandbox's container exited during the call with code {info.exit_code}{why}; "
         "the next call recreates it with the same workspace"
     )
+
+
+def _owner_of(folder: Path, default: tuple[int, int]) -> tuple[int, int]:
+    """Who owns `folder` now: a workspace made before its owners file was kept (or by a
+    version with another default sandbox user) is handed over from them; never from root
+    (whatever root owns in a workspace stays root's)."""
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return default
+    ok = stat.S_ISDIR(info.st_mode) and info.st_uid != 0 and info.st_gid != 0
+    return (info.st_uid, info.st_gid) if ok else default
 
 
 def _read_owners(path: Path) -> list[tuple[int, int]]:

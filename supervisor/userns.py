@@ -177,3 +177,20 @@ def read_host_file(path: Path) -> str:
         return path.read_text(errors="replace")
     except FileNotFoundError:
         return ""
+
+
+def auto_refusal(engine: str, gvisor: bool, host_mounts: bool) -> str | None:
+    """Why sandbox.user_namespace, left unset, is off; None when it is on: Podman on the host
+    (not from the supervisor's container, which sees neither /etc/subuid nor the host's
+    /proc), not under gVisor, with a `containers` range of ids to allocate from."""
+    if engine != "podman":
+        return f"{engine} has user namespaces only daemon-wide (userns-remap)"
+    if gvisor:
+        return "gVisor is untested with them"
+    if not host_mounts:
+        return "the supervisor runs in a container"
+    try:
+        check_podman_subids(read_host_file(SUBUID), read_host_file(SUBGID))
+    except ConfigError as exc:
+        return str(exc)
+    return None

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
+import os
 from pathlib import Path
 
-from stockade.agent import strays
+from stockade.agent import identity, strays
 from stockade.agent.server import serve
 
 
@@ -20,8 +20,17 @@ def main() -> None:
     parser.add_argument(
         "--process-log-bytes", type=int, default=1 << 20, help="log kept per process"
     )
+    parser.add_argument(
+        "--user", default="", help="UID:GID of the sandbox user, who runs every command"
+    )
     ns = parser.parse_args()
-    _not_dumpable()
+    if ns.user:
+        try:
+            identity.take(*identity.parse(ns.user))
+        except ValueError as exc:
+            parser.error(str(exc))
+    else:
+        identity.take(os.getuid(), os.getgid())
     strays.enable()
     asyncio.run(
         serve(
@@ -32,18 +41,6 @@ def main() -> None:
             process_log_bytes=ns.process_log_bytes,
         )
     )
-
-
-PR_SET_DUMPABLE = 4
-
-
-def _not_dumpable() -> None:
-    """Sandbox code runs as the agent's uid: without this it could ptrace the agent, read its
-    memory or take its descriptors through /proc. Commands the agent starts are dumpable
-    again (execve resets the flag), so their own tools (gdb, strace) still work."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 
 if __name__ == "__main__":

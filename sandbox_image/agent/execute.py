@@ -336,14 +336,16 @@ def _oom_kills() -> int | None:
 
 
 def with_file_size_errors(*argv: str) -> tuple[str, ...]:
-    """`argv` with SIGXFSZ ignored, when the container caps file sizes (RLIMIT_FSIZE): for
-    what starts through subprocess (background processes, transfers; exec uses spawn.py).
+    """`argv` as a sandbox command (spawn.command_argv), with SIGXFSZ ignored when the
+    container caps file sizes (RLIMIT_FSIZE): for what starts through subprocess (background
+    processes, transfers; exec uses spawn.py).
 
     A write past the cap sends SIGXFSZ, whose default action kills the writer; the agent
     ignores it (Python does), but subprocess gives children the default back. Ignored, the
     write fails with EFBIG ("File too large"), which the program reports like a full disk.
-    env(1) sets the disposition and execs: the same pid, and no Python between fork and exec."""
-    return (spawn.ENV, "--ignore-signal=XFSZ", *argv) if spawn.file_sizes_capped() else argv
+    env(1) or stockade-drop sets the disposition and execs: the same pid, and no Python
+    between fork and exec."""
+    return tuple(spawn.command_argv(argv, ignore_xfsz=spawn.file_sizes_capped()))
 
 
 def unignore_signals() -> None:

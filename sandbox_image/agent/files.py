@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Final
 
-from . import paths
+from . import paths, spawn
 from .argcheck import Args, encoded, expect_only, opt_int, opt_str, req_str
 from .errors import ToolError, from_os_error
 
@@ -538,10 +538,11 @@ class _Rg:
 
 @contextlib.asynccontextmanager
 async def _spawn(argv: list[str], pass_fds: list[int] | None = None) -> AsyncIterator[_Rg]:
-    """ripgrep with its pipes; killed, drained and reaped however the block ends."""
+    """ripgrep with its pipes, as the sandbox user; killed, drained and reaped however the
+    block ends."""
     try:
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=PIPE, stderr=PIPE,
+            *spawn.command_argv(argv), stdin=asyncio.subprocess.DEVNULL, stdout=PIPE, stderr=PIPE,
             pass_fds=pass_fds or (),
         )  # fmt: skip
     except OSError as exc:

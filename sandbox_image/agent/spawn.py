@@ -13,6 +13,11 @@ posix_spawn has no working-folder argument (Python 3.11 does not expose glibc's 
 the agent must never chdir while other tasks and threads run: a command that runs in the
 agent's own folder (the workspace root, the default) starts directly, any other through
 `env --chdir=FOLDER`, which changes folder and execs in the same process.
+
+In a sandbox the agent runs as a user of its own with the sandbox user's effective ids
+(identity.py): every command, whatever starts it, then goes through stockade-drop, which
+sets all of the sandbox user's ids (and the folder, and SIGXFSZ when asked) and execs in
+the same process. `command_argv` is the one place that decides.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pathlib import Path
 from typing import Final
 
 ENV: Final = "/usr/bin/env"
+DROP: Final = "/usr/local/libexec/stockade-drop"
 READ_BYTES: Final = 256 * 1024
 """The most one read takes from a pipe (asyncio's pipe transports read as much)."""
 
@@ -58,12 +64,35 @@ def reset_signals() -> frozenset[int]:
     return _RESET if file_sizes_capped() else _RESET | {signal.SIGXFSZ}
 
 
+_sandbox_ids: tuple[int, int] | None = None
+
+
+def start_as(uid: int, gid: int) -> None:
+    """From now on every command starts as uid:gid through stockade-drop (identity.take)."""
+    global _sandbox_ids
+    _sandbox_ids = (uid, gid)
+
+
+def command_argv(
+    argv: Sequence[str], cwd: Path | None = None, ignore_xfsz: bool = False
+) -> list[str]:
+    """How to start `argv` as a sandbox command: as the sandbox user (through stockade-drop
+    when the agent is not that user), in `cwd` when given and not the agent's own folder,
+    with SIGXFSZ ignored when `ignore_xfsz` (else as the caller leaves it)."""
+    folder = None if cwd is None or str(cwd) == os.getcwd() else str(cwd)
+    if _sandbox_ids is not None:
+        uid, gid = _sandbox_ids
+        flags = "x" if ignore_xfsz else "-"
+        return [DROP, str(uid), str(gid), folder or "-", flags, *argv]
+    prefix = [ENV] if folder or ignore_xfsz else []
+    prefix += [f"--chdir={folder}"] if folder else []
+    prefix += ["--ignore-signal=XFSZ"] if ignore_xfsz else []
+    return [*prefix, *argv]
+
+
 def shell_argv(command: str, cwd: Path) -> list[str]:
-    """`sh -c command`, through `env --chdir` when `cwd` is not the agent's own folder."""
-    shell = ["/bin/sh", "-c", command]
-    if str(cwd) == os.getcwd():
-        return shell
-    return [ENV, f"--chdir={cwd}", *shell]
+    """`sh -c command` in `cwd`, as command_argv starts it."""
+    return command_argv(["/bin/sh", "-c", command], cwd)
 
 
 class PipeReader:

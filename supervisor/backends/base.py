@@ -74,6 +74,8 @@ class ContainerSpec:
     user_namespace: bool = False
     """A user namespace of the container's own (Podman: --userns=auto). Docker's is the
     daemon's (userns-remap), never per container."""
+    cap_add: tuple[str, ...] = ()
+    """Capabilities kept although drop_all_capabilities drops the others."""
 
 
 @dataclass(frozen=True)

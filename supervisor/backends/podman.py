@@ -245,6 +245,8 @@ def _create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         kwargs["runtime"] = spec.runtime
     if spec.drop_all_capabilities:
         kwargs["cap_drop"] = ["ALL"]
+    if spec.cap_add:
+        kwargs["cap_add"] = list(spec.cap_add)
     if spec.no_new_privileges:
         kwargs["no_new_privileges"] = True  # podman-py maps security_opt to SELinux options
     if spec.seccomp_profile:
