@@ -260,7 +260,7 @@ def _mode_at(dir_fd: int, name: str, user_path: str) -> int | None:
         return None
     if not stat.S_ISREG(info.st_mode):
         raise ToolError("INVALID_PATH", f"path '{user_path}' is no longer a regular file")
-    if not os.access(name, os.W_OK, dir_fd=dir_fd):
+    if not os.access(name, os.W_OK, dir_fd=dir_fd, effective_ids=True):
         raise ToolError("PERMISSION_DENIED", f"path '{user_path}' is not writable")
     return stat.S_IMODE(info.st_mode)
 
@@ -557,11 +557,13 @@ async def _spawn(argv: list[str], pass_fds: list[int] | None = None) -> AsyncIte
 
 
 def _refused(message: bytes, returncode: int) -> None:
-    if returncode == 2 and message.strip():
-        raise ToolError(
-            "INVALID_ARGS",
-            f"ripgrep refused the search: {message.decode(errors='replace').strip()}",
-        )
+    """ripgrep's exit 2 with a message: it refused the arguments; 126 or 127: it could not
+    be started at all (its launcher says why)."""
+    text = message.decode(errors="replace").strip()
+    if returncode == 2 and text:
+        raise ToolError("INVALID_ARGS", f"ripgrep refused the search: {text}")
+    if returncode in (126, 127):
+        raise ToolError("EXECUTION_FAILED", f"cannot run ripgrep: {text or returncode}")
 
 
 async def _stop(proc: asyncio.subprocess.Process, errors: asyncio.Task[bytes]) -> None:

@@ -478,7 +478,7 @@ def _move_target(root: Path, op: FileOp, plan: _Plan, source: Path) -> Path:
 
 def _check_dir_writable(root: Path, directory: Path, shown: str) -> None:
     with paths.folder(root, directory, shown) as dir_fd:
-        writable = os.access(".", os.W_OK | os.X_OK, dir_fd=dir_fd)
+        writable = os.access(".", os.W_OK | os.X_OK, dir_fd=dir_fd, effective_ids=True)
     if not writable:
         raise ToolError("PERMISSION_DENIED", f"the directory of '{shown}' is not writable")
 

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import os
 import resource
+import shutil
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -83,7 +84,8 @@ def command_argv(
     if _sandbox_ids is not None:
         uid, gid = _sandbox_ids
         flags = "x" if ignore_xfsz else "-"
-        return [DROP, str(uid), str(gid), folder or "-", flags, *argv]
+        program = argv[0] if "/" in argv[0] else shutil.which(argv[0]) or argv[0]
+        return [DROP, str(uid), str(gid), folder or "-", flags, program, *argv[1:]]
     prefix = [ENV] if folder or ignore_xfsz else []
     prefix += [f"--chdir={folder}"] if folder else []
     prefix += ["--ignore-signal=XFSZ"] if ignore_xfsz else []

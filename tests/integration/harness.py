@@ -29,6 +29,8 @@ from stockade.supervisor.engines import ensure_dockerd, ensure_podman_service
 from stockade.supervisor.image import build_image, default_cache_dir, image_ref
 
 ENGINES = ("podman", "docker")
+SANDBOX_UID = 65532
+"""The sandbox user every tool runs as by default (the agent runs as config.AGENT_UID)."""
 RUN_DIR = Path("/tmp/stockade-tests")
 PODMAN_SOCKET = RUN_DIR / "podman.sock"
 DOCKER_SOCKET = Path("/var/run/docker.sock")

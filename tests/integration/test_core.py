@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from stockade.client import AsyncStockade, NotFound, Stockade, ToolError
-from tests.integration.harness import Supervisor, backend
+from tests.integration.harness import SANDBOX_UID, Supervisor, backend
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -22,7 +22,7 @@ def test_exec_runs_in_the_container(client: Stockade, key: str) -> None:
     assert not result.is_error, result.error_message
     lines = result.stdout.splitlines()
     assert lines[0].startswith("Linux sandbox ")
-    assert lines[1] == "1000"
+    assert lines[1] == str(SANDBOX_UID)
     assert lines[2] == "sandbox"
     assert lines[3] == "/workspace"
     assert result.exit_code == 0
@@ -66,7 +66,7 @@ def status_fields(client: Stockade, key: str) -> dict[str, str]:
 def test_hardening_inside_the_sandbox(client: Stockade, key: str) -> None:
     box = client.sandbox(key)
     fields = status_fields(client, key)
-    assert box.exec("id -u").stdout == "1000\n"
+    assert box.exec("id -u").stdout == f"{SANDBOX_UID}\n"
     assert int(fields["CapEff"], 16) == 0
     assert int(fields["CapPrm"], 16) == 0
     assert int(fields["CapBnd"], 16) == 0

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from stockade.client import InvalidArgument, NotFound, Stockade
-from tests.integration.harness import Supervisor, engine_cli, running_supervisor
+from stockade.supervisor.config import AGENT_UID
+from tests.integration.harness import SANDBOX_UID, Supervisor, engine_cli, running_supervisor
 from tests.integration.test_cli import cli
 
 pytestmark = pytest.mark.timeout(300)
@@ -44,11 +45,14 @@ def test_identity_capabilities_seccomp_match_proc_status(
 ) -> None:
     inside = report["inside"]
     status = status_of(client, key)
-    ident = inside["identity"]
-    assert [ident["uid"], ident["euid"]] == [int(v) for v in status["Uid"].split()[:2]]
-    assert [ident["gid"], ident["egid"]] == [int(v) for v in status["Gid"].split()[:2]]
-    assert ident["groups"] == [int(g) for g in run(client, key, "id -G").split()]
-    assert ident["uid"] == int(run(client, key, "id -u")) == 1000
+    ident = inside["identity"]  # the agent's: its own user, the sandbox user's effective ids
+    assert [int(v) for v in status["Uid"].split()] == [SANDBOX_UID] * 4  # a tool's: all four
+    assert [int(v) for v in status["Gid"].split()] == [SANDBOX_UID] * 4
+    assert [ident["uid"], ident["euid"]] == [AGENT_UID, SANDBOX_UID]
+    assert [ident["gid"], ident["egid"]] == [AGENT_UID, SANDBOX_UID]
+    assert ident["groups"] == []
+    assert run(client, key, "id -G").split() == [str(SANDBOX_UID)]
+    assert ident["euid"] == int(run(client, key, "id -u")) == SANDBOX_UID
     caps = inside["capabilities"]
     for kind, line in (("effective", "CapEff"), ("permitted", "CapPrm"), ("bounding", "CapBnd"),
                        ("ambient", "CapAmb"), ("inheritable", "CapInh")):  # fmt: skip
@@ -116,7 +120,7 @@ def test_cgroup_limits_match_files_and_engine(
 
 
 def test_namespaces_compared_with_the_host(
-    client: Stockade, key: str, report: dict[str, Any]
+    engine: str, client: Stockade, key: str, report: dict[str, Any]
 ) -> None:
     by_type = {n["type"]: n for n in report["namespaces"]}
     for ns in ("mnt", "net", "pid", "ipc", "uts", "user", "cgroup"):
@@ -127,7 +131,8 @@ def test_namespaces_compared_with_the_host(
         assert by_type[ns]["private"] is (inside != host), ns
     for ns in ("mnt", "net", "pid", "ipc", "uts"):
         assert by_type[ns]["private"] is True, ns
-    assert by_type["user"]["private"] is False  # no user namespaces configured
+    # user namespaces are on by default where the engine gives each sandbox a range: Podman
+    assert by_type["user"]["private"] is (engine == "podman")
 
 
 def test_outside_matches_the_engines_inspect(engine: str, report: dict[str, Any]) -> None:
@@ -138,7 +143,13 @@ def test_outside_matches_the_engines_inspect(engine: str, report: dict[str, Any]
     assert outside["privileged"] is host["Privileged"] is False
     assert outside["read_only_root"] is host["ReadonlyRootfs"] is True
     assert outside["network_mode"] == host["NetworkMode"] == "none"
-    assert outside["user"] == attrs["Config"]["User"] == "1000:1000"
+    # the entry point starts as root only to make tini and the agent AGENT_UID at once
+    assert outside["user"] == attrs["Config"]["User"] == "0:0"
+    kept = ["SETGID", "SETPCAP", "SETUID"]  # for the entry point; the agent drops them all
+    if engine == "docker":
+        assert sorted(outside["cap_add"]) == sorted(host["CapAdd"]) == kept
+    else:  # Podman lists what it dropped of its defaults, and what is left
+        assert sorted(attrs["EffectiveCaps"]) == [f"CAP_{name}" for name in kept]
     assert outside["memory_bytes"] == host["Memory"]
     assert outside["memory_swap_bytes"] == host["MemorySwap"] == 512 * MiB
     assert outside["pids_limit"] == host["PidsLimit"]
@@ -200,7 +211,7 @@ def test_policy_cannot_block_it(engine: str, key: str) -> None:
         assert denied.is_error
         assert denied.error_code == "PERMISSION_DENIED"
         report = client.inspect_isolation(key).to_dict()
-        assert report["inside"]["identity"]["uid"] == 1000
+        assert report["inside"]["identity"]["euid"] == SANDBOX_UID
         assert report["inside"]["problems"] == []
 
 
@@ -211,7 +222,8 @@ def test_doctor_sandbox_cli(supervisor: Supervisor, client: Stockade, key: str) 
     lines = done.stdout.splitlines()
     assert lines[0].startswith(f"sandbox {key} on {supervisor.engine}, container ")
     text = done.stdout
-    assert "  identity      uid 1000 (euid 1000), gid 1000 (egid 1000)" in text
+    agent, tools = AGENT_UID, SANDBOX_UID
+    assert f"  identity      uid {agent} (euid {tools}), gid {agent} (egid {tools})" in text
     assert "  no_new_privs  yes" in text
     assert "  seccomp       filter, " in text
     assert "  root          read-only (mount ro; creating a file: EROFS)" in text

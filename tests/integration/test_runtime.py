@@ -12,6 +12,7 @@ import pytest
 
 from stockade.client import StockadeError
 from tests.integration.harness import (
+    SANDBOX_UID,
     Supervisor,
     engine_url,
     instance_containers,
@@ -26,7 +27,7 @@ def test_runc_named_explicitly(engine: str, key: str) -> None:
     with running_supervisor(engine, '[sandbox]\nruntime = "runc"\n') as sup, sup.client() as c:
         result = c.sandbox(key).exec("echo ran; id -u")
         assert result.exit_code == 0, result.for_llm
-        assert result.stdout == "ran\n1000\n"
+        assert result.stdout == f"ran\n{SANDBOX_UID}\n"
         report = c.inspect_isolation(key).to_dict()
         assert report["outside"]["runtime"] == "runc"
         runtime = report["runtime"]

@@ -22,7 +22,7 @@ import pytest
 from stockade.client import Stockade
 from stockade.supervisor import hostfs, launcher, workspaces
 from stockade.supervisor.engines import RUNSC_FLAGS
-from tests.integration.harness import PrivateEngine, Supervisor, engine_url
+from tests.integration.harness import SANDBOX_UID, PrivateEngine, Supervisor, engine_url
 from tests.security.test_escapes import (
     run,
     test_privileged_operations_fail,
@@ -81,7 +81,7 @@ def test_the_sandbox_runs_under_gvisor(client: Stockade, key: str) -> None:
     release, *log = kernel.stdout.splitlines()
     assert release != os.uname().release, "not the host's kernel"
     assert any("Starting gVisor" in line for line in log), log
-    assert run(box, "id -u").stdout == "1000\n"
+    assert run(box, "id -u").stdout == f"{SANDBOX_UID}\n"
 
 
 def test_the_isolation_report_names_runsc_and_no_runc_verdict(

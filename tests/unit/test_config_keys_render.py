@@ -23,7 +23,8 @@ def test_config_defaults() -> None:
     assert cfg.listen == "127.0.0.1:50051"
     assert cfg.engine.kind == "podman"
     assert cfg.sandbox.network == "none"
-    assert cfg.sandbox.user == "1000:1000"
+    assert cfg.sandbox.user == "65532:65532"
+    assert cfg.sandbox.user_namespace is None  # on where the engine can: SandboxManager.start
     assert (cfg.sandbox.runtime, cfg.sandbox.tmp_inodes) == ("", 65536)
 
 

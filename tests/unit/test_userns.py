@@ -205,7 +205,9 @@ def test_chown_tree_refuses_a_link_as_the_tree(tmp_path: Path) -> None:
 
 
 def manager(tmp_path: Path, backend: FakeBackend, *, userns: bool = False) -> SandboxManager:
-    config = Config(state_dir=tmp_path, sandbox=SandboxConfig(user_namespace=userns))
+    config = Config(
+        state_dir=tmp_path, sandbox=SandboxConfig(user="1000:1000", user_namespace=userns)
+    )
     return SandboxManager(
         config,
         backend,  # type: ignore[arg-type]
