@@ -216,8 +216,9 @@ setup_clients() {
 }
 
 setup_test() {
-    # runsc: gVisor, for tests/security/test_gvisor.py (sandbox.runtime = "runsc"; skipped without)
-    ensure_packages podman runc catatonit netavark aardvark-dns iptables docker.io debootstrap ripgrep tini runsc
+    # runsc: gVisor, for tests/security/test_gvisor.py (sandbox.runtime = "runsc"; skipped without);
+    # gcc: tests/unit/test_drop.py builds stockade-drop on the host as the image build does
+    ensure_packages podman runc catatonit netavark aardvark-dns iptables docker.io debootstrap ripgrep tini runsc gcc
     configure_podman
     ensure_subids
     ensure_venv

@@ -33,6 +33,7 @@ AGENT_UID = 65533
 """The image's stockade-agent user and group, which tini and the agent run as (a constant of
 the image's entry point)."""
 MAX_ID = 0xFFFFFFFE
+USER_IDS = re.compile(r"[0-9]{1,10}(:[0-9]{1,10})?", re.ASCII)
 """Smallest capped workspace: ext4 keeps about 5 MiB of a small file system for itself."""
 
 
@@ -536,9 +537,9 @@ def _check_runtime(runtime: str) -> None:
 
 
 def _check_user(user: str) -> None:
-    uid, _, gid = user.partition(":")
-    if not (uid.isdigit() and (gid or uid).isdigit() and len(user) <= 21):
+    if not USER_IDS.fullmatch(user):
         raise ConfigError(f"sandbox.user must be UID:GID in digits, got {user[:40]!r}")
+    uid, _, gid = user.partition(":")
     if int(uid) == 0 or int(gid or uid) == 0:
         raise ConfigError("sandbox.user must not be root")
     if AGENT_UID in (int(uid), int(gid or uid)) or max(int(uid), int(gid or uid)) > MAX_ID:

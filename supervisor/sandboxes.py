@@ -689,8 +689,14 @@ class SandboxManager:
         return paths
 
     def _prepare_subdirs(self, paths: _Paths) -> None:
+        """A new workspace, and the agent's folder, for the sandbox user; an existing
+        workspace keeps its owner until _hand_over (which reads it) gives it over."""
         for directory in (paths.workspace, paths.run):
-            directory.mkdir(exist_ok=True)
+            try:
+                directory.mkdir()
+            except FileExistsError:
+                if directory == paths.workspace:
+                    continue
             os.chown(directory, self._uid, self._gid, follow_symlinks=False)
         os.chmod(paths.run, 0o700)
         paths.socket.unlink(missing_ok=True)

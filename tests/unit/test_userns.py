@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from stockade.supervisor import isolation as iso
+from stockade.supervisor import userns
 from stockade.supervisor.backends._common import id_maps, view_from_inspect
 from stockade.supervisor.config import Config, SandboxConfig, load_config
 from stockade.supervisor.errors import ConfigError
 from stockade.supervisor.hostfs import chown_tree, remove_tree
+from stockade.supervisor.keys import sandbox_id
 from stockade.supervisor.sandboxes import SandboxManager
 from stockade.supervisor.userns import (
     IDENTITY,
@@ -292,6 +294,68 @@ async def test_turning_user_namespaces_on_replaces_sandboxes_without_one(tmp_pat
 async def test_user_namespaces_on_an_engine_without_them_refuse_to_start(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no user namespaces"):
         await manager(tmp_path, FakeBackend(), userns=True).start()
+
+
+@pytest.mark.parametrize(
+    ("engine", "gvisor", "host", "subuid", "refusal"),
+    [
+        ("podman", False, True, "containers:2147483647:2147483648\n", None),
+        ("docker", False, True, "containers:2147483647:2147483648\n", "daemon-wide"),
+        ("podman", True, True, "containers:2147483647:2147483648\n", "gVisor"),
+        ("podman", False, False, "containers:2147483647:2147483648\n", "in a container"),
+        ("podman", False, True, "", "no entry"),
+        ("podman", False, True, "containers:100000:1000\n", "only 1000 ids"),
+    ],
+)
+def test_unset_user_namespace_is_on_where_each_sandbox_gets_a_range(
+    monkeypatch: pytest.MonkeyPatch,
+    engine: str,
+    gvisor: bool,
+    host: bool,
+    subuid: str,
+    refusal: str | None,
+) -> None:
+    monkeypatch.setattr(userns, "read_host_file", lambda _path: subuid)
+    found = userns.auto_refusal(engine, gvisor, host)
+    assert found == refusal if refusal is None else refusal in (found or "")
+
+
+async def test_unset_user_namespace_off_says_so_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = Config(state_dir=tmp_path)  # the defaults: 65532:65532, user_namespace unset
+    mgr = SandboxManager(
+        config, FakeBackend(), instance_id="inst0001", image="img",  # type: ignore[arg-type]
+        connect=lambda path: FakeAgent(FakeBackend(), path),  # type: ignore[arg-type,return-value]
+    )  # fmt: skip
+    with caplog.at_level("WARNING"):
+        await mgr.start()
+    assert "sandboxes run without a user namespace (fake has user namespaces only" in caplog.text
+    assert "uid 65532:65532 on the host" in caplog.text
+    await mgr.close()
+
+
+async def test_a_workspace_of_an_earlier_default_user_is_handed_over(tmp_path: Path) -> None:
+    """Made by a version that ran sandboxes as 1000 (no owners record): the workspace's own
+    owner tells whose files to hand to the configured user; root's files stay root's."""
+    backend = FakeBackend()
+    config = Config(state_dir=tmp_path, sandbox=SandboxConfig(user_namespace=False))
+    mgr = SandboxManager(
+        config, backend, instance_id="inst0001", image="img",  # type: ignore[arg-type]
+        connect=lambda path: FakeAgent(backend, path),  # type: ignore[arg-type,return-value]
+    )  # fmt: skip
+    await mgr.start()
+    root = tmp_path / "sandboxes" / sandbox_id("old")
+    workspace = root / "workspace"
+    workspace.mkdir(parents=True)
+    (workspace / "f").write_text("x")
+    (workspace / "r").write_text("root's")
+    for path in (workspace, workspace / "f"):
+        os.chown(path, 1000, 1000)
+    await mgr.ensure("old")
+    assert owner(workspace) == owner(workspace / "f") == (65532, 65532)
+    assert owner(workspace / "r") == (0, 0)
+    await mgr.close()
 
 
 def test_config_option_is_a_bool(tmp_path: Path) -> None:
