@@ -21,6 +21,7 @@ from bench.timing import guarded, progress
 from stockade.client import Stockade
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
+NO_USERNS = "[sandbox]\nuser_namespace = false\n"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -78,6 +79,16 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
             f"{engine}: Stockade Interact line echo",
             lambda: stockade_runs.interact_line(client, ns.n, ns.warmup),
         )
+    if engine == "podman":  # the default gives each sandbox a user namespace: its cost
+        with served(engine, NO_USERNS) as sup, Stockade(sup.target) as client:
+            results["cold_start_no_userns"] = guarded(
+                f"{engine}: {ns.cold} cold starts without a user namespace",
+                lambda: stockade_runs.cold_start(client, ns.cold),
+            )
+            results["stockade_warm_no_userns"] = guarded(
+                f"{engine}: Stockade warm exec without a user namespace",
+                lambda: stockade_runs.warm_exec(client, ns.n, ns.warmup),
+            )
     with served(engine, coldstart.POOL_CONFIG) as sup, Stockade(sup.target) as client:
         results["cold_start_pool"] = guarded(
             f"{engine}: {ns.cold} cold starts with a warm pool",

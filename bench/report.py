@@ -17,7 +17,11 @@ ROWS = (
     ("llm_sandbox", "llm-sandbox execute_command"),
     ("cold_start", "Stockade cold start, 1st call"),
     ("cold_start_pool", "cold start, warm pool of 2"),
+    ("stockade_warm_no_userns", "exec true, warm, no user namespace"),
+    ("cold_start_no_userns", "cold start, no user namespace"),
 )
+PODMAN_ONLY = frozenset({"stockade_warm_no_userns", "cold_start_no_userns"})
+"""Rows of the cost of Podman's default user namespace (Docker has none to compare)."""
 
 
 def ratios(results: dict[str, Any]) -> dict[str, float | None]:
@@ -58,6 +62,8 @@ def header(machine: dict[str, Any], settings: dict[str, Any]) -> str:
 def engine_section(engine: str, results: dict[str, Any]) -> str:
     lines = [f"== {engine} ==", f"{'':34}{'n':>5}{'min':>10}{'median':>10}{'p95':>10}   ms"]
     for name, label in ROWS:
+        if name in PODMAN_ONLY and name not in results:
+            continue
         lines.append(_row(label.format(engine=engine), results.get(name, {"error": "not run"})))
     lines.append(_memory(engine, results.get("idle_memory", {"error": "not run"})))
     lines += _egress(results.get("egress", {"error": "not run"}))
