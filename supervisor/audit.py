@@ -80,6 +80,10 @@ class _Flush:
         self.done = threading.Event()
 
 
+class _Trim(_Flush):
+    """Done once a retention pass has left the log within its limits."""
+
+
 class AuditLog:
     def __init__(
         self,
@@ -123,7 +127,10 @@ class AuditLog:
                 except Exception:  # the writer must outlive a bad batch: it is the only one
                     log.exception("audit: %d records could not be written", len(batch))
             for flush in flushes:
-                flush.done.set()
+                if isinstance(flush, _Trim):
+                    trimmer.request(flush.done)
+                else:
+                    flush.done.set()
             if stop:
                 db.close()
                 return
@@ -162,6 +169,16 @@ class AuditLog:
         marker = _Flush()
         self._put_marker(marker)
         marker.done.wait(timeout)
+
+    def trim(self, timeout: float = 300.0) -> bool:
+        """Run a retention pass now (after what is queued) and wait until it ends: with the
+        log within its limits, or at a chunk that failed (logged; its rows stay). False if
+        that took longer than timeout."""
+        if not self._retention.active:
+            return True
+        marker = _Trim()
+        self._put_marker(marker)
+        return marker.done.wait(timeout)
 
     async def query(self, q: AuditQuery) -> list[AuditRecord]:
         return await asyncio.to_thread(self._query, q)

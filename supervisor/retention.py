@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,8 +60,14 @@ class Trimmer:
         self._next = monotonic()
         """When the next pass starts (the first at once: a log may be over its limits)."""
         self._busy = False
+        self._waiting: list[threading.Event] = []
         self.removed = 0
         """Records removed since start (by age and by size)."""
+
+    def request(self, done: threading.Event) -> None:
+        """Start a pass now (unless one is under way); `done` is set when one ends."""
+        self._waiting.append(done)
+        self._next = min(self._next, self._monotonic())
 
     def wait_s(self) -> float | None:
         """How long the writer may block for records before it must step(); None: forever."""
@@ -78,9 +85,12 @@ class Trimmer:
         except Exception:  # a failed trim must not stop the writer; the next pass retries
             log.exception("audit: retention trim failed")
             removed = 0
-        if removed == 0:
+        if removed == 0:  # the pass is over: the log is within its limits
             self._busy = False
             self._next = self._monotonic() + self._retention.interval_s
+            for done in self._waiting:
+                done.set()
+            self._waiting.clear()
         self.removed += removed
         return removed
 
