@@ -198,6 +198,18 @@ class AuditLog:
         self._writer.join(30)
 
 
+INDEX_ORDER = (
+    ("sandbox_key", "audit_tenant_key_time"),
+    ("errors_only", "audit_tenant_errors"),
+    ("agent_id", "audit_tenant_agent_time"),
+    ("tool", "audit_tenant_tool_time"),
+)
+"""The index a query with several filters reads, most selective filter first (a key names
+one sandbox; failed calls are few; agents, then tools, are few and each has many records).
+SQLite, left to choose, read the tool's index for `--key --tool --errors`: 31 ms instead of
+6 on a log of 1,000,000 records; ANALYZE did not change its mind."""
+
+
 def query_sql(q: AuditQuery) -> tuple[str, tuple[object, ...]]:
     """The SELECT of a query, newest first. Ordered by time (then id) so that the index of
     the query's filter (store.AUDIT_INDEXES) gives the rows in order: no sort, and a read
@@ -208,13 +220,12 @@ def query_sql(q: AuditQuery) -> tuple[str, tuple[object, ...]]:
             where.append(f"{column} = ?")
             params.append(getattr(q, column))
     if q.errors_only:
-        where.append(
-            "is_error = 1"
-        )  # a literal: so the partial index audit_tenant_errors serves it
+        where.append("is_error = 1")  # a literal, so the partial index audit_tenant_errors fits
+    index = next((name for field, name in INDEX_ORDER if getattr(q, field)), "audit_tenant_time")
     params.append(min(q.limit or 100, MAX_LIMIT))
     sql = (
-        f"SELECT id, {', '.join(_COLUMNS)} FROM audit WHERE {' AND '.join(where)} "
-        "ORDER BY time DESC, id DESC LIMIT ?"
+        f"SELECT id, {', '.join(_COLUMNS)} FROM audit INDEXED BY {index} "
+        f"WHERE {' AND '.join(where)} ORDER BY time DESC, id DESC LIMIT ?"
     )
     return sql, tuple(params)
 
