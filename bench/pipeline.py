@@ -14,7 +14,7 @@ from typing import Any
 from bench.timing import Result, summarize, time_calls
 from stockade.supervisor.agent_client import AgentReply
 from stockade.supervisor.app import build_policy
-from stockade.supervisor.config import Config, LimitsConfig
+from stockade.supervisor.config import AuditConfig, Config, LimitsConfig
 from stockade.supervisor.models import CallContext, ToolCall
 from stockade.supervisor.pipeline import HostPolicy, ToolPipeline
 
@@ -51,10 +51,10 @@ async def _time_async(call: Any, n: int, warmup: int) -> Result:
 CALL = ToolCall("bench", "exec", f'{{"command": "{COMMAND}"}}', CallContext("agent"))
 
 
-def _pipeline(state: Path) -> tuple[ToolPipeline, HostPolicy]:
+def _pipeline(state: Path, audit: AuditConfig | None = None) -> tuple[ToolPipeline, HostPolicy]:
     """A pipeline with the default policy (audit log in state/stockade.db), no rate limit."""
     limits = LimitsConfig(rate_per_s=1e9, burst=10**9)
-    config = Config(state_dir=state, limits=limits, scrub=Config().scrub)
+    config = Config(state_dir=state, limits=limits, audit=audit or AuditConfig())
     policy = build_policy(config)
     return ToolPipeline(config, _InstantSandbox(), policy), policy  # type: ignore[arg-type]
 
@@ -73,10 +73,13 @@ def run_pipeline_bench(n: int = 2000, warmup: int = 200) -> dict[str, Any]:
     return {"pipeline_4k": whole, **parts}
 
 
-def call_cost(states: dict[str, Path], n: int = 2000, rounds: int = 8) -> dict[str, Result]:
+def call_cost(
+    states: dict[str, Path], n: int = 2000, rounds: int = 8, audit: AuditConfig | None = None
+) -> dict[str, Result]:
     """A call's cost with each state directory's audit log, side by side: the pipelines take
-    turns in `rounds` blocks of n/rounds calls, so a disturbance of the machine falls on all."""
-    pipelines = {name: _pipeline(state) for name, state in states.items()}
+    turns in `rounds` blocks of n/rounds calls, so a disturbance of the machine falls on all.
+    Each result also says how many records retention removed meanwhile ("trimmed")."""
+    pipelines = {name: _pipeline(state, audit) for name, state in states.items()}
     samples: dict[str, list[float]] = {name: [] for name in states}
 
     async def block(pipeline: ToolPipeline, out: list[float], count: int) -> None:
@@ -91,10 +94,16 @@ def call_cost(states: dict[str, Path], n: int = 2000, rounds: int = 8) -> dict[s
         for _ in range(rounds):
             for name, (pipeline, _) in pipelines.items():
                 asyncio.run(block(pipeline, samples[name], max(n // rounds, 1)))
+        trimmed = {name: _trimmed(policy) for name, (_, policy) in pipelines.items()}
     finally:
         for _, policy in pipelines.values():
             _close(policy)
-    return {name: summarize(s) for name, s in samples.items()}
+    return {name: {**summarize(s), "trimmed": trimmed[name]} for name, s in samples.items()}
+
+
+def _trimmed(policy: HostPolicy) -> int:
+    trimmer = policy.audit.trimmer if policy.audit is not None else None
+    return trimmer.removed if trimmer is not None else 0
 
 
 def _parts(policy: Any, n: int, warmup: int) -> dict[str, Result]:
