@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
-from bench import abuse, coldstart, egress, load, peers, report, stockade_runs
+from bench import abuse, audit, coldstart, egress, load, peers, report, stockade_runs
 from bench.engines import ENGINES, bring_up, remove_labelled
 from bench.machine import machine_info
 from bench.pipeline import host_section, run_pipeline_bench
@@ -33,14 +33,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--load-keys", type=int, help="keys in the load run (default 50)")
     parser.add_argument("--load-calls", type=int, help="mixed calls per key (default 200)")
     parser.add_argument(
-        "--quick", action="store_true", help="a short run: n=30, cold=3, idle=2, load 10x50"
+        "--audit-records", type=int, help="records in the full audit log (default 1,000,000)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a short run: n=30, cold=3, idle=2, load 10x50, audit log of 100,000",
     )
     ns = parser.parse_args(argv)
     quick = (
-        {"n": 30, "cold": 3, "idle": 2, "load_keys": 10, "load_calls": 50}
+        {"n": 30, "cold": 3, "idle": 2, "load_keys": 10, "load_calls": 50, "audit_records": 10**5}
         if ns.quick
-        else {"n": 300, "cold": 10, "idle": 5, "load_keys": 50, "load_calls": 200}
-    )
+        else {"n": 300, "cold": 10, "idle": 5, "load_keys": 50, "load_calls": 200,
+              "audit_records": 10**6}
+    )  # fmt: skip
     for name, default in quick.items():
         if getattr(ns, name) is None:
             setattr(ns, name, default)
@@ -126,11 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC).isoformat(timespec="seconds")
     settings = {
         "n": ns.n, "warmup": ns.warmup, "cold": ns.cold, "idle": ns.idle, "quick": ns.quick,
-        "load_keys": ns.load_keys, "load_calls": ns.load_calls,
+        "load_keys": ns.load_keys, "load_calls": ns.load_calls, "audit_records": ns.audit_records,
     }  # fmt: skip
     by_engine: dict[str, Any] = {}
     progress("host-side pipeline and scrubber")
     host = {"pipeline": run_pipeline_bench(), "scrub": run_scrub_bench()}
+    host["audit"] = guarded(
+        f"audit log of {ns.audit_records:,} records",
+        lambda: audit.run_audit_bench(ns.audit_records),
+    )
     try:
         for engine in engines:
             by_engine[engine] = bench_engine(engine, ns, run_id)
@@ -144,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info(engines)
     print(report.header(machine, settings), end="\n\n")
     print(host_section(host["pipeline"], host["scrub"]), end="\n\n")
+    print(audit.printed(host["audit"]), end="\n\n")
     for engine, results in by_engine.items():
         print(report.engine_section(engine, results), end="\n\n")
         print(abuse.section(engine, results["neighbour_abuse"]), end="\n\n")

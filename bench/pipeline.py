@@ -14,9 +14,9 @@ from typing import Any
 from bench.timing import Result, summarize, time_calls
 from stockade.supervisor.agent_client import AgentReply
 from stockade.supervisor.app import build_policy
-from stockade.supervisor.config import Config, LimitsConfig
+from stockade.supervisor.config import AuditConfig, Config, LimitsConfig
 from stockade.supervisor.models import CallContext, ToolCall
-from stockade.supervisor.pipeline import ToolPipeline
+from stockade.supervisor.pipeline import HostPolicy, ToolPipeline
 
 COMMAND = "cd src && git status --short && pytest -q tests/unit -k 'not slow'"
 OUTPUT = ("tests/unit/test_app.py ....................................... [ 42%]\n" * 60)[:4096]
@@ -48,18 +48,62 @@ async def _time_async(call: Any, n: int, warmup: int) -> Result:
     return summarize(samples)
 
 
+CALL = ToolCall("bench", "exec", f'{{"command": "{COMMAND}"}}', CallContext("agent"))
+
+
+def _pipeline(state: Path, audit: AuditConfig | None = None) -> tuple[ToolPipeline, HostPolicy]:
+    """A pipeline with the default policy (audit log in state/stockade.db), no rate limit."""
+    limits = LimitsConfig(rate_per_s=1e9, burst=10**9)
+    config = Config(state_dir=state, limits=limits, audit=audit or AuditConfig())
+    policy = build_policy(config)
+    return ToolPipeline(config, _InstantSandbox(), policy), policy  # type: ignore[arg-type]
+
+
+def _close(policy: HostPolicy) -> None:
+    if policy.audit is not None:
+        policy.audit.close()
+
+
 def run_pipeline_bench(n: int = 2000, warmup: int = 200) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="stk-bench-") as state:
-        limits = LimitsConfig(rate_per_s=1e9, burst=10**9)
-        config = Config(state_dir=Path(state), limits=limits, scrub=Config().scrub)
-        policy = build_policy(config)
-        pipeline = ToolPipeline(config, _InstantSandbox(), policy)  # type: ignore[arg-type]
-        call = ToolCall("bench", "exec", f'{{"command": "{COMMAND}"}}', CallContext("agent"))
-        whole = asyncio.run(_time_async(lambda: pipeline.call(call), n, warmup))
+        pipeline, policy = _pipeline(Path(state))
+        whole = asyncio.run(_time_async(lambda: pipeline.call(CALL), n, warmup))
         parts = _parts(policy, n, warmup)
-        if policy.audit is not None:
-            policy.audit.close()
+        _close(policy)
     return {"pipeline_4k": whole, **parts}
+
+
+def call_cost(
+    states: dict[str, Path], n: int = 2000, rounds: int = 8, audit: AuditConfig | None = None
+) -> dict[str, Result]:
+    """A call's cost with each state directory's audit log, side by side: the pipelines take
+    turns in `rounds` blocks of n/rounds calls, so a disturbance of the machine falls on all.
+    Each result also says how many records retention removed meanwhile ("trimmed")."""
+    pipelines = {name: _pipeline(state, audit) for name, state in states.items()}
+    samples: dict[str, list[float]] = {name: [] for name in states}
+
+    async def block(pipeline: ToolPipeline, out: list[float], count: int) -> None:
+        for _ in range(count):
+            started = time.perf_counter()
+            await pipeline.call(CALL)
+            out.append(time.perf_counter() - started)
+
+    try:
+        for pipeline, _ in pipelines.values():  # warm-up
+            asyncio.run(block(pipeline, [], max(n // 10, 1)))
+        for _ in range(rounds):
+            for name, (pipeline, _) in pipelines.items():
+                asyncio.run(block(pipeline, samples[name], max(n // rounds, 1)))
+        trimmed = {name: _trimmed(policy) for name, (_, policy) in pipelines.items()}
+    finally:
+        for _, policy in pipelines.values():
+            _close(policy)
+    return {name: {**summarize(s), "trimmed": trimmed[name]} for name, s in samples.items()}
+
+
+def _trimmed(policy: HostPolicy) -> int:
+    trimmer = policy.audit.trimmer if policy.audit is not None else None
+    return trimmer.removed if trimmer is not None else 0
 
 
 def _parts(policy: Any, n: int, warmup: int) -> dict[str, Result]:

@@ -18,12 +18,13 @@ from stockade.supervisor import incontainer
 from stockade.supervisor.audit import AuditRecord
 from stockade.supervisor.auth import Authenticator, auth_enabled
 from stockade.supervisor.backends import create_backend
-from stockade.supervisor.config import Config
+from stockade.supervisor.config import AuditConfig, Config
 from stockade.supervisor.errors import ConfigError, EngineUnavailable
 from stockade.supervisor.metrics import Metrics
 from stockade.supervisor.network.proxy import EgressDecision
 from stockade.supervisor.owner import InstanceLock
 from stockade.supervisor.pipeline import HostPolicy
+from stockade.supervisor.retention import Retention
 from stockade.supervisor.sandboxes import SandboxManager
 from stockade.supervisor.server import Server
 from stockade.supervisor.telemetry import Observer, log_call
@@ -107,7 +108,17 @@ def build_policy(config: Config) -> HostPolicy:
         approvals=ApprovalManager(config.approvals, config.agents, AllowAlways(db)),
         limiter=KeyLimiter(config.limits),
         scrubber=scrubber if config.scrub.enabled else None,
-        audit=AuditLog(db) if config.audit.enabled else None,
+        audit=AuditLog(db, retention(config.audit)) if config.audit.enabled else None,
+    )
+
+
+def retention(audit: AuditConfig) -> Retention:
+    """The audit log's retention, from its config (checked at load)."""
+    return Retention(
+        max_age_s=audit.max_age_days * 86400,
+        max_bytes=audit.max_size_mb << 20,
+        export_dir=Path(audit.export_dir) if audit.export_dir else None,
+        interval_s=audit.trim_interval_s,
     )
 
 

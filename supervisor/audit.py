@@ -4,7 +4,11 @@ Writes go through a queue to one writer thread, so a call never waits on the dis
 first waits until everything queued before it is written. The writer gathers what arrives in
 BATCH_WINDOW_S after a first record and writes it as one transaction: one wake-up of that
 thread per window instead of one per call, since each takes the interpreter lock from the
-event loop's thread while calls are being served."""
+event loop's thread while calls are being served.
+
+Retention (supervisor/retention.py) trims on the same thread, one chunk between two batches,
+so records keep landing while millions of old ones go; it keeps the log under its age and
+size limits, never blocking a call."""
 
 from __future__ import annotations
 
@@ -13,12 +17,15 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from stockade.supervisor import store
 from stockade.supervisor.keys import split
 from stockade.supervisor.render import wire_text
+from stockade.supervisor.retention import Retention, Trimmer
 
 log = logging.getLogger("stockade.audit")
 MAX_LIMIT = 10_000
@@ -73,9 +80,23 @@ class _Flush:
         self.done = threading.Event()
 
 
+class _Trim(_Flush):
+    """Done once a retention pass has left the log within its limits."""
+
+
 class AuditLog:
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self,
+        path: Path,
+        retention: Retention | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """retention: None keeps every record. clock: the time retention's ages count from."""
         self._path = path
+        self._retention = retention or Retention(max_age_s=0, max_bytes=0)
+        self._clock = clock
+        self.trimmer: Trimmer | None = None
+        """The writer thread's, once it runs (its `removed` counts what retention took)."""
         store.connect(path).close()
         self._queue: queue.SimpleQueue[AuditRecord | _Flush | None] = queue.SimpleQueue()
         self._urgent = threading.Event()
@@ -95,8 +116,9 @@ class AuditLog:
         db = store.connect(self._path)
         placeholders = ", ".join("?" * len(_COLUMNS))
         insert = f"INSERT INTO audit ({', '.join(_COLUMNS)}) VALUES ({placeholders})"
+        trimmer = self.trimmer = Trimmer(db, self._retention, _COLUMNS, self._clock)
         while True:
-            batch, flushes, stop = self._drain()
+            batch, flushes, stop = self._drain(trimmer.wait_s())
             if batch:
                 try:
                     with db:
@@ -105,16 +127,24 @@ class AuditLog:
                 except Exception:  # the writer must outlive a bad batch: it is the only one
                     log.exception("audit: %d records could not be written", len(batch))
             for flush in flushes:
-                flush.done.set()
+                if isinstance(flush, _Trim):
+                    trimmer.request(flush.done)
+                else:
+                    flush.done.set()
             if stop:
                 db.close()
                 return
+            trimmer.step()
 
-    def _drain(self) -> tuple[list[AuditRecord], list[_Flush], bool]:
-        """The next batch: blocks for a first item; after a record, gathers more for up to
-        BATCH_WINDOW_S (less when flush() or close() asks)."""
-        items = [self._queue.get()]
-        if isinstance(items[0], AuditRecord) and self._queue.qsize() < MAX_BATCH:
+    def _drain(self, wait_s: float | None) -> tuple[list[AuditRecord], list[_Flush], bool]:
+        """The next batch: blocks for a first item up to wait_s (None: for ever); after a
+        record, gathers more for up to BATCH_WINDOW_S (less when flush() or close() asks)."""
+        try:
+            items = [self._queue.get(timeout=wait_s) if wait_s != 0 else self._queue.get_nowait()]
+        except queue.Empty:
+            return [], [], False
+        trimming = wait_s == 0  # the thread has work: no window to gather records in
+        if isinstance(items[0], AuditRecord) and self._queue.qsize() < MAX_BATCH and not trimming:
             with self._markers_lock:
                 urgent = self._markers > 0
             if not urgent:
@@ -140,26 +170,25 @@ class AuditLog:
         self._put_marker(marker)
         marker.done.wait(timeout)
 
+    def trim(self, timeout: float = 300.0) -> bool:
+        """Run a retention pass now (after what is queued) and wait until it ends: with the
+        log within its limits, or at a chunk that failed (logged; its rows stay). False if
+        that took longer than timeout."""
+        if not self._retention.active:
+            return True
+        marker = _Trim()
+        self._put_marker(marker)
+        return marker.done.wait(timeout)
+
     async def query(self, q: AuditQuery) -> list[AuditRecord]:
         return await asyncio.to_thread(self._query, q)
 
     def _query(self, q: AuditQuery) -> list[AuditRecord]:
         self.flush()
-        where, params = ["time >= ?", "tenant = ?"], [q.since, q.tenant]
-        for column in ("sandbox_key", "tool", "agent_id"):
-            if getattr(q, column):
-                where.append(f"{column} = ?")
-                params.append(getattr(q, column))
-        if q.errors_only:
-            where.append("is_error = 1")
-        limit = min(q.limit or 100, MAX_LIMIT)
-        sql = (
-            f"SELECT id, {', '.join(_COLUMNS)} FROM audit WHERE {' AND '.join(where)} "
-            "ORDER BY id DESC LIMIT ?"
-        )
-        db = store.connect(self._path)
+        sql, params = query_sql(q)
+        db = store.reader(self._path)
         try:
-            rows = db.execute(sql, (*params, limit)).fetchall()
+            rows = db.execute(sql, params).fetchall()
         finally:
             db.close()
         return [_from_row(row) for row in rows]
@@ -167,6 +196,38 @@ class AuditLog:
     def close(self) -> None:
         self._put_marker(None)
         self._writer.join(30)
+
+
+INDEX_ORDER = (
+    ("sandbox_key", "audit_tenant_key_time"),
+    ("errors_only", "audit_tenant_errors"),
+    ("agent_id", "audit_tenant_agent_time"),
+    ("tool", "audit_tenant_tool_time"),
+)
+"""The index a query with several filters reads, most selective filter first (a key names
+one sandbox; failed calls are few; agents, then tools, are few and each has many records).
+SQLite, left to choose, read the tool's index for `--key --tool --errors`: 31 ms instead of
+6 on a log of 1,000,000 records; ANALYZE did not change its mind."""
+
+
+def query_sql(q: AuditQuery) -> tuple[str, tuple[object, ...]]:
+    """The SELECT of a query, newest first. Ordered by time (then id) so that the index of
+    the query's filter (store.AUDIT_INDEXES) gives the rows in order: no sort, and a read
+    that stops at the limit, however many records match."""
+    where, params = ["tenant = ?", "time >= ?"], [q.tenant, q.since]
+    for column in ("sandbox_key", "tool", "agent_id"):
+        if getattr(q, column):
+            where.append(f"{column} = ?")
+            params.append(getattr(q, column))
+    if q.errors_only:
+        where.append("is_error = 1")  # a literal, so the partial index audit_tenant_errors fits
+    index = next((name for field, name in INDEX_ORDER if getattr(q, field)), "audit_tenant_time")
+    params.append(min(q.limit or 100, MAX_LIMIT))
+    sql = (
+        f"SELECT id, {', '.join(_COLUMNS)} FROM audit INDEXED BY {index} "
+        f"WHERE {' AND '.join(where)} ORDER BY time DESC, id DESC LIMIT ?"
+    )
+    return sql, tuple(params)
 
 
 MAX_FIELD_CHARS = 1024

@@ -269,8 +269,18 @@ class FilesConfig:
 class AuditConfig:
     enabled: bool = True
     path: str = ""
-    """SQLite file; empty: STATE_DIR/audit.db."""
+    """SQLite file; empty: STATE_DIR/stockade.db."""
     max_arguments_bytes: int = 4096
+    max_age_days: float = 30.0
+    """Records older than this are removed; 0: no age limit."""
+    max_size_mb: int = 1024
+    """The database's pages in use are kept at or below this, oldest records removed first
+    (the file stops growing there: freed pages are reused); 0: no size limit."""
+    export_dir: str = ""
+    """Absolute directory: removed records are appended there first, as JSON lines, to
+    audit-YYYY-MM-DD.jsonl (fsynced before the delete); empty: not kept."""
+    trim_interval_s: float = 60.0
+    """How often retention looks for records to remove."""
 
 
 @dataclass(frozen=True)
@@ -470,6 +480,7 @@ def _check(cfg: Config) -> None:
     _check_network(cfg.network)
     _check_policy(cfg)
     _check_housekeeping(cfg.housekeeping)
+    _check_audit(cfg.audit)
     _check_observability(cfg.observability)
     _check_auth(cfg.auth, cfg.tenants)
     if cfg.engine.kind not in ("podman", "docker"):
@@ -666,6 +677,32 @@ def _check_housekeeping(hk: HousekeepingConfig) -> None:
     }.items():
         if mb < 0:
             raise ConfigError(f"housekeeping.{name} must not be negative (0: no check), got {mb}")
+
+
+MAX_AUDIT_DAYS = 36500.0
+MAX_AUDIT_MB = 1 << 24
+"""16 TiB: more is a mistake (SQLite's own limit is near 281 TB)."""
+
+
+def _check_audit(audit: AuditConfig) -> None:
+    if not 0 <= audit.max_age_days <= MAX_AUDIT_DAYS:  # also false for NaN
+        raise ConfigError(
+            f"audit.max_age_days must be between 0 (no limit) and {MAX_AUDIT_DAYS:.0f}, "
+            f"got {audit.max_age_days}"
+        )
+    if audit.max_size_mb != 0 and not 1 <= audit.max_size_mb <= MAX_AUDIT_MB:
+        raise ConfigError(
+            f"audit.max_size_mb must be 0 (no limit) or between 1 and {MAX_AUDIT_MB}, "
+            f"got {audit.max_size_mb}"
+        )
+    if not 0.05 <= audit.trim_interval_s <= 86400:
+        raise ConfigError(
+            f"audit.trim_interval_s must be between 0.05 and 86400 s, got {audit.trim_interval_s}"
+        )
+    if audit.export_dir and not Path(audit.export_dir).is_absolute():
+        raise ConfigError(f"audit.export_dir must be an absolute path, got {audit.export_dir!r}")
+    if "\0" in audit.export_dir:
+        raise ConfigError("audit.export_dir must not contain a NUL character")
 
 
 def _check_network(net: NetworkConfig) -> None:
