@@ -65,14 +65,23 @@ Pseudo-rules in results: ``parse-error`` and ``too-complex``.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import posixpath
 import re
 import shlex
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, NoReturn
 
+from stockade.supervisor.policy.guard_paths import (
+    SCRATCH,
+    Place,
+    find_root_may_match,
+    known_prefix,
+    removal_problem,
+    resolve_cwds,
+)
 from stockade.supervisor.policy.shell_parse import (
     Budget,
     Command,
@@ -152,6 +161,7 @@ _RAW_DISK = re.compile(
     r"/dev/(?:[shv]d[a-z]|xvd[a-z]|nvme\d|mmcblk\d|disk|dm-\d|md\d|mapper/|loop\d)", re.IGNORECASE
 )
 _DEV_NET = re.compile(r"/dev/+(?:\./+)*(?:tcp|udp)/|/inet[46]?/(?:tcp|udp)/", re.IGNORECASE)
+_SETS_HOME = re.compile(r"(?<![$\w{])HOME\b")
 _SYSRQ = re.compile(r"^/+proc/+sysrq-trigger$")
 _HOME = re.compile(r"^(?:~|\$HOME|\$\{HOME\})(?=/|$)")
 _STRATUM = re.compile(r"stratum\d?\+(?:tcp|ssl|tls)://", re.IGNORECASE)
@@ -185,6 +195,9 @@ _EMBEDDED = re.compile(
     r"""(?P<body>(?:\\.|(?!(?P=q)).)*)(?P=q)|`(?P<tick>[^`\n]*)`""",
     re.DOTALL,
 )
+_RUNTIME = re.compile(r"[$`]")
+_DD_SOURCES = frozenset({"/dev/zero", "/dev/urandom", "/dev/random", "/dev/null", "/dev/stdin"})
+_DD_SINKS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
 _MAX_CHAIN = 32
 _MAX_EMBEDDED = 32
 
@@ -199,6 +212,7 @@ class _Inv:
     word: Word
     args: tuple[Word, ...]
     command: Command
+    place: Place = Place()
 
     @property
     def argv(self) -> list[str]:
@@ -264,22 +278,23 @@ _SCRIPT_FLAGS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 _FILE_FLAGS = frozenset({("python", "-m"), ("php", "-f")})
 
 
-def _invocations(command: Command) -> list[_Inv]:
+def _invocations(command: Command, place: Place) -> list[_Inv]:
     found: list[_Inv] = []
-    pending = [command.words]
+    pending = [(command.words, place)]
     while pending and len(found) < _MAX_CHAIN:
-        words = pending.pop(0)
+        words, where = pending.pop(0)
         if words:
-            inv = _make_inv(words, command)
+            inv = _make_inv(words, command, where)
             found.append(inv)
-            pending.extend(_wrapped(inv))
+            fed = replace(where, fed=True) if inv.program in ("xargs", "parallel") else where
+            pending.extend((wrapped, fed) for wrapped in _wrapped(inv))
     return found
 
 
-def _make_inv(words: tuple[Word, ...], command: Command) -> _Inv:
+def _make_inv(words: tuple[Word, ...], command: Command, place: Place) -> _Inv:
     name = basename(words[0].text)
     program = name.lower().removesuffix(".exe")
-    return _Inv(program, name, words[0], words[1:], command)
+    return _Inv(program, name, words[0], words[1:], command, place)
 
 
 def _wrapped(inv: _Inv) -> list[tuple[Word, ...]]:
@@ -347,22 +362,40 @@ def _split_string(args: tuple[Word, ...], i: int) -> tuple[Word, ...] | None:
 
 
 def _find_exec(args: tuple[Word, ...]) -> list[tuple[Word, ...]]:
-    """The commands of -exec/-execdir/-ok, with ``{}`` as each root (find visits it too)."""
-    roots = _find_roots([a.text for a in args])[:8] or ["."]
-    found: list[tuple[Word, ...]] = []
+    """The commands of -exec/-execdir/-ok, with ``{}`` as each root when find may hand it
+    over, and as what it finds below: ``ROOT/*`` (anything) unless a name, path or time
+    test narrows that, then ``ROOT/{}``."""
+    argv = [a.text for a in args]
+    root_words = _find_root_words(args)[:8] or [Word(".")]
+    below = "/{}" if _find_narrowed(argv) else "/*"
+    found: list[Word] = []
+    for root in root_words:
+        if find_root_may_match(argv, root.text):
+            found.append(root)
+        found.append(replace(root, text=root.text.rstrip("/") + below, bare=None))
+    commands: list[tuple[Word, ...]] = []
     i = 0
     while i < len(args):
         if args[i].text in ("-exec", "-execdir", "-ok", "-okdir"):
             end = i + 1
             while end < len(args) and args[end].text not in (";", "+"):
                 end += 1
-            found.extend(
-                tuple(Word(root) if w.text == "{}" else w for w in args[i + 1 : end])
-                for root in roots
+            commands.extend(
+                tuple(each if w.text == "{}" else w for w in args[i + 1 : end]) for each in found
             )
             i = end
         i += 1
-    return found
+    return commands
+
+
+def _find_root_words(args: tuple[Word, ...]) -> list[Word]:
+    return args[: len(_find_roots([a.text for a in args]))]
+
+
+def _find_narrowed(argv: list[str]) -> bool:
+    """Does a name/path/time test narrow what find matches (not ``-name '*'``)?"""
+    tests = [i for i, t in enumerate(argv) if t in _FIND_TESTS]
+    return any(argv[i] == "-empty" or argv[i + 1 : i + 2] not in _TRIVIAL for i in tests)
 
 
 def _find_roots(argv: list[str]) -> list[str]:
@@ -569,27 +602,39 @@ def _privilege(inv: _Inv) -> str | None:
 def _rm(inv: _Inv) -> str | None:
     if inv.program != "rm":
         return None
-    flags = _flags(inv.args, ("--recursive", "--force", "--no-preserve-root"))
-    recursive = bool(flags & {"r", "R", "--recursive"})
-    if recursive and flags & {"f", "--force"}:
-        return "recursive forced rm (rm -rf)"
+    flags = _flags(inv.args, ("--recursive", "--force", "--no-preserve-root", "--dir"))
     if "--no-preserve-root" in flags:
         return "rm --no-preserve-root"
-    if recursive and any(_critical(t) for t in _operands(inv.args)):
-        return "recursive rm of / or a system or home directory"
+    if not flags & {"r", "R", "--recursive"}:
+        return None
+    if inv.place.fed:
+        return f"recursive rm of paths read at run time (xargs, parallel)"
+    for word in _operand_words(inv.args):
+        problem = removal_problem(word, inv.place)
+        if problem:
+            return f"recursive rm of {problem}"
     return None
+
+
+def _operand_words(args: tuple[Word, ...]) -> list[Word]:
+    """Operands: words not starting with "-" ("-" itself too), and all after "--"."""
+    found, options = [], True
+    for arg in args:
+        if options and arg.text == "--":
+            options = False
+        elif not options or not arg.text.startswith("-") or arg.text == "-":
+            found.append(arg)
+    return found
 
 
 def _find(inv: _Inv) -> str | None:
     if inv.program != "find" or "-delete" not in inv.argv:
         return None
-    roots = _find_roots(inv.argv)
-    if any(_critical(r) for r in roots):
-        return "find -delete on / or a system or home directory"
-    argv = inv.argv
-    tests = [i for i, t in enumerate(argv) if t in _FIND_TESTS]
-    if not any(argv[i] == "-empty" or argv[i + 1 : i + 2] not in _TRIVIAL for i in tests):
-        return "find -delete without a name or path test (recursive delete)"
+    narrowed = _find_narrowed(inv.argv)
+    for root in _find_root_words(inv.args) or [Word(".")]:
+        problem = removal_problem(root, inv.place, root_ok=narrowed)
+        if problem:
+            return f"find -delete in {problem}" + ("" if narrowed else " with no name test")
     return None
 
 
@@ -623,7 +668,32 @@ def _mkfs(inv: _Inv) -> str | None:
 
 
 def _dd(inv: _Inv) -> str | None:
-    return "raw copy (dd if=)" if inv.program == "dd" and _prefixed(inv, "if=") else None
+    """dd between ordinary files (or from /dev/zero, /dev/urandom) is routine; reading a
+    device or kernel memory, writing to a device or a system folder, or a run-time path
+    is not."""
+    if inv.program != "dd":
+        return None
+    for path in _prefixed(inv, "if="):
+        if _RUNTIME.search(path) or not path:
+            return "dd reading a path known only at run time"
+        if _device_or_kernel(path) and _norm_abs(path) not in _DD_SOURCES:
+            return f"dd reading a device or kernel memory ({path})"
+    for path in _prefixed(inv, "of="):
+        if _RUNTIME.search(path) or not path:
+            return "dd writing a path known only at run time"
+        if _device_or_kernel(path) and _norm_abs(path) not in _DD_SINKS:
+            return f"dd writing a device ({path})"
+        if _critical(path) or _in_system_tree(path):
+            return f"dd writing into a system folder ({path})"
+    return None
+
+
+def _device_or_kernel(path: str) -> bool:
+    return path.startswith("/") and _norm_abs(path).startswith(("/dev/", "/proc/", "/sys/"))
+
+
+def _norm_abs(path: str) -> str:
+    return posixpath.normpath("/" + path.lstrip("/"))
 
 
 def _prefixed(inv: _Inv, prefix: str) -> list[str]:
@@ -801,8 +871,11 @@ class _Decided(Exception):
 class _Evaluation:
     """State of one ``Guard.check`` call; raises ``_Decided`` on the first deny."""
 
-    def __init__(self, guard: Guard) -> None:
+    def __init__(self, guard: Guard, base: tuple[str, ...] | None, env: Mapping[str, str]) -> None:
         self.guard = guard
+        self.base = base  # absolute directories the script being walked starts in
+        self.home: str | None = None if "HOME" in env else guard._home
+        self.cdpath = "CDPATH" in env
         self.asked: GuardResult | None = None
         self.unparsed: tuple[str, str] | None = None  # (pseudo-rule, why)
         self.cache: dict[int, tuple[Command, list[_Inv]]] = {}
@@ -832,8 +905,21 @@ class _Evaluation:
     def invocations(self, command: Command) -> list[_Inv]:
         cached = self.cache.get(id(command))
         if cached is None or cached[0] is not command:
-            cached = self.cache[id(command)] = (command, _invocations(command))
+            cwds = resolve_cwds(self.base, command.cwds, self.home)
+            place = Place(cwds, self.guard._workspace, self.home)
+            cached = self.cache[id(command)] = (command, _invocations(command, place))
         return cached[1]
+
+    def place(self) -> Place:
+        """Where the script being walked starts."""
+        return Place(self.base, self.guard._workspace, self.home)
+
+    def parse(self, text: str, positional: Sequence[str] | None = ()) -> Script:
+        """Parse shell text; a text that may set HOME or CDPATH makes them unknown."""
+        if _SETS_HOME.search(text):
+            self.home = None
+        self.cdpath |= "CDPATH" in text
+        return parse_script(text, positional=positional, budget=self.budget, cdpath=self.cdpath)
 
     def sub_invocations(self, sub: Sub) -> list[_Inv]:
         return [inv for command in sub.commands for inv in self.invocations(command)]
@@ -879,7 +965,10 @@ class _Evaluation:
             if what:
                 self.deny(name, what)
         if any(a.bare is not None for a in inv.args):  # `rm $u-rf $u/`: $u may be empty
-            args = tuple(a if a.bare is None else Word(a.bare, dynamic=True) for a in inv.args)
+            args = tuple(
+                a if a.bare is None or known_prefix(a.text) else Word(a.bare, dynamic=True)
+                for a in inv.args
+            )
             bare = replace(inv, args=tuple(a for a in args if a.text))
             for name, on_invocation in _ON_INVOCATION:
                 what = on_invocation(bare)
@@ -936,7 +1025,8 @@ class _Evaluation:
                 rule, what = held
                 self.deny(rule, f"{what} ({path}) run as code by {inv.name}")
             if isinstance(held, str):
-                self.source(code.lang if code is not None else "sh", held, depth)
+                with self.running_in(inv):
+                    self.source(code.lang if code is not None else "sh", held, depth)
 
     def config_rules(self, inv: _Inv) -> None:
         if not self.guard._extra:
@@ -946,7 +1036,20 @@ class _Evaluation:
             if regex.search(text):
                 self.deny(rule.name, rule.reason or f"{_short(text)!r} matches {rule.pattern!r}")
 
+    @contextlib.contextmanager
+    def running_in(self, inv: _Inv) -> Iterator[None]:
+        """Code ``inv`` runs starts in the directories ``inv`` runs in."""
+        saved, self.base = self.base, inv.place.cwds
+        try:
+            yield
+        finally:
+            self.base = saved
+
     def code(self, inv: _Inv, code: _Code, depth: int) -> None:
+        with self.running_in(inv):
+            self.fed_code(inv, code, depth)
+
+    def fed_code(self, inv: _Inv, code: _Code, depth: int) -> None:
         body = _stdin_body(inv.command) if code.stdin else None
         fed = [w for w in (code.inline, code.operand, body) if w is not None]
         if code.stdin:
@@ -975,7 +1078,7 @@ class _Evaluation:
         elif depth >= self.guard._max_depth:
             self.note_unparsed("too-complex", f"shell code nested more than {depth} levels deep")
         else:
-            script = parse_script(text, positional=positional, budget=self.budget)
+            script = self.parse(text, positional)
             self.script(script if strict else replace(script, error=None), depth + 1)
 
     def script_code(self, text: str, depth: int) -> None:
@@ -986,8 +1089,9 @@ class _Evaluation:
         if _FORK_LOOP.search(text):
             self.deny("fork-bomb", "fork bomb (fork in a loop)")
         for match in _RMTREE.finditer(text):
-            if _critical(match.group("path")):
-                self.deny("destructive-rm", "inline code that removes / or a system directory tree")
+            problem = removal_problem(Word(match.group("path")), self.place())
+            if problem:
+                self.deny("destructive-rm", f"inline code that removes {problem}")
         for embedded in itertools.islice(_embedded_commands(text), _MAX_EMBEDDED):
             self.source("sh", embedded, depth, strict=False)
 
@@ -1014,8 +1118,9 @@ class _Evaluation:
             self.upstream([inv for earlier in invs[:i] for inv in earlier], readers[0][0].name)
             output = static_output(stages[i - 1][0]) if i and len(stages[i - 1]) == 1 else None
             if output is not None:  # `echo 'rm -rf /' | sh`: check what the shell reads
-                for _, code in readers:
-                    self.source(code.lang, output, depth)
+                for reader, code in readers:
+                    with self.running_in(reader):
+                        self.source(code.lang, output, depth)
         programs = {inv.program for stage in invs for inv in stage}
         if programs & _SHELLS and programs & _NETCATS:
             self.deny("netcat-shell", "shell connected to a network socket by a pipeline")
@@ -1110,11 +1215,13 @@ def _short(text: str, limit: int = 80) -> str:
 class Guard:
     """Decides whether a shell command may run. Immutable; ``check`` is pure and thread-safe."""
 
-    __slots__ = ("_extra", "_max_depth", "_names", "_on_parse_error")
+    __slots__ = ("_extra", "_home", "_max_depth", "_names", "_on_parse_error", "_workspace")
     _extra: tuple[tuple[GuardRule, re.Pattern[str]], ...]
+    _home: str
     _max_depth: int
     _names: tuple[str, ...]
     _on_parse_error: Literal["deny", "ask"]
+    _workspace: str
 
     def __init__(
         self,
@@ -1122,7 +1229,11 @@ class Guard:
         *,
         on_parse_error: Literal["deny", "ask"] = "deny",
         max_depth: int = 8,
+        workspace: str = "/workspace",
+        home: str = SCRATCH,
     ) -> None:
+        """``workspace``: the sandbox's workspace root, where commands start (below it a
+        recursive removal is routine); ``home``: its $HOME (below it too)."""
         if on_parse_error not in ("deny", "ask"):
             raise GuardConfigError(
                 f"on_parse_error must be 'deny' or 'ask', not {on_parse_error!r}"
@@ -1130,6 +1241,8 @@ class Guard:
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
             raise GuardConfigError(f"max_depth must be a positive integer, not {max_depth!r}")
         extra = _compile_rules(extra_rules)
+        object.__setattr__(self, "_workspace", _root_folder("workspace", workspace))
+        object.__setattr__(self, "_home", _root_folder("home", home))
         object.__setattr__(self, "_extra", extra)
         object.__setattr__(self, "_max_depth", max_depth)
         object.__setattr__(self, "_on_parse_error", on_parse_error)
@@ -1143,16 +1256,27 @@ class Guard:
         """Built-in rule names (including the parse-error/too-complex pseudo-rules), then extras."""
         return self._names
 
-    def check(self, command: str) -> GuardResult:
-        """Allow, deny or ask for one shell command string."""
-        evaluation = _Evaluation(self)
+    def check(
+        self, command: str, *, workdir: str | None = ".", env: Mapping[str, str] | None = None
+    ) -> GuardResult:
+        """Allow, deny or ask for one shell command string, run in ``workdir`` (relative to
+        the workspace, or absolute; None: not known) with ``env`` added to its environment
+        (one that sets HOME or CDPATH makes ``~`` or ``cd NAME`` unknown)."""
+        base = None if workdir is None else (_norm_abs(posixpath.join(self._workspace, workdir)),)
+        evaluation = _Evaluation(self, base, env or {})
         try:
-            evaluation.script(parse_script(command, budget=evaluation.budget), depth=0)
+            evaluation.script(evaluation.parse(command), depth=0)
         except _Decided as decided:
             return decided.result
         except RecursionError:
             evaluation.note_unparsed("too-complex", "command is nested too deeply to check")
         return evaluation.finish()
+
+
+def _root_folder(what: str, path: str) -> str:
+    if not isinstance(path, str) or not path.startswith("/") or _norm_abs(path) == "/":
+        raise GuardConfigError(f"{what} must be an absolute folder other than /, not {path!r}")
+    return _norm_abs(path)
 
 
 def _compile_rules(rules: Sequence[GuardRule]) -> tuple[tuple[GuardRule, re.Pattern[str]], ...]:
