@@ -13,6 +13,8 @@ from typing import Any, NoReturn
 
 from bench import abuse, coldstart, egress, load, peers, report, stockade_runs
 from bench.engines import ENGINES, bring_up, remove_labelled
+from bench.guard import run_guard_bench
+from bench.guard import section as guard_section
 from bench.machine import machine_info
 from bench.pipeline import host_section, run_pipeline_bench
 from bench.scrub import run_scrub_bench
@@ -120,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     by_engine: dict[str, Any] = {}
     progress("host-side pipeline and scrubber")
     host = {"pipeline": run_pipeline_bench(), "scrub": run_scrub_bench()}
+    host["guard"] = run_guard_bench()
     try:
         for engine in engines:
             by_engine[engine] = bench_engine(engine, ns, run_id)
@@ -133,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info(engines)
     print(report.header(machine, settings), end="\n\n")
     print(host_section(host["pipeline"], host["scrub"]), end="\n\n")
+    print(guard_section(host["guard"]), end="\n\n")
     for engine, results in by_engine.items():
         print(report.engine_section(engine, results), end="\n\n")
         print(abuse.section(engine, results["neighbour_abuse"]), end="\n\n")

@@ -212,7 +212,7 @@ class _Inv:
     word: Word
     args: tuple[Word, ...]
     command: Command
-    place: Place = Place()
+    place: Place
 
     @property
     def argv(self) -> list[str]:
@@ -389,7 +389,7 @@ def _find_exec(args: tuple[Word, ...]) -> list[tuple[Word, ...]]:
 
 
 def _find_root_words(args: tuple[Word, ...]) -> list[Word]:
-    return args[: len(_find_roots([a.text for a in args]))]
+    return list(args[: len(_find_roots([a.text for a in args]))])
 
 
 def _find_narrowed(argv: list[str]) -> bool:
@@ -608,7 +608,7 @@ def _rm(inv: _Inv) -> str | None:
     if not flags & {"r", "R", "--recursive"}:
         return None
     if inv.place.fed:
-        return f"recursive rm of paths read at run time (xargs, parallel)"
+        return "recursive rm of paths read at run time (xargs, parallel)"
     for word in _operand_words(inv.args):
         problem = removal_problem(word, inv.place)
         if problem:

@@ -102,9 +102,7 @@ def find_root_may_match(argv: Sequence[str], root: str) -> bool:
 def known_prefix(text: str) -> bool:
     """``$HOME/x``, ``$PWD/x``, ``$(pwd)/x``: run-time only in a part the guard knows."""
     match = _HOME.match(text) or _PWD.match(text)
-    return match is not None and not _RUNTIME.search(
-        text[match.end() :]
-    )
+    return match is not None and not _RUNTIME.search(text[match.end() :])
 
 
 def _absolute_paths(word: Word, place: Place) -> list[str] | str:

@@ -441,9 +441,7 @@ class _Walker:
         else:
             for body in bodies:
                 self.statement(body)
-            self.commands.append(
-                Command((), tuple(redirects), self.background > 0, self.cwds)
-            )
+            self.commands.append(Command((), tuple(redirects), self.background > 0, self.cwds))
         head = tuple(self.commands[start:])
         self.cond += 1
         for extra in trailing:
@@ -822,11 +820,12 @@ def _cd(args: list[Word], cwds: Cwds, *, cdpath: bool) -> Cwds:
     if len(operands) > 1 or any(a.dynamic for a in operands):
         return None
     target = operands[0].text if operands else "~"
-    if target == "-" or target.startswith("~") and not re.fullmatch(r"~(?:/.*)?", target):
+    if target == "-" or (target.startswith("~") and not re.fullmatch(r"~(?:/.*)?", target)):
         return None  # `cd -`, `~user`
     if target.startswith(("/", "~")):
         return (target,)
-    if cwds is None or cdpath and not target.startswith(("./", "../")) and target not in (".", ".."):
+    searched = cdpath and not target.startswith(("./", "../")) and target not in (".", "..")
+    if cwds is None or searched:  # CDPATH: `cd NAME` may go to any folder holding NAME
         return None
     return tuple(c + "/" + target if c else target for c in cwds)
 
