@@ -151,11 +151,10 @@ _DECODERS |= {"xz": "d --decompress", "zstd": "d --decompress", "lzma": "d --dec
 _DECODERS |= {"gpg": "d --decrypt"}
 _ALWAYS_DECODERS = frozenset({"uudecode", "rev", "zcat", "gunzip", "bzcat", "bunzip2", "xzcat"})
 _ALWAYS_DECODERS |= {"unxz", "zstdcat", "unzstd", "lzcat", "unlzma", "tr", "uncompress"}
-_FIND_TESTS = frozenset({"-name", "-iname", "-path", "-ipath", "-wholename", "-iwholename"})
-_FIND_TESTS |= {"-regex", "-iregex", "-lname", "-ilname", "-newer", "-mtime", "-mmin", "-atime"}
-_FIND_TESTS |= {"-amin", "-ctime", "-cmin", "-size", "-empty", "-user", "-group", "-uid", "-gid"}
-_FIND_TESTS |= {"-perm", "-inum", "-samefile", "-links"}
-_TRIVIAL = (["*"], [".*"], ["*.*"], ["**"])
+_FIND_NAMES = frozenset({"-name", "-iname", "-path", "-ipath", "-wholename", "-iwholename"})
+_FIND_NAMES |= {"-regex", "-iregex", "-lname", "-ilname"}
+_FIND_OPTIONS = frozenset({"-H", "-L", "-P"})  # before the roots; also -D debug, -Olevel
+_ANY_NAME = re.compile(r"\[[^\]]*\]|[*?/.^$+\\]")  # a pattern only of these matches anything
 _CANDIDATES = ("rm", "find", "dd", "chmod", "chown", "nc", "socat")
 _RAW_DISK = re.compile(
     r"/dev/(?:[shv]d[a-z]|xvd[a-z]|nvme\d|mmcblk\d|disk|dm-\d|md\d|mapper/|loop\d)", re.IGNORECASE
@@ -389,22 +388,53 @@ def _find_exec(args: tuple[Word, ...]) -> list[tuple[Word, ...]]:
 
 
 def _find_root_words(args: tuple[Word, ...]) -> list[Word]:
-    return list(args[: len(_find_roots([a.text for a in args]))])
+    start, end = _find_root_span([a.text for a in args])
+    return list(args[start:end])
 
 
 def _find_narrowed(argv: list[str]) -> bool:
-    """Does a name/path/time test narrow what find matches (not ``-name '*'``)?"""
-    tests = [i for i, t in enumerate(argv) if t in _FIND_TESTS]
-    return any(argv[i] == "-empty" or argv[i + 1 : i + 2] not in _TRIVIAL for i in tests)
+    """Does a name or path test (or -empty) narrow what find matches? Not ``-name '*'``,
+    not one that ``!``, ``-not`` or an ``-o`` with another kind of test can undo."""
+    if any(t in ("!", "-not", ",") for t in argv):
+        return False
+    narrowed, groups = False, [[False, True]]  # per open group: has -o, only name tests
+    for i, text in enumerate(argv):
+        previous = argv[i - 1] if i else ""
+        if previous in _FIND_NAMES:
+            continue  # the pattern
+        if text == "(":
+            groups.append([False, True])
+        elif text == ")" and len(groups) > 1:
+            has_or, only_names = groups.pop()
+            if has_or and not only_names:
+                return False
+        elif text in ("-o", "-or"):
+            if len(groups) == 1:
+                return False
+            groups[-1][0] = True
+        elif (
+            text in _FIND_NAMES and i + 1 < len(argv) and _ANY_NAME.sub("", argv[i + 1])
+        ) or text == "-empty":
+            narrowed = True
+        elif text not in ("-a", "-and"):
+            groups[-1][1] = False
+    return narrowed
 
 
 def _find_roots(argv: list[str]) -> list[str]:
-    roots = []
-    for text in argv:
-        if text.startswith(("-", "(", "!")):
-            break
-        roots.append(text)
-    return roots
+    start, end = _find_root_span(argv)
+    return argv[start:end]
+
+
+def _find_root_span(argv: list[str]) -> tuple[int, int]:
+    """Where the roots are: after -H/-L/-P/-D x/-O3, up to the first test or action."""
+    start = 0
+    while start < len(argv) and (argv[start] in _FIND_OPTIONS or argv[start][:2] in ("-O", "-D")):
+        start += 2 if argv[start] == "-D" else 1
+    end = start
+    while end < len(argv) and not argv[end].startswith(("-", "(", "!")):
+        end += 1
+    return min(start, len(argv)), end
 
 
 def _watch_index(args: tuple[Word, ...]) -> int | None:
@@ -600,6 +630,8 @@ def _privilege(inv: _Inv) -> str | None:
 
 
 def _rm(inv: _Inv) -> str | None:
+    if inv.program == "rsync":
+        return _rsync_delete(inv)
     if inv.program != "rm":
         return None
     flags = _flags(inv.args, ("--recursive", "--force", "--no-preserve-root", "--dir"))
@@ -614,6 +646,17 @@ def _rm(inv: _Inv) -> str | None:
         if problem:
             return f"recursive rm of {problem}"
     return None
+
+
+def _rsync_delete(inv: _Inv) -> str | None:
+    """``rsync --delete empty/ ./``: the destination loses what the source lacks."""
+    if not any(a.text.startswith("--del") for a in inv.args):
+        return None
+    operands = _operand_words(inv.args)
+    if len(operands) < 2 or ":" in operands[-1].text:  # a remote destination
+        return None
+    problem = removal_problem(operands[-1], inv.place)
+    return f"rsync --delete into {problem}" if problem else None
 
 
 def _operand_words(args: tuple[Word, ...]) -> list[Word]:
@@ -634,7 +677,9 @@ def _find(inv: _Inv) -> str | None:
     for root in _find_root_words(inv.args) or [Word(".")]:
         problem = removal_problem(root, inv.place, root_ok=narrowed)
         if problem:
-            return f"find -delete in {problem}" + ("" if narrowed else " with no name test")
+            return f"find -delete in {problem}" + (
+                "" if narrowed else " with no name test narrowing it"
+            )
     return None
 
 

@@ -114,6 +114,8 @@ def _absolute_paths(word: Word, place: Place) -> list[str] | str:
         bases, rest = (place.home,), text[match.end() :]
     elif match := _PWD.match(text):
         bases, rest = place.cwds, text[match.end() :]
+    elif text.startswith("~"):
+        return f"a path in another user's home directory or the directory stack ({_short(text)})"
     elif text.startswith("/"):
         bases, rest = ("/",), text
     else:

@@ -403,6 +403,8 @@ class _Walker:
             words = words[1:]
             program = words[0].text if words else ""
         self.cd_done = _NO_CD
+        if program == "trap" and any(_CHANGES_DIR.search(w.text.encode()) for w in words):
+            self.cwds = None  # `trap 'cd /' DEBUG`: runs in this shell, before each command
         if not words or words[0].dynamic or program not in _CD | _CWD_UNKNOWN:
             return
         went = _cd(words[1:], self.cwds, cdpath=self.cdpath) if program in _CD else None

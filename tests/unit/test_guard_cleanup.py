@@ -35,6 +35,10 @@ CLEANUPS = [
     "find . -name '*.pyc' -delete",
     "find . -name __pycache__ -type d -exec rm -rf {} +",
     "find build -exec rm -rf {} +",
+    "find . \\( -name '*.pyc' -o -name '*.pyo' \\) -delete",
+    "find -H . -name '*.tmp' -delete",
+    "rsync -a --delete src/ build/src/",
+    "trap 'rm -f /tmp/lock' EXIT; rm -rf build",
     "python3 -c \"import shutil; shutil.rmtree('build')\"",
     "dd if=in.bin of=out.bin",
     "dd if=/dev/zero of=big.bin bs=1M count=10",
@@ -80,6 +84,16 @@ REFUSED = [
     ("find / -name '*.log' -delete", "destructive-find", "a folder above it (/)"),
     ("find / -name x -exec rm -rf {} +", "destructive-rm", "outside the workspace"),
     ("python3 -c \"import shutil; shutil.rmtree('.')\"", "destructive-rm", "workspace root"),
+    ("find . -regex '.*' -delete", "destructive-find", "with no name test narrowing it"),
+    ("find . -path './*' -delete", "destructive-find", "with no name test narrowing it"),
+    ("find . -name x -o -delete", "destructive-find", "with no name test narrowing it"),
+    ("find . ! -name keep -delete", "destructive-find", "with no name test narrowing it"),
+    ("find . \\( -name x -o -type f \\) -delete", "destructive-find", "no name test narrowing it"),
+    ("find . -mtime +30 -delete", "destructive-find", "with no name test narrowing it"),
+    ("find -L / -name x -delete", "destructive-find", "a folder above it (/)"),
+    ("find -O3 / -name x -delete", "destructive-find", "a folder above it (/)"),
+    ("rm -rf ~root", "destructive-rm", "another user's home directory"),
+    ("rsync -a --delete empty/ ./", "destructive-rm", "rsync --delete into the workspace root"),
     # dd
     ("dd of=/dev/sda", "raw-disk-write", "raw disk"),
     ("dd if=/dev/sda of=disk.img", "dd-copy", "dd reading a device"),
@@ -129,6 +143,7 @@ CD = [
     ("HOME=/; rm -rf ~/etc", "HOME changed"),
     ("export HOME=/ && rm -rf ~/etc", "HOME changed"),
     ("alias go='cd /'; go; rm -rf etc", "an alias for cd"),
+    ("trap 'cd /' DEBUG; rm -rf etc", "a trap that changes directory"),
 ]
 
 
