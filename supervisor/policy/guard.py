@@ -18,18 +18,24 @@ of an unparsable command still denies.
 Built-in rules (name: category):
 
 - ``privilege-escalation``: privilege-escalation. sudo, su, doas, pkexec, runuser.
-- ``destructive-rm``: destructive-file-ops. rm with recursive and force flags in
-  any spelling (as GoClaw: any target); recursive rm of / or a top-level system
-  or home directory; ``--no-preserve-root``.
-- ``destructive-find``: destructive-file-ops. ``find -delete`` on / or a system or
-  home directory, or with no name/path/time test.
+- ``destructive-rm``: destructive-file-ops. Recursive rm (any spelling of -r), ``rsync
+  --delete`` or inline ``rmtree(..)`` of anything but a path below the workspace root,
+  $HOME or /tmp (see ``guard_paths``): the workspace root and the folders above it (``.``,
+  ``/workspace``, ``build/../..``), a glob that can match everything at one of those roots
+  (``*``, ``.*``, ``./*``), /, ~, system folders, a path known only at run time
+  (``"$DIR"``, ``$(..)``, after ``cd "$X"``, what xargs reads); ``--no-preserve-root``.
+  Routine cleanup (``rm -rf build dist node_modules``) passes: the workspace is the agent's.
+- ``destructive-find``: destructive-file-ops. ``find -delete`` in the same places; at a
+  root itself (``find . -delete``) unless a name or path test nothing undoes narrows it.
 - ``windows-del``: destructive-file-ops. ``del /f``, ``del /s`` (also ``erase``).
 - ``windows-rmdir``: destructive-file-ops. ``rmdir /s``, ``rd /s``.
 - ``windows-format``: disk-destruction. ``format c:``.
 - ``mkfs``: disk-destruction. mkfs, mkfs.*, mke2fs, mkswap, wipefs.
 - ``raw-disk-write``: disk-destruction. A redirect, ``of=``, tee/cp/shred/...
   onto /dev/sd*, /dev/nvme*, /dev/vd*, /dev/hd*, /dev/xvd*, /dev/mmcblk* ...
-- ``dd-copy``: disk-destruction. dd with ``if=``.
+- ``dd-copy``: disk-destruction. dd reading a device or kernel memory (not /dev/zero,
+  /dev/urandom ...), writing a device or a system folder, or a run-time path; dd
+  between ordinary files passes.
 - ``system-power``: system-control. shutdown, reboot, poweroff, halt, init 0/6,
   systemctl/loginctl poweroff|reboot|halt|kexec.
 - ``kill-all``: system-control. ``kill -9 -1``, ``kill 1`` (init), ``killall5``.
@@ -53,6 +59,13 @@ Built-in rules (name: category):
 - ``dynamic-command``: dynamic. The program name is only known at run time
   (``$CMD``, ``$(..)``, a glob): ask; deny when the arguments would be
   destructive for rm, find, dd, chmod, chown, nc or socat.
+
+Paths resolve against the directories a command may run in: the call's workdir (below the
+workspace), then each ``cd`` (``shell_parse`` tracks them: ``cd build && rm -rf *`` is
+build's contents, ``cd build; rm -rf *`` may be the root's). Code handed to another shell
+starts where that shell runs. ``check``'s ``env`` setting HOME or CDPATH (or a command that
+sets them) makes ``~`` or ``cd NAME`` unknown. Symlinks are not followed: the container
+is the boundary there.
 
 Files written earlier in the same command are followed: a file from curl/wget (``-o``,
 ``-O``, ``> f``, ``| tee f``) or from a decoder, run later (``sh f``, ``. f``, ``./f``), is
