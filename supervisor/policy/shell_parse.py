@@ -1017,11 +1017,11 @@ def _fallback(text: str) -> list[Command]:
             if "<" in token or ">" in token:
                 op = token
             else:
-                commands.append(Command(tuple(words), tuple(redirects), cwds=None))
+                commands.append(Command(tuple(words), tuple(redirects)))
                 words, redirects = [], []
         elif words or token not in _KEYWORDS:
             words.extend(
                 Word(t, glob=bool(_GLOB.search(t))) for t in brace_expand(token) or [token]
             )
-    commands.append(Command(tuple(words), tuple(redirects), cwds=None))
+    commands.append(Command(tuple(words), tuple(redirects)))
     return [c for c in commands if c.words or c.redirects]

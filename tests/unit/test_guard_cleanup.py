@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from stockade.supervisor.policy.guard import Guard, GuardConfigError
+from stockade.supervisor.policy.guard import Guard, GuardConfigError, GuardRule
 
 GUARD = Guard()
 
@@ -199,3 +199,16 @@ def test_the_workspace_and_home_are_configurable() -> None:
 def test_bad_workspace_or_home_fail_at_construction(kwargs: dict[str, object]) -> None:
     with pytest.raises(GuardConfigError, match="absolute folder other than /"):
         Guard(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_config_rule_can_bring_back_the_old_strictness() -> None:
+    """``[[guard.rules]]`` deny rules still add to the built-ins (configurable as before)."""
+    strict = Guard([GuardRule("no-recursive-rm", r"^rm\s+(-\S*[rR]|--rec)", "no rm -r here")])
+    result = strict.check("cd build && rm -rf dist")
+    assert (result.action, result.rule, result.reason) == (
+        "deny",
+        "no-recursive-rm",
+        ("no rm -r here is blocked by rule no-recursive-rm"),
+    )
+    assert strict.check("rm build/x.o").action == "allow"
+    assert Guard(on_parse_error="ask").check("rm -rf build )(").action == "ask"
