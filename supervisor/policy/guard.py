@@ -63,9 +63,10 @@ Built-in rules (name: category):
 Paths resolve against the directories a command may run in: the call's workdir (below the
 workspace), then each ``cd`` (``shell_parse`` tracks them: ``cd build && rm -rf *`` is
 build's contents, ``cd build; rm -rf *`` may be the root's). Code handed to another shell
-starts where that shell runs. ``check``'s ``env`` setting HOME or CDPATH (or a command that
-sets them) makes ``~`` or ``cd NAME`` unknown. Symlinks are not followed: the container
-is the boundary there.
+starts where that shell runs, and ``env -C DIR`` (systemd-run, unshare ...) moves it.
+``check``'s ``env`` setting HOME or CDPATH (or a command that sets them) makes ``~`` or
+``cd NAME`` unknown. A removal through a symlink the command makes (``ln -s / r; rm -rf
+r/*``) is refused; other symlinks are not followed: the container is the boundary there.
 
 Files written earlier in the same command are followed: a file from curl/wget (``-o``,
 ``-O``, ``> f``, ``| tee f``) or from a decoder, run later (``sh f``, ``. f``, ``./f``), is
@@ -92,6 +93,8 @@ from stockade.supervisor.policy.guard_paths import (
     Place,
     find_root_may_match,
     known_prefix,
+    link_paths,
+    moved,
     removal_problem,
     resolve_cwds,
 )
@@ -271,7 +274,7 @@ _WRAPPERS: dict[str, _Wrap] = {
     "sudo": _wrap("-u -g -C -D -h -p -r -t -U -T --user --group"),
     "doas": _wrap("-u -C"),
     "pkexec": _wrap("--user"),
-    "unshare": _wrap("-S -G --setuid --setgid"),
+    "unshare": _wrap("-S -G -w --setuid --setgid --wd"),
     "nsenter": _wrap("-t -S -G --target"),
     "xargs": _wrap(
         "-I -n -P -L -d -E -s -a --max-args --max-procs --max-lines --delimiter --eof "
@@ -298,8 +301,10 @@ def _invocations(command: Command, place: Place) -> list[_Inv]:
         if words:
             inv = _make_inv(words, command, where)
             found.append(inv)
-            fed = replace(where, fed=True) if inv.program in ("xargs", "parallel") else where
-            pending.extend((wrapped, fed) for wrapped in _wrapped(inv))
+            inner = replace(where, fed=True) if inv.program in ("xargs", "parallel") else where
+            directory = _wrapper_chdir(inv)
+            inner = inner if directory is None else moved(inner, directory)
+            pending.extend((wrapped, inner) for wrapped in _wrapped(inv))
     return found
 
 
@@ -341,6 +346,52 @@ def _command_index(args: tuple[Word, ...], spec: _Wrap) -> int | None:
         i += 2 if option in spec.arg_opts and "=" not in text else 1
     i += spec.operands
     return i if i < len(args) else None
+
+
+_CHDIR_OPTIONS = {
+    "env": ("-C", "--chdir"),
+    "systemd-run": ("--working-directory",),
+    "nsenter": ("--wd",),
+    "unshare": ("-w", "--wd"),
+}
+
+
+def _wrapper_chdir(inv: _Inv) -> Word | None:
+    """The directory a wrapper runs its command in (``env -C DIR rm ..``), if it says."""
+    options = _CHDIR_OPTIONS.get(inv.program)
+    if inv.program == "chroot":
+        return Word("/")  # the command starts at the new root
+    if options is None:
+        return None
+    spec = _WRAPPERS.get(inv.program)
+    end = _env_index(inv.args) if spec is None else _command_index(inv.args, spec)
+    own = inv.args[: len(inv.args) if end is None else end]  # not the wrapped command's
+    found = None
+    for i, arg in enumerate(own):
+        text = arg.text
+        if text in options and i + 1 < len(own):
+            found = own[i + 1]
+        elif text.startswith(tuple(o + "=" for o in options if o.startswith("--"))):
+            found = replace(arg, text=text.partition("=")[2], bare=None)
+        elif text[:2] in options and len(text) > 2 and not text.startswith("--"):
+            found = replace(arg, text=text[2:], bare=None)
+    return found
+
+
+def _env_index(args: tuple[Word, ...]) -> int | None:
+    """Where env's command starts (None: no command, or ``-S``)."""
+    i = 0
+    while i < len(args):
+        text = args[i].text
+        if _split_string(args, i) is not None:
+            return None
+        if text in ("-u", "--unset", "-C", "--chdir"):
+            i += 2
+        elif text.startswith("-") or re.match(r"[A-Za-z_]\w*=", text):
+            i += 1
+        else:
+            return i
+    return None
 
 
 def _env_wrapped(args: tuple[Word, ...]) -> list[tuple[Word, ...]]:
@@ -934,6 +985,7 @@ class _Evaluation:
         self.base = base  # absolute directories the script being walked starts in
         self.home: str | None = None if "HOME" in env else guard._home
         self.cdpath = "CDPATH" in env
+        self.links: dict[str, None] = {}  # symlinks the command makes (absolute paths)
         self.asked: GuardResult | None = None
         self.unparsed: tuple[str, str] | None = None  # (pseudo-rule, why)
         self.cache: dict[int, tuple[Command, list[_Inv]]] = {}
@@ -964,13 +1016,13 @@ class _Evaluation:
         cached = self.cache.get(id(command))
         if cached is None or cached[0] is not command:
             cwds = resolve_cwds(self.base, command.cwds, self.home)
-            place = Place(cwds, self.guard._workspace, self.home)
+            place = Place(cwds, self.guard._workspace, self.home, links=tuple(self.links))
             cached = self.cache[id(command)] = (command, _invocations(command, place))
         return cached[1]
 
     def place(self) -> Place:
         """Where the script being walked starts."""
-        return Place(self.base, self.guard._workspace, self.home)
+        return Place(self.base, self.guard._workspace, self.home, links=tuple(self.links))
 
     def parse(self, text: str, positional: Sequence[str] | None = ()) -> Script:
         """Parse shell text; a text that may set HOME or CDPATH makes them unknown."""
@@ -991,6 +1043,8 @@ class _Evaluation:
             if name == "while":
                 self.deny("fork-bomb", "fork bomb (endless loop that starts background processes)")
             self.deny("fork-bomb", f"fork bomb (function {name!r} calls itself concurrently)")
+        for command in script.commands:
+            self.note_links(command)
         for previous, command in zip((None, *script.commands), script.commands, strict=False):
             self.note_written(command, previous)
         for stages in script.pipelines:
@@ -1060,6 +1114,22 @@ class _Evaluation:
                     self.written[path] = producer
                 elif content is not None:
                     self.written[path] = content
+
+    def note_links(self, command: Command) -> None:
+        """``ln -s / x``: a removal through x later in the command is refused (the guard
+        follows no symlink, but it can see the ones the command makes)."""
+        words = command.words
+        if not words or basename(words[0].text) != "ln":
+            return
+        args = words[1:]
+        if not _flags(args, ("--symbolic",)) & {"s", "--symbolic"}:
+            return
+        operands = _operand_words(args)
+        names = [operands[-1]] if len(operands) > 1 else []
+        names += [Word(posixpath.basename(o.text.rstrip("/")) or "root") for o in operands[:1]]
+        place = Place(resolve_cwds(self.base, command.cwds, self.home), self.guard._workspace)
+        for name in names:
+            self.links.update(dict.fromkeys(link_paths(name, place)))
 
     def note_teed(self, stages: tuple[tuple[Command, ...], ...]) -> None:
         """``curl URL | tee f``."""

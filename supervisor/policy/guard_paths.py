@@ -20,11 +20,19 @@ import fnmatch
 import posixpath
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stockade.supervisor.policy.shell_parse import Cwds, Word
 
-__all__ = ["Place", "find_root_may_match", "known_prefix", "removal_problem", "resolve_cwds"]
+__all__ = [
+    "Place",
+    "find_root_may_match",
+    "known_prefix",
+    "link_paths",
+    "moved",
+    "removal_problem",
+    "resolve_cwds",
+]
 
 SCRATCH = "/tmp"
 
@@ -47,6 +55,7 @@ class Place:
     workspace: str = "/workspace"
     home: str | None = None
     fed: bool = False
+    links: tuple[str, ...] = ()  # symlinks the command itself makes
 
     @property
     def roots(self) -> tuple[str, ...]:
@@ -67,6 +76,18 @@ def resolve_cwds(base: tuple[str, ...] | None, cwds: Cwds, home: str | None) -> 
         else:
             found.extend(_absolute(posixpath.join(b, cwd)) for b in base)
     return tuple(dict.fromkeys(found))
+
+
+def link_paths(word: Word, place: Place) -> list[str]:
+    """Where a symlink named ``word`` lands (nothing when that is not known)."""
+    paths = _absolute_paths(word, place)
+    return [] if isinstance(paths, str) else paths
+
+
+def moved(place: Place, directory: Word) -> Place:
+    """Where a command runs after a wrapper changed directory (``env -C DIR``)."""
+    paths = _absolute_paths(directory, place)
+    return replace(place, cwds=None if isinstance(paths, str) or not paths else tuple(paths))
 
 
 def removal_problem(word: Word, place: Place, *, root_ok: bool = False) -> str | None:
@@ -130,6 +151,9 @@ def _absolute_paths(word: Word, place: Place) -> list[str] | str:
 
 
 def _path_problem(path: str, place: Place, *, root_ok: bool) -> str | None:
+    for link in place.links:
+        if _through(path, link):
+            return f"a path through a symlink the command makes ({link})"
     parts = path.split("/")
     glob_at = next((i for i, part in enumerate(parts) if _GLOB.search(part)), None)
     directory = path if glob_at is None else "/".join(parts[:glob_at]) or "/"
@@ -145,6 +169,14 @@ def _path_problem(path: str, place: Place, *, root_ok: bool) -> str | None:
     if directory == place.workspace or _below(place.workspace, directory):
         return f"the workspace root or a folder above it ({path})"
     return f"a path outside the workspace ({path})"
+
+
+def _through(path: str, link: str) -> bool:
+    """Is ``path`` the link or below it (a glob segment may match the link's name)?"""
+    links, parts = link.split("/"), path.split("/")
+    return len(parts) >= len(links) and all(
+        fnmatch.fnmatchcase(name, part) for name, part in zip(links, parts, strict=False)
+    )
 
 
 def _root_name(directory: str, place: Place) -> str:

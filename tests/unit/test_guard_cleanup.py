@@ -212,3 +212,46 @@ def test_a_config_rule_can_bring_back_the_old_strictness() -> None:
     )
     assert strict.check("rm build/x.o").action == "allow"
     assert Guard(on_parse_error="ask").check("rm -rf build )(").action == "ask"
+
+
+WRAPPED_DIRS = [
+    "env -C / rm -rf etc",
+    "env --chdir=/ rm -rf etc",
+    "env -u X -C/ rm -rf etc",
+    "env -C / sh -c 'rm -rf etc'",
+    "systemd-run --working-directory=/ rm -rf etc",
+    "unshare -w / rm -rf etc",
+    'env -C "$D" rm -rf build',
+    # the wrapped command's own -C is not the wrapper's
+    "cd / && env sh -c 'rm -rf etc' -C /workspace/x",
+]
+
+
+@pytest.mark.parametrize("command", WRAPPED_DIRS, ids=_id)
+def test_a_wrapper_that_changes_directory_is_followed(command: str) -> None:
+    result = GUARD.check(command)
+    assert (result.action, result.rule) == ("deny", "destructive-rm"), result.reason
+    assert GUARD.check("env -C build rm -rf *").action == "allow"
+
+
+LINKED = [
+    "ln -s / root; rm -rf root/*",
+    "ln -sf /etc e && rm -rf e/",
+    "ln -s /etc && rm -rf etc/ssl",
+    "mkdir x && cd x && ln -s / r && cd .. && rm -rf x/r/etc",
+    "ln -s / r; rm -rf r*/etc",
+    "ln -s / r; sh -c 'rm -rf r/*'",
+]
+
+
+@pytest.mark.parametrize("command", LINKED, ids=_id)
+def test_a_removal_through_a_symlink_the_command_makes_is_refused(command: str) -> None:
+    result = GUARD.check(command)
+    assert (result.action, result.rule) == ("deny", "destructive-rm"), result.reason
+    assert "symlink the command makes" in result.reason
+
+
+def test_symlinks_made_before_the_command_are_not_known() -> None:
+    """The guard cannot see the file system: the container is the boundary there."""
+    assert GUARD.check("rm -rf root/*").action == "allow"
+    assert GUARD.check("ln -sf ../shared/c.json c.json && rm -rf build").action == "allow"
