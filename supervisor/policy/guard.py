@@ -34,8 +34,8 @@ Built-in rules (name: category):
 - ``raw-disk-write``: disk-destruction. A redirect, ``of=``, tee/cp/shred/...
   onto /dev/sd*, /dev/nvme*, /dev/vd*, /dev/hd*, /dev/xvd*, /dev/mmcblk* ...
 - ``dd-copy``: disk-destruction. dd reading a device or kernel memory (not /dev/zero,
-  /dev/urandom ...), writing a device or a system folder, or a run-time path; dd
-  between ordinary files passes.
+  /dev/urandom ...), writing a device or anywhere but below the workspace, $HOME and
+  /tmp, or a run-time path; dd between ordinary files passes.
 - ``system-power``: system-control. shutdown, reboot, poweroff, halt, init 0/6,
   systemctl/loginctl poweroff|reboot|halt|kexec.
 - ``kill-all``: system-control. ``kill -9 -1``, ``kill 1`` (init), ``killall5``.
@@ -778,8 +778,8 @@ def _mkfs(inv: _Inv) -> str | None:
 
 def _dd(inv: _Inv) -> str | None:
     """dd between ordinary files (or from /dev/zero, /dev/urandom) is routine; reading a
-    device or kernel memory, writing to a device or a system folder, or a run-time path
-    is not."""
+    device or kernel memory, writing to a device or outside the workspace, $HOME and /tmp,
+    or a run-time path is not."""
     if inv.program != "dd":
         return None
     for path in _prefixed(inv, "if="):
@@ -792,8 +792,11 @@ def _dd(inv: _Inv) -> str | None:
             return "dd writing a path known only at run time"
         if _device_or_kernel(path) and _norm_abs(path) not in _DD_SINKS:
             return f"dd writing a device ({path})"
-        if _critical(path) or _in_system_tree(path):
-            return f"dd writing into a system folder ({path})"
+        if _device_or_kernel(path) or _norm_abs(path) in _DD_SINKS:
+            continue
+        problem = removal_problem(Word(path), inv.place, root_ok=True)
+        if problem:
+            return f"dd writing {problem}"
     return None
 
 

@@ -100,6 +100,7 @@ Cwds = tuple[str, ...] | None
 are below it, "/.." absolute, "~.." the home directory's; None: not known."""
 _NO_CD = ("\0",)  # `cd_done` when the last command was no cd
 _CD = frozenset({"cd", "pushd", "chdir"})
+_CD_PREFIXES = frozenset({"builtin", "command", "time", "-p", "--"})
 _CWD_UNKNOWN = frozenset({"popd", "eval", "source", "."})
 _LOOPS = frozenset({"for_statement", "c_style_for_statement", "while_statement"})
 _CHANGES_DIR = re.compile(rb"\b(?:cd|pushd|popd|chdir)\b")
@@ -398,10 +399,9 @@ class _Walker:
 
     def change_dir(self, words: list[Word]) -> None:
         """After ``cd DIR``: where the next command may run (cd may fail, so also here)."""
+        while words and words[0].text in _CD_PREFIXES and not words[0].dynamic:
+            words = words[1:]  # `builtin cd /`, `command cd /`, `time -p cd /`
         program = words[0].text if words else ""
-        if words[:1] and program in ("builtin", "command") and not words[0].dynamic:
-            words = words[1:]
-            program = words[0].text if words else ""
         self.cd_done = _NO_CD
         if program == "trap" and any(_CHANGES_DIR.search(w.text.encode()) for w in words):
             self.cwds = None  # `trap 'cd /' DEBUG`: runs in this shell, before each command

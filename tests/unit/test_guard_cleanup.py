@@ -99,7 +99,9 @@ REFUSED = [
     ("dd if=/dev/sda of=disk.img", "dd-copy", "dd reading a device"),
     ("dd if=/dev/mem of=m", "dd-copy", "dd reading a device or kernel memory"),
     ("dd if=x of=/dev/tty1", "dd-copy", "dd writing a device"),
-    ("dd if=x of=/etc/passwd", "dd-copy", "dd writing into a system folder"),
+    ("dd if=x of=/etc/passwd", "dd-copy", "dd writing a path outside the workspace"),
+    ("cd / && dd if=/dev/zero of=etc/x", "dd-copy", "outside the workspace (/etc/x)"),
+    ("dd if=/dev/zero of=~/../etc/x", "dd-copy", "outside the workspace (/etc/x)"),
     ("dd if=$SRC of=out.bin", "dd-copy", "known only at run time"),
 ]
 
@@ -124,6 +126,7 @@ CD = [
     ("cd ~ && rm -rf .cache/..", "cd to $HOME"),
     ("command cd / && rm -rf etc", "cd through builtin/command"),
     ("builtin cd /etc && rm -rf ./*", "cd through builtin/command"),
+    ("time -p cd / && rm -rf etc", "cd after the time keyword"),
     ('cd "$D" && rm -rf build', "cd to a run-time value"),
     ("cd - && rm -rf build", "cd -"),
     ("pushd / && rm -rf etc", "pushd"),
