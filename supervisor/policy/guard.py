@@ -91,7 +91,9 @@ from typing import Literal, NoReturn
 from stockade.supervisor.policy.guard_paths import (
     SCRATCH,
     Place,
+    find_narrowed,
     find_root_may_match,
+    find_root_span,
     known_prefix,
     link_paths,
     moved,
@@ -167,10 +169,6 @@ _DECODERS |= {"xz": "d --decompress", "zstd": "d --decompress", "lzma": "d --dec
 _DECODERS |= {"gpg": "d --decrypt"}
 _ALWAYS_DECODERS = frozenset({"uudecode", "rev", "zcat", "gunzip", "bzcat", "bunzip2", "xzcat"})
 _ALWAYS_DECODERS |= {"unxz", "zstdcat", "unzstd", "lzcat", "unlzma", "tr", "uncompress"}
-_FIND_NAMES = frozenset({"-name", "-iname", "-path", "-ipath", "-wholename", "-iwholename"})
-_FIND_NAMES |= {"-regex", "-iregex", "-lname", "-ilname"}
-_FIND_OPTIONS = frozenset({"-H", "-L", "-P"})  # before the roots; also -D debug, -Olevel
-_ANY_NAME = re.compile(r"\[[^\]]*\]|[*?/.^$+\\]")  # a pattern only of these matches anything
 _CANDIDATES = ("rm", "find", "dd", "chmod", "chown", "nc", "socat")
 _RAW_DISK = re.compile(
     r"/dev/(?:[shv]d[a-z]|xvd[a-z]|nvme\d|mmcblk\d|disk|dm-\d|md\d|mapper/|loop\d)", re.IGNORECASE
@@ -430,7 +428,7 @@ def _find_exec(args: tuple[Word, ...]) -> list[tuple[Word, ...]]:
     test narrows that, then ``ROOT/{}``."""
     argv = [a.text for a in args]
     root_words = _find_root_words(args)[:8] or [Word(".")]
-    below = "/{}" if _find_narrowed(argv) else "/*"
+    below = "/{}" if find_narrowed(argv) else "/*"
     found: list[Word] = []
     for root in root_words:
         if find_root_may_match(argv, root.text):
@@ -452,53 +450,13 @@ def _find_exec(args: tuple[Word, ...]) -> list[tuple[Word, ...]]:
 
 
 def _find_root_words(args: tuple[Word, ...]) -> list[Word]:
-    start, end = _find_root_span([a.text for a in args])
+    start, end = find_root_span([a.text for a in args])
     return list(args[start:end])
 
 
-def _find_narrowed(argv: list[str]) -> bool:
-    """Does a name or path test (or -empty) narrow what find matches? Not ``-name '*'``,
-    not one that ``!``, ``-not`` or an ``-o`` with another kind of test can undo."""
-    if any(t in ("!", "-not", ",") for t in argv):
-        return False
-    narrowed, groups = False, [[False, True]]  # per open group: has -o, only name tests
-    for i, text in enumerate(argv):
-        previous = argv[i - 1] if i else ""
-        if previous in _FIND_NAMES:
-            continue  # the pattern
-        if text == "(":
-            groups.append([False, True])
-        elif text == ")" and len(groups) > 1:
-            has_or, only_names = groups.pop()
-            if has_or and not only_names:
-                return False
-        elif text in ("-o", "-or"):
-            if len(groups) == 1:
-                return False
-            groups[-1][0] = True
-        elif (
-            text in _FIND_NAMES and i + 1 < len(argv) and _ANY_NAME.sub("", argv[i + 1])
-        ) or text == "-empty":
-            narrowed = True
-        elif text not in ("-a", "-and"):
-            groups[-1][1] = False
-    return narrowed
-
-
 def _find_roots(argv: list[str]) -> list[str]:
-    start, end = _find_root_span(argv)
+    start, end = find_root_span(argv)
     return argv[start:end]
-
-
-def _find_root_span(argv: list[str]) -> tuple[int, int]:
-    """Where the roots are: after -H/-L/-P/-D x/-O3, up to the first test or action."""
-    start = 0
-    while start < len(argv) and (argv[start] in _FIND_OPTIONS or argv[start][:2] in ("-O", "-D")):
-        start += 2 if argv[start] == "-D" else 1
-    end = start
-    while end < len(argv) and not argv[end].startswith(("-", "(", "!")):
-        end += 1
-    return min(start, len(argv)), end
 
 
 def _watch_index(args: tuple[Word, ...]) -> int | None:
@@ -737,7 +695,7 @@ def _operand_words(args: tuple[Word, ...]) -> list[Word]:
 def _find(inv: _Inv) -> str | None:
     if inv.program != "find" or "-delete" not in inv.argv:
         return None
-    narrowed = _find_narrowed(inv.argv)
+    narrowed = find_narrowed(inv.argv)
     for root in _find_root_words(inv.args) or [Word(".")]:
         problem = removal_problem(root, inv.place, root_ok=narrowed)
         if problem:

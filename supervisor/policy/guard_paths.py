@@ -1,4 +1,5 @@
-"""Where a removal lands, for the command guard: may this path be removed recursively?
+"""Where a removal lands, for the command guard: may this path be removed recursively? (And
+where a `find` starts, and whether a name test narrows what it matches.)
 
 The sandbox's workspace is the agent's: a recursive removal of anything below its root is
 routine (``rm -rf build``, ``find dist -delete``), and so is one below the home directory
@@ -26,7 +27,9 @@ from stockade.supervisor.policy.shell_parse import Cwds, Word
 
 __all__ = [
     "Place",
+    "find_narrowed",
     "find_root_may_match",
+    "find_root_span",
     "known_prefix",
     "link_paths",
     "moved",
@@ -42,6 +45,10 @@ _RUNTIME = re.compile(r"[$`]")
 _GLOB = re.compile(r"[*?\[]|[@!+](?=\()")
 _EXTGLOB = re.compile(r"[@!+*?]\(")
 _WILDCARDS = re.compile(r"\[[^\]]*\]|[*?]")
+_FIND_NAMES = frozenset({"-name", "-iname", "-path", "-ipath", "-wholename", "-iwholename"})
+_FIND_NAMES |= {"-regex", "-iregex", "-lname", "-ilname"}
+_FIND_OPTIONS = frozenset({"-H", "-L", "-P"})  # before the roots; also -D debug, -Olevel
+_ANY_NAME = re.compile(r"\[[^\]]*\]|[*?/.^$+\\]")  # a pattern only of these matches anything
 _NARROW_CHARS = 2  # literal characters (besides dots) a glob at a root must have
 
 
@@ -124,6 +131,46 @@ def known_prefix(text: str) -> bool:
     """``$HOME/x``, ``$PWD/x``, ``$(pwd)/x``: run-time only in a part the guard knows."""
     match = _HOME.match(text) or _PWD.match(text)
     return match is not None and not _RUNTIME.search(text[match.end() :])
+
+
+def find_narrowed(argv: list[str]) -> bool:
+    """Does a name or path test (or -empty) narrow what find matches? Not ``-name '*'``,
+    not one that ``!``, ``-not`` or an ``-o`` with another kind of test can undo."""
+    if any(t in ("!", "-not", ",") for t in argv):
+        return False
+    narrowed, groups = False, [[False, True]]  # per open group: has -o, only name tests
+    for i, text in enumerate(argv):
+        previous = argv[i - 1] if i else ""
+        if previous in _FIND_NAMES:
+            continue  # the pattern
+        if text == "(":
+            groups.append([False, True])
+        elif text == ")" and len(groups) > 1:
+            has_or, only_names = groups.pop()
+            if has_or and not only_names:
+                return False
+        elif text in ("-o", "-or"):
+            if len(groups) == 1:
+                return False
+            groups[-1][0] = True
+        elif (
+            text in _FIND_NAMES and i + 1 < len(argv) and _ANY_NAME.sub("", argv[i + 1])
+        ) or text == "-empty":
+            narrowed = True
+        elif text not in ("-a", "-and"):
+            groups[-1][1] = False
+    return narrowed
+
+
+def find_root_span(argv: list[str]) -> tuple[int, int]:
+    """Where the roots are: after -H/-L/-P/-D x/-O3, up to the first test or action."""
+    start = 0
+    while start < len(argv) and (argv[start] in _FIND_OPTIONS or argv[start][:2] in ("-O", "-D")):
+        start += 2 if argv[start] == "-D" else 1
+    end = start
+    while end < len(argv) and not argv[end].startswith(("-", "(", "!")):
+        end += 1
+    return min(start, len(argv)), end
 
 
 def _absolute_paths(word: Word, place: Place) -> list[str] | str:
