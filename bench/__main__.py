@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_keys": ns.load_keys, "load_calls": ns.load_calls,
     }  # fmt: skip
     by_engine: dict[str, Any] = {}
-    progress("host-side pipeline and scrubber")
+    progress("host-side pipeline, scrubber and guard corpora")
     host = {"pipeline": run_pipeline_bench(), "scrub": run_scrub_bench()}
     host["guard"] = run_guard_bench()
     try:

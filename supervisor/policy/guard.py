@@ -299,7 +299,7 @@ def _invocations(command: Command, place: Place) -> list[_Inv]:
         if words:
             inv = _make_inv(words, command, where)
             found.append(inv)
-            inner = replace(where, fed=True) if inv.program in ("xargs", "parallel") else where
+            inner = replace(where, fed=True) if inv.program == "xargs" else where
             directory = _wrapper_chdir(inv)
             inner = inner if directory is None else moved(inner, directory)
             pending.extend((wrapped, inner) for wrapped in _wrapped(inv))
@@ -424,8 +424,8 @@ def _split_string(args: tuple[Word, ...], i: int) -> tuple[Word, ...] | None:
 
 def _find_exec(args: tuple[Word, ...]) -> list[tuple[Word, ...]]:
     """The commands of -exec/-execdir/-ok, with ``{}`` as each root when find may hand it
-    over, and as what it finds below: ``ROOT/*`` (anything) unless a name, path or time
-    test narrows that, then ``ROOT/{}``."""
+    over, and as what it finds below: ``ROOT/*`` (anything) unless a name or path test
+    narrows that, then ``ROOT/{}``."""
     argv = [a.text for a in args]
     root_words = _find_root_words(args)[:8] or [Word(".")]
     below = "/{}" if find_narrowed(argv) else "/*"
@@ -662,7 +662,7 @@ def _rm(inv: _Inv) -> str | None:
     if not flags & {"r", "R", "--recursive"}:
         return None
     if inv.place.fed:
-        return "recursive rm of paths read at run time (xargs, parallel)"
+        return "recursive rm of paths read at run time (xargs)"
     for word in _operand_words(inv.args):
         problem = removal_problem(word, inv.place)
         if problem:
@@ -741,16 +741,22 @@ def _dd(inv: _Inv) -> str | None:
     if inv.program != "dd":
         return None
     for path in _prefixed(inv, "if="):
-        if _RUNTIME.search(path) or not path:
-            return "dd reading a path known only at run time"
-        if _device_or_kernel(path) and _norm_abs(path) not in _DD_SOURCES:
+        where = _dd_paths(path, inv.place)
+        if where is None:
+            return (
+                f"dd reading a path known only at run time or in an unknown folder ({_short(path)})"
+            )
+        if any(_device_or_kernel(p) and p not in _DD_SOURCES for p in where):
             return f"dd reading a device or kernel memory ({path})"
     for path in _prefixed(inv, "of="):
-        if _RUNTIME.search(path) or not path:
-            return "dd writing a path known only at run time"
-        if _device_or_kernel(path) and _norm_abs(path) not in _DD_SINKS:
+        where = _dd_paths(path, inv.place)
+        if where is None:
+            return (
+                f"dd writing a path known only at run time or in an unknown folder ({_short(path)})"
+            )
+        if any(_device_or_kernel(p) and p not in _DD_SINKS for p in where):
             return f"dd writing a device ({path})"
-        if _device_or_kernel(path) or _norm_abs(path) in _DD_SINKS:
+        if all(p in _DD_SINKS for p in where):
             continue
         problem = removal_problem(Word(path), inv.place, root_ok=True)
         if problem:
@@ -758,8 +764,14 @@ def _dd(inv: _Inv) -> str | None:
     return None
 
 
+def _dd_paths(path: str, place: Place) -> list[str] | None:
+    """Absolute paths of a dd operand; None when run-time parts or the directory are unknown."""
+    where = link_paths(Word(path), place) if path and not _RUNTIME.search(path) else []
+    return where or None
+
+
 def _device_or_kernel(path: str) -> bool:
-    return path.startswith("/") and _norm_abs(path).startswith(("/dev/", "/proc/", "/sys/"))
+    return path.startswith(("/dev/", "/proc/", "/sys/"))
 
 
 def _norm_abs(path: str) -> str:

@@ -102,6 +102,7 @@ REFUSED = [
     ("dd if=x of=/etc/passwd", "dd-copy", "dd writing a path outside the workspace"),
     ("cd / && dd if=/dev/zero of=etc/x", "dd-copy", "outside the workspace (/etc/x)"),
     ("dd if=/dev/zero of=~/../etc/x", "dd-copy", "outside the workspace (/etc/x)"),
+    ("cd /dev && dd if=sda of=x", "dd-copy", "dd reading a device or kernel memory (sda)"),
     ("dd if=$SRC of=out.bin", "dd-copy", "known only at run time"),
 ]
 
