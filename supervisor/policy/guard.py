@@ -80,6 +80,7 @@ Pseudo-rules in results: ``parse-error`` and ``too-complex``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import posixpath
 import re
@@ -103,6 +104,7 @@ from stockade.supervisor.policy.guard_paths import (
 from stockade.supervisor.policy.shell_parse import (
     Budget,
     Command,
+    Cwds,
     Script,
     Sub,
     Word,
@@ -988,14 +990,13 @@ class _Evaluation:
     def invocations(self, command: Command) -> list[_Inv]:
         cached = self.cache.get(id(command))
         if cached is None or cached[0] is not command:
-            cwds = resolve_cwds(self.base, command.cwds, self.home)
-            place = Place(cwds, self.guard._workspace, self.home, links=tuple(self.links))
+            place = self.place(command.cwds)
             cached = self.cache[id(command)] = (command, _invocations(command, place))
         return cached[1]
 
-    def place(self) -> Place:
-        """Where the script being walked starts."""
-        return Place(self.base, self.guard._workspace, self.home, links=tuple(self.links))
+    def place(self, cwds: Cwds = ("",)) -> Place:
+        """Where a command that runs in ``cwds`` (relative to the script's start) runs."""
+        return _place(self.base, cwds, self.guard._workspace, self.home, tuple(self.links))
 
     def parse(self, text: str, positional: Sequence[str] | None = ()) -> Script:
         """Parse shell text; a text that may set HOME or CDPATH makes them unknown."""
@@ -1372,6 +1373,18 @@ class Guard:
         except RecursionError:
             evaluation.note_unparsed("too-complex", "command is nested too deeply to check")
         return evaluation.finish()
+
+
+@functools.lru_cache(maxsize=512)
+def _place(
+    base: tuple[str, ...] | None,
+    cwds: Cwds,
+    workspace: str,
+    home: str | None,
+    links: tuple[str, ...],
+) -> Place:
+    """Places repeat (the same few directories in every check): built once."""
+    return Place(resolve_cwds(base, cwds, home), workspace, home, links=links)
 
 
 def _root_folder(what: str, path: str) -> str:

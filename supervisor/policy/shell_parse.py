@@ -345,8 +345,10 @@ class _Walker:
                 background = i + 1 < len(children) and children[i + 1].type == "&"
                 self.background += background
                 self.cond += background
-                with self.own_cwd(background):
-                    self.statement(child)
+                saved = self.cwds
+                self.statement(child)
+                if background:  # `cd x &` runs in a subshell: its cd does not last
+                    self.cwds, self.cd_done = saved, _NO_CD
                 self.background -= background
                 self.cond -= background
             elif child.type == "variable_name":  # for NAME in ...
@@ -809,6 +811,9 @@ class _Walker:
 
 
 def _union(*choices: Cwds) -> Cwds:
+    first = choices[0]
+    if all(c == first for c in choices):  # the usual case: no cd
+        return first
     if any(c is None for c in choices):
         return None
     return tuple(dict.fromkeys(d for c in choices if c is not None for d in c))
