@@ -13,6 +13,8 @@ from typing import Any, NoReturn
 
 from bench import abuse, audit, coldstart, egress, load, peers, report, stockade_runs
 from bench.engines import ENGINES, bring_up, remove_labelled
+from bench.guard import run_guard_bench
+from bench.guard import section as guard_section
 from bench.machine import machine_info
 from bench.pipeline import host_section, run_pipeline_bench
 from bench.scrub import run_scrub_bench
@@ -135,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         "load_keys": ns.load_keys, "load_calls": ns.load_calls, "audit_records": ns.audit_records,
     }  # fmt: skip
     by_engine: dict[str, Any] = {}
-    progress("host-side pipeline and scrubber")
+    progress("host-side pipeline, scrubber and guard corpora")
     host = {"pipeline": run_pipeline_bench(), "scrub": run_scrub_bench()}
+    host["guard"] = run_guard_bench()
     host["audit"] = guarded(
         f"audit log of {ns.audit_records:,} records",
         lambda: audit.run_audit_bench(ns.audit_records),
@@ -154,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info(engines)
     print(report.header(machine, settings), end="\n\n")
     print(host_section(host["pipeline"], host["scrub"]), end="\n\n")
+    print(guard_section(host["guard"]), end="\n\n")
     print(audit.printed(host["audit"]), end="\n\n")
     for engine, results in by_engine.items():
         print(report.engine_section(engine, results), end="\n\n")

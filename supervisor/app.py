@@ -91,13 +91,14 @@ def build_policy(config: Config) -> HostPolicy:
     from stockade.supervisor.policy.limits import KeyLimiter
     from stockade.supervisor.policy.scrub import Scrubber
     from stockade.supervisor.policy.tools import PolicyEngine
+    from stockade.supervisor.sandboxes import WORKSPACE
 
     catalog = Catalog(config.custom_tools)
     db = Path(config.audit.path) if config.audit.path else config.state_dir / "stockade.db"
     rules = [GuardRule(r.name, r.pattern, r.reason) for r in config.guard.rules]
     secrets = [*config.scrub.secrets, *config.sandbox.secrets.values()]
     try:
-        guard = Guard(rules, on_parse_error=config.guard.on_parse_error)
+        guard = Guard(rules, on_parse_error=config.guard.on_parse_error, workspace=WORKSPACE)
         scrubber = Scrubber(secrets)
     except (GuardConfigError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc

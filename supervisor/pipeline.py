@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import sys
 import time
@@ -185,7 +186,7 @@ class ToolPipeline:
             args = self._arguments(spec, call.arguments_json, trail)
         command = _command_of(spec, args)
         if command is not None:
-            await self._check_command(call, spec, command, trail, events)
+            await self._check_command(call, spec, command, trail, events, args)
         limiter = self._policy.limiter
         async with contextlib.AsyncExitStack() as hold:
             try:
@@ -233,16 +234,16 @@ class ToolPipeline:
         command: str,
         trail: Trail,
         events: asyncio.Queue[ToolEvent] | None = None,
+        args: dict[str, Any] | None = None,
     ) -> None:
         must_ask = None
         guard = self._policy.guard
         if guard is not None:
             with trail.stages.timed("guard"):
+                check = functools.partial(guard.check, command, **_where_of(spec, args or {}))
                 # a hostile 256 KiB command takes ~0.4 s to parse: keep it off the event loop
                 long = len(command) > GUARD_INLINE_CHARS
-                verdict = (
-                    await asyncio.to_thread(guard.check, command) if long else guard.check(command)
-                )
+                verdict = await asyncio.to_thread(check) if long else check()
             trail.guard_rule = verdict.rule or ""
             if verdict.action == "deny":
                 message = f"command blocked by the guard: {verdict.reason}"
@@ -463,6 +464,17 @@ def _command_of(spec: ToolSpec, args: dict[str, Any]) -> str | None:
     if spec.name == "process" and args.get("action") == "start":
         return str(args.get("command", ""))
     return None
+
+
+def _where_of(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
+    """The working directory and added environment the guard judges a command in."""
+    if spec.custom is not None:
+        return {"workdir": spec.custom.workdir, "env": dict(spec.custom.env)}
+    workdir, env = args.get("workdir") or ".", args.get("env")
+    return {
+        "workdir": workdir if isinstance(workdir, str) else None,
+        "env": env if isinstance(env, dict) else {},
+    }
 
 
 def _exec_outcome(data: dict[str, Any]) -> tuple[ErrorCode, str]:

@@ -18,18 +18,24 @@ of an unparsable command still denies.
 Built-in rules (name: category):
 
 - ``privilege-escalation``: privilege-escalation. sudo, su, doas, pkexec, runuser.
-- ``destructive-rm``: destructive-file-ops. rm with recursive and force flags in
-  any spelling (as GoClaw: any target); recursive rm of / or a top-level system
-  or home directory; ``--no-preserve-root``.
-- ``destructive-find``: destructive-file-ops. ``find -delete`` on / or a system or
-  home directory, or with no name/path/time test.
+- ``destructive-rm``: destructive-file-ops. Recursive rm (any spelling of -r), ``rsync
+  --delete`` or inline ``rmtree(..)`` of anything but a path below the workspace root,
+  $HOME or /tmp (see ``guard_paths``): the workspace root and the folders above it (``.``,
+  ``/workspace``, ``build/../..``), a glob that can match everything at one of those roots
+  (``*``, ``.*``, ``./*``), /, ~, system folders, a path known only at run time
+  (``"$DIR"``, ``$(..)``, after ``cd "$X"``, what xargs reads); ``--no-preserve-root``.
+  Routine cleanup (``rm -rf build dist node_modules``) passes: the workspace is the agent's.
+- ``destructive-find``: destructive-file-ops. ``find -delete`` in the same places; at a
+  root itself (``find . -delete``) unless a name or path test nothing undoes narrows it.
 - ``windows-del``: destructive-file-ops. ``del /f``, ``del /s`` (also ``erase``).
 - ``windows-rmdir``: destructive-file-ops. ``rmdir /s``, ``rd /s``.
 - ``windows-format``: disk-destruction. ``format c:``.
 - ``mkfs``: disk-destruction. mkfs, mkfs.*, mke2fs, mkswap, wipefs.
 - ``raw-disk-write``: disk-destruction. A redirect, ``of=``, tee/cp/shred/...
   onto /dev/sd*, /dev/nvme*, /dev/vd*, /dev/hd*, /dev/xvd*, /dev/mmcblk* ...
-- ``dd-copy``: disk-destruction. dd with ``if=``.
+- ``dd-copy``: disk-destruction. dd reading a device or kernel memory (not /dev/zero,
+  /dev/urandom ...), writing a device or anywhere but below the workspace, $HOME and
+  /tmp, or a run-time path; dd between ordinary files passes.
 - ``system-power``: system-control. shutdown, reboot, poweroff, halt, init 0/6,
   systemctl/loginctl poweroff|reboot|halt|kexec.
 - ``kill-all``: system-control. ``kill -9 -1``, ``kill 1`` (init), ``killall5``.
@@ -54,6 +60,14 @@ Built-in rules (name: category):
   (``$CMD``, ``$(..)``, a glob): ask; deny when the arguments would be
   destructive for rm, find, dd, chmod, chown, nc or socat.
 
+Paths resolve against the directories a command may run in: the call's workdir (below the
+workspace), then each ``cd`` (``shell_parse`` tracks them: ``cd build && rm -rf *`` is
+build's contents, ``cd build; rm -rf *`` may be the root's). Code handed to another shell
+starts where that shell runs, and ``env -C DIR`` (systemd-run, unshare ...) moves it.
+``check``'s ``env`` setting HOME or CDPATH (or a command that sets them) makes ``~`` or
+``cd NAME`` unknown. A removal through a symlink the command makes (``ln -s / r; rm -rf
+r/*``) is refused; other symlinks are not followed: the container is the boundary there.
+
 Files written earlier in the same command are followed: a file from curl/wget (``-o``,
 ``-O``, ``> f``, ``| tee f``) or from a decoder, run later (``sh f``, ``. f``, ``./f``), is
 denied like ``curl | sh``; a file written with literal ``echo``/``cat <<EOF`` is checked
@@ -65,17 +79,32 @@ Pseudo-rules in results: ``parse-error`` and ``too-complex``.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import posixpath
 import re
 import shlex
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, NoReturn
 
+from stockade.supervisor.policy.guard_paths import (
+    SCRATCH,
+    Place,
+    find_narrowed,
+    find_root_may_match,
+    find_root_span,
+    known_prefix,
+    link_paths,
+    moved,
+    removal_problem,
+    resolve_cwds,
+)
 from stockade.supervisor.policy.shell_parse import (
     Budget,
     Command,
+    Cwds,
     Script,
     Sub,
     Word,
@@ -142,16 +171,12 @@ _DECODERS |= {"xz": "d --decompress", "zstd": "d --decompress", "lzma": "d --dec
 _DECODERS |= {"gpg": "d --decrypt"}
 _ALWAYS_DECODERS = frozenset({"uudecode", "rev", "zcat", "gunzip", "bzcat", "bunzip2", "xzcat"})
 _ALWAYS_DECODERS |= {"unxz", "zstdcat", "unzstd", "lzcat", "unlzma", "tr", "uncompress"}
-_FIND_TESTS = frozenset({"-name", "-iname", "-path", "-ipath", "-wholename", "-iwholename"})
-_FIND_TESTS |= {"-regex", "-iregex", "-lname", "-ilname", "-newer", "-mtime", "-mmin", "-atime"}
-_FIND_TESTS |= {"-amin", "-ctime", "-cmin", "-size", "-empty", "-user", "-group", "-uid", "-gid"}
-_FIND_TESTS |= {"-perm", "-inum", "-samefile", "-links"}
-_TRIVIAL = (["*"], [".*"], ["*.*"], ["**"])
 _CANDIDATES = ("rm", "find", "dd", "chmod", "chown", "nc", "socat")
 _RAW_DISK = re.compile(
     r"/dev/(?:[shv]d[a-z]|xvd[a-z]|nvme\d|mmcblk\d|disk|dm-\d|md\d|mapper/|loop\d)", re.IGNORECASE
 )
 _DEV_NET = re.compile(r"/dev/+(?:\./+)*(?:tcp|udp)/|/inet[46]?/(?:tcp|udp)/", re.IGNORECASE)
+_SETS_HOME = re.compile(r"(?<![$\w{])HOME\b")
 _SYSRQ = re.compile(r"^/+proc/+sysrq-trigger$")
 _HOME = re.compile(r"^(?:~|\$HOME|\$\{HOME\})(?=/|$)")
 _STRATUM = re.compile(r"stratum\d?\+(?:tcp|ssl|tls)://", re.IGNORECASE)
@@ -185,6 +210,9 @@ _EMBEDDED = re.compile(
     r"""(?P<body>(?:\\.|(?!(?P=q)).)*)(?P=q)|`(?P<tick>[^`\n]*)`""",
     re.DOTALL,
 )
+_RUNTIME = re.compile(r"[$`]")
+_DD_SOURCES = frozenset({"/dev/zero", "/dev/urandom", "/dev/random", "/dev/null", "/dev/stdin"})
+_DD_SINKS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
 _MAX_CHAIN = 32
 _MAX_EMBEDDED = 32
 
@@ -199,6 +227,7 @@ class _Inv:
     word: Word
     args: tuple[Word, ...]
     command: Command
+    place: Place
 
     @property
     def argv(self) -> list[str]:
@@ -245,7 +274,7 @@ _WRAPPERS: dict[str, _Wrap] = {
     "sudo": _wrap("-u -g -C -D -h -p -r -t -U -T --user --group"),
     "doas": _wrap("-u -C"),
     "pkexec": _wrap("--user"),
-    "unshare": _wrap("-S -G --setuid --setgid"),
+    "unshare": _wrap("-S -G -w --setuid --setgid --wd"),
     "nsenter": _wrap("-t -S -G --target"),
     "xargs": _wrap(
         "-I -n -P -L -d -E -s -a --max-args --max-procs --max-lines --delimiter --eof "
@@ -264,22 +293,25 @@ _SCRIPT_FLAGS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 _FILE_FLAGS = frozenset({("python", "-m"), ("php", "-f")})
 
 
-def _invocations(command: Command) -> list[_Inv]:
+def _invocations(command: Command, place: Place) -> list[_Inv]:
     found: list[_Inv] = []
-    pending = [command.words]
+    pending = [(command.words, place)]
     while pending and len(found) < _MAX_CHAIN:
-        words = pending.pop(0)
+        words, where = pending.pop(0)
         if words:
-            inv = _make_inv(words, command)
+            inv = _make_inv(words, command, where)
             found.append(inv)
-            pending.extend(_wrapped(inv))
+            inner = replace(where, fed=True) if inv.program == "xargs" else where
+            directory = _wrapper_chdir(inv)
+            inner = inner if directory is None else moved(inner, directory)
+            pending.extend((wrapped, inner) for wrapped in _wrapped(inv))
     return found
 
 
-def _make_inv(words: tuple[Word, ...], command: Command) -> _Inv:
+def _make_inv(words: tuple[Word, ...], command: Command, place: Place) -> _Inv:
     name = basename(words[0].text)
     program = name.lower().removesuffix(".exe")
-    return _Inv(program, name, words[0], words[1:], command)
+    return _Inv(program, name, words[0], words[1:], command, place)
 
 
 def _wrapped(inv: _Inv) -> list[tuple[Word, ...]]:
@@ -316,6 +348,52 @@ def _command_index(args: tuple[Word, ...], spec: _Wrap) -> int | None:
     return i if i < len(args) else None
 
 
+_CHDIR_OPTIONS = {
+    "env": ("-C", "--chdir"),
+    "systemd-run": ("--working-directory",),
+    "nsenter": ("--wd",),
+    "unshare": ("-w", "--wd"),
+}
+
+
+def _wrapper_chdir(inv: _Inv) -> Word | None:
+    """The directory a wrapper runs its command in (``env -C DIR rm ..``), if it says."""
+    options = _CHDIR_OPTIONS.get(inv.program)
+    if inv.program == "chroot":
+        return Word("/")  # the command starts at the new root
+    if options is None:
+        return None
+    spec = _WRAPPERS.get(inv.program)
+    end = _env_index(inv.args) if spec is None else _command_index(inv.args, spec)
+    own = inv.args[: len(inv.args) if end is None else end]  # not the wrapped command's
+    found = None
+    for i, arg in enumerate(own):
+        text = arg.text
+        if text in options and i + 1 < len(own):
+            found = own[i + 1]
+        elif text.startswith(tuple(o + "=" for o in options if o.startswith("--"))):
+            found = replace(arg, text=text.partition("=")[2], bare=None)
+        elif text[:2] in options and len(text) > 2 and not text.startswith("--"):
+            found = replace(arg, text=text[2:], bare=None)
+    return found
+
+
+def _env_index(args: tuple[Word, ...]) -> int | None:
+    """Where env's command starts (None: no command, or ``-S``)."""
+    i = 0
+    while i < len(args):
+        text = args[i].text
+        if _split_string(args, i) is not None:
+            return None
+        if text in ("-u", "--unset", "-C", "--chdir"):
+            i += 2
+        elif text.startswith("-") or re.match(r"[A-Za-z_]\w*=", text):
+            i += 1
+        else:
+            return i
+    return None
+
+
 def _env_wrapped(args: tuple[Word, ...]) -> list[tuple[Word, ...]]:
     i = 0
     while i < len(args):
@@ -347,31 +425,40 @@ def _split_string(args: tuple[Word, ...], i: int) -> tuple[Word, ...] | None:
 
 
 def _find_exec(args: tuple[Word, ...]) -> list[tuple[Word, ...]]:
-    """The commands of -exec/-execdir/-ok, with ``{}`` as each root (find visits it too)."""
-    roots = _find_roots([a.text for a in args])[:8] or ["."]
-    found: list[tuple[Word, ...]] = []
+    """The commands of -exec/-execdir/-ok, with ``{}`` as each root when find may hand it
+    over, and as what it finds below: ``ROOT/*`` (anything) unless a name or path test
+    narrows that, then ``ROOT/{}``."""
+    argv = [a.text for a in args]
+    root_words = _find_root_words(args)[:8] or [Word(".")]
+    below = "/{}" if find_narrowed(argv) else "/*"
+    found: list[Word] = []
+    for root in root_words:
+        if find_root_may_match(argv, root.text):
+            found.append(root)
+        found.append(replace(root, text=root.text.rstrip("/") + below, bare=None))
+    commands: list[tuple[Word, ...]] = []
     i = 0
     while i < len(args):
         if args[i].text in ("-exec", "-execdir", "-ok", "-okdir"):
             end = i + 1
             while end < len(args) and args[end].text not in (";", "+"):
                 end += 1
-            found.extend(
-                tuple(Word(root) if w.text == "{}" else w for w in args[i + 1 : end])
-                for root in roots
+            commands.extend(
+                tuple(each if w.text == "{}" else w for w in args[i + 1 : end]) for each in found
             )
             i = end
         i += 1
-    return found
+    return commands
+
+
+def _find_root_words(args: tuple[Word, ...]) -> list[Word]:
+    start, end = find_root_span([a.text for a in args])
+    return list(args[start:end])
 
 
 def _find_roots(argv: list[str]) -> list[str]:
-    roots = []
-    for text in argv:
-        if text.startswith(("-", "(", "!")):
-            break
-        roots.append(text)
-    return roots
+    start, end = find_root_span(argv)
+    return argv[start:end]
 
 
 def _watch_index(args: tuple[Word, ...]) -> int | None:
@@ -567,29 +654,56 @@ def _privilege(inv: _Inv) -> str | None:
 
 
 def _rm(inv: _Inv) -> str | None:
+    if inv.program == "rsync":
+        return _rsync_delete(inv)
     if inv.program != "rm":
         return None
-    flags = _flags(inv.args, ("--recursive", "--force", "--no-preserve-root"))
-    recursive = bool(flags & {"r", "R", "--recursive"})
-    if recursive and flags & {"f", "--force"}:
-        return "recursive forced rm (rm -rf)"
+    flags = _flags(inv.args, ("--recursive", "--force", "--no-preserve-root", "--dir"))
     if "--no-preserve-root" in flags:
         return "rm --no-preserve-root"
-    if recursive and any(_critical(t) for t in _operands(inv.args)):
-        return "recursive rm of / or a system or home directory"
+    if not flags & {"r", "R", "--recursive"}:
+        return None
+    if inv.place.fed:
+        return "recursive rm of paths read at run time (xargs)"
+    for word in _operand_words(inv.args):
+        problem = removal_problem(word, inv.place)
+        if problem:
+            return f"recursive rm of {problem}"
     return None
+
+
+def _rsync_delete(inv: _Inv) -> str | None:
+    """``rsync --delete empty/ ./``: the destination loses what the source lacks."""
+    if not any(a.text.startswith("--del") for a in inv.args):
+        return None
+    operands = _operand_words(inv.args)
+    if len(operands) < 2 or ":" in operands[-1].text:  # a remote destination
+        return None
+    problem = removal_problem(operands[-1], inv.place)
+    return f"rsync --delete into {problem}" if problem else None
+
+
+def _operand_words(args: tuple[Word, ...]) -> list[Word]:
+    """Operands: words not starting with "-" ("-" itself too), and all after "--"."""
+    found, options = [], True
+    for arg in args:
+        if options and arg.text == "--":
+            options = False
+        elif not options or not arg.text.startswith("-") or arg.text == "-":
+            found.append(arg)
+    return found
 
 
 def _find(inv: _Inv) -> str | None:
     if inv.program != "find" or "-delete" not in inv.argv:
         return None
-    roots = _find_roots(inv.argv)
-    if any(_critical(r) for r in roots):
-        return "find -delete on / or a system or home directory"
-    argv = inv.argv
-    tests = [i for i, t in enumerate(argv) if t in _FIND_TESTS]
-    if not any(argv[i] == "-empty" or argv[i + 1 : i + 2] not in _TRIVIAL for i in tests):
-        return "find -delete without a name or path test (recursive delete)"
+    narrowed = find_narrowed(inv.argv)
+    for root in _find_root_words(inv.args) or [Word(".")]:
+        problem = removal_problem(root, inv.place, root_ok=narrowed)
+        if problem:
+            return f"find -delete in {problem}" + (
+                "" if narrowed else " with no name test narrowing it"
+            )
     return None
 
 
@@ -623,7 +737,47 @@ def _mkfs(inv: _Inv) -> str | None:
 
 
 def _dd(inv: _Inv) -> str | None:
-    return "raw copy (dd if=)" if inv.program == "dd" and _prefixed(inv, "if=") else None
+    """dd between ordinary files (or from /dev/zero, /dev/urandom) is routine; reading a
+    device or kernel memory, writing to a device or outside the workspace, $HOME and /tmp,
+    or a run-time path is not."""
+    if inv.program != "dd":
+        return None
+    for path in _prefixed(inv, "if="):
+        where = _dd_paths(path, inv.place)
+        if where is None:
+            return (
+                f"dd reading a path known only at run time or in an unknown folder ({_short(path)})"
+            )
+        if any(_device_or_kernel(p) and p not in _DD_SOURCES for p in where):
+            return f"dd reading a device or kernel memory ({path})"
+    for path in _prefixed(inv, "of="):
+        where = _dd_paths(path, inv.place)
+        if where is None:
+            return (
+                f"dd writing a path known only at run time or in an unknown folder ({_short(path)})"
+            )
+        if any(_device_or_kernel(p) and p not in _DD_SINKS for p in where):
+            return f"dd writing a device ({path})"
+        if all(p in _DD_SINKS for p in where):
+            continue
+        problem = removal_problem(Word(path), inv.place, root_ok=True)
+        if problem:
+            return f"dd writing {problem}"
+    return None
+
+
+def _dd_paths(path: str, place: Place) -> list[str] | None:
+    """Absolute paths of a dd operand; None when run-time parts or the directory are unknown."""
+    where = link_paths(Word(path), place) if path and not _RUNTIME.search(path) else []
+    return where or None
+
+
+def _device_or_kernel(path: str) -> bool:
+    return path.startswith(("/dev/", "/proc/", "/sys/"))
+
+
+def _norm_abs(path: str) -> str:
+    return posixpath.normpath("/" + path.lstrip("/"))
 
 
 def _prefixed(inv: _Inv, prefix: str) -> list[str]:
@@ -801,8 +955,12 @@ class _Decided(Exception):
 class _Evaluation:
     """State of one ``Guard.check`` call; raises ``_Decided`` on the first deny."""
 
-    def __init__(self, guard: Guard) -> None:
+    def __init__(self, guard: Guard, base: tuple[str, ...] | None, env: Mapping[str, str]) -> None:
         self.guard = guard
+        self.base = base  # absolute directories the script being walked starts in
+        self.home: str | None = None if "HOME" in env else guard._home
+        self.cdpath = "CDPATH" in env
+        self.links: dict[str, None] = {}  # symlinks the command makes (absolute paths)
         self.asked: GuardResult | None = None
         self.unparsed: tuple[str, str] | None = None  # (pseudo-rule, why)
         self.cache: dict[int, tuple[Command, list[_Inv]]] = {}
@@ -832,8 +990,20 @@ class _Evaluation:
     def invocations(self, command: Command) -> list[_Inv]:
         cached = self.cache.get(id(command))
         if cached is None or cached[0] is not command:
-            cached = self.cache[id(command)] = (command, _invocations(command))
+            place = self.place(command.cwds)
+            cached = self.cache[id(command)] = (command, _invocations(command, place))
         return cached[1]
+
+    def place(self, cwds: Cwds = ("",)) -> Place:
+        """Where a command that runs in ``cwds`` (relative to the script's start) runs."""
+        return _place(self.base, cwds, self.guard._workspace, self.home, tuple(self.links))
+
+    def parse(self, text: str, positional: Sequence[str] | None = ()) -> Script:
+        """Parse shell text; a text that may set HOME or CDPATH makes them unknown."""
+        if _SETS_HOME.search(text):
+            self.home = None
+        self.cdpath |= "CDPATH" in text
+        return parse_script(text, positional=positional, budget=self.budget, cdpath=self.cdpath)
 
     def sub_invocations(self, sub: Sub) -> list[_Inv]:
         return [inv for command in sub.commands for inv in self.invocations(command)]
@@ -847,6 +1017,8 @@ class _Evaluation:
             if name == "while":
                 self.deny("fork-bomb", "fork bomb (endless loop that starts background processes)")
             self.deny("fork-bomb", f"fork bomb (function {name!r} calls itself concurrently)")
+        for command in script.commands:
+            self.note_links(command)
         for previous, command in zip((None, *script.commands), script.commands, strict=False):
             self.note_written(command, previous)
         for stages in script.pipelines:
@@ -879,7 +1051,10 @@ class _Evaluation:
             if what:
                 self.deny(name, what)
         if any(a.bare is not None for a in inv.args):  # `rm $u-rf $u/`: $u may be empty
-            args = tuple(a if a.bare is None else Word(a.bare, dynamic=True) for a in inv.args)
+            args = tuple(
+                a if a.bare is None or known_prefix(a.text) else Word(a.bare, dynamic=True)
+                for a in inv.args
+            )
             bare = replace(inv, args=tuple(a for a in args if a.text))
             for name, on_invocation in _ON_INVOCATION:
                 what = on_invocation(bare)
@@ -914,6 +1089,22 @@ class _Evaluation:
                 elif content is not None:
                     self.written[path] = content
 
+    def note_links(self, command: Command) -> None:
+        """``ln -s / x``: a removal through x later in the command is refused (the guard
+        follows no symlink, but it can see the ones the command makes)."""
+        words = command.words
+        if not words or basename(words[0].text) != "ln":
+            return
+        args = words[1:]
+        if not _flags(args, ("--symbolic",)) & {"s", "--symbolic"}:
+            return
+        operands = _operand_words(args)
+        names = [operands[-1]] if len(operands) > 1 else []
+        names += [Word(posixpath.basename(o.text.rstrip("/")) or "root") for o in operands[:1]]
+        place = Place(resolve_cwds(self.base, command.cwds, self.home), self.guard._workspace)
+        for name in names:
+            self.links.update(dict.fromkeys(link_paths(name, place)))
+
     def note_teed(self, stages: tuple[tuple[Command, ...], ...]) -> None:
         """``curl URL | tee f``."""
         producer: tuple[str, str] | None = None
@@ -936,7 +1127,8 @@ class _Evaluation:
                 rule, what = held
                 self.deny(rule, f"{what} ({path}) run as code by {inv.name}")
             if isinstance(held, str):
-                self.source(code.lang if code is not None else "sh", held, depth)
+                with self.running_in(inv):
+                    self.source(code.lang if code is not None else "sh", held, depth)
 
     def config_rules(self, inv: _Inv) -> None:
         if not self.guard._extra:
@@ -946,7 +1138,20 @@ class _Evaluation:
             if regex.search(text):
                 self.deny(rule.name, rule.reason or f"{_short(text)!r} matches {rule.pattern!r}")
 
+    @contextlib.contextmanager
+    def running_in(self, inv: _Inv) -> Iterator[None]:
+        """Code ``inv`` runs starts in the directories ``inv`` runs in."""
+        saved, self.base = self.base, inv.place.cwds
+        try:
+            yield
+        finally:
+            self.base = saved
+
     def code(self, inv: _Inv, code: _Code, depth: int) -> None:
+        with self.running_in(inv):
+            self.fed_code(inv, code, depth)
+
+    def fed_code(self, inv: _Inv, code: _Code, depth: int) -> None:
         body = _stdin_body(inv.command) if code.stdin else None
         fed = [w for w in (code.inline, code.operand, body) if w is not None]
         if code.stdin:
@@ -975,7 +1180,7 @@ class _Evaluation:
         elif depth >= self.guard._max_depth:
             self.note_unparsed("too-complex", f"shell code nested more than {depth} levels deep")
         else:
-            script = parse_script(text, positional=positional, budget=self.budget)
+            script = self.parse(text, positional)
             self.script(script if strict else replace(script, error=None), depth + 1)
 
     def script_code(self, text: str, depth: int) -> None:
@@ -986,8 +1191,9 @@ class _Evaluation:
         if _FORK_LOOP.search(text):
             self.deny("fork-bomb", "fork bomb (fork in a loop)")
         for match in _RMTREE.finditer(text):
-            if _critical(match.group("path")):
-                self.deny("destructive-rm", "inline code that removes / or a system directory tree")
+            problem = removal_problem(Word(match.group("path")), self.place())
+            if problem:
+                self.deny("destructive-rm", f"inline code that removes {problem}")
         for embedded in itertools.islice(_embedded_commands(text), _MAX_EMBEDDED):
             self.source("sh", embedded, depth, strict=False)
 
@@ -1014,8 +1220,9 @@ class _Evaluation:
             self.upstream([inv for earlier in invs[:i] for inv in earlier], readers[0][0].name)
             output = static_output(stages[i - 1][0]) if i and len(stages[i - 1]) == 1 else None
             if output is not None:  # `echo 'rm -rf /' | sh`: check what the shell reads
-                for _, code in readers:
-                    self.source(code.lang, output, depth)
+                for reader, code in readers:
+                    with self.running_in(reader):
+                        self.source(code.lang, output, depth)
         programs = {inv.program for stage in invs for inv in stage}
         if programs & _SHELLS and programs & _NETCATS:
             self.deny("netcat-shell", "shell connected to a network socket by a pipeline")
@@ -1110,11 +1317,13 @@ def _short(text: str, limit: int = 80) -> str:
 class Guard:
     """Decides whether a shell command may run. Immutable; ``check`` is pure and thread-safe."""
 
-    __slots__ = ("_extra", "_max_depth", "_names", "_on_parse_error")
+    __slots__ = ("_extra", "_home", "_max_depth", "_names", "_on_parse_error", "_workspace")
     _extra: tuple[tuple[GuardRule, re.Pattern[str]], ...]
+    _home: str
     _max_depth: int
     _names: tuple[str, ...]
     _on_parse_error: Literal["deny", "ask"]
+    _workspace: str
 
     def __init__(
         self,
@@ -1122,7 +1331,11 @@ class Guard:
         *,
         on_parse_error: Literal["deny", "ask"] = "deny",
         max_depth: int = 8,
+        workspace: str = "/workspace",
+        home: str = SCRATCH,
     ) -> None:
+        """``workspace``: the sandbox's workspace root, where commands start (below it a
+        recursive removal is routine); ``home``: its $HOME (below it too)."""
         if on_parse_error not in ("deny", "ask"):
             raise GuardConfigError(
                 f"on_parse_error must be 'deny' or 'ask', not {on_parse_error!r}"
@@ -1130,6 +1343,8 @@ class Guard:
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
             raise GuardConfigError(f"max_depth must be a positive integer, not {max_depth!r}")
         extra = _compile_rules(extra_rules)
+        object.__setattr__(self, "_workspace", _root_folder("workspace", workspace))
+        object.__setattr__(self, "_home", _root_folder("home", home))
         object.__setattr__(self, "_extra", extra)
         object.__setattr__(self, "_max_depth", max_depth)
         object.__setattr__(self, "_on_parse_error", on_parse_error)
@@ -1143,16 +1358,39 @@ class Guard:
         """Built-in rule names (including the parse-error/too-complex pseudo-rules), then extras."""
         return self._names
 
-    def check(self, command: str) -> GuardResult:
-        """Allow, deny or ask for one shell command string."""
-        evaluation = _Evaluation(self)
+    def check(
+        self, command: str, *, workdir: str | None = ".", env: Mapping[str, str] | None = None
+    ) -> GuardResult:
+        """Allow, deny or ask for one shell command string, run in ``workdir`` (relative to
+        the workspace, or absolute; None: not known) with ``env`` added to its environment
+        (one that sets HOME or CDPATH makes ``~`` or ``cd NAME`` unknown)."""
+        base = None if workdir is None else (_norm_abs(posixpath.join(self._workspace, workdir)),)
+        evaluation = _Evaluation(self, base, env or {})
         try:
-            evaluation.script(parse_script(command, budget=evaluation.budget), depth=0)
+            evaluation.script(evaluation.parse(command), depth=0)
         except _Decided as decided:
             return decided.result
         except RecursionError:
             evaluation.note_unparsed("too-complex", "command is nested too deeply to check")
         return evaluation.finish()
+
+
+@functools.lru_cache(maxsize=512)
+def _place(
+    base: tuple[str, ...] | None,
+    cwds: Cwds,
+    workspace: str,
+    home: str | None,
+    links: tuple[str, ...],
+) -> Place:
+    """Places repeat (the same few directories in every check): built once."""
+    return Place(resolve_cwds(base, cwds, home), workspace, home, links=links)
+
+
+def _root_folder(what: str, path: str) -> str:
+    if not isinstance(path, str) or not path.startswith("/") or _norm_abs(path) == "/":
+        raise GuardConfigError(f"{what} must be an absolute folder other than /, not {path!r}")
+    return _norm_abs(path)
 
 
 def _compile_rules(rules: Sequence[GuardRule]) -> tuple[tuple[GuardRule, re.Pattern[str]], ...]:

@@ -12,7 +12,12 @@ without running anything:
   ``$(printf ..)`` or ``$(cat <<EOF ..)`` substitutions, are replaced by their
   value;
 - anything else only known at run time keeps its source text and marks the
-  word ``dynamic``.
+  word ``dynamic``;
+- each command carries the directories it may run in (``cwds``), relative to the
+  script's start: ``cd build && rm -rf *`` runs ``rm`` in ``build`` only, ``cd build;
+  rm -rf *`` in ``build`` or (should ``cd`` fail) the start. Subshells, pipeline stages
+  and substitutions do not pass a ``cd`` on; a ``cd`` to a run-time value, in a loop or
+  function, or ``eval``/``source``/``popd`` make the directory unknown (None).
 
 Commands inside substitutions, subshells, compound statements, functions and
 heredoc pipelines are all collected. When tree-sitter reports a syntax error,
@@ -22,12 +27,13 @@ Nothing here decides policy.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import shlex
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import tree_sitter
@@ -76,6 +82,7 @@ _C_SIMPLE = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n
 _C_SIMPLE |= {"t": "\t", "v": "\v"}
 _PRINTF_CONV = re.compile(r"%[%sb]")
 _SEQUENCE = re.compile(r"(-?\d+|[a-zA-Z])\.\.(-?\d+|[a-zA-Z])(?:\.\.(-?\d+))?")
+_NAME = re.compile(r"[A-Za-z_]\w*")
 _IFS = re.compile(r"\$\{IFS[^}]*\}|\$IFS\b")
 _PROTECT = str.maketrans("{},.", "\ue000\ue001\ue002\ue003")
 _UNPROTECT = str.maketrans("\ue000\ue001\ue002\ue003", "{},.")
@@ -86,6 +93,17 @@ _UNPROTECT = str.maketrans("\ue000\ue001\ue002\ue003", "{},.")
 _ASCII_ONLY = bytes.maketrans(bytes(range(0x80, 0x100)), b"x" * 0x80)
 _KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "for"})
 _KEYWORDS |= {"case", "esac", "in", "{", "}", "!", "time"}
+
+
+Cwds = tuple[str, ...] | None
+"""Directories a command may run in: "" is where the script starts, other relative paths
+are below it, "/.." absolute, "~.." the home directory's; None: not known."""
+_NO_CD = ("\0",)  # `cd_done` when the last command was no cd
+_CD = frozenset({"cd", "pushd", "chdir"})
+_CD_PREFIXES = frozenset({"builtin", "command", "time", "-p", "--"})
+_CWD_UNKNOWN = frozenset({"popd", "eval", "source", "."})
+_LOOPS = frozenset({"for_statement", "c_style_for_statement", "while_statement"})
+_CHANGES_DIR = re.compile(rb"\b(?:cd|pushd|popd|chdir)\b")
 
 
 @dataclass(frozen=True)
@@ -118,6 +136,7 @@ class Command:
     words: tuple[Word, ...]
     redirects: tuple[Redirect, ...] = ()
     background: bool = False  # run with a trailing "&"
+    cwds: Cwds = ("",)  # where it may run, relative to the script's start; None: unknown
 
 
 @dataclass(frozen=True)
@@ -150,12 +169,17 @@ class Budget:
 
 
 def parse_script(
-    text: str, *, positional: Sequence[str] | None = (), budget: Budget | None = None
+    text: str,
+    *,
+    positional: Sequence[str] | None = (),
+    budget: Budget | None = None,
+    cdpath: bool = False,
 ) -> Script:
     """Parse shell text; never raises for any input string.
 
     ``positional`` holds ``$0 $1 ...`` (``$0`` first; default: a ``sh -c`` without operands,
-    so ``$1``.. and ``$@`` are empty); None when they are unknown.
+    so ``$1``.. and ``$@`` are empty); None when they are unknown. ``cdpath``: CDPATH may
+    be set, so ``cd NAME`` may go anywhere (also when the text mentions CDPATH).
     """
     error = "command contains a NUL byte" if "\x00" in text else None
     text = text.replace("\x00", " ")
@@ -171,6 +195,7 @@ def parse_script(
         return Script(error="command took too long to parse", too_complex=True)
     root = tree.root_node
     walker = _Walker(data, positional, budget)
+    walker.cdpath = cdpath or b"CDPATH" in data
     try:
         walker.statement(root)
     except (_TooComplex, RecursionError) as exc:
@@ -261,6 +286,9 @@ class _Walker:
         self.background = 0
         self.depth = 0
         self.nodes = 0
+        self.cwds: Cwds = ("",)
+        self.cd_done: Cwds = _NO_CD  # the last command was a cd: where it went
+        self.cdpath = False
 
     def text(self, node: Node) -> str:
         return self.src[node.start_byte : node.end_byte].decode("utf-8", "replace")
@@ -298,8 +326,14 @@ class _Walker:
             self.declaration(node)
         elif kind == "function_definition":
             self.function(node)
+        elif kind in _LOOPS and _CHANGES_DIR.search(self.src, node.start_byte, node.end_byte):
+            self.cwds = None  # a cd runs again on each pass: where is unknown
+            self.loop(node) if kind == "while_statement" else self.block(node, conditional=True)
         elif kind == "while_statement":
             self.loop(node)
+        elif kind == "subshell":
+            with self.own_cwd():
+                self.block(node, conditional=False)
         else:
             self.block(node, conditional=kind not in _UNCONDITIONAL)
 
@@ -311,7 +345,10 @@ class _Walker:
                 background = i + 1 < len(children) and children[i + 1].type == "&"
                 self.background += background
                 self.cond += background
+                saved = self.cwds
                 self.statement(child)
+                if background:  # `cd x &` runs in a subshell: its cd does not last
+                    self.cwds, self.cd_done = saved, _NO_CD
                 self.background -= background
                 self.cond -= background
             elif child.type == "variable_name":  # for NAME in ...
@@ -331,18 +368,50 @@ class _Walker:
             self.fork_bombs.append("while")
 
     def and_or(self, node: Node) -> None:
-        items: list[Node] = []
+        items: list[tuple[str, Node]] = []  # (operator before it, item), last first
         while node.type == "list":  # left-recursive: flatten without recursion
             named = [c for c in node.children if c.is_named]
             if not named:
                 break
-            items.extend(reversed(named[1:]))
+            op = next((c.type for c in node.children if not c.is_named), "")
+            items.extend((op, item) for item in reversed(named[1:]))
             node = named[0]
-        items.append(node)
+        items.append(("", node))
         self.cond += 1
-        for item in reversed(items):
+        seen, went = [self.cwds], _NO_CD
+        for op, item in reversed(items):
+            if op == "&&" and went != _NO_CD:  # `cd x && ..`: runs only where cd went
+                self.cwds = went
+            self.cd_done = _NO_CD
             self.statement(item) if item.type in _STATEMENTS else self.scan(item)
+            went = self.cd_done if item.type == "command" else _NO_CD
+            seen.append(self.cwds)
+        self.cwds = _union(*seen)
         self.cond -= 1
+
+    @contextlib.contextmanager
+    def own_cwd(self, scoped: bool = True) -> Iterator[None]:
+        """A subshell, pipeline stage or substitution: its cd does not last."""
+        saved = self.cwds
+        try:
+            yield
+        finally:
+            if scoped:
+                self.cwds, self.cd_done = saved, _NO_CD
+
+    def change_dir(self, words: list[Word]) -> None:
+        """After ``cd DIR``: where the next command may run (cd may fail, so also here)."""
+        while words and words[0].text in _CD_PREFIXES and not words[0].dynamic:
+            words = words[1:]  # `builtin cd /`, `command cd /`, `time -p cd /`
+        program = words[0].text if words else ""
+        self.cd_done = _NO_CD
+        if program == "trap" and any(_CHANGES_DIR.search(w.text.encode()) for w in words):
+            self.cwds = None  # `trap 'cd /' DEBUG`: runs in this shell, before each command
+        if not words or words[0].dynamic or program not in _CD | _CWD_UNKNOWN:
+            return
+        went = _cd(words[1:], self.cwds, cdpath=self.cdpath) if program in _CD else None
+        self.cd_done = went
+        self.cwds = _union(self.cwds, went)
 
     def pipeline(self, node: Node, head: tuple[Command, ...]) -> None:
         stages = [head] if head else []
@@ -350,7 +419,8 @@ class _Walker:
         for child in node.children:
             if child.type in _STATEMENTS:
                 start = len(self.commands)
-                self.statement(child)
+                with self.own_cwd():
+                    self.statement(child)
                 stages.append(tuple(self.commands[start:]))
             elif child.is_named:
                 self.scan(child)
@@ -375,7 +445,7 @@ class _Walker:
         else:
             for body in bodies:
                 self.statement(body)
-            self.commands.append(Command((), tuple(redirects), self.background > 0))
+            self.commands.append(Command((), tuple(redirects), self.background > 0, self.cwds))
         head = tuple(self.commands[start:])
         self.cond += 1
         for extra in trailing:
@@ -396,7 +466,9 @@ class _Walker:
             else:
                 pieces.extend(_flat([child]))
         words = self.after_words(self.words(pieces))
-        self.commands.append(Command(tuple(words), tuple(own + redirects), self.background > 0))
+        background = self.background > 0
+        self.commands.append(Command(tuple(words), tuple(own + redirects), background, self.cwds))
+        self.change_dir(words)
 
     def words(self, pieces: list[Node]) -> list[Word]:
         """Pieces with nothing but line continuations between them are one shell word
@@ -414,6 +486,9 @@ class _Walker:
             if dollar and piece.type == "word" and text[:1] in _SPECIAL:  # `$` `9-rf`
                 self.parameter(text[0], segs, quoted=False, source="$" + text[0])
                 segs.extend(_unescape_word(text[1:]))
+            elif dollar and piece.type == "word" and (name := _NAME.match(text)):  # `$` `IFS/`
+                self.named(name.group(), segs)
+                segs.extend(_unescape_word(text[name.end() :]))
             elif piece.type != "$":
                 if dollar and piece.type not in ("string", "translated_string"):
                     segs.append(("$", _LIT))
@@ -481,7 +556,7 @@ class _Walker:
                 words.extend(self.expand(child))
             else:
                 words.append(Word(self.text(child)))
-        self.commands.append(Command(tuple(words), (), self.background > 0))
+        self.commands.append(Command(tuple(words), (), self.background > 0, self.cwds))
 
     def function(self, node: Node) -> None:
         name_node = node.child_by_field_name("name")
@@ -489,9 +564,12 @@ class _Walker:
         first_command, first_pipeline = len(self.commands), len(self.pipelines)
         self.cond += 1
         outer, self.positional = self.positional, None  # $1.. are the function's arguments
-        for child in node.children:
-            if child.type in _STATEMENTS:
-                self.statement(child)
+        with self.own_cwd():
+            for child in node.children:
+                if child.type in _STATEMENTS:
+                    self.statement(child)
+        if _CHANGES_DIR.search(self.src, node.start_byte, node.end_byte):
+            self.cwds = None  # each call may change directory
         self.positional = outer
         self.cond -= 1
         piped = {id(c) for p in self.pipelines[first_pipeline:] for s in p for c in s}
@@ -632,6 +710,15 @@ class _Walker:
         else:
             out.append((source, _DYN))
 
+    def named(self, name: str, out: list[_Seg]) -> None:
+        """``$NAME`` unquoted, where tree-sitter split the ``$`` from the name."""
+        if name == "IFS":
+            out.append(("", _SPLIT))
+        elif name in self.vars:
+            self.value(self.vars[name], out, quoted=False)
+        else:
+            out.append(("$" + name, _DYN))
+
     def parameter(self, name: str, out: list[_Seg], *, quoted: bool, source: str) -> None:
         """``$0``..``$9``, ``$@``, ``$*``, ``$#`` from the known positional parameters."""
         known = self.positional
@@ -662,7 +749,7 @@ class _Walker:
             inner = _Walker(data, self.positional, self.budget)
             inner.vars, inner.aliases, inner.ifs = self.vars, self.aliases, self.ifs
             inner.depth, inner.nodes, inner.cond = self.depth, self.nodes, self.cond + 1
-            inner.background = self.background
+            inner.background, inner.cwds, inner.cdpath = self.background, self.cwds, self.cdpath
             inner.statement(tree.root_node)
         finally:
             self.depth -= 1
@@ -696,8 +783,9 @@ class _Walker:
         named = [c for c in node.children if c.is_named]
         self.cond += 1
         try:
-            for child in named:
-                self.statement(child) if child.type in _STATEMENTS else self.scan(child)
+            with self.own_cwd():
+                for child in named:
+                    self.statement(child) if child.type in _STATEMENTS else self.scan(child)
         finally:
             self.cond -= 1
             self.depth -= 1
@@ -720,6 +808,33 @@ class _Walker:
             else:
                 stack.extend(reversed(current.children))
         return found
+
+
+def _union(*choices: Cwds) -> Cwds:
+    first = choices[0]
+    if all(c == first for c in choices):  # the usual case: no cd
+        return first
+    if any(c is None for c in choices):
+        return None
+    return tuple(dict.fromkeys(d for c in choices if c is not None for d in c))
+
+
+def _cd(args: list[Word], cwds: Cwds, *, cdpath: bool) -> Cwds:
+    """Where ``cd ARGS`` goes from ``cwds``; None when that is not known."""
+    operands = [a for a in args if not (a.text.startswith("-") and len(a.text) > 1)]
+    if args[:1] and args[0].text == "--":
+        operands = list(args[1:])
+    if len(operands) > 1 or any(a.dynamic for a in operands):
+        return None
+    target = operands[0].text if operands else "~"
+    if target == "-" or (target.startswith("~") and not re.fullmatch(r"~(?:/.*)?", target)):
+        return None  # `cd -`, `~user`
+    if target.startswith(("/", "~")):
+        return (target,)
+    searched = cdpath and not target.startswith(("./", "../")) and target not in (".", "..")
+    if cwds is None or searched:  # CDPATH: `cd NAME` may go to any folder holding NAME
+        return None
+    return tuple(c + "/" + target if c else target for c in cwds)
 
 
 def _flat(nodes: list[Node]) -> list[Node]:

@@ -126,6 +126,29 @@ def test_guard_blocks_before_anything_runs(c: Stockade, key: str) -> None:
     assert blocked.error_code == "PERMISSION_DENIED"
 
 
+def test_guard_judges_a_command_where_it_runs(c: Stockade, key: str) -> None:
+    """Three allowed calls (the rate limit here is a burst of 4; refused calls take none)."""
+    routine = (
+        "mkdir -p sub/build build/o && touch sub/build/o sub/a keep2.txt && rm -rf build/ && "
+        "dd if=/dev/zero of=z.bin bs=1k count=1"
+    )
+    assert c.call(key, "exec", {"command": routine}).error_code == ""
+    at_root = c.call(key, "exec", {"command": "rm -rf *"})
+    assert at_root.error_code == "PERMISSION_DENIED", "* in the default workdir is the root"
+    up = c.call(key, "exec", {"command": "rm -rf ..", "workdir": "sub"})
+    assert up.error_code == "PERMISSION_DENIED", "the workdir's parent is the root"
+    moved = c.call(key, "exec", {"command": "rm -rf ~/x", "env": {"HOME": "/workspace/.."}})
+    assert moved.error_code == "PERMISSION_DENIED", "HOME set by the call is not trusted"
+    started = c.call(
+        key, "process", {"action": "start", "command": "rm -rf ../*", "workdir": "sub"}
+    )
+    assert started.error_code == "PERMISSION_DENIED", "process start has its workdir too"
+    in_sub = c.call(key, "exec", {"command": "rm -rf *", "workdir": "sub"})
+    assert in_sub.error_code == "", in_sub.for_llm
+    left = c.call(key, "exec", {"command": "ls -A sub; ls"})
+    assert left.stdout == "keep2.txt\nsub\nz.bin\n", "sub emptied, the root kept"
+
+
 def test_custom_tool_escapes_its_arguments(c: Stockade, key: str) -> None:
     result = c.call(key, "shout", {"word": "hi'; touch pwned; echo '"})
     assert result.error_code == "", result.for_llm

@@ -1,0 +1,53 @@
+"""The command guard against its two corpora (tests/corpora), with the default config:
+no ordinary command refused, at least 97% of the destructive ones denied."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.guard import DESTRUCTIVE, DESTRUCTIVE_TARGET, ORDINARY, load_corpus
+from stockade.supervisor.policy.guard import Guard
+
+GUARD = Guard()
+
+
+def test_the_corpora_are_as_large_as_promised() -> None:
+    ordinary, destructive = load_corpus(ORDINARY), load_corpus(DESTRUCTIVE)
+    assert len(ordinary) >= 300
+    assert len(destructive) >= 150
+    assert len(set(ordinary)) == len(ordinary), "a command listed twice"
+    assert len(set(destructive)) == len(destructive), "a command listed twice"
+    assert not set(ordinary) & set(destructive)
+
+
+def test_no_ordinary_command_is_refused() -> None:
+    refused = {}
+    for command in load_corpus(ORDINARY):
+        result = GUARD.check(command)
+        if result.action != "allow":
+            refused[command] = result.reason
+    assert refused == {}
+
+
+def test_destructive_commands_are_denied() -> None:
+    commands = load_corpus(DESTRUCTIVE)
+    passed = {}
+    for command in commands:
+        result = GUARD.check(command)
+        if result.action != "deny":
+            passed[command] = f"{result.action}: {result.reason}"
+    for command, why in passed.items():
+        print(f"not denied: {command!r} ({why})")
+    denied = len(commands) - len(passed)
+    assert denied / len(commands) >= DESTRUCTIVE_TARGET, passed
+
+
+def test_a_backslash_at_the_end_of_a_line_goes_on_with_the_next(tmp_path: Path) -> None:
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("# comment\n\ncat <<'EOF' > f\\\nx\\\nEOF\nls\n", encoding="utf-8")
+    assert load_corpus(corpus) == ["cat <<'EOF' > f\nx\nEOF", "ls"]
+    corpus.write_text("ls \\\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="ends in a backslash"):
+        load_corpus(corpus)
