@@ -60,12 +60,15 @@ def take(uid: int, gid: int) -> bool:
     """Become the sandbox user in effective ids only, drop every capability and make the
     commands start through stockade-drop; False (nothing changed) when the agent already
     runs as that user or cannot change ids (started without the capabilities)."""
+    if os.getuid() == uid:
+        _not_dumpable()
+        return False
     if os.getuid() == 0:
         raise SystemExit(
             "stockade.agent: refusing to run as root; the image's entry point (setpriv) starts "
             "it as stockade-agent"
         )
-    if os.getuid() == uid or not _has_setuid():
+    if not _has_setuid():
         _not_dumpable()
         return False
     libc = _libc()
