@@ -72,6 +72,9 @@ CONTAINER_USER = "0:0"
 makes tini and the agent the image's stockade-agent (config.AGENT_UID) with the three
 capabilities below; the agent takes the sandbox user as effective ids and drops them all."""
 AGENT_CAPABILITIES = ("SETUID", "SETGID", "SETPCAP")
+GVISOR_ENTRYPOINT = ("/usr/bin/tini", "--", "python3", "-m", "stockade.agent")
+"""gVisor has no ambient capabilities, so setpriv cannot pass the three on: there tini stays
+root (gVisor's own, inside its kernel) and the agent starts as root and takes its ids itself."""
 TRANSFER_TIMEOUT_S = 3600.0
 INSPECT_TIMEOUT_S = 30.0
 DEATH_NOTICE_S = 15.0
@@ -868,6 +871,7 @@ class SandboxManager:
             mounts=tuple(mounts),
             user=CONTAINER_USER,
             cap_add=AGENT_CAPABILITIES,
+            entrypoint=GVISOR_ENTRYPOINT if self._gvisor else (),
             read_only_root=sb.read_only_root,
             drop_all_capabilities=sb.drop_all_capabilities,
             no_new_privileges=sb.no_new_privileges,
