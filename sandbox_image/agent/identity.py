@@ -16,7 +16,10 @@ once:
   effective one.
 
 Under gVisor, which has no ambient capabilities, the agent starts as root (gVisor's) with
-those three capabilities and does the same, taking AGENT_UID as its real and saved ids.
+those three capabilities. gVisor also resets a program's effective ids to its real ones on
+exec (under no_new_privs), so stockade-drop would start as the agent's user: there the agent
+becomes the sandbox user altogether (`--agent-user` = `--user`). tini stays gVisor's root,
+out of reach; the agent then is not out of reach of signals (it stays non-dumpable).
 Started any other way (as the sandbox user itself, on a host in tests), the agent runs as
 it was started and commands start directly.
 """
@@ -61,17 +64,19 @@ def parse(user: str) -> tuple[int, int]:
     return int(uid), int(gid or uid)
 
 
-def take(uid: int, gid: int) -> bool:
-    """Become the sandbox user in effective ids only, with AGENT_UID (or the user the agent
-    was started as) as real and saved ids; drop every capability; make the commands start
-    through stockade-drop. False (nothing changed) when the agent already runs as that user
-    or cannot change ids (started without the capabilities)."""
+def take(uid: int, gid: int, agent: tuple[int, int] = (AGENT_UID, AGENT_UID)) -> bool:
+    """Become the sandbox user in effective ids only, with the agent's own user (`agent`
+    when started as root, else the user it was started as) as real and saved ids; drop every
+    capability; make the commands start through stockade-drop. `agent` equal to the sandbox
+    user makes the agent that user altogether (gVisor). False (nothing changed) when the
+    agent already runs as that user or cannot change ids (started without the
+    capabilities)."""
     if os.getuid() == uid:
         _not_dumpable()
         return False
     from_root = os.getuid() == 0  # gVisor: no ambient capabilities, so no setpriv in front
     if from_root:
-        own_uid = own_gid = AGENT_UID
+        own_uid, own_gid = agent
     elif _has_setuid():
         own_uid, own_gid = os.getuid(), os.getgid()
     else:
@@ -87,7 +92,8 @@ def take(uid: int, gid: int) -> bool:
     header, data = _Header(_LINUX_CAPABILITY_VERSION_3, 0), (_Data * 2)()
     _check(libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
     _not_dumpable()
-    spawn.start_as(uid, gid)
+    if (own_uid, own_gid) != (uid, gid):
+        spawn.start_as(uid, gid)
     return True
 
 
