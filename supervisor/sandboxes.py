@@ -72,6 +72,11 @@ CONTAINER_USER = "0:0"
 makes tini and the agent the image's stockade-agent (config.AGENT_UID) with the three
 capabilities below; the agent takes the sandbox user as effective ids and drops them all."""
 AGENT_CAPABILITIES = ("SETUID", "SETGID", "SETPCAP")
+GVISOR_ENTRYPOINT = ("/usr/bin/tini", "--", "python3", "-m", "stockade.agent")
+"""gVisor has no ambient capabilities, so setpriv cannot pass the three on: there tini stays
+root (gVisor's own, inside its kernel) and the agent starts as root and becomes the sandbox
+user itself (`--agent-user`: gVisor resets effective ids on exec, so it cannot keep a user of
+its own and start commands as another; identity.py)."""
 TRANSFER_TIMEOUT_S = 3600.0
 INSPECT_TIMEOUT_S = 30.0
 DEATH_NOTICE_S = 15.0
@@ -832,6 +837,7 @@ class SandboxManager:
         return (
             *("--socket", socket, "--workspace", WORKSPACE),
             *("--user", f"{self._uid}:{self._gid}"),
+            *(("--agent-user", f"{self._uid}:{self._gid}") if self._gvisor else ()),
             *("--max-output-bytes", str(tools.max_output_bytes)),
             *("--max-processes", str(tools.max_processes)),
             *("--process-log-bytes", str(tools.process_log_bytes)),
@@ -868,6 +874,7 @@ class SandboxManager:
             mounts=tuple(mounts),
             user=CONTAINER_USER,
             cap_add=AGENT_CAPABILITIES,
+            entrypoint=GVISOR_ENTRYPOINT if self._gvisor else (),
             read_only_root=sb.read_only_root,
             drop_all_capabilities=sb.drop_all_capabilities,
             no_new_privileges=sb.no_new_privileges,

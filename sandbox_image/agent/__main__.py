@@ -23,10 +23,15 @@ def main() -> None:
     parser.add_argument(
         "--user", default="", help="UID:GID of the sandbox user, who runs every command"
     )
+    parser.add_argument(
+        "--agent-user",
+        default=f"{identity.AGENT_UID}:{identity.AGENT_UID}",
+        help="UID:GID the agent keeps as real ids when started as root",
+    )
     ns = parser.parse_args()
     if ns.user:
         try:
-            identity.take(*identity.parse(ns.user))
+            identity.take(*identity.parse(ns.user), identity.parse(ns.agent_user))
         except ValueError as exc:
             parser.error(str(exc))
     else:

@@ -15,13 +15,19 @@ once:
   ids through stockade-drop (spawn.py), since setresuid needs no privilege to set ids to the
   effective one.
 
-Started any other way (as the sandbox user itself, by an old image, on a host in tests),
-the agent runs as it was started and commands start directly.
+Under gVisor, which has no ambient capabilities, the agent starts as root (gVisor's) with
+those three capabilities. gVisor also resets a program's effective ids to its real ones on
+exec (under no_new_privs), so stockade-drop would start as the agent's user: there the agent
+becomes the sandbox user altogether (`--agent-user` = `--user`). tini stays gVisor's root,
+out of reach; the agent then is not out of reach of signals (it stays non-dumpable).
+Started any other way (as the sandbox user itself, on a host in tests), the agent runs as
+it was started and commands start directly.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 from pathlib import Path
 from typing import Final
@@ -34,6 +40,8 @@ PR_CAP_AMBIENT: Final = 47
 PR_CAP_AMBIENT_CLEAR_ALL: Final = 4
 _LINUX_CAPABILITY_VERSION_3: Final = 0x20080522
 CAP_SETGID, CAP_SETUID, CAP_SETPCAP = 6, 7, 8
+AGENT_UID: Final = 65533
+"""The image's stockade-agent (uid and gid), which setpriv makes tini and the agent."""
 
 
 class _Header(ctypes.Structure):
@@ -56,34 +64,46 @@ def parse(user: str) -> tuple[int, int]:
     return int(uid), int(gid or uid)
 
 
-def take(uid: int, gid: int) -> bool:
-    """Become the sandbox user in effective ids only, drop every capability and make the
-    commands start through stockade-drop; False (nothing changed) when the agent already
-    runs as that user or cannot change ids (started without the capabilities)."""
+def take(uid: int, gid: int, agent: tuple[int, int] = (AGENT_UID, AGENT_UID)) -> bool:
+    """Become the sandbox user in effective ids only, with the agent's own user (`agent`
+    when started as root, else the user it was started as) as real and saved ids; drop every
+    capability; make the commands start through stockade-drop. `agent` equal to the sandbox
+    user makes the agent that user altogether (gVisor). False (nothing changed) when the
+    agent already runs as that user or cannot change ids (started without the
+    capabilities)."""
     if os.getuid() == uid:
         _not_dumpable()
         return False
-    if os.getuid() == 0:
-        raise SystemExit(
-            "stockade.agent: refusing to run as root; the image's entry point (setpriv) starts "
-            "it as stockade-agent"
-        )
-    if not _has_setuid():
+    from_root = os.getuid() == 0  # gVisor: no ambient capabilities, so no setpriv in front
+    if from_root:
+        own_uid, own_gid = agent
+    elif _has_setuid():
+        own_uid, own_gid = os.getuid(), os.getgid()
+    else:
         _not_dumpable()
         return False
     libc = _libc()
-    _check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient")
+    if libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 and not from_root:
+        _check(-1, "clear ambient")  # they brought the capabilities: clearing them must work
     os.setgroups([])
-    own_uid, own_gid = os.getuid(), os.getgid()
+    _drop_bounding_set(libc)
     os.setresgid(own_gid, gid, own_gid)
     os.setresuid(own_uid, uid, own_uid)
-    for cap in range(_last_cap() + 1):
-        _check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"drop capability {cap}")
     header, data = _Header(_LINUX_CAPABILITY_VERSION_3, 0), (_Data * 2)()
     _check(libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
     _not_dumpable()
-    spawn.start_as(uid, gid)
+    if (own_uid, own_gid) != (uid, gid):
+        spawn.start_as(uid, gid)
     return True
+
+
+def _drop_bounding_set(libc: ctypes.CDLL) -> None:
+    """Every capability out of the bounding set, up to the kernel's last (EINVAL past it)."""
+    for cap in range(64):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            if ctypes.get_errno() == errno.EINVAL and cap > CAP_SETPCAP:
+                return
+            _check(-1, f"drop capability {cap}")
 
 
 def _has_setuid() -> bool:
@@ -91,13 +111,6 @@ def _has_setuid() -> bool:
         if line.startswith("CapEff:"):
             return bool(int(line.split()[1], 16) >> CAP_SETUID & 1)
     return False
-
-
-def _last_cap() -> int:
-    try:
-        return int(Path("/proc/sys/kernel/cap_last_cap").read_text())
-    except (OSError, ValueError):
-        return 63
 
 
 def _not_dumpable() -> None:

@@ -175,8 +175,12 @@ def is_inside(root: Path, path: Path) -> bool:
 
 
 def is_real_inside(root_real: Path, path: Path | str) -> bool:
-    """Whether `path`, with every symlink followed, stays inside `root_real`."""
-    return is_inside(root_real, Path(os.path.realpath(path)))
+    """Whether `path`, with every symlink followed, stays inside `root_real`; False when a
+    link on the way cannot be read (/proc/1/root of a process of another user: EACCES)."""
+    try:
+        return is_inside(root_real, Path(os.path.realpath(path)))
+    except OSError:
+        return False
 
 
 def _checked(user_path: str, arg: str) -> PurePosixPath:

@@ -76,6 +76,8 @@ class ContainerSpec:
     daemon's (userns-remap), never per container."""
     cap_add: tuple[str, ...] = ()
     """Capabilities kept although drop_all_capabilities drops the others."""
+    entrypoint: tuple[str, ...] = ()
+    """Replaces the image's entry point when given."""
 
 
 @dataclass(frozen=True)

@@ -242,6 +242,7 @@ def _run_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         "read_only": spec.read_only_root,
         "cap_drop": ["ALL"] if spec.drop_all_capabilities else None,
         "cap_add": list(spec.cap_add) or None,
+        **({"entrypoint": list(spec.entrypoint)} if spec.entrypoint else {}),
         "security_opt": _security_opt(spec) or None,
         "mem_limit": spec.memory_bytes,
         "memswap_limit": spec.memory_bytes,

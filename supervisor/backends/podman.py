@@ -247,6 +247,8 @@ def _create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         kwargs["cap_drop"] = ["ALL"]
     if spec.cap_add:
         kwargs["cap_add"] = list(spec.cap_add)
+    if spec.entrypoint:
+        kwargs["entrypoint"] = list(spec.entrypoint)
     if spec.no_new_privileges:
         kwargs["no_new_privileges"] = True  # podman-py maps security_opt to SELinux options
     if spec.seccomp_profile:

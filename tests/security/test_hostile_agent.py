@@ -1,10 +1,12 @@
-"""The hostile agent. The agent runs as the same uid as the code in the sandbox, so that code may
-kill it, try to replace it, or (had it taken it over) answer the supervisor with anything.
+"""The hostile agent. The agent runs as a user of its own, out of reach of the code in the
+sandbox (tests/security/test_identity.py); still, that code tries to kill it, replace it, or
+(had it taken it over) answer the supervisor with anything.
 
-1. From inside, as tool calls: kill the agent, every process, PID 1; freeze the agent; take its
-   socket or listen where the supervisor connects. The supervisor stays up, reports the sandbox
-   lost or broken, and the next call recreates it with its workspace; no listener of the
-   sandbox's ever hears from the supervisor.
+1. From inside, as tool calls: kill the agent, every process, PID 1; take its socket or listen
+   where the supervisor connects: each is refused. Killed or frozen from outside (the host's
+   root, standing in for whatever else could), the agent leaves the sandbox lost or broken: the
+   supervisor stays up, reports it, and the next call recreates it with its workspace; no
+   listener of the sandbox's ever hears from the supervisor.
 2. An attacker speaking the agent protocol: the real `stockade serve` adopts a sandbox whose
    agent socket the test (root) replaced with a gRPC server of its own, which answers oversized,
    malformed and out-of-order messages. Each: a clear error, the supervisor alive with bounded
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import textwrap
 import time
 import uuid
@@ -79,13 +83,41 @@ def recreated_with_workspace(box: Sandbox, before: str) -> None:
         pytest.param("import os\nos.kill(-1, 9)", id="kill-9-minus-1"),
     ],
 )
-def test_killing_the_agent_loses_the_sandbox_which_comes_back(
+def test_killing_the_agent_from_inside_is_refused(
     supervisor: Supervisor, client: Stockade, key: str, program: str
 ) -> None:
     box = client.sandbox(key)
     box.write_file("keep.txt", "kept\n")
-    before = box.info().container_id
-    result = python(box, program)
+    before, agent = box.info().container_id, agent_host_pid(client, key)
+    result = python(box, f"{program}\nprint('after the kill')")
+    assert result.error_code != "SANDBOX_LOST", result.for_llm
+    if "os.kill(agent" in program:
+        assert "PermissionError" in result.stderr, result.for_llm
+    assert agent_host_pid(client, key) == agent
+    assert box.info().container_id == before
+    assert box.exec("echo fine").stdout == "fine\n"
+    assert alive(supervisor)
+
+
+def agent_host_pid(client: Stockade, key: str) -> int:
+    """The agent's pid on the host: the only child of the container's init (tini)."""
+    init = client.inspect_isolation(key).outside["host_pid"]
+    (child,) = Path(f"/proc/{init}/task/{init}/children").read_text().split()
+    return int(child)
+
+
+def test_an_agent_killed_from_outside_loses_the_sandbox_which_comes_back(
+    supervisor: Supervisor, client: Stockade, key: str
+) -> None:
+    box = client.sandbox(key)
+    box.write_file("keep.txt", "kept\n")
+    box.write_file("attempt.py", "import time\ntime.sleep(30)\n")
+    before, agent = box.info().container_id, agent_host_pid(client, key)
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(box.exec, "python3 attempt.py", timeout=60)
+        time.sleep(1)
+        os.kill(agent, signal.SIGKILL)
+        result = call.result(timeout=120)
     assert result.error_code == "SANDBOX_LOST", result.for_llm
     assert "next call recreates it" in result.error_message
     assert alive(supervisor)
@@ -184,9 +216,10 @@ while True:
 def test_a_frozen_agent_makes_the_sandbox_broken_and_a_listener_hears_nothing(
     supervisor: Supervisor, client: Stockade, key: str
 ) -> None:
-    """A listener of the sandbox's own waits while the agent is frozen (it cannot die: its
-    container would go with it); the supervisor gives up on the agent at the command's timeout
-    plus grace, reports the sandbox broken and recreates it; the listener never hears from it."""
+    """A listener of the sandbox's own waits while the agent is frozen from outside (it cannot
+    die: its container would go with it); the supervisor gives up on the agent at the command's
+    timeout plus grace, reports the sandbox broken and recreates it; the listener never hears
+    from it. From inside, the freeze itself is refused."""
     box = client.sandbox(key)
     box.write_file("keep.txt", "kept\n")
     box.write_file("listener.py", textwrap.dedent(LISTENER))
@@ -198,7 +231,14 @@ def test_a_frozen_agent_makes_the_sandbox_broken_and_a_listener_hears_nothing(
         time.sleep(0.1)
     assert (supervisor.workspace(key) / "listening").read_text() != "/run/stockade/agent.sock"
     before = box.info().container_id
-    result = python(box, AGENT_PID + "os.kill(agent, 19)  # SIGSTOP", timeout=1)
+    refused = python(box, AGENT_PID + "os.kill(agent, 19)  # SIGSTOP")
+    assert "PermissionError" in refused.stderr, refused.for_llm
+    box.write_file("attempt.py", "import time\ntime.sleep(30)\n")
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(box.exec, "python3 attempt.py", timeout=1)
+        time.sleep(0.3)
+        os.kill(agent_host_pid(client, key), signal.SIGSTOP)
+        result = call.result(timeout=120)
     assert result.error_code == "SANDBOX_LOST", result.for_llm
     assert "did not end the command by its timeout" in result.error_message
     assert "marked broken" in result.error_message

@@ -22,9 +22,11 @@ import pytest
 from stockade.client import Sandbox, Stockade
 from stockade.supervisor import hostfs, launcher, workspaces
 from stockade.supervisor.backends import create_backend
+from stockade.supervisor.config import AGENT_UID
 from stockade.supervisor.userns import IDENTITY, IdMap, parse_proc_map, to_host
 from tests.integration.harness import (
     NO_AUTH,
+    SANDBOX_UID,
     PrivateEngine,
     Supervisor,
     bring_up,
@@ -34,7 +36,6 @@ from tests.integration.harness import (
 pytestmark = pytest.mark.timeout(600)
 
 USERNS = "[sandbox]\nuser_namespace = true\n"
-SANDBOX_UID = 1000
 
 
 class Setup:
@@ -112,11 +113,11 @@ def test_the_sandbox_runs_in_a_user_namespace_seen_from_both_sides(
     assert mapped not in (0, SANDBOX_UID)
     with pytest.raises(KeyError):  # no host account has it
         pwd.getpwuid(mapped)
-    # the container's processes, as the host's kernel sees them
+    # the container's init (stockade-agent), as the host's kernel sees it
     pid = client.inspect_isolation(key).outside["host_pid"]
     status = Path(f"/proc/{pid}/status").read_text()
     uids = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
-    assert set(map(int, uids)) == {mapped}
+    assert set(map(int, uids)) == {to_host(inside, AGENT_UID)}
     assert parse_proc_map(Path(f"/proc/{pid}/uid_map").read_text()) == inside
 
 
@@ -137,10 +138,12 @@ def test_files_the_sandbox_makes_belong_to_the_mapped_ids_on_the_host(
         assert info.st_gid != 0
 
 
-def test_files_of_host_uid_1000_are_out_of_reach(setup: Setup, client: Stockade, key: str) -> None:
-    """Without a user namespace, sandbox uid 1000 is host uid 1000. With one, a file of host
-    uid 1000 (0600) placed in the workspace is a stranger's: unreadable, unwritable, and its
-    owner cannot be taken."""
+def test_files_of_the_host_uid_of_the_sandbox_users_number_are_out_of_reach(
+    setup: Setup, client: Stockade, key: str
+) -> None:
+    """Without a user namespace, sandbox uid 65532 is host uid 65532 (once 1000, the first
+    human account of most hosts). With one, a file of that host uid (0600) placed in the
+    workspace is a stranger's: unreadable, unwritable, and its owner cannot be taken."""
     box = client.sandbox(key)
     sh(box, "true")
     victim = setup.sup.workspace(key) / "host-1000-secret"

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from stockade.agent import paths
 from stockade.agent.errors import ToolError
 from stockade.agent.paths import MAX_PATH_BYTES, display, resolve
 
@@ -164,3 +165,15 @@ def test_names_with_newlines_and_undecodable_bytes_resolve(ws: Path) -> None:
 def test_display_is_relative_to_root(ws: Path) -> None:
     assert display(ws, ws / "sub" / "b.txt") == "sub/b.txt"
     assert display(ws, ws) == "."
+
+
+def test_a_link_that_cannot_be_read_is_not_inside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/proc/1/root of init, which runs as another user: readlink says EACCES."""
+
+    def refused(_path: object) -> str:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(paths.os.path, "realpath", refused)
+    assert paths.is_real_inside(tmp_path, tmp_path / "x") is False
