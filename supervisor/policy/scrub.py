@@ -93,8 +93,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
+import hyperscan
+
 from stockade.supervisor.policy.scrub_context import alternation
-from stockade.supervisor.policy.scrub_engine import format_spans
+from stockade.supervisor.policy.scrub_engine import as_bytes, compile_literals, format_spans, hits
 
 __all__ = ["REDACTED", "Scrubber"]
 
@@ -206,16 +208,25 @@ def _occurrences(groups: dict[str, tuple[str, ...]], text: str) -> Iterator[_Spa
             at = text.find(prefix, at + 1)
 
 
+_WRAP_ANCHOR = r"[A-Za-z0-9+/=_-]{40}\r?\n[A-Za-z0-9+/_-]{4}"
+"""For Hyperscan: a line break that `_unwrapped` would take out."""
+
+
 @dataclass(frozen=True)
 class _Literals:
     """The configured secrets: `words` found as they are, `base64` also across line breaks
-    (both by prefix), `patterns` (secrets with characters that encoders change) as regexes."""
+    (both by prefix), `patterns` (secrets with characters that encoders change) as regexes.
+    `database` finds the words and base64 forms as they are (ids in `found`'s order) and
+    where base64 may be wrapped (the last id); only then is the text unwrapped and searched
+    by prefix."""
 
     words: dict[str, tuple[str, ...]] = field(default_factory=dict)
     base64: dict[str, tuple[str, ...]] = field(default_factory=dict)
     patterns: tuple[re.Pattern[str], ...] = ()
     forms: tuple[str, ...] = ()
     """Every secret as it is and its base64 forms, for a piece left at a cut."""
+    found: tuple[str, ...] = ()
+    database: hyperscan.Database | None = None
 
     @classmethod
     def of(cls, secrets: Iterable[str]) -> _Literals:
@@ -229,15 +240,28 @@ class _Literals:
                 words.add(secret)
             else:
                 patterns.append(re.compile("".join(_char_pattern(c) for c in secret)))
+        found = tuple(sorted(words | encoded))
+        database = compile_literals(found, (_WRAP_ANCHOR,)) if found else None
         return cls(
-            _by_prefix(words), _by_prefix(encoded - words), tuple(patterns), (*secrets, *encoded)
+            _by_prefix(words),
+            _by_prefix(encoded - words),
+            tuple(patterns),
+            (*secrets, *encoded),
+            found,
+            database,
         )
 
-    def spans(self, text: str) -> Iterator[_Span]:
-        yield from _occurrences(self.words, text)
+    def spans(self, text: str, data: bytes) -> Iterator[_Span]:
+        wrapped = False
+        if self.database is not None:
+            for number, end in hits(self.database, data):
+                if number < len(self.found):
+                    yield end - len(self.found[number]), end
+                else:
+                    wrapped = True
         for pattern in self.patterns:
             yield from _overlapping(pattern, text)
-        if self.base64:
+        if wrapped and self.base64:
             joined, where, removed = _unwrapped(text)
             for start, end in _occurrences(self.base64, joined):
                 yield (
@@ -318,9 +342,10 @@ class Scrubber:
 
     def spans(self, text: str) -> list[_Span]:
         """Where the credentials in `text` are (start, end), in order, possibly overlapping."""
-        spans = list(self._literals.spans(text))
+        data = as_bytes(text)
+        spans = list(self._literals.spans(text, data))
         if self._formats:
-            spans += format_spans(text)
+            spans += format_spans(text, data)
         spans.sort()
         return spans
 

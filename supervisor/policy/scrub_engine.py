@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import codecs
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 
@@ -28,7 +28,7 @@ from stockade.supervisor.policy.scrub_context import (
 )
 from stockade.supervisor.policy.scrub_formats import FORMATS
 
-__all__ = ["format_spans"]
+__all__ = ["as_bytes", "compile_literals", "format_spans", "hits"]
 
 _Span = tuple[int, int]
 
@@ -99,31 +99,50 @@ def _engine() -> _Engine:
     return _Engine(database, tuple(check for _, _, check in anchors))
 
 
-def _hits(database: hyperscan.Database, text: str) -> list[tuple[int, int]]:
-    data = text.encode("ascii", "stockade-nul")
-    hits: list[tuple[int, int]] = []
-    add = hits.append
+def as_bytes(text: str) -> bytes:
+    """The text as Hyperscan reads it: one byte a character, NUL for any not ASCII."""
+    return text.encode("ascii", "stockade-nul")
+
+
+def compile_literals(words: Sequence[str], anchors: Sequence[str] = ()) -> hyperscan.Database:
+    """A database of ASCII `words` (ids 0...), then regex `anchors` (the ids after)."""
+    expressions = [re.sub(r"([^A-Za-z0-9])", r"\\\1", word).encode() for word in words]
+    expressions += [anchor.encode() for anchor in anchors]
+    database = hyperscan.Database()
+    database.compile(
+        expressions=expressions,
+        ids=list(range(len(expressions))),
+        elements=len(expressions),
+        flags=[0] * len(expressions),
+    )
+    return database
+
+
+def hits(database: hyperscan.Database, data: bytes) -> list[tuple[int, int]]:
+    """(id, end offset) of every match, in the order Hyperscan reports them."""
+    found: list[tuple[int, int]] = []
+    add = found.append
 
     def on_match(rule: int, _start: int, end: int, _flags: int, _context: object) -> None:
         add((rule, end))
 
     database.scan(data, match_event_handler=on_match)
-    return hits
+    return found
 
 
-def format_spans(text: str) -> list[_Span]:
-    """Where the known formats and context rules find credentials in `text` (unsorted,
-    possibly overlapping)."""
+def format_spans(text: str, data: bytes) -> list[_Span]:
+    """Where the known formats and context rules find credentials in `text` (`data` is
+    `as_bytes(text)`), unsorted, possibly overlapping."""
     engine = _engine()
-    hits = _hits(engine.database, text)
-    if not hits:
+    found = hits(engine.database, data)
+    if not found:
         return []
     spans: list[_Span] = []
     seen: set[tuple[int, int]] = set()
     key_lines: list[int] = []
     size = len(text)
     line_start = line_end = -1
-    for rule, end in hits:
+    for rule, end in found:
         check = engine.checks[rule]
         if check.scope == "keybody":
             key_lines.append(end)

@@ -124,12 +124,13 @@ class Format:
         return f"{before}{head}(?P<s>{tail}){after}"
 
     def prefilter(self) -> str:
-        """The parts up to the first run of open length, at its least: any match of `regex`
-        starts with a match of this, on the same line."""
+        """The parts up to the first run of open length after the first part, each run at its
+        least: any match of `regex` holds a match of this on its line (a first run of
+        open length is matched by its last characters)."""
         pieces: list[str] = [self.lead]
-        for part in self.parts:
+        for number, part in enumerate(self.parts):
             pieces.append(_regex(part, prefilter=True))
-            if isinstance(part, Run) and part.most != part.least:
+            if number and isinstance(part, Run) and part.most != part.least:
                 break
         return "".join(pieces)
 
