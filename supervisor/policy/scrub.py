@@ -252,22 +252,42 @@ class _Literals:
         )
 
     def spans(self, text: str, data: bytes) -> Iterator[_Span]:
-        wrapped = False
+        breaks: list[int] = []
         if self.database is not None:
             for number, end in hits(self.database, data):
                 if number < len(self.found):
                     yield end - len(self.found[number]), end
                 else:
-                    wrapped = True
+                    breaks.append(end)
         for pattern in self.patterns:
             yield from _overlapping(pattern, text)
-        if wrapped and self.base64:
-            joined, where, removed = _unwrapped(text)
-            for start, end in _occurrences(self.base64, joined):
-                yield (
-                    _original(where, removed, start, end=False),
-                    _original(where, removed, end, end=True),
-                )
+        if breaks and self.base64:
+            for start, stop in _wrapped_regions(text, breaks):
+                joined, where, removed = _unwrapped(text[start:stop])
+                for s, e in _occurrences(self.base64, joined):
+                    yield (
+                        start + _original(where, removed, s, end=False),
+                        start + _original(where, removed, e, end=True),
+                    )
+
+
+def _wrapped_regions(text: str, breaks: list[int]) -> Iterator[_Span]:
+    """The runs of lines around line breaks inside base64 (`breaks`: where Hyperscan's
+    `_WRAP_ANCHOR` matches end, 4 characters after the break), joined where they touch."""
+    region: _Span | None = None
+    for end in sorted(breaks):
+        at = text.rfind("\n", 0, end)
+        start = text.rfind("\n", 0, at) + 1
+        stop = text.find("\n", at + 1)
+        stop = len(text) if stop == -1 else stop
+        if region and start <= region[1] + 1:
+            region = (region[0], max(region[1], stop))
+            continue
+        if region:
+            yield region
+        region = (start, stop)
+    if region:
+        yield region
 
 
 def _overlapping(pattern: re.Pattern[str], text: str) -> Iterator[_Span]:

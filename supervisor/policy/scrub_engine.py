@@ -88,7 +88,7 @@ def _engine() -> _Engine:
         anchors.append((rule.anchor, caseless, _Check(check.find, rule.scope)))
     anchors.append((KEYWORD_ANCHOR, caseless, _Check(_keywords)))
     anchors.append((XML_ANCHOR, caseless, _Check(_xml, "text")))
-    anchors.append((scrub_keybody.ANCHOR, hyperscan.HS_FLAG_MULTILINE, _Check(_xml, "keybody")))
+    anchors += ((anchor, 0, _Check(_xml, "keybody")) for anchor in scrub_keybody.ANCHORS)
     database = hyperscan.Database()
     database.compile(
         expressions=[anchor.encode() for anchor, _, _ in anchors],
