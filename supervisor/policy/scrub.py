@@ -373,6 +373,16 @@ class Scrubber:
         """The text with every credential replaced by `[REDACTED]`, and how many were."""
         return _redact(text, self.spans(text))
 
+    def scrub_after(self, before: str, text: str) -> tuple[str, int]:
+        """`scrub` for `text` that follows `before` (released already): the rules that read
+        across lines (the base64 lines next to a key body's line) see `before`; only `text`
+        is redacted and returned."""
+        if not before:
+            return self.scrub(text)
+        size = len(before)
+        spans = [(max(s - size, 0), e - size) for s, e in self.spans(before + text) if e > size]
+        return _redact(text, spans)
+
     def scrub_cut(self, text: str) -> tuple[str, int]:
         """`scrub` for a text cut short at its end (a truncated output): a configured secret
         cut there leaves a piece no pattern knows, so a tail of 4 characters or more that

@@ -28,17 +28,22 @@ from collections.abc import Iterator
 __all__ = ["ANCHORS", "spans"]
 
 _Span = tuple[int, int]
-_PREFIX = r"(?:[\w.-]*[./][\w./-]*[:-])?(?:[ \t]*[0-9]+(?:[:-]|\t))?[ \t]*"
+_PREFIX = r"(?:[\w./-]*:)?(?:[ \t]*[0-9]+(?:[:-]|\t))?[ \t]*"
 _RUN = "[A-Za-z0-9+/_-]{40}"
 _FILES = "pem|key|txt|asc|b64|p8|enc|der|pub|env"
 ANCHORS = (
-    rf"(?:\n[ \t]*(?:[0-9]+[:-])?|\t|:[0-9]+[:-]|\.(?:{_FILES}):){_RUN}",
+    rf"(?:\n[ \t]*(?:[0-9]+[:-])?|\t|:[0-9]+[:-][ \t]*|\.(?:{_FILES}):){_RUN}",
     rf"^[ \t]*(?:[0-9]+[:-])?{_RUN}",
 )
 """For Hyperscan: 40 base64 characters at the start of a line, after a line number or a tab
 (`grep -n`, `search`, `cat -n`), or after a key file's name (`grep -r`); the rest of the
 line is checked in Python. (A 40-character run anywhere is ~3 times slower to search.)"""
 _LINE = re.compile(rf"{_PREFIX}(?P<s>[A-Za-z0-9+/_-]+={{0,2}})[ \t]*\r?", re.ASCII)
+_NEIGHBOUR = re.compile(
+    r"(?:(?:[\w./-]*:)?[ \t]*[0-9]+(?:[:-]|\t))?[ \t]*(?P<s>[A-Za-z0-9+/_-]+={0,2})[ \t]*\r?",
+    re.ASCII,
+)
+"""A line next to key material: base64 after nothing but a line number (not `label:`)."""
 _HEX = re.compile(r"[0-9a-fA-F]+")
 _KNOWN_FILES = ("iVBORw0KGgo", "R0lGOD", "/9j/", "JVBERi0", "UEsDB", "H4sI", "PHN2Zy", "PD94bWwg")
 _HASH_LABELS = ("sha1-", "sha256-", "sha384-", "sha512-", "md5-")
@@ -100,8 +105,12 @@ def _neighbours(text: str, start: int, end: int, step: int) -> Iterator[tuple[in
         if (step < 0 and start == 0) or (step > 0 and end >= len(text)):
             return
         start, end = _line_at(text, start - 1 if step < 0 else end + 1)
-        line = _token(text, start, end)
-        if line is None or len(line["s"]) < 4:
+        line = _NEIGHBOUR.fullmatch(text, start, end)
+        if (
+            line is None
+            or len(line["s"]) < 4
+            or (len(line["s"]) >= 16 and _HEX.fullmatch(line["s"]))
+        ):
             return
         yield line.start("s"), line.end("s"), line["s"]
 
