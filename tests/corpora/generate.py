@@ -124,8 +124,8 @@ def fake_key_body(
     return [encoded[i : i + 64] for i in range(0, len(encoded), 64)]
 
 
-def fake_openssh_body(rng: random.Random) -> list[str]:
-    raw = b"openssh-key-v1\x00" + rng.randbytes(380)
+def fake_openssh_body(rng: random.Random, size: int = 380) -> list[str]:
+    raw = b"openssh-key-v1\x00" + rng.randbytes(size)
     encoded = base64.b64encode(raw).decode()
     return [encoded[i : i + 70] for i in range(0, len(encoded), 70)]
 
