@@ -400,18 +400,39 @@ class Scrubber:
 
     def scrub_value(self, value: object) -> tuple[object, int]:
         """`scrub` through dicts (values only), lists, tuples and strings; anything else, and
-        any container with nothing to redact, is returned as it is (not copied)."""
+        any container with nothing to redact, is returned as it is (not copied).
+
+        Once a string that is all base64 has had something redacted (a line of a key body,
+        as `search` returns matched lines one by one), every later string in the value that
+        is all base64 is redacted whole: the short last line of a key is key material too,
+        although too short to tell alone."""
+        return self._scrub_value(value, [False])
+
+    def _scrub_value(self, value: object, key_seen: list[bool]) -> tuple[object, int]:
         if isinstance(value, str):
-            return self.scrub(value)
+            return self._scrub_string(value, key_seen)
         if isinstance(value, dict):
-            items = [(key, *self.scrub_value(item)) for key, item in value.items()]
+            items = [(key, *self._scrub_value(item, key_seen)) for key, item in value.items()]
             count = sum(n for _, _, n in items)
             return ({key: item for key, item, _ in items} if count else value), count
         if isinstance(value, list | tuple):
-            results = [self.scrub_value(item) for item in value]
+            results = [self._scrub_value(item, key_seen) for item in value]
             count = sum(n for _, n in results)
             if not count:
                 return value, 0
             cleaned = [item for item, _ in results]
             return (cleaned if isinstance(value, list) else tuple(cleaned)), count
         return value, 0
+
+    def _scrub_string(self, value: str, key_seen: list[bool]) -> tuple[str, int]:
+        cleaned, count = self.scrub(value)
+        if self._formats and _BASE64_VALUE.fullmatch(value.strip()):
+            if count:
+                key_seen[0] = True
+            elif key_seen[0]:
+                return REDACTED, 1
+        return cleaned, count
+
+
+_BASE64_VALUE = re.compile(r"[A-Za-z0-9+/_-]{8,}={0,2}")
+"""A string value that is nothing but base64 (a line of a key body)."""

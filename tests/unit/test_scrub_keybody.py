@@ -106,3 +106,18 @@ def test_stream_one_character_at_a_time() -> None:
     text = "\n".join(RSA[2:6]) + "\n"
     out = "".join(stream.feed(c) for c in text) + stream.flush()
     assert out == f"{REDACTED}\n" * 4
+
+
+def test_search_matches_one_by_one_hide_the_short_last_line() -> None:
+    """`search` data: each matched line is its own string; the last line of the body is too
+    short to tell alone, but follows lines of key material in the same value."""
+    matches = [{"file": "k.pem", "line": i, "text": line} for i, line in enumerate(RSA[-3:])]
+    cleaned, count = SCRUBBER.scrub_value({"matches": matches})
+    assert count == 3
+    assert json.dumps(cleaned).count(REDACTED) == 3
+    assert [line for line in RSA[-3:] if leaked(line, json.dumps(cleaned))] == []
+
+
+def test_short_base64_values_stay_without_key_material_before_them() -> None:
+    value = {"ids": ["aB3dE5gH7jK9mN1pQ2rS4tU6vW8xY0zC", "c2hvcnQgdmFsdWU="]}
+    assert SCRUBBER.scrub_value(value) == (value, 0)
