@@ -153,8 +153,8 @@ def format_spans(text: str, data: bytes) -> list[_Span]:
         else:
             if not line_start <= end - 1 < line_end:  # hits come by their end: a new line
                 line_start = text.rfind("\n", 0, max(end - 1, 0)) + 1
-                found = text.find("\n", end - 1)
-                line_end = size if found == -1 else found
+                newline = text.find("\n", end - 1)
+                line_end = size if newline == -1 else newline
             if (rule, line_start) not in seen:
                 seen.add((rule, line_start))
                 spans += check.find(text, line_start, line_end)
