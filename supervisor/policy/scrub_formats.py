@@ -1338,3 +1338,25 @@ FORMATS: tuple[Format, ...] = (
 )
 """Every format the scrubber knows by its shape (the context rules, keyword values, private
 key blocks and partial views of keys are in scrub_context.py and scrub_keybody.py)."""
+
+
+def table() -> str:
+    """The formats as a Markdown table (scrub_formats.md holds it; a test keeps it current)."""
+    rows = [
+        "# Credential formats the scrubber knows by shape",
+        "",
+        "Generated from `FORMATS` in scrub_formats.py by",
+        "`python -m stockade.supervisor.policy.scrub_formats`; do not edit by hand.",
+        f"{len(FORMATS)} formats. `s` is the part redacted; the rest stays readable.",
+        "",
+        "| name | service | pattern | from |",
+        "|---|---|---|---|",
+    ]
+    for fmt in FORMATS:
+        pattern = fmt.regex().replace("|", "\\|").replace("`", "\\`")
+        rows.append(f"| {fmt.name} | {fmt.service} | `{pattern}` | {fmt.doc} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(table(), end="")

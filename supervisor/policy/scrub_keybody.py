@@ -3,7 +3,8 @@
 lines one at a time, and long random base64 standing alone on a line (`cat token.txt`).
 
 A line is taken when, after an optional `path:` or `path:N:` / `N:` / `N<tab>` prefix (grep,
-search, `cat -n`), it is one run of base64 or base64url of 40 characters or more that:
+search, `cat -n`), it is one run of base64 or base64url of 40 to 128 characters (longer is a
+blob, `base64 -w0 file`, not a key's line or a token) that:
 - is not hex (git SHAs, checksums, digests), nor a labelled hash (`sha512-...` integrity);
 - holds upper case, lower case and digits, and looks random (Shannon entropy of at least
   4.5 bits a character: `QUFBQUFB...` or a long identifier is not random);
@@ -49,6 +50,8 @@ _KNOWN_FILES = ("iVBORw0KGgo", "R0lGOD", "/9j/", "JVBERi0", "UEsDB", "H4sI", "PH
 _HASH_LABELS = ("sha1-", "sha256-", "sha384-", "sha512-", "md5-")
 _OPENSSH = "b3BlbnNzaC1rZXktdjE"
 _MIN_ENTROPY = 4.5
+_MAX_LINE = 128
+"""Longer runs are blobs (`base64 -w0 file`), not a key's line or a token."""
 _BASE64_WIDTH = 76
 
 
@@ -78,7 +81,7 @@ def _encoded_text(token: str) -> bool:
 def _random(token: str) -> bool:
     if token.startswith(_OPENSSH):
         return True
-    if len(token) < 40 or _HEX.fullmatch(token) or token.startswith(_KNOWN_FILES + _HASH_LABELS):
+    if not 40 <= len(token) <= _MAX_LINE or _HEX.fullmatch(token) or token.startswith(_KNOWN_FILES + _HASH_LABELS):
         return False
     has = (any(c.isupper() for c in token), any(c.islower() for c in token))
     return (

@@ -136,6 +136,8 @@ def fixtures(rng: random.Random) -> list[str]:
         f'    payload = base64.b64decode("{base64.b64encode(rng.randbytes(48)).decode()}")',
         f'    assert encode(b"{text.decode()[:30]}") == "{base64.b64encode(text[:30]).decode()}"',
         base64.b64encode(text).decode(),
+        "$ base64 -w0 tests/data/sample.bin",
+        base64.b64encode(rng.randbytes(rng.randrange(200, 900))).decode(),
         "$ base64 tests/data/sample.bin",
         *wrapped,
         f'  "image": "data:image/png;base64,iVBORw0KGgo{base64.b64encode(rng.randbytes(60)).decode()}",',

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import random
 import re
+from pathlib import Path
 
 import pytest
 
+from stockade.supervisor.policy import scrub_formats
 from stockade.supervisor.policy.scrub import REDACTED, Scrubber
 from stockade.supervisor.policy.scrub_formats import FORMATS, Format, example
 
@@ -93,3 +95,9 @@ def test_overlapping_formats_become_one_redaction() -> None:
     jwt = sample(BY_NAME["jwt"])[0]
     text = f"postgres://app:{jwt}@db/x"
     assert SCRUBBER.scrub(text) == (f"postgres://app:{REDACTED}@db/x", 1)
+
+
+def test_the_format_table_document_is_current() -> None:
+    """scrub_formats.md is what `python -m stockade.supervisor.policy.scrub_formats` prints."""
+    document = Path(scrub_formats.__file__).with_name("scrub_formats.md")
+    assert document.read_text() == scrub_formats.table()

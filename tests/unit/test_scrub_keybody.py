@@ -121,3 +121,9 @@ def test_search_matches_one_by_one_hide_the_short_last_line() -> None:
 def test_short_base64_values_stay_without_key_material_before_them() -> None:
     value = {"ids": ["aB3dE5gH7jK9mN1pQ2rS4tU6vW8xY0zC", "c2hvcnQgdmFsdWU="]}
     assert SCRUBBER.scrub_value(value) == (value, 0)
+
+
+def test_a_long_base64_blob_on_one_line_stays() -> None:
+    """`base64 -w0 file` of a binary file: a blob, not a key's line or a token."""
+    blob = base64.b64encode(random.Random(5).randbytes(3000)).decode()
+    assert SCRUBBER.scrub(blob + "\n") == (blob + "\n", 0)
