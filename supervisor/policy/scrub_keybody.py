@@ -81,7 +81,11 @@ def _encoded_text(token: str) -> bool:
 def _random(token: str) -> bool:
     if token.startswith(_OPENSSH):
         return True
-    if not 40 <= len(token) <= _MAX_LINE or _HEX.fullmatch(token) or token.startswith(_KNOWN_FILES + _HASH_LABELS):
+    if (
+        not 40 <= len(token) <= _MAX_LINE
+        or _HEX.fullmatch(token)
+        or token.startswith(_KNOWN_FILES + _HASH_LABELS)
+    ):
         return False
     has = (any(c.isupper() for c in token), any(c.islower() for c in token))
     return (
