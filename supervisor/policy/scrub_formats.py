@@ -1,162 +1,16 @@
 """The credential formats the scrubber knows by their shape: one row per format, with the
-service that issues it and the published documentation its shape comes from.
-
-A format is a sequence of parts: literals (or a choice of literals) and runs of characters
-from a class. From the parts come the regex that confirms a hit (Python `re`, with the
-boundaries), the shorter regex Hyperscan searches for (the parts up to the first run of open
-length, at its least), and fake examples for the tests and corpora. Nothing here imports
-the rest of the scrubber.
+service that issues it and the published documentation its shape comes from (how a row
+becomes a regex, a Hyperscan prefilter and fake examples: scrub_format_parts.py).
+`python -m stockade.supervisor.policy.scrub_formats` prints the table as Markdown
+(scrub_formats.md). Nothing here imports the rest of the scrubber.
 """
 
 from __future__ import annotations
 
-import random
-import re
-import string
-from dataclasses import dataclass
+from stockade.supervisor.policy.scrub_format_parts import Choice, Format, example, run, uuid
+from stockade.supervisor.policy.scrub_format_parts import fmt as _f
 
-__all__ = ["FORMATS", "Format", "example"]
-
-
-@dataclass(frozen=True)
-class Run:
-    """`least` to `most` characters of a class (`most` None: no limit)."""
-
-    chars: str
-    least: int
-    most: int | None
-
-    def regex(self, prefilter: bool = False) -> str:
-        cls = _CLASSES[self.chars]
-        if prefilter or self.most == self.least:
-            return f"[{cls}]{{{self.least}}}"
-        return f"[{cls}]{{{self.least},{'' if self.most is None else self.most}}}"
-
-
-@dataclass(frozen=True)
-class Choice:
-    options: tuple[str, ...]
-
-    def regex(self, prefilter: bool = False) -> str:
-        return "(?:" + "|".join(re.escape(o) for o in self.options) + ")"
-
-
-Part = str | Run | Choice
-
-_ALPHABETS = {
-    "alnum": string.ascii_letters + string.digits,
-    "hex": "0123456789abcdef",
-    "HEX": "0123456789ABCDEF",
-    "Hex": "0123456789abcdefABCDEF",
-    "upper": string.ascii_uppercase + string.digits,
-    "lower": string.ascii_lowercase + string.digits,
-    "word": string.ascii_letters + string.digits + "_",
-    "url": string.ascii_letters + string.digits + "_-",
-    "b64": string.ascii_letters + string.digits + "+/",
-    "digit": string.digits,
-    "b32": "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567",
-    "bech32": "QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L",
-    "azure": string.ascii_letters + string.digits + "_.~-",
-    "path": string.ascii_letters + string.digits + "_-/",
-}
-_CLASSES = {
-    "alnum": "A-Za-z0-9",
-    "hex": "a-f0-9",
-    "HEX": "A-F0-9",
-    "Hex": "a-fA-F0-9",
-    "upper": "A-Z0-9",
-    "lower": "a-z0-9",
-    "word": "A-Za-z0-9_",
-    "url": "A-Za-z0-9_-",
-    "b64": "A-Za-z0-9+/",
-    "digit": "0-9",
-    "b32": "A-Z2-7",
-    "bech32": "0-9A-Z",
-    "azure": "A-Za-z0-9_.~-",
-    "path": "A-Za-z0-9_/-",
-}
-
-
-def run(chars: str, least: int, most: int | None = -1) -> Run:
-    """A run of `least` characters (exactly, by default), or `least` to `most` (None: more)."""
-    return Run(chars, least, least if most == -1 else most)
-
-
-def uuid(chars: str = "hex") -> tuple[Part, ...]:
-    return (
-        run(chars, 8),
-        "-",
-        run(chars, 4),
-        "-",
-        run(chars, 4),
-        "-",
-        run(chars, 4),
-        "-",
-        run(chars, 12),
-    )
-
-
-@dataclass(frozen=True)
-class Format:
-    name: str
-    service: str
-    parts: tuple[Part, ...]
-    doc: str
-    """The published documentation the shape comes from."""
-    redact_from: int = 0
-    """The parts before this index stay readable (`https://hooks.slack.com/services/`)."""
-    before: str = "A-Za-z0-9_-"
-    """Characters that may not come right before (empty: any)."""
-    after: str = ""
-    """Characters that may not come right after (for formats of fixed length)."""
-    negative: str = ""
-    """A look-alike that must stay, for formats easily confused with ordinary text."""
-    lead: str = ""
-    """A regex of fixed width that must come right before, and stays (not matched)."""
-
-    def regex(self) -> str:
-        """The confirming regex; group `s` is what is redacted."""
-        head = "".join(_regex(p) for p in self.parts[: self.redact_from])
-        tail = "".join(_regex(p) for p in self.parts[self.redact_from :])
-        before = f"(?<![{self.before}])" if self.before else ""
-        before += f"(?<={self.lead})" if self.lead else ""
-        after = f"(?![{self.after}])" if self.after else ""
-        return f"{before}{head}(?P<s>{tail}){after}"
-
-    def prefilter(self) -> str:
-        """The parts up to the first run of open length after the first part, each run at its
-        least: any match of `regex` holds a match of this on its line (a first run of
-        open length is matched by its last characters)."""
-        pieces: list[str] = [self.lead]
-        for number, part in enumerate(self.parts):
-            pieces.append(_regex(part, prefilter=True))
-            if number and isinstance(part, Run) and part.most != part.least:
-                break
-        return "".join(pieces)
-
-
-def _regex(part: Part, prefilter: bool = False) -> str:
-    return re.escape(part) if isinstance(part, str) else part.regex(prefilter)
-
-
-def example(fmt: Format, rng: random.Random) -> str:
-    """A fake credential of this format: random characters, never a real key."""
-    pieces: list[str] = ["".join(rng.choices(_ALPHABETS["alnum"], k=3))] if fmt.lead else []
-    for part in fmt.parts:
-        if isinstance(part, str):
-            pieces.append(part)
-        elif isinstance(part, Choice):
-            pieces.append(rng.choice(part.options))
-        else:
-            top = part.most if part.most is not None else part.least + 12
-            size = rng.randint(part.least, top)
-            pieces.append("".join(rng.choices(_ALPHABETS[part.chars], k=size)))
-    return "".join(pieces)
-
-
-def _f(name: str, service: str, doc: str, *parts: Part, **kw: object) -> Format:
-    return Format(name, service, parts, doc, **kw)  # type: ignore[arg-type]
-
+__all__ = ["FORMATS", "Format", "example", "table"]
 
 _GH = "GitHub docs: About authentication to GitHub (token prefixes)"
 _GL = "GitLab docs: Token overview (token prefixes)"
@@ -168,6 +22,7 @@ _TOKEN_END = "A-Za-z0-9_-"
 _ALNUM_END = "A-Za-z0-9"
 _HEX_END = "a-f0-9"
 
+# fmt: off
 SOURCE_HOSTS = (
     _f("github-pat", "GitHub", _GH, "ghp_", run("alnum", 36, None)),
     _f("github-oauth", "GitHub", _GH, "gho_", run("alnum", 36, None)),
@@ -194,175 +49,53 @@ SOURCE_HOSTS = (
         )
     ),
     _f("gitlab-runner-registration", "GitLab", _GL, "GR1348941", run("url", 20, None)),
-    _f(
-        "bitbucket-app-password",
-        "Bitbucket",
-        "Atlassian docs: App passwords",
-        "ATBB",
-        run("alnum", 32, None),
-    ),
-    _f(
-        "atlassian-api-token",
-        "Atlassian",
-        "Atlassian docs: Manage API tokens",
-        "ATATT3",
-        run("url", 50, None),
-    ),
-    _f(
-        "atlassian-admin-token",
-        "Atlassian",
-        "Atlassian docs: Manage API tokens",
-        "ATCTT3",
-        run("url", 50, None),
-    ),
-    _f(
-        "sourcegraph-token",
-        "Sourcegraph",
-        "Sourcegraph docs: Access tokens",
-        "sgp_",
-        run("hex", 40),
-        after=_HEX_END,
-    ),
-    _f(
-        "gitea-hashed-ref",
-        "Gitea",
-        "Gitea docs: API usage (scoped tokens)",
-        "gta_",
-        run("alnum", 40, None),
-    ),
+    _f("bitbucket-app-password", "Bitbucket", "Atlassian docs: App passwords", "ATBB",
+       run("alnum", 32, None)),
+    _f("atlassian-api-token", "Atlassian", "Atlassian docs: Manage API tokens", "ATATT3",
+       run("url", 50, None)),
+    _f("atlassian-admin-token", "Atlassian", "Atlassian docs: Manage API tokens", "ATCTT3",
+       run("url", 50, None)),
+    _f("sourcegraph-token", "Sourcegraph", "Sourcegraph docs: Access tokens", "sgp_",
+       run("hex", 40), after=_HEX_END),
+    _f("gitea-hashed-ref", "Gitea", "Gitea docs: API usage (scoped tokens)", "gta_",
+       run("alnum", 40, None)),
 )
 REGISTRIES = (
-    _f(
-        "npm-token",
-        "npm",
-        "npm docs: About access tokens",
-        "npm_",
-        run("alnum", 36),
-        after=_ALNUM_END,
-        negative="npm_" + "x" * 12,
-    ),
+    _f("npm-token", "npm", "npm docs: About access tokens", "npm_", run("alnum", 36),
+       after=_ALNUM_END, negative="npm_" + "x" * 12),
     _f("pypi-token", "PyPI", "PyPI help: API tokens", "pypi-AgE", run("url", 50, None)),
-    _f(
-        "rubygems-key",
-        "RubyGems",
-        "RubyGems guides: API key scopes",
-        "rubygems_",
-        run("hex", 48),
-        after=_HEX_END,
-    ),
-    _f(
-        "nuget-key",
-        "NuGet",
-        "NuGet docs: Scoped API keys",
-        "oy2",
-        run("lower", 43),
-        after=_ALNUM_END,
-    ),
-    _f(
-        "docker-hub-pat",
-        "Docker Hub",
-        "Docker docs: Personal access tokens",
-        "dckr_pat_",
-        run("url", 27, None),
-    ),
-    _f(
-        "docker-hub-oat",
-        "Docker Hub",
-        "Docker docs: Organization access tokens",
-        "dckr_oat_",
-        run("url", 32, None),
-    ),
-    _f(
-        "artifactory-api-key",
-        "JFrog",
-        "JFrog docs: API keys",
-        "AKCp",
-        run("alnum", 69),
-        after=_ALNUM_END,
-    ),
-    _f(
-        "artifactory-reference-token",
-        "JFrog",
-        "JFrog docs: Reference tokens",
-        "cmVmdGtuOjAxOjE",
-        run("alnum", 49, None),
-    ),
-    _f(
-        "crates-io-token",
-        "crates.io",
-        "crates.io docs: API tokens",
-        "cio",
-        run("alnum", 32),
-        after=_ALNUM_END,
-    ),
-    _f(
-        "clojars-token",
-        "Clojars",
-        "Clojars wiki: Deploy tokens",
-        "CLOJARS_",
-        run("lower", 60),
-        after=_ALNUM_END,
-    ),
-    _f(
-        "private-packagist-token",
-        "Private Packagist",
-        "Private Packagist docs: API tokens",
-        "packagist_",
-        Choice(("ort", "out", "uut", "urt")),
-        "_",
-        run("hex", 68),
-        after=_HEX_END,
-    ),
-    _f(
-        "huggingface-token",
-        "Hugging Face",
-        "Hugging Face docs: User access tokens",
-        "hf_",
-        run("alnum", 34, None),
-    ),
-    _f(
-        "huggingface-org-token",
-        "Hugging Face",
-        "Hugging Face docs: User access tokens",
-        "api_org_",
-        run("alnum", 34, None),
-    ),
+    _f("rubygems-key", "RubyGems", "RubyGems guides: API key scopes", "rubygems_", run("hex", 48),
+       after=_HEX_END),
+    _f("nuget-key", "NuGet", "NuGet docs: Scoped API keys", "oy2", run("lower", 43),
+       after=_ALNUM_END),
+    _f("docker-hub-pat", "Docker Hub", "Docker docs: Personal access tokens", "dckr_pat_",
+       run("url", 27, None)),
+    _f("docker-hub-oat", "Docker Hub", "Docker docs: Organization access tokens", "dckr_oat_",
+       run("url", 32, None)),
+    _f("artifactory-api-key", "JFrog", "JFrog docs: API keys", "AKCp", run("alnum", 69),
+       after=_ALNUM_END),
+    _f("artifactory-reference-token", "JFrog", "JFrog docs: Reference tokens", "cmVmdGtuOjAxOjE",
+       run("alnum", 49, None)),
+    _f("crates-io-token", "crates.io", "crates.io docs: API tokens", "cio", run("alnum", 32),
+       after=_ALNUM_END),
+    _f("clojars-token", "Clojars", "Clojars wiki: Deploy tokens", "CLOJARS_", run("lower", 60),
+       after=_ALNUM_END),
+    _f("private-packagist-token", "Private Packagist", "Private Packagist docs: API tokens",
+       "packagist_", Choice(("ort", "out", "uut", "urt")), "_", run("hex", 68), after=_HEX_END),
+    _f("huggingface-token", "Hugging Face", "Hugging Face docs: User access tokens", "hf_",
+       run("alnum", 34, None)),
+    _f("huggingface-org-token", "Hugging Face", "Hugging Face docs: User access tokens", "api_org_",
+       run("alnum", 34, None)),
 )
 CI = (
-    _f(
-        "circleci-pat",
-        "CircleCI",
-        "CircleCI docs: Managing API tokens",
-        "CCIPAT_",
-        run("alnum", 22),
-        "_",
-        run("hex", 40),
-        after=_HEX_END,
-    ),
-    _f(
-        "buildkite-token",
-        "Buildkite",
-        "Buildkite docs: API access tokens",
-        "bkua_",
-        run("hex", 40),
-        after=_HEX_END,
-    ),
-    _f(
-        "octopus-api-key",
-        "Octopus Deploy",
-        "Octopus docs: How to create an API key",
-        "API-",
-        run("upper", 26, 32),
-        after=_ALNUM_END,
-    ),
-    _f(
-        "prefect-api-key",
-        "Prefect",
-        "Prefect docs: Manage API keys",
-        "pnu_",
-        run("alnum", 36),
-        after=_ALNUM_END,
-    ),
+    _f("circleci-pat", "CircleCI", "CircleCI docs: Managing API tokens", "CCIPAT_",
+       run("alnum", 22), "_", run("hex", 40), after=_HEX_END),
+    _f("buildkite-token", "Buildkite", "Buildkite docs: API access tokens", "bkua_", run("hex", 40),
+       after=_HEX_END),
+    _f("octopus-api-key", "Octopus Deploy", "Octopus docs: How to create an API key", "API-",
+       run("upper", 26, 32), after=_ALNUM_END),
+    _f("prefect-api-key", "Prefect", "Prefect docs: Manage API keys", "pnu_", run("alnum", 36),
+       after=_ALNUM_END),
     *(
         _f(f"doppler-{kind}", "Doppler", _DOPPLER, f"dp.{prefix}.", run("alnum", 40, None))
         for kind, prefix in (
@@ -374,367 +107,106 @@ CI = (
             ("audit", "audit"),
         )
     ),
-    _f(
-        "terraform-cloud-token",
-        "HashiCorp",
-        "HCP Terraform docs: API tokens",
-        run("alnum", 14),
-        ".atlasv1.",
-        run("url", 60, None),
-    ),
+    _f("terraform-cloud-token", "HashiCorp", "HCP Terraform docs: API tokens", run("alnum", 14),
+       ".atlasv1.", run("url", 60, None)),
     *(
-        _f(
-            f"vault-{kind}-token",
-            "HashiCorp",
-            "Vault docs: Tokens (token prefixes)",
-            prefix,
-            run("url", 24, None),
-        )
+        _f(f"vault-{kind}-token", "HashiCorp", "Vault docs: Tokens (token prefixes)", prefix,
+           run("url", 24, None))
         for kind, prefix in (("service", "hvs."), ("batch", "hvb."), ("recovery", "hvr."))
     ),
-    _f(
-        "pulumi-token",
-        "Pulumi",
-        "Pulumi docs: Access tokens",
-        "pul-",
-        run("hex", 40),
-        after=_HEX_END,
-    ),
-    _f(
-        "harness-pat",
-        "Harness",
-        "Harness docs: Add and manage API keys",
-        "pat.",
-        run("url", 22),
-        ".",
-        run("hex", 24),
-        ".",
-        run("alnum", 20),
-    ),
+    _f("pulumi-token", "Pulumi", "Pulumi docs: Access tokens", "pul-", run("hex", 40),
+       after=_HEX_END),
+    _f("harness-pat", "Harness", "Harness docs: Add and manage API keys", "pat.", run("url", 22),
+       ".", run("hex", 24), ".", run("alnum", 20)),
     _f("render-api-key", "Render", "Render docs: API keys", "rnd_", run("alnum", 32, None)),
-    _f(
-        "netlify-pat",
-        "Netlify",
-        "Netlify docs: Personal access tokens",
-        "nfp_",
-        run("alnum", 36, None),
-    ),
+    _f("netlify-pat", "Netlify", "Netlify docs: Personal access tokens", "nfp_",
+       run("alnum", 36, None)),
     _f("flyio-token", "Fly.io", "Fly.io docs: Access tokens", "fo1_", run("url", 43, None)),
-    _f(
-        "flyio-macaroon",
-        "Fly.io",
-        "Fly.io docs: Access tokens",
-        "FlyV1 fm2_",
-        run("b64", 40, None),
-        redact_from=1,
-    ),
+    _f("flyio-macaroon", "Fly.io", "Fly.io docs: Access tokens", "FlyV1 fm2_", run("b64", 40, None),
+       redact_from=1),
     _f("heroku-api-key", "Heroku", "Heroku Dev Center: API tokens", "HRKU-", run("url", 40, None)),
-    _f(
-        "scalingo-token",
-        "Scalingo",
-        "Scalingo docs: API tokens",
-        "tk-us-",
-        run("url", 48),
-        after=_TOKEN_END,
-    ),
-    _f(
-        "sentry-user-token",
-        "Sentry",
-        "Sentry docs: Auth tokens",
-        "sntryu_",
-        run("hex", 64),
-        after=_HEX_END,
-    ),
+    _f("scalingo-token", "Scalingo", "Scalingo docs: API tokens", "tk-us-", run("url", 48),
+       after=_TOKEN_END),
+    _f("sentry-user-token", "Sentry", "Sentry docs: Auth tokens", "sntryu_", run("hex", 64),
+       after=_HEX_END),
     _f("sentry-org-token", "Sentry", "Sentry docs: Auth tokens", "sntrys_", run("b64", 30, None)),
-    _f(
-        "grafana-cloud-token",
-        "Grafana",
-        "Grafana docs: Cloud access policies",
-        "glc_",
-        run("b64", 30, None),
-    ),
-    _f(
-        "grafana-service-account",
-        "Grafana",
-        "Grafana docs: Service account tokens",
-        "glsa_",
-        run("alnum", 32),
-        "_",
-        run("Hex", 8),
-    ),
-    _f(
-        "postman-api-key",
-        "Postman",
-        "Postman docs: API keys",
-        "PMAK-",
-        run("hex", 24),
-        "-",
-        run("hex", 34),
-    ),
-    _f(
-        "databricks-token",
-        "Databricks",
-        "Databricks docs: Personal access tokens",
-        "dapi",
-        run("hex", 32),
-        after=_HEX_END,
-    ),
-    _f(
-        "newrelic-user-key",
-        "New Relic",
-        "New Relic docs: API keys",
-        "NRAK-",
-        run("upper", 27),
-        after=_ALNUM_END,
-    ),
+    _f("grafana-cloud-token", "Grafana", "Grafana docs: Cloud access policies", "glc_",
+       run("b64", 30, None)),
+    _f("grafana-service-account", "Grafana", "Grafana docs: Service account tokens", "glsa_",
+       run("alnum", 32), "_", run("Hex", 8)),
+    _f("postman-api-key", "Postman", "Postman docs: API keys", "PMAK-", run("hex", 24), "-",
+       run("hex", 34)),
+    _f("databricks-token", "Databricks", "Databricks docs: Personal access tokens", "dapi",
+       run("hex", 32), after=_HEX_END),
+    _f("newrelic-user-key", "New Relic", "New Relic docs: API keys", "NRAK-", run("upper", 27),
+       after=_ALNUM_END),
     _f("newrelic-insert-key", "New Relic", "New Relic docs: API keys", "NRII-", run("url", 32)),
-    _f(
-        "newrelic-browser-key",
-        "New Relic",
-        "New Relic docs: API keys",
-        "NRJS-",
-        run("hex", 19),
-        after=_HEX_END,
-    ),
-    _f(
-        "dynatrace-token",
-        "Dynatrace",
-        "Dynatrace docs: Access tokens (token format)",
-        "dt0c01.",
-        run("upper", 24),
-        ".",
-        run("upper", 64),
-    ),
-    _f(
-        "honeycomb-ingest-key",
-        "Honeycomb",
-        "Honeycomb docs: API keys",
-        "hcaik_",
-        run("lower", 58),
-        after=_ALNUM_END,
-    ),
-    _f(
-        "infracost-key",
-        "Infracost",
-        "Infracost docs: API keys",
-        "ico-",
-        run("alnum", 32),
-        after=_ALNUM_END,
-    ),
-    _f(
-        "tailscale-auth-key",
-        "Tailscale",
-        "Tailscale docs: Auth keys",
-        "tskey-auth-",
-        run("url", 20, None),
-    ),
-    _f(
-        "tailscale-api-key",
-        "Tailscale",
-        "Tailscale docs: API access tokens",
-        "tskey-api-",
-        run("url", 20, None),
-    ),
-    _f(
-        "tailscale-oauth-secret",
-        "Tailscale",
-        "Tailscale docs: OAuth clients",
-        "tskey-client-",
-        run("url", 20, None),
-    ),
+    _f("newrelic-browser-key", "New Relic", "New Relic docs: API keys", "NRJS-", run("hex", 19),
+       after=_HEX_END),
+    _f("dynatrace-token", "Dynatrace", "Dynatrace docs: Access tokens (token format)", "dt0c01.",
+       run("upper", 24), ".", run("upper", 64)),
+    _f("honeycomb-ingest-key", "Honeycomb", "Honeycomb docs: API keys", "hcaik_", run("lower", 58),
+       after=_ALNUM_END),
+    _f("infracost-key", "Infracost", "Infracost docs: API keys", "ico-", run("alnum", 32),
+       after=_ALNUM_END),
+    _f("tailscale-auth-key", "Tailscale", "Tailscale docs: Auth keys", "tskey-auth-",
+       run("url", 20, None)),
+    _f("tailscale-api-key", "Tailscale", "Tailscale docs: API access tokens", "tskey-api-",
+       run("url", 20, None)),
+    _f("tailscale-oauth-secret", "Tailscale", "Tailscale docs: OAuth clients", "tskey-client-",
+       run("url", 20, None)),
 )
 CHAT = (
     _f("slack-bot-token", "Slack", _SLACK, "xoxb-", run("digit", 1), run("url", 8, None)),
     _f("slack-user-token", "Slack", _SLACK, "xoxp-", run("digit", 1), run("url", 8, None)),
-    _f(
-        "slack-legacy-token",
-        "Slack",
-        _SLACK,
-        "xox",
-        Choice(("a", "o", "r", "s")),
-        "-",
-        run("digit", 1),
-        run("url", 8, None),
-    ),
+    _f("slack-legacy-token", "Slack", _SLACK, "xox", Choice(("a", "o", "r", "s")), "-",
+       run("digit", 1), run("url", 8, None)),
     _f("slack-app-token", "Slack", _SLACK, "xapp-", run("digit", 1), run("url", 8, None)),
-    _f(
-        "slack-config-token",
-        "Slack",
-        _SLACK,
-        "xoxe.xox",
-        Choice(("b", "p")),
-        "-",
-        run("digit", 1),
-        run("url", 8, None),
-    ),
+    _f("slack-config-token", "Slack", _SLACK, "xoxe.xox", Choice(("b", "p")), "-", run("digit", 1),
+       run("url", 8, None)),
     _f("slack-config-refresh", "Slack", _SLACK, "xoxe-", run("digit", 1), run("url", 8, None)),
-    _f(
-        "slack-webhook",
-        "Slack",
-        "Slack API docs: Sending messages using incoming webhooks",
-        "hooks.slack.com/",
-        Choice(("services", "workflows", "triggers")),
-        "/",
-        run("path", 8, None),
-        redact_from=3,
-        before="",
-    ),
-    _f(
-        "discord-webhook",
-        "Discord",
-        "Discord developer docs: Webhook resource",
-        Choice(("discord.com", "discordapp.com")),
-        "/api/webhooks/",
-        run("digit", 17, 20),
-        "/",
-        run("url", 20, None),
-        redact_from=2,
-        before="",
-    ),
-    _f(
-        "discord-bot-token",
-        "Discord",
-        "Discord developer docs: Authorization (bot tokens)",
-        Choice(("M", "N")),
-        run("alnum", 23, 25),
-        ".",
-        run("url", 6),
-        ".",
-        run("url", 27, 38),
-    ),
-    _f(
-        "telegram-bot-token",
-        "Telegram",
-        "Telegram Bot API: Authorizing your bot",
-        run("digit", 5, 10),
-        ":",
-        "AA",
-        run("url", 31, None),
-        redact_from=2,
-        before="0-9",
-    ),
-    _f(
-        "teams-webhook",
-        "Microsoft Teams",
-        "Microsoft Learn: Create incoming webhooks",
-        ".webhook.office.com/webhookb2/",
-        run("url", 36, None),
-        redact_from=1,
-        before="",
-    ),
-    _f(
-        "zapier-webhook",
-        "Zapier",
-        "Zapier help: Webhooks by Zapier",
-        "hooks.zapier.com/hooks/catch/",
-        run("digit", 5, 10),
-        "/",
-        run("alnum", 6, None),
-        redact_from=1,
-        before="",
-    ),
-    _f(
-        "google-chat-webhook",
-        "Google Chat",
-        "Google Chat docs: Incoming webhooks",
-        "chat.googleapis.com/v1/spaces/",
-        run("url", 11, None),
-        "/messages?key=",
-        run("url", 39),
-        redact_from=3,
-        before="",
-    ),
-    _f(
-        "feishu-webhook",
-        "Feishu / Lark",
-        "Feishu open platform: Custom bot",
-        "open.feishu.cn/open-apis/bot/v2/hook/",
-        *uuid(),
-        redact_from=1,
-        before="",
-    ),
-    _f(
-        "twilio-api-key",
-        "Twilio",
-        "Twilio docs: API keys",
-        "SK",
-        run("Hex", 32),
-        after="0-9a-fA-F",
-        negative="SK" + "0" * 31,
-    ),
-    _f(
-        "sendgrid-key",
-        "SendGrid",
-        "Twilio SendGrid docs: API keys",
-        "SG.",
-        run("url", 22),
-        ".",
-        run("url", 43),
-        after=_TOKEN_END,
-    ),
+    _f("slack-webhook", "Slack", "Slack API docs: Sending messages using incoming webhooks",
+       "hooks.slack.com/", Choice(("services", "workflows", "triggers")), "/", run("path", 8, None),
+       redact_from=3, before=""),
+    _f("discord-webhook", "Discord", "Discord developer docs: Webhook resource",
+       Choice(("discord.com", "discordapp.com")), "/api/webhooks/", run("digit", 17, 20), "/",
+       run("url", 20, None), redact_from=2, before=""),
+    _f("discord-bot-token", "Discord", "Discord developer docs: Authorization (bot tokens)",
+       Choice(("M", "N")), run("alnum", 23, 25), ".", run("url", 6), ".", run("url", 27, 38)),
+    _f("telegram-bot-token", "Telegram", "Telegram Bot API: Authorizing your bot",
+       run("digit", 5, 10), ":", "AA", run("url", 31, None), redact_from=2, before="0-9"),
+    _f("teams-webhook", "Microsoft Teams", "Microsoft Learn: Create incoming webhooks",
+       ".webhook.office.com/webhookb2/", run("url", 36, None), redact_from=1, before=""),
+    _f("zapier-webhook", "Zapier", "Zapier help: Webhooks by Zapier",
+       "hooks.zapier.com/hooks/catch/", run("digit", 5, 10), "/", run("alnum", 6, None),
+       redact_from=1, before=""),
+    _f("google-chat-webhook", "Google Chat", "Google Chat docs: Incoming webhooks",
+       "chat.googleapis.com/v1/spaces/", run("url", 11, None), "/messages?key=", run("url", 39),
+       redact_from=3, before=""),
+    _f("feishu-webhook", "Feishu / Lark", "Feishu open platform: Custom bot",
+       "open.feishu.cn/open-apis/bot/v2/hook/", *uuid(), redact_from=1, before=""),
+    _f("twilio-api-key", "Twilio", "Twilio docs: API keys", "SK", run("Hex", 32), after="0-9a-fA-F",
+       negative="SK" + "0" * 31),
+    _f("sendgrid-key", "SendGrid", "Twilio SendGrid docs: API keys", "SG.", run("url", 22), ".",
+       run("url", 43), after=_TOKEN_END),
     _f("mailgun-key", "Mailgun", "Mailgun docs: API keys", "key-", run("hex", 32), after=_HEX_END),
-    _f(
-        "mailchimp-key",
-        "Mailchimp",
-        "Mailchimp docs: About API keys",
-        run("hex", 32),
-        "-us",
-        run("digit", 1, 2),
-        after=_ALNUM_END,
-    ),
-    _f(
-        "brevo-key",
-        "Brevo",
-        "Brevo docs: API keys",
-        "xkeysib-",
-        run("hex", 64),
-        "-",
-        run("alnum", 16),
-    ),
-    _f(
-        "resend-key",
-        "Resend",
-        "Resend docs: API keys",
-        "re_",
-        run("alnum", 8),
-        "_",
-        run("alnum", 24),
-        after=_ALNUM_END,
-    ),
-    _f(
-        "twitter-bearer",
-        "X (Twitter)",
-        "X developer docs: OAuth 2.0 bearer token",
-        "AAAAAAAAAAAAAAAAAAAAA",
-        run("alnum", 50, None),
-    ),
-    _f(
-        "facebook-token",
-        "Meta",
-        "Meta for developers: Access tokens",
-        "EAA",
-        Choice(("B", "C", "G", "I", "M")),
-        run("alnum", 90, None),
-    ),
-    _f(
-        "instagram-token",
-        "Meta",
-        "Meta for developers: Instagram access tokens",
-        "IGQV",
-        run("url", 90, None),
-    ),
+    _f("mailchimp-key", "Mailchimp", "Mailchimp docs: About API keys", run("hex", 32), "-us",
+       run("digit", 1, 2), after=_ALNUM_END),
+    _f("brevo-key", "Brevo", "Brevo docs: API keys", "xkeysib-", run("hex", 64), "-",
+       run("alnum", 16)),
+    _f("resend-key", "Resend", "Resend docs: API keys", "re_", run("alnum", 8), "_",
+       run("alnum", 24), after=_ALNUM_END),
+    _f("twitter-bearer", "X (Twitter)", "X developer docs: OAuth 2.0 bearer token",
+       "AAAAAAAAAAAAAAAAAAAAA", run("alnum", 50, None)),
+    _f("facebook-token", "Meta", "Meta for developers: Access tokens", "EAA",
+       Choice(("B", "C", "G", "I", "M")), run("alnum", 90, None)),
+    _f("instagram-token", "Meta", "Meta for developers: Instagram access tokens", "IGQV",
+       run("url", 90, None)),
 )
 CLOUD = (
     *(
-        _f(
-            f"aws-{kind}",
-            "AWS",
-            _AWS,
-            prefix,
-            run("upper", 16),
-            before="A-Za-z0-9",
-            after=_ALNUM_END,
-        )
+        _f(f"aws-{kind}", "AWS", _AWS, prefix, run("upper", 16), before="A-Za-z0-9",
+           after=_ALNUM_END)
         for kind, prefix in (
             ("access-key-id", "AKIA"),
             ("temporary-key-id", "ASIA"),
@@ -744,337 +216,94 @@ CLOUD = (
     ),
     _f("aws-bedrock-key", "AWS", "Amazon Bedrock docs: API keys", "ABSK", run("b64", 100, None)),
     _f("aws-mws-token", "Amazon", "Amazon MWS docs: Authorization tokens", "amzn.mws.", *uuid()),
-    _f(
-        "google-api-key",
-        "Google Cloud",
-        "Google Cloud docs: API keys",
-        "AIza",
-        run("url", 35),
-        before="A-Za-z0-9",
-        after=_TOKEN_END,
-    ),
-    _f(
-        "google-oauth-secret",
-        "Google Cloud",
-        "Google Identity docs: OAuth client secrets",
-        "GOCSPX-",
-        run("url", 20, None),
-    ),
-    _f(
-        "google-access-token",
-        "Google Cloud",
-        "Google Identity docs: OAuth 2.0 access tokens",
-        "ya29.",
-        run("url", 20, None),
-    ),
-    _f(
-        "google-refresh-token",
-        "Google Cloud",
-        "Google Identity docs: OAuth 2.0 refresh tokens",
-        "1//0",
-        run("url", 40, None),
-    ),
-    _f(
-        "azure-ad-client-secret",
-        "Microsoft Entra",
-        "Microsoft Learn: Application client secrets",
-        "8Q~",
-        run("azure", 31, 34),
-        before="",
-        lead="[A-Za-z0-9_.~-]{3}",
-    ),
-    _f(
-        "azure-storage-key",
-        "Azure",
-        _AZ,
-        run("b64", 76),
-        "+ASt",
-        run("b64", 5),
-        "==",
-        before="A-Za-z0-9+/",
-    ),
-    _f(
-        "azure-cosmosdb-key",
-        "Azure",
-        _AZ,
-        run("b64", 76),
-        "ACDb",
-        run("b64", 5),
-        "==",
-        before="A-Za-z0-9+/",
-    ),
-    _f(
-        "azure-container-registry-key",
-        "Azure",
-        _AZ,
-        run("b64", 42),
-        "+ACR",
-        run("alnum", 6),
-        before="A-Za-z0-9+/",
-        after="A-Za-z0-9+/",
-    ),
-    _f(
-        "azure-service-bus-key",
-        "Azure",
-        _AZ,
-        run("b64", 33),
-        "+ASb",
-        run("b64", 5),
-        "=",
-        before="A-Za-z0-9+/",
-    ),
-    _f(
-        "azure-function-key",
-        "Azure",
-        _AZ,
-        run("url", 44),
-        "AzFu",
-        run("url", 5),
-        Choice(("A", "D")),
-        "==",
-        before="A-Za-z0-9_-",
-    ),
+    _f("google-api-key", "Google Cloud", "Google Cloud docs: API keys", "AIza", run("url", 35),
+       before="A-Za-z0-9", after=_TOKEN_END),
+    _f("google-oauth-secret", "Google Cloud", "Google Identity docs: OAuth client secrets",
+       "GOCSPX-", run("url", 20, None)),
+    _f("google-access-token", "Google Cloud", "Google Identity docs: OAuth 2.0 access tokens",
+       "ya29.", run("url", 20, None)),
+    _f("google-refresh-token", "Google Cloud", "Google Identity docs: OAuth 2.0 refresh tokens",
+       "1//0", run("url", 40, None)),
+    _f("azure-ad-client-secret", "Microsoft Entra", "Microsoft Learn: Application client secrets",
+       "8Q~", run("azure", 31, 34), before="", lead="[A-Za-z0-9_.~-]{3}"),
+    _f("azure-storage-key", "Azure", _AZ, run("b64", 76), "+ASt", run("b64", 5), "==",
+       before="A-Za-z0-9+/"),
+    _f("azure-cosmosdb-key", "Azure", _AZ, run("b64", 76), "ACDb", run("b64", 5), "==",
+       before="A-Za-z0-9+/"),
+    _f("azure-container-registry-key", "Azure", _AZ, run("b64", 42), "+ACR", run("alnum", 6),
+       before="A-Za-z0-9+/", after="A-Za-z0-9+/"),
+    _f("azure-service-bus-key", "Azure", _AZ, run("b64", 33), "+ASb", run("b64", 5), "=",
+       before="A-Za-z0-9+/"),
+    _f("azure-function-key", "Azure", _AZ, run("url", 44), "AzFu", run("url", 5),
+       Choice(("A", "D")), "==", before="A-Za-z0-9_-"),
     *(
-        _f(
-            f"digitalocean-{kind}",
-            "DigitalOcean",
-            "DigitalOcean docs: Personal access tokens",
-            f"{prefix}_v1_",
-            run("hex", 64),
-            after=_HEX_END,
-        )
+        _f(f"digitalocean-{kind}", "DigitalOcean", "DigitalOcean docs: Personal access tokens",
+           f"{prefix}_v1_", run("hex", 64), after=_HEX_END)
         for kind, prefix in (("pat", "dop"), ("oauth", "doo"), ("refresh", "dor"))
     ),
-    _f(
-        "alibaba-access-key-id",
-        "Alibaba Cloud",
-        "Alibaba Cloud docs: AccessKey pairs",
-        "LTAI",
-        run("alnum", 20),
-        before="A-Za-z0-9",
-        after=_ALNUM_END,
-    ),
-    _f(
-        "tencent-secret-id",
-        "Tencent Cloud",
-        "Tencent Cloud docs: Access keys",
-        "AKID",
-        run("alnum", 32),
-        before="A-Za-z0-9",
-        after=_ALNUM_END,
-    ),
-    _f(
-        "scaleway-access-key",
-        "Scaleway",
-        "Scaleway docs: API keys",
-        "SCW",
-        run("upper", 17),
-        before="A-Za-z0-9",
-        after=_ALNUM_END,
-    ),
+    _f("alibaba-access-key-id", "Alibaba Cloud", "Alibaba Cloud docs: AccessKey pairs", "LTAI",
+       run("alnum", 20), before="A-Za-z0-9", after=_ALNUM_END),
+    _f("tencent-secret-id", "Tencent Cloud", "Tencent Cloud docs: Access keys", "AKID",
+       run("alnum", 32), before="A-Za-z0-9", after=_ALNUM_END),
+    _f("scaleway-access-key", "Scaleway", "Scaleway docs: API keys", "SCW", run("upper", 17),
+       before="A-Za-z0-9", after=_ALNUM_END),
     _f("yandex-api-key", "Yandex Cloud", "Yandex Cloud docs: API keys", "AQVN", run("url", 35, 38)),
-    _f(
-        "cloudflare-origin-ca-key",
-        "Cloudflare",
-        "Cloudflare docs: Origin CA keys",
-        "v1.0-",
-        run("hex", 24),
-        "-",
-        run("hex", 146),
-    ),
-    _f(
-        "supabase-pat",
-        "Supabase",
-        "Supabase docs: Access tokens",
-        "sbp_",
-        run("hex", 40),
-        after=_HEX_END,
-    ),
-    _f(
-        "supabase-secret-key",
-        "Supabase",
-        "Supabase docs: API keys",
-        "sb_secret_",
-        run("url", 31, None),
-    ),
-    _f(
-        "planetscale-token",
-        "PlanetScale",
-        "PlanetScale docs: Service tokens",
-        "pscale_tkn_",
-        run("url", 32, None),
-    ),
-    _f(
-        "planetscale-password",
-        "PlanetScale",
-        "PlanetScale docs: Connection strings",
-        "pscale_pw_",
-        run("url", 32, None),
-    ),
-    _f(
-        "planetscale-oauth",
-        "PlanetScale",
-        "PlanetScale docs: OAuth applications",
-        "pscale_oauth_",
-        run("url", 32, None),
-    ),
-    _f(
-        "neon-api-key",
-        "Neon",
-        "Neon docs: Manage API keys",
-        "napi_",
-        run("lower", 64),
-        after=_ALNUM_END,
-    ),
-    _f(
-        "age-secret-key",
-        "age",
-        "age specification: X25519 identities",
-        "AGE-SECRET-KEY-1",
-        run("bech32", 58),
-    ),
-    _f(
-        "onepassword-service-account",
-        "1Password",
-        "1Password developer docs: Service accounts",
-        "ops_eyJ",
-        run("b64", 100, None),
-    ),
-    _f(
-        "hubspot-pat",
-        "HubSpot",
-        "HubSpot developer docs: Private app access tokens",
-        "pat-",
-        Choice(("na1", "eu1")),
-        "-",
-        *uuid(),
-    ),
-    _f(
-        "salesforce-access-token",
-        "Salesforce",
-        "Salesforce docs: OAuth access tokens",
-        "00D",
-        run("alnum", 12, 15),
-        "!",
-        run("alnum", 96, None),
-    ),
+    _f("cloudflare-origin-ca-key", "Cloudflare", "Cloudflare docs: Origin CA keys", "v1.0-",
+       run("hex", 24), "-", run("hex", 146)),
+    _f("supabase-pat", "Supabase", "Supabase docs: Access tokens", "sbp_", run("hex", 40),
+       after=_HEX_END),
+    _f("supabase-secret-key", "Supabase", "Supabase docs: API keys", "sb_secret_",
+       run("url", 31, None)),
+    _f("planetscale-token", "PlanetScale", "PlanetScale docs: Service tokens", "pscale_tkn_",
+       run("url", 32, None)),
+    _f("planetscale-password", "PlanetScale", "PlanetScale docs: Connection strings", "pscale_pw_",
+       run("url", 32, None)),
+    _f("planetscale-oauth", "PlanetScale", "PlanetScale docs: OAuth applications", "pscale_oauth_",
+       run("url", 32, None)),
+    _f("neon-api-key", "Neon", "Neon docs: Manage API keys", "napi_", run("lower", 64),
+       after=_ALNUM_END),
+    _f("age-secret-key", "age", "age specification: X25519 identities", "AGE-SECRET-KEY-1",
+       run("bech32", 58)),
+    _f("onepassword-service-account", "1Password", "1Password developer docs: Service accounts",
+       "ops_eyJ", run("b64", 100, None)),
+    _f("hubspot-pat", "HubSpot", "HubSpot developer docs: Private app access tokens", "pat-",
+       Choice(("na1", "eu1")), "-", *uuid()),
+    _f("salesforce-access-token", "Salesforce", "Salesforce docs: OAuth access tokens", "00D",
+       run("alnum", 12, 15), "!", run("alnum", 96, None)),
     _f("shopify-access-token", "Shopify", "Shopify docs: Access tokens", "shpat_", run("Hex", 32)),
     _f("shopify-shared-secret", "Shopify", "Shopify docs: Access tokens", "shpss_", run("Hex", 32)),
-    _f(
-        "shopify-custom-app-token",
-        "Shopify",
-        "Shopify docs: Access tokens",
-        "shpca_",
-        run("Hex", 32),
-    ),
-    _f(
-        "shopify-private-app-token",
-        "Shopify",
-        "Shopify docs: Access tokens",
-        "shppa_",
-        run("Hex", 32),
-    ),
-    _f(
-        "linear-api-key",
-        "Linear",
-        "Linear docs: API and webhooks",
-        "lin_api_",
-        run("alnum", 32, None),
-    ),
-    _f(
-        "linear-oauth-token",
-        "Linear",
-        "Linear docs: OAuth 2.0 authentication",
-        "lin_oauth_",
-        run("alnum", 32, None),
-    ),
+    _f("shopify-custom-app-token", "Shopify", "Shopify docs: Access tokens", "shpca_",
+       run("Hex", 32)),
+    _f("shopify-private-app-token", "Shopify", "Shopify docs: Access tokens", "shppa_",
+       run("Hex", 32)),
+    _f("linear-api-key", "Linear", "Linear docs: API and webhooks", "lin_api_",
+       run("alnum", 32, None)),
+    _f("linear-oauth-token", "Linear", "Linear docs: OAuth 2.0 authentication", "lin_oauth_",
+       run("alnum", 32, None)),
     _f(
         "notion-token", "Notion", "Notion developers: Authorization", "ntn_", run("alnum", 40, None)
     ),
-    _f(
-        "notion-legacy-secret",
-        "Notion",
-        "Notion developers: Authorization",
-        "secret_",
-        run("alnum", 43),
-        after=_ALNUM_END,
-    ),
-    _f(
-        "airtable-pat",
-        "Airtable",
-        "Airtable docs: Personal access tokens",
-        "pat",
-        run("alnum", 14),
-        ".",
-        run("hex", 64),
-        after=_HEX_END,
-    ),
-    _f(
-        "clickup-token",
-        "ClickUp",
-        "ClickUp API docs: Authentication",
-        "pk_",
-        run("digit", 6, 9),
-        "_",
-        run("upper", 32),
-        after=_ALNUM_END,
-    ),
-    _f(
-        "contentful-pat",
-        "Contentful",
-        "Contentful docs: Personal access tokens",
-        "CFPAT-",
-        run("url", 43),
-        after=_TOKEN_END,
-    ),
+    _f("notion-legacy-secret", "Notion", "Notion developers: Authorization", "secret_",
+       run("alnum", 43), after=_ALNUM_END),
+    _f("airtable-pat", "Airtable", "Airtable docs: Personal access tokens", "pat", run("alnum", 14),
+       ".", run("hex", 64), after=_HEX_END),
+    _f("clickup-token", "ClickUp", "ClickUp API docs: Authentication", "pk_", run("digit", 6, 9),
+       "_", run("upper", 32), after=_ALNUM_END),
+    _f("contentful-pat", "Contentful", "Contentful docs: Personal access tokens", "CFPAT-",
+       run("url", 43), after=_TOKEN_END),
     _f("figma-pat", "Figma", "Figma developer docs: Access tokens", "figd_", run("url", 40, None)),
-    _f(
-        "dropbox-short-lived",
-        "Dropbox",
-        "Dropbox developers: OAuth guide",
-        "sl.",
-        run("url", 130, None),
-    ),
-    _f(
-        "typeform-pat",
-        "Typeform",
-        "Typeform developers: Personal access tokens",
-        "tfp_",
-        run("url", 44, None),
-    ),
-    _f(
-        "readme-api-key",
-        "ReadMe",
-        "ReadMe docs: API keys",
-        "rdme_",
-        run("lower", 70),
-        after=_ALNUM_END,
-    ),
-    _f(
-        "frameio-token",
-        "Frame.io",
-        "Frame.io developer docs: Developer tokens",
-        "fio-u-",
-        run("url", 64),
-        after=_TOKEN_END,
-    ),
-    _f(
-        "mapbox-secret-token",
-        "Mapbox",
-        "Mapbox docs: Access tokens",
-        "sk.eyJ",
-        run("url", 20, None),
-        ".",
-        run("url", 22, None),
-    ),
-    _f(
-        "adobe-client-secret",
-        "Adobe",
-        "Adobe developer docs: OAuth credentials",
-        "p8e-",
-        run("alnum", 32),
-        after=_ALNUM_END,
-    ),
+    _f("dropbox-short-lived", "Dropbox", "Dropbox developers: OAuth guide", "sl.",
+       run("url", 130, None)),
+    _f("typeform-pat", "Typeform", "Typeform developers: Personal access tokens", "tfp_",
+       run("url", 44, None)),
+    _f("readme-api-key", "ReadMe", "ReadMe docs: API keys", "rdme_", run("lower", 70),
+       after=_ALNUM_END),
+    _f("frameio-token", "Frame.io", "Frame.io developer docs: Developer tokens", "fio-u-",
+       run("url", 64), after=_TOKEN_END),
+    _f("mapbox-secret-token", "Mapbox", "Mapbox docs: Access tokens", "sk.eyJ",
+       run("url", 20, None), ".", run("url", 22, None)),
+    _f("adobe-client-secret", "Adobe", "Adobe developer docs: OAuth credentials", "p8e-",
+       run("alnum", 32), after=_ALNUM_END),
 )
 PAYMENT = (
     *(
@@ -1086,230 +315,67 @@ PAYMENT = (
             ("restricted-test", "rk_test_"),
         )
     ),
-    _f(
-        "stripe-webhook-secret",
-        "Stripe",
-        "Stripe docs: Check webhook signatures",
-        "whsec_",
-        run("b64", 24, None),
-    ),
-    _f(
-        "square-access-token",
-        "Square",
-        "Square developer docs: Access tokens",
-        "EAAA",
-        run("url", 60, None),
-    ),
-    _f(
-        "square-oauth-secret",
-        "Square",
-        "Square developer docs: OAuth",
-        "sq0csp-",
-        run("url", 43),
-        after=_TOKEN_END,
-    ),
-    _f(
-        "square-legacy-token",
-        "Square",
-        "Square developer docs: Access tokens",
-        "sq0atp-",
-        run("url", 22),
-        after=_TOKEN_END,
-    ),
-    _f(
-        "braintree-access-token",
-        "PayPal Braintree",
-        "Braintree docs: Access tokens",
-        "access_token$production$",
-        run("lower", 16),
-        "$",
-        run("hex", 32),
-        after=_HEX_END,
-    ),
-    _f(
-        "flutterwave-secret-key",
-        "Flutterwave",
-        "Flutterwave docs: API keys",
-        "FLWSECK",
-        Choice(("_TEST-", "-")),
-        run("hex", 32),
-        "-X",
-    ),
-    _f(
-        "plaid-access-token",
-        "Plaid",
-        "Plaid docs: Access tokens",
-        "access-",
-        Choice(("sandbox", "development", "production")),
-        "-",
-        *uuid(),
-    ),
-    _f(
-        "gocardless-token",
-        "GoCardless",
-        "GoCardless docs: Access tokens",
-        "live_",
-        run("url", 40),
-        after=_TOKEN_END,
-    ),
-    _f(
-        "shippo-token",
-        "Shippo",
-        "Shippo docs: Authentication",
-        "shippo_",
-        Choice(("live", "test")),
-        "_",
-        run("hex", 40),
-        after=_HEX_END,
-    ),
-    _f(
-        "easypost-key",
-        "EasyPost",
-        "EasyPost docs: Authentication",
-        "EZ",
-        Choice(("AK", "TK")),
-        run("alnum", 54),
-        after=_ALNUM_END,
-    ),
-    _f(
-        "duffel-token",
-        "Duffel",
-        "Duffel docs: Authentication",
-        "duffel_",
-        Choice(("test", "live")),
-        "_",
-        run("url", 43),
-        after=_TOKEN_END,
-    ),
+    _f("stripe-webhook-secret", "Stripe", "Stripe docs: Check webhook signatures", "whsec_",
+       run("b64", 24, None)),
+    _f("square-access-token", "Square", "Square developer docs: Access tokens", "EAAA",
+       run("url", 60, None)),
+    _f("square-oauth-secret", "Square", "Square developer docs: OAuth", "sq0csp-", run("url", 43),
+       after=_TOKEN_END),
+    _f("square-legacy-token", "Square", "Square developer docs: Access tokens", "sq0atp-",
+       run("url", 22), after=_TOKEN_END),
+    _f("braintree-access-token", "PayPal Braintree", "Braintree docs: Access tokens",
+       "access_token$production$", run("lower", 16), "$", run("hex", 32), after=_HEX_END),
+    _f("flutterwave-secret-key", "Flutterwave", "Flutterwave docs: API keys", "FLWSECK",
+       Choice(("_TEST-", "-")), run("hex", 32), "-X"),
+    _f("plaid-access-token", "Plaid", "Plaid docs: Access tokens", "access-",
+       Choice(("sandbox", "development", "production")), "-", *uuid()),
+    _f("gocardless-token", "GoCardless", "GoCardless docs: Access tokens", "live_", run("url", 40),
+       after=_TOKEN_END),
+    _f("shippo-token", "Shippo", "Shippo docs: Authentication", "shippo_", Choice(("live", "test")),
+       "_", run("hex", 40), after=_HEX_END),
+    _f("easypost-key", "EasyPost", "EasyPost docs: Authentication", "EZ", Choice(("AK", "TK")),
+       run("alnum", 54), after=_ALNUM_END),
+    _f("duffel-token", "Duffel", "Duffel docs: Authentication", "duffel_", Choice(("test", "live")),
+       "_", run("url", 43), after=_TOKEN_END),
 )
 AI = (
-    _f(
-        "openai-project-key",
-        "OpenAI",
-        "OpenAI docs: API keys (project keys)",
-        "sk-proj-",
-        run("url", 20, None),
-    ),
-    _f(
-        "openai-service-account-key",
-        "OpenAI",
-        "OpenAI docs: Service accounts",
-        "sk-svcacct-",
-        run("url", 20, None),
-    ),
-    _f(
-        "openai-admin-key",
-        "OpenAI",
-        "OpenAI docs: Admin API keys",
-        "sk-admin-",
-        run("url", 20, None),
-    ),
-    _f(
-        "openai-user-key",
-        "OpenAI",
-        "OpenAI docs: API keys",
-        "sk-",
-        run("alnum", 20, None),
-        negative="sk-" + "learn-" * 4,
-    ),
+    _f("openai-project-key", "OpenAI", "OpenAI docs: API keys (project keys)", "sk-proj-",
+       run("url", 20, None)),
+    _f("openai-service-account-key", "OpenAI", "OpenAI docs: Service accounts", "sk-svcacct-",
+       run("url", 20, None)),
+    _f("openai-admin-key", "OpenAI", "OpenAI docs: Admin API keys", "sk-admin-",
+       run("url", 20, None)),
+    _f("openai-user-key", "OpenAI", "OpenAI docs: API keys", "sk-", run("alnum", 20, None),
+       negative="sk-" + "learn-" * 4),
     _f("openai-none-key", "OpenAI", "OpenAI docs: API keys", "sk-None-", run("url", 20, None)),
-    _f(
-        "anthropic-api-key",
-        "Anthropic",
-        "Anthropic docs: API keys",
-        "sk-ant-api03-",
-        run("url", 20, None),
-    ),
-    _f(
-        "anthropic-admin-key",
-        "Anthropic",
-        "Anthropic docs: Admin API",
-        "sk-ant-admin01-",
-        run("url", 20, None),
-    ),
-    _f(
-        "openrouter-key",
-        "OpenRouter",
-        "OpenRouter docs: API keys",
-        "sk-or-v1-",
-        run("url", 20, None),
-    ),
+    _f("anthropic-api-key", "Anthropic", "Anthropic docs: API keys", "sk-ant-api03-",
+       run("url", 20, None)),
+    _f("anthropic-admin-key", "Anthropic", "Anthropic docs: Admin API", "sk-ant-admin01-",
+       run("url", 20, None)),
+    _f("openrouter-key", "OpenRouter", "OpenRouter docs: API keys", "sk-or-v1-",
+       run("url", 20, None)),
     _f("groq-key", "Groq", "Groq docs: API keys", "gsk_", run("alnum", 40, None)),
     _f("xai-key", "xAI", "xAI docs: API keys", "xai-", run("alnum", 40, None)),
     _f(
         "perplexity-key", "Perplexity", "Perplexity docs: API keys", "pplx-", run("alnum", 40, None)
     ),
-    _f(
-        "replicate-token",
-        "Replicate",
-        "Replicate docs: API tokens",
-        "r8_",
-        run("alnum", 37),
-        after=_ALNUM_END,
-    ),
-    _f(
-        "elevenlabs-key",
-        "ElevenLabs",
-        "ElevenLabs docs: Authentication",
-        "sk_",
-        run("hex", 48),
-        after=_HEX_END,
-    ),
-    _f(
-        "cerebras-key",
-        "Cerebras",
-        "Cerebras docs: API keys",
-        "csk-",
-        run("lower", 48),
-        after=_ALNUM_END,
-    ),
-    _f(
-        "langsmith-key",
-        "LangChain",
-        "LangSmith docs: API keys",
-        "lsv2_",
-        Choice(("pt", "sk")),
-        "_",
-        run("hex", 32),
-        "_",
-        run("hex", 10),
-    ),
-    _f(
-        "pinecone-key",
-        "Pinecone",
-        "Pinecone docs: API keys",
-        "pcsk_",
-        run("alnum", 5, 8),
-        "_",
-        run("alnum", 60, None),
-    ),
+    _f("replicate-token", "Replicate", "Replicate docs: API tokens", "r8_", run("alnum", 37),
+       after=_ALNUM_END),
+    _f("elevenlabs-key", "ElevenLabs", "ElevenLabs docs: Authentication", "sk_", run("hex", 48),
+       after=_HEX_END),
+    _f("cerebras-key", "Cerebras", "Cerebras docs: API keys", "csk-", run("lower", 48),
+       after=_ALNUM_END),
+    _f("langsmith-key", "LangChain", "LangSmith docs: API keys", "lsv2_", Choice(("pt", "sk")), "_",
+       run("hex", 32), "_", run("hex", 10)),
+    _f("pinecone-key", "Pinecone", "Pinecone docs: API keys", "pcsk_", run("alnum", 5, 8), "_",
+       run("alnum", 60, None)),
 )
 GENERIC = (
-    _f(
-        "jwt",
-        "JSON Web Token",
-        "RFC 7519: JSON Web Token",
-        "eyJ",
-        run("url", 8, None),
-        ".eyJ",
-        run("url", 8, None),
-        ".",
-        run("url", 0, None),
-        negative="eyJhbGciOiJub25lIn0",
-    ),
+    _f("jwt", "JSON Web Token", "RFC 7519: JSON Web Token", "eyJ", run("url", 8, None), ".eyJ",
+       run("url", 8, None), ".", run("url", 0, None), negative="eyJhbGciOiJub25lIn0"),
     *(
-        _f(
-            f"{scheme.replace('+', '-')}-url-password",
-            service,
-            doc,
-            f"{scheme}://",
-            run("url", 1, None),
-            ":",
-            run("alnum", 4, None),
-            "@",
-            redact_from=3,
-            before="",
-        )
+        _f(f"{scheme.replace('+', '-')}-url-password", service, doc, f"{scheme}://",
+           run("url", 1, None), ":", run("alnum", 4, None), "@", redact_from=3, before="")
         for scheme, service, doc in (
             ("postgres", "PostgreSQL", "PostgreSQL docs: Connection URIs"),
             ("postgresql", "PostgreSQL", "PostgreSQL docs: Connection URIs"),
@@ -1326,6 +392,7 @@ GENERIC = (
         )
     ),
 )
+# fmt: on
 FORMATS: tuple[Format, ...] = (
     *SOURCE_HOSTS,
     *REGISTRIES,
@@ -1352,9 +419,9 @@ def table() -> str:
         "| name | service | pattern | from |",
         "|---|---|---|---|",
     ]
-    for fmt in FORMATS:
-        pattern = fmt.regex().replace("|", "\\|").replace("`", "\\`")
-        rows.append(f"| {fmt.name} | {fmt.service} | `{pattern}` | {fmt.doc} |")
+    for row in FORMATS:
+        pattern = row.regex().replace("|", "\\|").replace("`", "\\`")
+        rows.append(f"| {row.name} | {row.service} | `{pattern}` | {row.doc} |")
     return "\n".join(rows) + "\n"
 
 
