@@ -198,15 +198,30 @@ def _occurrences(groups: dict[str, tuple[str, ...]], text: str) -> Iterator[_Spa
 
 _WRAP_ANCHOR = r"[A-Za-z0-9+/=_-]{40}\r?\n[A-Za-z0-9+/_-]{4}"
 """For Hyperscan: a line break that `_unwrapped` would take out."""
+_ONE_BREAK = 42
+"""A base64 form shorter than this crosses at most one break (a wrapped line has 40 or more
+characters), so one of its two pieces holds half of it or more."""
+
+
+def _wrap_pieces(forms: Iterable[str]) -> tuple[list[str], bool]:
+    """What a base64 form leaves at a line break when wrapped: its first half or more before
+    the break, or its last half or more after it; and whether some form is long enough to
+    cross two breaks (then only `_WRAP_ANCHOR` finds them all)."""
+    pieces: set[str] = set()
+    for form in forms:
+        for size in range((len(form) + 1) // 2, len(form)):
+            pieces |= {form[:size] + "\n", form[:size] + "\r\n", "\n" + form[-size:]}
+    return sorted(pieces), any(len(form) >= _ONE_BREAK for form in forms)
 
 
 @dataclass(frozen=True)
 class _Literals:
     """The configured secrets: `words` found as they are, `base64` also across line breaks
     (both by prefix), `patterns` (secrets with characters that encoders change) as regexes.
-    `database` finds the words and base64 forms as they are (ids in `found`'s order) and
-    where base64 may be wrapped (the last id); only then is the text unwrapped and searched
-    by prefix."""
+    `database` finds the words and base64 forms as they are (ids in `found`'s order), and
+    after them the pieces a wrapped base64 form leaves at a line break (and `_WRAP_ANCHOR`
+    when a form may cross two); only around those is the text unwrapped and searched by
+    prefix."""
 
     words: dict[str, tuple[str, ...]] = field(default_factory=dict)
     base64: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -229,7 +244,9 @@ class _Literals:
             else:
                 patterns.append(re.compile("".join(_char_pattern(c) for c in secret)))
         found = tuple(sorted(words | encoded))
-        database = compile_literals(found, (_WRAP_ANCHOR,)) if found else None
+        pieces, long_forms = _wrap_pieces(encoded - words)
+        anchors = (_WRAP_ANCHOR,) if long_forms else ()
+        database = compile_literals((*found, *pieces), anchors) if found else None
         return cls(
             _by_prefix(words),
             _by_prefix(encoded - words),
@@ -260,8 +277,8 @@ class _Literals:
 
 
 def _wrapped_regions(text: str, breaks: list[int]) -> Iterator[_Span]:
-    """The runs of lines around line breaks inside base64 (`breaks`: where Hyperscan's
-    `_WRAP_ANCHOR` matches end, 4 characters after the break), joined where they touch."""
+    """The runs of lines around line breaks inside base64 (`breaks`: where the pieces of a
+    wrapped form or `_WRAP_ANCHOR` end, after the break), joined where they touch."""
     region: _Span | None = None
     for end in sorted(breaks):
         at = text.rfind("\n", 0, end)
