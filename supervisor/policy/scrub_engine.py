@@ -3,9 +3,11 @@ match, and Python's `re` confirms each rule only on the lines it was found on (o
 few rules that span lines, over the text once).
 
 Hyperscan works on bytes. The text is given to it as ASCII with every other character (also
-a lone surrogate) as one NUL byte, so a byte offset is a character offset; no rule's anchor
-matches a NUL where the confirming regex would not take a non-ASCII character. The database
-is compiled once, on first use. Imports nothing of the scrubber but its rule modules.
+a lone surrogate) as one NUL byte, so a byte offset is a character offset and nothing is
+mapped back. Every anchor takes a NUL wherever its rule's regex takes a character that is not
+ASCII (negated classes, `\S`), and the rules' other classes are ASCII: the scan misses no
+match. The database is compiled once, on first use (~0.1 s). Imports nothing of the
+scrubber but its rule modules.
 """
 
 from __future__ import annotations
