@@ -84,7 +84,13 @@ from urllib.parse import quote
 import hyperscan
 
 from stockade.supervisor.policy.scrub_context import alternation
-from stockade.supervisor.policy.scrub_engine import as_bytes, compile_literals, format_spans, hits
+from stockade.supervisor.policy.scrub_engine import (
+    as_bytes,
+    compile_literals,
+    format_spans,
+    hits,
+    prepare,
+)
 
 __all__ = ["REDACTED", "Scrubber"]
 
@@ -350,6 +356,7 @@ class Scrubber:
             checked.append(secret)
         self._literals = _Literals.of(checked)
         self._formats = True
+        prepare()
 
     def secrets_only(self) -> Scrubber | None:
         """A scrubber for the configured secrets alone, without the formats; None when no
