@@ -63,9 +63,10 @@ Trade-offs, chosen to keep ordinary output readable:
 Speed: one Hyperscan scan of the text (scrub_engine.py) finds where any rule may match: each
 format by its literal prefix, each context rule by an anchor; Python's `re` then confirms a rule
 only on the lines where it was found (the few rules that span lines, over the text once). The
-configured secrets' forms are a second, per-scrubber Hyperscan database of literals; the text
-is unwrapped only around line breaks inside base64. 1 MiB of tool output takes ~2.2 ms with
-every format on (24 regex passes took 14 ms), 4 KiB ~0.019 ms: `python -m bench.scrub`.
+configured secrets' forms are a second, per-scrubber Hyperscan database of literals (also the
+pieces a wrapped form leaves at a line break); the text is unwrapped only around those. 1 MiB
+of tool output takes ~1.8 ms with every format on (24 regex passes took 14.7 ms), 4 KiB
+~0.014 ms: `python -m bench.scrub`.
 Configured secrets with characters that encoders change are still one `re` pass each.
 """
 

@@ -53,12 +53,8 @@ SOURCE_HOSTS = (
        run("alnum", 32, None)),
     _f("atlassian-api-token", "Atlassian", "Atlassian docs: Manage API tokens", "ATATT3",
        run("url", 50, None)),
-    _f("atlassian-admin-token", "Atlassian", "Atlassian docs: Manage API tokens", "ATCTT3",
-       run("url", 50, None)),
     _f("sourcegraph-token", "Sourcegraph", "Sourcegraph docs: Access tokens", "sgp_",
        run("hex", 40), after=_HEX_END),
-    _f("gitea-hashed-ref", "Gitea", "Gitea docs: API usage (scoped tokens)", "gta_",
-       run("alnum", 40, None)),
 )
 REGISTRIES = (
     _f("npm-token", "npm", "npm docs: About access tokens", "npm_", run("alnum", 36),
@@ -260,8 +256,6 @@ CLOUD = (
        run("url", 32, None)),
     _f("planetscale-oauth", "PlanetScale", "PlanetScale docs: OAuth applications", "pscale_oauth_",
        run("url", 32, None)),
-    _f("neon-api-key", "Neon", "Neon docs: Manage API keys", "napi_", run("lower", 64),
-       after=_ALNUM_END),
     _f("age-secret-key", "age", "age specification: X25519 identities", "AGE-SECRET-KEY-1",
        run("bech32", 58)),
     _f("onepassword-service-account", "1Password", "1Password developer docs: Service accounts",
