@@ -78,7 +78,7 @@ def test_look_alike_stays(name: str) -> None:
         "AC" + "0123456789abcdef" * 2,  # Twilio account SID: public
         "key-value store, key-" + "0" * 20,
         "access-token-refresh-flow",
-        "live_reload=true live_preview=false",
+        "live_reload=true live_preview=false live_stream_settings_for_the_production_cluster",
         "pat.rb and pat.md and pattern.py",
         "secret_sauce = compute()",
         "The quick brown fox: dt0c01 docs",
