@@ -5,7 +5,9 @@ Text is released up to its last newline: the credential formats the scrubber kno
 lines, except private key blocks (PEM, SSH2, PuTTY), which are held until their end line, and
 configured secrets in wrapped base64 (`env | base64`): with secrets configured, a last line that
 looks like base64 is held until the next, and the cut never falls inside a credential found
-across it. When the stream goes quiet, an open line is released only if it looks like a prompt
+across it. A released last line that holds 40 base64 characters is kept as context for the
+next text (Scrubber.scrub_after), so a key body's lines released apart are still seen
+together. When the stream goes quiet, an open line is released only if it looks like a prompt
 (it ends in whitespace or one of `:>?$#]`), never in the middle of a word that may be half a
 token; flush() releases the rest at the end. A line longer than MAX_HOLD is released but for a
 tail that may still start a credential, and never in the middle of one it holds."""
@@ -28,6 +30,9 @@ KEY_BLOCKS = (
 """Private key blocks over lines: how one starts, what its first 80 characters include, and
 how it ends."""
 BASE64_LINE = re.compile(r"[A-Za-z0-9+/=_-]{16,}\r?\n")
+KEY_LINE = re.compile(r"(?:^|\n)([^\n]*[A-Za-z0-9+/_-]{40}[^\n]*\n)\Z")
+"""A released last line that may be a line of a key body: kept as context for the next text,
+so that the base64 lines after it (the short last line of a key) are seen next to it."""
 
 
 class StreamScrubber:
@@ -35,6 +40,7 @@ class StreamScrubber:
         self._scrubber = scrubber
         self._parts: list[str] = []
         self._size = 0
+        self._before = ""
         self.redactions = 0
 
     def feed(self, text: str) -> str:
@@ -110,6 +116,8 @@ class StreamScrubber:
     def _scrub(self, text: str) -> str:
         if not text or self._scrubber is None:
             return text
-        cleaned, count = self._scrubber.scrub(text)
+        cleaned, count = self._scrubber.scrub_after(self._before, text)
+        last = KEY_LINE.search(text, max(len(text) - 4096, 0))
+        self._before = last[1] if last else ""
         self.redactions += count
         return cleaned

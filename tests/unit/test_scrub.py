@@ -706,3 +706,21 @@ def test_a_secret_cut_at_the_end_of_a_truncated_output(kept: int, encode: object
 def test_a_cut_that_ends_in_no_secret_changes_nothing() -> None:
     assert Scrubber([SECRET]).scrub_cut("ordinary text, cut her") == ("ordinary text, cut her", 0)
     assert Scrubber([SECRET]).scrub_cut(f"ends in three: x{SECRET[:3]}")[1] == 0
+
+
+@pytest.mark.parametrize("secret", ["k9-Zq7!x", "hunter2-Zq7-9fX-s3cr3t", "Zq7-" * 16])
+@pytest.mark.parametrize("newline", ["\n", "\r\n"], ids=["lf", "crlf"])
+@pytest.mark.parametrize("width", [40, 64, 76])
+def test_wrapped_secret_at_every_offset_and_width(secret: str, newline: str, width: int) -> None:
+    """The secret's base64 split by line breaks at every place (a short secret at one break,
+    a long one across two with short pieces at both ends) is found all the same."""
+    scrubber = Scrubber([secret])
+    for offset in range(width + 3):
+        raw = ("x" * offset + secret + "\nOTHER=value\n").encode()
+        encoded = base64.b64encode(raw).decode()
+        text = newline.join(encoded[i : i + width] for i in range(0, len(encoded), width))
+        flat = scrubber.scrub(text)[0].replace(newline, "")
+        shift = offset % 3
+        alone = base64.b64encode(b"\0" * shift + secret.encode()).decode()
+        inner = alone[(8 * shift + 5) // 6 : (8 * (shift + len(secret))) // 6]
+        assert all(inner[i : i + 8] not in flat for i in range(len(inner) - 7)), offset
