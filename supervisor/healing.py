@@ -35,6 +35,9 @@ SPAWN_FAILED: Final = "could not start the command"
 CHECKED_CODES: Final = frozenset({"EXECUTION_FAILED"})
 """Failed replies after which the supervisor reads the facts (the agent's INTERNAL errors,
 e.g. a MemoryError under a lowered address-space limit, arrive as EXECUTION_FAILED too)."""
+CROWDED: Final = "pids_crowded"
+"""Set in an exec result when more than half the pids limit is still in use after the agent's
+stray sweep: the supervisor then reads the facts (a stopped init shows first this way)."""
 PIDS_FULL: Final = 0.9
 """After a command could not start: this share of the pids limit in use means the pids are
 held by what the agent could not end (its stray sweep has just run)."""

@@ -111,6 +111,8 @@ async def exec_command(
         await strays.sweep_if_crowded()
     result = output.result(child.returncode, timed_out, time.monotonic() - started)
     result["oom_killed"] = oom_before is not None and (_oom_kills() or 0) > oom_before
+    if strays.still_crowded():
+        result["pids_crowded"] = True
     return result
 
 

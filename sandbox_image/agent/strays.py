@@ -51,6 +51,13 @@ def crowded() -> bool:
     return False
 
 
+def still_crowded() -> bool:
+    """Whether the pids limit is crowded while the sweep is on: after a sweep, what is left
+    is not the agent's to end (live commands, zombies nobody reaps, another user's processes);
+    a command's result then tells the supervisor, which looks at the sandbox's health."""
+    return _enabled and crowded()
+
+
 async def sweep_if_crowded() -> int:
     """sweep(), in a thread, when the pids limit is crowded; how many processes were killed.
     The check itself reads two small cgroup files and stays on the event loop: it runs after
