@@ -528,8 +528,8 @@ class SandboxManager:
     async def _wedged_by(self, key: str, agent: AgentConnection, reply: AgentReply) -> bool:
         """After a failed reply, or an exec result that says the pids limit stays crowded
         (the flag is taken out of the result), read the facts; mark the sandbox when they
-        show it wedged. True when the reply says the command never started and the sandbox is now marked
-        (running it again on a fresh container is safe)."""
+        show it wedged. True when the reply says the command never started and the sandbox
+        is now marked (running it again on a fresh container is safe)."""
         sandbox = self._sandboxes.get(key)
         crowded = reply.result is not None and bool(reply.result.pop(healing.CROWDED, False))
         if not (crowded or reply.error_code in healing.CHECKED_CODES) or sandbox is None:

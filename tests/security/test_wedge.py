@@ -57,8 +57,7 @@ PTRACE = (
 )
 """Shell: PTRACE_ATTACH to the pid given, then exit at once (the tracee stays stopped)."""
 ORPHANS = (
-    "i=0; while [ $i -lt 300 ]; do (sleep 0 &) 2>/dev/null; i=$((i+1)); done; "
-    "echo orphans made; "
+    "i=0; while [ $i -lt 300 ]; do (sleep 0 &) 2>/dev/null; i=$((i+1)); done; echo orphans made; "
 )
 """Shell: 300 orphans, reparented to init: zombies for good when init reaps no more."""
 HOLD_ZOMBIES = (
@@ -100,7 +99,7 @@ ROUTES = {
     # memory
     "memory_bomb": "python3 -c 'b = b\"x\" * (1 << 30)'",
     "detached_memory_hogs": (
-        "for i in 1 2 3; do setsid python3 -c 'b = b\"x\" * (100 << 20); import time; "
+        'for i in 1 2 3; do setsid python3 -c \'b = b"x" * (100 << 20); import time; '
         "time.sleep(600)' & done; sleep 5"
     ),
     # disk and inodes
@@ -125,7 +124,9 @@ ROUTES = {
         " echo 1 > /sys/fs/cgroup/pids.max; echo 1 > /sys/fs/cgroup/memory.max; echo tried"
     ),
 }
-RECOVERY = "chmod 755 /workspace /tmp 2>/dev/null; rm -rf fill many /tmp/fill /tmp/many; cat keep.txt"
+RECOVERY = (
+    "chmod 755 /workspace /tmp 2>/dev/null; rm -rf fill many /tmp/fill /tmp/many; cat keep.txt"
+)
 """The next call: what a user whose code did the attack would run (each undoes only what the
 sandbox user may undo) and the check that the workspace is intact."""
 
@@ -154,7 +155,8 @@ def assert_serves(box: Sandbox, before: SandboxInfo, command: str = "cat keep.tx
     assert info.state == "RUNNING"
     if info.container_id != before.container_id:
         assert info.heals == before.heals + 1, "the container changed without a heal"
-        assert info.last_heal_reason and info.last_healed_at is not None
+        assert info.last_heal_reason
+        assert info.last_healed_at is not None
     return info
 
 
@@ -163,7 +165,8 @@ def test_attack_from_inside_never_wedges_for_good(client: Stockade, key: str, ro
     box, before = prepared(client, key)
     attack = box.exec(ROUTES[route], timeout=30)
     if attack.exit_code is not None and "$agent" in ROUTES[route]:
-        assert "agent=" in attack.stdout and "agent=\n" not in attack.stdout, attack.stdout
+        assert "agent=" in attack.stdout, attack.stdout
+        assert "agent=\n" not in attack.stdout, "the agent's pid was not found"
     assert_serves(box, before, RECOVERY)
     assert box.exec("echo again", timeout=60).stdout == "again\n"
 
@@ -178,7 +181,8 @@ def host_pids(engine: str, container_id: str) -> tuple[int, int]:
         info = be.inspect(container_id)
     finally:
         be.close()
-    assert info is not None and info.pid
+    assert info is not None
+    assert info.pid
     children = Path(f"/proc/{info.pid}/task/{info.pid}/children").read_text().split()
     assert len(children) == 1, f"init has children {children}"
     return info.pid, int(children[0])
@@ -245,7 +249,8 @@ def test_a_call_to_an_agent_stopped_from_the_host_ends_and_the_next_heals(
     os.kill(agent, signal.SIGSTOP)
     began = time.monotonic()
     stuck = box.exec("echo never", timeout=2)
-    assert stuck.is_error and "did not answer" in stuck.for_llm, stuck.for_llm
+    assert stuck.is_error
+    assert "did not answer" in stuck.for_llm, stuck.for_llm
     assert time.monotonic() - began < 60
     after = assert_serves(box, before)
     assert after.last_heal_reason.startswith("agent_unresponsive:")
@@ -258,7 +263,8 @@ def test_pids_held_by_processes_the_agent_cannot_end_heal_the_same_call(
     sweep cannot end them, no command can start; the call runs again on a new container."""
     box, before = prepared(client, key)
     fill = "i=0; while [ $i -lt 300 ]; do sleep 600 & i=$((i+1)); done 2>/dev/null"
-    done = engine_cli(supervisor.engine, "exec", "-d", "-u", "0", before.container_id, "sh", "-c", fill)
+    ctr = before.container_id
+    done = engine_cli(supervisor.engine, "exec", "-d", "-u", "0", ctr, "sh", "-c", fill)
     assert done.returncode == 0, done.stderr
     time.sleep(3)
     after = assert_serves(box, before)
