@@ -41,6 +41,7 @@ stray sweep: the supervisor then reads the facts (a stopped init shows first thi
 PIDS_FULL: Final = 0.9
 """After a command could not start: this share of the pids limit in use means the pids are
 held by what the agent could not end (its stray sweep has just run)."""
+OUT_OF_FILES: Final = frozenset({"EMFILE", "ENFILE"})
 RUNNING_STATES: Final = frozenset({"R", "S", "D", "I"})
 """Process states of an init that still works (running, sleeping, in I/O, idle)."""
 
@@ -109,6 +110,7 @@ def diagnose(
     (only then is a full pids cgroup a wedge: a workload may well use most of its pids)."""
     return (
         _init_trouble(facts.get(INIT_STAT))
+        or _descriptors_trouble(facts)
         or _limits_trouble(facts.get(AGENT_LIMITS), expected)
         or (_pids_trouble(facts) if spawn_failure else None)
     )
@@ -126,6 +128,17 @@ def _init_trouble(stat: bytes | str | None) -> Trouble | None:
         f"the container's init (PID 1) is in state {state!r}, not running: orphans are no "
         "longer reaped and their zombies fill the pids limit",
     )
+
+
+def _descriptors_trouble(facts: Mapping[str, bytes | str]) -> Trouble | None:
+    """The agent could not open the files it was asked for: out of descriptors (its limit
+    lowered under the count it holds: the limits file itself then cannot be read)."""
+    if any(facts.get(path) in OUT_OF_FILES for path in FACT_FILES):
+        return Trouble(
+            AGENT_LIMITED,
+            "the agent cannot open a file (out of file descriptors: its limit was lowered)",
+        )
+    return None
 
 
 def _limits_trouble(text: bytes | str | None, expected: Expected) -> Trouble | None:

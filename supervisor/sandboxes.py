@@ -95,7 +95,6 @@ SILENCE_S = 5.0
 """How long an agent whose container runs may leave Hello unanswered before the sandbox is
 taken for wedged (probes of PROBE_S each, one after another)."""
 PROBE_S = 1.0
-_SILENT = f"the sandbox's agent did not answer for {SILENCE_S:g} s while its container runs"
 FACTS_TIMEOUT_S = 5.0
 
 POOL_CLOSE_S = 30.0
@@ -186,12 +185,14 @@ class SandboxManager:
         host_mounts: bool = True,
         record_event: Recorder | None = None,
         lock: owner.InstanceLock | None = None,
+        silence_s: float = SILENCE_S,
     ) -> None:
         """host_mounts: whether a mount the supervisor makes reaches the engine (not from
         the supervisor's own container). `lock`: this instance's lock on the state directory,
         when the caller took it already (before starting an engine service); else it is
-        taken here."""
+        taken here. `silence_s`: how long a silent agent is waited for (healing)."""
         self._config = config
+        self._silence_s = silence_s
         self._backend = backend
         self._instance_id = instance_id
         self._image = image
@@ -468,7 +469,7 @@ class SandboxManager:
         except AgentCallFailed as exc:
             deadline = exc.code.name == "DEADLINE_EXCEEDED"
             if deadline and await self._unresponsive(sandbox):
-                self._mark_broken(sandbox, _SILENT, healing.AGENT_UNRESPONSIVE)
+                self._mark_broken(sandbox, _silent(self._silence_s), healing.AGENT_UNRESPONSIVE)
             if deadline and deadline_breaks:
                 why = "the sandbox's agent did not end the command by its timeout and grace"
                 self._mark_broken(sandbox, why)
@@ -507,9 +508,9 @@ class SandboxManager:
         self._record(key, "heal", str(trouble))
 
     async def _unresponsive(self, sandbox: _Sandbox) -> bool:
-        """Whether the agent leaves Hello unanswered for SILENCE_S while the engine says its
+        """Whether the agent leaves Hello unanswered for silence_s while the engine says its
         container runs (a dead container is no wedge: the call's own path reports it)."""
-        deadline = time.monotonic() + SILENCE_S
+        deadline = time.monotonic() + self._silence_s
         while time.monotonic() < deadline:
             if await sandbox.agent.answers(PROBE_S):
                 return False
@@ -550,7 +551,9 @@ class SandboxManager:
         if not _usable(sandbox):
             return
         if not await sandbox.agent.answers(PROBE_S) and await self._unresponsive(sandbox):
-            self._mark_wedged(sandbox, healing.Trouble(healing.AGENT_UNRESPONSIVE, _SILENT))
+            self._mark_wedged(
+                sandbox, healing.Trouble(healing.AGENT_UNRESPONSIVE, _silent(self._silence_s))
+            )
             await sandbox.agent.close()
             return
         trouble = await self._health(sandbox, spawn_failure=False)
@@ -658,7 +661,7 @@ class SandboxManager:
                 break
             delay = min(delay * 2 or 0.05, 1.0)
         if not answered:
-            self._mark_broken(sandbox, _SILENT, healing.AGENT_UNRESPONSIVE)
+            self._mark_broken(sandbox, _silent(DEATH_NOTICE_S), healing.AGENT_UNRESPONSIVE)
         if exc.code.name in ("DEADLINE_EXCEEDED", "CANCELLED"):
             raise SandboxBroken(f"the sandbox's agent failed: {exc}") from exc
         self._mark_broken(sandbox, f"the sandbox's agent failed: {exc}")
@@ -1321,6 +1324,10 @@ def _state(sandbox: _Sandbox) -> SandboxState:
     if sandbox.lost:
         return SandboxState.EXITED
     return SandboxState.BROKEN if sandbox.broken else SandboxState.RUNNING
+
+
+def _silent(seconds: float) -> str:
+    return f"the sandbox's agent did not answer for {seconds:g} s while its container runs"
 
 
 def _death_note(info: ContainerInfo | None) -> str:
