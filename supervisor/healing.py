@@ -104,15 +104,16 @@ def spawn_failed(code: str, message: str) -> bool:
 
 
 def diagnose(
-    facts: Mapping[str, bytes | str], expected: Expected, *, spawn_failure: bool
+    facts: Mapping[str, bytes | str], expected: Expected, *, after_sweep: bool
 ) -> Trouble | None:
-    """The trouble the facts show, or None. `spawn_failure`: a command just could not start
-    (only then is a full pids cgroup a wedge: a workload may well use most of its pids)."""
+    """The trouble the facts show, or None. `after_sweep`: the agent has just swept strays
+    (a command could not start, or the pids limit stayed crowded after one ended); only then
+    is a nearly full pids cgroup a wedge: what holds the pids is nothing the agent can end."""
     return (
         _init_trouble(facts.get(INIT_STAT))
         or _descriptors_trouble(facts)
         or _limits_trouble(facts.get(AGENT_LIMITS), expected)
-        or (_pids_trouble(facts) if spawn_failure else None)
+        or (_pids_trouble(facts) if after_sweep else None)
     )
 
 

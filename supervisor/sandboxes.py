@@ -517,14 +517,14 @@ class SandboxManager:
         info = await asyncio.to_thread(self._backend.inspect, sandbox.info.id)
         return info is not None and info.running
 
-    async def _health(self, sandbox: _Sandbox, *, spawn_failure: bool) -> healing.Trouble | None:
+    async def _health(self, sandbox: _Sandbox, *, after_sweep: bool) -> healing.Trouble | None:
         """What the agent's facts show (healing.diagnose); None when it cannot tell them."""
         try:
             facts = await sandbox.agent.inspect(list(healing.FACT_FILES), [], "", FACTS_TIMEOUT_S)
         except (StockadeError, AgentCallFailed) as exc:
             log.info("sandbox %r: no health facts: %s", shown(sandbox.key), exc)
             return None
-        return healing.diagnose(facts.files, self._expected, spawn_failure=spawn_failure)
+        return healing.diagnose(facts.files, self._expected, after_sweep=after_sweep)
 
     async def _wedged_by(self, key: str, agent: AgentConnection, reply: AgentReply) -> bool:
         """After a failed reply, or an exec result that says the pids limit stays crowded
@@ -538,7 +538,7 @@ class SandboxManager:
         if sandbox.agent is not agent or not _usable(sandbox):
             return False
         spawn_failure = healing.spawn_failed(reply.error_code, reply.error_message)
-        trouble = await self._health(sandbox, spawn_failure=spawn_failure)
+        trouble = await self._health(sandbox, after_sweep=crowded or spawn_failure)
         if trouble is None:
             return False
         self._mark_wedged(sandbox, trouble)
@@ -556,7 +556,7 @@ class SandboxManager:
             )
             await sandbox.agent.close()
             return
-        trouble = await self._health(sandbox, spawn_failure=False)
+        trouble = await self._health(sandbox, after_sweep=False)
         if trouble is not None and _usable(sandbox):
             self._mark_wedged(sandbox, trouble)
 

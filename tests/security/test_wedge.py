@@ -111,7 +111,10 @@ ROUTES = {
     "exhaust_own_fds": "python3 -c 'fs = [open(\"/dev/null\") for _ in range(100000)]'",
     "chmod_000_workspace": "chmod 000 /workspace; chmod 000 /tmp; ls /workspace",
     "chown_workspace": "chown 0:0 /workspace /workspace/keep.txt; chmod 000 keep.txt",
-    "remove_workspace_root": "cd /; rm -rf /workspace; mv /workspace /tmp/w; rmdir /workspace",
+    "remove_workspace_root": (
+        "cd /; rmdir /workspace; mv /workspace /tmp/w; rm -f /workspace; "
+        "ln -s /tmp /workspace; ls -ld /workspace"
+    ),
     "hold_workspace_busy": (
         "setsid sh -c 'cd /workspace && exec sleep 600' < keep.txt > /dev/null 2>&1 & "
         "setsid flock keep.txt sleep 600 > /dev/null 2>&1 & sleep 1"
@@ -125,7 +128,8 @@ ROUTES = {
     ),
 }
 RECOVERY = (
-    "chmod 755 /workspace /tmp 2>/dev/null; rm -rf fill many /tmp/fill /tmp/many; cat keep.txt"
+    "chmod 755 /workspace /tmp 2>/dev/null; chmod 644 keep.txt 2>/dev/null; "
+    "rm -rf fill many /tmp/fill /tmp/many; cat keep.txt"
 )
 """The next call: what a user whose code did the attack would run (each undoes only what the
 sandbox user may undo) and the check that the workspace is intact."""
@@ -197,8 +201,12 @@ def wait_broken(client: Stockade, key: str) -> SandboxInfo:
     return info
 
 
-def host_state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+def wait_state(pid: int, state: str) -> None:
+    """Until the host's /proc shows the process in `state` (a signal is delivered later)."""
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != state:
+        assert time.monotonic() < deadline, f"pid {pid} never reached state {state}"
+        time.sleep(0.05)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="signals a container's processes from the host")
@@ -206,7 +214,7 @@ def test_init_stopped_from_the_host_is_healed(client: Stockade, key: str) -> Non
     box, before = prepared(client, key)
     init, _agent = host_pids(client_engine(client, key), before.container_id)
     os.kill(init, signal.SIGSTOP)
-    assert host_state(init) == "T"
+    wait_state(init, "T")
     broken = wait_broken(client, key)
     assert broken.trouble.startswith("init_stopped:"), broken.trouble
     after = assert_serves(box, before)
@@ -262,7 +270,7 @@ def test_pids_held_by_processes_the_agent_cannot_end_heal_the_same_call(
     """Root's processes (put there by the engine's exec) fill the pids cgroup: the agent's
     sweep cannot end them, no command can start; the call runs again on a new container."""
     box, before = prepared(client, key)
-    fill = "i=0; while [ $i -lt 300 ]; do sleep 600 & i=$((i+1)); done 2>/dev/null"
+    fill = "i=0; while [ $i -lt 300 ]; do sleep 600 & i=$((i+1)); done 2>/dev/null; exec sleep 600"
     ctr = before.container_id
     done = engine_cli(supervisor.engine, "exec", "-d", "-u", "0", ctr, "sh", "-c", fill)
     assert done.returncode == 0, done.stderr

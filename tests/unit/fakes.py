@@ -169,7 +169,10 @@ class FakeAgent:
             raise AgentCallFailed(grpc.StatusCode.UNAVAILABLE, "socket closed")
         if arguments.get("break"):
             raise AgentCallFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, "reply too large")
-        return AgentReply("", "", {"exit_code": 0, "stdout": tool, "stderr": ""})
+        result = {"exit_code": 0, "stdout": tool, "stderr": ""}
+        if arguments.get("crowded"):
+            result["pids_crowded"] = True
+        return AgentReply("", "", result)
 
     async def close(self) -> None:
         self.ready = False

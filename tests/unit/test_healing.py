@@ -64,15 +64,15 @@ def kind(found: healing.Trouble | None) -> str:
     ],
 )  # fmt: skip
 def test_diagnose(given: dict[str, bytes | str], spawn_failure: bool, wanted: str) -> None:
-    assert kind(healing.diagnose(given, EXPECTED, spawn_failure=spawn_failure)) == wanted
+    assert kind(healing.diagnose(given, EXPECTED, after_sweep=spawn_failure)) == wanted
 
 
 def test_a_capped_file_size_is_no_lowering_at_its_cap() -> None:
     capped = LIMITS.replace(b"Max file size             unlimited", b"Max file size    8388608")
     expected = healing.Expected(1024, 16384, 8 * 1024 * 1024)
-    assert healing.diagnose(facts(limits=capped), expected, spawn_failure=False) is None
+    assert healing.diagnose(facts(limits=capped), expected, after_sweep=False) is None
     lower = healing.Expected(1024, 16384, 16 * 1024 * 1024)
-    assert kind(healing.diagnose(facts(limits=capped), lower, spawn_failure=False))
+    assert kind(healing.diagnose(facts(limits=capped), lower, after_sweep=False))
 
 
 def test_only_a_command_that_never_started_is_a_spawn_failure() -> None:
@@ -133,6 +133,19 @@ async def test_a_failure_the_facts_do_not_explain_changes_nothing(
     assert reply.result is not None
     assert (await mgr.get("k")).state.value == "RUNNING"
     assert backend.runs == 1
+
+
+async def test_pids_crowded_after_a_command_by_what_the_agent_cannot_end_mark_the_sandbox(
+    tmp_path: Path, backend: FakeBackend
+) -> None:
+    mgr = manager(tmp_path, backend, [])
+    backend.agent_facts = HEALTHY  # 120 of 128 pids
+    reply = await mgr.invoke("k", "exec", {"crowded": True}, 5, "r0")
+    assert reply.result is not None
+    assert "pids_crowded" not in reply.result, "the flag is the supervisor's, not the caller's"
+    assert reply.result["exit_code"] == 0, "a command that ran is never run again"
+    assert backend.runs == 1
+    assert (await mgr.get("k")).trouble.startswith("pids_exhausted:")
 
 
 async def test_get_probes_and_reports_a_stopped_init(tmp_path: Path, backend: FakeBackend) -> None:
