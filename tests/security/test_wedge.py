@@ -171,8 +171,10 @@ def test_attack_from_inside_never_wedges_for_good(client: Stockade, key: str, ro
     if attack.exit_code is not None and "$agent" in ROUTES[route]:
         assert "agent=" in attack.stdout, attack.stdout
         assert "agent=\n" not in attack.stdout, "the agent's pid was not found"
-    assert_serves(box, before, RECOVERY)
+    after = assert_serves(box, before, RECOVERY)
     assert box.exec("echo again", timeout=60).stdout == "again\n"
+    healed = after.container_id != before.container_id
+    print(f"outcome {route}: {'healed: ' + after.last_heal_reason if healed else 'never wedged'}")
 
 
 # Faults injected from the host, as root: what the supervisor must notice and heal.
