@@ -95,6 +95,7 @@ class Expected:
             "Max file size": self.fsize,
             "Max address space": None,
             "Max data size": None,
+            "Max cpu time": None,
         }
 
 

@@ -151,14 +151,20 @@ def prepared(client: Stockade, key: str) -> tuple[Sandbox, SandboxInfo]:
 
 def assert_serves(box: Sandbox, before: SandboxInfo, command: str = "cat keep.txt") -> SandboxInfo:
     """The next call succeeds with the workspace intact; a new container means a recorded
-    heal (no one else re-created it: the tests never destroy a sandbox)."""
+    heal (no one else re-created it: the tests never destroy a sandbox). A wedge that no call
+    met yet but GetSandbox's probe finds (the agent's CPU limit lowered) shows as BROKEN with
+    its reason, and the call after heals it."""
     result = box.exec(command, timeout=60)
     assert result.exit_code == 0, f"{result.error_code} {result.for_llm} {result.data}"
     assert result.stdout.endswith(PRECIOUS)
     info = box.info()
-    assert info.state == "RUNNING"
+    if info.state == "BROKEN":  # GetSandbox's probe found a wedge the call did not meet yet
+        assert info.trouble, "BROKEN without a reason"
+        assert box.exec("cat keep.txt", timeout=60).stdout == PRECIOUS
+        info = box.info()
+    assert info.state == "RUNNING", info
     if info.container_id != before.container_id:
-        assert info.heals == before.heals + 1, "the container changed without a heal"
+        assert info.heals > before.heals, "the container changed without a heal"
         assert info.last_heal_reason
         assert info.last_healed_at is not None
     return info
