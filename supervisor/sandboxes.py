@@ -458,7 +458,8 @@ class SandboxManager:
         """The key's agent (its sandbox made ready), with a failed call turned into
         SandboxLost, AgentMisbehaved (the sandbox marked broken) or SandboxBroken; a passed
         deadline is the caller's to report unless pass_deadline is off, or a fault of the
-        agent with deadline_breaks (exec: the agent enforces the command's timeout itself)."""
+        agent with deadline_breaks (exec: the agent enforces the command's timeout itself).
+        Any passed deadline on an agent that then stays silent (healing) marks it broken."""
         sandbox = await self.ensure(key)
         sandbox.last_used_at = datetime.now(UTC)
         sandbox.in_flight += 1  # no await since ensure returned: housekeeping cannot slip in
@@ -468,11 +469,11 @@ class SandboxManager:
             self._mark_broken(sandbox, str(exc))
         except AgentCallFailed as exc:
             deadline = exc.code.name == "DEADLINE_EXCEEDED"
+            if deadline and deadline_breaks:  # a fault whatever it answers now: not asked
+                why = "the sandbox's agent did not end the command by its timeout and grace"
+                self._mark_broken(sandbox, why, healing.AGENT_UNRESPONSIVE)
             if deadline and await self._unresponsive(sandbox):
                 self._mark_broken(sandbox, _silent(self._silence_s), healing.AGENT_UNRESPONSIVE)
-            if deadline and deadline_breaks:
-                why = "the sandbox's agent did not end the command by its timeout and grace"
-                self._mark_broken(sandbox, why)
             if deadline and pass_deadline:
                 raise
             await self._diagnose(sandbox, exc)
