@@ -108,10 +108,10 @@ async def exec_command(
         await _within(output.exited, REAP_TIMEOUT)
         child.close()
         strays.LIVE.discard(child.pid)
-        await strays.sweep_if_crowded()
+        crowded = await strays.sweep_if_crowded()
     result = output.result(child.returncode, timed_out, time.monotonic() - started)
     result["oom_killed"] = oom_before is not None and (_oom_kills() or 0) > oom_before
-    if strays.still_crowded():
+    if crowded:
         result["pids_crowded"] = True
     return result
 
