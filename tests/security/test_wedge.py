@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from stockade.client import Sandbox, SandboxInfo, Stockade
+from stockade.client import Sandbox, SandboxInfo, Stockade, ToolResult
 from tests.integration.harness import (
     NO_RATE_LIMIT,
     Supervisor,
@@ -271,26 +271,59 @@ def test_a_call_to_an_agent_stopped_from_the_host_ends_and_the_next_heals(
     assert after.last_heal_reason.startswith("agent_unresponsive:")
 
 
-def test_pids_held_by_processes_the_agent_cannot_end_heal_the_same_call(
+FILL_PIDS_AS_ROOT = "while :; do sleep 600 & done 2>/dev/null"
+"""Root's shell (the engine's exec) takes every pid, and each one freed at once: bounded by
+the sandbox's CPU and pids limits, ended with its container by the heal."""
+
+
+def test_pids_held_by_processes_the_agent_cannot_end_are_healed(
     supervisor: Supervisor, client: Stockade, key: str
 ) -> None:
-    """Root's processes (put there by the engine's exec) fill the pids cgroup: the agent's
-    sweep cannot end them, no command can start; the call runs again on a new container (or,
-    when the shell started but could not fork, that call fails and the sandbox is marked)."""
+    """Root's processes fill the pids cgroup: the agent's sweep cannot end them. A command
+    that cannot start runs again on a new container; one whose shell got a freed pid but
+    could not fork fails, and the sandbox is marked for the next call."""
     box, before = prepared(client, key)
-    fill = "i=0; while [ $i -lt 300 ]; do sleep 600 & i=$((i+1)); done 2>/dev/null; exec sleep 600"
-    ctr = before.container_id
-    done = engine_cli(supervisor.engine, "exec", "-d", "-u", "0", ctr, "sh", "-c", fill)
+    fill = ("exec", "-d", "-u", "0", before.container_id, "sh", "-c", FILL_PIDS_AS_ROOT)
+    done = engine_cli(supervisor.engine, *fill)
     assert done.returncode == 0, done.stderr
     time.sleep(3)
     first = box.exec("cat keep.txt", timeout=60)
-    if first.exit_code != 0:  # `sh` got the one pid the agent's threads left, then could not fork
+    if first.exit_code != 0:
         assert "Cannot fork" in first.stderr, first.for_llm
         marked = client.get_sandbox(key)
         assert marked.trouble.startswith("pids_exhausted:"), marked
     after = assert_serves(box, before)
     assert after.container_id != before.container_id
     assert after.last_heal_reason.startswith("pids_exhausted:"), after.last_heal_reason
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_call_that_cannot_start_runs_again_on_the_new_container(
+    supervisor: Supervisor, client: Stockade, key: str, streamed: bool
+) -> None:
+    """The agent's open-files limit lowered by the engine's exec as the agent's own user
+    (whatever uid that is): no pipe for a command, so it never starts; the same call,
+    streamed or not, runs on the re-created container."""
+    box, before = prepared(client, key)
+    _init, agent = host_pids(supervisor.engine, before.container_id)
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{agent}/status").read_text().splitlines()
+    )
+    inside, uid = status["NSpid"].split()[-1], status["Uid"].split()[0]
+    lower = ("prlimit", "--pid", inside, "--nofile=4:4")
+    done = engine_cli(supervisor.engine, "exec", "-u", uid, before.container_id, *lower)
+    assert done.returncode == 0, done.stderr
+    arguments = {"command": "cat keep.txt", "timeout": 60}
+    if streamed:
+        result = list(client.call_stream(key, "exec", arguments))[-1]
+    else:
+        result = client.call(key, "exec", arguments)
+    assert isinstance(result, ToolResult)
+    assert result.exit_code == 0, result.for_llm
+    assert result.stdout == PRECIOUS
+    info = box.info()
+    assert info.container_id != before.container_id
+    assert info.last_heal_reason.startswith("agent_limits_lowered:"), info.last_heal_reason
 
 
 def test_heals_are_audited_and_counted(supervisor: Supervisor, client: Stockade, key: str) -> None:
