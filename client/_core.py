@@ -303,6 +303,13 @@ class SandboxInfo:
     """none, egress or open."""
     network_allow: tuple[str, ...] = ()
     """egress: the domain patterns the sandbox may reach."""
+    trouble: str = ""
+    """BROKEN: why it cannot serve calls ("kind: detail"); the next call re-creates it."""
+    heals: int = 0
+    """Times its container was re-created because it could not serve calls."""
+    last_heal_reason: str = ""
+    """The last such re-creation's "kind: detail"."""
+    last_healed_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -466,6 +473,10 @@ def sandbox_from_pb(msg: Any) -> SandboxInfo:
         workspace_path=msg.workspace_path,
         network_mode=msg.network_mode,
         network_allow=tuple(msg.network_allow),
+        trouble=msg.trouble,
+        heals=msg.heals,
+        last_heal_reason=msg.last_heal_reason,
+        last_healed_at=_time(msg, "last_healed_at"),
     )
 
 

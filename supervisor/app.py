@@ -210,6 +210,7 @@ def start_telemetry(config: Config, manager: SandboxManager, policy: HostPolicy)
             manager.state_counts,
             lambda: (manager.starts, manager.start_failures),
             lambda: len(approvals.pending()),
+            lambda: manager.heal_counts,
         )
         try:
             found.metrics_port = metrics.serve(obs.metrics_listen)

@@ -416,6 +416,11 @@ def _ls(ns: argparse.Namespace) -> int:
     for s in sandboxes:
         cid = s.container_id[:12]
         print(f"{printable(s.key):<24} {s.state:<8} {s.engine:<7} {cid:<14} {s.workspace_path}")
+        if s.trouble:
+            print(f"  broken: {printable(s.trouble)}")
+        if s.heals and s.last_healed_at is not None:
+            when = s.last_healed_at.isoformat(timespec="seconds")
+            print(f"  healed {s.heals}x, last at {when}: {printable(s.last_heal_reason)}")
     return 0
 
 

@@ -79,10 +79,12 @@ class Metrics:
         sandboxes: Callable[[], Mapping[str, int]],
         starts: Callable[[], tuple[int, int]],
         approvals_pending: Callable[[], int],
+        heals: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
-        """Series read at scrape time: sandboxes by state, container (starts, failures) and
-        approvals waiting for a decision."""
-        self.registry.register(_StateCollector(sandboxes, starts, approvals_pending))
+        """Series read at scrape time: sandboxes by state, container (starts, failures),
+        approvals waiting for a decision and heals (containers re-created because they could
+        not serve) by kind."""
+        self.registry.register(_StateCollector(sandboxes, starts, approvals_pending, heals))
 
     def serve(self, listen: str) -> int:
         """Serve /metrics on host:port (port 0: any free one); the port."""
@@ -109,10 +111,12 @@ class _StateCollector(Collector):
         sandboxes: Callable[[], Mapping[str, int]],
         starts: Callable[[], tuple[int, int]],
         approvals_pending: Callable[[], int],
+        heals: Callable[[], Mapping[str, int]],
     ) -> None:
         self._sandboxes = sandboxes
         self._starts = starts
         self._pending = approvals_pending
+        self._heals = heals
 
     def collect(self) -> Iterable[Metric]:
         by_state = GaugeMetricFamily(
@@ -130,6 +134,16 @@ class _StateCollector(Collector):
             "Sandbox containers that failed to start (engine error or no agent answer).",
             value=failed,
         )
+        heals = CounterMetricFamily(
+            "stockade_sandbox_heals",
+            "Sandbox containers re-created (workspace kept) because they could not serve "
+            "calls, by kind (init_stopped, pids_exhausted, agent_limits_lowered, "
+            "agent_unresponsive, agent_misbehaved, container_exited).",
+            labels=["kind"],
+        )
+        for kind, count in sorted(self._heals().items()):
+            heals.add_metric([kind], count)
+        yield heals
         yield GaugeMetricFamily(
             "stockade_approvals_pending",
             "Commands waiting for a human decision.",

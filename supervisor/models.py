@@ -82,6 +82,12 @@ class SandboxInfo:
     workspace_path: str
     network_mode: str = ""
     network_allow: tuple[str, ...] = ()
+    trouble: str = ""
+    """BROKEN: why it cannot serve calls (kind: detail); the next call re-creates it."""
+    heals: int = 0
+    """Times its container was re-created because it could not serve (since the start)."""
+    last_heal_reason: str = ""
+    last_healed_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,7 @@ def _exec(data: dict[str, Any], limits: ReplyLimits) -> None:
         _count(data, f"{stream}_bytes")
         _flags(data, f"{stream}_truncated")
     _exit(data)
-    _flags(data, "timed_out", "oom_killed")
+    _flags(data, "timed_out", "oom_killed", "pids_crowded")
     _count(data, "duration_ms")
 
 

@@ -19,7 +19,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
-from stockade.supervisor import hostfs, isolation, owner, pressure, seccomp, userns, workspaces
+from stockade.supervisor import (
+    healing,
+    hostfs,
+    isolation,
+    owner,
+    pressure,
+    seccomp,
+    userns,
+    workspaces,
+)
 from stockade.supervisor.agent_client import (
     AgentCallFailed,
     AgentConnection,
@@ -92,6 +101,12 @@ POOL_ID = "pool-id"
 """In a sandbox's folder that began as a warm-pool container: that container's pool id (its
 labels carry no key, so adoption after a restart finds the key here)."""
 
+SILENCE_S = 5.0
+"""How long an agent whose container runs may leave Hello unanswered before the sandbox is
+taken for wedged (probes of PROBE_S each, one after another)."""
+PROBE_S = 1.0
+FACTS_TIMEOUT_S = 5.0
+
 POOL_CLOSE_S = 30.0
 """At close, how long a pool container being made may take beyond start_timeout_s."""
 POOL_PROBE_S = 2.0
@@ -127,7 +142,10 @@ class _Sandbox:
     """When the container was made (wall clock: an adopted container's age counts too)."""
     lost: bool = False
     broken: bool = False
-    """The agent misbehaved: nothing more is asked of it; the next call recreates the sandbox."""
+    """The agent misbehaved or the sandbox is wedged: nothing more is asked of it; the next
+    call recreates the sandbox."""
+    trouble: healing.Trouble | None = None
+    """Why it is broken (healing.py)."""
 
 
 @dataclass(frozen=True)
@@ -177,12 +195,14 @@ class SandboxManager:
         host_mounts: bool = True,
         record_event: Recorder | None = None,
         lock: owner.InstanceLock | None = None,
+        silence_s: float = SILENCE_S,
     ) -> None:
         """host_mounts: whether a mount the supervisor makes reaches the engine (not from
         the supervisor's own container). `lock`: this instance's lock on the state directory,
         when the caller took it already (before starting an engine service); else it is
-        taken here."""
+        taken here. `silence_s`: how long a silent agent is waited for (healing)."""
         self._config = config
+        self._silence_s = silence_s
         self._backend = backend
         self._instance_id = instance_id
         self._image = image
@@ -214,6 +234,12 @@ class SandboxManager:
         """Containers started (and answered by their agent) since this supervisor started."""
         self.start_failures = 0
         """Container starts that failed: the engine refused, or the agent never answered."""
+        self.heal_counts = dict.fromkeys(healing.KINDS, 0)
+        """Containers re-created because they could not serve, by healing kind."""
+        self._heals: dict[str, healing.Heal] = {}
+        sb = config.sandbox
+        fsize = sb.max_file_size_mb * 1024 * 1024 or None
+        self._expected = healing.Expected(sb.nofile, sb.nproc, fsize)
 
     def state_counts(self) -> dict[str, int]:
         """How many sandboxes held now are in each state (RUNNING, BROKEN, EXITED), every
@@ -445,7 +471,8 @@ class SandboxManager:
         """The key's agent (its sandbox made ready), with a failed call turned into
         SandboxLost, AgentMisbehaved (the sandbox marked broken) or SandboxBroken; a passed
         deadline is the caller's to report unless pass_deadline is off, or a fault of the
-        agent with deadline_breaks (exec: the agent enforces the command's timeout itself)."""
+        agent with deadline_breaks (exec: the agent enforces the command's timeout itself).
+        Any passed deadline on an agent that then stays silent (healing) marks it broken."""
         sandbox = await self.ensure(key)
         sandbox.last_used_at = datetime.now(UTC)
         sandbox.in_flight += 1  # no await since ensure returned: housekeeping cannot slip in
@@ -455,9 +482,11 @@ class SandboxManager:
             self._mark_broken(sandbox, str(exc))
         except AgentCallFailed as exc:
             deadline = exc.code.name == "DEADLINE_EXCEEDED"
-            if deadline and deadline_breaks:
+            if deadline and deadline_breaks:  # a fault whatever it answers now: not asked
                 why = "the sandbox's agent did not end the command by its timeout and grace"
-                self._mark_broken(sandbox, why)
+                self._mark_broken(sandbox, why, healing.AGENT_UNRESPONSIVE)
+            if deadline and await self._unresponsive(sandbox):
+                self._mark_broken(sandbox, _silent(self._silence_s), healing.AGENT_UNRESPONSIVE)
             if deadline and pass_deadline:
                 raise
             await self._diagnose(sandbox, exc)
@@ -465,25 +494,116 @@ class SandboxManager:
             sandbox.in_flight -= 1
             sandbox.idle_since = time.monotonic()
 
-    def _mark_broken(self, sandbox: _Sandbox, why: str) -> NoReturn:
-        sandbox.broken = True
+    def _mark_broken(
+        self, sandbox: _Sandbox, why: str, kind: str = healing.AGENT_MISBEHAVED
+    ) -> NoReturn:
+        self._mark_wedged(sandbox, healing.Trouble(kind, why))
         raise AgentMisbehaved(
             f"{why}; the sandbox is marked broken and the next call recreates it "
             "(the workspace is kept)"
         )
 
+    def _mark_wedged(self, sandbox: _Sandbox, trouble: healing.Trouble) -> None:
+        """The next call re-creates the sandbox (the workspace is kept) and records a heal."""
+        if not sandbox.broken:
+            log.warning("sandbox %r cannot serve calls: %s", shown(sandbox.key), trouble)
+        sandbox.broken = True
+        sandbox.trouble = sandbox.trouble or trouble
+
+    def _healed(self, key: str, trouble: healing.Trouble) -> None:
+        before = self._heals.get(key)
+        count = before.count + 1 if before is not None else 1
+        self._heals[key] = healing.Heal(trouble, datetime.now(UTC), count)
+        self.heal_counts[trouble.kind] = self.heal_counts.get(trouble.kind, 0) + 1
+        log.warning(
+            "healed sandbox %r: its container was re-created with the workspace kept (%s)",
+            shown(key), trouble,
+        )  # fmt: skip
+        self._record(key, "heal", str(trouble))
+
+    async def _unresponsive(self, sandbox: _Sandbox) -> bool:
+        """Whether the agent leaves Hello unanswered for silence_s while the engine says its
+        container runs (a dead container is no wedge: the call's own path reports it)."""
+        deadline = time.monotonic() + self._silence_s
+        while time.monotonic() < deadline:
+            if await sandbox.agent.answers(PROBE_S):
+                return False
+        info = await asyncio.to_thread(self._backend.inspect, sandbox.info.id)
+        return info is not None and info.running
+
+    async def _health(self, sandbox: _Sandbox, *, after_sweep: bool) -> healing.Trouble | None:
+        """What the agent's facts show (healing.diagnose); None when it cannot tell them."""
+        try:
+            facts = await sandbox.agent.inspect(list(healing.FACT_FILES), [], "", FACTS_TIMEOUT_S)
+        except (StockadeError, AgentCallFailed) as exc:
+            log.info("sandbox %r: no health facts: %s", shown(sandbox.key), exc)
+            return None
+        return healing.diagnose(facts.files, self._expected, after_sweep=after_sweep)
+
+    async def _wedged_by(self, key: str, agent: AgentConnection, reply: AgentReply) -> bool:
+        """After a failed reply, or an exec result that says the pids limit stays crowded
+        (the flag is taken out of the result), read the facts; mark the sandbox when they
+        show it wedged. True when the reply says the command never started and the sandbox
+        is now marked (running it again on a fresh container is safe)."""
+        sandbox = self._sandboxes.get(key)
+        crowded = reply.result is not None and bool(reply.result.pop(healing.CROWDED, False))
+        if not (crowded or reply.error_code in healing.CHECKED_CODES) or sandbox is None:
+            return False
+        if sandbox.agent is not agent or not _usable(sandbox):
+            return False
+        spawn_failure = healing.spawn_failed(reply.error_code, reply.error_message)
+        trouble = await self._health(sandbox, after_sweep=crowded or spawn_failure)
+        if trouble is None:
+            return False
+        self._mark_wedged(sandbox, trouble)
+        return spawn_failure
+
+    async def check_health(self, sandbox: _Sandbox) -> None:
+        """A probe between calls: a silent agent, a stopped init or lowered agent limits
+        mark the sandbox, and a silent agent's channel is closed (calls stuck on it end with
+        SandboxLost)."""
+        if not _usable(sandbox):
+            return
+        if not await sandbox.agent.answers(PROBE_S) and await self._unresponsive(sandbox):
+            self._mark_wedged(
+                sandbox, healing.Trouble(healing.AGENT_UNRESPONSIVE, _silent(self._silence_s))
+            )
+            await sandbox.agent.close()
+            return
+        trouble = await self._health(sandbox, after_sweep=False)
+        if trouble is not None and _usable(sandbox):
+            self._mark_wedged(sandbox, trouble)
+
     async def invoke(
         self, key: str, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
     ) -> AgentReply:
-        async with self._agent(key, deadline_breaks=tool == "exec") as agent:
-            return await agent.invoke(tool, arguments, timeout, request_id)
+        """The tool's reply. A command that could not start in a sandbox found wedged never
+        ran: it is run once more, on the re-created container."""
+        for attempt in (1, 2):
+            async with self._agent(key, deadline_breaks=tool == "exec") as agent:
+                reply = await agent.invoke(tool, arguments, timeout, request_id)
+                if not await self._wedged_by(key, agent, reply) or attempt == 2:
+                    return reply
+        raise AssertionError("unreachable")
 
     async def invoke_stream(
         self, key: str, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
     ) -> AsyncIterator[AgentStarted | AgentOutput | AgentReply]:
-        async with self._agent(key, deadline_breaks=tool == "exec") as agent:
-            async for event in agent.invoke_stream(tool, arguments, timeout, request_id):
-                yield event
+        """As invoke(), streamed: a reply that comes first (the command never started) in a
+        sandbox found wedged is not passed on; the call runs once more instead."""
+        for attempt in (1, 2):
+            seen = False
+            async with self._agent(key, deadline_breaks=tool == "exec") as agent:
+                async for event in agent.invoke_stream(tool, arguments, timeout, request_id):
+                    wedged = isinstance(event, AgentReply) and await self._wedged_by(
+                        key, agent, event
+                    )
+                    if wedged and not seen and attempt == 1:
+                        break  # the reply ends the stream: nothing is left unread
+                    seen = True
+                    yield event
+                else:
+                    return
 
     async def upload(
         self, key: str, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes]
@@ -548,9 +668,14 @@ class SandboxManager:
             if info is None or not info.running:
                 sandbox.lost = True
                 raise SandboxLost(_death_note(info))
-            if time.monotonic() >= deadline or (delay and await sandbox.agent.answers()):
+            if delay and await sandbox.agent.answers():
+                answered = True
+                break
+            if time.monotonic() >= deadline:
                 break
             delay = min(delay * 2 or 0.05, 1.0)
+        if not answered:
+            self._mark_broken(sandbox, _silent(DEATH_NOTICE_S), healing.AGENT_UNRESPONSIVE)
         if exc.code.name in ("DEADLINE_EXCEEDED", "CANCELLED"):
             raise SandboxBroken(f"the sandbox's agent failed: {exc}") from exc
         self._mark_broken(sandbox, f"the sandbox's agent failed: {exc}")
@@ -571,9 +696,12 @@ class SandboxManager:
         validate_key(key)
         async with self._locks.setdefault(key, asyncio.Lock()):
             old = self._sandboxes.get(key)
-            if old is not None and wanted in (None, old.network) and await self._still_alive(old):
-                old.idle_since = time.monotonic()
-                return old
+            trouble = None
+            if old is not None and wanted in (None, old.network):
+                trouble = await self._trouble(old)
+                if trouble is None:
+                    old.idle_since = time.monotonic()
+                    return old
             if old is not None:
                 await self._discard(old)
             chosen = wanted or self._network_for(None)
@@ -588,6 +716,8 @@ class SandboxManager:
             finally:
                 self._starting.discard(key)
             self._sandboxes[key] = sandbox
+            if trouble is not None:
+                self._healed(key, trouble)
             return sandbox
 
     def _admit(self, key: str) -> None:
@@ -613,19 +743,23 @@ class SandboxManager:
                 f"{self._config.sandbox.memory_mb} MiB would make {memory} MiB"
             )
 
-    async def _still_alive(self, sandbox: _Sandbox) -> bool:
-        if not _usable(sandbox):
-            return False
+    async def _trouble(self, sandbox: _Sandbox) -> healing.Trouble | None:
+        """Why the sandbox cannot take the next call (None: it can)."""
+        if sandbox.broken:
+            return sandbox.trouble or healing.Trouble(healing.AGENT_MISBEHAVED, "marked broken")
+        exited = healing.Trouble(healing.CONTAINER_EXITED, "the container stopped or vanished")
+        if sandbox.lost:
+            return exited
         if sandbox.agent.is_ready():
-            return True
+            return None
         info = await asyncio.to_thread(self._backend.inspect, sandbox.info.id)
         if info is None or not info.running:
-            return False
+            return healing.Trouble(healing.CONTAINER_EXITED, _death_note(info))
         try:
             await sandbox.agent.wait_ready(self._config.sandbox.start_timeout_s)
-        except SandboxBroken:
-            return False
-        return True
+        except SandboxBroken as exc:
+            return healing.Trouble(healing.AGENT_UNRESPONSIVE, str(exc))
+        return None
 
     async def _discard(self, sandbox: _Sandbox) -> None:
         self._sandboxes.pop(sandbox.key, None)
@@ -907,6 +1041,8 @@ class SandboxManager:
                 log.exception("housekeeping sweep failed")
 
     async def sweep(self) -> None:
+        sandboxes = [s for s in self._sandboxes.values() if _usable(s)]
+        await asyncio.gather(*(self.check_health(s) for s in sandboxes))
         await self.prune()
         await self.expire_workspaces()
         if self._config.housekeeping.reap_orphans:
@@ -1095,6 +1231,7 @@ class SandboxManager:
         sandbox = self._sandboxes.get(key)
         if sandbox is not None:
             await self._notice_deaths((sandbox,))
+            await self.check_health(sandbox)
             return self._describe(sandbox)
         if self._paths(key).root.is_dir():
             return self._absent(key)
@@ -1162,7 +1299,17 @@ class SandboxManager:
             workspace_path=str(self._paths(sandbox.key).workspace),
             network_mode=sandbox.network.mode,
             network_allow=sandbox.network.allow,
+            **self._heal_fields(sandbox),
         )
+
+    def _heal_fields(self, sandbox: _Sandbox) -> dict[str, Any]:
+        heal = self._heals.get(sandbox.key)
+        return {
+            "trouble": str(sandbox.trouble) if sandbox.broken and sandbox.trouble else "",
+            "heals": heal.count if heal else 0,
+            "last_heal_reason": str(heal.trouble) if heal else "",
+            "last_healed_at": heal.at if heal else None,
+        }
 
     def _absent(self, key: str) -> SandboxInfo:
         return SandboxInfo(
@@ -1218,6 +1365,10 @@ def _state(sandbox: _Sandbox) -> SandboxState:
     if sandbox.lost:
         return SandboxState.EXITED
     return SandboxState.BROKEN if sandbox.broken else SandboxState.RUNNING
+
+
+def _silent(seconds: float) -> str:
+    return f"the sandbox's agent did not answer for {seconds:g} s while its container runs"
 
 
 def _death_note(info: ContainerInfo | None) -> str:

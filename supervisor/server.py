@@ -169,6 +169,10 @@ def sandbox_to_pb(info: SandboxInfo) -> Any:
         workspace_path=info.workspace_path,
         network_mode=info.network_mode,
         network_allow=list(info.network_allow),
+        trouble=wire_text(info.trouble),
+        heals=info.heals,
+        last_heal_reason=wire_text(info.last_heal_reason),
+        last_healed_at=_timestamp(info.last_healed_at),
     )
 
 

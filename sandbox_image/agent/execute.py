@@ -108,9 +108,11 @@ async def exec_command(
         await _within(output.exited, REAP_TIMEOUT)
         child.close()
         strays.LIVE.discard(child.pid)
-        await strays.sweep_if_crowded()
+        crowded = await strays.sweep_if_crowded()
     result = output.result(child.returncode, timed_out, time.monotonic() - started)
     result["oom_killed"] = oom_before is not None and (_oom_kills() or 0) > oom_before
+    if crowded:
+        result["pids_crowded"] = True
     return result
 
 
@@ -243,11 +245,20 @@ async def start_or_sweep(start: Callable[[], Awaitable[_T]]) -> _T:
         try:
             return await start()
         except (OSError, RuntimeError) as exc:
-            if attempt == 2 or not await asyncio.to_thread(strays.sweep):
+            if attempt == 2 or not await asyncio.to_thread(_sweep_for_start):
                 raise ToolError(
                     "EXECUTION_FAILED", f"could not start the command: {_reason(exc)}"
                 ) from None
     raise AssertionError("unreachable")
+
+
+def _sweep_for_start() -> int:
+    """strays.sweep(); 0 when it fails itself (no descriptor left to read /proc with): the
+    start's own error is what the caller hears."""
+    try:
+        return strays.sweep()
+    except OSError:
+        return 0
 
 
 def _reason(exc: Exception) -> str:

@@ -51,13 +51,16 @@ def crowded() -> bool:
     return False
 
 
-async def sweep_if_crowded() -> int:
-    """sweep(), in a thread, when the pids limit is crowded; how many processes were killed.
-    The check itself reads two small cgroup files and stays on the event loop: it runs after
-    every command, the sweep only when needed."""
+async def sweep_if_crowded() -> bool:
+    """sweep(), in a thread, when the pids limit is crowded; whether it is still crowded
+    after: what is left is not the agent's to end (live commands, zombies nobody reaps,
+    another user's processes), and a command's result then says so, for the supervisor to
+    look at the sandbox's health. The check itself reads two small cgroup files and stays on
+    the event loop: it runs after every command, the sweep only when needed."""
     if not (_enabled and crowded()):
-        return 0
-    return await asyncio.to_thread(sweep)
+        return False
+    await asyncio.to_thread(sweep)
+    return crowded()
 
 
 def sweep() -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 
-from stockade.supervisor.agent_client import AgentCallFailed, AgentReply
+from stockade.supervisor.agent_client import AgentCallFailed, AgentFacts, AgentReply
 from stockade.supervisor.backends.base import (
     BindMount,
     ContainerInfo,
@@ -42,6 +42,10 @@ class FakeBackend:
         """Daemon-wide id maps, as a remapping dockerd has."""
         self.per_container = False
         """User namespaces per container, as Podman's (identity maps given to `prepare`)."""
+        self.agent_facts: dict[str, bytes | str] = {}
+        """What the agents' Inspect reads: path -> content, or an errno name (default ENOENT)."""
+        self.agent_frozen = False
+        """Stopped agents: Hello goes unanswered and calls run into their deadline."""
 
     def ping(self) -> str:
         return "1.0"
@@ -137,12 +141,26 @@ class FakeAgent:
         self.ready = True
 
     async def answers(self, timeout: float = 0.5) -> bool:
-        return self._alive()
+        if self.backend.agent_frozen:
+            await asyncio.sleep(timeout)
+        return self._alive() and not self.backend.agent_frozen
+
+    async def inspect(
+        self, files: list[str], links: list[str], write_probe: str, timeout: float
+    ) -> AgentFacts:
+        return AgentFacts(
+            {p: self.backend.agent_facts.get(p, "ENOENT") for p in files}, {}, True, ""
+        )
 
     async def invoke(
         self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
     ) -> AgentReply:
         self.calls.append((tool, arguments))
+        if self.backend.agent_frozen:
+            await asyncio.sleep(timeout)
+            raise AgentCallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        if arguments.get("no_start") and self.backend.agent_facts:
+            return AgentReply("EXECUTION_FAILED", "could not start the command: EAGAIN", None)
         if (hold := arguments.get("hold")) is not None:  # an asyncio.Event: a call in flight
             await hold.wait()
         if arguments.get("die"):
@@ -151,7 +169,10 @@ class FakeAgent:
             raise AgentCallFailed(grpc.StatusCode.UNAVAILABLE, "socket closed")
         if arguments.get("break"):
             raise AgentCallFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, "reply too large")
-        return AgentReply("", "", {"exit_code": 0, "stdout": tool, "stderr": ""})
+        result = {"exit_code": 0, "stdout": tool, "stderr": ""}
+        if arguments.get("crowded"):
+            result["pids_crowded"] = True
+        return AgentReply("", "", result)
 
     async def close(self) -> None:
         self.ready = False

@@ -76,6 +76,16 @@ def test_state_series_are_read_at_scrape_time() -> None:
     assert "stockade_approvals_pending 2.0" in text
 
 
+def test_heals_are_counted_by_kind_at_scrape_time() -> None:
+    m = Metrics()
+    heals = {"init_stopped": 0, "agent_unresponsive": 2}
+    m.watch(dict, lambda: (0, 0), lambda: 0, lambda: heals)
+    heals["init_stopped"] = 1
+    text = generate_latest(m.registry).decode()
+    assert 'stockade_sandbox_heals_total{kind="init_stopped"} 1.0' in text
+    assert 'stockade_sandbox_heals_total{kind="agent_unresponsive"} 2.0' in text
+
+
 def test_a_failing_observer_never_fails_the_call(caplog: pytest.LogCaptureFixture) -> None:
     seen: list[str] = []
 

@@ -38,7 +38,7 @@ CVE_VERDICT_UNKNOWN: CveVerdict
 CVE_VERDICT_NOT_APPLICABLE: CveVerdict
 
 class SandboxInfo(_message.Message):
-    __slots__ = ("key", "container_id", "engine", "image", "state", "created_at", "last_used_at", "workspace_path", "container_name", "network_mode", "network_allow")
+    __slots__ = ("key", "container_id", "engine", "image", "state", "created_at", "last_used_at", "workspace_path", "container_name", "network_mode", "network_allow", "trouble", "heals", "last_heal_reason", "last_healed_at")
     KEY_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,10 @@ class SandboxInfo(_message.Message):
     CONTAINER_NAME_FIELD_NUMBER: _ClassVar[int]
     NETWORK_MODE_FIELD_NUMBER: _ClassVar[int]
     NETWORK_ALLOW_FIELD_NUMBER: _ClassVar[int]
+    TROUBLE_FIELD_NUMBER: _ClassVar[int]
+    HEALS_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEAL_REASON_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEALED_AT_FIELD_NUMBER: _ClassVar[int]
     key: str
     container_id: str
     engine: str
@@ -61,7 +65,11 @@ class SandboxInfo(_message.Message):
     container_name: str
     network_mode: str
     network_allow: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, key: _Optional[str] = ..., container_id: _Optional[str] = ..., engine: _Optional[str] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_used_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workspace_path: _Optional[str] = ..., container_name: _Optional[str] = ..., network_mode: _Optional[str] = ..., network_allow: _Optional[_Iterable[str]] = ...) -> None: ...
+    trouble: str
+    heals: int
+    last_heal_reason: str
+    last_healed_at: _timestamp_pb2.Timestamp
+    def __init__(self, key: _Optional[str] = ..., container_id: _Optional[str] = ..., engine: _Optional[str] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_used_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workspace_path: _Optional[str] = ..., container_name: _Optional[str] = ..., network_mode: _Optional[str] = ..., network_allow: _Optional[_Iterable[str]] = ..., trouble: _Optional[str] = ..., heals: _Optional[int] = ..., last_heal_reason: _Optional[str] = ..., last_healed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class NetworkRequest(_message.Message):
     __slots__ = ("mode", "allow")
