@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
 
 import pytest
 
 from stockade.client import Output, Stockade, ToolResult
 from tests.corpora.generate import fake_key_body, fake_openssh_body, leaked
-from tests.integration.harness import Supervisor, running_supervisor
 
 pytestmark = pytest.mark.timeout(300)
 RNG = random.Random()  # a new fake key each run: nothing to remember from the last one
@@ -22,18 +20,6 @@ KEYS = {
     "rsa": ("RSA PRIVATE KEY", RSA),
     "openssh": ("OPENSSH PRIVATE KEY", OPENSSH),
 }
-
-
-@pytest.fixture(scope="module")
-def sup(engine: str) -> Iterator[Supervisor]:
-    with running_supervisor(engine) as s:
-        yield s
-
-
-@pytest.fixture
-def c(sup: Supervisor) -> Iterator[Stockade]:
-    with sup.client() as client:
-        yield client
 
 
 def pem(label: str, body: list[str]) -> str:
@@ -51,21 +37,23 @@ def assert_hidden(text: str, body: list[str]) -> None:
 
 
 @pytest.fixture(params=sorted(KEYS))
-def key_file(request: pytest.FixtureRequest, c: Stockade, key: str) -> list[str]:
+def key_file(request: pytest.FixtureRequest, client: Stockade, key: str) -> list[str]:
     label, body = KEYS[request.param]
-    c.sandbox(key).write_file("deploy.pem", pem(label, body))
+    client.sandbox(key).write_file("deploy.pem", pem(label, body))
     return body
 
 
-def test_search_returns_body_lines_one_by_one(c: Stockade, key: str, key_file: list[str]) -> None:
-    result = c.call(key, "search", {"pattern": "^[A-Za-z0-9+/=]{20,}$", "path": "."})
+def test_search_returns_body_lines_one_by_one(
+    client: Stockade, key: str, key_file: list[str]
+) -> None:
+    result = client.call(key, "search", {"pattern": "^[A-Za-z0-9+/=]{20,}$", "path": "."})
     assert result.error_code in ("", None), result.for_llm
     assert len(result.data["matches"]) >= 5
     assert_hidden(everything(result), key_file)
 
 
-def test_read_file_line_range(c: Stockade, key: str, key_file: list[str]) -> None:
-    result = c.call(key, "read_file", {"path": "deploy.pem", "start_line": 4, "end_line": 12})
+def test_read_file_line_range(client: Stockade, key: str, key_file: list[str]) -> None:
+    result = client.call(key, "read_file", {"path": "deploy.pem", "start_line": 4, "end_line": 12})
     assert_hidden(everything(result), key_file)
 
 
@@ -80,13 +68,13 @@ def test_read_file_line_range(c: Stockade, key: str, key_file: list[str]) -> Non
         "grep -n . deploy.pem | sed 1d",
     ],
 )
-def test_exec_partial_views(c: Stockade, key: str, key_file: list[str], command: str) -> None:
-    result = c.sandbox(key).exec(command)
+def test_exec_partial_views(client: Stockade, key: str, key_file: list[str], command: str) -> None:
+    result = client.sandbox(key).exec(command)
     assert result.exit_code == 0, result.for_llm
     assert_hidden(everything(result), key_file)
 
 
-def test_streamed_lines_with_pauses(c: Stockade, key: str, key_file: list[str]) -> None:
+def test_streamed_lines_with_pauses(client: Stockade, key: str, key_file: list[str]) -> None:
     """Each line of the body comes 0.2 s after the last, longer than the stream waits, so
     the short last line is released apart from the line before it."""
     command = (
@@ -94,7 +82,7 @@ def test_streamed_lines_with_pauses(c: Stockade, key: str, key_file: list[str]) 
     )
     chunks: list[str] = []
     final: list[ToolResult] = []
-    for event in c.call_stream(key, "exec", {"command": command}):
+    for event in client.call_stream(key, "exec", {"command": command}):
         if isinstance(event, Output):
             chunks.append(event.text)
         elif isinstance(event, ToolResult):
@@ -104,12 +92,12 @@ def test_streamed_lines_with_pauses(c: Stockade, key: str, key_file: list[str]) 
     assert_hidden(everything(final[0]), key_file)
 
 
-def test_ordinary_base64_and_hashes_stay(c: Stockade, key: str) -> None:
+def test_ordinary_base64_and_hashes_stay(client: Stockade, key: str) -> None:
     command = (
         "printf 'hello world, an ordinary fixture' | base64; "
         "printf x | sha256sum; printf x | sha512sum; git --version; "
         "python3 -c 'import uuid; print(uuid.uuid4())'"
     )
-    result = c.sandbox(key).exec(command)
+    result = client.sandbox(key).exec(command)
     assert result.exit_code == 0, result.for_llm
     assert result.redactions == 0, result.for_llm
