@@ -139,10 +139,13 @@ class AgentConnection:
             )
 
     async def answers(self, timeout: float = 0.5) -> bool:
-        """True if the agent answers Hello now (the container and its agent live)."""
+        """True if the agent answers Hello now (the container and its agent live); False
+        too once this connection is closed (the sandbox was discarded meanwhile)."""
+        if self._closed:
+            return False
         try:
             await self._stub.Hello(agent_pb2.HelloRequest(), timeout=timeout)
-        except grpc.aio.AioRpcError:
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError):  # UsageError: closed meanwhile
             return False
         return True
 

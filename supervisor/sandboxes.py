@@ -564,7 +564,10 @@ class SandboxManager:
         SandboxLost)."""
         if not _usable(sandbox):
             return
-        if not await sandbox.agent.answers(PROBE_S) and await self._unresponsive(sandbox):
+        answered = await sandbox.agent.answers(PROBE_S)
+        if self._sandboxes.get(sandbox.key) is not sandbox:
+            return  # retired, replaced or destroyed meanwhile: nothing left to judge
+        if not answered and await self._unresponsive(sandbox):
             self._mark_wedged(
                 sandbox, healing.Trouble(healing.AGENT_UNRESPONSIVE, _silent(self._silence_s))
             )

@@ -31,6 +31,8 @@ _PIDS_FILES: Final = tuple(
     for folder in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup")
 )
 _ROUNDS: Final = 5
+_STOP_ROUNDS: Final = 50
+"""Rounds of stopping a fork bomb's strays; each stops what the last one's listing missed."""
 _enabled = False
 
 
@@ -64,21 +66,30 @@ async def sweep_if_crowded() -> bool:
 
 
 def sweep() -> int:
-    """SIGKILL every process outside the agent's session and the live sessions (not tini),
-    in rounds, as strays may be forking; how many signals were sent."""
+    """Stop, then SIGKILL, every process outside the agent's session and the live sessions
+    (not tini); how many signals were sent. A stray fork bomb outruns killing in rounds (each
+    round's listing misses the children born meanwhile): stopped, a process forks no more, so
+    strays are stopped in rounds until a round finds none left running, then killed."""
     if not _enabled:
         return 0
-    killed = 0
-    for _ in range(_ROUNDS):
-        round_killed = _sweep_once({os.getsid(0), *LIVE})
-        killed += round_killed
-        if not round_killed:
+    keep = {os.getsid(0), *LIVE}
+    sent = 0
+    for _ in range(_STOP_ROUNDS):
+        stopped = _signal_strays(keep, signal.SIGSTOP, skip=(b"T", b"t"))
+        sent += stopped
+        if not stopped:
             break
-    return killed
+    for _ in range(_ROUNDS):
+        killed = _signal_strays(keep, signal.SIGKILL)
+        sent += killed
+        if not killed:
+            break
+    return sent
 
 
-def _sweep_once(keep: set[int]) -> int:
-    killed = 0
+def _signal_strays(keep: set[int], number: int, skip: tuple[bytes, ...] = ()) -> int:
+    """Send `number` to every stray but zombies and those in a state of `skip`."""
+    sent = 0
     me = os.getpid()
     with os.scandir("/proc") as entries:
         pids = [int(entry.name) for entry in entries if entry.name.isdigit()]
@@ -86,16 +97,17 @@ def _sweep_once(keep: set[int]) -> int:
         if pid in (1, me):
             continue
         try:
-            if os.getsid(pid) in keep or _is_zombie(pid):
+            if os.getsid(pid) in keep or _state(pid) in (b"Z", b"X", *skip):
                 continue
-            os.kill(pid, signal.SIGKILL)
-        except OSError:  # gone meanwhile
+            os.kill(pid, number)
+        except OSError:  # gone meanwhile, or not the sandbox user's
             continue
-        killed += 1
-    return killed
+        sent += 1
+    return sent
 
 
-def _is_zombie(pid: int) -> bool:
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat", "rb") as file:
-        return file.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
-    return True
+def _state(pid: int) -> bytes:
+    """The process's state letter; b"X" (dead) when it cannot be read."""
+    with contextlib.suppress(OSError, IndexError), open(f"/proc/{pid}/stat", "rb") as file:
+        return bytes(file.read().rsplit(b")", 1)[1].split()[0])
+    return b"X"

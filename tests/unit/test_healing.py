@@ -206,3 +206,17 @@ async def test_a_destroyed_sandbox_made_again_is_no_heal(
     await mgr.destroy("k", delete_workspace=False)
     await mgr.invoke("k", "exec", {}, 5, "r1")
     assert (await mgr.get("k")).heals == 0
+
+
+async def test_a_closed_agent_connection_does_not_answer(tmp_path: Path) -> None:
+    """GetSandbox's probe may meet a connection that housekeeping closed meanwhile (the
+    sandbox retired): it answers False, never grpc's 'Channel is closed' error."""
+    from stockade.supervisor.agent_client import AgentConnection
+
+    agent = AgentConnection(tmp_path / "agent.sock")
+    stub = agent._stub
+    await agent.close()
+    assert await agent.answers(0.1) is False
+    agent._closed = False  # as if close() ran between the check and the call
+    agent._stub = stub
+    assert await agent.answers(0.1) is False
