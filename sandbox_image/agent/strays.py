@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from typing import Final
 
 from . import kernfiles
@@ -32,6 +33,7 @@ _PIDS_FILES: Final = tuple(
 )
 _ROUNDS: Final = 5
 _STOP_ROUNDS: Final = 50
+REAP_WAIT_S: Final = 2.0
 """Rounds of stopping a fork bomb's strays; each stops what the last one's listing missed."""
 _enabled = False
 
@@ -84,7 +86,26 @@ def sweep() -> int:
         sent += killed
         if not killed:
             break
+    _wait_reaped(keep)
     return sent
+
+
+def _wait_reaped(keep: set[int]) -> None:
+    """Until tini has reaped what was killed (a killed process holds its pid until then), at
+    most REAP_WAIT_S: the next command finds the pids free."""
+    deadline = time.monotonic() + REAP_WAIT_S
+    while _signal_strays(keep, 0, skip=()) + _zombies(keep) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _zombies(keep: set[int]) -> int:
+    count = 0
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if entry.name.isdigit() and _state(int(entry.name)) == b"Z":
+                with contextlib.suppress(OSError):
+                    count += os.getsid(int(entry.name)) not in keep
+    return count
 
 
 def _signal_strays(keep: set[int], number: int, skip: tuple[bytes, ...] = ()) -> int:
