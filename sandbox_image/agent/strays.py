@@ -19,6 +19,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterator
 from typing import Final
 
 from . import kernfiles
@@ -94,23 +95,38 @@ def _wait_reaped(keep: set[int]) -> None:
     """Until tini has reaped what was killed (a killed process holds its pid until then), at
     most REAP_WAIT_S: the next command finds the pids free."""
     deadline = time.monotonic() + REAP_WAIT_S
-    while _signal_strays(keep, 0, skip=()) + _zombies(keep) and time.monotonic() < deadline:
+    while time.monotonic() < deadline and any(
+        state == b"Z" or _may_signal(pid) for pid, state in _strays(keep)
+    ):
         time.sleep(0.01)
 
 
-def _zombies(keep: set[int]) -> int:
-    count = 0
-    with os.scandir("/proc") as entries:
-        for entry in entries:
-            if entry.name.isdigit() and _state(int(entry.name)) == b"Z":
-                with contextlib.suppress(OSError):
-                    count += os.getsid(int(entry.name)) not in keep
-    return count
+def _may_signal(pid: int) -> bool:
+    """Whether `pid` lives and is the sandbox user's (another user's, a sweep cannot end)."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
 
 
 def _signal_strays(keep: set[int], number: int, skip: tuple[bytes, ...] = ()) -> int:
     """Send `number` to every stray but zombies and those in a state of `skip`."""
     sent = 0
+    for pid, state in _strays(keep):
+        if state in (b"Z", b"X", *skip):
+            continue
+        try:
+            os.kill(pid, number)
+        except OSError:  # gone meanwhile, or not the sandbox user's
+            continue
+        sent += 1
+    return sent
+
+
+def _strays(keep: set[int]) -> Iterator[tuple[int, bytes]]:
+    """(pid, state) of every process outside the sessions in `keep`, zombies too; not tini,
+    not the agent."""
     me = os.getpid()
     with os.scandir("/proc") as entries:
         pids = [int(entry.name) for entry in entries if entry.name.isdigit()]
@@ -118,13 +134,11 @@ def _signal_strays(keep: set[int], number: int, skip: tuple[bytes, ...] = ()) ->
         if pid in (1, me):
             continue
         try:
-            if os.getsid(pid) in keep or _state(pid) in (b"Z", b"X", *skip):
+            if os.getsid(pid) in keep:
                 continue
-            os.kill(pid, number)
-        except OSError:  # gone meanwhile, or not the sandbox user's
+        except OSError:  # gone meanwhile
             continue
-        sent += 1
-    return sent
+        yield pid, _state(pid)
 
 
 def _state(pid: int) -> bytes:
