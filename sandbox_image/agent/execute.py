@@ -239,8 +239,10 @@ async def _spawn(
 
 
 async def start_or_sweep(start: Callable[[], Awaitable[_T]]) -> _T:
-    """start(); when it fails (EAGAIN when pids run out, no thread left) and processes that
-    nobody owns could be swept, start() once more; a ToolError when it still fails."""
+    """start(), after a sweep when the pids limit is crowded; when it fails (EAGAIN when pids
+    run out, no thread left) and processes that nobody owns could be swept, start() once more;
+    a ToolError when it still fails."""
+    await strays.sweep_if_crowded()  # strays that grew back since the last command ended
     for attempt in (1, 2):
         try:
             return await start()

@@ -34,8 +34,11 @@ _PIDS_FILES: Final = tuple(
 )
 _ROUNDS: Final = 5
 _STOP_ROUNDS: Final = 50
-REAP_WAIT_S: Final = 2.0
 """Rounds of stopping a fork bomb's strays; each stops what the last one's listing missed."""
+SWEEP_S: Final = 3.0
+"""How long one sweep may go on stopping and killing (a fork bomb that outruns it is left to
+the supervisor, which sees the pids still crowded)."""
+REAP_WAIT_S: Final = 2.0
 _enabled = False
 
 
@@ -72,20 +75,30 @@ def sweep() -> int:
     """Stop, then SIGKILL, every process outside the agent's session and the live sessions
     (not tini); how many signals were sent. A stray fork bomb outruns killing in rounds (each
     round's listing misses the children born meanwhile): stopped, a process forks no more, so
-    strays are stopped in rounds until a round finds none left running, then killed."""
+    strays are stopped in rounds until a round finds none left running, then killed. What a
+    round's listing missed and was born meanwhile is caught by the next pass, until a pass
+    finds nothing left to end or SWEEP_S has gone by."""
     if not _enabled:
         return 0
     keep = {os.getsid(0), *LIVE}
+    killed: set[int] = set()
     sent = 0
-    for _ in range(_STOP_ROUNDS):
-        stopped = _signal_strays(keep, signal.SIGSTOP, skip=(b"T", b"t"))
-        sent += stopped
-        if not stopped:
-            break
-    for _ in range(_ROUNDS):
-        killed = _signal_strays(keep, signal.SIGKILL)
-        sent += killed
-        if not killed:
+    deadline = time.monotonic() + SWEEP_S
+    while True:
+        for _ in range(_STOP_ROUNDS):
+            stopped = _signal_strays(keep, signal.SIGSTOP, skip=(b"T", b"t"))
+            sent += len(stopped)
+            if not stopped or time.monotonic() > deadline:
+                break
+        fresh = False
+        for _ in range(_ROUNDS):
+            round_killed = _signal_strays(keep, signal.SIGKILL)
+            sent += len(round_killed)
+            fresh |= not round_killed <= killed
+            killed |= round_killed
+            if not round_killed:
+                break
+        if not fresh or time.monotonic() > deadline:
             break
     _wait_reaped(keep)
     return sent
@@ -110,9 +123,10 @@ def _may_signal(pid: int) -> bool:
     return True
 
 
-def _signal_strays(keep: set[int], number: int, skip: tuple[bytes, ...] = ()) -> int:
-    """Send `number` to every stray but zombies and those in a state of `skip`."""
-    sent = 0
+def _signal_strays(keep: set[int], number: int, skip: tuple[bytes, ...] = ()) -> set[int]:
+    """Send `number` to every stray but zombies and those in a state of `skip`; the pids it
+    was sent to."""
+    sent: set[int] = set()
     for pid, state in _strays(keep):
         if state in (b"Z", b"X", *skip):
             continue
@@ -120,7 +134,7 @@ def _signal_strays(keep: set[int], number: int, skip: tuple[bytes, ...] = ()) ->
             os.kill(pid, number)
         except OSError:  # gone meanwhile, or not the sandbox user's
             continue
-        sent += 1
+        sent.add(pid)
     return sent
 
 
