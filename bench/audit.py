@@ -20,9 +20,9 @@ from typing import Any
 from bench.pipeline import call_cost
 from bench.timing import Result, progress, summarize
 from stockade.supervisor import store
-from stockade.supervisor.audit import _COLUMNS, AuditLog, AuditQuery, AuditRecord, _row
+from stockade.supervisor.api.server import audit_to_pb
 from stockade.supervisor.config import AuditConfig
-from stockade.supervisor.server import audit_to_pb
+from stockade.supervisor.observe.audit import _COLUMNS, AuditLog, AuditQuery, AuditRecord, _row
 
 RECORDS = 1_000_000
 SPAN_S = 7 * 86400.0

@@ -11,8 +11,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from stockade.supervisor.engines import ensure_dockerd, ensure_podman_service
-from stockade.supervisor.image import build_image, default_cache_dir, image_ref
+from stockade.supervisor.engines.image import build_image, default_cache_dir, image_ref
+from stockade.supervisor.engines.services import ensure_dockerd, ensure_podman_service
 
 ENGINES = ("podman", "docker")
 RUN_DIR = Path("/tmp/stockade-tests")

@@ -13,11 +13,11 @@ from typing import Any
 
 from bench.scrub import section as scrub_section
 from bench.timing import Result, summarize, time_calls
-from stockade.supervisor.agent_client import AgentReply
 from stockade.supervisor.app import build_policy
+from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import AuditConfig, Config, LimitsConfig
 from stockade.supervisor.models import CallContext, ToolCall
-from stockade.supervisor.pipeline import HostPolicy, ToolPipeline
+from stockade.supervisor.sandboxes.agent_link import AgentReply
 
 COMMAND = "cd src && git status --short && pytest -q tests/unit -k 'not slow'"
 OUTPUT = ("tests/unit/test_app.py ....................................... [ 42%]\n" * 60)[:4096]
@@ -108,7 +108,7 @@ def _trimmed(policy: HostPolicy) -> int:
 
 
 def _parts(policy: Any, n: int, warmup: int) -> dict[str, Result]:
-    from stockade.supervisor.schemas import validate_arguments
+    from stockade.supervisor.calls.schemas import validate_arguments
 
     spec = policy.catalog.resolve("exec")
     ctx = CallContext("agent")

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.engines import engine_url
-from stockade.supervisor import launcher, workspaces
+from stockade.supervisor.cli import launcher
+from stockade.supervisor.sandboxes import workspaces
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from stockade.supervisor.image import ImageBuildError, build_image, default_cache_dir
+from stockade.supervisor.engines.image import ImageBuildError, build_image, default_cache_dir
 
 
 def main() -> int:

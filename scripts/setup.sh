@@ -142,7 +142,7 @@ start_dockerd() {
     fi
     step docker "starting dockerd (log: $LOG_DIR/dockerd.log)"
     $SUDO "$VENV/bin/python" -c 'import sys; from pathlib import Path
-from stockade.supervisor.engines import EngineServiceError, ensure_dockerd
+from stockade.supervisor.engines.services import EngineServiceError, ensure_dockerd
 try:
     ensure_dockerd(Path(sys.argv[1]))
 except EngineServiceError as exc:

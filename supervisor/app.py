@@ -14,23 +14,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stockade.supervisor import incontainer
-from stockade.supervisor.audit import AuditRecord
-from stockade.supervisor.auth import Authenticator, auth_enabled
-from stockade.supervisor.backends import create_backend
+from stockade.supervisor.api.auth import Authenticator, auth_enabled
+from stockade.supervisor.api.server import Server
+from stockade.supervisor.calls.pipeline import HostPolicy
 from stockade.supervisor.config import AuditConfig, Config
+from stockade.supervisor.engines import incontainer
+from stockade.supervisor.engines.backends import create_backend
 from stockade.supervisor.errors import ConfigError, EngineUnavailable
-from stockade.supervisor.metrics import Metrics
 from stockade.supervisor.network.proxy import EgressDecision
-from stockade.supervisor.owner import InstanceLock
-from stockade.supervisor.pipeline import HostPolicy
-from stockade.supervisor.retention import Retention
-from stockade.supervisor.sandboxes import SandboxManager
-from stockade.supervisor.server import Server
-from stockade.supervisor.telemetry import Observer, log_call
+from stockade.supervisor.observe.audit import AuditRecord
+from stockade.supervisor.observe.metrics import Metrics
+from stockade.supervisor.observe.retention import Retention
+from stockade.supervisor.observe.telemetry import Observer, log_call
+from stockade.supervisor.sandboxes.manager import SandboxManager
+from stockade.supervisor.sandboxes.owner import InstanceLock
 
 if TYPE_CHECKING:
-    from stockade.supervisor.tracing import CallTracer
+    from stockade.supervisor.observe.tracing import CallTracer
 
 log = logging.getLogger("stockade")
 DOCKER_SOCKET = "unix:///var/run/docker.sock"
@@ -53,7 +53,7 @@ def engine_url(config: Config) -> tuple[str, subprocess.Popen[bytes] | None]:
         return config.engine.socket, None
     if config.engine.kind == "docker":
         return DOCKER_SOCKET, None
-    from stockade.supervisor.engines import ensure_podman_service, podman_service_args
+    from stockade.supervisor.engines.services import ensure_podman_service, podman_service_args
 
     socket = config.state_dir / "podman.sock"
     config.state_dir.mkdir(parents=True, exist_ok=True)
@@ -77,21 +77,21 @@ def engine_url(config: Config) -> tuple[str, subprocess.Popen[bytes] | None]:
 def sandbox_image(config: Config) -> str:
     if config.sandbox.image:
         return config.sandbox.image
-    from stockade.supervisor.image import image_ref
+    from stockade.supervisor.engines.image import image_ref
 
     return image_ref(config.engine.kind)
 
 
 def build_policy(config: Config) -> HostPolicy:
     """The host-side policy parts; a bad rule or secret is a ConfigError here, at start."""
-    from stockade.supervisor.audit import AuditLog
-    from stockade.supervisor.catalog import Catalog
+    from stockade.supervisor.calls.catalog import Catalog
+    from stockade.supervisor.observe.audit import AuditLog
     from stockade.supervisor.policy.approvals import AllowAlways, ApprovalManager
     from stockade.supervisor.policy.guard import Guard, GuardConfigError, GuardRule
     from stockade.supervisor.policy.limits import KeyLimiter
     from stockade.supervisor.policy.scrub import Scrubber
     from stockade.supervisor.policy.tools import PolicyEngine
-    from stockade.supervisor.sandboxes import WORKSPACE
+    from stockade.supervisor.sandboxes.manager import WORKSPACE
 
     catalog = Catalog(config.custom_tools)
     db = Path(config.audit.path) if config.audit.path else config.state_dir / "stockade.db"
@@ -199,7 +199,7 @@ def start_telemetry(config: Config, manager: SandboxManager, policy: HostPolicy)
     found = Telemetry()
     observers: list[Observer] = [log_call] if obs.log_calls else []
     if obs.trace_exporter:
-        from stockade.supervisor.tracing import CallTracer
+        from stockade.supervisor.observe.tracing import CallTracer
 
         found.tracer = CallTracer(obs)
         observers.append(found.tracer.observe)

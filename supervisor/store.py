@@ -4,7 +4,8 @@ commands approved with allow-always. WAL mode; each user opens its own connectio
 The audit indexes serve the filters of `stockade audit` and ListAudit, newest first: every
 query names a tenant, so each index starts with it and ends with time (and, implicitly, the
 rowid), and a query walks one index backwards from its newest entry and stops at its limit,
-whatever the size of the log. audit_time serves retention by age (supervisor/retention.py)."""
+whatever the size of the log. audit_time serves retention by age
+(supervisor/observe/retention.py)."""
 
 from __future__ import annotations
 

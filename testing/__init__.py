@@ -62,7 +62,7 @@ class StockadeContainer(DockerContainer):
         start_timeout: float = 120.0,
         **kwargs: Any,
     ) -> None:
-        from stockade.supervisor.image import supervisor_image_ref
+        from stockade.supervisor.engines.image import supervisor_image_ref
 
         super().__init__(image or supervisor_image_ref(), **kwargs)
         self._build = build
@@ -149,7 +149,7 @@ class StockadeContainer(DockerContainer):
         )
 
     def _ensure_images(self) -> None:
-        from stockade.supervisor.image import (
+        from stockade.supervisor.engines.image import (
             REPO,
             build_image,
             build_supervisor_image,
@@ -192,7 +192,7 @@ class StockadeContainer(DockerContainer):
             container.remove(force=True)
 
     def _remove_state_dir(self) -> None:
-        from stockade.supervisor import hostfs
+        from stockade.supervisor.sandboxes import hostfs
 
         with contextlib.suppress(OSError):  # sandboxes may leave root-owned or deep trees
             hostfs.remove_tree(self.state_dir)

@@ -19,7 +19,7 @@ import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from stockade.supervisor.catalog import Catalog, ToolSpec
+from stockade.supervisor.calls.catalog import Catalog, ToolSpec
 from stockade.supervisor.config import Config, ToolPolicy, ToolsConfig
 from stockade.supervisor.models import CallContext
 

@@ -17,16 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stockade.client import TLS, Stockade
-from stockade.supervisor import hostfs, launcher, workspaces
-from stockade.supervisor.backends import create_backend
-from stockade.supervisor.backends.base import (
+from stockade.supervisor.cli import launcher
+from stockade.supervisor.engines.backends import create_backend
+from stockade.supervisor.engines.backends.base import (
     LABEL_INSTANCE,
     LABEL_MANAGED,
     ContainerBackend,
     ContainerInfo,
 )
-from stockade.supervisor.engines import ensure_dockerd, ensure_podman_service
-from stockade.supervisor.image import build_image, default_cache_dir, image_ref
+from stockade.supervisor.engines.image import build_image, default_cache_dir, image_ref
+from stockade.supervisor.engines.services import ensure_dockerd, ensure_podman_service
+from stockade.supervisor.sandboxes import hostfs, workspaces
 
 ENGINES = ("podman", "docker")
 SANDBOX_UID = 65532

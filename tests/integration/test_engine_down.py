@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from stockade.client import Unavailable
-from stockade.supervisor import launcher
-from stockade.supervisor.engines import ensure_podman_service
+from stockade.supervisor.cli import launcher
+from stockade.supervisor.engines.services import ensure_podman_service
 from tests.integration.harness import Supervisor, bring_up, engine_url
 
 pytestmark = pytest.mark.timeout(300)

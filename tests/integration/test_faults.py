@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from stockade.client import Stockade, StockadeError, ToolResult, Unavailable
-from stockade.supervisor import launcher
-from stockade.supervisor.backends.base import LABEL_KEY
+from stockade.supervisor.cli import launcher
+from stockade.supervisor.engines.backends.base import LABEL_KEY
 from stockade.supervisor.errors import EngineUnavailable
 from tests.integration.harness import (
     NO_RATE_LIMIT,

@@ -18,8 +18,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from stockade.client import NotFound, ResourceExhausted, Stockade, ToolResult, Unavailable
-from stockade.supervisor import hostfs, launcher, workspaces
-from stockade.supervisor.backends.base import LABEL_INSTANCE, LABEL_POOL, ContainerInfo
+from stockade.supervisor.cli import launcher
+from stockade.supervisor.engines.backends.base import LABEL_INSTANCE, LABEL_POOL, ContainerInfo
+from stockade.supervisor.sandboxes import hostfs, workspaces
 from tests.integration.harness import (
     NO_RATE_LIMIT,
     Supervisor,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bench.load import run_load
-from stockade.supervisor.backends.base import LABEL_KEY
+from stockade.supervisor.engines.backends.base import LABEL_KEY
 from tests.integration.harness import (
     NO_RATE_LIMIT,
     engine_url,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from stockade.client import Stockade, ToolResult
-from stockade.supervisor.image import image_ref
+from stockade.supervisor.engines.image import image_ref
 from tests.integration.harness import Supervisor, engine_cli, engine_url, running_supervisor
 
 pytestmark = pytest.mark.timeout(300)

@@ -21,9 +21,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from stockade.client import Stockade
-from stockade.supervisor import hostfs, launcher
-from stockade.supervisor.image import build_supervisor_image, default_cache_dir
+from stockade.supervisor.cli import launcher
+from stockade.supervisor.engines.image import build_supervisor_image, default_cache_dir
 from stockade.supervisor.keys import sandbox_id
+from stockade.supervisor.sandboxes import hostfs
 from tests.integration.harness import (
     PODMAN_SOCKET,
     backend,

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from stockade.supervisor import launcher
+from stockade.supervisor.cli import launcher
 from tests.integration.harness import (
     Supervisor,
     engine_url,

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from stockade.client import Stockade
-from stockade.supervisor import hostfs, launcher, workspaces
-from stockade.supervisor.engines import RUNSC_FLAGS
+from stockade.supervisor.cli import launcher
+from stockade.supervisor.engines.services import RUNSC_FLAGS
+from stockade.supervisor.sandboxes import hostfs, workspaces
 from tests.integration.harness import SANDBOX_UID, PrivateEngine, Supervisor, engine_url
 from tests.security.test_escapes import (
     run,

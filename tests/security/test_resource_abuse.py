@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from stockade.client import Sandbox, Stockade, ToolResult
-from stockade.supervisor.backends.base import LABEL_KEY
+from stockade.supervisor.engines.backends.base import LABEL_KEY
 from tests.integration.harness import Supervisor, backend, running_supervisor
 
 pytestmark = pytest.mark.timeout(300)

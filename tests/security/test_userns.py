@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from stockade.client import Sandbox, Stockade
-from stockade.supervisor import hostfs, launcher, workspaces
-from stockade.supervisor.backends import create_backend
+from stockade.supervisor.cli import launcher
 from stockade.supervisor.config import AGENT_UID
-from stockade.supervisor.userns import IDENTITY, IdMap, parse_proc_map, to_host
+from stockade.supervisor.engines.backends import create_backend
+from stockade.supervisor.engines.userns import IDENTITY, IdMap, parse_proc_map, to_host
+from stockade.supervisor.sandboxes import hostfs, workspaces
 from tests.integration.harness import (
     NO_AUTH,
     SANDBOX_UID,

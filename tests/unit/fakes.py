@@ -12,16 +12,16 @@ from typing import Any
 
 import grpc
 
-from stockade.supervisor.agent_client import AgentCallFailed, AgentFacts, AgentReply
-from stockade.supervisor.backends.base import (
+from stockade.supervisor.engines.backends.base import (
     BindMount,
     ContainerInfo,
     ContainerSpec,
     EngineView,
     RuntimeFacts,
 )
+from stockade.supervisor.engines.userns import NO_USERNS, IdMaps
 from stockade.supervisor.errors import ConfigError, SandboxBroken
-from stockade.supervisor.userns import NO_USERNS, IdMaps
+from stockade.supervisor.sandboxes.agent_link import AgentCallFailed, AgentFacts, AgentReply
 
 
 class FakeBackend:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from stockade.supervisor.audit import AuditLog, AuditQuery, AuditRecord
 from stockade.supervisor.config import AgentConfig, ApprovalsConfig, LimitsConfig
 from stockade.supervisor.errors import ApprovalNotFound, ApproverBehind, InvalidRequest
+from stockade.supervisor.observe.audit import AuditLog, AuditQuery, AuditRecord
 from stockade.supervisor.policy.approvals import (
     AllowAlways,
     ApprovalManager,
@@ -401,7 +401,7 @@ async def test_audit_batches_yet_a_query_or_close_never_waits_for_the_window(
     """Records are gathered for a window before they are written; a query (which flushes)
     and close() cut the window short: with an hour-long window both still see every record
     (else this test hangs until its timeout)."""
-    monkeypatch.setattr("stockade.supervisor.audit.BATCH_WINDOW_S", 3600.0)
+    monkeypatch.setattr("stockade.supervisor.observe.audit.BATCH_WINDOW_S", 3600.0)
     log = AuditLog(tmp_path / "db")
     log.record(record(sandbox_key="a", tool="exec"))
     await asyncio.sleep(0.05)  # the writer now waits in its window

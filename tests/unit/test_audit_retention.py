@@ -14,10 +14,17 @@ import pytest
 
 from stockade.supervisor import store
 from stockade.supervisor.app import retention
-from stockade.supervisor.audit import _COLUMNS, AuditLog, AuditQuery, AuditRecord, _row, query_sql
 from stockade.supervisor.config import AuditConfig, load_config
 from stockade.supervisor.errors import ConfigError
-from stockade.supervisor.retention import Retention, Trimmer
+from stockade.supervisor.observe.audit import (
+    _COLUMNS,
+    AuditLog,
+    AuditQuery,
+    AuditRecord,
+    _row,
+    query_sql,
+)
+from stockade.supervisor.observe.retention import Retention, Trimmer
 
 NOW = 1_800_000_000.0
 DAY = 86400.0

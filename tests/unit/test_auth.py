@@ -15,8 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stockade.supervisor.audit import AuditLog, AuditQuery, AuditRecord
-from stockade.supervisor.auth import (
+from stockade.supervisor.api.auth import (
     MAX_FILE_BYTES,
     Authenticator,
     TokenFile,
@@ -39,8 +38,9 @@ from stockade.supervisor.errors import (
     Unauthenticated,
 )
 from stockade.supervisor.keys import MAX_KEY_BYTES, scope, shown, split, validate_scoped
+from stockade.supervisor.observe.audit import AuditLog, AuditQuery, AuditRecord
 from stockade.supervisor.policy.approvals import AllowAlways, ApprovalManager, Pending
-from stockade.supervisor.sandboxes import SandboxManager
+from stockade.supervisor.sandboxes.manager import SandboxManager
 from tests.unit.fakes import FakeAgent, FakeBackend
 
 TOKEN_A = "a" * 32

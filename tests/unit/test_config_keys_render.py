@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
+from stockade.supervisor.calls.pipeline import _exec_outcome, parse_arguments
+from stockade.supervisor.calls.render import cap_text, printable, render
 from stockade.supervisor.config import Config, load_config
 from stockade.supervisor.errors import ConfigError, InvalidRequest
 from stockade.supervisor.keys import sandbox_id, validate_key
-from stockade.supervisor.pipeline import _exec_outcome, parse_arguments
-from stockade.supervisor.render import cap_text, printable, render
 
 
 def write(tmp_path: Path, text: str) -> Path:

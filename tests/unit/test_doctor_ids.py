@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stockade.supervisor import doctor
+from stockade.supervisor.cli import doctor
 from stockade.supervisor.config import AGENT_UID, Config, EngineConfig, SandboxConfig
 
 

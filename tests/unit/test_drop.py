@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from stockade.agent import spawn
-from stockade.supervisor.image import REPO
+from stockade.supervisor.engines.image import REPO
 
 SOURCE = REPO / "sandbox_image" / "drop" / "drop.c"
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from stockade.supervisor import healing
 from stockade.supervisor.config import Config
 from stockade.supervisor.errors import AgentMisbehaved
-from stockade.supervisor.sandboxes import SandboxManager
+from stockade.supervisor.sandboxes import healing
+from stockade.supervisor.sandboxes.manager import SandboxManager
 from tests.unit.fakes import FakeAgent, FakeBackend
 
 EXPECTED = healing.Expected(nofile=1024, nproc=16384, fsize=None)
@@ -211,7 +211,7 @@ async def test_a_destroyed_sandbox_made_again_is_no_heal(
 async def test_a_closed_agent_connection_does_not_answer(tmp_path: Path) -> None:
     """GetSandbox's probe may meet a connection that housekeeping closed meanwhile (the
     sandbox retired): it answers False, never grpc's 'Channel is closed' error."""
-    from stockade.supervisor.agent_client import AgentConnection
+    from stockade.supervisor.sandboxes.agent_link import AgentConnection
 
     agent = AgentConnection(tmp_path / "agent.sock")
     stub = agent._stub

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stockade.supervisor.hostfs import remove_tree
+from stockade.supervisor.sandboxes.hostfs import remove_tree
 
 
 @pytest.fixture

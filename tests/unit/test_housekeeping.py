@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-from stockade.supervisor import owner
-from stockade.supervisor.backends.base import (
+from stockade.supervisor.config import Config, HousekeepingConfig, load_config
+from stockade.supervisor.engines.backends.base import (
     LABEL_INSTANCE,
     LABEL_OWNER,
     LABEL_POOL,
     LABEL_STATE_DIR,
 )
-from stockade.supervisor.config import Config, HousekeepingConfig, load_config
 from stockade.supervisor.errors import ConfigError, HostExhausted
-from stockade.supervisor.sandboxes import SandboxManager
+from stockade.supervisor.sandboxes import owner
+from stockade.supervisor.sandboxes.manager import SandboxManager
 from tests.unit.fakes import FakeAgent, FakeBackend
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from stockade.supervisor import incontainer
-from stockade.supervisor.backends.base import BindMount, ContainerInfo
 from stockade.supervisor.config import Config, load_config
+from stockade.supervisor.engines import incontainer
+from stockade.supervisor.engines.backends.base import BindMount, ContainerInfo
 from stockade.supervisor.errors import ConfigError
 from tests.unit.fakes import FakeBackend
 
@@ -136,7 +136,7 @@ def _info(cid: str) -> ContainerInfo:
 
 
 def test_supervisor_image_context() -> None:
-    from stockade.supervisor import image
+    from stockade.supervisor.engines import image
 
     dists = image.runtime_dependencies()
     assert {"grpcio", "protobuf", "docker", "podman", "pyroute2"} <= set(dists)

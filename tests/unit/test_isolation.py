@@ -8,15 +8,15 @@ import subprocess
 import pytest
 
 from stockade.client._core import isolation_from_pb
-from stockade.supervisor import isolation as iso
-from stockade.supervisor.backends._common import (
+from stockade.supervisor.api.server import fill_pb
+from stockade.supervisor.engines import isolation as iso
+from stockade.supervisor.engines.backends._common import (
     debian_package_version,
     parse_runc_version,
     view_from_inspect,
 )
-from stockade.supervisor.backends.base import EngineView, RuntimeFacts
-from stockade.supervisor.runc_cves import assess, compare_versions, split_version
-from stockade.supervisor.server import fill_pb
+from stockade.supervisor.engines.backends.base import EngineView, RuntimeFacts
+from stockade.supervisor.engines.runc_cves import assess, compare_versions, split_version
 from stockade.v1 import sandbox_pb2
 
 STATUS = """Name:\tcat

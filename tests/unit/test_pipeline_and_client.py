@@ -14,9 +14,9 @@ import pytest
 
 from stockade.client import InvalidArgument, NotFound, StockadeError, Unavailable
 from stockade.client._core import error_from_rpc, result_from_pb
-from stockade.supervisor.agent_client import AgentCallFailed, AgentReply
+from stockade.supervisor.api.server import result_to_pb
 from stockade.supervisor.app import build_policy
-from stockade.supervisor.audit import AuditQuery
+from stockade.supervisor.calls.pipeline import ToolPipeline
 from stockade.supervisor.config import (
     AgentConfig,
     AgentTools,
@@ -27,8 +27,8 @@ from stockade.supervisor.config import (
 )
 from stockade.supervisor.errors import InvalidRequest, SandboxLost
 from stockade.supervisor.models import CallContext, ToolCall
-from stockade.supervisor.pipeline import ToolPipeline
-from stockade.supervisor.server import result_to_pb
+from stockade.supervisor.observe.audit import AuditQuery
+from stockade.supervisor.sandboxes.agent_link import AgentCallFailed, AgentReply
 
 
 class RecordingSandboxes:

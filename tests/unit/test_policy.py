@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from stockade.supervisor.catalog import Catalog
+from stockade.supervisor.calls.catalog import Catalog
 from stockade.supervisor.config import Config, _build
 from stockade.supervisor.errors import ConfigError
 from stockade.supervisor.models import CallContext

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from stockade.supervisor.backends.base import ContainerInfo, ContainerSpec
 from stockade.supervisor.config import Config, SandboxConfig
+from stockade.supervisor.engines.backends.base import ContainerInfo, ContainerSpec
+from stockade.supervisor.engines.userns import IdMaps
 from stockade.supervisor.errors import (
     InvalidRequest,
     SandboxBroken,
@@ -18,8 +19,7 @@ from stockade.supervisor.errors import (
     SandboxNotFound,
 )
 from stockade.supervisor.models import NetworkRequest
-from stockade.supervisor.sandboxes import SandboxManager
-from stockade.supervisor.userns import IdMaps
+from stockade.supervisor.sandboxes.manager import SandboxManager
 from tests.unit.fakes import FakeAgent, FakeBackend
 
 UID = os.getuid()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from stockade.supervisor import seccomp
+from stockade.supervisor.engines import seccomp
 
 BASE = {
     "defaultAction": "SCMP_ACT_ERRNO",

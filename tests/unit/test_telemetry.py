@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
+from stockade.supervisor.api.server import MAX_TRACEPARENT, traceparent_of
 from stockade.supervisor.config import ObservabilityConfig, load_config
 from stockade.supervisor.errors import ConfigError
-from stockade.supervisor.metrics import Metrics
-from stockade.supervisor.server import MAX_TRACEPARENT, traceparent_of
-from stockade.supervisor.telemetry import (
+from stockade.supervisor.observe.metrics import Metrics
+from stockade.supervisor.observe.telemetry import (
     CallObservation,
     JsonFormatter,
     RequestIdFilter,
@@ -23,7 +23,7 @@ from stockade.supervisor.telemetry import (
     notify,
     request_id,
 )
-from stockade.supervisor.tracing import CallTracer
+from stockade.supervisor.observe.tracing import CallTracer
 
 
 def observation(**kw: object) -> CallObservation:

@@ -10,15 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from stockade.supervisor import isolation as iso
-from stockade.supervisor import userns
-from stockade.supervisor.backends._common import id_maps, view_from_inspect
 from stockade.supervisor.config import Config, SandboxConfig, load_config
-from stockade.supervisor.errors import ConfigError
-from stockade.supervisor.hostfs import chown_tree, remove_tree
-from stockade.supervisor.keys import sandbox_id
-from stockade.supervisor.sandboxes import SandboxManager
-from stockade.supervisor.userns import (
+from stockade.supervisor.engines import isolation as iso
+from stockade.supervisor.engines import userns
+from stockade.supervisor.engines.backends._common import id_maps, view_from_inspect
+from stockade.supervisor.engines.userns import (
     IDENTITY,
     IdMaps,
     IdRange,
@@ -32,6 +28,10 @@ from stockade.supervisor.userns import (
     parse_subid,
     to_host,
 )
+from stockade.supervisor.errors import ConfigError
+from stockade.supervisor.keys import sandbox_id
+from stockade.supervisor.sandboxes.hostfs import chown_tree, remove_tree
+from stockade.supervisor.sandboxes.manager import SandboxManager
 from tests.unit.fakes import FakeAgent, FakeBackend
 
 AUTO = (IdRange(0, 2147483647, 65536),)

@@ -1,0 +1,91 @@
+"""Relaying a streamed tool call from the agent to the caller: bytes become text (UTF-8 split
+across chunks is kept whole), every chunk is scrubbed across chunk boundaries, an open line that
+looks like a prompt is released after QUIET_FLUSH_S of silence, and a slow caller slows the
+command down instead of growing memory (a bounded queue, then gRPC flow control, then the
+agent pauses its pipes)."""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+from collections.abc import AsyncIterator
+
+from stockade.supervisor.models import OutputEvent, StartedEvent, ToolEvent
+from stockade.supervisor.policy.scrub import Scrubber
+from stockade.supervisor.policy.scrub_stream import StreamScrubber
+from stockade.supervisor.sandboxes.agent_link import AgentOutput, AgentReply, AgentStarted
+
+QUIET_FLUSH_S = 0.1
+STREAMS = {1: "stdout", 2: "stderr"}
+AgentEvent = AgentStarted | AgentOutput | AgentReply
+
+
+class _Stream:
+    def __init__(self, name: str, scrubber: Scrubber | None) -> None:
+        self.name = name
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.scrubber = StreamScrubber(scrubber)
+
+    def feed(self, data: bytes) -> str:
+        return self.scrubber.feed(self.decoder.decode(data))
+
+    def flush(self, final: bool) -> str:
+        if not final:
+            return self.scrubber.flush_prompt()
+        return self.scrubber.feed(self.decoder.decode(b"", final=True)) + self.scrubber.flush()
+
+
+async def relay(
+    source: AsyncIterator[AgentEvent], scrubber: Scrubber | None, events: asyncio.Queue[ToolEvent]
+) -> tuple[AgentReply | None, int]:
+    """Forward started/output events to `events`; return the agent's reply (None if the
+    stream ended without one) and how many credentials were redacted from the chunks."""
+    streams = {fd: _Stream(name, scrubber) for fd, name in STREAMS.items()}
+    reply: AgentReply | None = None
+    step: asyncio.Future[AgentEvent] = asyncio.ensure_future(anext(source))
+    try:
+        while True:
+            done, _ = await asyncio.wait({step}, timeout=QUIET_FLUSH_S)
+            if not done:
+                await _flush(streams, events, final=False)
+                continue
+            try:
+                event = step.result()
+            except StopAsyncIteration:
+                break
+            step = asyncio.ensure_future(anext(source))
+            if isinstance(event, AgentReply):
+                reply = event
+            elif isinstance(event, AgentStarted):
+                await events.put(StartedEvent(event.pid))
+            else:
+                stream = streams[event.fd]
+                await _put(events, stream.name, stream.feed(event.data))
+        await _flush(streams, events, final=True)
+    finally:
+        step.cancel()
+        with contextlib.suppress(BaseException):
+            await step
+        await _aclose(source)
+    return reply, sum(s.scrubber.redactions for s in streams.values())
+
+
+async def _flush(
+    streams: dict[int, _Stream], events: asyncio.Queue[ToolEvent], final: bool
+) -> None:
+    for stream in streams.values():
+        if final or stream.scrubber.holding:
+            await _put(events, stream.name, stream.flush(final))
+
+
+async def _put(events: asyncio.Queue[ToolEvent], name: str, text: str) -> None:
+    if text:
+        await events.put(OutputEvent(name, text))
+
+
+async def _aclose(source: AsyncIterator[AgentEvent]) -> None:
+    close = getattr(source, "aclose", None)
+    if close is not None:
+        with contextlib.suppress(BaseException):
+            await close()

@@ -1,0 +1,5 @@
+import sys
+
+from stockade.supervisor.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,463 @@
+"""The `stockade` command: the server side (serve, image build, doctor) and client
+commands that use only the public client API (exec, call, ls, rm, tools)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import shlex
+import signal
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from stockade.client import (
+    TLS,
+    CallContext,
+    InvalidArgument,
+    Stockade,
+    StockadeError,
+)
+from stockade.supervisor.calls.render import printable
+from stockade.supervisor.cli import terminal
+
+EXIT_TIMEOUT = 124
+EXIT_CLIENT_ERROR = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stockade", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the supervisor in the foreground")
+    serve.add_argument("--config", type=Path, help="TOML config file")
+    serve.add_argument("--listen", help="host:port or unix:/path (default 127.0.0.1:50051)")
+    serve.add_argument("--engine", choices=["podman", "docker"])
+    serve.add_argument("--state-dir", help="default /var/lib/stockade")
+    serve.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="serve without authentication (auth.enabled = false; unix socket or loopback only)",
+    )
+
+    image = sub.add_parser("image", help="sandbox image")
+    image_sub = image.add_subparsers(dest="image_command", required=True)
+    build = image_sub.add_parser("build", help="build the sandbox image for an engine")
+    build.add_argument("--engine", choices=["podman", "docker"], default="podman")
+    build.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    build.add_argument(
+        "--supervisor", action="store_true",
+        help="also build the supervisor's own image (the top-level Containerfile)",
+    )  # fmt: skip
+
+    doctor = sub.add_parser(
+        "doctor", help="check engine, runtime, cgroups and image; or one sandbox's isolation"
+    )
+    doctor.add_argument("--config", type=Path)
+    doctor.add_argument("--engine", choices=["podman", "docker"])
+    doctor.add_argument("--sandbox", metavar="KEY", help="report this sandbox's isolation")
+    doctor.add_argument("--json", action="store_true", help="with --sandbox: the report as JSON")
+    doctor.add_argument("--server", help="with --sandbox: supervisor address")
+    _credential_flags(doctor)
+
+    client = argparse.ArgumentParser(add_help=False)
+    client.add_argument("--server", help="supervisor address (default $STOCKADE_ADDR)")
+    _credential_flags(client)
+    client.add_argument("--agent", default="", help="agent id for policy (CallContext)")
+    client.add_argument("--provider", default="", help="model provider for policy")
+    run = sub.add_parser("exec", parents=[client], help="run a command in a sandbox")
+    run.add_argument("--timeout", type=float, help="seconds")
+    run.add_argument("--workdir")
+    run.add_argument("--stdin", action="store_true", help="send this command's stdin to CMD")
+    run.add_argument("--no-stream", action="store_true", help="print the output at the end")
+    run.add_argument("key")
+    run.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]")
+    shell = sub.add_parser(
+        "shell", parents=[client], help="an interactive command in a sandbox (default: bash)"
+    )
+    shell.add_argument("--no-pty", action="store_true", help="pipes instead of a terminal")
+    shell.add_argument("key")
+    shell.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]")
+    attach = sub.add_parser(
+        "attach", parents=[client], help="attach to a background process (process tool)"
+    )
+    attach.add_argument("key")
+    attach.add_argument("process", help="its id (p1, ...) or name")
+    call = sub.add_parser("call", parents=[client], help="call a tool; print the ToolResult")
+    call.add_argument("key")
+    call.add_argument("tool")
+    call.add_argument("arguments", nargs="?", default="", help="JSON object")
+    cp = sub.add_parser("cp", parents=[client], help="copy files: LOCAL KEY:PATH or KEY:PATH LOCAL")
+    cp.add_argument("-r", "--recursive", action="store_true", help="copy a directory (as tar)")
+    cp.add_argument("source")
+    cp.add_argument("dest")
+    sub.add_parser("ls", parents=[client], help="list sandboxes")
+    rm = sub.add_parser("rm", parents=[client], help="destroy a sandbox's container")
+    rm.add_argument("--delete-workspace", action="store_true")
+    rm.add_argument("key")
+    tools = sub.add_parser("tools", parents=[client], help="list the tools policy allows")
+    tools.add_argument(
+        "--format", choices=["json", "openai", "anthropic", "gemini"],
+        help="print the declarations in this provider format (a JSON array)",
+    )  # fmt: skip
+    approvals = sub.add_parser("approvals", help="approve or deny commands")
+    approvals_sub = approvals.add_subparsers(dest="approvals_command", required=True)
+    watch = approvals_sub.add_parser("watch", parents=[client], help="interactive approver")
+    watch.add_argument("--approver", default="", help="your name in the audit log")
+    resolve = approvals_sub.add_parser("resolve", parents=[client], help="decide one request")
+    resolve.add_argument("id")
+    resolve.add_argument("decision", choices=["allow-once", "allow-always", "deny"])
+    resolve.add_argument("--approver", default="")
+    approvals_sub.add_parser("list", parents=[client], help="pending requests and allow-always")
+    audit = sub.add_parser("audit", parents=[client], help="the audit log, newest first")
+    audit.add_argument("--key", default="")
+    audit.add_argument("--tool", default="")
+    audit.add_argument("--since", help="e.g. 10m, 2h, 1d or an ISO time")
+    audit.add_argument("--limit", type=int, default=50)
+    audit.add_argument("--errors", action="store_true", help="only failed calls")
+    audit.add_argument("--json", action="store_true", help="one JSON object per line")
+    return parser
+
+
+def _credential_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--token", help="bearer token (default $STOCKADE_TOKEN)")
+    parser.add_argument("--tls", action="store_true", help="connect with TLS (system CAs)")
+    parser.add_argument("--tls-ca", help="PEM file of the CA of the server's certificate")
+    parser.add_argument("--tls-cert", help="PEM file: this client's certificate (mutual TLS)")
+    parser.add_argument("--tls-key", help="PEM file: the key of --tls-cert")
+    parser.add_argument(
+        "--tls-server-name", default="", help="the name the server's certificate must carry"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    handler = _COMMANDS[ns.command]
+    try:
+        return handler(ns)
+    except StockadeError as exc:
+        print(f"stockade: {exc}", file=sys.stderr)
+        return EXIT_CLIENT_ERROR
+
+
+def _serve(ns: argparse.Namespace) -> int:
+    from stockade.supervisor.config import load_config
+    from stockade.supervisor.errors import StockadeError as ServerError
+    from stockade.supervisor.observe.telemetry import setup_logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    overrides = {
+        "listen": ns.listen,
+        "engine.kind": ns.engine,
+        "state_dir": ns.state_dir,
+    }
+    chosen: dict[str, Any] = {k: v for k, v in overrides.items() if v}
+    if ns.no_auth:
+        chosen["auth.enabled"] = False
+    try:
+        config = load_config(ns.config, chosen)
+        setup_logging(config.observability.log_format)
+        asyncio.run(_serve_until_signal(config))
+    except ServerError as exc:
+        print(f"stockade serve: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _serve_until_signal(config: Any) -> None:
+    from stockade.supervisor import app
+
+    supervisor = await app.start(config)
+    unix = config.listen.startswith("unix:")  # grpc reports port 1 for a unix socket
+    port = supervisor.server.port
+    where = config.listen if unix or port == 0 else _with_port(config.listen, supervisor)
+    auth = config.auth
+    ways = [
+        w for w, on in (("tokens", auth.tokens_file), ("client certificates", auth.client_ca)) if on
+    ]
+    print(
+        f"stockade: serving on {where} (engine {config.engine.kind}, "
+        f"image {supervisor.sandboxes.image}, state {config.state_dir}, "
+        f"auth {' and '.join(ways) or 'off'}{', TLS' if auth.tls_cert else ''})",
+        flush=True,
+    )
+    if supervisor.telemetry.metrics_port:
+        host = config.observability.metrics_listen.rpartition(":")[0]
+        print(
+            f"stockade: metrics on http://{host}:{supervisor.telemetry.metrics_port}/metrics",
+            flush=True,
+        )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    grace = config.housekeeping.shutdown_grace_s
+    print(
+        f"stockade: shutting down (calls in flight get {grace:g} s); sandboxes keep running "
+        "for the next start",
+        flush=True,
+    )
+    await supervisor.stop(grace)
+
+
+def _with_port(listen: str, supervisor: Any) -> str:
+    host = listen.rsplit(":", 1)[0]
+    return f"{host}:{supervisor.server.port}"
+
+
+def _image(ns: argparse.Namespace) -> int:
+    from stockade.supervisor.engines.image import (
+        ImageBuildError,
+        build_image,
+        build_supervisor_image,
+        default_cache_dir,
+    )
+
+    builders = [build_image, build_supervisor_image] if ns.supervisor else [build_image]
+    try:
+        for build in builders:
+            print(build(ns.engine, cache_dir=default_cache_dir(), force=ns.force))
+    except ImageBuildError as exc:
+        print(f"stockade image build: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _doctor(ns: argparse.Namespace) -> int:
+    from stockade.supervisor.config import load_config
+
+    if ns.sandbox is not None:
+        return _doctor_sandbox(ns)
+    if ns.json:
+        print("stockade doctor: --json goes with --sandbox KEY", file=sys.stderr)
+        return EXIT_CLIENT_ERROR
+    from stockade.supervisor.cli.doctor import run_checks
+
+    config = load_config(ns.config, {"engine.kind": ns.engine} if ns.engine else None)
+    ok = True
+    for check in run_checks(config):
+        mark = "FAIL" if not check.ok else "WARN" if check.warning else "ok  "
+        print(f"[{mark}] {check.name}: {check.detail}")
+        if not check.ok or check.warning:
+            ok = ok and check.ok
+            print(f"       fix: {check.fix}")
+    return 0 if ok else 1
+
+
+def _doctor_sandbox(ns: argparse.Namespace) -> int:
+    """Exit 0, or 1 when the sandbox runs privileged or under a runc with a known escape."""
+    from stockade.supervisor.cli.doctor import isolation_lines, isolation_ok
+
+    with _client(ns) as client:
+        report = client.inspect_isolation(ns.sandbox).to_dict()
+    if ns.json:
+        print(json.dumps(report, indent=2, ensure_ascii=False))
+    else:
+        print("\n".join(isolation_lines(report)))
+    return 0 if isolation_ok(report) else 1
+
+
+def _client(ns: argparse.Namespace) -> Stockade:
+    files = (ns.tls_ca, ns.tls_cert, ns.tls_key)
+    try:
+        wanted = ns.tls or ns.tls_server_name or any(files)
+        tls = TLS.from_files(*files, server_name=ns.tls_server_name) if wanted else None
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read a TLS file: {exc}") from None
+    return Stockade(ns.server, token=ns.token, tls=tls)
+
+
+def _context(ns: argparse.Namespace) -> CallContext:
+    return CallContext(agent_id=ns.agent, provider=ns.provider)
+
+
+def _command_line(ns: argparse.Namespace) -> str:
+    """`-- CMD [ARG...]` as one shell command line ("" when none is given)."""
+    argv = ns.argv[1:] if ns.argv[:1] == ["--"] else ns.argv
+    return "" if not argv else argv[0] if len(argv) == 1 else shlex.join(argv)
+
+
+def _exec(ns: argparse.Namespace) -> int:
+    command = _command_line(ns)
+    if not command:
+        print("stockade exec: give a command after --", file=sys.stderr)
+        return EXIT_CLIENT_ERROR
+    args: dict[str, Any] = {"command": command}
+    args.update({k: v for k, v in (("timeout", ns.timeout), ("workdir", ns.workdir)) if v})
+    if ns.stdin:
+        args["stdin"] = sys.stdin.read()
+    with _client(ns) as client:
+        if ns.no_stream:
+            result = client.call(ns.key, "exec", args, context=_context(ns))
+            sys.stdout.write(result.stdout)
+            sys.stderr.write(result.stderr)
+        else:
+            result = terminal.follow(client.call_stream(ns.key, "exec", args, context=_context(ns)))
+    sys.stdout.flush()
+    if result.exit_code is None or result.error_code == "TIMEOUT":
+        print(f"stockade: {result.error_code}: {result.error_message}", file=sys.stderr)
+        return EXIT_TIMEOUT if result.error_code == "TIMEOUT" else 1
+    return result.exit_code
+
+
+def _shell(ns: argparse.Namespace) -> int:
+    command = _command_line(ns) or "bash"
+    return _interactive(ns, command=command, process=None, pty=not ns.no_pty)
+
+
+def _attach(ns: argparse.Namespace) -> int:
+    return _interactive(ns, command=None, process=ns.process, pty=False)
+
+
+def _interactive(
+    ns: argparse.Namespace, *, command: str | None, process: str | None, pty: bool
+) -> int:
+    with _client(ns) as client:
+        code, error = terminal.run(
+            client, ns.key, command=command, process=process, pty=pty, context=_context(ns)
+        )
+    if error:
+        print(f"stockade: {error}", file=sys.stderr)
+    return code
+
+
+def _approvals(ns: argparse.Namespace) -> int:
+    from stockade.supervisor.cli import approver
+
+    with _client(ns) as client:
+        if ns.approvals_command == "resolve":
+            client.resolve_approval(ns.id, ns.decision, ns.approver)
+            print(f"{ns.id}: {ns.decision}")
+        elif ns.approvals_command == "list":
+            state = client.list_approvals()
+            for p in state.pending:
+                shown = (printable(x) for x in (p.sandbox_key, p.agent_id or "-", p.command))
+                print(p.id, *shown, sep="  ")
+            print(
+                f"{len(state.pending)} pending, {state.approvers} approver(s) watching, "
+                f"{len(state.always_allowed)} allowed always"
+            )
+            for command in state.always_allowed:
+                print(f"  always: {printable(command)}")
+        else:
+            return approver.watch(client, ns.approver or _default_approver())
+    return 0
+
+
+def _default_approver() -> str:
+    import getpass
+
+    return f"{getpass.getuser()}@cli"
+
+
+def _audit(ns: argparse.Namespace) -> int:
+    with _client(ns) as client:
+        records = client.list_audit(
+            sandbox_key=ns.key, tool=ns.tool, agent_id=ns.agent, since=_since(ns.since),
+            limit=ns.limit, errors_only=ns.errors,
+        )  # fmt: skip
+    for r in records:
+        if ns.json:
+            print(json.dumps({**r.__dict__, "time": r.time.isoformat() if r.time else None}))
+            continue
+        when = r.time.astimezone().strftime("%Y-%m-%d %H:%M:%S") if r.time else "?"
+        outcome = r.error_code or "ok"
+        extra = " ".join(x for x in (r.guard_rule, r.approval) if x)
+        print(
+            f"{when} {printable(r.sandbox_key):<16} {printable(r.agent_id or '-'):<10} "
+            f"{printable(r.tool):<10} {outcome:<17} "
+            f"{r.duration_ms:>6} ms  {r.policy_step} {extra}".rstrip()
+        )
+    return 0
+
+
+def _since(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        if text[-1:] in units and text[:-1].isdigit():
+            return datetime.now(UTC) - timedelta(seconds=int(text[:-1]) * units[text[-1]])
+        stamp = datetime.fromisoformat(text)
+        return stamp if stamp.tzinfo else stamp.astimezone()
+    except (ValueError, OverflowError) as exc:
+        raise StockadeError(
+            f"--since: use 10m, 2h, 1d or an ISO time from year 1 to 9999, not {text[:80]!r}"
+        ) from exc
+
+
+def _call(ns: argparse.Namespace) -> int:
+    with _client(ns) as client:
+        result = client.call(ns.key, ns.tool, ns.arguments, context=_context(ns))
+    print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+    return 1 if result.is_error else 0
+
+
+def _cp(ns: argparse.Namespace) -> int:
+    from stockade.supervisor.cli import copying
+
+    with _client(ns) as client:
+        info = copying.copy(client, ns.source, ns.dest, ns.recursive, _context(ns))
+    extra = f", {info.files} entries" if info.tar else ""
+    scrubbed = f", {info.redactions} credentials redacted" if info.redactions else ""
+    print(f"{info.path}: {info.size} bytes{extra}, sha256 {info.sha256}{scrubbed}", file=sys.stderr)
+    return 0
+
+
+def _ls(ns: argparse.Namespace) -> int:
+    with _client(ns) as client:
+        sandboxes = client.list_sandboxes()
+    print(f"{'KEY':<24} {'STATE':<8} {'ENGINE':<7} {'CONTAINER':<14} WORKSPACE")
+    for s in sandboxes:
+        cid = s.container_id[:12]
+        print(f"{printable(s.key):<24} {s.state:<8} {s.engine:<7} {cid:<14} {s.workspace_path}")
+        if s.trouble:
+            print(f"  broken: {printable(s.trouble)}")
+        if s.heals and s.last_healed_at is not None:
+            when = s.last_healed_at.isoformat(timespec="seconds")
+            print(f"  healed {s.heals}x, last at {when}: {printable(s.last_heal_reason)}")
+    return 0
+
+
+def _rm(ns: argparse.Namespace) -> int:
+    with _client(ns) as client:
+        removed = client.destroy_sandbox(ns.key, delete_workspace=ns.delete_workspace)
+    print(f"{printable(ns.key)}: {'container removed' if removed else 'no container'}", end="")
+    print("; workspace deleted" if ns.delete_workspace else "; workspace kept")
+    return 0
+
+
+def _tools(ns: argparse.Namespace) -> int:
+    with _client(ns) as client:
+        tools = client.list_tools(ns.format or "json", _context(ns))
+    if ns.format:
+        print(json.dumps([t.declaration for t in tools], indent=2))
+        return 0
+    for tool in tools:
+        print(f"{tool.name:<12} {tool.group:<8} {tool.description}")
+    return 0
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "serve": _serve,
+    "image": _image,
+    "doctor": _doctor,
+    "exec": _exec,
+    "shell": _shell,
+    "attach": _attach,
+    "call": _call,
+    "cp": _cp,
+    "ls": _ls,
+    "rm": _rm,
+    "tools": _tools,
+    "approvals": _approvals,
+    "audit": _audit,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""The container-engine boundary: one protocol, one module per engine.
+
+Backends are synchronous (the engines' SDKs are); the sandbox manager calls them
+through asyncio.to_thread so that no SDK call stalls the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from stockade.supervisor.engines.userns import IdMap, IdMaps
+
+LABEL_MANAGED = "io.stockade.managed"
+LABEL_INSTANCE = "io.stockade.instance"
+LABEL_KEY = "io.stockade.key"
+LABEL_TENANT = "io.stockade.tenant"
+LABEL_SANDBOX_ID = "io.stockade.sandbox-id"
+LABEL_NETWORK = "io.stockade.network"
+LABEL_NETWORK_ALLOW = "io.stockade.network-allow"
+LABEL_STATE_DIR = "io.stockade.state-dir"
+"""The owning supervisor's state directory (absolute): where its instance id lives."""
+LABEL_OWNER = "io.stockade.owner"
+"""The owning supervisor process: boot id, pid and mount namespaces, pid, start time (what
+the orphan reaper needs to prove the owner has ended; supervisor/sandboxes/owner.py)."""
+LABEL_POOL = "io.stockade.pool"
+"""A warm-pool container's pool id; it has no key label (labels are fixed at creation)."""
+
+
+@dataclass(frozen=True)
+class BindMount:
+    source: str
+    target: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """Everything an engine needs to create one sandbox container."""
+
+    name: str
+    image: str
+    command: tuple[str, ...]
+    labels: Mapping[str, str]
+    mounts: tuple[BindMount, ...]
+    user: str
+    read_only_root: bool
+    drop_all_capabilities: bool
+    no_new_privileges: bool
+    memory_bytes: int
+    nano_cpus: int
+    pids_limit: int
+    nofile: int
+    nproc: int
+    """RLIMIT_NPROC counts all processes of the uid on the host, so it cannot be a per-sandbox
+    cap (that is pids_limit); it is set only because Podman's API otherwise asks for more than
+    the host's hard limit allows."""
+    fsize: int = 0
+    """RLIMIT_FSIZE in bytes, the largest file a process may write; 0: unlimited."""
+    tmpfs: Mapping[str, int] = field(default_factory=dict)
+    """Mount point -> size in bytes."""
+    tmpfs_inodes: int = 0
+    """Inode cap of each tmpfs (nr_inodes); 0: the kernel's default. Only for a backend whose
+    tmpfs_inodes is True."""
+    runtime: str = ""
+    """OCI runtime name (or, for Podman, path); "": the engine's default."""
+    environment: Mapping[str, str] = field(default_factory=dict)
+    network: str = "none"
+    """"none", or "bridge" (the engine's default network)."""
+    seccomp_profile: str = ""
+    """Path of a seccomp profile (JSON) on the engine's host; "": the engine's default."""
+    user_namespace: bool = False
+    """A user namespace of the container's own (Podman: --userns=auto). Docker's is the
+    daemon's (userns-remap), never per container."""
+    cap_add: tuple[str, ...] = ()
+    """Capabilities kept although drop_all_capabilities drops the others."""
+    entrypoint: tuple[str, ...] = ()
+    """Replaces the image's entry point when given."""
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    id: str
+    name: str
+    running: bool
+    status: str
+    labels: Mapping[str, str]
+    image: str
+    created_at: datetime | None = None
+    image_id: str = ""
+    """The id of the image the container was made from (no "sha256:" prefix)."""
+    exit_code: int | None = None
+    oom_killed: bool = False
+    pid: int = 0
+    """The main process on the host (0 when not running)."""
+    own_userns: bool = False
+    """The engine gave it id maps of its own (Podman's --userns=auto)."""
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """The security-relevant part of the engine's inspect of one container."""
+
+    runtime: str = ""
+    privileged: bool = False
+    cap_drop: tuple[str, ...] = ()
+    cap_add: tuple[str, ...] = ()
+    read_only_root: bool = False
+    user: str = ""
+    network_mode: str = ""
+    security_options: tuple[str, ...] = ()
+    no_new_privileges: bool = False
+    seccomp_profile: str = ""
+    memory_bytes: int = 0
+    memory_swap_bytes: int = 0
+    nano_cpus: int = 0
+    cpu_quota_us: int = 0
+    cpu_period_us: int = 0
+    pids_limit: int = 0
+    userns_mode: str = ""
+    """"host", "private" (a map of the container's own) or "remap" (Docker's daemon-wide)."""
+    cgroupns_mode: str = ""
+    host_pid: int = 0
+    uid_map: IdMap = ()
+    gid_map: IdMap = ()
+
+
+@dataclass(frozen=True)
+class RuntimeFacts:
+    """The engine's OCI runtime as the engine describes it."""
+
+    name: str = ""
+    version: str = ""
+    """The runtime's own version ("1.1.5+ds1")."""
+    package_version: str = ""
+    """A Debian package version when the engine tells one ("1.1.5+ds1-1+deb12u1")."""
+    package_source: str = ""
+    path: str = ""
+
+
+class ContainerBackend(Protocol):
+    engine: str
+    """"podman" or "docker"."""
+    tmpfs_inodes: bool
+    """Whether the engine's tmpfs mounts take an inode cap (Podman 4.3 refuses nr_inodes)."""
+
+    def ping(self) -> str:
+        """Return the engine's version; raise EngineUnavailable when it cannot be reached."""
+        ...
+
+    def image_exists(self, ref: str) -> bool: ...
+
+    def image_id(self, ref: str) -> str | None:
+        """The id `ref` names now (no "sha256:" prefix); None when there is no such image."""
+        ...
+
+    def check_user_namespace(self, wanted: bool) -> IdMaps | None:
+        """Raise ConfigError when `wanted` and the engine cannot give sandboxes a user
+        namespace; return the daemon-wide id maps when the engine remaps every container
+        (Docker's userns-remap, whatever `wanted` says), None otherwise."""
+        ...
+
+    def run(self, spec: ContainerSpec, prepare: Callable[[IdMaps], None]) -> ContainerInfo:
+        """Create a container, call `prepare` with its id maps (identity ones without a user
+        namespace) while it has not started, then start it. A failure removes it."""
+        ...
+
+    def inspect(self, name_or_id: str) -> ContainerInfo | None: ...
+
+    def list(self, labels: Mapping[str, str]) -> list[ContainerInfo]:
+        """Containers (running or not) carrying all of these labels."""
+        ...
+
+    def remove(self, name_or_id: str) -> bool:
+        """Force-remove; False when there was no such container."""
+        ...
+
+    def mounts(self, name_or_id: str) -> tuple[BindMount, ...] | None:
+        """The container's bind mounts as the engine made them (source: the host path);
+        None when the engine knows no such container."""
+        ...
+
+    def security_view(self, name_or_id: str) -> EngineView | None:
+        """What the engine says about the container's isolation; None when it is gone."""
+        ...
+
+    def runtime_facts(self) -> RuntimeFacts:
+        """The engine's default OCI runtime: name, version, package version."""
+        ...
+
+    def runtimes(self) -> dict[str, str]:
+        """The OCI runtimes the engine knows: name -> path ("" when not told)."""
+        ...
+
+    def close(self) -> None: ...

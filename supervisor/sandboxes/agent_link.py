@@ -1,0 +1,338 @@
+"""The supervisor's end of the agent protocol: one gRPC channel per sandbox, over a unix socket.
+
+Nothing the agent sends is trusted (it runs as the same uid as the code in the sandbox): the
+channel refuses messages over ReplyLimits.max_message_bytes, every reply is checked
+(replies.py), streams must keep their order (at most one Started; output chunks of at most
+MAX_CHUNK_BYTES; a result last), and a violation raises AgentMisbehaved."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
+from stockade.supervisor.errors import AgentMisbehaved, SandboxBroken, SandboxLost
+from stockade.supervisor.sandboxes.replies import (
+    MAX_CHUNK_BYTES,
+    MAX_ERROR_MESSAGE,
+    MAX_PID,
+    ReplyInvalid,
+    ReplyLimits,
+    check_result,
+    parse_result,
+)
+
+PROTOCOL_VERSION = 1
+MAX_SEND_BYTES = 128 * 1024 * 1024
+MAX_SOCKET_PATH = 107
+MAX_FACT_BYTES = 1 << 20
+_MESSAGE = "protobuf (UTF-8)"
+_CLOSED = "the sandbox was destroyed or replaced while the call ran"
+_OPTIONS = [
+    # each channel its own connections: from the global pool, a new channel to a recreated
+    # sandbox could reuse a live connection to the socket that was there before
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.max_send_message_length", MAX_SEND_BYTES),
+    ("grpc.initial_reconnect_backoff_ms", 20),
+    ("grpc.min_reconnect_backoff_ms", 20),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
+_AGENT_CODES = {
+    agent_pb2.AGENT_ERROR_CODE_OK: "",
+    agent_pb2.AGENT_ERROR_CODE_UNKNOWN_TOOL: "NOT_FOUND",
+    agent_pb2.AGENT_ERROR_CODE_INVALID_ARGS: "INVALID_ARGS",
+    agent_pb2.AGENT_ERROR_CODE_EXECUTION_FAILED: "EXECUTION_FAILED",
+    agent_pb2.AGENT_ERROR_CODE_PERMISSION_DENIED: "PERMISSION_DENIED",
+    agent_pb2.AGENT_ERROR_CODE_FILE_NOT_FOUND: "FILE_NOT_FOUND",
+    agent_pb2.AGENT_ERROR_CODE_INVALID_PATH: "INVALID_PATH",
+    agent_pb2.AGENT_ERROR_CODE_TIMEOUT: "TIMEOUT",
+    agent_pb2.AGENT_ERROR_CODE_INTERNAL: "EXECUTION_FAILED",
+}
+
+
+class AgentCallFailed(Exception):
+    """The RPC to the agent failed (connection lost, deadline, oversized reply)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+@dataclass(frozen=True)
+class AgentStarted:
+    pid: int
+
+
+@dataclass(frozen=True)
+class AgentOutput:
+    fd: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class AgentFacts:
+    """The agent's answer to Inspect: raw bytes and strings, not yet parsed or trusted."""
+
+    files: dict[str, bytes | str]
+    """path -> content, or the errno name (a str) when it could not be read."""
+    links: dict[str, str]
+    """path -> target ("" when it could not be read)."""
+    root_read_only: bool
+    write_probe_error: str
+
+
+@dataclass(frozen=True)
+class AgentReply:
+    error_code: str
+    """Empty on success, else an ErrorCode name."""
+    error_message: str
+    result: dict[str, Any] | None
+
+
+class AgentConnection:
+    def __init__(self, socket_path: Path, limits: ReplyLimits | None = None) -> None:
+        if len(str(socket_path)) > MAX_SOCKET_PATH:
+            raise SandboxBroken(
+                f"agent socket path {socket_path} is longer than {MAX_SOCKET_PATH} bytes; "
+                "use a shorter state_dir"
+            )
+        self.socket_path = socket_path
+        self.limits = limits or ReplyLimits()
+        options = [*_OPTIONS, ("grpc.max_receive_message_length", self.limits.max_message_bytes)]
+        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}", options=options)
+        self._stub = agent_pb2_grpc.AgentServiceStub(self._channel)
+        self._closed = False
+
+    def is_ready(self) -> bool:
+        return bool(self._channel.get_state() == grpc.ChannelConnectivity.READY)
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Wait for the agent to answer Hello with our protocol version."""
+        deadline = time.monotonic() + timeout
+        while not self.socket_path.exists():
+            if time.monotonic() > deadline:
+                raise SandboxBroken(f"agent did not create its socket within {timeout:.0f} s")
+            await asyncio.sleep(0.003)
+        try:
+            hello = await self._stub.Hello(
+                agent_pb2.HelloRequest(),
+                timeout=max(deadline - time.monotonic(), 0.1),
+                wait_for_ready=True,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise SandboxBroken(f"agent does not answer: {exc.details()}") from exc
+        if hello is None:
+            raise SandboxBroken(f"agent answered Hello with no valid {_MESSAGE} message")
+        if hello.protocol_version != PROTOCOL_VERSION:
+            raise SandboxBroken(
+                f"agent speaks protocol {hello.protocol_version}, supervisor {PROTOCOL_VERSION}; "
+                "rebuild the sandbox image with `stockade image build`"
+            )
+
+    async def answers(self, timeout: float = 0.5) -> bool:
+        """True if the agent answers Hello now (the container and its agent live); False
+        too once this connection is closed (the sandbox was discarded meanwhile)."""
+        if self._closed:
+            return False
+        try:
+            await self._stub.Hello(agent_pb2.HelloRequest(), timeout=timeout)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError):  # UsageError: closed meanwhile
+            return False
+        return True
+
+    async def invoke(
+        self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
+    ) -> AgentReply:
+        request = agent_pb2.InvokeRequest(
+            tool=tool, arguments_json=json.dumps(arguments), request_id=request_id
+        )
+        with self._failures():
+            reply = await self._stub.Invoke(request, timeout=timeout)
+        return self._reply(tool, reply)
+
+    async def invoke_stream(
+        self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
+    ) -> AsyncIterator[AgentStarted | AgentOutput | AgentReply]:
+        """Started and output events as the tool runs; the reply last."""
+        request = agent_pb2.InvokeRequest(
+            tool=tool, arguments_json=json.dumps(arguments), request_id=request_id
+        )
+        call = self._stub.InvokeStream(request, timeout=timeout)
+        order = _StreamOrder()
+        try:
+            with self._failures():
+                async for event in call:
+                    parsed = self._event(tool, event, order)
+                    yield parsed
+                    if isinstance(parsed, AgentReply):
+                        return
+            raise _misbehaved("its stream ended without a result")
+        finally:
+            call.cancel()
+
+    async def upload(
+        self, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes], timeout: float
+    ) -> AgentReply:
+        async def requests() -> AsyncIterator[Any]:
+            header = agent_pb2.TransferHeader(path=path, tar=tar, mode=mode)
+            yield agent_pb2.UploadChunk(header=header)
+            async for data in chunks:
+                yield agent_pb2.UploadChunk(data=data)
+
+        with self._failures():
+            reply = await self._stub.Upload(requests(), timeout=timeout)
+        return self._reply("transfer", reply)
+
+    async def download(
+        self, path: str, tar: bool, timeout: float
+    ) -> AsyncIterator[bytes | AgentReply]:
+        """Data chunks, then the reply."""
+        call = self._stub.Download(agent_pb2.DownloadRequest(path=path, tar=tar), timeout=timeout)
+        try:
+            with self._failures():
+                async for chunk in call:
+                    if chunk is None:
+                        raise _misbehaved(
+                            f"a download chunk that is not a valid {_MESSAGE} message"
+                        )
+                    part = chunk.WhichOneof("part")
+                    if part == "data":
+                        yield _chunk(chunk.data)
+                    elif part == "result":
+                        yield self._reply("transfer", chunk.result)
+                        return
+                    else:
+                        raise _misbehaved("it sent an empty download chunk")
+            raise _misbehaved("its download ended without a result")
+        finally:
+            call.cancel()
+
+    async def inspect(
+        self, files: list[str], links: list[str], write_probe: str, timeout: float
+    ) -> AgentFacts:
+        """Raw facts from inside; only the paths asked for are kept, each at most
+        MAX_FACT_BYTES (a hostile agent may answer anything)."""
+        request = agent_pb2.InspectRequest(
+            files=files, links=links, write_probe=write_probe, max_file_bytes=MAX_FACT_BYTES
+        )
+        with self._failures():
+            try:
+                reply = await self._stub.Inspect(request, timeout=timeout)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    raise SandboxBroken(
+                        "the sandbox's agent predates Inspect; rebuild the image "
+                        "(`stockade image build`) and recreate the sandbox (`stockade rm KEY`)"
+                    ) from exc
+                raise
+        wanted_files, wanted_links = set(files), set(links)
+        read: dict[str, bytes | str] = {}
+        for f in reply.files:
+            if f.path in wanted_files:
+                read[f.path] = bytes(f.content[:MAX_FACT_BYTES]) if not f.error else f.error[:64]
+        targets = {k.path: k.target[:4096] for k in reply.links if k.path in wanted_links}
+        return AgentFacts(
+            read, targets, bool(reply.root_statvfs_read_only), reply.write_probe_error[:64]
+        )
+
+    async def close(self) -> None:
+        """Close the channel; calls still in flight end with SandboxLost."""
+        self._closed = True
+        await self._channel.close()
+
+    @contextlib.contextmanager
+    def _failures(self) -> Iterator[None]:
+        """A failed RPC as AgentCallFailed; a call cut short by close() (its sandbox destroyed
+        or replaced meanwhile) as SandboxLost, whatever status grpc gave it (CANCELLED, or for
+        a stream on some grpcio releases UNAVAILABLE). grpc.aio may also cancel such calls by
+        raising CancelledError in the task awaiting them, which a server handler would pass on
+        as its own cancellation: its caller would then wait for a status that never comes."""
+        try:
+            yield
+        except grpc.aio.AioRpcError as exc:
+            if self._closed:
+                raise SandboxLost(_CLOSED) from exc
+            raise AgentCallFailed(exc.code(), exc.details() or "") from exc
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._closed and task is not None and not task.cancelling():
+                raise SandboxLost(_CLOSED) from None
+            raise
+
+    def _reply(self, tool: str, reply: Any) -> AgentReply:
+        if reply is None:  # grpc.aio hands on a message it cannot decode as None
+            raise _misbehaved(f"{tool}: a reply that is not a valid {_MESSAGE} message")
+        try:
+            return _parse_reply(tool, reply, self.limits)
+        except ReplyInvalid as exc:
+            raise _misbehaved(f"{tool}: {exc}") from exc
+
+    def _event(
+        self, tool: str, event: Any, order: _StreamOrder
+    ) -> AgentStarted | AgentOutput | AgentReply:
+        if event is None:
+            raise _misbehaved(f"{tool}: an event that is not a valid {_MESSAGE} message")
+        kind = event.WhichOneof("event")
+        if kind == "result":
+            return self._reply(tool, event.result)
+        if kind == "started":
+            return order.started(int(event.started.pid))
+        if kind == "output":
+            return order.output(int(event.output.fd), event.output.data)
+        raise _misbehaved("it sent an empty event")
+
+
+@dataclass
+class _StreamOrder:
+    """At most one Started (it may follow the first output: the agent's pipes can deliver
+    before it learns the pid); output only on fd 1 and 2, in bounded chunks; the result ends
+    the stream (the caller reads nothing after it)."""
+
+    seen_started: bool = False
+
+    def started(self, pid: int) -> AgentStarted:
+        if self.seen_started:
+            raise _misbehaved("it sent Started twice")
+        if not 0 < pid <= MAX_PID:
+            raise _misbehaved(f"it sent Started with pid {pid}")
+        self.seen_started = True
+        return AgentStarted(pid)
+
+    def output(self, fd: int, data: bytes) -> AgentOutput:
+        if fd not in (1, 2):
+            raise _misbehaved(f"it sent output for fd {fd}")
+        return AgentOutput(fd, _chunk(data))
+
+
+def _chunk(data: bytes) -> bytes:
+    if len(data) > MAX_CHUNK_BYTES:
+        raise _misbehaved(f"it sent a chunk of {len(data)} bytes (at most {MAX_CHUNK_BYTES})")
+    return bytes(data)
+
+
+def _misbehaved(what: str) -> AgentMisbehaved:
+    return AgentMisbehaved(f"the sandbox's agent broke the protocol: {what}")
+
+
+def _parse_reply(tool: str, reply: Any, limits: ReplyLimits) -> AgentReply:
+    """Nothing the agent says is trusted: check every field before use."""
+    code = _AGENT_CODES.get(reply.error_code)
+    if code is None:
+        raise ReplyInvalid(f"unknown error code {reply.error_code}")
+    result: dict[str, Any] | None = None
+    if reply.result_json:
+        result = parse_result(reply.result_json)
+        check_result(tool, result, limits)
+    if not code and result is None:
+        raise ReplyInvalid("neither a result nor an error")
+    # a message may quote what it could not take (a patch's context lines): cut, not refused
+    return AgentReply(code, str(reply.error_message)[:MAX_ERROR_MESSAGE], result)
