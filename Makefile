@@ -11,11 +11,13 @@ setup-test:
 run: setup-run
 	STOCKADE_ENGINE=$$(cat .venv/.stockade-engine) .venv/bin/stockade serve --no-auth
 
-test: setup-test
+test: setup-test lint
 	.venv/bin/python -m pytest
 
-lint:
+# Run by `make test` before the tests: CI enforces them.
+lint: setup-test
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	.venv/bin/mypy -p stockade
 
 proto:
