@@ -13,10 +13,13 @@
     │                                                                  -> RESOURCE_EXHAUSTED
     ├── SandboxBroken          the container or its agent does not work        -> UNAVAILABLE
     │   └── AgentMisbehaved    the agent answered outside the protocol
-    └── SandboxLost            the container died during a call
+    ├── SandboxLost            the container died during a call
+    └── CallTimedOut           the agent did not answer a call by its deadline
 
-Tool failures are not exceptions: they are ToolResults with is_error set. The gRPC
-layer maps these classes to status codes in one table (server.py).
+Agent faults become these classes in one place, the sandbox's lease (sandboxes/lease.py).
+Tool failures are not exceptions: they are ToolResults with is_error set; the errors a call
+reports as a result (SandboxLost, AgentMisbehaved, CallTimedOut) become one in
+calls/outcome.py. The gRPC layer maps the rest to status codes in one table (api/).
 """
 
 from __future__ import annotations
@@ -97,3 +100,12 @@ class SandboxLost(StockadeError):
     Reported to the model as a ToolResult (SANDBOX_LOST), not as a gRPC status."""
 
     reason = "SANDBOX_LOST"
+
+
+class CallTimedOut(StockadeError):
+    """The agent did not answer a call by its deadline, while its container runs and its
+    agent answers probes: the caller's time ran out, the sandbox is fine.
+
+    Reported to the model as a ToolResult (TIMEOUT), not as a gRPC status."""
+
+    reason = "CALL_TIMED_OUT"

@@ -24,9 +24,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from stockade.supervisor.calls.pipeline import STREAM_QUEUE, ToolPipeline, Trail, failure
+from stockade.supervisor.calls.outcome import CALL_FAULTS, failure, no_result, outcome_of, result_of
+from stockade.supervisor.calls.pipeline import STREAM_QUEUE, ToolPipeline
+from stockade.supervisor.calls.recorder import Trail
 from stockade.supervisor.calls.streaming import relay
-from stockade.supervisor.errors import AgentMisbehaved, InvalidRequest, SandboxLost
+from stockade.supervisor.errors import InvalidRequest
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import (
     EofInput,
@@ -43,7 +45,8 @@ from stockade.supervisor.models import (
     ToolResult,
 )
 from stockade.supervisor.policy.scrub import Scrubber
-from stockade.supervisor.sandboxes.agent_link import AgentCallFailed, AgentReply
+from stockade.supervisor.sandboxes.agent_link import AgentReply
+from stockade.supervisor.sandboxes.lease import Lease
 from stockade.supervisor.sandboxes.manager import SandboxManager
 
 WRITE_CHUNK: Final = 64 * 1024
@@ -64,7 +67,8 @@ class _ProcessEnded(Exception):
 
 @dataclass
 class _Session:
-    key: str
+    lease: Lease
+    """The session's hold on its sandbox: one for all its agent calls."""
     process_id: str
     request_id: str
     input_bytes: int = 0
@@ -98,10 +102,11 @@ class Interaction:
         if not isinstance(opened.data.get("id"), str):
             yield ResultEvent(failure(ErrorCode.EXECUTION_FAILED, "the sandbox named no process"))
             return
-        session = _Session(request.sandbox_key, str(opened.data["id"]), request.request_id)
-        yield StartedEvent(int(opened.data.get("pid") or 0), session.process_id)
-        async for event in self._follow(request, session, inputs, opening, caller):
-            yield event
+        async with self._sandboxes.lease(request.sandbox_key) as lease:
+            session = _Session(lease, str(opened.data["id"]), request.request_id)
+            yield StartedEvent(int(opened.data.get("pid") or 0), session.process_id)
+            async for event in self._follow(request, session, inputs, opening, caller):
+                yield event
 
     async def _follow(
         self,
@@ -147,7 +152,7 @@ class Interaction:
                 "input_bytes": session.input_bytes,
             }
             outcome = result or ToolResult("", "", data=_detached(session))
-            outcome = self._pipeline.finish(opening, caller, trail, outcome, started)
+            outcome = self._pipeline.recorder.finish(opening, caller, trail, outcome, started)
         yield ResultEvent(outcome)
 
     async def _output(
@@ -158,18 +163,12 @@ class Interaction:
         events: asyncio.Queue[ToolEvent],
     ) -> ToolResult:
         args = {"action": "attach", "id": session.process_id, "offset": request.offset}
-        source = self._sandboxes.invoke_stream(
-            session.key, "process", args, SESSION_MAX_S, session.request_id
-        )
+        source = session.lease.stream("process", args, SESSION_MAX_S, session.request_id)
         try:
             reply, trail.stream_redactions = await relay(source, self._scrubber, events)
-        except (SandboxLost, AgentMisbehaved) as exc:
-            return failure(ErrorCode.SANDBOX_LOST, str(exc))
-        except AgentCallFailed:
-            return failure(ErrorCode.TIMEOUT, f"the session passed {SESSION_MAX_S:.0f} s")
-        if reply is None:
-            return failure(ErrorCode.EXECUTION_FAILED, "the sandbox ended the output early")
-        return _exit_result(self._pipeline.result_of("process", reply))
+        except CALL_FAULTS as exc:
+            return outcome_of(exc)
+        return no_result() if reply is None else _exit_result(result_of("process", reply))
 
     async def _feed(self, session: _Session, inputs: AsyncIterator[InteractInput]) -> None:
         """Pass the caller's input on until it ends or the process does."""
@@ -220,9 +219,7 @@ class Interaction:
 
     async def _process(self, session: _Session, args: dict[str, Any]) -> AgentReply:
         """One `process` action straight to the agent (the session passed policy at its start)."""
-        return await self._sandboxes.invoke(
-            session.key, "process", args, CONTROL_TIMEOUT_S, session.request_id
-        )
+        return await session.lease.invoke("process", args, CONTROL_TIMEOUT_S, session.request_id)
 
 
 def _opening_call(request: InteractRequest) -> ToolCall:
@@ -274,10 +271,8 @@ def _input_outcome(feeder: asyncio.Task[None]) -> ToolResult | None:
         return None
     if isinstance(exc, _InputRefused):
         return failure(ErrorCode.INVALID_ARGS, f"input refused: {exc}")
-    if isinstance(exc, (SandboxLost, AgentMisbehaved)):
-        return failure(ErrorCode.SANDBOX_LOST, str(exc))
-    if isinstance(exc, AgentCallFailed):
-        return failure(ErrorCode.TIMEOUT, "the sandbox did not take the input in time")
+    if isinstance(exc, CALL_FAULTS):
+        return outcome_of(exc)
     raise exc  # a wrong request among the inputs (InvalidRequest), or a bug
 
 

@@ -14,15 +14,15 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stockade.supervisor.calls.catalog import Catalog, ToolSpec, render_command
-from stockade.supervisor.calls.render import cap_text, render, wire_json
+from stockade.supervisor.calls.outcome import CALL_FAULTS, failure, no_result, outcome_of, result_of
+from stockade.supervisor.calls.recorder import CallRecorder, Trail
 from stockade.supervisor.calls.schemas import ArgumentError, json_type_phrase, validate_arguments
 from stockade.supervisor.calls.streaming import relay
 from stockade.supervisor.config import Config
-from stockade.supervisor.errors import AgentMisbehaved, SandboxLost
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import (
     ApprovalPendingEvent,
@@ -33,19 +33,18 @@ from stockade.supervisor.models import (
     ToolResult,
 )
 from stockade.supervisor.observe import telemetry
-from stockade.supervisor.observe.audit import AuditLog, AuditRecord
-from stockade.supervisor.observe.telemetry import Observer, Stages
+from stockade.supervisor.observe.audit import AuditLog
+from stockade.supervisor.observe.telemetry import Observer
 from stockade.supervisor.policy.approvals import ApprovalManager, Pending
 from stockade.supervisor.policy.guard import Guard
 from stockade.supervisor.policy.limits import KeyLimiter, LimitExceeded
 from stockade.supervisor.policy.scrub import Scrubber
 from stockade.supervisor.policy.tools import PolicyEngine
-from stockade.supervisor.sandboxes.agent_link import AgentCallFailed, AgentReply
+from stockade.supervisor.sandboxes.agent_link import AgentReply
+from stockade.supervisor.sandboxes.lease import Deadline, Lease
 from stockade.supervisor.sandboxes.manager import SandboxManager
 
 DEFAULT_CALL_TIMEOUT_S = 60.0
-CANCELLED = "CANCELLED"
-"""The audit's error code of a call whose caller went away before it ended."""
 STREAM_QUEUE = 64
 GUARD_INLINE_CHARS = 2048
 _GRACE_S = 10.0
@@ -62,24 +61,6 @@ class HostPolicy:
     limiter: KeyLimiter
     scrubber: Scrubber | None
     audit: AuditLog | None
-
-
-@dataclass
-class Trail:
-    """What each step decided, for the audit record."""
-
-    tool: str = ""
-    arguments: dict[str, Any] | None = None
-    policy_step: str = ""
-    guard_rule: str = ""
-    approval: str = ""
-    approver: str = ""
-    ran_as: str = ""
-    """The agent tool that produced the data (custom tools run as exec); picks the renderer."""
-    stream_redactions: int = 0
-    stages: Stages = field(default_factory=Stages)
-    start_ns: int = field(default_factory=time.time_ns)
-    """Wall clock when the call arrived, for its span (the stages' times are wall clock)."""
 
 
 class _Stop(Exception):
@@ -100,7 +81,11 @@ class ToolPipeline:
         self._config = config
         self._sandboxes = sandboxes
         self._policy = policy
-        self._observers = observers
+        self.recorder = CallRecorder(
+            config, policy.catalog, policy.scrubber, policy.audit, observers
+        )
+        """The last steps of every call (scrub, render, cap, audit, observers): Interact and
+        other fronts record through it too."""
 
     async def call(self, call: ToolCall, caller: str = "") -> ToolResult:
         """Run one tool call. Raises only for a wrong request or a broken supervisor."""
@@ -141,42 +126,9 @@ class ToolPipeline:
         except _Stop as stop:
             result = stop.result
         except asyncio.CancelledError:  # the caller went away: the call is audited all the same
-            elapsed = int((time.monotonic() - started) * 1000)
-            gone = replace(failure(ErrorCode.NONE, "cancelled"), duration_ms=elapsed)
-            self._audit(call, caller, trail, gone, error_code=CANCELLED)
+            self.recorder.cancelled(call, caller, trail, started)
             raise
-        return self.finish(call, caller, trail, result, started)
-
-    def finish(
-        self, call: ToolCall, caller: str, trail: Trail, result: ToolResult, started: float
-    ) -> ToolResult:
-        """The last steps of every call: scrub, render and cap the result, stamp its duration
-        (since `started`, a time.monotonic()) and request id, and audit it."""
-        with trail.stages.timed("finish"):
-            result = self._scrubbed(result, trail.ran_as, trail.stream_redactions)
-        elapsed = time.monotonic() - started
-        result = replace(result, duration_ms=int(elapsed * 1000), request_id=call.request_id)
-        self._audit(call, caller, trail, result)
-        if self._observers:
-            telemetry.notify(self._observers, self._observation(call, trail, result))
-        return result
-
-    def _observation(
-        self, call: ToolCall, trail: Trail, result: ToolResult
-    ) -> telemetry.CallObservation:
-        known = trail.tool if trail.tool in self._policy.catalog.tools else ""
-        return telemetry.CallObservation(
-            request_id=call.request_id,
-            sandbox_key=call.sandbox_key,
-            tool=known,
-            result=result.error_code.name if result.is_error else "ok",
-            start_ns=trail.start_ns,
-            end_ns=time.time_ns(),
-            stages=tuple(trail.stages.done),
-            redactions=result.redactions,
-            agent_id=call.context.agent_id,
-            traceparent=call.traceparent,
-        )
+        return self.recorder.finish(call, caller, trail, result, started)
 
     async def _run(
         self, call: ToolCall, trail: Trail, events: asyncio.Queue[ToolEvent] | None
@@ -196,11 +148,11 @@ class ToolPipeline:
             except LimitExceeded as exc:
                 return failure(ErrorCode.RATE_LIMITED, str(exc))
             with trail.stages.timed("sandbox"):
-                await self._sandboxes.ensure(call.sandbox_key)
+                lease = await hold.enter_async_context(self._sandboxes.lease(call.sandbox_key))
             streamed = command is not None or _is_attach(spec, args)
             with trail.stages.timed("agent"):
                 return await self._invoke(
-                    call, spec, args, command, trail, events if streamed else None
+                    lease, call, spec, args, command, trail, events if streamed else None
                 )
 
     def _resolve(self, call: ToolCall, trail: Trail) -> ToolSpec:
@@ -284,6 +236,7 @@ class ToolPipeline:
 
     async def _invoke(
         self,
+        lease: Lease,
         call: ToolCall,
         spec: ToolSpec,
         args: dict[str, Any],
@@ -291,26 +244,22 @@ class ToolPipeline:
         trail: Trail,
         events: asyncio.Queue[ToolEvent] | None,
     ) -> ToolResult:
-        """Run the call in the sandbox; with `events`, relay its output as it comes."""
+        """Run the call in the sandbox; with `events`, relay its output as it comes. exec
+        ends a command at its own timeout: a deadline it lets pass is the agent's fault."""
         tool, args, timeout = self._agent_call(call, spec, args, command, trail)
-        key, request_id = call.sandbox_key, call.request_id
+        request_id = call.request_id
+        deadline: Deadline = "agent" if tool == "exec" else "caller"
         try:
             if events is None:
-                reply: AgentReply | None = await self._sandboxes.invoke(
-                    key, tool, args, timeout, request_id
+                reply: AgentReply | None = await lease.invoke(
+                    tool, args, timeout, request_id, deadline=deadline
                 )
             else:
-                source = self._sandboxes.invoke_stream(key, tool, args, timeout, request_id)
+                source = lease.stream(tool, args, timeout, request_id, deadline=deadline)
                 reply, trail.stream_redactions = await relay(source, self._policy.scrubber, events)
-        except (SandboxLost, AgentMisbehaved) as exc:
-            return failure(ErrorCode.SANDBOX_LOST, str(exc))
-        except AgentCallFailed:
-            return failure(ErrorCode.TIMEOUT, f"{spec.name} did not finish within {timeout:g} s")
-        if reply is None:
-            return failure(
-                ErrorCode.EXECUTION_FAILED, "the sandbox ended the call without a result"
-            )
-        return self.result_of(tool, reply)
+        except CALL_FAULTS as exc:
+            return outcome_of(exc)
+        return no_result() if reply is None else result_of(tool, reply)
 
     def _custom_exec_args(self, spec: ToolSpec, command: str | None) -> dict[str, Any]:
         custom = spec.custom
@@ -337,111 +286,6 @@ class ToolPipeline:
             wanted = min(wanted, tools.exec_max_timeout_s, limit or wanted)
             return {**args, "timeout": wanted}, (limit or wanted) + _GRACE_S
         return args, (limit or tools.exec_max_timeout_s) + _GRACE_S
-
-    def result_of(self, tool: str, reply: AgentReply) -> ToolResult:
-        """The agent's reply for `tool` as a result (exec: a failed command is an error)."""
-        data = reply.result
-        if reply.error_code and data is None:
-            return failure(ErrorCode(reply.error_code), reply.error_message)
-        data = data or {}
-        code, message = _exec_outcome(data) if tool == "exec" else (ErrorCode.NONE, "")
-        return ToolResult(
-            for_llm="",
-            for_user="",
-            is_error=code is not ErrorCode.NONE,
-            error_code=code,
-            error_message=message,
-            data=data,
-            truncated=any(
-                data.get(k) for k in ("stdout_truncated", "stderr_truncated", "truncated")
-            ),
-        )
-
-    def _scrubbed(self, result: ToolResult, ran_as: str, streamed: int = 0) -> ToolResult:
-        """Scrub every field that leaves the host, then render and cap the text. `streamed`:
-        redactions already made in streamed chunks of the same output (counted once)."""
-        scrubber, count = self._policy.scrubber, 0
-        data, message = result.data, result.error_message
-        if scrubber is not None:
-            if data is not None:
-                cleaned, n = scrubber.scrub_value(data)
-                data, count = cleaned, count + n  # type: ignore[assignment]
-                data, n = _cut_ends_scrubbed(scrubber, data)
-                count += n
-            message, n = scrubber.scrub(message)
-            count += n
-        text = result.for_llm
-        if data is not None:
-            text = render(ran_as, data)
-        elif scrubber is not None:
-            text, n = scrubber.scrub(text)
-            count += n
-        tools = self._config.tools
-        for_llm, cut_llm = cap_text(text, tools.llm_max_bytes)
-        for_user, cut_user = cap_text(text, tools.user_max_bytes)
-        return replace(
-            result,
-            for_llm=for_llm,
-            for_user=for_user,
-            error_message=message,
-            data=data,
-            truncated=result.truncated or cut_llm or cut_user,
-            redactions=max(count, streamed),
-        )
-
-    def _audit(
-        self, call: ToolCall, caller: str, trail: Trail, result: ToolResult, error_code: str = ""
-    ) -> None:
-        audit = self._policy.audit
-        if audit is None:
-            return
-        data = result.data or {}
-        exit_code = data.get("exit_code")
-        audit.record(
-            AuditRecord(
-                time=time.time(),
-                request_id=call.request_id,
-                caller=caller,
-                sandbox_key=call.sandbox_key,
-                agent_id=call.context.agent_id,
-                provider=call.context.provider,
-                tool=trail.tool,
-                arguments_json=self._audit_arguments(trail.arguments, call.arguments_json),
-                policy_step=trail.policy_step,
-                guard_rule=trail.guard_rule,
-                approval=trail.approval,
-                approver=trail.approver,
-                duration_ms=result.duration_ms,
-                exit_code=exit_code if isinstance(exit_code, int) else -1,
-                output_bytes=len(result.for_user.encode("utf-8", "replace")),
-                redactions=result.redactions,
-                error_code=error_code
-                or ("" if result.error_code is ErrorCode.NONE else result.error_code.value),
-                is_error=result.is_error,
-            )
-        )
-
-    def _audit_arguments(self, args: dict[str, Any] | None, raw: str) -> str:
-        limit = self._config.audit.max_arguments_bytes
-        # scrubbed whole, then cut: a credential cut first would leave a piece no rule knows,
-        # and the redactions before it could pull that piece under the limit
-        text = wire_json(args) if args is not None else raw
-        if self._policy.scrubber is not None:
-            text, _ = self._policy.scrubber.scrub(text)
-        return cap_text(text, limit)[0]
-
-
-def _cut_ends_scrubbed(scrubber: Scrubber, data: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """An output the sandbox cut at its limit (`stdout_truncated`) may end in a piece of a
-    configured secret: Scrubber.scrub_cut hides it."""
-    count = 0
-    for name in ("stdout", "stderr"):
-        text = data.get(name)
-        if data.get(f"{name}_truncated") and isinstance(text, str):
-            cleaned, n = scrubber.scrub_cut(text)
-            if n:
-                data, count = {**data, name: cleaned}, count + n
-    return data, count
 
 
 def _announce(events: asyncio.Queue[ToolEvent] | None) -> Callable[[Pending], None] | None:
@@ -475,20 +319,6 @@ def _where_of(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
         "workdir": workdir if isinstance(workdir, str) else None,
         "env": env if isinstance(env, dict) else {},
     }
-
-
-def _exec_outcome(data: dict[str, Any]) -> tuple[ErrorCode, str]:
-    if data.get("timed_out"):
-        return ErrorCode.TIMEOUT, f"command timed out after {data.get('duration_ms', 0)} ms"
-    code = data.get("exit_code")
-    if data.get("oom_killed"):
-        return ErrorCode.EXECUTION_FAILED, f"command killed: out of memory (exit code {code})"
-    if not isinstance(code, int):
-        return ErrorCode.EXECUTION_FAILED, "the agent reported no exit code"
-    if code != 0:
-        signal = f" ({data['signal']})" if data.get("signal") else ""
-        return ErrorCode.EXECUTION_FAILED, f"command exited with code {code}{signal}"
-    return ErrorCode.NONE, ""
 
 
 MAX_ARGUMENT_DEPTH = 64
@@ -535,10 +365,3 @@ def _check_shape(value: object) -> None:
             if seen > MAX_ARGUMENT_VALUES:
                 raise ValueError(f"arguments_json holds more than {MAX_ARGUMENT_VALUES} values")
             stack.extend((child, level + 1) for child in item)
-
-
-def failure(code: ErrorCode, message: str) -> ToolResult:
-    text = f"Error ({code.value}): {message}"
-    return ToolResult(
-        for_llm=text, for_user=text, is_error=True, error_code=code, error_message=message
-    )

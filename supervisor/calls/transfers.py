@@ -74,10 +74,11 @@ class FileTransfers:
                 bad.append(exc)
                 work.cancel()
 
-        sandboxes = self._sandboxes
-        work = asyncio.ensure_future(
-            sandboxes.upload(t.sandbox_key, t.path, t.tar, t.mode, checked())
-        )
+        async def send() -> AgentReply:
+            async with self._sandboxes.lease(t.sandbox_key) as lease:
+                return await lease.upload(t.path, t.tar, t.mode, checked())
+
+        work = asyncio.ensure_future(send())
         try:
             reply = await work
         except asyncio.CancelledError:
@@ -98,17 +99,18 @@ class FileTransfers:
         digest, size = hashlib.sha256(), 0
         reply: AgentReply | None = None
         first = True
-        async for item in self._sandboxes.download(t.sandbox_key, t.path, t.tar):
-            if isinstance(item, AgentReply):
-                reply = item
-                break
-            if first and mode == "text" and not t.tar and b"\0" in item[:SNIFF_BYTES]:
-                stream = _Scrubbing(scrub, binary=True)
-            first = False
-            if out := stream.feed(item):
-                digest.update(out)
-                size += len(out)
-                yield out
+        async with self._sandboxes.lease(t.sandbox_key) as lease:
+            async for item in lease.download(t.path, t.tar):
+                if isinstance(item, AgentReply):
+                    reply = item
+                    break
+                if first and mode == "text" and not t.tar and b"\0" in item[:SNIFF_BYTES]:
+                    stream = _Scrubbing(scrub, binary=True)
+                first = False
+                if out := stream.feed(item):
+                    digest.update(out)
+                    size += len(out)
+                    yield out
         if reply is None:
             raise errors.SandboxBroken("the sandbox ended the download without a result")
         sent = self._checked(reply)

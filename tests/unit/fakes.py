@@ -22,6 +22,8 @@ from stockade.supervisor.engines.backends.base import (
 from stockade.supervisor.engines.userns import NO_USERNS, IdMaps
 from stockade.supervisor.errors import ConfigError, SandboxBroken
 from stockade.supervisor.sandboxes.agent_link import AgentCallFailed, AgentFacts, AgentReply
+from stockade.supervisor.sandboxes.lease import Deadline
+from stockade.supervisor.sandboxes.manager import SandboxManager
 
 
 class FakeBackend:
@@ -176,3 +178,13 @@ class FakeAgent:
 
     async def close(self) -> None:
         self.ready = False
+
+
+async def invoke(
+    mgr: SandboxManager, key: str, tool: str, args: dict[str, Any], timeout: float, rid: str
+) -> AgentReply:
+    """One agent call through a lease, as the pipeline makes it (exec ends a command at its
+    own timeout: a deadline it lets pass is the agent's fault)."""
+    async with mgr.lease(key) as lease:
+        deadline: Deadline = "agent" if tool == "exec" else "caller"
+        return await lease.invoke(tool, args, timeout, rid, deadline=deadline)

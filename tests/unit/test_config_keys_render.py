@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from stockade.supervisor.calls.pipeline import _exec_outcome, parse_arguments
+from stockade.supervisor.calls.outcome import _exec_outcome
+from stockade.supervisor.calls.pipeline import parse_arguments
 from stockade.supervisor.calls.render import cap_text, printable, render
 from stockade.supervisor.config import Config, load_config
 from stockade.supervisor.errors import ConfigError, InvalidRequest

@@ -11,7 +11,7 @@ from stockade.supervisor.config import Config
 from stockade.supervisor.errors import AgentMisbehaved
 from stockade.supervisor.sandboxes import healing
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.fakes import FakeAgent, FakeBackend
+from tests.unit.fakes import FakeAgent, FakeBackend, invoke
 
 EXPECTED = healing.Expected(nofile=1024, nproc=16384, fsize=None)
 LIMITS = (
@@ -110,9 +110,9 @@ async def test_a_command_that_cannot_start_in_a_wedged_sandbox_runs_on_a_new_one
 ) -> None:
     events: Events = []
     mgr = manager(tmp_path, backend, events)
-    await mgr.invoke("k", "exec", {}, 5, "r0")
+    await invoke(mgr, "k", "exec", {}, 5, "r0")
     backend.agent_facts = facts(init=b"1 (tini) T 0 1 1")
-    reply = await mgr.invoke("k", "exec", {"no_start": True}, 5, "r1")
+    reply = await invoke(mgr, "k", "exec", {"no_start": True}, 5, "r1")
     assert reply.error_code == "EXECUTION_FAILED", "the new agent has the same (fake) facts"
     assert backend.runs == 2, "one re-creation, one retry: never a loop"
     info = await mgr.get("k")
@@ -121,7 +121,7 @@ async def test_a_command_that_cannot_start_in_a_wedged_sandbox_runs_on_a_new_one
     assert mgr.heal_counts[healing.INIT_STOPPED] == 1
     assert events[-1][:2] == ("k", "heal")
     backend.agent_facts = {}
-    assert (await mgr.invoke("k", "exec", {"no_start": True}, 5, "r2")).result is not None
+    assert (await invoke(mgr, "k", "exec", {"no_start": True}, 5, "r2")).result is not None
 
 
 async def test_a_failure_the_facts_do_not_explain_changes_nothing(
@@ -129,7 +129,7 @@ async def test_a_failure_the_facts_do_not_explain_changes_nothing(
 ) -> None:
     mgr = manager(tmp_path, backend, [])
     backend.agent_facts = HEALTHY  # 120 of 128 pids used, init sleeping: a busy workload
-    reply = await mgr.invoke("k", "exec", {}, 5, "r0")
+    reply = await invoke(mgr, "k", "exec", {}, 5, "r0")
     assert reply.result is not None
     assert (await mgr.get("k")).state.value == "RUNNING"
     assert backend.runs == 1
@@ -140,7 +140,7 @@ async def test_pids_crowded_after_a_command_by_what_the_agent_cannot_end_mark_th
 ) -> None:
     mgr = manager(tmp_path, backend, [])
     backend.agent_facts = HEALTHY  # 120 of 128 pids
-    reply = await mgr.invoke("k", "exec", {"crowded": True}, 5, "r0")
+    reply = await invoke(mgr, "k", "exec", {"crowded": True}, 5, "r0")
     assert reply.result is not None
     assert "pids_crowded" not in reply.result, "the flag is the supervisor's, not the caller's"
     assert reply.result["exit_code"] == 0, "a command that ran is never run again"
@@ -150,13 +150,13 @@ async def test_pids_crowded_after_a_command_by_what_the_agent_cannot_end_mark_th
 
 async def test_get_probes_and_reports_a_stopped_init(tmp_path: Path, backend: FakeBackend) -> None:
     mgr = manager(tmp_path, backend, [])
-    await mgr.invoke("k", "exec", {}, 5, "r0")
+    await invoke(mgr, "k", "exec", {}, 5, "r0")
     backend.agent_facts = facts(init=b"1 (tini) T 0 1 1")
     info = await mgr.get("k")
     assert info.state.value == "BROKEN"
     assert info.trouble.startswith("init_stopped:")
     backend.agent_facts = {}
-    await mgr.invoke("k", "exec", {}, 5, "r1")
+    await invoke(mgr, "k", "exec", {}, 5, "r1")
     assert backend.runs == 2
     assert (await mgr.get("k")).heals == 1
 
@@ -165,12 +165,12 @@ async def test_a_silent_agent_is_marked_by_the_sweep_and_healed(
     tmp_path: Path, backend: FakeBackend
 ) -> None:
     mgr = manager(tmp_path, backend, [])
-    await mgr.invoke("k", "exec", {}, 5, "r0")
+    await invoke(mgr, "k", "exec", {}, 5, "r0")
     backend.agent_frozen = True
     await mgr.sweep()
     backend.agent_frozen = False
     assert (await mgr.get("k")).trouble.startswith("agent_unresponsive:")
-    await mgr.invoke("k", "exec", {}, 5, "r1")
+    await invoke(mgr, "k", "exec", {}, 5, "r1")
     assert mgr.heal_counts[healing.AGENT_UNRESPONSIVE] == 1
 
 
@@ -178,12 +178,12 @@ async def test_a_call_past_its_deadline_on_a_silent_agent_marks_the_sandbox(
     tmp_path: Path, backend: FakeBackend
 ) -> None:
     mgr = manager(tmp_path, backend, [])
-    await mgr.invoke("k", "read_file", {}, 5, "r0")
+    await invoke(mgr, "k", "read_file", {}, 5, "r0")
     backend.agent_frozen = True
     with pytest.raises(AgentMisbehaved, match="did not answer"):
-        await mgr.invoke("k", "read_file", {}, 0.05, "r1")
+        await invoke(mgr, "k", "read_file", {}, 0.05, "r1")
     backend.agent_frozen = False
-    assert (await mgr.invoke("k", "read_file", {}, 5, "r2")).result is not None
+    assert (await invoke(mgr, "k", "read_file", {}, 5, "r2")).result is not None
     assert (await mgr.get("k")).last_heal_reason.startswith("agent_unresponsive:")
 
 
@@ -191,10 +191,10 @@ async def test_a_dead_container_recreated_counts_as_a_heal(
     tmp_path: Path, backend: FakeBackend
 ) -> None:
     mgr = manager(tmp_path, backend, [])
-    await mgr.invoke("k", "exec", {}, 5, "r0")
+    await invoke(mgr, "k", "exec", {}, 5, "r0")
     for cid in list(backend.containers):
         backend.kill(cid)
-    await mgr.invoke("k", "exec", {}, 5, "r1")
+    await invoke(mgr, "k", "exec", {}, 5, "r1")
     assert (await mgr.get("k")).last_heal_reason.startswith("container_exited:")
 
 
@@ -202,9 +202,9 @@ async def test_a_destroyed_sandbox_made_again_is_no_heal(
     tmp_path: Path, backend: FakeBackend
 ) -> None:
     mgr = manager(tmp_path, backend, [])
-    await mgr.invoke("k", "exec", {}, 5, "r0")
+    await invoke(mgr, "k", "exec", {}, 5, "r0")
     await mgr.destroy("k", delete_workspace=False)
-    await mgr.invoke("k", "exec", {}, 5, "r1")
+    await invoke(mgr, "k", "exec", {}, 5, "r1")
     assert (await mgr.get("k")).heals == 0
 
 

@@ -21,7 +21,7 @@ from stockade.supervisor.engines.backends.base import (
 from stockade.supervisor.errors import ConfigError, HostExhausted
 from stockade.supervisor.sandboxes import owner
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.fakes import FakeAgent, FakeBackend
+from tests.unit.fakes import FakeAgent, FakeBackend, invoke
 
 
 class GatedBackend(FakeBackend):
@@ -62,7 +62,7 @@ def manager(
 
 
 def sandbox_dir(tmp_path: Path, mgr: SandboxManager, key: str) -> Path:
-    return tmp_path / "sandboxes" / mgr._paths(key).root.name
+    return tmp_path / "sandboxes" / mgr.layout.of(key).root.name
 
 
 @pytest.mark.parametrize(
@@ -120,7 +120,7 @@ async def test_idle_sandbox_loses_its_container_not_its_workspace(tmp_path: Path
     assert events
     assert events[0][:2] == ("k", "remove container")
     assert "idle for" in events[0][2]
-    await mgr.invoke("k", "exec", {}, 5, "r")
+    await invoke(mgr, "k", "exec", {}, 5, "r")
     assert backend.runs == 2
     assert first.info.id not in backend.containers
     assert not (folder / "retired-at").exists()
@@ -130,8 +130,8 @@ async def test_a_call_in_flight_keeps_its_sandbox(tmp_path: Path) -> None:
     backend = FakeBackend()
     mgr = manager(tmp_path, backend, idle_timeout_s=0.05, max_age_s=0.05)
     hold = asyncio.Event()
-    call = asyncio.create_task(mgr.invoke("k", "exec", {"hold": hold}, 5, "r"))
-    while not backend.containers or not mgr._sandboxes.get("k"):
+    call = asyncio.create_task(invoke(mgr, "k", "exec", {"hold": hold}, 5, "r"))
+    while not backend.containers or not mgr.registry.get("k"):
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.1)  # idle and old past both limits, but busy
     assert await mgr.prune() == 0
@@ -150,7 +150,7 @@ async def test_a_call_during_removal_waits_and_gets_a_new_container(tmp_path: Pa
     backend.gate.clear()
     pruning = asyncio.create_task(mgr.prune())
     await asyncio.to_thread(backend.removing.wait, 30)
-    call = asyncio.create_task(mgr.invoke("k", "exec", {}, 5, "r"))
+    call = asyncio.create_task(invoke(mgr, "k", "exec", {}, 5, "r"))
     await asyncio.sleep(0.05)
     assert not call.done()  # waits for the key's lock
     backend.gate.set()
@@ -166,7 +166,7 @@ async def test_old_sandbox_is_replaced(tmp_path: Path) -> None:
     mgr = manager(tmp_path, backend, idle_timeout_s=0, max_age_s=0.05)
     old = await mgr.ensure("k")
     await asyncio.sleep(0.1)
-    await mgr.invoke("k", "exec", {}, 5, "r")  # use does not make it young
+    await invoke(mgr, "k", "exec", {}, 5, "r")  # use does not make it young
     assert await mgr.prune() == 1
     assert old.info.id not in backend.containers
 
@@ -206,14 +206,14 @@ async def test_warm_pool_serves_a_new_key_and_refills(tmp_path: Path) -> None:
     mgr = manager(tmp_path, backend, warm_pool=1)
     await mgr.start()
     mgr.start_housekeeping()
-    while len(mgr._pool) < 1:
+    while len(mgr.pool.ready) < 1:
         await asyncio.sleep(0.01)
     pooled = next(iter(backend.containers.values()))
     assert LABEL_POOL in pooled.labels
     sandbox = await mgr.ensure("new")
     assert sandbox.info.id == pooled.id
-    assert (await mgr.invoke("new", "exec", {}, 5, "r")).result is not None
-    while len(mgr._pool) < 1:
+    assert (await invoke(mgr, "new", "exec", {}, 5, "r")).result is not None
+    while len(mgr.pool.ready) < 1:
         await asyncio.sleep(0.01)
     assert backend.runs == 2
     folder = sandbox_dir(tmp_path, mgr, "new")
@@ -224,7 +224,7 @@ async def test_warm_pool_serves_a_new_key_and_refills(tmp_path: Path) -> None:
     assert pooled.id not in backend.containers
     await mgr.ensure("new")
     assert backend.runs == 3
-    assert len(mgr._pool) == 1
+    assert len(mgr.pool.ready) == 1
     await mgr.close()
     assert [i for i in backend.containers.values() if LABEL_POOL in i.labels] == []
     assert not list((tmp_path / "sandboxes").glob("pool-*"))
@@ -235,10 +235,10 @@ async def test_pooled_sandbox_is_adopted_after_restart(tmp_path: Path) -> None:
     mgr = manager(tmp_path, backend, warm_pool=1)
     await mgr.start()
     mgr.start_housekeeping()
-    while len(mgr._pool) < 1:
+    while len(mgr.pool.ready) < 1:
         await asyncio.sleep(0.01)
     taken = await mgr.ensure("k")
-    while len(mgr._pool) < 1:
+    while len(mgr.pool.ready) < 1:
         await asyncio.sleep(0.01)
     await mgr.close()
     again = manager(tmp_path, backend)
@@ -256,7 +256,7 @@ async def test_host_pressure_refuses_new_sandboxes_only(tmp_path: Path) -> None:
     await short.start()
     with pytest.raises(HostExhausted, match="min_free_memory_mb = 1000000000"):
         await short.ensure("new")
-    assert (await short.invoke("old", "exec", {}, 5, "r")).result is not None
+    assert (await invoke(short, "old", "exec", {}, 5, "r")).result is not None
     await short.close()
     disk = manager(tmp_path, backend, min_free_disk_mb=10**12)
     with pytest.raises(HostExhausted, match="MiB of disk free"):
@@ -345,8 +345,8 @@ async def test_reaper_removes_only_provably_gone_instances(tmp_path: Path) -> No
     )  # fmt: skip
     # The "dead" instance: its process must look ended and its lock free.
     pid, start = dead_process()
-    me = dead._owner
-    dead._owner = owner.Owner(me.boot_id, me.pid_ns, me.mnt_ns, pid, start, 1, 1)
+    me = dead.owner
+    dead.owner = owner.Owner(me.boot_id, me.pid_ns, me.mnt_ns, pid, start, 1, 1)
     await dead.destroy("d", delete_workspace=True)
     await dead.ensure("d")
     await dead.close()

@@ -4,8 +4,9 @@ conversions and error table."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,10 @@ from stockade.supervisor.config import (
     ScrubConfig,
     ToolsConfig,
 )
-from stockade.supervisor.errors import InvalidRequest, SandboxLost
+from stockade.supervisor.errors import CallTimedOut, InvalidRequest, SandboxLost
 from stockade.supervisor.models import CallContext, ToolCall
 from stockade.supervisor.observe.audit import AuditQuery
-from stockade.supervisor.sandboxes.agent_link import AgentCallFailed, AgentReply
+from stockade.supervisor.sandboxes.agent_link import AgentReply
 
 
 class RecordingSandboxes:
@@ -36,11 +37,13 @@ class RecordingSandboxes:
         self.reply = reply
         self.calls: list[tuple[str, dict[str, Any], float]] = []
 
-    async def ensure(self, key: str) -> None:
-        """The pipeline makes the sandbox ready before invoking (its own stage)."""
+    @contextlib.asynccontextmanager
+    async def lease(self, key: str) -> AsyncIterator[RecordingSandboxes]:
+        """The pipeline takes the sandbox once (its own stage), then calls through the lease."""
+        yield self
 
     async def invoke(
-        self, key: str, tool: str, args: dict[str, Any], timeout: float, request_id: str
+        self, tool: str, args: dict[str, Any], timeout: float, request_id: str, **_: object
     ) -> AgentReply:
         self.calls.append((tool, args, timeout))
         if isinstance(self.reply, Exception):
@@ -122,7 +125,7 @@ async def test_agent_errors_and_lost_sandboxes_become_results() -> None:
     assert (result.error_code.value, result.error_message) == ("FILE_NOT_FOUND", "no such file 'x'")
     pipe, _ = pipeline(SandboxLost("container exited"))
     assert (await pipe.call(call())).error_code.value == "SANDBOX_LOST"
-    pipe, _ = pipeline(AgentCallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline"))
+    pipe, _ = pipeline(CallTimedOut("exec did not finish within 40 s"))  # the lease's word
     assert (await pipe.call(call())).error_code.value == "TIMEOUT"
 
 
@@ -187,7 +190,7 @@ class HangingSandboxes(RecordingSandboxes):
         self.entered = asyncio.Event()
 
     async def invoke(
-        self, key: str, tool: str, args: dict[str, Any], timeout: float, request_id: str
+        self, tool: str, args: dict[str, Any], timeout: float, request_id: str, **_: object
     ) -> AgentReply:
         self.entered.set()
         await asyncio.Event().wait()

@@ -20,7 +20,7 @@ from stockade.supervisor.errors import (
 )
 from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.fakes import FakeAgent, FakeBackend
+from tests.unit.fakes import FakeAgent, FakeBackend, invoke
 
 UID = os.getuid()
 
@@ -171,7 +171,7 @@ async def test_dead_container_is_recreated_on_next_call(
     mgr = manager(tmp_path, backend)
     first = await mgr.ensure("k")
     backend.kill(first.info.id)
-    reply = await mgr.invoke("k", "exec", {"command": "true"}, 5, "r1")
+    reply = await invoke(mgr, "k", "exec", {"command": "true"}, 5, "r1")
     assert reply.result == {"exit_code": 0, "stdout": "exec", "stderr": ""}
     assert backend.runs == 2
     assert first.info.id not in backend.containers
@@ -180,9 +180,9 @@ async def test_dead_container_is_recreated_on_next_call(
 async def test_death_during_a_call_is_sandbox_lost(tmp_path: Path, backend: FakeBackend) -> None:
     mgr = manager(tmp_path, backend)
     with pytest.raises(SandboxLost, match="exited during the call with code 137"):
-        await mgr.invoke("k", "exec", {"die": True}, 5, "r1")
+        await invoke(mgr, "k", "exec", {"die": True}, 5, "r1")
     assert (await mgr.get("k")).state.value == "EXITED"
-    await mgr.invoke("k", "exec", {}, 5, "r2")
+    await invoke(mgr, "k", "exec", {}, 5, "r2")
     assert backend.runs == 2
 
 
@@ -194,7 +194,7 @@ async def test_death_the_engine_notices_late_is_still_sandbox_lost(
     await mgr.ensure("k")
     backend.stale_inspects = 6
     with pytest.raises(SandboxLost, match="exited during the call"):
-        await mgr.invoke("k", "exec", {"die": True}, 5, "r1")
+        await invoke(mgr, "k", "exec", {"die": True}, 5, "r1")
     assert backend.stale_inspects == 0
 
 
@@ -205,9 +205,9 @@ async def test_a_failed_call_with_a_live_agent_marks_the_sandbox_broken(
     oversized reply reports the sandbox broken and the next call recreates it)."""
     mgr = manager(tmp_path, backend)
     with pytest.raises(SandboxBroken, match="reply too large"):
-        await mgr.invoke("k", "exec", {"break": True}, 5, "r1")
+        await invoke(mgr, "k", "exec", {"break": True}, 5, "r1")
     assert (await mgr.get("k")).state.value == "BROKEN"
-    assert (await mgr.invoke("k", "exec", {}, 5, "r2")).result is not None
+    assert (await invoke(mgr, "k", "exec", {}, 5, "r2")).result is not None
     assert backend.runs == 2
 
 
@@ -285,4 +285,4 @@ async def test_from_a_container_tmp_stays_the_engines(
     spec = backend.specs[0]
     assert spec.tmpfs == {"/tmp": 64 << 20}
     assert "/tmp" not in [m.target for m in spec.mounts]
-    assert not (tmp_path / "sandboxes" / mgr._paths("k").root.name / "tmp").is_mount()
+    assert not (tmp_path / "sandboxes" / mgr.layout.of("k").root.name / "tmp").is_mount()

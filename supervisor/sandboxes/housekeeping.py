@@ -1,0 +1,139 @@
+"""Housekeeping: one sweep probes the sandboxes' health, removes idle and old containers,
+deletes workspaces past their retention and reaps other instances' orphans; each step logs
+and records what it did. Never touches a sandbox while a lease on it is held."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from stockade.supervisor.engines.backends.base import LABEL_INSTANCE, LABEL_KEY, LABEL_MANAGED
+from stockade.supervisor.errors import StockadeError
+from stockade.supervisor.keys import sandbox_id
+from stockade.supervisor.sandboxes import hostfs, layout, owner
+from stockade.supervisor.sandboxes.layout import Paths
+from stockade.supervisor.sandboxes.sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from stockade.supervisor.sandboxes.manager import SandboxManager
+
+log = logging.getLogger("stockade")
+
+
+class Housekeeping:
+    def __init__(self, manager: SandboxManager) -> None:
+        self._m = manager
+        self._config = manager.config
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._forever(), name="stockade-sweeper")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._config.housekeeping.sweep_interval_s)
+            try:
+                await self.sweep()
+            except StockadeError as exc:  # e.g. the engine is down: the next sweep retries
+                log.warning("housekeeping sweep failed: %s", exc)
+            except Exception:  # a bug must not end housekeeping for good
+                log.exception("housekeeping sweep failed")
+
+    async def sweep(self) -> None:
+        sandboxes = [s for s in self._m.registry.values() if s.usable]
+        await asyncio.gather(*(self._m.clinic.check(s) for s in sandboxes))
+        await self.prune()
+        await self.expire_workspaces()
+        if self._config.housekeeping.reap_orphans:
+            await self.reap_orphans()
+        self._m.pool.want()  # replaces pool containers that failed or died
+
+    async def prune(self) -> int:
+        """Remove the containers of sandboxes idle or old past their limits (never one with
+        a call in flight); their workspaces stay. How many were removed."""
+        hk = self._config.housekeeping
+        idle_now, now = time.monotonic(), time.time()
+        due = []
+        for sandbox in list(self._m.registry.values()):
+            idle, age = idle_now - sandbox.idle_since, now - sandbox.born
+            if hk.idle_timeout_s and idle >= hk.idle_timeout_s:
+                due.append(
+                    (sandbox, f"idle for {idle:.0f} s (idle_timeout_s {hk.idle_timeout_s:g})")
+                )
+            elif hk.max_age_s and age >= hk.max_age_s:
+                due.append((sandbox, f"{age:.0f} s old (max_age_s {hk.max_age_s:g})"))
+        return sum([await self._retire(sandbox, why) for sandbox, why in due])
+
+    async def _retire(self, sandbox: Sandbox, why: str) -> bool:
+        async with self._m.lock(sandbox.key):
+            if self._m.registry.get(sandbox.key) is not sandbox or sandbox.in_flight:
+                return False  # used or replaced while we waited for the lock
+            del self._m.registry[sandbox.key]  # from here a new call waits, then makes anew
+            await self._m.containers.stop(sandbox.container)
+            layout.stamp(sandbox.container.paths.retired)
+        log.info("removed the container of sandbox %r, %s; the workspace is kept", sandbox.key, why)
+        self._m.record(sandbox.key, "remove container", why)
+        return True
+
+    async def expire_workspaces(self) -> int:
+        """Delete workspaces that have had no container for workspace_retention_s. A
+        workspace found without a container and without a stamp gets one now."""
+        keep = self._config.housekeeping.workspace_retention_s
+        if not keep:
+            return 0
+        expired = 0
+        for key, paths in self._m.layout.folders():
+            if key in self._m.registry or sandbox_id(key) != paths.root.name:
+                continue
+            try:
+                since = paths.retired.stat().st_mtime
+            except FileNotFoundError:
+                layout.stamp(paths.retired)
+                continue
+            if time.time() - since >= keep:
+                expired += await self._expire(key, paths, f"no container for {keep:g} s")
+        return expired
+
+    async def _expire(self, key: str, paths: Paths, why: str) -> bool:
+        async with self._m.lock(key):
+            if key in self._m.registry or not paths.retired.exists():
+                return False  # a call made a container meanwhile
+            await asyncio.to_thread(layout.unmount, paths)
+            await asyncio.to_thread(hostfs.remove_tree, paths.root)
+        log.info("deleted the workspace of sandbox %r: %s", key, why)
+        self._m.record(key, "delete workspace", why)
+        return True
+
+    async def reap_orphans(self) -> int:
+        """Remove containers (and egress links) of other instances that have provably
+        ended (owner.py says what counts as proof); how many containers."""
+        backend, mine = self._m.backend, self._m.containers.instance_id
+        found = await asyncio.to_thread(backend.list, {LABEL_MANAGED: "1"})
+        theirs = [i for i in found if i.labels.get(LABEL_INSTANCE) != mine]
+        if not theirs:
+            return 0
+        locked = await asyncio.to_thread(owner.locked_inodes)
+        reaped, ended, alive = 0, set(), {mine[:8]}
+        for info in theirs:
+            labels = dict(info.labels)
+            why = await asyncio.to_thread(owner.gone_because, labels, self._m.owner, locked)
+            if why is None:
+                alive.add(labels.get(LABEL_INSTANCE, "")[:8])
+                continue
+            instance = labels[LABEL_INSTANCE]
+            ended.add(instance)
+            if await asyncio.to_thread(backend.remove, info.id):
+                reaped += 1
+                log.warning("reaped container %s of instance %s: %s", info.name, instance, why)
+                self._m.record(labels.get(LABEL_KEY, ""), "reap orphan", f"{info.name}: {why}")
+        for instance in ended:
+            if instance[:8] not in alive:  # links are named by the id's first 8 characters
+                await self._m.networks.egress.remove_instance(instance)
+        return reaped

@@ -1,0 +1,249 @@
+"""A sandbox's folder on the host: its workspace, the agent's socket folder, the size-capped
+file systems mounted there, and the hand-over of the workspace to the ids the sandbox user has
+on the host.
+
+    STATE/sandboxes/<sandbox id>/
+    ├── key             the (tenant-scoped) key the folder serves
+    ├── workspace/      /workspace in the container (a file system of its own when capped)
+    ├── workspace.img   that file system's sparse image (sandbox.workspace_size_mb)
+    ├── run/            /run/stockade: the agent's socket; root's once the agent listens
+    ├── tmp/            /tmp's tmpfs when the supervisor mounts it (an inode cap)
+    ├── owner           the host uid:gid the workspace was last handed to
+    ├── retired-at      written when the container is removed: starts the retention
+    └── pool-id         the warm-pool container the folder began with
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from stockade.supervisor.config import Config
+from stockade.supervisor.engines import userns
+from stockade.supervisor.engines.backends.base import ContainerInfo
+from stockade.supervisor.errors import ConfigError, SandboxBroken
+from stockade.supervisor.keys import sandbox_id
+from stockade.supervisor.sandboxes import hostfs, workspaces
+
+log = logging.getLogger("stockade")
+
+POOL_PREFIX = "pool-"
+"""Folders of warm-pool containers under STATE/sandboxes (sandbox ids are hex: no clash)."""
+RETIRED = "retired-at"
+POOL_ID = "pool-id"
+
+
+@dataclass(frozen=True)
+class Paths:
+    root: Path
+    workspace: Path
+    run: Path
+    socket: Path
+    key_file: Path
+    image: Path
+    """The workspace's file system when it is size-capped (sandbox.workspace_size_mb)."""
+    tmp: Path
+    """/tmp's tmpfs when the supervisor mounts it (an inode cap the engine cannot set)."""
+    owners: Path
+    """The host uid:gid the workspace was last handed to, one per line (two while a hand-over
+    to new ids is under way): the ids the sandbox user had, to be translated."""
+
+    @property
+    def retired(self) -> Path:
+        return self.root / RETIRED
+
+    @property
+    def pool_id(self) -> Path:
+        return self.root / POOL_ID
+
+
+def paths_at(root: Path) -> Paths:
+    run = root / "run"
+    return Paths(
+        root, root / "workspace", run, run / "agent.sock", root / "key",
+        root / "workspace.img", root / "tmp", root / "owner",
+    )  # fmt: skip
+
+
+class Layout:
+    """The folders of every sandbox of one supervisor, under STATE/sandboxes."""
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self.root = config.state_dir / "sandboxes"
+        uid, _, gid = config.sandbox.user.partition(":")
+        self.uid, self.gid = int(uid), int(gid or uid)
+        self.host_tmp = False
+        """Whether /tmp is a tmpfs the supervisor mounts (decided at start, see manager)."""
+
+    def of(self, key: str) -> Paths:
+        return paths_at(self.root / sandbox_id(key))
+
+    def prepare(self, key: str) -> Paths:
+        """The key's folder, ready for a new container of its own."""
+        paths = self.of(key)
+        paths.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        paths.key_file.write_text(key, encoding="utf-8", errors="surrogatepass")
+        paths.retired.unlink(missing_ok=True)
+        paths.pool_id.unlink(missing_ok=True)  # a container of its own now, not the pool's
+        self.prepare_subdirs(paths)
+        return paths
+
+    def prepare_pool(self, pool_id: str) -> Paths:
+        paths = paths_at(self.root / f"{POOL_PREFIX}{pool_id}")
+        paths.root.mkdir(mode=0o700)
+        paths.pool_id.write_text(pool_id + "\n")
+        self.prepare_subdirs(paths)
+        return paths
+
+    def prepare_subdirs(self, paths: Paths) -> None:
+        """A new workspace, and the agent's folder, for the sandbox user; an existing
+        workspace keeps its owner until hand_over (which reads it) gives it over."""
+        for directory in (paths.workspace, paths.run):
+            try:
+                directory.mkdir()
+            except FileExistsError:
+                if directory == paths.workspace:
+                    continue
+            os.chown(directory, self.uid, self.gid, follow_symlinks=False)
+        os.chmod(paths.run, 0o700)
+        paths.socket.unlink(missing_ok=True)
+
+    def mount(self, paths: Paths) -> None:
+        """The file systems the supervisor makes for a new container: the size-capped
+        workspace when configured (or capped before: its files live in the image), and /tmp
+        when the engine cannot cap its inodes (a fresh tmpfs per container)."""
+        sb = self._config.sandbox
+        if self.capped(paths):
+            workspaces.mount(paths.image, paths.workspace, sb.workspace_size_mb, self.uid, self.gid)
+        if self.host_tmp:
+            workspaces.mount_tmp(paths.tmp, sb.tmp_size_mb * 1024 * 1024, sb.tmp_inodes)
+
+    def capped(self, paths: Paths) -> bool:
+        """Whether the workspace is a file system of its own: capped now, or before."""
+        return bool(self._config.sandbox.workspace_size_mb) or paths.image.exists()
+
+    def hand_over(self, paths: Paths, handed: list[tuple[int, int]], maps: userns.IdMaps) -> None:
+        """Before the container starts: give its workspace and agent directory to the host
+        ids its user has (itself without a user namespace). A workspace made for other ids
+        (an earlier container had another range, or none) is walked, and what the sandbox
+        user owned there changes hands; with unchanged ids nothing is walked."""
+        try:
+            ids = maps.host_ids(self.uid, self.gid)
+        except ConfigError as exc:
+            raise SandboxBroken(str(exc)) from None
+        handed.append(ids)
+        previous = _read_owners(paths.owners) or [_owner_of(paths.workspace, ids)]
+        try:
+            if previous != [ids]:
+                _write_owners(paths.owners, [*previous, ids])
+                changed = hostfs.chown_tree(
+                    paths.workspace, ids, {u for u, _ in previous}, {g for _, g in previous}
+                )
+                _write_owners(paths.owners, [ids])
+                log.info(
+                    "workspace %s handed to %s:%s (%d entries)", paths.workspace, *ids, changed
+                )
+            os.chown(paths.workspace, *ids, follow_symlinks=False)
+            os.chown(paths.run, *ids, follow_symlinks=False)
+        except OSError as exc:
+            raise SandboxBroken(f"cannot hand the workspace to the sandbox's ids: {exc}") from exc
+
+    def check_mapped(self, info: ContainerInfo, ids: tuple[int, int]) -> None:
+        """The running container's own uid map (from the kernel) must give the sandbox user
+        the host uid its workspace was handed to; else the agent could not use it."""
+        try:
+            text = Path(f"/proc/{info.pid}/uid_map").read_text()
+        except OSError:  # not on this host's /proc (or already gone): the agent's start tells
+            return
+        host = userns.to_host(userns.parse_proc_map(text), self.uid)
+        if host != ids[0]:
+            raise SandboxBroken(
+                f"the container maps uid {self.uid} to host uid {host}, not {ids[0]} as its "
+                "engine said; its workspace was handed to the wrong ids"
+            )
+
+    def pool_folders(self) -> dict[str, Path]:
+        """pool id -> the folder holding it (pool-ID while unassigned, else a key's)."""
+        found = {}
+        for marker in self.root.glob(f"*/{POOL_ID}"):
+            try:
+                found[marker.read_text().strip()] = marker.parent
+            except OSError:
+                continue
+        return found
+
+    def drop_pool_folders(self) -> None:
+        """Delete the folders of unassigned pool containers, at start (their containers
+        were just removed). They never held a caller's files."""
+        for folder in self.root.glob(f"{POOL_PREFIX}*"):
+            unmount(paths_at(folder))
+            hostfs.remove_tree(folder)
+
+    def folders(self) -> list[tuple[str, Paths]]:
+        """(key, paths) of every folder that names a key."""
+        found = []
+        for key_file in sorted(self.root.glob("*/key")):
+            key = key_file.read_text(encoding="utf-8", errors="surrogatepass")
+            found.append((key, paths_at(key_file.parent)))
+        return found
+
+
+def seal_run_dir(paths: Paths) -> None:
+    """Once the agent listens, hand its socket directory to root, so that code in the sandbox
+    cannot replace the socket with a symlink that would steer the supervisor to another
+    socket on the host."""
+    os.chown(paths.run, 0, 0, follow_symlinks=False)
+    os.chmod(paths.run, 0o755)
+
+
+def run_dir_is_sealed(paths: Paths) -> bool:
+    try:
+        run, sock = os.lstat(paths.run), os.lstat(paths.socket)
+    except OSError:
+        return False
+    return run.st_uid == 0 and stat.S_ISDIR(run.st_mode) and stat.S_ISSOCK(sock.st_mode)
+
+
+def unmount(paths: Paths, *, workspace: bool = True) -> None:
+    """Undo Layout.mount once the container is gone (no error when nothing is mounted); the
+    workspace's file system stays mounted when a new container follows at once."""
+    if workspace:
+        workspaces.unmount(paths.workspace)
+    workspaces.unmount(paths.tmp)
+
+
+def stamp(path: Path) -> None:
+    """Write the time into `path` (its mtime is what counts)."""
+    path.write_text(f"{time.time():.0f}\n")
+
+
+def _owner_of(folder: Path, default: tuple[int, int]) -> tuple[int, int]:
+    """Who owns `folder` now: a workspace made before its owners file was kept (or by a
+    version with another default sandbox user) is handed over from them; never from root
+    (whatever root owns in a workspace stays root's)."""
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return default
+    ok = stat.S_ISDIR(info.st_mode) and info.st_uid != 0 and info.st_gid != 0
+    return (info.st_uid, info.st_gid) if ok else default
+
+
+def _read_owners(path: Path) -> list[tuple[int, int]]:
+    try:
+        lines = path.read_text().split("\n")
+    except FileNotFoundError:
+        return []
+    pairs = [line.split(":") for line in lines if line]
+    return [(int(u), int(g)) for u, g in pairs]
+
+
+def _write_owners(path: Path, owners: list[tuple[int, int]]) -> None:
+    partial_file = path.with_name(path.name + ".partial")
+    partial_file.write_text("".join(f"{u}:{g}\n" for u, g in owners))
+    partial_file.rename(path)

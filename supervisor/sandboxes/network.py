@@ -1,0 +1,92 @@
+"""Which network a sandbox gets (the configured one, or a narrower one a request asks for),
+and its egress link while it runs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from stockade.supervisor.config import NETWORK_MODES, Config
+from stockade.supervisor.engines.backends.base import (
+    LABEL_KEY,
+    LABEL_NETWORK,
+    LABEL_NETWORK_ALLOW,
+    ContainerInfo,
+)
+from stockade.supervisor.errors import InvalidRequest, PolicyDenied
+from stockade.supervisor.models import NetworkRequest
+from stockade.supervisor.network.allowlist import Allowlist, AllowlistError
+from stockade.supervisor.network.egress import EgressNetwork
+from stockade.supervisor.network.proxy import EgressDecision
+from stockade.supervisor.sandboxes.sandbox import Container, SandboxNetwork
+
+log = logging.getLogger("stockade")
+
+MAX_NETWORK_ALLOW = 256
+"""Patterns an EnsureSandbox request may list (they travel in a container label)."""
+
+
+class Networks:
+    def __init__(
+        self,
+        config: Config,
+        instance_id: str,
+        record_egress: Callable[[EgressDecision], None] | None = None,
+    ) -> None:
+        self._config = config
+        self.egress = EgressNetwork(config.network, instance_id, record_egress or _ignore)
+
+    def choose(self, request: NetworkRequest | None) -> SandboxNetwork:
+        """The network a sandbox gets: the configured one, or a narrower one asked for."""
+        configured = self._config.sandbox.network
+        mode = (request.mode if request else "") or configured
+        if mode not in NETWORK_MODES:
+            raise InvalidRequest(f"network mode must be one of {list(NETWORK_MODES)}, not {mode!r}")
+        if NETWORK_MODES.index(mode) > NETWORK_MODES.index(configured):
+            raise PolicyDenied(
+                f"network mode {mode!r} is wider than the configured {configured!r} "
+                "(a request may narrow the network, never widen it)"
+            )
+        if request is not None and len(request.allow) > MAX_NETWORK_ALLOW:
+            raise InvalidRequest(
+                f"a network allowlist may have at most {MAX_NETWORK_ALLOW} patterns, "
+                f"not {len(request.allow)}"
+            )
+        if request is not None and request.allow and mode != "egress":
+            raise InvalidRequest("an allowlist applies only to network mode 'egress'")
+        if mode != "egress":
+            return SandboxNetwork(mode)
+        configured_list = self.egress.allowlist
+        try:
+            chosen = configured_list.narrowed(request.allow) if request and request.allow else None
+        except AllowlistError as exc:
+            raise PolicyDenied(f"network allowlist: {exc}") from exc
+        return SandboxNetwork(mode, (chosen or configured_list).patterns)
+
+    def of_container(self, info: ContainerInfo) -> SandboxNetwork | None:
+        """An adopted container's network as it was created, re-checked against today's
+        config: None when it is now wider than allowed (the container is then replaced)."""
+        mode = info.labels.get(LABEL_NETWORK, "none")
+        allow = tuple(p for p in info.labels.get(LABEL_NETWORK_ALLOW, "").split(",") if p)
+        try:
+            return self.choose(NetworkRequest(mode, allow))
+        except (InvalidRequest, PolicyDenied) as exc:
+            log.warning("replacing sandbox %r: %s", info.labels.get(LABEL_KEY, ""), exc)
+            return None
+
+    def environment(self, network: SandboxNetwork) -> dict[str, str]:
+        """What a container on this network is told (the egress proxy's address)."""
+        return dict(self.egress.environment) if network.mode == "egress" else {}
+
+    async def attach(self, key: str, container: Container, network: SandboxNetwork) -> None:
+        if network.mode == "egress":
+            allowlist = Allowlist(network.allow, self._config.network.ports)
+            await self.egress.attach(key, container.sid, container.info.pid, allowlist)
+
+    async def detach(self, container: Container) -> None:
+        if container.sid:
+            await self.egress.detach(container.sid)
+
+
+def _ignore(_decision: EgressDecision) -> None:
+    pass

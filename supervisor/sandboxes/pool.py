@@ -1,0 +1,131 @@
+"""The warm pool: started containers with no key yet (housekeeping.warm_pool). A new key (no
+folder yet) with the default network takes one: its folder is renamed to the key's (the bind
+mounts follow the folder) and the key is written there, with the pool id, so that adoption
+after a restart finds the key."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+
+from stockade.supervisor.config import Config
+from stockade.supervisor.engines.backends.base import LABEL_POOL
+from stockade.supervisor.errors import SandboxBroken, StockadeError
+from stockade.supervisor.keys import sandbox_id
+from stockade.supervisor.sandboxes import hostfs, pressure
+from stockade.supervisor.sandboxes.containers import Containers
+from stockade.supervisor.sandboxes.layout import POOL_PREFIX, Layout
+from stockade.supervisor.sandboxes.network import Networks
+from stockade.supervisor.sandboxes.sandbox import Container, Sandbox, SandboxNetwork, born
+
+log = logging.getLogger("stockade")
+
+POOL_CLOSE_S = 30.0
+"""At close, how long a pool container being made may take beyond start_timeout_s."""
+POOL_PROBE_S = 2.0
+"""How long a pool container's agent may take to answer before it is replaced."""
+
+
+class WarmPool:
+    def __init__(
+        self, config: Config, containers: Containers, layout: Layout, networks: Networks
+    ) -> None:
+        self._config = config
+        self._containers = containers
+        self._layout = layout
+        self._networks = networks
+        self.ready: list[Container] = []
+        self._wanted = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    def start(self) -> None:
+        if self._config.housekeeping.warm_pool:
+            self._task = asyncio.create_task(self._fill(), name="stockade-pool")
+            self._wanted.set()
+
+    def want(self) -> None:
+        """Ask the filler to top the pool up (and replace what failed or died)."""
+        if self._config.housekeeping.warm_pool:
+            self._wanted.set()
+
+    async def close(self) -> None:
+        """Let a container being made join first, then remove every pool container."""
+        if self._task is not None:
+            self._closing = True
+            self._wanted.set()
+            limit = self._config.sandbox.start_timeout_s + POOL_CLOSE_S
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._task), limit)
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        while self.ready:
+            await self._drop(self.ready.pop())
+
+    async def take(self, key: str, network: SandboxNetwork) -> Sandbox | None:
+        """A pool container for a new key (no folder yet) with the default network; None
+        when there is none to take (the caller then makes a container)."""
+        paths = self._layout.of(key)
+        if not self.ready or network != self._networks.choose(None) or paths.root.exists():
+            return None
+        pooled = self.ready.pop(0)
+        self._wanted.set()
+        if not await pooled.agent.answers(POOL_PROBE_S):
+            log.warning("warm pool: container %s does not answer; dropped", pooled.info.name)
+            await self._drop(pooled)
+            return None
+        (pooled.paths.root / "key").write_text(key, encoding="utf-8", errors="surrogatepass")
+        os.rename(pooled.paths.root, paths.root)
+        await pooled.agent.close()
+        sid = sandbox_id(key)
+        container = Container(pooled.info, self._containers.connect(paths.socket), paths, sid)
+        try:
+            await self._containers.ready(container, network, key, None)
+        except SandboxBroken as exc:
+            log.warning("sandbox %r: the pool container failed (%s); making one", key, exc)
+            await self._containers.stop(container, keep_workspace_mounted=True)
+            return None
+        log.info("sandbox %r took warm-pool container %s", key, pooled.info.name)
+        sandbox = Sandbox(key, sid, container, network)
+        sandbox.born = born(pooled.info)
+        return sandbox
+
+    async def _fill(self) -> None:
+        size = self._config.housekeeping.warm_pool
+        while not self._closing:
+            await self._wanted.wait()
+            self._wanted.clear()
+            for pooled in list(self.ready):
+                if not await pooled.agent.answers(POOL_PROBE_S) and pooled in self.ready:
+                    self.ready.remove(pooled)
+                    await self._drop(pooled)
+            while len(self.ready) < size and not self._closing:
+                try:
+                    hk, state_dir = self._config.housekeeping, self._config.state_dir
+                    await asyncio.to_thread(pressure.check, hk, state_dir)
+                    pooled = await self._make()
+                    self.ready.append(pooled)
+                    log.info("warm pool: container %s ready", pooled.info.name)
+                except (StockadeError, OSError) as exc:
+                    log.warning("warm pool: no container added: %s", exc)
+                    break  # the next sweep asks again
+
+    async def _make(self) -> Container:
+        pool_id = secrets.token_hex(8)
+        paths = self._layout.prepare_pool(pool_id)
+        name = self._containers.name(f"{POOL_PREFIX}{pool_id}")
+        network = self._networks.choose(None)
+        try:
+            return await self._containers.start(name, {LABEL_POOL: pool_id}, paths, network)
+        except SandboxBroken:
+            with contextlib.suppress(FileNotFoundError):
+                await asyncio.to_thread(hostfs.remove_tree, paths.root)
+            raise
+
+    async def _drop(self, pooled: Container) -> None:
+        await self._containers.stop(pooled)
+        with contextlib.suppress(FileNotFoundError):
+            await asyncio.to_thread(hostfs.remove_tree, pooled.paths.root)
