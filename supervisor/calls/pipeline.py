@@ -1,5 +1,6 @@
-"""The path of one call (DESIGN.md): resolve the tool, policy, validate the arguments, guard
-the command, approval, rate limit, run it in the sandbox, scrub, cap, audit.
+"""The path of one call: resolve the tool, tool policy, validate the arguments, guard the
+command, approval, rate limit, take the sandbox's lease (once) and run the call through it,
+then scrub, render, cap and record (calls/recorder.py). See docs/architecture.md.
 
 Every decision is recorded in a Trail that ends up in the audit log. Nothing here sees
 protobuf or a container SDK."""

@@ -24,7 +24,7 @@ from typing import Any
 
 DOCKER_SOCKET = Path("/var/run/docker.sock")
 DROP_IN = Path("/etc/containers/containers.conf.d/stockade.conf")
-SETUP_HINT = "run scripts/setup.sh (or see DESIGN.md, 'Set-up on a machine like ours')"
+SETUP_HINT = "run scripts/setup.sh (docs/operations.md says what it sets up)"
 # Podman 4.3 asks for these limits when containers.conf sets none.
 PODMAN_DEFAULT_LIMIT = 1048576
 CAP_SYS_RESOURCE = 24

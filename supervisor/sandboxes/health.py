@@ -96,7 +96,7 @@ class Clinic:
             return sandbox.trouble or healing.Trouble(healing.AGENT_MISBEHAVED, "marked broken")
         if sandbox.lost:
             return healing.Trouble(healing.CONTAINER_EXITED, "the container stopped or vanished")
-        if sandbox.agent.is_ready():
+        if sandbox.greeted and sandbox.agent.is_ready():
             return None
         info = await asyncio.to_thread(self._backend.inspect, sandbox.info.id)
         if info is None or not info.running:
@@ -105,6 +105,7 @@ class Clinic:
             await sandbox.agent.wait_ready(start_timeout_s)
         except SandboxBroken as exc:
             return healing.Trouble(healing.AGENT_UNRESPONSIVE, str(exc))
+        sandbox.greeted = True
         return None
 
     async def unresponsive(self, sandbox: Sandbox) -> bool:

@@ -218,7 +218,7 @@ class SandboxManager:
             log.warning("not adopting sandbox %r: %s", shown(key), exc)
             await container.agent.close()
             return ""
-        self.registry[key] = Sandbox(key, sid, container, network, born=born(info))
+        self.registry[key] = Sandbox(key, sid, container, network, born=born(info), greeted=False)
         return "adopted"
 
     def _adoptable(self, paths: layout.Paths, info: ContainerInfo) -> bool:
@@ -285,6 +285,7 @@ class SandboxManager:
         if (
             sandbox is not None
             and sandbox.usable
+            and sandbox.greeted
             and sandbox.agent.is_ready()
             and wanted in (None, sandbox.network)
         ):

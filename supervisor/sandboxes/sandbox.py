@@ -52,6 +52,9 @@ class Sandbox:
     idle_since: float = field(default_factory=time.monotonic)
     born: float = field(default_factory=time.time)
     """When the container was made (wall clock: an adopted container's age counts too)."""
+    greeted: bool = True
+    """Its agent passed the handshake (Hello with our protocol version) on this connection; an
+    adopted container's has not yet, and is not used before it has."""
     lost: bool = False
     broken: bool = False
     """The agent misbehaved or the sandbox is wedged: nothing more is asked of it; the next

@@ -47,6 +47,8 @@ class FakeBackend:
         self.agent_facts: dict[str, bytes | str] = {}
         """What the agents' Inspect reads: path -> content, or an errno name (default ENOENT)."""
         self.agent_frozen = False
+        self.hello_refused = False
+        """The agent answers Hello with another protocol version (an attacker on its socket)."""
         """Stopped agents: Hello goes unanswered and calls run into their deadline."""
 
     def ping(self) -> str:
@@ -140,6 +142,8 @@ class FakeAgent:
         await asyncio.sleep(0.01)
         if not self._alive():
             raise SandboxBroken("agent does not answer")
+        if self.backend.hello_refused:
+            raise SandboxBroken("agent speaks protocol 0, supervisor 1")
         self.ready = True
 
     async def answers(self, timeout: float = 0.5) -> bool:

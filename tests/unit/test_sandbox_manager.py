@@ -80,6 +80,26 @@ async def test_adopts_running_containers_after_restart(
     assert backend.runs == 1
 
 
+async def test_an_adopted_agent_is_used_only_after_its_handshake(
+    tmp_path: Path, backend: FakeBackend
+) -> None:
+    """A health probe may connect an adopted container's channel before any call; the first
+    call must still check the protocol (Hello), and one that fails it gets a new container."""
+    first = manager(tmp_path, backend)
+    created = await first.ensure("k")
+    await first.close()
+    second = manager(tmp_path, backend)
+    assert await second.start() == ["k"]
+    adopted = second.registry["k"]
+    adopted.agent.ready = True  # type: ignore[attr-defined]  # connected by a probe
+    backend.hello_refused = True
+    with pytest.raises(SandboxBroken):  # the new container's agent refuses the same way
+        await second.ensure("k")
+    assert created.info.id not in backend.containers
+    backend.hello_refused = False
+    assert (await second.ensure("k")).info.id != created.info.id
+
+
 async def test_a_container_of_another_image_is_recreated_at_start_with_its_workspace(
     tmp_path: Path, backend: FakeBackend, caplog: pytest.LogCaptureFixture
 ) -> None:
