@@ -7,7 +7,7 @@ shell (``remote-code-exec``, ``decode-to-shell``, ``netcat-shell``), inline code
 (``script-reverse-shell``, ``fork-bomb``), run-time program names (``dynamic-command``) and
 what could not be parsed (``parse-error``, ``too-complex``). ``rules_markdown()`` renders the
 table; docs/policy-guard-rules.md is its output (a unit test keeps the two the same):
-``python -m stockade.supervisor.policy.guard.rules > docs/policy-guard-rules.md``.
+``python -m stockade.supervisor.policy.guard > docs/policy-guard-rules.md``.
 """
 
 from __future__ import annotations
@@ -272,7 +272,7 @@ def rules_markdown() -> str:
         "# The command guard's built-in rules",
         "",
         "Generated from `RULES` in `supervisor/policy/guard/rules.py` by `rules_markdown()`; "
-        "do not edit by hand (`python -m stockade.supervisor.policy.guard.rules > "
+        "do not edit by hand (`python -m stockade.supervisor.policy.guard > "
         "docs/policy-guard-rules.md`). The first deny wins; then, if any part could not be "
         "checked, `guard.on_parse_error`; then the first ask; else the command runs. "
         "Configured `[[guard.rules]]` deny too.",
@@ -292,6 +292,3 @@ def rules_markdown() -> str:
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
-
-if __name__ == "__main__":
-    print(rules_markdown(), end="")
