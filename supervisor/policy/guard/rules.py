@@ -291,4 +291,3 @@ def rules_markdown() -> str:
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
-
