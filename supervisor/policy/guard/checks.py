@@ -147,29 +147,32 @@ def dd(inv: Inv) -> str | None:
     if inv.program != "dd":
         return None
     for path in _prefixed(inv, "if="):
-        where = _dd_paths(path, inv.place)
-        if where is None:
-            return (
-                "dd reading a path known only at run time or in an unknown folder "
-                f"({shorten(path)})"
-            )
-        if any(_device_or_kernel(p) and p not in _DD_SOURCES for p in where):
-            return f"dd reading a device or kernel memory ({path})"
+        where = _dd_where("reading", path, inv.place, _DD_SOURCES, "a device or kernel memory")
+        if isinstance(where, str):
+            return where
     for path in _prefixed(inv, "of="):
-        where = _dd_paths(path, inv.place)
-        if where is None:
-            return (
-                "dd writing a path known only at run time or in an unknown folder "
-                f"({shorten(path)})"
-            )
-        if any(_device_or_kernel(p) and p not in _DD_SINKS for p in where):
-            return f"dd writing a device ({path})"
+        where = _dd_where("writing", path, inv.place, _DD_SINKS, "a device")
+        if isinstance(where, str):
+            return where
         if all(p in _DD_SINKS for p in where):
             continue
         problem = removal_problem(Word(path), inv.place, root_ok=True)
         if problem:
             return f"dd writing {problem}"
     return None
+
+
+def _dd_where(
+    verb: str, path: str, place: Place, allowed: frozenset[str], what: str
+) -> list[str] | str:
+    """The absolute paths of a dd operand, or what is wrong with it: a run-time path or
+    folder, or a device or kernel file other than ``allowed``."""
+    where = _dd_paths(path, place)
+    if where is None:
+        return f"dd {verb} a path known only at run time or in an unknown folder ({shorten(path)})"
+    if any(_device_or_kernel(p) and p not in allowed for p in where):
+        return f"dd {verb} {what} ({path})"
+    return where
 
 
 def _dd_paths(path: str, place: Place) -> list[str] | None:
