@@ -12,7 +12,7 @@ from tree_sitter import Node
 
 PARSE_SECONDS = 2.0
 """CPU seconds all the parses of one guard check may take together."""
-LANGUAGE = tree_sitter.Language(tree_sitter_bash.language())
+_LANGUAGE = tree_sitter.Language(tree_sitter_bash.language())
 _LOCAL = threading.local()
 ASCII_ONLY = bytes.maketrans(bytes(range(0x80, 0x100)), b"x" * 0x80)
 
@@ -48,7 +48,7 @@ def tree_parse(data: bytes, budget: Budget) -> tree_sitter.Tree | None:
 def _parser() -> tree_sitter.Parser:
     parser: tree_sitter.Parser | None = getattr(_LOCAL, "parser", None)
     if parser is None:
-        parser = _LOCAL.parser = tree_sitter.Parser(LANGUAGE)
+        parser = _LOCAL.parser = tree_sitter.Parser(_LANGUAGE)
     return parser
 
 

@@ -26,7 +26,7 @@ _CD = frozenset({"cd", "pushd", "chdir"})
 _CD_PREFIXES = frozenset({"builtin", "command", "time", "-p", "--"})
 _CWD_UNKNOWN = frozenset({"popd", "eval", "source", "."})
 _LOOPS = frozenset({"for_statement", "c_style_for_statement", "while_statement"})
-CHANGES_DIR = re.compile(rb"\b(?:cd|pushd|popd|chdir)\b")
+_CHANGES_DIR = re.compile(rb"\b(?:cd|pushd|popd|chdir)\b")
 
 
 class Walker(WordWalker):
@@ -58,7 +58,7 @@ class Walker(WordWalker):
             self.declaration(node)
         elif kind == "function_definition":
             self.function(node)
-        elif kind in _LOOPS and CHANGES_DIR.search(self.src, node.start_byte, node.end_byte):
+        elif kind in _LOOPS and _CHANGES_DIR.search(self.src, node.start_byte, node.end_byte):
             self.cwds = None  # a cd runs again on each pass: where is unknown
             self.loop(node) if kind == "while_statement" else self.block(node, conditional=True)
         elif kind == "while_statement":
@@ -127,7 +127,7 @@ class Walker(WordWalker):
             words = words[1:]  # `builtin cd /`, `command cd /`, `time -p cd /`
         program = words[0].text if words else ""
         self.cd_done = NO_CD
-        if program == "trap" and any(CHANGES_DIR.search(w.text.encode()) for w in words):
+        if program == "trap" and any(_CHANGES_DIR.search(w.text.encode()) for w in words):
             self.cwds = None  # `trap 'cd /' DEBUG`: runs in this shell, before each command
         if not words or words[0].dynamic or program not in _CD | _CWD_UNKNOWN:
             return
@@ -261,7 +261,7 @@ class Walker(WordWalker):
             for child in node.children:
                 if child.type in STATEMENTS:
                     self.statement(child)
-        if CHANGES_DIR.search(self.src, node.start_byte, node.end_byte):
+        if _CHANGES_DIR.search(self.src, node.start_byte, node.end_byte):
             self.cwds = None  # each call may change directory
         self.positional = outer
         self.cond -= 1

@@ -46,7 +46,7 @@ STATEMENTS |= {"function_definition", "if_statement", "elif_clause", "else_claus
 STATEMENTS |= {"while_statement", "for_statement", "c_style_for_statement", "case_statement"}
 STATEMENTS |= {"case_item", "do_group", "negated_command", "test_command", "ERROR"}
 _JOINED = re.compile(rb"(?:\\\n)*")
-SPECIAL = frozenset("0123456789@*#")
+_SPECIAL = frozenset("0123456789@*#")
 _HIDDEN_SUB = re.compile(r"`|\$\(|[<>]\(")
 _NAME = re.compile(r"[A-Za-z_]\w*")
 NO_CD = ("\0",)  # `cd_done` when the last command was no cd
@@ -106,7 +106,7 @@ class WordWalker(abc.ABC):
                 segs, subs, dollar = [], [], False
             end = piece.end_byte
             text = self.text(piece)
-            if dollar and piece.type == "word" and text[:1] in SPECIAL:  # `$` `9-rf`
+            if dollar and piece.type == "word" and text[:1] in _SPECIAL:  # `$` `9-rf`
                 self.parameter(text[0], segs, quoted=False, source="$" + text[0])
                 segs.extend(unescape_word(text[1:]))
             elif dollar and piece.type == "word" and (name := _NAME.match(text)):  # `$` `IFS/`
@@ -212,7 +212,7 @@ class WordWalker(abc.ABC):
                     subs.append(self.reparse(self.text(child)))
         if simple and name in self.vars:
             self.value(self.vars[name], out, quoted=quoted)
-        elif simple and name is not None and name in SPECIAL:
+        elif simple and name is not None and name in _SPECIAL:
             self.parameter(name, out, quoted=quoted, source=source)
         else:
             out.append((source, DYN))
