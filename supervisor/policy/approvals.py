@@ -24,7 +24,7 @@ from stockade.supervisor import store
 from stockade.supervisor.config import AgentConfig, ApprovalsConfig
 from stockade.supervisor.errors import ApprovalNotFound, ApproverBehind, InvalidRequest
 from stockade.supervisor.keys import split
-from stockade.supervisor.policy.shell_parse import parse_script
+from stockade.supervisor.policy.guard.parsing import parse_script
 
 WATCH_BACKLOG = 10_000
 """Events kept for one approver that does not read its stream; past it the approver is

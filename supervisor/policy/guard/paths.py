@@ -10,7 +10,7 @@ and every system folder, a glob that can match everything at one of those roots 
 (``"$DIR"``, ``$(cmd)``, a relative path after ``cd "$X"``, paths ``xargs`` reads).
 
 Paths are resolved lexically against the directories the command may run in (the call's
-workdir, then each ``cd``; see ``shell_parse``). Symlinks are not followed: the guard
+workdir, then each ``cd``; see ``parsing``). Symlinks are not followed: the guard
 cannot know them (``rm -rf link/`` where ``link`` points at /etc passes). The container is
 the boundary there: system folders are read-only to the sandbox's user.
 """
@@ -23,7 +23,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from stockade.supervisor.policy.shell_parse import Cwds, Word
+from stockade.supervisor.policy.guard.parsing import Cwds, Word
 
 __all__ = [
     "Place",

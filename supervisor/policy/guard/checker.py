@@ -1,0 +1,107 @@
+"""The ``Guard``: configuration (extra rules, limits, the workspace and home folders) and
+``check``, which hands each command to a fresh ``evaluation.Evaluation``."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from stockade.supervisor.policy.guard.evaluation import Decided, Evaluation
+from stockade.supervisor.policy.guard.invocations import norm_abs
+from stockade.supervisor.policy.guard.model import GuardConfigError, GuardResult, GuardRule
+from stockade.supervisor.policy.guard.paths import SCRATCH
+from stockade.supervisor.policy.guard.rules import BUILTIN_NAMES
+
+
+class Guard:
+    """Decides whether a shell command may run. Immutable; ``check`` is pure and thread-safe."""
+
+    __slots__ = ("_extra", "_home", "_max_depth", "_names", "_on_parse_error", "_workspace")
+    _extra: tuple[tuple[GuardRule, re.Pattern[str]], ...]
+    _home: str
+    _max_depth: int
+    _names: tuple[str, ...]
+    _on_parse_error: Literal["deny", "ask"]
+    _workspace: str
+
+    def __init__(
+        self,
+        extra_rules: Sequence[GuardRule] = (),
+        *,
+        on_parse_error: Literal["deny", "ask"] = "deny",
+        max_depth: int = 8,
+        workspace: str = "/workspace",
+        home: str = SCRATCH,
+    ) -> None:
+        """``workspace``: the sandbox's workspace root, where commands start (below it a
+        recursive removal is routine); ``home``: its $HOME (below it too)."""
+        if on_parse_error not in ("deny", "ask"):
+            raise GuardConfigError(
+                f"on_parse_error must be 'deny' or 'ask', not {on_parse_error!r}"
+            )
+        if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
+            raise GuardConfigError(f"max_depth must be a positive integer, not {max_depth!r}")
+        extra = _compile_rules(extra_rules)
+        object.__setattr__(self, "_workspace", _root_folder("workspace", workspace))
+        object.__setattr__(self, "_home", _root_folder("home", home))
+        object.__setattr__(self, "_extra", extra)
+        object.__setattr__(self, "_max_depth", max_depth)
+        object.__setattr__(self, "_on_parse_error", on_parse_error)
+        object.__setattr__(self, "_names", BUILTIN_NAMES + tuple(r.name for r, _ in extra))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    @property
+    def rule_names(self) -> tuple[str, ...]:
+        """Built-in rule names (including the parse-error/too-complex pseudo-rules), then extras."""
+        return self._names
+
+    def check(
+        self, command: str, *, workdir: str | None = ".", env: Mapping[str, str] | None = None
+    ) -> GuardResult:
+        """Allow, deny or ask for one shell command string, run in ``workdir`` (relative to
+        the workspace, or absolute; None: not known) with ``env`` added to its environment
+        (one that sets HOME or CDPATH makes ``~`` or ``cd NAME`` unknown)."""
+        base = None if workdir is None else (norm_abs(posixpath.join(self._workspace, workdir)),)
+        evaluation = Evaluation(self, base, env or {})
+        try:
+            evaluation.script(evaluation.parse(command), depth=0)
+        except Decided as decided:
+            return decided.result
+        except RecursionError:
+            evaluation.note_unparsed("too-complex", "command is nested too deeply to check")
+        return evaluation.finish()
+
+
+def _root_folder(what: str, path: str) -> str:
+    if not isinstance(path, str) or not path.startswith("/") or norm_abs(path) == "/":
+        raise GuardConfigError(f"{what} must be an absolute folder other than /, not {path!r}")
+    return norm_abs(path)
+
+
+def _compile_rules(rules: Sequence[GuardRule]) -> tuple[tuple[GuardRule, re.Pattern[str]], ...]:
+    seen = set(BUILTIN_NAMES)
+    compiled = []
+    for rule in rules:
+        if not isinstance(rule, GuardRule):
+            raise GuardConfigError(f"expected a GuardRule, got {type(rule).__name__}")
+        if (
+            not isinstance(rule.name, str)
+            or not rule.name.strip()
+            or rule.name != rule.name.strip()
+        ):
+            raise GuardConfigError(f"guard rule name must be a non-blank string, not {rule.name!r}")
+        if rule.name in seen:
+            raise GuardConfigError(f"guard rule name {rule.name!r} is already taken")
+        if not isinstance(rule.pattern, str) or not rule.pattern:
+            raise GuardConfigError(f"guard rule {rule.name!r} needs a non-empty pattern")
+        try:
+            regex = re.compile(rule.pattern)
+        except re.error as exc:
+            raise GuardConfigError(f"guard rule {rule.name!r}: invalid regex: {exc}") from exc
+        seen.add(rule.name)
+        compiled.append((rule, regex))
+    return tuple(compiled)
