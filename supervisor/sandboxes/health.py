@@ -147,10 +147,15 @@ class Clinic:
         return spawn_failure
 
     async def check(self, sandbox: Sandbox) -> None:
-        """A probe between calls: a silent agent, a stopped init or lowered agent limits
-        mark the sandbox, and a silent agent's channel is closed (calls stuck on it end with
+        """A probe between calls: a silent agent (or an adopted one that fails the handshake),
+        a stopped init or lowered agent limits mark the sandbox, and a silent agent's channel is closed (calls stuck on it end with
         SandboxLost)."""
         if not sandbox.usable:
+            return
+        if not sandbox.greeted:  # adopted: the probe is the handshake (protocol checked)
+            first = await self.trouble(sandbox, self.silence_s)
+            if first is not None and self._registry.get(sandbox.key) is sandbox:
+                self.mark_wedged(sandbox, first)
             return
         answered = await sandbox.agent.answers(PROBE_S)
         if self._registry.get(sandbox.key) is not sandbox:
