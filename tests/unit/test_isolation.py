@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from stockade.client._core import isolation_from_pb
-from stockade.supervisor.api.server import fill_pb
+from stockade.supervisor.api.convert import fill_pb
 from stockade.supervisor.engines import isolation as iso
 from stockade.supervisor.engines.backends._common import (
     debian_package_version,
