@@ -63,7 +63,7 @@ def status_for(exc: errors.StockadeError) -> Any:
     return grpc.StatusCode.INTERNAL
 
 
-async def abort(
+async def _abort(
     context: Context, exc: Exception, where: str, scrubber: Scrubber | None
 ) -> NoReturn:
     """End the RPC with the status for `exc` (its message scrubbed) and a stable reason in
@@ -87,7 +87,7 @@ def mapped(
         try:
             return await handler(self, request, context)
         except Exception as exc:
-            await abort(context, exc, handler.__name__, self.scrubber)
+            await _abort(context, exc, handler.__name__, self.scrubber)
 
     return wrapper
 
@@ -103,6 +103,6 @@ def mapped_stream(
             async for item in handler(self, request, context):
                 yield item
         except Exception as exc:
-            await abort(context, exc, handler.__name__, self.scrubber)
+            await _abort(context, exc, handler.__name__, self.scrubber)
 
     return wrapper
