@@ -88,6 +88,7 @@ def mapped(
             return await handler(self, request, context)
         except Exception as exc:
             await _abort(context, exc, handler.__name__, self.scrubber)
+        raise AssertionError("unreachable")  # context.abort raises
 
     return wrapper
 
