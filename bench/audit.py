@@ -20,7 +20,7 @@ from typing import Any
 from bench.pipeline import call_cost
 from bench.timing import Result, progress, summarize
 from stockade.supervisor import store
-from stockade.supervisor.api.server import audit_to_pb
+from stockade.supervisor.api.convert import audit_to_pb
 from stockade.supervisor.config import AuditConfig
 from stockade.supervisor.observe.audit import _COLUMNS, AuditLog, AuditQuery, AuditRecord, _row
 

@@ -14,7 +14,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from stockade.supervisor.calls.schemas import reference_problems
+from stockade.supervisor.calls.schema_tree import reference_problems
 from stockade.supervisor.config import CustomToolConfig, check_seconds
 from stockade.supervisor.errors import ConfigError
 

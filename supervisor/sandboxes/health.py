@@ -148,8 +148,8 @@ class Clinic:
 
     async def check(self, sandbox: Sandbox) -> None:
         """A probe between calls: a silent agent (or an adopted one that fails the handshake),
-        a stopped init or lowered agent limits mark the sandbox, and a silent agent's channel is closed (calls stuck on it end with
-        SandboxLost)."""
+        a stopped init or lowered agent limits mark the sandbox, and a silent agent's channel
+        is closed (calls stuck on it end with SandboxLost)."""
         if not sandbox.usable:
             return
         if not sandbox.greeted:  # adopted: the probe is the handshake (protocol checked)

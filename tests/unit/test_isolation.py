@@ -8,8 +8,9 @@ import subprocess
 import pytest
 
 from stockade.client._core import isolation_from_pb
-from stockade.supervisor.api.server import fill_pb
+from stockade.supervisor.api.convert import fill_pb
 from stockade.supervisor.engines import isolation as iso
+from stockade.supervisor.engines import procfs
 from stockade.supervisor.engines.backends._common import (
     debian_package_version,
     parse_runc_version,
@@ -89,9 +90,9 @@ Local:
 
 
 def test_status_identity_capabilities_seccomp() -> None:
-    status = iso.parse_status(STATUS)
-    assert iso.identity(status) == iso.Identity(1000, 1001, 2000, 2001, (2000, 27))
-    caps = iso.capabilities(status)
+    status = procfs.parse_status(STATUS)
+    assert procfs.identity(status) == procfs.Identity(1000, 1001, 2000, 2001, (2000, 27))
+    caps = procfs.capabilities(status)
     assert caps.effective.mask == 0xA80425FB
     assert caps.effective.names == (
         "CAP_CHOWN",
@@ -111,8 +112,8 @@ def test_status_identity_capabilities_seccomp() -> None:
     )  # fmt: skip  (Docker's default set)
     assert len(caps.bounding.names) == 41
     assert caps.bounding.names[-1] == "CAP_CHECKPOINT_RESTORE"
-    assert caps.permitted == iso.CapabilitySet(0, ())
-    assert iso.seccomp(status) == iso.SeccompInfo(2, "filter", 3)
+    assert caps.permitted == procfs.CapabilitySet(0, ())
+    assert procfs.seccomp(status) == procfs.SeccompInfo(2, "filter", 3)
 
 
 @pytest.mark.parametrize(
@@ -125,17 +126,17 @@ def test_status_identity_capabilities_seccomp() -> None:
     ],
 )
 def test_capability_masks(mask: str, names: tuple[str, ...]) -> None:
-    assert iso.capability_set(mask).names == names
+    assert procfs.capability_set(mask).names == names
 
 
 def test_missing_status_is_not_root() -> None:
-    ident = iso.identity(iso.parse_status(""))
-    assert ident.uid == ident.gid == iso.UNKNOWN_ID
-    assert iso.seccomp({}) == iso.SeccompInfo(0, "unknown", -1)
+    ident = procfs.identity(procfs.parse_status(""))
+    assert ident.uid == ident.gid == procfs.UNKNOWN_ID
+    assert procfs.seccomp({}) == procfs.SeccompInfo(0, "unknown", -1)
 
 
 def test_mountinfo() -> None:
-    mounts = iso.parse_mountinfo(MOUNTINFO)
+    mounts = procfs.parse_mountinfo(MOUNTINFO)
     assert [(m.target, m.fs_type, m.read_only) for m in mounts] == [
         ("/", "overlay", True), ("/proc", "proc", False), ("/work space", "ext4", False),
     ]  # fmt: skip
@@ -145,21 +146,21 @@ def test_mountinfo() -> None:
 
 
 def test_route_tables() -> None:
-    assert iso.parse_route(ROUTE) == [
-        iso.Route("ipv4", "eth0", "0.0.0.0/0", "192.168.0.1", 100, "UG"),
-        iso.Route("ipv4", "eth0", "192.168.0.0/24", "", 100, "U"),
+    assert procfs.parse_route(ROUTE) == [
+        procfs.Route("ipv4", "eth0", "0.0.0.0/0", "192.168.0.1", 100, "UG"),
+        procfs.Route("ipv4", "eth0", "192.168.0.0/24", "", 100, "U"),
     ]
-    assert iso.parse_ipv6_route(IPV6_ROUTE) == [
-        iso.Route("ipv6", "lo", "::1/128", "", 0, "U"),
-        iso.Route("ipv6", "eth0", "::/0", "fe80::1", 1024, "UG"),
-        iso.Route("ipv6", "lo", "::/0", "", 0xFFFFFFFF, "!"),
+    assert procfs.parse_ipv6_route(IPV6_ROUTE) == [
+        procfs.Route("ipv6", "lo", "::1/128", "", 0, "U"),
+        procfs.Route("ipv6", "eth0", "::/0", "fe80::1", 1024, "UG"),
+        procfs.Route("ipv6", "lo", "::/0", "", 0xFFFFFFFF, "!"),
     ]
 
 
 def test_interfaces_addresses() -> None:
-    assert iso.parse_net_dev(NET_DEV) == {"lo": (120, 120), "eth0": (9876543, 4321)}
-    assert iso.parse_if_inet6(IF_INET6) == {"lo": ["::1/128"], "eth0": ["fe80::1/64"]}
-    assert iso.parse_fib_trie_local(FIB_TRIE) == ["10.0.0.2", "127.0.0.1"]
+    assert procfs.parse_net_dev(NET_DEV) == {"lo": (120, 120), "eth0": (9876543, 4321)}
+    assert procfs.parse_if_inet6(IF_INET6) == {"lo": ["::1/128"], "eth0": ["fe80::1/64"]}
+    assert procfs.parse_fib_trie_local(FIB_TRIE) == ["10.0.0.2", "127.0.0.1"]
 
 
 def _reader(files: dict[str, str]):  # type: ignore[no-untyped-def]
@@ -167,7 +168,7 @@ def _reader(files: dict[str, str]):  # type: ignore[no-untyped-def]
 
 
 def test_cgroup_v1_hybrid() -> None:
-    limits = iso.cgroup_limits(
+    limits = procfs.cgroup_limits(
         _reader({
             "/sys/fs/cgroup/memory/memory.limit_in_bytes": "536870912\n",
             "/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes": "9223372036854771712\n",
@@ -182,13 +183,13 @@ def test_cgroup_v1_hybrid() -> None:
     assert limits.pids.unlimited is True
     assert limits.cpu_quota_us.source == "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us"
     assert limits.cpus == 1.5
-    unlimited_cpu = iso.cgroup_limits(_reader({"/sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1"}))
+    unlimited_cpu = procfs.cgroup_limits(_reader({"/sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1"}))
     assert unlimited_cpu.cpu_quota_us.unlimited is True
     assert unlimited_cpu.cpus == 0.0
 
 
 def test_cgroup_v2() -> None:
-    limits = iso.cgroup_limits(
+    limits = procfs.cgroup_limits(
         _reader({
             "/sys/fs/cgroup/cgroup.controllers": "cpu memory pids\n",
             "/sys/fs/cgroup/memory.max": "268435456\n",
@@ -202,12 +203,16 @@ def test_cgroup_v2() -> None:
     assert (limits.swap_bytes.value, limits.swap_bytes.unlimited) == (0, False)
     assert limits.pids.value == 256
     assert limits.cpus == 0.5
-    assert iso.cgroup_limits(_reader({})).version == ""
+    assert procfs.cgroup_limits(_reader({})).version == ""
 
 
 def test_inside_view_from_hostile_or_missing_input() -> None:
     facts = iso.InsideFacts(
-        files={iso.STATUS: b"\xff\xfe not a status", iso.MOUNTINFO: "EACCES", iso.NET_DEV: b"x"},
+        files={
+            procfs.STATUS: b"\xff\xfe not a status",
+            procfs.MOUNTINFO: "EACCES",
+            procfs.NET_DEV: b"x",
+        },
         links={"/proc/self/ns/net": "net:[12]", "/proc/self/ns/user": "bogus"},
         root_read_only=False,
         write_probe_error="",
@@ -215,15 +220,15 @@ def test_inside_view_from_hostile_or_missing_input() -> None:
     view = iso.inside_view(facts)
     assert view.mounts == ()
     assert view.root == iso.RootFilesystem(False, False, "")
-    assert f"{iso.MOUNTINFO}: EACCES" in view.problems
-    assert f"{iso.MOUNTINFO}: not read" in view.problems
+    assert f"{procfs.MOUNTINFO}: EACCES" in view.problems
+    assert f"{procfs.MOUNTINFO}: not read" in view.problems
     namespaces = iso.namespaces(facts.links, {"net": 12, "user": 7})
     assert namespaces == (iso.NamespaceInfo("net", 12, 12, False),)
 
 
 def test_namespaces_private_or_shared() -> None:
-    links = {f"/proc/self/ns/{n}": f"{n}:[{i + 100}]" for i, n in enumerate(iso.NAMESPACES)}
-    host = {n: i + 100 for i, n in enumerate(iso.NAMESPACES)} | {"net": 5, "pid": 0}
+    links = {f"/proc/self/ns/{n}": f"{n}:[{i + 100}]" for i, n in enumerate(procfs.NAMESPACES)}
+    host = {n: i + 100 for i, n in enumerate(procfs.NAMESPACES)} | {"net": 5, "pid": 0}
     found = {n.type: n for n in iso.namespaces(links, host)}
     assert found["net"].private is True
     assert found["user"].private is False
@@ -345,9 +350,9 @@ def test_engine_view_from_docker_inspect() -> None:
 
 def test_report_survives_the_wire() -> None:
     """The domain report fills the message field by field; the client reads it back."""
-    status = iso.parse_status(STATUS)
+    status = procfs.parse_status(STATUS)
     inside = iso.inside_view(
-        iso.InsideFacts({iso.STATUS: STATUS.encode(), iso.MOUNTINFO: MOUNTINFO.encode()}, {},
+        iso.InsideFacts({procfs.STATUS: STATUS.encode(), procfs.MOUNTINFO: MOUNTINFO.encode()}, {},
                         True, "EROFS")
     )  # fmt: skip
     report = iso.IsolationReport(
@@ -357,7 +362,7 @@ def test_report_survives_the_wire() -> None:
         runtime=iso.runtime_info(RuntimeFacts("runc", "1.1.5+ds1", "1.1.5+ds1-1"), "runc"),
     )  # fmt: skip
     data = isolation_from_pb(fill_pb(sandbox_pb2.IsolationReport(), report)).to_dict()
-    assert data["inside"]["identity"]["groups"] == list(iso.identity(status).groups)
+    assert data["inside"]["identity"]["groups"] == list(procfs.identity(status).groups)
     assert data["inside"]["capabilities"]["effective"]["mask"] == 0xA80425FB
     assert data["inside"]["root"] == {"read_only": True, "mount_read_only": True,
                                       "write_error": "EROFS"}  # fmt: skip

@@ -15,7 +15,7 @@ import pytest
 
 from stockade.client import InvalidArgument, NotFound, StockadeError, Unavailable
 from stockade.client._core import error_from_rpc, result_from_pb
-from stockade.supervisor.api.server import result_to_pb
+from stockade.supervisor.api.convert import result_to_pb
 from stockade.supervisor.app import build_policy
 from stockade.supervisor.calls.pipeline import ToolPipeline
 from stockade.supervisor.config import (

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from stockade.supervisor.calls import schemas
+from stockade.supervisor.calls import arguments, schemas
 from stockade.supervisor.calls.catalog import TOOLS
 from stockade.supervisor.calls.schemas import (
     ArgumentError,
@@ -731,14 +731,14 @@ def test_wrong_strings_are_never_repr_d(
 )
 def test_short_message_keywords_agree_with_jsonschema(instance: Any) -> None:
     expected = Draft202012Validator(CUSTOM).is_valid(instance)
-    assert schemas._validator(CUSTOM).is_valid(instance) is expected
+    assert arguments._validator(CUSTOM).is_valid(instance) is expected
 
 
 def test_validators_are_compiled_once_per_schema() -> None:
     schema = TOOLS["exec"].parameters
-    assert schemas._validator(schema) is schemas._validator(schema)
+    assert arguments._validator(schema) is arguments._validator(schema)
     equal_but_other = copy.deepcopy(dict(schema))
-    assert schemas._validator(equal_but_other) is not schemas._validator(schema)
+    assert arguments._validator(equal_but_other) is not arguments._validator(schema)
 
 
 def test_public_api() -> None:

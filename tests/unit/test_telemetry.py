@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from stockade.supervisor.api.server import MAX_TRACEPARENT, traceparent_of
+from stockade.supervisor.api.convert import MAX_TRACEPARENT, traceparent_of
 from stockade.supervisor.config import ObservabilityConfig, load_config
 from stockade.supervisor.errors import ConfigError
 from stockade.supervisor.observe.metrics import Metrics

@@ -12,7 +12,7 @@ import pytest
 
 from stockade.supervisor.config import Config, SandboxConfig, load_config
 from stockade.supervisor.engines import isolation as iso
-from stockade.supervisor.engines import userns
+from stockade.supervisor.engines import procfs, userns
 from stockade.supervisor.engines.backends._common import id_maps, view_from_inspect
 from stockade.supervisor.engines.userns import (
     IDENTITY,
@@ -373,7 +373,7 @@ def test_config_option_is_a_bool(tmp_path: Path) -> None:
 
 def test_inside_view_reads_the_maps() -> None:
     def view(uid_map: bytes | str, gid_map: bytes | str) -> iso.InsideView:
-        files: dict[str, bytes | str] = {iso.UID_MAP: uid_map, iso.GID_MAP: gid_map}
+        files: dict[str, bytes | str] = {procfs.UID_MAP: uid_map, procfs.GID_MAP: gid_map}
         return iso.inside_view(iso.InsideFacts(files, {}, True, ""))
 
     remapped = view(b"0 2147483647 65536\n", b"0 2147483647 65536\n")
@@ -384,7 +384,7 @@ def test_inside_view_reads_the_maps() -> None:
     assert not host.user_namespace
     unread = view("EACCES", b"garbage")
     assert not unread.user_namespace
-    assert f"{iso.UID_MAP}: EACCES" in unread.problems
+    assert f"{procfs.UID_MAP}: EACCES" in unread.problems
 
 
 def test_engine_views_of_user_namespaces() -> None:

@@ -1,0 +1,109 @@
+"""The one table from domain error to gRPC status, and the decorators that apply it to every
+handler: a domain error ends the call with its status, its message scrubbed and a stable
+reason in trailing metadata; a bug shows as INTERNAL, never as a Python class path."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, NoReturn, Protocol, TypeVar
+
+import grpc
+
+from stockade.supervisor import errors
+from stockade.supervisor.api.interceptor import REASON_KEY
+from stockade.supervisor.policy.scrub import Scrubber
+
+log = logging.getLogger("stockade.server")
+_STATUS = {
+    errors.InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.ApproverBehind: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.PolicyDenied: grpc.StatusCode.PERMISSION_DENIED,
+    errors.EngineUnavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.HostExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.SandboxBroken: grpc.StatusCode.UNAVAILABLE,
+    errors.SandboxLost: grpc.StatusCode.UNAVAILABLE,
+    errors.ConfigError: grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+
+class Context(Protocol):
+    """What the handlers use of `grpc.aio.ServicerContext` (grpc ships no type stubs)."""
+
+    def peer(self) -> str: ...
+
+    def invocation_metadata(self) -> Sequence[tuple[str, str | bytes]] | None: ...
+
+    def set_trailing_metadata(self, trailing_metadata: Sequence[tuple[str, str]]) -> None: ...
+
+    async def abort(self, code: Any, details: str = "") -> NoReturn: ...
+
+
+class Servicer(Protocol):
+    """A servicer: its scrubber (if any) cleans the messages of the errors it reports."""
+
+    @property
+    def scrubber(self) -> Scrubber | None: ...
+
+
+S = TypeVar("S", bound=Servicer)
+Q = TypeVar("Q")
+R = TypeVar("R")
+
+
+def status_for(exc: errors.StockadeError) -> Any:
+    """The grpc.StatusCode for a domain error: the entry of its nearest class in the table."""
+    for cls in type(exc).__mro__:
+        if cls in _STATUS:
+            return _STATUS[cls]
+    return grpc.StatusCode.INTERNAL
+
+
+async def _abort(
+    context: Context, exc: Exception, where: str, scrubber: Scrubber | None
+) -> NoReturn:
+    """End the RPC with the status for `exc` (its message scrubbed) and a stable reason in
+    trailing metadata; a bug shows as INTERNAL, never as a Python class path."""
+    if isinstance(exc, errors.StockadeError):
+        message = str(exc) if scrubber is None else scrubber.scrub(str(exc))[0]
+        context.set_trailing_metadata(((REASON_KEY, exc.reason),))
+        await context.abort(status_for(exc), message)
+    log.error("internal error in %s", where, exc_info=exc)
+    context.set_trailing_metadata(((REASON_KEY, "INTERNAL"),))
+    await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the supervisor log")
+
+
+def mapped(
+    handler: Callable[[S, Q, Context], Awaitable[R]],
+) -> Callable[[S, Q, Context], Awaitable[R]]:
+    """Turn domain errors into gRPC statuses (handlers with one reply)."""
+
+    @functools.wraps(handler)
+    async def wrapper(self: S, request: Q, context: Context) -> R:
+        try:
+            return await handler(self, request, context)
+        except Exception as exc:
+            await _abort(context, exc, handler.__name__, self.scrubber)
+        raise AssertionError("unreachable")  # context.abort raises
+
+    return wrapper
+
+
+def mapped_stream(
+    handler: Callable[[S, Q, Context], AsyncIterator[R]],
+) -> Callable[[S, Q, Context], AsyncIterator[R]]:
+    """mapped() for server-streaming handlers."""
+
+    @functools.wraps(handler)
+    async def wrapper(self: S, request: Q, context: Context) -> AsyncIterator[R]:
+        try:
+            async for item in handler(self, request, context):
+                yield item
+        except Exception as exc:
+            await _abort(context, exc, handler.__name__, self.scrubber)
+
+    return wrapper

@@ -1,0 +1,75 @@
+"""Supervisor configuration: loaded once (file, then environment, then flags), then frozen.
+
+The sections are frozen dataclasses (sandbox.py: the containers; policy.py: the tool
+policy; service.py: auth, audit, files, observability), root.py holds the whole Config,
+checks.py validates it as it is made, loading.py reads it. Every name is importable from
+here. An unknown key anywhere in the file is an error at load time, never a silent pass.
+"""
+
+from stockade.supervisor.config.checks import check_seconds, split_host_port
+from stockade.supervisor.config.loading import _build, load_config
+from stockade.supervisor.config.policy import (
+    AgentConfig,
+    AgentTools,
+    ApprovalsConfig,
+    CustomToolConfig,
+    GroupConfig,
+    GuardConfig,
+    GuardRuleConfig,
+    LimitsConfig,
+    ScrubConfig,
+    SubagentConfig,
+    ToolPolicy,
+    ToolsConfig,
+)
+from stockade.supervisor.config.root import Config
+from stockade.supervisor.config.sandbox import (
+    AGENT_UID,
+    NETWORK_MODES,
+    EngineConfig,
+    EngineKind,
+    HousekeepingConfig,
+    NetworkConfig,
+    NetworkMode,
+    SandboxConfig,
+)
+from stockade.supervisor.config.service import (
+    AuditConfig,
+    AuthConfig,
+    FilesConfig,
+    ObservabilityConfig,
+    TenantConfig,
+)
+
+__all__ = [
+    "AGENT_UID",
+    "NETWORK_MODES",
+    "AgentConfig",
+    "AgentTools",
+    "ApprovalsConfig",
+    "AuditConfig",
+    "AuthConfig",
+    "Config",
+    "CustomToolConfig",
+    "EngineConfig",
+    "EngineKind",
+    "FilesConfig",
+    "GroupConfig",
+    "GuardConfig",
+    "GuardRuleConfig",
+    "HousekeepingConfig",
+    "LimitsConfig",
+    "NetworkConfig",
+    "NetworkMode",
+    "ObservabilityConfig",
+    "SandboxConfig",
+    "ScrubConfig",
+    "SubagentConfig",
+    "TenantConfig",
+    "ToolPolicy",
+    "ToolsConfig",
+    "_build",
+    "check_seconds",
+    "load_config",
+    "split_host_port",
+]

@@ -1,0 +1,261 @@
+"""Validation of a Config as it is made: what the types cannot say (ranges, formats, one
+setting against another). A value that would make a check fail open (NaN, infinity) is
+refused here, at load."""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stockade.supervisor.config.sandbox import AGENT_UID, MIN_WORKSPACE_MB
+from stockade.supervisor.errors import ConfigError, InvalidRequest
+from stockade.supervisor.keys import validate_tenant
+from stockade.supervisor.network.allowlist import AllowlistError, check_pattern
+
+if TYPE_CHECKING:
+    from stockade.supervisor.config.root import Config
+    from stockade.supervisor.config.sandbox import HousekeepingConfig, NetworkConfig
+    from stockade.supervisor.config.service import (
+        AuditConfig,
+        AuthConfig,
+        ObservabilityConfig,
+        TenantConfig,
+    )
+
+MAX_RUNTIME_CHARS = 4096
+RUNTIME_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
+MAX_ID = 0xFFFFFFFE
+USER_IDS = re.compile(r"[0-9]{1,10}(:[0-9]{1,10})?", re.ASCII)
+MAX_WARM_POOL = 64
+MAX_SECONDS = 10 * 365 * 86400.0
+"""Longest timer accepted (ten years): beyond it a value is a mistake, and an infinite or
+NaN one would never compare as intended."""
+MAX_AUDIT_DAYS = 36500.0
+MAX_AUDIT_MB = 1 << 24
+"""16 TiB: more is a mistake (SQLite's own limit is near 281 TB)."""
+
+
+def check(cfg: Config) -> None:
+    """Every check of the whole configuration; ConfigError naming the first problem."""
+    positive = {
+        "sandbox.memory_mb": cfg.sandbox.memory_mb,
+        "sandbox.cpus": cfg.sandbox.cpus,
+        "sandbox.pids": cfg.sandbox.pids,
+        "sandbox.nofile": cfg.sandbox.nofile,
+        "sandbox.nproc": cfg.sandbox.nproc,
+        "sandbox.tmp_size_mb": cfg.sandbox.tmp_size_mb,
+        "tools.exec_default_timeout_s": cfg.tools.exec_default_timeout_s,
+        "tools.max_output_bytes": cfg.tools.max_output_bytes,
+        "tools.llm_max_bytes": cfg.tools.llm_max_bytes,
+        "tools.max_processes": cfg.tools.max_processes,
+        "tools.process_log_bytes": cfg.tools.process_log_bytes,
+        "max_request_bytes": cfg.max_request_bytes,
+        "limits.rate_per_s": cfg.limits.rate_per_s,
+        "limits.burst": cfg.limits.burst,
+        "limits.max_concurrent": cfg.limits.max_concurrent,
+        "approvals.timeout_s": cfg.approvals.timeout_s,
+        "tools.user_max_bytes": cfg.tools.user_max_bytes,
+        "audit.max_arguments_bytes": cfg.audit.max_arguments_bytes,
+    }
+    for name, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{name} must be positive, got {value}")
+    for name, value in {
+        "sandbox.tmp_inodes": cfg.sandbox.tmp_inodes,
+        "sandbox.workspace_size_mb": cfg.sandbox.workspace_size_mb,
+        "sandbox.max_file_size_mb": cfg.sandbox.max_file_size_mb,
+    }.items():
+        if value < 0:
+            raise ConfigError(f"{name} must not be negative (0: no limit), got {value}")
+    if 0 < cfg.sandbox.workspace_size_mb < MIN_WORKSPACE_MB:
+        raise ConfigError(
+            f"sandbox.workspace_size_mb must be 0 (no cap) or at least {MIN_WORKSPACE_MB}, "
+            f"got {cfg.sandbox.workspace_size_mb}"
+        )
+    if cfg.limits.max_queued < 0:
+        raise ConfigError("limits.max_queued must not be negative")
+    if cfg.tools.exec_default_timeout_s > cfg.tools.exec_max_timeout_s:
+        raise ConfigError("tools.exec_default_timeout_s exceeds tools.exec_max_timeout_s")
+    _check_runtime(cfg.sandbox.runtime)
+    _check_user(cfg.sandbox.user)
+    _check_network(cfg.network)
+    _check_policy(cfg)
+    _check_housekeeping(cfg.housekeeping)
+    _check_audit(cfg.audit)
+    _check_observability(cfg.observability)
+    _check_auth(cfg.auth, cfg.tenants)
+    if cfg.engine.kind not in ("podman", "docker"):
+        raise ConfigError(f"engine.kind must be podman or docker, got {cfg.engine.kind!r}")
+
+
+def _check_policy(cfg: Config) -> None:
+    """What the policy pipeline cannot check itself: numbers that NaN or infinity would make
+    fail open (a NaN rate never runs out of tokens), and ids that could never match a call."""
+    if not math.isfinite(cfg.limits.rate_per_s):  # any finite rate; 1e9 means "no limit"
+        raise ConfigError(f"limits.rate_per_s must be a finite number, got {cfg.limits.rate_per_s}")
+    check_seconds("approvals.timeout_s", cfg.approvals.timeout_s)
+    if cfg.subagents.max_depth < 1:
+        raise ConfigError(f"subagents.max_depth must be at least 1, got {cfg.subagents.max_depth}")
+    tables: dict[str, Mapping[str, Any]] = {
+        "agents": cfg.agents,
+        "groups": cfg.groups,
+        "tools.by_provider": cfg.tools.by_provider,
+        **{f"agents.{a}.tools.by_provider": c.tools.by_provider for a, c in cfg.agents.items()},
+    }
+    for where, table in tables.items():
+        if "" in table:
+            raise ConfigError(f"{where}: an id must not be empty")
+
+
+def check_seconds(name: str, value: float) -> None:
+    """A positive, finite number (of seconds, or per second) up to MAX_SECONDS."""
+    if not math.isfinite(value) or value > MAX_SECONDS:
+        raise ConfigError(f"{name} must be a finite number up to {MAX_SECONDS:.0f}, got {value}")
+
+
+def _check_observability(obs: ObservabilityConfig) -> None:
+    if obs.metrics_listen:
+        split_host_port(obs.metrics_listen, "observability.metrics_listen")
+    if obs.trace_exporter == "otlp" and not obs.trace_endpoint.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"observability.trace_endpoint must be an http(s) URL, got {obs.trace_endpoint!r}"
+        )
+
+
+def split_host_port(value: str, name: str) -> tuple[str, int]:
+    """("127.0.0.1", 9464) from "127.0.0.1:9464" ("[::1]:9464" for IPv6)."""
+    host, sep, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{name} must be host:port, got {value!r}")
+    return host, int(port)
+
+
+def _check_runtime(runtime: str) -> None:
+    """A runtime name or absolute path; it reaches the engine's command line and API, so
+    nothing that could read as a flag or carry more than one word."""
+    if not runtime:
+        return
+    if len(runtime) > MAX_RUNTIME_CHARS:
+        raise ConfigError(f"sandbox.runtime is longer than {MAX_RUNTIME_CHARS} characters")
+    if runtime.startswith("/"):
+        ok = all(c.isprintable() and not c.isspace() for c in runtime) and ".." not in runtime
+        what = "an absolute path without spaces, control characters or '..'"
+    else:
+        ok = bool(RUNTIME_NAME.fullmatch(runtime))
+        what = "a name of letters, digits, '.', '_', '+' and '-' (not first), or an absolute path"
+    if not ok:
+        raise ConfigError(f"sandbox.runtime must be {what}, got {runtime[:80]!r}")
+
+
+def _check_user(user: str) -> None:
+    if not USER_IDS.fullmatch(user):
+        raise ConfigError(f"sandbox.user must be UID:GID in digits, got {user[:40]!r}")
+    uid, _, gid = user.partition(":")
+    if int(uid) == 0 or int(gid or uid) == 0:
+        raise ConfigError("sandbox.user must not be root")
+    if AGENT_UID in (int(uid), int(gid or uid)) or max(int(uid), int(gid or uid)) > MAX_ID:
+        raise ConfigError(
+            f"sandbox.user must not be {AGENT_UID} (the agent's own user) nor above {MAX_ID}, "
+            f"got {user!r}"
+        )
+
+
+def _check_housekeeping(hk: HousekeepingConfig) -> None:
+    timers = {
+        "idle_timeout_s": hk.idle_timeout_s,
+        "max_age_s": hk.max_age_s,
+        "workspace_retention_s": hk.workspace_retention_s,
+        "sweep_interval_s": hk.sweep_interval_s,
+        "shutdown_grace_s": hk.shutdown_grace_s,
+    }
+    for name, value in timers.items():
+        if not 0 <= value <= MAX_SECONDS:  # also false for NaN
+            raise ConfigError(
+                f"housekeeping.{name} must be between 0 and {MAX_SECONDS:.0f} s, got {value}"
+            )
+    if hk.sweep_interval_s < 0.05:
+        raise ConfigError(
+            f"housekeeping.sweep_interval_s must be at least 0.05 s, got {hk.sweep_interval_s}"
+        )
+    if not 0 <= hk.warm_pool <= MAX_WARM_POOL:
+        raise ConfigError(
+            f"housekeeping.warm_pool must be between 0 and {MAX_WARM_POOL}, got {hk.warm_pool}"
+        )
+    for name, mb in {
+        "min_free_memory_mb": hk.min_free_memory_mb,
+        "min_free_disk_mb": hk.min_free_disk_mb,
+    }.items():
+        if mb < 0:
+            raise ConfigError(f"housekeeping.{name} must not be negative (0: no check), got {mb}")
+
+
+def _check_audit(audit: AuditConfig) -> None:
+    if not 0 <= audit.max_age_days <= MAX_AUDIT_DAYS:  # also false for NaN
+        raise ConfigError(
+            f"audit.max_age_days must be between 0 (no limit) and {MAX_AUDIT_DAYS:.0f}, "
+            f"got {audit.max_age_days}"
+        )
+    if audit.max_size_mb != 0 and not 1 <= audit.max_size_mb <= MAX_AUDIT_MB:
+        raise ConfigError(
+            f"audit.max_size_mb must be 0 (no limit) or between 1 and {MAX_AUDIT_MB}, "
+            f"got {audit.max_size_mb}"
+        )
+    if not 0.05 <= audit.trim_interval_s <= 86400:
+        raise ConfigError(
+            f"audit.trim_interval_s must be between 0.05 and 86400 s, got {audit.trim_interval_s}"
+        )
+    if audit.export_dir and not Path(audit.export_dir).is_absolute():
+        raise ConfigError(f"audit.export_dir must be an absolute path, got {audit.export_dir!r}")
+    if "\0" in audit.export_dir:
+        raise ConfigError("audit.export_dir must not contain a NUL character")
+
+
+def _check_network(net: NetworkConfig) -> None:
+    try:
+        for pattern in net.allow:
+            check_pattern(pattern)
+    except AllowlistError as exc:
+        raise ConfigError(f"network.allow: {exc}") from exc
+    for port in (*net.ports, net.proxy_port):
+        if not 0 < port < 65536:
+            raise ConfigError(f"network: port {port} is out of range")
+    for name, address in net.hosts.items():
+        try:
+            ipaddress.ip_address(address)
+        except ValueError as exc:
+            raise ConfigError(f"network.hosts.{name}: {address!r} is not an IP address") from exc
+    try:
+        subnet = ipaddress.IPv4Network(net.subnet)
+    except ValueError as exc:
+        raise ConfigError(f"network.subnet: {exc}") from exc
+    if subnet.num_addresses < 4:
+        raise ConfigError("network.subnet needs at least two host addresses (/30)")
+    if net.bandwidth_kbit < 0 or net.max_connections <= 0:
+        raise ConfigError("network.bandwidth_kbit >= 0 and network.max_connections > 0")
+    if net.connect_timeout_s <= 0 or net.idle_timeout_s <= 0:
+        raise ConfigError("network timeouts must be positive")
+
+
+def _check_auth(auth: AuthConfig, tenants: Mapping[str, TenantConfig]) -> None:
+    if bool(auth.tls_cert) != bool(auth.tls_key):
+        raise ConfigError("auth.tls_cert and auth.tls_key go together")
+    if auth.client_ca and not auth.tls_cert:
+        raise ConfigError("auth.client_ca (mutual TLS) needs auth.tls_cert and auth.tls_key")
+    if auth.client_certs and not auth.client_ca:
+        raise ConfigError("auth.client_certs needs auth.client_ca")
+    if auth.enabled is False and (auth.tokens_file or auth.client_ca):
+        raise ConfigError("auth.enabled = false, yet auth.tokens_file or auth.client_ca is set")
+    names = [*auth.client_certs.values(), *(t for t in tenants if t != "*")]
+    try:
+        for name in names:
+            validate_tenant(name)
+    except InvalidRequest as exc:
+        raise ConfigError(str(exc)) from None
+    for name, limits in tenants.items():
+        if limits.max_sandboxes < 0 or limits.max_memory_mb < 0:
+            raise ConfigError(f"tenants.{name}: limits must not be negative (0: no limit)")

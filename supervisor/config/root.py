@@ -1,0 +1,72 @@
+"""The whole configuration: one frozen Config of the sections, checked when it is made."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stockade.supervisor.config.checks import check
+from stockade.supervisor.config.policy import (
+    AgentConfig,
+    ApprovalsConfig,
+    CustomToolConfig,
+    GroupConfig,
+    GuardConfig,
+    LimitsConfig,
+    ScrubConfig,
+    SubagentConfig,
+    ToolsConfig,
+)
+from stockade.supervisor.config.sandbox import (
+    EngineConfig,
+    HousekeepingConfig,
+    MiB,
+    NetworkConfig,
+    SandboxConfig,
+)
+from stockade.supervisor.config.service import (
+    AuditConfig,
+    AuthConfig,
+    FilesConfig,
+    ObservabilityConfig,
+    TenantConfig,
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    listen: str = "127.0.0.1:50051"
+    """host:port, or unix:/path."""
+    state_dir: Path = Path("/var/lib/stockade")
+    """Workspaces, agent sockets and the instance id live here."""
+    max_request_bytes: int = 16 * MiB
+    """Largest request a client may send; larger ones get RESOURCE_EXHAUSTED."""
+    max_response_bytes: int = 128 * MiB
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
+    agents: Mapping[str, AgentConfig] = field(default_factory=dict)
+    groups: Mapping[str, GroupConfig] = field(default_factory=dict)
+    subagents: SubagentConfig = field(default_factory=SubagentConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    approvals: ApprovalsConfig = field(default_factory=ApprovalsConfig)
+    scrub: ScrubConfig = field(default_factory=ScrubConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
+    files: FilesConfig = field(default_factory=FilesConfig)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+    custom_tools: tuple[CustomToolConfig, ...] = ()
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    tenants: Mapping[str, TenantConfig] = field(default_factory=dict)
+    housekeeping: HousekeepingConfig = field(default_factory=HousekeepingConfig)
+
+    def __post_init__(self) -> None:
+        check(self)
+
+    def tenant_limits(self, tenant: str) -> TenantConfig:
+        """The limits of a tenant ("": no tenant, auth off: none)."""
+        if not tenant:
+            return TenantConfig()
+        return self.tenants.get(tenant) or self.tenants.get("*") or TenantConfig()

@@ -1,0 +1,170 @@
+"""The sections about the containers: the engine, the sandboxes themselves, their network,
+and housekeeping (their lifetime and the host's room), with the constants of the image."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+EngineKind = Literal["podman", "docker"]
+NetworkMode = Literal["none", "egress", "open"]
+NETWORK_MODES: tuple[NetworkMode, ...] = ("none", "egress", "open")
+"""Narrowest first: a request may only ask for a mode at or before the configured one."""
+MiB = 1024 * 1024
+MIN_WORKSPACE_MB = 16
+"""Smallest capped workspace: ext4 keeps about 5 MiB of a small file system for itself."""
+AGENT_UID = 65533
+"""The image's stockade-agent user and group, which tini and the agent run as (a constant of
+the image's entry point)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    kind: EngineKind = "podman"
+    """Which container engine runs the sandboxes."""
+    socket: str = ""
+    """The engine's API address (unix:///path). Empty: Docker's default socket, or for
+    Podman a `podman system service` that the supervisor starts itself."""
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    image: str = ""
+    """Sandbox image; empty means the one `stockade image build` makes for the engine. At start,
+    a running sandbox whose container was made from another image than the one this names now
+    is re-created from it (workspace kept, processes lost)."""
+    user: str = "65532:65532"
+    """uid:gid every tool runs as (numbers; never root, never AGENT_UID). The default is the
+    image's `sandbox` user, an id of no account on Debian, Ubuntu or Fedora hosts (Debian and
+    systemd leave 65520-65533 unused): without a user namespace the container's ids are the
+    host's, and a host account's uid would make the sandbox that person. The agent and init
+    run as AGENT_UID, out of reach of the tools (signals, ptrace, /proc)."""
+    read_only_root: bool = True
+    drop_all_capabilities: bool = True
+    no_new_privileges: bool = True
+    network: NetworkMode = "none"
+    """none: only `lo`. egress: one veth link to a host-side proxy that lets through HTTP and
+    HTTPS to the [network] allowlist and nothing else. open: the engine's bridge network
+    (logged as a warning). EnsureSandbox may ask for a narrower mode, never a wider one."""
+    memory_mb: int = 512
+    """Memory limit; swap is set to the same value, so no swap."""
+    cpus: float = 1.0
+    pids: int = 256
+    nofile: int = 1024
+    nproc: int = 16384
+    """RLIMIT_NPROC. The kernel counts it per uid across the host (without a user namespace
+    all sandboxes share one uid), so `pids` is the per-sandbox cap; this must stay at or
+    below the engine process's own hard limit, or the container fails to start."""
+    tmp_size_mb: int = 64
+    """Size cap of the tmpfs at /tmp."""
+    tmp_inodes: int = 65536
+    """Inode cap of /tmp (files, directories and links at once); past it a create fails with
+    ENOSPC, so a million empty files cannot eat the memory limit. Docker sets it on its
+    tmpfs; Podman 4.3 refuses the option, so on Podman the supervisor (as root) mounts a
+    fresh tmpfs per container under the sandbox's state folder and bind-mounts it at /tmp.
+    0: the engine's default (half the host's RAM pages)."""
+    runtime: str = ""
+    """OCI runtime of the sandboxes: a name the engine knows ("runc", "runsc") or, for
+    Podman, an absolute path; empty: the engine's default. Docker: the name must be
+    registered under "runtimes" in /etc/docker/daemon.json. Podman: its API ignores a
+    container's runtime (Podman 4.3), so the service's default applies: the service the
+    supervisor starts (engine.socket empty) gets --runtime; a configured socket's service
+    must have been started with it. A container that runs under another runtime is removed
+    and its creation fails. gVisor's runsc needs --host-uds=create (the agent's socket is on
+    a bind mount), --network=none and --oci-seccomp (engines.RUNSC_FLAGS); the supervisor
+    adds these to its own Podman service, Docker's daemon.json must list them as runtimeArgs.
+    Under runsc a sandbox has no network but its own loopback, and /tmp is a tmpfs the
+    supervisor mounts (gVisor ignores an engine tmpfs's inode cap)."""
+    workspace_size_mb: int = 0
+    """Size cap of the workspace: a file system of its own per sandbox (ext4 in a sparse image
+    file beside the workspace, loop-mounted at it; its inodes are capped too, one per 16 KiB).
+    Needs a supervisor running as root on a host with loop devices; the start fails with the
+    reason otherwise. 0: no cap, the workspace is a directory on the state directory's disk.
+    The size applies when a workspace's image is made; an existing image keeps its size."""
+    max_file_size_mb: int = 0
+    """Largest file a sandbox process may write (RLIMIT_FSIZE); a write past it fails with
+    EFBIG, "File too large". 0: no limit."""
+    user_namespace: bool | None = None
+    """Run each sandbox in a user namespace, so that its uids are unprivileged ids of no host
+    user. Unset (the default): on where the engine gives each sandbox a range of its own
+    (Podman on the host, not under gVisor, with a `containers` range), else off with a
+    warning at start (the sandbox user's uid is then the host's, shared by all sandboxes).
+    true: on, or the start fails saying why; false: off. Podman: a range of 65536 ids of its
+    own per container (`--userns=auto`, from the
+    `containers` entry in /etc/subuid and /etc/subgid; the start fails naming it when
+    missing). Docker: the daemon's `userns-remap` (daemon-wide; the start fails when dockerd
+    does not remap). The workspace and agent directory are handed to the mapped ids before the
+    container starts; a re-created sandbox given another range has its workspace walked and
+    re-owned (a cost that grows with its number of files). Off, but on a remapping dockerd,
+    the workspace is handed over all the same."""
+    start_timeout_s: float = 30.0
+    """How long a new container's agent may take to answer."""
+    secrets: Mapping[str, str] = field(default_factory=dict)
+    """Environment variables injected into every sandbox whose values are redacted from
+    every output (with scrub.secrets)."""
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """What `egress` sandboxes may reach, through the supervisor's proxy."""
+
+    allow: tuple[str, ...] = ()
+    """Domain names ("example.com") and wildcards ("*.example.com": any name under it, not
+    the name itself). IP addresses are never allowed."""
+    ports: tuple[int, ...] = (80, 443)
+    hosts: Mapping[str, str] = field(default_factory=dict)
+    """Pinned addresses: name -> IP, used instead of DNS (and then any address is fine,
+    e.g. a loopback test server). The name must still be allowed."""
+    allow_private_addresses: bool = False
+    """Whether an allowed name may resolve to a loopback, private, link-local or other
+    non-global address (off: an allowed name pointing inside is refused)."""
+    bandwidth_kbit: int = 0
+    """Per-sandbox cap in each direction (tc token bucket on both ends of the link); 0: none."""
+    max_connections: int = 32
+    """Proxied connections open at once per sandbox; more are refused."""
+    connect_timeout_s: float = 10.0
+    idle_timeout_s: float = 300.0
+    """A tunnel with no bytes either way for this long is closed."""
+    subnet: str = "10.213.0.0/30"
+    """The link's addresses: the proxy's side takes the first host, the sandbox the second.
+    Each sandbox's link lives in namespaces of its own, so all can use the same subnet."""
+    proxy_port: int = 3128
+
+
+@dataclass(frozen=True)
+class HousekeepingConfig:
+    """Removing what is no longer used, refusing what the host cannot hold, and stopping
+    gently. Times are in seconds; 0 turns a timer off."""
+
+    idle_timeout_s: float = 1800.0
+    """A sandbox with no call for this long loses its container (the workspace is kept; the
+    next call makes a new container on it). Never while a call is in flight. Background
+    processes started with the `process` tool do not count as use: they end with it."""
+    max_age_s: float = 86400.0
+    """A container older than this is removed at the first moment no call is in flight (the
+    next call makes a new one on the same workspace)."""
+    workspace_retention_s: float = 7 * 86400.0
+    """How long a workspace without a container (pruned, destroyed without
+    --delete-workspace, or lost) is kept before it is deleted; 0: kept until destroyed."""
+    reap_orphans: bool = True
+    """Remove containers of other supervisor instances on this engine that are provably gone:
+    same boot, same pid and mount namespaces as this supervisor, their process no longer
+    runs and their state directory no longer holds their instance id. Containers that
+    carry no such proof (older supervisors, other namespaces) are never touched."""
+    sweep_interval_s: float = 30.0
+    """How often the sweeper looks for idle and old sandboxes, expired workspaces and
+    orphans."""
+    warm_pool: int = 0
+    """Started containers kept with no key, so that a new key's first call does not wait
+    for a container start (they use memory while unused). 0: no pool."""
+    min_free_memory_mb: int = 256
+    """No new container while the host has less memory available (psutil's
+    virtual_memory().available): the call gets RESOURCE_EXHAUSTED; running sandboxes keep
+    working. 0: no check."""
+    min_free_disk_mb: int = 1024
+    """The same for free space on the state directory's file system. 0: no check."""
+    shutdown_grace_s: float = 10.0
+    """On SIGTERM: health goes NOT_SERVING at once, new calls get UNAVAILABLE, calls in
+    flight get this long to finish before the server stops. Containers keep running for the
+    next start to adopt."""

@@ -1,0 +1,90 @@
+"""The sections about the service itself: who may call (auth, tenants), the audit log,
+file transfers and observability."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class ObservabilityConfig:
+    metrics_listen: str = ""
+    """host:port of an HTTP endpoint serving Prometheus metrics at /metrics (e.g.
+    "127.0.0.1:9464"); empty: none. Unauthenticated: keep it on loopback or behind a proxy."""
+    log_format: Literal["text", "json"] = "text"
+    """json: one JSON object per line, with the request id of the call being served."""
+    log_calls: bool = True
+    """One INFO line per tool call (tool, key, result, duration, request id)."""
+    trace_exporter: Literal["", "otlp", "console"] = ""
+    """OpenTelemetry traces of each call, a span per pipeline stage (needs the `otel` extra:
+    pip install 'stockade[otel]'). otlp: OTLP over HTTP to trace_endpoint; console: JSON
+    spans appended to trace_file (stderr when empty); "": no tracing."""
+    trace_endpoint: str = "http://127.0.0.1:4318/v1/traces"
+    trace_file: str = ""
+    service_name: str = "stockade"
+
+
+@dataclass(frozen=True)
+class FilesConfig:
+    scrub_downloads: Literal["text", "all", "off"] = "text"
+    """Replace credentials in downloaded files (the bytes then differ from the file;
+    FileInfo.redactions says how many). "text": files whose first 8 KiB hold no NUL byte
+    (binary files pass byte-exact: credential heuristics would corrupt them); "all"; "off"."""
+    chunk_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    enabled: bool = True
+    path: str = ""
+    """SQLite file; empty: STATE_DIR/stockade.db."""
+    max_arguments_bytes: int = 4096
+    max_age_days: float = 30.0
+    """Records older than this are removed; 0: no age limit."""
+    max_size_mb: int = 1024
+    """The database's pages in use are kept at or below this, oldest records removed first
+    (the file stops growing there: freed pages are reused); 0: no size limit."""
+    export_dir: str = ""
+    """Absolute directory: removed records are appended there first, as JSON lines, to
+    audit-YYYY-MM-DD.jsonl (fsynced before the delete); empty: not kept."""
+    trim_interval_s: float = 60.0
+    """How often retention looks for records to remove."""
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """Who may call. Required unless explicitly off, and off only on a unix socket or a
+    loopback address: a start that would serve without it anywhere else is refused.
+    Health checking and reflection stay open (they name services, never sandboxes)."""
+
+    enabled: bool | None = None
+    """true: callers must authenticate (then tokens_file or client_ca is needed). false: no
+    authentication; allowed only when `listen` is unix:/path or a loopback address. Unset:
+    on when tokens_file or client_ca is set, else the start is refused (say which you mean)."""
+    tokens_file: str = ""
+    """Bearer tokens, one `TOKEN TENANT` per line (`#` comments; `sha256:HEX TENANT` stores a
+    token's SHA-256 instead of the token). Re-read when it changes, on the next call; a new
+    version that does not parse leaves the previous tokens in force (logged), a missing file
+    accepts no token. Refused when others may read or write it, or its group may write it."""
+    tls_cert: str = ""
+    """PEM certificate chain of the server; with tls_key, the port speaks TLS."""
+    tls_key: str = ""
+    client_ca: str = ""
+    """PEM CA bundle: clients must present a certificate it signed (mutual TLS; a client
+    without one cannot connect). Needs tls_cert and tls_key."""
+    client_certs: Mapping[str, str] = field(default_factory=dict)
+    """Client certificate identity (a subject alternative name or the common name) -> tenant.
+    A certificate naming no mapped identity needs a bearer token as well."""
+
+
+@dataclass(frozen=True)
+class TenantConfig:
+    """Limits of one tenant (`[tenants.NAME]`; `[tenants."*"]` for tenants without a table)."""
+
+    max_sandboxes: int = 0
+    """Containers at once (running or being created); 0: no limit. Past it, creating another
+    is RESOURCE_EXHAUSTED."""
+    max_memory_mb: int = 0
+    """Sum of the memory limits (sandbox.memory_mb each) of its containers; 0: no limit."""
