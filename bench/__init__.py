@@ -11,3 +11,8 @@ Per engine (Podman, Docker), on the same image and machine:
 Figures are printed, and the last run is kept in bench/results.json. Nothing is
 asserted: this is a measurement, not a test. Progress goes to stderr, results to stdout.
 """
+
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results.json"
+"""The last run's figures (`python -m bench`; `--compare` adds its own under "compare")."""

@@ -2,14 +2,18 @@
 
 Its state directory is short and under /tmp (agent socket paths must stay below 107
 bytes). On exit the supervisor is stopped and every container of its instance removed:
-the supervisor itself leaves them running for the next start to adopt.
+the supervisor itself leaves them running for the next start to adopt. `tree` runs another
+checkout's supervisor (its src/ first on PYTHONPATH) in this venv, as `--compare` does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +34,7 @@ class Served:
 
 
 @contextlib.contextmanager
-def served(engine: str, extra_config: str = "") -> Iterator[Served]:
+def served(engine: str, extra_config: str = "", *, tree: Path | None = None) -> Iterator[Served]:
     state_dir = Path(tempfile.mkdtemp(prefix="stkb", dir="/tmp"))
     target = f"127.0.0.1:{free_port()}"
     config = state_dir / "stockade.toml"
@@ -43,7 +47,10 @@ def served(engine: str, extra_config: str = "") -> Iterator[Served]:
     )
     log_path = state_dir / "serve.log"
     # Own session: a Ctrl-C reaches only the bench, which then shuts this down in order.
-    process = launcher.spawn(config, log_path, own_session=True)
+    if tree is None:
+        process = launcher.spawn(config, log_path, own_session=True)
+    else:
+        process = spawn_from(tree, config, log_path)
     try:
         launcher.wait_serving(target, process, log_path)
         yield Served(engine, target, state_dir, process.pid)
@@ -58,3 +65,22 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def spawn_from(tree: Path, config: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """`stockade serve` from the checkout at `tree`; refused unless it imports from there."""
+    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    probe = "import stockade.supervisor as s; print(s.__file__)"
+    found = subprocess.run(
+        [sys.executable, "-c", probe], env=env, cwd=config.parent,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    loaded = Path(found.stdout.strip()).resolve()
+    if found.returncode != 0 or not loaded.is_relative_to(tree.resolve()):
+        raise RuntimeError(f"stockade from {tree} loads {loaded}: {found.stderr.strip()[-500:]}")
+    cmd = [sys.executable, "-m", "stockade.supervisor.cli", "serve", "--config", str(config)]
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env=env, cwd=config.parent,
+        )  # fmt: skip
