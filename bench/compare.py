@@ -135,7 +135,12 @@ def run(rev: str, engines: tuple[str, ...], n: int, rounds: int, warmup: int) ->
     with checked_out(commit) as old_tree:
         progress(f"{old_rev} checked out at {old_tree}")
         for engine in engines:
-            result = compare_engine(engine, old_tree, rounds, calls, warmup)
+            try:
+                result = compare_engine(engine, old_tree, rounds, calls, warmup)
+            except Exception as exc:  # the other engine is still measured
+                progress(f"{engine}: comparison failed: {type(exc).__name__}: {exc}")
+                by_engine[engine] = {"error": f"{type(exc).__name__}: {exc}"}
+                continue
             by_engine[engine] = {"old_rev": old_rev, "new_rev": new_rev, **result}
             print(table(engine, by_engine[engine]), end="\n\n", flush=True)
     record = {
@@ -147,7 +152,7 @@ def run(rev: str, engines: tuple[str, ...], n: int, rounds: int, warmup: int) ->
         "engines": by_engine,
     }
     write_record(record)
-    return 0
+    return 1 if any("error" in r for r in by_engine.values()) else 0
 
 
 def write_record(record: dict[str, Any], path: Path = RESULTS) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.engines import engine_url
+from bench.timing import progress
 from stockade.supervisor.cli import launcher
 from stockade.supervisor.sandboxes import workspaces
 
@@ -46,19 +47,37 @@ def served(engine: str, extra_config: str = "", *, tree: Path | None = None) -> 
         "[auth]\nenabled = false\n" + extra_config
     )
     log_path = state_dir / "serve.log"
-    # Own session: a Ctrl-C reaches only the bench, which then shuts this down in order.
-    if tree is None:
-        process = launcher.spawn(config, log_path, own_session=True)
-    else:
-        process = spawn_from(tree, config, log_path)
+    process = None
     try:
+        # Own session: a Ctrl-C reaches only the bench, which then shuts this down in order.
+        if tree is None:
+            process = launcher.spawn(config, log_path, own_session=True)
+        else:
+            process = spawn_from(tree, config, log_path)
         launcher.wait_serving(target, process, log_path)
         yield Served(engine, target, state_dir, process.pid)
     finally:
-        launcher.stop(process)
+        if process is not None:
+            launcher.stop(process)
+        sweep(engine, state_dir)
+
+
+def sweep(engine: str, state_dir: Path) -> None:
+    """Remove the instance's containers, workspaces and state. When the engine cannot be
+    reached (its service went away meanwhile) the state dir stays, and the message names it:
+    the figures measured before are not lost to a failed clean-up."""
+    try:
         launcher.remove_instance_containers(engine, engine_url(engine), state_dir)
+    except Exception as exc:
+        instance = (state_dir / "instance-id").read_text().strip()
+        progress(
+            f"could not remove the {engine} containers of instance {instance} (label "
+            f"io.stockade.instance); {state_dir} is kept: {type(exc).__name__}: {exc}"
+        )
         workspaces.unmount_all(state_dir)
-        shutil.rmtree(state_dir, ignore_errors=True)
+        return
+    workspaces.unmount_all(state_dir)
+    shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def free_port() -> int:
