@@ -130,6 +130,7 @@ def run(rev: str, engines: tuple[str, ...], n: int, rounds: int, warmup: int) ->
     commit = resolve(rev)
     old_rev, new_rev = commit[:7], tree_label()
     started = datetime.now(UTC).isoformat(timespec="seconds")
+    load_before = os.getloadavg()
     calls = batches(n, rounds)
     by_engine: dict[str, Any] = {}
     with checked_out(commit) as old_tree:
@@ -149,6 +150,8 @@ def run(rev: str, engines: tuple[str, ...], n: int, rounds: int, warmup: int) ->
         "new_rev": new_rev,
         "settings": {"n": n, "rounds": rounds, "calls_per_round": calls, "warmup": warmup},
         "machine": machine_info(engines),
+        # the bench runs on a shared machine: how busy it was, 1/5/15-minute averages
+        "load_average": {"before": load_before, "after": os.getloadavg()},
         "engines": by_engine,
     }
     write_record(record)
