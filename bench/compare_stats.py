@@ -9,9 +9,10 @@ thread that ended meanwhile). The headline CPU figure is the ticks over all roun
 the calls; the per-round figures (from schedstat) give the noise.
 
 Noise: the rounds of the two sides alternate (old, new, then new, old, ...), so whatever else
-the machine does at a moment hits a pair of rounds alike. Each pair gives a ratio new/old; the
-verdict is "within noise" when 1.0 lies between the lower and upper quartile of those ratios,
-"slower" or "faster" when at least three quarters of the pairs say so.
+the machine does at a moment hits a pair of rounds alike. Each pair gives a ratio new/old. Their
+spread (quartiles, min..max) shows how much one round can say; the median of the ratios has a
+distribution-free ~95% confidence interval (the sign test's order statistics), and the verdict
+is "within noise" when that interval holds 1.0, else "slower" or "faster".
 """
 
 from __future__ import annotations
@@ -69,6 +70,18 @@ def quartiles(values: Sequence[float]) -> tuple[float, float]:
     return q1, q3
 
 
+def median_ci(values: Sequence[float]) -> tuple[float, float]:
+    """~95% confidence interval of the median of `values`, whatever their distribution: the
+    order statistics n/2 -+ 0.98 sqrt(n) (normal approximation of the sign test's binomial);
+    min..max when there are too few values for more."""
+    ordered = sorted(values)
+    n = len(ordered)
+    half_width = 0.98 * math.sqrt(n)
+    low = max(round(n / 2 - half_width), 1)
+    high = min(round(1 + n / 2 + half_width), n)
+    return ordered[low - 1], ordered[high - 1]
+
+
 def side_summary(rounds: Sequence[Round], tick_hz: int) -> dict[str, Any]:
     """A side's figures over all its rounds: wall ms and supervisor CPU µs per call."""
     samples = [s for r in rounds for s in r.seconds]
@@ -120,10 +133,12 @@ def _ratio(new: float, old: float) -> float:
 
 def _ratio_entry(new: float, old: float, pairs: list[float]) -> dict[str, Any]:
     q1, q3 = quartiles(pairs)
-    verdict = "slower" if q1 > 1 else "faster" if q3 < 1 else "within noise"
+    low, high = median_ci(pairs)
+    verdict = "slower" if low > 1 else "faster" if high < 1 else "within noise"
     return {
         "new_over_old": round(_ratio(new, old), 3),
         "pairs_median": round(statistics.median(pairs), 3),
+        "pairs_median_ci95": [round(low, 3), round(high, 3)],
         "pairs_q1": round(q1, 3),
         "pairs_q3": round(q3, 3),
         "pairs_min": round(min(pairs), 3),
@@ -149,14 +164,15 @@ def table(engine: str, result: dict[str, Any]) -> str:
     )
     lines = [
         head,
-        f"{'':32}{'old':>9}{'new':>9}{'new/old':>9}   pairs: median, q1..q3 (min..max)  verdict",
+        f"{'':32}{'old':>9}{'new':>9}{'new/old':>9}   pairs: median [95% CI], q1..q3   verdict",
     ]
     for key, label, spec in ROWS:
         r = result["ratios"][key]
+        low, high = r["pairs_median_ci95"]
         lines.append(
             f"{label:32}{old[key]:>9{spec}}{new[key]:>9{spec}}{r['new_over_old']:>9.3f}   "
-            f"{r['pairs_median']:.3f}, {r['pairs_q1']:.3f}..{r['pairs_q3']:.3f} "
-            f"({r['pairs_min']:.2f}..{r['pairs_max']:.2f})  {r['verdict']}"
+            f"{r['pairs_median']:.3f} [{low:.3f}..{high:.3f}], "
+            f"{r['pairs_q1']:.2f}..{r['pairs_q3']:.2f}   {r['verdict']}"
         )
     lines.append(
         f"{'spread of round medians':32}{old['round_median_spread']:>9.1%}"

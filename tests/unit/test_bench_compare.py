@@ -14,6 +14,7 @@ from bench.compare_stats import (
     Round,
     batches,
     compare,
+    median_ci,
     quartiles,
     schedule,
     side_summary,
@@ -66,6 +67,18 @@ def test_quartiles_of_one_value_are_the_value() -> None:
     assert quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 4.0)
 
 
+def test_median_ci_takes_the_sign_tests_order_statistics() -> None:
+    # n = 60: ranks 30 -+ 0.98 sqrt(60) = 22.4 and 38.6, i.e. the 22nd and the 39th value
+    assert median_ci([float(v) for v in range(60, 0, -1)]) == (22.0, 39.0)
+    # n = 100: ranks 40.2 and 60.8, the 40th and the 61st
+    assert median_ci([float(v) for v in range(1, 101)]) == (40.0, 61.0)
+
+
+@pytest.mark.parametrize("values", [[1.5], [3.0, 1.0], [2.0, 4.0, 1.0, 3.0]])
+def test_median_ci_of_few_values_is_their_range(values: list[float]) -> None:
+    assert median_ci(values) == (min(values), max(values))
+
+
 def test_side_summary_pools_calls_and_counts_cpu_per_call() -> None:
     rounds = rounds_of([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]], ticks=3, ns=5_000_000)
     s = side_summary(rounds, HZ)
@@ -111,7 +124,20 @@ def test_pairs_that_go_both_ways_are_within_noise() -> None:
     ratios = compare(old, new, HZ)["ratios"]["median_ms"]
     assert (ratios["pairs_min"], ratios["pairs_max"]) == (0.9, 1.1)
     assert ratios["pairs_q1"] < 1 < ratios["pairs_q3"]
+    assert ratios["pairs_median_ci95"] == [0.9, 1.1]
     assert ratios["verdict"] == "within noise"
+
+
+def test_a_small_steady_difference_shows_through_many_noisy_pairs() -> None:
+    # 40 pairs: 30 with new 3% up, 10 with new 20% down (noise): the lower quartile of the
+    # ratios falls below 1, but the median's interval stays above it
+    old = rounds_of([[10.0]] * 40)
+    new = rounds_of([[10.3]] * 30 + [[8.0]] * 10)
+    ratios = compare(old, new, HZ)["ratios"]["median_ms"]
+    assert ratios["pairs_min"] == 0.8
+    assert ratios["pairs_q1"] < 1
+    assert ratios["pairs_median_ci95"] == [1.03, 1.03]
+    assert ratios["verdict"] == "slower"
 
 
 def test_pairs_cancel_noise_that_hits_both_sides() -> None:
@@ -138,7 +164,7 @@ def test_table_shows_both_sides_the_ratio_and_the_verdict() -> None:
     assert "c077f17 (old) vs abc1234 (new), 2 interleaved rounds of 2 calls a side" in printed
     median_row = next(line for line in printed.splitlines() if "median (ms)" in line)
     assert median_row.split()[-7:] == [
-        "2.00", "3.00", "1.500", "1.500,", "1.500..1.500", "(1.50..1.50)", "slower",
+        "2.00", "3.00", "1.500", "1.500", "[1.500..1.500],", "1.50..1.50", "slower",
     ]  # fmt: skip
 
 
