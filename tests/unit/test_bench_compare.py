@@ -151,6 +151,16 @@ def test_pairs_cancel_noise_that_hits_both_sides() -> None:
     assert result["ratios"]["median_ms"]["verdict"] == "slower"
 
 
+@pytest.mark.parametrize(
+    ("new_ms", "verdict"),
+    [(10.1, "slower by < 2%"), (9.9, "faster by < 2%"), (10.3, "slower"), (9.7, "faster")],
+)
+def test_a_steady_difference_under_the_margin_is_named_so(new_ms: float, verdict: str) -> None:
+    # one commit against itself moved by about 1%: significant, but no slowdown to act on
+    result = compare(rounds_of([[10.0]] * 10), rounds_of([[new_ms]] * 10), HZ)
+    assert result["ratios"]["median_ms"]["verdict"] == verdict
+
+
 def test_compare_refuses_unpaired_rounds() -> None:
     with pytest.raises(ValueError, match="rounds differ"):
         compare(rounds_of([[1]] * 3), rounds_of([[1]] * 2), HZ)
