@@ -5,8 +5,6 @@ against REV's, side by side (bench/compare.py)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import secrets
 import signal
 import sys
@@ -14,7 +12,6 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from bench import (
-    RESULTS,
     abuse,
     audit,
     coldstart,
@@ -202,11 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         "host": host,
         "engines": by_engine,
     }
-    with contextlib.suppress(OSError, ValueError):  # --compare's figures stay
-        if "compare" in (previous := json.loads(RESULTS.read_text())):
-            record["compare"] = previous["compare"]
-    RESULTS.write_text(json.dumps(record, indent=2) + "\n")
-    progress(f"results written to {RESULTS}")
+    compare.write_full_run(record)  # --compare's figures stay
     return 0
 
 

@@ -159,16 +159,29 @@ def run(rev: str, engines: tuple[str, ...], n: int, rounds: int, warmup: int) ->
 
 
 def write_record(record: dict[str, Any], path: Path = RESULTS) -> None:
-    """Put the comparison under "compare" in bench/results.json, keeping the rest (a file
-    that is no JSON object is replaced)."""
-    try:
-        results = json.loads(path.read_text())
-    except (OSError, ValueError):
-        results = {}
-    if not isinstance(results, dict):
-        results = {}
-    results["compare"] = record
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results, indent=2) + "\n")
-    os.replace(tmp, path)
+    """Put the comparison under "compare" in bench/results.json, keeping the rest."""
+    _write({**_read(path), "compare": record}, path)
     progress(f'comparison written to {path} ("compare")')
+
+
+def write_full_run(record: dict[str, Any], path: Path = RESULTS) -> None:
+    """Write a full `python -m bench` run's record, keeping the last comparison."""
+    if "compare" in (previous := _read(path)):
+        record = {**record, "compare": previous["compare"]}
+    _write(record, path)
+    progress(f"results written to {path}")
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """The record in `path`; {} when there is none (no file, no JSON, no object)."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _write(record: dict[str, Any], path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, path)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import parse_args
-from bench.compare import write_record
+from bench.compare import write_full_run, write_record
 from bench.compare_stats import (
     Round,
     batches,
@@ -202,3 +202,24 @@ def test_compare_needs_n_to_split_into_the_rounds(capsys: pytest.CaptureFixture[
     assert "multiple of --rounds" in capsys.readouterr().err
     ns = parse_args(["--compare", "c077f17", "--n", "20", "--rounds", "10"])
     assert (ns.compare, ns.n, ns.rounds) == ("c077f17", 20, 10)
+
+
+def test_a_full_run_keeps_the_last_comparison(tmp_path: Path) -> None:
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"engines": {"old": 1}, "compare": {"old_rev": "c077f17"}}))
+    write_full_run({"engines": {"new": 2}}, results)
+    assert json.loads(results.read_text()) == {
+        "engines": {"new": 2},
+        "compare": {"old_rev": "c077f17"},
+    }
+
+
+@pytest.mark.parametrize("content", [None, "not json", '["compare"]', '{"engines": {}}'])
+def test_a_full_run_without_a_comparison_writes_its_own_record(
+    tmp_path: Path, content: str | None
+) -> None:
+    results = tmp_path / "results.json"
+    if content is not None:
+        results.write_text(content)
+    write_full_run({"engines": {"new": 2}}, results)
+    assert json.loads(results.read_text()) == {"engines": {"new": 2}}
