@@ -14,7 +14,7 @@ spread (quartiles, min..max) shows how much one round can say; the median of the
 distribution-free ~95% confidence interval (the sign test's order statistics), and the verdict
 is "within noise" when that interval holds 1.0; else "slower" or "faster", or "slower by < 2%"
 ("faster ...") when the median ratio is within MARGIN of 1: runs of one commit against itself
-(A/A) showed such shifts, about 1% (docs/benchmarks.md).
+(A/A) showed such shifts, about 1% (docs/benchmarks.md). Under MIN_PAIRS rounds, no verdict.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 SIDES = ("old", "new")
+MIN_PAIRS = 6
+"""Fewer pairs cannot exclude chance at 95%: all 5 of 5 on one side happen 1 time in 16."""
 MARGIN = 0.02
 """A median pair ratio this close to 1 is no slowdown, whatever its interval: A/A runs (one
 commit on both sides) moved by about 1%."""
@@ -78,7 +80,7 @@ def quartiles(values: Sequence[float]) -> tuple[float, float]:
 def median_ci(values: Sequence[float]) -> tuple[float, float]:
     """~95% confidence interval of the median of `values`, whatever their distribution: the
     order statistics n/2 -+ 0.98 sqrt(n) (normal approximation of the sign test's binomial);
-    min..max when there are too few values for more."""
+    min..max when there are too few values for more (which covers ~95% from MIN_PAIRS on)."""
     ordered = sorted(values)
     n = len(ordered)
     half_width = 0.98 * math.sqrt(n)
@@ -139,7 +141,11 @@ def _ratio(new: float, old: float) -> float:
 def _ratio_entry(new: float, old: float, pairs: list[float]) -> dict[str, Any]:
     q1, q3 = quartiles(pairs)
     low, high = median_ci(pairs)
-    verdict = _verdict(statistics.median(pairs), low, high)
+    verdict = (
+        _verdict(statistics.median(pairs), low, high)
+        if len(pairs) >= MIN_PAIRS
+        else f"n/a: < {MIN_PAIRS} rounds"
+    )
     return {
         "new_over_old": round(_ratio(new, old), 3),
         "pairs_median": round(statistics.median(pairs), 3),

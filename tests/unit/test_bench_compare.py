@@ -100,8 +100,8 @@ def test_side_summary_refuses_no_calls() -> None:
 
 
 def test_a_new_side_slower_in_every_pair_is_slower() -> None:
-    old = rounds_of([[2, 2, 2]] * 4)
-    new = rounds_of([[3, 3, 3]] * 4, ns=6_000_000)
+    old = rounds_of([[2, 2, 2]] * 6)
+    new = rounds_of([[3, 3, 3]] * 6, ns=6_000_000)
     result = compare(old, new, HZ)
     median = result["ratios"]["median_ms"]
     assert median["new_over_old"] == 1.5
@@ -112,15 +112,15 @@ def test_a_new_side_slower_in_every_pair_is_slower() -> None:
 
 
 def test_a_new_side_faster_in_every_pair_is_faster() -> None:
-    result = compare(rounds_of([[4, 4]] * 3), rounds_of([[2, 2]] * 3), HZ)
+    result = compare(rounds_of([[4, 4]] * 6), rounds_of([[2, 2]] * 6), HZ)
     assert result["ratios"]["median_ms"]["new_over_old"] == 0.5
     assert result["ratios"]["median_ms"]["verdict"] == "faster"
 
 
 def test_pairs_that_go_both_ways_are_within_noise() -> None:
     # machine noise: the same shift hits both sides of a pair; new is 10% up, then 10% down
-    old = rounds_of([[2], [4], [2], [4]])
-    new = rounds_of([[2.2], [3.6], [1.8], [4.4]])
+    old = rounds_of([[2], [4], [2], [4], [2], [4]])
+    new = rounds_of([[2.2], [3.6], [1.8], [4.4], [2.2], [3.6]])
     ratios = compare(old, new, HZ)["ratios"]["median_ms"]
     assert (ratios["pairs_min"], ratios["pairs_max"]) == (0.9, 1.1)
     assert ratios["pairs_q1"] < 1 < ratios["pairs_q3"]
@@ -161,6 +161,13 @@ def test_a_steady_difference_under_the_margin_is_named_so(new_ms: float, verdict
     assert result["ratios"]["median_ms"]["verdict"] == verdict
 
 
+def test_too_few_rounds_get_no_verdict() -> None:
+    # 5 of 5 pairs slower happens by chance 1 time in 16 (either way): no 95% claim
+    result = compare(rounds_of([[10.0]] * 5), rounds_of([[12.0]] * 5), HZ)
+    assert result["ratios"]["median_ms"]["new_over_old"] == 1.2
+    assert result["ratios"]["median_ms"]["verdict"] == "n/a: < 6 rounds"
+
+
 def test_compare_refuses_unpaired_rounds() -> None:
     with pytest.raises(ValueError, match="rounds differ"):
         compare(rounds_of([[1]] * 3), rounds_of([[1]] * 2), HZ)
@@ -169,9 +176,9 @@ def test_compare_refuses_unpaired_rounds() -> None:
 
 
 def test_table_shows_both_sides_the_ratio_and_the_verdict() -> None:
-    result = compare(rounds_of([[2, 2]] * 2), rounds_of([[3, 3]] * 2), HZ)
+    result = compare(rounds_of([[2, 2]] * 6), rounds_of([[3, 3]] * 6), HZ)
     printed = table("podman", {"old_rev": "c077f17", "new_rev": "abc1234", **result})
-    assert "c077f17 (old) vs abc1234 (new), 2 interleaved rounds of 2 calls a side" in printed
+    assert "c077f17 (old) vs abc1234 (new), 6 interleaved rounds of 2 calls a side" in printed
     median_row = next(line for line in printed.splitlines() if "median (ms)" in line)
     assert median_row.split()[-7:] == [
         "2.00", "3.00", "1.500", "1.500", "[1.500..1.500],", "1.50..1.50", "slower",
