@@ -1,6 +1,6 @@
 # Stockade: `make run` serves, `make test` runs every test; each sets the machine up first
 # (scripts/setup.sh: quick when nothing is missing).
-.PHONY: setup-run setup-test run test lint proto bench
+.PHONY: setup-run setup-test run test lint proto bench bench-compare
 
 setup-run:
 	scripts/setup.sh run
@@ -28,3 +28,9 @@ proto:
 bench: setup-test
 	.venv/bin/pip install --quiet -e '.[bench]'
 	.venv/bin/python -m bench $(BENCH_ARGS)
+
+# BASE's supervisor against this tree's, in one run: warm `exec true` and supervisor CPU per call
+# in interleaved rounds, e.g. `make bench-compare BASE=c077f17 BENCH_ARGS="--n 3000 --rounds 30"`.
+bench-compare: setup-test
+	@test -n "$(BASE)" || { echo "make bench-compare needs BASE=<git revision>" >&2; exit 2; }
+	.venv/bin/python -m bench --compare $(BASE) $(BENCH_ARGS)

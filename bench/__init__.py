@@ -8,6 +8,15 @@ Per engine (Podman, Docker), on the same image and machine:
 - cold start: the first call on a new key until its result;
 - host memory per idle sandbox (PSS of its processes plus the engine's helper).
 
+`python -m bench --compare REV` (`make bench-compare BASE=REV`) measures only warm `exec true`
+and the supervisor's CPU per call, REV's supervisor and this tree's side by side in one run
+(bench/compare.py).
+
 Figures are printed, and the last run is kept in bench/results.json. Nothing is
 asserted: this is a measurement, not a test. Progress goes to stderr, results to stdout.
 """
+
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results.json"
+"""The last run's figures (`python -m bench`; `--compare` adds its own under "compare")."""

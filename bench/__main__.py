@@ -1,17 +1,28 @@
-"""`python -m bench [--engine podman|docker|both] [--n N] [--quick]`."""
+"""`python -m bench [--engine podman|docker|both] [--n N] [--quick]`, or
+`python -m bench --compare REV [--engine E] [--n N] [--rounds R]` for this tree's supervisor
+against REV's, side by side (bench/compare.py)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import secrets
 import signal
 import sys
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, NoReturn
 
-from bench import abuse, audit, coldstart, egress, load, peers, report, stockade_runs
+from bench import (
+    abuse,
+    audit,
+    coldstart,
+    compare,
+    egress,
+    load,
+    peers,
+    report,
+    stockade_runs,
+)
+from bench.compare_stats import batches
 from bench.engines import ENGINES, bring_up, remove_labelled
 from bench.guard import run_guard_bench
 from bench.guard import section as guard_section
@@ -22,7 +33,6 @@ from bench.served import served
 from bench.timing import guarded, progress
 from stockade.client import Stockade
 
-RESULTS = Path(__file__).resolve().parent / "results.json"
 NO_USERNS = "[sandbox]\nuser_namespace = false\n"
 
 
@@ -36,6 +46,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--load-calls", type=int, help="mixed calls per key (default 200)")
     parser.add_argument(
         "--audit-records", type=int, help="records in the full audit log (default 1,000,000)"
+    )
+    parser.add_argument(
+        "--compare",
+        metavar="REV",
+        help="only compare warm exec and supervisor CPU of REV's supervisor with this tree's",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=10, help="--compare: interleaved rounds (default 10)"
     )
     parser.add_argument(
         "--quick",
@@ -55,6 +73,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(ns, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     ns.warmup = min(max(ns.n // 10, 5), 30)
+    if ns.compare is not None:
+        try:
+            batches(ns.n, ns.rounds)
+        except ValueError as exc:
+            parser.error(str(exc))
     return ns
 
 
@@ -130,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)  # clean up on kill as on Ctrl-C
     engines = ENGINES if ns.engine == "both" else (ns.engine,)
+    if ns.compare is not None:
+        try:
+            return compare.run(ns.compare, engines, ns.n, ns.rounds, ns.warmup)
+        except KeyboardInterrupt:
+            progress("interrupted; cleaning up")
+            return 130
     run_id = secrets.token_hex(6)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     settings = {
@@ -170,8 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         "host": host,
         "engines": by_engine,
     }
-    RESULTS.write_text(json.dumps(record, indent=2) + "\n")
-    progress(f"results written to {RESULTS}")
+    compare.write_full_run(record)  # --compare's figures stay
     return 0
 
 
