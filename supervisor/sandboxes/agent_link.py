@@ -1,4 +1,7 @@
-"""The supervisor's end of the agent protocol: one gRPC channel per sandbox, over a unix socket.
+"""The supervisor's end of the agent protocol: one gRPC channel per sandbox, to an address the
+host kind chooses: a unix socket in a bind-mounted folder (containers on this host), or TCP with
+mutual TLS (an agent reached over the network, such as a pod's IP). Everything above the channel
+is the same code for both.
 
 Nothing the agent sends is trusted (it runs as the same uid as the code in the sandbox): the
 channel refuses messages over ReplyLimits.max_message_bytes, every reply is checked
@@ -14,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 
@@ -98,17 +101,88 @@ class AgentReply:
     result: dict[str, Any] | None
 
 
-class AgentConnection:
-    def __init__(self, socket_path: Path, limits: ReplyLimits | None = None) -> None:
-        if len(str(socket_path)) > MAX_SOCKET_PATH:
+@dataclass(frozen=True)
+class UnixAddress:
+    """An agent's unix socket on this host (in the sandbox's bind-mounted run folder). The
+    folder is sealed so that only the supervisor reaches it: no credentials on the channel."""
+
+    path: Path
+
+    def channel(self, options: list[tuple[str, Any]]) -> grpc.aio.Channel:
+        if len(str(self.path)) > MAX_SOCKET_PATH:
             raise SandboxBroken(
-                f"agent socket path {socket_path} is longer than {MAX_SOCKET_PATH} bytes; "
+                f"agent socket path {self.path} is longer than {MAX_SOCKET_PATH} bytes; "
                 "use a shorter state_dir"
             )
-        self.socket_path = socket_path
+        return grpc.aio.insecure_channel(f"unix:{self.path}", options=options)
+
+    def present(self) -> bool:
+        """Whether there is anything to connect to yet (the agent makes its socket)."""
+        return self.path.exists()
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+
+@dataclass(frozen=True, repr=False)
+class MutualTls:
+    """Both ends prove who they are: the agent's certificate must be issued by `ca` for
+    `server_name` (not for the address dialled: a pod's IP changes with every pod), and the
+    supervisor presents `cert_chain` with its `private_key`, which the agent checks against the
+    same CA. All PEM."""
+
+    ca: bytes
+    cert_chain: bytes
+    private_key: bytes
+    server_name: str
+
+    def __post_init__(self) -> None:
+        if not (self.ca and self.cert_chain and self.private_key and self.server_name):
+            raise ValueError("mutual TLS needs a CA, a certificate chain, a key and a server name")
+
+    def __repr__(self) -> str:  # never the key
+        return f"MutualTls(server_name={self.server_name!r})"
+
+
+@dataclass(frozen=True)
+class TcpAddress:
+    """An agent reached over the network, always with mutual TLS (it serves the sandbox's
+    commands: a plain TCP port would be a shell for anyone who reaches it)."""
+
+    host: str
+    port: int
+    tls: MutualTls
+
+    def __post_init__(self) -> None:
+        if not self.host or not 0 < self.port < 65536:
+            raise ValueError(f"not an agent address: {self.host!r} port {self.port}")
+
+    def channel(self, options: list[tuple[str, Any]]) -> grpc.aio.Channel:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=self.tls.ca,
+            private_key=self.tls.private_key,
+            certificate_chain=self.tls.cert_chain,
+        )
+        options = [*options, ("grpc.ssl_target_name_override", self.tls.server_name)]
+        return grpc.aio.secure_channel(str(self), credentials, options=options)
+
+    def present(self) -> bool:
+        return True  # nothing to wait for before dialling: the channel retries
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+AgentAddress: TypeAlias = UnixAddress | TcpAddress
+
+
+class AgentConnection:
+    def __init__(self, address: AgentAddress | Path, limits: ReplyLimits | None = None) -> None:
+        """A Path is a unix socket (UnixAddress)."""
+        self.address = UnixAddress(address) if isinstance(address, Path) else address
         self.limits = limits or ReplyLimits()
         options = [*_OPTIONS, ("grpc.max_receive_message_length", self.limits.max_message_bytes)]
-        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}", options=options)
+        self._channel = self.address.channel(options)
         self._stub = agent_pb2_grpc.AgentServiceStub(self._channel)
         self._closed = False
 
@@ -118,7 +192,7 @@ class AgentConnection:
     async def wait_ready(self, timeout: float) -> None:
         """Wait for the agent to answer Hello with our protocol version."""
         deadline = time.monotonic() + timeout
-        while not self.socket_path.exists():
+        while not self.address.present():
             if time.monotonic() > deadline:
                 raise SandboxBroken(f"agent did not create its socket within {timeout:.0f} s")
             await asyncio.sleep(0.003)

@@ -8,7 +8,6 @@ import asyncio
 import logging
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 from stockade.supervisor.config import Config
 from stockade.supervisor.engines.backends.base import (
@@ -18,12 +17,13 @@ from stockade.supervisor.engines.backends.base import (
     LABEL_STATE_DIR,
     BindMount,
     ContainerBackend,
+    ContainerInfo,
     ContainerSpec,
 )
 from stockade.supervisor.errors import SandboxBroken
 from stockade.supervisor.keys import shown
 from stockade.supervisor.sandboxes import layout
-from stockade.supervisor.sandboxes.agent_link import AgentConnection
+from stockade.supervisor.sandboxes.agent_link import AgentAddress, AgentConnection, UnixAddress
 from stockade.supervisor.sandboxes.layout import Layout, Paths
 from stockade.supervisor.sandboxes.network import Networks
 from stockade.supervisor.sandboxes.runtime import Runtime
@@ -44,7 +44,14 @@ root (gVisor's own, inside its kernel) and the agent starts as root and becomes 
 user itself (`--agent-user`: gVisor resets effective ids on exec, so it cannot keep a user of
 its own and start commands as another; identity.py)."""
 
-Connect = Callable[[Path], AgentConnection]
+Connect = Callable[[AgentAddress], AgentConnection]
+AddressOf = Callable[[ContainerInfo, Paths], AgentAddress]
+"""Where a container's agent is reached: the host kind's choice (see agent_link)."""
+
+
+def socket_address(info: ContainerInfo, paths: Paths) -> AgentAddress:
+    """Containers on this host: the agent's unix socket in the sandbox's run folder."""
+    return UnixAddress(paths.socket)
 
 
 class Containers:
@@ -56,6 +63,7 @@ class Containers:
         networks: Networks,
         connect: Connect,
         *,
+        address_of: AddressOf = socket_address,
         instance_id: str,
         image: str,
         owner_label: Callable[[], str],
@@ -64,7 +72,8 @@ class Containers:
         self._backend = backend
         self._layout = layout_
         self._networks = networks
-        self.connect = connect
+        self._connect = connect
+        self._address_of = address_of
         self.instance_id = instance_id
         self.image = image
         self._owner_label = owner_label
@@ -81,6 +90,10 @@ class Containers:
     def name(self, ident: str) -> str:
         """A container's name: a prefix of the instance id and a sandbox or pool id."""
         return f"stockade-{self.instance_id[:8]}-{ident}"
+
+    def link(self, info: ContainerInfo, paths: Paths) -> AgentConnection:
+        """A channel to the agent of the container `info` (on `paths`): not yet connected."""
+        return self._connect(self._address_of(info, paths))
 
     async def start(
         self,
@@ -108,7 +121,7 @@ class Containers:
             self.start_failures += 1
             await asyncio.to_thread(layout.unmount, paths, workspace=not key)
             raise
-        container = Container(info, self.connect(paths.socket), paths, sid)
+        container = Container(info, self.link(info, paths), paths, sid)
         try:
             await self.ready(container, network, key, handed[0])
         except SandboxBroken as exc:

@@ -50,7 +50,13 @@ from stockade.supervisor.models import NetworkRequest, SandboxInfo, SandboxState
 from stockade.supervisor.network.proxy import EgressDecision
 from stockade.supervisor.sandboxes import hostfs, layout, owner, pressure, workspaces
 from stockade.supervisor.sandboxes.agent_link import AgentConnection
-from stockade.supervisor.sandboxes.containers import WORKSPACE, Containers
+from stockade.supervisor.sandboxes.containers import (
+    WORKSPACE,
+    AddressOf,
+    Connect,
+    Containers,
+    socket_address,
+)
 from stockade.supervisor.sandboxes.health import SILENCE_S, Clinic, Recorder
 from stockade.supervisor.sandboxes.housekeeping import Housekeeping
 from stockade.supervisor.sandboxes.inspection import isolation_report
@@ -75,7 +81,8 @@ class SandboxManager:
         *,
         instance_id: str,
         image: str,
-        connect: Callable[[Path], AgentConnection] | None = None,
+        connect: Connect | None = None,
+        address_of: AddressOf = socket_address,
         record_egress: Callable[[EgressDecision], None] | None = None,
         host_mounts: bool = True,
         record_event: Recorder | None = None,
@@ -85,7 +92,9 @@ class SandboxManager:
         """host_mounts: whether a mount the supervisor makes reaches the engine (not from
         the supervisor's own container). `lock`: this instance's lock on the state directory,
         when the caller took it already (before starting an engine service); else it is
-        taken here. `silence_s`: how long a silent agent is waited for (healing)."""
+        taken here. `silence_s`: how long a silent agent is waited for (healing).
+        `address_of`: where a container's agent is reached (the host kind's choice: a unix
+        socket by default), `connect` what reaches it there (AgentConnection)."""
         self.config = config
         self.backend = backend
         self._host_mounts = host_mounts
@@ -101,7 +110,7 @@ class SandboxManager:
         self.networks = Networks(config, instance_id, record_egress)
         self.containers = Containers(
             config, backend, self.layout, self.networks,
-            connect or partial(AgentConnection, limits=limits),
+            connect or partial(AgentConnection, limits=limits), address_of=address_of,
             instance_id=instance_id, image=image, owner_label=lambda: self.owner.label(),
         )  # fmt: skip
         self.clinic = Clinic(config, backend, self.registry, self.record, silence_s)
@@ -211,7 +220,7 @@ class SandboxManager:
             await self._replace(key, info, network, image_id)
             return "replaced"
         sid = sandbox_id(key)
-        container = Container(info, self.containers.connect(paths.socket), paths, sid)
+        container = Container(info, self.containers.link(info, paths), paths, sid)
         try:
             await self.networks.attach(key, container, network)
         except SandboxBroken as exc:

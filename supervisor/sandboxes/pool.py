@@ -81,7 +81,7 @@ class WarmPool:
         os.rename(pooled.paths.root, paths.root)
         await pooled.agent.close()
         sid = sandbox_id(key)
-        container = Container(pooled.info, self._containers.connect(paths.socket), paths, sid)
+        container = Container(pooled.info, self._containers.link(pooled.info, paths), paths, sid)
         try:
             await self._containers.ready(container, network, key, None)
         except SandboxBroken as exc:

@@ -126,9 +126,9 @@ class FakeBackend:
 class FakeAgent:
     """Answers like the agent; dies when its container is not running."""
 
-    def __init__(self, backend: FakeBackend, socket_path: Path) -> None:
+    def __init__(self, backend: FakeBackend, address: object) -> None:
         self.backend = backend
-        self.socket_path = socket_path
+        self.address = address
         self.ready = False
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
