@@ -191,6 +191,9 @@ async def _serve_until_signal(config: Any) -> None:
             f"stockade: metrics on http://{host}:{supervisor.telemetry.metrics_port}/metrics",
             flush=True,
         )
+    if supervisor.mcp is not None:
+        host = config.mcp.listen.rpartition(":")[0]
+        print(f"stockade: MCP on http://{host}:{supervisor.mcp.port}{config.mcp.path}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
