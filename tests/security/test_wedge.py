@@ -1,4 +1,5 @@
-"""Sandbox code trying to make its own sandbox unusable for good (docs/operations.md, "Wedge routes").
+"""Sandbox code trying to make its own sandbox unusable for good (docs/operations.md,
+"Wedge routes").
 
 Each attack runs as a tool call inside a sandbox, on both engines. Whatever the attack call
 itself returns, afterwards the sandbox must never have been wedged or have been healed by the
