@@ -1,12 +1,15 @@
 """The MCP front door through the real `stockade serve`, real containers on both engines and
 the official MCP SDK's streamable-HTTP client: the tools the catalog lists, calls through the
 one pipeline (exec, files, the guard, the scrubber), a sandbox per MCP session, bearer tokens
-from the same file as the gRPC API (401 without one), and the audit log naming the front."""
+from the same file as the gRPC API (401 without one), and the audit log naming the front; and
+`stockade mcp`, the stdio bridge to the gRPC API, through the SDK's stdio client."""
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -16,6 +19,7 @@ import httpx2
 import mcp_types as types
 import pytest
 from mcp.client import Client
+from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
@@ -169,3 +173,43 @@ async def test_without_a_valid_token_401(mcp_sup: McpSupervisor, token: str | No
         async with connected(mcp_sup.url, token) as client:
             await client.list_tools()
     assert refused.group_contains(MCPError), repr(refused.value)
+
+
+def bridge_command(*flags: str) -> StdioServerParameters:
+    """`stockade mcp FLAGS` as the SDK's stdio client starts it (this tree's package)."""
+    env = {k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}
+    args = ["-m", "stockade.supervisor.cli", "mcp", *flags]
+    return StdioServerParameters(command=sys.executable, args=args, env=env)
+
+
+async def test_the_stdio_bridge(mcp_sup: McpSupervisor) -> None:
+    """`stockade mcp --key K` started by the SDK's stdio client: the same tools and hints,
+    calls over gRPC into the sandbox K (so its audit records name the gRPC front)."""
+    key = f"bridge-{uuid.uuid4().hex[:8]}"
+    bridge = bridge_command("--key", key, "--server", mcp_sup.sup.target, "--token", mcp_sup.token)
+    async with Client(bridge) as client:
+        listed = {t.name: t for t in (await client.list_tools()).tools}
+        assert "exec" in listed
+        assert listed["glob"].annotations is not None
+        assert listed["glob"].annotations.read_only_hint is True
+        hi = await client.call_tool("exec", {"command": f"echo hi > out && echo {FAKE_AWS_KEY}"})
+        assert not hi.is_error, text_of(hi)
+        assert FAKE_AWS_KEY not in text_of(hi)
+        refused = await client.call_tool("exec", {"command": "rm -rf /"})
+        assert text_of(refused).startswith("Error (PERMISSION_DENIED): command blocked")
+    with mcp_sup.sup.client(token=mcp_sup.token) as grpc_client:
+        assert grpc_client.call(key, "read_file", {"path": "out"}).data["content"] == "hi\n"
+        records = grpc_client.list_audit(sandbox_key=key, tool="exec")
+    assert {(r.front, r.error_code) for r in records} == {
+        ("grpc", ""),
+        ("grpc", "PERMISSION_DENIED"),
+    }
+
+
+async def test_the_stdio_bridge_with_a_wrong_token(mcp_sup: McpSupervisor) -> None:
+    wrong = "wrong-token-0123456789abcdef"
+    bridge = bridge_command("--server", mcp_sup.sup.target, "--token", wrong)
+    async with Client(bridge) as client:
+        refused = await client.call_tool("exec", {"command": "echo hi"})
+    assert refused.is_error
+    assert text_of(refused).startswith("Error (UNAUTHENTICATED): ")

@@ -32,21 +32,26 @@ does not."""
 
 
 def annotations_of(spec: ToolSpec) -> types.ToolAnnotations:
-    """MCP's hints for a catalog tool: read/list/glob/search read only; write, edit and patch
-    destructive (they overwrite) but closed world; exec, process and custom tools destructive
-    and open world."""
-    if spec.name in READ_ONLY:
+    """MCP's hints for a catalog tool (see hints)."""
+    return hints(spec.name, custom=spec.custom is not None)
+
+
+def hints(name: str, custom: bool) -> types.ToolAnnotations:
+    """MCP's hints for a tool by its name (custom: a configured custom tool): read/list/glob/
+    search read only; write, edit and patch destructive (they overwrite) but closed world;
+    exec, process and custom tools destructive and open world."""
+    if not custom and name in READ_ONLY:
         return types.ToolAnnotations(
             read_only_hint=True,
             destructive_hint=False,
             idempotent_hint=True,
             open_world_hint=False,
         )
-    command = spec.custom is not None or spec.name in COMMANDS
+    command = custom or name in COMMANDS
     return types.ToolAnnotations(
         read_only_hint=False,
         destructive_hint=True,
-        idempotent_hint=spec.name in IDEMPOTENT_WRITES,
+        idempotent_hint=not custom and name in IDEMPOTENT_WRITES,
         open_world_hint=command,
     )
 
