@@ -377,7 +377,8 @@ def _audit(ns: argparse.Namespace) -> int:
             continue
         when = r.time.astimezone().strftime("%Y-%m-%d %H:%M:%S") if r.time else "?"
         outcome = r.error_code or "ok"
-        extra = " ".join(x for x in (r.guard_rule, r.approval) if x)
+        via = f"via {r.front}" if r.front not in ("", "grpc") else ""
+        extra = " ".join(x for x in (r.guard_rule, r.approval, via) if x)
         print(
             f"{when} {printable(r.sandbox_key):<16} {printable(r.agent_id or '-'):<10} "
             f"{printable(r.tool):<10} {outcome:<17} "

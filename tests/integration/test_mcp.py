@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -123,6 +124,16 @@ async def test_tools_calls_and_the_audit(mcp_sup: McpSupervisor) -> None:
     keys = {r.sandbox_key for r in ours}
     assert len(keys) == 2  # one per session
     assert all(k.startswith("mcp-") for k in keys)
+    where = ["--server", mcp_sup.sup.target, "--token", mcp_sup.token]
+    shown = subprocess.run(
+        [sys.executable, "-m", "stockade.supervisor.cli", "audit", "--tool", "write_file", *where],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "write_file" in shown
+    assert "via mcp" in shown
     echo = next(r for r in records if json.loads(r.arguments_json) == {"command": "echo hi"})
     assert (echo.front, echo.exit_code, echo.caller.startswith("ipv4:127.0.0.1:")) == (
         "mcp",

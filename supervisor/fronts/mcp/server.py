@@ -150,7 +150,9 @@ def build_app(
         allowed_hosts=[f"{h}:*" for h in hosts] + hosts,
         allowed_origins=[f"http://{h}:*" for h in hosts],
     )
-    manager = StreamableHTTPSessionManager(app=server, security_settings=security)
+    manager = StreamableHTTPSessionManager(
+        app=server, security_settings=security, max_request_body_size=config.max_request_bytes
+    )
     endpoint: Any = StreamableHTTPASGIApp(manager)
     middleware: list[Middleware] = []
     if authenticator is not None:
