@@ -8,8 +8,13 @@ import json
 import sqlite3
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from starlette.requests import Request
 
 from stockade.supervisor.api.auth import Authenticator
 from stockade.supervisor.api.convert import tool_to_pb
@@ -17,7 +22,7 @@ from stockade.supervisor.calls.catalog import Catalog
 from stockade.supervisor.calls.outcome import failure
 from stockade.supervisor.calls.schemas import SchemaFormat
 from stockade.supervisor.config import AuthConfig, CustomToolConfig, load_config
-from stockade.supervisor.errors import ConfigError, InvalidRequest, QuotaExceeded
+from stockade.supervisor.errors import ConfigError, InvalidRequest, QuotaExceeded, Unauthenticated
 from stockade.supervisor.fronts.mcp.convert import (
     Caller,
     annotations_of,
@@ -27,7 +32,7 @@ from stockade.supervisor.fronts.mcp.convert import (
     sandbox_key,
     tool_to_mcp,
 )
-from stockade.supervisor.fronts.mcp.server import TokenTenants
+from stockade.supervisor.fronts.mcp.server import McpTools, TokenTenants
 from stockade.supervisor.keys import scope
 from stockade.supervisor.models import ErrorCode, ToolResult
 from stockade.supervisor.observe.audit import AuditLog, AuditQuery, AuditRecord
@@ -197,3 +202,27 @@ async def test_the_audit_log_keeps_the_front_and_migrates_older_files(tmp_path: 
     found = {r.request_id: r.front for r in await log.query(AuditQuery())}
     log.close()
     assert found == {"old": "", "new": "mcp"}
+
+
+def _context(headers: dict[str, str], version: str, user: object = None) -> Any:
+    scope = {
+        "type": "http",
+        "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
+        "client": ("127.0.0.1", 4242),
+        "user": user,
+    }
+    return SimpleNamespace(request=Request(scope), protocol_version=version)
+
+
+def test_the_caller_of_a_request() -> None:
+    tools = McpTools(load_config(), None, None, authenticated=True)  # type: ignore[arg-type]
+    user = AuthenticatedUser(AccessToken(token="", client_id="acme", scopes=[]))
+    headers = {"mcp-session-id": "s1", "traceparent": "tp"}
+    caller = tools.caller(_context(headers, "2025-11-25", user))
+    assert caller == Caller("acme", "s1", "ipv4:127.0.0.1:4242", "tp")
+    # a sessionless (2026-07-28) request's session header was never checked: it is ignored
+    assert tools.caller(_context(headers, "2026-07-28", user)).session_id is None
+    with pytest.raises(Unauthenticated):  # auth on: never served as tenant ""
+        tools.caller(_context(headers, "2025-11-25"))
+    open_tools = McpTools(load_config(), None, None, authenticated=False)  # type: ignore[arg-type]
+    assert open_tools.caller(_context(headers, "2025-11-25")).tenant == ""

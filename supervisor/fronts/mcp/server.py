@@ -24,9 +24,10 @@ from mcp.server.auth.middleware.bearer_auth import (
 from mcp.server.auth.provider import AccessToken
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
@@ -93,9 +94,12 @@ class McpTools:
         if client is not None:
             ip = f"ipv6:[{client.host}]" if ":" in client.host else f"ipv4:{client.host}"
             peer = f"{ip}:{client.port}"
+        # a 2026-07-28 request has no session: a session id header it carries was never
+        # checked by the session manager, so it does not choose the sandbox
+        modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
         return Caller(
             tenant=tenant,
-            session_id=request.headers.get("mcp-session-id"),
+            session_id=None if modern else request.headers.get(MCP_SESSION_ID_HEADER),
             peer=peer,
             traceparent=request.headers.get("traceparent", ""),
         )
@@ -194,7 +198,7 @@ class McpFront:
         self._socket.setblocking(False)
         self.port: int = self._socket.getsockname()[1]
         self._server = _Uvicorn(
-            uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False)
+            uvicorn.Config(app, lifespan="on", log_config=None, access_log=False)
         )
         self._task: asyncio.Task[None] | None = None
 
