@@ -6,11 +6,14 @@ from the same file as the gRPC API (401 without one), and the audit log naming t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -224,3 +227,35 @@ async def test_the_stdio_bridge_with_a_wrong_token(mcp_sup: McpSupervisor) -> No
         refused = await client.call_tool("exec", {"command": "echo hi"})
     assert refused.is_error
     assert text_of(refused).startswith("Error (UNAUTHENTICATED): ")
+
+
+async def test_without_auth_a_shared_key_and_a_graceful_stop(engine: str) -> None:
+    """auth.enabled = false (the harness's default, on loopback) and [mcp] key: two sessions
+    share one sandbox, as tenant "". At SIGTERM a call in flight finishes and reaches its
+    caller, a new call is refused, and an open (idle) session does not hold the stop."""
+    address = free_tcp_address()
+    config = f'[mcp]\nlisten = "{address}"\nkey = "shared"\n'
+    with running_supervisor(engine, config) as sup:
+        url = f"http://{address}/mcp"
+        async with connected(url, None) as first, connected(url, None) as second:
+            wrote = await first.call_tool("write_file", {"path": "s.txt", "content": "one"})
+            assert not wrote.is_error, text_of(wrote)
+            read = await second.call_tool("read_file", {"path": "s.txt"})
+            assert "one" in text_of(read)
+            with sup.client() as grpc_client:
+                mine = grpc_client.list_audit(sandbox_key="shared", tool="read_file")
+            assert [(r.front, r.tenant) for r in mine] == [("mcp", "")]
+
+            slow = asyncio.create_task(first.call_tool("exec", {"command": "sleep 2; echo slept"}))
+            await asyncio.sleep(0.5)
+            assert sup.process is not None
+            started = time.monotonic()
+            sup.process.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.5)
+            late = await second.call_tool("exec", {"command": "echo late"})
+            assert late.is_error
+            assert text_of(late).startswith("Error (SHUTTING_DOWN): ")
+            done = await slow
+            assert (done.is_error, text_of(done)) == (False, "slept\n")
+            await asyncio.to_thread(sup.process.wait, 30)
+            assert time.monotonic() - started < 8  # not the 10 s grace: nothing held it

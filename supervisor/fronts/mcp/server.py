@@ -11,6 +11,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
@@ -48,6 +49,9 @@ from stockade.supervisor.models import CallContext
 
 log = logging.getLogger("stockade.mcp")
 SERVER_NAME = "stockade"
+FLUSH_S = 1.0
+"""At a stop, after the last call in flight ended: time for its result to reach its caller
+before the sessions end."""
 
 
 class TokenTenants:
@@ -75,6 +79,11 @@ class McpTools:
         self._pipeline = pipeline
         self._policy = policy
         self._authenticated = authenticated
+        self.draining = False
+        """Set when the supervisor stops: new calls are refused, calls in flight finish."""
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def caller(self, ctx: ServerRequestContext[Any, Any]) -> Caller:
         """Who sent the request; with auth on, a request the middleware did not
@@ -115,12 +124,32 @@ class McpTools:
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         caller = self.caller(ctx)
+        if self.draining:
+            return refusal_to_mcp(ShuttingDown())
+        self._active += 1
+        self._idle.clear()
         try:
             call = call_from_mcp(params.name, params.arguments, caller, self._config.mcp.key)
             result = await self._pipeline.call(call, caller=caller.peer)
         except errors.StockadeError as exc:
             return refusal_to_mcp(exc)
+        finally:
+            self._active -= 1
+            if not self._active:
+                self._idle.set()
         return result_to_mcp(result)
+
+    @property
+    def busy(self) -> bool:
+        return self._active > 0
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for the calls in flight to end; whether they all did."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
 
     async def discover(
         self, ctx: ServerRequestContext[Any, Any], params: types.RequestParams | None
@@ -133,13 +162,40 @@ class McpTools:
         )
 
 
+class ShuttingDown(errors.StockadeError):
+    """A call that arrived while the supervisor stops (gRPC: UNAVAILABLE, SHUTTING_DOWN)."""
+
+    reason = "SHUTTING_DOWN"
+
+    def __init__(self) -> None:
+        super().__init__("the supervisor is shutting down; retry when it has started again")
+
+
+@dataclass
+class Endpoint:
+    """The ASGI app serving config.mcp.path, its handlers and its session manager."""
+
+    app: Starlette
+    tools: McpTools
+    sessions: StreamableHTTPSessionManager
+
+    async def close_sessions(self) -> None:
+        """End every open session (and its GET stream, which would hold uvicorn's shutdown
+        open to its timeout). The manager keeps them in a private table: without it, they
+        end when the manager stops, after that timeout."""
+        table = getattr(self.sessions, "_server_instances", {})
+        for transport in list(table.values()):
+            with contextlib.suppress(Exception):
+                await transport.terminate()
+
+
 def build_app(
     config: Config,
     pipeline: ToolPipeline,
     policy: HostPolicy,
     authenticator: Authenticator | None,
-) -> Starlette:
-    """The ASGI app serving config.mcp.path."""
+) -> Endpoint:
+    """The endpoint serving config.mcp.path."""
     tools = McpTools(config, pipeline, policy, authenticated=authenticator is not None)
     server: Server[Any] = Server(
         SERVER_NAME,
@@ -166,11 +222,12 @@ def build_app(
             Middleware(AuthContextMiddleware),
         ]
         endpoint = RequireAuthMiddleware(endpoint, [])
-    return Starlette(
+    app = Starlette(
         routes=[Route(config.mcp.path, endpoint=endpoint)],
         middleware=middleware,
         lifespan=lambda _app: manager.run(),
     )
+    return Endpoint(app, tools, manager)
 
 
 class _Uvicorn(uvicorn.Server):
@@ -184,7 +241,8 @@ class _Uvicorn(uvicorn.Server):
 class McpFront:
     """The running MCP endpoint; `port` is the bound TCP port."""
 
-    def __init__(self, app: Starlette, listen: str) -> None:
+    def __init__(self, endpoint: Endpoint, listen: str) -> None:
+        self._endpoint = endpoint
         host, port = split_host_port(listen, "mcp.listen")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.socket(family, socket.SOCK_STREAM)
@@ -198,7 +256,7 @@ class McpFront:
         self._socket.setblocking(False)
         self.port: int = self._socket.getsockname()[1]
         self._server = _Uvicorn(
-            uvicorn.Config(app, lifespan="on", log_config=None, access_log=False)
+            uvicorn.Config(endpoint.app, lifespan="on", log_config=None, access_log=False)
         )
         self._task: asyncio.Task[None] | None = None
 
@@ -211,11 +269,19 @@ class McpFront:
             await asyncio.sleep(0.01)
 
     async def stop(self, grace: float) -> None:
-        """New connections are refused at once; requests in flight get `grace` seconds."""
+        """New calls are refused at once, calls in flight get `grace` seconds to finish; then
+        the sessions end and the server stops."""
         if self._task is None:
             self._socket.close()
             return
-        self._server.config.timeout_graceful_shutdown = max(int(grace), 1)
+        tools = self._endpoint.tools
+        tools.draining = True
+        if tools.busy:
+            if not await tools.wait_idle(grace):
+                log.warning("shutdown: MCP calls still in flight after %g s are ended", grace)
+            await asyncio.sleep(FLUSH_S)  # their results, on their way to the callers
+        await self._endpoint.close_sessions()
+        self._server.config.timeout_graceful_shutdown = 1
         self._server.should_exit = True
         with contextlib.suppress(Exception):
             await self._task
