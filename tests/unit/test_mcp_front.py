@@ -11,13 +11,17 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx2
 import pytest
+from mcp.client import Client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from starlette.requests import Request
 
 from stockade.supervisor.api.auth import Authenticator
 from stockade.supervisor.api.convert import tool_to_pb
+from stockade.supervisor.app import build_policy
 from stockade.supervisor.calls.catalog import Catalog
 from stockade.supervisor.calls.outcome import failure
 from stockade.supervisor.calls.schemas import SchemaFormat
@@ -32,9 +36,9 @@ from stockade.supervisor.fronts.mcp.convert import (
     sandbox_key,
     tool_to_mcp,
 )
-from stockade.supervisor.fronts.mcp.server import McpTools, TokenTenants
+from stockade.supervisor.fronts.mcp.server import McpFront, McpTools, TokenTenants, build_app
 from stockade.supervisor.keys import scope
-from stockade.supervisor.models import ErrorCode, ToolResult
+from stockade.supervisor.models import CallContext, ErrorCode, ToolResult
 from stockade.supervisor.observe.audit import AuditLog, AuditQuery, AuditRecord
 
 CATALOG = Catalog([CustomToolConfig(name="deploy", description="Deploy.", command="make deploy")])
@@ -226,3 +230,44 @@ def test_the_caller_of_a_request() -> None:
         tools.caller(_context(headers, "2025-11-25"))
     open_tools = McpTools(load_config(), None, None, authenticated=False)  # type: ignore[arg-type]
     assert open_tools.caller(_context(headers, "2025-11-25")).tenant == ""
+
+
+async def test_the_endpoint_in_process(tmp_path: Path) -> None:
+    """The endpoint on a free loopback port without an engine: 401 without a token, 421 for
+    a Host that is not this one (DNS rebinding), tools/list through the SDK's client; a port
+    already taken is a ConfigError naming it."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("t" * 32 + " acme\n")
+    tokens.chmod(0o600)
+    config = load_config(
+        None,
+        {"state_dir": str(tmp_path), "mcp.listen": "127.0.0.1:0", "auth.tokens_file": str(tokens)},
+    )
+    policy = build_policy(config)
+    authenticator = Authenticator(config.auth)
+    front = McpFront(build_app(config, None, policy, authenticator), config.mcp.listen)  # type: ignore[arg-type]
+    await front.start()
+    url = f"http://127.0.0.1:{front.port}/mcp"
+    try:
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+        accept = {"accept": "application/json, text/event-stream"}
+        async with httpx2.AsyncClient() as http:
+            anonymous = await http.post(url, json=body, headers=accept)
+            assert anonymous.status_code == 401
+            assert anonymous.headers["www-authenticate"].startswith("Bearer ")
+            rebound = await http.post(
+                url,
+                json=body,
+                headers={**accept, "authorization": "Bearer " + "t" * 32, "host": "evil.example"},
+            )
+            assert rebound.status_code == 421
+        http = httpx2.AsyncClient(headers={"authorization": "Bearer " + "t" * 32})
+        async with http, Client(streamable_http_client(url, http_client=http)) as client:
+            names = [t.name for t in (await client.list_tools()).tools]
+        assert names == [t.name for t in policy.tools.allowed_tools(CallContext())]
+        with pytest.raises(ConfigError, match=r"cannot serve MCP on 127\.0\.0\.1:"):
+            McpFront(build_app(config, None, policy, None), f"127.0.0.1:{front.port}")  # type: ignore[arg-type]
+    finally:
+        await front.stop(1)
+        if policy.audit is not None:
+            policy.audit.close()
