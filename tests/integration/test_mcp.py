@@ -39,13 +39,16 @@ class McpSupervisor:
     sup: Supervisor
     url: str
     token: str
+    """Tenant acme's."""
+    other_token: str
+    """Tenant other's."""
 
 
 @pytest.fixture(scope="module")
 def mcp_sup(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpSupervisor]:
-    token = secrets.token_hex(20)
+    token, other = secrets.token_hex(20), secrets.token_hex(20)
     tokens = tmp_path_factory.mktemp("mcp") / "tokens"
-    tokens.write_text(f"{token} acme\n")
+    tokens.write_text(f"{token} acme\n{other} other\n")
     tokens.chmod(0o600)
     address = free_tcp_address()
     with running_supervisor(
@@ -53,7 +56,7 @@ def mcp_sup(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[M
         f'[mcp]\nlisten = "{address}"\n',
         auth_config=f'[auth]\ntokens_file = "{tokens}"\n',
     ) as sup:
-        yield McpSupervisor(sup, f"http://{address}/mcp", token)
+        yield McpSupervisor(sup, f"http://{address}/mcp", token, other)
 
 
 @asynccontextmanager
@@ -170,6 +173,38 @@ async def test_guard_and_scrubber_apply(mcp_sup: McpSupervisor) -> None:
         "PERMISSION_DENIED",
         "destructive-rm",
     )
+
+
+async def test_another_tenant_cannot_use_a_session(mcp_sup: McpSupervisor) -> None:
+    """Tenant other, with its own valid token and acme's session id, gets 404 (the SDK binds
+    a session to the credentials that opened it); acme's sandbox never sees the call."""
+    marker = uuid.uuid4().hex
+    async with connected(mcp_sup.url, mcp_sup.token) as client:
+        await client.call_tool("exec", {"command": f"echo {marker}"})
+        with mcp_sup.sup.client(token=mcp_sup.token) as grpc_client:
+            mine = [r for r in grpc_client.list_audit(tool="exec") if marker in r.arguments_json]
+        session = mine[0].sandbox_key.removeprefix("mcp-")
+        body = {
+            "jsonrpc": "2.0",
+            "id": 7,
+            "method": "tools/call",
+            "params": {"name": "exec", "arguments": {"command": "echo intruder > mine"}},
+        }
+        headers = {
+            "accept": "application/json, text/event-stream",
+            "authorization": f"Bearer {mcp_sup.other_token}",
+            "mcp-session-id": session,
+            "mcp-protocol-version": "2025-11-25",
+        }
+        async with httpx2.AsyncClient() as http:
+            reply = await http.post(mcp_sup.url, json=body, headers=headers)
+        assert reply.status_code == 404
+        seen = await client.call_tool("list_files", {"path": "."})
+        assert "mine" not in json.dumps(seen.structured_content)
+    with mcp_sup.sup.client(token=mcp_sup.other_token) as grpc_client:
+        assert [
+            r for r in grpc_client.list_audit(tool="exec") if "intruder" in r.arguments_json
+        ] == []
 
 
 @pytest.mark.parametrize("token", [None, "wrong-token-0123456789abcdef"], ids=["none", "wrong"])
