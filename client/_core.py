@@ -425,6 +425,7 @@ class AuditRecord:
     error_code: str
     is_error: bool
     tenant: str = ""
+    front: str = ""
 
 
 FORMATS = {

@@ -1,5 +1,5 @@
-"""Assembly: config -> engine -> sandbox manager -> gRPC server. Used by `stockade serve`
-and by the tests, which run the real server in-process on port 0."""
+"""Assembly: config -> engine -> sandbox manager -> gRPC server (and the MCP endpoint). Used
+by `stockade serve` and by the tests, which run the real server in-process on port 0."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from stockade.supervisor.sandboxes.manager import SandboxManager
 from stockade.supervisor.sandboxes.owner import InstanceLock
 
 if TYPE_CHECKING:
+    from stockade.supervisor.fronts.mcp.server import McpFront
     from stockade.supervisor.observe.tracing import CallTracer
 
 log = logging.getLogger("stockade")
@@ -229,12 +230,17 @@ class Supervisor:
     sandboxes: SandboxManager
     engine_process: subprocess.Popen[bytes] | None
     telemetry: Telemetry
+    mcp: McpFront | None = None
+    """The MCP endpoint, when [mcp] listen is set."""
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain (housekeeping.shutdown_grace_s unless given), then stop; sandboxes'
-        containers keep running for the next start to adopt."""
+        containers keep running for the next start to adopt. The MCP endpoint stops first:
+        its calls need the sandbox manager the gRPC server closes."""
         if grace is None:
             grace = self.server.config.housekeeping.shutdown_grace_s
+        if self.mcp is not None:
+            await self.mcp.stop(grace)
         await self.server.stop(grace)
         self.telemetry.close()
         if self.engine_process is not None:
@@ -282,11 +288,18 @@ async def start(config: Config) -> Supervisor:
             config.engine.kind,
         )
     telemetry = start_telemetry(config, manager, policy)
+    mcp = None
     try:
         server = Server(config, manager, policy, authenticator, telemetry.observers)
-        await server.start()
+        if config.mcp.listen:  # the SDK is imported only then
+            from stockade.supervisor.fronts.mcp.server import start_mcp
+
+            mcp = await start_mcp(config, server.pipeline, policy, authenticator)
+        await server.start()  # once the gRPC API serves, so does MCP (the launcher waits)
     except BaseException:
+        if mcp is not None:
+            await mcp.stop(0)
         telemetry.close()
         raise
     manager.start_housekeeping()
-    return Supervisor(server, manager, process, telemetry)
+    return Supervisor(server, manager, process, telemetry, mcp)

@@ -53,6 +53,8 @@ class ToolCall:
     request_id: str = ""
     traceparent: str = ""
     """The caller's W3C trace context (gRPC metadata `traceparent`), for tracing only."""
+    front: str = "grpc"
+    """The front the call came in through ("grpc", "mcp"), for its audit record."""
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,8 @@ of its largest transaction)."""
 _MIGRATIONS = (
     # tenants: audit records carry one; allow-always commands are per tenant
     ("audit", "tenant", "ALTER TABLE audit ADD COLUMN tenant TEXT NOT NULL DEFAULT ''"),
+    # fronts: a call's record names the front it came in through (grpc, mcp)
+    ("audit", "front", "ALTER TABLE audit ADD COLUMN front TEXT NOT NULL DEFAULT ''"),
     (
         "approved_commands",
         None,

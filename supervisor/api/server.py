@@ -177,7 +177,8 @@ class Server:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        pipeline = ToolPipeline(config, sandboxes, policy, observers)
+        pipeline = self.pipeline = ToolPipeline(config, sandboxes, policy, observers)
+        """The one pipeline of this supervisor's calls: other fronts (fronts/mcp) use it too."""
         server = self._server
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(
             SandboxServicer(sandboxes, policy.scrubber), server

@@ -103,6 +103,7 @@ class CallRecorder:
                 error_code=error_code
                 or ("" if result.error_code is ErrorCode.NONE else result.error_code.value),
                 is_error=result.is_error,
+                front=call.front,
             )
         )
 

@@ -170,6 +170,7 @@ class FileTransfers:
                 redactions=info.redactions if info else 0,
                 error_code="PERMISSION_DENIED" if denied else "",
                 is_error=bool(denied),
+                front="grpc",  # file transfers have no other front yet
             )
         )
 

@@ -113,6 +113,10 @@ def _parser() -> argparse.ArgumentParser:
     resolve.add_argument("decision", choices=["allow-once", "allow-always", "deny"])
     resolve.add_argument("--approver", default="")
     approvals_sub.add_parser("list", parents=[client], help="pending requests and allow-always")
+    mcp = sub.add_parser(
+        "mcp", parents=[client], help="an MCP server on stdin/stdout, forwarding to the supervisor"
+    )
+    mcp.add_argument("--key", default="", help="the sandbox key (default: one of its own)")
     audit = sub.add_parser("audit", parents=[client], help="the audit log, newest first")
     audit.add_argument("--key", default="")
     audit.add_argument("--tool", default="")
@@ -191,6 +195,9 @@ async def _serve_until_signal(config: Any) -> None:
             f"stockade: metrics on http://{host}:{supervisor.telemetry.metrics_port}/metrics",
             flush=True,
         )
+    if supervisor.mcp is not None:
+        host = config.mcp.listen.rpartition(":")[0]
+        print(f"stockade: MCP on http://{host}:{supervisor.mcp.port}{config.mcp.path}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -262,14 +269,17 @@ def _doctor_sandbox(ns: argparse.Namespace) -> int:
     return 0 if isolation_ok(report) else 1
 
 
-def _client(ns: argparse.Namespace) -> Stockade:
+def _tls(ns: argparse.Namespace) -> TLS | None:
     files = (ns.tls_ca, ns.tls_cert, ns.tls_key)
     try:
         wanted = ns.tls or ns.tls_server_name or any(files)
-        tls = TLS.from_files(*files, server_name=ns.tls_server_name) if wanted else None
+        return TLS.from_files(*files, server_name=ns.tls_server_name) if wanted else None
     except OSError as exc:
         raise InvalidArgument(f"cannot read a TLS file: {exc}") from None
-    return Stockade(ns.server, token=ns.token, tls=tls)
+
+
+def _client(ns: argparse.Namespace) -> Stockade:
+    return Stockade(ns.server, token=ns.token, tls=_tls(ns))
 
 
 def _context(ns: argparse.Namespace) -> CallContext:
@@ -367,7 +377,8 @@ def _audit(ns: argparse.Namespace) -> int:
             continue
         when = r.time.astimezone().strftime("%Y-%m-%d %H:%M:%S") if r.time else "?"
         outcome = r.error_code or "ok"
-        extra = " ".join(x for x in (r.guard_rule, r.approval) if x)
+        via = f"via {r.front}" if r.front not in ("", "grpc") else ""
+        extra = " ".join(x for x in (r.guard_rule, r.approval, via) if x)
         print(
             f"{when} {printable(r.sandbox_key):<16} {printable(r.agent_id or '-'):<10} "
             f"{printable(r.tool):<10} {outcome:<17} "
@@ -432,6 +443,27 @@ def _rm(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _mcp(ns: argparse.Namespace) -> int:
+    from stockade.client import AsyncStockade
+    from stockade.supervisor.cli.mcp_bridge import bridge_key, serve_stdio
+    from stockade.supervisor.errors import InvalidRequest
+    from stockade.supervisor.keys import validate_key
+
+    key = bridge_key(ns.key)
+    try:
+        validate_key(key)
+    except InvalidRequest as exc:
+        raise InvalidArgument(f"--key: {exc}") from None
+    tls = _tls(ns)
+
+    async def run() -> None:
+        async with AsyncStockade(ns.server, token=ns.token, tls=tls) as client:
+            await serve_stdio(client, key, _context(ns))
+
+    asyncio.run(run())
+    return 0
+
+
 def _tools(ns: argparse.Namespace) -> int:
     with _client(ns) as client:
         tools = client.list_tools(ns.format or "json", _context(ns))
@@ -457,6 +489,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "tools": _tools,
     "approvals": _approvals,
     "audit": _audit,
+    "mcp": _mcp,
 }
 
 if __name__ == "__main__":

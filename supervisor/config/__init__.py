@@ -1,7 +1,7 @@
 """Supervisor configuration: loaded once (file, then environment, then flags), then frozen.
 
 The sections are frozen dataclasses (sandbox.py: the containers; policy.py: the tool
-policy; service.py: auth, audit, files, observability), root.py holds the whole Config,
+policy; service.py: auth, audit, files, observability, mcp), root.py holds the whole Config,
 checks.py validates it as it is made, loading.py reads it. Every name is importable from
 here. An unknown key anywhere in the file is an error at load time, never a silent pass.
 """
@@ -37,6 +37,7 @@ from stockade.supervisor.config.service import (
     AuditConfig,
     AuthConfig,
     FilesConfig,
+    McpConfig,
     ObservabilityConfig,
     TenantConfig,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "GuardRuleConfig",
     "HousekeepingConfig",
     "LimitsConfig",
+    "McpConfig",
     "NetworkConfig",
     "NetworkMode",
     "ObservabilityConfig",

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from stockade.supervisor.config.sandbox import AGENT_UID, MIN_WORKSPACE_MB
 from stockade.supervisor.errors import ConfigError, InvalidRequest
-from stockade.supervisor.keys import validate_tenant
+from stockade.supervisor.keys import validate_key, validate_tenant
 from stockade.supervisor.network.allowlist import AllowlistError, check_pattern
 
 if TYPE_CHECKING:
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from stockade.supervisor.config.service import (
         AuditConfig,
         AuthConfig,
+        McpConfig,
         ObservabilityConfig,
         TenantConfig,
     )
@@ -88,6 +89,7 @@ def check(cfg: Config) -> None:
     _check_audit(cfg.audit)
     _check_observability(cfg.observability)
     _check_auth(cfg.auth, cfg.tenants)
+    _check_mcp(cfg.mcp)
     if cfg.engine.kind not in ("podman", "docker"):
         raise ConfigError(f"engine.kind must be podman or docker, got {cfg.engine.kind!r}")
 
@@ -259,3 +261,32 @@ def _check_auth(auth: AuthConfig, tenants: Mapping[str, TenantConfig]) -> None:
     for name, limits in tenants.items():
         if limits.max_sandboxes < 0 or limits.max_memory_mb < 0:
             raise ConfigError(f"tenants.{name}: limits must not be negative (0: no limit)")
+
+
+MCP_PATH = re.compile(r"/[A-Za-z0-9._~/-]{0,255}")
+
+
+def _check_mcp(mcp: McpConfig) -> None:
+    """The MCP endpoint: plain HTTP, so on a loopback address only (bearer tokens must not
+    cross a network in clear text); a plain path; a usable key."""
+    if mcp.listen:
+        host, _port = split_host_port(mcp.listen, "mcp.listen")
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            raise ConfigError(
+                f"mcp.listen must be a loopback address (127.0.0.1, [::1] or localhost): the "
+                f"MCP front speaks plain HTTP, got {mcp.listen!r}"
+            )
+    if not MCP_PATH.fullmatch(mcp.path) or "//" in mcp.path or "/." in mcp.path:
+        raise ConfigError(
+            f"mcp.path must be an absolute URL path of letters, digits and ._~-/ (e.g. /mcp), "
+            f"got {mcp.path[:80]!r}"
+        )
+    if mcp.key:
+        try:
+            validate_key(mcp.key)
+        except InvalidRequest as exc:
+            raise ConfigError(f"mcp.key: {exc}") from None

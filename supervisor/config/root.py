@@ -29,6 +29,7 @@ from stockade.supervisor.config.service import (
     AuditConfig,
     AuthConfig,
     FilesConfig,
+    McpConfig,
     ObservabilityConfig,
     TenantConfig,
 )
@@ -60,6 +61,7 @@ class Config:
     custom_tools: tuple[CustomToolConfig, ...] = ()
     auth: AuthConfig = field(default_factory=AuthConfig)
     tenants: Mapping[str, TenantConfig] = field(default_factory=dict)
+    mcp: McpConfig = field(default_factory=McpConfig)
     housekeeping: HousekeepingConfig = field(default_factory=HousekeepingConfig)
 
     def __post_init__(self) -> None:

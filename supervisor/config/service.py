@@ -80,6 +80,22 @@ class AuthConfig:
 
 
 @dataclass(frozen=True)
+class McpConfig:
+    """The MCP front door: tools over the Model Context Protocol (streamable HTTP), with the
+    same tokens, tenants and policy as the gRPC API (see docs/mcp.md)."""
+
+    listen: str = ""
+    """host:port of the MCP endpoint (e.g. "127.0.0.1:50052"); empty: no MCP front. Plain
+    HTTP: a loopback address only (port 0 picks a free port)."""
+    path: str = "/mcp"
+    """The endpoint's path."""
+    key: str = ""
+    """The sandbox key every MCP call uses (within the caller's tenant), so that all MCP
+    sessions share one sandbox; empty: one sandbox per MCP session (the key `mcp-` and the
+    session id)."""
+
+
+@dataclass(frozen=True)
 class TenantConfig:
     """Limits of one tenant (`[tenants.NAME]`; `[tenants."*"]` for tenants without a table)."""
 

@@ -57,6 +57,9 @@ class AuditRecord:
     is_error: bool = False
     tenant: str = ""
     """The caller's tenant ("" with auth off); sandbox_key is the key as that caller wrote it."""
+    front: str = ""
+    """The front a tool call came in through: "grpc" or "mcp"; "" for records that are no
+    caller's call (egress decisions, housekeeping) and for records older than the field."""
     id: int = 0
 
 

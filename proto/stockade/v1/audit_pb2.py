@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17stockade/v1/audit.proto\x12\x0bstockade.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9b\x03\n\x0b\x41uditRecord\x12\n\n\x02id\x18\x01 \x01(\x03\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06\x63\x61ller\x18\x04 \x01(\t\x12\x13\n\x0bsandbox_key\x18\x05 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x06 \x01(\t\x12\x10\n\x08provider\x18\x07 \x01(\t\x12\x0c\n\x04tool\x18\x08 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\t \x01(\t\x12\x13\n\x0bpolicy_step\x18\n \x01(\t\x12\x12\n\nguard_rule\x18\x0b \x01(\t\x12\x10\n\x08\x61pproval\x18\x0c \x01(\t\x12\x10\n\x08\x61pprover\x18\r \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x0e \x01(\x04\x12\x11\n\texit_code\x18\x0f \x01(\x05\x12\x14\n\x0coutput_bytes\x18\x10 \x01(\x04\x12\x12\n\nredactions\x18\x11 \x01(\r\x12\x12\n\nerror_code\x18\x12 \x01(\t\x12\x10\n\x08is_error\x18\x13 \x01(\x08\x12\x0e\n\x06tenant\x18\x14 \x01(\t\"\x96\x01\n\x10ListAuditRequest\x12\x13\n\x0bsandbox_key\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12)\n\x05since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05limit\x18\x05 \x01(\r\x12\x13\n\x0b\x65rrors_only\x18\x06 \x01(\x08\">\n\x11ListAuditResponse\x12)\n\x07records\x18\x01 \x03(\x0b\x32\x18.stockade.v1.AuditRecord2Z\n\x0c\x41uditService\x12J\n\tListAudit\x12\x1d.stockade.v1.ListAuditRequest\x1a\x1e.stockade.v1.ListAuditResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17stockade/v1/audit.proto\x12\x0bstockade.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaa\x03\n\x0b\x41uditRecord\x12\n\n\x02id\x18\x01 \x01(\x03\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06\x63\x61ller\x18\x04 \x01(\t\x12\x13\n\x0bsandbox_key\x18\x05 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x06 \x01(\t\x12\x10\n\x08provider\x18\x07 \x01(\t\x12\x0c\n\x04tool\x18\x08 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\t \x01(\t\x12\x13\n\x0bpolicy_step\x18\n \x01(\t\x12\x12\n\nguard_rule\x18\x0b \x01(\t\x12\x10\n\x08\x61pproval\x18\x0c \x01(\t\x12\x10\n\x08\x61pprover\x18\r \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x0e \x01(\x04\x12\x11\n\texit_code\x18\x0f \x01(\x05\x12\x14\n\x0coutput_bytes\x18\x10 \x01(\x04\x12\x12\n\nredactions\x18\x11 \x01(\r\x12\x12\n\nerror_code\x18\x12 \x01(\t\x12\x10\n\x08is_error\x18\x13 \x01(\x08\x12\x0e\n\x06tenant\x18\x14 \x01(\t\x12\r\n\x05\x66ront\x18\x15 \x01(\t\"\x96\x01\n\x10ListAuditRequest\x12\x13\n\x0bsandbox_key\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12)\n\x05since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05limit\x18\x05 \x01(\r\x12\x13\n\x0b\x65rrors_only\x18\x06 \x01(\x08\">\n\x11ListAuditResponse\x12)\n\x07records\x18\x01 \x03(\x0b\x32\x18.stockade.v1.AuditRecord2Z\n\x0c\x41uditService\x12J\n\tListAudit\x12\x1d.stockade.v1.ListAuditRequest\x1a\x1e.stockade.v1.ListAuditResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,11 +34,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stockade.v1.audit_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_AUDITRECORD']._serialized_start=74
-  _globals['_AUDITRECORD']._serialized_end=485
-  _globals['_LISTAUDITREQUEST']._serialized_start=488
-  _globals['_LISTAUDITREQUEST']._serialized_end=638
-  _globals['_LISTAUDITRESPONSE']._serialized_start=640
-  _globals['_LISTAUDITRESPONSE']._serialized_end=702
-  _globals['_AUDITSERVICE']._serialized_start=704
-  _globals['_AUDITSERVICE']._serialized_end=794
+  _globals['_AUDITRECORD']._serialized_end=500
+  _globals['_LISTAUDITREQUEST']._serialized_start=503
+  _globals['_LISTAUDITREQUEST']._serialized_end=653
+  _globals['_LISTAUDITRESPONSE']._serialized_start=655
+  _globals['_LISTAUDITRESPONSE']._serialized_end=717
+  _globals['_AUDITSERVICE']._serialized_start=719
+  _globals['_AUDITSERVICE']._serialized_end=809
 # @@protoc_insertion_point(module_scope)
