@@ -9,7 +9,7 @@
 #   scripts/setup.sh test   what `make test` needs: both engines (starts dockerd), .venv,
 #                           the sandbox image for Podman and for Docker, and the toolchains of
 #                           the client examples (Go and protoc from Debian, Node and npm
-#                           packages for the TypeScript one)
+#                           packages for the TypeScript ones)
 #
 # Logs go to $STOCKADE_LOG_DIR (default /var/tmp/stockade/logs).
 set -euo pipefail
@@ -196,23 +196,28 @@ setup_run() {
 # Go in GOPATH mode from Debian's packages (the Go module proxy is not needed); protobuf 1.5's
 # github.com/golang/protobuf is named explicitly: with 1.3 (apt's first choice for
 # golang-google-grpc-dev) grpc-go cannot decode the messages protoc-gen-go now generates.
-# npm ci only when package-lock.json changed (its hash is kept in node_modules).
+# The npm examples (the gRPC client in examples/typescript, the MCP client in
+# examples/mcp-typescript): npm ci in each whose package-lock.json changed since its last one
+# (the lock file's hash is kept in its node_modules).
+NPM_EXAMPLES="examples/typescript examples/mcp-typescript"
 setup_clients() {
-    local ts=examples/typescript stamp
+    local ts stamp
     ensure_packages golang-go golang-google-grpc-dev golang-google-protobuf-dev \
         golang-github-golang-protobuf-1-5-dev protobuf-compiler protoc-gen-go protoc-gen-go-grpc
     if ! have node || ! have npm; then
         ensure_packages nodejs npm
     fi
-    stamp=$(sha256sum "$ts/package-lock.json" | cut -d' ' -f1)
-    if [ "$(cat "$ts/node_modules/.stockade-setup" 2>/dev/null)" = "$stamp" ]; then
-        step npm "$ts/node_modules up to date"
-        return
-    fi
-    step npm "npm ci in $ts (log: $LOG_DIR/npm.log)"
-    (cd "$ts" && npm ci --ignore-scripts --no-audit --no-fund) >>"$LOG_DIR/npm.log" 2>&1 \
-        || fail "npm ci failed; see $LOG_DIR/npm.log"
-    echo "$stamp" >"$ts/node_modules/.stockade-setup"
+    for ts in $NPM_EXAMPLES; do
+        stamp=$(sha256sum "$ts/package-lock.json" | cut -d' ' -f1)
+        if [ "$(cat "$ts/node_modules/.stockade-setup" 2>/dev/null)" = "$stamp" ]; then
+            step npm "$ts/node_modules up to date"
+            continue
+        fi
+        step npm "npm ci in $ts (log: $LOG_DIR/npm.log)"
+        (cd "$ts" && npm ci --ignore-scripts --no-audit --no-fund) >>"$LOG_DIR/npm.log" 2>&1 \
+            || fail "npm ci in $ts failed; see $LOG_DIR/npm.log"
+        echo "$stamp" >"$ts/node_modules/.stockade-setup"
+    done
 }
 
 setup_test() {
