@@ -139,13 +139,38 @@ def _credential_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = _parser().parse_args(argv)
+    ns = parse(sys.argv[1:] if argv is None else argv)
     handler = _COMMANDS[ns.command]
     try:
         return handler(ns)
     except StockadeError as exc:
         print(f"stockade: {exc}", file=sys.stderr)
         return EXIT_CLIENT_ERROR
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The command line. `exec` and `shell` take everything after KEY as the command, so
+    their own options written after KEY (`stockade shell demo --no-pty`, `stockade exec demo
+    --timeout 5 -- ls`) are moved before it: the options up to `--`, or all that follow KEY
+    when each is an option and no `--` comes."""
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    if ns.command not in ("exec", "shell") or not ns.argv or not ns.argv[0].startswith("-"):
+        return ns
+    rest = list(ns.argv)
+    before = argv[: len(argv) - len(rest)]  # ... exec|shell [OPTIONS] KEY [--]
+    if before[-1:] == ["--"]:  # argparse drops the `--` right after KEY: all is the command
+        return ns
+    if "--" in rest:
+        cut = rest.index("--")
+        options, command = rest[:cut], rest[cut + 1 :]
+    elif all(word.startswith("-") for word in rest):
+        options, command = rest, []
+    else:
+        return ns
+    if not options:
+        return ns
+    return parser.parse_args([*before[:-1], *options, before[-1], "--", *command])
 
 
 def _serve(ns: argparse.Namespace) -> int:
