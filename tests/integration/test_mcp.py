@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx2
 import mcp_types as types
@@ -60,11 +61,16 @@ def mcp_sup(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[M
 
 
 @asynccontextmanager
-async def connected(url: str, token: str | None) -> AsyncIterator[Client]:
-    """An MCP session through the SDK's streamable-HTTP client, with a bearer token."""
+async def connected(
+    url: str, token: str | None, mode: str = "legacy", **options: Any
+) -> AsyncIterator[Client]:
+    """The SDK's streamable-HTTP client with a bearer token: an MCP session (the initialize
+    handshake, mode "legacy") unless `mode` says otherwise ("2026-07-28": sessionless;
+    "auto": what the server's discover offers). `options`: the Client's (callbacks)."""
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
     http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120))
-    async with http, Client(streamable_http_client(url, http_client=http)) as client:
+    transport = streamable_http_client(url, http_client=http)
+    async with http, Client(transport, mode=mode, **options) as client:
         yield client
 
 

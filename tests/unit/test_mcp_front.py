@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -28,15 +29,20 @@ from stockade.supervisor.calls.schemas import SchemaFormat
 from stockade.supervisor.config import AuthConfig, CustomToolConfig, load_config
 from stockade.supervisor.errors import ConfigError, InvalidRequest, QuotaExceeded, Unauthenticated
 from stockade.supervisor.fronts.mcp.convert import (
+    DEFAULT_KEY,
+    SANDBOX_META,
     Caller,
     annotations_of,
     call_from_mcp,
+    own_session,
     refusal_to_mcp,
     result_to_mcp,
     sandbox_key,
+    sandbox_of,
     tool_to_mcp,
 )
-from stockade.supervisor.fronts.mcp.server import McpFront, McpTools, TokenTenants, build_app
+from stockade.supervisor.fronts.mcp.handlers import McpTools
+from stockade.supervisor.fronts.mcp.server import McpFront, TokenTenants, build_app
 from stockade.supervisor.keys import scope
 from stockade.supervisor.models import CallContext, ErrorCode, ToolResult
 from stockade.supervisor.observe.audit import AuditLog, AuditQuery, AuditRecord
@@ -114,10 +120,33 @@ def test_the_sandbox_key_per_session_shared_and_scoped() -> None:
     assert sandbox_key(Caller(tenant="", session_id=None), "team") == "team"
     other = Caller(tenant="other", session_id="abc123")
     assert sandbox_key(other, "") != sandbox_key(session, "")
-    with pytest.raises(InvalidRequest, match="belongs to no session"):
-        sandbox_key(Caller(tenant="acme", session_id=None), "")
+    # sessionless (2026-07-28): the configured key, else the tenant's default
+    sessionless = Caller(tenant="acme", session_id=None)
+    assert DEFAULT_KEY == "mcp-default"
+    assert sandbox_key(sessionless, "") == scope("acme", DEFAULT_KEY)
+    assert sandbox_key(sessionless, "team") == scope("acme", "team")
+    # a key named in _meta wins over both, with or without a session, within the tenant
+    named = Caller(tenant="acme", session_id="abc123", sandbox="work")
+    assert sandbox_key(named, "team") == scope("acme", "work")
+    assert sandbox_key(replace(named, session_id=None), "") == scope("acme", "work")
+    assert sandbox_key(replace(named, tenant="other"), "") == scope("other", "work")
+    # only a session's own key is released with the session
+    assert own_session(session, "") == "abc123"
+    assert own_session(session, "team") is None
+    assert own_session(named, "") is None
+    assert own_session(sessionless, "") is None
     with pytest.raises(InvalidRequest, match="sandbox key is"):
         sandbox_key(Caller(tenant="acme", session_id="x" * 300), "")
+    with pytest.raises(InvalidRequest, match="NUL"):
+        sandbox_key(replace(sessionless, sandbox="a\x00b"), "")
+
+
+def test_the_sandbox_a_request_names_in_its_meta() -> None:
+    assert sandbox_of(None) == sandbox_of({}) == sandbox_of({"progress_token": 1}) == ""
+    assert sandbox_of({SANDBOX_META: "work"}) == "work"
+    for wrong in ("", 5, None, ["work"]):
+        with pytest.raises(InvalidRequest, match="must be a sandbox key"):
+            sandbox_of({SANDBOX_META: wrong})
 
 
 def test_a_call_is_the_domain_call_of_the_grpc_front() -> None:
