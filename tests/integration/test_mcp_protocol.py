@@ -271,10 +271,20 @@ async def test_the_same_approval_resolved_with_the_cli(mcp: Mcp, how: str) -> No
     if how == "elicitation pending":
         options["elicitation_callback"] = elicitor
     watcher = None if how == "elicitation pending" else SilentApprover(mcp)
+    messages: list[str] = []
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+
     try:
         async with connected(mcp.url, mcp.token, mode, **options) as client:
             call = asyncio.create_task(
-                client.call_tool("exec", {"command": f"touch {name}"}, meta={SANDBOX: key})
+                client.call_tool(
+                    "exec",
+                    {"command": f"touch {name}"},
+                    progress_callback=progress,
+                    meta={SANDBOX: key},
+                )
             )
             approval = await asyncio.to_thread(pending_id, mcp, name)
             done = await asyncio.to_thread(
@@ -288,6 +298,8 @@ async def test_the_same_approval_resolved_with_the_cli(mcp: Mcp, how: str) -> No
     finally:
         if watcher is not None:
             watcher.close()
+    # the client learns the id to give a human, on the call's progress stream
+    assert f"[waiting for approval {approval}: approvals mode on-miss" in messages[0]
     if how == "elicitation pending":
         assert len(elicitor.asked) == 1
         assert approval in elicitor.asked[0].message
@@ -406,3 +418,34 @@ async def test_a_stop_releases_the_open_sessions_sandboxes(engine: str) -> None:
             await asyncio.to_thread(sup.process.wait, 60)
         assert engine_.list({LABEL_KEY: own}) == []
         assert [c.running for c in engine_.list({LABEL_KEY: "shared"})] == [True]
+
+
+async def test_process_attach_as_progress_notifications(mcp: Mcp) -> None:
+    """`process` attach streams as exec does; its result's text holds the output before the
+    process's summary (with or without a progress token: a unary attach does not exist)."""
+    key = {SANDBOX: fresh("attach")}
+    messages: list[str] = []
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+
+    script = f"for i in 1 2 3; do echo tick $i; sleep 0.3; done; echo {FAKE_AWS_KEY}"
+    async with connected(mcp.url, mcp.token, MODERN) as client:
+        started = await client.call_tool(
+            "process", {"action": "start", "command": f"sh -c '{script}'"}, meta=key
+        )
+        assert started.structured_content is not None, text_of(started)
+        attach = {"action": "attach", "id": started.structured_content["id"]}
+        result = await client.call_tool("process", attach, progress_callback=progress, meta=key)
+        again = await client.call_tool("process", attach, meta=key)
+    assert "".join(messages).startswith("tick 1\ntick 2\ntick 3\n")
+    assert len(messages) >= 3
+    for followed in (result, again):
+        assert not followed.is_error, text_of(followed)
+        text = text_of(followed)
+        assert text.startswith("tick 1\ntick 2\ntick 3\n")
+        assert text.endswith("\n[REDACTED]\nProcess p1: exited, exit code 0, 42 bytes output")
+        assert FAKE_AWS_KEY not in text
+        assert followed.structured_content is not None
+        assert followed.structured_content["state"] == "exited"
+    assert FAKE_AWS_KEY not in "".join(messages)

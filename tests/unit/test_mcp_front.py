@@ -41,7 +41,7 @@ from stockade.supervisor.fronts.mcp.convert import (
     sandbox_of,
     tool_to_mcp,
 )
-from stockade.supervisor.fronts.mcp.handlers import McpTools
+from stockade.supervisor.fronts.mcp.handlers import Gathered, McpTools
 from stockade.supervisor.fronts.mcp.server import McpFront, TokenTenants, build_app
 from stockade.supervisor.keys import scope
 from stockade.supervisor.models import CallContext, ErrorCode, ToolResult
@@ -300,3 +300,22 @@ async def test_the_endpoint_in_process(tmp_path: Path) -> None:
         await front.stop(1)
         if policy.audit is not None:
             policy.audit.close()
+
+
+def test_gathered_output_stays_within_its_cap() -> None:
+    nothing = Gathered(0)
+    nothing.add("x" * 100)
+    assert nothing.text == ""
+    small = Gathered(1000)
+    small.add("a\n")
+    small.add("b\n")
+    assert small.text == "a\nb\n"
+    big = Gathered(200)
+    for i in range(1000):
+        big.add(f"line {i:04d}\n")
+        assert len(big._parts) <= 2 * 200  # compacted as it grows
+    text = big.text
+    assert len(text.encode()) <= 200
+    assert text.startswith("line 0000\n")
+    assert text.endswith("line 0999\n")
+    assert "bytes omitted" in text

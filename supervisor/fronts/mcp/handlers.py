@@ -19,7 +19,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSI
 
 from stockade.supervisor import errors
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
-from stockade.supervisor.calls.render import wire_text
+from stockade.supervisor.calls.render import cap_text, wire_text
 from stockade.supervisor.config import Config
 from stockade.supervisor.fronts.mcp.convert import (
     Caller,
@@ -54,6 +54,29 @@ class ShuttingDown(errors.StockadeError):
 
     def __init__(self) -> None:
         super().__init__("the supervisor is shutting down; retry when it has started again")
+
+
+class Gathered:
+    """Output kept within `limit` bytes of UTF-8 (its head and tail, as cap_text keeps them);
+    a limit of 0 keeps nothing."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._parts: list[str] = []
+        self._size = 0
+
+    def add(self, text: str) -> None:
+        if not self._limit:
+            return
+        self._parts.append(text)
+        self._size += len(text)
+        if self._size > 2 * self._limit:  # compact: memory stays bounded
+            self._parts = [self.text]
+            self._size = len(self._parts[0])
+
+    @property
+    def text(self) -> str:
+        return cap_text("".join(self._parts), self._limit)[0] if self._limit else ""
 
 
 class McpTools:
@@ -133,11 +156,12 @@ class McpTools:
                 self._session_keys.setdefault(session, set()).add(call.sandbox_key)
             approver = f"mcp elicitation ({caller.peer or 'local'})"
             ask = asker(ctx.session, ctx.request_id, self._policy.scrubber, approver)
-            token = (ctx.meta or {}).get(PROGRESS_TOKEN)
-            if token is None:
-                result = await self._pipeline.call(call, caller=caller.peer, ask=ask)
+            notify = (ctx.meta or {}).get(PROGRESS_TOKEN) is not None
+            attach = self._is_attach(params.name, params.arguments)
+            if notify or attach:
+                result = await self._streamed(ctx, call, caller.peer, ask, notify, attach)
             else:
-                result = await self._streamed(ctx, call, caller.peer, ask)
+                result = await self._pipeline.call(call, caller=caller.peer, ask=ask)
         except errors.StockadeError as exc:
             return refusal_to_mcp(exc)
         finally:
@@ -146,24 +170,49 @@ class McpTools:
                 self._idle.set()
         return result_to_mcp(result)
 
+    def _is_attach(self, name: str, arguments: dict[str, Any] | None) -> bool:
+        """`process` attach, which only a streamed call can run."""
+        spec = self._policy.catalog.resolve(name)
+        return (
+            spec is not None
+            and spec.custom is None
+            and spec.name == "process"
+            and (arguments or {}).get("action") == "attach"
+        )
+
     async def _streamed(
-        self, ctx: ServerRequestContext[Any, Any], call: ToolCall, peer: str, ask: Ask | None
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        call: ToolCall,
+        peer: str,
+        ask: Ask | None,
+        notify: bool,
+        gather: bool,
     ) -> ToolResult:
-        """The call through `call_stream`: each output chunk (scrubbed already) is a progress
-        notification whose message is the chunk, the progress the chunk's number; a request
-        for an approval is one too, naming its id. The result is the call's."""
+        """The call through `call_stream`. `notify`: each output chunk (scrubbed already) is
+        a progress notification whose message is the chunk, the progress the chunk's number;
+        a request for an approval is one too, naming its id. `gather`: the output goes into
+        the result's text, before it (capped as for_llm is), for a tool whose result does not
+        hold its output (process attach)."""
         count = 0
+        output = Gathered(self._config.tools.llm_max_bytes if gather else 0)
         async for event in self._pipeline.call_stream(call, caller=peer, ask=ask):
             if isinstance(event, ResultEvent):
-                return event.result
+                result = event.result
+                if output.text and not result.is_error:
+                    text = output.text + ("" if output.text.endswith("\n") else "\n")
+                    result = replace(result, for_llm=text + result.for_llm)
+                return result
             if isinstance(event, OutputEvent) and event.text:
+                output.add(event.text)
                 message = wire_text(event.text)
             elif isinstance(event, ApprovalPendingEvent):
                 message = f"[waiting for approval {event.approval_id}: {event.reason}]"
             else:
                 continue
-            count += 1
-            await ctx.session.report_progress(count, None, message)
+            if notify:
+                count += 1
+                await ctx.session.report_progress(count, None, message)
         raise RuntimeError("call_stream ended without its result")  # it always ends with one
 
     @property
