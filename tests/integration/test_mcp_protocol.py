@@ -20,8 +20,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx2
 import mcp_types as types
 import pytest
+from mcp.client import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from stockade.supervisor.engines.backends.base import LABEL_KEY
 from tests.integration.harness import (
@@ -449,3 +452,30 @@ async def test_process_attach_as_progress_notifications(mcp: Mcp) -> None:
         assert followed.structured_content is not None
         assert followed.structured_content["state"] == "exited"
     assert FAKE_AWS_KEY not in "".join(messages)
+
+
+async def test_an_idle_session_ends_and_releases_its_sandbox(engine: str) -> None:
+    """A client that leaves without ending its session (no DELETE): the session idles out
+    after mcp.session_idle_timeout_s, and its own sandbox is released as at a DELETE."""
+    address = free_tcp_address()
+    config = f'[mcp]\nlisten = "{address}"\nsession_idle_timeout_s = 2\n'
+    with running_supervisor(engine, config) as sup:
+        url = f"http://{address}/mcp"
+        http = httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=120))
+        transport = streamable_http_client(url, http_client=http, terminate_on_close=False)
+        marker = fresh("marker")
+        async with http, Client(transport, mode="legacy") as client:
+            await client.call_tool("exec", {"command": f"echo {marker}"})
+        with sup.client() as grpc_client:
+            [record] = [
+                r for r in grpc_client.list_audit(tool="exec") if marker in r.arguments_json
+            ]
+            own = record.sandbox_key
+            deadline = time.monotonic() + 60
+            while not (events := grpc_client.list_audit(sandbox_key=own, tool="housekeeping")):
+                assert time.monotonic() < deadline, "the idle session's sandbox was not released"
+                await asyncio.sleep(0.2)
+            assert [r.policy_step for r in events] == [
+                "housekeeping: remove container: its MCP session ended"
+            ]
+            assert grpc_client.get_sandbox(own).state == "ABSENT"

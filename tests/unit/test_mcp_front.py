@@ -177,6 +177,8 @@ def test_a_call_is_the_domain_call_of_the_grpc_front() -> None:
         ("[mcp]\npath = '/a b'\n", "mcp.path must be an absolute URL path"),
         ('[mcp]\nkey = "a\\u0000b"\n', "mcp.key: sandbox key contains a NUL"),
         ("[mcp]\nport = 5\n", "unknown key(s) in [mcp]: port"),
+        ("[mcp]\nsession_idle_timeout_s = 0\n", "mcp.session_idle_timeout_s must be a positive"),
+        ("[mcp]\nsession_idle_timeout_s = nan\n", "mcp.session_idle_timeout_s must be a posit"),
     ],
 )
 def test_mcp_config_refused(tmp_path: Path, text: str, message: str) -> None:
@@ -190,9 +192,13 @@ def test_mcp_config_refused(tmp_path: Path, text: str, message: str) -> None:
 def test_mcp_config_accepted(tmp_path: Path) -> None:
     assert load_config().mcp.listen == ""  # off by default
     path = tmp_path / "c.toml"
-    path.write_text("[mcp]\nlisten = '[::1]:0'\npath = '/v1/mcp'\nkey = 'shared'\n")
+    path.write_text(
+        "[mcp]\nlisten = '[::1]:0'\npath = '/v1/mcp'\nkey = 'shared'\nsession_idle_timeout_s = 5\n"
+    )
     mcp = load_config(path).mcp
     assert (mcp.listen, mcp.path, mcp.key) == ("[::1]:0", "/v1/mcp", "shared")
+    assert mcp.session_idle_timeout_s == 5.0
+    assert load_config().mcp.session_idle_timeout_s == 1800.0
 
 
 async def test_the_token_verifier_is_the_grpc_token_table(tmp_path: Path) -> None:

@@ -124,6 +124,7 @@ def build_app(
         app=server,
         security_settings=security,
         max_request_body_size=config.max_request_bytes,
+        session_idle_timeout=config.mcp.session_idle_timeout_s,
     )
     endpoint: Any = StreamableHTTPASGIApp(manager)
     middleware: list[Middleware] = []
