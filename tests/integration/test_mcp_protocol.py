@@ -184,10 +184,14 @@ class SilentApprover:
 
 class Elicitor:
     """An elicitation callback: records each question and answers it with `answer` (None:
-    never answers, until the server withdraws the question)."""
+    never answers, until the server withdraws the question; or, with `release`, dismisses it
+    once `release` is set)."""
 
-    def __init__(self, answer: types.ElicitResult | None) -> None:
+    def __init__(
+        self, answer: types.ElicitResult | None, release: asyncio.Event | None = None
+    ) -> None:
         self.answer = answer
+        self.release = release
         self.asked: list[types.ElicitRequestParams] = []
         self.withdrawn = False
 
@@ -195,6 +199,9 @@ class Elicitor:
         self.asked.append(params)
         if self.answer is not None:
             return self.answer
+        if self.release is not None:
+            await self.release.wait()
+            return types.ElicitResult(action="cancel")
         try:
             await asyncio.Event().wait()
         except BaseException:
@@ -207,6 +214,7 @@ def choose(decision: str) -> types.ElicitResult:
     return types.ElicitResult(action="accept", content={"decision": decision})
 
 
+@pytest.mark.parametrize("mode", ["legacy", MODERN])
 @pytest.mark.parametrize(
     ("answer", "runs", "approval"),
     [
@@ -217,12 +225,14 @@ def choose(decision: str) -> types.ElicitResult:
     ids=["once", "deny", "decline"],
 )
 async def test_an_approval_answered_through_elicitation(
-    mcp: Mcp, answer: types.ElicitResult, runs: bool, approval: str
+    mcp: Mcp, answer: types.ElicitResult, runs: bool, approval: str, mode: str
 ) -> None:
+    """In a session the question is an elicitation request during the call; sessionless, an
+    `input_required` result the SDK's client answers by calling again."""
     key, name = fresh("elicit"), fresh("f")
     elicitor = Elicitor(answer)
     command = f"touch {name} # {FAKE_AWS_KEY}"
-    async with connected(mcp.url, mcp.token, elicitation_callback=elicitor) as client:
+    async with connected(mcp.url, mcp.token, mode, elicitation_callback=elicitor) as client:
         result = await client.call_tool("exec", {"command": command}, meta={SANDBOX: key})
         listed = await client.call_tool("list_files", {"path": "."}, meta={SANDBOX: key})
     [question] = elicitor.asked
@@ -261,19 +271,29 @@ def pending_id(mcp: Mcp, name: str) -> str:
     raise AssertionError(f"no pending approval for {name}")
 
 
-@pytest.mark.parametrize("how", ["elicitation pending", "no elicitation", "sessionless"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "elicitation pending",
+        "no elicitation",
+        "sessionless elicitation pending",
+        "sessionless no elicitation",
+    ],
+)
 async def test_the_same_approval_resolved_with_the_cli(mcp: Mcp, how: str) -> None:
     """`stockade approvals resolve` decides the approval the MCP call waits for: while the
-    client's elicitation is open (which is then withdrawn), or when the client cannot be
-    asked (no elicitation capability, or no session to ask through): then, as for a gRPC
-    caller, an approver must be connected (here one that never answers)."""
+    client's elicitation is open (in a session it is then withdrawn; sessionless, the
+    client's later answer, here a dismissal, finds the call decided), or when the client
+    cannot be asked (no elicitation capability): then, as for a gRPC caller, an approver must
+    be connected (here one that never answers)."""
     key, name = fresh("resolve"), fresh("f")
-    elicitor = Elicitor(None)
-    options: dict[str, Any] = {}
-    mode = MODERN if how == "sessionless" else "legacy"
-    if how == "elicitation pending":
-        options["elicitation_callback"] = elicitor
-    watcher = None if how == "elicitation pending" else SilentApprover(mcp)
+    asks = "elicitation pending" in how
+    sessionless = how.startswith("sessionless")
+    resolved = asyncio.Event()
+    elicitor = Elicitor(None, resolved if sessionless else None)
+    options: dict[str, Any] = {"elicitation_callback": elicitor} if asks else {}
+    mode = MODERN if sessionless else "legacy"
+    watcher = None if asks else SilentApprover(mcp)
     messages: list[str] = []
 
     async def progress(value: float, total: float | None, message: str | None) -> None:
@@ -294,6 +314,7 @@ async def test_the_same_approval_resolved_with_the_cli(mcp: Mcp, how: str) -> No
                 mcp.cli, "approvals", "resolve", approval, "allow-once", "--approver", "carol"
             )
             assert done.returncode == 0, done.stderr
+            resolved.set()
             result = await call
             assert not result.is_error, text_of(result)
             listed = await client.call_tool("list_files", {"path": "."}, meta={SANDBOX: key})
@@ -301,12 +322,13 @@ async def test_the_same_approval_resolved_with_the_cli(mcp: Mcp, how: str) -> No
     finally:
         if watcher is not None:
             watcher.close()
-    # the client learns the id to give a human, on the call's progress stream
-    assert f"[waiting for approval {approval}: approvals mode on-miss" in messages[0]
-    if how == "elicitation pending":
+    if not (sessionless and asks):  # there, the question goes out before the stream has it
+        # the client learns the id to give a human, on the call's progress stream
+        assert f"[waiting for approval {approval}: approvals mode on-miss" in messages[0]
+    if asks:
         assert len(elicitor.asked) == 1
         assert approval in elicitor.asked[0].message
-        assert elicitor.withdrawn
+        assert elicitor.withdrawn == (not sessionless)
     with mcp.grpc() as grpc_client:
         [record] = grpc_client.list_audit(sandbox_key=key, tool="exec")
     assert (record.approval, record.approver) == ("allow-once", "carol")

@@ -12,6 +12,7 @@ import mcp_types as types
 import pytest
 
 from stockade.supervisor.config import ApprovalsConfig
+from stockade.supervisor.errors import InvalidRequest
 from stockade.supervisor.fronts.mcp.elicit import (
     SCHEMA,
     asker,
@@ -19,9 +20,12 @@ from stockade.supervisor.fronts.mcp.elicit import (
     message_of,
     supports_forms,
 )
+from stockade.supervisor.fronts.mcp.rounds import Progress, Rounds
+from stockade.supervisor.models import ToolResult
 from stockade.supervisor.policy.approvals import (
     AllowAlways,
     ApprovalManager,
+    Ask,
     Closed,
     Decision,
     Outcome,
@@ -151,6 +155,10 @@ def test_forms_supported() -> None:
     assert not supports_forms(caps(elicitation=url_only))
 
 
+def choose(decision: str) -> types.ElicitResult:
+    return types.ElicitResult(action="accept", content={"decision": decision})
+
+
 def test_the_question_and_its_answers() -> None:
     from datetime import UTC, datetime
 
@@ -188,3 +196,121 @@ def test_who_can_be_asked() -> None:
     assert asker(session(False, form), 7, None, "mcp") is None  # sessionless: no way back
     assert asker(session(True, types.ClientCapabilities()), 7, None, "mcp") is None
     assert asker(session(True, form), None, None, "mcp") is None
+
+
+def _pending() -> Pending:
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    return Pending("abc", "acme\x00k", "", "exec", "make deploy", "why", now, now, "r")
+
+
+def _done(text: str) -> ToolResult:
+    return ToolResult(for_llm=text, for_user=text)
+
+
+async def test_a_sessionless_question_parks_the_call_until_its_answer() -> None:
+    rounds = Rounds(ttl=60, scrubber=None)
+    answers: list[object] = []
+
+    async def run(ask: Ask) -> ToolResult:
+        answers.append(await ask(_pending()))
+        return _done("ran")
+
+    parked = rounds.start("acme", "mcp client", Progress(), run)
+    asked = await rounds.outcome(parked)
+    assert isinstance(asked, types.InputRequiredResult)
+    assert asked.request_state
+    [(name, request)] = (asked.input_requests or {}).items()
+    assert isinstance(request, types.ElicitRequest)
+    assert isinstance(request.params, types.ElicitRequestFormParams)
+    assert "make deploy" in request.params.message
+    with pytest.raises(InvalidRequest, match="requestState names no call"):
+        rounds.resume(asked.request_state, "other", {name: choose("once")}, None)  # not theirs
+    with pytest.raises(InvalidRequest, match="requestState names no call"):
+        rounds.resume("forged", "acme", {name: choose("once")}, None)
+    again = rounds.resume(asked.request_state, "acme", {name: choose("always")}, None)
+    assert again is parked
+    assert await rounds.outcome(again) == _done("ran")
+    assert answers == [("allow-always", "mcp client")]
+    with pytest.raises(InvalidRequest):  # answered: the token is spent
+        rounds.resume(asked.request_state, "acme", {name: choose("once")}, None)
+
+
+async def test_a_call_that_asks_nothing_returns_at_once_and_tokens_expire() -> None:
+    rounds = Rounds(ttl=0, scrubber=None)
+
+    async def quiet(ask: Ask) -> ToolResult:
+        return _done("no question")
+
+    assert await rounds.outcome(rounds.start("acme", "a", Progress(), quiet)) == _done(
+        "no question"
+    )
+
+    async def asks(ask: Ask) -> ToolResult:
+        await ask(_pending())
+        return _done("late")
+
+    asked = await rounds.outcome(rounds.start("acme", "a", Progress(), asks))
+    assert isinstance(asked, types.InputRequiredResult)
+    assert asked.request_state is not None
+    with pytest.raises(InvalidRequest):  # ttl 0: expired already
+        rounds.resume(asked.request_state, "acme", None, None)
+    await rounds.close()
+
+
+async def test_a_dismissal_is_no_decision_and_a_stop_ends_parked_calls() -> None:
+    rounds = Rounds(ttl=60, scrubber=None)
+    answers: list[object] = []
+    ended = asyncio.Event()
+
+    async def run(ask: Ask) -> ToolResult:
+        answers.append(await ask(_pending()))
+        try:
+            await asyncio.Event().wait()  # the approvers still decide
+        finally:
+            ended.set()
+        raise AssertionError("unreachable")
+
+    parked = rounds.start("acme", "a", Progress(), run)
+    asked = await rounds.outcome(parked)
+    assert isinstance(asked, types.InputRequiredResult)
+    assert asked.request_state is not None
+    dismissed = {"approval": types.ElicitResult(action="cancel")}
+    rounds.resume(asked.request_state, "acme", dismissed, None)
+    await asyncio.sleep(0)
+    assert answers == [None]
+    parked.task.cancel()  # (its retry's request owns it now; here it is done with)
+    stopped = asyncio.Event()
+
+    async def waits(ask: Ask) -> ToolResult:
+        try:
+            await ask(_pending())
+        finally:
+            stopped.set()
+        raise AssertionError("unreachable")
+
+    other = await rounds.outcome(rounds.start("acme", "a", Progress(), waits))
+    assert isinstance(other, types.InputRequiredResult)
+    await rounds.close()  # the supervisor stops: a call still waiting for its answer ends
+    assert stopped.is_set()
+
+
+async def test_progress_goes_to_the_request_that_waits() -> None:
+    sent: list[tuple[int, str]] = []
+
+    async def send(count: int, message: str) -> None:
+        sent.append((count, message))
+
+    async def broken(count: int, message: str) -> None:
+        raise ConnectionError("gone")
+
+    progress = Progress(send)
+    await progress("a")
+    progress.send = None
+    await progress("dropped")
+    progress.send = broken
+    await progress("lost")  # a gone request does not end the call
+    progress.send = send
+    await progress("b")
+    assert sent == [(1, "a"), (3, "b")]

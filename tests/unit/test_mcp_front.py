@@ -253,8 +253,12 @@ def _context(headers: dict[str, str], version: str, user: object = None) -> Any:
     return SimpleNamespace(request=Request(scope), protocol_version=version)
 
 
+NO_POLICY = SimpleNamespace(scrubber=None)
+"""What McpTools needs of a HostPolicy to be built (the caller is all these tests ask)."""
+
+
 def test_the_caller_of_a_request() -> None:
-    tools = McpTools(load_config(), None, None, authenticated=True)  # type: ignore[arg-type]
+    tools = McpTools(load_config(), None, NO_POLICY, authenticated=True)  # type: ignore[arg-type]
     user = AuthenticatedUser(AccessToken(token="", client_id="acme", scopes=[]))
     headers = {"mcp-session-id": "s1", "traceparent": "tp"}
     caller = tools.caller(_context(headers, "2025-11-25", user))
@@ -263,7 +267,7 @@ def test_the_caller_of_a_request() -> None:
     assert tools.caller(_context(headers, "2026-07-28", user)).session_id is None
     with pytest.raises(Unauthenticated):  # auth on: never served as tenant ""
         tools.caller(_context(headers, "2025-11-25"))
-    open_tools = McpTools(load_config(), None, None, authenticated=False)  # type: ignore[arg-type]
+    open_tools = McpTools(load_config(), None, NO_POLICY, authenticated=False)  # type: ignore[arg-type]
     assert open_tools.caller(_context(headers, "2025-11-25")).tenant == ""
 
 

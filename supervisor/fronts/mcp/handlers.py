@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from typing import Any
 
@@ -30,7 +31,8 @@ from stockade.supervisor.fronts.mcp.convert import (
     sandbox_of,
     tool_to_mcp,
 )
-from stockade.supervisor.fronts.mcp.elicit import asker
+from stockade.supervisor.fronts.mcp.elicit import asker, supports_forms
+from stockade.supervisor.fronts.mcp.rounds import Progress, Rounds
 from stockade.supervisor.models import (
     ApprovalPendingEvent,
     CallContext,
@@ -43,6 +45,9 @@ from stockade.supervisor.policy.approvals import Ask
 from stockade.supervisor.sandboxes.manager import SandboxManager
 
 log = logging.getLogger("stockade.mcp")
+ROUNDS_GRACE_S = 60.0
+"""How long after its approval's timeout a sessionless client's answer still finds its call
+(and gets its result)."""
 PROGRESS_TOKEN = "progress_token"
 """The SDK's name for `progressToken` in a request's parsed `_meta`."""
 
@@ -54,6 +59,26 @@ class ShuttingDown(errors.StockadeError):
 
     def __init__(self) -> None:
         super().__init__("the supervisor is shutting down; retry when it has started again")
+
+
+def _reporter(ctx: ServerRequestContext[Any, Any]) -> Callable[[int, str], Awaitable[None]]:
+    """Progress notifications on this request's stream."""
+
+    async def send(count: int, message: str) -> None:
+        await ctx.session.report_progress(count, None, message)
+
+    return send
+
+
+def _askable_later(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """A sessionless request from a client that answers form elicitations: asked through an
+    `input_required` result (rounds.py), as it cannot be asked during the request."""
+    session = ctx.session
+    return (
+        ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+        and not session.can_send_request
+        and supports_forms(session.client_capabilities)
+    )
 
 
 class Gathered:
@@ -103,6 +128,8 @@ class McpTools:
         self._session_keys: dict[str, set[str]] = {}
         """Per MCP session: the keys of its own sandbox that its calls used."""
         self._releases: set[asyncio.Task[None]] = set()
+        self.rounds = Rounds(config.approvals.timeout_s + ROUNDS_GRACE_S, policy.scrubber)
+        """Sessionless calls waiting for their caller's answer to an approval."""
 
     def caller(self, ctx: ServerRequestContext[Any, Any]) -> Caller:
         """Who sent the request; with auth on, a request the middleware did not
@@ -141,7 +168,7 @@ class McpTools:
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult:
         caller = self.caller(ctx)
         if self.draining:
             return refusal_to_mcp(ShuttingDown())
@@ -155,19 +182,35 @@ class McpTools:
             if session is not None:
                 self._session_keys.setdefault(session, set()).add(call.sandbox_key)
             approver = f"mcp elicitation ({caller.peer or 'local'})"
-            ask = asker(ctx.session, ctx.request_id, self._policy.scrubber, approver)
             notify = (ctx.meta or {}).get(PROGRESS_TOKEN) is not None
+            send = _reporter(ctx) if notify else None
             attach = self._is_attach(params.name, params.arguments)
-            if notify or attach:
-                result = await self._streamed(ctx, call, caller.peer, ask, notify, attach)
+            stream = notify or attach
+            if params.request_state is not None:  # a sessionless client's answer
+                parked = self.rounds.resume(
+                    params.request_state, caller.tenant, params.input_responses, send
+                )
+                result = await self.rounds.outcome(parked)
+            elif _askable_later(ctx):
+                progress = Progress(send)
+
+                def run(ask: Ask) -> Coroutine[Any, Any, ToolResult]:
+                    return self._run(call, caller.peer, ask, progress, stream, attach)
+
+                parked = self.rounds.start(caller.tenant, approver, progress, run)
+                result = await self.rounds.outcome(parked)
             else:
-                result = await self._pipeline.call(call, caller=caller.peer, ask=ask)
+                ask = asker(ctx.session, ctx.request_id, self._policy.scrubber, approver)
+                progress = Progress(send)
+                result = await self._run(call, caller.peer, ask, progress, stream, attach)
         except errors.StockadeError as exc:
             return refusal_to_mcp(exc)
         finally:
             self._active -= 1
             if not self._active:
                 self._idle.set()
+        if isinstance(result, types.InputRequiredResult):
+            return result
         return result_to_mcp(result)
 
     def _is_attach(self, name: str, arguments: dict[str, Any] | None) -> bool:
@@ -180,21 +223,22 @@ class McpTools:
             and (arguments or {}).get("action") == "attach"
         )
 
-    async def _streamed(
+    async def _run(
         self,
-        ctx: ServerRequestContext[Any, Any],
         call: ToolCall,
         peer: str,
         ask: Ask | None,
-        notify: bool,
+        progress: Progress,
+        stream: bool,
         gather: bool,
     ) -> ToolResult:
-        """The call through `call_stream`. `notify`: each output chunk (scrubbed already) is
-        a progress notification whose message is the chunk, the progress the chunk's number;
-        a request for an approval is one too, naming its id. `gather`: the output goes into
-        the result's text, before it (capped as for_llm is), for a tool whose result does not
-        hold its output (process attach)."""
-        count = 0
+        """The call through `call`, or, with `stream`, through `call_stream`: each output
+        chunk (scrubbed already) goes to `progress` (a notification whose message is the
+        chunk), a request for an approval too, naming its id; and `process` attach's output
+        goes into the result's text, before it (capped as for_llm is), as its result does not
+        hold it."""
+        if not stream:
+            return await self._pipeline.call(call, caller=peer, ask=ask)
         output = Gathered(self._config.tools.llm_max_bytes if gather else 0)
         async for event in self._pipeline.call_stream(call, caller=peer, ask=ask):
             if isinstance(event, ResultEvent):
@@ -205,14 +249,9 @@ class McpTools:
                 return result
             if isinstance(event, OutputEvent) and event.text:
                 output.add(event.text)
-                message = wire_text(event.text)
+                await progress(wire_text(event.text))
             elif isinstance(event, ApprovalPendingEvent):
-                message = f"[waiting for approval {event.approval_id}: {event.reason}]"
-            else:
-                continue
-            if notify:
-                count += 1
-                await ctx.session.report_progress(count, None, message)
+                await progress(f"[waiting for approval {event.approval_id}: {event.reason}]")
         raise RuntimeError("call_stream ended without its result")  # it always ends with one
 
     @property

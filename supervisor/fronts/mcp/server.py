@@ -193,6 +193,7 @@ class McpFront:
             if not await tools.wait_idle(grace):
                 log.warning("shutdown: MCP calls still in flight after %g s are ended", grace)
             await asyncio.sleep(FLUSH_S)  # their results, on their way to the callers
+        await tools.rounds.close()  # sessionless calls waiting for an answer that is too late
         await self._endpoint.close_sessions()
         await tools.wait_released(max(grace, RELEASE_S))  # the ended sessions' sandboxes
         self._server.config.timeout_graceful_shutdown = 1
