@@ -300,3 +300,25 @@ async def test_without_auth_a_shared_key_and_a_graceful_stop(engine: str) -> Non
             assert (done.is_error, text_of(done)) == (False, "slept\n")
             await asyncio.to_thread(sup.process.wait, 30)
             assert time.monotonic() - started < 8  # not the 10 s grace: nothing held it
+
+
+async def test_sessionless_tenants_never_share_a_sandbox(mcp_sup: McpSupervisor) -> None:
+    """Without a session, each tenant's calls use its own mcp-default, and a key a call names
+    is its own tenant's: the same names never reach another tenant's files."""
+    name = f"secret-{uuid.uuid4().hex[:8]}.txt"
+    named = {"stockade/sandbox": f"shared-{uuid.uuid4().hex[:8]}"}
+    async with connected(mcp_sup.url, mcp_sup.token, "2026-07-28") as acme:
+        for meta in (None, named):
+            wrote = await acme.call_tool("write_file", {"path": name, "content": "acme"}, meta=meta)
+            assert not wrote.is_error, text_of(wrote)
+            mine = await acme.call_tool("read_file", {"path": name}, meta=meta)
+            assert "acme" in text_of(mine)
+    async with connected(mcp_sup.url, mcp_sup.other_token, "2026-07-28") as other:
+        for meta in (None, named):
+            theirs = await other.call_tool("read_file", {"path": name}, meta=meta)
+            assert theirs.is_error
+            assert "FILE_NOT_FOUND" in text_of(theirs)
+    with mcp_sup.sup.client(token=mcp_sup.other_token) as grpc_client:
+        reads = grpc_client.list_audit(tool="read_file")
+    keys = {r.sandbox_key for r in reads if name in r.arguments_json}
+    assert keys == {"mcp-default", named["stockade/sandbox"]}  # as other named them: its own
