@@ -294,7 +294,7 @@ async def start(config: Config) -> Supervisor:
         if config.mcp.listen:  # the SDK is imported only then
             from stockade.supervisor.fronts.mcp.server import start_mcp
 
-            mcp = await start_mcp(config, server.pipeline, policy, authenticator)
+            mcp = await start_mcp(config, server.pipeline, policy, authenticator, manager)
         await server.start()  # once the gRPC API serves, so does MCP (the launcher waits)
     except BaseException:
         if mcp is not None:

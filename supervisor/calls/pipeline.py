@@ -36,7 +36,7 @@ from stockade.supervisor.models import (
 from stockade.supervisor.observe import telemetry
 from stockade.supervisor.observe.audit import AuditLog
 from stockade.supervisor.observe.telemetry import Observer
-from stockade.supervisor.policy.approvals import ApprovalManager, Pending
+from stockade.supervisor.policy.approvals import ApprovalManager, Ask, Pending
 from stockade.supervisor.policy.guard import Guard
 from stockade.supervisor.policy.limits import KeyLimiter, LimitExceeded
 from stockade.supervisor.policy.scrub import Scrubber
@@ -88,16 +88,20 @@ class ToolPipeline:
         """The last steps of every call (scrub, render, cap, audit, observers): Interact and
         other fronts record through it too."""
 
-    async def call(self, call: ToolCall, caller: str = "") -> ToolResult:
-        """Run one tool call. Raises only for a wrong request or a broken supervisor."""
-        return await self._execute(call, caller, None)
+    async def call(self, call: ToolCall, caller: str = "", ask: Ask | None = None) -> ToolResult:
+        """Run one tool call. Raises only for a wrong request or a broken supervisor.
+        `ask`: a front that can ask its caller about an approval (MCP elicitation) gives
+        it; the approvers are asked all the same (policy/approvals.py)."""
+        return await self._execute(call, caller, None, ask)
 
-    async def call_stream(self, call: ToolCall, caller: str = "") -> AsyncIterator[ToolEvent]:
+    async def call_stream(
+        self, call: ToolCall, caller: str = "", ask: Ask | None = None
+    ) -> AsyncIterator[ToolEvent]:
         """The same call, streamed: started, output and approval-pending events, then the
         result. Closing the iterator cancels the call (its process group is killed)."""
         validate_key(call.sandbox_key)
         events: asyncio.Queue[ToolEvent] = asyncio.Queue(maxsize=STREAM_QUEUE)
-        task = asyncio.create_task(self._execute(call, caller, events))
+        task = asyncio.create_task(self._execute(call, caller, events, ask))
         try:
             while True:
                 item = asyncio.ensure_future(events.get())
@@ -115,7 +119,11 @@ class ToolPipeline:
                 await asyncio.gather(task, return_exceptions=True)
 
     async def _execute(
-        self, call: ToolCall, caller: str, events: asyncio.Queue[ToolEvent] | None
+        self,
+        call: ToolCall,
+        caller: str,
+        events: asyncio.Queue[ToolEvent] | None,
+        ask: Ask | None = None,
     ) -> ToolResult:
         started = time.monotonic()
         validate_key(call.sandbox_key)
@@ -123,7 +131,7 @@ class ToolPipeline:
         telemetry.request_id.set(call.request_id)  # this task's: a copy of the context
         trail = Trail(tool=call.tool)
         try:
-            result = await self._run(call, trail, events)
+            result = await self._run(call, trail, events, ask)
         except _Stop as stop:
             result = stop.result
         except asyncio.CancelledError:  # the caller went away: the call is audited all the same
@@ -132,14 +140,18 @@ class ToolPipeline:
         return self.recorder.finish(call, caller, trail, result, started)
 
     async def _run(
-        self, call: ToolCall, trail: Trail, events: asyncio.Queue[ToolEvent] | None
+        self,
+        call: ToolCall,
+        trail: Trail,
+        events: asyncio.Queue[ToolEvent] | None,
+        ask: Ask | None = None,
     ) -> ToolResult:
         with trail.stages.timed("policy"):
             spec = self._resolve(call, trail)
             args = self._arguments(spec, call.arguments_json, trail)
         command = _command_of(spec, args)
         if command is not None:
-            await self._check_command(call, spec, command, trail, events, args)
+            await self._check_command(call, spec, command, trail, events, args, ask)
         limiter = self._policy.limiter
         async with contextlib.AsyncExitStack() as hold:
             try:
@@ -188,6 +200,7 @@ class ToolPipeline:
         trail: Trail,
         events: asyncio.Queue[ToolEvent] | None = None,
         args: dict[str, Any] | None = None,
+        ask: Ask | None = None,
     ) -> None:
         must_ask = None
         guard = self._policy.guard
@@ -213,6 +226,7 @@ class ToolPipeline:
                 request_id=call.request_id,
                 must_ask=must_ask,
                 on_pending=_announce(events),
+                ask=ask,
             )
         trail.approval, trail.approver = outcome.how, outcome.approver
         if not outcome.allowed:

@@ -290,3 +290,6 @@ def _check_mcp(mcp: McpConfig) -> None:
             validate_key(mcp.key)
         except InvalidRequest as exc:
             raise ConfigError(f"mcp.key: {exc}") from None
+    idle = mcp.session_idle_timeout_s
+    if not (math.isfinite(idle) and idle > 0):
+        raise ConfigError(f"mcp.session_idle_timeout_s must be a positive number, got {idle}")

@@ -90,9 +90,12 @@ class McpConfig:
     path: str = "/mcp"
     """The endpoint's path."""
     key: str = ""
-    """The sandbox key every MCP call uses (within the caller's tenant), so that all MCP
-    sessions share one sandbox; empty: one sandbox per MCP session (the key `mcp-` and the
-    session id)."""
+    """The sandbox key every MCP call uses (within the caller's tenant) unless the call names
+    one in its `_meta`, so that all MCP sessions share one sandbox; empty: one sandbox per MCP
+    session (the key `mcp-` and the session id), and `mcp-default` for a sessionless call."""
+    session_idle_timeout_s: float = 1800.0
+    """An MCP session with no request in flight (nor an open GET stream) for this long ends,
+    and its own sandbox is released as at the client's DELETE."""
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,13 @@ events and may come and go without losing pending requests."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
+import logging
 import secrets
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,6 +27,8 @@ from stockade.supervisor.config import AgentConfig, ApprovalsConfig
 from stockade.supervisor.errors import ApprovalNotFound, ApproverBehind, InvalidRequest
 from stockade.supervisor.keys import split
 from stockade.supervisor.policy.guard.parsing import parse_script
+
+log = logging.getLogger("stockade")
 
 WATCH_BACKLOG = 10_000
 """Events kept for one approver that does not read its stream; past it the approver is
@@ -65,6 +69,12 @@ class Closed:
 
 
 Event = Pending | Closed
+
+Ask = Callable[[Pending], Awaitable[tuple[Decision, str] | None]]
+"""Asks the caller itself about its own pending request (an MCP client's elicitation): a
+decision and the approver's name, or None for no decision (the request stays pending for the
+approvers). Run beside the approvers' wait: whichever decides first ends it, and the question
+is withdrawn (cancelled) when an approver decided, the timeout passed or the caller left."""
 
 
 @dataclass
@@ -150,15 +160,17 @@ class ApprovalManager:
         request_id: str,
         must_ask: str | None = None,
         on_pending: Callable[[Pending], None] | None = None,
+        ask: Ask | None = None,
     ) -> Outcome:
         """Decide whether the command may run, asking an approver when policy says so
-        (or when `must_ask` gives a reason, e.g. the guard could not parse the command)."""
+        (or when `must_ask` gives a reason, e.g. the guard could not parse the command).
+        With `ask`, the caller is asked too (and counts as a connected approver)."""
         tenant = split(sandbox_key)[0]
         reason = must_ask or self.reason_to_ask(agent_id, command, tenant)
         if reason is None:
             mode = self._modes.get(agent_id, self._config.mode)
             return Outcome(True, "" if mode == "off" else "allowlist")
-        if not self._watchers.get(tenant):
+        if not self._watchers.get(tenant) and ask is None:
             return Outcome(self._config.no_approver == "allow", "no-approver")
         now = datetime.now(UTC)
         request = Pending(
@@ -174,12 +186,13 @@ class ApprovalManager:
         )
         if on_pending is not None:
             on_pending(request)
-        return await self._wait(_Waiting(request))
+        return await self._wait(_Waiting(request), ask)
 
-    async def _wait(self, waiting: _Waiting) -> Outcome:
+    async def _wait(self, waiting: _Waiting, ask: Ask | None = None) -> Outcome:
         request = waiting.request
         self._waiting[request.id] = waiting
         self._publish(request)
+        asking = None if ask is None else asyncio.create_task(self._ask(ask, request))
         try:
             decision, approver = await asyncio.wait_for(
                 asyncio.shield(waiting.decided), self._config.timeout_s
@@ -190,7 +203,24 @@ class ApprovalManager:
         except asyncio.CancelledError:
             self._close(request.id, "withdrawn")
             raise
+        finally:
+            if asking is not None:  # an approver decided first, or the wait ended: withdraw
+                asking.cancel()
+                await asyncio.gather(asking, return_exceptions=True)
         return Outcome(decision != "deny", decision, approver)
+
+    async def _ask(self, ask: Ask, request: Pending) -> None:
+        """The caller's answer resolves the request as an approver's would (unless an
+        approver was first); a question that fails leaves it to the approvers."""
+        try:
+            answer = await ask(request)
+        except Exception as exc:  # the caller could not be asked: the approvers still can
+            log.warning("approval %s: asking the caller failed: %s", request.id, exc)
+            return
+        if answer is not None:
+            decision, approver = answer
+            with contextlib.suppress(ApprovalNotFound):  # decided or closed meanwhile
+                self.resolve(request.id, decision, approver, _tenant(request))
 
     def resolve(self, request_id: str, decision: str, approver: str, tenant: str = "") -> None:
         """Decide a request of `tenant` (another tenant's is not found, as an unknown id)."""

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx2
 import mcp_types as types
@@ -60,11 +61,16 @@ def mcp_sup(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[M
 
 
 @asynccontextmanager
-async def connected(url: str, token: str | None) -> AsyncIterator[Client]:
-    """An MCP session through the SDK's streamable-HTTP client, with a bearer token."""
+async def connected(
+    url: str, token: str | None, mode: str = "legacy", **options: Any
+) -> AsyncIterator[Client]:
+    """The SDK's streamable-HTTP client with a bearer token: an MCP session (the initialize
+    handshake, mode "legacy") unless `mode` says otherwise ("2026-07-28": sessionless;
+    "auto": what the server's discover offers). `options`: the Client's (callbacks)."""
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
     http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120))
-    async with http, Client(streamable_http_client(url, http_client=http)) as client:
+    transport = streamable_http_client(url, http_client=http)
+    async with http, Client(transport, mode=mode, **options) as client:
         yield client
 
 
@@ -294,3 +300,25 @@ async def test_without_auth_a_shared_key_and_a_graceful_stop(engine: str) -> Non
             assert (done.is_error, text_of(done)) == (False, "slept\n")
             await asyncio.to_thread(sup.process.wait, 30)
             assert time.monotonic() - started < 8  # not the 10 s grace: nothing held it
+
+
+async def test_sessionless_tenants_never_share_a_sandbox(mcp_sup: McpSupervisor) -> None:
+    """Without a session, each tenant's calls use its own mcp-default, and a key a call names
+    is its own tenant's: the same names never reach another tenant's files."""
+    name = f"secret-{uuid.uuid4().hex[:8]}.txt"
+    named = {"stockade/sandbox": f"shared-{uuid.uuid4().hex[:8]}"}
+    async with connected(mcp_sup.url, mcp_sup.token, "2026-07-28") as acme:
+        for meta in (None, named):
+            wrote = await acme.call_tool("write_file", {"path": name, "content": "acme"}, meta=meta)
+            assert not wrote.is_error, text_of(wrote)
+            mine = await acme.call_tool("read_file", {"path": name}, meta=meta)
+            assert "acme" in text_of(mine)
+    async with connected(mcp_sup.url, mcp_sup.other_token, "2026-07-28") as other:
+        for meta in (None, named):
+            theirs = await other.call_tool("read_file", {"path": name}, meta=meta)
+            assert theirs.is_error
+            assert "FILE_NOT_FOUND" in text_of(theirs)
+    with mcp_sup.sup.client(token=mcp_sup.other_token) as grpc_client:
+        reads = grpc_client.list_audit(tool="read_file")
+    keys = {r.sandbox_key for r in reads if name in r.arguments_json}
+    assert keys == {"mcp-default", named["stockade/sandbox"]}  # as other named them: its own

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -28,15 +29,20 @@ from stockade.supervisor.calls.schemas import SchemaFormat
 from stockade.supervisor.config import AuthConfig, CustomToolConfig, load_config
 from stockade.supervisor.errors import ConfigError, InvalidRequest, QuotaExceeded, Unauthenticated
 from stockade.supervisor.fronts.mcp.convert import (
+    DEFAULT_KEY,
+    SANDBOX_META,
     Caller,
     annotations_of,
     call_from_mcp,
+    own_session,
     refusal_to_mcp,
     result_to_mcp,
     sandbox_key,
+    sandbox_of,
     tool_to_mcp,
 )
-from stockade.supervisor.fronts.mcp.server import McpFront, McpTools, TokenTenants, build_app
+from stockade.supervisor.fronts.mcp.handlers import Gathered, McpTools
+from stockade.supervisor.fronts.mcp.server import McpFront, TokenTenants, build_app
 from stockade.supervisor.keys import scope
 from stockade.supervisor.models import CallContext, ErrorCode, ToolResult
 from stockade.supervisor.observe.audit import AuditLog, AuditQuery, AuditRecord
@@ -114,10 +120,33 @@ def test_the_sandbox_key_per_session_shared_and_scoped() -> None:
     assert sandbox_key(Caller(tenant="", session_id=None), "team") == "team"
     other = Caller(tenant="other", session_id="abc123")
     assert sandbox_key(other, "") != sandbox_key(session, "")
-    with pytest.raises(InvalidRequest, match="belongs to no session"):
-        sandbox_key(Caller(tenant="acme", session_id=None), "")
+    # sessionless (2026-07-28): the configured key, else the tenant's default
+    sessionless = Caller(tenant="acme", session_id=None)
+    assert DEFAULT_KEY == "mcp-default"
+    assert sandbox_key(sessionless, "") == scope("acme", DEFAULT_KEY)
+    assert sandbox_key(sessionless, "team") == scope("acme", "team")
+    # a key named in _meta wins over both, with or without a session, within the tenant
+    named = Caller(tenant="acme", session_id="abc123", sandbox="work")
+    assert sandbox_key(named, "team") == scope("acme", "work")
+    assert sandbox_key(replace(named, session_id=None), "") == scope("acme", "work")
+    assert sandbox_key(replace(named, tenant="other"), "") == scope("other", "work")
+    # only a session's own key is released with the session
+    assert own_session(session, "") == "abc123"
+    assert own_session(session, "team") is None
+    assert own_session(named, "") is None
+    assert own_session(sessionless, "") is None
     with pytest.raises(InvalidRequest, match="sandbox key is"):
         sandbox_key(Caller(tenant="acme", session_id="x" * 300), "")
+    with pytest.raises(InvalidRequest, match="NUL"):
+        sandbox_key(replace(sessionless, sandbox="a\x00b"), "")
+
+
+def test_the_sandbox_a_request_names_in_its_meta() -> None:
+    assert sandbox_of(None) == sandbox_of({}) == sandbox_of({"progress_token": 1}) == ""
+    assert sandbox_of({SANDBOX_META: "work"}) == "work"
+    for wrong in ("", 5, None, ["work"]):
+        with pytest.raises(InvalidRequest, match="must be a sandbox key"):
+            sandbox_of({SANDBOX_META: wrong})
 
 
 def test_a_call_is_the_domain_call_of_the_grpc_front() -> None:
@@ -148,6 +177,8 @@ def test_a_call_is_the_domain_call_of_the_grpc_front() -> None:
         ("[mcp]\npath = '/a b'\n", "mcp.path must be an absolute URL path"),
         ('[mcp]\nkey = "a\\u0000b"\n', "mcp.key: sandbox key contains a NUL"),
         ("[mcp]\nport = 5\n", "unknown key(s) in [mcp]: port"),
+        ("[mcp]\nsession_idle_timeout_s = 0\n", "mcp.session_idle_timeout_s must be a positive"),
+        ("[mcp]\nsession_idle_timeout_s = nan\n", "mcp.session_idle_timeout_s must be a posit"),
     ],
 )
 def test_mcp_config_refused(tmp_path: Path, text: str, message: str) -> None:
@@ -161,9 +192,13 @@ def test_mcp_config_refused(tmp_path: Path, text: str, message: str) -> None:
 def test_mcp_config_accepted(tmp_path: Path) -> None:
     assert load_config().mcp.listen == ""  # off by default
     path = tmp_path / "c.toml"
-    path.write_text("[mcp]\nlisten = '[::1]:0'\npath = '/v1/mcp'\nkey = 'shared'\n")
+    path.write_text(
+        "[mcp]\nlisten = '[::1]:0'\npath = '/v1/mcp'\nkey = 'shared'\nsession_idle_timeout_s = 5\n"
+    )
     mcp = load_config(path).mcp
     assert (mcp.listen, mcp.path, mcp.key) == ("[::1]:0", "/v1/mcp", "shared")
+    assert mcp.session_idle_timeout_s == 5.0
+    assert load_config().mcp.session_idle_timeout_s == 1800.0
 
 
 async def test_the_token_verifier_is_the_grpc_token_table(tmp_path: Path) -> None:
@@ -218,8 +253,12 @@ def _context(headers: dict[str, str], version: str, user: object = None) -> Any:
     return SimpleNamespace(request=Request(scope), protocol_version=version)
 
 
+NO_POLICY = SimpleNamespace(scrubber=None)
+"""What McpTools needs of a HostPolicy to be built (the caller is all these tests ask)."""
+
+
 def test_the_caller_of_a_request() -> None:
-    tools = McpTools(load_config(), None, None, authenticated=True)  # type: ignore[arg-type]
+    tools = McpTools(load_config(), None, NO_POLICY, authenticated=True)  # type: ignore[arg-type]
     user = AuthenticatedUser(AccessToken(token="", client_id="acme", scopes=[]))
     headers = {"mcp-session-id": "s1", "traceparent": "tp"}
     caller = tools.caller(_context(headers, "2025-11-25", user))
@@ -228,7 +267,7 @@ def test_the_caller_of_a_request() -> None:
     assert tools.caller(_context(headers, "2026-07-28", user)).session_id is None
     with pytest.raises(Unauthenticated):  # auth on: never served as tenant ""
         tools.caller(_context(headers, "2025-11-25"))
-    open_tools = McpTools(load_config(), None, None, authenticated=False)  # type: ignore[arg-type]
+    open_tools = McpTools(load_config(), None, NO_POLICY, authenticated=False)  # type: ignore[arg-type]
     assert open_tools.caller(_context(headers, "2025-11-25")).tenant == ""
 
 
@@ -271,3 +310,22 @@ async def test_the_endpoint_in_process(tmp_path: Path) -> None:
         await front.stop(1)
         if policy.audit is not None:
             policy.audit.close()
+
+
+def test_gathered_output_stays_within_its_cap() -> None:
+    nothing = Gathered(0)
+    nothing.add("x" * 100)
+    assert nothing.text == ""
+    small = Gathered(1000)
+    small.add("a\n")
+    small.add("b\n")
+    assert small.text == "a\nb\n"
+    big = Gathered(200)
+    for i in range(1000):
+        big.add(f"line {i:04d}\n")
+        assert len(big._parts) <= 2 * 200  # compacted as it grows
+    text = big.text
+    assert len(text.encode()) <= 200
+    assert text.startswith("line 0000\n")
+    assert text.endswith("line 0999\n")
+    assert "bytes omitted" in text

@@ -4,6 +4,7 @@ transport here: server.py serves these."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,12 @@ from stockade.supervisor.models import CallContext, ToolCall, ToolResult
 FRONT = "mcp"
 """What the audit log names as the front of a call that came in over MCP."""
 SESSION_KEY_PREFIX = "mcp-"
+DEFAULT_KEY = "mcp-default"
+"""The sandbox of a sessionless (2026-07-28) call that names none, without [mcp] key: one per
+tenant."""
+SANDBOX_META = "stockade/sandbox"
+"""The `_meta` entry of a tools/call that names its sandbox (a key within the caller's
+tenant), with or without a session."""
 
 READ_ONLY = frozenset({"read_file", "list_files", "glob", "search"})
 """Built-in tools that change nothing: read-only, idempotent, closed world."""
@@ -105,21 +112,41 @@ class Caller:
     """The MCP session's id; None for a request outside a session."""
     peer: str = ""
     traceparent: str = ""
+    sandbox: str = ""
+    """The key the call named in its `_meta` (SANDBOX_META); "" when it named none."""
+
+
+def sandbox_of(meta: Mapping[str, Any] | None) -> str:
+    """The sandbox key a request's `_meta` names, "" for none; InvalidRequest when the entry
+    is not a non-empty string."""
+    if not meta or SANDBOX_META not in meta:
+        return ""
+    key = meta[SANDBOX_META]
+    if not isinstance(key, str) or not key:
+        raise errors.InvalidRequest(f"_meta[{SANDBOX_META!r}] must be a sandbox key (a string)")
+    return key
+
+
+def own_session(caller: Caller, shared: str) -> str | None:
+    """The MCP session whose own sandbox the call uses (released when the session ends), or
+    None when the call uses a named, configured or default key."""
+    if caller.sandbox or shared or not caller.session_id:
+        return None
+    return caller.session_id
 
 
 def sandbox_key(caller: Caller, shared: str) -> str:
-    """The caller's sandbox, scoped to its tenant: the configured shared key, else one per
-    MCP session. InvalidRequest outside a session without a shared key."""
-    if shared:
+    """The caller's sandbox, scoped to its tenant: the key the call names in its `_meta`,
+    else the configured shared key, else its MCP session's own, else (a sessionless call)
+    the tenant's DEFAULT_KEY."""
+    if caller.sandbox:
+        key = caller.sandbox
+    elif shared:
         key = shared
     elif caller.session_id:
         key = SESSION_KEY_PREFIX + caller.session_id
     else:
-        raise errors.InvalidRequest(
-            "this MCP request belongs to no session, and the sandbox is chosen per session: "
-            "connect with a protocol version that has sessions (2025-11-25 or older), or set "
-            "[mcp] key to share one sandbox"
-        )
+        key = DEFAULT_KEY
     return scope(caller.tenant, validate_key(key))
 
 

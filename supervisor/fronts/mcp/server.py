@@ -18,17 +18,13 @@ import mcp_types as types
 import uvicorn
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
 from mcp.server.auth.middleware.bearer_auth import (
-    AuthenticatedUser,
     BearerAuthBackend,
     RequireAuthMiddleware,
 )
 from mcp.server.auth.provider import AccessToken
-from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
-from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
@@ -38,20 +34,16 @@ from stockade.supervisor import errors
 from stockade.supervisor.api.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import Config, split_host_port
-from stockade.supervisor.fronts.mcp.convert import (
-    Caller,
-    call_from_mcp,
-    refusal_to_mcp,
-    result_to_mcp,
-    tool_to_mcp,
-)
-from stockade.supervisor.models import CallContext
+from stockade.supervisor.fronts.mcp.handlers import McpTools
+from stockade.supervisor.sandboxes.manager import SandboxManager
 
 log = logging.getLogger("stockade.mcp")
 SERVER_NAME = "stockade"
 FLUSH_S = 1.0
 """At a stop, after the last call in flight ended: time for its result to reach its caller
 before the sessions end."""
+RELEASE_S = 10.0
+"""At a stop, at least this long for the sessions' own sandboxes to be released."""
 
 
 class TokenTenants:
@@ -69,106 +61,18 @@ class TokenTenants:
         return AccessToken(token="", client_id=tenant, scopes=[])  # the token is not kept
 
 
-class McpTools:
-    """The request handlers: the caller's allowed tools, and a call through the pipeline."""
+class SessionManager(StreamableHTTPSessionManager):
+    """The SDK's session manager, telling the handlers when a session ends. The SDK has no
+    public hook for it: `_discard_session` is where every end of a session (the client's
+    DELETE, its idle timeout, a crash, a stop) passes, possibly more than once."""
 
-    def __init__(
-        self, config: Config, pipeline: ToolPipeline, policy: HostPolicy, authenticated: bool
-    ) -> None:
-        self._config = config
-        self._pipeline = pipeline
-        self._policy = policy
-        self._authenticated = authenticated
-        self.draining = False
-        """Set when the supervisor stops: new calls are refused, calls in flight finish."""
-        self._active = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+    def __init__(self, tools: McpTools, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._tools = tools
 
-    def caller(self, ctx: ServerRequestContext[Any, Any]) -> Caller:
-        """Who sent the request; with auth on, a request the middleware did not
-        authenticate is refused here too (never served as tenant "")."""
-        request = ctx.request
-        if request is None:
-            raise errors.Unauthenticated("an MCP request without its HTTP request")
-        user = request.scope.get("user")
-        if isinstance(user, AuthenticatedUser):
-            tenant = user.access_token.client_id
-        elif self._authenticated:
-            raise errors.Unauthenticated("missing credentials: send `authorization: Bearer TOKEN`")
-        else:
-            tenant = ""
-        client = request.client
-        peer = ""
-        if client is not None:
-            ip = f"ipv6:[{client.host}]" if ":" in client.host else f"ipv4:{client.host}"
-            peer = f"{ip}:{client.port}"
-        # a 2026-07-28 request has no session: a session id header it carries was never
-        # checked by the session manager, so it does not choose the sandbox
-        modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
-        return Caller(
-            tenant=tenant,
-            session_id=None if modern else request.headers.get(MCP_SESSION_ID_HEADER),
-            peer=peer,
-            traceparent=request.headers.get("traceparent", ""),
-        )
-
-    async def list_tools(
-        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
-    ) -> types.ListToolsResult:
-        self.caller(ctx)
-        allowed = self._policy.tools.allowed_tools(CallContext())
-        return types.ListToolsResult(tools=[tool_to_mcp(spec) for spec in allowed])
-
-    async def call_tool(
-        self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
-        caller = self.caller(ctx)
-        if self.draining:
-            return refusal_to_mcp(ShuttingDown())
-        self._active += 1
-        self._idle.clear()
-        try:
-            call = call_from_mcp(params.name, params.arguments, caller, self._config.mcp.key)
-            result = await self._pipeline.call(call, caller=caller.peer)
-        except errors.StockadeError as exc:
-            return refusal_to_mcp(exc)
-        finally:
-            self._active -= 1
-            if not self._active:
-                self._idle.set()
-        return result_to_mcp(result)
-
-    @property
-    def busy(self) -> bool:
-        return self._active > 0
-
-    async def wait_idle(self, timeout: float) -> bool:
-        """Wait up to `timeout` s for the calls in flight to end; whether they all did."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
-
-    async def discover(
-        self, ctx: ServerRequestContext[Any, Any], params: types.RequestParams | None
-    ) -> types.DiscoverResult:
-        """Advertise the protocol versions with sessions only: a client that probes with
-        `server/discover` then opens a session (the sandbox is chosen per session)."""
-        return types.DiscoverResult(
-            supported_versions=list(HANDSHAKE_PROTOCOL_VERSIONS),
-            capabilities=types.ServerCapabilities(tools=types.ToolsCapability()),
-        )
-
-
-class ShuttingDown(errors.StockadeError):
-    """A call that arrived while the supervisor stops (gRPC: UNAVAILABLE, SHUTTING_DOWN)."""
-
-    reason = "SHUTTING_DOWN"
-
-    def __init__(self) -> None:
-        super().__init__("the supervisor is shutting down; retry when it has started again")
+    async def _discard_session(self, session_id: str, transport: Any) -> None:
+        await super()._discard_session(session_id, transport)
+        self._tools.session_ended(session_id)
 
 
 @dataclass
@@ -177,16 +81,18 @@ class Endpoint:
 
     app: Starlette
     tools: McpTools
-    sessions: StreamableHTTPSessionManager
+    sessions: SessionManager
 
     async def close_sessions(self) -> None:
         """End every open session (and its GET stream, which would hold uvicorn's shutdown
         open to its timeout). The manager keeps them in a private table: without it, they
-        end when the manager stops, after that timeout."""
-        table = getattr(self.sessions, "_server_instances", {})
-        for transport in list(table.values()):
+        end when the manager stops, after that timeout. Each is discarded as a client's
+        DELETE would be, so that its sandbox's release starts now (see McpTools)."""
+        sessions = self.sessions
+        table = getattr(sessions, "_server_instances", {})
+        for session_id, transport in list(table.items()):
             with contextlib.suppress(Exception):
-                await transport.terminate()
+                await sessions._discard_session(session_id, transport)
 
 
 def build_app(
@@ -194,9 +100,12 @@ def build_app(
     pipeline: ToolPipeline,
     policy: HostPolicy,
     authenticator: Authenticator | None,
+    sandboxes: SandboxManager | None = None,
 ) -> Endpoint:
     """The endpoint serving config.mcp.path."""
-    tools = McpTools(config, pipeline, policy, authenticated=authenticator is not None)
+    tools = McpTools(
+        config, pipeline, policy, authenticated=authenticator is not None, sandboxes=sandboxes
+    )
     server: Server[Any] = Server(
         SERVER_NAME,
         on_list_tools=tools.list_tools,
@@ -210,8 +119,12 @@ def build_app(
         allowed_hosts=[f"{h}:*" for h in hosts] + hosts,
         allowed_origins=[f"http://{h}:*" for h in hosts],
     )
-    manager = StreamableHTTPSessionManager(
-        app=server, security_settings=security, max_request_body_size=config.max_request_bytes
+    manager = SessionManager(
+        tools,
+        app=server,
+        security_settings=security,
+        max_request_body_size=config.max_request_bytes,
+        session_idle_timeout=config.mcp.session_idle_timeout_s,
     )
     endpoint: Any = StreamableHTTPASGIApp(manager)
     middleware: list[Middleware] = []
@@ -280,7 +193,9 @@ class McpFront:
             if not await tools.wait_idle(grace):
                 log.warning("shutdown: MCP calls still in flight after %g s are ended", grace)
             await asyncio.sleep(FLUSH_S)  # their results, on their way to the callers
+        await tools.rounds.close()  # sessionless calls waiting for an answer that is too late
         await self._endpoint.close_sessions()
+        await tools.wait_released(max(grace, RELEASE_S))  # the ended sessions' sandboxes
         self._server.config.timeout_graceful_shutdown = 1
         self._server.should_exit = True
         with contextlib.suppress(Exception):
@@ -293,10 +208,13 @@ async def start_mcp(
     pipeline: ToolPipeline,
     policy: HostPolicy,
     authenticator: Authenticator | None,
+    sandboxes: SandboxManager | None = None,
 ) -> McpFront | None:
-    """The MCP endpoint when [mcp] listen is set (None otherwise), serving already."""
+    """The MCP endpoint when [mcp] listen is set (None otherwise), serving already.
+    `sandboxes`: where an ended session's own sandbox is released (None: never)."""
     if not config.mcp.listen:
         return None
-    front = McpFront(build_app(config, pipeline, policy, authenticator), config.mcp.listen)
+    endpoint = build_app(config, pipeline, policy, authenticator, sandboxes)
+    front = McpFront(endpoint, config.mcp.listen)
     await front.start()
     return front

@@ -1,0 +1,313 @@
+"""The MCP request handlers: tools/list, tools/call through the supervisor's one pipeline
+(streamed as progress notifications when the client sends a progress token; approvals asked
+of the client by elicitation when it can answer), server/discover, and the release of a
+session's own sandbox when the session ends."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import replace
+from typing import Any
+
+import mcp_types as types
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.context import ServerRequestContext
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
+
+from stockade.supervisor import errors
+from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
+from stockade.supervisor.calls.render import cap_text, wire_text
+from stockade.supervisor.config import Config
+from stockade.supervisor.fronts.mcp.convert import (
+    Caller,
+    call_from_mcp,
+    own_session,
+    refusal_to_mcp,
+    result_to_mcp,
+    sandbox_of,
+    tool_to_mcp,
+)
+from stockade.supervisor.fronts.mcp.elicit import asker, supports_forms
+from stockade.supervisor.fronts.mcp.rounds import Progress, Rounds
+from stockade.supervisor.models import (
+    ApprovalPendingEvent,
+    CallContext,
+    OutputEvent,
+    ResultEvent,
+    ToolCall,
+    ToolResult,
+)
+from stockade.supervisor.policy.approvals import Ask
+from stockade.supervisor.sandboxes.manager import SandboxManager
+
+log = logging.getLogger("stockade.mcp")
+ROUNDS_GRACE_S = 60.0
+"""How long after its approval's timeout a sessionless client's answer still finds its call
+(and gets its result)."""
+PROGRESS_TOKEN = "progress_token"
+"""The SDK's name for `progressToken` in a request's parsed `_meta`."""
+
+
+class ShuttingDown(errors.StockadeError):
+    """A call that arrived while the supervisor stops (gRPC: UNAVAILABLE, SHUTTING_DOWN)."""
+
+    reason = "SHUTTING_DOWN"
+
+    def __init__(self) -> None:
+        super().__init__("the supervisor is shutting down; retry when it has started again")
+
+
+def _reporter(ctx: ServerRequestContext[Any, Any]) -> Callable[[int, str], Awaitable[None]]:
+    """Progress notifications on this request's stream."""
+
+    async def send(count: int, message: str) -> None:
+        await ctx.session.report_progress(count, None, message)
+
+    return send
+
+
+def _askable_later(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """A sessionless request from a client that answers form elicitations: asked through an
+    `input_required` result (rounds.py), as it cannot be asked during the request."""
+    session = ctx.session
+    return (
+        ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+        and not session.can_send_request
+        and supports_forms(session.client_capabilities)
+    )
+
+
+class Gathered:
+    """Output kept within `limit` bytes of UTF-8 (its head and tail, as cap_text keeps them);
+    a limit of 0 keeps nothing."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._parts: list[str] = []
+        self._size = 0
+
+    def add(self, text: str) -> None:
+        if not self._limit:
+            return
+        self._parts.append(text)
+        self._size += len(text)
+        if self._size > 2 * self._limit:  # compact: memory stays bounded
+            self._parts = [self.text]
+            self._size = len(self._parts[0])
+
+    @property
+    def text(self) -> str:
+        return cap_text("".join(self._parts), self._limit)[0] if self._limit else ""
+
+
+class McpTools:
+    """The request handlers: the caller's allowed tools, and a call through the pipeline."""
+
+    def __init__(
+        self,
+        config: Config,
+        pipeline: ToolPipeline,
+        policy: HostPolicy,
+        authenticated: bool,
+        sandboxes: SandboxManager | None = None,
+    ) -> None:
+        self._config = config
+        self._pipeline = pipeline
+        self._policy = policy
+        self._authenticated = authenticated
+        self._sandboxes = sandboxes
+        self.draining = False
+        """Set when the supervisor stops: new calls are refused, calls in flight finish."""
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._session_keys: dict[str, set[str]] = {}
+        """Per MCP session: the keys of its own sandbox that its calls used."""
+        self._releases: set[asyncio.Task[None]] = set()
+        self.rounds = Rounds(config.approvals.timeout_s + ROUNDS_GRACE_S, policy.scrubber)
+        """Sessionless calls waiting for their caller's answer to an approval."""
+
+    def caller(self, ctx: ServerRequestContext[Any, Any]) -> Caller:
+        """Who sent the request; with auth on, a request the middleware did not
+        authenticate is refused here too (never served as tenant "")."""
+        request = ctx.request
+        if request is None:
+            raise errors.Unauthenticated("an MCP request without its HTTP request")
+        user = request.scope.get("user")
+        if isinstance(user, AuthenticatedUser):
+            tenant = user.access_token.client_id
+        elif self._authenticated:
+            raise errors.Unauthenticated("missing credentials: send `authorization: Bearer TOKEN`")
+        else:
+            tenant = ""
+        client = request.client
+        peer = ""
+        if client is not None:
+            ip = f"ipv6:[{client.host}]" if ":" in client.host else f"ipv4:{client.host}"
+            peer = f"{ip}:{client.port}"
+        # a 2026-07-28 request has no session: a session id header it carries was never
+        # checked by the session manager, so it does not choose the sandbox
+        modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+        return Caller(
+            tenant=tenant,
+            session_id=None if modern else request.headers.get(MCP_SESSION_ID_HEADER),
+            peer=peer,
+            traceparent=request.headers.get("traceparent", ""),
+        )
+
+    async def list_tools(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        self.caller(ctx)
+        allowed = self._policy.tools.allowed_tools(CallContext())
+        return types.ListToolsResult(tools=[tool_to_mcp(spec) for spec in allowed])
+
+    async def call_tool(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        caller = self.caller(ctx)
+        if self.draining:
+            return refusal_to_mcp(ShuttingDown())
+        self._active += 1
+        self._idle.clear()
+        try:
+            caller = replace(caller, sandbox=sandbox_of(ctx.meta))
+            shared = self._config.mcp.key
+            call = call_from_mcp(params.name, params.arguments, caller, shared)
+            session = own_session(caller, shared)
+            if session is not None:
+                self._session_keys.setdefault(session, set()).add(call.sandbox_key)
+            approver = f"mcp elicitation ({caller.peer or 'local'})"
+            notify = (ctx.meta or {}).get(PROGRESS_TOKEN) is not None
+            send = _reporter(ctx) if notify else None
+            attach = self._is_attach(params.name, params.arguments)
+            stream = notify or attach
+            if params.request_state is not None:  # a sessionless client's answer
+                parked = self.rounds.resume(
+                    params.request_state, caller.tenant, params.input_responses, send
+                )
+                result = await self.rounds.outcome(parked)
+            elif _askable_later(ctx):
+                progress = Progress(send)
+
+                def run(ask: Ask) -> Coroutine[Any, Any, ToolResult]:
+                    return self._run(call, caller.peer, ask, progress, stream, attach)
+
+                parked = self.rounds.start(caller.tenant, approver, progress, run)
+                result = await self.rounds.outcome(parked)
+            else:
+                ask = asker(ctx.session, ctx.request_id, self._policy.scrubber, approver)
+                progress = Progress(send)
+                result = await self._run(call, caller.peer, ask, progress, stream, attach)
+        except errors.StockadeError as exc:
+            return refusal_to_mcp(exc)
+        finally:
+            self._active -= 1
+            if not self._active:
+                self._idle.set()
+        if isinstance(result, types.InputRequiredResult):
+            return result
+        return result_to_mcp(result)
+
+    def _is_attach(self, name: str, arguments: dict[str, Any] | None) -> bool:
+        """`process` attach, which only a streamed call can run."""
+        spec = self._policy.catalog.resolve(name)
+        return (
+            spec is not None
+            and spec.custom is None
+            and spec.name == "process"
+            and (arguments or {}).get("action") == "attach"
+        )
+
+    async def _run(
+        self,
+        call: ToolCall,
+        peer: str,
+        ask: Ask | None,
+        progress: Progress,
+        stream: bool,
+        gather: bool,
+    ) -> ToolResult:
+        """The call through `call`, or, with `stream`, through `call_stream`: each output
+        chunk (scrubbed already) goes to `progress` (a notification whose message is the
+        chunk), a request for an approval too, naming its id; and `process` attach's output
+        goes into the result's text, before it (capped as for_llm is), as its result does not
+        hold it."""
+        if not stream:
+            return await self._pipeline.call(call, caller=peer, ask=ask)
+        output = Gathered(self._config.tools.llm_max_bytes if gather else 0)
+        async for event in self._pipeline.call_stream(call, caller=peer, ask=ask):
+            if isinstance(event, ResultEvent):
+                result = event.result
+                if output.text and not result.is_error:
+                    text = output.text + ("" if output.text.endswith("\n") else "\n")
+                    result = replace(result, for_llm=text + result.for_llm)
+                return result
+            if isinstance(event, OutputEvent) and event.text:
+                output.add(event.text)
+                await progress(wire_text(event.text))
+            elif isinstance(event, ApprovalPendingEvent):
+                await progress(f"[waiting for approval {event.approval_id}: {event.reason}]")
+        raise RuntimeError("call_stream ended without its result")  # it always ends with one
+
+    @property
+    def busy(self) -> bool:
+        return self._active > 0
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for the calls in flight to end; whether they all did."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def discover(
+        self, ctx: ServerRequestContext[Any, Any], params: types.RequestParams | None
+    ) -> types.DiscoverResult:
+        """Every version served: those with sessions (a sandbox per session) and the
+        sessionless 2026-07-28 (the sandbox a call names, else [mcp] key, else the
+        tenant's mcp-default)."""
+        return types.DiscoverResult(
+            supported_versions=[*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS],
+            capabilities=types.ServerCapabilities(tools=types.ToolsCapability()),
+        )
+
+    def session_ended(self, session_id: str) -> None:
+        """An MCP session ended (the client's DELETE, its idle timeout, the supervisor's
+        stop): its own sandbox is destroyed, in the background (the caller is the SDK's
+        session teardown). A named or shared key is never released here."""
+        keys = self._session_keys.pop(session_id, set())
+        if not keys or self._sandboxes is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._release(keys))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _release(self, keys: set[str]) -> None:
+        """Remove each container; the workspace stays, stamped as retired, so that
+        housekeeping deletes it after housekeeping.workspace_retention_s, as any
+        destroyed sandbox's."""
+        assert self._sandboxes is not None
+        for key in sorted(keys):
+            try:
+                await self._sandboxes.destroy(key, delete_workspace=False)
+            except errors.SandboxNotFound:
+                continue  # its calls never reached a sandbox
+            except Exception as exc:
+                log.warning("could not release sandbox %r of an ended MCP session: %s", key, exc)
+                continue
+            log.info("released sandbox %r: its MCP session ended", key)
+            self._sandboxes.record(key, "remove container", "its MCP session ended")
+
+    async def wait_released(self, timeout: float) -> None:
+        """Wait up to `timeout` s for the releases under way."""
+        if self._releases:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.gather(*self._releases, return_exceptions=True), timeout
+                )

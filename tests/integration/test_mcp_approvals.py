@@ -1,0 +1,191 @@
+"""Approvals over MCP through the real `stockade serve` on both engines and the MCP SDK's own
+client: asked through elicitation (in a session, an elicitation request; sessionless, an
+`input_required` result), and the same approval answered with `stockade approvals resolve`
+instead, while the client's elicitation is open or when the client cannot be asked."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from typing import Any
+
+import mcp_types as types
+import pytest
+
+from tests.integration.test_mcp import FAKE_AWS_KEY, connected, text_of
+from tests.integration.test_mcp_protocol import MODERN, SANDBOX, Mcp, fresh
+from tests.integration.test_mcp_protocol import mcp as mcp  # the fixture: its own supervisor
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class SilentApprover:
+    """An approver connected to the ApprovalService (tenant acme's) that never answers."""
+
+    def __init__(self, mcp: Mcp) -> None:
+        self.client = mcp.grpc()
+        self.stream = self.client.watch_approvals("silent")
+        self.thread = threading.Thread(target=lambda: list(self.stream), daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while self.client.list_approvals().approvers < 1:
+            assert time.monotonic() < deadline, "the approver did not connect"
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self.client.close()
+        self.thread.join(5)
+
+
+class Elicitor:
+    """An elicitation callback: records each question and answers it with `answer` (None:
+    never answers, until the server withdraws the question; or, with `release`, dismisses it
+    once `release` is set)."""
+
+    def __init__(
+        self, answer: types.ElicitResult | None, release: asyncio.Event | None = None
+    ) -> None:
+        self.answer = answer
+        self.release = release
+        self.asked: list[types.ElicitRequestParams] = []
+        self.withdrawn = False
+
+    async def __call__(self, ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        self.asked.append(params)
+        if self.answer is not None:
+            return self.answer
+        if self.release is not None:
+            await self.release.wait()
+            return types.ElicitResult(action="cancel")
+        try:
+            await asyncio.Event().wait()
+        except BaseException:
+            self.withdrawn = True
+            raise
+        raise AssertionError("unreachable")
+
+
+def choose(decision: str) -> types.ElicitResult:
+    return types.ElicitResult(action="accept", content={"decision": decision})
+
+
+@pytest.mark.parametrize("mode", ["legacy", MODERN])
+@pytest.mark.parametrize(
+    ("answer", "runs", "approval"),
+    [
+        (choose("once"), True, "allow-once"),
+        (choose("deny"), False, "deny"),
+        (types.ElicitResult(action="decline"), False, "deny"),
+    ],
+    ids=["once", "deny", "decline"],
+)
+async def test_an_approval_answered_through_elicitation(
+    mcp: Mcp, answer: types.ElicitResult, runs: bool, approval: str, mode: str
+) -> None:
+    """In a session the question is an elicitation request during the call; sessionless, an
+    `input_required` result the SDK's client answers by calling again."""
+    key, name = fresh("elicit"), fresh("f")
+    elicitor = Elicitor(answer)
+    command = f"touch {name} # {FAKE_AWS_KEY}"
+    async with connected(mcp.url, mcp.token, mode, elicitation_callback=elicitor) as client:
+        result = await client.call_tool("exec", {"command": command}, meta={SANDBOX: key})
+        listed = await client.call_tool("list_files", {"path": "."}, meta={SANDBOX: key})
+    [question] = elicitor.asked
+    assert isinstance(question, types.ElicitRequestFormParams)
+    assert f"touch {name}" in question.message
+    assert FAKE_AWS_KEY not in question.message  # scrubbed, as the approvers see it
+    assert "on-miss" in question.message  # the reason
+    assert question.requested_schema["properties"]["decision"]["enum"] == [
+        "once",
+        "always",
+        "deny",
+    ]
+    assert (name in json.dumps(listed.structured_content)) == runs
+    if runs:
+        assert not result.is_error, text_of(result)
+    else:
+        assert text_of(result).startswith("Error (APPROVAL_DENIED): command not approved")
+    with mcp.grpc() as grpc_client:
+        [record] = grpc_client.list_audit(sandbox_key=key, tool="exec")
+        assert grpc_client.list_approvals().pending == []
+    assert (record.approval, record.approver.startswith("mcp elicitation (ipv4:")) == (
+        approval,
+        True,
+    )
+
+
+def pending_id(mcp: Mcp, name: str) -> str:
+    """The id of the pending approval of the command naming `name`, as
+    `stockade approvals list` shows it."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for line in mcp.cli("approvals", "list").stdout.splitlines():
+            if name in line:
+                return line.split()[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no pending approval for {name}")
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "elicitation pending",
+        "no elicitation",
+        "sessionless elicitation pending",
+        "sessionless no elicitation",
+    ],
+)
+async def test_the_same_approval_resolved_with_the_cli(mcp: Mcp, how: str) -> None:
+    """`stockade approvals resolve` decides the approval the MCP call waits for: while the
+    client's elicitation is open (in a session it is then withdrawn; sessionless, the
+    client's later answer, here a dismissal, finds the call decided), or when the client
+    cannot be asked (no elicitation capability): then, as for a gRPC caller, an approver must
+    be connected (here one that never answers)."""
+    key, name = fresh("resolve"), fresh("f")
+    asks = "elicitation pending" in how
+    sessionless = how.startswith("sessionless")
+    resolved = asyncio.Event()
+    elicitor = Elicitor(None, resolved if sessionless else None)
+    options: dict[str, Any] = {"elicitation_callback": elicitor} if asks else {}
+    mode = MODERN if sessionless else "legacy"
+    watcher = None if asks else SilentApprover(mcp)
+    messages: list[str] = []
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+
+    try:
+        async with connected(mcp.url, mcp.token, mode, **options) as client:
+            call = asyncio.create_task(
+                client.call_tool(
+                    "exec",
+                    {"command": f"touch {name}"},
+                    progress_callback=progress,
+                    meta={SANDBOX: key},
+                )
+            )
+            approval = await asyncio.to_thread(pending_id, mcp, name)
+            done = await asyncio.to_thread(
+                mcp.cli, "approvals", "resolve", approval, "allow-once", "--approver", "carol"
+            )
+            assert done.returncode == 0, done.stderr
+            resolved.set()
+            result = await call
+            assert not result.is_error, text_of(result)
+            listed = await client.call_tool("list_files", {"path": "."}, meta={SANDBOX: key})
+            assert name in json.dumps(listed.structured_content)
+    finally:
+        if watcher is not None:
+            watcher.close()
+    if not (sessionless and asks):  # there, the question goes out before the stream has it
+        # the client learns the id to give a human, on the call's progress stream
+        assert f"[waiting for approval {approval}: approvals mode on-miss" in messages[0]
+    if asks:
+        assert len(elicitor.asked) == 1
+        assert approval in elicitor.asked[0].message
+        assert elicitor.withdrawn == (not sessionless)
+    with mcp.grpc() as grpc_client:
+        [record] = grpc_client.list_audit(sandbox_key=key, tool="exec")
+    assert (record.approval, record.approver) == ("allow-once", "carol")
