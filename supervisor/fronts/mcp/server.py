@@ -45,6 +45,7 @@ from stockade.supervisor.fronts.mcp.convert import (
     result_to_mcp,
     tool_to_mcp,
 )
+from stockade.supervisor.fronts.mcp.json_answers import JsonAnswers
 from stockade.supervisor.models import CallContext
 
 log = logging.getLogger("stockade.mcp")
@@ -213,7 +214,7 @@ def build_app(
     manager = StreamableHTTPSessionManager(
         app=server, security_settings=security, max_request_body_size=config.max_request_bytes
     )
-    endpoint: Any = StreamableHTTPASGIApp(manager)
+    endpoint: Any = JsonAnswers(StreamableHTTPASGIApp(manager))
     middleware: list[Middleware] = []
     if authenticator is not None:
         backend = BearerAuthBackend(TokenTenants(authenticator))
