@@ -10,7 +10,7 @@ import pytest
 
 from bench.__main__ import parse_args
 from bench.compare_stats import Round, schedule
-from bench.mcp_front import FRONTS, differences, section, verdict, write
+from bench.mcp_front import FRONTS, differences, pairwise, rotation, section, verdict, write
 
 HZ = 100
 
@@ -24,7 +24,14 @@ def rounds_of(ms_per_round: list[list[float]], us_per_call: float = 1000) -> lis
 
 
 def test_the_fronts_take_turns_going_first() -> None:
-    assert schedule(2, FRONTS) == [(0, "grpc"), (0, "mcp"), (1, "mcp"), (1, "grpc")]
+    assert rotation(3) == [
+        (0, "grpc"), (0, "mcp"), (0, "mcp_plain"),
+        (1, "mcp"), (1, "mcp_plain"), (1, "grpc"),
+        (2, "mcp_plain"), (2, "grpc"), (2, "mcp"),
+    ]  # fmt: skip
+    assert rotation(4, ("old", "new")) == schedule(4)  # two fronts: --compare's order
+    with pytest.raises(ValueError, match="at least 1"):
+        rotation(0)
 
 
 def test_differences_pooled_and_per_pair() -> None:
@@ -69,15 +76,22 @@ def test_differences_refuse_unpaired_rounds() -> None:
         differences(rounds_of([[1.0]] * 2), rounds_of([[1.0]] * 3), HZ)
     with pytest.raises(ValueError, match="rounds differ"):
         differences([], [], HZ)
+    with pytest.raises(ValueError, match="rounds differ"):
+        pairwise(rounds_of([[1.0]]), [], {}, {})
 
 
-def test_the_section_shows_both_fronts_the_difference_and_the_target() -> None:
-    result = differences(rounds_of([[2.0]] * 6), rounds_of([[2.4]] * 6), HZ)
+def test_the_section_shows_the_fronts_the_differences_and_the_target() -> None:
+    grpc, sdk, plain = rounds_of([[2.0]] * 6), rounds_of([[2.4]] * 6), rounds_of([[2.1]] * 6)
+    result = differences(grpc, sdk, HZ)
+    result["mcp_plain"] = {**result["mcp"], "median_ms": 2.1}
+    result["mcp_plain_minus_grpc"] = pairwise(grpc, plain, result["grpc"], result["mcp_plain"])
     for front in FRONTS:
         result[front]["client_cpu_us_per_call"] = 100.0
     printed = section("docker", {"rounds": 6, "calls_per_round": 1, **result})
     assert "6 interleaved rounds of 1 calls a front" in printed
-    assert "warm exec true, median (ms)          2.00     2.40      0.40" in printed
+    sdk_block, plain_block = printed.split("MCP, plain HTTP client (no SDK)")
+    assert "  warm exec true, median (ms)        2.00     2.40      0.40" in sdk_block
+    assert "  warm exec true, median (ms)        2.00     2.10      0.10" in plain_block
     assert printed.splitlines()[-1].endswith("target <= 1 ms   met")
     assert section("podman", {"error": "RuntimeError: no engine"}).endswith(
         "n/a: RuntimeError: no engine"
