@@ -1,15 +1,33 @@
 """The MCP endpoint's JSON answers (supervisor/fronts/mcp/json_answers.py): an SSE answer whose
-first event is the response goes out as one JSON body; anything else as the stream it was.
-ASGI messages in, ASGI messages out; served for real in tests/integration/test_mcp.py."""
+first event is the response goes out as one JSON body, anything else as the stream it was
+(ASGI messages in, ASGI messages out); a plain call in a session whose client cannot be
+asked is answered in the SDK's JSON mode. Served for real in tests/integration/test_mcp.py."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import httpx2
+import mcp_types as types
 import pytest
+from mcp.client import Client
+from mcp.client.streamable_http import streamable_http_client
 from starlette.types import Message, Receive, Scope, Send
 
-from stockade.supervisor.fronts.mcp.json_answers import JsonAnswers, first_event, response_data
+from stockade.supervisor.app import build_policy
+from stockade.supervisor.config import load_config
+from stockade.supervisor.fronts.mcp.json_answers import (
+    PEEK_BYTES,
+    JsonAnswers,
+    PerRequestJson,
+    _plain_call,
+    first_event,
+    peek,
+    plain_kind,
+    response_data,
+)
+from stockade.supervisor.fronts.mcp.server import McpFront, build_app
 
 RESPONSE = b'{"jsonrpc":"2.0","id":7,"result":{"content":[],"isError":false}}'
 PROGRESS = b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1}}'
@@ -136,3 +154,99 @@ def test_first_event_and_its_data() -> None:
     assert response_data(two_lines) == b'{"jsonrpc":"2.0",\n"id":1,"result":{}}'
     assert response_data(event(PROGRESS)) is None
     assert response_data(b"event: message\r\n\r\n") is None
+
+
+def request(method: str, params: dict[str, object] | None = None, **extra: object) -> bytes:
+    return json.dumps(
+        {"jsonrpc": "2.0", "id": 1, "method": method, "params": params or {}, **extra}
+    ).encode()
+
+
+def test_which_requests_are_plain() -> None:
+    assert plain_kind(request("tools/call", {"name": "exec"})) == "call"
+    with_token = {"name": "exec", "_meta": {"progressToken": 5}}
+    assert plain_kind(request("tools/call", with_token)) is None  # its progress needs a stream
+    assert plain_kind(request("initialize", {"capabilities": {}})) == "opening"
+    asking = {"capabilities": {"elicitation": {}}}
+    assert plain_kind(request("initialize", asking)) is None  # may be asked during a call
+    assert plain_kind(request("tools/list")) is None
+    notification = b'{"jsonrpc":"2.0","method":"notifications/initialized"}'
+    for other in (notification, b"[" + request("tools/call") + b"]", b"{not json", None):
+        assert plain_kind(other) is None
+
+
+async def test_peek_reads_a_small_body_and_gives_it_again() -> None:
+    sent = [
+        {"type": "http.request", "body": b'{"a":', "more_body": True},
+        {"type": "http.request", "body": b"1}", "more_body": False},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> Message:
+        return sent.pop(0)
+
+    small = {"type": "http", "headers": [(b"content-length", b"7")]}
+    body, replayed = await peek(small, receive)
+    assert body == b'{"a":1}'
+    assert await replayed() == {"type": "http.request", "body": b'{"a":1}', "more_body": False}
+    assert await replayed() == {"type": "http.disconnect"}
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [[(b"content-length", str(PEEK_BYTES + 1).encode())], [], [(b"content-length", b"x")]],
+)
+async def test_peek_leaves_big_or_unsized_bodies_unread(headers: list[tuple[bytes, bytes]]) -> None:
+    async def receive() -> Message:
+        raise AssertionError("read")
+
+    body, same = await peek({"type": "http", "headers": headers}, receive)
+    assert body is None
+    assert same is receive
+
+
+def test_the_json_switch_is_read_per_request() -> None:
+    transport = PerRequestJson(mcp_session_id="s1")
+    assert transport.is_json_response_enabled is False
+    token = _plain_call.set(True)
+    try:
+        assert transport.is_json_response_enabled is False  # a session that may be asked
+        transport.plain_calls = True
+        assert transport.is_json_response_enabled is True
+    finally:
+        _plain_call.reset(token)
+    assert transport.is_json_response_enabled is False  # the next request, not a plain call
+    assert PerRequestJson(
+        mcp_session_id="s2", is_json_response_enabled=True
+    ).is_json_response_enabled
+
+
+async def test_a_sessions_calls_are_plain_unless_its_client_can_be_asked(tmp_path: Path) -> None:
+    """Through the endpoint (no engine): the SDK's client without an elicitation callback
+    opens a session whose calls may be JSON; with one, not."""
+    config = load_config(
+        None, {"state_dir": str(tmp_path), "mcp.listen": "127.0.0.1:0", "auth.enabled": False}
+    )
+    policy = build_policy(config)
+    endpoint = build_app(config, None, policy, None)  # type: ignore[arg-type]
+    front = McpFront(endpoint, config.mcp.listen)
+    await front.start()
+    url = f"http://127.0.0.1:{front.port}/mcp"
+
+    async def ask(_context: object, _params: object) -> types.ElicitResult:
+        return types.ElicitResult(action="decline")
+
+    try:
+        for callback, plain in ((None, True), (ask, False)):
+            async with httpx2.AsyncClient() as http:
+                transport = streamable_http_client(url, http_client=http)
+                async with Client(transport, elicitation_callback=callback) as client:
+                    await client.list_tools()
+                    sessions = list(endpoint.sessions._server_instances.values())
+                    assert len(sessions) == 1
+                    assert isinstance(sessions[0], PerRequestJson)
+                    assert sessions[0].plain_calls is plain
+    finally:
+        await front.stop(1)
+        if policy.audit is not None:
+            policy.audit.close()

@@ -45,7 +45,7 @@ from stockade.supervisor.fronts.mcp.convert import (
     result_to_mcp,
     tool_to_mcp,
 )
-from stockade.supervisor.fronts.mcp.json_answers import JsonAnswers
+from stockade.supervisor.fronts.mcp.json_answers import JsonAnswers, SessionManager
 from stockade.supervisor.models import CallContext
 
 log = logging.getLogger("stockade.mcp")
@@ -211,7 +211,7 @@ def build_app(
         allowed_hosts=[f"{h}:*" for h in hosts] + hosts,
         allowed_origins=[f"http://{h}:*" for h in hosts],
     )
-    manager = StreamableHTTPSessionManager(
+    manager = SessionManager(
         app=server, security_settings=security, max_request_body_size=config.max_request_bytes
     )
     endpoint: Any = JsonAnswers(StreamableHTTPASGIApp(manager))
