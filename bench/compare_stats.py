@@ -45,15 +45,14 @@ class Round:
     """The run time of the supervisor's threads over the batch, in ns."""
 
 
-def schedule(rounds: int, pair: tuple[str, str] = SIDES) -> list[tuple[int, str]]:
+def schedule(rounds: int) -> list[tuple[int, str]]:
     """(round, side) in the order to run them: old first in even rounds, new first in odd
-    ones, so neither side always runs right after the other (`pair`: other names for the two
-    sides, first one first)."""
+    ones, so neither side always runs right after the other."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, not {rounds}")
     order: list[tuple[int, str]] = []
     for r in range(rounds):
-        sides = pair if r % 2 == 0 else pair[::-1]
+        sides = SIDES if r % 2 == 0 else SIDES[::-1]
         order += [(r, side) for side in sides]
     return order
 
