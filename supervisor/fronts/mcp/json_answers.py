@@ -146,8 +146,8 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
 
 
 def plain_kind(body: bytes | None) -> str | None:
-    """ "call" for a `tools/call` request without a progress token; "opening" for an
-    `initialize` whose client declared no elicitation capability; else None."""
+    """What kind of plain request `body` is: "call", a `tools/call` without a progress
+    token; "opening", an `initialize` whose client declared no elicitation; else None."""
     if body is None:
         return None
     try:
