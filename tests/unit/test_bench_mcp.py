@@ -11,6 +11,7 @@ import pytest
 from bench.__main__ import parse_args
 from bench.compare_stats import Round, schedule
 from bench.mcp_front import FRONTS, differences, pairwise, rotation, section, verdict, write
+from bench.report import summary
 
 HZ = 100
 
@@ -134,3 +135,10 @@ def test_only_mcp_is_its_own_run(capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit):
             parse_args(wrong)
     assert "--compare and --only" in capsys.readouterr().err
+
+
+def test_the_summary_has_a_row_for_mcp() -> None:
+    measured = {"mcp_minus_grpc": {"median_ms": {"pooled": 0.84}}}
+    lines = summary({"podman": {"mcp": measured}, "docker": {"mcp": {"error": "x"}}}).splitlines()
+    row = next(line for line in lines if line.startswith("MCP - gRPC"))
+    assert row.split()[-2:] == ["0.84", "n/a"]
