@@ -6,7 +6,9 @@ Per engine (Podman, Docker), on the same image and machine:
 - the engine CLI's `exec C true` on a plain container of the same image;
 - llm-sandbox's `execute_command("true")` on the same engine and image;
 - cold start: the first call on a new key until its result;
-- host memory per idle sandbox (PSS of its processes plus the engine's helper).
+- host memory per idle sandbox (PSS of its processes plus the engine's helper);
+- the MCP front against gRPC: warm `exec true` through each front of one supervisor, in
+  interleaved rounds, and what MCP costs more (bench/mcp_front.py; alone: `--only mcp`).
 
 `python -m bench --compare REV` (`make bench-compare BASE=REV`) measures only warm `exec true`
 and the supervisor's CPU per call, REV's supervisor and this tree's side by side in one run

@@ -1,6 +1,7 @@
 """`python -m bench [--engine podman|docker|both] [--n N] [--quick]`, or
 `python -m bench --compare REV [--engine E] [--n N] [--rounds R]` for this tree's supervisor
-against REV's, side by side (bench/compare.py)."""
+against REV's, side by side (bench/compare.py), or `python -m bench --only mcp [--engine E]
+[--n N] [--rounds R]` for the MCP front against gRPC alone (bench/mcp_front.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from bench import (
     compare,
     egress,
     load,
+    mcp_front,
     peers,
     report,
     stockade_runs,
@@ -53,7 +55,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="only compare warm exec and supervisor CPU of REV's supervisor with this tree's",
     )
     parser.add_argument(
-        "--rounds", type=int, default=10, help="--compare: interleaved rounds (default 10)"
+        "--only",
+        choices=["mcp"],
+        help="only one measurement: mcp, the MCP front against gRPC (bench/mcp_front.py)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=10,
+        help="interleaved rounds of --compare and of the MCP measurement (default 10)",
     )
     parser.add_argument(
         "--quick",
@@ -67,6 +77,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         else {"n": 300, "cold": 10, "idle": 5, "load_keys": 50, "load_calls": 200,
               "audit_records": 10**6}
     )  # fmt: skip
+    if ns.compare is not None and ns.only is not None:
+        parser.error("--compare and --only are two different runs: one at a time")
+    if ns.rounds < 1:
+        parser.error("--rounds must be at least 1")
     for name, default in quick.items():
         if getattr(ns, name) is None:
             setattr(ns, name, default)
@@ -110,6 +124,11 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
             f"{engine}: Stockade Interact line echo",
             lambda: stockade_runs.interact_line(client, ns.n, ns.warmup),
         )
+    # a supervisor of its own, serving MCP too; alone on the machine as the one above was
+    results["mcp"] = guarded(
+        f"{engine}: MCP against gRPC",
+        lambda: mcp_front.measure_engine(engine, ns.n, ns.rounds, ns.warmup),
+    )
     if engine == "podman":  # the default gives each sandbox a user namespace: its cost
         with served(engine, NO_USERNS) as sup, Stockade(sup.target) as client:
             results["cold_start_no_userns"] = guarded(
@@ -153,9 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)  # clean up on kill as on Ctrl-C
     engines = ENGINES if ns.engine == "both" else (ns.engine,)
-    if ns.compare is not None:
+    if ns.compare is not None or ns.only == "mcp":
         try:
-            return compare.run(ns.compare, engines, ns.n, ns.rounds, ns.warmup)
+            if ns.compare is not None:
+                return compare.run(ns.compare, engines, ns.n, ns.rounds, ns.warmup)
+            return mcp_front.run(engines, ns.n, ns.rounds, ns.warmup)
         except KeyboardInterrupt:
             progress("interrupted; cleaning up")
             return 130
@@ -164,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {
         "n": ns.n, "warmup": ns.warmup, "cold": ns.cold, "idle": ns.idle, "quick": ns.quick,
         "load_keys": ns.load_keys, "load_calls": ns.load_calls, "audit_records": ns.audit_records,
+        "rounds": ns.rounds,
     }  # fmt: skip
     by_engine: dict[str, Any] = {}
     progress("host-side pipeline, scrubber and guard corpora")
@@ -191,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     for engine, results in by_engine.items():
         print(report.engine_section(engine, results), end="\n\n")
         print(abuse.section(engine, results["neighbour_abuse"]), end="\n\n")
+        print(mcp_front.section(engine, results["mcp"]), end="\n\n")
     print(report.summary(by_engine))
     record = {
         "started_at": started,

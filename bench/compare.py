@@ -82,12 +82,13 @@ def thread_ns(pid: int) -> int:
     return total
 
 
-def one_round(client: Stockade, pid: int, calls: int) -> Round:
+def one_round(client: Stockade, pid: int, calls: int, key: str = KEY) -> Round:
+    """`calls` warm `exec true` on `key`, timed, with the supervisor's CPU over them."""
     samples = []
     ticks, ns = cpu_ticks(pid)[0], thread_ns(pid)
     for _ in range(calls):
         started = time.perf_counter()
-        stockade_runs.exec_true(client, KEY)
+        stockade_runs.exec_true(client, key)
         samples.append(time.perf_counter() - started)
     return Round(tuple(samples), cpu_ticks(pid)[0] - ticks, thread_ns(pid) - ns)
 
@@ -160,19 +161,19 @@ def run(rev: str, engines: tuple[str, ...], n: int, rounds: int, warmup: int) ->
 
 def write_record(record: dict[str, Any], path: Path = RESULTS) -> None:
     """Put the comparison under "compare" in bench/results.json, keeping the rest."""
-    _write({**_read(path), "compare": record}, path)
+    write_results({**read_results(path), "compare": record}, path)
     progress(f'comparison written to {path} ("compare")')
 
 
 def write_full_run(record: dict[str, Any], path: Path = RESULTS) -> None:
     """Write a full `python -m bench` run's record, keeping the last comparison."""
-    if "compare" in (previous := _read(path)):
+    if "compare" in (previous := read_results(path)):
         record = {**record, "compare": previous["compare"]}
-    _write(record, path)
+    write_results(record, path)
     progress(f"results written to {path}")
 
 
-def _read(path: Path) -> dict[str, Any]:
+def read_results(path: Path) -> dict[str, Any]:
     """The record in `path`; {} when there is none (no file, no JSON, no object)."""
     try:
         found = json.loads(path.read_text())
@@ -181,7 +182,7 @@ def _read(path: Path) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-def _write(record: dict[str, Any], path: Path) -> None:
+def write_results(record: dict[str, Any], path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     os.replace(tmp, path)

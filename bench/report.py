@@ -164,6 +164,10 @@ def summary(engines: dict[str, dict[str, Any]]) -> str:
     for key, label in (("throughput_per_s", "load: calls/s"), ("p95_ms", "load: p95 ms")):
         cells = [engines[e].get("load", {}).get(key) for e in names]
         lines.append(f"{label:34}" + "".join(_cell(c, ".1f") for c in cells))
+    extra = [_mcp_extra(engines[e].get("mcp", {})) for e in names]
+    lines.append(
+        f"{'MCP - gRPC, warm exec true (ms)':34}" + "".join(_cell(c, ".2f") for c in extra)
+    )
     pss = [engines[e].get("idle_memory", {}).get("pss_mib") for e in names]
     lines.append(f"{'idle sandbox, MiB PSS':34}" + "".join(_cell(c, ".1f") for c in pss))
     for key, label in (
@@ -173,6 +177,12 @@ def summary(engines: dict[str, dict[str, Any]]) -> str:
         cells = [engines[e].get("ratios", {}).get(key) for e in names]
         lines.append(f"{label:34}" + "".join(_cell(c, ".1f") for c in cells))
     return "\n".join(lines)
+
+
+def _mcp_extra(result: dict[str, Any]) -> float | None:
+    """MCP - gRPC of the pooled warm medians (bench/mcp_front.py), if measured."""
+    extra = result.get("mcp_minus_grpc", {}).get("median_ms", {}).get("pooled")
+    return extra if isinstance(extra, float | int) else None
 
 
 def _cell(value: float | None, spec: str) -> str:

@@ -62,12 +62,18 @@ def mcp_sup(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[M
 
 @asynccontextmanager
 async def connected(
-    url: str, token: str | None, mode: str = "legacy", **options: Any
+    url: str,
+    token: str | None,
+    mode: str = "legacy",
+    extra_headers: dict[str, str] | None = None,
+    **options: Any,
 ) -> AsyncIterator[Client]:
-    """The SDK's streamable-HTTP client with a bearer token: an MCP session (the initialize
-    handshake, mode "legacy") unless `mode` says otherwise ("2026-07-28": sessionless;
-    "auto": what the server's discover offers). `options`: the Client's (callbacks)."""
+    """The SDK's streamable-HTTP client with a bearer token (and `extra_headers`): an MCP
+    session (the initialize handshake, mode "legacy") unless `mode` says otherwise
+    ("2026-07-28": sessionless; "auto": what the server's discover offers). `options`: the
+    Client's (callbacks)."""
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    headers.update(extra_headers or {})
     http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120))
     transport = streamable_http_client(url, http_client=http)
     async with http, Client(transport, mode=mode, **options) as client:
@@ -85,7 +91,9 @@ async def test_tools_calls_and_the_audit(mcp_sup: McpSupervisor) -> None:
     with mcp_sup.sup.client(token=mcp_sup.token) as grpc_client:
         expected = {t.name: t for t in grpc_client.list_tools()}
     name = f"note-{uuid.uuid4().hex[:8]}.txt"
-    async with connected(mcp_sup.url, mcp_sup.token) as client:
+    # a local client's X-Forwarded-For does not replace the peer the audit log records
+    spoof = {"X-Forwarded-For": "203.0.113.9"}
+    async with connected(mcp_sup.url, mcp_sup.token, extra_headers=spoof) as client:
         listed = {t.name: t for t in (await client.list_tools()).tools}
         assert set(listed) == set(expected)
         for tool in listed.values():  # what gRPC ListTools gives, word for word

@@ -5,6 +5,7 @@ table, and the audit log's front column. Served for real in tests/integration/te
 from __future__ import annotations
 
 import json
+import socket
 import sqlite3
 import time
 from dataclasses import replace
@@ -272,9 +273,9 @@ def test_the_caller_of_a_request() -> None:
 
 
 async def test_the_endpoint_in_process(tmp_path: Path) -> None:
-    """The endpoint on a free loopback port without an engine: 401 without a token, 421 for
-    a Host that is not this one (DNS rebinding), tools/list through the SDK's client; a port
-    already taken is a ConfigError naming it."""
+    """The endpoint on a free loopback port without an engine: 401 without a token, TCP_NODELAY
+    on its connections, 421 for a Host that is not this one (DNS rebinding), tools/list
+    through the SDK's client; a port already taken is a ConfigError naming it."""
     tokens = tmp_path / "tokens"
     tokens.write_text("t" * 32 + " acme\n")
     tokens.chmod(0o600)
@@ -294,6 +295,11 @@ async def test_the_endpoint_in_process(tmp_path: Path) -> None:
             anonymous = await http.post(url, json=body, headers=accept)
             assert anonymous.status_code == 401
             assert anonymous.headers["www-authenticate"].startswith("Bearer ")
+            # the kept-alive connection sends without Nagle's wait for the client's ACK
+            connections = front._server.server_state.connections
+            sockets = [c.transport.get_extra_info("socket") for c in connections]  # type: ignore[attr-defined]
+            assert sockets
+            assert all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in sockets)
             rebound = await http.post(
                 url,
                 json=body,

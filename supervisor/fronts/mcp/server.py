@@ -23,7 +23,7 @@ from mcp.server.auth.middleware.bearer_auth import (
 )
 from mcp.server.auth.provider import AccessToken
 from mcp.server.lowlevel import Server
-from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -35,6 +35,8 @@ from stockade.supervisor.api.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import Config, split_host_port
 from stockade.supervisor.fronts.mcp.handlers import McpTools
+from stockade.supervisor.fronts.mcp.json_answers import JsonAnswers
+from stockade.supervisor.fronts.mcp.json_answers import SessionManager as JsonSessionManager
 from stockade.supervisor.sandboxes.manager import SandboxManager
 
 log = logging.getLogger("stockade.mcp")
@@ -61,8 +63,9 @@ class TokenTenants:
         return AccessToken(token="", client_id=tenant, scopes=[])  # the token is not kept
 
 
-class SessionManager(StreamableHTTPSessionManager):
-    """The SDK's session manager, telling the handlers when a session ends. The SDK has no
+class SessionManager(JsonSessionManager):
+    """The SDK's session manager (its transports answering plain calls in JSON: json_answers),
+    telling the handlers when a session ends. The SDK has no
     public hook for it: `_discard_session` is where every end of a session (the client's
     DELETE, its idle timeout, a crash, a stop) passes, possibly more than once."""
 
@@ -126,7 +129,7 @@ def build_app(
         max_request_body_size=config.max_request_bytes,
         session_idle_timeout=config.mcp.session_idle_timeout_s,
     )
-    endpoint: Any = StreamableHTTPASGIApp(manager)
+    endpoint: Any = JsonAnswers(StreamableHTTPASGIApp(manager))
     middleware: list[Middleware] = []
     if authenticator is not None:
         backend = BearerAuthBackend(TokenTenants(authenticator))
@@ -158,7 +161,10 @@ class McpFront:
         self._endpoint = endpoint
         host, port = split_host_port(listen, "mcp.listen")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP
+        # (an accepted one inherits it); with proto 0, Nagle held a response's body back
+        # for the client's delayed ACK, ~40 ms a request on a kept-alive connection
+        self._socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self._socket.bind((host, port))
@@ -169,7 +175,16 @@ class McpFront:
         self._socket.setblocking(False)
         self.port: int = self._socket.getsockname()[1]
         self._server = _Uvicorn(
-            uvicorn.Config(endpoint.app, lifespan="on", log_config=None, access_log=False)
+            uvicorn.Config(
+                endpoint.app,
+                lifespan="on",
+                log_config=None,
+                access_log=False,
+                http="httptools",  # a C parser: h11, pure Python, costs more CPU a request
+                # no proxy in front of a loopback endpoint: X-Forwarded-For from a local
+                # client would otherwise replace the peer the audit log records
+                proxy_headers=False,
+            )
         )
         self._task: asyncio.Task[None] | None = None
 
