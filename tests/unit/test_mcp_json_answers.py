@@ -222,8 +222,9 @@ def test_the_json_switch_is_read_per_request() -> None:
 
 
 async def test_a_sessions_calls_are_plain_unless_its_client_can_be_asked(tmp_path: Path) -> None:
-    """Through the endpoint (no engine): the SDK's client without an elicitation callback
-    opens a session whose calls may be JSON; with one, not."""
+    """Through the endpoint (no engine): the SDK's client in a session ("legacy": its default
+    now goes sessionless) without an elicitation callback opens a session whose calls may be
+    JSON; with one, not."""
     config = load_config(
         None, {"state_dir": str(tmp_path), "mcp.listen": "127.0.0.1:0", "auth.enabled": False}
     )
@@ -240,7 +241,9 @@ async def test_a_sessions_calls_are_plain_unless_its_client_can_be_asked(tmp_pat
         for callback, plain in ((None, True), (ask, False)):
             async with httpx2.AsyncClient() as http:
                 transport = streamable_http_client(url, http_client=http)
-                async with Client(transport, elicitation_callback=callback) as client:
+                async with Client(
+                    transport, mode="legacy", elicitation_callback=callback
+                ) as client:
                     await client.list_tools()
                     sessions = list(endpoint.sessions._server_instances.values())
                     assert len(sessions) == 1
