@@ -65,6 +65,12 @@ class ResourceExhausted(StockadeError):
     """A size or rate limit was hit (e.g. a message larger than the server accepts)."""
 
 
+class FailedPrecondition(StockadeError):
+    """The sandbox's state does not allow the request (reason SANDBOX_PAUSED: a call to a
+    paused sandbox on a supervisor that refuses those; SANDBOX_STATE_CONFLICT: pausing a
+    sandbox whose container exited)."""
+
+
 class DeadlineExceeded(StockadeError):
     """The client's own deadline passed."""
 
@@ -184,6 +190,7 @@ _BY_STATUS: dict[grpc.StatusCode, type[StockadeError]] = {
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
 }
 
@@ -295,7 +302,7 @@ class SandboxInfo:
     engine: str
     image: str
     state: str
-    """RUNNING, EXITED, BROKEN (recreated on the next call) or ABSENT."""
+    """RUNNING, PAUSED, EXITED, BROKEN (recreated on the next call) or ABSENT."""
     created_at: datetime | None
     last_used_at: datetime | None
     workspace_path: str
@@ -310,6 +317,8 @@ class SandboxInfo:
     last_heal_reason: str = ""
     """The last such re-creation's "kind: detail"."""
     last_healed_at: datetime | None = None
+    paused_at: datetime | None = None
+    """PAUSED: since when."""
 
 
 @dataclass(frozen=True)
@@ -478,6 +487,7 @@ def sandbox_from_pb(msg: Any) -> SandboxInfo:
         heals=msg.heals,
         last_heal_reason=msg.last_heal_reason,
         last_healed_at=_time(msg, "last_healed_at"),
+        paused_at=_time(msg, "paused_at"),
     )
 
 

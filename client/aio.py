@@ -281,6 +281,16 @@ class AsyncStockade:
         reply = await self._rpc(self._sandboxes.DestroySandbox, request)
         return bool(reply.removed)
 
+    async def pause_sandbox(self, key: str) -> bool:
+        """Stockade.pause_sandbox."""
+        request = sandbox_pb2.PauseSandboxRequest(key=key)
+        return bool((await self._rpc(self._sandboxes.PauseSandbox, request)).changed)
+
+    async def resume_sandbox(self, key: str) -> bool:
+        """Stockade.resume_sandbox."""
+        request = sandbox_pb2.ResumeSandboxRequest(key=key)
+        return bool((await self._rpc(self._sandboxes.ResumeSandbox, request)).changed)
+
     async def inspect_isolation(self, key: str) -> IsolationReport:
         """Stockade.inspect_isolation."""
         request = sandbox_pb2.InspectIsolationRequest(key=key)
@@ -403,6 +413,12 @@ class AsyncSandbox:
 
     async def destroy(self, *, delete_workspace: bool = False) -> bool:
         return await self.client.destroy_sandbox(self.key, delete_workspace=delete_workspace)
+
+    async def pause(self) -> bool:
+        return await self.client.pause_sandbox(self.key)
+
+    async def resume(self) -> bool:
+        return await self.client.resume_sandbox(self.key)
 
     async def _do(self, op: _core.Op) -> Any:
         tool, args, finish = op

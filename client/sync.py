@@ -274,6 +274,17 @@ class Stockade:
         request = sandbox_pb2.DestroySandboxRequest(key=key, delete_workspace=delete_workspace)
         return bool(self._rpc(self._sandboxes.DestroySandbox, request).removed)
 
+    def pause_sandbox(self, key: str) -> bool:
+        """Freeze every process of the sandbox (no CPU, memory kept); False when it was
+        paused already. NotFound when the key has no container."""
+        request = sandbox_pb2.PauseSandboxRequest(key=key)
+        return bool(self._rpc(self._sandboxes.PauseSandbox, request).changed)
+
+    def resume_sandbox(self, key: str) -> bool:
+        """Thaw a paused sandbox; False when it was not paused."""
+        request = sandbox_pb2.ResumeSandboxRequest(key=key)
+        return bool(self._rpc(self._sandboxes.ResumeSandbox, request).changed)
+
     def inspect_isolation(self, key: str) -> IsolationReport:
         """The sandbox's effective isolation from inside and outside; NotFound when the key
         has no container (this call never creates one)."""
@@ -408,6 +419,12 @@ class Sandbox:
 
     def destroy(self, *, delete_workspace: bool = False) -> bool:
         return self.client.destroy_sandbox(self.key, delete_workspace=delete_workspace)
+
+    def pause(self) -> bool:
+        return self.client.pause_sandbox(self.key)
+
+    def resume(self) -> bool:
+        return self.client.resume_sandbox(self.key)
 
     def _do(self, op: _core.Op) -> Any:
         tool, args, finish = op

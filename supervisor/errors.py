@@ -14,6 +14,8 @@
     ├── SandboxBroken          the container or its agent does not work        -> UNAVAILABLE
     │   └── AgentMisbehaved    the agent answered outside the protocol
     ├── SandboxLost            the container died during a call
+    ├── SandboxStateConflict   the sandbox's state does not allow it  -> FAILED_PRECONDITION
+    │   └── SandboxPaused      a call to a paused sandbox (sandbox.paused_call = "refuse")
     └── CallTimedOut           the agent did not answer a call by its deadline
 
 Agent faults become these classes in one place, the sandbox's lease (sandboxes/lease.py).
@@ -100,6 +102,20 @@ class SandboxLost(StockadeError):
     Reported to the model as a ToolResult (SANDBOX_LOST), not as a gRPC status."""
 
     reason = "SANDBOX_LOST"
+
+
+class SandboxStateConflict(StockadeError):
+    """The request needs the sandbox in another state (pausing a sandbox whose container
+    exited or that is marked broken: there is nothing to freeze)."""
+
+    reason = "SANDBOX_STATE_CONFLICT"
+
+
+class SandboxPaused(SandboxStateConflict):
+    """A call to a paused sandbox while sandbox.paused_call is "refuse": nothing ran; resume
+    the sandbox first (ResumeSandbox, `stockade resume KEY`)."""
+
+    reason = "SANDBOX_PAUSED"
 
 
 class CallTimedOut(StockadeError):

@@ -29,6 +29,7 @@ class SandboxState(enum.StrEnum):
     EXITED = "EXITED"
     ABSENT = "ABSENT"
     BROKEN = "BROKEN"
+    PAUSED = "PAUSED"
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ class SandboxInfo:
     """Times its container was re-created because it could not serve (since the start)."""
     last_heal_reason: str = ""
     last_healed_at: datetime | None = None
+    paused_at: datetime | None = None
+    """PAUSED: since when."""
 
 
 @dataclass(frozen=True)

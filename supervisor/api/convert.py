@@ -71,6 +71,7 @@ def sandbox_to_pb(info: SandboxInfo) -> sandbox_pb2.SandboxInfo:
         heals=info.heals,
         last_heal_reason=wire_text(info.last_heal_reason),
         last_healed_at=_timestamp(info.last_healed_at),
+        paused_at=_timestamp(info.paused_at),
     )
 
 

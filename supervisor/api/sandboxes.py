@@ -1,5 +1,5 @@
-"""SandboxService: ensure, get, list and destroy a caller's sandboxes, and report their
-isolation. Every key a request names is scoped to the caller's tenant."""
+"""SandboxService: ensure, get, list, pause, resume and destroy a caller's sandboxes, and
+report their isolation. Every key a request names is scoped to the caller's tenant."""
 
 from __future__ import annotations
 
@@ -53,6 +53,24 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             scoped(request.key), delete_workspace=request.delete_workspace
         )
         return sandbox_pb2.DestroySandboxResponse(removed=removed, workspace_deleted=deleted)
+
+    @mapped
+    async def PauseSandbox(
+        self, request: sandbox_pb2.PauseSandboxRequest, context: Context
+    ) -> sandbox_pb2.PauseSandboxResponse:
+        info, changed = await self._sandboxes.pause(
+            scoped(request.key), f"PauseSandbox from {context.peer()}"
+        )
+        return sandbox_pb2.PauseSandboxResponse(sandbox=sandbox_to_pb(info), changed=changed)
+
+    @mapped
+    async def ResumeSandbox(
+        self, request: sandbox_pb2.ResumeSandboxRequest, context: Context
+    ) -> sandbox_pb2.ResumeSandboxResponse:
+        info, changed = await self._sandboxes.resume(
+            scoped(request.key), f"ResumeSandbox from {context.peer()}"
+        )
+        return sandbox_pb2.ResumeSandboxResponse(sandbox=sandbox_to_pb(info), changed=changed)
 
     @mapped
     async def InspectIsolation(

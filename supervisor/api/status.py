@@ -28,6 +28,7 @@ _STATUS = {
     errors.SandboxBroken: grpc.StatusCode.UNAVAILABLE,
     errors.SandboxLost: grpc.StatusCode.UNAVAILABLE,
     errors.ConfigError: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.SandboxStateConflict: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 

@@ -99,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     rm = sub.add_parser("rm", parents=[client], help="destroy a sandbox's container")
     rm.add_argument("--delete-workspace", action="store_true")
     rm.add_argument("key")
+    for verb, what in (("pause", "freeze"), ("resume", "thaw")):
+        toggle = sub.add_parser(verb, parents=[client], help=f"{what} a sandbox's processes")
+        toggle.add_argument("key")
     tools = sub.add_parser("tools", parents=[client], help="list the tools policy allows")
     tools.add_argument(
         "--format", choices=["json", "openai", "anthropic", "gemini"],
@@ -454,6 +457,8 @@ def _ls(ns: argparse.Namespace) -> int:
         print(f"{printable(s.key):<24} {s.state:<8} {s.engine:<7} {cid:<14} {s.workspace_path}")
         if s.trouble:
             print(f"  broken: {printable(s.trouble)}")
+        if s.paused_at is not None:
+            print(f"  paused since {s.paused_at.isoformat(timespec='seconds')}")
         if s.heals and s.last_healed_at is not None:
             when = s.last_healed_at.isoformat(timespec="seconds")
             print(f"  healed {s.heals}x, last at {when}: {printable(s.last_heal_reason)}")
@@ -465,6 +470,16 @@ def _rm(ns: argparse.Namespace) -> int:
         removed = client.destroy_sandbox(ns.key, delete_workspace=ns.delete_workspace)
     print(f"{printable(ns.key)}: {'container removed' if removed else 'no container'}", end="")
     print("; workspace deleted" if ns.delete_workspace else "; workspace kept")
+    return 0
+
+
+def _pause_or_resume(ns: argparse.Namespace) -> int:
+    pausing = ns.command == "pause"
+    with _client(ns) as client:
+        changed = (client.pause_sandbox if pausing else client.resume_sandbox)(ns.key)
+    done = {(True, True): "paused", (True, False): "already paused"}
+    done |= {(False, True): "resumed", (False, False): "not paused"}
+    print(f"{printable(ns.key)}: {done[pausing, changed]}")
     return 0
 
 
@@ -511,6 +526,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "cp": _cp,
     "ls": _ls,
     "rm": _rm,
+    "pause": _pause_or_resume,
+    "resume": _pause_or_resume,
     "tools": _tools,
     "approvals": _approvals,
     "audit": _audit,

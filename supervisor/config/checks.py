@@ -171,6 +171,7 @@ def _check_housekeeping(hk: HousekeepingConfig) -> None:
     timers = {
         "idle_timeout_s": hk.idle_timeout_s,
         "max_age_s": hk.max_age_s,
+        "idle_pause_s": hk.idle_pause_s,
         "workspace_retention_s": hk.workspace_retention_s,
         "sweep_interval_s": hk.sweep_interval_s,
         "shutdown_grace_s": hk.shutdown_grace_s,
@@ -180,6 +181,12 @@ def _check_housekeeping(hk: HousekeepingConfig) -> None:
             raise ConfigError(
                 f"housekeeping.{name} must be between 0 and {MAX_SECONDS:.0f} s, got {value}"
             )
+    if hk.idle_action == "pause" and not 0 < hk.idle_pause_s < (hk.idle_timeout_s or math.inf):
+        raise ConfigError(
+            'housekeeping.idle_action = "pause" needs idle_pause_s above 0 and below '
+            f"idle_timeout_s (else the sandbox is removed before it is paused), got "
+            f"idle_pause_s {hk.idle_pause_s:g} and idle_timeout_s {hk.idle_timeout_s:g}"
+        )
     if hk.sweep_interval_s < 0.05:
         raise ConfigError(
             f"housekeeping.sweep_interval_s must be at least 0.05 s, got {hk.sweep_interval_s}"

@@ -9,6 +9,8 @@ from typing import Literal
 
 EngineKind = Literal["podman", "docker"]
 NetworkMode = Literal["none", "egress", "open"]
+PausedCall = Literal["resume", "refuse"]
+IdleAction = Literal["destroy", "pause"]
 NETWORK_MODES: tuple[NetworkMode, ...] = ("none", "egress", "open")
 """Narrowest first: a request may only ask for a mode at or before the configured one."""
 MiB = 1024 * 1024
@@ -100,6 +102,10 @@ class SandboxConfig:
     the workspace is handed over all the same."""
     start_timeout_s: float = 30.0
     """How long a new container's agent may take to answer."""
+    paused_call: PausedCall = "resume"
+    """What a call to a paused sandbox does: "resume" it first (transparently; the call then
+    runs as usual), or "refuse": FAILED_PRECONDITION with reason SANDBOX_PAUSED, nothing
+    runs, the sandbox stays paused until ResumeSandbox."""
     secrets: Mapping[str, str] = field(default_factory=dict)
     """Environment variables injected into every sandbox whose values are redacted from
     every output (with scrub.secrets)."""
@@ -139,8 +145,16 @@ class HousekeepingConfig:
 
     idle_timeout_s: float = 1800.0
     """A sandbox with no call for this long loses its container (the workspace is kept; the
-    next call makes a new container on it). Never while a call is in flight. Background
-    processes started with the `process` tool do not count as use: they end with it."""
+    next call makes a new container on it), paused or not. Never while a call is in flight.
+    Background processes started with the `process` tool do not count as use: they end with
+    it."""
+    idle_action: IdleAction = "destroy"
+    """What idleness does first. "destroy": only idle_timeout_s applies. "pause": a sandbox
+    with no call for idle_pause_s is paused (every process frozen, memory kept; a call
+    resumes it, see sandbox.paused_call), and still loses its container at idle_timeout_s."""
+    idle_pause_s: float = 300.0
+    """With idle_action = "pause": how long a sandbox may go without a call before it is
+    paused; shorter than idle_timeout_s (unless that is 0)."""
     max_age_s: float = 86400.0
     """A container older than this is removed at the first moment no call is in flight (the
     next call makes a new one on the same workspace)."""

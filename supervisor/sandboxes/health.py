@@ -110,13 +110,16 @@ class Clinic:
 
     async def unresponsive(self, sandbox: Sandbox) -> bool:
         """Whether the agent leaves Hello unanswered for silence_s while the engine says its
-        container runs (a dead container is no wedge: the call's own path reports it)."""
+        container runs (a dead container is no wedge: the call's own path reports it), and
+        no pause met the probes (a frozen agent is silent: pausing.py)."""
+        pauses = sandbox.pauses
         deadline = time.monotonic() + self.silence_s
         while time.monotonic() < deadline:
-            if await sandbox.agent.answers(PROBE_S):
+            if sandbox.paused or await sandbox.agent.answers(PROBE_S):
                 return False
         info = await asyncio.to_thread(self._backend.inspect, sandbox.info.id)
-        return info is not None and info.running
+        frozen = sandbox.paused or sandbox.pauses != pauses or (info is not None and info.paused)
+        return info is not None and info.running and not frozen
 
     async def _facts(self, sandbox: Sandbox, *, after_sweep: bool) -> healing.Trouble | None:
         """What the agent's facts show (healing.diagnose); None when it cannot tell them."""
@@ -149,24 +152,27 @@ class Clinic:
     async def check(self, sandbox: Sandbox) -> None:
         """A probe between calls: a silent agent (or an adopted one that fails the handshake),
         a stopped init or lowered agent limits mark the sandbox, and a silent agent's channel
-        is closed (calls stuck on it end with SandboxLost)."""
-        if not sandbox.usable:
+        is closed (calls stuck on it end with SandboxLost). A paused sandbox is not probed:
+        its agent is frozen, and a pause that meets a probe voids its verdict."""
+        if not sandbox.usable or sandbox.paused:
             return
+        pauses = sandbox.pauses
         if not sandbox.greeted:  # adopted: the probe is the handshake (protocol checked)
             first = await self.trouble(sandbox, self.silence_s)
-            if first is not None and self._registry.get(sandbox.key) is sandbox:
+            held = self._registry.get(sandbox.key) is sandbox and sandbox.pauses == pauses
+            if first is not None and held:
                 self.mark_wedged(sandbox, first)
             return
         answered = await sandbox.agent.answers(PROBE_S)
-        if self._registry.get(sandbox.key) is not sandbox:
-            return  # retired, replaced or destroyed meanwhile: nothing left to judge
+        if self._registry.get(sandbox.key) is not sandbox or sandbox.pauses != pauses:
+            return  # retired, replaced, destroyed or paused meanwhile: nothing left to judge
         if not answered and await self.unresponsive(sandbox):
             silence = healing.Trouble(healing.AGENT_UNRESPONSIVE, silent(self.silence_s))
             self.mark_wedged(sandbox, silence)
             await sandbox.agent.close()
             return
         trouble = await self._facts(sandbox, after_sweep=False)
-        if trouble is not None and sandbox.usable:
+        if trouble is not None and sandbox.usable and sandbox.pauses == pauses:
             self.mark_wedged(sandbox, trouble)
 
     async def diagnose(self, sandbox: Sandbox, exc: AgentCallFailed) -> NoReturn:

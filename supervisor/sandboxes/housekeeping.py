@@ -1,6 +1,7 @@
-"""Housekeeping: one sweep probes the sandboxes' health, removes idle and old containers,
-deletes workspaces past their retention and reaps other instances' orphans; each step logs
-and records what it did. Never touches a sandbox while a lease on it is held."""
+"""Housekeeping: one sweep probes the sandboxes' health (paused ones are left alone: their
+agent is frozen), pauses idle sandboxes (idle_action = "pause"), removes idle and old
+containers, deletes workspaces past their retention and reaps other instances' orphans;
+each step logs and records what it did. Never touches a sandbox while a lease on it is held."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ class Housekeeping:
     async def sweep(self) -> None:
         sandboxes = [s for s in self._m.registry.values() if s.usable]
         await asyncio.gather(*(self._m.clinic.check(s) for s in sandboxes))
+        await self.pause_idle()
         await self.prune()
         await self.expire_workspaces()
         if self._config.housekeeping.reap_orphans:
@@ -70,6 +72,29 @@ class Housekeeping:
             elif hk.max_age_s and age >= hk.max_age_s:
                 due.append((sandbox, f"{age:.0f} s old (max_age_s {hk.max_age_s:g})"))
         return sum([await self._retire(sandbox, why) for sandbox, why in due])
+
+    async def pause_idle(self) -> int:
+        """With idle_action = "pause": pause the sandboxes idle past idle_pause_s (never one
+        with a call in flight, nor one that cannot serve). How many were paused."""
+        hk = self._config.housekeeping
+        if hk.idle_action != "pause":
+            return 0
+        paused, now = 0, time.monotonic()
+        for sandbox in list(self._m.registry.values()):
+            idle = now - sandbox.idle_since
+            if idle < hk.idle_pause_s or sandbox.paused or not sandbox.usable:
+                continue
+            async with self._m.lock(sandbox.key):
+                if self._m.registry.get(sandbox.key) is not sandbox or sandbox.in_flight:
+                    continue  # used or replaced while we waited for the lock
+                if now - sandbox.idle_since < hk.idle_pause_s or not sandbox.usable:
+                    continue
+                why = f"idle for {idle:.0f} s (idle_pause_s {hk.idle_pause_s:g})"
+                try:
+                    paused += await self._m.pausing.pause(sandbox, why)
+                except StockadeError as exc:  # gone meanwhile: the next call re-creates it
+                    log.warning("could not pause idle sandbox %r: %s", sandbox.key, exc)
+        return paused
 
     async def _retire(self, sandbox: Sandbox, why: str) -> bool:
         async with self._m.lock(sandbox.key):

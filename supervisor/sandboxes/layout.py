@@ -35,6 +35,7 @@ POOL_PREFIX = "pool-"
 """Folders of warm-pool containers under STATE/sandboxes (sandbox ids are hex: no clash)."""
 RETIRED = "retired-at"
 POOL_ID = "pool-id"
+PAUSED = "paused-at"
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,12 @@ class Paths:
     @property
     def pool_id(self) -> Path:
         return self.root / POOL_ID
+
+    @property
+    def paused(self) -> Path:
+        """Stamped when the sandbox is paused (its mtime: since when), for a restart's
+        adoption: the engine says a container is paused, not since when."""
+        return self.root / PAUSED
 
 
 def paths_at(root: Path) -> Paths:

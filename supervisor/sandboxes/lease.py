@@ -12,7 +12,11 @@ agent link's failures become domain errors:
                                         SandboxBroken, or broken (AgentMisbehaved)
 
 A command that could not start because the sandbox is wedged never ran: the lease has the
-sandbox re-created (a heal) and runs it once more there."""
+sandbox re-created (a heal) and runs it once more there.
+
+A paused sandbox (pausing.py) is made ready again before each agent call, as when the lease
+was taken: resumed, or the call refused (SandboxPaused). A call that a pause met on its way
+was frozen, not failed: its deadline passing is CallTimedOut, and nothing is marked."""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
-from stockade.supervisor.errors import AgentMisbehaved, CallTimedOut
+from stockade.supervisor.errors import AgentMisbehaved, CallTimedOut, SandboxBroken
 from stockade.supervisor.sandboxes import healing
 from stockade.supervisor.sandboxes.agent_link import (
     AgentCallFailed,
@@ -65,6 +69,7 @@ class Lease:
     ) -> AgentReply:
         """The tool's reply."""
         for attempt in (1, 2):
+            await self._awake()
             agent = self.sandbox.agent
             async with self._faults(deadline, f"{tool} did not finish within {timeout:g} s"):
                 reply = await agent.invoke(tool, arguments, timeout, request_id)
@@ -85,6 +90,7 @@ class Lease:
         """As invoke(), streamed: a reply that comes first (the command never started) in a
         sandbox found wedged is not passed on; the call runs once more instead."""
         for attempt in (1, 2):
+            await self._awake()
             agent, seen = self.sandbox.agent, False
             async with self._faults(deadline, f"{tool} did not finish within {timeout:g} s"):
                 async for event in agent.invoke_stream(tool, arguments, timeout, request_id):
@@ -102,10 +108,12 @@ class Lease:
     async def upload(
         self, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes]
     ) -> AgentReply:
+        await self._awake()
         async with self._faults("fault"):
             return await self.sandbox.agent.upload(path, tar, mode, chunks, TRANSFER_TIMEOUT_S)
 
     async def download(self, path: str, tar: bool) -> AsyncIterator[bytes | AgentReply]:
+        await self._awake()
         async with self._faults("fault"):
             async for item in self.sandbox.agent.download(path, tar, TRANSFER_TIMEOUT_S):
                 yield item
@@ -113,6 +121,7 @@ class Lease:
     async def inspect(
         self, files: list[str], links: list[str], write_probe: str, timeout: float
     ) -> AgentFacts:
+        await self._awake()
         async with self._faults("fault"):
             return await self.sandbox.agent.inspect(files, links, write_probe, timeout)
 
@@ -122,16 +131,28 @@ class Lease:
         self.sandbox = await self._renew()
         self.sandbox.in_flight += 1
 
+    async def _awake(self) -> None:
+        """Paused since the lease was taken (or the last agent call): the manager resumes
+        it, or refuses the call (SandboxPaused)."""
+        if self.sandbox.paused:
+            await self._heal()
+
     @asynccontextmanager
     async def _faults(self, deadline: Deadline, late: str = "") -> AsyncIterator[None]:
         """The agent link's failures as domain errors (the table in the module docstring)."""
         sandbox = self.sandbox
+        pauses = sandbox.pauses
         try:
             yield
         except AgentMisbehaved as exc:
             self._clinic.mark_broken(sandbox, str(exc))
         except AgentCallFailed as exc:
             passed = exc.code.name == "DEADLINE_EXCEEDED"
+            if sandbox.paused or sandbox.pauses != pauses:  # frozen, not failed
+                if passed:
+                    why = late or "the call did not finish in time"
+                    raise CallTimedOut(f"{why}: the sandbox was paused during the call") from exc
+                raise SandboxBroken(f"the call failed while the sandbox was paused: {exc}") from exc
             if passed and deadline == "agent":  # a fault whatever it answers now: not asked
                 self._clinic.mark_broken(sandbox, _OVERRAN, healing.AGENT_UNRESPONSIVE)
             if passed and await self._clinic.unresponsive(sandbox):

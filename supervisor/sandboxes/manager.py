@@ -12,6 +12,7 @@ blocking call goes through asyncio.to_thread.
     ├── layout        the host folder: workspace, agent socket, mounts, uid hand-over
     ├── network       the network a sandbox gets, its egress link
     ├── pool          warm containers with no key yet
+    ├── pausing       pause and resume (the engine's freezer), a call's resume
     └── housekeeping  idle/age prune, workspace retention, orphan reaping
 """
 
@@ -21,7 +22,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
@@ -63,10 +64,18 @@ from stockade.supervisor.sandboxes.inspection import isolation_report
 from stockade.supervisor.sandboxes.layout import POOL_PREFIX, Layout
 from stockade.supervisor.sandboxes.lease import Lease
 from stockade.supervisor.sandboxes.network import Networks
+from stockade.supervisor.sandboxes.pausing import Pausing
 from stockade.supervisor.sandboxes.pool import WarmPool
 from stockade.supervisor.sandboxes.replies import ReplyLimits
 from stockade.supervisor.sandboxes.runtime import decide_runtime
-from stockade.supervisor.sandboxes.sandbox import Container, Sandbox, SandboxNetwork, born
+from stockade.supervisor.sandboxes.sandbox import (
+    Container,
+    Sandbox,
+    SandboxNetwork,
+    absent,
+    born,
+    describe,
+)
 
 log = logging.getLogger("stockade")
 
@@ -114,6 +123,8 @@ class SandboxManager:
             instance_id=instance_id, image=image, owner_label=lambda: self.owner.label(),
         )  # fmt: skip
         self.clinic = Clinic(config, backend, self.registry, self.record, silence_s)
+        refuse = config.sandbox.paused_call == "refuse"
+        self.pausing = Pausing(backend, self.record, refuse)
         self.pool = WarmPool(config, self.containers, self.layout, self.networks)
         self.housekeeping = Housekeeping(self)
         self._daemon_maps: userns.IdMaps | None = None
@@ -140,9 +151,9 @@ class SandboxManager:
         return self.clinic.heal_counts
 
     def state_counts(self) -> dict[str, int]:
-        """How many sandboxes held now are in each state (RUNNING, BROKEN, EXITED), every
-        state named; the ones with only a workspace are not counted."""
-        held = (SandboxState.RUNNING, SandboxState.BROKEN, SandboxState.EXITED)
+        """How many sandboxes held now are in each state (RUNNING, PAUSED, BROKEN, EXITED),
+        every state named; the ones with only a workspace are not counted."""
+        held = (SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.BROKEN, SandboxState.EXITED)
         counts = {state.name: 0 for state in held}
         for sandbox in self.registry.values():
             counts[sandbox.state.name] += 1
@@ -227,7 +238,9 @@ class SandboxManager:
             log.warning("not adopting sandbox %r: %s", shown(key), exc)
             await container.agent.close()
             return ""
-        self.registry[key] = Sandbox(key, sid, container, network, born=born(info), greeted=False)
+        sandbox = Sandbox(key, sid, container, network, born=born(info), greeted=False)
+        self.pausing.adopted(sandbox, info)
+        self.registry[key] = sandbox
         return "adopted"
 
     def _adoptable(self, paths: layout.Paths, info: ContainerInfo) -> bool:
@@ -287,13 +300,15 @@ class SandboxManager:
             lease.sandbox.idle_since = time.monotonic()
 
     async def ensure(self, key: str, network: NetworkRequest | None = None) -> Sandbox:
-        """The running sandbox for key, created (or re-created) when needed. With a network
-        request, a sandbox whose network differs is re-created (the workspace is kept)."""
+        """The running sandbox for key, created (or re-created) when needed, a paused one
+        resumed (or the call refused: pausing.py). With a network request, a sandbox whose
+        network differs is re-created (the workspace is kept)."""
         sandbox = self.registry.get(key)
         wanted = self.networks.choose(network) if network is not None else None
         if (
             sandbox is not None
             and sandbox.usable
+            and not sandbox.paused
             and sandbox.greeted
             and sandbox.agent.is_ready()
             and wanted in (None, sandbox.network)
@@ -303,6 +318,8 @@ class SandboxManager:
         validate_key(key)
         async with self.lock(key):
             old = self.registry.get(key)
+            if old is not None:
+                await self.pausing.for_call(old)
             trouble = None
             if old is not None and wanted in (None, old.network):
                 trouble = await self.clinic.trouble(old, self.config.sandbox.start_timeout_s)
@@ -370,12 +387,33 @@ class SandboxManager:
         container: an unknown key or one without a container is SandboxNotFound."""
         validate_key(key)
         if key not in self.registry:
-            where = "has only a workspace" if self.layout.of(key).root.is_dir() else "is unknown"
-            raise SandboxNotFound(
-                f"sandbox {shown(key)!r} {where}; a tool call creates its container"
-            )
+            raise self._no_container(key)
         async with self.lease(key) as lease:
             return await isolation_report(lease, self.backend)
+
+    def _no_container(self, key: str) -> SandboxNotFound:
+        where = "has only a workspace" if self.layout.of(key).root.is_dir() else "is unknown"
+        return SandboxNotFound(f"sandbox {shown(key)!r} {where}; a tool call creates its container")
+
+    async def pause(self, key: str, reason: str) -> tuple[SandboxInfo, bool]:
+        """Freeze the key's sandbox (pausing.py): its info, and False when it was paused
+        already. Never creates a container: SandboxNotFound when it has none."""
+        return await self._pausing(key, partial(self.pausing.pause, reason=reason))
+
+    async def resume(self, key: str, reason: str) -> tuple[SandboxInfo, bool]:
+        """Thaw the key's sandbox: its info, and False when it was not paused."""
+        return await self._pausing(key, partial(self.pausing.resume, reason=reason))
+
+    async def _pausing(
+        self, key: str, act: Callable[[Sandbox], Awaitable[bool]]
+    ) -> tuple[SandboxInfo, bool]:
+        validate_key(key)
+        async with self.lock(key):
+            sandbox = self.registry.get(key)
+            if sandbox is None:
+                raise self._no_container(key)
+            changed = await act(sandbox)
+        return self._describe(sandbox), changed
 
     async def get(self, key: str) -> SandboxInfo:
         validate_key(key)
@@ -437,33 +475,11 @@ class SandboxManager:
                 sandbox.lost = True
 
     def _describe(self, sandbox: Sandbox) -> SandboxInfo:
-        return SandboxInfo(
-            key=sandbox.key,
-            container_id=sandbox.info.id,
-            container_name=sandbox.info.name,
-            engine=self.engine,
-            image=self.image,
-            state=sandbox.state,
-            created_at=sandbox.info.created_at,
-            last_used_at=sandbox.last_used_at,
-            workspace_path=str(self.layout.of(sandbox.key).workspace),
-            network_mode=sandbox.network.mode,
-            network_allow=sandbox.network.allow,
-            **self.clinic.fields(sandbox),
-        )
+        workspace = str(self.layout.of(sandbox.key).workspace)
+        return describe(sandbox, self.engine, self.image, workspace, self.clinic.fields(sandbox))
 
     def _absent(self, key: str) -> SandboxInfo:
-        return SandboxInfo(
-            key=key,
-            container_id="",
-            container_name="",
-            engine=self.engine,
-            image=self.image,
-            state=SandboxState.ABSENT,
-            created_at=None,
-            last_used_at=None,
-            workspace_path=str(self.layout.of(key).workspace),
-        )
+        return absent(key, self.engine, self.image, str(self.layout.of(key).workspace))
 
     # Housekeeping, for tests and tools that drive it by hand (housekeeping.py).
 

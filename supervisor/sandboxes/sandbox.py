@@ -6,13 +6,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from stockade.supervisor.engines.backends.base import (
     LABEL_NETWORK,
     LABEL_NETWORK_ALLOW,
     ContainerInfo,
 )
-from stockade.supervisor.models import SandboxState
+from stockade.supervisor.models import SandboxInfo, SandboxState
 from stockade.supervisor.sandboxes import healing
 from stockade.supervisor.sandboxes.agent_link import AgentConnection
 from stockade.supervisor.sandboxes.layout import Paths
@@ -61,6 +62,12 @@ class Sandbox:
     call recreates the sandbox."""
     trouble: healing.Trouble | None = None
     """Why it is broken (healing.py)."""
+    paused_at: datetime | None = None
+    """Set while every process of it is frozen (pausing.py): its agent does not answer, and
+    nothing may take that silence for a wedge."""
+    pauses: int = 0
+    """Pauses since it was made: a call or probe that saw this change met a pause on its
+    way, and its silence says nothing about the sandbox's health."""
 
     @property
     def info(self) -> ContainerInfo:
@@ -75,11 +82,53 @@ class Sandbox:
         return not (self.lost or self.broken)
 
     @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
+
+    @property
     def state(self) -> SandboxState:
         if self.lost:
             return SandboxState.EXITED
-        return SandboxState.BROKEN if self.broken else SandboxState.RUNNING
+        if self.broken:
+            return SandboxState.BROKEN
+        return SandboxState.PAUSED if self.paused else SandboxState.RUNNING
 
 
 def born(info: ContainerInfo) -> float:
     return info.created_at.timestamp() if info.created_at is not None else time.time()
+
+
+def describe(
+    sandbox: Sandbox, engine: str, image: str, workspace: str, health: dict[str, Any]
+) -> SandboxInfo:
+    """What Get and List tell of a held sandbox; `health`: the Clinic's fields."""
+    return SandboxInfo(
+        key=sandbox.key,
+        container_id=sandbox.info.id,
+        container_name=sandbox.info.name,
+        engine=engine,
+        image=image,
+        state=sandbox.state,
+        created_at=sandbox.info.created_at,
+        last_used_at=sandbox.last_used_at,
+        workspace_path=workspace,
+        network_mode=sandbox.network.mode,
+        network_allow=sandbox.network.allow,
+        paused_at=sandbox.paused_at,
+        **health,
+    )
+
+
+def absent(key: str, engine: str, image: str, workspace: str) -> SandboxInfo:
+    """What Get and List tell of a key that has only a workspace."""
+    return SandboxInfo(
+        key=key,
+        container_id="",
+        container_name="",
+        engine=engine,
+        image=image,
+        state=SandboxState.ABSENT,
+        created_at=None,
+        last_used_at=None,
+        workspace_path=workspace,
+    )

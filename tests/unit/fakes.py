@@ -48,6 +48,10 @@ class FakeBackend:
         """What the agents' Inspect reads: path -> content, or an errno name (default ENOENT)."""
         self.agent_frozen = False
         self.hello_refused = False
+        self.run_dirs: dict[str, str] = {}
+        """Container id -> the folder mounted at the agent's socket directory."""
+        self.pause_calls: list[tuple[str, bool]] = []
+        """(container, paused) for every pause and unpause asked of the engine."""
         """The agent answers Hello with another protocol version (an attacker on its socket)."""
         """Stopped agents: Hello goes unanswered and calls run into their deadline."""
 
@@ -75,6 +79,7 @@ class FakeBackend:
             own_userns=spec.user_namespace,
         )  # fmt: skip
         self.containers[info.id] = info
+        self.run_dirs[info.id] = spec.mounts[1].source
         os.mknod(Path(spec.mounts[1].source, "agent.sock"), stat.S_IFSOCK | 0o600)
         return info
 
@@ -103,8 +108,24 @@ class FakeBackend:
 
     def kill(self, container_id: str) -> None:
         self.containers[container_id] = replace(
-            self.containers[container_id], running=False, status="exited", exit_code=137
-        )
+            self.containers[container_id],
+            running=False, paused=False, status="exited", exit_code=137,
+        )  # fmt: skip
+
+    def pause(self, name_or_id: str) -> bool:
+        return self._set_paused(name_or_id, True)
+
+    def unpause(self, name_or_id: str) -> bool:
+        return self._set_paused(name_or_id, False)
+
+    def _set_paused(self, name_or_id: str, paused: bool) -> bool:
+        self.pause_calls.append((name_or_id, paused))
+        info = self.inspect(name_or_id)
+        if info is None or not info.running:
+            return False
+        status = "paused" if paused else "running"
+        self.containers[info.id] = replace(info, paused=paused, status=status)
+        return True
 
     def mounts(self, name_or_id: str) -> tuple[BindMount, ...] | None:
         info = self.inspect(name_or_id)
@@ -135,6 +156,15 @@ class FakeAgent:
     def _alive(self) -> bool:
         return any(i.running for i in self.backend.containers.values())
 
+    def _frozen(self) -> bool:
+        """Agents are stopped, or this agent's container (the one whose run folder holds its
+        socket) is paused."""
+        folder = str(Path(str(getattr(self.address, "path", self.address))).parent)
+        mine = [
+            i for c, i in self.backend.containers.items() if self.backend.run_dirs.get(c) == folder
+        ]
+        return self.backend.agent_frozen or any(i.paused for i in mine)
+
     def is_ready(self) -> bool:
         return self.ready and self._alive()
 
@@ -147,9 +177,9 @@ class FakeAgent:
         self.ready = True
 
     async def answers(self, timeout: float = 0.5) -> bool:
-        if self.backend.agent_frozen:
+        if self._frozen():
             await asyncio.sleep(timeout)
-        return self._alive() and not self.backend.agent_frozen
+        return self._alive() and not self._frozen()
 
     async def inspect(
         self, files: list[str], links: list[str], write_probe: str, timeout: float
@@ -162,7 +192,7 @@ class FakeAgent:
         self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
     ) -> AgentReply:
         self.calls.append((tool, arguments))
-        if self.backend.agent_frozen:
+        if self._frozen():
             await asyncio.sleep(timeout)
             raise AgentCallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
         if arguments.get("no_start") and self.backend.agent_facts:

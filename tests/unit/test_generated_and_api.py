@@ -42,6 +42,7 @@ def test_public_client_api() -> None:
         "AuditRecord",
         "CallContext",
         "DeadlineExceeded",
+        "FailedPrecondition",
         "FileInfo",
         "Interaction",
         "InvalidArgument",

@@ -18,6 +18,7 @@ class SandboxState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SANDBOX_STATE_EXITED: _ClassVar[SandboxState]
     SANDBOX_STATE_ABSENT: _ClassVar[SandboxState]
     SANDBOX_STATE_BROKEN: _ClassVar[SandboxState]
+    SANDBOX_STATE_PAUSED: _ClassVar[SandboxState]
 
 class CveVerdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -31,6 +32,7 @@ SANDBOX_STATE_RUNNING: SandboxState
 SANDBOX_STATE_EXITED: SandboxState
 SANDBOX_STATE_ABSENT: SandboxState
 SANDBOX_STATE_BROKEN: SandboxState
+SANDBOX_STATE_PAUSED: SandboxState
 CVE_VERDICT_UNSPECIFIED: CveVerdict
 CVE_VERDICT_FIXED: CveVerdict
 CVE_VERDICT_VULNERABLE: CveVerdict
@@ -38,7 +40,7 @@ CVE_VERDICT_UNKNOWN: CveVerdict
 CVE_VERDICT_NOT_APPLICABLE: CveVerdict
 
 class SandboxInfo(_message.Message):
-    __slots__ = ("key", "container_id", "engine", "image", "state", "created_at", "last_used_at", "workspace_path", "container_name", "network_mode", "network_allow", "trouble", "heals", "last_heal_reason", "last_healed_at")
+    __slots__ = ("key", "container_id", "engine", "image", "state", "created_at", "last_used_at", "workspace_path", "container_name", "network_mode", "network_allow", "trouble", "heals", "last_heal_reason", "last_healed_at", "paused_at")
     KEY_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +56,7 @@ class SandboxInfo(_message.Message):
     HEALS_FIELD_NUMBER: _ClassVar[int]
     LAST_HEAL_REASON_FIELD_NUMBER: _ClassVar[int]
     LAST_HEALED_AT_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_AT_FIELD_NUMBER: _ClassVar[int]
     key: str
     container_id: str
     engine: str
@@ -69,7 +72,8 @@ class SandboxInfo(_message.Message):
     heals: int
     last_heal_reason: str
     last_healed_at: _timestamp_pb2.Timestamp
-    def __init__(self, key: _Optional[str] = ..., container_id: _Optional[str] = ..., engine: _Optional[str] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_used_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workspace_path: _Optional[str] = ..., container_name: _Optional[str] = ..., network_mode: _Optional[str] = ..., network_allow: _Optional[_Iterable[str]] = ..., trouble: _Optional[str] = ..., heals: _Optional[int] = ..., last_heal_reason: _Optional[str] = ..., last_healed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    paused_at: _timestamp_pb2.Timestamp
+    def __init__(self, key: _Optional[str] = ..., container_id: _Optional[str] = ..., engine: _Optional[str] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_used_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workspace_path: _Optional[str] = ..., container_name: _Optional[str] = ..., network_mode: _Optional[str] = ..., network_allow: _Optional[_Iterable[str]] = ..., trouble: _Optional[str] = ..., heals: _Optional[int] = ..., last_heal_reason: _Optional[str] = ..., last_healed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., paused_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class NetworkRequest(_message.Message):
     __slots__ = ("mode", "allow")
@@ -118,6 +122,34 @@ class DestroySandboxResponse(_message.Message):
     removed: bool
     workspace_deleted: bool
     def __init__(self, removed: _Optional[bool] = ..., workspace_deleted: _Optional[bool] = ...) -> None: ...
+
+class PauseSandboxRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class PauseSandboxResponse(_message.Message):
+    __slots__ = ("sandbox", "changed")
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    sandbox: SandboxInfo
+    changed: bool
+    def __init__(self, sandbox: _Optional[_Union[SandboxInfo, _Mapping]] = ..., changed: _Optional[bool] = ...) -> None: ...
+
+class ResumeSandboxRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class ResumeSandboxResponse(_message.Message):
+    __slots__ = ("sandbox", "changed")
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    sandbox: SandboxInfo
+    changed: bool
+    def __init__(self, sandbox: _Optional[_Union[SandboxInfo, _Mapping]] = ..., changed: _Optional[bool] = ...) -> None: ...
 
 class InspectIsolationRequest(_message.Message):
     __slots__ = ("key",)

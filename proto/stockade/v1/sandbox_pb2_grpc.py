@@ -60,6 +60,16 @@ class SandboxServiceStub:
                 request_serializer=stockade_dot_v1_dot_sandbox__pb2.InspectIsolationRequest.SerializeToString,
                 response_deserializer=stockade_dot_v1_dot_sandbox__pb2.IsolationReport.FromString,
                 _registered_method=True)
+        self.PauseSandbox = channel.unary_unary(
+                '/stockade.v1.SandboxService/PauseSandbox',
+                request_serializer=stockade_dot_v1_dot_sandbox__pb2.PauseSandboxRequest.SerializeToString,
+                response_deserializer=stockade_dot_v1_dot_sandbox__pb2.PauseSandboxResponse.FromString,
+                _registered_method=True)
+        self.ResumeSandbox = channel.unary_unary(
+                '/stockade.v1.SandboxService/ResumeSandbox',
+                request_serializer=stockade_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.SerializeToString,
+                response_deserializer=stockade_dot_v1_dot_sandbox__pb2.ResumeSandboxResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -101,6 +111,27 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PauseSandbox(self, request, context):
+        """Freezes every process of the sandbox (the engine's pause: the cgroup freezer): no CPU,
+        memory kept, background processes and open sessions resume where they were. Pausing a
+        paused sandbox changes nothing. NOT_FOUND when the key has no container;
+        FAILED_PRECONDITION (reason SANDBOX_STATE_CONFLICT) when its container exited or it is
+        marked broken.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeSandbox(self, request, context):
+        """Thaws a paused sandbox. Resuming a sandbox that is not paused changes nothing. NOT_FOUND
+        when the key has no container. A call to a paused sandbox resumes it first (unless the
+        supervisor's sandbox.paused_call is "refuse": then FAILED_PRECONDITION, reason
+        SANDBOX_PAUSED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -128,6 +159,16 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.InspectIsolation,
                     request_deserializer=stockade_dot_v1_dot_sandbox__pb2.InspectIsolationRequest.FromString,
                     response_serializer=stockade_dot_v1_dot_sandbox__pb2.IsolationReport.SerializeToString,
+            ),
+            'PauseSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseSandbox,
+                    request_deserializer=stockade_dot_v1_dot_sandbox__pb2.PauseSandboxRequest.FromString,
+                    response_serializer=stockade_dot_v1_dot_sandbox__pb2.PauseSandboxResponse.SerializeToString,
+            ),
+            'ResumeSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeSandbox,
+                    request_deserializer=stockade_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.FromString,
+                    response_serializer=stockade_dot_v1_dot_sandbox__pb2.ResumeSandboxResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -265,6 +306,60 @@ class SandboxService:
             '/stockade.v1.SandboxService/InspectIsolation',
             stockade_dot_v1_dot_sandbox__pb2.InspectIsolationRequest.SerializeToString,
             stockade_dot_v1_dot_sandbox__pb2.IsolationReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stockade.v1.SandboxService/PauseSandbox',
+            stockade_dot_v1_dot_sandbox__pb2.PauseSandboxRequest.SerializeToString,
+            stockade_dot_v1_dot_sandbox__pb2.PauseSandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stockade.v1.SandboxService/ResumeSandbox',
+            stockade_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.SerializeToString,
+            stockade_dot_v1_dot_sandbox__pb2.ResumeSandboxResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -14,6 +14,7 @@ from stockade.supervisor.engines.backends.base import (
     EngineView,
 )
 from stockade.supervisor.engines.userns import IDENTITY, IdMaps, is_identity, parse_engine_map
+from stockade.supervisor.errors import EngineUnavailable
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -36,10 +37,11 @@ def info_from_inspect(attrs: Mapping[str, Any]) -> ContainerInfo:
     """ContainerInfo from an engine's inspect document (Docker and libpod agree here)."""
     state = attrs.get("State") or {}
     config = attrs.get("Config") or {}
+    paused = bool(state.get("Paused"))
     return ContainerInfo(
         id=str(attrs.get("Id", "")),
         name=str(attrs.get("Name", "")).lstrip("/"),
-        running=bool(state.get("Running")),
+        running=bool(state.get("Running")) or paused,  # libpod: Running is false when paused
         status=str(state.get("Status", "")),
         labels=dict(config.get("Labels") or {}),
         image=str(attrs.get("ImageName") or config.get("Image") or ""),
@@ -49,7 +51,35 @@ def info_from_inspect(attrs: Mapping[str, Any]) -> ContainerInfo:
         oom_killed=bool(state.get("OOMKilled")),
         pid=int(state.get("Pid") or 0),
         own_userns=not is_identity(id_maps(attrs).uids),
+        paused=paused,
     )
+
+
+def set_paused(
+    inspect: Callable[[str], ContainerInfo | None],
+    act: Callable[[str], object],
+    errors: tuple[type[BaseException], ...],
+    name_or_id: str,
+    wanted: bool,
+) -> bool:
+    """Pause (`wanted`) or unpause a container through `act`, the engine's call; what
+    ContainerBackend.pause and unpause return. A failed call is judged by the state the
+    engine reports afterwards (a container paused meanwhile, or removed), not by its words."""
+    info = inspect(name_or_id)
+    if info is None or not info.running:
+        return False
+    if info.paused == wanted:
+        return True
+    try:
+        act(info.id)
+    except errors as exc:
+        after = inspect(info.id)
+        if after is None or not after.running:
+            return False
+        if after.paused != wanted:
+            verb = "pause" if wanted else "unpause"
+            raise EngineUnavailable(f"cannot {verb} container {info.name}: {exc}") from exc
+    return True
 
 
 def bare_id(value: Any) -> str:

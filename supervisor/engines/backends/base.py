@@ -85,6 +85,8 @@ class ContainerInfo:
     id: str
     name: str
     running: bool
+    """Its processes exist: it runs, or it is paused (Podman's inspect says Running false for
+    a paused container, Docker's true; both are running here)."""
     status: str
     labels: Mapping[str, str]
     image: str
@@ -97,6 +99,8 @@ class ContainerInfo:
     """The main process on the host (0 when not running)."""
     own_userns: bool = False
     """The engine gave it id maps of its own (Podman's --userns=auto)."""
+    paused: bool = False
+    """Every process of it is frozen (the engine's pause)."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +178,18 @@ class ContainerBackend(Protocol):
         ...
 
     def remove(self, name_or_id: str) -> bool:
-        """Force-remove; False when there was no such container."""
+        """Force-remove (a paused container too); False when there was no such container."""
+        ...
+
+    def pause(self, name_or_id: str) -> bool:
+        """Freeze every process of the container (the cgroup freezer): no CPU, memory kept.
+        True once it is paused (also when it was already); False when there is no such
+        container or it does not run. EngineUnavailable when the engine fails otherwise."""
+        ...
+
+    def unpause(self, name_or_id: str) -> bool:
+        """Thaw a paused container. True once it runs unpaused (also when it was not
+        paused); False when there is no such container or it does not run."""
         ...
 
     def mounts(self, name_or_id: str) -> tuple[BindMount, ...] | None:

@@ -18,6 +18,7 @@ from stockade.supervisor.engines.backends._common import (
     info_from_inspect,
     label_filters,
     mounts_from_inspect,
+    set_paused,
     ulimits,
     view_from_inspect,
 )
@@ -159,6 +160,13 @@ class DockerBackend:
         except _ENGINE_ERRORS as exc:
             raise EngineUnavailable(f"Docker: cannot remove {name_or_id}: {exc}") from exc
         return True
+
+    def pause(self, name_or_id: str) -> bool:
+        return set_paused(self.inspect, self._client.api.pause, _ENGINE_ERRORS, name_or_id, True)
+
+    def unpause(self, name_or_id: str) -> bool:
+        api = self._client.api
+        return set_paused(self.inspect, api.unpause, _ENGINE_ERRORS, name_or_id, False)
 
     def mounts(self, name_or_id: str) -> tuple[BindMount, ...] | None:
         attrs = self._attrs(name_or_id)

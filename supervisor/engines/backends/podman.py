@@ -19,6 +19,7 @@ from stockade.supervisor.engines.backends._common import (
     label_filters,
     mounts_from_inspect,
     parse_runc_version,
+    set_paused,
     ulimits,
     view_from_inspect,
 )
@@ -167,6 +168,18 @@ class PodmanBackend:
                     raise EngineUnavailable(f"Podman: cannot remove {name_or_id}: {exc}") from exc
             time.sleep(0.2 * attempt)
             attempt += 1
+
+    def pause(self, name_or_id: str) -> bool:
+        return set_paused(
+            self.inspect, lambda c: self._client.containers.get(c).pause(), _ENGINE_ERRORS,
+            name_or_id, True,
+        )  # fmt: skip
+
+    def unpause(self, name_or_id: str) -> bool:
+        return set_paused(
+            self.inspect, lambda c: self._client.containers.get(c).unpause(), _ENGINE_ERRORS,
+            name_or_id, False,
+        )  # fmt: skip
 
     def mounts(self, name_or_id: str) -> tuple[BindMount, ...] | None:
         attrs = self._attrs(name_or_id)

@@ -1,0 +1,106 @@
+"""Pausing and resuming sandboxes. The engine's pause freezes every process of a container
+(the cgroup freezer): it uses no CPU, keeps its memory, and its background processes, open
+sessions and agent carry on where they were when it is thawed.
+
+A paused sandbox's agent does not answer, so nothing may take its silence for a wedge: the
+Clinic skips paused sandboxes, and a probe or call that met a pause on its way (the
+sandbox's `pauses` count changed) draws no conclusion from the silence. A call to a paused
+sandbox resumes it first, in the one place a call takes its sandbox (the manager's ensure),
+or is refused (sandbox.paused_call = "refuse"). Every pause and resume is an audit record
+(as housekeeping's actions are). The caller holds the key's lock."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from datetime import UTC, datetime
+
+from stockade.supervisor.engines.backends.base import ContainerBackend, ContainerInfo
+from stockade.supervisor.errors import SandboxPaused, SandboxStateConflict
+from stockade.supervisor.keys import shown
+from stockade.supervisor.sandboxes import layout
+from stockade.supervisor.sandboxes.health import Recorder
+from stockade.supervisor.sandboxes.sandbox import Sandbox
+
+log = logging.getLogger("stockade")
+
+
+class Pausing:
+    def __init__(self, backend: ContainerBackend, record: Recorder, refuse_calls: bool) -> None:
+        self._backend = backend
+        self._record = record
+        self.refuse_calls = refuse_calls
+        """sandbox.paused_call = "refuse": a call to a paused sandbox is refused."""
+
+    async def pause(self, sandbox: Sandbox, reason: str) -> bool:
+        """Freeze the sandbox; False when it was paused already. SandboxStateConflict when
+        its container no longer runs or it is marked broken (nothing worth keeping)."""
+        if sandbox.paused:
+            return False
+        if not sandbox.usable:
+            raise SandboxStateConflict(
+                f"sandbox {shown(sandbox.key)!r} is {sandbox.state.value}, not running: there "
+                "is nothing to pause (its next call re-creates its container)"
+            )
+        sandbox.pauses += 1  # before the freeze: a probe under way knows what it met
+        sandbox.paused_at = datetime.now(UTC)  # a call now waits for the lock, then resumes
+        try:
+            frozen = await asyncio.to_thread(self._backend.pause, sandbox.info.id)
+        except BaseException:
+            sandbox.paused_at = None
+            raise
+        if not frozen:
+            sandbox.paused_at = None
+            sandbox.lost = True
+            raise SandboxStateConflict(
+                f"sandbox {shown(sandbox.key)!r}: its container no longer runs, there is "
+                "nothing to pause (its next call re-creates it)"
+            )
+        await asyncio.to_thread(layout.stamp, sandbox.container.paths.paused)
+        log.info("paused sandbox %r: %s", shown(sandbox.key), reason)
+        self._record(sandbox.key, "pause", reason)
+        return True
+
+    async def resume(self, sandbox: Sandbox, reason: str) -> bool:
+        """Thaw the sandbox; False when it was not paused. A container that vanished while
+        paused is marked lost (the next call re-creates it)."""
+        if not sandbox.paused:
+            return False
+        thawed = await asyncio.to_thread(self._backend.unpause, sandbox.info.id)
+        sandbox.paused_at = None
+        sandbox.idle_since = time.monotonic()  # else an idle pause would follow at once
+        with contextlib.suppress(FileNotFoundError):
+            sandbox.container.paths.paused.unlink()
+        if not thawed:
+            sandbox.lost = True
+        log.info("resumed sandbox %r: %s", shown(sandbox.key), reason)
+        self._record(sandbox.key, "resume", reason if thawed else f"{reason}; container gone")
+        return True
+
+    async def for_call(self, sandbox: Sandbox) -> None:
+        """A call takes the paused sandbox: resume it, or refuse the call (SandboxPaused)."""
+        if not sandbox.paused:
+            return
+        if self.refuse_calls:
+            since = sandbox.paused_at.isoformat(timespec="seconds") if sandbox.paused_at else "?"
+            raise SandboxPaused(
+                f"sandbox {shown(sandbox.key)!r} is paused (since {since}) and this supervisor "
+                'refuses calls to paused sandboxes (sandbox.paused_call = "refuse"): resume '
+                "it first (ResumeSandbox, `stockade resume KEY`)"
+            )
+        await self.resume(sandbox, "a call to the paused sandbox")
+
+    @staticmethod
+    def adopted(sandbox: Sandbox, info: ContainerInfo) -> None:
+        """A container found paused at start stays paused: since the stamp's time (when this
+        supervisor's predecessor paused it), or now when there is none."""
+        if not info.paused:
+            return
+        try:
+            since = sandbox.container.paths.paused.stat().st_mtime
+        except FileNotFoundError:
+            since = time.time()
+        sandbox.pauses += 1
+        sandbox.paused_at = datetime.fromtimestamp(since, UTC)
