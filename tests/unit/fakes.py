@@ -199,6 +199,8 @@ class FakeAgent:
             return AgentReply("EXECUTION_FAILED", "could not start the command: EAGAIN", None)
         if (hold := arguments.get("hold")) is not None:  # an asyncio.Event: a call in flight
             await hold.wait()
+            if self._frozen():  # its container was paused meanwhile: the deadline passes
+                raise AgentCallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
         if arguments.get("die"):
             for cid in list(self.backend.containers):
                 self.backend.kill(cid)
