@@ -233,6 +233,13 @@ def test_another_tenants_key_is_not_found(tenants: Tenants) -> None:
         with pytest.raises(NotFound):
             b.destroy_sandbox("only-a", delete_workspace=True)
         with pytest.raises(NotFound):
+            b.pause_sandbox("only-a")
+        assert a.pause_sandbox("only-a") is True
+        with pytest.raises(NotFound):
+            b.resume_sandbox("only-a")
+        assert a.get_sandbox("only-a").state == "PAUSED", "b's resume reached nothing"
+        assert a.resume_sandbox("only-a") is True
+        with pytest.raises(NotFound):
             b.download("only-a", "data.txt", str(tenants.tokens_file.parent / "stolen"))
         assert not (tenants.tokens_file.parent / "stolen").exists()
         b.upload("only-a", "data.txt", _local(tenants, b"b's upload\n"))
