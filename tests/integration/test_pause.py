@@ -5,6 +5,7 @@ supervisor restart paused, and is never taken for a wedged sandbox by health pro
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from stockade.client import FailedPrecondition, InvalidArgument, NotFound, Sandbox
+from stockade.client import AsyncStockade, FailedPrecondition, InvalidArgument, NotFound, Sandbox
 from tests.integration.harness import Supervisor, backend, engine_cli, running_supervisor
 
 pytestmark = pytest.mark.timeout(300)
@@ -229,6 +230,22 @@ def test_unknown_and_hostile_keys_get_clear_errors(supervisor: Supervisor) -> No
             with pytest.raises(InvalidArgument, match="the limit is 256"):
                 verb("k" * 300)
         assert all(s.key != "never-made" for s in c.list_sandboxes())
+
+
+def test_the_async_client_pauses_and_resumes(supervisor: Supervisor, key: str) -> None:
+    async def main() -> list[object]:
+        async with AsyncStockade(supervisor.target) as client:
+            box = client.sandbox(key)
+            await box.exec("true")
+            seen: list[object] = [await box.pause(), await box.pause()]
+            info = await box.info()
+            seen += [info.state, info.paused_at is not None]
+            seen += [await box.resume(), await box.resume(), (await box.info()).state]
+            with pytest.raises(NotFound):
+                await client.pause_sandbox("never-made")
+            return seen
+
+    assert asyncio.run(main()) == [True, False, "PAUSED", True, True, False, "RUNNING"]
 
 
 def test_the_cli_pauses_and_resumes(supervisor: Supervisor, key: str) -> None:
