@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from stockade.supervisor.engines.backends.base import LABEL_INSTANCE, LABEL_KEY, LABEL_MANAGED
 from stockade.supervisor.errors import StockadeError
-from stockade.supervisor.keys import sandbox_id
+from stockade.supervisor.keys import sandbox_id, shown
 from stockade.supervisor.sandboxes import hostfs, layout, owner
 from stockade.supervisor.sandboxes.layout import Paths
 from stockade.supervisor.sandboxes.sandbox import Sandbox
@@ -93,7 +93,7 @@ class Housekeeping:
                 try:
                     paused += await self._m.pausing.pause(sandbox, why)
                 except StockadeError as exc:  # gone meanwhile: the next call re-creates it
-                    log.warning("could not pause idle sandbox %r: %s", sandbox.key, exc)
+                    log.warning("could not pause idle sandbox %r: %s", shown(sandbox.key), exc)
         return paused
 
     async def _retire(self, sandbox: Sandbox, why: str) -> bool:

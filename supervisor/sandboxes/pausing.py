@@ -80,10 +80,11 @@ class Pausing:
         return True
 
     async def for_call(self, sandbox: Sandbox) -> None:
-        """A call takes the paused sandbox: resume it, or refuse the call (SandboxPaused)."""
+        """A call takes the paused sandbox: resume it, or refuse the call (SandboxPaused). One
+        whose container died while paused is not refused: the call re-creates it."""
         if not sandbox.paused:
             return
-        if self.refuse_calls:
+        if self.refuse_calls and sandbox.usable:
             since = sandbox.paused_at.isoformat(timespec="seconds") if sandbox.paused_at else "?"
             raise SandboxPaused(
                 f"sandbox {shown(sandbox.key)!r} is paused (since {since}) and this supervisor "

@@ -114,7 +114,7 @@ def describe(
         workspace_path=workspace,
         network_mode=sandbox.network.mode,
         network_allow=sandbox.network.allow,
-        paused_at=sandbox.paused_at,
+        paused_at=sandbox.paused_at if sandbox.state is SandboxState.PAUSED else None,
         **health,
     )
 

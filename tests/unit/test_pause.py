@@ -406,3 +406,18 @@ def test_a_failed_engine_pause_is_judged_by_the_state_after() -> None:
     states["c"] = info(False, running=False)
     assert not set_paused(inspect, failing(info(False)), (Boom,), "c", True), "exited"
     assert not set_paused(inspect, failing(None), (Boom,), "gone", False)
+
+
+async def test_a_container_that_died_while_paused_is_remade_by_the_next_call(
+    tmp_path: Path, backend: FakeBackend
+) -> None:
+    """Even where calls to paused sandboxes are refused: there is nothing left to resume."""
+    mgr = manager(tmp_path, backend, paused_call="refuse")
+    sandbox = await mgr.ensure("k")
+    await mgr.pause("k", "asked")
+    backend.kill(sandbox.info.id)
+    info = await mgr.get("k")
+    assert (info.state.value, info.paused_at) == ("EXITED", None)
+    assert (await invoke(mgr, "k", "exec", {}, 5, "r1")).result is not None
+    assert backend.runs == 2
+    assert (await mgr.get("k")).state.value == "RUNNING"
