@@ -22,34 +22,29 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
-from pathlib import Path
 
 from stockade.supervisor.config import Config
 from stockade.supervisor.engines import isolation, seccomp, userns
 from stockade.supervisor.engines.backends.base import (
     LABEL_KEY,
-    LABEL_POOL,
     LABEL_SANDBOX_ID,
     LABEL_TENANT,
     ContainerBackend,
-    ContainerInfo,
 )
 from stockade.supervisor.errors import (
     EngineUnavailable,
-    InvalidRequest,
     QuotaExceeded,
-    SandboxBroken,
     SandboxNotFound,
 )
-from stockade.supervisor.keys import sandbox_id, scope, shown, split
+from stockade.supervisor.keys import sandbox_id, shown, split
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import NetworkRequest, SandboxInfo, SandboxState
 from stockade.supervisor.network.proxy import EgressDecision
-from stockade.supervisor.sandboxes import hostfs, layout, owner, pressure, workspaces
+from stockade.supervisor.sandboxes import adoption, hostfs, layout, owner, pressure, workspaces
 from stockade.supervisor.sandboxes.agent_link import AgentConnection
 from stockade.supervisor.sandboxes.containers import (
     WORKSPACE,
@@ -61,7 +56,7 @@ from stockade.supervisor.sandboxes.containers import (
 from stockade.supervisor.sandboxes.health import SILENCE_S, Clinic, Recorder
 from stockade.supervisor.sandboxes.housekeeping import Housekeeping
 from stockade.supervisor.sandboxes.inspection import isolation_report
-from stockade.supervisor.sandboxes.layout import POOL_PREFIX, Layout
+from stockade.supervisor.sandboxes.layout import Layout
 from stockade.supervisor.sandboxes.lease import Lease
 from stockade.supervisor.sandboxes.network import Networks
 from stockade.supervisor.sandboxes.pausing import Pausing
@@ -69,7 +64,6 @@ from stockade.supervisor.sandboxes.pool import WarmPool
 from stockade.supervisor.sandboxes.replies import ReplyLimits
 from stockade.supervisor.sandboxes.runtime import decide_runtime
 from stockade.supervisor.sandboxes.sandbox import (
-    Container,
     Sandbox,
     SandboxNetwork,
     absent,
@@ -127,7 +121,7 @@ class SandboxManager:
         self.pausing = Pausing(backend, self.record, refuse)
         self.pool = WarmPool(config, self.containers, self.layout, self.networks)
         self.housekeeping = Housekeeping(self)
-        self._daemon_maps: userns.IdMaps | None = None
+        self.daemon_maps: userns.IdMaps | None = None
 
     @property
     def engine(self) -> str:
@@ -169,7 +163,7 @@ class SandboxManager:
         """Check the engine and adopt this instance's running containers; return adopted keys.
         A container made from another image than the configured one is re-created instead."""
         await asyncio.to_thread(self.backend.ping)
-        runtime, self._daemon_maps = await asyncio.to_thread(
+        runtime, self.daemon_maps = await asyncio.to_thread(
             decide_runtime, self.config, self.backend, self.layout, self._host_mounts
         )
         self.containers.runtime = runtime
@@ -182,15 +176,7 @@ class SandboxManager:
         self.containers.runtime.seccomp = str(profile) if profile else ""
         found = await asyncio.to_thread(self.backend.list, self.containers.labels())
         image_id = await asyncio.to_thread(self.backend.image_id, self.image)
-        pooled = self.layout.pool_folders()
-        adopted: list[str] = []
-        for info in found:
-            key = self._key_of(info, pooled)
-            outcome = await self._adopt(key, info, image_id) if key is not None else ""
-            if outcome == "adopted" and key is not None:
-                adopted.append(key)
-            elif not outcome:
-                await asyncio.to_thread(self.backend.remove, info.id)
+        adopted = await adoption.adopt_all(self, found, image_id)
         await asyncio.to_thread(self.layout.drop_pool_folders)
         await self.networks.egress.prune({s.sid for s in self.registry.values()})
         return adopted
@@ -200,80 +186,6 @@ class SandboxManager:
         the warm pool's filler, as background tasks until close()."""
         self.housekeeping.start()
         self.pool.start()
-
-    def _key_of(self, info: ContainerInfo, pooled: dict[str, Path]) -> str | None:
-        """The (tenant-scoped) key a container of this instance serves: from its labels, or
-        for one that began in the warm pool, from the folder it was given; None: not
-        adoptable."""
-        pool_id = info.labels.get(LABEL_POOL, "")
-        if not pool_id:
-            key = _labelled_key(info.labels)
-            return key if key and info.labels.get(LABEL_SANDBOX_ID) == sandbox_id(key) else None
-        folder = pooled.get(pool_id)
-        if folder is None or folder.name.startswith(POOL_PREFIX):
-            return None  # unassigned (the pool is filled afresh) or its folder is gone
-        try:
-            key = (folder / "key").read_text(encoding="utf-8", errors="surrogatepass")
-        except OSError:
-            return None
-        return key if sandbox_id(key) == folder.name else None
-
-    async def _adopt(self, key: str, info: ContainerInfo, image_id: str | None) -> str:
-        """ "adopted", "replaced" (re-created on the configured image), or "" (not
-        adoptable: the caller removes the container)."""
-        network = self.networks.of_container(info)
-        if key in self.registry or not info.running or network is None:
-            return ""
-        paths = self.layout.of(key)
-        if not self._adoptable(paths, info):
-            return ""
-        if image_id and info.image_id != image_id:
-            await self._replace(key, info, network, image_id)
-            return "replaced"
-        sid = sandbox_id(key)
-        container = Container(info, self.containers.link(info, paths), paths, sid)
-        try:
-            await self.networks.attach(key, container, network)
-        except SandboxBroken as exc:
-            log.warning("not adopting sandbox %r: %s", shown(key), exc)
-            await container.agent.close()
-            return ""
-        sandbox = Sandbox(key, sid, container, network, born=born(info), greeted=False)
-        self.pausing.adopted(sandbox, info)
-        self.registry[key] = sandbox
-        return "adopted"
-
-    def _adoptable(self, paths: layout.Paths, info: ContainerInfo) -> bool:
-        """A running container is adopted when its agent's directory is sealed and, if its
-        workspace should be a file system of its own, that is mounted (else the container was
-        made on the plain directory, and is made again); with sandbox.user_namespace on, a
-        container without a user namespace (made before it was turned on) is made again."""
-        if self.layout.capped(paths) and not paths.workspace.is_mount():
-            return False
-        if self.containers.runtime.userns and not (info.own_userns or self._daemon_maps):
-            log.warning("replacing sandbox %r: it has no user namespace", info.labels[LABEL_KEY])
-            return False
-        return layout.run_dir_is_sealed(paths)
-
-    async def _replace(
-        self, key: str, info: ContainerInfo, network: SandboxNetwork, image_id: str
-    ) -> None:
-        """Re-create, with its workspace, a container that runs another image than the
-        configured one (`stockade image build` made a new agent, or [sandbox] image changed).
-        Done here rather than by the next call so that it keeps its network, which
-        EnsureSandbox may have narrowed (a call would make it with the configured one)."""
-        log.warning(
-            "replacing sandbox %r: its container runs image %s (%s), the configured image %s "
-            "is now %s; processes running in it are lost, its workspace is kept",
-            shown(key), info.image, info.image_id[:12] or "?", self.image, image_id[:12],
-        )  # fmt: skip
-        await asyncio.to_thread(self.backend.remove, info.id)
-        try:
-            self.registry[key] = await self._create(key, network)
-        except SandboxBroken as exc:
-            log.warning(
-                "sandbox %r not re-created (the next call tries again): %s", shown(key), exc
-            )
 
     async def close(self) -> None:
         """Stop the background tasks, remove the unassigned pool containers, close agent
@@ -337,7 +249,7 @@ class SandboxManager:
                 if sandbox is None:
                     hk, state_dir = self.config.housekeeping, self.config.state_dir
                     await asyncio.to_thread(pressure.check, hk, state_dir)
-                    sandbox = await self._create(key, chosen)
+                    sandbox = await self.create(key, chosen)
             finally:
                 self._starting.discard(key)
             self.registry[key] = sandbox
@@ -345,7 +257,7 @@ class SandboxManager:
                 self.clinic.healed(key, trouble)
             return sandbox
 
-    async def _create(self, key: str, network: SandboxNetwork) -> Sandbox:
+    async def create(self, key: str, network: SandboxNetwork) -> Sandbox:
         paths = await asyncio.to_thread(self.layout.prepare, key)
         if network.mode == "open":
             log.warning("sandbox %r gets network mode open: the engine's bridge network", key)
@@ -494,15 +406,6 @@ class SandboxManager:
 
     async def reap_orphans(self) -> int:
         return await self.housekeeping.reap_orphans()
-
-
-def _labelled_key(labels: Mapping[str, str]) -> str:
-    """The scoped key a container's labels name ("" when they name none that is valid)."""
-    key = labels.get(LABEL_KEY, "")
-    try:
-        return scope(labels.get(LABEL_TENANT, ""), key) if key else ""
-    except InvalidRequest:
-        return ""
 
 
 def _ignore_event(_key: str, _action: str, _reason: str) -> None:

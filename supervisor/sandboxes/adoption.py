@@ -1,0 +1,131 @@
+"""Adoption at start: this instance's containers that still run are taken back as its
+sandboxes (after a restart of the supervisor), re-created on the configured image when they
+run another, or removed when they cannot be proven to be ours and sound."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from stockade.supervisor.engines.backends.base import (
+    LABEL_KEY,
+    LABEL_POOL,
+    LABEL_SANDBOX_ID,
+    LABEL_TENANT,
+    ContainerInfo,
+)
+from stockade.supervisor.errors import InvalidRequest, SandboxBroken
+from stockade.supervisor.keys import sandbox_id, scope, shown
+from stockade.supervisor.sandboxes import layout
+from stockade.supervisor.sandboxes.layout import POOL_PREFIX
+from stockade.supervisor.sandboxes.sandbox import Container, Sandbox, SandboxNetwork, born
+
+if TYPE_CHECKING:
+    from stockade.supervisor.sandboxes.manager import SandboxManager
+
+log = logging.getLogger("stockade")
+
+
+async def adopt_all(
+    mgr: SandboxManager, found: list[ContainerInfo], image_id: str | None
+) -> list[str]:
+    """Adopt (or re-create) each of `found` that serves a key; remove the others. The keys
+    adopted."""
+    pooled = mgr.layout.pool_folders()
+    adopted: list[str] = []
+    for info in found:
+        key = key_of(info, pooled)
+        outcome = await _adopt(mgr, key, info, image_id) if key is not None else ""
+        if outcome == "adopted" and key is not None:
+            adopted.append(key)
+        elif not outcome:
+            await asyncio.to_thread(mgr.backend.remove, info.id)
+    return adopted
+
+
+def key_of(info: ContainerInfo, pooled: dict[str, Path]) -> str | None:
+    """The (tenant-scoped) key a container of this instance serves: from its labels, or
+    for one that began in the warm pool, from the folder it was given; None: not
+    adoptable."""
+    pool_id = info.labels.get(LABEL_POOL, "")
+    if not pool_id:
+        key = labelled_key(info.labels)
+        return key if key and info.labels.get(LABEL_SANDBOX_ID) == sandbox_id(key) else None
+    folder = pooled.get(pool_id)
+    if folder is None or folder.name.startswith(POOL_PREFIX):
+        return None  # unassigned (the pool is filled afresh) or its folder is gone
+    try:
+        key = (folder / "key").read_text(encoding="utf-8", errors="surrogatepass")
+    except OSError:
+        return None
+    return key if sandbox_id(key) == folder.name else None
+
+
+async def _adopt(mgr: SandboxManager, key: str, info: ContainerInfo, image_id: str | None) -> str:
+    """ "adopted", "replaced" (re-created on the configured image), or "" (not
+    adoptable: the caller removes the container)."""
+    network = mgr.networks.of_container(info)
+    if key in mgr.registry or not info.running or network is None:
+        return ""
+    paths = mgr.layout.of(key)
+    if not _adoptable(mgr, paths, info):
+        return ""
+    if image_id and info.image_id != image_id:
+        await _replace(mgr, key, info, network, image_id)
+        return "replaced"
+    sid = sandbox_id(key)
+    container = Container(info, mgr.containers.link(info, paths), paths, sid)
+    try:
+        await mgr.networks.attach(key, container, network)
+    except SandboxBroken as exc:
+        log.warning("not adopting sandbox %r: %s", shown(key), exc)
+        await container.agent.close()
+        return ""
+    sandbox = Sandbox(key, sid, container, network, born=born(info), greeted=False)
+    mgr.pausing.adopted(sandbox, info)
+    mgr.registry[key] = sandbox
+    return "adopted"
+
+
+def _adoptable(mgr: SandboxManager, paths: layout.Paths, info: ContainerInfo) -> bool:
+    """A running container is adopted when its agent's directory is sealed and, if its
+    workspace should be a file system of its own, that is mounted (else the container was
+    made on the plain directory, and is made again); with sandbox.user_namespace on, a
+    container without a user namespace (made before it was turned on) is made again."""
+    if mgr.layout.capped(paths) and not paths.workspace.is_mount():
+        return False
+    if mgr.containers.runtime.userns and not (info.own_userns or mgr.daemon_maps):
+        log.warning("replacing sandbox %r: it has no user namespace", info.labels[LABEL_KEY])
+        return False
+    return layout.run_dir_is_sealed(paths)
+
+
+async def _replace(
+    mgr: SandboxManager, key: str, info: ContainerInfo, network: SandboxNetwork, image_id: str
+) -> None:
+    """Re-create, with its workspace, a container that runs another image than the
+    configured one (`stockade image build` made a new agent, or [sandbox] image changed).
+    Done here rather than by the next call so that it keeps its network, which
+    EnsureSandbox may have narrowed (a call would make it with the configured one)."""
+    log.warning(
+        "replacing sandbox %r: its container runs image %s (%s), the configured image %s "
+        "is now %s; processes running in it are lost, its workspace is kept",
+        shown(key), info.image, info.image_id[:12] or "?", mgr.image, image_id[:12],
+    )  # fmt: skip
+    await asyncio.to_thread(mgr.backend.remove, info.id)
+    try:
+        mgr.registry[key] = await mgr.create(key, network)
+    except SandboxBroken as exc:
+        log.warning("sandbox %r not re-created (the next call tries again): %s", shown(key), exc)
+
+
+def labelled_key(labels: Mapping[str, str]) -> str:
+    """The scoped key a container's labels name ("" when they name none that is valid)."""
+    key = labels.get(LABEL_KEY, "")
+    try:
+        return scope(labels.get(LABEL_TENANT, ""), key) if key else ""
+    except InvalidRequest:
+        return ""
