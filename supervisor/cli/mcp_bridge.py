@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import secrets
@@ -204,17 +205,9 @@ def _pending(request: ApprovalRequest) -> Pending:
     """The approval as the ApprovalService shows it (the command scrubbed, the key as the
     bridge wrote it), as the question (elicit.message_of) takes it."""
     now = datetime.now(UTC)
-    return Pending(
-        id=request.id,
-        sandbox_key=request.sandbox_key,
-        agent_id=request.agent_id,
-        tool=request.tool,
-        command=request.command,
-        reason=request.reason,
-        created_at=request.created_at or now,
-        expires_at=request.expires_at or now,
-        request_id=request.request_id,
-    )
+    shown = dataclasses.asdict(request)
+    times = {"created_at": request.created_at or now, "expires_at": request.expires_at or now}
+    return Pending(**shown | times)
 
 
 async def _withdraw(asking: asyncio.Task[None]) -> None:

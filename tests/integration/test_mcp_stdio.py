@@ -8,9 +8,8 @@ rate-limit refusal, and the audit records naming the front "mcp-stdio"."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import mcp_types as types
@@ -20,7 +19,12 @@ from mcp.client import Client
 from stockade.client import AsyncStockade, InvalidArgument
 from stockade.client._core import call_request
 from tests.integration.test_mcp import FAKE_AWS_KEY, bridge_command, text_of
-from tests.integration.test_mcp_approvals import Elicitor, SilentApprover, choose, pending_id
+from tests.integration.test_mcp_approvals import (
+    ANSWERS,
+    HOWS,
+    answered_through_elicitation,
+    resolved_with_the_cli,
+)
 from tests.integration.test_mcp_protocol import BURST, MODERN, Mcp, each_built_in_tool, fresh
 from tests.integration.test_mcp_protocol import mcp as mcp  # the fixture: its own supervisor
 
@@ -126,109 +130,45 @@ async def test_process_attach(mcp: Mcp) -> None:
 
 
 @pytest.mark.parametrize("mode", ["legacy", MODERN])
-@pytest.mark.parametrize(
-    ("answer", "runs", "approval"),
-    [
-        (choose("once"), True, "allow-once"),
-        (choose("deny"), False, "deny"),
-        (types.ElicitResult(action="decline"), False, "deny"),
-    ],
-    ids=["once", "deny", "decline"],
-)
+@ANSWERS
 async def test_an_approval_answered_through_elicitation(
     mcp: Mcp, answer: types.ElicitResult, runs: bool, approval: str, mode: str
 ) -> None:
     """No gRPC approver is connected: the bridge, whose client can be asked, counts as one.
     The question (in a session an elicitation request; sessionless an `input_required`
-    result) holds the command (scrubbed), the reason and the approval id; the answer
+    result) is the endpoint's (test_mcp_approvals.answered_through_elicitation); the answer
     resolves that approval over the ApprovalService."""
-    key, name = fresh("stdio-elicit"), fresh("f")
-    elicitor = Elicitor(answer)
+    key = fresh("stdio-elicit")
     messages: list[str] = []
 
     async def progress(value: float, total: float | None, message: str | None) -> None:
         messages.append(message or "")
 
-    command = {"command": f"touch {name} # {FAKE_AWS_KEY}"}
-    async with bridged(mcp, key, mode, elicitation_callback=elicitor) as client:
-        assert client.protocol_version == ("2025-11-25" if mode == "legacy" else MODERN)
-        result = await client.call_tool("exec", command, progress_callback=progress)
-        listed = await client.call_tool("list_files", {"path": "."})
-    [question] = elicitor.asked
+    def connect(mode: str, options: dict[str, Any]) -> AbstractAsyncContextManager[Client]:
+        return bridged(mcp, key, mode, **options)
+
+    record, question = await answered_through_elicitation(
+        mcp, key, connect, None, answer, runs, mode, progress
+    )
     if mode == "legacy":  # sessionless, the question goes out before the stream has it
         assert messages[0].startswith("[waiting for approval ")
         approval_id = messages[0].split()[3].rstrip(":")
         assert question.message.endswith(f"Approval id: {approval_id}")
     assert "Approval id: " in question.message
-    assert isinstance(question, types.ElicitRequestFormParams)
-    assert f"touch {name}" in question.message
-    assert FAKE_AWS_KEY not in question.message
-    assert "on-miss" in question.message
-    assert question.requested_schema["properties"]["decision"]["enum"] == [
-        "once",
-        "always",
-        "deny",
-    ]
-    assert (name in json.dumps(listed.structured_content)) == runs
-    if runs:
-        assert not result.is_error, text_of(result)
-    else:
-        assert text_of(result).startswith("Error (APPROVAL_DENIED): command not approved")
-    with mcp.grpc() as grpc_client:
-        [record] = grpc_client.list_audit(sandbox_key=key, tool="exec")
-        assert grpc_client.list_approvals().pending == []
     assert (record.approval, record.approver, record.front) == (approval, APPROVER, "mcp-stdio")
 
 
-@pytest.mark.parametrize(
-    "how",
-    ["elicitation pending", "no elicitation", "sessionless elicitation pending"],
-)
+@HOWS
 async def test_the_same_approval_resolved_with_the_cli(mcp: Mcp, how: str) -> None:
-    """`stockade approvals resolve` decides the approval the bridged call waits for: while
-    the client's elicitation is open (in a session it is then withdrawn; sessionless, the
-    client's later answer, here a dismissal, finds the call decided), or when the client
-    cannot be asked (then, as for any gRPC caller, an approver must be connected: one that
-    never answers)."""
-    key, name = fresh("stdio-resolve"), fresh("f")
-    asks = "elicitation pending" in how
-    sessionless = how.startswith("sessionless")
-    resolved = asyncio.Event()
-    elicitor = Elicitor(None, resolved if sessionless else None)
-    options: dict[str, Any] = {"elicitation_callback": elicitor} if asks else {}
-    mode = MODERN if sessionless else "legacy"
-    watcher = None if asks else SilentApprover(mcp)
-    messages: list[str] = []
+    """`stockade approvals resolve` decides the approval the bridged call waits for, as for
+    the endpoint's (test_mcp_approvals.resolved_with_the_cli): the bridge withdraws its
+    question, or, when its client cannot be asked, an approver must be connected."""
+    key = fresh("stdio-resolve")
 
-    async def progress(value: float, total: float | None, message: str | None) -> None:
-        messages.append(message or "")
+    def connect(mode: str, options: dict[str, Any]) -> AbstractAsyncContextManager[Client]:
+        return bridged(mcp, key, mode, **options)
 
-    try:
-        async with bridged(mcp, key, mode, **options) as client:
-            call = asyncio.create_task(
-                client.call_tool("exec", {"command": f"touch {name}"}, progress_callback=progress)
-            )
-            approval = await asyncio.to_thread(pending_id, mcp, name)
-            done = await asyncio.to_thread(
-                mcp.cli, "approvals", "resolve", approval, "allow-once", "--approver", "carol"
-            )
-            assert done.returncode == 0, done.stderr
-            resolved.set()
-            result = await call
-            assert not result.is_error, text_of(result)
-            listed = await client.call_tool("list_files", {"path": "."})
-            assert name in json.dumps(listed.structured_content)
-    finally:
-        if watcher is not None:
-            watcher.close()
-    if not sessionless:  # there, the question goes out before the stream has it
-        assert f"[waiting for approval {approval}: approvals mode on-miss" in messages[0]
-    if asks:
-        [question] = elicitor.asked
-        assert f"Approval id: {approval}" in question.message
-        assert elicitor.withdrawn == (not sessionless)
-    with mcp.grpc() as grpc_client:
-        [record] = grpc_client.list_audit(sandbox_key=key, tool="exec")
+    record = await resolved_with_the_cli(mcp, how, key, connect, None)
     assert (record.approval, record.approver, record.front) == ("allow-once", "carol", "mcp-stdio")
 
 
@@ -247,8 +187,8 @@ async def test_without_elicitation_nor_approver_no_approver_applies(mcp: Mcp) ->
 async def test_a_guard_refusal_and_a_rate_limit_refusal(mcp: Mcp) -> None:
     key = fresh("stdio-refusals")
     async with bridged(mcp, key) as client:
-        guarded = await client.call_tool("exec", {"command": "rm -rf /"})
-        for _ in range(BURST - 1):
+        guarded = await client.call_tool("exec", {"command": "rm -rf /"})  # takes no token
+        for _ in range(BURST):
             ok = await client.call_tool("exec", {"command": "true"})
             assert not ok.is_error, text_of(ok)
         limited = await client.call_tool("exec", {"command": "true"})
