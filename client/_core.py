@@ -642,6 +642,8 @@ def call_request(
     timeout_ms: int = 0,
     context: CallContext | None = None,
     request_id: str = "",
+    front: str = "",
+    caller_approves: bool = False,
 ) -> Any:
     """A CallToolRequest; arguments may be a dict or already-encoded JSON."""
     if arguments is None:
@@ -657,6 +659,8 @@ def call_request(
         context=context_pb(context),
         timeout_ms=timeout_ms,
         request_id=request_id,
+        front=front,
+        caller_approves=caller_approves,
     )
 
 

@@ -138,12 +138,14 @@ class AsyncStockade:
         context: CallContext | None = None,
         request_id: str = "",
         deadline: float | None = None,
+        front: str = "",
     ) -> ToolResult:
         """Call a tool; a tool failure is a result with is_error, not an exception.
 
         `timeout` (s) bounds the call on the server (a timed-out command still returns its
         partial output); `deadline` (s) is the client's own gRPC deadline: when it passes the
-        call is cancelled, and so are its process and any approval request it waits on."""
+        call is cancelled, and so are its process and any approval request it waits on.
+        `front`: the front named in the call's audit record ("" or "mcp-stdio")."""
         request = _core.call_request(
             key,
             tool,
@@ -151,6 +153,7 @@ class AsyncStockade:
             timeout_ms=int(timeout * 1000) if timeout else 0,
             context=context,
             request_id=request_id,
+            front=front,
         )
         return _core.result_from_pb(await self._rpc(self._tools.CallTool, request, deadline))
 
@@ -164,10 +167,14 @@ class AsyncStockade:
         context: CallContext | None = None,
         request_id: str = "",
         deadline: float | None = None,
+        front: str = "",
+        caller_approves: bool = False,
     ) -> AsyncIterator[StreamEvent]:
         """Call a tool and follow it: Started, Output chunks as they are produced,
         ApprovalPending while a human decides, and the ToolResult last. Stopping early
-        (closing the iterator) cancels the call and kills its process group."""
+        (closing the iterator) cancels the call and kills its process group.
+        `caller_approves`: you resolve this call's approvals yourself (resolve_approval with
+        the ApprovalPending's id), so you count as a connected approver for them."""
         request = _core.call_request(
             key,
             tool,
@@ -175,6 +182,8 @@ class AsyncStockade:
             timeout_ms=int(timeout * 1000) if timeout else 0,
             context=context,
             request_id=request_id,
+            front=front,
+            caller_approves=caller_approves,
         )
         stream = self._tools.CallToolStream(request, timeout=deadline)
         try:

@@ -55,7 +55,8 @@ class ToolCall:
     traceparent: str = ""
     """The caller's W3C trace context (gRPC metadata `traceparent`), for tracing only."""
     front: str = "grpc"
-    """The front the call came in through ("grpc", "mcp"), for its audit record."""
+    """The front the call came in through ("grpc", "mcp", "mcp-stdio"), for its audit
+    record only."""
 
 
 @dataclass(frozen=True)

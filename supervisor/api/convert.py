@@ -212,6 +212,23 @@ async def interact_inputs(
             raise errors.InvalidRequest("an Interact message with no input")
 
 
+NAMED_FRONTS = frozenset({"mcp-stdio"})
+"""The fronts a gRPC caller may name for its calls' audit records (CallToolRequest.front):
+`stockade mcp`, the MCP stdio bridge. Only the audit reads a call's front."""
+
+
+def front_from_pb(front: str) -> str:
+    """ "grpc" for "", else one of NAMED_FRONTS; InvalidRequest for anything else (a caller
+    cannot pass itself off as the MCP endpoint, or write what it likes in the audit)."""
+    if not front:
+        return "grpc"
+    if front not in NAMED_FRONTS:
+        raise errors.InvalidRequest(
+            f"front must be empty or one of {', '.join(sorted(NAMED_FRONTS))}, got {front[:64]!r}"
+        )
+    return front
+
+
 def call_from_pb(request: tool_pb2.CallToolRequest, traceparent: str = "") -> ToolCall:
     return ToolCall(
         sandbox_key=scoped(request.sandbox_key),
@@ -221,6 +238,7 @@ def call_from_pb(request: tool_pb2.CallToolRequest, traceparent: str = "") -> To
         timeout_ms=request.timeout_ms,
         request_id=bounded("request_id", request.request_id),
         traceparent=traceparent,
+        front=front_from_pb(request.front),
     )
 
 

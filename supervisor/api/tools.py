@@ -3,6 +3,7 @@ an interactive process."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 
@@ -22,6 +23,7 @@ from stockade.supervisor.api.convert import (
 from stockade.supervisor.api.status import Context, mapped, mapped_stream
 from stockade.supervisor.calls.interact import Interaction
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
+from stockade.supervisor.policy.approvals import Pending
 from stockade.v1 import tool_pb2, tool_pb2_grpc
 
 
@@ -48,6 +50,11 @@ class ToolServicer(tool_pb2_grpc.ToolServiceServicer):
     async def CallTool(
         self, request: tool_pb2.CallToolRequest, context: Context
     ) -> tool_pb2.ToolResult:
+        if request.caller_approves:
+            raise errors.InvalidRequest(
+                "caller_approves needs CallToolStream (its approval_pending event names the "
+                "approval to resolve)"
+            )
         call = call_from_pb(request, traceparent_of(context))
         result = await self._pipeline.call(call, caller=context.peer())
         return result_to_pb(result)
@@ -57,7 +64,8 @@ class ToolServicer(tool_pb2_grpc.ToolServiceServicer):
         self, request: tool_pb2.CallToolRequest, context: Context
     ) -> AsyncIterator[tool_pb2.ToolEvent]:
         call = call_from_pb(request, traceparent_of(context))
-        stream = self._pipeline.call_stream(call, caller=context.peer())
+        ask = _answered_by_caller if request.caller_approves else None
+        stream = self._pipeline.call_stream(call, caller=context.peer(), ask=ask)
         async for event in stream:
             yield tool_event_to_pb(event)
 
@@ -75,3 +83,11 @@ class ToolServicer(tool_pb2_grpc.ToolServiceServicer):
         )
         async for event in events:
             yield tool_event_to_pb(event)
+
+
+async def _answered_by_caller(pending: Pending) -> None:
+    """The `ask` of a streamed call whose caller resolves its approvals itself
+    (caller_approves): the caller counts as a connected approver, and its answer comes
+    through ResolveApproval, so this waits (until the approval is decided, times out, or the
+    stream ends, which cancel it) and never answers."""
+    await asyncio.Event().wait()

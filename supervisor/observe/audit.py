@@ -58,7 +58,8 @@ class AuditRecord:
     tenant: str = ""
     """The caller's tenant ("" with auth off); sandbox_key is the key as that caller wrote it."""
     front: str = ""
-    """The front a tool call came in through: "grpc" or "mcp"; "" for records that are no
+    """The front a tool call came in through: "grpc", "mcp" or "mcp-stdio" (the stdio bridge,
+    a gRPC caller that names itself); "" for records that are no
     caller's call (egress decisions, housekeeping) and for records older than the field."""
     id: int = 0
 

@@ -247,7 +247,7 @@ def bridge_command(*flags: str) -> StdioServerParameters:
 
 async def test_the_stdio_bridge(mcp_sup: McpSupervisor) -> None:
     """`stockade mcp --key K` started by the SDK's stdio client: the same tools and hints,
-    calls over gRPC into the sandbox K (so its audit records name the gRPC front)."""
+    calls over gRPC into the sandbox K (its audit records name the front "mcp-stdio")."""
     key = f"bridge-{uuid.uuid4().hex[:8]}"
     bridge = bridge_command("--key", key, "--server", mcp_sup.sup.target, "--token", mcp_sup.token)
     async with Client(bridge) as client:
@@ -264,8 +264,8 @@ async def test_the_stdio_bridge(mcp_sup: McpSupervisor) -> None:
         assert grpc_client.call(key, "read_file", {"path": "out"}).data["content"] == "hi\n"
         records = grpc_client.list_audit(sandbox_key=key, tool="exec")
     assert {(r.front, r.error_code) for r in records} == {
-        ("grpc", ""),
-        ("grpc", "PERMISSION_DENIED"),
+        ("mcp-stdio", ""),
+        ("mcp-stdio", "PERMISSION_DENIED"),
     }
 
 

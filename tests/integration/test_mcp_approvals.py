@@ -9,10 +9,13 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import mcp_types as types
 import pytest
+from mcp.client import Client
 
 from tests.integration.test_mcp import FAKE_AWS_KEY, connected, text_of
 from tests.integration.test_mcp_protocol import MODERN, SANDBOX, Mcp, fresh
@@ -71,8 +74,12 @@ def choose(decision: str) -> types.ElicitResult:
     return types.ElicitResult(action="accept", content={"decision": decision})
 
 
-@pytest.mark.parametrize("mode", ["legacy", MODERN])
-@pytest.mark.parametrize(
+Connect = Callable[[str, dict[str, Any]], AbstractAsyncContextManager[Client]]
+"""An MCP client of the protocol mode given ("legacy" or 2026-07-28), with the Client's
+options (callbacks)."""
+
+
+ANSWERS = pytest.mark.parametrize(
     ("answer", "runs", "approval"),
     [
         (choose("once"), True, "allow-once"),
@@ -81,17 +88,53 @@ def choose(decision: str) -> types.ElicitResult:
     ],
     ids=["once", "deny", "decline"],
 )
+"""An answer to the question, whether the command then runs, and the audit's approval."""
+
+
+@pytest.mark.parametrize("mode", ["legacy", MODERN])
+@ANSWERS
 async def test_an_approval_answered_through_elicitation(
     mcp: Mcp, answer: types.ElicitResult, runs: bool, approval: str, mode: str
 ) -> None:
     """In a session the question is an elicitation request during the call; sessionless, an
     `input_required` result the SDK's client answers by calling again."""
-    key, name = fresh("elicit"), fresh("f")
+    key = fresh("elicit")
+
+    def connect(mode: str, options: dict[str, Any]) -> AbstractAsyncContextManager[Client]:
+        return connected(mcp.url, mcp.token, mode, **options)
+
+    record, _ = await answered_through_elicitation(
+        mcp, key, connect, {SANDBOX: key}, answer, runs, mode
+    )
+    assert (record.approval, record.approver.startswith("mcp elicitation (ipv4:")) == (
+        approval,
+        True,
+    )
+    assert record.front == "mcp"
+
+
+async def answered_through_elicitation(
+    mcp: Mcp,
+    key: str,
+    connect: Connect,
+    meta: dict[str, Any] | None,
+    answer: types.ElicitResult,
+    runs: bool,
+    mode: str,
+    progress: Callable[[float, float | None, str | None], Awaitable[None]] | None = None,
+) -> tuple[Any, types.ElicitRequestFormParams]:
+    """An `exec` needing an approval through a client from `connect` that answers the
+    question with `answer`: the question holds the command (scrubbed), the reason and the
+    choices; the command ran or not (`runs`); nothing is left pending. The call's audit
+    record and the question."""
+    name = fresh("f")
     elicitor = Elicitor(answer)
     command = f"touch {name} # {FAKE_AWS_KEY}"
-    async with connected(mcp.url, mcp.token, mode, elicitation_callback=elicitor) as client:
-        result = await client.call_tool("exec", {"command": command}, meta={SANDBOX: key})
-        listed = await client.call_tool("list_files", {"path": "."}, meta={SANDBOX: key})
+    async with connect(mode, {"elicitation_callback": elicitor}) as client:
+        result = await client.call_tool(
+            "exec", {"command": command}, meta=meta, progress_callback=progress
+        )
+        listed = await client.call_tool("list_files", {"path": "."}, meta=meta)
     [question] = elicitor.asked
     assert isinstance(question, types.ElicitRequestFormParams)
     assert f"touch {name}" in question.message
@@ -110,10 +153,7 @@ async def test_an_approval_answered_through_elicitation(
     with mcp.grpc() as grpc_client:
         [record] = grpc_client.list_audit(sandbox_key=key, tool="exec")
         assert grpc_client.list_approvals().pending == []
-    assert (record.approval, record.approver.startswith("mcp elicitation (ipv4:")) == (
-        approval,
-        True,
-    )
+    return record, question
 
 
 def pending_id(mcp: Mcp, name: str) -> str:
@@ -128,7 +168,7 @@ def pending_id(mcp: Mcp, name: str) -> str:
     raise AssertionError(f"no pending approval for {name}")
 
 
-@pytest.mark.parametrize(
+HOWS = pytest.mark.parametrize(
     "how",
     [
         "elicitation pending",
@@ -137,13 +177,32 @@ def pending_id(mcp: Mcp, name: str) -> str:
         "sessionless no elicitation",
     ],
 )
+"""Who decides while the call waits: see resolved_with_the_cli."""
+
+
+@HOWS
 async def test_the_same_approval_resolved_with_the_cli(mcp: Mcp, how: str) -> None:
-    """`stockade approvals resolve` decides the approval the MCP call waits for: while the
-    client's elicitation is open (in a session it is then withdrawn; sessionless, the
-    client's later answer, here a dismissal, finds the call decided), or when the client
-    cannot be asked (no elicitation capability): then, as for a gRPC caller, an approver must
-    be connected (here one that never answers)."""
-    key, name = fresh("resolve"), fresh("f")
+    """`stockade approvals resolve` decides the approval the MCP call waits for (see
+    resolved_with_the_cli)."""
+    key = fresh("resolve")
+
+    def connect(mode: str, options: dict[str, Any]) -> AbstractAsyncContextManager[Client]:
+        return connected(mcp.url, mcp.token, mode, **options)
+
+    record = await resolved_with_the_cli(mcp, how, key, connect, {SANDBOX: key})
+    assert (record.approval, record.approver, record.front) == ("allow-once", "carol", "mcp")
+
+
+async def resolved_with_the_cli(
+    mcp: Mcp, how: str, key: str, connect: Connect, meta: dict[str, Any] | None
+) -> Any:
+    """An `exec` needing an approval, through a client from `connect` (its calls with
+    `meta`), decided by `stockade approvals resolve`: while the client's elicitation is open
+    (in a session it is then withdrawn; sessionless, the client's later answer, here a
+    dismissal, finds the call decided), or when the client cannot be asked (no elicitation
+    capability): then, as for a gRPC caller, an approver must be connected (here one that
+    never answers). The call's audit record."""
+    name = fresh("f")
     asks = "elicitation pending" in how
     sessionless = how.startswith("sessionless")
     resolved = asyncio.Event()
@@ -157,13 +216,10 @@ async def test_the_same_approval_resolved_with_the_cli(mcp: Mcp, how: str) -> No
         messages.append(message or "")
 
     try:
-        async with connected(mcp.url, mcp.token, mode, **options) as client:
+        async with connect(mode, options) as client:
             call = asyncio.create_task(
                 client.call_tool(
-                    "exec",
-                    {"command": f"touch {name}"},
-                    progress_callback=progress,
-                    meta={SANDBOX: key},
+                    "exec", {"command": f"touch {name}"}, progress_callback=progress, meta=meta
                 )
             )
             approval = await asyncio.to_thread(pending_id, mcp, name)
@@ -174,7 +230,7 @@ async def test_the_same_approval_resolved_with_the_cli(mcp: Mcp, how: str) -> No
             resolved.set()
             result = await call
             assert not result.is_error, text_of(result)
-            listed = await client.call_tool("list_files", {"path": "."}, meta={SANDBOX: key})
+            listed = await client.call_tool("list_files", {"path": "."}, meta=meta)
             assert name in json.dumps(listed.structured_content)
     finally:
         if watcher is not None:
@@ -188,4 +244,4 @@ async def test_the_same_approval_resolved_with_the_cli(mcp: Mcp, how: str) -> No
         assert elicitor.withdrawn == (not sessionless)
     with mcp.grpc() as grpc_client:
         [record] = grpc_client.list_audit(sandbox_key=key, tool="exec")
-    assert (record.approval, record.approver) == ("allow-once", "carol")
+    return record

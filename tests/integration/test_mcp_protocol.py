@@ -219,30 +219,35 @@ PATCH = """*** Begin Patch
 async def test_each_built_in_tool(mcp: Mcp) -> None:
     key = {SANDBOX: fresh("tools")}
     async with connected(mcp.url, mcp.token) as client:
+        await each_built_in_tool(client, key)
 
-        async def call(tool: str, **args: Any) -> types.CallToolResult:
-            result = await client.call_tool(tool, args, meta=key)
-            assert not result.is_error, f"{tool}: {text_of(result)}"
-            return result
 
-        await call("write_file", path="notes.txt", content="one\ntwo\nthree\n")
-        await call("edit_file", path="notes.txt", old_text="one", new_text="ONE")
-        await call("apply_patch", input=PATCH)
-        read = await call("read_file", path="notes.txt")
-        assert "ONE" in text_of(read)
-        assert "TWO" in text_of(read)
-        assert "three" in text_of(read)
-        listed = await call("list_files", path=".")
-        assert "notes.txt" in json.dumps(listed.structured_content)
-        found = await call("glob", pattern="*.txt")
-        assert "notes.txt" in json.dumps(found.structured_content)
-        searched = await call("search", pattern="TWO")
-        assert "notes.txt" in text_of(searched)
-        ran = await call("exec", command="cat notes.txt")
-        assert text_of(ran) == "ONE\nTWO\nthree\n"
-        await call("process", action="start", command="sleep 30")
-        shown = await call("process", action="list")
-        assert "sleep 30" in text_of(shown)
+async def each_built_in_tool(client: Client, meta: dict[str, Any] | None = None) -> None:
+    """Every built-in tool once, through `client` (with `meta`), each checked."""
+
+    async def call(tool: str, **args: Any) -> types.CallToolResult:
+        result = await client.call_tool(tool, args, meta=meta)
+        assert not result.is_error, f"{tool}: {text_of(result)}"
+        return result
+
+    await call("write_file", path="notes.txt", content="one\ntwo\nthree\n")
+    await call("edit_file", path="notes.txt", old_text="one", new_text="ONE")
+    await call("apply_patch", input=PATCH)
+    read = await call("read_file", path="notes.txt")
+    assert "ONE" in text_of(read)
+    assert "TWO" in text_of(read)
+    assert "three" in text_of(read)
+    listed = await call("list_files", path=".")
+    assert "notes.txt" in json.dumps(listed.structured_content)
+    found = await call("glob", pattern="*.txt")
+    assert "notes.txt" in json.dumps(found.structured_content)
+    searched = await call("search", pattern="TWO")
+    assert "notes.txt" in text_of(searched)
+    ran = await call("exec", command="cat notes.txt")
+    assert text_of(ran) == "ONE\nTWO\nthree\n"
+    await call("process", action="start", command="sleep 30")
+    shown = await call("process", action="list")
+    assert "sleep 30" in text_of(shown)
 
 
 async def test_a_stop_releases_the_open_sessions_sandboxes(engine: str) -> None:

@@ -21,8 +21,9 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from starlette.requests import Request
 
+from stockade.supervisor import errors
 from stockade.supervisor.api.auth import Authenticator
-from stockade.supervisor.api.convert import tool_to_pb
+from stockade.supervisor.api.convert import front_from_pb, tool_to_pb
 from stockade.supervisor.app import build_policy
 from stockade.supervisor.calls.catalog import Catalog
 from stockade.supervisor.calls.outcome import failure
@@ -335,3 +336,13 @@ def test_gathered_output_stays_within_its_cap() -> None:
     assert text.startswith("line 0000\n")
     assert text.endswith("line 0999\n")
     assert "bytes omitted" in text
+
+
+def test_a_grpc_caller_names_only_the_stdio_bridges_front() -> None:
+    """CallToolRequest.front: "" is grpc, "mcp-stdio" the bridge; nothing else is taken
+    (not the HTTP endpoint's "mcp", not "grpc" spelt out, not a free text)."""
+    assert front_from_pb("") == "grpc"
+    assert front_from_pb("mcp-stdio") == "mcp-stdio"
+    for front in ("mcp", "grpc", "MCP-STDIO", "mcp-stdio ", "x" * 1000):
+        with pytest.raises(errors.InvalidRequest, match="front must be empty or one of"):
+            front_from_pb(front)

@@ -72,20 +72,24 @@ class CallContext(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., provider: _Optional[str] = ..., channel: _Optional[str] = ..., chat_id: _Optional[str] = ..., peer_kind: _Optional[str] = ..., subagent_depth: _Optional[int] = ...) -> None: ...
 
 class CallToolRequest(_message.Message):
-    __slots__ = ("sandbox_key", "tool", "arguments_json", "context", "timeout_ms", "request_id")
+    __slots__ = ("sandbox_key", "tool", "arguments_json", "context", "timeout_ms", "request_id", "front", "caller_approves")
     SANDBOX_KEY_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FRONT_FIELD_NUMBER: _ClassVar[int]
+    CALLER_APPROVES_FIELD_NUMBER: _ClassVar[int]
     sandbox_key: str
     tool: str
     arguments_json: str
     context: CallContext
     timeout_ms: int
     request_id: str
-    def __init__(self, sandbox_key: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., context: _Optional[_Union[CallContext, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    front: str
+    caller_approves: bool
+    def __init__(self, sandbox_key: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., context: _Optional[_Union[CallContext, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., request_id: _Optional[str] = ..., front: _Optional[str] = ..., caller_approves: _Optional[bool] = ...) -> None: ...
 
 class ToolResult(_message.Message):
     __slots__ = ("for_llm", "for_user", "is_error", "error_code", "error_message", "data_json", "duration_ms", "truncated", "redactions", "request_id")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import replace
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass, replace
 from typing import Any
 
 import mcp_types as types
@@ -39,9 +39,11 @@ from stockade.supervisor.models import (
     OutputEvent,
     ResultEvent,
     ToolCall,
+    ToolEvent,
     ToolResult,
 )
 from stockade.supervisor.policy.approvals import Ask
+from stockade.supervisor.policy.scrub import Scrubber
 from stockade.supervisor.sandboxes.manager import SandboxManager
 
 log = logging.getLogger("stockade.mcp")
@@ -61,7 +63,7 @@ class ShuttingDown(errors.StockadeError):
         super().__init__("the supervisor is shutting down; retry when it has started again")
 
 
-def _reporter(ctx: ServerRequestContext[Any, Any]) -> Callable[[int, str], Awaitable[None]]:
+def reporter(ctx: ServerRequestContext[Any, Any]) -> Callable[[int, str], Awaitable[None]]:
     """Progress notifications on this request's stream."""
 
     async def send(count: int, message: str) -> None:
@@ -79,6 +81,51 @@ def _askable_later(ctx: ServerRequestContext[Any, Any]) -> bool:
         and not session.can_send_request
         and supports_forms(session.client_capabilities)
     )
+
+
+def wants_progress(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """The request carries a progress token: its call's output goes out as notifications."""
+    return (ctx.meta or {}).get(PROGRESS_TOKEN) is not None
+
+
+Run = Callable[["Ask | None", Progress], Coroutine[Any, Any, ToolResult]]
+"""A call, given how to ask its client about an approval (None: it cannot be asked) and
+where its progress goes."""
+
+
+@dataclass(frozen=True)
+class Asking:
+    """How a tools/call's client is asked about an approval, by the endpoint and by the stdio
+    bridge alike: by an elicitation request in a session that can take one; through an
+    `input_required` result when sessionless (rounds); not at all otherwise."""
+
+    rounds: Rounds
+    tenant: str
+    approver: str
+    scrubber: Scrubber | None
+
+    async def answer(
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        params: types.CallToolRequestParams,
+        run: Run,
+    ) -> ToolResult | types.InputRequiredResult:
+        """The call's result, or the question for a sessionless client (whose answer, a
+        later request with its `requestState`, gets the result)."""
+        send = reporter(ctx) if wants_progress(ctx) else None
+        if params.request_state is not None:  # a sessionless client's answer
+            parked = self.rounds.resume(
+                params.request_state, self.tenant, params.input_responses, send
+            )
+            return await self.rounds.outcome(parked)
+        progress = Progress(send)
+        if _askable_later(ctx):
+            parked = self.rounds.start(
+                self.tenant, self.approver, progress, lambda ask: run(ask, progress)
+            )
+            return await self.rounds.outcome(parked)
+        ask = asker(ctx.session, ctx.request_id, self.scrubber, self.approver)
+        return await run(ask, progress)
 
 
 class Gathered:
@@ -102,6 +149,32 @@ class Gathered:
     @property
     def text(self) -> str:
         return cap_text("".join(self._parts), self._limit)[0] if self._limit else ""
+
+    def prefixed(self, result: ToolResult) -> ToolResult:
+        """The result with the output kept before its text (a successful one's)."""
+        text = self.text
+        if not text or result.is_error:
+            return result
+        text += "" if text.endswith("\n") else "\n"
+        return replace(result, for_llm=text + result.for_llm)
+
+
+async def follow(
+    events: AsyncIterator[ToolEvent], progress: Progress, output: Gathered
+) -> ToolResult:
+    """A streamed call's result: each output chunk (scrubbed already) goes to `progress` (a
+    notification whose message is the chunk) and into `output`, a request for an approval
+    to `progress` too, naming its id; the result comes with `output` before its text (for
+    `process` attach, whose result does not hold the output it followed)."""
+    async for event in events:
+        if isinstance(event, ResultEvent):
+            return output.prefixed(event.result)
+        if isinstance(event, OutputEvent) and event.text:
+            output.add(event.text)
+            await progress(wire_text(event.text))
+        elif isinstance(event, ApprovalPendingEvent):
+            await progress(f"[waiting for approval {event.approval_id}: {event.reason}]")
+    raise RuntimeError("the call's stream ended without its result")  # it always ends with one
 
 
 class McpTools:
@@ -182,27 +255,14 @@ class McpTools:
             if session is not None:
                 self._session_keys.setdefault(session, set()).add(call.sandbox_key)
             approver = f"mcp elicitation ({caller.peer or 'local'})"
-            notify = (ctx.meta or {}).get(PROGRESS_TOKEN) is not None
-            send = _reporter(ctx) if notify else None
             attach = self._is_attach(params.name, params.arguments)
-            stream = notify or attach
-            if params.request_state is not None:  # a sessionless client's answer
-                parked = self.rounds.resume(
-                    params.request_state, caller.tenant, params.input_responses, send
-                )
-                result = await self.rounds.outcome(parked)
-            elif _askable_later(ctx):
-                progress = Progress(send)
+            stream = wants_progress(ctx) or attach
 
-                def run(ask: Ask) -> Coroutine[Any, Any, ToolResult]:
-                    return self._run(call, caller.peer, ask, progress, stream, attach)
+            def run(ask: Ask | None, progress: Progress) -> Coroutine[Any, Any, ToolResult]:
+                return self._run(call, caller.peer, ask, progress, stream, attach)
 
-                parked = self.rounds.start(caller.tenant, approver, progress, run)
-                result = await self.rounds.outcome(parked)
-            else:
-                ask = asker(ctx.session, ctx.request_id, self._policy.scrubber, approver)
-                progress = Progress(send)
-                result = await self._run(call, caller.peer, ask, progress, stream, attach)
+            asking = Asking(self.rounds, caller.tenant, approver, self._policy.scrubber)
+            result = await asking.answer(ctx, params, run)
         except errors.StockadeError as exc:
             return refusal_to_mcp(exc)
         finally:
@@ -232,27 +292,15 @@ class McpTools:
         stream: bool,
         gather: bool,
     ) -> ToolResult:
-        """The call through `call`, or, with `stream`, through `call_stream`: each output
-        chunk (scrubbed already) goes to `progress` (a notification whose message is the
-        chunk), a request for an approval too, naming its id; and `process` attach's output
-        goes into the result's text, before it (capped as for_llm is), as its result does not
-        hold it."""
+        """The call through `call`, or, with `stream`, through `call_stream` (see follow;
+        with `gather`, `process` attach's output goes into the result's text, before it,
+        capped as for_llm is)."""
         if not stream:
             return await self._pipeline.call(call, caller=peer, ask=ask)
         output = Gathered(self._config.tools.llm_max_bytes if gather else 0)
-        async for event in self._pipeline.call_stream(call, caller=peer, ask=ask):
-            if isinstance(event, ResultEvent):
-                result = event.result
-                if output.text and not result.is_error:
-                    text = output.text + ("" if output.text.endswith("\n") else "\n")
-                    result = replace(result, for_llm=text + result.for_llm)
-                return result
-            if isinstance(event, OutputEvent) and event.text:
-                output.add(event.text)
-                await progress(wire_text(event.text))
-            elif isinstance(event, ApprovalPendingEvent):
-                await progress(f"[waiting for approval {event.approval_id}: {event.reason}]")
-        raise RuntimeError("call_stream ended without its result")  # it always ends with one
+        return await follow(
+            self._pipeline.call_stream(call, caller=peer, ask=ask), progress, output
+        )
 
     @property
     def busy(self) -> bool:
