@@ -31,6 +31,7 @@ from typing import Any
 import pydantic_core
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp_types import CLIENT_CAPABILITIES_META_KEY
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 SSE = b"text/event-stream"
@@ -76,7 +77,28 @@ class PerRequestJson(StreamableHTTPServerTransport):
 
 
 class SessionManager(StreamableHTTPSessionManager):
-    """The SDK's session manager, its sessions' transports `PerRequestJson`."""
+    """The SDK's session manager, its sessions' transports `PerRequestJson`, and its own
+    JSON switch read per request: on for a plain call (see `_plain_call`), else the
+    endpoint's setting. It decides the form of a sessionless (2026-07-28) request's answer:
+    the SDK (2.3) reads `json_response` in `_handle_request` for each request and hands it to
+    its private `_streamable_http_modern.handle_modern_request`, which in JSON mode runs the
+    handler in the request's own task and answers its result as one JSON body, where its
+    stream mode runs a task group (the handler, a watch for the client's disconnect) and a
+    channel for notifications. Covered by test_mcp_json_answers (a plain sessionless call is
+    answered in JSON mode, one with a progress token as a stream), which fails if the SDK
+    stops reading it so. The other readers of the switch see it off: a session's opening
+    request (`_admit_session`) is never a call, and the manager is not in its stateless
+    mode."""
+
+    @property
+    def json_response(self) -> bool:
+        if _plain_call.get():
+            return True
+        return bool(self.__dict__.get("json_response", False))
+
+    @json_response.setter
+    def json_response(self, value: bool) -> None:
+        self.__dict__["json_response"] = value
 
     def _admit_session(self, requestor: Any) -> StreamableHTTPServerTransport | None:
         transport = super()._admit_session(requestor)
@@ -160,12 +182,19 @@ def plain_kind(body: bytes | None) -> str | None:
     params = params if isinstance(params, dict) else {}
     if request.get("method") == "tools/call":
         meta = params.get("_meta")
-        return None if isinstance(meta, dict) and "progressToken" in meta else "call"
+        meta = meta if isinstance(meta, dict) else {}
+        if "progressToken" in meta or _may_ask(meta.get(CLIENT_CAPABILITIES_META_KEY)):
+            return None
+        return "call"
     if request.get("method") == "initialize":
-        capabilities = params.get("capabilities")
-        capabilities = capabilities if isinstance(capabilities, dict) else {}
-        return None if capabilities.get("elicitation") is not None else "opening"
+        return None if _may_ask(params.get("capabilities")) else "opening"
     return None
+
+
+def _may_ask(capabilities: Any) -> bool:
+    """Whether these client capabilities (an `initialize`'s, or a 2026-07-28 request's own,
+    in its `_meta`) declare elicitation: a call of that client may have a question for it."""
+    return isinstance(capabilities, dict) and capabilities.get("elicitation") is not None
 
 
 def accepts_json(scope: Scope) -> bool:
