@@ -10,10 +10,16 @@ TCP connection for every call. The spec lets the server choose per request (a re
 answer is either `text/event-stream` or one `application/json` object, and clients must
 take both). Two ways here:
 
-- JSON mode for the request. A `tools/call` without a progress token, in a session whose
-  client declared no elicitation capability, has nothing to carry but its response: the
-  middleware marks it (a context variable), and the session's transport (`PerRequestJson`)
-  then answers it in the SDK's own JSON-response mode, without the stream's machinery.
+- JSON mode for the request. A `tools/call` without a progress token, from a client that
+  declared no elicitation capability (in a session: at its `initialize`; sessionless,
+  2026-07-28: in the request's own `_meta`), has nothing to carry but its response: the
+  middleware marks it (a context variable), and the SDK answers it in its own JSON-response
+  mode, without the stream's machinery: a session's call through its transport
+  (`PerRequestJson`), a sessionless one through the session manager's switch
+  (`SessionManager`), where the SDK's stream mode would also run a task group per request.
+  Such a call is answered at its end, as one body: no keep-alive pings meanwhile, and a
+  client that goes away does not end it: it runs to its end (the SDK's JSON mode watches
+  no disconnect; a stream's does).
 - JSON from the stream. For any other request POST, the middleware holds back the SSE
   response's head until the stream's first event: when that event is the JSON-RPC response
   itself (nothing came before it: no progress, no elicitation, no keep-alive ping of a call
