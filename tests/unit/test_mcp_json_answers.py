@@ -232,6 +232,21 @@ def test_the_json_switch_is_read_per_request() -> None:
     ).is_json_response_enabled
 
 
+def test_a_session_opened_by_a_plain_call_keeps_the_endpoints_setting() -> None:
+    """The manager's switch is on during a plain call; a session it admits meanwhile (only an
+    initialize can open one: the SDK refuses the call) gets the endpoint's setting."""
+    manager = SessionManager(app=Server("t"))
+    token = _plain_call.set(True)
+    try:
+        assert manager.json_response is True
+        transport = manager._admit_session(None)
+    finally:
+        _plain_call.reset(token)
+    assert manager.json_response is False
+    assert isinstance(transport, PerRequestJson)
+    assert transport.is_json_response_enabled is False
+
+
 async def test_a_sessions_calls_are_plain_unless_its_client_can_be_asked(tmp_path: Path) -> None:
     """Through the endpoint (no engine): the SDK's client in a session ("legacy": its default
     now goes sessionless) without an elicitation callback opens a session whose calls may be

@@ -92,9 +92,10 @@ class SessionManager(StreamableHTTPSessionManager):
     stream mode runs a task group (the handler, a watch for the client's disconnect) and a
     channel for notifications. Covered by test_mcp_json_answers (a plain sessionless call is
     answered in JSON mode, one with a progress token as a stream), which fails if the SDK
-    stops reading it so. The other readers of the switch see it off: a session's opening
-    request (`_admit_session`) is never a call, and the manager is not in its stateless
-    mode."""
+    stops reading it so. Its other readers: `_admit_session`, whose transport gets the
+    endpoint's setting here whatever request opens the session (a plain call without a
+    session id is refused there, by the SDK, but not in JSON mode for good), and the
+    manager's stateless mode, which is off."""
 
     @property
     def json_response(self) -> bool:
@@ -111,6 +112,7 @@ class SessionManager(StreamableHTTPSessionManager):
         if transport is not None:
             transport.__class__ = PerRequestJson  # the same object, the switch read per request
             assert isinstance(transport, PerRequestJson)
+            transport.is_json_response_enabled = bool(self.__dict__.get("json_response", False))
             transport.plain_calls = _opening_plain.get()
         return transport
 
