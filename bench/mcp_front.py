@@ -1,19 +1,21 @@
 """MCP against gRPC: what a warm `exec true` costs through each front of one supervisor.
 
 One `stockade serve` serves both the gRPC API and `[mcp] listen` on 127.0.0.1, with
-`[mcp] key` set so that both fronts run in the same warm sandbox. The gRPC side is the sync
+`[mcp] key` set so that all fronts run in the same warm sandbox. The gRPC side is the sync
 client (as `make bench`'s warm figure); the MCP side the official `mcp` SDK's client over
-streamable HTTP, one session held open for the whole run, as an agent would hold it; and, for
-the share that is the server's and not the SDK client's, MCP without the SDK (bench.mcp_plain:
-JSON-RPC over one kept-alive HTTP connection). After a warm-up on each, they take turns in
-rounds (each round's order rotated by one: `rotation`), and each round reads the supervisor's
-CPU time from /proc.
+streamable HTTP in both protocol modes, each held open for the whole run as an agent would
+hold it: its default ("auto", which takes the sessionless 2026-07-28 that the endpoint's
+`server/discover` offers: `mcp`) and a session (`mode="legacy"`, the initialize handshake:
+`mcp_session`); and, for the share that is the server's and not the SDK client's, MCP
+without the SDK (bench.mcp_plain: JSON-RPC in a session over one kept-alive HTTP connection:
+`mcp_plain`). After a warm-up on each, they take turns in rounds (each round's order rotated
+by one: `rotation`), and each round reads the supervisor's CPU time from /proc.
 
 Reported per front: median and p90 over all calls, the supervisor's CPU per call (and the
-client process's, for what each client itself costs); and MCP - gRPC in ms, pooled and per
+client process's, for what each client itself costs); and front - gRPC in ms, pooled and per
 pair of rounds (median with its ~95% interval, quartiles, range), against the issue's target:
 an MCP call costs at most 1 ms more than the same gRPC call (median, warm), judged on the SDK
-client; the plain client's difference is shown beside it.
+client in each of its modes (`JUDGED`); the plain client's difference is shown beside them.
 
 Alone: `python -m bench.mcp_front [--engine E] [--n N] [--rounds R]` (or
 `python -m bench --only mcp`), which puts its figures under engines.<engine>.mcp in
@@ -28,7 +30,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -37,6 +39,7 @@ from typing import Any
 import httpx2
 from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from bench import RESULTS, stockade_runs
 from bench.compare import one_round, read_results, thread_ns, write_results
@@ -56,7 +59,16 @@ from bench.timing import progress
 from stockade.client import Stockade
 
 KEY = "bench-mcp"
-FRONTS = ("grpc", "mcp", "mcp_plain")
+FRONTS = ("grpc", "mcp", "mcp_session", "mcp_plain")
+JUDGED = ("mcp", "mcp_session")
+"""The fronts judged against the target: the SDK client in its default mode (sessionless,
+2026-07-28) and in a session."""
+TITLES = {
+    "mcp": "MCP, SDK client, default mode",
+    "mcp_session": "MCP, SDK client, a session",
+    "mcp_plain": "MCP, plain client, a session",
+}
+MODES = {"mcp": "default mode", "mcp_session": "session"}
 TARGET_EXTRA_MS = 1.0
 """Issue 15: an MCP call costs at most this much more than the same gRPC call (median)."""
 DEFAULT_ROUNDS = 10
@@ -103,57 +115,87 @@ async def mcp_round(call: Callable[[], Awaitable[None]], pid: int, calls: int) -
 
 async def measure(
     sup: Served, url: str, rounds: int, calls: int, warmup: int
-) -> tuple[dict[str, list[Round]], dict[str, float]]:
-    """Warm the fronts up, then the interleaved rounds: each front's rounds, and the client
-    process's CPU seconds per front. The sync gRPC calls block this loop while they run;
-    the MCP sessions' tasks only wait meanwhile."""
+) -> tuple[dict[str, list[Round]], dict[str, float], dict[str, str]]:
+    """Warm the fronts up, then the interleaved rounds: each front's rounds, the client
+    process's CPU seconds per front, and the protocol version each MCP client speaks. The
+    sync gRPC calls block this loop while they run; the MCP clients' tasks only wait
+    meanwhile."""
     measured: dict[str, list[Round]] = {front: [] for front in FRONTS}
     client_cpu = dict.fromkeys(FRONTS, 0.0)
-    http = httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=120))
+    timeout = httpx2.Timeout(30, read=120)
+    http, session_http = httpx2.AsyncClient(timeout=timeout), httpx2.AsyncClient(timeout=timeout)
     with Stockade(sup.target) as grpc_client:
         try:
             async with (
                 http,
-                Client(streamable_http_client(url, http_client=http)) as mcp,
+                session_http,
+                Client(streamable_http_client(url, http_client=http)) as sdk,
+                Client(
+                    streamable_http_client(url, http_client=session_http), mode="legacy"
+                ) as session,
                 PlainMcp(url) as plain,
             ):
-                await mcp.list_tools()  # what an agent does first
-                sdk_call = partial(exec_true, mcp)
-                plain_call = partial(plain_exec_true, plain)
+                protocols = {
+                    "mcp": sdk.protocol_version,
+                    "mcp_session": session.protocol_version,
+                    "mcp_plain": plain.protocol_version,
+                }
+                if session.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
+                    raise RuntimeError(f"mode legacy speaks {session.protocol_version}")
+                await sdk.list_tools()  # what an agent does first
+                await session.list_tools()
+                mcp_calls: dict[str, Callable[[], Awaitable[None]]] = {
+                    "mcp": partial(exec_true, sdk),
+                    "mcp_session": partial(exec_true, session),
+                    "mcp_plain": partial(plain_exec_true, plain),
+                }
                 for _ in range(warmup):
                     stockade_runs.exec_true(grpc_client, KEY)
-                    await sdk_call()
-                    await plain_call()
+                    for call in mcp_calls.values():
+                        await call()
                 for _, front in rotation(rounds):
                     before = time.process_time()
                     if front == "grpc":
                         done = one_round(grpc_client, sup.pid, calls, KEY)
                     else:
-                        call = sdk_call if front == "mcp" else plain_call
-                        done = await mcp_round(call, sup.pid, calls)
+                        done = await mcp_round(mcp_calls[front], sup.pid, calls)
                     client_cpu[front] += time.process_time() - before
                     measured[front].append(done)
         finally:
             stockade_runs.destroy(grpc_client, KEY)
-    return measured, client_cpu
+    return measured, client_cpu, protocols
 
 
-def differences(
-    grpc: Sequence[Round], mcp: Sequence[Round], tick_hz: int, target_ms: float = TARGET_EXTRA_MS
+def compared(
+    measured: Mapping[str, Sequence[Round]], tick_hz: int, target_ms: float = TARGET_EXTRA_MS
 ) -> dict[str, Any]:
-    """Both fronts' summaries, and per figure MCP - gRPC: pooled, and per pair of rounds
-    (round r of each front); the target is judged on the pooled medians."""
-    if len(grpc) != len(mcp) or not grpc:
-        raise ValueError(f"rounds differ: grpc {len(grpc)}, mcp {len(mcp)}")
-    summary = {"grpc": side_summary(grpc, tick_hz), "mcp": side_summary(mcp, tick_hz)}
-    diffs = pairwise(grpc, mcp, summary["grpc"], summary["mcp"])
-    extra = diffs["median_ms"]
+    """Each front's summary; per MCP front and figure, front - gRPC: pooled, and per pair of
+    rounds (round r of each front); the target judged on the pooled medians of each front in
+    JUDGED (`judged`), `met` when all of them meet it."""
+    grpc = measured["grpc"]
+    if not grpc:
+        raise ValueError("rounds differ: grpc has none")
+    result: dict[str, Any] = {"grpc": side_summary(grpc, tick_hz)}
+    judged: dict[str, dict[str, Any]] = {}
+    for front in FRONTS[1:]:
+        rounds = measured[front]
+        if len(rounds) != len(grpc):
+            raise ValueError(f"rounds differ: grpc {len(grpc)}, {front} {len(rounds)}")
+        result[front] = side_summary(rounds, tick_hz)
+        diffs = pairwise(grpc, rounds, result["grpc"], result[front])
+        result[f"{front}_minus_grpc"] = diffs
+        if front in JUDGED:
+            extra = diffs["median_ms"]
+            judged[front] = {
+                "met": extra["pooled"] <= target_ms,
+                "verdict": verdict(extra, target_ms),
+            }
     return {
-        **summary,
-        "mcp_minus_grpc": diffs,
+        **result,
         "target_ms": target_ms,
-        "met": extra["pooled"] <= target_ms,
-        "verdict": verdict(extra, target_ms),
+        "judged": judged,
+        "met": all(j["met"] for j in judged.values()),
+        "verdict": "; ".join(f"{MODES[f]}: {j['verdict']}" for f, j in judged.items()),
     }
 
 
@@ -217,18 +259,16 @@ def measure_engine(engine: str, n: int, rounds: int, warmup: int) -> dict[str, A
     load_before = os.getloadavg()
     progress(f"{engine}: MCP against gRPC, {rounds} rounds of {calls} warm calls a front")
     with served(engine, config(listen)) as sup:
-        measured, client_cpu = asyncio.run(
+        measured, client_cpu, protocols = asyncio.run(
             measure(sup, f"http://{listen}/mcp", rounds, calls, warmup)
         )
-    result = differences(measured["grpc"], measured["mcp"], TICK)
-    result["mcp_plain"] = side_summary(measured["mcp_plain"], TICK)
-    result["mcp_plain_minus_grpc"] = pairwise(
-        measured["grpc"], measured["mcp_plain"], result["grpc"], result["mcp_plain"]
-    )
+    result = compared(measured, TICK)
     for front in FRONTS:
         result[front]["client_cpu_us_per_call"] = round(
             client_cpu[front] / result[front]["calls"] * 1e6, 1
         )
+        if front in protocols:
+            result[front]["protocol"] = protocols[front]
     return {
         "started_at": started,
         "rounds": rounds,
@@ -256,21 +296,27 @@ def section(engine: str, result: dict[str, Any]) -> str:
         f"== {engine}: MCP against gRPC, warm exec true, one supervisor and sandbox, "
         f"{result['rounds']} interleaved rounds of {result['calls_per_round']} calls a front ==",
     ]
-    lines += _block(result, "mcp", "MCP through the mcp SDK's client")
-    if "mcp_plain" in result:
-        lines += _block(result, "mcp_plain", "MCP, plain HTTP client (no SDK)")
-    extra = result["mcp_minus_grpc"]["median_ms"]["pooled"]
-    lines.append(
-        f"  {'MCP - gRPC, warm median':32}{extra:>9.2f} ms   "
-        f"target <= {result['target_ms']:g} ms   {result['verdict']}"
-    )
+    for front, title in TITLES.items():
+        if front in result:
+            lines += _block(result, front, title)
+    for front, judged in result["judged"].items():
+        extra = result[f"{front}_minus_grpc"]["median_ms"]["pooled"]
+        label = f"MCP - gRPC, {MODES[front]}"
+        lines.append(
+            f"  {label:32}{extra:>9.2f} ms   "
+            f"target <= {result['target_ms']:g} ms   {judged['verdict']}"
+        )
     return "\n".join(lines)
 
 
 def _block(result: dict[str, Any], front: str, title: str) -> list[str]:
     """gRPC against one MCP client: the figures, the difference, the pairs' spread."""
     grpc, mcp = result["grpc"], result[front]
-    lines = [f"{title:32}{'gRPC':>9}{'MCP':>9}{'MCP-gRPC':>10}   pairs: median [95% CI], q1..q3"]
+    protocol = f" ({mcp['protocol']})" if "protocol" in mcp else ""
+    lines = [
+        title + protocol,
+        f"  {'':30}{'gRPC':>9}{'MCP':>9}{'MCP-gRPC':>10}   pairs: median [95% CI], q1..q3",
+    ]
     for key, label, spec in ROWS:
         d = result[f"{front}_minus_grpc"][key]
         low, high = d["pairs_median_ci95"]

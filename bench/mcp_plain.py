@@ -18,6 +18,8 @@ class PlainMcp:
     """One MCP session: `initialize` and `notifications/initialized`, then tool calls, each a
     POST read to its end; `DELETE` at the end."""
 
+    protocol_version = PROTOCOL
+
     def __init__(self, url: str) -> None:
         self._url = url
         self._http = httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=120))

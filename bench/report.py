@@ -164,10 +164,12 @@ def summary(engines: dict[str, dict[str, Any]]) -> str:
     for key, label in (("throughput_per_s", "load: calls/s"), ("p95_ms", "load: p95 ms")):
         cells = [engines[e].get("load", {}).get(key) for e in names]
         lines.append(f"{label:34}" + "".join(_cell(c, ".1f") for c in cells))
-    extra = [_mcp_extra(engines[e].get("mcp", {})) for e in names]
-    lines.append(
-        f"{'MCP - gRPC, warm exec true (ms)':34}" + "".join(_cell(c, ".2f") for c in extra)
-    )
+    for front, label in (
+        ("mcp", "MCP - gRPC, SDK default (ms)"),
+        ("mcp_session", "MCP - gRPC, session (ms)"),
+    ):
+        extra = [_mcp_extra(engines[e].get("mcp", {}), front) for e in names]
+        lines.append(f"{label:34}" + "".join(_cell(c, ".2f") for c in extra))
     pss = [engines[e].get("idle_memory", {}).get("pss_mib") for e in names]
     lines.append(f"{'idle sandbox, MiB PSS':34}" + "".join(_cell(c, ".1f") for c in pss))
     for key, label in (
@@ -179,9 +181,9 @@ def summary(engines: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _mcp_extra(result: dict[str, Any]) -> float | None:
-    """MCP - gRPC of the pooled warm medians (bench/mcp_front.py), if measured."""
-    extra = result.get("mcp_minus_grpc", {}).get("median_ms", {}).get("pooled")
+def _mcp_extra(result: dict[str, Any], front: str) -> float | None:
+    """`front` - gRPC of the pooled warm medians (bench/mcp_front.py), if measured."""
+    extra = result.get(f"{front}_minus_grpc", {}).get("median_ms", {}).get("pooled")
     return extra if isinstance(extra, float | int) else None
 
 

@@ -346,3 +346,63 @@ def test_a_grpc_caller_names_only_the_stdio_bridges_front() -> None:
     for front in ("mcp", "grpc", "MCP-STDIO", "mcp-stdio ", "x" * 1000):
         with pytest.raises(errors.InvalidRequest, match="front must be empty or one of"):
             front_from_pb(front)
+
+
+def test_the_input_schema_is_the_listed_one(tmp_path: Path) -> None:
+    """What the SDK checks a sessionless call's Mcp-Param-* headers against: the inputSchema
+    tools/list gives the tool; None for a name tools/list does not give (unknown, an alias,
+    a tool the policy denies)."""
+    config = load_config(None, {"state_dir": str(tmp_path), "tools.deny": ["process"]})
+    policy = build_policy(config)
+    tools = McpTools(config, None, policy, authenticated=False)  # type: ignore[arg-type]
+    listed = [tool_to_mcp(spec) for spec in policy.tools.allowed_tools(CallContext())]
+    assert "exec" in [tool.name for tool in listed]
+    for tool in listed:
+        assert tools.input_schema(tool.name) == tool.input_schema
+    for unlisted in ("process", "exec_shell", "nope"):
+        assert tools.input_schema(unlisted) is None
+
+
+async def test_a_sessionless_call_runs_no_tools_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The endpoint gives the SDK its input schemas (Server's get_tool_input_schema): the
+    SDK ran a whole tools/list for every sessionless call with arguments without it."""
+    listed: list[str] = []
+    looked_up: list[str] = []
+    list_tools, input_schema = McpTools.list_tools, McpTools.input_schema
+
+    async def counted(self: McpTools, ctx: Any, params: Any) -> Any:
+        listed.append("tools/list")
+        return await list_tools(self, ctx, params)
+
+    def recorded(self: McpTools, name: str) -> Any:
+        looked_up.append(name)
+        return input_schema(self, name)
+
+    monkeypatch.setattr(McpTools, "list_tools", counted)
+    monkeypatch.setattr(McpTools, "input_schema", recorded)
+    config = load_config(
+        None, {"state_dir": str(tmp_path), "mcp.listen": "127.0.0.1:0", "auth.enabled": False}
+    )
+    policy = build_policy(config)
+    endpoint = build_app(config, None, policy, None)  # type: ignore[arg-type]
+    front = McpFront(endpoint, config.mcp.listen)
+    await front.start()
+    endpoint.tools.draining = True  # a call is refused before the pipeline: none here
+    url = f"http://127.0.0.1:{front.port}/mcp"
+    try:
+        http = httpx2.AsyncClient()
+        async with http, Client(streamable_http_client(url, http_client=http)) as client:
+            assert client.protocol_version == "2026-07-28"
+            await client.list_tools()
+            assert listed == ["tools/list"]
+            result = await client.call_tool("exec", {"command": "true"})
+        assert result.is_error
+        assert "SHUTTING_DOWN" in result.content[0].text  # type: ignore[union-attr]
+        assert listed == ["tools/list"]  # the client's own, none for the call
+        assert looked_up == ["exec"]
+    finally:
+        await front.stop(1)
+        if policy.audit is not None:
+            policy.audit.close()

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import mcp_types as types
 import pytest
 from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
+from mcp_types import CLIENT_CAPABILITIES_META_KEY, PROTOCOL_VERSION_META_KEY
 from starlette.types import Message, Receive, Scope, Send
 
 from stockade.supervisor.app import build_policy
@@ -21,6 +25,7 @@ from stockade.supervisor.fronts.mcp.json_answers import (
     PEEK_BYTES,
     JsonAnswers,
     PerRequestJson,
+    SessionManager,
     _plain_call,
     first_event,
     peek,
@@ -170,6 +175,12 @@ def test_which_requests_are_plain() -> None:
     asking = {"capabilities": {"elicitation": {}}}
     assert plain_kind(request("initialize", asking)) is None  # may be asked during a call
     assert plain_kind(request("tools/list")) is None
+    # sessionless (2026-07-28): the client's capabilities come with each request
+    assert plain_kind(modern_call({}, {})) == "call"
+    assert plain_kind(modern_call({}, {"sampling": {}})) == "call"
+    assert plain_kind(modern_call({}, {"elicitation": {}})) is None  # may be asked: a stream
+    assert plain_kind(modern_call({}, {"elicitation": {"form": {}}})) is None
+    assert plain_kind(modern_call({"progressToken": "p"}, {})) is None
     notification = b'{"jsonrpc":"2.0","method":"notifications/initialized"}'
     for other in (notification, b"[" + request("tools/call") + b"]", b"{not json", None):
         assert plain_kind(other) is None
@@ -221,6 +232,21 @@ def test_the_json_switch_is_read_per_request() -> None:
     ).is_json_response_enabled
 
 
+def test_a_session_opened_by_a_plain_call_keeps_the_endpoints_setting() -> None:
+    """The manager's switch is on during a plain call; a session it admits meanwhile (only an
+    initialize can open one: the SDK refuses the call) gets the endpoint's setting."""
+    manager = SessionManager(app=Server("t"))
+    token = _plain_call.set(True)
+    try:
+        assert manager.json_response is True
+        transport = manager._admit_session(None)
+    finally:
+        _plain_call.reset(token)
+    assert manager.json_response is False
+    assert isinstance(transport, PerRequestJson)
+    assert transport.is_json_response_enabled is False
+
+
 async def test_a_sessions_calls_are_plain_unless_its_client_can_be_asked(tmp_path: Path) -> None:
     """Through the endpoint (no engine): the SDK's client in a session ("legacy": its default
     now goes sessionless) without an elicitation callback opens a session whose calls may be
@@ -253,3 +279,57 @@ async def test_a_sessions_calls_are_plain_unless_its_client_can_be_asked(tmp_pat
         await front.stop(1)
         if policy.audit is not None:
             policy.audit.close()
+
+
+MODERN = "2026-07-28"
+
+
+def modern_call(meta: dict[str, object], capabilities: dict[str, object]) -> bytes:
+    """A sessionless tools/call of tool "t": the protocol's envelope in its `_meta`."""
+    envelope = {PROTOCOL_VERSION_META_KEY: MODERN, CLIENT_CAPABILITIES_META_KEY: capabilities}
+    return request("tools/call", {"name": "t", "_meta": {**envelope, **meta}})
+
+
+async def test_a_plain_sessionless_call_is_answered_in_the_sdks_json_mode() -> None:
+    """The SDK's own reading of the manager's JSON switch (json_answers.SessionManager relies
+    on it): a plain sessionless call runs in the SDK's JSON mode, where a notification of its
+    handler has no way out (the answer is its response alone, as JSON); one with a progress
+    token, or from a client that declared elicitation, in its stream mode (the notification
+    comes first, on the SSE stream). Should the SDK stop reading the switch per request, the
+    plain call would be a stream too."""
+
+    async def call(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        note = types.LoggingMessageNotificationParams(level="info", data="note")
+        await ctx.session.send_notification(
+            types.LoggingMessageNotification(params=note), related_request_id=ctx.request_id
+        )
+        return types.CallToolResult(content=[types.TextContent(type="text", text="done")])
+
+    server: Server[Any] = Server("t", on_call_tool=call, get_tool_input_schema=lambda _: None)
+    manager = SessionManager(app=server)
+    assert manager.json_response is False
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "content-type": "application/json",
+        "mcp-protocol-version": MODERN,
+        "mcp-method": "tools/call",
+        "mcp-name": "t",
+    }
+    transport = httpx2.ASGITransport(JsonAnswers(StreamableHTTPASGIApp(manager)))
+    async with manager.run(), httpx2.AsyncClient(transport=transport) as http:
+
+        async def answer(meta: dict[str, object], capabilities: dict[str, object]) -> Any:
+            content = modern_call(meta, capabilities)
+            return await http.post("http://127.0.0.1/mcp", content=content, headers=headers)
+
+        plain = await answer({}, {})
+        assert plain.status_code == 200
+        assert plain.headers["content-type"] == "application/json"
+        assert plain.json()["result"]["content"][0]["text"] == "done"
+        for meta, capabilities in (({"progressToken": 1}, {}), ({}, {"elicitation": {}})):
+            streamed = await answer(meta, capabilities)
+            assert streamed.headers["content-type"].startswith("text/event-stream")
+            first, *_ = [line for line in streamed.text.splitlines() if line.startswith("data:")]
+            assert json.loads(first[5:])["method"] == "notifications/message"
+            assert '"text":"done"' in streamed.text
+    assert manager.json_response is False  # the switch was on for the plain call alone

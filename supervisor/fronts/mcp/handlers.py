@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -238,6 +238,15 @@ class McpTools:
         self.caller(ctx)
         allowed = self._policy.tools.allowed_tools(CallContext())
         return types.ListToolsResult(tools=[tool_to_mcp(spec) for spec in allowed])
+
+    def input_schema(self, name: str) -> Mapping[str, Any] | None:
+        """The inputSchema tools/list gives the tool `name` (None when it lists none of that
+        name): the SDK checks a sessionless call's `Mcp-Param-*` headers against it. Without
+        this lookup the SDK ran a whole tools/list for every sessionless call to find it."""
+        spec = self._policy.catalog.tools.get(name)
+        if spec is None or not self._policy.tools.decide(spec.name, CallContext()).allowed:
+            return None
+        return spec.parameters
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams

@@ -10,10 +10,16 @@ TCP connection for every call. The spec lets the server choose per request (a re
 answer is either `text/event-stream` or one `application/json` object, and clients must
 take both). Two ways here:
 
-- JSON mode for the request. A `tools/call` without a progress token, in a session whose
-  client declared no elicitation capability, has nothing to carry but its response: the
-  middleware marks it (a context variable), and the session's transport (`PerRequestJson`)
-  then answers it in the SDK's own JSON-response mode, without the stream's machinery.
+- JSON mode for the request. A `tools/call` without a progress token, from a client that
+  declared no elicitation capability (in a session: at its `initialize`; sessionless,
+  2026-07-28: in the request's own `_meta`), has nothing to carry but its response: the
+  middleware marks it (a context variable), and the SDK answers it in its own JSON-response
+  mode, without the stream's machinery: a session's call through its transport
+  (`PerRequestJson`), a sessionless one through the session manager's switch
+  (`SessionManager`), where the SDK's stream mode would also run a task group per request.
+  Such a call is answered at its end, as one body: no keep-alive pings meanwhile, and a
+  client that goes away does not end it: it runs to its end (the SDK's JSON mode watches
+  no disconnect; a stream's does).
 - JSON from the stream. For any other request POST, the middleware holds back the SSE
   response's head until the stream's first event: when that event is the JSON-RPC response
   itself (nothing came before it: no progress, no elicitation, no keep-alive ping of a call
@@ -31,6 +37,7 @@ from typing import Any
 import pydantic_core
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp_types import CLIENT_CAPABILITIES_META_KEY
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 SSE = b"text/event-stream"
@@ -76,13 +83,36 @@ class PerRequestJson(StreamableHTTPServerTransport):
 
 
 class SessionManager(StreamableHTTPSessionManager):
-    """The SDK's session manager, its sessions' transports `PerRequestJson`."""
+    """The SDK's session manager, its sessions' transports `PerRequestJson`, and its own
+    JSON switch read per request: on for a plain call (see `_plain_call`), else the
+    endpoint's setting. It decides the form of a sessionless (2026-07-28) request's answer:
+    the SDK (2.3) reads `json_response` in `_handle_request` for each request and hands it to
+    its private `_streamable_http_modern.handle_modern_request`, which in JSON mode runs the
+    handler in the request's own task and answers its result as one JSON body, where its
+    stream mode runs a task group (the handler, a watch for the client's disconnect) and a
+    channel for notifications. Covered by test_mcp_json_answers (a plain sessionless call is
+    answered in JSON mode, one with a progress token as a stream), which fails if the SDK
+    stops reading it so. Its other readers: `_admit_session`, whose transport gets the
+    endpoint's setting here whatever request opens the session (a plain call without a
+    session id is refused there, by the SDK, but not in JSON mode for good), and the
+    manager's stateless mode, which is off."""
+
+    @property
+    def json_response(self) -> bool:
+        if _plain_call.get():
+            return True
+        return bool(self.__dict__.get("json_response", False))
+
+    @json_response.setter
+    def json_response(self, value: bool) -> None:
+        self.__dict__["json_response"] = value
 
     def _admit_session(self, requestor: Any) -> StreamableHTTPServerTransport | None:
         transport = super()._admit_session(requestor)
         if transport is not None:
             transport.__class__ = PerRequestJson  # the same object, the switch read per request
             assert isinstance(transport, PerRequestJson)
+            transport.is_json_response_enabled = bool(self.__dict__.get("json_response", False))
             transport.plain_calls = _opening_plain.get()
         return transport
 
@@ -160,12 +190,19 @@ def plain_kind(body: bytes | None) -> str | None:
     params = params if isinstance(params, dict) else {}
     if request.get("method") == "tools/call":
         meta = params.get("_meta")
-        return None if isinstance(meta, dict) and "progressToken" in meta else "call"
+        meta = meta if isinstance(meta, dict) else {}
+        if "progressToken" in meta or _may_ask(meta.get(CLIENT_CAPABILITIES_META_KEY)):
+            return None
+        return "call"
     if request.get("method") == "initialize":
-        capabilities = params.get("capabilities")
-        capabilities = capabilities if isinstance(capabilities, dict) else {}
-        return None if capabilities.get("elicitation") is not None else "opening"
+        return None if _may_ask(params.get("capabilities")) else "opening"
     return None
+
+
+def _may_ask(capabilities: Any) -> bool:
+    """Whether these client capabilities (an `initialize`'s, or a 2026-07-28 request's own,
+    in its `_meta`) declare elicitation: a call of that client may have a question for it."""
+    return isinstance(capabilities, dict) and capabilities.get("elicitation") is not None
 
 
 def accepts_json(scope: Scope) -> bool:

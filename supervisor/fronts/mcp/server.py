@@ -111,6 +111,7 @@ def build_app(
     )
     server: Server[Any] = Server(
         SERVER_NAME,
+        get_tool_input_schema=tools.input_schema,
         on_list_tools=tools.list_tools,
         on_call_tool=tools.call_tool,
     )
