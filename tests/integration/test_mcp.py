@@ -16,8 +16,9 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -45,10 +46,12 @@ class McpSupervisor:
     """Tenant other's."""
 
 
-@pytest.fixture(scope="module")
-def mcp_sup(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpSupervisor]:
+@contextmanager
+def serving_mcp(engine: str, folder: Path) -> Iterator[McpSupervisor]:
+    """A real supervisor with its MCP endpoint on a free loopback port, bearer tokens of two
+    tenants (acme, other) from a tokens file in `folder`, which the gRPC API takes too."""
     token, other = secrets.token_hex(20), secrets.token_hex(20)
-    tokens = tmp_path_factory.mktemp("mcp") / "tokens"
+    tokens = folder / "tokens"
     tokens.write_text(f"{token} acme\n{other} other\n")
     tokens.chmod(0o600)
     address = free_tcp_address()
@@ -58,6 +61,12 @@ def mcp_sup(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[M
         auth_config=f'[auth]\ntokens_file = "{tokens}"\n',
     ) as sup:
         yield McpSupervisor(sup, f"http://{address}/mcp", token, other)
+
+
+@pytest.fixture(scope="module")
+def mcp_sup(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpSupervisor]:
+    with serving_mcp(engine, tmp_path_factory.mktemp("mcp")) as served:
+        yield served
 
 
 @asynccontextmanager

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shutil
 import subprocess
 import uuid
@@ -20,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import Supervisor, free_tcp_address, running_supervisor
+from tests.integration.harness import Supervisor, free_tcp_address
 from tests.integration.test_clients import build, missing
+from tests.integration.test_mcp import serving_mcp
 
 ROOT = Path(__file__).resolve().parents[2]
 MCP_TYPESCRIPT = ROOT / "examples" / "mcp-typescript"
@@ -55,17 +55,8 @@ def mcp_typescript() -> list[str]:
 def endpoint(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
     """The MCP endpoint on a free loopback port, with bearer tokens from a tokens file (the
     gRPC API's, on its unix socket, takes the same tokens)."""
-    token, other = secrets.token_hex(20), secrets.token_hex(20)
-    tokens = tmp_path_factory.mktemp("mcp-ts") / "tokens"
-    tokens.write_text(f"{token} acme\n{other} other\n")
-    tokens.chmod(0o600)
-    address = free_tcp_address()
-    with running_supervisor(
-        engine,
-        f'[mcp]\nlisten = "{address}"\n',
-        auth_config=f'[auth]\ntokens_file = "{tokens}"\n',
-    ) as sup:
-        yield Endpoint(sup, f"http://{address}/mcp", token)
+    with serving_mcp(engine, tmp_path_factory.mktemp("mcp-ts")) as served:
+        yield Endpoint(served.sup, served.url, served.token)
 
 
 def run(argv: list[str], *args: str, token: str | None) -> subprocess.CompletedProcess[str]:
