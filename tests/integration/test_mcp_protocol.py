@@ -193,9 +193,10 @@ async def test_an_ended_session_releases_its_own_sandbox(mcp: Mcp) -> None:
 # 5. a rate limit, and every built-in tool
 
 
-async def test_a_rate_limit_refusal(mcp: Mcp) -> None:
+@pytest.mark.parametrize("mode", ["legacy", MODERN])
+async def test_a_rate_limit_refusal(mcp: Mcp, mode: str) -> None:
     key = fresh("rate")
-    async with connected(mcp.url, mcp.token) as client:
+    async with connected(mcp.url, mcp.token, mode) as client:
         for _ in range(BURST):
             ok = await client.call_tool("exec", {"command": "true"}, meta={SANDBOX: key})
             assert not ok.is_error, text_of(ok)
@@ -216,9 +217,10 @@ PATCH = """*** Begin Patch
 """
 
 
-async def test_each_built_in_tool(mcp: Mcp) -> None:
+@pytest.mark.parametrize("mode", ["legacy", MODERN])
+async def test_each_built_in_tool(mcp: Mcp, mode: str) -> None:
     key = {SANDBOX: fresh("tools")}
-    async with connected(mcp.url, mcp.token) as client:
+    async with connected(mcp.url, mcp.token, mode) as client:
         await each_built_in_tool(client, key)
 
 
