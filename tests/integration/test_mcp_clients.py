@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+import stockade
 from tests.integration.harness import Supervisor, free_tcp_address
 from tests.integration.test_clients import build, missing
 from tests.integration.test_mcp import serving_mcp
@@ -78,7 +79,7 @@ def test_lists_the_tools_and_calls_them(mcp_typescript: list[str], endpoint: End
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     hello, tools, *calls = lines(done.stdout)
-    assert hello["server"]["name"] == "stockade"
+    assert hello["server"] == {"name": "stockade", "version": stockade.__version__}
     assert hello["protocol"] == "2025-11-25"  # the SDK's newest, a version with sessions
     session = hello["session"]
     assert re.fullmatch(r"[0-9a-f]{32}", session), session

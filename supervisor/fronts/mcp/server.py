@@ -30,6 +30,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
 
+import stockade
 from stockade.supervisor import errors
 from stockade.supervisor.api.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
@@ -111,6 +112,7 @@ def build_app(
     )
     server: Server[Any] = Server(
         SERVER_NAME,
+        version=stockade.__version__,
         get_tool_input_schema=tools.input_schema,
         on_list_tools=tools.list_tools,
         on_call_tool=tools.call_tool,
