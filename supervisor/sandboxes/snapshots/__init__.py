@@ -1,0 +1,2 @@
+"""Snapshots of a sandbox's files: capture (capture.py), the store (store.py), restore
+(restore.py)."""

@@ -1,0 +1,240 @@
+"""Reading a tree that sandbox code shaped into the store's entries, by descriptors only.
+
+Every folder is opened with O_NOFOLLOW|O_DIRECTORY relative to its parent's descriptor and
+every file with O_NOFOLLOW|O_NONBLOCK (a fifo swapped in for a file does not block the
+open; what the descriptor turns out to be is checked with fstat, never the name again). A
+link is read with readlink and stored as its target text; it is never followed. An entry
+that changes kind between listing and opening (a folder replaced by a link to /etc, say) is
+looked at again once and stored as what it is then; a second change is an error. The walk
+holds one descriptor per level, and the depth is bounded (`Limits.max_depth`).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from stockade.supervisor.errors import InvalidRequest, StockadeError
+
+DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+CHUNK: Final = 1 << 20
+MODE_BITS: Final = 0o1777
+"""The mode bits a snapshot keeps: permissions and the sticky bit. Set-user-ID and
+set-group-ID are dropped: a restore never makes a setuid file."""
+
+
+class SnapshotTooLarge(InvalidRequest):
+    """The tree passes one of the capture's bounds."""
+
+
+class TreeChanged(StockadeError):
+    """An entry kept changing kind while it was being captured (the sandbox was not frozen)."""
+
+    reason = "SANDBOX_STATE_CONFLICT"
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_entries: int = 1_000_000
+    max_depth: int = 256
+    max_name_bytes: int = 255
+    max_link_bytes: int = 4096
+    max_bytes: int = 64 << 30
+
+
+@dataclass
+class Entry:
+    """One entry below the root, in depth-first preorder; `depth` 1 is a child of the root."""
+
+    depth: int
+    name: str  # os.fsdecode'd (surrogateescape): names that are not UTF-8 survive exactly
+    kind: str  # "d", "f", "l"
+    mode: int = 0
+    mtime_ns: int = 0
+    digest: str = ""
+    size: int = 0
+    target: str = ""
+    key: tuple[int, ...] = ()  # (dev, ino, ctime_ns, size, mtime_ns): the next capture's cache
+
+    def to_json(self) -> list[Any]:
+        tail: list[Any] = []
+        if self.kind == "f":
+            tail = [self.digest, self.size, list(self.key)]
+        elif self.kind == "l":
+            tail = [self.target]
+        return [self.depth, self.name, self.kind, self.mode, self.mtime_ns, *tail]
+
+    @classmethod
+    def from_json(cls, raw: list[Any]) -> Entry:
+        depth, name, kind, mode, mtime_ns, *tail = raw
+        entry = cls(int(depth), str(name), str(kind), int(mode), int(mtime_ns))
+        if kind == "f":
+            entry.digest, entry.size, entry.key = str(tail[0]), int(tail[1]), tuple(tail[2])
+        elif kind == "l":
+            entry.target = str(tail[0])
+        elif kind != "d":
+            raise ValueError(f"unknown entry kind {kind!r}")
+        return entry
+
+
+@dataclass
+class Captured:
+    root_mode: int
+    root_mtime_ns: int
+    entries: list[Entry]
+    skipped: list[str] = field(default_factory=list)  # paths of fifos, sockets, devices
+    files_read: int = 0
+    bytes_read: int = 0
+
+
+Store = Callable[[int], tuple[str, int]]
+"""Given an open regular file, copy it into the store and return (digest, size)."""
+
+
+def capture(
+    root_fd: int, limits: Limits, cached: dict[tuple[int, ...], str], store: Store
+) -> Captured:
+    """Walk the folder `root_fd`. A file whose (dev, ino, ctime, size, mtime) is in `cached`
+    is not read again (its ctime cannot be set back by the sandbox); others go to `store`."""
+    info = os.fstat(root_fd)
+    out = Captured(stat.S_IMODE(info.st_mode) & MODE_BITS, info.st_mtime_ns, [])
+    stack: list[tuple[int, Iterator[str], str]] = [(root_fd, iter(_names(root_fd)), "")]
+    total = 0
+    try:
+        while stack:
+            fd, names, path = stack[-1]
+            name = next(names, None)
+            if name is None:
+                stack.pop()
+                if stack:
+                    os.close(fd)
+                continue
+            entry_path = f"{path}/{name}" if path else name
+            if len(os.fsencode(name)) > limits.max_name_bytes:
+                raise SnapshotTooLarge(f"{entry_path!r}: a name longer than the limit")
+            if len(out.entries) >= limits.max_entries:
+                raise SnapshotTooLarge(f"more than {limits.max_entries} entries")
+            entry, child = _one(fd, name, len(stack), cached, store, out, entry_path, limits)
+            if entry is None:
+                continue
+            out.entries.append(entry)
+            if entry.kind == "f":
+                total += entry.size
+                if total > limits.max_bytes:
+                    raise SnapshotTooLarge(f"more than {limits.max_bytes} bytes of files")
+            if child is not None:
+                if len(stack) >= limits.max_depth:
+                    os.close(child)
+                    raise SnapshotTooLarge(f"{entry_path!r}: deeper than {limits.max_depth}")
+                stack.append((child, iter(_names(child)), entry_path))
+    finally:
+        for fd, _, _ in stack[1:]:
+            os.close(fd)
+    return out
+
+
+def _names(fd: int) -> list[str]:
+    return sorted(os.listdir(fd))
+
+
+def _one(
+    fd: int,
+    name: str,
+    depth: int,
+    cached: dict[tuple[int, ...], str],
+    store: Store,
+    out: Captured,
+    path: str,
+    limits: Limits,
+) -> tuple[Entry | None, int | None]:
+    """The entry `name` of `fd` (and, for a folder, its open descriptor); None if it is gone
+    or is a kind a snapshot skips. Kind changes between lstat and open are retried once."""
+    for _attempt in range(2):
+        try:
+            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None, None
+        mode = info.st_mode
+        try:
+            if stat.S_ISDIR(mode):
+                child = os.open(name, DIR_FLAGS, dir_fd=fd)
+                got = os.fstat(child)
+                entry = Entry(depth, name, "d", stat.S_IMODE(got.st_mode) & MODE_BITS)
+                entry.mtime_ns = got.st_mtime_ns  # folders' mtimes: finalised by restore
+                return entry, child
+            if stat.S_ISLNK(mode):
+                target = os.readlink(name, dir_fd=fd)
+                if len(os.fsencode(target)) > limits.max_link_bytes:
+                    raise SnapshotTooLarge(f"{path!r}: a link target longer than the limit")
+                again = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                return Entry(depth, name, "l", 0o777, again.st_mtime_ns, target=target), None
+            if stat.S_ISREG(mode):
+                return _file(fd, name, depth, cached, store, out), None
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return None, None
+            if exc.errno not in (errno.ENOTDIR, errno.ELOOP, errno.EINVAL, _WRONG_KIND):
+                raise
+            continue  # it changed kind between the lstat and the open: look again
+        out.skipped.append(path)
+        return None, None
+    raise TreeChanged(f"{path!r} kept changing while the snapshot was taken")
+
+
+_WRONG_KIND: Final = -1  # raised by _file when the descriptor is not a regular file
+
+
+def _file(
+    fd: int,
+    name: str,
+    depth: int,
+    cached: dict[tuple[int, ...], str],
+    store: Store,
+    out: Captured,
+) -> Entry:
+    file_fd = os.open(name, FILE_FLAGS, dir_fd=fd)
+    try:
+        info = os.fstat(file_fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(_WRONG_KIND, "not a regular file any more")
+        key: tuple[int, ...] = (
+            info.st_dev,
+            info.st_ino,
+            info.st_ctime_ns,
+            info.st_size,
+            info.st_mtime_ns,
+        )
+        digest = cached.get(key)
+        size = info.st_size
+        if digest is None:
+            digest, size = store(file_fd)
+            out.files_read += 1
+            out.bytes_read += size
+            after = os.fstat(file_fd)
+            if (after.st_ctime_ns, after.st_size) != (info.st_ctime_ns, size):
+                key = ()  # changed while read: what was read is stored, never cached
+        mode = stat.S_IMODE(info.st_mode) & MODE_BITS
+        return Entry(depth, name, "f", mode, info.st_mtime_ns, digest, size, key=key)
+    finally:
+        os.close(file_fd)
+
+
+def hash_copy(src_fd: int, dst_fd: int) -> tuple[str, int]:
+    """Copy `src_fd` from its start to `dst_fd`, returning (sha256 hex, bytes)."""
+    digest = hashlib.sha256()
+    size = 0
+    while True:
+        data = os.pread(src_fd, CHUNK, size)
+        if not data:
+            return digest.hexdigest(), size
+        digest.update(data)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(dst_fd, view) :]
+        size += len(data)

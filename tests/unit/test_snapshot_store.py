@@ -1,0 +1,361 @@
+"""The snapshot store over real trees in a temp folder: exact round trips (content, modes,
+links, empty folders, non-UTF-8 names, mtimes), dedup, garbage collection, and trees shaped
+by hostile sandbox code (links planted or swapped in mid-capture, hard links, bounds)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stockade.supervisor.errors import InvalidRequest
+from stockade.supervisor.sandboxes.snapshots import capture as capture_mod
+from stockade.supervisor.sandboxes.snapshots.capture import Limits, SnapshotTooLarge
+from stockade.supervisor.sandboxes.snapshots.restore import TargetNotEmpty
+from stockade.supervisor.sandboxes.snapshots.store import (
+    SnapshotExists,
+    SnapshotNotFound,
+    SnapshotStore,
+)
+
+IDS = (4321, 8765)
+NON_UTF8 = b"caf\xe9-\xff"
+
+
+def tree_of(root: Path) -> dict[bytes, tuple[Any, ...]]:
+    """Everything a snapshot keeps of `root`, walked by lstat: per relative bytes path, its
+    kind, mode bits, content or link target, mtime and owner."""
+    out: dict[bytes, tuple[Any, ...]] = {}
+    base = os.fsencode(root)
+    for folder, dirs, files in os.walk(base):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            info = os.lstat(path)
+            rel = os.path.relpath(path, base)
+            owner = (info.st_uid, info.st_gid)
+            mode = stat.S_IMODE(info.st_mode)
+            if stat.S_ISLNK(info.st_mode):
+                out[rel] = ("l", os.readlink(path), info.st_mtime_ns, owner)
+            elif stat.S_ISDIR(info.st_mode):
+                out[rel] = ("d", mode, info.st_mtime_ns, owner)
+            elif stat.S_ISREG(info.st_mode):
+                with open(path, "rb") as f:
+                    out[rel] = ("f", mode, f.read(), info.st_mtime_ns, owner)
+            else:
+                out[rel] = ("other", stat.S_IFMT(info.st_mode))
+    return out
+
+
+def owned(tree: dict[bytes, tuple[Any, ...]], ids: tuple[int, int]) -> dict[bytes, Any]:
+    """`tree` as if every entry belonged to `ids`."""
+    return {k: (*v[:-1], ids) if v[0] != "other" else v for k, v in tree.items()}
+
+
+def make_tree(root: Path) -> None:
+    (root / "sub" / "deep" / "er").mkdir(parents=True)
+    (root / "empty").mkdir()
+    (root / "sub" / "a.txt").write_text("hello\n")
+    (root / "sub" / "deep" / "bin.dat").write_bytes(bytes(range(256)) * 100)
+    (root / "empty-file").write_bytes(b"")
+    script = root / "run.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o755)
+    (root / "private").write_text("secret-ish")
+    (root / "private").chmod(0o600)
+    (root / "sub" / "deep" / "er").chmod(0o750)
+    sticky = root / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    os.symlink("sub/a.txt", root / "rel-link")
+    os.symlink("/etc/passwd", root / "passwd-link")
+    os.symlink("does/not/exist", root / "dangling")
+    os.symlink("..", root / "sub" / "up")
+    odd = os.fsencode(root) + b"/" + NON_UTF8
+    with open(odd, "wb") as f:
+        f.write(b"latin-1 name")
+    os.mkdir(os.fsencode(root) + b"/dir-" + NON_UTF8)
+    os.utime(root / "sub" / "a.txt", ns=(1_000_000_123, 1_500_000_000_456_789))
+    os.utime(root / "rel-link", ns=(5, 1_600_000_000_000_000_001), follow_symlinks=False)
+    os.utime(root / "empty", ns=(7, 1_400_000_000_000_000_007))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> SnapshotStore:
+    return SnapshotStore(tmp_path / "store")
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    root.mkdir()
+    make_tree(root)
+    return root
+
+
+def test_round_trip_is_exact(store: SnapshotStore, tree: Path, tmp_path: Path) -> None:
+    os.mkfifo(tree / "fifo")
+    before = tree_of(tree)
+    snap, _ = store.capture("tenant", "one", tree, lineage="box")
+    assert snap.skipped == ("fifo",)
+    del before[b"fifo"]
+    target = tmp_path / "restored"
+    store.restore("tenant", "one", target, IDS)
+    assert tree_of(target) == owned(before, IDS)
+    info = os.stat(target)
+    assert (info.st_uid, info.st_gid) == IDS
+    source = os.stat(tree)
+    assert stat.S_IMODE(info.st_mode) == stat.S_IMODE(source.st_mode)
+    assert info.st_mtime_ns == source.st_mtime_ns
+    assert NON_UTF8 in os.listdir(os.fsencode(target))
+
+
+def test_change_then_restore_gives_back_the_snapshot(
+    store: SnapshotStore, tree: Path, tmp_path: Path
+) -> None:
+    before = tree_of(tree)
+    store.capture("tenant", "one", tree, lineage="box")
+    (tree / "sub" / "a.txt").write_text("changed")
+    (tree / "private").chmod(0o644)
+    (tree / "rel-link").unlink()
+    os.symlink("elsewhere", tree / "rel-link")
+    (tree / "empty" / "new").write_text("new")
+    (tree / "new-file").write_text("new")
+    (tree / "sub" / "deep" / "bin.dat").unlink()
+    store.capture("tenant", "two", tree, lineage="box")
+    assert tree_of(tree) != before
+    target = tmp_path / "restored"
+    store.restore("tenant", "one", target, IDS)
+    assert tree_of(target) == owned(before, IDS)
+
+
+def test_setuid_and_setgid_are_dropped(store: SnapshotStore, tree: Path, tmp_path: Path) -> None:
+    (tree / "run.sh").chmod(0o6755)
+    (tree / "sub").chmod(0o2775)
+    store.capture("tenant", "one", tree)
+    store.restore("tenant", "one", tmp_path / "r", IDS)
+    assert stat.S_IMODE(os.stat(tmp_path / "r" / "run.sh").st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(tmp_path / "r" / "sub").st_mode) == 0o775
+
+
+def test_restore_copies_never_links(store: SnapshotStore, tree: Path, tmp_path: Path) -> None:
+    store.capture("tenant", "one", tree)
+    first = tmp_path / "r1"
+    store.restore("tenant", "one", first, IDS)
+    assert os.stat(first / "sub" / "a.txt").st_nlink == 1
+    (first / "sub" / "a.txt").write_text("sandbox wrote this")
+    second = tmp_path / "r2"
+    store.restore("tenant", "one", second, IDS)
+    assert (second / "sub" / "a.txt").read_text() == "hello\n"
+
+
+def test_restore_refuses_a_folder_that_is_not_empty(
+    store: SnapshotStore, tree: Path, tmp_path: Path
+) -> None:
+    store.capture("tenant", "one", tree)
+    target = tmp_path / "full"
+    target.mkdir()
+    (target / "x").write_text("x")
+    with pytest.raises(TargetNotEmpty, match="not empty"):
+        store.restore("tenant", "one", target, IDS)
+    assert os.listdir(target) == ["x"]
+
+
+def _store_bytes(store: SnapshotStore) -> bytes:
+    data = b""
+    for folder, _, files in os.walk(store.root / "tenant" / "objects"):
+        for name in files:
+            data += Path(folder, name).read_bytes()
+    return data
+
+
+def test_links_are_stored_as_links_not_content(store: SnapshotStore, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "host-secret").write_text("HOST-SECRET-CONTENT")
+    tree = tmp_path / "ws"
+    tree.mkdir()
+    os.symlink(outside / "host-secret", tree / "file-link")
+    os.symlink(outside, tree / "dir-link")
+    os.symlink("/etc/passwd", tree / "passwd")
+    snap, _ = store.capture("tenant", "one", tree)
+    assert snap.files == 0
+    assert b"HOST-SECRET" not in _store_bytes(store)
+    assert b"root:" not in _store_bytes(store)
+    store.restore("tenant", "one", tmp_path / "r", IDS)
+    assert os.readlink(tmp_path / "r" / "passwd") == "/etc/passwd"
+    assert os.readlink(tmp_path / "r" / "dir-link") == str(outside)
+
+
+class _SwapOnStat:
+    """Stands in for the os module in capture: right after the lstat of `name`, the entry is
+    replaced by a link to `to` (the race a running sandbox could win)."""
+
+    def __init__(self, name: str, to: Path) -> None:
+        self.name, self.to, self.done = name, to, False
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(os, attr)
+
+    def stat(self, name: str, *, dir_fd: int, follow_symlinks: bool) -> os.stat_result:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=follow_symlinks)
+        if name == self.name and not self.done:
+            self.done = True
+            moved = f"{name}.moved"
+            os.rename(name, moved, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.symlink(self.to, name, dir_fd=dir_fd)
+        return info
+
+
+@pytest.mark.parametrize("kind", ["folder", "file"])
+def test_an_entry_swapped_for_a_link_mid_capture_does_not_escape(
+    store: SnapshotStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "host-secret").write_text("HOST-SECRET-CONTENT")
+    tree = tmp_path / "ws"
+    tree.mkdir()
+    if kind == "folder":
+        (tree / "victim").mkdir()
+        (tree / "victim" / "mine").write_text("mine")
+        to = outside
+    else:
+        (tree / "victim").write_text("mine")
+        to = outside / "host-secret"
+    swap = _SwapOnStat("victim", to)
+    monkeypatch.setattr(capture_mod, "os", swap)
+    store.capture("tenant", "one", tree)
+    monkeypatch.undo()
+    assert swap.done
+    assert b"HOST-SECRET" not in _store_bytes(store)
+    store.restore("tenant", "one", tmp_path / "r", IDS)
+    assert os.readlink(tmp_path / "r" / "victim") == str(to)
+    assert (outside / "host-secret").read_text() == "HOST-SECRET-CONTENT"
+
+
+def test_a_hard_link_is_stored_by_content_and_restored_apart(
+    store: SnapshotStore, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.write_text("shared inode")
+    tree = tmp_path / "ws"
+    tree.mkdir()
+    os.link(outside, tree / "hard")
+    store.capture("tenant", "one", tree)
+    assert os.stat(outside).st_nlink == 2  # the store copied, it did not link
+    store.restore("tenant", "one", tmp_path / "r", IDS)
+    restored = tmp_path / "r" / "hard"
+    assert restored.read_text() == "shared inode"
+    assert os.stat(restored).st_ino != os.stat(outside).st_ino
+    restored.write_text("changed in the sandbox")
+    assert outside.read_text() == "shared inode"
+
+
+def test_ten_snapshots_of_one_percent_changes_dedup(store: SnapshotStore, tmp_path: Path) -> None:
+    tree = tmp_path / "ws"
+    tree.mkdir()
+    files = [tree / f"f{i:03d}" for i in range(200)]
+    for i, path in enumerate(files):
+        path.write_bytes(os.urandom(16_384 + i))
+    one_copy = sum(p.stat().st_size for p in files)
+    for n in range(10):
+        if n:
+            for path in files[n * 2 : n * 2 + 2]:  # 1% of the files
+                path.write_bytes(os.urandom(path.stat().st_size))
+        _, stats = store.capture("tenant", f"s{n}", tree, lineage="box")
+        assert stats.files_read == (200 if n == 0 else 2)
+    usage = store.usage("tenant")
+    assert usage.count == 10
+    assert usage.bytes <= 1.2 * one_copy
+
+
+def test_a_change_with_its_mtime_set_back_is_still_read(
+    store: SnapshotStore, tmp_path: Path
+) -> None:
+    tree = tmp_path / "ws"
+    tree.mkdir()
+    path = tree / "f"
+    path.write_text("aaaa")
+    old = os.stat(path)
+    store.capture("tenant", "one", tree, lineage="box")
+    path.write_text("bbbb")
+    os.utime(path, ns=(old.st_atime_ns, old.st_mtime_ns))
+    _, stats = store.capture("tenant", "two", tree, lineage="box")
+    assert stats.files_read == 1
+    store.restore("tenant", "two", tmp_path / "r", IDS)
+    assert (tmp_path / "r" / "f").read_text() == "bbbb"
+
+
+def test_delete_collects_what_nothing_uses(
+    store: SnapshotStore, tree: Path, tmp_path: Path
+) -> None:
+    store.capture("tenant", "one", tree, lineage="box")
+    (tree / "sub" / "a.txt").write_text("only in two")
+    store.capture("tenant", "two", tree, lineage="box")
+    before = store.usage("tenant")
+    freed = store.delete("tenant", "one")
+    assert freed > 0
+    after = store.usage("tenant")
+    assert after.count == 1
+    assert after.bytes == before.bytes - freed
+    assert b"hello\n" not in _store_bytes(store).replace(b"only in two", b"")
+    store.restore("tenant", "two", tmp_path / "r", IDS)
+    assert (tmp_path / "r" / "sub" / "a.txt").read_text() == "only in two"
+    assert (tmp_path / "r" / "sub" / "deep" / "bin.dat").stat().st_size == 25_600
+    store.delete("tenant", "two")
+    assert store.usage("tenant").bytes == 0
+    assert store.list("tenant") == []
+
+
+def test_list_get_and_names(store: SnapshotStore, tree: Path) -> None:
+    store.capture("tenant", "one", tree, lineage="box")
+    store.capture("tenant", "two", tree, lineage="box")
+    store.capture("other", "one", tree)
+    assert [s.name for s in store.list("tenant")] == ["one", "two"]
+    assert store.get("tenant", "two").lineage == "box"
+    assert store.usage("other").count == 1
+    with pytest.raises(SnapshotExists):
+        store.capture("tenant", "one", tree)
+    with pytest.raises(SnapshotNotFound):
+        store.get("tenant", "three")
+    with pytest.raises(SnapshotNotFound):
+        store.delete("tenant", "three")
+    for bad in ("../x", "", ".hidden", "a/b", "x" * 129):
+        with pytest.raises(InvalidRequest):
+            store.capture("tenant", bad, tree)
+        with pytest.raises(InvalidRequest):
+            store.list(bad)
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        (Limits(max_entries=10), "more than 10 entries"),
+        (Limits(max_depth=2), "deeper than 2"),
+        (Limits(max_name_bytes=8), "a name longer than the limit"),
+        (Limits(max_bytes=1000), "more than 1000 bytes"),
+        (Limits(max_link_bytes=5), "a link target longer than the limit"),
+    ],
+)
+def test_bounds_give_clear_errors(tmp_path: Path, tree: Path, limits: Limits, message: str) -> None:
+    store = SnapshotStore(tmp_path / "store", limits)
+    with pytest.raises(SnapshotTooLarge, match=message):
+        store.capture("tenant", "one", tree)
+    assert store.list("tenant") == []
+
+
+def test_a_very_deep_tree_is_refused_not_crashed(store: SnapshotStore, tmp_path: Path) -> None:
+    tree = tmp_path / "ws"
+    tree.mkdir()
+    fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(300):
+        os.mkdir("d", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.close(fd)
+    with pytest.raises(SnapshotTooLarge, match="deeper than 256"):
+        store.capture("tenant", "one", tree)
