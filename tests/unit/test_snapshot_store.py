@@ -359,3 +359,12 @@ def test_a_very_deep_tree_is_refused_not_crashed(store: SnapshotStore, tmp_path:
     os.close(fd)
     with pytest.raises(SnapshotTooLarge, match="deeper than 256"):
         store.capture("tenant", "one", tree)
+
+
+def test_a_crashed_capture_leaves_nothing_counted(store: SnapshotStore, tree: Path) -> None:
+    store.capture("tenant", "one", tree)
+    stale = store.root / "tenant" / "objects" / "tmp.1.2"
+    stale.write_bytes(b"x" * 1000)
+    store.delete("tenant", "one")
+    assert not stale.exists()
+    assert store.usage("tenant").bytes == 0

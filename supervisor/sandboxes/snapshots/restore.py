@@ -39,8 +39,12 @@ def restore(
             raise TargetNotEmpty(f"{target} is not empty: a snapshot is restored into a new folder")
         os.fchown(root_fd, *ids)
         for entry in entries:
-            if not 1 <= entry.depth <= len(stack):
-                raise ValueError(f"snapshot entry {entry.name!r} out of order")
+            if (
+                not 1 <= entry.depth <= len(stack)
+                or entry.name in ("", ".", "..")
+                or ("/" in entry.name or "\0" in entry.name)
+            ):
+                raise ValueError(f"snapshot entry {entry.name!r}: damaged manifest")
             while len(stack) > entry.depth:
                 _finish(*stack.pop())
             fd = stack[-1][0]

@@ -214,17 +214,18 @@ class SnapshotStore:
     # --- restore ---------------------------------------------------------------------------
 
     def restore(self, owner: str, name: str, target: Path, ids: tuple[int, int]) -> Snapshot:
-        """Make the empty folder `target` hold exactly the snapshot's files, owned by `ids`."""
+        """Make the empty folder `target` hold exactly the snapshot's files, owned by `ids`.
+        A restore that fails part way leaves `target` partly filled: the caller removes it."""
         _check(owner, "owner")
         _check(name, "snapshot name")
-        base = self.root / owner
-        path = base / "manifests" / f"{name}.json.gz"
-        try:
-            head, root, entries = _read_manifest(path)
-        except FileNotFoundError:
-            raise SnapshotNotFound(f"no snapshot {name!r}") from None
-        _restore.restore(target, root, entries, base / "objects", ids)
-        return _snapshot(owner, head)
+        with self._owner(owner) as base:  # a delete's collection waits for the copy
+            path = base / "manifests" / f"{name}.json.gz"
+            try:
+                head, root, entries = _read_manifest(path)
+            except FileNotFoundError:
+                raise SnapshotNotFound(f"no snapshot {name!r}") from None
+            _restore.restore(target, root, entries, base / "objects", ids)
+            return _snapshot(owner, head)
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -240,6 +241,8 @@ class SnapshotStore:
             fd = os.open(base / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
+                for stale in (base / "objects").glob("tmp.*"):  # a capture that crashed
+                    stale.unlink()
                 yield base
             finally:
                 os.close(fd)
