@@ -37,6 +37,8 @@ def generate(out: Path) -> list[Path]:
         raise SystemExit("protoc failed")
     written = []
     for path in sorted(out.rglob("*_pb2*.py*")):
+        if path.suffix == ".pyc":
+            continue
         text = path.read_text()
         if not text.startswith(HEADER):
             path.write_text(HEADER + text)

@@ -5,6 +5,8 @@
     ├── InvalidRequest         the caller is wrong: malformed key, bad field   -> INVALID_ARGUMENT
     ├── Unauthenticated        missing or wrong credentials                    -> UNAUTHENTICATED
     ├── NotFound               no such sandbox, approval, ... (also another tenant's)  -> NOT_FOUND
+    ├── AlreadyExists          a new name or key that is taken (snapshot, fork) -> ALREADY_EXISTS
+    ├── Unsupported            this host cannot do it (memory checkpoints)     -> UNIMPLEMENTED
     ├── QuotaExceeded          a tenant's sandbox or memory limit              -> RESOURCE_EXHAUSTED
     ├── ApproverBehind         an approver left too many events unread         -> RESOURCE_EXHAUSTED
     ├── PolicyDenied           policy forbids it (file transfer)               -> PERMISSION_DENIED
@@ -57,6 +59,16 @@ class ApproverBehind(StockadeError):
 
 class NotFound(StockadeError):
     reason = "NOT_FOUND"
+
+
+class AlreadyExists(StockadeError):
+    reason = "ALREADY_EXISTS"
+
+
+class Unsupported(StockadeError):
+    """A feature this host cannot offer (e.g. process memory checkpoints without CRIU)."""
+
+    reason = "UNSUPPORTED"
 
 
 class SandboxNotFound(NotFound):

@@ -22,6 +22,8 @@ _STATUS = {
     errors.QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.ApproverBehind: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    errors.Unsupported: grpc.StatusCode.UNIMPLEMENTED,
     errors.PolicyDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.EngineUnavailable: grpc.StatusCode.UNAVAILABLE,
     errors.HostExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -39,6 +39,7 @@ from stockade.supervisor.config.service import (
     FilesConfig,
     McpConfig,
     ObservabilityConfig,
+    SnapshotsConfig,
     TenantConfig,
 )
 
@@ -66,6 +67,7 @@ __all__ = [
     "ObservabilityConfig",
     "SandboxConfig",
     "ScrubConfig",
+    "SnapshotsConfig",
     "SubagentConfig",
     "TenantConfig",
     "ToolPolicy",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stockade.supervisor.config.sandbox import AGENT_UID, MIN_WORKSPACE_MB
+from stockade.supervisor.config.service import SNAPSHOT_OPERATIONS
 from stockade.supervisor.errors import ConfigError, InvalidRequest
 from stockade.supervisor.keys import validate_key, validate_tenant
 from stockade.supervisor.network.allowlist import AllowlistError, check_pattern
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
         AuthConfig,
         McpConfig,
         ObservabilityConfig,
+        SnapshotsConfig,
         TenantConfig,
     )
 
@@ -90,6 +92,7 @@ def check(cfg: Config) -> None:
     _check_observability(cfg.observability)
     _check_auth(cfg.auth, cfg.tenants)
     _check_mcp(cfg.mcp)
+    _check_snapshots(cfg.snapshots)
     if cfg.engine.kind not in ("podman", "docker"):
         raise ConfigError(f"engine.kind must be podman or docker, got {cfg.engine.kind!r}")
 
@@ -268,6 +271,29 @@ def _check_auth(auth: AuthConfig, tenants: Mapping[str, TenantConfig]) -> None:
     for name, limits in tenants.items():
         if limits.max_sandboxes < 0 or limits.max_memory_mb < 0:
             raise ConfigError(f"tenants.{name}: limits must not be negative (0: no limit)")
+        if limits.max_snapshots < -1 or limits.max_snapshot_mb < -1:
+            raise ConfigError(
+                f"tenants.{name}: snapshot limits are -1 (the [snapshots] default), 0 (no "
+                "limit) or a positive number"
+            )
+        if limits.snapshot_operations is not None:
+            _check_snapshot_operations(limits.snapshot_operations, f"tenants.{name}")
+
+
+def _check_snapshots(snaps: SnapshotsConfig) -> None:
+    _check_snapshot_operations(snaps.operations, "snapshots")
+    if snaps.max_count < 0 or snaps.max_mb < 0:
+        raise ConfigError("snapshots.max_count and max_mb must not be negative (0: no limit)")
+    if snaps.dir and not snaps.dir.startswith("/"):
+        raise ConfigError(f"snapshots.dir must be an absolute path, got {snaps.dir!r}")
+
+
+def _check_snapshot_operations(operations: tuple[str, ...], where: str) -> None:
+    unknown = sorted(set(operations) - set(SNAPSHOT_OPERATIONS))
+    if unknown:
+        raise ConfigError(
+            f"{where}.snapshot operations: unknown {unknown}; known: {list(SNAPSHOT_OPERATIONS)}"
+        )
 
 
 MCP_PATH = re.compile(r"/[A-Za-z0-9._~/-]{0,255}")

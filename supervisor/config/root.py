@@ -31,6 +31,7 @@ from stockade.supervisor.config.service import (
     FilesConfig,
     McpConfig,
     ObservabilityConfig,
+    SnapshotsConfig,
     TenantConfig,
 )
 
@@ -63,6 +64,7 @@ class Config:
     tenants: Mapping[str, TenantConfig] = field(default_factory=dict)
     mcp: McpConfig = field(default_factory=McpConfig)
     housekeeping: HousekeepingConfig = field(default_factory=HousekeepingConfig)
+    snapshots: SnapshotsConfig = field(default_factory=SnapshotsConfig)
 
     def __post_init__(self) -> None:
         check(self)
@@ -72,3 +74,11 @@ class Config:
         if not tenant:
             return TenantConfig()
         return self.tenants.get(tenant) or self.tenants.get("*") or TenantConfig()
+
+    def snapshot_rules(self, tenant: str) -> tuple[tuple[str, ...], int, int]:
+        """What a tenant may do with snapshots, and its count and byte limits (0: none)."""
+        own, snaps = self.tenant_limits(tenant), self.snapshots
+        operations = snaps.operations if own.snapshot_operations is None else own.snapshot_operations
+        count = snaps.max_count if own.max_snapshots < 0 else own.max_snapshots
+        mb = snaps.max_mb if own.max_snapshot_mb < 0 else own.max_snapshot_mb
+        return operations, count, mb * 1024 * 1024

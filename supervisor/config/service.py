@@ -98,6 +98,26 @@ class McpConfig:
     and its own sandbox is released as at the client's DELETE."""
 
 
+SNAPSHOT_OPERATIONS = ("snapshot", "restore", "fork", "delete")
+
+
+@dataclass(frozen=True)
+class SnapshotsConfig:
+    """Snapshots of sandboxes' files (docs/sandboxes.md#snapshots): who may take and use
+    them, and how much each tenant may keep."""
+
+    operations: tuple[str, ...] = SNAPSHOT_OPERATIONS
+    """What callers may do, of "snapshot", "restore", "fork" and "delete" (listing is always
+    allowed); [tenants.NAME] snapshot_operations overrides it per tenant. [] : none."""
+    max_count: int = 100
+    """Snapshots a tenant may keep; 0: no limit (tenants.NAME.max_snapshots overrides)."""
+    max_mb: int = 10240
+    """MiB a tenant's snapshots may take on disk, after deduplication; 0: no limit
+    (tenants.NAME.max_snapshot_mb overrides). A capture that would pass it is undone."""
+    dir: str = ""
+    """Where the store lives (absolute); empty: STATE_DIR/snapshots."""
+
+
 @dataclass(frozen=True)
 class TenantConfig:
     """Limits of one tenant (`[tenants.NAME]`; `[tenants."*"]` for tenants without a table)."""
@@ -107,3 +127,9 @@ class TenantConfig:
     is RESOURCE_EXHAUSTED."""
     max_memory_mb: int = 0
     """Sum of the memory limits (sandbox.memory_mb each) of its containers; 0: no limit."""
+    max_snapshots: int = -1
+    """Snapshots it may keep; -1: [snapshots] max_count; 0: no limit."""
+    max_snapshot_mb: int = -1
+    """MiB its snapshots may take after deduplication; -1: [snapshots] max_mb; 0: no limit."""
+    snapshot_operations: tuple[str, ...] | None = None
+    """What it may do with snapshots (see [snapshots] operations); unset: those."""

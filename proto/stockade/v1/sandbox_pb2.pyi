@@ -151,6 +151,114 @@ class ResumeSandboxResponse(_message.Message):
     changed: bool
     def __init__(self, sandbox: _Optional[_Union[SandboxInfo, _Mapping]] = ..., changed: _Optional[bool] = ...) -> None: ...
 
+class SnapshotSandboxRequest(_message.Message):
+    __slots__ = ("key", "name", "include_tmp", "include_memory")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_TMP_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    name: str
+    include_tmp: bool
+    include_memory: bool
+    def __init__(self, key: _Optional[str] = ..., name: _Optional[str] = ..., include_tmp: _Optional[bool] = ..., include_memory: _Optional[bool] = ...) -> None: ...
+
+class SnapshotInfo(_message.Message):
+    __slots__ = ("name", "source_key", "created_at", "files", "entries", "bytes", "includes_tmp", "includes_memory", "skipped", "frozen_seconds", "files_read_frozen")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_KEY_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    INCLUDES_TMP_FIELD_NUMBER: _ClassVar[int]
+    INCLUDES_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    FROZEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FILES_READ_FROZEN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    source_key: str
+    created_at: _timestamp_pb2.Timestamp
+    files: int
+    entries: int
+    bytes: int
+    includes_tmp: bool
+    includes_memory: bool
+    skipped: _containers.RepeatedScalarFieldContainer[str]
+    frozen_seconds: float
+    files_read_frozen: int
+    def __init__(self, name: _Optional[str] = ..., source_key: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., files: _Optional[int] = ..., entries: _Optional[int] = ..., bytes: _Optional[int] = ..., includes_tmp: _Optional[bool] = ..., includes_memory: _Optional[bool] = ..., skipped: _Optional[_Iterable[str]] = ..., frozen_seconds: _Optional[float] = ..., files_read_frozen: _Optional[int] = ...) -> None: ...
+
+class ListSnapshotsRequest(_message.Message):
+    __slots__ = ("source_key",)
+    SOURCE_KEY_FIELD_NUMBER: _ClassVar[int]
+    source_key: str
+    def __init__(self, source_key: _Optional[str] = ...) -> None: ...
+
+class ListSnapshotsResponse(_message.Message):
+    __slots__ = ("snapshots", "count", "bytes", "max_count", "max_bytes")
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    snapshots: _containers.RepeatedCompositeFieldContainer[SnapshotInfo]
+    count: int
+    bytes: int
+    max_count: int
+    max_bytes: int
+    def __init__(self, snapshots: _Optional[_Iterable[_Union[SnapshotInfo, _Mapping]]] = ..., count: _Optional[int] = ..., bytes: _Optional[int] = ..., max_count: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class DeleteSnapshotRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteSnapshotResponse(_message.Message):
+    __slots__ = ("freed_bytes",)
+    FREED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    freed_bytes: int
+    def __init__(self, freed_bytes: _Optional[int] = ...) -> None: ...
+
+class RestoreSandboxRequest(_message.Message):
+    __slots__ = ("key", "snapshot")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    snapshot: str
+    def __init__(self, key: _Optional[str] = ..., snapshot: _Optional[str] = ...) -> None: ...
+
+class RestoreSandboxResponse(_message.Message):
+    __slots__ = ("sandbox", "snapshot", "replaced")
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_FIELD_NUMBER: _ClassVar[int]
+    sandbox: SandboxInfo
+    snapshot: SnapshotInfo
+    replaced: bool
+    def __init__(self, sandbox: _Optional[_Union[SandboxInfo, _Mapping]] = ..., snapshot: _Optional[_Union[SnapshotInfo, _Mapping]] = ..., replaced: _Optional[bool] = ...) -> None: ...
+
+class ForkSandboxRequest(_message.Message):
+    __slots__ = ("source_key", "new_keys", "include_tmp", "include_memory")
+    SOURCE_KEY_FIELD_NUMBER: _ClassVar[int]
+    NEW_KEYS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_TMP_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    source_key: str
+    new_keys: _containers.RepeatedScalarFieldContainer[str]
+    include_tmp: bool
+    include_memory: bool
+    def __init__(self, source_key: _Optional[str] = ..., new_keys: _Optional[_Iterable[str]] = ..., include_tmp: _Optional[bool] = ..., include_memory: _Optional[bool] = ...) -> None: ...
+
+class ForkSandboxResponse(_message.Message):
+    __slots__ = ("sandboxes", "capture")
+    SANDBOXES_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_FIELD_NUMBER: _ClassVar[int]
+    sandboxes: _containers.RepeatedCompositeFieldContainer[SandboxInfo]
+    capture: SnapshotInfo
+    def __init__(self, sandboxes: _Optional[_Iterable[_Union[SandboxInfo, _Mapping]]] = ..., capture: _Optional[_Union[SnapshotInfo, _Mapping]] = ...) -> None: ...
+
 class InspectIsolationRequest(_message.Message):
     __slots__ = ("key",)
     KEY_FIELD_NUMBER: _ClassVar[int]

@@ -70,6 +70,31 @@ class SandboxServiceStub:
                 request_serializer=stockade_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.SerializeToString,
                 response_deserializer=stockade_dot_v1_dot_sandbox__pb2.ResumeSandboxResponse.FromString,
                 _registered_method=True)
+        self.SnapshotSandbox = channel.unary_unary(
+                '/stockade.v1.SandboxService/SnapshotSandbox',
+                request_serializer=stockade_dot_v1_dot_sandbox__pb2.SnapshotSandboxRequest.SerializeToString,
+                response_deserializer=stockade_dot_v1_dot_sandbox__pb2.SnapshotInfo.FromString,
+                _registered_method=True)
+        self.ListSnapshots = channel.unary_unary(
+                '/stockade.v1.SandboxService/ListSnapshots',
+                request_serializer=stockade_dot_v1_dot_sandbox__pb2.ListSnapshotsRequest.SerializeToString,
+                response_deserializer=stockade_dot_v1_dot_sandbox__pb2.ListSnapshotsResponse.FromString,
+                _registered_method=True)
+        self.DeleteSnapshot = channel.unary_unary(
+                '/stockade.v1.SandboxService/DeleteSnapshot',
+                request_serializer=stockade_dot_v1_dot_sandbox__pb2.DeleteSnapshotRequest.SerializeToString,
+                response_deserializer=stockade_dot_v1_dot_sandbox__pb2.DeleteSnapshotResponse.FromString,
+                _registered_method=True)
+        self.RestoreSandbox = channel.unary_unary(
+                '/stockade.v1.SandboxService/RestoreSandbox',
+                request_serializer=stockade_dot_v1_dot_sandbox__pb2.RestoreSandboxRequest.SerializeToString,
+                response_deserializer=stockade_dot_v1_dot_sandbox__pb2.RestoreSandboxResponse.FromString,
+                _registered_method=True)
+        self.ForkSandbox = channel.unary_unary(
+                '/stockade.v1.SandboxService/ForkSandbox',
+                request_serializer=stockade_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
+                response_deserializer=stockade_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -132,6 +157,54 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SnapshotSandbox(self, request, context):
+        """Captures the sandbox's files (its workspace; its /tmp on request) as a named snapshot of
+        the caller's tenant. The sandbox is frozen (paused) only for the final pass of the
+        capture: a first pass copies while it runs, the frozen one reads only what changed since.
+        A sandbox with only a workspace (no container) is captured as it is. Snapshots carry
+        files only: include_memory is UNIMPLEMENTED (reason MEMORY_CHECKPOINT_UNAVAILABLE) on
+        hosts without a working CRIU. ALREADY_EXISTS when the tenant has a snapshot of that name;
+        RESOURCE_EXHAUSTED past the tenant's snapshot count or bytes (nothing is kept);
+        PERMISSION_DENIED when the tenant may not snapshot ([snapshots] operations).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSnapshots(self, request, context):
+        """The caller's tenant's snapshots, oldest first, and what they take of its quota.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSnapshot(self, request, context):
+        """Deletes a snapshot and the stored content no other snapshot of the tenant uses.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestoreSandbox(self, request, context):
+        """The key's files become the snapshot's: its workspace is replaced (and /tmp, when the
+        snapshot holds it) and its container re-created; processes of the old container end.
+        A key with no sandbox yet is created from the snapshot. The snapshot may come from
+        any sandbox of the tenant. A failure before the switch leaves the sandbox as it was.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForkSandbox(self, request, context):
+        """New sandboxes whose files are the source's at this moment (one frozen capture for all),
+        the source running on. Each new key must be new (no container, no workspace):
+        ALREADY_EXISTS otherwise, checked before anything is done. All or nothing: when one new
+        sandbox cannot be made, the ones made are removed with their workspaces.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +242,31 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.ResumeSandbox,
                     request_deserializer=stockade_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.FromString,
                     response_serializer=stockade_dot_v1_dot_sandbox__pb2.ResumeSandboxResponse.SerializeToString,
+            ),
+            'SnapshotSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.SnapshotSandbox,
+                    request_deserializer=stockade_dot_v1_dot_sandbox__pb2.SnapshotSandboxRequest.FromString,
+                    response_serializer=stockade_dot_v1_dot_sandbox__pb2.SnapshotInfo.SerializeToString,
+            ),
+            'ListSnapshots': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSnapshots,
+                    request_deserializer=stockade_dot_v1_dot_sandbox__pb2.ListSnapshotsRequest.FromString,
+                    response_serializer=stockade_dot_v1_dot_sandbox__pb2.ListSnapshotsResponse.SerializeToString,
+            ),
+            'DeleteSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSnapshot,
+                    request_deserializer=stockade_dot_v1_dot_sandbox__pb2.DeleteSnapshotRequest.FromString,
+                    response_serializer=stockade_dot_v1_dot_sandbox__pb2.DeleteSnapshotResponse.SerializeToString,
+            ),
+            'RestoreSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreSandbox,
+                    request_deserializer=stockade_dot_v1_dot_sandbox__pb2.RestoreSandboxRequest.FromString,
+                    response_serializer=stockade_dot_v1_dot_sandbox__pb2.RestoreSandboxResponse.SerializeToString,
+            ),
+            'ForkSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSandbox,
+                    request_deserializer=stockade_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.FromString,
+                    response_serializer=stockade_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -360,6 +458,141 @@ class SandboxService:
             '/stockade.v1.SandboxService/ResumeSandbox',
             stockade_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.SerializeToString,
             stockade_dot_v1_dot_sandbox__pb2.ResumeSandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SnapshotSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stockade.v1.SandboxService/SnapshotSandbox',
+            stockade_dot_v1_dot_sandbox__pb2.SnapshotSandboxRequest.SerializeToString,
+            stockade_dot_v1_dot_sandbox__pb2.SnapshotInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSnapshots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stockade.v1.SandboxService/ListSnapshots',
+            stockade_dot_v1_dot_sandbox__pb2.ListSnapshotsRequest.SerializeToString,
+            stockade_dot_v1_dot_sandbox__pb2.ListSnapshotsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stockade.v1.SandboxService/DeleteSnapshot',
+            stockade_dot_v1_dot_sandbox__pb2.DeleteSnapshotRequest.SerializeToString,
+            stockade_dot_v1_dot_sandbox__pb2.DeleteSnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stockade.v1.SandboxService/RestoreSandbox',
+            stockade_dot_v1_dot_sandbox__pb2.RestoreSandboxRequest.SerializeToString,
+            stockade_dot_v1_dot_sandbox__pb2.RestoreSandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stockade.v1.SandboxService/ForkSandbox',
+            stockade_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
+            stockade_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
             options,
             channel_credentials,
             insecure,
