@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import os
 import secrets
@@ -38,8 +39,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
+
 from stockade.supervisor.errors import (
     AlreadyExists,
+    HostExhausted,
     InvalidRequest,
     PolicyDenied,
     QuotaExceeded,
@@ -70,6 +74,7 @@ if TYPE_CHECKING:
 
 TMP = "tmp"
 MAX_FORKS = 64
+MiB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -221,6 +226,7 @@ class Snapshots:
             async with self._mounted(paths, sandbox):
                 session = await asyncio.to_thread(self.store.begin, owner_of(tenant))
                 try:
+                    session.budget = await asyncio.to_thread(self._budget, tenant, max_bytes)
                     cached = await asyncio.to_thread(session.precopy, trees, lineage)
                     for attempt in range(3):
                         chosen = name or _generated_name(attempt)
@@ -237,6 +243,29 @@ class Snapshots:
                     raise AssertionError("unreachable")
                 finally:
                     await asyncio.to_thread(session.end)
+
+    def _budget(self, tenant: str, max_bytes: int) -> tuple[int, str] | None:
+        """How much new content a capture may add: the tenant's quota left, and the disk
+        above housekeeping.min_free_disk_mb (HostExhausted when there is none left)."""
+        budgets = []
+        if max_bytes:
+            used = self.store.usage(owner_of(tenant)).bytes
+            why = (
+                f"the snapshot would take the tenant's snapshots past {max_bytes // MiB} MiB "
+                "after deduplication ([snapshots] max_mb); it was not kept"
+            )
+            budgets.append((max_bytes - used, why))
+        min_free = self._m.config.housekeeping.min_free_disk_mb * MiB
+        if min_free:
+            free = psutil.disk_usage(str(self.store.root)).free
+            why = (
+                f"no snapshot: {self.store.root} would have less than "
+                f"housekeeping.min_free_disk_mb = {min_free // MiB} MiB free; it was not kept"
+            )
+            if free <= min_free:
+                raise HostExhausted(why.replace(" would have", " has"))
+            budgets.append((free - min_free, why))
+        return min(budgets) if budgets else None
 
     @asynccontextmanager
     async def _frozen(self, sandbox: Sandbox | None) -> AsyncIterator[list[float]]:
@@ -343,13 +372,27 @@ class Snapshots:
         m._starting.add(key)
         try:
             sandbox = await m.create(key, network)
+            if TMP in snap.parts:  # before any call can reach the new container
+                await self._restore_tmp(sandbox, owner, name, paths.tmp, ids)
         finally:
             if not counted:
                 m._starting.discard(key)
         m.registry[key] = sandbox
-        if TMP in snap.parts:
-            target = _folder(paths.tmp) if m.layout.host_tmp else self._container_tmp(sandbox)
+
+    async def _restore_tmp(
+        self, sandbox: Sandbox, owner: str, name: str, host_tmp: Path, ids: tuple[int, int]
+    ) -> None:
+        target = _folder(host_tmp) if self._m.layout.host_tmp else self._container_tmp(sandbox)
+        try:
             await asyncio.to_thread(self.store.restore, owner, name, target, ids, TMP)
+        except OSError as exc:
+            await self._m.containers.stop(sandbox.container, keep_workspace_mounted=True)
+            if exc.errno == errno.ENOSPC:
+                raise staging.SnapshotTooBig(
+                    f"snapshot {name!r}: its /tmp does not fit in the sandbox's /tmp "
+                    "(sandbox.tmp_size_mb, tmp_inodes); the workspace was restored"
+                ) from None
+            raise
 
     # --- checks --------------------------------------------------------------------------
 

@@ -285,6 +285,30 @@ class CaptureSession:
         self.base = base
         self._fd = fd
         self._lock = lock
+        self.budget: tuple[int, str] | None = None
+        """(bytes, why): new content this session may add to the store before it stops
+        with QuotaExceeded(why) and removes what it added (a tenant's quota, the disk)."""
+        self._added = 0
+
+    def _write(self, fd: int) -> tuple[str, int]:
+        digest, size, new = _store(self.base / "objects", fd)
+        if new:
+            self._added += size
+            if self.budget is not None and self._added > self.budget[0]:
+                raise QuotaExceeded(self.budget[1])
+        return digest, size
+
+    def _walk(
+        self, opener: Opener, cached: dict[tuple[int, ...], str], racy_after_ns: int
+    ) -> Captured:
+        root_fd = opener()
+        try:
+            return capture(root_fd, self._store.limits, cached, self._write, racy_after_ns)
+        except QuotaExceeded:
+            _collect(self.base)  # what this session added and no snapshot uses
+            raise
+        finally:
+            os.close(root_fd)
 
     def cache(self, lineage: str) -> dict[tuple[int, ...], str]:
         return self._store._cache(self.base, lineage)
@@ -297,9 +321,8 @@ class CaptureSession:
         clock) while the content read is torn."""
         cached = self.cache(lineage)
         racy_after = time.time_ns() - 1_000_000_000
-        objects = self.base / "objects"
         for opener in trees.values():
-            got = _walk(opener, self._store.limits, cached, objects, racy_after)
+            got = self._walk(opener, cached, racy_after)
             cached.update(_keys(got.entries))
         return cached
 
@@ -321,11 +344,7 @@ class CaptureSession:
         if manifest.exists():
             raise SnapshotExists(f"snapshot {name!r} already exists")
         started = time.monotonic()
-        objects = self.base / "objects"
-        got = {
-            part: _walk(opener, self._store.limits, cached, objects, 0)
-            for part, opener in trees.items()
-        }
+        got = {part: self._walk(opener, cached, 0) for part, opener in trees.items()}
         seconds = time.monotonic() - started
         main = got[MAIN].entries
         snap = Snapshot(
@@ -364,8 +383,9 @@ def _check(value: str, what: str, *, transient: bool = False) -> None:
         )
 
 
-def _store(objects: Path, src_fd: int) -> tuple[str, int]:
-    """Copy an open file into `objects` under its digest (kept once)."""
+def _store(objects: Path, src_fd: int) -> tuple[str, int, bool]:
+    """Copy an open file into `objects` under its digest (kept once): (digest, size, whether
+    the content is new to the store)."""
     tmp = objects / f"tmp.{os.getpid()}.{threading.get_ident()}"
     dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400)
     try:
@@ -375,30 +395,16 @@ def _store(objects: Path, src_fd: int) -> tuple[str, int]:
     final = objects / digest[:2] / digest
     if final.exists():
         tmp.unlink()
-    else:
-        final.parent.mkdir(mode=0o700, exist_ok=True)
-        os.replace(tmp, final)
-    return digest, size
+        return digest, size, False
+    final.parent.mkdir(mode=0o700, exist_ok=True)
+    os.replace(tmp, final)
+    return digest, size, True
 
 
 def _objects(objects: Path) -> Iterator[Path]:
     for sub in objects.iterdir():
         if sub.is_dir():
             yield from sub.iterdir()
-
-
-def _walk(
-    opener: Opener,
-    limits: Limits,
-    cached: dict[tuple[int, ...], str],
-    objects: Path,
-    racy_after_ns: int,
-) -> Captured:
-    root_fd = opener()
-    try:
-        return capture(root_fd, limits, cached, lambda fd: _store(objects, fd), racy_after_ns)
-    finally:
-        os.close(root_fd)
 
 
 def _opener(tree: Path) -> Opener:
