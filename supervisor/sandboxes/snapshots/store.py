@@ -135,6 +135,7 @@ class SnapshotStore:
     ) -> tuple[Snapshot, CaptureStats]:
         """Store the folder `tree` as `name` in one pass. Freeze whatever writes the tree
         around this call: the files are read while the call runs (only the changed ones)."""
+        _check(name, "snapshot name")
         session = self.begin(owner)
         try:
             trees = {MAIN: _opener(tree)}
