@@ -78,17 +78,21 @@ _HANDLERS: dict[str, Callable[[Stockade, argparse.Namespace], int]] = {
 
 
 def describe(info: SnapshotInfo) -> str:
-    """What a snapshot holds: "12 files, 3.4 MiB" (", with /tmp", ", with memory")."""
+    """What a snapshot holds: "12 files, 3.4 MiB" (and ", with /tmp", ", with memory")."""
     parts = (("/tmp", info.includes_tmp), ("memory", info.includes_memory))
     held = "".join(f", with {what}" for what, on in parts if on)
-    return f"{info.files} files, {size(info.bytes)}{held}"
+    return f"{count(info.files, 'file')}, {size(info.bytes)}{held}"
 
 
 def frozen(info: SnapshotInfo) -> str:
     """How long the capture kept the sandbox frozen, and what it read meanwhile."""
     seconds = info.frozen_seconds
     took = f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
-    return f"frozen {took} ({info.files_read_frozen} files read frozen)"
+    return f"frozen {took} ({count(info.files_read_frozen, 'file')} read frozen)"
+
+
+def count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
 def size(n: int) -> str:
