@@ -39,9 +39,7 @@ def test_snapshot_list_restore_fork_and_delete(supervisor: Supervisor, key: str)
     assert table.returncode == 0, table.stderr
     rows = [line.split() for line in table.stdout.splitlines()]
     assert rows[0] == ["NAME", "SOURCE", "CREATED", "FILES", "SIZE"]
-    assert [row[:2] + row[-3:] for row in rows if row[0] == name] == [
-        [name, key, "1", "4", "B"]
-    ]
+    assert [row[:2] + row[-3:] for row in rows if row[0] == name] == [[name, key, "1", "4", "B"]]
     assert rows[-1][:1] == ["tenant:"]
     [info] = listed(supervisor, key)
     assert (info["name"], info["source_key"], info["files"], info["bytes"]) == (name, key, 1, 4)
