@@ -1,5 +1,5 @@
 """SandboxService: ensure, get, list, pause, resume and destroy a caller's sandboxes, and
-report their isolation. Every key a request names is scoped to the caller's tenant."""
+report their isolation; snapshots, restores and forks are in snapshots.py. Every key a request names is scoped to the caller's tenant."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import dataclasses
 
 from stockade.supervisor.api.convert import fill_pb, sandbox_to_pb, scoped
 from stockade.supervisor.api.interceptor import current_tenant
+from stockade.supervisor.api.snapshots import SnapshotCalls
 from stockade.supervisor.api.status import Context, mapped
 from stockade.supervisor.keys import shown, split
 from stockade.supervisor.models import NetworkRequest
@@ -15,7 +16,7 @@ from stockade.supervisor.sandboxes.manager import SandboxManager
 from stockade.v1 import sandbox_pb2, sandbox_pb2_grpc
 
 
-class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
+class SandboxServicer(SnapshotCalls, sandbox_pb2_grpc.SandboxServiceServicer):
     def __init__(self, sandboxes: SandboxManager, scrubber: Scrubber | None = None) -> None:
         self._sandboxes = sandboxes
         self.scrubber = scrubber

@@ -78,7 +78,9 @@ class Config:
     def snapshot_rules(self, tenant: str) -> tuple[tuple[str, ...], int, int]:
         """What a tenant may do with snapshots, and its count and byte limits (0: none)."""
         own, snaps = self.tenant_limits(tenant), self.snapshots
-        operations = snaps.operations if own.snapshot_operations is None else own.snapshot_operations
+        operations = (
+            snaps.operations if own.snapshot_operations is None else own.snapshot_operations
+        )
         count = snaps.max_count if own.max_snapshots < 0 else own.max_snapshots
         mb = snaps.max_mb if own.max_snapshot_mb < 0 else own.max_snapshot_mb
         return operations, count, mb * 1024 * 1024

@@ -160,6 +160,12 @@ class Layout:
         except OSError as exc:
             raise SandboxBroken(f"cannot hand the workspace to the sandbox's ids: {exc}") from exc
 
+    def workspace_ids(self, paths: Paths) -> tuple[int, int]:
+        """The host ids the workspace was last handed to (the sandbox user's there), or the
+        sandbox user's own ids for a workspace never handed over (hand_over moves them)."""
+        owners = _read_owners(paths.owners)
+        return owners[-1] if owners else (self.uid, self.gid)
+
     def check_mapped(self, info: ContainerInfo, ids: tuple[int, int]) -> None:
         """The running container's own uid map (from the kernel) must give the sandbox user
         the host uid its workspace was handed to; else the agent could not use it."""

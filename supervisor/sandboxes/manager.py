@@ -13,7 +13,8 @@ blocking call goes through asyncio.to_thread.
     ├── network       the network a sandbox gets, its egress link
     ├── pool          warm containers with no key yet
     ├── pausing       pause and resume (the engine's freezer), a call's resume
-    └── housekeeping  idle/age prune, workspace retention, orphan reaping
+    ├── housekeeping  idle/age prune, workspace retention, orphan reaping
+    └── snapshotting  snapshots of files (two-pass capture, brief freeze), restore, fork
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from stockade.supervisor.sandboxes.sandbox import (
     born,
     describe,
 )
+from stockade.supervisor.sandboxes.snapshotting import Snapshots
 
 log = logging.getLogger("stockade")
 
@@ -121,6 +123,7 @@ class SandboxManager:
         self.pausing = Pausing(backend, self.record, refuse)
         self.pool = WarmPool(config, self.containers, self.layout, self.networks)
         self.housekeeping = Housekeeping(self)
+        self.snapshots = Snapshots(self)
         self.daemon_maps: userns.IdMaps | None = None
 
     @property

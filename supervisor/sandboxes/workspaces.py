@@ -84,6 +84,25 @@ def _make(image: Path, target: Path, size_mb: int, uid: int, gid: int) -> None:
             _remove(child)
 
 
+def make_image(image: Path, size_mb: int, uid: int, gid: int) -> None:
+    """An empty file system image of size_mb at `image` (its root owned by uid:gid)."""
+    with image.open("wb") as file:
+        file.truncate(size_mb * 1024 * 1024)
+    os.chmod(image, 0o600)
+    try:
+        _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E", f"root_owner={uid}:{gid}", str(image))
+    except SandboxBroken as exc:
+        image.unlink(missing_ok=True)
+        raise SandboxBroken(f"cannot make a workspace file system: {exc}") from None
+
+
+def mount_image(image: Path, target: Path, *, fresh: bool = True) -> None:
+    """Mount an image at `target`; a fresh one (make_image's) is left empty (no lost+found)."""
+    _run("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(target))
+    if fresh:
+        (target / "lost+found").rmdir()
+
+
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)

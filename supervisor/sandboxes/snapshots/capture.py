@@ -98,10 +98,16 @@ Store = Callable[[int], tuple[str, int]]
 
 
 def capture(
-    root_fd: int, limits: Limits, cached: dict[tuple[int, ...], str], store: Store
+    root_fd: int,
+    limits: Limits,
+    cached: dict[tuple[int, ...], str],
+    store: Store,
+    racy_after_ns: int = 0,
 ) -> Captured:
     """Walk the folder `root_fd`. A file whose (dev, ino, ctime, size, mtime) is in `cached`
-    is not read again (its ctime cannot be set back by the sandbox); others go to `store`."""
+    is not read again (its ctime cannot be set back by the sandbox); others go to `store`.
+    With racy_after_ns, a file whose ctime is at or after it gets no key (it may be written
+    while it is read, within one tick of the kernel's clock: it is never taken from a cache)."""
     info = os.fstat(root_fd)
     out = Captured(stat.S_IMODE(info.st_mode) & MODE_BITS, info.st_mtime_ns, [])
     stack: list[tuple[int, Iterator[str], str]] = [(root_fd, iter(_names(root_fd)), "")]
@@ -121,6 +127,8 @@ def capture(
             if len(out.entries) >= limits.max_entries:
                 raise SnapshotTooLarge(f"more than {limits.max_entries} entries")
             entry, child = _one(fd, name, len(stack), cached, store, out, entry_path, limits)
+            if entry is not None and racy_after_ns and entry.key and entry.key[2] >= racy_after_ns:
+                entry.key = ()
             if entry is None:
                 continue
             out.entries.append(entry)

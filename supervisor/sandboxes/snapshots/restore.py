@@ -11,6 +11,7 @@ import contextlib
 import errno
 import fcntl
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -26,18 +27,29 @@ class TargetNotEmpty(InvalidRequest):
 
 
 def restore(
-    target: Path, root: tuple[int, int], entries: list[Entry], objects: Path, ids: tuple[int, int]
+    target: Path | Callable[[], int],
+    root: tuple[int, int],
+    entries: list[Entry],
+    objects: Path,
+    ids: tuple[int, int],
 ) -> None:
-    """Fill the empty folder `target` (made if missing) with `entries`, owned by `ids`."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(target, 0o700)
-    root_fd = os.open(target, DIR_FLAGS)
+    """Fill the empty folder `target` (made if missing) with `entries`, owned by `ids`. A
+    target given as an opener (a descriptor of an existing folder, e.g. a container's /tmp)
+    keeps its owner and mode."""
+    if isinstance(target, Path):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(target, 0o700)
+        root_fd = os.open(target, DIR_FLAGS)
+    else:
+        root_fd = target()
+        root = (-1, root[1])
     # folders still open: (fd, mode, mtime_ns), finished (mode, mtime) when left
     stack: list[tuple[int, int, int]] = [(root_fd, *root)]
     try:
         if os.listdir(root_fd):
             raise TargetNotEmpty(f"{target} is not empty: a snapshot is restored into a new folder")
-        os.fchown(root_fd, *ids)
+        if root[0] >= 0:
+            os.fchown(root_fd, *ids)
         for entry in entries:
             if (
                 not 1 <= entry.depth <= len(stack)
@@ -69,7 +81,8 @@ def restore(
 
 def _finish(fd: int, mode: int, mtime_ns: int) -> None:
     try:
-        os.fchmod(fd, mode)
+        if mode >= 0:
+            os.fchmod(fd, mode)
         os.utime(fd, ns=(mtime_ns, mtime_ns))
     finally:
         os.close(fd)
@@ -100,8 +113,18 @@ def _copy(src: int, dst: int, size: int) -> None:
         if exc.errno not in (errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY):
             raise
     done = 0
+    cross = False  # copy_file_range refuses two file systems (EXDEV): sendfile does not
     while done < size:
-        n = os.copy_file_range(src, dst, size - done, done, done)
+        if cross:
+            n = os.sendfile(dst, src, done, size - done)
+        else:
+            try:
+                n = os.copy_file_range(src, dst, size - done, done, done)
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                cross = True
+                continue
         if n == 0:
             raise OSError(errno.EIO, "a stored snapshot file is shorter than its record")
         done += n

@@ -49,12 +49,12 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from stockade.supervisor.errors import InvalidRequest, NotFound
+from stockade.supervisor.errors import AlreadyExists, InvalidRequest, NotFound, QuotaExceeded
 from stockade.supervisor.sandboxes.snapshots import restore as _restore
 from stockade.supervisor.sandboxes.snapshots.capture import (
     DIR_FLAGS,
@@ -66,14 +66,20 @@ from stockade.supervisor.sandboxes.snapshots.capture import (
 )
 
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}")
-_FORMAT: Final = 1
+_TRANSIENT: Final = re.compile(r"~[a-z]{1,16}-[0-9a-f]{1,32}")
+"""Names of captures the supervisor makes for itself (a fork's) and deletes at once: never
+listed nor counted; callers cannot make or name them."""
+MiB: Final = 1 << 20
+MAIN: Final = "workspace"
+"""The part every snapshot has; others (e.g. "tmp") are optional."""
+_FORMAT: Final = 2
 
 
 class SnapshotNotFound(NotFound):
     pass
 
 
-class SnapshotExists(InvalidRequest):
+class SnapshotExists(AlreadyExists):
     pass
 
 
@@ -87,6 +93,12 @@ class Snapshot:
     entries: int
     bytes: int  # the files' total size, before dedup
     skipped: tuple[str, ...] = ()
+    source: str = ""  # what the caller calls the tree (the key, as its tenant sees it)
+    parts: tuple[str, ...] = (MAIN,)
+
+    @property
+    def transient(self) -> bool:
+        return self.name.startswith("~")
 
 
 @dataclass(frozen=True)
@@ -104,6 +116,11 @@ class CaptureStats:
     seconds: float
 
 
+Opener = Callable[[], int]
+"""Opens a tree's root folder and returns its descriptor (the store closes it): the caller
+checks there that the folder is the one it means (a container's /tmp through its process)."""
+
+
 class SnapshotStore:
     def __init__(self, root: Path, limits: Limits | None = None) -> None:
         self.root = root
@@ -116,29 +133,29 @@ class SnapshotStore:
     def capture(
         self, owner: str, name: str, tree: Path, lineage: str = ""
     ) -> tuple[Snapshot, CaptureStats]:
-        """Store the folder `tree` as `name`. Freeze whatever writes the tree around this call:
-        the files are read while the call runs (only the changed ones)."""
+        """Store the folder `tree` as `name` in one pass. Freeze whatever writes the tree
+        around this call: the files are read while the call runs (only the changed ones)."""
+        session = self.begin(owner)
+        try:
+            trees = {MAIN: _opener(tree)}
+            return session.capture(name, trees, lineage, session.cache(lineage))
+        finally:
+            session.end()
+
+    def begin(self, owner: str) -> CaptureSession:
+        """Hold the owner's store for a capture in steps (precopy while the sandbox runs, the
+        capture while it is frozen): nothing else writes or collects it until end(), which
+        the caller must call (from any thread)."""
         _check(owner, "owner")
-        _check(name, "snapshot name")
-        with self._owner(owner) as base:
-            manifest = base / "manifests" / f"{name}.json.gz"
-            if manifest.exists():
-                raise SnapshotExists(f"snapshot {name!r} already exists")
-            cached = self._cache(base, lineage)
-            objects = base / "objects"
-            started = time.monotonic()
-            root_fd = os.open(tree, DIR_FLAGS)
-            try:
-                got = capture(root_fd, self.limits, cached, lambda fd: _store(objects, fd))
-            finally:
-                os.close(root_fd)
-            seconds = time.monotonic() - started
-            snap = Snapshot(
-                owner, name, lineage, time.time(), sum(e.kind == "f" for e in got.entries),
-                len(got.entries), sum(e.size for e in got.entries), tuple(got.skipped),
-            )  # fmt: skip
-            _write_manifest(manifest, snap, got)
-            return snap, CaptureStats(got.files_read, got.bytes_read, seconds)
+        with self._locks_lock:
+            lock = self._locks.setdefault(owner, threading.Lock())
+        lock.acquire()
+        try:
+            base, fd = self._open(owner)
+        except BaseException:
+            lock.release()
+            raise
+        return CaptureSession(self, base, fd, lock)
 
     def _cache(self, base: Path, lineage: str) -> dict[tuple[int, ...], str]:
         """The newest snapshot of `lineage`'s file keys and digests."""
@@ -150,26 +167,31 @@ class SnapshotStore:
                 newest = (head["created"], path)
         if newest is None:
             return {}
-        _, _, entries = _read_manifest(newest[1])
-        return {tuple(e.key): e.digest for e in entries if e.kind == "f" and e.key}
+        _, parts = _read_manifest(newest[1])
+        return {
+            tuple(e.key): e.digest
+            for _, entries in parts.values()
+            for e in entries
+            if e.kind == "f" and e.key
+        }
 
     # --- list, delete, usage ---------------------------------------------------------------
 
     def list(self, owner: str) -> list[Snapshot]:
+        """The owner's snapshots, oldest first (transient ones, a fork's, are not listed)."""
         _check(owner, "owner")
         base = self.root / owner
         if not base.is_dir():
             return []
-        return sorted(
-            (_snapshot(owner, head) for _, head in self._heads(base)), key=lambda s: s.created
-        )
+        found = (_snapshot(owner, head) for _, head in self._heads(base))
+        return sorted((s for s in found if not s.transient), key=lambda s: s.created)
 
     def get(self, owner: str, name: str) -> Snapshot:
         _check(owner, "owner")
-        _check(name, "snapshot name")
+        _check(name, "snapshot name", transient=True)
         path = self.root / owner / "manifests" / f"{name}.json.gz"
         try:
-            head, _, _ = _read_manifest(path)
+            head, _ = _read_manifest(path)
         except FileNotFoundError:
             raise SnapshotNotFound(f"no snapshot {name!r}") from None
         return _snapshot(owner, head)
@@ -178,30 +200,12 @@ class SnapshotStore:
         """Delete the snapshot and the content no other snapshot of the owner uses; returns
         the bytes freed."""
         _check(owner, "owner")
-        _check(name, "snapshot name")
+        _check(name, "snapshot name", transient=True)
         with self._owner(owner) as base:
-            manifest = base / "manifests" / f"{name}.json.gz"
-            try:
-                freed = manifest.stat().st_size
-                manifest.unlink()
-            except FileNotFoundError:
-                raise SnapshotNotFound(f"no snapshot {name!r}") from None
-            return freed + self._collect(base)
-
-    def _collect(self, base: Path) -> int:
-        used: set[str] = set()
-        for path, _ in self._heads(base):
-            _, _, entries = _read_manifest(path)
-            used.update(e.digest for e in entries if e.kind == "f")
-        freed = 0
-        for obj in _objects(base / "objects"):
-            if obj.name not in used:
-                with contextlib.suppress(FileNotFoundError):
-                    freed += obj.stat().st_size
-                    obj.unlink()
-        return freed
+            return _delete(base, name)
 
     def usage(self, owner: str) -> Usage:
+        """Snapshots listed, and bytes on disk (transient captures' included while held)."""
         _check(owner, "owner")
         base = self.root / owner
         if not base.is_dir():
@@ -209,21 +213,32 @@ class SnapshotStore:
         manifests = list((base / "manifests").glob("*.json.gz"))
         size = sum(p.stat().st_size for p in manifests)
         size += sum(p.stat().st_size for p in _objects(base / "objects"))
-        return Usage(len(manifests), size)
+        return Usage(sum(not p.name.startswith("~") for p in manifests), size)
 
     # --- restore ---------------------------------------------------------------------------
 
-    def restore(self, owner: str, name: str, target: Path, ids: tuple[int, int]) -> Snapshot:
-        """Make the empty folder `target` hold exactly the snapshot's files, owned by `ids`.
-        A restore that fails part way leaves `target` partly filled: the caller removes it."""
+    def restore(
+        self,
+        owner: str,
+        name: str,
+        target: Path | Opener,
+        ids: tuple[int, int],
+        part: str = MAIN,
+    ) -> Snapshot:
+        """Make the empty folder `target` hold exactly the snapshot's files (its `part`),
+        owned by `ids`; a folder given by an opener keeps its own owner (a /tmp). A restore
+        that fails part way leaves `target` partly filled: the caller removes it."""
         _check(owner, "owner")
-        _check(name, "snapshot name")
+        _check(name, "snapshot name", transient=True)
         with self._owner(owner) as base:  # a delete's collection waits for the copy
             path = base / "manifests" / f"{name}.json.gz"
             try:
-                head, root, entries = _read_manifest(path)
+                head, parts = _read_manifest(path)
             except FileNotFoundError:
                 raise SnapshotNotFound(f"no snapshot {name!r}") from None
+            if part not in parts:
+                raise SnapshotNotFound(f"snapshot {name!r} holds no {part}")
+            root, entries = parts[part]
             _restore.restore(target, root, entries, base / "objects", ids)
             return _snapshot(owner, head)
 
@@ -233,19 +248,28 @@ class SnapshotStore:
     def _owner(self, owner: str) -> Iterator[Path]:
         with self._locks_lock:
             lock = self._locks.setdefault(owner, threading.Lock())
-        base = self.root / owner
         with lock:
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            for sub in ("objects", "manifests"):
-                (base / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(base / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            base, fd = self._open(owner)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                for stale in (base / "objects").glob("tmp.*"):  # a capture that crashed
-                    stale.unlink()
                 yield base
             finally:
                 os.close(fd)
+
+    def _open(self, owner: str) -> tuple[Path, int]:
+        """The owner's folder, made when missing, and its lock file held (flock)."""
+        base = self.root / owner
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for sub in ("objects", "manifests"):
+            (base / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(base / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            for stale in (base / "objects").glob("tmp.*"):  # a capture that crashed
+                stale.unlink()
+        except BaseException:
+            os.close(fd)
+            raise
+        return base, fd
 
     def _heads(self, base: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
         for path in sorted((base / "manifests").glob("*.json.gz")):
@@ -253,7 +277,87 @@ class SnapshotStore:
                 yield path, _read_manifest(path)[0]
 
 
-def _check(value: str, what: str) -> None:
+class CaptureSession:
+    """One capture of an owner's store in steps, holding its lock from begin() to end()."""
+
+    def __init__(self, store: SnapshotStore, base: Path, fd: int, lock: threading.Lock) -> None:
+        self._store = store
+        self.base = base
+        self._fd = fd
+        self._lock = lock
+
+    def cache(self, lineage: str) -> dict[tuple[int, ...], str]:
+        return self._store._cache(self.base, lineage)
+
+    def precopy(self, trees: Mapping[str, Opener], lineage: str) -> dict[tuple[int, ...], str]:
+        """Copy the trees while they may still change (the sandbox runs): the cache of a
+        capture that follows while they are frozen, which then reads only the files changed
+        since. A file whose ctime is within a second of this pass's start is left out of the
+        cache: a write during the copy could leave its ctime unchanged (the kernel's coarse
+        clock) while the content read is torn."""
+        cached = self.cache(lineage)
+        racy_after = time.time_ns() - 1_000_000_000
+        objects = self.base / "objects"
+        for opener in trees.values():
+            got = _walk(opener, self._store.limits, cached, objects, racy_after)
+            cached.update(_keys(got.entries))
+        return cached
+
+    def capture(
+        self,
+        name: str,
+        trees: Mapping[str, Opener],
+        lineage: str,
+        cached: dict[tuple[int, ...], str],
+        *,
+        source: str = "",
+        max_bytes: int = 0,
+    ) -> tuple[Snapshot, CaptureStats]:
+        """Store `trees` (MAIN and optional other parts) as `name`; files whose key is in
+        `cached` are not read again. With max_bytes, a capture after which the owner's store
+        passes it is undone (QuotaExceeded)."""
+        _check(name, "snapshot name", transient=True)
+        manifest = self.base / "manifests" / f"{name}.json.gz"
+        if manifest.exists():
+            raise SnapshotExists(f"snapshot {name!r} already exists")
+        started = time.monotonic()
+        objects = self.base / "objects"
+        got = {
+            part: _walk(opener, self._store.limits, cached, objects, 0)
+            for part, opener in trees.items()
+        }
+        seconds = time.monotonic() - started
+        main = got[MAIN].entries
+        snap = Snapshot(
+            self.base.name, name, lineage, time.time(), sum(e.kind == "f" for e in main),
+            len(main), sum(e.size for e in main), tuple(got[MAIN].skipped), source,
+            tuple(sorted(got)),
+        )  # fmt: skip
+        _write_manifest(manifest, snap, got)
+        read = sum(c.files_read for c in got.values()), sum(c.bytes_read for c in got.values())
+        if max_bytes and self._store.usage(self.base.name).bytes > max_bytes:
+            _delete(self.base, name)
+            raise QuotaExceeded(
+                f"the snapshot would take the tenant's snapshots past {max_bytes // MiB} MiB "
+                "after deduplication; it was not kept (delete snapshots or ask for more)"
+            )
+        return snap, CaptureStats(*read, seconds)
+
+    def end(self) -> None:
+        try:
+            os.close(self._fd)
+        finally:
+            self._lock.release()
+
+
+def check_name(name: str) -> None:
+    """A name a caller may give a snapshot (InvalidRequest otherwise)."""
+    _check(name, "snapshot name")
+
+
+def _check(value: str, what: str, *, transient: bool = False) -> None:
+    if transient and _TRANSIENT.fullmatch(value):
+        return
     if not _NAME.fullmatch(value):
         raise InvalidRequest(
             f"{what} {value!r}: 1 to 128 of A-Z a-z 0-9 . _ @ + -, starting with a letter or digit"
@@ -283,16 +387,69 @@ def _objects(objects: Path) -> Iterator[Path]:
             yield from sub.iterdir()
 
 
-def _write_manifest(path: Path, snap: Snapshot, got: Captured) -> None:
+def _walk(
+    opener: Opener,
+    limits: Limits,
+    cached: dict[tuple[int, ...], str],
+    objects: Path,
+    racy_after_ns: int,
+) -> Captured:
+    root_fd = opener()
+    try:
+        return capture(root_fd, limits, cached, lambda fd: _store(objects, fd), racy_after_ns)
+    finally:
+        os.close(root_fd)
+
+
+def _opener(tree: Path) -> Opener:
+    return lambda: os.open(tree, DIR_FLAGS)
+
+
+def _keys(entries: list[Entry]) -> dict[tuple[int, ...], str]:
+    return {tuple(e.key): e.digest for e in entries if e.kind == "f" and e.key}
+
+
+def _delete(base: Path, name: str) -> int:
+    manifest = base / "manifests" / f"{name}.json.gz"
+    try:
+        freed = manifest.stat().st_size
+        manifest.unlink()
+    except FileNotFoundError:
+        raise SnapshotNotFound(f"no snapshot {name!r}") from None
+    return freed + _collect(base)
+
+
+def _collect(base: Path) -> int:
+    """Remove the objects no manifest of the owner uses; the bytes freed."""
+    used: set[str] = set()
+    for path in sorted((base / "manifests").glob("*.json.gz")):
+        with contextlib.suppress(FileNotFoundError):
+            _, parts = _read_manifest(path)
+            used.update(e.digest for _, es in parts.values() for e in es if e.kind == "f")
+    freed = 0
+    for obj in _objects(base / "objects"):
+        if obj.name not in used:
+            with contextlib.suppress(FileNotFoundError):
+                freed += obj.stat().st_size
+                obj.unlink()
+    return freed
+
+
+def _write_manifest(path: Path, snap: Snapshot, got: Mapping[str, Captured]) -> None:
     head = {
         "format": _FORMAT, "name": snap.name, "lineage": snap.lineage, "created": snap.created,
         "files": snap.files, "entries": snap.entries, "bytes": snap.bytes,
-        "skipped": list(snap.skipped),
+        "skipped": list(snap.skipped), "source": snap.source, "parts": list(snap.parts),
     }  # fmt: skip
     body = {
         "head": head,
-        "root": [got.root_mode, got.root_mtime_ns],
-        "entries": [e.to_json() for e in got.entries],
+        "parts": {
+            part: {
+                "root": [one.root_mode, one.root_mtime_ns],
+                "entries": [e.to_json() for e in one.entries],
+            }
+            for part, one in got.items()
+        },
     }
     tmp = path.with_suffix(".tmp")
     with gzip.open(tmp, "wt", encoding="ascii", compresslevel=6) as out:
@@ -300,17 +457,27 @@ def _write_manifest(path: Path, snap: Snapshot, got: Captured) -> None:
     os.replace(tmp, path)
 
 
-def _read_manifest(path: Path) -> tuple[dict[str, Any], tuple[int, int], list[Entry]]:
+Part = tuple[tuple[int, int], list[Entry]]
+
+
+def _read_manifest(path: Path) -> tuple[dict[str, Any], dict[str, Part]]:
     with gzip.open(path, "rt", encoding="ascii") as src:
         body = json.load(src)
     if body["head"].get("format") != _FORMAT:
         raise ValueError(f"{path}: unknown snapshot format")
-    root = (int(body["root"][0]), int(body["root"][1]))
-    return body["head"], root, [Entry.from_json(raw) for raw in body["entries"]]
+    parts = {
+        str(part): (
+            (int(raw["root"][0]), int(raw["root"][1])),
+            [Entry.from_json(e) for e in raw["entries"]],
+        )
+        for part, raw in body["parts"].items()
+    }
+    return body["head"], parts
 
 
 def _snapshot(owner: str, head: dict[str, Any]) -> Snapshot:
     return Snapshot(
         owner, head["name"], head["lineage"], head["created"], head["files"],
-        head["entries"], head["bytes"], tuple(head["skipped"]),
+        head["entries"], head["bytes"], tuple(head["skipped"]), head.get("source", ""),
+        tuple(head.get("parts", [MAIN])),
     )  # fmt: skip

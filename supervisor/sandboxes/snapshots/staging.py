@@ -1,0 +1,112 @@
+"""A workspace made from a snapshot beside the one in use, then switched in: the copy (the
+long part) happens while the old container still runs, and a restore that fails there (the
+snapshot does not fit the workspace's size cap, the disk is full) leaves the sandbox as it
+was.
+
+    uncapped  STATE/sandboxes/<id>/workspace.restoring/ is filled, then renamed over
+              workspace/ (the old one renamed aside and removed)
+    capped    a new file system image (workspace.img.restoring) is made, mounted at
+              workspace.restoring/ and filled, unmounted, then renamed over workspace.img;
+              the next container start mounts it at workspace/
+
+Blocking (copies, mkfs, mount): the caller runs these through asyncio.to_thread, with the
+key's lock held; switch() only while no container uses the workspace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from stockade.supervisor.errors import InvalidRequest
+from stockade.supervisor.sandboxes import hostfs, workspaces
+from stockade.supervisor.sandboxes.layout import Paths
+from stockade.supervisor.sandboxes.snapshots.store import SnapshotStore
+
+MiB = 1 << 20
+
+
+class SnapshotTooBig(InvalidRequest):
+    """The snapshot's files do not fit in the workspace's size cap (or the disk)."""
+
+
+@dataclass(frozen=True)
+class Staged:
+    paths: Paths
+    folder: Path
+    image: Path | None
+
+    def switch(self) -> None:
+        """Put the staged workspace in place of the current one (no container may use it)."""
+        paths = self.paths
+        if self.image is not None:
+            workspaces.unmount(paths.workspace)
+            os.replace(self.image, paths.image)
+            with contextlib.suppress(OSError):
+                self.folder.rmdir()
+            return
+        old = paths.root / "workspace.old"
+        _remove(old)
+        os.rename(paths.workspace, old)
+        os.rename(self.folder, paths.workspace)
+        _remove(old)
+
+    def discard(self) -> None:
+        discard(self.paths)
+
+
+def stage(
+    store: SnapshotStore,
+    owner: str,
+    name: str,
+    paths: Paths,
+    ids: tuple[int, int],
+    cap_mb: int,
+) -> Staged:
+    """Fill a new workspace from the snapshot, owned by `ids`; with cap_mb, in a new file
+    system of that size. Anything that fails removes what was made and raises."""
+    discard(paths)  # what a crash left
+    folder = paths.root / "workspace.restoring"
+    image = paths.root / "workspace.img.restoring" if cap_mb else None
+    try:
+        if image is not None:
+            folder.mkdir(mode=0o700)
+            workspaces.make_image(image, cap_mb, *ids)
+            workspaces.mount_image(image, folder)
+        store.restore(owner, name, folder, ids)
+        if image is not None:
+            workspaces.unmount(folder)
+    except BaseException as exc:
+        discard(paths)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = f"the workspace's size cap ({cap_mb} MiB)" if cap_mb else "the disk"
+            raise SnapshotTooBig(f"snapshot {name!r} does not fit in {where}") from None
+        raise
+    return Staged(paths, folder, image)
+
+
+def discard(paths: Paths) -> None:
+    """Remove a staged workspace (mounted or not) and its image, if any."""
+    folder = paths.root / "workspace.restoring"
+    workspaces.unmount(folder)
+    _remove(folder)
+    (paths.root / "workspace.img.restoring").unlink(missing_ok=True)
+
+
+def cap_of(paths: Paths, configured_mb: int) -> int:
+    """The size cap a restored workspace gets: the configured one, else the size of the
+    image it had (capped before), else none."""
+    if configured_mb:
+        return configured_mb
+    try:
+        return max(1, os.stat(paths.image).st_size // MiB)
+    except FileNotFoundError:
+        return 0
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        hostfs.remove_tree(path)

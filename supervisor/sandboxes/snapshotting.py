@@ -1,0 +1,413 @@
+"""Snapshots of sandboxes' files, restores and forks: the manager's side of the store
+(snapshots/store.py keeps the files; snapshots/staging.py switches a workspace).
+
+A capture runs in two passes under the key's lock: the first copies the workspace while the
+sandbox runs on (calls keep being served), the second reads again, with every process of the
+sandbox frozen (the engine's pause), only the files changed since (their ctime moved) and
+records the tree. The freeze lasts that second pass alone. A sandbox that is paused stays
+paused; one with only a workspace is read as it is.
+
+/tmp (include_tmp) is read through the container's init (/proc/PID/root/tmp, the pid checked
+again after the folder is opened, so a reused pid cannot hand over another process's tree),
+or from the tmpfs the supervisor mounts for it. It is written back the same way into the new
+container of a restore or fork before any call can reach it.
+
+Snapshots belong to the tenant (the store's owner is a digest of the tenant's name); a
+snapshot of any of its sandboxes may be restored into any of them, or into a new key. A fork
+is a transient capture (never listed, deleted at once) restored into each new key, whose
+containers start in parallel. Every operation is an audit record; [snapshots] operations
+(per tenant: snapshot_operations) says who may take, restore, fork and delete.
+
+Process memory is not captured: CRIU does not work on the hosts this was built on
+(include_memory is Unsupported), and the API keeps the flag so that a host where it works
+can offer it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from stockade.supervisor.errors import (
+    AlreadyExists,
+    InvalidRequest,
+    PolicyDenied,
+    QuotaExceeded,
+    SandboxLost,
+    SandboxNotFound,
+    SandboxStateConflict,
+    Unsupported,
+)
+from stockade.supervisor.keys import shown, split
+from stockade.supervisor.keys import validate_scoped as validate_key
+from stockade.supervisor.models import SandboxInfo
+from stockade.supervisor.sandboxes import layout, workspaces
+from stockade.supervisor.sandboxes.sandbox import Sandbox
+from stockade.supervisor.sandboxes.snapshots import staging
+from stockade.supervisor.sandboxes.snapshots.capture import DIR_FLAGS
+from stockade.supervisor.sandboxes.snapshots.store import (
+    MAIN,
+    CaptureStats,
+    Opener,
+    Snapshot,
+    SnapshotExists,
+    SnapshotStore,
+    check_name,
+)
+
+if TYPE_CHECKING:
+    from stockade.supervisor.sandboxes.manager import SandboxManager
+
+TMP = "tmp"
+MAX_FORKS = 64
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A capture and how it went: `frozen_s` the sandbox was frozen for (0 when it was not
+    running), `stats` of the frozen pass."""
+
+    snapshot: Snapshot
+    stats: CaptureStats
+    frozen_s: float
+
+
+class Snapshots:
+    def __init__(self, manager: SandboxManager) -> None:
+        self._m = manager
+        config = manager.config
+        root = (
+            Path(config.snapshots.dir) if config.snapshots.dir else config.state_dir / "snapshots"
+        )
+        self.store = SnapshotStore(root)
+
+    # --- the operations ------------------------------------------------------------------
+
+    async def snapshot(
+        self, key: str, name: str, *, include_tmp: bool, include_memory: bool, reason: str
+    ) -> Taken:
+        validate_key(key)
+        tenant = split(key)[0]
+        _, max_count, max_bytes = self._allowed(tenant, "snapshot")
+        _no_memory(include_memory)
+        if name:
+            check_name(name)
+        owner = owner_of(tenant)
+        if max_count and (await asyncio.to_thread(self.store.usage, owner)).count >= max_count:
+            raise QuotaExceeded(
+                f"the tenant may keep at most {max_count} snapshot(s) ([snapshots] max_count); "
+                "delete one first"
+            )
+        taken = await self._capture(key, name, include_tmp, max_bytes)
+        snap = taken.snapshot
+        self._m.record(
+            key, "snapshot",
+            f"{snap.name}: {reason}; {snap.files} files, {snap.bytes} bytes, frozen "
+            f"{taken.frozen_s:.3f} s",
+        )  # fmt: skip
+        return taken
+
+    async def listed(self, tenant: str, source: str = "") -> list[Snapshot]:
+        found = await asyncio.to_thread(self.store.list, owner_of(tenant))
+        return [s for s in found if not source or s.source == source]
+
+    async def usage(self, tenant: str) -> tuple[int, int, int, int]:
+        """(count, bytes, max_count, max_bytes) of the tenant's store."""
+        _, max_count, max_bytes = self._m.config.snapshot_rules(tenant)
+        used = await asyncio.to_thread(self.store.usage, owner_of(tenant))
+        return used.count, used.bytes, max_count, max_bytes
+
+    async def delete(self, tenant: str, name: str, reason: str) -> int:
+        self._allowed(tenant, "delete")
+        check_name(name)
+        freed = await asyncio.to_thread(self.store.delete, owner_of(tenant), name)
+        self._m.record(_tenant_key(tenant), "snapshot-delete", f"{name}: {reason}")
+        return freed
+
+    async def restore(self, key: str, name: str, reason: str) -> tuple[SandboxInfo, Snapshot, bool]:
+        """The key's files become the snapshot's, its container re-created (or made: a new
+        key). (the sandbox, the snapshot, whether a sandbox was replaced)"""
+        validate_key(key)
+        tenant = split(key)[0]
+        self._allowed(tenant, "restore")
+        check_name(name)
+        owner = owner_of(tenant)
+        snap = await asyncio.to_thread(self.store.get, owner, name)
+        m = self._m
+        async with m.lock(key):
+            old = m.registry.get(key)
+            replaced = old is not None or m.layout.of(key).root.is_dir()
+            await self._into(key, owner, name, snap, old)
+        info = await m.get(key)
+        self._m.record(key, "restore", f"{name}: {reason}")
+        return info, snap, replaced
+
+    async def fork(
+        self,
+        source: str,
+        new_keys: list[str],
+        *,
+        include_tmp: bool,
+        include_memory: bool,
+        reason: str,
+    ) -> tuple[list[SandboxInfo], Taken]:
+        """New sandboxes with the source's files of now; all or nothing."""
+        validate_key(source)
+        tenant = split(source)[0]
+        self._allowed(tenant, "fork")
+        _no_memory(include_memory)
+        self._check_new(source, new_keys)
+        m = self._m
+        owner = owner_of(tenant)
+        name = f"~fork-{secrets.token_hex(8)}"
+        made: list[str] = []
+        try:
+            for key in new_keys:  # each counts against the tenant's sandboxes from now on
+                m._admit(key)
+                m._starting.add(key)
+            taken = await self._capture(source, name, include_tmp, 0)
+            try:
+                done = await asyncio.gather(
+                    *(self._fork_one(k, owner, taken.snapshot, made) for k in new_keys),
+                    return_exceptions=True,
+                )
+            finally:
+                await asyncio.to_thread(self.store.delete, owner, name)
+            failed = [e for e in done if isinstance(e, BaseException)]
+            if failed:
+                raise failed[0]
+        except BaseException:
+            for key in made:
+                with contextlib.suppress(Exception):
+                    await m.destroy(key, delete_workspace=True)
+            raise
+        finally:
+            m._starting.difference_update(new_keys)
+        for key in new_keys:
+            m.record(key, "fork", f"from {shown(source)!r}: {reason}")
+        return [await m.get(k) for k in new_keys], taken
+
+    async def _fork_one(self, key: str, owner: str, snap: Snapshot, made: list[str]) -> None:
+        async with self._m.lock(key):
+            if key in self._m.registry or self._m.layout.of(key).root.is_dir():
+                raise AlreadyExists(f"sandbox {shown(key)!r} appeared while it was being forked")
+            made.append(key)
+            await self._into(key, owner, snap.name, snap, None)
+
+    # --- capture -------------------------------------------------------------------------
+
+    async def _capture(self, key: str, name: str, include_tmp: bool, max_bytes: int) -> Taken:
+        m = self._m
+        paths = m.layout.of(key)
+        tenant, plain = split(key)
+        async with m.lock(key):
+            sandbox = m.registry.get(key)
+            if sandbox is None and not paths.root.is_dir():
+                raise SandboxNotFound(f"no sandbox for key {shown(key)!r}")
+            trees: dict[str, Opener] = {MAIN: _folder(paths.workspace)}
+            if include_tmp:
+                trees[TMP] = self._tmp(sandbox, paths.tmp)
+            lineage = paths.root.name
+            async with self._mounted(paths, sandbox):
+                session = await asyncio.to_thread(self.store.begin, owner_of(tenant))
+                try:
+                    cached = await asyncio.to_thread(session.precopy, trees, lineage)
+                    for attempt in range(3):
+                        chosen = name or _generated_name(attempt)
+                        try:
+                            async with self._frozen(sandbox) as clock:
+                                snap, stats = await asyncio.to_thread(
+                                    session.capture, chosen, trees, lineage, cached,
+                                    source=plain, max_bytes=max_bytes,
+                                )  # fmt: skip
+                            return Taken(snap, stats, clock[0])
+                        except SnapshotExists:
+                            if name or attempt == 2:
+                                raise
+                    raise AssertionError("unreachable")
+                finally:
+                    await asyncio.to_thread(session.end)
+
+    @asynccontextmanager
+    async def _frozen(self, sandbox: Sandbox | None) -> AsyncIterator[list[float]]:
+        """Freeze the sandbox's processes for the block (not one already paused or whose
+        container is gone); yields [seconds frozen], filled in when the block ends."""
+        clock = [0.0]
+        if sandbox is None or sandbox.paused or sandbox.lost:
+            yield clock
+            return
+        backend = self._m.backend
+        sandbox.pauses += 1  # a probe or call that meets the freeze takes it for a pause
+        sandbox.paused_at = datetime.now(UTC)  # new calls wait for the key's lock
+        started = time.monotonic()
+        try:
+            frozen = await asyncio.to_thread(backend.pause, sandbox.info.id)
+            if not frozen:
+                sandbox.lost = True
+            try:
+                yield clock
+            finally:
+                if frozen:
+                    await asyncio.to_thread(backend.unpause, sandbox.info.id)
+                clock[0] = time.monotonic() - started
+        finally:
+            sandbox.paused_at = None
+            sandbox.idle_since = time.monotonic()
+
+    @asynccontextmanager
+    async def _mounted(self, paths: layout.Paths, sandbox: Sandbox | None) -> AsyncIterator[None]:
+        """A capped workspace whose container is gone may be unmounted: its files are in the
+        image. Mount it for the capture, and unmount it after."""
+        mount = (
+            sandbox is None
+            and self._m.layout.capped(paths)
+            and paths.image.exists()
+            and not paths.workspace.is_mount()
+        )
+        if mount:
+            await asyncio.to_thread(
+                workspaces.mount_image, paths.image, paths.workspace, fresh=False
+            )
+        try:
+            yield
+        finally:
+            if mount:
+                await asyncio.to_thread(workspaces.unmount, paths.workspace)
+
+    def _tmp(self, sandbox: Sandbox | None, host_tmp: Path) -> Opener:
+        """An opener of the sandbox's /tmp (see the module's doc)."""
+        if sandbox is None or sandbox.lost:
+            raise SandboxStateConflict(
+                "include_tmp: the sandbox has no running container, and /tmp lives and dies "
+                "with its container"
+            )
+        if self._m.layout.host_tmp:
+            return _folder(host_tmp)
+        return self._container_tmp(sandbox)
+
+    def _container_tmp(self, sandbox: Sandbox) -> Opener:
+        if self._m.containers.runtime.gvisor:
+            raise Unsupported("/tmp of a gVisor sandbox lives in gVisor's own kernel: not read")
+        pid, cid, backend = sandbox.info.pid, sandbox.info.id, self._m.backend
+        if not pid or not os.path.isdir(f"/proc/{pid}"):
+            raise Unsupported(
+                "/tmp: this supervisor cannot see the container's processes (does it run in a "
+                "container of its own?)"
+            )
+
+        def open_tmp() -> int:
+            fd = os.open(f"/proc/{pid}/root/tmp", DIR_FLAGS)
+            info = backend.inspect(cid)
+            if info is None or info.pid != pid:
+                os.close(fd)
+                raise SandboxLost("the container ended while its /tmp was being read")
+            return fd
+
+        return open_tmp
+
+    # --- restore -------------------------------------------------------------------------
+
+    async def _into(
+        self, key: str, owner: str, name: str, snap: Snapshot, old: Sandbox | None
+    ) -> None:
+        """Under the key's lock: stage the snapshot's workspace, stop the old container,
+        switch, start the new container, write /tmp back."""
+        m = self._m
+        m._admit(key)
+        paths = await asyncio.to_thread(m.layout.prepare, key)
+        ids = m.layout.workspace_ids(paths)
+        cap = staging.cap_of(paths, m.config.sandbox.workspace_size_mb)
+        staged = await asyncio.to_thread(staging.stage, self.store, owner, name, paths, ids, cap)
+        try:
+            if old is not None:
+                m.registry.pop(key, None)
+                await m.containers.stop(old.container)
+            else:
+                await asyncio.to_thread(layout.unmount, paths)
+            await asyncio.to_thread(staged.switch)
+        except BaseException:
+            await asyncio.to_thread(staged.discard)
+            raise
+        network = old.network if old is not None else m.networks.choose(None)
+        counted = key in m._starting  # a fork's keys are the fork's to discard
+        m._starting.add(key)
+        try:
+            sandbox = await m.create(key, network)
+        finally:
+            if not counted:
+                m._starting.discard(key)
+        m.registry[key] = sandbox
+        if TMP in snap.parts:
+            target = _folder(paths.tmp) if m.layout.host_tmp else self._container_tmp(sandbox)
+            await asyncio.to_thread(self.store.restore, owner, name, target, ids, TMP)
+
+    # --- checks --------------------------------------------------------------------------
+
+    def _allowed(self, tenant: str, operation: str) -> tuple[tuple[str, ...], int, int]:
+        rules = self._m.config.snapshot_rules(tenant)
+        if operation not in rules[0]:
+            raise PolicyDenied(
+                f"this supervisor does not let {'you' if not tenant else repr(tenant)} "
+                f"{operation} snapshots ([snapshots] operations)"
+            )
+        return rules
+
+    def _check_new(self, source: str, new_keys: list[str]) -> None:
+        if not 1 <= len(new_keys) <= MAX_FORKS:
+            raise InvalidRequest(
+                f"a fork makes 1 to {MAX_FORKS} new sandboxes, not {len(new_keys)}"
+            )
+        if len(set(new_keys)) != len(new_keys):
+            raise InvalidRequest("the new keys of a fork must all be different")
+        for key in new_keys:
+            validate_key(key)
+            if key == source:
+                raise AlreadyExists(f"the new key {shown(key)!r} is the source's")
+            if key in self._m.registry or self._m.layout.of(key).root.is_dir():
+                raise AlreadyExists(
+                    f"sandbox {shown(key)!r} exists (a container or a workspace): a fork makes "
+                    "new sandboxes only (destroy it with its workspace first)"
+                )
+
+
+def owner_of(tenant: str) -> str:
+    """The store's owner for a tenant: a digest, so that any tenant name makes a plain
+    folder name and no two tenants share one."""
+    return "t-" + hashlib.sha256(tenant.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def _tenant_key(tenant: str) -> str:
+    """The audit record's key for a tenant-wide operation (a delete names no sandbox)."""
+    return f"{tenant}/" if tenant else ""
+
+
+def _generated_name(attempt: int) -> str:
+    now = datetime.now(UTC)
+    stamp = now.strftime("%Y%m%dT%H%M%S") + f".{now.microsecond // 1000:03d}Z"
+    return f"snap-{stamp}" + (f"-{secrets.token_hex(2)}" if attempt else "")
+
+
+def _folder(path: Path) -> Opener:
+    return lambda: os.open(path, DIR_FLAGS)
+
+
+class MemoryCheckpointUnavailable(Unsupported):
+    reason = "MEMORY_CHECKPOINT_UNAVAILABLE"
+
+
+def _no_memory(include_memory: bool) -> None:
+    if include_memory:
+        raise MemoryCheckpointUnavailable(
+            "include_memory: process memory checkpoints need CRIU, which does not work on this "
+            "host (CRIU 3.17 fails on its kernel); snapshots carry files only"
+        )
