@@ -63,7 +63,8 @@ def test_precopy_then_frozen_pass_reads_only_what_changed(
     finally:
         session.end()
     assert stats.files_read == 2  # f3 and new: nothing else is read while frozen
-    assert snap.source == "k" and snap.parts == (MAIN,)
+    assert snap.source == "k"
+    assert snap.parts == (MAIN,)
     target = tmp_path / "r"
     store.restore("t", "one", target, IDS)
     assert tree_of(target) == owned(tree_of(tree), IDS)
@@ -80,9 +81,7 @@ def test_precopy_leaves_recently_changed_files_out_of_its_cache(
         _, stats = session.capture("one", {MAIN: opener(tree)}, "box", cached)
     finally:
         session.end()
-    files = [
-        os.path.join(folder, n) for folder, _, names in os.walk(tree) for n in names
-    ]
+    files = [os.path.join(folder, n) for folder, _, names in os.walk(tree) for n in names]
     assert stats.files_read == sum(not os.path.islink(f) for f in files)
 
 
@@ -220,4 +219,5 @@ def test_a_snapshot_too_big_for_the_cap_is_a_clear_error(
     assert not (paths.root / "workspace.restoring").exists()
     staged = staging.stage(store, "t", "big", paths, IDS, 8)
     staged.switch()
-    assert paths.image.exists() and not paths.workspace.is_mount()
+    assert paths.image.exists()
+    assert not paths.workspace.is_mount()
