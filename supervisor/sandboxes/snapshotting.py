@@ -56,7 +56,7 @@ from stockade.supervisor.keys import shown, split
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import SandboxInfo
 from stockade.supervisor.sandboxes import layout, workspaces
-from stockade.supervisor.sandboxes.sandbox import Sandbox
+from stockade.supervisor.sandboxes.sandbox import Sandbox, SandboxNetwork
 from stockade.supervisor.sandboxes.snapshots import staging
 from stockade.supervisor.sandboxes.snapshots.capture import DIR_FLAGS
 from stockade.supervisor.sandboxes.snapshots.store import (
@@ -152,7 +152,8 @@ class Snapshots:
         async with m.lock(key):
             old = m.registry.get(key)
             replaced = old is not None or m.layout.of(key).root.is_dir()
-            await self._into(key, owner, name, snap, old)
+            network = old.network if old is not None else m.networks.choose(None)
+            await self._into(key, owner, name, snap, old, network)
         info = await m.get(key)
         self._m.record(key, "restore", f"{name}: {reason}")
         return info, snap, replaced
@@ -181,9 +182,11 @@ class Snapshots:
                 m._admit(key)
                 m._starting.add(key)
             taken = await self._capture(source, name, include_tmp, 0)
+            held = m.registry.get(source)
+            network = held.network if held is not None else m.networks.choose(None)
             try:
                 done = await asyncio.gather(
-                    *(self._fork_one(k, owner, taken.snapshot, made) for k in new_keys),
+                    *(self._fork_one(k, owner, taken.snapshot, made, network) for k in new_keys),
                     return_exceptions=True,
                 )
             finally:
@@ -202,12 +205,14 @@ class Snapshots:
             m.record(key, "fork", f"from {shown(source)!r}: {reason}")
         return [await m.get(k) for k in new_keys], taken
 
-    async def _fork_one(self, key: str, owner: str, snap: Snapshot, made: list[str]) -> None:
+    async def _fork_one(
+        self, key: str, owner: str, snap: Snapshot, made: list[str], network: SandboxNetwork
+    ) -> None:
         async with self._m.lock(key):
             if key in self._m.registry or self._m.layout.of(key).root.is_dir():
                 raise AlreadyExists(f"sandbox {shown(key)!r} appeared while it was being forked")
             made.append(key)
-            await self._into(key, owner, snap.name, snap, None)
+            await self._into(key, owner, snap.name, snap, None, network)
 
     # --- capture -------------------------------------------------------------------------
 
@@ -347,7 +352,13 @@ class Snapshots:
     # --- restore -------------------------------------------------------------------------
 
     async def _into(
-        self, key: str, owner: str, name: str, snap: Snapshot, old: Sandbox | None
+        self,
+        key: str,
+        owner: str,
+        name: str,
+        snap: Snapshot,
+        old: Sandbox | None,
+        network: SandboxNetwork,
     ) -> None:
         """Under the key's lock: stage the snapshot's workspace, stop the old container,
         switch, start the new container, write /tmp back."""
@@ -367,7 +378,6 @@ class Snapshots:
         except BaseException:
             await asyncio.to_thread(staged.discard)
             raise
-        network = old.network if old is not None else m.networks.choose(None)
         counted = key in m._starting  # a fork's keys are the fork's to discard
         m._starting.add(key)
         try:
