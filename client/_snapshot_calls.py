@@ -82,42 +82,24 @@ class AsyncSnapshotCalls:
     async def snapshot_sandbox(
         self, key: str, name: str = "", *, include_tmp: bool = False, include_memory: bool = False
     ) -> SnapshotInfo:
-        """Capture the sandbox's files (its workspace; its /tmp too with include_tmp, which
-        needs a running or paused container) as a snapshot of the caller's tenant.
-
-        The sandbox is frozen only for the capture's final pass: a first pass copies while it
-        runs, the frozen one reads only what changed since (see frozen_seconds and
-        files_read_frozen). A sandbox with only a workspace (no container) is captured as
-        it is. `name`: 1 to 128 of A-Z a-z 0-9 . _ @ + -, starting with a letter or digit;
-        empty: one made from the time ("snap-20261125T200102.123Z").
-
-        AlreadyExists when the tenant has a snapshot of that name; ResourceExhausted past the
-        tenant's snapshot count or bytes (nothing is kept); PermissionDenied when the tenant
-        may not snapshot; Unimplemented (reason MEMORY_CHECKPOINT_UNAVAILABLE) for
-        include_memory on a host without a working CRIU."""
+        """The same as Stockade.snapshot_sandbox."""
         request = _snapshots.snapshot_request(key, name, include_tmp, include_memory)
         reply = await self._rpc(self._sandboxes.SnapshotSandbox, request)
         return _snapshots.snapshot_from_pb(reply)
 
     async def list_snapshots(self, source_key: str = "") -> SnapshotList:
-        """The tenant's snapshots, oldest first (only those taken of `source_key` when
-        given), and what they take of its quota."""
+        """The same as Stockade.list_snapshots."""
         request = _snapshots.list_request(source_key)
         reply = await self._rpc(self._sandboxes.ListSnapshots, request)
         return _snapshots.snapshot_list_from_pb(reply)
 
     async def delete_snapshot(self, name: str) -> int:
-        """Delete a snapshot and the stored content no other snapshot of the tenant uses;
-        returns the bytes the store gave back. NotFound when there is no such snapshot."""
+        """The same as Stockade.delete_snapshot."""
         request = _snapshots.delete_request(name)
         return int((await self._rpc(self._sandboxes.DeleteSnapshot, request)).freed_bytes)
 
     async def restore_sandbox(self, key: str, snapshot: str) -> Restored:
-        """Make the key's files the snapshot's: its workspace is replaced (and /tmp, when
-        the snapshot holds it) and its container re-created, so the old container's
-        processes end. A key with no sandbox yet is created from the snapshot (replaced is
-        then False). The snapshot may come from any sandbox of the tenant. A failure before
-        the switch leaves the sandbox as it was."""
+        """The same as Stockade.restore_sandbox."""
         request = _snapshots.restore_request(key, snapshot)
         reply = await self._rpc(self._sandboxes.RestoreSandbox, request)
         return _snapshots.restored_from_pb(reply)
@@ -130,11 +112,7 @@ class AsyncSnapshotCalls:
         include_tmp: bool = False,
         include_memory: bool = False,
     ) -> Forked:
-        """New sandboxes, one per key of `new_keys` (1 to 64, all different), whose
-        files are the source's at this moment: one frozen capture for all, the source
-        running on. Each new key must be new (no container, no workspace): AlreadyExists
-        otherwise, checked before anything is done. All or nothing: when one new sandbox
-        cannot be made, those made are removed with their workspaces."""
+        """The same as Stockade.fork_sandbox."""
         request = _snapshots.fork_request(source_key, new_keys, include_tmp, include_memory)
         reply = await self._rpc(self._sandboxes.ForkSandbox, request)
         return _snapshots.forked_from_pb(reply)
