@@ -107,13 +107,7 @@ class Snapshots:
         _no_memory(include_memory)
         if name:
             check_name(name)
-        owner = owner_of(tenant)
-        if max_count and (await asyncio.to_thread(self.store.usage, owner)).count >= max_count:
-            raise QuotaExceeded(
-                f"the tenant may keep at most {max_count} snapshot(s) ([snapshots] max_count); "
-                "delete one first"
-            )
-        taken = await self._capture(key, name, include_tmp, max_bytes)
+        taken = await self._capture(key, name, include_tmp, max_bytes, max_count)
         snap = taken.snapshot
         self._m.record(
             key, "snapshot",
@@ -216,7 +210,9 @@ class Snapshots:
 
     # --- capture -------------------------------------------------------------------------
 
-    async def _capture(self, key: str, name: str, include_tmp: bool, max_bytes: int) -> Taken:
+    async def _capture(
+        self, key: str, name: str, include_tmp: bool, max_bytes: int, max_count: int = 0
+    ) -> Taken:
         m = self._m
         paths = m.layout.of(key)
         tenant, plain = split(key)
@@ -231,6 +227,11 @@ class Snapshots:
             async with self._mounted(paths, sandbox):
                 session = await asyncio.to_thread(self.store.begin, owner_of(tenant))
                 try:
+                    if max_count and session.count() >= max_count:  # under the store's lock
+                        raise QuotaExceeded(
+                            f"the tenant may keep at most {max_count} snapshot(s) ([snapshots] "
+                            "max_count); delete one first"
+                        )
                     session.budget = await asyncio.to_thread(self._budget, tenant, max_bytes)
                     cached = await asyncio.to_thread(session.precopy, trees, lineage)
                     for attempt in range(3):

@@ -314,6 +314,10 @@ class CaptureSession:
     def cache(self, lineage: str) -> dict[tuple[int, ...], str]:
         return self._store._cache(self.base, lineage)
 
+    def count(self) -> int:
+        """The owner's listed snapshots (while the session holds the store, exact)."""
+        return sum(not p.name.startswith("~") for p in (self.base / "manifests").glob("*.json.gz"))
+
     def precopy(self, trees: Mapping[str, Opener], lineage: str) -> dict[tuple[int, ...], str]:
         """Copy the trees while they may still change (the sandbox runs): the cache of a
         capture that follows while they are frozen, which then reads only the files changed
