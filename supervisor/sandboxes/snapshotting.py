@@ -61,6 +61,7 @@ from stockade.supervisor.sandboxes.snapshots import staging
 from stockade.supervisor.sandboxes.snapshots.capture import DIR_FLAGS
 from stockade.supervisor.sandboxes.snapshots.store import (
     MAIN,
+    CaptureSession,
     CaptureStats,
     Opener,
     Snapshot,
@@ -234,19 +235,14 @@ class Snapshots:
                         )
                     session.budget = await asyncio.to_thread(self._budget, tenant, max_bytes)
                     cached = await asyncio.to_thread(session.precopy, trees, lineage)
-                    for attempt in range(3):
-                        chosen = name or _generated_name(attempt)
-                        try:
-                            async with self._frozen(sandbox) as clock:
-                                snap, stats = await asyncio.to_thread(
-                                    session.capture, chosen, trees, lineage, cached,
-                                    source=plain, max_bytes=max_bytes,
-                                )  # fmt: skip
-                            return Taken(snap, stats, clock[0])
-                        except SnapshotExists:
-                            if name or attempt == 2:
-                                raise
-                    raise AssertionError("unreachable")
+                    chosen = name or _fresh_name(session)
+                    session.check_free(chosen)
+                    async with self._frozen(sandbox) as clock:  # the walk alone
+                        got, stats = await asyncio.to_thread(session.walk, trees, cached)
+                    snap = await asyncio.to_thread(
+                        session.record, chosen, got, lineage, source=plain, max_bytes=max_bytes
+                    )
+                    return Taken(snap, stats, clock[0])
                 finally:
                     await asyncio.to_thread(session.end)
 
@@ -445,10 +441,18 @@ def _tenant_key(tenant: str) -> str:
     return f"{tenant}/" if tenant else ""
 
 
-def _generated_name(attempt: int) -> str:
+def _fresh_name(session: CaptureSession) -> str:
+    """snap- and the time; with a suffix in the rare case that name is taken."""
     now = datetime.now(UTC)
-    stamp = now.strftime("%Y%m%dT%H%M%S") + f".{now.microsecond // 1000:03d}Z"
-    return f"snap-{stamp}" + (f"-{secrets.token_hex(2)}" if attempt else "")
+    name = f"snap-{now.strftime('%Y%m%dT%H%M%S')}.{now.microsecond // 1000:03d}Z"
+    for n in range(2, 100):
+        try:
+            session.check_free(name)
+        except SnapshotExists:
+            name = f"{name.split('Z')[0]}Z-{n}"
+            continue
+        break
+    return name
 
 
 def _folder(path: Path) -> Opener:

@@ -127,6 +127,7 @@ class SnapshotStore:
         self.limits = limits or Limits()
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
+        self._head_cache: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
 
     # --- capture ---------------------------------------------------------------------------
 
@@ -273,9 +274,24 @@ class SnapshotStore:
         return base, fd
 
     def _heads(self, base: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
-        for path in sorted((base / "manifests").glob("*.json.gz")):
-            with contextlib.suppress(FileNotFoundError):
-                yield path, _read_manifest(path)[0]
+        """Each manifest's head; kept in memory by (path, inode, mtime), so that listing and
+        finding a lineage's newest snapshot do not read every manifest again."""
+        paths = sorted((base / "manifests").glob("*.json.gz"))
+        for gone in set(self._head_cache) - set(paths):
+            if gone.parent == base / "manifests":
+                del self._head_cache[gone]
+        for path in paths:
+            try:
+                info = path.stat()
+                mark = (info.st_ino, info.st_mtime_ns)
+                known = self._head_cache.get(path)
+                if known is None or known[0] != mark:
+                    known = (mark, _read_manifest(path)[0])
+                    self._head_cache[path] = known
+            except FileNotFoundError:
+                self._head_cache.pop(path, None)
+                continue
+            yield path, known[1]
 
 
 class CaptureSession:
@@ -341,31 +357,55 @@ class CaptureSession:
         source: str = "",
         max_bytes: int = 0,
     ) -> tuple[Snapshot, CaptureStats]:
-        """Store `trees` (MAIN and optional other parts) as `name`; files whose key is in
-        `cached` are not read again. With max_bytes, a capture after which the owner's store
-        passes it is undone (QuotaExceeded)."""
+        """check_free, walk and record in one call."""
+        self.check_free(name)
+        got, stats = self.walk(trees, cached)
+        return self.record(name, got, lineage, source=source, max_bytes=max_bytes), stats
+
+    def check_free(self, name: str) -> None:
+        """SnapshotExists when the owner has a snapshot of that name (checked before a walk:
+        nothing else can take the name while the session holds the store)."""
         _check(name, "snapshot name", transient=True)
-        manifest = self.base / "manifests" / f"{name}.json.gz"
-        if manifest.exists():
+        if (self.base / "manifests" / f"{name}.json.gz").exists():
             raise SnapshotExists(f"snapshot {name!r} already exists")
+
+    def walk(
+        self, trees: Mapping[str, Opener], cached: dict[tuple[int, ...], str]
+    ) -> tuple[dict[str, Captured], CaptureStats]:
+        """Read `trees` (MAIN and optional other parts) into the store; files whose key is
+        in `cached` are not read again. This is all that needs the trees frozen."""
         started = time.monotonic()
         got = {part: self._walk(opener, cached, 0) for part, opener in trees.items()}
         seconds = time.monotonic() - started
+        read = sum(c.files_read for c in got.values()), sum(c.bytes_read for c in got.values())
+        return got, CaptureStats(*read, seconds)
+
+    def record(
+        self,
+        name: str,
+        got: Mapping[str, Captured],
+        lineage: str,
+        *,
+        source: str = "",
+        max_bytes: int = 0,
+    ) -> Snapshot:
+        """Write the walk's manifest as `name`. With max_bytes, a snapshot after which the
+        owner's store passes it is undone (QuotaExceeded)."""
+        self.check_free(name)
         main = got[MAIN].entries
         snap = Snapshot(
             self.base.name, name, lineage, time.time(), sum(e.kind == "f" for e in main),
             len(main), sum(e.size for e in main), tuple(got[MAIN].skipped), source,
             tuple(sorted(got)),
         )  # fmt: skip
-        _write_manifest(manifest, snap, got)
-        read = sum(c.files_read for c in got.values()), sum(c.bytes_read for c in got.values())
+        _write_manifest(self.base / "manifests" / f"{name}.json.gz", snap, got)
         if max_bytes and self._store.usage(self.base.name).bytes > max_bytes:
             _delete(self.base, name)
             raise QuotaExceeded(
                 f"the snapshot would take the tenant's snapshots past {max_bytes // MiB} MiB "
                 "after deduplication; it was not kept (delete snapshots or ask for more)"
             )
-        return snap, CaptureStats(*read, seconds)
+        return snap
 
     def end(self) -> None:
         try:
@@ -463,8 +503,8 @@ def _write_manifest(path: Path, snap: Snapshot, got: Mapping[str, Captured]) -> 
         },
     }
     tmp = path.with_suffix(".tmp")
-    with gzip.open(tmp, "wt", encoding="ascii", compresslevel=6) as out:
-        json.dump(body, out, ensure_ascii=True, separators=(",", ":"))
+    text = json.dumps(body, ensure_ascii=True, separators=(",", ":"))  # the C encoder
+    tmp.write_bytes(gzip.compress(text.encode("ascii"), compresslevel=6))
     os.replace(tmp, path)
 
 
@@ -472,8 +512,7 @@ Part = tuple[tuple[int, int], list[Entry]]
 
 
 def _read_manifest(path: Path) -> tuple[dict[str, Any], dict[str, Part]]:
-    with gzip.open(path, "rt", encoding="ascii") as src:
-        body = json.load(src)
+    body = json.loads(gzip.decompress(path.read_bytes()))
     if body["head"].get("format") != _FORMAT:
         raise ValueError(f"{path}: unknown snapshot format")
     parts = {
