@@ -221,3 +221,36 @@ def test_a_snapshot_too_big_for_the_cap_is_a_clear_error(
     staged.switch()
     assert paths.image.exists()
     assert not paths.workspace.is_mount()
+
+
+def _object_names(store: SnapshotStore) -> set[str]:
+    return {p.name for p in (store.root / "t" / "objects").glob("*/*")}
+
+
+def test_a_pre_copy_of_a_file_changed_since_is_not_kept(store: SnapshotStore, tree: Path) -> None:
+    age(tree, 1.2)
+    session = store.begin("t")
+    try:
+        cached = session.precopy({MAIN: opener(tree)}, "box")
+        (tree / "f3").write_bytes(b"changed after the pre-copy")
+        (tree / "f4").unlink()
+        session.capture("one", {MAIN: opener(tree)}, "box", cached)
+    finally:
+        session.end()
+    wanted = {e for e in _object_names(store)}
+    store.delete("t", "one")  # collects what no manifest uses: nothing was left unused
+    assert _object_names(store) == set()
+    assert len(wanted) == sum(1 for p in tree.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def test_a_session_that_records_nothing_leaves_nothing(store: SnapshotStore, tree: Path) -> None:
+    store.capture("t", "kept", tree)
+    before = _object_names(store)
+    (tree / "brand-new").write_bytes(os.urandom(5000))
+    session = store.begin("t")
+    try:
+        session.precopy({MAIN: opener(tree)}, "box")
+        assert _object_names(store) != before
+    finally:
+        session.end()
+    assert _object_names(store) == before

@@ -306,10 +306,13 @@ class CaptureSession:
         """(bytes, why): new content this session may add to the store before it stops
         with QuotaExceeded(why) and removes what it added (a tenant's quota, the disk)."""
         self._added = 0
+        self._new: set[str] = set()
+        """Content this session added: what no manifest uses when it ends goes again."""
 
     def _write(self, fd: int) -> tuple[str, int]:
         digest, size, new = _store(self.base / "objects", fd)
         if new:
+            self._new.add(digest)
             self._added += size
             if self.budget is not None and self._added > self.budget[0]:
                 raise QuotaExceeded(self.budget[1])
@@ -399,6 +402,9 @@ class CaptureSession:
             tuple(sorted(got)),
         )  # fmt: skip
         _write_manifest(self.base / "manifests" / f"{name}.json.gz", snap, got)
+        used = {e.digest for c in got.values() for e in c.entries if e.kind == "f"}
+        self._drop(self._new - used)  # a pre-copy's copies of files changed since
+        self._new.clear()
         if max_bytes and self._store.usage(self.base.name).bytes > max_bytes:
             _delete(self.base, name)
             raise QuotaExceeded(
@@ -407,11 +413,21 @@ class CaptureSession:
             )
         return snap
 
+    def _drop(self, digests: set[str]) -> None:
+        for digest in digests:
+            with contextlib.suppress(FileNotFoundError):
+                (self.base / "objects" / digest[:2] / digest).unlink()
+
     def end(self) -> None:
+        """Give the store back; content added by a capture that was not recorded (it failed
+        after its pre-copy) is removed."""
         try:
-            os.close(self._fd)
+            self._drop(self._new)
         finally:
-            self._lock.release()
+            try:
+                os.close(self._fd)
+            finally:
+                self._lock.release()
 
 
 def check_name(name: str) -> None:
