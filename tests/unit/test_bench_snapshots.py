@@ -71,6 +71,7 @@ def measured(ratio: float = 1.096) -> dict[str, Any]:
         "snapshot_first": snap(9.5, 0.25, 12),
         "snapshot_changed_1pct": snap(0.4, 0.12, 100),
         "snapshot_changed_1pct_median": snap(0.41, 0.11, 100),
+        "snapshot_changed_settled": snap(0.3, 0.05, 0),
         "fork_1": snap(7.0, 0.1, 0),
         "fork_10": snap(60.0, 0.1, 0),
         "restore_s": 6.25,
@@ -91,6 +92,8 @@ def test_the_section_shows_every_figure_and_the_store_target() -> None:
     assert "exec true on a paused sandbox (resumes it)" in text
     first = next(line for line in lines if "SnapshotSandbox, first" in line)
     assert first.split()[-3:] == ["9.50", "0.250", "12"]
+    settled = next(line for line in lines if "changed 1.5 s before" in line)
+    assert settled.split()[-3:] == ["0.30", "0.050", "0"]
     assert any("ForkSandbox, 10 new keys in one call" in line for line in lines)
     restore = next(line for line in lines if "RestoreSandbox" in line)
     assert restore.split()[-1] == "6.25"
