@@ -172,3 +172,17 @@ def test_two_forks_racing_for_one_key_make_one_sandbox(
         assert lost not in keys, "all or nothing: the losing call's other key is not made"
         for k in won:
             c.sandbox(k).destroy(delete_workspace=True)
+
+
+def test_a_fork_takes_tmp_on_request(supervisor: Supervisor, snaps: Snaps, key: str) -> None:
+    with supervisor.client() as c:
+        ran = c.sandbox(key).exec("echo scratch > /tmp/scratch.txt && echo w > w.txt")
+        assert ran.exit_code == 0, ran.stderr
+        with_tmp, without = f"{key}-tmp", f"{key}-notmp"
+        assert snaps.fork(key, [with_tmp], include_tmp=True).capture.includes_tmp
+        assert not snaps.fork(key, [without]).capture.includes_tmp
+        assert c.sandbox(with_tmp).exec("cat /tmp/scratch.txt w.txt").stdout == "scratch\nw\n"
+        assert c.sandbox(without).exec("ls -A /tmp; cat w.txt").stdout == "w\n"
+        assert c.sandbox(key).exec("cat /tmp/scratch.txt").stdout == "scratch\n"
+        for k in (with_tmp, without):
+            c.sandbox(k).destroy(delete_workspace=True)

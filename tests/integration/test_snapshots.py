@@ -303,3 +303,39 @@ def test_a_snapshot_while_a_writer_appends_is_a_prefix_and_the_writer_runs_on(
             assert line == b"%09d " % n + b"x" * 4085, f"line {n} is not what was written"
         process(box, "kill", id=writer["id"], signal="KILL")
         c.sandbox(copy).destroy(delete_workspace=True)
+
+
+RANDOM_WRITER = """python3 -c '
+import os, time
+fd = os.open("random.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+while True:
+    os.write(fd, os.urandom(32768))
+    time.sleep(0.005)
+'"""
+"""Content no other test's files have: what it leaves in the store is its own."""
+
+
+def test_the_store_keeps_only_what_its_snapshots_hold(
+    supervisor: Supervisor, snaps: Snaps, key: str
+) -> None:
+    """A file that changes between the first pass (the sandbox running) and the frozen one
+    is stored twice while the capture runs; the first copy is the snapshot's no more and must
+    not stay in the store, counted against the tenant's bytes, until some later delete."""
+    with supervisor.client() as c:
+        box = c.sandbox(key)
+        ok(box, "head -c 2097152 /dev/urandom > steady.bin")
+        writer = process(box, "start", command=RANDOM_WRITER, name="writer")
+        log = Path(box.info().workspace_path) / "random.log"
+        deadline = time.monotonic() + 30
+        while (log.stat().st_size if log.exists() else 0) < 4 << 20:
+            assert time.monotonic() < deadline, "the writer does not write"
+            time.sleep(0.1)
+        before = snaps.list_snapshots().bytes
+        taken = snaps.snapshot(key, f"{key}-churn")
+        process(box, "kill", id=writer["id"], signal="KILL")
+        grown = snaps.list_snapshots().bytes - before
+        assert grown <= taken.bytes + (256 << 10), (
+            f"the store grew by {grown} bytes for a snapshot of {taken.bytes} bytes of files"
+        )
+        snaps.delete(f"{key}-churn")
+        assert snaps.list_snapshots().bytes == before
