@@ -7,6 +7,7 @@ with Stockade("127.0.0.1:50051") as s:
 
 from stockade.client._core import (
     TLS,
+    AlreadyExists,
     ApprovalClosed,
     ApprovalPending,
     ApprovalRequest,
@@ -20,6 +21,7 @@ from stockade.client._core import (
     IsolationReport,
     NotFound,
     Output,
+    PermissionDenied,
     ResourceExhausted,
     SandboxInfo,
     Started,
@@ -30,12 +32,15 @@ from stockade.client._core import (
     ToolSpec,
     Unauthenticated,
     Unavailable,
+    Unimplemented,
 )
+from stockade.client._snapshots import Forked, Restored, SnapshotInfo, SnapshotList
 from stockade.client.aio import AsyncInteraction, AsyncSandbox, AsyncStockade
 from stockade.client.sync import Interaction, Sandbox, Stockade
 
 __all__ = [
     "TLS",
+    "AlreadyExists",
     "ApprovalClosed",
     "ApprovalPending",
     "ApprovalRequest",
@@ -48,14 +53,19 @@ __all__ = [
     "DeadlineExceeded",
     "FailedPrecondition",
     "FileInfo",
+    "Forked",
     "Interaction",
     "InvalidArgument",
     "IsolationReport",
     "NotFound",
     "Output",
+    "PermissionDenied",
     "ResourceExhausted",
+    "Restored",
     "Sandbox",
     "SandboxInfo",
+    "SnapshotInfo",
+    "SnapshotList",
     "Started",
     "Stockade",
     "StockadeError",
@@ -65,4 +75,5 @@ __all__ = [
     "ToolSpec",
     "Unauthenticated",
     "Unavailable",
+    "Unimplemented",
 ]

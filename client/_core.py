@@ -54,7 +54,7 @@ class InvalidArgument(StockadeError):
 
 
 class NotFound(StockadeError):
-    """No sandbox for that key."""
+    """No such sandbox, snapshot, approval or process (another tenant's is not found either)."""
 
 
 class Unavailable(StockadeError):
@@ -62,7 +62,24 @@ class Unavailable(StockadeError):
 
 
 class ResourceExhausted(StockadeError):
-    """A size or rate limit was hit (e.g. a message larger than the server accepts)."""
+    """A size or rate limit was hit (e.g. a message larger than the server accepts, or a
+    tenant's sandbox, memory or snapshot quota)."""
+
+
+class AlreadyExists(StockadeError):
+    """A new name or key that is taken (a snapshot's name; a fork's new key that has a
+    container or a workspace)."""
+
+
+class PermissionDenied(StockadeError):
+    """Policy forbids it (e.g. a file transfer, or a snapshot operation the tenant may not
+    do: [snapshots] operations)."""
+
+
+class Unimplemented(StockadeError):
+    """The server cannot do it on this host (reason MEMORY_CHECKPOINT_UNAVAILABLE: a
+    snapshot with process memory, which needs CRIU), or does not know the call at all (an
+    older supervisor)."""
 
 
 class FailedPrecondition(StockadeError):
@@ -192,6 +209,9 @@ _BY_STATUS: dict[grpc.StatusCode, type[StockadeError]] = {
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    grpc.StatusCode.UNIMPLEMENTED: Unimplemented,
 }
 
 

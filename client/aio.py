@@ -23,6 +23,8 @@ from stockade.client._core import (
     ToolResult,
     ToolSpec,
 )
+from stockade.client._snapshot_calls import AsyncSnapshotCalls
+from stockade.client._snapshots import Restored, SnapshotInfo
 from stockade.v1 import (
     approval_pb2,
     sandbox_pb2,
@@ -31,7 +33,7 @@ from stockade.v1 import (
 T = TypeVar("T")
 
 
-class AsyncStockade:
+class AsyncStockade(AsyncSnapshotCalls):
     """A connection to a Stockade supervisor.
 
     `target` is host:port or unix:/path (default: $STOCKADE_ADDR, else 127.0.0.1:50051).
@@ -428,6 +430,20 @@ class AsyncSandbox:
 
     async def resume(self) -> bool:
         return await self.client.resume_sandbox(self.key)
+
+    async def snapshot(self, name: str = "", *, include_tmp: bool = False) -> SnapshotInfo:
+        """A snapshot of this sandbox's files (see AsyncStockade.snapshot_sandbox)."""
+        return await self.client.snapshot_sandbox(self.key, name, include_tmp=include_tmp)
+
+    async def restore(self, snapshot: str) -> Restored:
+        """Replace this sandbox's files with the snapshot's; its container is re-created."""
+        return await self.client.restore_sandbox(self.key, snapshot)
+
+    async def fork(self, *new_keys: str, include_tmp: bool = False) -> list[AsyncSandbox]:
+        """New sandboxes with this one's files as they are now, one per key (all new);
+        handles to them on the same client."""
+        forked = await self.client.fork_sandbox(self.key, new_keys, include_tmp=include_tmp)
+        return [self.client.sandbox(s.key) for s in forked.sandboxes]
 
     async def _do(self, op: _core.Op) -> Any:
         tool, args, finish = op

@@ -24,6 +24,8 @@ from stockade.client._core import (
     ToolResult,
     ToolSpec,
 )
+from stockade.client._snapshot_calls import SnapshotCalls
+from stockade.client._snapshots import Restored, SnapshotInfo
 from stockade.v1 import (
     approval_pb2,
     sandbox_pb2,
@@ -32,7 +34,7 @@ from stockade.v1 import (
 T = TypeVar("T")
 
 
-class Stockade:
+class Stockade(SnapshotCalls):
     """A connection to a Stockade supervisor.
 
     `target` is host:port or unix:/path (default: $STOCKADE_ADDR, else 127.0.0.1:50051).
@@ -425,6 +427,20 @@ class Sandbox:
 
     def resume(self) -> bool:
         return self.client.resume_sandbox(self.key)
+
+    def snapshot(self, name: str = "", *, include_tmp: bool = False) -> SnapshotInfo:
+        """A snapshot of this sandbox's files (see Stockade.snapshot_sandbox)."""
+        return self.client.snapshot_sandbox(self.key, name, include_tmp=include_tmp)
+
+    def restore(self, snapshot: str) -> Restored:
+        """Replace this sandbox's files with the snapshot's; its container is re-created."""
+        return self.client.restore_sandbox(self.key, snapshot)
+
+    def fork(self, *new_keys: str, include_tmp: bool = False) -> list[Sandbox]:
+        """New sandboxes with this one's files as they are now, one per key (all new);
+        handles to them on the same client."""
+        forked = self.client.fork_sandbox(self.key, new_keys, include_tmp=include_tmp)
+        return [self.client.sandbox(s.key) for s in forked.sandboxes]
 
     def _do(self, op: _core.Op) -> Any:
         tool, args, finish = op

@@ -1,5 +1,6 @@
 """SandboxService: ensure, get, list, pause, resume and destroy a caller's sandboxes, and
-report their isolation; snapshots, restores and forks are in snapshots.py. Every key a request names is scoped to the caller's tenant."""
+report their isolation; snapshots, restores and forks are in snapshots.py. Every key a
+request names is scoped to the caller's tenant."""
 
 from __future__ import annotations
 

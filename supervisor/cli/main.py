@@ -1,5 +1,5 @@
 """The `stockade` command: the server side (serve, image build, doctor) and client
-commands that use only the public client API (exec, call, ls, rm, tools)."""
+commands that use only the public client API (exec, call, ls, rm, snapshot, tools, ...)."""
 
 from __future__ import annotations
 
@@ -346,6 +346,13 @@ def _pause_or_resume(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _snapshots(ns: argparse.Namespace) -> int:
+    from stockade.supervisor.cli import snapshots
+
+    with _client(ns) as client:
+        return snapshots.run(client, ns)
+
+
 def _mcp(ns: argparse.Namespace) -> int:
     from stockade.client import AsyncStockade
     from stockade.supervisor.cli.mcp_bridge import bridge_key, serve_stdio
@@ -391,6 +398,11 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "rm": _rm,
     "pause": _pause_or_resume,
     "resume": _pause_or_resume,
+    "snapshot": _snapshots,
+    "snapshots": _snapshots,
+    "snapshot-rm": _snapshots,
+    "restore": _snapshots,
+    "fork": _snapshots,
     "tools": _tools,
     "approvals": _approvals,
     "audit": _audit,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 DESCRIPTION = """The `stockade` command: the server side (serve, image build, doctor) and client
-commands that use only the public client API (exec, call, ls, rm, tools)."""
+commands that use only the public client API (exec, call, ls, rm, snapshot, tools, ...)."""
 
 
 def command_parser() -> argparse.ArgumentParser:
@@ -82,6 +83,7 @@ def command_parser() -> argparse.ArgumentParser:
     for verb, what in (("pause", "freeze"), ("resume", "thaw")):
         toggle = sub.add_parser(verb, parents=[client], help=f"{what} a sandbox's processes")
         toggle.add_argument("key")
+    _snapshot_commands(sub, client)
     tools = sub.add_parser("tools", parents=[client], help="list the tools policy allows")
     tools.add_argument(
         "--format", choices=["json", "openai", "anthropic", "gemini"],
@@ -108,6 +110,35 @@ def command_parser() -> argparse.ArgumentParser:
     audit.add_argument("--errors", action="store_true", help="only failed calls")
     audit.add_argument("--json", action="store_true", help="one JSON object per line")
     return parser
+
+
+def _snapshot_commands(
+    sub: argparse._SubParsersAction[Any], client: argparse.ArgumentParser
+) -> None:
+    """snapshot, snapshots, snapshot-rm, restore and fork (docs/sandboxes.md#snapshots)."""
+    tmp_help = "capture the sandbox's /tmp as well (needs its container)"
+    snapshot = sub.add_parser("snapshot", parents=[client], help="snapshot a sandbox's files")
+    snapshot.add_argument("--tmp", action="store_true", help=tmp_help)
+    snapshot.add_argument("key")
+    snapshot.add_argument("name", nargs="?", default="", help="default: snap-TIME")
+    snapshots = sub.add_parser(
+        "snapshots", parents=[client], help="list the snapshots and the quota they use"
+    )
+    snapshots.add_argument("--key", default="", help="only those taken of this sandbox")
+    snapshots.add_argument("--json", action="store_true", help="the list as one JSON object")
+    remove = sub.add_parser("snapshot-rm", parents=[client], help="delete a snapshot")
+    remove.add_argument("name")
+    restore = sub.add_parser(
+        "restore", parents=[client], help="replace a sandbox's files with a snapshot's"
+    )
+    restore.add_argument("key")
+    restore.add_argument("snapshot")
+    fork = sub.add_parser(
+        "fork", parents=[client], help="new sandboxes with a sandbox's files as they are now"
+    )
+    fork.add_argument("--tmp", action="store_true", help=tmp_help)
+    fork.add_argument("source")
+    fork.add_argument("new_keys", nargs="+", metavar="new_key")
 
 
 def _credential_flags(parser: argparse.ArgumentParser) -> None:

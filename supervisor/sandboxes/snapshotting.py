@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import os
 import secrets
@@ -38,8 +39,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
+
 from stockade.supervisor.errors import (
     AlreadyExists,
+    HostExhausted,
     InvalidRequest,
     PolicyDenied,
     QuotaExceeded,
@@ -52,11 +56,12 @@ from stockade.supervisor.keys import shown, split
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import SandboxInfo
 from stockade.supervisor.sandboxes import layout, workspaces
-from stockade.supervisor.sandboxes.sandbox import Sandbox
+from stockade.supervisor.sandboxes.sandbox import Sandbox, SandboxNetwork
 from stockade.supervisor.sandboxes.snapshots import staging
 from stockade.supervisor.sandboxes.snapshots.capture import DIR_FLAGS
 from stockade.supervisor.sandboxes.snapshots.store import (
     MAIN,
+    CaptureSession,
     CaptureStats,
     Opener,
     Snapshot,
@@ -70,6 +75,7 @@ if TYPE_CHECKING:
 
 TMP = "tmp"
 MAX_FORKS = 64
+MiB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -102,13 +108,7 @@ class Snapshots:
         _no_memory(include_memory)
         if name:
             check_name(name)
-        owner = owner_of(tenant)
-        if max_count and (await asyncio.to_thread(self.store.usage, owner)).count >= max_count:
-            raise QuotaExceeded(
-                f"the tenant may keep at most {max_count} snapshot(s) ([snapshots] max_count); "
-                "delete one first"
-            )
-        taken = await self._capture(key, name, include_tmp, max_bytes)
+        taken = await self._capture(key, name, include_tmp, max_bytes, max_count)
         snap = taken.snapshot
         self._m.record(
             key, "snapshot",
@@ -147,7 +147,8 @@ class Snapshots:
         async with m.lock(key):
             old = m.registry.get(key)
             replaced = old is not None or m.layout.of(key).root.is_dir()
-            await self._into(key, owner, name, snap, old)
+            network = old.network if old is not None else m.networks.choose(None)
+            await self._into(key, owner, name, snap, old, network)
         info = await m.get(key)
         self._m.record(key, "restore", f"{name}: {reason}")
         return info, snap, replaced
@@ -176,9 +177,11 @@ class Snapshots:
                 m._admit(key)
                 m._starting.add(key)
             taken = await self._capture(source, name, include_tmp, 0)
+            held = m.registry.get(source)
+            network = held.network if held is not None else m.networks.choose(None)
             try:
                 done = await asyncio.gather(
-                    *(self._fork_one(k, owner, taken.snapshot, made) for k in new_keys),
+                    *(self._fork_one(k, owner, taken.snapshot, made, network) for k in new_keys),
                     return_exceptions=True,
                 )
             finally:
@@ -197,16 +200,20 @@ class Snapshots:
             m.record(key, "fork", f"from {shown(source)!r}: {reason}")
         return [await m.get(k) for k in new_keys], taken
 
-    async def _fork_one(self, key: str, owner: str, snap: Snapshot, made: list[str]) -> None:
+    async def _fork_one(
+        self, key: str, owner: str, snap: Snapshot, made: list[str], network: SandboxNetwork
+    ) -> None:
         async with self._m.lock(key):
             if key in self._m.registry or self._m.layout.of(key).root.is_dir():
                 raise AlreadyExists(f"sandbox {shown(key)!r} appeared while it was being forked")
             made.append(key)
-            await self._into(key, owner, snap.name, snap, None)
+            await self._into(key, owner, snap.name, snap, None, network)
 
     # --- capture -------------------------------------------------------------------------
 
-    async def _capture(self, key: str, name: str, include_tmp: bool, max_bytes: int) -> Taken:
+    async def _capture(
+        self, key: str, name: str, include_tmp: bool, max_bytes: int, max_count: int = 0
+    ) -> Taken:
         m = self._m
         paths = m.layout.of(key)
         tenant, plain = split(key)
@@ -221,22 +228,46 @@ class Snapshots:
             async with self._mounted(paths, sandbox):
                 session = await asyncio.to_thread(self.store.begin, owner_of(tenant))
                 try:
+                    if max_count and session.count() >= max_count:  # under the store's lock
+                        raise QuotaExceeded(
+                            f"the tenant may keep at most {max_count} snapshot(s) ([snapshots] "
+                            "max_count); delete one first"
+                        )
+                    session.budget = await asyncio.to_thread(self._budget, tenant, max_bytes)
                     cached = await asyncio.to_thread(session.precopy, trees, lineage)
-                    for attempt in range(3):
-                        chosen = name or _generated_name(attempt)
-                        try:
-                            async with self._frozen(sandbox) as clock:
-                                snap, stats = await asyncio.to_thread(
-                                    session.capture, chosen, trees, lineage, cached,
-                                    source=plain, max_bytes=max_bytes,
-                                )  # fmt: skip
-                            return Taken(snap, stats, clock[0])
-                        except SnapshotExists:
-                            if name or attempt == 2:
-                                raise
-                    raise AssertionError("unreachable")
+                    chosen = name or _fresh_name(session)
+                    session.check_free(chosen)
+                    async with self._frozen(sandbox) as clock:  # the walk alone
+                        got, stats = await asyncio.to_thread(session.walk, trees, cached)
+                    snap = await asyncio.to_thread(
+                        session.record, chosen, got, lineage, source=plain, max_bytes=max_bytes
+                    )
+                    return Taken(snap, stats, clock[0])
                 finally:
                     await asyncio.to_thread(session.end)
+
+    def _budget(self, tenant: str, max_bytes: int) -> tuple[int, str] | None:
+        """How much new content a capture may add: the tenant's quota left, and the disk
+        above housekeeping.min_free_disk_mb (HostExhausted when there is none left)."""
+        budgets = []
+        if max_bytes:
+            used = self.store.usage(owner_of(tenant)).bytes
+            why = (
+                f"the snapshot would take the tenant's snapshots past {max_bytes // MiB} MiB "
+                "after deduplication ([snapshots] max_mb); it was not kept"
+            )
+            budgets.append((max_bytes - used, why))
+        min_free = self._m.config.housekeeping.min_free_disk_mb * MiB
+        if min_free:
+            free = psutil.disk_usage(str(self.store.root)).free
+            why = (
+                f"no snapshot: {self.store.root} would have less than "
+                f"housekeeping.min_free_disk_mb = {min_free // MiB} MiB free; it was not kept"
+            )
+            if free <= min_free:
+                raise HostExhausted(why.replace(" would have", " has"))
+            budgets.append((free - min_free, why))
+        return min(budgets) if budgets else None
 
     @asynccontextmanager
     async def _frozen(self, sandbox: Sandbox | None) -> AsyncIterator[list[float]]:
@@ -318,7 +349,13 @@ class Snapshots:
     # --- restore -------------------------------------------------------------------------
 
     async def _into(
-        self, key: str, owner: str, name: str, snap: Snapshot, old: Sandbox | None
+        self,
+        key: str,
+        owner: str,
+        name: str,
+        snap: Snapshot,
+        old: Sandbox | None,
+        network: SandboxNetwork,
     ) -> None:
         """Under the key's lock: stage the snapshot's workspace, stop the old container,
         switch, start the new container, write /tmp back."""
@@ -338,18 +375,31 @@ class Snapshots:
         except BaseException:
             await asyncio.to_thread(staged.discard)
             raise
-        network = old.network if old is not None else m.networks.choose(None)
         counted = key in m._starting  # a fork's keys are the fork's to discard
         m._starting.add(key)
         try:
             sandbox = await m.create(key, network)
+            if TMP in snap.parts:  # before any call can reach the new container
+                await self._restore_tmp(sandbox, owner, name, paths.tmp, ids)
         finally:
             if not counted:
                 m._starting.discard(key)
         m.registry[key] = sandbox
-        if TMP in snap.parts:
-            target = _folder(paths.tmp) if m.layout.host_tmp else self._container_tmp(sandbox)
+
+    async def _restore_tmp(
+        self, sandbox: Sandbox, owner: str, name: str, host_tmp: Path, ids: tuple[int, int]
+    ) -> None:
+        target = _folder(host_tmp) if self._m.layout.host_tmp else self._container_tmp(sandbox)
+        try:
             await asyncio.to_thread(self.store.restore, owner, name, target, ids, TMP)
+        except OSError as exc:
+            await self._m.containers.stop(sandbox.container, keep_workspace_mounted=True)
+            if exc.errno == errno.ENOSPC:
+                raise staging.SnapshotTooBig(
+                    f"snapshot {name!r}: its /tmp does not fit in the sandbox's /tmp "
+                    "(sandbox.tmp_size_mb, tmp_inodes); the workspace was restored"
+                ) from None
+            raise
 
     # --- checks --------------------------------------------------------------------------
 
@@ -391,10 +441,18 @@ def _tenant_key(tenant: str) -> str:
     return f"{tenant}/" if tenant else ""
 
 
-def _generated_name(attempt: int) -> str:
+def _fresh_name(session: CaptureSession) -> str:
+    """snap- and the time; with a suffix in the rare case that name is taken."""
     now = datetime.now(UTC)
-    stamp = now.strftime("%Y%m%dT%H%M%S") + f".{now.microsecond // 1000:03d}Z"
-    return f"snap-{stamp}" + (f"-{secrets.token_hex(2)}" if attempt else "")
+    name = f"snap-{now.strftime('%Y%m%dT%H%M%S')}.{now.microsecond // 1000:03d}Z"
+    for n in range(2, 100):
+        try:
+            session.check_free(name)
+        except SnapshotExists:
+            name = f"{name.split('Z')[0]}Z-{n}"
+            continue
+        break
+    return name
 
 
 def _folder(path: Path) -> Opener:

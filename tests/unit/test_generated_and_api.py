@@ -32,6 +32,7 @@ def test_generated_code_is_fresh(tmp_path: Path) -> None:
 
 def test_public_client_api() -> None:
     assert sorted(stockade.client.__all__) == [
+        "AlreadyExists",
         "ApprovalClosed",
         "ApprovalPending",
         "ApprovalRequest",
@@ -44,14 +45,19 @@ def test_public_client_api() -> None:
         "DeadlineExceeded",
         "FailedPrecondition",
         "FileInfo",
+        "Forked",
         "Interaction",
         "InvalidArgument",
         "IsolationReport",
         "NotFound",
         "Output",
+        "PermissionDenied",
         "ResourceExhausted",
+        "Restored",
         "Sandbox",
         "SandboxInfo",
+        "SnapshotInfo",
+        "SnapshotList",
         "Started",
         "Stockade",
         "StockadeError",
@@ -62,6 +68,7 @@ def test_public_client_api() -> None:
         "ToolSpec",
         "Unauthenticated",
         "Unavailable",
+        "Unimplemented",
     ]
     for name in stockade.client.__all__:
         assert getattr(stockade.client, name) is not None

@@ -4,7 +4,8 @@ Every folder is opened with O_NOFOLLOW|O_DIRECTORY relative to its parent's desc
 every file with O_NOFOLLOW|O_NONBLOCK (a fifo swapped in for a file does not block the
 open; what the descriptor turns out to be is checked with fstat, never the name again). A
 link is read with readlink and stored as its target text; it is never followed. An entry
-that changes kind between listing and opening (a folder replaced by a link to /etc, say) is
+that the cache says is unchanged (its lstat key: the same inode, ctime, size and mtime as
+when it was stored) is not opened at all. An entry that changes kind between listing and opening (a folder replaced by a link to /etc, say) is
 looked at again once and stored as what it is then; a second change is an error. The walk
 holds one descriptor per level, and the depth is bounded (`Limits.max_depth`).
 """
@@ -183,6 +184,13 @@ def _one(
                 again = os.stat(name, dir_fd=fd, follow_symlinks=False)
                 return Entry(depth, name, "l", 0o777, again.st_mtime_ns, target=target), None
             if stat.S_ISREG(mode):
+                key = _key(info)
+                digest = cached.get(key)
+                if digest is not None:  # unchanged since it was stored: not even opened
+                    bits = stat.S_IMODE(mode) & MODE_BITS
+                    hit = Entry(depth, name, "f", bits, info.st_mtime_ns, digest, info.st_size)
+                    hit.key = key
+                    return hit, None
                 return _file(fd, name, depth, cached, store, out), None
         except OSError as exc:
             if exc.errno == errno.ENOENT:
@@ -211,13 +219,7 @@ def _file(
         info = os.fstat(file_fd)
         if not stat.S_ISREG(info.st_mode):
             raise OSError(_WRONG_KIND, "not a regular file any more")
-        key: tuple[int, ...] = (
-            info.st_dev,
-            info.st_ino,
-            info.st_ctime_ns,
-            info.st_size,
-            info.st_mtime_ns,
-        )
+        key = _key(info)
         digest = cached.get(key)
         size = info.st_size
         if digest is None:
@@ -231,6 +233,12 @@ def _file(
         return Entry(depth, name, "f", mode, info.st_mtime_ns, digest, size, key=key)
     finally:
         os.close(file_fd)
+
+
+def _key(info: os.stat_result) -> tuple[int, ...]:
+    """What says a file is unchanged: the same inode with the same ctime (which sandbox code
+    cannot set back), size and mtime."""
+    return (info.st_dev, info.st_ino, info.st_ctime_ns, info.st_size, info.st_mtime_ns)
 
 
 def hash_copy(src_fd: int, dst_fd: int) -> tuple[str, int]:

@@ -3,8 +3,8 @@ long part) happens while the old container still runs, and a restore that fails 
 snapshot does not fit the workspace's size cap, the disk is full) leaves the sandbox as it
 was.
 
-    uncapped  STATE/sandboxes/<id>/workspace.restoring/ is filled, then renamed over
-              workspace/ (the old one renamed aside and removed)
+    uncapped  STATE/sandboxes/<id>/workspace.restoring/ is filled, then swapped with
+              workspace/ in one step (renameat2's exchange), and the old one removed
     capped    a new file system image (workspace.img.restoring) is made, mounted at
               workspace.restoring/ and filled, unmounted, then renamed over workspace.img;
               the next container start mounts it at workspace/
@@ -16,6 +16,7 @@ key's lock held; switch() only while no container uses the workspace.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 from dataclasses import dataclass
@@ -48,11 +49,8 @@ class Staged:
             with contextlib.suppress(OSError):
                 self.folder.rmdir()
             return
-        old = paths.root / "workspace.old"
-        _remove(old)
-        os.rename(paths.workspace, old)
-        os.rename(self.folder, paths.workspace)
-        _remove(old)
+        _exchange(self.folder, paths.workspace)  # atomic: a crash leaves one or the other
+        _remove(self.folder)  # the old workspace now
 
     def discard(self) -> None:
         discard(self.paths)
@@ -105,6 +103,19 @@ def cap_of(paths: Paths, configured_mb: int) -> int:
         return max(1, os.stat(paths.image).st_size // MiB)
     except FileNotFoundError:
         return 0
+
+
+_RENAME_EXCHANGE = 2
+_libc = ctypes.CDLL(None, use_errno=True)
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap two folders in one step (renameat2 RENAME_EXCHANGE, Linux 3.15)."""
+    done = _libc.renameat2(_AT_FDCWD, bytes(a), _AT_FDCWD, bytes(b), _RENAME_EXCHANGE)
+    if done != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"cannot switch {a} and {b}: {os.strerror(code)}")
 
 
 def _remove(path: Path) -> None:

@@ -127,6 +127,7 @@ class SnapshotStore:
         self.limits = limits or Limits()
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
+        self._head_cache: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
 
     # --- capture ---------------------------------------------------------------------------
 
@@ -135,6 +136,7 @@ class SnapshotStore:
     ) -> tuple[Snapshot, CaptureStats]:
         """Store the folder `tree` as `name` in one pass. Freeze whatever writes the tree
         around this call: the files are read while the call runs (only the changed ones)."""
+        _check(name, "snapshot name")
         session = self.begin(owner)
         try:
             trees = {MAIN: _opener(tree)}
@@ -272,9 +274,24 @@ class SnapshotStore:
         return base, fd
 
     def _heads(self, base: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
-        for path in sorted((base / "manifests").glob("*.json.gz")):
-            with contextlib.suppress(FileNotFoundError):
-                yield path, _read_manifest(path)[0]
+        """Each manifest's head; kept in memory by (path, inode, mtime), so that listing and
+        finding a lineage's newest snapshot do not read every manifest again."""
+        paths = sorted((base / "manifests").glob("*.json.gz"))
+        for gone in set(self._head_cache) - set(paths):
+            if gone.parent == base / "manifests":
+                del self._head_cache[gone]
+        for path in paths:
+            try:
+                info = path.stat()
+                mark = (info.st_ino, info.st_mtime_ns)
+                known = self._head_cache.get(path)
+                if known is None or known[0] != mark:
+                    known = (mark, _read_manifest(path)[0])
+                    self._head_cache[path] = known
+            except FileNotFoundError:
+                self._head_cache.pop(path, None)
+                continue
+            yield path, known[1]
 
 
 class CaptureSession:
@@ -285,9 +302,37 @@ class CaptureSession:
         self.base = base
         self._fd = fd
         self._lock = lock
+        self.budget: tuple[int, str] | None = None
+        """(bytes, why): new content this session may add to the store before it stops
+        with QuotaExceeded(why) and removes what it added (a tenant's quota, the disk)."""
+        self._added = 0
+
+    def _write(self, fd: int) -> tuple[str, int]:
+        digest, size, new = _store(self.base / "objects", fd)
+        if new:
+            self._added += size
+            if self.budget is not None and self._added > self.budget[0]:
+                raise QuotaExceeded(self.budget[1])
+        return digest, size
+
+    def _walk(
+        self, opener: Opener, cached: dict[tuple[int, ...], str], racy_after_ns: int
+    ) -> Captured:
+        root_fd = opener()
+        try:
+            return capture(root_fd, self._store.limits, cached, self._write, racy_after_ns)
+        except QuotaExceeded:
+            _collect(self.base)  # what this session added and no snapshot uses
+            raise
+        finally:
+            os.close(root_fd)
 
     def cache(self, lineage: str) -> dict[tuple[int, ...], str]:
         return self._store._cache(self.base, lineage)
+
+    def count(self) -> int:
+        """The owner's listed snapshots (while the session holds the store, exact)."""
+        return sum(not p.name.startswith("~") for p in (self.base / "manifests").glob("*.json.gz"))
 
     def precopy(self, trees: Mapping[str, Opener], lineage: str) -> dict[tuple[int, ...], str]:
         """Copy the trees while they may still change (the sandbox runs): the cache of a
@@ -297,9 +342,8 @@ class CaptureSession:
         clock) while the content read is torn."""
         cached = self.cache(lineage)
         racy_after = time.time_ns() - 1_000_000_000
-        objects = self.base / "objects"
         for opener in trees.values():
-            got = _walk(opener, self._store.limits, cached, objects, racy_after)
+            got = self._walk(opener, cached, racy_after)
             cached.update(_keys(got.entries))
         return cached
 
@@ -313,35 +357,55 @@ class CaptureSession:
         source: str = "",
         max_bytes: int = 0,
     ) -> tuple[Snapshot, CaptureStats]:
-        """Store `trees` (MAIN and optional other parts) as `name`; files whose key is in
-        `cached` are not read again. With max_bytes, a capture after which the owner's store
-        passes it is undone (QuotaExceeded)."""
+        """check_free, walk and record in one call."""
+        self.check_free(name)
+        got, stats = self.walk(trees, cached)
+        return self.record(name, got, lineage, source=source, max_bytes=max_bytes), stats
+
+    def check_free(self, name: str) -> None:
+        """SnapshotExists when the owner has a snapshot of that name (checked before a walk:
+        nothing else can take the name while the session holds the store)."""
         _check(name, "snapshot name", transient=True)
-        manifest = self.base / "manifests" / f"{name}.json.gz"
-        if manifest.exists():
+        if (self.base / "manifests" / f"{name}.json.gz").exists():
             raise SnapshotExists(f"snapshot {name!r} already exists")
+
+    def walk(
+        self, trees: Mapping[str, Opener], cached: dict[tuple[int, ...], str]
+    ) -> tuple[dict[str, Captured], CaptureStats]:
+        """Read `trees` (MAIN and optional other parts) into the store; files whose key is
+        in `cached` are not read again. This is all that needs the trees frozen."""
         started = time.monotonic()
-        objects = self.base / "objects"
-        got = {
-            part: _walk(opener, self._store.limits, cached, objects, 0)
-            for part, opener in trees.items()
-        }
+        got = {part: self._walk(opener, cached, 0) for part, opener in trees.items()}
         seconds = time.monotonic() - started
+        read = sum(c.files_read for c in got.values()), sum(c.bytes_read for c in got.values())
+        return got, CaptureStats(*read, seconds)
+
+    def record(
+        self,
+        name: str,
+        got: Mapping[str, Captured],
+        lineage: str,
+        *,
+        source: str = "",
+        max_bytes: int = 0,
+    ) -> Snapshot:
+        """Write the walk's manifest as `name`. With max_bytes, a snapshot after which the
+        owner's store passes it is undone (QuotaExceeded)."""
+        self.check_free(name)
         main = got[MAIN].entries
         snap = Snapshot(
             self.base.name, name, lineage, time.time(), sum(e.kind == "f" for e in main),
             len(main), sum(e.size for e in main), tuple(got[MAIN].skipped), source,
             tuple(sorted(got)),
         )  # fmt: skip
-        _write_manifest(manifest, snap, got)
-        read = sum(c.files_read for c in got.values()), sum(c.bytes_read for c in got.values())
+        _write_manifest(self.base / "manifests" / f"{name}.json.gz", snap, got)
         if max_bytes and self._store.usage(self.base.name).bytes > max_bytes:
             _delete(self.base, name)
             raise QuotaExceeded(
                 f"the snapshot would take the tenant's snapshots past {max_bytes // MiB} MiB "
                 "after deduplication; it was not kept (delete snapshots or ask for more)"
             )
-        return snap, CaptureStats(*read, seconds)
+        return snap
 
     def end(self) -> None:
         try:
@@ -364,8 +428,9 @@ def _check(value: str, what: str, *, transient: bool = False) -> None:
         )
 
 
-def _store(objects: Path, src_fd: int) -> tuple[str, int]:
-    """Copy an open file into `objects` under its digest (kept once)."""
+def _store(objects: Path, src_fd: int) -> tuple[str, int, bool]:
+    """Copy an open file into `objects` under its digest (kept once): (digest, size, whether
+    the content is new to the store)."""
     tmp = objects / f"tmp.{os.getpid()}.{threading.get_ident()}"
     dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400)
     try:
@@ -375,30 +440,16 @@ def _store(objects: Path, src_fd: int) -> tuple[str, int]:
     final = objects / digest[:2] / digest
     if final.exists():
         tmp.unlink()
-    else:
-        final.parent.mkdir(mode=0o700, exist_ok=True)
-        os.replace(tmp, final)
-    return digest, size
+        return digest, size, False
+    final.parent.mkdir(mode=0o700, exist_ok=True)
+    os.replace(tmp, final)
+    return digest, size, True
 
 
 def _objects(objects: Path) -> Iterator[Path]:
     for sub in objects.iterdir():
         if sub.is_dir():
             yield from sub.iterdir()
-
-
-def _walk(
-    opener: Opener,
-    limits: Limits,
-    cached: dict[tuple[int, ...], str],
-    objects: Path,
-    racy_after_ns: int,
-) -> Captured:
-    root_fd = opener()
-    try:
-        return capture(root_fd, limits, cached, lambda fd: _store(objects, fd), racy_after_ns)
-    finally:
-        os.close(root_fd)
 
 
 def _opener(tree: Path) -> Opener:
@@ -452,8 +503,8 @@ def _write_manifest(path: Path, snap: Snapshot, got: Mapping[str, Captured]) -> 
         },
     }
     tmp = path.with_suffix(".tmp")
-    with gzip.open(tmp, "wt", encoding="ascii", compresslevel=6) as out:
-        json.dump(body, out, ensure_ascii=True, separators=(",", ":"))
+    text = json.dumps(body, ensure_ascii=True, separators=(",", ":"))  # the C encoder
+    tmp.write_bytes(gzip.compress(text.encode("ascii"), compresslevel=6))
     os.replace(tmp, path)
 
 
@@ -461,8 +512,7 @@ Part = tuple[tuple[int, int], list[Entry]]
 
 
 def _read_manifest(path: Path) -> tuple[dict[str, Any], dict[str, Part]]:
-    with gzip.open(path, "rt", encoding="ascii") as src:
-        body = json.load(src)
+    body = json.loads(gzip.decompress(path.read_bytes()))
     if body["head"].get("format") != _FORMAT:
         raise ValueError(f"{path}: unknown snapshot format")
     parts = {
