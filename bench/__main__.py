@@ -1,7 +1,10 @@
 """`python -m bench [--engine podman|docker|both] [--n N] [--quick]`, or
 `python -m bench --compare REV [--engine E] [--n N] [--rounds R]` for this tree's supervisor
 against REV's, side by side (bench/compare.py), or `python -m bench --only mcp [--engine E]
-[--n N] [--rounds R]` for the MCP front against gRPC alone (bench/mcp_front.py)."""
+[--n N] [--rounds R]` for the MCP front against gRPC alone (bench/mcp_front.py), or
+`python -m bench --only snapshots [--engine E] [--snap-files N] [--snap-mib M]
+[--snap-rounds R] [--snap-forks F]` for pause, resume, snapshots, restore and forks through
+the supervisor alone (bench/sandbox_snapshots.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from bench import (
     mcp_front,
     peers,
     report,
+    sandbox_snapshots,
     stockade_runs,
 )
 from bench.compare_stats import batches
@@ -56,9 +60,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only",
-        choices=["mcp"],
-        help="only one measurement: mcp, the MCP front against gRPC (bench/mcp_front.py)",
+        choices=["mcp", "snapshots"],
+        help="only one measurement: mcp, the MCP front against gRPC (bench/mcp_front.py); "
+        "snapshots, pause/resume, snapshots, restore and forks (bench/sandbox_snapshots.py)",
     )
+    sandbox_snapshots.add_arguments(parser, "snap-")
     parser.add_argument(
         "--rounds",
         type=int,
@@ -68,7 +74,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a short run: n=30, cold=3, idle=2, load 10x50, audit log of 100,000",
+        help="a short run: n=30, cold=3, idle=2, load 10x50, audit log of 100,000, "
+        "snapshots of 1,000 files in 32 MiB",
     )
     ns = parser.parse_args(argv)
     quick = (
@@ -87,6 +94,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(ns, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     ns.warmup = min(max(ns.n // 10, 5), 30)
+    sizes = sandbox_snapshots.QUICK if ns.quick else sandbox_snapshots.FULL
+    ns.snap = sandbox_snapshots.sizes(ns, sizes, "snap_")
+    if min(ns.snap.values()) < 1 or ns.snap["forks"] > 64:
+        parser.error("--snap-* sizes must be at least 1, and --snap-forks at most 64")
     if ns.compare is not None:
         try:
             batches(ns.n, ns.rounds)
@@ -128,6 +139,10 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
     results["mcp"] = guarded(
         f"{engine}: MCP against gRPC",
         lambda: mcp_front.measure_engine(engine, ns.n, ns.rounds, ns.warmup),
+    )
+    results["snapshots"] = guarded(
+        f"{engine}: sandbox snapshots ({ns.snap['files']:,} files, {ns.snap['mib']} MiB)",
+        lambda: sandbox_snapshots.measure_engine(engine, **ns.snap),
     )
     if engine == "podman":  # the default gives each sandbox a user namespace: its cost
         with served(engine, NO_USERNS) as sup, Stockade(sup.target) as client:
@@ -172,10 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)  # clean up on kill as on Ctrl-C
     engines = ENGINES if ns.engine == "both" else (ns.engine,)
-    if ns.compare is not None or ns.only == "mcp":
+    if ns.compare is not None or ns.only is not None:
         try:
             if ns.compare is not None:
                 return compare.run(ns.compare, engines, ns.n, ns.rounds, ns.warmup)
+            if ns.only == "snapshots":
+                return sandbox_snapshots.run(engines, **ns.snap)
             return mcp_front.run(engines, ns.n, ns.rounds, ns.warmup)
         except KeyboardInterrupt:
             progress("interrupted; cleaning up")
@@ -185,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {
         "n": ns.n, "warmup": ns.warmup, "cold": ns.cold, "idle": ns.idle, "quick": ns.quick,
         "load_keys": ns.load_keys, "load_calls": ns.load_calls, "audit_records": ns.audit_records,
-        "rounds": ns.rounds,
+        "rounds": ns.rounds, "snapshots": ns.snap,
     }  # fmt: skip
     by_engine: dict[str, Any] = {}
     progress("host-side pipeline, scrubber and guard corpora")
@@ -214,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report.engine_section(engine, results), end="\n\n")
         print(abuse.section(engine, results["neighbour_abuse"]), end="\n\n")
         print(mcp_front.section(engine, results["mcp"]), end="\n\n")
+        print(sandbox_snapshots.section(engine, results["snapshots"]), end="\n\n")
     print(report.summary(by_engine))
     record = {
         "started_at": started,
