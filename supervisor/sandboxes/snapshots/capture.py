@@ -3,11 +3,12 @@
 Every folder is opened with O_NOFOLLOW|O_DIRECTORY relative to its parent's descriptor and
 every file with O_NOFOLLOW|O_NONBLOCK (a fifo swapped in for a file does not block the
 open; what the descriptor turns out to be is checked with fstat, never the name again). A
-link is read with readlink and stored as its target text; it is never followed. An entry
+link is read with readlink and stored as its target text; it is never followed. A file
 that the cache says is unchanged (its lstat key: the same inode, ctime, size and mtime as
-when it was stored) is not opened at all. An entry that changes kind between listing and opening (a folder replaced by a link to /etc, say) is
-looked at again once and stored as what it is then; a second change is an error. The walk
-holds one descriptor per level, and the depth is bounded (`Limits.max_depth`).
+when it was stored) is not opened at all. An entry that changes kind between listing and
+opening (a folder replaced by a link to /etc, say) is looked at again once and stored as
+what it is then; a second change is an error. The walk holds one descriptor per level, and
+the depth is bounded (`Limits.max_depth`).
 """
 
 from __future__ import annotations
