@@ -30,6 +30,7 @@ from stockade.supervisor.sandboxes.manager import SandboxManager
 from stockade.supervisor.sandboxes.owner import InstanceLock
 
 if TYPE_CHECKING:
+    from stockade.supervisor.fronts.e2b.server import E2bFront
     from stockade.supervisor.fronts.mcp.server import McpFront
     from stockade.supervisor.observe.tracing import CallTracer
 
@@ -232,13 +233,17 @@ class Supervisor:
     telemetry: Telemetry
     mcp: McpFront | None = None
     """The MCP endpoint, when [mcp] listen is set."""
+    e2b: E2bFront | None = None
+    """The E2B endpoint, when [e2b] listen is set."""
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain (housekeeping.shutdown_grace_s unless given), then stop; sandboxes'
-        containers keep running for the next start to adopt. The MCP endpoint stops first:
-        its calls need the sandbox manager the gRPC server closes."""
+        containers keep running for the next start to adopt. The MCP and E2B endpoints stop
+        first: their calls need the sandbox manager the gRPC server closes."""
         if grace is None:
             grace = self.server.config.housekeeping.shutdown_grace_s
+        if self.e2b is not None:
+            await self.e2b.stop(grace)
         if self.mcp is not None:
             await self.mcp.stop(grace)
         await self.server.stop(grace)
@@ -288,18 +293,24 @@ async def start(config: Config) -> Supervisor:
             config.engine.kind,
         )
     telemetry = start_telemetry(config, manager, policy)
-    mcp = None
+    mcp = e2b = None
     try:
         server = Server(config, manager, policy, authenticator, telemetry.observers)
         if config.mcp.listen:  # the SDK is imported only then
             from stockade.supervisor.fronts.mcp.server import start_mcp
 
             mcp = await start_mcp(config, server.pipeline, policy, authenticator, manager)
-        await server.start()  # once the gRPC API serves, so does MCP (the launcher waits)
+        if config.e2b.listen:
+            from stockade.supervisor.fronts.e2b.server import start_e2b
+
+            e2b = await start_e2b(config, server.pipeline, policy, authenticator, manager)
+        await server.start()  # once the gRPC API serves, so do MCP and E2B (the launcher waits)
     except BaseException:
+        if e2b is not None:
+            await e2b.stop(0)
         if mcp is not None:
             await mcp.stop(0)
         telemetry.close()
         raise
     manager.start_housekeeping()
-    return Supervisor(server, manager, process, telemetry, mcp)
+    return Supervisor(server, manager, process, telemetry, mcp, e2b)

@@ -1,7 +1,7 @@
 """Supervisor configuration: loaded once (file, then environment, then flags), then frozen.
 
 The sections are frozen dataclasses (sandbox.py: the containers; policy.py: the tool
-policy; service.py: auth, audit, files, observability, mcp), root.py holds the whole Config,
+policy; service.py: auth, audit, files, observability, mcp, e2b), root.py holds the whole Config,
 checks.py validates it as it is made, loading.py reads it. Every name is importable from
 here. An unknown key anywhere in the file is an error at load time, never a silent pass.
 """
@@ -36,6 +36,7 @@ from stockade.supervisor.config.sandbox import (
 from stockade.supervisor.config.service import (
     AuditConfig,
     AuthConfig,
+    E2bConfig,
     FilesConfig,
     McpConfig,
     ObservabilityConfig,
@@ -53,6 +54,7 @@ __all__ = [
     "AuthConfig",
     "Config",
     "CustomToolConfig",
+    "E2bConfig",
     "EngineConfig",
     "EngineKind",
     "FilesConfig",

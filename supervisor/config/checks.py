@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from stockade.supervisor.config.service import (
         AuditConfig,
         AuthConfig,
+        E2bConfig,
         McpConfig,
         ObservabilityConfig,
         SnapshotsConfig,
@@ -92,6 +93,7 @@ def check(cfg: Config) -> None:
     _check_observability(cfg.observability)
     _check_auth(cfg.auth, cfg.tenants)
     _check_mcp(cfg.mcp)
+    _check_e2b(cfg.e2b)
     _check_snapshots(cfg.snapshots)
     if cfg.engine.kind not in ("podman", "docker"):
         raise ConfigError(f"engine.kind must be podman or docker, got {cfg.engine.kind!r}")
@@ -299,20 +301,26 @@ def _check_snapshot_operations(operations: tuple[str, ...], where: str) -> None:
 MCP_PATH = re.compile(r"/[A-Za-z0-9._~/-]{0,255}")
 
 
+def _check_loopback(listen: str, name: str, front: str) -> None:
+    """A plain-HTTP front listens on a loopback address only: bearer tokens must not cross
+    a network in clear text."""
+    host, _port = split_host_port(listen, name)
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ConfigError(
+            f"{name} must be a loopback address (127.0.0.1, [::1] or localhost): the "
+            f"{front} front speaks plain HTTP, got {listen!r}"
+        )
+
+
 def _check_mcp(mcp: McpConfig) -> None:
     """The MCP endpoint: plain HTTP, so on a loopback address only (bearer tokens must not
     cross a network in clear text); a plain path; a usable key."""
     if mcp.listen:
-        host, _port = split_host_port(mcp.listen, "mcp.listen")
-        try:
-            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            loopback = False
-        if not loopback:
-            raise ConfigError(
-                f"mcp.listen must be a loopback address (127.0.0.1, [::1] or localhost): the "
-                f"MCP front speaks plain HTTP, got {mcp.listen!r}"
-            )
+        _check_loopback(mcp.listen, "mcp.listen", "MCP")
     if not MCP_PATH.fullmatch(mcp.path) or "//" in mcp.path or "/." in mcp.path:
         raise ConfigError(
             f"mcp.path must be an absolute URL path of letters, digits and ._~-/ (e.g. /mcp), "
@@ -326,3 +334,19 @@ def _check_mcp(mcp: McpConfig) -> None:
     idle = mcp.session_idle_timeout_s
     if not (math.isfinite(idle) and idle > 0):
         raise ConfigError(f"mcp.session_idle_timeout_s must be a positive number, got {idle}")
+
+
+def _check_e2b(e2b: E2bConfig) -> None:
+    """The E2B endpoint: plain HTTP on a loopback address only; timeouts in range."""
+    if e2b.listen:
+        _check_loopback(e2b.listen, "e2b.listen", "E2B")
+    if not 1 <= e2b.max_timeout_s <= MAX_SECONDS:
+        raise ConfigError(f"e2b.max_timeout_s must be between 1 and {MAX_SECONDS:.0f}")
+    if not 1 <= e2b.default_timeout_s <= e2b.max_timeout_s:
+        raise ConfigError(
+            f"e2b.default_timeout_s must be between 1 and e2b.max_timeout_s "
+            f"({e2b.max_timeout_s}), got {e2b.default_timeout_s}"
+        )
+    sweep = e2b.sweep_interval_s
+    if not (math.isfinite(sweep) and 0 < sweep <= 3600):
+        raise ConfigError(f"e2b.sweep_interval_s must be in (0, 3600], got {sweep}")

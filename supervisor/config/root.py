@@ -28,6 +28,7 @@ from stockade.supervisor.config.sandbox import (
 from stockade.supervisor.config.service import (
     AuditConfig,
     AuthConfig,
+    E2bConfig,
     FilesConfig,
     McpConfig,
     ObservabilityConfig,
@@ -63,6 +64,7 @@ class Config:
     auth: AuthConfig = field(default_factory=AuthConfig)
     tenants: Mapping[str, TenantConfig] = field(default_factory=dict)
     mcp: McpConfig = field(default_factory=McpConfig)
+    e2b: E2bConfig = field(default_factory=E2bConfig)
     housekeeping: HousekeepingConfig = field(default_factory=HousekeepingConfig)
     snapshots: SnapshotsConfig = field(default_factory=SnapshotsConfig)
 

@@ -98,6 +98,25 @@ class McpConfig:
     and its own sandbox is released as at the client's DELETE."""
 
 
+@dataclass(frozen=True)
+class E2bConfig:
+    """The E2B-compatible front: the unmodified E2B SDKs' control plane and envd on one
+    port, with the same tokens, tenants and policy as the gRPC API (see docs/e2b.md)."""
+
+    listen: str = ""
+    """host:port of the E2B endpoint (e.g. "127.0.0.1:3000"), the URL to give as both
+    E2B_API_URL and E2B_SANDBOX_URL; empty: no E2B front. Plain HTTP: a loopback address
+    only (port 0 picks a free port)."""
+    default_timeout_s: int = 300
+    """A sandbox created without `timeout` is removed this long after its creation (E2B's
+    default), unless its timeout is set again."""
+    max_timeout_s: int = 86400
+    """The longest `timeout` a create, connect or set_timeout may ask for."""
+    sweep_interval_s: float = 1.0
+    """How often sandboxes whose timeout has passed are looked for (and removed: container
+    and workspace)."""
+
+
 SNAPSHOT_OPERATIONS = ("snapshot", "restore", "fork", "delete")
 
 

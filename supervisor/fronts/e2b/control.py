@@ -1,0 +1,373 @@
+"""The E2B control plane: create, connect (and resume), get, list, set timeout, kill,
+metrics and pause of a caller's sandboxes, as the E2B SDKs call them (/v2 paths and the
+older ones). A sandbox is a Stockade sandbox of the key "e2b-<id>" within the caller's
+tenant, made and unmade through the sandbox manager like any other; another tenant's id is
+unknown (404). Every create, connect, timeout, pause, kill and expiry is an audit record
+naming the front "e2b"."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import secrets
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from stockade.supervisor import errors
+from stockade.supervisor.fronts.e2b import listing
+from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
+from stockade.supervisor.fronts.e2b.metrics import Metrics
+from stockade.supervisor.fronts.e2b.records import (
+    CLIENT_ID,
+    DEFAULT_TEMPLATE,
+    ENVD_VERSION,
+    KEY_PREFIX,
+    PAUSED,
+    RUNNING,
+    E2bSandbox,
+    new_sandbox_id,
+    rfc3339,
+)
+from stockade.supervisor.fronts.e2b.wire import (
+    ApiError,
+    from_domain,
+    not_found,
+    read_json,
+    seconds,
+    string_map,
+    tenant_of,
+)
+from stockade.supervisor.keys import scope
+from stockade.supervisor.observe.audit import AuditRecord
+
+log = logging.getLogger("stockade.e2b")
+UNSUPPORTED_CREATE = {
+    "mcp": "MCP gateways in sandboxes",
+    "network": "per-sandbox network rules (the [network] configuration applies)",
+    "volumeMounts": "volumes",
+    "autoResume": "auto-resume",
+    "iam": "IAM tokens",
+}
+"""Create options refused with 400 rather than silently ignored."""
+
+
+def caller_of(request: Request) -> str:
+    client = request.client
+    return f"{client.host}:{client.port}" if client is not None else ""
+
+
+class Control:
+    """The control-plane handlers over one E2bContext."""
+
+    def __init__(self, ctx: E2bContext) -> None:
+        self.ctx = ctx
+        self.metrics = Metrics(ctx.config)
+        e2b = ctx.config.e2b
+        self.default_timeout = e2b.default_timeout_s
+        self.max_timeout = e2b.max_timeout_s
+
+    # lookups and answers
+
+    def _tenant(self, request: Request) -> str:
+        return tenant_of(self.ctx.authenticator, request.headers)
+
+    def _own(self, request: Request) -> tuple[str, E2bSandbox]:
+        """(tenant, the caller's live sandbox named in the path); 404 for an unknown id, one
+        of another tenant and one whose timeout has passed (its removal may be pending)."""
+        tenant = self._tenant(request)
+        sandbox_id = str(request.path_params["sandbox_id"])
+        sandbox = self.ctx.records.get(tenant, sandbox_id)
+        if sandbox is None or sandbox.end_at <= time.time():
+            raise not_found(sandbox_id)
+        return tenant, sandbox
+
+    def state_of(self, sandbox: E2bSandbox) -> str:
+        held = self.ctx.manager.registry.get(sandbox.key)
+        if held is not None and held.paused:
+            return PAUSED
+        return sandbox.state
+
+    def sandbox_json(self, sandbox: E2bSandbox) -> dict[str, Any]:
+        """E2B's `Sandbox` (create and connect answers)."""
+        return {
+            "templateID": sandbox.template_id,
+            "sandboxID": sandbox.sandbox_id,
+            "clientID": CLIENT_ID,
+            "envdVersion": ENVD_VERSION,
+            "alias": sandbox.template_id,
+            "envdAccessToken": sandbox.access_token,
+        }
+
+    def listed_json(self, sandbox: E2bSandbox) -> dict[str, Any]:
+        """E2B's `ListedSandbox`; never null for objects the SDK would parse."""
+        config = self.ctx.config.sandbox
+        return {
+            "templateID": sandbox.template_id,
+            "sandboxID": sandbox.sandbox_id,
+            "clientID": CLIENT_ID,
+            "alias": sandbox.template_id,
+            "startedAt": rfc3339(sandbox.started_at),
+            "endAt": rfc3339(sandbox.end_at),
+            "cpuCount": max(1, math.ceil(config.cpus)),
+            "memoryMB": config.memory_mb,
+            "diskSizeMB": config.workspace_size_mb,
+            "state": self.state_of(sandbox),
+            "envdVersion": ENVD_VERSION,
+            "metadata": dict(sandbox.metadata),
+        }
+
+    def audit(
+        self, request: Request | None, sandbox: E2bSandbox, tool: str, arguments: dict[str, Any],
+        *, error: str = "",
+    ) -> None:  # fmt: skip
+        audit = self.ctx.policy.audit
+        if audit is None:
+            return
+        audit.record(
+            AuditRecord(
+                time=time.time(),
+                request_id="",
+                caller=caller_of(request) if request is not None else "supervisor",
+                sandbox_key=sandbox.key,
+                agent_id="",
+                provider="",
+                tool=tool,
+                arguments_json=json.dumps(
+                    {"sandbox_id": sandbox.sandbox_id, **arguments}, ensure_ascii=False
+                ),
+                policy_step=f"e2b: {tool}" + (f": {error}" if error else ""),
+                error_code="FAILED" if error else "",
+                is_error=bool(error),
+                front=FRONT,
+            )
+        )
+
+    # handlers
+
+    async def create(self, request: Request) -> Response:
+        """POST /v2/sandboxes (and /sandboxes): a running sandbox when it answers, 201."""
+        tenant = self._tenant(request)
+        body = await read_json(request, self.ctx.config.max_request_bytes)
+        template = body.get("templateID", DEFAULT_TEMPLATE)
+        if not isinstance(template, str):
+            raise ApiError(400, "templateID must be a string")
+        if template != DEFAULT_TEMPLATE:
+            raise ApiError(
+                404,
+                f"template {template[:64]!r} not found: this Stockade serves only the template "
+                f"{DEFAULT_TEMPLATE!r} (its configured sandbox image) for now; templates as "
+                f"sandbox profiles are not implemented yet",
+            )
+        for option, what in UNSUPPORTED_CREATE.items():
+            if body.get(option) not in (None, {}, []):
+                raise ApiError(400, f"{option}: {what} are not supported by Stockade yet")
+        if body.get("autoPause"):
+            raise ApiError(400, "autoPause: pausing on timeout is not supported by Stockade yet")
+        timeout = self.default_timeout
+        if body.get("timeout") is not None:
+            timeout = seconds(body["timeout"], "timeout", self.max_timeout)
+        metadata = string_map(body.get("metadata"), "metadata")
+        env_vars = string_map(body.get("envVars"), "envVars")
+        sandbox_id = new_sandbox_id()
+        now = time.time()
+        sandbox = E2bSandbox(
+            sandbox_id=sandbox_id,
+            tenant=tenant,
+            key=scope(tenant, KEY_PREFIX + sandbox_id),
+            template_id=template,
+            access_token=secrets.token_urlsafe(32),
+            started_at=now,
+            end_at=now + timeout,
+            metadata=metadata,
+            env_vars=env_vars,
+        )
+        arguments = {
+            "template": template,
+            "timeout": timeout,
+            "metadata": metadata,
+            "env_vars": sorted(env_vars),  # names only: values may be secrets
+        }
+        try:
+            await self.ctx.manager.ensure(sandbox.key)
+        except errors.StockadeError as exc:
+            self.audit(request, sandbox, "create_sandbox", arguments, error=str(exc))
+            raise from_domain(exc) from None
+        sandbox.started_at = time.time()
+        sandbox.end_at = sandbox.started_at + timeout
+        self.ctx.records.add(sandbox)
+        self.audit(request, sandbox, "create_sandbox", arguments)
+        log.info("E2B sandbox %s created (timeout %d s)", sandbox_id, timeout)
+        return JSONResponse(self.sandbox_json(sandbox), status_code=201)
+
+    async def connect(self, request: Request) -> Response:
+        """POST /v2/sandboxes/{id}/connect (and /sandboxes/{id}/connect): a running sandbox
+        gets a later end if `timeout` asks for one (200); a paused one is resumed (201)."""
+        _tenant, sandbox = self._own(request)
+        body = await read_json(request, self.ctx.config.max_request_bytes)
+        timeout = None
+        if body.get("timeout") is not None:
+            timeout = seconds(body["timeout"], "timeout", self.max_timeout)
+        resumed = await self._resume(request, sandbox)
+        if timeout is not None:
+            wanted = time.time() + timeout
+            sandbox.end_at = wanted if resumed else max(sandbox.end_at, wanted)
+        elif resumed:
+            sandbox.end_at = max(sandbox.end_at, time.time() + self.default_timeout)
+        self.ctx.records.save()
+        self.audit(request, sandbox, "connect_sandbox", {"timeout": timeout, "resumed": resumed})
+        return JSONResponse(self.sandbox_json(sandbox), status_code=201 if resumed else 200)
+
+    async def resume(self, request: Request) -> Response:
+        """POST /sandboxes/{id}/resume (older SDKs): 201, or 409 when it is not paused."""
+        _tenant, sandbox = self._own(request)
+        body = await read_json(request, self.ctx.config.max_request_bytes)
+        if self.state_of(sandbox) != PAUSED:
+            raise ApiError(409, f"sandbox {sandbox.sandbox_id} is not paused")
+        timeout = self.default_timeout
+        if body.get("timeout") is not None:
+            timeout = seconds(body["timeout"], "timeout", self.max_timeout)
+        await self._resume(request, sandbox)
+        sandbox.end_at = time.time() + timeout
+        self.ctx.records.save()
+        self.audit(request, sandbox, "resume_sandbox", {"timeout": timeout})
+        return JSONResponse(self.sandbox_json(sandbox), status_code=201)
+
+    async def _resume(self, request: Request, sandbox: E2bSandbox) -> bool:
+        """Make the sandbox's container run (resumed when paused, made again when it is
+        gone); True when it was paused."""
+        manager = self.ctx.manager
+        was_paused = self.state_of(sandbox) == PAUSED
+        try:
+            if was_paused:
+                with contextlib.suppress(errors.SandboxNotFound):  # gone: ensure makes another
+                    await manager.resume(sandbox.key, f"E2B connect from {caller_of(request)}")
+            await manager.ensure(sandbox.key)
+        except errors.StockadeError as exc:
+            raise from_domain(exc) from None
+        sandbox.state = RUNNING
+        return was_paused
+
+    async def info(self, request: Request) -> Response:
+        """GET /sandboxes/{id}: SandboxDetail."""
+        _tenant, sandbox = self._own(request)
+        detail = self.listed_json(sandbox)
+        detail["envdAccessToken"] = sandbox.access_token
+        return JSONResponse(detail)
+
+    async def list_v2(self, request: Request) -> Response:
+        """GET /v2/sandboxes: one page of the caller's sandboxes, the next page's token in
+        x-next-token."""
+        tenant = self._tenant(request)
+        params: dict[str, list[str]] = {}
+        for name, value in request.query_params.multi_items():
+            params.setdefault(name, []).append(value)
+        query = listing.parse_query(params)
+        now = time.time()
+        found = [
+            s
+            for s in self.ctx.records.of_tenant(tenant)
+            if s.end_at > now and listing.matches(s, self.state_of(s), query)
+        ]
+        chosen, token = listing.page(found, query)
+        headers = {listing.NEXT_TOKEN_HEADER: token} if token else None
+        return JSONResponse([self.listed_json(s) for s in chosen], headers=headers)
+
+    async def list_v1(self, request: Request) -> Response:
+        """GET /sandboxes (older SDKs): the caller's running sandboxes, `metadata` filter."""
+        tenant = self._tenant(request)
+        raw = request.query_params.get("metadata", "")
+        wanted = listing.parse_metadata(raw) if raw else {}
+        now = time.time()
+        found = [
+            self.listed_json(s)
+            for s in self.ctx.records.of_tenant(tenant)
+            if s.end_at > now
+            and self.state_of(s) == RUNNING
+            and all(s.metadata.get(k) == v for k, v in wanted.items())
+        ]
+        return JSONResponse(found)
+
+    async def set_timeout(self, request: Request) -> Response:
+        """POST /sandboxes/{id}/timeout: the sandbox ends `timeout` seconds from now; 204."""
+        _tenant, sandbox = self._own(request)
+        body = await read_json(request, self.ctx.config.max_request_bytes, required=True)
+        timeout = seconds(body.get("timeout"), "timeout", self.max_timeout)
+        sandbox.end_at = time.time() + timeout
+        self.ctx.records.save()
+        self.audit(request, sandbox, "set_timeout", {"timeout": timeout})
+        return Response(status_code=204)
+
+    async def kill(self, request: Request) -> Response:
+        """DELETE /sandboxes/{id}: container and workspace removed; 204 (404: SDKs -> False)."""
+        _tenant, sandbox = self._own(request)
+        await self.remove(sandbox)
+        self.audit(request, sandbox, "kill_sandbox", {})
+        return Response(status_code=204)
+
+    async def remove(self, sandbox: E2bSandbox) -> None:
+        """Remove the sandbox's record, container and workspace."""
+        self.ctx.records.remove(sandbox.sandbox_id)
+        self.metrics.forget(sandbox.sandbox_id)
+        try:
+            await self.ctx.manager.destroy(sandbox.key, delete_workspace=True)
+        except errors.SandboxNotFound:
+            pass
+        except errors.StockadeError as exc:
+            raise from_domain(exc) from None
+
+    async def pause(self, request: Request) -> Response:
+        """POST /sandboxes/{id}/pause: every process frozen (the engine's pause), memory
+        kept; 204, or 409 when it is paused already (SDKs -> False)."""
+        _tenant, sandbox = self._own(request)
+        await read_json(request, self.ctx.config.max_request_bytes)
+        if self.state_of(sandbox) == PAUSED:
+            raise ApiError(409, f"sandbox {sandbox.sandbox_id} is already paused")
+        manager, reason = self.ctx.manager, f"E2B pause from {caller_of(request)}"
+        try:
+            try:
+                _info, changed = await manager.pause(sandbox.key, reason)
+            except errors.SandboxNotFound:  # its container was removed (idle): made again
+                await manager.ensure(sandbox.key)
+                _info, changed = await manager.pause(sandbox.key, reason)
+        except errors.StockadeError as exc:
+            self.audit(request, sandbox, "pause_sandbox", {}, error=str(exc))
+            raise from_domain(exc) from None
+        sandbox.state = PAUSED
+        self.ctx.records.save()
+        self.audit(request, sandbox, "pause_sandbox", {})
+        if not changed:
+            raise ApiError(409, f"sandbox {sandbox.sandbox_id} is already paused")
+        return Response(status_code=204)
+
+    async def metrics_of(self, request: Request) -> Response:
+        """GET /sandboxes/{id}/metrics: one sample of now (metrics.py), [] when its
+        container is not running."""
+        _tenant, sandbox = self._own(request)
+        held = self.ctx.manager.registry.get(sandbox.key)
+        if held is None or not held.info.running:
+            return JSONResponse([])
+        workspace = self.ctx.manager.layout.of(sandbox.key).workspace
+        sample = self.metrics.now(sandbox.sandbox_id, held.info.pid, held.born, workspace)
+        return JSONResponse([sample])
+
+    async def expire(self) -> int:
+        """Remove the sandboxes whose timeout has passed; how many."""
+        count = 0
+        for sandbox in self.ctx.records.expired():
+            try:
+                await self.remove(sandbox)
+            except ApiError as exc:
+                log.warning("E2B sandbox %s: timeout passed, removal failed: %s",
+                            sandbox.sandbox_id, exc.message)  # fmt: skip
+                self.ctx.records.add(sandbox)  # tried again at the next sweep
+                self.audit(None, sandbox, "expire_sandbox", {}, error=exc.message)
+                continue
+            self.audit(None, sandbox, "expire_sandbox", {"end_at": rfc3339(sandbox.end_at)})
+            log.info("E2B sandbox %s removed: its timeout passed", sandbox.sandbox_id)
+            count += 1
+        return count

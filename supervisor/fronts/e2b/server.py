@@ -1,0 +1,267 @@
+"""The E2B endpoint: one plain-HTTP port (uvicorn in the supervisor's event loop) serving
+both E2B's control plane (control.py) and envd, the API E2B runs inside each sandbox. A
+request carrying `E2b-Sandbox-Id` is envd's: it must present that sandbox's access token in
+`X-Access-Token` (compared in constant time; missing or wrong: 401), and goes to the envd app
+with the sandbox's record in `scope["state"]["e2b_sandbox"]`; an unknown or ended sandbox is
+502 "The sandbox ... was not found", as E2B's edge answers (the SDKs then say it is not
+running). Any other request is the control plane's, authenticated by its X-API-KEY. A
+background task removes the sandboxes whose timeout has passed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import importlib
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from stockade.supervisor import errors
+from stockade.supervisor.api.auth import Authenticator
+from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
+from stockade.supervisor.config import Config, split_host_port
+from stockade.supervisor.fronts.e2b.context import E2bContext
+from stockade.supervisor.fronts.e2b.control import Control
+from stockade.supervisor.fronts.e2b.records import E2bSandbox, Records
+from stockade.supervisor.fronts.e2b.wire import ApiError, error_response
+from stockade.supervisor.sandboxes.manager import SandboxManager
+
+log = logging.getLogger("stockade.e2b")
+SANDBOX_HEADER = b"e2b-sandbox-id"
+TOKEN_HEADER = b"x-access-token"
+SANDBOX_STATE = "e2b_sandbox"
+"""Where the envd app finds the request's sandbox: scope["state"][SANDBOX_STATE]."""
+ENVD_MODULE = "stockade.supervisor.fronts.e2b.envd"
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    """The first value of a request header (names are lowercase in ASGI)."""
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+async def _answer(scope: Scope, receive: Receive, send: Send, status: int, message: str) -> None:
+    await error_response(status, message)(scope, receive, send)
+
+
+async def _unimplemented(request: Request) -> Response:
+    return error_response(501, "envd (files, filesystem, processes) is not implemented yet")
+
+
+def envd_app(ctx: E2bContext) -> ASGIApp:
+    """envd's app (envd.build_envd_app), or one answering 501 while that module is absent."""
+    try:
+        module = importlib.import_module(ENVD_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name != ENVD_MODULE:
+            raise
+        log.warning("E2B envd is not part of this build: its requests get 501")
+        return Starlette(routes=[Route("/{path:path}", _unimplemented, methods=["GET", "POST"])])
+    app: ASGIApp = module.build_envd_app(ctx)
+    return app
+
+
+class Dispatch:
+    """Requests with an E2b-Sandbox-Id header to envd (after the token check), the rest to
+    the control plane."""
+
+    def __init__(self, ctx: E2bContext, control: ASGIApp, envd: ASGIApp) -> None:
+        self._ctx = ctx
+        self._control = control
+        self._envd = envd
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sandbox_id = header(scope, SANDBOX_HEADER) if scope["type"] == "http" else None
+        if sandbox_id is None:
+            await self._control(scope, receive, send)
+            return
+        sandbox = self.sandbox_for(sandbox_id)
+        if sandbox is None:
+            await _answer(scope, receive, send, 502, f"The sandbox {sandbox_id[:64]} was not found")
+            return
+        if not token_matches(header(scope, TOKEN_HEADER), sandbox):
+            message = "unauthorized access, please provide a valid access token (X-Access-Token)"
+            await _answer(scope, receive, send, 401, message)
+            return
+        scope = dict(scope)
+        scope["state"] = {**scope.get("state", {}), SANDBOX_STATE: sandbox}
+        await self._envd(scope, receive, send)
+
+    def sandbox_for(self, sandbox_id: str) -> E2bSandbox | None:
+        """The live sandbox of that id (any tenant: its token decides), None when unknown or
+        its timeout has passed."""
+        sandbox = self._ctx.records.by_id(sandbox_id)
+        if sandbox is None or sandbox.end_at <= time.time():
+            return None
+        return sandbox
+
+
+def token_matches(given: str | None, sandbox: E2bSandbox) -> bool:
+    if not given:
+        return False
+    return hmac.compare_digest(given.encode("utf-8", "replace"), sandbox.access_token.encode())
+
+
+async def _api_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status, exc.message, exc.headers)
+
+
+async def _http_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return error_response(exc.status_code, str(exc.detail), exc.headers)
+
+
+async def _crash(request: Request, exc: Exception) -> Response:
+    log.error("E2B %s %s failed: %r", request.method, request.url.path, exc, exc_info=exc)
+    return error_response(500, "internal error (see the supervisor's log)")
+
+
+async def _health(_request: Request) -> Response:
+    return JSONResponse({"code": 200, "message": "ok"})
+
+
+def control_routes(control: Control) -> list[Route]:
+    c, sid = control, "/sandboxes/{sandbox_id}"
+    return [
+        Route("/health", _health, methods=["GET"]),
+        Route("/v2/sandboxes", c.create, methods=["POST"]),
+        Route("/sandboxes", c.create, methods=["POST"]),
+        Route("/v2/sandboxes", c.list_v2, methods=["GET"]),
+        Route("/sandboxes", c.list_v1, methods=["GET"]),
+        Route("/v2" + sid + "/connect", c.connect, methods=["POST"]),
+        Route(sid + "/connect", c.connect, methods=["POST"]),
+        Route(sid + "/resume", c.resume, methods=["POST"]),
+        Route(sid, c.info, methods=["GET"]),
+        Route(sid, c.kill, methods=["DELETE"]),
+        Route(sid + "/timeout", c.set_timeout, methods=["POST"]),
+        Route(sid + "/metrics", c.metrics_of, methods=["GET"]),
+        Route(sid + "/pause", c.pause, methods=["POST"]),
+    ]
+
+
+def build_app(ctx: E2bContext) -> tuple[ASGIApp, Control]:
+    """The endpoint's ASGI app and its control-plane handlers."""
+    control = Control(ctx)
+    envd = envd_app(ctx)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        router = getattr(envd, "router", None)  # a Starlette envd app's own startup
+        if router is None:
+            yield
+            return
+        async with router.lifespan_context(envd):
+            yield
+
+    handlers: dict[Any, Any] = {ApiError: _api_error, HTTPException: _http_error, Exception: _crash}
+    app = Starlette(routes=control_routes(control), exception_handlers=handlers, lifespan=lifespan)
+    return Dispatch(ctx, app, envd), control
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its signal handlers: the supervisor's own stop the front."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class E2bFront:
+    """The running E2B endpoint; `port` is the bound TCP port."""
+
+    def __init__(self, ctx: E2bContext) -> None:
+        listen = ctx.config.e2b.listen
+        self.ctx = ctx
+        app, self.control = build_app(ctx)
+        host, port = split_host_port(listen, "e2b.listen")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # IPPROTO_TCP named so that asyncio sets TCP_NODELAY (see the MCP front)
+        self._socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        try:
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._socket.bind((host, port))
+            self._socket.listen(512)
+        except OSError as exc:
+            self._socket.close()
+            raise errors.ConfigError(f"cannot serve E2B on {listen}: {exc}") from exc
+        self._socket.setblocking(False)
+        self.port: int = self._socket.getsockname()[1]
+        self._server = _Uvicorn(
+            uvicorn.Config(
+                app,
+                lifespan="on",
+                log_config=None,
+                access_log=False,
+                http="httptools",
+                proxy_headers=False,  # the audit log records the real peer
+                timeout_keep_alive=75,  # the SDKs keep connections in pools
+            )
+        )
+        self._task: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise errors.ConfigError("the E2B endpoint did not start")
+            await asyncio.sleep(0.01)
+        self._sweeper = asyncio.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Remove the sandboxes whose timeout passed, every sweep_interval_s."""
+        interval = self.ctx.config.e2b.sweep_interval_s
+        while True:
+            try:
+                await self.control.expire()
+            except Exception:  # a failed sweep must not end the sweeper
+                log.exception("E2B timeout sweep failed")
+            await asyncio.sleep(interval)
+
+    async def stop(self, grace: float) -> None:
+        """Stop taking requests; those in flight get `grace` seconds."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        if self._task is None:
+            self._socket.close()
+            return
+        self._server.config.timeout_graceful_shutdown = max(1, int(grace))
+        self._server.should_exit = True
+        with contextlib.suppress(Exception):
+            await self._task
+        self._socket.close()
+
+
+async def start_e2b(
+    config: Config,
+    pipeline: ToolPipeline,
+    policy: HostPolicy,
+    authenticator: Authenticator | None,
+    manager: SandboxManager,
+) -> E2bFront | None:
+    """The E2B endpoint when [e2b] listen is set (None otherwise), serving already."""
+    if not config.e2b.listen:
+        return None
+    records = await asyncio.to_thread(Records, config.state_dir)
+    ctx = E2bContext(config, pipeline, policy, authenticator, manager, records)
+    front = E2bFront(ctx)
+    await front.start()
+    log.info("E2B endpoint on %s (%d sandboxes on record)", config.e2b.listen, len(records))
+    return front
