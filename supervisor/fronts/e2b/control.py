@@ -168,6 +168,7 @@ class Control:
                 raise ApiError(400, f"{option}: {what} are not supported by Stockade yet")
         if body.get("autoPause"):
             raise ApiError(400, "autoPause: pausing on timeout is not supported by Stockade yet")
+        self._check_internet(body.get("allow_internet_access"))
         timeout = self.default_timeout
         if body.get("timeout") is not None:
             timeout = seconds(body["timeout"], "timeout", self.max_timeout)
@@ -203,6 +204,19 @@ class Control:
         self.audit(request, sandbox, "create_sandbox", arguments)
         log.info("E2B sandbox %s created (timeout %d s)", sandbox_id, timeout)
         return JSONResponse(self.sandbox_json(sandbox), status_code=201)
+
+    def _check_internet(self, allow: Any) -> None:
+        """allow_internet_access is the configured network mode's to decide: a create asking
+        for the opposite of what [sandbox] network gives is refused, not silently changed."""
+        if allow is None:
+            return
+        mode = self.ctx.config.sandbox.network
+        if (allow and mode == "none") or (not allow and mode == "open"):
+            raise ApiError(
+                400,
+                f"allow_internet_access={bool(allow)} is not what this Stockade gives: its "
+                f"sandboxes' network mode is {mode!r} ([sandbox] network); omit the option",
+            )
 
     async def connect(self, request: Request) -> Response:
         """POST /v2/sandboxes/{id}/connect (and /sandboxes/{id}/connect): a running sandbox
