@@ -70,6 +70,8 @@ class Control:
         e2b = ctx.config.e2b
         self.default_timeout = e2b.default_timeout_s
         self.max_timeout = e2b.max_timeout_s
+        self._failed: set[str] = set()
+        """Sandboxes whose removal at expiry failed (audited once, tried at every sweep)."""
 
     # lookups and answers
 
@@ -376,11 +378,14 @@ class Control:
             try:
                 await self.remove(sandbox)
             except ApiError as exc:
-                log.warning("E2B sandbox %s: timeout passed, removal failed: %s",
-                            sandbox.sandbox_id, exc.message)  # fmt: skip
                 self.ctx.records.add(sandbox)  # tried again at the next sweep
-                self.audit(None, sandbox, "expire_sandbox", {}, error=exc.message)
+                if sandbox.sandbox_id not in self._failed:  # said once, not at every sweep
+                    log.warning("E2B sandbox %s: timeout passed, removal failed: %s",
+                                sandbox.sandbox_id, exc.message)  # fmt: skip
+                    self._failed.add(sandbox.sandbox_id)
+                    self.audit(None, sandbox, "expire_sandbox", {}, error=exc.message)
                 continue
+            self._failed.discard(sandbox.sandbox_id)
             self.audit(None, sandbox, "expire_sandbox", {"end_at": rfc3339(sandbox.end_at)})
             log.info("E2B sandbox %s removed: its timeout passed", sandbox.sandbox_id)
             count += 1
