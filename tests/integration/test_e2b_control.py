@@ -109,6 +109,8 @@ def test_create_info_list_timeout_kill(served: E2bServed) -> None:
         metrics = sbx.get_metrics()
         assert len(metrics) == 1
         assert metrics[0].mem_total > 0
+        assert metrics[0].mem_used > 0  # from the container's cgroup
+        assert metrics[0].mem_used <= metrics[0].mem_total
     finally:
         assert sbx.kill() is True
     assert Sandbox.kill(sbx.sandbox_id, **served.opts()) is False  # unknown now
@@ -266,3 +268,22 @@ def test_envd_requests_need_the_sandboxs_access_token(served: E2bServed) -> None
         sbx.kill()
         other.kill()
     assert envd_request(served, sbx.sandbox_id, token) == 502  # killed: not found
+
+
+def test_sandboxes_survive_a_restart_with_auth_off(engine: str) -> None:
+    """Records persist in STATE_DIR/e2b; with auth off any API key is accepted (tenant "")."""
+    address = free_tcp_address()
+    with running_supervisor(engine, f'[e2b]\nlisten = "{address}"\n') as sup:
+        opts = {"api_url": f"http://{address}", "sandbox_url": f"http://{address}"}
+        sbx = Sandbox.create(metadata={"k": "v"}, api_key="anything at all", **opts)
+        before = sbx.get_info()
+        records = sup.state_dir / "e2b" / "sandboxes.json"
+        assert oct(records.stat().st_mode & 0o777) == "0o600"
+        sup.stop()
+        sup.start()
+        after = Sandbox.get_info(sbx.sandbox_id, api_key="another key", **opts)
+        assert (after.metadata, after.end_at) == ({"k": "v"}, before.end_at)
+        with sup.client() as client:
+            assert client.get_sandbox(key_of(sbx.sandbox_id)).state == "RUNNING"
+        assert Sandbox.kill(sbx.sandbox_id, api_key="x", **opts) is True
+        assert json.loads(records.read_text()) == []
