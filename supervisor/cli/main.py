@@ -89,6 +89,9 @@ async def _serve_until_signal(config: Any) -> None:
     if supervisor.mcp is not None:
         host = config.mcp.listen.rpartition(":")[0]
         print(f"stockade: MCP on http://{host}:{supervisor.mcp.port}{config.mcp.path}", flush=True)
+    if supervisor.e2b is not None:
+        host = config.e2b.listen.rpartition(":")[0]
+        print(f"stockade: E2B on http://{host}:{supervisor.e2b.port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -201,10 +201,20 @@ def test_api_keys_and_tenants(served: E2bServed) -> None:
 
 
 def test_unknown_template_and_options_refused(served: E2bServed) -> None:
+    with served.sup.client(token=served.token) as client:
+        before = {s.key for s in client.list_sandboxes()}
     with pytest.raises(SandboxException, match="template"):
         Sandbox.create(template="python-data-science", **served.opts())
     with pytest.raises(SandboxException, match="timeout"):
         Sandbox.create(timeout=10**7, **served.opts())
+    with pytest.raises(SandboxException, match="network"):
+        Sandbox.create(network={"deny_out": ["0.0.0.0/0"]}, **served.opts())
+    with pytest.raises(SandboxException, match="autoPause"):
+        Sandbox.create(lifecycle={"on_timeout": "pause"}, **served.opts())
+    with pytest.raises(SandboxException, match="allow_internet_access"):
+        Sandbox.create(allow_internet_access=True, **served.opts())  # network mode "none"
+    with served.sup.client(token=served.token) as client:  # nothing was made
+        assert {s.key for s in client.list_sandboxes()} == before
 
 
 def test_a_sandbox_whose_timeout_passes_is_gone(served: E2bServed) -> None:

@@ -50,7 +50,6 @@ UNSUPPORTED_CREATE = {
     "mcp": "MCP gateways in sandboxes",
     "network": "per-sandbox network rules (the [network] configuration applies)",
     "volumeMounts": "volumes",
-    "autoResume": "auto-resume",
     "iam": "IAM tokens",
 }
 """Create options refused with 400 rather than silently ignored."""
@@ -170,6 +169,9 @@ class Control:
                 raise ApiError(400, f"{option}: {what} are not supported by Stockade yet")
         if body.get("autoPause"):
             raise ApiError(400, "autoPause: pausing on timeout is not supported by Stockade yet")
+        resume = body.get("autoResume")
+        if isinstance(resume, dict) and resume.get("enabled"):
+            raise ApiError(400, "autoResume: auto-resume is not supported by Stockade yet")
         self._check_internet(body.get("allow_internet_access"))
         timeout = self.default_timeout
         if body.get("timeout") is not None:
