@@ -154,6 +154,11 @@ def test_connect_pause_resume(served: E2bServed) -> None:
         sbx.kill()
     with pytest.raises(NotFoundException):
         Sandbox.connect(sbx.sandbox_id, **served.opts())
+    frozen = Sandbox.create(**served.opts())  # a paused sandbox can be killed
+    assert frozen.pause() is True
+    assert frozen.kill() is True
+    with served.sup.client(token=served.token) as client, pytest.raises(StockadeError):
+        client.get_sandbox(key_of(frozen.sandbox_id))
 
 
 async def test_async_sdk(served: E2bServed) -> None:

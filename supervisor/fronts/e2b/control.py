@@ -88,9 +88,11 @@ class Control:
         return tenant, sandbox
 
     def state_of(self, sandbox: E2bSandbox) -> str:
+        """Its container's state when it has one (a call may have resumed it, housekeeping
+        may have paused it), else the state on record."""
         held = self.ctx.manager.registry.get(sandbox.key)
-        if held is not None and held.paused:
-            return PAUSED
+        if held is not None:
+            return PAUSED if held.paused else RUNNING
         return sandbox.state
 
     def sandbox_json(self, sandbox: E2bSandbox) -> dict[str, Any]:
