@@ -302,3 +302,40 @@ def test_sandboxes_survive_a_restart_with_auth_off(engine: str) -> None:
             assert client.get_sandbox(key_of(sbx.sandbox_id)).state == "RUNNING"
         assert Sandbox.kill(sbx.sandbox_id, api_key="x", **opts) is True
         assert json.loads(records.read_text()) == []
+
+
+def rest(served: E2bServed, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    """A control-plane request over plain HTTP, as an older SDK sends it."""
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"X-API-KEY": served.token, "Content-Type": "application/json"}
+    request = urllib.request.Request(served.url + path, data, headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            raw = response.read()
+            return int(response.status), json.loads(raw) if raw else None
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), json.loads(exc.read())
+
+
+def test_the_older_sdks_paths(served: E2bServed) -> None:
+    status, created = rest(served, "POST", "/sandboxes", {"templateID": "base", "secure": True})
+    assert status == 201
+    sid = created["sandboxID"]
+    try:
+        assert created["envdVersion"]
+        assert created["envdAccessToken"]
+        status, listed = rest(served, "GET", "/sandboxes")
+        assert status == 200
+        assert sid in [s["sandboxID"] for s in listed]
+        assert rest(served, "POST", f"/sandboxes/{sid}/resume", {})[0] == 409  # not paused
+        assert rest(served, "POST", f"/sandboxes/{sid}/pause", {})[0] == 204
+        status, paused = rest(served, "POST", f"/sandboxes/{sid}/pause", {})
+        assert (status, paused["code"]) == (409, 409)  # the JS SDK reads the body's code
+        status, resumed = rest(served, "POST", f"/sandboxes/{sid}/resume", {"timeout": 60})
+        assert (status, resumed["sandboxID"]) == (201, sid)
+        status, connected = rest(served, "POST", f"/sandboxes/{sid}/connect", {"timeout": 60})
+        assert (status, connected["sandboxID"]) == (200, sid)  # running: 200
+    finally:
+        assert rest(served, "DELETE", f"/sandboxes/{sid}")[0] == 204
+    status, gone = rest(served, "DELETE", f"/sandboxes/{sid}")
+    assert (status, gone["code"]) == (404, 404)
