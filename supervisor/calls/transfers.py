@@ -41,6 +41,8 @@ class Transfer:
     context: CallContext
     caller: str
     mode: int = 0
+    front: str = "grpc"
+    """The front the transfer came in through, for its audit record."""
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,7 @@ class FileTransfers:
                 redactions=info.redactions if info else 0,
                 error_code="PERMISSION_DENIED" if denied else "",
                 is_error=bool(denied),
-                front="grpc",  # file transfers have no other front yet
+                front=t.front,
             )
         )
 

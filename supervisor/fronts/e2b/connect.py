@@ -1,0 +1,200 @@
+"""The Connect protocol (JSON codec only) for Starlette, as the E2B SDKs speak it.
+
+Unary: a JSON body in, `application/json` out; an error is a non-200 status with
+`{"code": "<lowercase connect code>", "message": ...}`. Server-streaming and
+client-streaming: `application/connect+json` envelopes (1 flag byte, 4-byte big-endian
+length, JSON), every response stream ending with an end-of-stream envelope (flag 0x02)
+that carries the error, if any, over HTTP 200. Connect-Timeout-Ms bounds the handler."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+UNARY_TYPE = "application/json"
+STREAM_TYPE = "application/connect+json"
+END_STREAM = 0x02
+COMPRESSED = 0x01
+MAX_MESSAGE = 64 << 20
+
+HTTP_STATUS = {
+    "canceled": 499,
+    "unknown": 500,
+    "invalid_argument": 400,
+    "deadline_exceeded": 504,
+    "not_found": 404,
+    "already_exists": 409,
+    "permission_denied": 403,
+    "resource_exhausted": 429,
+    "failed_precondition": 400,
+    "aborted": 409,
+    "out_of_range": 400,
+    "unimplemented": 501,
+    "internal": 500,
+    "unavailable": 503,
+    "data_loss": 500,
+    "unauthenticated": 401,
+}
+
+Json = dict[str, Any]
+Unary = Callable[[Request, Json], Awaitable[Json]]
+ServerStream = Callable[[Request, Json], AsyncIterator[Json]]
+ClientStream = Callable[[Request, AsyncIterator[Json]], Awaitable[Json]]
+
+
+class ConnectError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        if code not in HTTP_STATUS:
+            raise ValueError(f"not a Connect code: {code}")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def to_json(self) -> Json:
+        return {"code": self.code, "message": self.message}
+
+
+def envelope(message: Json, flags: int = 0) -> bytes:
+    data = json.dumps(message, separators=(",", ":")).encode()
+    return struct.pack(">BI", flags, len(data)) + data
+
+
+def end_stream(error: ConnectError | None = None) -> bytes:
+    return envelope({"error": error.to_json()} if error else {}, END_STREAM)
+
+
+async def read_envelopes(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[int, bytes]]:
+    """(flags, payload) of each envelope in a byte stream, however it is chunked."""
+    buf = bytearray()
+    async for chunk in chunks:
+        buf.extend(chunk)
+        while len(buf) >= 5:
+            flags, size = struct.unpack(">BI", buf[:5])
+            if size > MAX_MESSAGE:
+                raise ConnectError("resource_exhausted", "message too large")
+            if len(buf) < 5 + size:
+                break
+            yield flags, bytes(buf[5 : 5 + size])
+            del buf[: 5 + size]
+    if buf:
+        raise ConnectError("invalid_argument", "truncated envelope")
+
+
+def _decode(data: bytes) -> Json:
+    try:
+        value = json.loads(data or b"{}")
+    except ValueError as exc:
+        raise ConnectError("invalid_argument", f"the message is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ConnectError("invalid_argument", "the message is not a JSON object")
+    return value
+
+
+def timeout_of(request: Request) -> float | None:
+    raw = request.headers.get("connect-timeout-ms")
+    if not raw:
+        return None
+    if not raw.isdigit() or len(raw) > 10:
+        raise ConnectError("invalid_argument", "bad Connect-Timeout-Ms")
+    return int(raw) / 1000
+
+
+def _media(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def unary_error(exc: ConnectError) -> Response:
+    return JSONResponse(exc.to_json(), status_code=HTTP_STATUS[exc.code])
+
+
+def unary(handler: Unary) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        try:
+            if _media(request) != UNARY_TYPE:
+                raise ConnectError("invalid_argument", f"unary calls take {UNARY_TYPE}")
+            if request.headers.get("content-encoding", "identity") != "identity":
+                raise ConnectError("unimplemented", "compressed requests are not supported")
+            message = _decode(await request.body())
+            result = await asyncio.wait_for(handler(request, message), timeout_of(request))
+        except ConnectError as exc:
+            return unary_error(exc)
+        except TimeoutError:
+            return unary_error(ConnectError("deadline_exceeded", "the deadline passed"))
+        return JSONResponse(result, media_type=UNARY_TYPE)
+
+    return endpoint
+
+
+async def _messages(request: Request) -> AsyncIterator[Json]:
+    if _media(request) != STREAM_TYPE:
+        raise ConnectError("invalid_argument", f"streaming calls take {STREAM_TYPE}")
+    async for flags, payload in read_envelopes(request.stream()):
+        if flags & COMPRESSED:
+            raise ConnectError("unimplemented", "compressed messages are not supported")
+        if flags & END_STREAM:
+            return
+        yield _decode(payload)
+
+
+def _stream_response(body: AsyncIterator[bytes]) -> Response:
+    response = StreamingResponse(body, media_type=STREAM_TYPE)
+    response.headers["content-type"] = STREAM_TYPE  # exactly: no charset (Python's check)
+    return response
+
+
+def server_stream(handler: ServerStream) -> Callable[[Request], Awaitable[Response]]:
+    """The request message is read before the response starts (Starlette's streaming
+    response listens for the client's disconnect, which would race a body still read)."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            deadline = timeout_of(request)
+            first = await anext(aiter(_messages(request)), None)
+            if first is None:
+                raise ConnectError("invalid_argument", "a server stream takes one message")
+        except ConnectError as exc:
+            return _stream_response(_only(end_stream(exc)))
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async with asyncio.timeout(deadline):
+                    async for out in handler(request, first):
+                        yield envelope(out)
+            except ConnectError as exc:
+                yield end_stream(exc)
+                return
+            except TimeoutError:
+                yield end_stream(ConnectError("deadline_exceeded", "the deadline passed"))
+                return
+            yield end_stream()
+
+        return _stream_response(body())
+
+    return endpoint
+
+
+async def _only(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+def client_stream(handler: ClientStream) -> Callable[[Request], Awaitable[Response]]:
+    """The handler consumes the request stream before the response starts (see above)."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            async with asyncio.timeout(timeout_of(request)):
+                result = await handler(request, _messages(request))
+        except ConnectError as exc:
+            return _stream_response(_only(end_stream(exc)))
+        except TimeoutError:
+            error = ConnectError("deadline_exceeded", "the deadline passed")
+            return _stream_response(_only(end_stream(error)))
+        return _stream_response(_only(envelope(result) + end_stream()))
+
+    return endpoint

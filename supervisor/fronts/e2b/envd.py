@@ -1,0 +1,145 @@
+"""envd's app for the E2B front: GET /health, GET/POST /files and filesystem.Filesystem/*
+(the process service comes in a later slice). The server dispatches a request here after
+checking its X-Access-Token, with the sandbox's record in scope["state"]["e2b_sandbox"]."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from email.message import Message
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from stockade.supervisor import errors
+from stockade.supervisor.fronts.e2b import connect
+from stockade.supervisor.fronts.e2b.connect import ConnectError, Json, Unary
+from stockade.supervisor.fronts.e2b.context import E2bContext
+from stockade.supervisor.fronts.e2b.envd_files import Files, connect_error
+
+_HTTP = {"not_found": 404, "invalid_argument": 400, "permission_denied": 403}
+_UNIMPLEMENTED = ("WatchDir", "CreateWatcher", "GetWatcherEvents", "RemoveWatcher")
+
+
+def _domain(handler: Unary) -> Unary:
+    async def wrapped(request: Request, msg: Json) -> Json:
+        try:
+            return await handler(request, msg)
+        except errors.StockadeError as exc:
+            raise connect_error(exc) from None
+
+    return wrapped
+
+
+def _http_error(exc: ConnectError) -> Response:
+    status = _HTTP.get(exc.code, connect.HTTP_STATUS[exc.code])
+    return JSONResponse({"code": status, "message": exc.message}, status_code=status)
+
+
+def _filename(disposition: str) -> str | None:
+    """The raw filename of a multipart part (a full path: not basenamed)."""
+    msg = Message()
+    msg["content-disposition"] = disposition
+    name = msg.get_param("filename", header="content-disposition")
+    return str(name) if isinstance(name, str) else None
+
+
+def build_envd_app(ctx: E2bContext) -> Starlette:
+    files = Files(ctx)
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=204)
+
+    async def get_files(request: Request) -> Response:
+        path = request.query_params.get("path", "")
+        try:
+            stream = files.download(request, path)
+            first = await anext(aiter(stream), b"")
+        except ConnectError as exc:
+            return _http_error(exc)
+        except errors.StockadeError as exc:
+            return _http_error(connect_error(exc))
+
+        async def body() -> AsyncIterator[bytes]:
+            yield first
+            async for chunk in stream:
+                yield chunk
+
+        return StreamingResponse(body(), media_type="application/octet-stream")
+
+    async def post_files(request: Request) -> Response:
+        try:
+            return JSONResponse(await _upload(request))
+        except ConnectError as exc:
+            return _http_error(exc)
+        except errors.StockadeError as exc:
+            return _http_error(connect_error(exc))
+
+    async def _upload(request: Request) -> list[Json]:
+        query_path = request.query_params.get("path")
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind == "multipart/form-data":
+            form = await request.form(max_files=1000, max_fields=1000, max_part_size=1 << 20)
+            out: list[Json] = []
+            seen: set[str] = set()
+            for key, value in form.multi_items():
+                if key != "file" or isinstance(value, str):
+                    continue
+                target = query_path or _filename(value.headers.get("content-disposition", ""))
+                if not target:
+                    raise ConnectError("invalid_argument", "a file part needs a filename")
+                if target in seen:
+                    raise ConnectError("invalid_argument", f"two parts write {target}")
+                seen.add(target)
+
+                async def chunks(f=value) -> AsyncIterator[bytes]:  # type: ignore[no-untyped-def]
+                    while data := await f.read(1 << 20):
+                        yield data
+
+                out.append(await files.upload(request, target, chunks()))
+            if not out:
+                raise ConnectError("invalid_argument", "no file part")
+            return out
+        if not query_path:
+            raise ConnectError("invalid_argument", "an octet-stream upload needs ?path=")
+        gz = request.headers.get("content-encoding", "").lower() == "gzip"
+
+        async def raw() -> AsyncIterator[bytes]:
+            inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gz else None
+            async for data in request.stream():
+                yield inflate.decompress(data) if inflate else data
+            if inflate:
+                yield inflate.flush()
+
+        return [await files.upload(request, query_path, raw())]
+
+    def unimplemented(name: str) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            error = ConnectError(
+                "unimplemented", f"filesystem.Filesystem/{name} is not implemented"
+            )
+            if name == "WatchDir":
+
+                async def body() -> AsyncIterator[bytes]:
+                    yield connect.end_stream(error)
+
+                return connect._stream_response(body())
+            return connect.unary_error(error)
+
+        return endpoint
+
+    fs = "/filesystem.Filesystem/"
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/files", get_files, methods=["GET"]),
+        Route("/files", post_files, methods=["POST"]),
+        Route(fs + "Stat", connect.unary(_domain(files.stat)), methods=["POST"]),
+        Route(fs + "MakeDir", connect.unary(_domain(files.make_dir)), methods=["POST"]),
+        Route(fs + "Move", connect.unary(_domain(files.move)), methods=["POST"]),
+        Route(fs + "ListDir", connect.unary(_domain(files.list_dir)), methods=["POST"]),
+        Route(fs + "Remove", connect.unary(_domain(files.remove)), methods=["POST"]),
+        *(Route(fs + n, unimplemented(n), methods=["POST"]) for n in _UNIMPLEMENTED),
+    ]
+    return Starlette(routes=routes)

@@ -1,0 +1,216 @@
+"""envd's files for the E2B front: GET/POST /files and the filesystem.Filesystem RPCs.
+
+Every operation goes through Stockade's one pipeline: /files through the file transfers
+(write_file/read_file policy, download scrubbing, audit), the Filesystem RPCs through the
+`exec` tool with a fixed, quoted coreutils command (guard, policy, audit), all named "e2b"
+in audit and run on the sandbox's scoped key. E2B paths (/home/user/..., ~/..., relative)
+map onto /workspace; any other absolute path is refused as invalid."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shlex
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.requests import Request
+
+from stockade.supervisor import errors
+from stockade.supervisor.calls.transfers import FileTransfers, Transfer
+from stockade.supervisor.fronts.e2b.connect import ConnectError, Json
+from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
+from stockade.supervisor.fronts.e2b.records import E2bSandbox
+from stockade.supervisor.models import CallContext, ToolCall
+
+HOME = "/home/user"
+SANDBOX_STATE = "e2b_sandbox"
+_DIR_BIT = 1 << 31  # Go's fs.ModeDir, as envd sends it
+_LINK_BIT = 1 << 27  # fs.ModeSymlink
+_FIELDS = "%y\\t%s\\t%m\\t%M\\t%u\\t%g\\t%T@\\t%l\\t%P\\n"
+_TYPES = {"f": "FILE_TYPE_FILE", "d": "FILE_TYPE_DIRECTORY", "l": "FILE_TYPE_SYMLINK"}
+_CODES: dict[type[errors.StockadeError], str] = {
+    errors.NotFound: "not_found",
+    errors.AlreadyExists: "already_exists",
+    errors.InvalidRequest: "invalid_argument",
+    errors.PolicyDenied: "permission_denied",
+    errors.Unauthenticated: "unauthenticated",
+    errors.QuotaExceeded: "resource_exhausted",
+    errors.CallTimedOut: "deadline_exceeded",
+    errors.Unsupported: "unimplemented",
+}
+
+
+def sandbox_of(request: Request) -> E2bSandbox:
+    record: E2bSandbox = request.scope["state"][SANDBOX_STATE]
+    return record
+
+
+def connect_error(exc: errors.StockadeError) -> ConnectError:
+    for cls, code in _CODES.items():
+        if isinstance(exc, cls):
+            return ConnectError(code, str(exc))
+    return ConnectError(
+        "unavailable" if isinstance(exc, errors.SandboxLost) else "internal", str(exc)
+    )
+
+
+def workspace_path(path: str) -> str:
+    """The path relative to /workspace for an E2B path, "." for the home itself."""
+    if path in ("~", HOME) or path.startswith(("~/", HOME + "/")):
+        path = path.split("/", 1)[1] if path.startswith("~") else path[len(HOME) :]
+        path = path.lstrip("/") or "."
+    elif path == "/workspace" or path.startswith("/workspace/"):
+        path = path[len("/workspace") :].lstrip("/") or "."
+    elif path.startswith("/"):
+        raise ConnectError("invalid_argument", f"only paths under {HOME} are reachable: {path}")
+    norm = posixpath.normpath(path or ".")
+    if norm == ".." or norm.startswith("../"):
+        raise ConnectError("invalid_argument", f"the path leaves {HOME}: {path}")
+    return norm
+
+
+def e2b_path(rel: str) -> str:
+    return HOME if rel == "." else f"{HOME}/{rel}"
+
+
+def _entry(line: str, base: str) -> Json | None:
+    parts = line.split("\t")
+    if len(parts) != 9:
+        return None
+    kind, size, mode, perms, owner, group, mtime, target, rel = parts
+    name = posixpath.basename(rel) if rel else posixpath.basename(base) or base
+    path = posixpath.normpath(posixpath.join(base, rel)) if rel else base
+    bits = int(mode, 8) | (_DIR_BIT if kind == "d" else _LINK_BIT if kind == "l" else 0)
+    stamp = datetime.fromtimestamp(float(mtime or 0), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    entry: Json = {
+        "name": name,
+        "type": _TYPES.get(kind, "FILE_TYPE_UNSPECIFIED"),
+        "path": path,
+        "size": size,
+        "mode": bits,
+        "permissions": perms,
+        "owner": owner,
+        "group": group,
+        "modifiedTime": stamp,
+    }
+    if kind == "l" and target:
+        entry["symlinkTarget"] = target
+    return entry
+
+
+class Files:
+    def __init__(self, ctx: E2bContext) -> None:
+        self._ctx = ctx
+
+    @property
+    def _transfers(self) -> FileTransfers:
+        ctx = self._ctx
+        return FileTransfers(ctx.config, ctx.manager, ctx.policy)
+
+    # /files
+    def transfer(self, request: Request, rel: str) -> Transfer:
+        record = sandbox_of(request)
+        caller = f"e2b:{request.client.host if request.client else ''}"
+        return Transfer(record.key, rel, False, CallContext(), caller, front=FRONT)
+
+    async def download(self, request: Request, path: str) -> AsyncIterator[bytes]:
+        async for item in self._transfers.download(self.transfer(request, workspace_path(path))):
+            if isinstance(item, bytes):
+                yield item
+
+    async def upload(self, request: Request, path: str, chunks: AsyncIterator[bytes]) -> Json:
+        rel = workspace_path(path)
+        await self._transfers.upload(self.transfer(request, rel), chunks)
+        return {"name": posixpath.basename(e2b_path(rel)), "type": "file", "path": e2b_path(rel)}
+
+    # Filesystem RPCs, as shell commands through the pipeline's exec tool
+    async def _sh(self, request: Request, script: str) -> tuple[int, str, str]:
+        record = sandbox_of(request)
+        call = ToolCall(
+            sandbox_key=record.key,
+            tool="exec",
+            arguments_json=json.dumps({"command": script, "timeout": 60}),
+            front=FRONT,
+        )
+        caller = f"e2b:{request.client.host if request.client else ''}"
+        result = await self._ctx.pipeline.call(call, caller=caller)
+        data: dict[str, Any] = result.data or {}
+        code = data.get("exit_code")
+        if not isinstance(code, int):
+            code_name = getattr(result.error_code, "name", str(result.error_code))
+            if code_name == "PERMISSION_DENIED" or "POLICY" in code_name:
+                raise ConnectError("permission_denied", result.error_message or result.for_llm)
+            raise ConnectError("internal", result.error_message or result.for_llm)
+        return code, str(data.get("stdout", "")), str(data.get("stderr", ""))
+
+    async def _find(self, request: Request, rel: str, depth: int | None) -> list[Json]:
+        q = shlex.quote(rel if rel.startswith(".") else "./" + rel)
+        rng = "-maxdepth 0" if depth is None else f"-mindepth 1 -maxdepth {depth}"
+        script = (
+            f"[ -e {q} ] || [ -L {q} ] || exit 3; "
+            + ("" if depth is None else f"[ -d {q} ] || exit 4; ")
+            + f"find {q} {rng} -printf '{_FIELDS}' | sort"
+        )
+        code, out, err = await self._sh(request, script)
+        if code == 3:
+            raise ConnectError("not_found", f"no such file or directory: {e2b_path(rel)}")
+        if code == 4:
+            raise ConnectError("invalid_argument", f"not a directory: {e2b_path(rel)}")
+        if code != 0:
+            raise ConnectError("internal", err.strip() or f"exit {code}")
+        base = e2b_path(rel)
+        entries = [_entry(line, base) for line in out.splitlines() if line]
+        return [e for e in entries if e is not None]
+
+    async def stat(self, request: Request, msg: Json) -> Json:
+        found = await self._find(request, workspace_path(str(msg.get("path", ""))), None)
+        if not found:
+            raise ConnectError("not_found", f"no such file: {msg.get('path')}")
+        return {"entry": found[0]}
+
+    async def list_dir(self, request: Request, msg: Json) -> Json:
+        depth = int(msg.get("depth") or 1)
+        if depth < 1 or depth > 64:
+            raise ConnectError("invalid_argument", "depth must be 1..64")
+        rel = workspace_path(str(msg.get("path", "")))
+        return {"entries": await self._find(request, rel, depth)}
+
+    async def make_dir(self, request: Request, msg: Json) -> Json:
+        rel = workspace_path(str(msg.get("path", "")))
+        q = shlex.quote("./" + rel)
+        code, _, err = await self._sh(
+            request, f"[ -d {q} ] && exit 5; [ -e {q} ] && exit 4; mkdir -p -- {q}"
+        )
+        if code == 5:
+            raise ConnectError("already_exists", f"directory already exists: {e2b_path(rel)}")
+        if code == 4:
+            raise ConnectError("invalid_argument", f"path is not a directory: {e2b_path(rel)}")
+        if code != 0:
+            raise ConnectError("internal", err.strip() or f"exit {code}")
+        return await self.stat(request, {"path": e2b_path(rel)})
+
+    async def move(self, request: Request, msg: Json) -> Json:
+        src = workspace_path(str(msg.get("source", "")))
+        dst = workspace_path(str(msg.get("destination", "")))
+        qs, qd = shlex.quote("./" + src), shlex.quote("./" + dst)
+        script = (
+            f"[ -e {qs} ] || [ -L {qs} ] || exit 3; "
+            f'mkdir -p -- "$(dirname {qd})"; mv -T -- {qs} {qd}'
+        )
+        code, _, err = await self._sh(request, script)
+        if code == 3:
+            raise ConnectError("not_found", f"no such file or directory: {e2b_path(src)}")
+        if code != 0:
+            raise ConnectError("internal", err.strip() or f"exit {code}")
+        return await self.stat(request, {"path": e2b_path(dst)})
+
+    async def remove(self, request: Request, msg: Json) -> Json:
+        rel = workspace_path(str(msg.get("path", "")))
+        if rel == ".":
+            raise ConnectError("invalid_argument", f"{HOME} itself cannot be removed")
+        code, _, err = await self._sh(request, f"rm -rf -- {shlex.quote('./' + rel)}")
+        if code != 0:
+            raise ConnectError("internal", err.strip() or f"exit {code}")
+        return {}
