@@ -1,0 +1,88 @@
+"""The E2B front's envd files through the real `stockade serve` on both engines, driven by the
+unmodified e2b SDK (sync and async): files.write/read (text, bytes, 50 MiB), list, exists,
+remove, rename, make_dir (already there: False), and a wrong X-Access-Token refused."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from e2b import AsyncSandbox, Sandbox
+
+from tests.integration.harness import free_tcp_address, running_supervisor
+from tests.integration.test_e2b_control import E2bServed
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def served(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServed]:
+    folder = tmp_path_factory.mktemp("e2bfiles")
+    token = secrets.token_hex(20)
+    tokens = folder / "tokens"
+    tokens.write_text(f"{token} acme\n")
+    tokens.chmod(0o600)
+    address = free_tcp_address()
+    with running_supervisor(
+        engine,
+        f'[e2b]\nlisten = "{address}"\n',
+        auth_config=f'[auth]\ntokens_file = "{tokens}"\n',
+    ) as sup:
+        yield E2bServed(sup, f"http://{address}", token, token)
+
+
+def test_files_sync(served: E2bServed) -> None:
+    sbx = Sandbox.create(timeout=120, **served.opts())
+    try:
+        info = sbx.files.write("/home/user/dir/a.txt", "hello e2b\n")
+        assert info.path == "/home/user/dir/a.txt"
+        assert sbx.files.read("/home/user/dir/a.txt") == "hello e2b\n"
+        assert sbx.files.read("dir/a.txt") == "hello e2b\n"
+        blob = bytes(range(256)) * 4
+        sbx.files.write("bin.dat", blob)
+        assert bytes(sbx.files.read("bin.dat", format="bytes")) == blob
+        big = os.urandom(50 << 20)
+        sbx.files.write("/home/user/big.bin", big)
+        assert bytes(sbx.files.read("/home/user/big.bin", format="bytes")) == big
+        names = {e.name: e for e in sbx.files.list("/home/user")}
+        assert {"dir", "bin.dat", "big.bin"} <= set(names)
+        assert names["big.bin"].size == 50 << 20
+        assert names["dir"].type is not None
+        assert names["dir"].type.value == "dir"
+        deep = {e.path for e in sbx.files.list("/home/user", depth=2)}
+        assert "/home/user/dir/a.txt" in deep
+        assert sbx.files.exists("/home/user/dir/a.txt")
+        assert not sbx.files.exists("/home/user/nope")
+        assert sbx.files.make_dir("/home/user/new/sub") is True
+        assert sbx.files.make_dir("/home/user/new/sub") is False
+        moved = sbx.files.rename("/home/user/dir/a.txt", "/home/user/new/b.txt")
+        assert moved.path == "/home/user/new/b.txt"
+        assert not sbx.files.exists("/home/user/dir/a.txt")
+        assert sbx.files.read("/home/user/new/b.txt") == "hello e2b\n"
+        sbx.files.remove("/home/user/new")
+        assert not sbx.files.exists("/home/user/new/b.txt")
+        wrong = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": "wrong"}
+        r = httpx.get(f"{served.url}/files", params={"path": "bin.dat"}, headers=wrong)
+        assert r.status_code == 401
+        assert r.json()["code"] == 401
+    finally:
+        sbx.kill()
+
+
+async def test_files_async(served: E2bServed) -> None:
+    sbx = await AsyncSandbox.create(timeout=120, **served.opts())
+    try:
+        await sbx.files.write("/home/user/x.txt", "async text")
+        assert await sbx.files.read("/home/user/x.txt") == "async text"
+        assert await sbx.files.exists("x.txt")
+        assert await sbx.files.make_dir("d") is True
+        assert await sbx.files.make_dir("d") is False
+        await sbx.files.rename("x.txt", "d/y.txt")
+        assert [e.name for e in await sbx.files.list("d")] == ["y.txt"]
+        await sbx.files.remove("d")
+        assert not await sbx.files.exists("d/y.txt")
+    finally:
+        await sbx.kill()
