@@ -68,6 +68,10 @@ def test_files_sync(served: E2bServed) -> None:
         r = httpx.get(f"{served.url}/files", params={"path": "bin.dat"}, headers=wrong)
         assert r.status_code == 401
         assert r.json()["code"] == 401
+        with served.sup.client(token=served.token) as client:
+            mine = [r for r in client.list_audit(limit=500) if sbx.sandbox_id in r.sandbox_key]
+        tools = {r.tool for r in mine if r.front == "e2b"}
+        assert {"upload_file", "download_file", "exec"} <= tools
     finally:
         sbx.kill()
 
