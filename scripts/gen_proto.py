@@ -22,7 +22,9 @@ def generate(out: Path) -> list[Path]:
     import grpc_tools
     from grpc_tools import protoc
 
-    files = sorted(str(p.relative_to(PROTO)) for p in PROTO.rglob("*.proto"))
+    # proto/e2b/ documents E2B's envd contract (served as JSON): no code is generated from it
+    protos = (p.relative_to(PROTO) for p in PROTO.rglob("*.proto"))
+    files = sorted(str(p) for p in protos if p.parts[0] != "e2b")
     include = str(Path(grpc_tools.__file__).parent / "_proto")
     args = [
         "protoc",
