@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 from stockade.supervisor.engines.backends.base import ContainerBackend, ContainerInfo
@@ -78,6 +79,32 @@ class Pausing:
         log.info("resumed sandbox %r: %s", shown(sandbox.key), reason)
         self._record(sandbox.key, "resume", reason if thawed else f"{reason}; container gone")
         return True
+
+    @contextlib.asynccontextmanager
+    async def frozen(self, sandbox: Sandbox | None) -> AsyncIterator[list[float]]:
+        """Freeze the sandbox for the block, as a pause does but with no record nor stamp (a
+        snapshot's final pass); not one already paused or whose container is gone. Yields
+        [seconds frozen], filled in when the block ends. The caller holds the key's lock."""
+        clock = [0.0]
+        if sandbox is None or sandbox.paused or sandbox.lost:
+            yield clock
+            return
+        sandbox.pauses += 1  # a probe or call that meets the freeze takes it for a pause
+        sandbox.paused_at = datetime.now(UTC)  # new calls wait for the key's lock
+        started = time.monotonic()
+        try:
+            frozen = await asyncio.to_thread(self._backend.pause, sandbox.info.id)
+            if not frozen:
+                sandbox.lost = True
+            try:
+                yield clock
+            finally:
+                if frozen:
+                    await asyncio.to_thread(self._backend.unpause, sandbox.info.id)
+                clock[0] = time.monotonic() - started
+        finally:
+            sandbox.paused_at = None
+            sandbox.idle_since = time.monotonic()
 
     async def for_call(self, sandbox: Sandbox) -> None:
         """A call takes the paused sandbox: resume it, or refuse the call (SandboxPaused). One

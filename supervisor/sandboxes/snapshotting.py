@@ -31,7 +31,6 @@ import errno
 import hashlib
 import os
 import secrets
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -237,7 +236,7 @@ class Snapshots:
                     cached = await asyncio.to_thread(session.precopy, trees, lineage)
                     chosen = name or _fresh_name(session)
                     session.check_free(chosen)
-                    async with self._frozen(sandbox) as clock:  # the walk alone
+                    async with self._m.pausing.frozen(sandbox) as clock:  # the walk alone
                         got, stats = await asyncio.to_thread(session.walk, trees, cached)
                     snap = await asyncio.to_thread(
                         session.record, chosen, got, lineage, source=plain, max_bytes=max_bytes
@@ -268,32 +267,6 @@ class Snapshots:
                 raise HostExhausted(why.replace(" would have", " has"))
             budgets.append((free - min_free, why))
         return min(budgets) if budgets else None
-
-    @asynccontextmanager
-    async def _frozen(self, sandbox: Sandbox | None) -> AsyncIterator[list[float]]:
-        """Freeze the sandbox's processes for the block (not one already paused or whose
-        container is gone); yields [seconds frozen], filled in when the block ends."""
-        clock = [0.0]
-        if sandbox is None or sandbox.paused or sandbox.lost:
-            yield clock
-            return
-        backend = self._m.backend
-        sandbox.pauses += 1  # a probe or call that meets the freeze takes it for a pause
-        sandbox.paused_at = datetime.now(UTC)  # new calls wait for the key's lock
-        started = time.monotonic()
-        try:
-            frozen = await asyncio.to_thread(backend.pause, sandbox.info.id)
-            if not frozen:
-                sandbox.lost = True
-            try:
-                yield clock
-            finally:
-                if frozen:
-                    await asyncio.to_thread(backend.unpause, sandbox.info.id)
-                clock[0] = time.monotonic() - started
-        finally:
-            sandbox.paused_at = None
-            sandbox.idle_since = time.monotonic()
 
     @asynccontextmanager
     async def _mounted(self, paths: layout.Paths, sandbox: Sandbox | None) -> AsyncIterator[None]:

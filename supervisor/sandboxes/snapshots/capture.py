@@ -192,7 +192,7 @@ def _one(
                     hit = Entry(depth, name, "f", bits, info.st_mtime_ns, digest, info.st_size)
                     hit.key = key
                     return hit, None
-                return _file(fd, name, depth, cached, store, out), None
+                return _file(fd, name, depth, store, out), None
         except OSError as exc:
             if exc.errno == errno.ENOENT:
                 return None, None
@@ -207,29 +207,20 @@ def _one(
 _WRONG_KIND: Final = -1  # raised by _file when the descriptor is not a regular file
 
 
-def _file(
-    fd: int,
-    name: str,
-    depth: int,
-    cached: dict[tuple[int, ...], str],
-    store: Store,
-    out: Captured,
-) -> Entry:
+def _file(fd: int, name: str, depth: int, store: Store, out: Captured) -> Entry:
+    """Read a file the cache does not know (by its lstat key, checked in _one) into the store."""
     file_fd = os.open(name, FILE_FLAGS, dir_fd=fd)
     try:
         info = os.fstat(file_fd)
         if not stat.S_ISREG(info.st_mode):
             raise OSError(_WRONG_KIND, "not a regular file any more")
         key = _key(info)
-        digest = cached.get(key)
-        size = info.st_size
-        if digest is None:
-            digest, size = store(file_fd)
-            out.files_read += 1
-            out.bytes_read += size
-            after = os.fstat(file_fd)
-            if (after.st_ctime_ns, after.st_size) != (info.st_ctime_ns, size):
-                key = ()  # changed while read: what was read is stored, never cached
+        digest, size = store(file_fd)
+        out.files_read += 1
+        out.bytes_read += size
+        after = os.fstat(file_fd)
+        if (after.st_ctime_ns, after.st_size) != (info.st_ctime_ns, size):
+            key = ()  # changed while read: what was read is stored, never cached
         mode = stat.S_IMODE(info.st_mode) & MODE_BITS
         return Entry(depth, name, "f", mode, info.st_mtime_ns, digest, size, key=key)
     finally:
