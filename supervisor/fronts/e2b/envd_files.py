@@ -59,7 +59,7 @@ def connect_error(exc: errors.StockadeError) -> ConnectError:
 def workspace_path(path: str) -> str:
     """The path relative to /workspace for an E2B path, "." for the home itself."""
     if path in ("~", HOME) or path.startswith(("~/", HOME + "/")):
-        path = path.split("/", 1)[1] if path.startswith("~") else path[len(HOME) :]
+        path = path[1:] if path.startswith("~") else path[len(HOME) :]
         path = path.lstrip("/") or "."
     elif path == "/workspace" or path.startswith("/workspace/"):
         path = path[len("/workspace") :].lstrip("/") or "."
@@ -171,7 +171,10 @@ class Files:
         return {"entry": found[0]}
 
     async def list_dir(self, request: Request, msg: Json) -> Json:
-        depth = int(msg.get("depth") or 1)
+        try:
+            depth = int(msg.get("depth") or 1)
+        except (TypeError, ValueError):
+            raise ConnectError("invalid_argument", "depth must be a number, 1..64") from None
         if depth < 1 or depth > 64:
             raise ConnectError("invalid_argument", "depth must be 1..64")
         rel = workspace_path(str(msg.get("path", "")))
