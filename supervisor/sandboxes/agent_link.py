@@ -197,13 +197,16 @@ class AgentConnection:
                 raise SandboxBroken(f"agent did not create its socket within {timeout:.0f} s")
             await asyncio.sleep(0.003)
         try:
-            hello = await self._stub.Hello(
-                agent_pb2.HelloRequest(),
-                timeout=max(deadline - time.monotonic(), 0.1),
-                wait_for_ready=True,
-            )
+            with self._closing():
+                hello = await self._stub.Hello(
+                    agent_pb2.HelloRequest(),
+                    timeout=max(deadline - time.monotonic(), 0.1),
+                    wait_for_ready=True,
+                )
         except grpc.aio.AioRpcError as exc:
             raise SandboxBroken(f"agent does not answer: {exc.details()}") from exc
+        except SandboxLost as exc:
+            raise SandboxBroken(f"agent does not answer: {exc}") from exc
         if hello is None:
             raise SandboxBroken(f"agent answered Hello with no valid {_MESSAGE} message")
         if hello.protocol_version != PROTOCOL_VERSION:
@@ -218,8 +221,9 @@ class AgentConnection:
         if self._closed:
             return False
         try:
-            await self._stub.Hello(agent_pb2.HelloRequest(), timeout=timeout)
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError):  # UsageError: closed meanwhile
+            with self._closing():
+                await self._stub.Hello(agent_pb2.HelloRequest(), timeout=timeout)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, SandboxLost):  # closed meanwhile
             return False
         return True
 
@@ -331,11 +335,22 @@ class AgentConnection:
         raising CancelledError in the task awaiting them, which a server handler would pass on
         as its own cancellation: its caller would then wait for a status that never comes."""
         try:
-            yield
+            with self._closing():
+                yield
         except grpc.aio.AioRpcError as exc:
             if self._closed:
                 raise SandboxLost(_CLOSED) from exc
             raise AgentCallFailed(exc.code(), exc.details() or "") from exc
+
+    @contextlib.contextmanager
+    def _closing(self) -> Iterator[None]:
+        """A call cut short by close() that grpc.aio ended by cancelling the task awaiting
+        it (not a cancellation of the task itself) as SandboxLost. Every call on this
+        channel goes through here: in a server handler the stray CancelledError would end
+        the handler as cancelled, and its caller would wait for a status that never comes
+        (a GetSandbox whose health probe met a max-age replacement hung so)."""
+        try:
+            yield
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if self._closed and task is not None and not task.cancelling():
