@@ -1,9 +1,11 @@
 """The one table from domain error to gRPC status, and the decorators that apply it to every
 handler: a domain error ends the call with its status, its message scrubbed and a stable
-reason in trailing metadata; a bug shows as INTERNAL, never as a Python class path."""
+reason in trailing metadata; a bug shows as INTERNAL, never as a Python class path; a stray
+cancellation as UNAVAILABLE (_stray)."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -80,6 +82,22 @@ async def _abort(
     await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the supervisor log")
 
 
+STRAY = "an internal call was cut short (its sandbox was replaced meanwhile); try again"
+
+
+def _stray() -> errors.SandboxLost | None:
+    """The error for a CancelledError that reached a handler while its task was not being
+    cancelled: an inner grpc.aio call ended so when its channel closed (agent_link.py turns
+    those it knows into errors). Passed on, it would end the handler as cancelled and gRPC
+    would send the caller no status at all: a caller without a deadline would wait forever.
+    None for a real cancellation (the caller went away, the server stops): raise it again."""
+    task = asyncio.current_task()
+    if task is None or task.cancelling():
+        return None
+    log.error("a handler was ended by a stray cancellation", exc_info=True)
+    return errors.SandboxLost(STRAY)
+
+
 def mapped(
     handler: Callable[[S, Q, Context], Awaitable[R]],
 ) -> Callable[[S, Q, Context], Awaitable[R]]:
@@ -91,6 +109,10 @@ def mapped(
             return await handler(self, request, context)
         except Exception as exc:
             await _abort(context, exc, handler.__name__, self.scrubber)
+        except asyncio.CancelledError:
+            if (stray := _stray()) is None:
+                raise
+            await _abort(context, stray, handler.__name__, self.scrubber)
         raise AssertionError("unreachable")  # context.abort raises
 
     return wrapper
@@ -108,5 +130,9 @@ def mapped_stream(
                 yield item
         except Exception as exc:
             await _abort(context, exc, handler.__name__, self.scrubber)
+        except asyncio.CancelledError:
+            if (stray := _stray()) is None:
+                raise
+            await _abort(context, stray, handler.__name__, self.scrubber)
 
     return wrapper
