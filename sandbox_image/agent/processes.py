@@ -6,8 +6,10 @@
 
 Life of one process:
 1. `start` runs `/bin/sh -c COMMAND` in a new session (its process group is its own, so
-   no exec call's group kill reaches it), stdin a pipe kept open, stdout and stderr into
-   one pipe and one log, its OOM score raised as for exec;
+   no exec call's group kill reaches it), stdin a pipe kept open (or /dev/null with
+   `stdin: false`), stdout and stderr into one pipe and one log (or two pipes into the one
+   log, each byte's stream remembered, with `separate_stderr`: `follow` tells them apart),
+   its OOM score raised as for exec; a streamed `start` with `follow` goes on as `attach`;
 2. `write` feeds stdin through the transport's buffer, never blocking the agent; at most
    MAX_PENDING_STDIN bytes may wait unread; `kill` signals the whole group;
 3. when the shell exits, the pipe gets EOF_GRACE to drain, then what is left of its group
@@ -32,7 +34,7 @@ import signal
 import struct
 import termios
 import time
-from asyncio.subprocess import PIPE, STDOUT
+from asyncio.subprocess import DEVNULL, PIPE, STDOUT
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -76,7 +78,10 @@ SIGNALS: Final = {
 }
 _ID: Final = re.compile(r"p[0-9]+")
 _ACTION_ARGS: Final[dict[str, tuple[str, ...]]] = {
-    "start": ("command", "workdir", "env", "name", "pty", "cols", "rows"),
+    "start": (
+        "command", "workdir", "env", "name", "pty", "cols", "rows", "stdin", "separate_stderr",
+        "follow",
+    ),
     "list": (),
     "poll": ("id",),
     "log": ("id", "offset", "limit"),
@@ -89,24 +94,44 @@ _ACTION_ARGS: Final[dict[str, tuple[str, ...]]] = {
 
 
 class _Ring:
-    """The last `size` bytes of a stream; offsets count every byte since the start."""
+    """The last `size` bytes of a stream; offsets count every byte since the start. Each
+    byte's file descriptor (1 stdout, 2 stderr) is kept as runs: (first offset, fd)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.start = 0
         """Offset of the oldest byte kept."""
         self._data = bytearray()
+        self._runs: list[tuple[int, int]] = [(0, 1)]
 
     @property
     def end(self) -> int:
         return self.start + len(self._data)
 
-    def add(self, chunk: bytes) -> None:
+    def add(self, chunk: bytes, fd: int = 1) -> None:
+        if chunk and fd != self._runs[-1][1]:
+            self._runs.append((self.end, fd))
         self._data += chunk
         excess = len(self._data) - self.size
         if excess > 0:
             del self._data[:excess]
             self.start += excess
+            while len(self._runs) > 1 and self._runs[1][0] <= self.start:
+                self._runs.pop(0)
+
+    def read_run(self, offset: int, limit: int) -> tuple[int, int, bytes]:
+        """read(), stopped where the bytes' fd changes: (begin, fd, data)."""
+        begin, data = self.read(offset, limit)
+        fd, stop = 1, None
+        for first, run_fd in self._runs:
+            if first <= begin:
+                fd = run_fd
+            else:
+                stop = first
+                break
+        if stop is not None:
+            data = data[: stop - begin]
+        return begin, fd, data
 
     def read(self, offset: int, limit: int) -> tuple[int, bytes]:
         """At most `limit` bytes from `offset`, or from the oldest byte kept if that is later."""
@@ -118,7 +143,9 @@ class _Ring:
 class _Process(asyncio.SubprocessProtocol):
     """One started command, as the protocol of its subprocess transport."""
 
-    def __init__(self, ident: str, name: str | None, command: str, log_bytes: int) -> None:
+    def __init__(
+        self, ident: str, name: str | None, command: str, log_bytes: int, outputs: int = 1
+    ) -> None:
         loop = asyncio.get_running_loop()
         self.id, self.name, self.command = ident, name, command
         self.log = _Ring(log_bytes)
@@ -133,16 +160,19 @@ class _Process(asyncio.SubprocessProtocol):
         self.wake = asyncio.Event()
         """Set (and replaced) whenever output arrives or the state changes."""
         self.pty: _Pty | None = None
+        self.open_pipes = {1, 2} if outputs == 2 else {1}
+        """The output pipes not yet at EOF (2 too with separate_stderr)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.SubprocessTransport, transport)
 
     def pipe_data_received(self, fd: int, data: bytes | bytearray) -> None:
-        self.log.add(bytes(data))
+        self.log.add(bytes(data), fd)
         self.changed()
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        if fd == 1 and not self.eof.done():
+        self.open_pipes.discard(fd)
+        if not self.open_pipes and not self.eof.done():
             self.eof.set_result(None)
 
     def process_exited(self) -> None:
@@ -291,9 +321,12 @@ class ProcessTable:
         expect_only(args, ("action", *_ACTION_ARGS[action]))
         return await self._actions[action](args)
 
-    async def follow(self, proc_id: str, offset: int = 0) -> AsyncIterator[tuple[int, bytes]]:
-        """(offset, chunk) of the process's output from `offset` as it is produced, until the
-        process has exited and everything is delivered (used for streaming 'attach').
+    async def follow(
+        self, proc_id: str, offset: int = 0
+    ) -> AsyncIterator[tuple[int, int, bytes]]:
+        """(offset, fd, chunk) of the process's output from `offset` as it is produced, until
+        the process has exited and everything is delivered (used for streaming 'attach'; fd
+        is 2 only for stderr of a process started with separate_stderr).
 
         An offset older than the log keeps starts at the oldest byte kept: the first
         offset yielded shows the gap. One past the end waits for the output to get there.
@@ -303,21 +336,26 @@ class ProcessTable:
             raise ToolError("INVALID_ARGS", f"offset must be at least 0, got {offset}")
         while True:
             wake = proc.wake
-            begin, chunk = proc.log.read(offset, FOLLOW_CHUNK)
+            begin, fd, chunk = proc.log.read_run(offset, FOLLOW_CHUNK)
             if chunk:
-                yield begin, chunk
+                yield begin, fd, chunk
                 offset = begin + len(chunk)
             elif proc.finished.done() or proc.removed:
                 return
             else:
                 await wake.wait()
 
-    async def attach(self, args: dict[str, Any]) -> AsyncIterator[tuple[int, bytes]]:
+    async def attach(self, args: dict[str, Any]) -> AsyncIterator[tuple[int, int, bytes]]:
         """`attach` {id, offset?} through a streamed call: follow() with checked arguments."""
         expect_only(args, ("action", *_ACTION_ARGS["attach"]))
         offset = opt_int(args, "offset", 0)
         async for item in self.follow(req_str(args, "id"), offset):
             yield item
+
+    async def start_following(self, args: dict[str, Any]) -> dict[str, Any]:
+        """`start` with `follow` through a streamed call: the start (its result); the caller
+        then follows the new process as attach does."""
+        return await self.handle({k: v for k, v in args.items() if k != "follow"})
 
     async def _attach_unary(self, args: Mapping[str, Any]) -> dict[str, Any]:
         raise ToolError(
@@ -345,12 +383,22 @@ class ProcessTable:
         window = _window(args) if opt_bool(args, "pty", False) else None
         if window is None and ("cols" in args or "rows" in args):
             raise ToolError("INVALID_ARGS", "'cols' and 'rows' need 'pty': true")
+        stdin, apart = opt_bool(args, "stdin", True), opt_bool(args, "separate_stderr", False)
+        if window is not None and (not stdin or apart):
+            raise ToolError(
+                "INVALID_ARGS", "a terminal is stdin, stdout and stderr at once: 'stdin' and "
+                "'separate_stderr' are for processes without 'pty'"
+            )  # fmt: skip
+        if opt_bool(args, "follow", False):
+            raise ToolError(
+                "INVALID_ARGS", "'follow' streams the output: start it through CallToolStream"
+            )
         cwd = await resolve_workdir(self._root, workdir)
         async with self._start_lock:
             name = self._new_name(args)
             self._check_room()
             ident = f"p{self._started + 1}"
-            proc = await self._spawn(ident, name, command, cwd, env, window)
+            proc = await self._spawn(ident, name, command, cwd, env, window, (stdin, apart))
             self._started += 1
             self._entries[proc.id] = proc
             task = asyncio.create_task(self._reap(proc))
@@ -522,17 +570,24 @@ class ProcessTable:
         cwd: Path,
         env: dict[str, str],
         window: tuple[int, int] | None,
+        pipes: tuple[bool, bool] = (True, False),
     ) -> _Process:
         """Start `sh -c command` in a session of its own: on pipes, or with `window` on a new
         terminal. For a terminal, setsid(1) makes the child a session leader with the terminal
         as its controlling one and then execs the shell: the same pid, and no Python between
-        fork and exec (a preexec_fn crashes now and then in a child of the gRPC threads)."""
+        fork and exec (a preexec_fn crashes now and then in a child of the gRPC threads).
+        `pipes`: (stdin a pipe, else /dev/null; stderr a pipe of its own, else into stdout)."""
         loop = asyncio.get_running_loop()
         pty = None if window is None else _Pty.open(*window)
         try:
             if pty is None:
                 argv: tuple[str, ...] = with_file_size_errors("/bin/sh", "-c", command)
-                stdio: dict[str, Any] = {"stdin": PIPE, "stdout": PIPE, "stderr": STDOUT}
+                stdin, apart = pipes
+                stdio: dict[str, Any] = {
+                    "stdin": PIPE if stdin else DEVNULL,
+                    "stdout": PIPE,
+                    "stderr": PIPE if apart else STDOUT,
+                }
                 env = {**os.environ, **env}
             else:
                 argv = with_file_size_errors(SETSID, "--ctty", "/bin/sh", "-c", command)
@@ -540,7 +595,7 @@ class ProcessTable:
                 env = {**os.environ, "TERM": PTY_TERM, **env}
             _, proc = await start_or_sweep(
                 lambda: loop.subprocess_exec(
-                    lambda: _Process(ident, name, command, self._log_bytes),
+                    lambda: _Process(ident, name, command, self._log_bytes, 1 + pipes[1]),
                     *argv,
                     cwd=cwd,
                     env=env,

@@ -59,7 +59,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         its process group)."""
         attach = _attach_request(request)
         if attach is not None and self._processes is not None:
-            async for event in self._attach(attach):
+            follow = self._follow_start if attach["action"] == "start" else self._attach
+            async for event in follow(attach):
                 yield event
             return
         sink = StreamSink()
@@ -81,16 +82,35 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 await asyncio.gather(task, return_exceptions=True)
 
     async def _attach(self, args: dict[str, Any]) -> AsyncIterator[Any]:
-        """Stream a background process's output (as stdout) until it ends, then its state."""
+        """Stream a background process's output until it ends (fd 1, or 2 for the stderr of
+        a process started with separate_stderr), then its state."""
         assert self._processes is not None
         try:
-            async for _, chunk in self._processes.attach(args):
-                yield agent_pb2.InvokeEvent(output=agent_pb2.Output(fd=1, data=chunk))
+            async for _, fd, chunk in self._processes.attach(args):
+                yield agent_pb2.InvokeEvent(output=agent_pb2.Output(fd=fd, data=chunk))
             state = await self._processes.handle({"action": "poll", "id": args.get("id")})
         except ToolError as exc:
             yield agent_pb2.InvokeEvent(result=_error(exc.code, exc.message))
             return
         yield agent_pb2.InvokeEvent(result=agent_pb2.InvokeResponse(result_json=json.dumps(state)))
+
+    async def _follow_start(self, args: dict[str, Any]) -> AsyncIterator[Any]:
+        """`process start` with `follow`: start it, say its pid, then attach to it. Closing
+        the stream detaches: the process runs on, as after an attach."""
+        assert self._processes is not None
+        try:
+            started = await self._processes.start_following(args)
+        except ToolError as exc:
+            yield agent_pb2.InvokeEvent(result=_error(exc.code, exc.message))
+            return
+        yield agent_pb2.InvokeEvent(started=agent_pb2.Started(pid=int(started["pid"])))
+        async for event in self._attach({"action": "attach", "id": started["id"]}):
+            if event.WhichOneof("event") == "result" and event.result.result_json:
+                state = json.loads(event.result.result_json)
+                event = agent_pb2.InvokeEvent(
+                    result=agent_pb2.InvokeResponse(result_json=json.dumps({**started, **state}))
+                )
+            yield event
 
     async def Upload(self, request_iterator: Any, context: Any) -> Any:
         """The first chunk is the header; the rest is data."""
@@ -175,14 +195,18 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 
 
 def _attach_request(request: Any) -> dict[str, Any] | None:
-    """The arguments when the request is `process` action `attach`, else None."""
+    """The arguments when the request is `process` action `attach`, or `start` with
+    `follow`, else None."""
     if request.tool != "process":
         return None
     try:
         args = json.loads(request.arguments_json or "{}")
     except ValueError:
         return None
-    return args if isinstance(args, dict) and args.get("action") == "attach" else None
+    if not isinstance(args, dict):
+        return None
+    action = args.get("action")
+    return args if action == "attach" or (action == "start" and args.get("follow")) else None
 
 
 def _event(fd: int, data: bytes) -> Any:

@@ -100,6 +100,15 @@ _TOOLS = [
                 "description": "start: a name to use instead of the id.",
             },
             pty={"type": "boolean", "description": "start: run on a pseudo-terminal."},
+            stdin={"type": "boolean", "description": "start: false gives it no input (EOF)."},
+            separate_stderr={
+                "type": "boolean",
+                "description": "start: keep stderr apart from stdout (streamed output tells).",
+            },
+            follow={
+                "type": "boolean",
+                "description": "start, streamed calls only: stream its output until it exits.",
+            },
             cols={**_WINDOW, "description": "start, resize: terminal columns (default 80)."},
             rows={**_WINDOW, "description": "start, resize: terminal rows (default 24)."},
             id={**_STR, "description": "The process id (p1, p2, ...) or name."},

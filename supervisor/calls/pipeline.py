@@ -311,7 +311,11 @@ def _announce(events: asyncio.Queue[ToolEvent] | None) -> Callable[[Pending], No
 
 
 def _is_attach(spec: ToolSpec, args: dict[str, Any]) -> bool:
-    return spec.name == "process" and args.get("action") == "attach"
+    """`process attach`, or `process start` with `follow`: output streamed as it comes."""
+    if spec.name != "process":
+        return False
+    action = args.get("action")
+    return action == "attach" or (action == "start" and bool(args.get("follow")))
 
 
 def _command_of(spec: ToolSpec, args: dict[str, Any]) -> str | None:

@@ -375,7 +375,8 @@ async def test_names(table: ProcessTable) -> None:
         (
             {"action": "start", "command": "true", "timeout": 5},
             "INVALID_ARGS",
-            "unknown argument 'timeout'; allowed: action, cols, command, env, name, pty, rows, "
+            "unknown argument 'timeout'; allowed: action, cols, command, env, follow, name, pty, "
+            "rows, separate_stderr, stdin, "
             "workdir",
         ),
         ({"action": "start"}, "INVALID_ARGS", "argument 'command' is required"),
@@ -450,7 +451,7 @@ async def test_spawn_failure_is_execution_failed(table: ProcessTable) -> None:
 
 async def test_follow_yields_everything_and_ends_after_exit(table: ProcessTable) -> None:
     ident = await start(table, "echo early; sleep 0.3; echo late; sleep 0.2; echo last")
-    chunks = [(offset, chunk) async for offset, chunk in table.follow(ident)]
+    chunks = [(offset, chunk) async for offset, fd, chunk in table.follow(ident) if fd == 1]
     assert b"".join(chunk for _, chunk in chunks) == b"early\nlate\nlast\n"
     assert chunks[0][0] == 0
     assert len(chunks) >= 3  # delivered as produced, not at the end
@@ -463,7 +464,7 @@ async def test_follow_from_an_offset_and_from_a_wrapped_log(ws: Path) -> None:
         ident = await start(table, "printf 0123456789abcdef")
         chunks = [item async for item in table.follow(ident, 3)]
         # the first read may come before the wrap: then it starts at 3, else at 6
-        data = b"".join(chunk for _, chunk in chunks)
+        data = b"".join(chunk for _, _, chunk in chunks)
         assert b"0123456789abcdef".endswith(data)
         assert chunks[0][0] in (3, 6)
         with pytest.raises(ToolError, match="no process 'p7'"):
@@ -724,3 +725,79 @@ async def test_signals_ignored_by_the_agent_are_not_passed_on(tmp_path: Path) ->
         await table.close()
     finally:
         signal.signal(signal.SIGHUP, saved)
+
+
+# stdin: false, separate_stderr, follow (the E2B front's processes)
+
+
+async def test_separate_stderr_keeps_each_bytes_stream(table: ProcessTable) -> None:
+    script = "echo out1; echo err1 >&2; sleep 0.1; echo out2; echo err2 >&2; printf tail"
+    ident = await start(table, script, separate_stderr=True)
+    chunks = [(fd, chunk) async for _, fd, chunk in table.follow(ident)]
+    by_fd = {fd: b"".join(c for f, c in chunks if f == fd) for fd in (1, 2)}
+    assert by_fd == {1: b"out1\nout2\ntail", 2: b"err1\nerr2\n"}
+    # the log keeps both, in the order they came; a second follow sees the same runs
+    log = await call(table, "log", id=ident)
+    assert sorted(log["data"].splitlines()) == ["err1", "err2", "out1", "out2", "tail"]
+    again = [(fd, chunk) async for _, fd, chunk in table.follow(ident)]
+    assert again == _merged(chunks)
+    assert (await exited(table, ident))["exit_code"] == 0
+
+
+def _merged(chunks: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+    """Adjacent chunks of one fd as one (a later follow reads whole runs)."""
+    out: list[tuple[int, bytes]] = []
+    for fd, chunk in chunks:
+        if out and out[-1][0] == fd:
+            out[-1] = (fd, out[-1][1] + chunk)
+        else:
+            out.append((fd, chunk))
+    return out
+
+
+async def test_runs_survive_the_ring_wrapping(ws: Path) -> None:
+    table = ProcessTable(ws, log_bytes=8)
+    try:
+        ident = await start(
+            table, "printf aaaa; sleep 0.05; printf bbbb >&2; sleep 0.05; printf cccc",
+            separate_stderr=True,
+        )  # fmt: skip
+        await exited(table, ident)
+        chunks = [(offset, fd, chunk) async for offset, fd, chunk in table.follow(ident)]
+        assert chunks == [(4, 2, b"bbbb"), (8, 1, b"cccc")]
+    finally:
+        await table.close()
+
+
+async def test_without_stdin_a_reader_gets_eof_and_writes_are_refused(
+    table: ProcessTable,
+) -> None:
+    ident = await start(table, "cat; echo done", stdin=False)
+    assert (await exited(table, ident))["exit_code"] == 0
+    assert "done" in (await call(table, "log", id=ident))["data"]
+    other = await start(table, "sleep 5", stdin=False)
+    message = await fails(table, "INVALID_ARGS", "write", id=other, data="x")
+    assert "stdin" in message
+
+
+async def test_follow_is_for_streamed_starts_and_pty_takes_no_stdin_options(
+    table: ProcessTable,
+) -> None:
+    assert "CallToolStream" in await fails(
+        table, "INVALID_ARGS", "start", command="true", follow=True
+    )
+    for option in ({"stdin": False}, {"separate_stderr": True}):
+        message = await fails(table, "INVALID_ARGS", "start", command="true", pty=True, **option)
+        assert "without 'pty'" in message
+    assert (await call(table, "list"))["processes"] == []
+
+
+async def test_a_streamed_start_follows_its_process(table: ProcessTable) -> None:
+    started = await table.start_following(
+        {"action": "start", "command": "echo hi; echo oops >&2; exit 3", "follow": True,
+         "separate_stderr": True, "stdin": False}
+    )  # fmt: skip
+    chunks = [(fd, chunk) async for _, fd, chunk in table.follow(started["id"])]
+    assert b"".join(c for fd, c in chunks if fd == 1) == b"hi\n"
+    assert b"".join(c for fd, c in chunks if fd == 2) == b"oops\n"
+    assert (await exited(table, started["id"]))["exit_code"] == 3

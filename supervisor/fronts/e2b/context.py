@@ -3,7 +3,8 @@ authenticator (None with auth off), the sandbox manager and the E2B sandbox reco
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from stockade.supervisor.api.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
@@ -24,3 +25,5 @@ class E2bContext:
     """None when auth is off: any X-API-KEY is accepted, the tenant is ""."""
     manager: SandboxManager
     records: Records
+    forgetters: list[Callable[[str], None]] = field(default_factory=list)
+    """Called with a sandbox id when the front removes that sandbox (envd's state of it)."""

@@ -333,6 +333,8 @@ class Control:
         """Remove the sandbox's record, container and workspace."""
         self.ctx.records.remove(sandbox.sandbox_id)
         self.metrics.forget(sandbox.sandbox_id)
+        for forget in self.ctx.forgetters:
+            forget(sandbox.sandbox_id)
         try:
             await self.ctx.manager.destroy(sandbox.key, delete_workspace=True)
         except errors.SandboxNotFound:

@@ -1,9 +1,10 @@
-"""envd's app for the E2B front: GET /health, GET/POST /files and filesystem.Filesystem/*
-(the process service comes in a later slice). The server dispatches a request here after
-checking its X-Access-Token, with the sandbox's record in scope["state"]["e2b_sandbox"]."""
+"""envd's app for the E2B front: GET /health, GET/POST /files, filesystem.Filesystem/* and
+process.Process/*. The server dispatches a request here after checking its X-Access-Token,
+with the sandbox's record in scope["state"]["e2b_sandbox"]."""
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from email.message import Message
@@ -15,9 +16,16 @@ from starlette.routing import Route
 
 from stockade.supervisor import errors
 from stockade.supervisor.fronts.e2b import connect
-from stockade.supervisor.fronts.e2b.connect import ConnectError, Json, Unary
+from stockade.supervisor.fronts.e2b.connect import (
+    ClientStream,
+    ConnectError,
+    Json,
+    ServerStream,
+    Unary,
+)
 from stockade.supervisor.fronts.e2b.context import E2bContext
 from stockade.supervisor.fronts.e2b.envd_files import Files, connect_error
+from stockade.supervisor.fronts.e2b.envd_process import Processes
 
 _HTTP = {"not_found": 404, "invalid_argument": 400, "permission_denied": 403}
 _UNIMPLEMENTED = ("WatchDir", "CreateWatcher", "GetWatcherEvents", "RemoveWatcher")
@@ -27,6 +35,27 @@ def _domain(handler: Unary) -> Unary:
     async def wrapped(request: Request, msg: Json) -> Json:
         try:
             return await handler(request, msg)
+        except errors.StockadeError as exc:
+            raise connect_error(exc) from None
+
+    return wrapped
+
+
+def _domain_stream(handler: ServerStream) -> ServerStream:
+    async def wrapped(request: Request, msg: Json) -> AsyncIterator[Json]:
+        try:
+            async for item in handler(request, msg):
+                yield item
+        except errors.StockadeError as exc:
+            raise connect_error(exc) from None
+
+    return wrapped
+
+
+def _domain_client(handler: ClientStream) -> ClientStream:
+    async def wrapped(request: Request, messages: AsyncIterator[Json]) -> Json:
+        try:
+            return await handler(request, messages)
         except errors.StockadeError as exc:
             raise connect_error(exc) from None
 
@@ -48,6 +77,15 @@ def _filename(disposition: str) -> str | None:
 
 def build_envd_app(ctx: E2bContext) -> Starlette:
     files = Files(ctx)
+    processes = Processes(ctx)
+    ctx.forgetters.append(processes.forget)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await processes.close()
 
     async def health(request: Request) -> Response:
         return Response(status_code=204)
@@ -130,7 +168,15 @@ def build_envd_app(ctx: E2bContext) -> Starlette:
 
         return endpoint
 
-    fs = "/filesystem.Filesystem/"
+    fs, ps = "/filesystem.Filesystem/", "/process.Process/"
+    unary = {
+        "List": processes.list,
+        "SendInput": processes.send_input,
+        "CloseStdin": processes.close_stdin,
+        "SendSignal": processes.send_signal,
+        "Update": processes.update,
+    }
+    streams = {"Start": processes.start, "Connect": processes.connect}
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/files", get_files, methods=["GET"]),
@@ -141,5 +187,15 @@ def build_envd_app(ctx: E2bContext) -> Starlette:
         Route(fs + "ListDir", connect.unary(_domain(files.list_dir)), methods=["POST"]),
         Route(fs + "Remove", connect.unary(_domain(files.remove)), methods=["POST"]),
         *(Route(fs + n, unimplemented(n), methods=["POST"]) for n in _UNIMPLEMENTED),
+        *(Route(ps + n, connect.unary(_domain(h)), methods=["POST"]) for n, h in unary.items()),
+        *(
+            Route(ps + n, connect.server_stream(_domain_stream(h)), methods=["POST"])
+            for n, h in streams.items()
+        ),
+        Route(
+            ps + "StreamInput",
+            connect.client_stream(_domain_client(processes.stream_input)),
+            methods=["POST"],
+        ),
     ]
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, lifespan=lifespan)

@@ -1,0 +1,131 @@
+"""The E2B front's process service through the real `stockade serve` on both engines, driven
+by the unmodified e2b SDK (sync and async): commands.run in the foreground with on_stdout and
+on_stderr streaming, env vars from create and from the call, cwd, a non-zero exit raising the
+SDK's CommandExitException, a timeout, a background command killed, stdin through send_stdin
+and close_stdin, commands.list and connect, and the audit record of each start."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+
+import pytest
+from e2b import AsyncSandbox, CommandExitException, Sandbox, TimeoutException
+
+from tests.integration.harness import free_tcp_address, running_supervisor
+from tests.integration.test_e2b_control import E2bServed
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def served(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServed]:
+    folder = tmp_path_factory.mktemp("e2bcmd")
+    token = secrets.token_hex(20)
+    tokens = folder / "tokens"
+    tokens.write_text(f"{token} acme\n")
+    tokens.chmod(0o600)
+    address = free_tcp_address()
+    with running_supervisor(
+        engine,
+        f'[e2b]\nlisten = "{address}"\n',
+        auth_config=f'[auth]\ntokens_file = "{tokens}"\n',
+    ) as sup:
+        yield E2bServed(sup, f"http://{address}", token, token)
+
+
+def test_run_in_the_foreground_streams_and_raises(served: E2bServed) -> None:
+    sbx = Sandbox.create(timeout=120, envs={"FROM_CREATE": "made"}, **served.opts())
+    try:
+        out: list[str] = []
+        err: list[str] = []
+        result = sbx.commands.run(
+            'echo "$FROM_CREATE $FROM_CALL $HOME"; echo to-err >&2; pwd; sleep 0.3; echo late',
+            envs={"FROM_CALL": "called"},
+            on_stdout=out.append,
+            on_stderr=err.append,
+        )
+        assert result.exit_code == 0
+        assert result.stdout == "made called /home/user\n/home/user\nlate\n"
+        assert result.stderr == "to-err\n"
+        assert "".join(out) == result.stdout
+        assert len(out) >= 2  # streamed as produced, not at the end
+        assert "".join(err) == "to-err\n"
+        sbx.files.write("/home/user/sub/x.txt", "in sub\n")
+        assert sbx.commands.run("cat x.txt", cwd="/home/user/sub").stdout == "in sub\n"
+        assert sbx.commands.run("cat /home/user/sub/x.txt").stdout == "in sub\n"
+        with pytest.raises(CommandExitException) as failed:
+            sbx.commands.run("echo partial; echo bad >&2; exit 3")
+        assert failed.value.exit_code == 3
+        assert failed.value.stdout == "partial\n"
+        assert failed.value.stderr == "bad\n"
+        started = time.monotonic()
+        with pytest.raises(TimeoutException):
+            sbx.commands.run("sleep 30", timeout=2)
+        assert time.monotonic() - started < 25
+        # envd ends a process at its deadline: nothing is left running
+        deadline = time.monotonic() + 20
+        while any("sleep 30" in " ".join(p.args) for p in sbx.commands.list()):
+            assert time.monotonic() < deadline, "the timed-out command still runs"
+            time.sleep(0.2)
+        with served.sup.client(token=served.token) as client:
+            records = [
+                r for r in client.list_audit(limit=500, tool="process")
+                if sbx.sandbox_id in r.sandbox_key and r.front == "e2b"
+            ]  # fmt: skip
+        assert any("exit 3" in r.arguments_json for r in records)
+    finally:
+        sbx.kill()
+
+
+def test_background_stdin_list_connect_and_kill(served: E2bServed) -> None:
+    sbx = Sandbox.create(timeout=120, **served.opts())
+    try:
+        reader = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.send_stdin(reader.pid, "line one\n")
+        sbx.commands.send_stdin(reader.pid, "line two\n")
+        sbx.commands.close_stdin(reader.pid)
+        done = reader.wait()
+        assert done.exit_code == 0
+        assert done.stdout == "line one\nline two\n"
+
+        server = sbx.commands.run("echo ready; touch up; sleep 60", background=True)
+        deadline = time.monotonic() + 30
+        while not sbx.files.exists("up"):
+            assert time.monotonic() < deadline, "the background command never ran"
+            time.sleep(0.05)
+        listed = {p.pid: p for p in sbx.commands.list()}
+        assert server.pid in listed
+        assert listed[server.pid].cmd == "/bin/bash"
+        assert listed[server.pid].args[-1] == "echo ready; touch up; sleep 60"
+        again = sbx.commands.connect(server.pid)
+        assert again.pid == server.pid
+        assert sbx.commands.kill(server.pid) is True
+        with pytest.raises(CommandExitException) as killed:
+            again.wait()
+        assert killed.value.exit_code == -1
+        assert "ready\n" in killed.value.stdout
+        assert sbx.commands.kill(server.pid) is False  # gone
+        assert sbx.commands.kill(999999) is False
+        assert server.pid not in {p.pid for p in sbx.commands.list()}
+    finally:
+        sbx.kill()
+
+
+async def test_commands_async(served: E2bServed) -> None:
+    sbx = await AsyncSandbox.create(timeout=120, **served.opts())
+    try:
+        out: list[str] = []
+        result = await sbx.commands.run("echo one; echo two >&2", on_stdout=out.append)
+        assert (result.exit_code, result.stdout, result.stderr) == (0, "one\n", "two\n")
+        assert out == ["one\n"]
+        with pytest.raises(CommandExitException) as failed:
+            await sbx.commands.run("exit 7")
+        assert failed.value.exit_code == 7
+        handle = await sbx.commands.run("sleep 60", background=True)
+        assert await sbx.commands.kill(handle.pid) is True
+        with pytest.raises(CommandExitException):
+            await handle.wait()
+    finally:
+        await sbx.kill()
