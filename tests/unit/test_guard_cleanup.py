@@ -185,6 +185,27 @@ def test_an_env_that_sets_home_or_cdpath_makes_them_unknown() -> None:
     assert GUARD.check("rm -rf build", env={"PATH": "/x"}).action == "allow"
 
 
+def test_a_literal_home_in_the_workspace_or_tmp_is_known() -> None:
+    """E2B's calls set HOME=/home/user (the image's link to the workspace)."""
+    e2b = {"HOME": "/home/user"}
+    assert GUARD.check("rm -rf ~/build", env=e2b).action == "allow"
+    assert GUARD.check('rm -rf "$HOME/.cache"', env=e2b).action == "allow"
+    assert GUARD.check("rm -rf ~", env=e2b).action == "deny"  # the workspace root
+    assert GUARD.check("rm -rf ~/*", env=e2b).action == "deny"
+    assert GUARD.check("rm -rf ~/x", env={"HOME": "/tmp/h"}).action == "allow"
+    for home in ("/etc", "/home/other", "$X", "relative", "/home/user/../../etc"):
+        assert GUARD.check("rm -rf ~/x", env={"HOME": home}).action == "deny", home
+
+
+def test_the_images_home_link_is_the_workspace() -> None:
+    assert GUARD.check("rm -rf /home/user/build").action == "allow"
+    assert GUARD.check("cd /home/user && rm -rf dist").action == "allow"
+    for command in ("rm -rf /home/user", "rm -rf /home/user/*", "rm -rf /home/user/.."):
+        assert GUARD.check(command).action == "deny", command
+    assert GUARD.check("rm -rf /home/other/x").action == "deny"
+    assert GUARD.check("rm -rf /home").action == "deny"
+
+
 def test_the_workspace_and_home_are_configurable() -> None:
     guard = Guard(workspace="/srv/ws", home="/home/agent")
     assert guard.check("rm -rf /srv/ws/build").action == "allow"

@@ -64,7 +64,8 @@ class Guard:
     ) -> GuardResult:
         """Allow, deny or ask for one shell command string, run in ``workdir`` (relative to
         the workspace, or absolute; None: not known) with ``env`` added to its environment
-        (one that sets HOME or CDPATH makes ``~`` or ``cd NAME`` unknown)."""
+        (one that sets CDPATH makes ``cd NAME`` unknown; one that sets HOME makes ``~`` that
+        path when it is a literal one in the workspace or /tmp, else unknown)."""
         base = None if workdir is None else (norm_abs(posixpath.join(self._workspace, workdir)),)
         evaluation = Evaluation(self, base, env or {})
         try:

@@ -49,6 +49,7 @@ from stockade.supervisor.policy.guard.parsing import (
 )
 from stockade.supervisor.policy.guard.paths import (
     Place,
+    given_home,
     known_prefix,
     link_paths,
     removal_problem,
@@ -90,7 +91,8 @@ class Evaluation:
     def __init__(self, guard: Guard, base: tuple[str, ...] | None, env: Mapping[str, str]) -> None:
         self.guard = guard
         self.base = base  # absolute directories the script being walked starts in
-        self.home: str | None = None if "HOME" in env else guard._home
+        home = given_home(env["HOME"], guard._workspace) if "HOME" in env else guard._home
+        self.home: str | None = home
         self.cdpath = "CDPATH" in env
         self.links: dict[str, None] = {}  # symlinks the command makes (absolute paths)
         self.asked: GuardResult | None = None

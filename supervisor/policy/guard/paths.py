@@ -12,7 +12,8 @@ and every system folder, a glob that can match everything at one of those roots 
 Paths are resolved lexically against the directories the command may run in (the call's
 workdir, then each ``cd``; see ``parsing``). Symlinks are not followed: the guard
 cannot know them (``rm -rf link/`` where ``link`` points at /etc passes). The container is
-the boundary there: system folders are read-only to the sandbox's user.
+the boundary there: system folders are read-only to the sandbox's user. The one link it
+knows is the sandbox image's /home/user, the workspace (E2B's default user's home).
 """
 
 from __future__ import annotations
@@ -35,9 +36,13 @@ __all__ = [
     "moved",
     "removal_problem",
     "resolve_cwds",
+    "given_home",
 ]
 
 SCRATCH = "/tmp"
+IMAGE_HOME = "/home/user"
+"""A symlink to /workspace in the sandbox image: paths below it are the workspace's."""
+IMAGE_WORKSPACE = "/workspace"
 
 _HOME = re.compile(r"^(?:~|\$HOME|\$\{HOME\})(?=/|$)")
 _PWD = re.compile(r"^(?:\$PWD|\$\{PWD\}|\$\(pwd\)|`pwd`)(?=/|$)")
@@ -245,7 +250,23 @@ def _below(path: str, root: str) -> bool:
 
 
 def _absolute(path: str) -> str:
-    return posixpath.normpath("/" + path.lstrip("/"))
+    path = posixpath.normpath("/" + path.lstrip("/"))
+    if path == IMAGE_HOME or path.startswith(IMAGE_HOME + "/"):
+        return IMAGE_WORKSPACE + path[len(IMAGE_HOME) :]
+    return path
+
+
+def given_home(value: str, workspace: str) -> str | None:
+    """The home directory a call's env sets (HOME=...), when the guard can trust it: an
+    absolute path known before the command runs, in the workspace or /tmp (a home is a
+    root whose contents may be removed: HOME=/etc must not make /etc/* routine)."""
+    if not value.startswith("/") or _RUNTIME.search(value):
+        return None
+    home = _absolute(value)
+    for root in (workspace, SCRATCH):
+        if home == root or home.startswith(root + "/"):
+            return home
+    return None
 
 
 def _short(text: str, limit: int = 60) -> str:
