@@ -119,9 +119,12 @@ def test_policy_reaches_the_sdk_and_the_audit(served: E2bServed) -> None:
         assert "permission_denied" in str(root.value).lower()
         assert "'root' is not available" in str(root.value)
 
-        with pytest.raises(RateLimitException):
+        def run_until_limited() -> None:
             for _ in range(BURST + 1):
                 sbx.commands.run("true")
+
+        with pytest.raises(RateLimitException):
+            run_until_limited()
 
         records = _records(served, sbx.sandbox_id)
         by_command = {r.arguments_json: r for r in records}

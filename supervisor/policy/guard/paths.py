@@ -31,12 +31,12 @@ __all__ = [
     "find_narrowed",
     "find_root_may_match",
     "find_root_span",
+    "given_home",
     "known_prefix",
     "link_paths",
     "moved",
     "removal_problem",
     "resolve_cwds",
-    "given_home",
 ]
 
 SCRATCH = "/tmp"
