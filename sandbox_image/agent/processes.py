@@ -79,7 +79,15 @@ SIGNALS: Final = {
 _ID: Final = re.compile(r"p[0-9]+")
 _ACTION_ARGS: Final[dict[str, tuple[str, ...]]] = {
     "start": (
-        "command", "workdir", "env", "name", "pty", "cols", "rows", "stdin", "separate_stderr",
+        "command",
+        "workdir",
+        "env",
+        "name",
+        "pty",
+        "cols",
+        "rows",
+        "stdin",
+        "separate_stderr",
         "follow",
     ),
     "list": (),
@@ -321,9 +329,7 @@ class ProcessTable:
         expect_only(args, ("action", *_ACTION_ARGS[action]))
         return await self._actions[action](args)
 
-    async def follow(
-        self, proc_id: str, offset: int = 0
-    ) -> AsyncIterator[tuple[int, int, bytes]]:
+    async def follow(self, proc_id: str, offset: int = 0) -> AsyncIterator[tuple[int, int, bytes]]:
         """(offset, fd, chunk) of the process's output from `offset` as it is produced, until
         the process has exited and everything is delivered (used for streaming 'attach'; fd
         is 2 only for stderr of a process started with separate_stderr).
