@@ -2,16 +2,29 @@
 by the unmodified e2b SDK (sync and async): commands.run in the foreground with on_stdout and
 on_stderr streaming, env vars from create and from the call, cwd, a non-zero exit raising the
 SDK's CommandExitException, a timeout, a background command killed, stdin through send_stdin
-and close_stdin, commands.list and connect, and the audit record of each start."""
+and close_stdin, commands.list and connect, stream_input, a PTY (input, resize, exit), a
+refused user, wrong and hostile raw requests, and the audit record of each start."""
 
 from __future__ import annotations
 
+import base64
+import json
 import secrets
+import struct
 import time
 from collections.abc import Iterator
+from typing import Any
 
+import httpx
 import pytest
-from e2b import AsyncSandbox, CommandExitException, Sandbox, TimeoutException
+from e2b import (
+    AsyncSandbox,
+    CommandExitException,
+    PtySize,
+    Sandbox,
+    SandboxException,
+    TimeoutException,
+)
 
 from tests.integration.harness import free_tcp_address, running_supervisor
 from tests.integration.test_e2b_control import E2bServed
@@ -129,3 +142,95 @@ async def test_commands_async(served: E2bServed) -> None:
             await handle.wait()
     finally:
         await sbx.kill()
+
+
+def test_stream_input_and_a_terminal(served: E2bServed) -> None:
+    sbx = Sandbox.create(timeout=120, **served.opts())
+    try:
+        reader = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.stream_input(reader.pid, ["first ", b"second\n", "\u00e9t\u00e9\n"])
+        sbx.commands.close_stdin(reader.pid)
+        assert reader.wait().stdout == "first second\n\u00e9t\u00e9\n"
+
+        terminal = sbx.pty.create(PtySize(rows=24, cols=80))
+        sbx.pty.resize(terminal.pid, PtySize(rows=30, cols=100))
+        sbx.pty.send_stdin(terminal.pid, b"stty size; tty; echo $TERM\n")
+        sbx.pty.send_stdin(terminal.pid, b"exit 4\n")
+        shown: list[bytes] = []
+        with pytest.raises(CommandExitException) as ended:
+            terminal.wait(on_pty=shown.append)
+        assert ended.value.exit_code == 4
+        screen = b"".join(shown).decode()
+        assert "30 100" in screen
+        assert "/dev/pts/" in screen
+        assert "xterm-256color" in screen
+        with pytest.raises(SandboxException) as root:
+            sbx.commands.run("true", user="root")
+        assert "'root' is not available" in str(root.value)
+    finally:
+        sbx.kill()
+
+
+def test_wrong_and_hostile_process_requests(served: E2bServed) -> None:
+    """Raw requests the SDK would never send: each gets a Connect error, nothing breaks."""
+    sbx = Sandbox.create(timeout=120, **served.opts())
+    headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": str(sbx._envd_access_token)}
+    url = f"{served.url}/process.Process/"
+    try:
+        with httpx.Client(headers=headers, timeout=60) as http:
+
+            def unary(method: str, body: object, **extra: str) -> httpx.Response:
+                content = body if isinstance(body, bytes) else json.dumps(body).encode()
+                kind = {"content-type": "application/json", **extra}
+                return http.post(url + method, content=content, headers=kind)
+
+            def stream(method: str, message: dict[str, Any]) -> tuple[int, list[Any]]:
+                data = json.dumps(message).encode()
+                body = struct.pack(">BI", 0, len(data)) + data
+                reply = http.post(
+                    url + method,
+                    content=body,
+                    headers={"content-type": "application/connect+json"},
+                )
+                out, raw = [], reply.content
+                while raw:
+                    flags, size = struct.unpack(">BI", raw[:5])
+                    out.append((flags, json.loads(raw[5 : 5 + size])))
+                    raw = raw[5 + size :]
+                return reply.status_code, out
+
+            r = unary("SendInput", {"process": {"pid": 4242}, "input": {"stdin": "aGk="}})
+            assert (r.status_code, r.json()["code"]) == (404, "not_found")
+            assert unary("SendInput", b"{not json").json()["code"] == "invalid_argument"
+            assert unary("SendInput", {"process": "x"}).json()["code"] == "invalid_argument"
+            assert (
+                unary("SendSignal", {"process": {"pid": 1}, "signal": "SIGNAL_SIGHUP"}).json()[
+                    "code"
+                ]
+                == "invalid_argument"
+            )
+            r = unary("List", {}, **{"content-type": "text/plain"})
+            assert r.json()["code"] == "invalid_argument"
+
+            status, events = stream("Start", {"process": {"cmd": ""}})
+            assert status == 200
+            assert events[-1][0] == 2
+            assert events[-1][1]["error"]["code"] == "invalid_argument"
+            status, events = stream(
+                "Start", {"process": {"cmd": "/bin/true", "cwd": "/etc"}, "stdin": False}
+            )
+            assert events[-1][1]["error"]["code"] == "invalid_argument"
+            status, events = stream(
+                "Start", {"process": {"cmd": "/bin/true", "cwd": "/home/user/missing"}}
+            )
+            assert events[-1][1]["error"]["code"] == "invalid_argument", events
+
+            reader = sbx.commands.run("sleep 30", background=True, stdin=True)
+            huge = base64.b64encode(b"x" * (3 << 20)).decode()
+            r = unary("SendInput", {"process": {"pid": reader.pid}, "input": {"stdin": huge}})
+            assert r.status_code != 200
+            assert "not reading its input fast enough" in r.json()["message"]
+            assert sbx.commands.kill(reader.pid) is True
+            assert sbx.commands.run("echo alive").stdout == "alive\n"
+    finally:
+        sbx.kill()

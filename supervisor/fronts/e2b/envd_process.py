@@ -260,8 +260,16 @@ class Processes:
         tag = msg.get("tag") if isinstance(msg.get("tag"), str) else None
         proc = _Proc(name, _shown_config(config, cwd), window is not None, tag)
         box = self._of(request)
-        async for event in self._events(request, call, box, proc, deadline):
-            yield event
+        started = False
+        try:
+            async for event in self._events(request, call, box, proc, deadline):
+                started = True
+                yield event
+        except ConnectError as exc:
+            if started or exc.code != "not_found" or "workdir" not in exc.message:
+                raise
+            where = cwd if isinstance(cwd, str) and cwd else HOME
+            raise ConnectError("invalid_argument", f"cwd '{where}' does not exist") from None
 
     async def _events(
         self,
