@@ -4,7 +4,8 @@ against REV's, side by side (bench/compare.py), or `python -m bench --only mcp [
 [--n N] [--rounds R]` for the MCP front against gRPC alone (bench/mcp_front.py), or
 `python -m bench --only snapshots [--engine E] [--snap-files N] [--snap-mib M]
 [--snap-rounds R] [--snap-forks F]` for pause, resume, snapshots, restore and forks through
-the supervisor alone (bench/sandbox_snapshots.py)."""
+the supervisor alone (bench/sandbox_snapshots.py), or `python -m bench --only e2b [--engine E]
+[--n N] [--rounds R]` for the E2B front's commands.run against gRPC (bench/e2b_front.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from bench import (
     audit,
     coldstart,
     compare,
+    e2b_front,
     egress,
     load,
     mcp_front,
@@ -60,16 +62,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only",
-        choices=["mcp", "snapshots"],
+        choices=["mcp", "snapshots", "e2b"],
         help="only one measurement: mcp, the MCP front against gRPC (bench/mcp_front.py); "
-        "snapshots, pause/resume, snapshots, restore and forks (bench/sandbox_snapshots.py)",
+        "snapshots, pause/resume, snapshots, restore and forks (bench/sandbox_snapshots.py); "
+        "e2b, the E2B front's commands.run against gRPC (bench/e2b_front.py)",
     )
     sandbox_snapshots.add_arguments(parser, "snap-")
     parser.add_argument(
         "--rounds",
         type=int,
         default=10,
-        help="interleaved rounds of --compare and of the MCP measurement (default 10)",
+        help="interleaved rounds of --compare and of the MCP and E2B measurements (default 10)",
     )
     parser.add_argument(
         "--quick",
@@ -140,6 +143,10 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
         f"{engine}: MCP against gRPC",
         lambda: mcp_front.measure_engine(engine, ns.n, ns.rounds, ns.warmup),
     )
+    results["e2b"] = guarded(
+        f"{engine}: E2B against gRPC",
+        lambda: e2b_front.measure_engine(engine, ns.n, ns.rounds, ns.warmup),
+    )
     results["snapshots"] = guarded(
         f"{engine}: sandbox snapshots ({ns.snap['files']:,} files, {ns.snap['mib']} MiB)",
         lambda: sandbox_snapshots.measure_engine(engine, **ns.snap),
@@ -193,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                 return compare.run(ns.compare, engines, ns.n, ns.rounds, ns.warmup)
             if ns.only == "snapshots":
                 return sandbox_snapshots.run(engines, **ns.snap)
+            if ns.only == "e2b":
+                return e2b_front.run(engines, ns.n, ns.rounds, ns.warmup)
             return mcp_front.run(engines, ns.n, ns.rounds, ns.warmup)
         except KeyboardInterrupt:
             progress("interrupted; cleaning up")
@@ -231,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report.engine_section(engine, results), end="\n\n")
         print(abuse.section(engine, results["neighbour_abuse"]), end="\n\n")
         print(mcp_front.section(engine, results["mcp"]), end="\n\n")
+        print(e2b_front.section(engine, results["e2b"]), end="\n\n")
         print(sandbox_snapshots.section(engine, results["snapshots"]), end="\n\n")
     print(report.summary(by_engine))
     record = {

@@ -336,29 +336,41 @@ def _block(result: dict[str, Any], front: str, title: str) -> list[str]:
     return lines
 
 
-def write(by_engine: dict[str, dict[str, Any]], path: Path = RESULTS) -> None:
-    """Put each engine's figures under engines.<engine>.mcp, keeping the rest of the record."""
+def write(by_engine: dict[str, dict[str, Any]], path: Path = RESULTS, part: str = "mcp") -> None:
+    """Put each engine's figures under engines.<engine>.<part>, keeping the rest of the
+    record."""
     record = read_results(path)
     engines = record.get("engines")
     engines = dict(engines) if isinstance(engines, dict) else {}
     for engine, result in by_engine.items():
         previous = engines.get(engine)
-        engines[engine] = {**(previous if isinstance(previous, dict) else {}), "mcp": result}
+        engines[engine] = {**(previous if isinstance(previous, dict) else {}), part: result}
     write_results({**record, "engines": engines}, path)
-    progress(f'MCP figures written to {path} ("engines.<engine>.mcp")')
+    progress(f'{part} figures written to {path} ("engines.<engine>.{part}")')
 
 
 def run(engines: Sequence[str], n: int, rounds: int, warmup: int) -> int:
     """This measurement alone, on each engine: print, record; 1 if one failed."""
+    return run_alone(engines, partial(measure_engine, n=n, rounds=rounds, warmup=warmup), section)
+
+
+def run_alone(
+    engines: Sequence[str],
+    measure_one: Callable[[str], dict[str, Any]],
+    section_of: Callable[[str, dict[str, Any]], str],
+    part: str = "mcp",
+) -> int:
+    """One front's measurement alone, on each engine: print, record under `part`; 1 if one
+    failed."""
     by_engine: dict[str, dict[str, Any]] = {}
     for engine in engines:
         try:
-            by_engine[engine] = measure_engine(engine, n, rounds, warmup)
+            by_engine[engine] = measure_one(engine)
         except Exception as exc:  # the other engine is still measured
-            progress(f"{engine}: MCP measurement failed: {type(exc).__name__}: {exc}")
+            progress(f"{engine}: {part} measurement failed: {type(exc).__name__}: {exc}")
             by_engine[engine] = {"error": f"{type(exc).__name__}: {exc}"}
-        print(section(engine, by_engine[engine]), end="\n\n", flush=True)
-    write(by_engine)
+        print(section_of(engine, by_engine[engine]), end="\n\n", flush=True)
+    write(by_engine, part=part)
     return 1 if any("error" in r for r in by_engine.values()) else 0
 
 
