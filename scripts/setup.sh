@@ -197,9 +197,10 @@ setup_run() {
 # github.com/golang/protobuf is named explicitly: with 1.3 (apt's first choice for
 # golang-google-grpc-dev) grpc-go cannot decode the messages protoc-gen-go now generates.
 # The npm examples (the gRPC client in examples/typescript, the MCP client in
-# examples/mcp-typescript): npm ci in each whose package-lock.json changed since its last one
+# examples/mcp-typescript, E2B JS SDK code in examples/e2b-typescript): npm ci in each whose
+# package-lock.json changed since its last one
 # (the lock file's hash is kept in its node_modules).
-NPM_EXAMPLES="examples/typescript examples/mcp-typescript"
+NPM_EXAMPLES="examples/typescript examples/mcp-typescript examples/e2b-typescript"
 setup_clients() {
     local ts stamp
     ensure_packages golang-go golang-google-grpc-dev golang-google-protobuf-dev \

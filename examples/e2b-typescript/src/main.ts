@@ -1,0 +1,76 @@
+// Unmodified E2B JavaScript SDK code (`e2b` from npm) run against Stockade's E2B front: what
+// code written for E2B does, with nothing Stockade-specific but the three environment variables
+// that point the SDK at the supervisor:
+//
+//   E2B_API_URL=http://127.0.0.1:3000 E2B_SANDBOX_URL=http://127.0.0.1:3000 \
+//   E2B_API_KEY=<a Stockade token> node dist/main.js
+//
+// Creates a sandbox with metadata and env vars, runs a command whose output streams through
+// onStdout and onStderr, one that fails (CommandExitError), writes a text file and a binary one
+// and reads them back, lists the sandboxes of its metadata, and kills the sandbox, printing one
+// JSON object a line:
+//   {"sandbox": ID}
+//   {"run": {exitCode, stdout, stderr}, "chunks": {stdout: [...], stderr: [...]}}
+//   {"failed": {exitCode, stdout, stderr, error}}
+//   {"files": {text, binaryBytes, binarySame}}
+//   {"listed": [ID, ...]}
+//   {"killed": true}
+// Exits 1 on any error, with `error: NAME: message` on stderr.
+import { CommandExitError, Sandbox } from "e2b";
+
+function print(value: unknown): void {
+  console.log(JSON.stringify(value));
+}
+
+async function main(): Promise<void> {
+  const tag = `ts-${process.pid}`;
+  const sbx = await Sandbox.create({
+    metadata: { example: tag },
+    envs: { GREETING: "hello from create" },
+    timeoutMs: 120_000,
+  });
+  try {
+    print({ sandbox: sbx.sandboxId });
+
+    const chunks = { stdout: [] as string[], stderr: [] as string[] };
+    const run = await sbx.commands.run(
+      'echo "$GREETING $CALLER"; echo to-stderr >&2; sleep 0.3; echo after-sleep',
+      {
+        envs: { CALLER: "js" },
+        onStdout: (data) => void chunks.stdout.push(data),
+        onStderr: (data) => void chunks.stderr.push(data),
+      },
+    );
+    print({ run: { exitCode: run.exitCode, stdout: run.stdout, stderr: run.stderr }, chunks });
+
+    try {
+      await sbx.commands.run("echo partial; exit 3");
+      throw new Error("a command that exits 3 did not throw");
+    } catch (err) {
+      if (!(err instanceof CommandExitError)) throw err;
+      print({
+        failed: { exitCode: err.exitCode, stdout: err.stdout, stderr: err.stderr, error: err.error },
+      });
+    }
+
+    await sbx.files.write("/home/user/notes/hello.txt", "written by the e2b JS SDK\n");
+    const binary = new Uint8Array(256 * 1024).map((_, i) => (i * 7) % 256);
+    await sbx.files.write("data.bin", binary.buffer);
+    const text = await sbx.files.read("/home/user/notes/hello.txt");
+    const back = await sbx.files.read("data.bin", { format: "bytes" });
+    const same = back.length === binary.length && back.every((b, i) => b === binary[i]);
+    print({ files: { text, binaryBytes: back.length, binarySame: same } });
+
+    const paginator = Sandbox.list({ query: { metadata: { example: tag } } });
+    const listed = (await paginator.nextItems()).map((s) => s.sandboxId);
+    print({ listed });
+  } finally {
+    print({ killed: await sbx.kill() });
+  }
+}
+
+main().catch((err: unknown) => {
+  const name = err instanceof Error ? err.name : "Error";
+  console.error(`error: ${name}: ${err instanceof Error ? err.message : String(err)}`);
+  process.exitCode = 1;
+});

@@ -1,0 +1,101 @@
+"""The E2B JavaScript SDK (`e2b` from npm, pinned in examples/e2b-typescript) against the real
+`stockade serve`'s E2B front on both engines: examples/e2b-typescript, compiled by tsc and run
+as a subprocess with only E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set, creates a
+sandbox, runs a command with onStdout/onStderr streaming and one that fails, writes and reads
+files, lists by metadata and kills the sandbox. What it prints must be what the sandbox did,
+the sandbox must be gone, and the audit log must show its calls with the front "e2b"."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.harness import free_tcp_address, running_supervisor
+from tests.integration.test_clients import build, missing
+from tests.integration.test_e2b_control import E2bServed
+
+ROOT = Path(__file__).resolve().parents[2]
+E2B_TYPESCRIPT = ROOT / "examples" / "e2b-typescript"
+RUN_TIMEOUT_S = 240
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="session")
+def e2b_typescript() -> list[str]:
+    """tsc-compiled from the current sources."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        missing("node and npm are not installed")
+    if not (E2B_TYPESCRIPT / "node_modules" / "e2b").is_dir():
+        missing(f"{E2B_TYPESCRIPT}/node_modules is missing (npm ci)")
+    build([npm, "run", "--silent", "build"], E2B_TYPESCRIPT)
+    return [node, str(E2B_TYPESCRIPT / "dist" / "main.js")]
+
+
+@pytest.fixture(scope="module")
+def served(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServed]:
+    folder = tmp_path_factory.mktemp("e2bjs")
+    token = secrets.token_hex(20)
+    tokens = folder / "tokens"
+    tokens.write_text(f"{token} acme\n")
+    tokens.chmod(0o600)
+    address = free_tcp_address()
+    with running_supervisor(
+        engine,
+        f'[e2b]\nlisten = "{address}"\n',
+        auth_config=f'[auth]\ntokens_file = "{tokens}"\n',
+    ) as sup:
+        yield E2bServed(sup, f"http://{address}", token, token)
+
+
+def run(argv: list[str], served: E2bServed, key: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    env.update(E2B_API_URL=served.url, E2B_SANDBOX_URL=served.url, E2B_API_KEY=key)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
+
+
+def test_the_js_sdk_runs_unchanged(e2b_typescript: list[str], served: E2bServed) -> None:
+    done = run(e2b_typescript, served, served.token)
+    assert done.returncode == 0, done.stderr
+    out: dict[str, Any] = {}
+    for line in done.stdout.splitlines():
+        out.update(json.loads(line))
+    sandbox_id = out["sandbox"]
+    assert out["run"] == {
+        "exitCode": 0,
+        "stdout": "hello from create js\nafter-sleep\n",
+        "stderr": "to-stderr\n",
+    }
+    assert "".join(out["chunks"]["stdout"]) == out["run"]["stdout"]
+    assert len(out["chunks"]["stdout"]) >= 2  # streamed as produced
+    assert "".join(out["chunks"]["stderr"]) == "to-stderr\n"
+    assert out["failed"]["exitCode"] == 3
+    assert out["failed"]["stdout"] == "partial\n"
+    assert out["failed"]["error"] == "exit status 3"
+    assert out["files"] == {
+        "text": "written by the e2b JS SDK\n",
+        "binaryBytes": 256 * 1024,
+        "binarySame": True,
+    }
+    assert out["listed"] == [sandbox_id]
+    assert out["killed"] is True
+    with served.sup.client(token=served.token) as client:
+        assert not any(sandbox_id in s.key for s in client.list_sandboxes())
+        records = [r for r in client.list_audit(limit=500) if sandbox_id in r.sandbox_key]
+    tools = {r.tool for r in records if r.front == "e2b"}
+    assert {"process", "upload_file", "download_file"} <= tools
+
+
+def test_a_wrong_key_is_refused(e2b_typescript: list[str], served: E2bServed) -> None:
+    done = run(e2b_typescript, served, "not-a-token")
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: AuthenticationError:"), done.stderr
