@@ -122,6 +122,13 @@ def test_background_stdin_list_connect_and_kill(served: E2bServed) -> None:
         assert sbx.commands.kill(server.pid) is False  # gone
         assert sbx.commands.kill(999999) is False
         assert server.pid not in {p.pid for p in sbx.commands.list()}
+
+        # a client that goes away leaves its command running (E2B's disconnect)
+        left = sbx.commands.run("sleep 60", background=True)
+        left.disconnect()
+        time.sleep(0.5)
+        assert left.pid in {p.pid for p in sbx.commands.list()}
+        assert sbx.commands.kill(left.pid) is True
     finally:
         sbx.kill()
 
@@ -184,13 +191,15 @@ def test_wrong_and_hostile_process_requests(served: E2bServed) -> None:
                 kind = {"content-type": "application/json", **extra}
                 return http.post(url + method, content=content, headers=kind)
 
-            def stream(method: str, message: dict[str, Any]) -> tuple[int, list[Any]]:
+            def stream(
+                method: str, message: dict[str, Any], **extra: str
+            ) -> tuple[int, list[Any]]:
                 data = json.dumps(message).encode()
                 body = struct.pack(">BI", 0, len(data)) + data
                 reply = http.post(
                     url + method,
                     content=body,
-                    headers={"content-type": "application/connect+json"},
+                    headers={"content-type": "application/connect+json", **extra},
                 )
                 out, raw = [], reply.content
                 while raw:
@@ -224,6 +233,22 @@ def test_wrong_and_hostile_process_requests(served: E2bServed) -> None:
                 "Start", {"process": {"cmd": "/bin/true", "cwd": "/home/user/missing"}}
             )
             assert events[-1][1]["error"]["code"] == "invalid_argument", events
+
+            # silence on a stream: keepalives at the interval the client asks for
+            status, events = stream(
+                "Start",
+                {"process": {"cmd": "/bin/sh", "args": ["-c", "sleep 2.5; echo woke"]}},
+                **{"keepalive-ping-interval": "1"},
+            )
+            kinds = [next(iter(e[1].get("event", {"stream-end": 0}))) for e in events]
+            assert kinds[0] == "start"
+            assert kinds.count("keepalive") >= 1, kinds
+            assert kinds[-3:] == ["data", "end", "stream-end"], kinds
+            # no token, or another's: refused before anything runs
+            for token in ({}, {"X-Access-Token": "x" * 43}):
+                bare = {"E2b-Sandbox-Id": sbx.sandbox_id, "content-type": "application/json"}
+                r = httpx.post(url + "List", content=b"{}", headers={**bare, **token})
+                assert (r.status_code, r.json()["code"]) == (401, 401)
 
             reader = sbx.commands.run("sleep 30", background=True, stdin=True)
             huge = base64.b64encode(b"x" * (3 << 20)).decode()

@@ -346,6 +346,7 @@ async def test_every_control_plane_answer_is_a_json_error_the_sdks_parse(tmp_pat
         config=load_config(None, {"e2b.listen": "127.0.0.1:0"}),
         records=records,
         authenticator=Authenticator(AuthConfig(enabled=True, tokens_file=str(tokens))),
+        forgetters=[],
     )
     app, _control = build_app(ctx)  # type: ignore[arg-type]
     key = {"X-API-KEY": "good-token-0123456789"}

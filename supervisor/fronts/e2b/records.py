@@ -25,7 +25,7 @@ KEY_PREFIX = "e2b-"
 """The Stockade key of an E2B sandbox is this plus its id, within the caller's tenant."""
 ENVD_VERSION = "0.5.7"
 """The envd version reported to the SDKs, which gate features on it (see
-/work/notes/e2b-protocol.md 3.1): >= 0.4.0, the server picks the default user; 0.5.7, plain
+WIRE.md 3.1): >= 0.4.0, the server picks the default user; 0.5.7, plain
 and octet-stream uploads; below 0.6.2, no file metadata, below 0.6.3 no watch entries."""
 CLIENT_ID = "stockade"
 DEFAULT_TEMPLATE = "base"
