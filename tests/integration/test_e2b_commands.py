@@ -191,9 +191,7 @@ def test_wrong_and_hostile_process_requests(served: E2bServed) -> None:
                 kind = {"content-type": "application/json", **extra}
                 return http.post(url + method, content=content, headers=kind)
 
-            def stream(
-                method: str, message: dict[str, Any], **extra: str
-            ) -> tuple[int, list[Any]]:
+            def stream(method: str, message: dict[str, Any], **extra: str) -> tuple[int, list[Any]]:
                 data = json.dumps(message).encode()
                 body = struct.pack(">BI", 0, len(data)) + data
                 reply = http.post(
