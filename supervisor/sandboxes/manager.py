@@ -244,7 +244,11 @@ class SandboxManager:
             if old is not None:
                 self.registry.pop(key, None)
                 await self.containers.stop(old.container, keep_workspace_mounted=True)
-            chosen = wanted or self.networks.choose(None)
+            folder = self.layout.of(key).root
+            if wanted is not None:
+                await asyncio.to_thread(folder.mkdir, mode=0o700, parents=True, exist_ok=True)
+                await asyncio.to_thread(self.networks.remember, folder, wanted)
+            chosen = wanted or (old.network if old is not None else self.networks.kept(folder))
             self._admit(key)
             self._starting.add(key)
             try:

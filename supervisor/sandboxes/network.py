@@ -1,10 +1,14 @@
 """Which network a sandbox gets (the configured one, or a narrower one a request asks for),
-and its egress link while it runs."""
+and its egress link while it runs. A narrower network asked for is the key's from then on
+(kept in its folder, `network`): a container re-created after a heal, a prune or a maximum
+age gets it again, never the wider configured one."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 from stockade.supervisor.config import NETWORK_MODES, Config
 from stockade.supervisor.engines.backends.base import (
@@ -22,6 +26,8 @@ from stockade.supervisor.sandboxes.sandbox import Container, SandboxNetwork
 
 log = logging.getLogger("stockade")
 
+KEPT = "network"
+"""The file in a key's folder that keeps the network a request chose for it."""
 MAX_NETWORK_ALLOW = 256
 """Patterns an EnsureSandbox request may list (they travel in a container label)."""
 
@@ -62,6 +68,29 @@ class Networks:
         except AllowlistError as exc:
             raise PolicyDenied(f"network allowlist: {exc}") from exc
         return SandboxNetwork(mode, (chosen or configured_list).patterns)
+
+    def remember(self, folder: Path, network: SandboxNetwork) -> None:
+        """Keep the network a request chose as the key's (in its folder)."""
+        data = {"mode": network.mode, "allow": list(network.allow)}
+        (folder / KEPT).write_text(json.dumps(data) + "\n")
+
+    def kept(self, folder: Path) -> SandboxNetwork:
+        """The key's network: the one a request chose for it (re-checked against today's
+        config), or the configured one. A kept one that today's config no longer allows
+        gives mode none, never the wider configured one."""
+        try:
+            data = json.loads((folder / KEPT).read_text())
+        except FileNotFoundError:
+            return self.choose(None)
+        except (OSError, ValueError) as exc:
+            log.warning("the network kept in %s is unreadable (%s): mode none", folder, exc)
+            return SandboxNetwork("none")
+        try:
+            allow = tuple(str(p) for p in data.get("allow") or ())
+            return self.choose(NetworkRequest(str(data.get("mode", "none")), allow))
+        except (InvalidRequest, PolicyDenied, AttributeError) as exc:
+            log.warning("the network kept in %s is no longer allowed (%s): mode none", folder, exc)
+            return SandboxNetwork("none")
 
     def of_container(self, info: ContainerInfo) -> SandboxNetwork | None:
         """An adopted container's network as it was created, re-checked against today's

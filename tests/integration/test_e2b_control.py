@@ -212,8 +212,12 @@ def test_unknown_template_and_options_refused(served: E2bServed) -> None:
         Sandbox.create(template="python-data-science", **served.opts())
     with pytest.raises(SandboxException, match="timeout"):
         Sandbox.create(timeout=10**7, **served.opts())
-    with pytest.raises(SandboxException, match="network"):
-        Sandbox.create(network={"deny_out": ["0.0.0.0/0"]}, **served.opts())
+    with pytest.raises(SandboxException, match="denyOut"):  # a deny list: not Stockade's
+        Sandbox.create(network={"deny_out": ["10.0.0.0/8"]}, **served.opts())
+    with pytest.raises(SandboxException, match="egress"):  # an allowlist on mode none
+        Sandbox.create(
+            network={"deny_out": ["0.0.0.0/0"], "allow_out": ["example.com"]}, **served.opts()
+        )
     with pytest.raises(SandboxException, match="autoPause"):
         Sandbox.create(lifecycle={"on_timeout": "pause"}, **served.opts())
     with pytest.raises(SandboxException, match="allow_internet_access"):

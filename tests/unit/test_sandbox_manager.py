@@ -137,6 +137,44 @@ async def test_a_recreated_container_keeps_its_narrowed_network(
     assert new.labels["io.stockade.network"] == "none"
 
 
+async def test_a_narrowed_network_is_the_keys_after_a_prune_a_death_or_a_restart(
+    tmp_path: Path, backend: FakeBackend
+) -> None:
+    """A key narrowed to `none` on an `open` supervisor never gets a wider container again:
+    not when its container is pruned (no container held) and a call makes a new one, not
+    when it dies, not in a new supervisor; a request may widen it again within the config."""
+    mgr = manager(tmp_path, backend, network="open")
+    first = await mgr.ensure("k", NetworkRequest("none"))
+    assert first.network.mode == "none"
+    await mgr.destroy("k", delete_workspace=False)  # as the idle prune leaves it
+    assert (await mgr.ensure("k")).network.mode == "none"
+    backend.kill((await mgr.ensure("k")).info.id)
+    mgr.registry["k"].lost = True
+    assert (await mgr.ensure("k")).network.mode == "none"
+    await mgr.close()
+    second = manager(tmp_path, backend, network="open")
+    await second.start()
+    await second.destroy("k", delete_workspace=False)
+    assert (await second.ensure("k")).network.mode == "none"
+    assert (await second.ensure("k", NetworkRequest("open"))).network.mode == "open"
+    await second.destroy("k", delete_workspace=False)
+    assert (await second.ensure("k")).network.mode == "open"
+    assert (await second.ensure("other")).network.mode == "open"  # other keys: the config's
+    await second.close()
+
+
+async def test_a_kept_network_the_config_no_longer_allows_is_none(
+    tmp_path: Path, backend: FakeBackend
+) -> None:
+    mgr = manager(tmp_path, backend, network="open")
+    await mgr.ensure("k", NetworkRequest("open"))
+    await mgr.destroy("k", delete_workspace=False)
+    await mgr.close()
+    narrower = manager(tmp_path, backend, network="none")
+    assert (await narrower.ensure("k")).network.mode == "none"
+    await narrower.close()
+
+
 async def test_a_container_is_adopted_when_the_image_is_missing(
     tmp_path: Path, backend: FakeBackend
 ) -> None:

@@ -22,6 +22,7 @@ from stockade.supervisor import errors
 from stockade.supervisor.fronts.e2b import listing
 from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
 from stockade.supervisor.fronts.e2b.metrics import Metrics
+from stockade.supervisor.fronts.e2b.network import network_request
 from stockade.supervisor.fronts.e2b.records import (
     CLIENT_ID,
     DEFAULT_TEMPLATE,
@@ -48,7 +49,6 @@ from stockade.supervisor.observe.audit import AuditRecord
 log = logging.getLogger("stockade.e2b")
 UNSUPPORTED_CREATE = {
     "mcp": "MCP gateways in sandboxes",
-    "network": "per-sandbox network rules (the [network] configuration applies)",
     "volumeMounts": "volumes",
     "iam": "IAM tokens",
 }
@@ -174,7 +174,7 @@ class Control:
         resume = body.get("autoResume")
         if isinstance(resume, dict) and resume.get("enabled"):
             raise ApiError(400, "autoResume: auto-resume is not supported by Stockade yet")
-        self._check_internet(body.get("allow_internet_access"))
+        network = network_request(body, self.ctx.config)
         timeout = self.default_timeout
         if body.get("timeout") is not None:
             timeout = seconds(body["timeout"], "timeout", self.max_timeout)
@@ -199,8 +199,10 @@ class Control:
             "metadata": metadata,
             "env_vars": sorted(env_vars),  # names only: values may be secrets
         }
+        if network is not None:
+            arguments["network"] = {"mode": network.mode, "allow": list(network.allow)}
         try:
-            await self.ctx.manager.ensure(sandbox.key)
+            await self.ctx.manager.ensure(sandbox.key, network)
         except errors.StockadeError as exc:
             self.audit(request, sandbox, "create_sandbox", arguments, error=str(exc))
             raise from_domain(exc) from None
@@ -210,19 +212,6 @@ class Control:
         self.audit(request, sandbox, "create_sandbox", arguments)
         log.info("E2B sandbox %s created (timeout %d s)", sandbox_id, timeout)
         return JSONResponse(self.sandbox_json(sandbox), status_code=201)
-
-    def _check_internet(self, allow: Any) -> None:
-        """allow_internet_access is the configured network mode's to decide: a create asking
-        for the opposite of what [sandbox] network gives is refused, not silently changed."""
-        if allow is None:
-            return
-        mode = self.ctx.config.sandbox.network
-        if (allow and mode == "none") or (not allow and mode == "open"):
-            raise ApiError(
-                400,
-                f"allow_internet_access={bool(allow)} is not what this Stockade gives: its "
-                f"sandboxes' network mode is {mode!r} ([sandbox] network); omit the option",
-            )
 
     async def connect(self, request: Request) -> Response:
         """POST /v2/sandboxes/{id}/connect (and /sandboxes/{id}/connect): a running sandbox

@@ -52,6 +52,8 @@ def from_domain(exc: errors.StockadeError) -> ApiError:
         return ApiError(503, str(exc), no_retry)
     if isinstance(exc, errors.InvalidRequest):
         return ApiError(400, str(exc))
+    if isinstance(exc, errors.PolicyDenied):
+        return ApiError(403, str(exc))
     return ApiError(500, str(exc))
 
 
