@@ -90,3 +90,25 @@ async def test_files_async(served: E2bServed) -> None:
         assert not await sbx.files.exists("d/y.txt")
     finally:
         await sbx.kill()
+
+
+def test_names_with_tabs_newlines_and_links(served: E2bServed) -> None:
+    """Names a line-based listing would split: each is one entry, with its own path."""
+    sbx = Sandbox.create(timeout=120, **served.opts())
+    try:
+        sbx.commands.run(
+            "mkdir odd && cd odd && touch \"$(printf 'a\\tb')\" \"$(printf 'c\\nd')\" "
+            "'sp ace' && ln -s /etc/hostname link && mkdir sub && touch sub/inner"
+        )
+        entries = {e.name: e for e in sbx.files.list("/home/user/odd")}
+        assert set(entries) == {"a\tb", "c\nd", "sp ace", "link", "sub"}
+        assert entries["c\nd"].path == "/home/user/odd/c\nd"
+        assert entries["link"].type is not None
+        assert entries["link"].type.value == "symlink"
+        assert entries["link"].symlink_target == "/etc/hostname"
+        assert sbx.files.get_info("/home/user/odd/a\tb").name == "a\tb"
+        deep = [e.path for e in sbx.files.list("/home/user/odd", depth=2)]
+        assert deep == sorted(deep)
+        assert "/home/user/odd/sub/inner" in deep
+    finally:
+        sbx.kill()

@@ -28,7 +28,10 @@ HOME = "/home/user"
 SANDBOX_STATE = "e2b_sandbox"
 _DIR_BIT = 1 << 31  # Go's fs.ModeDir, as envd sends it
 _LINK_BIT = 1 << 27  # fs.ModeSymlink
-_FIELDS = "%y\\t%s\\t%m\\t%M\\t%u\\t%g\\t%T@\\t%l\\t%P\\n"
+_FIELDS = "%y\\0%s\\0%m\\0%M\\0%u\\0%g\\0%T@\\0%l\\0%P\\0"
+"""find's fields of an entry, each ended by a NUL: no file name can hold one (a tab or a
+newline can)."""
+_FIELD_COUNT = 9
 _TYPES = {"f": "FILE_TYPE_FILE", "d": "FILE_TYPE_DIRECTORY", "l": "FILE_TYPE_SYMLINK"}
 _CODES: dict[type[errors.StockadeError], str] = {
     errors.NotFound: "not_found",
@@ -75,10 +78,15 @@ def e2b_path(rel: str) -> str:
     return HOME if rel == "." else f"{HOME}/{rel}"
 
 
-def _entry(line: str, base: str) -> Json | None:
-    parts = line.split("\t")
-    if len(parts) != 9:
-        return None
+def _entries(out: str, base: str) -> list[Json]:
+    """The entries of find's NUL-ended fields, sorted by path."""
+    fields = out.split("\0")[:-1]
+    records = [fields[i : i + _FIELD_COUNT] for i in range(0, len(fields), _FIELD_COUNT)]
+    found = [_entry(r, base) for r in sorted(records, key=lambda r: r[-1]) if len(r) == 9]
+    return [e for e in found if e is not None]
+
+
+def _entry(parts: list[str], base: str) -> Json | None:
     kind, size, mode, perms, owner, group, mtime, target, rel = parts
     name = posixpath.basename(rel) if rel else posixpath.basename(base) or base
     path = posixpath.normpath(posixpath.join(base, rel)) if rel else base
@@ -151,7 +159,7 @@ class Files:
         script = (
             f"[ -e {q} ] || [ -L {q} ] || exit 3; "
             + ("" if depth is None else f"[ -d {q} ] || exit 4; ")
-            + f"find {q} {rng} -printf '{_FIELDS}' | sort"
+            + f"find {q} {rng} -printf '{_FIELDS}'"
         )
         code, out, err = await self._sh(request, script)
         if code == 3:
@@ -161,8 +169,7 @@ class Files:
         if code != 0:
             raise ConnectError("internal", err.strip() or f"exit {code}")
         base = e2b_path(rel)
-        entries = [_entry(line, base) for line in out.splitlines() if line]
-        return [e for e in entries if e is not None]
+        return _entries(out, base)
 
     async def stat(self, request: Request, msg: Json) -> Json:
         found = await self._find(request, workspace_path(str(msg.get("path", ""))), None)
