@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import secrets
 import struct
 import time
 from collections.abc import Iterator
@@ -26,26 +25,15 @@ from e2b import (
     TimeoutException,
 )
 
-from tests.integration.harness import free_tcp_address, running_supervisor
-from tests.integration.test_e2b_control import E2bServed
+from tests.integration.e2b_kit import E2bServed, serving_e2b
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
 def served(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServed]:
-    folder = tmp_path_factory.mktemp("e2bcmd")
-    token = secrets.token_hex(20)
-    tokens = folder / "tokens"
-    tokens.write_text(f"{token} acme\n")
-    tokens.chmod(0o600)
-    address = free_tcp_address()
-    with running_supervisor(
-        engine,
-        f'[e2b]\nlisten = "{address}"\n',
-        auth_config=f'[auth]\ntokens_file = "{tokens}"\n',
-    ) as sup:
-        yield E2bServed(sup, f"http://{address}", token, token)
+    with serving_e2b(engine, tmp_path_factory.mktemp("e2bcmd")) as served:
+        yield served
 
 
 def test_run_in_the_foreground_streams_and_raises(served: E2bServed) -> None:

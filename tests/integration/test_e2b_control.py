@@ -13,7 +13,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -21,40 +20,17 @@ from e2b import AsyncSandbox, Sandbox, SandboxQuery, SandboxState
 from e2b.exceptions import AuthenticationException, NotFoundException, SandboxException
 
 from stockade.client import StockadeError
-from tests.integration.harness import Supervisor, free_tcp_address, running_supervisor
+from tests.integration.e2b_kit import E2bServed, serving_e2b
+from tests.integration.harness import free_tcp_address, running_supervisor
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@dataclass
-class E2bServed:
-    sup: Supervisor
-    url: str
-    token: str
-    """Tenant acme's."""
-    other: str
-    """Tenant other's."""
-
-    def opts(self, token: str | None = None) -> dict[str, Any]:
-        """The SDK's connection options: what E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY
-        would give."""
-        return {"api_url": self.url, "sandbox_url": self.url, "api_key": token or self.token}
 
 
 @pytest.fixture(scope="module")
 def served(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServed]:
     folder = tmp_path_factory.mktemp("e2b")
-    token, other = secrets.token_hex(20), secrets.token_hex(20)
-    tokens = folder / "tokens"
-    tokens.write_text(f"{token} acme\n{other} other\n")
-    tokens.chmod(0o600)
-    address = free_tcp_address()
-    with running_supervisor(
-        engine,
-        f'[e2b]\nlisten = "{address}"\nsweep_interval_s = 0.5\n',
-        auth_config=f'[auth]\ntokens_file = "{tokens}"\n',
-    ) as sup:
-        yield E2bServed(sup, f"http://{address}", token, other)
+    with serving_e2b(engine, folder, e2b="sweep_interval_s = 0.5\n") as served:
+        yield served
 
 
 def key_of(sandbox_id: str) -> str:

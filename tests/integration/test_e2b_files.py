@@ -5,33 +5,21 @@ remove, rename, make_dir (already there: False), and a wrong X-Access-Token refu
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from e2b import AsyncSandbox, Sandbox
 
-from tests.integration.harness import free_tcp_address, running_supervisor
-from tests.integration.test_e2b_control import E2bServed
+from tests.integration.e2b_kit import E2bServed, serving_e2b
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
 def served(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServed]:
-    folder = tmp_path_factory.mktemp("e2bfiles")
-    token = secrets.token_hex(20)
-    tokens = folder / "tokens"
-    tokens.write_text(f"{token} acme\n")
-    tokens.chmod(0o600)
-    address = free_tcp_address()
-    with running_supervisor(
-        engine,
-        f'[e2b]\nlisten = "{address}"\n',
-        auth_config=f'[auth]\ntokens_file = "{tokens}"\n',
-    ) as sup:
-        yield E2bServed(sup, f"http://{address}", token, token)
+    with serving_e2b(engine, tmp_path_factory.mktemp("e2bfiles")) as served:
+        yield served
 
 
 def test_files_sync(served: E2bServed) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -18,9 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import free_tcp_address, running_supervisor
+from tests.integration.e2b_kit import E2bServed, serving_e2b
 from tests.integration.test_clients import build, missing
-from tests.integration.test_e2b_control import E2bServed
 
 ROOT = Path(__file__).resolve().parents[2]
 E2B_TYPESCRIPT = ROOT / "examples" / "e2b-typescript"
@@ -43,18 +41,8 @@ def e2b_typescript() -> list[str]:
 
 @pytest.fixture(scope="module")
 def served(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServed]:
-    folder = tmp_path_factory.mktemp("e2bjs")
-    token = secrets.token_hex(20)
-    tokens = folder / "tokens"
-    tokens.write_text(f"{token} acme\n")
-    tokens.chmod(0o600)
-    address = free_tcp_address()
-    with running_supervisor(
-        engine,
-        f'[e2b]\nlisten = "{address}"\n',
-        auth_config=f'[auth]\ntokens_file = "{tokens}"\n',
-    ) as sup:
-        yield E2bServed(sup, f"http://{address}", token, token)
+    with serving_e2b(engine, tmp_path_factory.mktemp("e2bjs")) as served:
+        yield served
 
 
 def run(argv: list[str], served: E2bServed, key: str) -> subprocess.CompletedProcess[str]:

@@ -6,7 +6,6 @@ output a user can act on, and each is in the audit log with the front named."""
 
 from __future__ import annotations
 
-import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -16,8 +15,7 @@ import pytest
 from e2b import RateLimitException, Sandbox, SandboxException
 
 from stockade.client import ApprovalRequest
-from tests.integration.harness import free_tcp_address, running_supervisor
-from tests.integration.test_e2b_control import E2bServed
+from tests.integration.e2b_kit import E2bServed, serving_e2b
 from tests.integration.test_mcp import FAKE_AWS_KEY
 
 pytestmark = pytest.mark.timeout(300)
@@ -36,18 +34,8 @@ burst = {BURST}
 
 @pytest.fixture(scope="module")
 def served(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServed]:
-    folder = tmp_path_factory.mktemp("e2bpol")
-    token = secrets.token_hex(20)
-    tokens = folder / "tokens"
-    tokens.write_text(f"{token} acme\n")
-    tokens.chmod(0o600)
-    address = free_tcp_address()
-    with running_supervisor(
-        engine,
-        f'[e2b]\nlisten = "{address}"\n{CONFIG}',
-        auth_config=f'[auth]\ntokens_file = "{tokens}"\n',
-    ) as sup:
-        yield E2bServed(sup, f"http://{address}", token, token)
+    with serving_e2b(engine, tmp_path_factory.mktemp("e2bpol"), CONFIG) as served:
+        yield served
 
 
 class Approver:
