@@ -34,7 +34,7 @@ from bench.compare import one_round, thread_ns
 from bench.compare_stats import Round, nearest_rank, side_summary
 from bench.cpu import TICK, cpu_ticks
 from bench.engines import bring_up
-from bench.mcp_front import pairwise, rotation, run_alone
+from bench.mcp_front import pairwise, rotation, run_alone, run_record
 from bench.served import Served, free_port, served
 from bench.timing import progress
 from stockade.client import Stockade
@@ -118,18 +118,7 @@ def measure_engine(engine: str, n: int, rounds: int, warmup: int) -> dict[str, A
     with served(engine, config(listen)) as sup:
         measured, client_cpu = measure(sup, f"http://{listen}", rounds, calls, warmup)
     result = compared(measured, TICK)
-    for front in FRONTS:
-        result[front]["client_cpu_us_per_call"] = round(
-            client_cpu[front] / result[front]["calls"] * 1e6, 1
-        )
-    return {
-        "started_at": started,
-        "rounds": rounds,
-        "calls_per_round": calls,
-        "warmup": warmup,
-        "load_average": {"before": load_before, "after": os.getloadavg()},
-        **result,
-    }
+    return run_record(result, client_cpu, started, load_before, rounds, calls, warmup)
 
 
 ROWS = (

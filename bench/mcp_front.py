@@ -263,12 +263,24 @@ def measure_engine(engine: str, n: int, rounds: int, warmup: int) -> dict[str, A
             measure(sup, f"http://{listen}/mcp", rounds, calls, warmup)
         )
     result = compared(measured, TICK)
-    for front in FRONTS:
-        result[front]["client_cpu_us_per_call"] = round(
-            client_cpu[front] / result[front]["calls"] * 1e6, 1
-        )
-        if front in protocols:
-            result[front]["protocol"] = protocols[front]
+    for front, protocol in protocols.items():
+        result[front]["protocol"] = protocol
+    return run_record(result, client_cpu, started, load_before, rounds, calls, warmup)
+
+
+def run_record(
+    result: dict[str, Any],
+    client_cpu: Mapping[str, float],
+    started: str,
+    load_before: tuple[float, float, float],
+    rounds: int,
+    calls: int,
+    warmup: int,
+) -> dict[str, Any]:
+    """One engine's figures of a front against gRPC, as bench/results.json keeps them: the
+    client's CPU per call added to each front's summary."""
+    for front, seconds in client_cpu.items():
+        result[front]["client_cpu_us_per_call"] = round(seconds / result[front]["calls"] * 1e6, 1)
     return {
         "started_at": started,
         "rounds": rounds,
