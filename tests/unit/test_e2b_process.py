@@ -133,3 +133,29 @@ async def test_keepalives_fill_silences_only() -> None:
     assert got[0] == "a"
     assert got[-1] == "b"
     assert 2 <= got.count(None) <= 4
+
+
+def test_pids_name_the_newest_process_and_stay_bounded() -> None:
+    box = ep._Sandbox()
+    old, new = ep._Proc("e2b-old", {}, False), ep._Proc("e2b-new", {}, False)
+    box.remember(7, old)
+    box.remember(7, new)  # the kernel reused pid 7
+    assert box.by_pid[7] is new
+    for pid in range(100, 100 + ep.MAX_KNOWN + 5):
+        box.remember(pid, ep._Proc(f"e2b-{pid}", {}, False))
+    assert len(box.by_pid) == ep.MAX_KNOWN
+    assert 7 not in box.by_pid  # the oldest went first
+    assert 100 + ep.MAX_KNOWN + 4 in box.by_pid
+
+
+def test_configs_of_processes_the_front_does_not_know() -> None:
+    mine = {"name": "e2b-0a1b", "command": "/bin/bash -l -c 'echo hi; sleep 1'"}
+    assert ep._config_of(mine) == {
+        "cmd": "/bin/bash",
+        "args": ["-l", "-c", "echo hi; sleep 1"],
+        "envs": {},
+    }
+    other = {"name": None, "command": "python3 -m http.server"}
+    assert ep._config_of(other)["args"] == ["-c", "python3 -m http.server"]
+    broken = {"name": "e2b-x", "command": "echo 'unclosed"}
+    assert ep._config_of(broken)["cmd"] == "/bin/sh"

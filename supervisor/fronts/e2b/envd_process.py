@@ -63,6 +63,10 @@ _CODES: Final = {
     ErrorCode.SANDBOX_LOST: "unavailable",
     ErrorCode.EXECUTION_FAILED: "failed_precondition",
 }
+NAME_PREFIX: Final = "e2b-"
+"""The process tool's names of the processes this front starts."""
+MAX_KNOWN: Final = 1000
+"""Processes of one sandbox this front keeps by pid."""
 PTY_ENV: Final = {"TERM": "xterm-256color", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
@@ -79,6 +83,17 @@ class _Proc:
 @dataclass
 class _Sandbox:
     by_pid: dict[int, _Proc] = field(default_factory=dict)
+    """The processes started or found here, until they are seen to exit (at most
+    MAX_KNOWN: the oldest go; `process list` finds a running one again)."""
+
+    def remember(self, pid: int, proc: _Proc) -> None:
+        self.by_pid.pop(pid, None)
+        self.by_pid[pid] = proc
+        while len(self.by_pid) > MAX_KNOWN:
+            oldest = next(iter(self.by_pid))
+            gone = self.by_pid.pop(oldest)
+            if gone.deadline is not None:
+                gone.deadline.cancel()
 
 
 def caller_of(request: Request) -> str:
@@ -239,7 +254,7 @@ class Processes:
         env = {"HOME": HOME, "USER": "user", "LOGNAME": "user", **record.env_vars}
         env.update({**PTY_ENV, **envs} if window else envs)
         cwd = config.get("cwd")
-        name = f"e2b-{secrets.token_hex(6)}"
+        name = f"{NAME_PREFIX}{secrets.token_hex(6)}"
         args: Json = {
             "action": "start",
             "command": command_line(config),
@@ -289,10 +304,9 @@ class Processes:
                     yield {"event": {"keepalive": {}}}
             elif isinstance(event, StartedEvent):
                 pid = event.pid or pid
-                if pid not in box.by_pid:
-                    box.by_pid[pid] = proc
-                    if deadline is not None:
-                        proc.deadline = self._kill_at(request, proc, deadline)
+                box.remember(pid, proc)  # a pid the kernel reused names the new process
+                if deadline is not None:
+                    proc.deadline = self._kill_at(request, proc, deadline)
                 yield {"event": {"start": {"pid": pid}}}
             elif isinstance(event, OutputEvent):
                 data = base64.b64encode(event.text.encode("utf-8", "surrogateescape")).decode()
@@ -302,6 +316,8 @@ class Processes:
                 result = event.result
                 if proc.deadline is not None:
                     proc.deadline.cancel()
+                if "exit_code" in (result.data or {}) and box.by_pid.get(pid) is proc:
+                    del box.by_pid[pid]  # exited: its pid is free for the kernel to reuse
                 if result.is_error and (not pid or "exit_code" not in (result.data or {})):
                     raise error_of(result)
                 yield {"event": end_event(dict(result.data or {}))}
@@ -339,7 +355,7 @@ class Processes:
             if selector == entry.get("pid") and entry.get("state") == "running":
                 name = str(entry.get("name") or entry["id"])
                 found = _Proc(name, _config_of(entry), bool(entry.get("pty")))
-                box.by_pid[int(entry["pid"])] = found
+                box.remember(int(entry["pid"]), found)
                 return found, int(entry["pid"])
         raise ConnectError("not_found", f"process with {_selector_text(selector)} not found")
 
@@ -434,8 +450,15 @@ def _shown_config(config: Json, cwd: object) -> Json:
 
 
 def _config_of(entry: dict[str, Any]) -> Json:
-    """A ProcessConfig for a process E2B did not start: its shell and command line."""
-    return {"cmd": "/bin/sh", "args": ["-c", str(entry.get("command", ""))], "envs": {}}
+    """A ProcessConfig for a process this front does not know: one it started before a
+    restart (named e2b-...) from its command line, any other as its shell and command."""
+    command = str(entry.get("command", ""))
+    if str(entry.get("name") or "").startswith(NAME_PREFIX):
+        with contextlib.suppress(ValueError):
+            argv = shlex.split(command)
+            if argv:
+                return {"cmd": argv[0], "args": argv[1:], "envs": {}}
+    return {"cmd": "/bin/sh", "args": ["-c", command], "envs": {}}
 
 
 def _keepalive_s(request: Request) -> float:
