@@ -187,14 +187,17 @@ def policy_sup(engine: str) -> Iterator[Supervisor]:
         yield s
 
 
-def test_policy_and_audit(policy_sup: Supervisor) -> None:
+def test_policy_scrubbing_and_audit(policy_sup: Supervisor) -> None:
     with policy_sup.client() as c:
         c.sandbox("k").exec("mkdir -p p")
         with pytest.raises(PermissionDenied):
             c.watch_files("k", "p", context=CallContext(agent_id="blind"))
         collector = Collector(c.watch_files("k", "p"))
-        c.sandbox("k").exec("touch p/x")
+        token = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+        c.sandbox("k").exec(f"touch p/x p/{token}")
         collector.until("create", "x")
+        collector.until("create", "[REDACTED]")
+        assert not any(token in name for _, name in collector.pairs())
         collector.close()
         deadline = time.monotonic() + 20
         while True:
