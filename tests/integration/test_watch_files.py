@@ -24,6 +24,7 @@ from stockade.client import (
     NotFound,
     PermissionDenied,
     Stockade,
+    StockadeError,
 )
 from stockade.supervisor.engines.backends.base import LABEL_KEY
 from tests.integration.harness import (
@@ -42,12 +43,16 @@ class Collector:
     def __init__(self, watch: FileWatch) -> None:
         self.watch = watch
         self.events: list[FileEvent] = []
+        self.error: StockadeError | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        for event in self.watch:
-            self.events.append(event)
+        try:
+            for event in self.watch:
+                self.events.append(event)
+        except StockadeError as exc:
+            self.error = exc
 
     def pairs(self) -> list[tuple[str, str]]:
         return [(e.type, e.name) for e in self.events]
@@ -210,3 +215,13 @@ def test_policy_scrubbing_and_audit(policy_sup: Supervisor) -> None:
     assert denied.policy_step != "allowed"
     assert json.loads(done.arguments_json)["events"] >= 1
     assert done.front == "grpc"
+
+
+def test_destroying_the_sandbox_ends_the_watch(client: Stockade, key: str) -> None:
+    client.sandbox(key).exec("mkdir -p d")
+    collector = Collector(client.watch_files(key, "d"))
+    assert client.sandbox(key).destroy() is True
+    collector._thread.join(20)
+    assert not collector._thread.is_alive()
+    assert collector.error is not None
+    assert collector.error.reason == "SANDBOX_LOST", collector.error
