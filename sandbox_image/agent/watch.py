@@ -33,6 +33,7 @@ import errno
 import os
 import stat
 import struct
+import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +83,9 @@ _KINDS: Final[tuple[tuple[int, Kind], ...]] = (
 _HEADER: Final = struct.Struct("iIII")
 _READ_BYTES: Final = 64 * 1024
 _active = 0
-"""Watches open now (the MAX_WATCHES count; tests read it to see a watch end)."""
+"""Watches open now (the MAX_WATCHES count; tests read it to see a watch end). Changed under
+_count_lock: open() runs in a worker thread."""
+_count_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -140,16 +143,19 @@ class Watch:
         global _active
         real = paths.resolve(self._root, self._user_path, kind="dir")
         self.folder = paths.display(self._root, real)
-        if _active >= MAX_WATCHES:
-            raise ToolError(
-                "EXECUTION_FAILED", f"too many watches open in this sandbox (at most {MAX_WATCHES})"
-            )
-        fd = _lib().init1(os.O_NONBLOCK | os.O_CLOEXEC)
-        if fd < 0:
-            raise _inotify_error(ctypes.get_errno(), self._user_path)
-        self._fd, self._counted = fd, True
-        _active += 1
+        with _count_lock:
+            if _active >= MAX_WATCHES:
+                raise ToolError(
+                    "EXECUTION_FAILED",
+                    f"too many watches open in this sandbox (at most {MAX_WATCHES})",
+                )
+            _active += 1
+            self._counted = True
         try:
+            fd = _lib().init1(os.O_NONBLOCK | os.O_CLOEXEC)
+            if fd < 0:
+                raise _inotify_error(ctypes.get_errno(), self._user_path)
+            self._fd = fd
             self._top = self._add(real, "")
             if self._recursive:
                 for _ in self._add_below(real, ""):
@@ -163,9 +169,10 @@ class Watch:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        if self._counted:
-            self._counted = False
-            _active -= 1
+        with _count_lock:
+            if self._counted:
+                self._counted = False
+                _active -= 1
 
     async def changes(self) -> AsyncIterator[Change]:
         """Events until overflow or gone (the last one), or until the caller stops."""
@@ -276,9 +283,15 @@ class Watch:
 
 
 async def watch(root: Path, user_path: str, recursive: bool) -> Watch:
-    """An open Watch (the folder walk runs in a thread: it may be large)."""
+    """An open Watch (the folder walk runs in a thread: it may be large). A caller that goes
+    away meanwhile leaves nothing open: the thread runs on, and what it opened is closed."""
     w = Watch(root, user_path, recursive)
-    await asyncio.to_thread(w.open)
+    opening = asyncio.ensure_future(asyncio.to_thread(w.open))
+    try:
+        await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        opening.add_done_callback(lambda _: w.close())
+        raise
     return w
 
 

@@ -222,3 +222,33 @@ async def test_service_gone_ends_with_a_result(ws: Path) -> None:
     assert kinds[-1] == agent_pb2.FILE_CHANGE_KIND_GONE
     assert events[-1].HasField("result")
     assert not events[-1].result.error_code
+
+
+async def test_a_caller_gone_while_the_watch_opens_leaves_nothing_open(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    release, opened = threading.Event(), threading.Event()
+    real_open = watch.Watch.open
+
+    def slow_open(self: watch.Watch) -> None:
+        release.wait(5)
+        real_open(self)
+        opened.set()
+
+    monkeypatch.setattr(watch.Watch, "open", slow_open)
+    before = inotify_fds()
+    task = asyncio.create_task(watch.watch(ws, ".", True))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await asyncio.to_thread(opened.wait, 5)
+    for _ in range(100):  # the close runs on the loop once the thread is done
+        if watch.active() == 0 and inotify_fds() == before:
+            break
+        await asyncio.sleep(0.01)
+    assert watch.active() == 0
+    assert inotify_fds() == before
