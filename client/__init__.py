@@ -35,6 +35,7 @@ from stockade.client._core import (
     Unimplemented,
 )
 from stockade.client._snapshots import Forked, Restored, SnapshotInfo, SnapshotList
+from stockade.client._watch import AsyncFileWatch, FileEvent, FileWatch
 from stockade.client.aio import AsyncInteraction, AsyncSandbox, AsyncStockade
 from stockade.client.sync import Interaction, Sandbox, Stockade
 
@@ -45,6 +46,7 @@ __all__ = [
     "ApprovalPending",
     "ApprovalRequest",
     "Approvals",
+    "AsyncFileWatch",
     "AsyncInteraction",
     "AsyncSandbox",
     "AsyncStockade",
@@ -52,7 +54,9 @@ __all__ = [
     "CallContext",
     "DeadlineExceeded",
     "FailedPrecondition",
+    "FileEvent",
     "FileInfo",
+    "FileWatch",
     "Forked",
     "Interaction",
     "InvalidArgument",

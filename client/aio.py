@@ -9,7 +9,7 @@ from typing import Any, BinaryIO, TypeVar
 
 import grpc
 
-from stockade.client import _core
+from stockade.client import _core, _watch
 from stockade.client._core import (
     ApprovalClosed,
     ApprovalRequest,
@@ -273,6 +273,14 @@ class AsyncStockade(AsyncSnapshotCalls):
         if info is None:
             raise _core.StockadeError("the download ended without its file info")
         return info
+
+    async def watch_files(
+        self, key: str, path: str, recursive: bool = False, *, context: CallContext | None = None
+    ) -> _watch.AsyncFileWatch:
+        """Watch the folder `path` (with `recursive`, and every folder below it): returns once
+        the watch is in place; `async for event in watch` until you close() it."""
+        stream = self._files.WatchFiles(_watch.watch_request(key, path, recursive, context))
+        return await _watch.AsyncFileWatch.start(stream)
 
     async def ensure_sandbox(
         self, key: str, *, network: str | None = None, allow: Sequence[str] | None = None

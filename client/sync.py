@@ -10,7 +10,7 @@ from typing import Any, BinaryIO, TypeVar
 
 import grpc
 
-from stockade.client import _core
+from stockade.client import _core, _watch
 from stockade.client._core import (
     ApprovalClosed,
     ApprovalRequest,
@@ -258,6 +258,14 @@ class Stockade(SnapshotCalls):
         if info is None:
             raise _core.StockadeError("the download ended without its file info")
         return info
+
+    def watch_files(
+        self, key: str, path: str, recursive: bool = False, *, context: CallContext | None = None
+    ) -> _watch.FileWatch:
+        """Watch the folder `path` (with `recursive`, and every folder below it): returns once
+        the watch is in place; iterate for events until you close() it."""
+        stream = self._files.WatchFiles(_watch.watch_request(key, path, recursive, context))
+        return _watch.FileWatch(stream)
 
     def ensure_sandbox(
         self, key: str, *, network: str | None = None, allow: Sequence[str] | None = None

@@ -1,4 +1,4 @@
-"""The agent's gRPC service on a unix socket: Hello and Invoke."""
+"""The agent's gRPC service on a unix socket: Hello, Invoke and the streams beside it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from stockade.agent import PROTOCOL_VERSION, __version__, inspect, tools, transfers
+from stockade.agent import PROTOCOL_VERSION, __version__, inspect, tools, transfers, watch
 from stockade.agent.errors import ToolError, from_os_error, wire_text
 from stockade.agent.execute import StreamSink, unignore_signals
 from stockade.agent.processes import ProcessTable
@@ -30,6 +30,15 @@ _CODES = {
     "FILE_NOT_FOUND": agent_pb2.AGENT_ERROR_CODE_FILE_NOT_FOUND,
     "INVALID_PATH": agent_pb2.AGENT_ERROR_CODE_INVALID_PATH,
     "TIMEOUT": agent_pb2.AGENT_ERROR_CODE_TIMEOUT,
+}
+_CHANGE_KINDS = {
+    "create": agent_pb2.FILE_CHANGE_KIND_CREATE,
+    "write": agent_pb2.FILE_CHANGE_KIND_WRITE,
+    "remove": agent_pb2.FILE_CHANGE_KIND_REMOVE,
+    "rename": agent_pb2.FILE_CHANGE_KIND_RENAME,
+    "chmod": agent_pb2.FILE_CHANGE_KIND_CHMOD,
+    "overflow": agent_pb2.FILE_CHANGE_KIND_OVERFLOW,
+    "gone": agent_pb2.FILE_CHANGE_KIND_GONE,
 }
 
 
@@ -169,6 +178,28 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             root_statvfs_read_only=inspect.root_read_only(),
             write_probe_error=inspect.write_probe(request.write_probe),
         )
+
+    async def WatchFiles(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        """Started, changes, then a result (see agent.proto). Cancelling the call closes
+        the generator, and with it the inotify descriptor."""
+        try:
+            w = await watch.watch(self._workspace, request.path, request.recursive)
+        except ToolError as exc:
+            yield agent_pb2.WatchEvent(result=_error(exc.code, exc.message))
+            return
+        try:
+            yield agent_pb2.WatchEvent(started=agent_pb2.WatchStarted(path=wire_text(w.folder)))
+            async for change in w.changes():
+                kind = _CHANGE_KINDS[change.kind]
+                name = wire_text(change.name)
+                yield agent_pb2.WatchEvent(
+                    change=agent_pb2.FileChange(kind=kind, name=name, is_dir=change.is_dir)
+                )
+            yield agent_pb2.WatchEvent(result=agent_pb2.InvokeResponse(result_json="{}"))
+        except ToolError as exc:  # too many folders, once new ones appear
+            yield agent_pb2.WatchEvent(result=_error(exc.code, exc.message))
+        finally:
+            w.close()
 
     async def _respond(self, request: Any, sink: StreamSink | None) -> Any:
         try:

@@ -1,5 +1,5 @@
-"""FileService: upload a file or a tar into a sandbox (a header chunk, then data chunks)
-and download one (data chunks, then the file's info)."""
+"""FileService: upload a file or a tar into a sandbox (a header chunk, then data chunks),
+download one (data chunks, then the file's info), and watch a folder's changes."""
 
 from __future__ import annotations
 
@@ -9,13 +9,17 @@ from stockade.supervisor import errors
 from stockade.supervisor.api.convert import context_from_pb, info_to_pb, scoped
 from stockade.supervisor.api.status import Context, mapped, mapped_stream
 from stockade.supervisor.calls.transfers import FileTransfers, Transfer
+from stockade.supervisor.calls.watching import FileWatches, Started, Watch
 from stockade.supervisor.policy.scrub import Scrubber
 from stockade.v1 import file_pb2, file_pb2_grpc
 
 
 class FileServicer(file_pb2_grpc.FileServiceServicer):
-    def __init__(self, transfers: FileTransfers, scrubber: Scrubber | None = None) -> None:
+    def __init__(
+        self, transfers: FileTransfers, watches: FileWatches, scrubber: Scrubber | None = None
+    ) -> None:
         self._transfers = transfers
+        self._watches = watches
         self.scrubber = scrubber
 
     @mapped
@@ -49,3 +53,33 @@ class FileServicer(file_pb2_grpc.FileServiceServicer):
                 yield file_pb2.FileChunk(data=item)
             else:
                 yield file_pb2.FileChunk(info=info_to_pb(item))
+
+    @mapped_stream
+    async def WatchFiles(
+        self, request: file_pb2.WatchFilesRequest, context: Context
+    ) -> AsyncIterator[file_pb2.FileEvent]:
+        key, context_ = scoped(request.sandbox_key), context_from_pb(request.context)
+        watch = Watch(key, request.path, request.recursive, context_, context.peer())
+        events = self._watches.watch(watch)
+        try:
+            async for item in events:
+                if isinstance(item, Started):
+                    yield file_pb2.FileEvent(started=file_pb2.WatchStarted(path=item.path))
+                else:
+                    change = file_pb2.FileChange(
+                        type=_TYPES[item.kind], name=item.name, is_dir=item.is_dir
+                    )
+                    yield file_pb2.FileEvent(change=change)
+        finally:
+            await events.aclose()  # the watch ends in the agent now, not when collected
+
+
+_TYPES = {
+    "create": file_pb2.FILE_EVENT_TYPE_CREATE,
+    "write": file_pb2.FILE_EVENT_TYPE_WRITE,
+    "remove": file_pb2.FILE_EVENT_TYPE_REMOVE,
+    "rename": file_pb2.FILE_EVENT_TYPE_RENAME,
+    "chmod": file_pb2.FILE_EVENT_TYPE_CHMOD,
+    "overflow": file_pb2.FILE_EVENT_TYPE_OVERFLOW,
+    "gone": file_pb2.FILE_EVENT_TYPE_GONE,
+}

@@ -27,6 +27,7 @@ from stockade.supervisor.api.tools import ToolServicer
 from stockade.supervisor.calls.interact import Interaction
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.calls.transfers import FileTransfers
+from stockade.supervisor.calls.watching import FileWatches
 from stockade.supervisor.config import AuthConfig, Config
 from stockade.supervisor.observe.telemetry import Observer
 from stockade.supervisor.sandboxes.manager import SandboxManager
@@ -69,10 +70,14 @@ class Drain(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Graceful shutdown at the edge: once draining, every new call except health checks and
     reflection gets UNAVAILABLE; calls in flight are counted so that stop() can wait for
     them. An approver's watch stream is not counted (it would hold the drain open to its
-    end) but stays open until the server stops, so a call in flight can still be approved."""
+    end) but stays open until the server stops, so a call in flight can still be approved;
+    nor is a file watch, which lasts until its client stops it."""
 
     _EXEMPT = ("/grpc.health.v1.Health/", "/grpc.reflection.")
-    _UNCOUNTED = ("/stockade.v1.ApprovalService/WatchApprovals",)
+    _UNCOUNTED = (
+        "/stockade.v1.ApprovalService/WatchApprovals",
+        "/stockade.v1.FileService/WatchFiles",
+    )
 
     def __init__(self) -> None:
         self.draining = False
@@ -195,7 +200,7 @@ class Server:
         )
         transfers = FileTransfers(config, sandboxes, policy)
         file_pb2_grpc.add_FileServiceServicer_to_server(
-            FileServicer(transfers, policy.scrubber), server
+            FileServicer(transfers, FileWatches(sandboxes, policy), policy.scrubber), server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection((*SERVICES, reflection.SERVICE_NAME), self._server)

@@ -48,6 +48,16 @@ _OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 20),
     ("grpc.max_reconnect_backoff_ms", 500),
 ]
+MAX_NAME_CHARS = 4096
+_CHANGE_KINDS = {
+    agent_pb2.FILE_CHANGE_KIND_CREATE: "create",
+    agent_pb2.FILE_CHANGE_KIND_WRITE: "write",
+    agent_pb2.FILE_CHANGE_KIND_REMOVE: "remove",
+    agent_pb2.FILE_CHANGE_KIND_RENAME: "rename",
+    agent_pb2.FILE_CHANGE_KIND_CHMOD: "chmod",
+    agent_pb2.FILE_CHANGE_KIND_OVERFLOW: "overflow",
+    agent_pb2.FILE_CHANGE_KIND_GONE: "gone",
+}
 _AGENT_CODES = {
     agent_pb2.AGENT_ERROR_CODE_OK: "",
     agent_pb2.AGENT_ERROR_CODE_UNKNOWN_TOOL: "NOT_FOUND",
@@ -82,6 +92,20 @@ class AgentOutput:
 
 
 @dataclass(frozen=True)
+class AgentWatchStarted:
+    path: str
+    """The watched folder, relative to the workspace."""
+
+
+@dataclass(frozen=True)
+class AgentFileChange:
+    kind: str
+    """create, write, remove, rename, chmod, overflow or gone (the last two end the watch)."""
+    name: str
+    is_dir: bool
+
+
+@dataclass(frozen=True)
 class AgentFacts:
     """The agent's answer to Inspect: raw bytes and strings, not yet parsed or trusted."""
 
@@ -99,6 +123,9 @@ class AgentReply:
     """Empty on success, else an ErrorCode name."""
     error_message: str
     result: dict[str, Any] | None
+
+
+AgentWatchEvent: TypeAlias = AgentWatchStarted | AgentFileChange | AgentReply
 
 
 @dataclass(frozen=True)
@@ -294,6 +321,38 @@ class AgentConnection:
         finally:
             call.cancel()
 
+    async def watch_files(self, path: str, recursive: bool) -> AsyncIterator[AgentWatchEvent]:
+        """Started, changes, then the reply; no deadline: the watch lasts until the caller
+        stops iterating (which cancels the call, and the agent closes its inotify fd)."""
+        request = agent_pb2.WatchFilesRequest(path=path, recursive=recursive)
+        call = self._stub.WatchFiles(request)
+        started = False
+        try:
+            with self._failures():
+                try:
+                    async for event in call:
+                        kind = event.WhichOneof("event") if event is not None else None
+                        if kind == "result":
+                            yield self._reply("watch_files", event.result)
+                            return
+                        if kind == "started" and not started:
+                            started = True
+                            yield AgentWatchStarted(str(event.started.path)[:MAX_NAME_CHARS])
+                        elif kind == "change" and started:
+                            yield _change(event.change)
+                        else:
+                            raise _misbehaved(f"it sent a watch event out of order ({kind})")
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                        raise SandboxBroken(
+                            "the sandbox's agent predates WatchFiles; rebuild the image "
+                            "(`stockade image build`) and recreate the sandbox (`stockade rm KEY`)"
+                        ) from exc
+                    raise
+            raise _misbehaved("its watch ended without a result")
+        finally:
+            call.cancel()
+
     async def inspect(
         self, files: list[str], links: list[str], write_probe: str, timeout: float
     ) -> AgentFacts:
@@ -400,6 +459,16 @@ class _StreamOrder:
         if fd not in (1, 2):
             raise _misbehaved(f"it sent output for fd {fd}")
         return AgentOutput(fd, _chunk(data))
+
+
+def _change(change: Any) -> AgentFileChange:
+    kind = _CHANGE_KINDS.get(change.kind)
+    if kind is None:
+        raise _misbehaved(f"it sent a file change of kind {change.kind}")
+    name = str(change.name)
+    if len(name) > MAX_NAME_CHARS:
+        raise _misbehaved(f"it sent a file change for a name of {len(name)} characters")
+    return AgentFileChange(kind, name, bool(change.is_dir))
 
 
 def _chunk(data: bytes) -> bytes:

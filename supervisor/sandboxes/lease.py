@@ -32,6 +32,7 @@ from stockade.supervisor.sandboxes.agent_link import (
     AgentOutput,
     AgentReply,
     AgentStarted,
+    AgentWatchEvent,
 )
 from stockade.supervisor.sandboxes.health import Clinic, silent
 from stockade.supervisor.sandboxes.sandbox import Sandbox
@@ -116,6 +117,13 @@ class Lease:
         await self._awake()
         async with self._faults("fault"):
             async for item in self.sandbox.agent.download(path, tar, TRANSFER_TIMEOUT_S):
+                yield item
+
+    async def watch_files(self, path: str, recursive: bool) -> AsyncIterator[AgentWatchEvent]:
+        """The agent's watch, for as long as the caller iterates (and holds this lease)."""
+        await self._awake()
+        async with self._faults("fault"):
+            async for item in self.sandbox.agent.watch_files(path, recursive):
                 yield item
 
     async def inspect(

@@ -277,6 +277,18 @@ def done() -> bytes:
     return event(result=agent_pb2.InvokeResponse(result_json=json.dumps(EXEC_OK)))
 
 
+def watch_event(**fields: Any) -> bytes:
+    return bytes(agent_pb2.WatchEvent(**fields).SerializeToString())
+
+
+def watch_started() -> bytes:
+    return watch_event(started=agent_pb2.WatchStarted(path="."))
+
+
+def watch_change(kind: int = agent_pb2.FILE_CHANGE_KIND_CREATE, name: str = "f") -> bytes:
+    return watch_event(change=agent_pb2.FileChange(kind=kind, name=name))  # type: ignore[arg-type]
+
+
 def nested(depth: int) -> Any:
     return [nested(depth - 1)] if depth else 0
 
@@ -309,7 +321,7 @@ UNDECODABLE = "not a valid protobuf (UTF-8) message"
 @dataclass(frozen=True)
 class Case:
     call: str
-    """exec (Invoke), stream (InvokeStream), download, upload or hello."""
+    """exec (Invoke), stream (InvokeStream), download, upload, watch (WatchFiles) or hello."""
     answer: Answer
     expect: str
     """In the error; "" for a Hello refused, after which the call succeeds on a new container."""
@@ -359,6 +371,11 @@ CASES = {
         .SerializeToString())), "'files' of type str"),
     "upload-bad-size": Case("upload", once(result({"path": "x", "size": -1})),
                             "'size' out of range"),
+    "watch-change-first": Case("watch", seq(watch_change()), "out of order"),
+    "watch-bad-kind": Case("watch", seq(watch_started(), watch_change(kind=99)), "of kind 99"),
+    "watch-long-name": Case("watch", seq(watch_started(), watch_change(name="x" * 5000)),
+                            "a name of 5000 characters"),
+    "watch-no-result": Case("watch", seq(watch_started()), "watch ended without a result"),
     "hello-other-protocol": Case("hello", once(b""), ""),
 }
 # fmt: on
@@ -380,6 +397,7 @@ class Attacker:
             "Invoke": unary(self._unary("Invoke")),
             "InvokeStream": streamed(self._stream("InvokeStream")),
             "Download": streamed(self._stream("Download")),
+            "WatchFiles": streamed(self._stream("WatchFiles")),
             "Upload": grpc.stream_unary_rpc_method_handler(self._upload),
         }
         generic = grpc.method_handlers_generic_handler("stockade.agent.v1.AgentService", handlers)
@@ -471,9 +489,17 @@ def provoke(client: Stockade, key: str, case: Case, sup: Supervisor, slow: bool)
                 assert item.is_error
                 return item.error_message, max(peak, sup.rss_bytes())
         raise AssertionError("no result")
+
+    def watch() -> None:
+        with client.watch_files(key, ".") as events:
+            for _ in events:
+                pass
+
     transfer: Callable[[], object] = (
         (lambda: client.download(key, "keep.txt", io.BytesIO()))
         if case.call == "download"
+        else watch
+        if case.call == "watch"
         else (lambda: client.upload(key, "up.txt", b"data"))
     )
     with pytest.raises(StockadeError) as caught:

@@ -42,6 +42,12 @@ class SilentAgent(agent_pb2_grpc.AgentServiceServicer):
         await self._wait()
         return agent_pb2.InspectResponse()
 
+    async def WatchFiles(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        yield agent_pb2.WatchEvent(started=agent_pb2.WatchStarted(path=request.path))
+        await self._wait()
+
 
 @pytest.fixture
 async def silent(tmp_path: Path) -> AsyncIterator[tuple[SilentAgent, Path]]:
@@ -96,13 +102,18 @@ async def test_a_handshake_cut_short_by_close_is_a_broken_sandbox(
     assert "destroyed or replaced" in str(error)
 
 
-@pytest.mark.parametrize("which", ["invoke", "inspect"])
+async def _watch(agent: AgentConnection) -> list[object]:
+    return [event async for event in agent.watch_files("w", False)]
+
+
+@pytest.mark.parametrize("which", ["invoke", "inspect", "watch"])
 async def test_a_call_cut_short_by_close_is_a_lost_sandbox(
     silent: tuple[SilentAgent, Path], which: str
 ) -> None:
     calls: dict[str, Call] = {
         "invoke": lambda a: a.invoke("exec", {"command": "true"}, 30, "rid"),
         "inspect": lambda a: a.inspect([], [], "", 30),
+        "watch": _watch,
     }
     _, error = await _closed_midway(silent, calls[which])
     assert isinstance(error, SandboxLost), repr(error)
@@ -120,3 +131,20 @@ async def test_cancelling_the_caller_still_cancels_it(silent: tuple[SilentAgent,
             await task
     finally:
         await agent.close()
+
+
+async def test_an_agent_without_watch_files_asks_for_a_rebuild(tmp_path: Path) -> None:
+    sock = tmp_path / "old.sock"
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        agent_pb2_grpc.AgentServiceServicer(), server
+    )
+    server.add_insecure_port(f"unix:{sock}")
+    await server.start()
+    agent = AgentConnection(UnixAddress(sock))
+    try:
+        with pytest.raises(SandboxBroken, match="predates WatchFiles; rebuild the image"):
+            await _watch(agent)
+    finally:
+        await agent.close()
+        await server.stop(grace=None)

@@ -26,13 +26,15 @@ _sym_db = _symbol_database.Default()
 from stockade.v1 import tool_pb2 as stockade_dot_v1_dot_tool__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16stockade/v1/file.proto\x12\x0bstockade.v1\x1a\x16stockade/v1/tool.proto\"u\n\nFileHeader\x12\x13\n\x0bsandbox_key\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0b\n\x03tar\x18\x03 \x01(\x08\x12\x0c\n\x04mode\x18\x04 \x01(\r\x12)\n\x07\x63ontext\x18\x05 \x01(\x0b\x32\x18.stockade.v1.CallContext\"f\n\x08\x46ileInfo\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x0b\n\x03tar\x18\x04 \x01(\x08\x12\r\n\x05\x66iles\x18\x05 \x01(\r\x12\x12\n\nredactions\x18\x06 \x01(\r\"u\n\tFileChunk\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x17.stockade.v1.FileHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12%\n\x04info\x18\x03 \x01(\x0b\x32\x15.stockade.v1.FileInfoH\x00\x42\x06\n\x04part\"p\n\x13\x44ownloadFileRequest\x12\x13\n\x0bsandbox_key\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0b\n\x03tar\x18\x03 \x01(\x08\x12)\n\x07\x63ontext\x18\x04 \x01(\x0b\x32\x18.stockade.v1.CallContext2\x98\x01\n\x0b\x46ileService\x12=\n\nUploadFile\x12\x16.stockade.v1.FileChunk\x1a\x15.stockade.v1.FileInfo(\x01\x12J\n\x0c\x44ownloadFile\x12 .stockade.v1.DownloadFileRequest\x1a\x16.stockade.v1.FileChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16stockade/v1/file.proto\x12\x0bstockade.v1\x1a\x16stockade/v1/tool.proto\"u\n\nFileHeader\x12\x13\n\x0bsandbox_key\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0b\n\x03tar\x18\x03 \x01(\x08\x12\x0c\n\x04mode\x18\x04 \x01(\r\x12)\n\x07\x63ontext\x18\x05 \x01(\x0b\x32\x18.stockade.v1.CallContext\"f\n\x08\x46ileInfo\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x0b\n\x03tar\x18\x04 \x01(\x08\x12\r\n\x05\x66iles\x18\x05 \x01(\r\x12\x12\n\nredactions\x18\x06 \x01(\r\"u\n\tFileChunk\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x17.stockade.v1.FileHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12%\n\x04info\x18\x03 \x01(\x0b\x32\x15.stockade.v1.FileInfoH\x00\x42\x06\n\x04part\"p\n\x13\x44ownloadFileRequest\x12\x13\n\x0bsandbox_key\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0b\n\x03tar\x18\x03 \x01(\x08\x12)\n\x07\x63ontext\x18\x04 \x01(\x0b\x32\x18.stockade.v1.CallContext\"t\n\x11WatchFilesRequest\x12\x13\n\x0bsandbox_key\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x11\n\trecursive\x18\x03 \x01(\x08\x12)\n\x07\x63ontext\x18\x04 \x01(\x0b\x32\x18.stockade.v1.CallContext\"\x1c\n\x0cWatchStarted\x12\x0c\n\x04path\x18\x01 \x01(\t\"T\n\nFileChange\x12(\n\x04type\x18\x01 \x01(\x0e\x32\x1a.stockade.v1.FileEventType\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06is_dir\x18\x03 \x01(\x08\"m\n\tFileEvent\x12,\n\x07started\x18\x01 \x01(\x0b\x32\x19.stockade.v1.WatchStartedH\x00\x12)\n\x06\x63hange\x18\x02 \x01(\x0b\x32\x17.stockade.v1.FileChangeH\x00\x42\x07\n\x05\x65vent*\xf2\x01\n\rFileEventType\x12\x1f\n\x1b\x46ILE_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x46ILE_EVENT_TYPE_CREATE\x10\x01\x12\x19\n\x15\x46ILE_EVENT_TYPE_WRITE\x10\x02\x12\x1a\n\x16\x46ILE_EVENT_TYPE_REMOVE\x10\x03\x12\x1a\n\x16\x46ILE_EVENT_TYPE_RENAME\x10\x04\x12\x19\n\x15\x46ILE_EVENT_TYPE_CHMOD\x10\x05\x12\x1c\n\x18\x46ILE_EVENT_TYPE_OVERFLOW\x10\x06\x12\x18\n\x14\x46ILE_EVENT_TYPE_GONE\x10\x07\x32\xe0\x01\n\x0b\x46ileService\x12=\n\nUploadFile\x12\x16.stockade.v1.FileChunk\x1a\x15.stockade.v1.FileInfo(\x01\x12J\n\x0c\x44ownloadFile\x12 .stockade.v1.DownloadFileRequest\x1a\x16.stockade.v1.FileChunk0\x01\x12\x46\n\nWatchFiles\x12\x1e.stockade.v1.WatchFilesRequest\x1a\x16.stockade.v1.FileEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stockade.v1.file_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_FILEEVENTTYPE']._serialized_start=865
+  _globals['_FILEEVENTTYPE']._serialized_end=1107
   _globals['_FILEHEADER']._serialized_start=63
   _globals['_FILEHEADER']._serialized_end=180
   _globals['_FILEINFO']._serialized_start=182
@@ -41,6 +43,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FILECHUNK']._serialized_end=403
   _globals['_DOWNLOADFILEREQUEST']._serialized_start=405
   _globals['_DOWNLOADFILEREQUEST']._serialized_end=517
-  _globals['_FILESERVICE']._serialized_start=520
-  _globals['_FILESERVICE']._serialized_end=672
+  _globals['_WATCHFILESREQUEST']._serialized_start=519
+  _globals['_WATCHFILESREQUEST']._serialized_end=635
+  _globals['_WATCHSTARTED']._serialized_start=637
+  _globals['_WATCHSTARTED']._serialized_end=665
+  _globals['_FILECHANGE']._serialized_start=667
+  _globals['_FILECHANGE']._serialized_end=751
+  _globals['_FILEEVENT']._serialized_start=753
+  _globals['_FILEEVENT']._serialized_end=862
+  _globals['_FILESERVICE']._serialized_start=1110
+  _globals['_FILESERVICE']._serialized_end=1334
 # @@protoc_insertion_point(module_scope)

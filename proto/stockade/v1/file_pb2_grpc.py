@@ -45,6 +45,11 @@ class FileServiceStub:
                 request_serializer=stockade_dot_v1_dot_file__pb2.DownloadFileRequest.SerializeToString,
                 response_deserializer=stockade_dot_v1_dot_file__pb2.FileChunk.FromString,
                 _registered_method=True)
+        self.WatchFiles = channel.unary_stream(
+                '/stockade.v1.FileService/WatchFiles',
+                request_serializer=stockade_dot_v1_dot_file__pb2.WatchFilesRequest.SerializeToString,
+                response_deserializer=stockade_dot_v1_dot_file__pb2.FileEvent.FromString,
+                _registered_method=True)
 
 
 class FileServiceServicer:
@@ -64,6 +69,16 @@ class FileServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchFiles(self, request, context):
+        """Changes under a folder (inotify inside the container) until the caller cancels: first
+        `started`, once the watch is in place, then a `change` per event. After an OVERFLOW or
+        GONE change the stream ends. A folder that does not exist is NOT_FOUND. The sandbox is
+        held (counts a call in flight) while the watch lasts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FileServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -76,6 +91,11 @@ def add_FileServiceServicer_to_server(servicer, server):
                     servicer.DownloadFile,
                     request_deserializer=stockade_dot_v1_dot_file__pb2.DownloadFileRequest.FromString,
                     response_serializer=stockade_dot_v1_dot_file__pb2.FileChunk.SerializeToString,
+            ),
+            'WatchFiles': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchFiles,
+                    request_deserializer=stockade_dot_v1_dot_file__pb2.WatchFilesRequest.FromString,
+                    response_serializer=stockade_dot_v1_dot_file__pb2.FileEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -132,6 +152,33 @@ class FileService:
             '/stockade.v1.FileService/DownloadFile',
             stockade_dot_v1_dot_file__pb2.DownloadFileRequest.SerializeToString,
             stockade_dot_v1_dot_file__pb2.FileChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchFiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/stockade.v1.FileService/WatchFiles',
+            stockade_dot_v1_dot_file__pb2.WatchFilesRequest.SerializeToString,
+            stockade_dot_v1_dot_file__pb2.FileEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from email.message import Message
 
 from starlette.applications import Starlette
@@ -26,9 +26,9 @@ from stockade.supervisor.fronts.e2b.connect import (
 from stockade.supervisor.fronts.e2b.context import E2bContext
 from stockade.supervisor.fronts.e2b.envd_files import Files, connect_error
 from stockade.supervisor.fronts.e2b.envd_process import Processes
+from stockade.supervisor.fronts.e2b.envd_watch import Watches
 
 _HTTP = {"not_found": 404, "invalid_argument": 400, "permission_denied": 403}
-_UNIMPLEMENTED = ("WatchDir", "CreateWatcher", "GetWatcherEvents", "RemoveWatcher")
 
 
 def _domain(handler: Unary) -> Unary:
@@ -79,6 +79,8 @@ def build_envd_app(ctx: E2bContext) -> Starlette:
     files = Files(ctx)
     processes = Processes(ctx)
     ctx.forgetters.append(processes.forget)
+    watches = Watches(ctx)
+    ctx.forgetters.append(watches.forget)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -86,6 +88,7 @@ def build_envd_app(ctx: E2bContext) -> Starlette:
             yield
         finally:
             await processes.close()
+            await watches.close()
 
     async def health(request: Request) -> Response:
         return Response(status_code=204)
@@ -153,21 +156,6 @@ def build_envd_app(ctx: E2bContext) -> Starlette:
 
         return [await files.upload(request, query_path, raw())]
 
-    def unimplemented(name: str) -> Callable[[Request], Awaitable[Response]]:
-        async def endpoint(request: Request) -> Response:
-            error = ConnectError(
-                "unimplemented", f"filesystem.Filesystem/{name} is not implemented"
-            )
-            if name == "WatchDir":
-
-                async def body() -> AsyncIterator[bytes]:
-                    yield connect.end_stream(error)
-
-                return connect._stream_response(body())
-            return connect.unary_error(error)
-
-        return endpoint
-
     fs, ps = "/filesystem.Filesystem/", "/process.Process/"
     unary = {
         "List": processes.list,
@@ -177,6 +165,11 @@ def build_envd_app(ctx: E2bContext) -> Starlette:
         "Update": processes.update,
     }
     streams = {"Start": processes.start, "Connect": processes.connect}
+    watchers = {
+        "CreateWatcher": watches.create_watcher,
+        "GetWatcherEvents": watches.get_watcher_events,
+        "RemoveWatcher": watches.remove_watcher,
+    }
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/files", get_files, methods=["GET"]),
@@ -186,7 +179,12 @@ def build_envd_app(ctx: E2bContext) -> Starlette:
         Route(fs + "Move", connect.unary(_domain(files.move)), methods=["POST"]),
         Route(fs + "ListDir", connect.unary(_domain(files.list_dir)), methods=["POST"]),
         Route(fs + "Remove", connect.unary(_domain(files.remove)), methods=["POST"]),
-        *(Route(fs + n, unimplemented(n), methods=["POST"]) for n in _UNIMPLEMENTED),
+        Route(
+            fs + "WatchDir",
+            connect.server_stream(_domain_stream(watches.watch_dir)),
+            methods=["POST"],
+        ),
+        *(Route(fs + n, connect.unary(_domain(h)), methods=["POST"]) for n, h in watchers.items()),
         *(Route(ps + n, connect.unary(_domain(h)), methods=["POST"]) for n, h in unary.items()),
         *(
             Route(ps + n, connect.server_stream(_domain_stream(h)), methods=["POST"])

@@ -19,6 +19,17 @@ class AgentErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     AGENT_ERROR_CODE_INVALID_PATH: _ClassVar[AgentErrorCode]
     AGENT_ERROR_CODE_TIMEOUT: _ClassVar[AgentErrorCode]
     AGENT_ERROR_CODE_INTERNAL: _ClassVar[AgentErrorCode]
+
+class FileChangeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FILE_CHANGE_KIND_UNSPECIFIED: _ClassVar[FileChangeKind]
+    FILE_CHANGE_KIND_CREATE: _ClassVar[FileChangeKind]
+    FILE_CHANGE_KIND_WRITE: _ClassVar[FileChangeKind]
+    FILE_CHANGE_KIND_REMOVE: _ClassVar[FileChangeKind]
+    FILE_CHANGE_KIND_RENAME: _ClassVar[FileChangeKind]
+    FILE_CHANGE_KIND_CHMOD: _ClassVar[FileChangeKind]
+    FILE_CHANGE_KIND_OVERFLOW: _ClassVar[FileChangeKind]
+    FILE_CHANGE_KIND_GONE: _ClassVar[FileChangeKind]
 AGENT_ERROR_CODE_OK: AgentErrorCode
 AGENT_ERROR_CODE_UNKNOWN_TOOL: AgentErrorCode
 AGENT_ERROR_CODE_INVALID_ARGS: AgentErrorCode
@@ -28,6 +39,14 @@ AGENT_ERROR_CODE_FILE_NOT_FOUND: AgentErrorCode
 AGENT_ERROR_CODE_INVALID_PATH: AgentErrorCode
 AGENT_ERROR_CODE_TIMEOUT: AgentErrorCode
 AGENT_ERROR_CODE_INTERNAL: AgentErrorCode
+FILE_CHANGE_KIND_UNSPECIFIED: FileChangeKind
+FILE_CHANGE_KIND_CREATE: FileChangeKind
+FILE_CHANGE_KIND_WRITE: FileChangeKind
+FILE_CHANGE_KIND_REMOVE: FileChangeKind
+FILE_CHANGE_KIND_RENAME: FileChangeKind
+FILE_CHANGE_KIND_CHMOD: FileChangeKind
+FILE_CHANGE_KIND_OVERFLOW: FileChangeKind
+FILE_CHANGE_KIND_GONE: FileChangeKind
 
 class HelloRequest(_message.Message):
     __slots__ = ()
@@ -168,3 +187,37 @@ class InspectResponse(_message.Message):
     root_statvfs_read_only: bool
     write_probe_error: str
     def __init__(self, files: _Optional[_Iterable[_Union[FileRead, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkRead, _Mapping]]] = ..., root_statvfs_read_only: _Optional[bool] = ..., write_probe_error: _Optional[str] = ...) -> None: ...
+
+class WatchFilesRequest(_message.Message):
+    __slots__ = ("path", "recursive")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RECURSIVE_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    recursive: bool
+    def __init__(self, path: _Optional[str] = ..., recursive: _Optional[bool] = ...) -> None: ...
+
+class WatchStarted(_message.Message):
+    __slots__ = ("path",)
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    def __init__(self, path: _Optional[str] = ...) -> None: ...
+
+class FileChange(_message.Message):
+    __slots__ = ("kind", "name", "is_dir")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    IS_DIR_FIELD_NUMBER: _ClassVar[int]
+    kind: FileChangeKind
+    name: str
+    is_dir: bool
+    def __init__(self, kind: _Optional[_Union[FileChangeKind, str]] = ..., name: _Optional[str] = ..., is_dir: _Optional[bool] = ...) -> None: ...
+
+class WatchEvent(_message.Message):
+    __slots__ = ("started", "change", "result")
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    started: WatchStarted
+    change: FileChange
+    result: InvokeResponse
+    def __init__(self, started: _Optional[_Union[WatchStarted, _Mapping]] = ..., change: _Optional[_Union[FileChange, _Mapping]] = ..., result: _Optional[_Union[InvokeResponse, _Mapping]] = ...) -> None: ...

@@ -65,6 +65,11 @@ class AgentServiceStub:
                 request_serializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InspectRequest.SerializeToString,
                 response_deserializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InspectResponse.FromString,
                 _registered_method=True)
+        self.WatchFiles = channel.unary_stream(
+                '/stockade.agent.v1.AgentService/WatchFiles',
+                request_serializer=stockade_dot_agent_dot_v1_dot_agent__pb2.WatchFilesRequest.SerializeToString,
+                response_deserializer=stockade_dot_agent_dot_v1_dot_agent__pb2.WatchEvent.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -114,6 +119,15 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchFiles(self, request, context):
+        """Changes under a folder of the workspace (inotify), until the caller cancels: Started
+        once the watches are in place, then changes, then a result (an error, or OK after an
+        OVERFLOW or GONE change). A refused watch is a result alone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -146,6 +160,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.Inspect,
                     request_deserializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InspectRequest.FromString,
                     response_serializer=stockade_dot_agent_dot_v1_dot_agent__pb2.InspectResponse.SerializeToString,
+            ),
+            'WatchFiles': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchFiles,
+                    request_deserializer=stockade_dot_agent_dot_v1_dot_agent__pb2.WatchFilesRequest.FromString,
+                    response_serializer=stockade_dot_agent_dot_v1_dot_agent__pb2.WatchEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -310,6 +329,33 @@ class AgentService:
             '/stockade.agent.v1.AgentService/Inspect',
             stockade_dot_agent_dot_v1_dot_agent__pb2.InspectRequest.SerializeToString,
             stockade_dot_agent_dot_v1_dot_agent__pb2.InspectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchFiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/stockade.agent.v1.AgentService/WatchFiles',
+            stockade_dot_agent_dot_v1_dot_agent__pb2.WatchFilesRequest.SerializeToString,
+            stockade_dot_agent_dot_v1_dot_agent__pb2.WatchEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,255 @@
+"""envd's directory watches for the E2B front: filesystem.Filesystem/WatchDir (a server
+stream: JS `files.watchDir`, Python async `watch_dir`) and the polling watchers of Python's
+sync `watch_dir` (CreateWatcher, GetWatcherEvents, RemoveWatcher).
+
+Both go through the supervisor's one watch (calls/watching.py): read_file policy, scrubbed
+names, an audit record per watch, named "e2b", on the sandbox's scoped key. E2B paths map
+onto /workspace as for the other file RPCs (envd_files.workspace_path).
+
+A polling watcher runs its watch in a task of its own and buffers the events between polls
+(at most MAX_BUFFERED; past that it stops with data_loss rather than grow without bound or
+drop events silently). Watchers are dropped when RemoveWatcher comes, when their sandbox is
+killed (the front's forgetters), and when nobody polled them for IDLE_S: each holds its
+sandbox's lease, which would otherwise keep an abandoned sandbox busy for ever."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Final
+
+from starlette.requests import Request
+
+from stockade.supervisor import errors
+from stockade.supervisor.calls.watching import Change, FileWatches, Started, Watch
+from stockade.supervisor.fronts.e2b.connect import ConnectError, Json
+from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
+from stockade.supervisor.fronts.e2b.envd_files import connect_error, sandbox_of, workspace_path
+from stockade.supervisor.models import CallContext
+
+KEEPALIVE_S: Final = 50
+MAX_BUFFERED: Final = 10_000
+MAX_WATCHERS: Final = 16
+"""Polling watchers per sandbox (each is an inotify watch in the agent, which caps them too)."""
+IDLE_S: Final = 600.0
+"""A watcher nobody polled for this long is dropped."""
+SWEEP_S: Final = 30.0
+_TYPES: Final = {
+    "create": "EVENT_TYPE_CREATE",
+    "write": "EVENT_TYPE_WRITE",
+    "remove": "EVENT_TYPE_REMOVE",
+    "rename": "EVENT_TYPE_RENAME",
+    "chmod": "EVENT_TYPE_CHMOD",
+}
+_OVERFLOW = "the kernel's event queue overflowed: events were lost, the watch ended"
+
+
+@dataclass
+class _Watcher:
+    watcher_id: str
+    task: asyncio.Task[None] | None = None
+    events: list[Json] = field(default_factory=list)
+    error: ConnectError | None = None
+    ended: bool = False
+    polled_at: float = field(default_factory=time.monotonic)
+
+
+class Watches:
+    def __init__(self, ctx: E2bContext) -> None:
+        self._ctx = ctx
+        self._watchers: dict[str, dict[str, _Watcher]] = {}
+        """E2B sandbox id -> watcher id -> watcher."""
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def _watch(self, request: Request, msg: Json) -> AsyncGenerator[Started | Change, None]:
+        rel = workspace_path(str(msg.get("path", "")))
+        caller = f"e2b:{request.client.host if request.client else ''}"
+        watch = Watch(
+            sandbox_of(request).key, rel, bool(msg.get("recursive")), CallContext(), caller, FRONT
+        )
+        return FileWatches(self._ctx.manager, self._ctx.policy).watch(watch)
+
+    # WatchDir
+    async def watch_dir(self, request: Request, msg: Json) -> AsyncIterator[Json]:
+        """{"start":{}} once the watch is in place, then events, keepalives in silence."""
+        events = self._watch(request, msg)
+        try:
+            first = await anext(events, None)
+            if not isinstance(first, Started):
+                raise ConnectError("internal", "the watch ended before it started")
+            yield {"start": {}}
+            async for item in _with_keepalive(events, _keepalive_s(request)):
+                if item is None:
+                    yield {"keepalive": {}}
+                elif isinstance(item, Change):
+                    if item.kind == "overflow":
+                        raise ConnectError("data_loss", _OVERFLOW)
+                    if item.kind == "gone":
+                        return
+                    yield {"filesystem": _event(item)}
+        finally:
+            await events.aclose()
+
+    # polling watchers
+    async def create_watcher(self, request: Request, msg: Json) -> Json:
+        sandbox_id = sandbox_of(request).sandbox_id
+        mine = self._watchers.setdefault(sandbox_id, {})
+        if len(mine) >= MAX_WATCHERS:
+            raise ConnectError(
+                "resource_exhausted", f"too many watchers in this sandbox (at most {MAX_WATCHERS})"
+            )
+        watcher = _Watcher(secrets.token_hex(8))
+        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        watcher.task = asyncio.create_task(self._pump(watcher, self._watch(request, msg), started))
+        mine[watcher.watcher_id] = watcher
+        try:
+            await started
+        except BaseException:
+            self._drop(sandbox_id, watcher.watcher_id)
+            raise
+        self._start_sweeper()
+        return {"watcherId": watcher.watcher_id}
+
+    async def get_watcher_events(self, request: Request, msg: Json) -> Json:
+        sandbox_id = sandbox_of(request).sandbox_id
+        watcher = self._find(sandbox_id, msg)
+        watcher.polled_at = time.monotonic()
+        events, watcher.events = watcher.events, []
+        if not events and watcher.error is not None:
+            self._drop(sandbox_id, watcher.watcher_id)
+            raise watcher.error
+        return {"events": events}
+
+    async def remove_watcher(self, request: Request, msg: Json) -> Json:
+        sandbox_id = sandbox_of(request).sandbox_id
+        watcher = self._find(sandbox_id, msg)
+        self._drop(sandbox_id, watcher.watcher_id)
+        return {}
+
+    def forget(self, sandbox_id: str) -> None:
+        """The sandbox is gone: its watchers with it."""
+        for watcher_id in list(self._watchers.get(sandbox_id, {})):
+            self._drop(sandbox_id, watcher_id)
+
+    async def close(self) -> None:
+        tasks = [w.task for mine in self._watchers.values() for w in mine.values() if w.task]
+        for sandbox_id in list(self._watchers):
+            self.forget(sandbox_id)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            tasks.append(self._sweeper)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _find(self, sandbox_id: str, msg: Json) -> _Watcher:
+        watcher_id = str(msg.get("watcherId", msg.get("watcher_id", "")))
+        watcher = self._watchers.get(sandbox_id, {}).get(watcher_id)
+        if watcher is None:
+            raise ConnectError("not_found", f"no watcher {watcher_id!r} in this sandbox")
+        return watcher
+
+    def _drop(self, sandbox_id: str, watcher_id: str) -> None:
+        mine = self._watchers.get(sandbox_id, {})
+        watcher = mine.pop(watcher_id, None)
+        if not mine:
+            self._watchers.pop(sandbox_id, None)
+        if watcher is not None and watcher.task is not None:
+            watcher.task.cancel()
+
+    async def _pump(
+        self,
+        watcher: _Watcher,
+        events: AsyncGenerator[Started | Change, None],
+        started: asyncio.Future[None],
+    ) -> None:
+        """The watch's events into the watcher's buffer, until it ends or is dropped."""
+        try:
+            async for item in events:
+                if isinstance(item, Started):
+                    started.set_result(None)
+                elif item.kind == "overflow":
+                    raise ConnectError("data_loss", _OVERFLOW)
+                elif item.kind == "gone":
+                    return
+                elif len(watcher.events) >= MAX_BUFFERED:
+                    raise ConnectError(
+                        "data_loss",
+                        f"more than {MAX_BUFFERED} events between two polls: the watcher "
+                        "stopped; poll more often",
+                    )
+                else:
+                    watcher.events.append(_event(item))
+            if not started.done():
+                raise ConnectError("internal", "the watch ended before it started")
+        except Exception as exc:
+            error = _connect_error(exc)
+            if started.done():
+                watcher.error = error
+            else:
+                started.set_exception(error)
+        except asyncio.CancelledError:
+            if not started.done():
+                started.cancel()
+            raise
+        finally:
+            watcher.ended = True
+            await events.aclose()
+
+    def _start_sweeper(self) -> None:
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Drop watchers nobody polled for IDLE_S; ends when there are none left."""
+        while self._watchers:
+            await asyncio.sleep(SWEEP_S)
+            now = time.monotonic()
+            for sandbox_id, mine in list(self._watchers.items()):
+                for watcher_id, watcher in list(mine.items()):
+                    if now - watcher.polled_at > IDLE_S:
+                        self._drop(sandbox_id, watcher_id)
+
+
+def _connect_error(exc: Exception) -> ConnectError:
+    if isinstance(exc, ConnectError):
+        return exc
+    if isinstance(exc, errors.StockadeError):
+        return connect_error(exc)
+    return ConnectError("internal", f"the watch failed: {type(exc).__name__}: {exc}")
+
+
+def _event(change: Change) -> Json:
+    return {"name": change.name, "type": _TYPES[change.kind]}
+
+
+def _keepalive_s(request: Request) -> float:
+    raw = request.headers.get("keepalive-ping-interval", "")
+    wanted = int(raw) if raw.isdigit() and len(raw) < 6 else KEEPALIVE_S
+    return float(min(max(wanted, 1), KEEPALIVE_S))
+
+
+async def _with_keepalive(
+    events: AsyncIterator[Started | Change], every_s: float
+) -> AsyncIterator[Started | Change | None]:
+    """The events, with None whenever `every_s` passes without one. The source is not
+    closed here (its owner does that)."""
+    step: asyncio.Future[Started | Change] = asyncio.ensure_future(anext(events))
+    try:
+        while True:
+            done, _ = await asyncio.wait({step}, timeout=every_s)
+            if not done:
+                yield None
+                continue
+            try:
+                item = step.result()
+            except StopAsyncIteration:
+                return
+            step = asyncio.ensure_future(anext(events))
+            yield item
+    finally:
+        step.cancel()
+        with contextlib.suppress(BaseException):
+            await step

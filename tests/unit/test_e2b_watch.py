@@ -1,0 +1,158 @@
+"""The E2B front's watch bookkeeping (envd_watch.py) over a scripted supervisor watch: the
+WatchDir stream's start, events and keepalives; polling watchers' buffers, their cap, the
+idle sweep, and a killed sandbox's watchers ending their watch."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from stockade.supervisor import errors
+from stockade.supervisor.calls.watching import Change, Started, Watch
+from stockade.supervisor.fronts.e2b import envd_watch
+from stockade.supervisor.fronts.e2b.connect import ConnectError
+from stockade.supervisor.fronts.e2b.envd_watch import Watches
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Script:
+    """Stands in for FileWatches: each watch yields Started (or raises `fail`), then what
+    the test puts in `queue`; `closed` counts watches that ended."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Change] = asyncio.Queue()
+        self.fail: errors.StockadeError | None = None
+        self.watches: list[Watch] = []
+        self.closed = 0
+
+    def __call__(self, manager: Any, policy: Any) -> Script:
+        return self
+
+    async def watch(self, w: Watch) -> AsyncGenerator[Started | Change, None]:
+        self.watches.append(w)
+        try:
+            if self.fail is not None:
+                raise self.fail
+            yield Started(w.path)
+            while True:
+                yield await self.queue.get()
+        finally:
+            self.closed += 1
+
+
+@pytest.fixture
+def script(monkeypatch: pytest.MonkeyPatch) -> Script:
+    s = Script()
+    monkeypatch.setattr(envd_watch, "FileWatches", s)
+    return s
+
+
+def request(sandbox_id: str = "sb1", headers: dict[str, str] | None = None) -> Any:
+    record = SimpleNamespace(sandbox_id=sandbox_id, key=f"e2b-{sandbox_id}")
+    return SimpleNamespace(
+        scope={"state": {"e2b_sandbox": record}}, client=None, headers=headers or {}
+    )
+
+
+def watches() -> Watches:
+    return Watches(SimpleNamespace(manager=None, policy=None))  # type: ignore[arg-type]
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_watch_dir_starts_maps_paths_and_keeps_alive(script: Script) -> None:
+    w = watches()
+    req = request(headers={"keepalive-ping-interval": "1"})
+    stream = w.watch_dir(req, {"path": "/home/user/d", "recursive": True})
+    assert await anext(stream) == {"start": {}}
+    assert (script.watches[0].path, script.watches[0].recursive) == ("d", True)
+    assert script.watches[0].front == "e2b"
+    await script.queue.put(Change("write", "a.txt", False))
+    assert await anext(stream) == {"filesystem": {"name": "a.txt", "type": "EVENT_TYPE_WRITE"}}
+    assert await asyncio.wait_for(anext(stream), 3) == {"keepalive": {}}
+    await script.queue.put(Change("overflow", "", False))
+    with pytest.raises(ConnectError) as info:
+        await anext(stream)
+    assert info.value.code == "data_loss"
+    assert script.closed == 1
+
+
+async def test_polling_buffers_between_polls_then_removes(script: Script) -> None:
+    w = watches()
+    created = await w.create_watcher(request(), {"path": "x"})
+    wid = created["watcherId"]
+    await script.queue.put(Change("create", "f", False))
+    await script.queue.put(Change("remove", "f", False))
+    await settle()
+    got = await w.get_watcher_events(request(), {"watcherId": wid})
+    assert [e["type"] for e in got["events"]] == ["EVENT_TYPE_CREATE", "EVENT_TYPE_REMOVE"]
+    assert await w.get_watcher_events(request(), {"watcherId": wid}) == {"events": []}
+    with pytest.raises(ConnectError) as other:  # ids are per sandbox
+        await w.get_watcher_events(request("sb2"), {"watcherId": wid})
+    assert other.value.code == "not_found"
+    assert await w.remove_watcher(request(), {"watcherId": wid}) == {}
+    await settle()
+    assert script.closed == 1
+    with pytest.raises(ConnectError):
+        await w.get_watcher_events(request(), {"watcherId": wid})
+
+
+async def test_a_refused_watch_fails_create(script: Script) -> None:
+    script.fail = errors.NotFound("path 'nope' does not exist")
+    with pytest.raises(ConnectError) as info:
+        await watches().create_watcher(request(), {"path": "nope"})
+    assert info.value.code == "not_found"
+
+
+async def test_the_buffer_is_capped(script: Script, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(envd_watch, "MAX_BUFFERED", 2)
+    w = watches()
+    wid = (await w.create_watcher(request(), {"path": "."}))["watcherId"]
+    for name in "abc":
+        await script.queue.put(Change("create", name, False))
+    await settle()
+    assert len((await w.get_watcher_events(request(), {"watcherId": wid}))["events"]) == 2
+    with pytest.raises(ConnectError) as info:
+        await w.get_watcher_events(request(), {"watcherId": wid})
+    assert info.value.code == "data_loss"
+    assert "poll more often" in info.value.message
+    assert script.closed == 1
+
+
+async def test_forget_and_idle_sweep_end_watches(
+    script: Script, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(envd_watch, "IDLE_S", 0.05)
+    monkeypatch.setattr(envd_watch, "SWEEP_S", 0.05)
+    w = watches()
+    await w.create_watcher(request("killed"), {"path": "."})
+    w.forget("killed")
+    await settle()
+    assert script.closed == 1
+    wid = (await w.create_watcher(request(), {"path": "."}))["watcherId"]
+    await asyncio.sleep(0.3)
+    assert script.closed == 2
+    with pytest.raises(ConnectError):
+        await w.get_watcher_events(request(), {"watcherId": wid})
+    await w.close()
+
+
+async def test_watchers_per_sandbox_are_capped(
+    script: Script, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(envd_watch, "MAX_WATCHERS", 1)
+    w = watches()
+    await w.create_watcher(request(), {"path": "."})
+    with pytest.raises(ConnectError) as info:
+        await w.create_watcher(request(), {"path": "."})
+    assert info.value.code == "resource_exhausted"
+    await w.close()
+    assert script.closed == 1
