@@ -56,6 +56,8 @@ def test_run_in_the_foreground_streams_and_raises(served: E2bServed) -> None:
         sbx.files.write("/home/user/sub/x.txt", "in sub\n")
         assert sbx.commands.run("cat x.txt", cwd="/home/user/sub").stdout == "in sub\n"
         assert sbx.commands.run("cat /home/user/sub/x.txt").stdout == "in sub\n"
+        assert sbx.commands.run("pwd; touch made-here", cwd="/tmp").stdout == "/tmp\n"
+        assert sbx.commands.run("ls /tmp/made-here").exit_code == 0
         with pytest.raises(CommandExitException) as failed:
             sbx.commands.run("echo partial; echo bad >&2; exit 3")
         assert failed.value.exit_code == 3
@@ -211,10 +213,12 @@ def test_wrong_and_hostile_process_requests(served: E2bServed) -> None:
             assert status == 200
             assert events[-1][0] == 2
             assert events[-1][1]["error"]["code"] == "invalid_argument"
+            # a folder outside the home is a cd before the command: a missing one fails it
             status, events = stream(
-                "Start", {"process": {"cmd": "/bin/true", "cwd": "/etc"}, "stdin": False}
+                "Start", {"process": {"cmd": "/bin/true", "cwd": "/nonexistent"}, "stdin": False}
             )
-            assert events[-1][1]["error"]["code"] == "invalid_argument"
+            end = [e[1]["event"]["end"] for e in events if "end" in e[1].get("event", {})]
+            assert end[0]["exitCode"] != 0, events
             status, events = stream(
                 "Start", {"process": {"cmd": "/bin/true", "cwd": "/home/user/missing"}}
             )

@@ -159,3 +159,16 @@ def test_configs_of_processes_the_front_does_not_know() -> None:
     assert ep._config_of(other)["args"] == ["-c", "python3 -m http.server"]
     broken = {"name": "e2b-x", "command": "echo 'unclosed"}
     assert ep._config_of(broken)["cmd"] == "/bin/sh"
+
+
+def test_where_a_process_runs() -> None:
+    assert ep.placed("ls", None) == ("ls", ".", "/home/user")
+    assert ep.placed("ls", "/home/user/sub") == ("ls", "sub", "/home/user/sub")
+    assert ep.placed("ls", "sub/deeper") == ("ls", "sub/deeper", "/home/user/sub/deeper")
+    assert ep.placed("ls", "/workspace/a") == ("ls", "a", "/home/user/a")
+    assert ep.placed("ls", "/tmp") == ("cd -- /tmp && exec ls", ".", "/tmp")
+    assert ep.placed("ls", "/x y") == ("cd -- '/x y' && exec ls", ".", "/x y")
+    assert ep.placed("ls", "/home/username")[0].startswith("cd -- /home/username")
+    for bad in ("../..", "sub/../../..", "/tmp\0x"):
+        with pytest.raises(ConnectError):
+            ep.placed("ls", bad)

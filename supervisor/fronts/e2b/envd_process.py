@@ -180,6 +180,22 @@ def command_line(config: Json) -> str:
     return shlex.join([cmd, *args])
 
 
+def placed(command: str, cwd: object) -> tuple[str, str, str]:
+    """(command, workdir, PWD) for a process to run in `cwd`: a folder of the home (the
+    workspace) is the process tool's workdir; any other absolute folder (/tmp, /) is a `cd`
+    before the command, which the guard follows like any cd. PWD is what the shell's pwd
+    shows: /home/user/..., not /workspace/..."""
+    if not isinstance(cwd, str) or not cwd:
+        return command, ".", HOME
+    home = cwd in (HOME, "/workspace") or cwd.startswith((HOME + "/", "/workspace/"))
+    if cwd.startswith("/") and not home:
+        if "\0" in cwd:
+            raise ConnectError("invalid_argument", "cwd contains a NUL byte")
+        return f"cd -- {shlex.quote(cwd)} && exec {command}", ".", cwd
+    workdir = workspace_path(cwd)
+    return command, workdir, e2b_path(workdir)
+
+
 def error_of(result: ToolResult) -> ConnectError:
     code = _CODES.get(result.error_code, "internal")
     return ConnectError(code, result.error_message or result.for_llm or "the call failed")
@@ -254,17 +270,16 @@ class Processes:
         env = {"HOME": HOME, "USER": "user", "LOGNAME": "user", **record.env_vars}
         env.update({**PTY_ENV, **envs} if window else envs)
         cwd = config.get("cwd")
+        command, workdir, env["PWD"] = placed(command_line(config), cwd)
         name = f"{NAME_PREFIX}{secrets.token_hex(6)}"
         args: Json = {
             "action": "start",
-            "command": command_line(config),
+            "command": command,
             "name": name,
             "env": env,
             "follow": True,
         }
-        workdir = workspace_path(cwd) if isinstance(cwd, str) and cwd else "."
         args["workdir"] = workdir
-        env["PWD"] = e2b_path(workdir)  # the shell's pwd: /home/user/..., not /workspace/...
         if window is not None:
             args.update(pty=True, cols=window[0], rows=window[1])
         else:
