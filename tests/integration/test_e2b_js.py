@@ -2,8 +2,9 @@
 `stockade serve`'s E2B front on both engines: examples/e2b-typescript, compiled by tsc and run
 as a subprocess with only E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set, creates a
 sandbox, runs a command with onStdout/onStderr streaming and one that fails, writes and reads
-files, lists by metadata and kills the sandbox. What it prints must be what the sandbox did,
-the sandbox must be gone, and the audit log must show its calls with the front "e2b"."""
+files, watches a folder while a command makes a file in it, lists by metadata and kills the
+sandbox. What it prints must be what the sandbox did, the sandbox must be gone, and the audit
+log must show its calls with the front "e2b"."""
 
 from __future__ import annotations
 
@@ -74,6 +75,8 @@ def test_the_js_sdk_runs_unchanged(e2b_typescript: list[str], served: E2bServed)
         "binaryBytes": 256 * 1024,
         "binarySame": True,
     }
+    watched = {(e["name"], e["type"]) for e in out["watched"]}
+    assert ("new.txt", "create") in watched, out["watched"]
     assert out["listed"] == [sandbox_id]
     assert out["killed"] is True
     with served.sup.client(token=served.token) as client:

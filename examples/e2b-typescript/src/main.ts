@@ -7,12 +7,13 @@
 //
 // Creates a sandbox with metadata and env vars, runs a command whose output streams through
 // onStdout and onStderr, one that fails (CommandExitError), writes a text file and a binary one
-// and reads them back, lists the sandboxes of its metadata, and kills the sandbox, printing one
-// JSON object a line:
+// and reads them back, watches a folder while a command makes a file in it, lists the
+// sandboxes of its metadata, and kills the sandbox, printing one JSON object a line:
 //   {"sandbox": ID}
 //   {"run": {exitCode, stdout, stderr}, "chunks": {stdout: [...], stderr: [...]}}
 //   {"failed": {exitCode, stdout, stderr, error}}
 //   {"files": {text, binaryBytes, binarySame}}
+//   {"watched": [{name, type}, ...]}
 //   {"listed": [ID, ...]}
 //   {"killed": true}
 // Exits 1 on any error, with `error: NAME: message` on stderr.
@@ -60,6 +61,18 @@ async function main(): Promise<void> {
     const back = await sbx.files.read("data.bin", { format: "bytes" });
     const same = back.length === binary.length && back.every((b, i) => b === binary[i]);
     print({ files: { text, binaryBytes: back.length, binarySame: same } });
+
+    await sbx.files.makeDir("/home/user/watched");
+    const seen: { name: string; type: string }[] = [];
+    const watch = await sbx.files.watchDir("/home/user/watched", (event) => {
+      seen.push({ name: event.name, type: String(event.type) });
+    });
+    await sbx.commands.run("echo made > /home/user/watched/new.txt");
+    for (let waited = 0; !seen.some((e) => e.name === "new.txt") && waited < 10_000; waited += 50) {
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    await watch.stop();
+    print({ watched: seen });
 
     const paginator = Sandbox.list({ query: { metadata: { example: tag } } });
     const listed = (await paginator.nextItems()).map((s) => s.sandboxId);
