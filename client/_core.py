@@ -339,6 +339,10 @@ class SandboxInfo:
     last_healed_at: datetime | None = None
     paused_at: datetime | None = None
     """PAUSED: since when."""
+    profile: str = ""
+    """The sandbox profile its container was made with ("base": the supervisor's defaults)."""
+    cpus: float = 0.0
+    memory_mb: int = 0
 
 
 @dataclass(frozen=True)
@@ -508,13 +512,18 @@ def sandbox_from_pb(msg: Any) -> SandboxInfo:
         last_heal_reason=msg.last_heal_reason,
         last_healed_at=_time(msg, "last_healed_at"),
         paused_at=_time(msg, "paused_at"),
+        profile=msg.profile,
+        cpus=msg.cpus,
+        memory_mb=msg.memory_mb,
     )
 
 
-def ensure_request(key: str, network: str | None, allow: Sequence[str] | None) -> Any:
+def ensure_request(
+    key: str, network: str | None, allow: Sequence[str] | None, profile: str | None = None
+) -> Any:
     """EnsureSandboxRequest; network or allow set asks for that network (allow alone: egress
-    limited to those patterns)."""
-    request = sandbox_pb2.EnsureSandboxRequest(key=key)
+    limited to those patterns), profile for that sandbox profile."""
+    request = sandbox_pb2.EnsureSandboxRequest(key=key, profile=profile or "")
     if network is not None or allow is not None:
         request.network.mode = network or ("egress" if allow else "")
         request.network.allow.extend(allow or ())

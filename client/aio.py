@@ -283,12 +283,19 @@ class AsyncStockade(AsyncSnapshotCalls):
         return await _watch.AsyncFileWatch.start(stream)
 
     async def ensure_sandbox(
-        self, key: str, *, network: str | None = None, allow: Sequence[str] | None = None
+        self,
+        key: str,
+        *,
+        network: str | None = None,
+        allow: Sequence[str] | None = None,
+        profile: str | None = None,
     ) -> SandboxInfo:
         """Create the key's sandbox if needed. network ("none", "egress", "open") and allow
-        (egress domain patterns) may narrow the supervisor's configured network; a running
-        sandbox with another network is re-created with the workspace kept."""
-        request = _core.ensure_request(key, network, allow)
+        (egress domain patterns) may narrow the supervisor's configured network, profile
+        names a sandbox profile ([profiles.NAME]; "base": the defaults); a running sandbox
+        with another network or profile is re-created with the workspace kept, and both are
+        the key's from then on."""
+        request = _core.ensure_request(key, network, allow, profile)
         return _core.sandbox_from_pb(await self._rpc(self._sandboxes.EnsureSandbox, request))
 
     async def get_sandbox(self, key: str) -> SandboxInfo:
@@ -420,9 +427,15 @@ class AsyncSandbox:
         return await self.client.call(self.key, tool, arguments, **kw)
 
     async def ensure(
-        self, *, network: str | None = None, allow: Sequence[str] | None = None
+        self,
+        *,
+        network: str | None = None,
+        allow: Sequence[str] | None = None,
+        profile: str | None = None,
     ) -> SandboxInfo:
-        return await self.client.ensure_sandbox(self.key, network=network, allow=allow)
+        return await self.client.ensure_sandbox(
+            self.key, network=network, allow=allow, profile=profile
+        )
 
     async def info(self) -> SandboxInfo:
         return await self.client.get_sandbox(self.key)

@@ -268,12 +268,19 @@ class Stockade(SnapshotCalls):
         return _watch.FileWatch(stream)
 
     def ensure_sandbox(
-        self, key: str, *, network: str | None = None, allow: Sequence[str] | None = None
+        self,
+        key: str,
+        *,
+        network: str | None = None,
+        allow: Sequence[str] | None = None,
+        profile: str | None = None,
     ) -> SandboxInfo:
         """Create the key's sandbox if needed. network ("none", "egress", "open") and allow
-        (egress domain patterns) may narrow the supervisor's configured network; a running
-        sandbox with another network is re-created with the workspace kept."""
-        request = _core.ensure_request(key, network, allow)
+        (egress domain patterns) may narrow the supervisor's configured network, profile
+        names a sandbox profile ([profiles.NAME]; "base": the defaults); a running sandbox
+        with another network or profile is re-created with the workspace kept, and both are
+        the key's from then on."""
+        request = _core.ensure_request(key, network, allow, profile)
         return _core.sandbox_from_pb(self._rpc(self._sandboxes.EnsureSandbox, request))
 
     def get_sandbox(self, key: str) -> SandboxInfo:
@@ -417,9 +424,13 @@ class Sandbox:
         return self.client.call(self.key, tool, arguments, **kw)
 
     def ensure(
-        self, *, network: str | None = None, allow: Sequence[str] | None = None
+        self,
+        *,
+        network: str | None = None,
+        allow: Sequence[str] | None = None,
+        profile: str | None = None,
     ) -> SandboxInfo:
-        return self.client.ensure_sandbox(self.key, network=network, allow=allow)
+        return self.client.ensure_sandbox(self.key, network=network, allow=allow, profile=profile)
 
     def info(self) -> SandboxInfo:
         return self.client.get_sandbox(self.key)

@@ -94,6 +94,10 @@ class SandboxInfo:
     last_healed_at: datetime | None = None
     paused_at: datetime | None = None
     """PAUSED: since when."""
+    profile: str = ""
+    """The sandbox profile its container was made with ("base": the [sandbox] defaults)."""
+    cpus: float = 0.0
+    memory_mb: int = 0
 
 
 @dataclass(frozen=True)

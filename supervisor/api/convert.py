@@ -72,6 +72,9 @@ def sandbox_to_pb(info: SandboxInfo) -> sandbox_pb2.SandboxInfo:
         last_heal_reason=wire_text(info.last_heal_reason),
         last_healed_at=_timestamp(info.last_healed_at),
         paused_at=_timestamp(info.paused_at),
+        profile=info.profile,
+        cpus=info.cpus,
+        memory_mb=info.memory_mb,
     )
 
 

@@ -30,7 +30,7 @@ class SandboxServicer(SnapshotCalls, sandbox_pb2_grpc.SandboxServiceServicer):
         if request.HasField("network"):
             network = NetworkRequest(request.network.mode, tuple(request.network.allow))
         key = scoped(request.key)
-        await self._sandboxes.ensure(key, network)
+        await self._sandboxes.ensure(key, network, request.profile or None)
         return sandbox_to_pb(await self._sandboxes.get(key))
 
     @mapped

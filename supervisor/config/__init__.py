@@ -31,6 +31,7 @@ from stockade.supervisor.config.sandbox import (
     HousekeepingConfig,
     NetworkConfig,
     NetworkMode,
+    ProfileConfig,
     SandboxConfig,
 )
 from stockade.supervisor.config.service import (
@@ -67,6 +68,7 @@ __all__ = [
     "NetworkConfig",
     "NetworkMode",
     "ObservabilityConfig",
+    "ProfileConfig",
     "SandboxConfig",
     "ScrubConfig",
     "SnapshotsConfig",

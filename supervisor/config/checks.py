@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stockade.supervisor.config.sandbox import AGENT_UID, MIN_WORKSPACE_MB
+from stockade.supervisor.config.sandbox import AGENT_UID, MIN_WORKSPACE_MB, ProfileConfig
 from stockade.supervisor.config.service import SNAPSHOT_OPERATIONS
 from stockade.supervisor.errors import ConfigError, InvalidRequest
 from stockade.supervisor.keys import validate_key, validate_tenant
@@ -86,6 +86,7 @@ def check(cfg: Config) -> None:
         raise ConfigError("tools.exec_default_timeout_s exceeds tools.exec_max_timeout_s")
     _check_runtime(cfg.sandbox.runtime)
     _check_user(cfg.sandbox.user)
+    _check_profiles(cfg.profiles)
     _check_network(cfg.network)
     _check_policy(cfg)
     _check_housekeeping(cfg.housekeeping)
@@ -97,6 +98,26 @@ def check(cfg: Config) -> None:
     _check_snapshots(cfg.snapshots)
     if cfg.engine.kind not in ("podman", "docker"):
         raise ConfigError(f"engine.kind must be podman or docker, got {cfg.engine.kind!r}")
+
+
+PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+MAX_CPUS = 1024.0
+
+
+def _check_profiles(profiles: Mapping[str, ProfileConfig]) -> None:
+    for name, profile in profiles.items():
+        where = f"profiles.{name}"
+        if not PROFILE_NAME.fullmatch(name) or name == "base":
+            raise ConfigError(
+                f"[{where}]: a profile name is 1 to 64 of a-z, 0-9, '.', '_' and '-', starting "
+                "with a letter or digit, and not 'base' (the name of the [sandbox] defaults)"
+            )
+        if not (math.isfinite(profile.cpus) and 0 <= profile.cpus <= MAX_CPUS):
+            raise ConfigError(f"{where}.cpus must be 0 ([sandbox] cpus) to {MAX_CPUS:g}")
+        if profile.memory_mb != 0 and not 16 <= profile.memory_mb <= 1 << 22:
+            raise ConfigError(f"{where}.memory_mb must be 0 ([sandbox] memory_mb) or 16 to 4194304")
+        if profile.image != profile.image.strip() or any(c.isspace() for c in profile.image):
+            raise ConfigError(f"{where}.image must be an image reference without spaces")
 
 
 def _check_policy(cfg: Config) -> None:

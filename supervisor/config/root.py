@@ -23,6 +23,7 @@ from stockade.supervisor.config.sandbox import (
     HousekeepingConfig,
     MiB,
     NetworkConfig,
+    ProfileConfig,
     SandboxConfig,
 )
 from stockade.supervisor.config.service import (
@@ -48,6 +49,8 @@ class Config:
     max_response_bytes: int = 128 * MiB
     engine: EngineConfig = field(default_factory=EngineConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    profiles: Mapping[str, ProfileConfig] = field(default_factory=dict)
+    """Sandbox profiles by name ([profiles.NAME]); [sandbox] is the default one."""
     network: NetworkConfig = field(default_factory=NetworkConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     agents: Mapping[str, AgentConfig] = field(default_factory=dict)

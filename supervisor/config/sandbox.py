@@ -112,6 +112,22 @@ class SandboxConfig:
 
 
 @dataclass(frozen=True)
+class ProfileConfig:
+    """A sandbox profile (`[profiles.NAME]`): what a sandbox made with it gets instead of
+    [sandbox]'s image, CPUs and memory. A sandbox's profile is chosen when its container is
+    made (EnsureSandbox `profile`, an E2B templateID) and kept by its key (docs/sandboxes.md)."""
+
+    image: str = ""
+    """Its image; empty: [sandbox] image. Built FROM the sandbox image (it needs its agent)."""
+    cpus: float = 0.0
+    """CPUs; 0: [sandbox] cpus."""
+    memory_mb: int = 0
+    """Memory limit; 0: [sandbox] memory_mb."""
+    description: str = ""
+    """What it is for (shown to E2B clients as the template's)."""
+
+
+@dataclass(frozen=True)
 class NetworkConfig:
     """What `egress` sandboxes may reach, through the supervisor's proxy."""
 

@@ -1,6 +1,7 @@
 """Adoption at start: this instance's containers that still run are taken back as its
-sandboxes (after a restart of the supervisor), re-created on the configured image when they
-run another, or removed when they cannot be proven to be ours and sound."""
+sandboxes (after a restart of the supervisor), re-created on their profile's image when they
+run another (or were made with another profile than their key keeps), or removed when they
+cannot be proven to be ours and sound."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 from stockade.supervisor.engines.backends.base import (
     LABEL_KEY,
     LABEL_POOL,
+    LABEL_PROFILE,
     LABEL_SANDBOX_ID,
     LABEL_TENANT,
     ContainerInfo,
@@ -21,6 +23,7 @@ from stockade.supervisor.errors import InvalidRequest, SandboxBroken
 from stockade.supervisor.keys import sandbox_id, scope, shown
 from stockade.supervisor.sandboxes import layout
 from stockade.supervisor.sandboxes.layout import POOL_PREFIX
+from stockade.supervisor.sandboxes.profiles import SandboxProfile
 from stockade.supervisor.sandboxes.sandbox import Container, Sandbox, SandboxNetwork, born
 
 if TYPE_CHECKING:
@@ -30,7 +33,7 @@ log = logging.getLogger("stockade")
 
 
 async def adopt_all(
-    mgr: SandboxManager, found: list[ContainerInfo], image_id: str | None
+    mgr: SandboxManager, found: list[ContainerInfo], image_ids: Mapping[str, str | None]
 ) -> list[str]:
     """Adopt (or re-create) each of `found` that serves a key; remove the others. The keys
     adopted."""
@@ -38,7 +41,7 @@ async def adopt_all(
     adopted: list[str] = []
     for info in found:
         key = key_of(info, pooled)
-        outcome = await _adopt(mgr, key, info, image_id) if key is not None else ""
+        outcome = await _adopt(mgr, key, info, image_ids) if key is not None else ""
         if outcome == "adopted" and key is not None:
             adopted.append(key)
         elif not outcome:
@@ -64,17 +67,22 @@ def key_of(info: ContainerInfo, pooled: dict[str, Path]) -> str | None:
     return key if sandbox_id(key) == folder.name else None
 
 
-async def _adopt(mgr: SandboxManager, key: str, info: ContainerInfo, image_id: str | None) -> str:
-    """ "adopted", "replaced" (re-created on the configured image), or "" (not
-    adoptable: the caller removes the container)."""
+async def _adopt(
+    mgr: SandboxManager, key: str, info: ContainerInfo, image_ids: Mapping[str, str | None]
+) -> str:
+    """ "adopted", "replaced" (re-created on its profile's image), or "" (not adoptable:
+    the caller removes the container)."""
     network = mgr.networks.of_container(info)
     if key in mgr.registry or not info.running or network is None:
         return ""
     paths = mgr.layout.of(key)
     if not _adoptable(mgr, paths, info):
         return ""
-    if image_id and info.image_id != image_id:
-        await _replace(mgr, key, info, network, image_id)
+    profile = mgr.profiles.kept(paths.root)
+    image_id = image_ids.get(profile.image)
+    moved = info.labels.get(LABEL_PROFILE, "") != profile.name
+    if moved or (image_id and info.image_id != image_id):
+        await _replace(mgr, key, info, network, profile, image_id or "?")
         return "replaced"
     sid = sandbox_id(key)
     container = Container(info, mgr.containers.link(info, paths), paths, sid)
@@ -84,7 +92,7 @@ async def _adopt(mgr: SandboxManager, key: str, info: ContainerInfo, image_id: s
         log.warning("not adopting sandbox %r: %s", shown(key), exc)
         await container.agent.close()
         return ""
-    sandbox = Sandbox(key, sid, container, network, born=born(info), greeted=False)
+    sandbox = Sandbox(key, sid, container, network, born=born(info), greeted=False, profile=profile)
     mgr.pausing.adopted(sandbox, info)
     mgr.registry[key] = sandbox
     return "adopted"
@@ -104,20 +112,26 @@ def _adoptable(mgr: SandboxManager, paths: layout.Paths, info: ContainerInfo) ->
 
 
 async def _replace(
-    mgr: SandboxManager, key: str, info: ContainerInfo, network: SandboxNetwork, image_id: str
+    mgr: SandboxManager,
+    key: str,
+    info: ContainerInfo,
+    network: SandboxNetwork,
+    profile: SandboxProfile,
+    image_id: str,
 ) -> None:
-    """Re-create, with its workspace, a container that runs another image than the
-    configured one (`stockade image build` made a new agent, or [sandbox] image changed).
-    Done here rather than by the next call so that it keeps its network, which
-    EnsureSandbox may have narrowed (a call would make it with the configured one)."""
+    """Re-create, with its workspace, a container that runs another image than its
+    profile's (`stockade image build` made a new agent, or the configured image changed), or
+    was made with another profile than its key keeps. Done here rather than by the next call
+    so that it keeps its network, which EnsureSandbox may have narrowed."""
     log.warning(
-        "replacing sandbox %r: its container runs image %s (%s), the configured image %s "
-        "is now %s; processes running in it are lost, its workspace is kept",
-        shown(key), info.image, info.image_id[:12] or "?", mgr.image, image_id[:12],
+        "replacing sandbox %r: its container runs image %s (%s) with profile %r, its profile "
+        "%r has image %s (%s); processes running in it are lost, its workspace is kept",
+        shown(key), info.image, info.image_id[:12] or "?", info.labels.get(LABEL_PROFILE, ""),
+        profile.name, profile.image, image_id[:12],
     )  # fmt: skip
     await asyncio.to_thread(mgr.backend.remove, info.id)
     try:
-        mgr.registry[key] = await mgr.create(key, network)
+        mgr.registry[key] = await mgr.create(key, network, profile)
     except SandboxBroken as exc:
         log.warning("sandbox %r not re-created (the next call tries again): %s", shown(key), exc)
 

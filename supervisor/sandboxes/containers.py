@@ -14,6 +14,7 @@ from stockade.supervisor.engines.backends.base import (
     LABEL_INSTANCE,
     LABEL_MANAGED,
     LABEL_OWNER,
+    LABEL_PROFILE,
     LABEL_STATE_DIR,
     BindMount,
     ContainerBackend,
@@ -26,6 +27,7 @@ from stockade.supervisor.sandboxes import layout
 from stockade.supervisor.sandboxes.agent_link import AgentAddress, AgentConnection, UnixAddress
 from stockade.supervisor.sandboxes.layout import Layout, Paths
 from stockade.supervisor.sandboxes.network import Networks
+from stockade.supervisor.sandboxes.profiles import SandboxProfile
 from stockade.supervisor.sandboxes.runtime import Runtime
 from stockade.supervisor.sandboxes.sandbox import Container, SandboxNetwork
 
@@ -104,12 +106,13 @@ class Containers:
         *,
         key: str = "",
         sid: str = "",
+        profile: SandboxProfile | None = None,
     ) -> Container:
         """Make and start a container on `paths`, wait for its agent, seal its socket folder.
         With a key (and its sandbox id), the container of its own name is replaced and its
         network attached; a warm-pool container gets both when a key takes it. Anything that
         fails undoes what was done and raises (SandboxBroken when the agent never answered)."""
-        spec = self.spec(name, labels, paths, network)
+        spec = self.spec(name, labels, paths, network, profile)
         if key:
             await asyncio.to_thread(self.remove_own, name)
         await asyncio.to_thread(self._layout.mount, paths)
@@ -167,10 +170,19 @@ class Containers:
         return self._backend.remove(info.id)
 
     def spec(
-        self, name: str, labels: dict[str, str], paths: Paths, network: SandboxNetwork
+        self,
+        name: str,
+        labels: dict[str, str],
+        paths: Paths,
+        network: SandboxNetwork,
+        profile: SandboxProfile | None = None,
     ) -> ContainerSpec:
+        """The container of a sandbox on `network` with `profile`'s image, CPUs and memory
+        (None: [sandbox]'s)."""
         sb = self._config.sandbox
         labels = {**self.labels(), **self._owner_labels(), **labels, **network.labels()}
+        if profile is not None and profile.name:
+            labels[LABEL_PROFILE] = profile.name
         environment = {**sb.secrets, **self._networks.environment(network)}
         mounts = [
             BindMount(str(paths.workspace), WORKSPACE),
@@ -182,7 +194,7 @@ class Containers:
             tmpfs = {}
         return ContainerSpec(
             name=name,
-            image=self.image,
+            image=profile.image if profile is not None else self.image,
             command=self._agent_command(),
             labels=labels,
             mounts=tuple(mounts),
@@ -192,8 +204,8 @@ class Containers:
             read_only_root=sb.read_only_root,
             drop_all_capabilities=sb.drop_all_capabilities,
             no_new_privileges=sb.no_new_privileges,
-            memory_bytes=sb.memory_mb * 1024 * 1024,
-            nano_cpus=int(sb.cpus * 1e9),
+            memory_bytes=(profile.memory_mb if profile else sb.memory_mb) * 1024 * 1024,
+            nano_cpus=int((profile.cpus if profile else sb.cpus) * 1e9),
             pids_limit=sb.pids,
             nofile=sb.nofile,
             nproc=sb.nproc,

@@ -20,6 +20,7 @@ blocking call goes through asyncio.to_thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -27,6 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
+from pathlib import Path
 
 from stockade.supervisor.config import Config
 from stockade.supervisor.engines import isolation, seccomp, userns
@@ -59,9 +61,12 @@ from stockade.supervisor.sandboxes.housekeeping import Housekeeping
 from stockade.supervisor.sandboxes.inspection import isolation_report
 from stockade.supervisor.sandboxes.layout import Layout
 from stockade.supervisor.sandboxes.lease import Lease
+from stockade.supervisor.sandboxes.network import KEPT as KEPT_NETWORK
 from stockade.supervisor.sandboxes.network import Networks
 from stockade.supervisor.sandboxes.pausing import Pausing
 from stockade.supervisor.sandboxes.pool import WarmPool
+from stockade.supervisor.sandboxes.profiles import KEPT as KEPT_PROFILE
+from stockade.supervisor.sandboxes.profiles import Profiles, SandboxProfile
 from stockade.supervisor.sandboxes.replies import ReplyLimits
 from stockade.supervisor.sandboxes.runtime import decide_runtime
 from stockade.supervisor.sandboxes.sandbox import (
@@ -113,6 +118,7 @@ class SandboxManager:
         limits = ReplyLimits(config.tools.max_output_bytes, config.tools.process_log_bytes)
         self.layout = Layout(config)
         self.networks = Networks(config, instance_id, record_egress)
+        self.profiles = Profiles(config, image)
         self.containers = Containers(
             config, backend, self.layout, self.networks,
             connect or partial(AgentConnection, limits=limits), address_of=address_of,
@@ -178,8 +184,11 @@ class SandboxManager:
         profile = seccomp.write_profile(target, gvisor=self.containers.runtime.gvisor)
         self.containers.runtime.seccomp = str(profile) if profile else ""
         found = await asyncio.to_thread(self.backend.list, self.containers.labels())
-        image_id = await asyncio.to_thread(self.backend.image_id, self.image)
-        adopted = await adoption.adopt_all(self, found, image_id)
+        image_ids = {
+            image: await asyncio.to_thread(self.backend.image_id, image)
+            for image in sorted(self.profiles.images)
+        }
+        adopted = await adoption.adopt_all(self, found, image_ids)
         await asyncio.to_thread(self.layout.drop_pool_folders)
         await self.networks.egress.prune({s.sid for s in self.registry.values()})
         return adopted
@@ -214,12 +223,19 @@ class SandboxManager:
             lease.sandbox.in_flight -= 1
             lease.sandbox.idle_since = time.monotonic()
 
-    async def ensure(self, key: str, network: NetworkRequest | None = None) -> Sandbox:
+    def profile_of(self, sandbox: Sandbox) -> SandboxProfile:
+        return sandbox.profile or self.profiles.default
+
+    async def ensure(
+        self, key: str, network: NetworkRequest | None = None, profile: str | None = None
+    ) -> Sandbox:
         """The running sandbox for key, created (or re-created) when needed, a paused one
-        resumed (or the call refused: pausing.py). With a network request, a sandbox whose
-        network differs is re-created (the workspace is kept)."""
+        resumed (or the call refused: pausing.py). With a network request or a profile
+        (profiles.py), a sandbox whose network or profile differs is re-created (the
+        workspace is kept); both are the key's from then on."""
         sandbox = self.registry.get(key)
         wanted = self.networks.choose(network) if network is not None else None
+        shape = self.profiles.get(profile) if profile is not None else None
         if (
             sandbox is not None
             and sandbox.usable
@@ -227,6 +243,7 @@ class SandboxManager:
             and sandbox.greeted
             and sandbox.agent.is_ready()
             and wanted in (None, sandbox.network)
+            and shape in (None, self.profile_of(sandbox))
         ):
             sandbox.idle_since = time.monotonic()
             return sandbox
@@ -236,7 +253,8 @@ class SandboxManager:
             if old is not None:
                 await self.pausing.for_call(old)
             trouble = None
-            if old is not None and wanted in (None, old.network):
+            same = shape in (None, self.profile_of(old)) if old is not None else False
+            if old is not None and wanted in (None, old.network) and same:
                 trouble = await self.clinic.trouble(old, self.config.sandbox.start_timeout_s)
                 if trouble is None:
                     old.idle_since = time.monotonic()
@@ -245,18 +263,22 @@ class SandboxManager:
                 self.registry.pop(key, None)
                 await self.containers.stop(old.container, keep_workspace_mounted=True)
             folder = self.layout.of(key).root
-            if wanted is not None:
-                await asyncio.to_thread(folder.mkdir, mode=0o700, parents=True, exist_ok=True)
-                await asyncio.to_thread(self.networks.remember, folder, wanted)
+            await asyncio.to_thread(self._keep, folder, wanted, shape)
             chosen = wanted or (old.network if old is not None else self.networks.kept(folder))
-            self._admit(key)
+            made = shape or (
+                self.profile_of(old) if old is not None else self.profiles.kept(folder)
+            )
+            self._admit(key, made.memory_mb)
             self._starting.add(key)
             try:
-                sandbox = await self.pool.take(key, chosen)
-                if sandbox is None:
+                pooled = made == self.profiles.default
+                sandbox = await self.pool.take(key, chosen) if pooled else None
+                if sandbox is not None:
+                    sandbox.profile = made
+                else:
                     hk, state_dir = self.config.housekeeping, self.config.state_dir
                     await asyncio.to_thread(pressure.check, hk, state_dir)
-                    sandbox = await self.create(key, chosen)
+                    sandbox = await self.create(key, chosen, made)
             finally:
                 self._starting.discard(key)
             self.registry[key] = sandbox
@@ -264,7 +286,37 @@ class SandboxManager:
                 self.clinic.healed(key, trouble)
             return sandbox
 
-    async def create(self, key: str, network: SandboxNetwork) -> Sandbox:
+    def settings_of(self, key: str) -> tuple[SandboxNetwork, SandboxProfile]:
+        """The network and profile a new container of the key gets: its running sandbox's,
+        else what its folder keeps, else the configured ones."""
+        held = self.registry.get(key)
+        if held is not None:
+            return held.network, self.profile_of(held)
+        folder = self.layout.of(key).root
+        return self.networks.kept(folder), self.profiles.kept(folder)
+
+    def copy_settings(self, source: str, key: str) -> None:
+        """A fork's key keeps what its source keeps (its network and profile)."""
+        source_folder, folder = self.layout.of(source).root, self.layout.of(key).root
+        for name in (KEPT_NETWORK, KEPT_PROFILE):
+            with contextlib.suppress(FileNotFoundError):
+                (folder / name).write_bytes((source_folder / name).read_bytes())
+
+    def _keep(
+        self, folder: Path, network: SandboxNetwork | None, profile: SandboxProfile | None
+    ) -> None:
+        """What a request chose for the key, kept in its folder (network.py, profiles.py)."""
+        if network is None and profile is None:
+            return
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if network is not None:
+            self.networks.remember(folder, network)
+        if profile is not None:
+            self.profiles.remember(folder, profile)
+
+    async def create(
+        self, key: str, network: SandboxNetwork, profile: SandboxProfile | None = None
+    ) -> Sandbox:
         paths = await asyncio.to_thread(self.layout.prepare, key)
         if network.mode == "open":
             log.warning("sandbox %r gets network mode open: the engine's bridge network", key)
@@ -273,15 +325,16 @@ class SandboxManager:
         labels = {LABEL_KEY: plain, LABEL_SANDBOX_ID: sid}
         if tenant:
             labels[LABEL_TENANT] = tenant
+        made = profile or self.profiles.default
         container = await self.containers.start(
-            self.containers.name(sid), labels, paths, network, key=key, sid=sid
+            self.containers.name(sid), labels, paths, network, key=key, sid=sid, profile=made
         )
-        return Sandbox(key, sid, container, network, born=born(container.info))
+        return Sandbox(key, sid, container, network, born=born(container.info), profile=made)
 
-    def _admit(self, key: str) -> None:
-        """Refuse a new container past its tenant's limits. Sandboxes being created count
-        (no await between this check and the reservation, so concurrent first calls of one
-        tenant cannot overshoot together)."""
+    def _admit(self, key: str, memory_mb: int | None = None) -> None:
+        """Refuse a new container (of `memory_mb`: its profile's) past its tenant's limits.
+        Sandboxes being created count, at [sandbox] memory_mb (no await between this check
+        and the reservation, so concurrent first calls of one tenant cannot overshoot)."""
         tenant = split(key)[0]
         limits = self.config.tenant_limits(tenant)
         if not (limits.max_sandboxes or limits.max_memory_mb):
@@ -293,12 +346,14 @@ class SandboxManager:
                 f"tenant {tenant!r} may have at most {limits.max_sandboxes} sandbox(es) "
                 f"(tenants.{tenant}.max_sandboxes); destroy one first"
             )
-        memory = count * self.config.sandbox.memory_mb
+        own = self.config.sandbox.memory_mb if memory_mb is None else memory_mb
+        held = [self.registry.get(k) for k in live - {key}]
+        memory = own + sum(self.profile_of(s).memory_mb if s else own for s in held)
         if limits.max_memory_mb and memory > limits.max_memory_mb:
             raise QuotaExceeded(
                 f"tenant {tenant!r} may use at most {limits.max_memory_mb} MiB of sandbox memory "
                 f"(tenants.{tenant}.max_memory_mb); another sandbox of "
-                f"{self.config.sandbox.memory_mb} MiB would make {memory} MiB"
+                f"{own} MiB would make {memory} MiB"
             )
 
     async def inspect_isolation(self, key: str) -> isolation.IsolationReport:
@@ -395,7 +450,8 @@ class SandboxManager:
 
     def _describe(self, sandbox: Sandbox) -> SandboxInfo:
         workspace = str(self.layout.of(sandbox.key).workspace)
-        return describe(sandbox, self.engine, self.image, workspace, self.clinic.fields(sandbox))
+        image = self.profile_of(sandbox).image
+        return describe(sandbox, self.engine, image, workspace, self.clinic.fields(sandbox))
 
     def _absent(self, key: str) -> SandboxInfo:
         return absent(key, self.engine, self.image, str(self.layout.of(key).workspace))

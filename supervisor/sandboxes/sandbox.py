@@ -17,6 +17,7 @@ from stockade.supervisor.models import SandboxInfo, SandboxState
 from stockade.supervisor.sandboxes import healing
 from stockade.supervisor.sandboxes.agent_link import AgentConnection
 from stockade.supervisor.sandboxes.layout import Paths
+from stockade.supervisor.sandboxes.profiles import SandboxProfile
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ class Sandbox:
     pauses: int = 0
     """Pauses since it was made: a call or probe that saw this change met a pause on its
     way, and its silence says nothing about the sandbox's health."""
+    profile: SandboxProfile | None = None
+    """The profile its container was made with (profiles.py); None: the default."""
 
     @property
     def info(self) -> ContainerInfo:
@@ -116,7 +119,16 @@ def describe(
         network_allow=sandbox.network.allow,
         paused_at=sandbox.paused_at if sandbox.state is SandboxState.PAUSED else None,
         **health,
+        **profiled(sandbox.profile),
     )
+
+
+def profiled(profile: SandboxProfile | None) -> dict[str, Any]:
+    """SandboxInfo's profile fields (no profile: none are known, as for a key without a
+    container)."""
+    if profile is None:
+        return {}
+    return {"profile": profile.shown, "cpus": profile.cpus, "memory_mb": profile.memory_mb}
 
 
 def absent(key: str, engine: str, image: str, workspace: str) -> SandboxInfo:

@@ -55,6 +55,7 @@ from stockade.supervisor.keys import shown, split
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import SandboxInfo
 from stockade.supervisor.sandboxes import layout, workspaces
+from stockade.supervisor.sandboxes.profiles import SandboxProfile
 from stockade.supervisor.sandboxes.sandbox import Sandbox, SandboxNetwork
 from stockade.supervisor.sandboxes.snapshots import staging
 from stockade.supervisor.sandboxes.snapshots.capture import DIR_FLAGS
@@ -146,8 +147,8 @@ class Snapshots:
         async with m.lock(key):
             old = m.registry.get(key)
             replaced = old is not None or m.layout.of(key).root.is_dir()
-            network = old.network if old is not None else m.networks.choose(None)
-            await self._into(key, owner, name, snap, old, network)
+            network, profile = m.settings_of(key)
+            await self._into(key, owner, name, snap, old, network, profile)
         info = await m.get(key)
         self._m.record(key, "restore", f"{name}: {reason}")
         return info, snap, replaced
@@ -176,11 +177,13 @@ class Snapshots:
                 m._admit(key)
                 m._starting.add(key)
             taken = await self._capture(source, name, include_tmp, 0)
-            held = m.registry.get(source)
-            network = held.network if held is not None else m.networks.choose(None)
+            network, profile = m.settings_of(source)
             try:
                 done = await asyncio.gather(
-                    *(self._fork_one(k, owner, taken.snapshot, made, network) for k in new_keys),
+                    *(
+                        self._fork_one(k, source, owner, taken.snapshot, made, network, profile)
+                        for k in new_keys
+                    ),
                     return_exceptions=True,
                 )
             finally:
@@ -200,13 +203,22 @@ class Snapshots:
         return [await m.get(k) for k in new_keys], taken
 
     async def _fork_one(
-        self, key: str, owner: str, snap: Snapshot, made: list[str], network: SandboxNetwork
+        self,
+        key: str,
+        source: str,
+        owner: str,
+        snap: Snapshot,
+        made: list[str],
+        network: SandboxNetwork,
+        profile: SandboxProfile,
     ) -> None:
         async with self._m.lock(key):
             if key in self._m.registry or self._m.layout.of(key).root.is_dir():
                 raise AlreadyExists(f"sandbox {shown(key)!r} appeared while it was being forked")
             made.append(key)
-            await self._into(key, owner, snap.name, snap, None, network)
+            await self._into(
+                key, owner, snap.name, snap, None, network, profile, settings_from=source
+            )
 
     # --- capture -------------------------------------------------------------------------
 
@@ -329,12 +341,17 @@ class Snapshots:
         snap: Snapshot,
         old: Sandbox | None,
         network: SandboxNetwork,
+        profile: SandboxProfile,
+        settings_from: str = "",
     ) -> None:
         """Under the key's lock: stage the snapshot's workspace, stop the old container,
-        switch, start the new container, write /tmp back."""
+        switch, start the new container (on `network`, with `profile`; a fork's key keeps
+        what `settings_from`, its source, keeps), write /tmp back."""
         m = self._m
-        m._admit(key)
+        m._admit(key, profile.memory_mb)
         paths = await asyncio.to_thread(m.layout.prepare, key)
+        if settings_from:
+            await asyncio.to_thread(m.copy_settings, settings_from, key)
         ids = m.layout.workspace_ids(paths)
         cap = staging.cap_of(paths, m.config.sandbox.workspace_size_mb)
         staged = await asyncio.to_thread(staging.stage, self.store, owner, name, paths, ids, cap)
@@ -351,7 +368,7 @@ class Snapshots:
         counted = key in m._starting  # a fork's keys are the fork's to discard
         m._starting.add(key)
         try:
-            sandbox = await m.create(key, network)
+            sandbox = await m.create(key, network, profile)
             if TMP in snap.parts:  # before any call can reach the new container
                 await self._restore_tmp(sandbox, owner, name, paths.tmp, ids)
         finally:

@@ -45,6 +45,7 @@ from stockade.supervisor.fronts.e2b.wire import (
 )
 from stockade.supervisor.keys import scope
 from stockade.supervisor.observe.audit import AuditRecord
+from stockade.supervisor.sandboxes.profiles import SandboxProfile
 
 log = logging.getLogger("stockade.e2b")
 UNSUPPORTED_CREATE = {
@@ -109,6 +110,7 @@ class Control:
     def listed_json(self, sandbox: E2bSandbox) -> dict[str, Any]:
         """E2B's `ListedSandbox`; never null for objects the SDK would parse."""
         config = self.ctx.config.sandbox
+        profile = self._profile(sandbox.template_id)
         return {
             "templateID": sandbox.template_id,
             "sandboxID": sandbox.sandbox_id,
@@ -116,13 +118,20 @@ class Control:
             "alias": sandbox.template_id,
             "startedAt": rfc3339(sandbox.started_at),
             "endAt": rfc3339(sandbox.end_at),
-            "cpuCount": max(1, math.ceil(config.cpus)),
-            "memoryMB": config.memory_mb,
+            "cpuCount": max(1, math.ceil(profile.cpus)),
+            "memoryMB": profile.memory_mb,
             "diskSizeMB": config.workspace_size_mb,
             "state": self.state_of(sandbox),
             "envdVersion": ENVD_VERSION,
             "metadata": dict(sandbox.metadata),
         }
+
+    def _profile(self, template: str) -> SandboxProfile:
+        """The template's profile; the default for one no longer configured."""
+        try:
+            return self.ctx.manager.profiles.get(template)
+        except errors.NotFound:
+            return self.ctx.manager.profiles.default
 
     def audit(
         self, request: Request | None, sandbox: E2bSandbox, tool: str, arguments: dict[str, Any],
@@ -159,13 +168,10 @@ class Control:
         template = body.get("templateID", DEFAULT_TEMPLATE)
         if not isinstance(template, str):
             raise ApiError(400, "templateID must be a string")
-        if template != DEFAULT_TEMPLATE:
-            raise ApiError(
-                404,
-                f"template {template[:64]!r} not found: this Stockade serves only the template "
-                f"{DEFAULT_TEMPLATE!r} (its configured sandbox image) for now; templates as "
-                f"sandbox profiles are not implemented yet",
-            )
+        try:
+            self.ctx.manager.profiles.get(template)  # a template is a sandbox profile
+        except errors.NotFound as exc:
+            raise ApiError(404, f"template {template[:64]!r} not found: {exc}") from None
         for option, what in UNSUPPORTED_CREATE.items():
             if body.get(option) not in (None, {}, []):
                 raise ApiError(400, f"{option}: {what} are not supported by Stockade yet")
@@ -202,7 +208,7 @@ class Control:
         if network is not None:
             arguments["network"] = {"mode": network.mode, "allow": list(network.allow)}
         try:
-            await self.ctx.manager.ensure(sandbox.key, network)
+            await self.ctx.manager.ensure(sandbox.key, network, template)
         except errors.StockadeError as exc:
             self.audit(request, sandbox, "create_sandbox", arguments, error=str(exc))
             raise from_domain(exc) from None
