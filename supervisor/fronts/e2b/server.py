@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import importlib
 import logging
 import socket
 import time
@@ -33,6 +32,7 @@ from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import Config, split_host_port
 from stockade.supervisor.fronts.e2b.context import E2bContext
 from stockade.supervisor.fronts.e2b.control import Control
+from stockade.supervisor.fronts.e2b.envd import build_envd_app
 from stockade.supervisor.fronts.e2b.records import E2bSandbox, Records
 from stockade.supervisor.fronts.e2b.wire import ApiError, error_response
 from stockade.supervisor.sandboxes.manager import SandboxManager
@@ -42,7 +42,6 @@ SANDBOX_HEADER = b"e2b-sandbox-id"
 TOKEN_HEADER = b"x-access-token"
 SANDBOX_STATE = "e2b_sandbox"
 """Where the envd app finds the request's sandbox: scope["state"][SANDBOX_STATE]."""
-ENVD_MODULE = "stockade.supervisor.fronts.e2b.envd"
 
 
 def header(scope: Scope, name: bytes) -> str | None:
@@ -55,23 +54,6 @@ def header(scope: Scope, name: bytes) -> str | None:
 
 async def _answer(scope: Scope, receive: Receive, send: Send, status: int, message: str) -> None:
     await error_response(status, message)(scope, receive, send)
-
-
-async def _unimplemented(request: Request) -> Response:
-    return error_response(501, "envd (files, filesystem, processes) is not implemented yet")
-
-
-def envd_app(ctx: E2bContext) -> ASGIApp:
-    """envd's app (envd.build_envd_app), or one answering 501 while that module is absent."""
-    try:
-        module = importlib.import_module(ENVD_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name != ENVD_MODULE:
-            raise
-        log.warning("E2B envd is not part of this build: its requests get 501")
-        return Starlette(routes=[Route("/{path:path}", _unimplemented, methods=["GET", "POST"])])
-    app: ASGIApp = module.build_envd_app(ctx)
-    return app
 
 
 class Dispatch:
@@ -156,7 +138,7 @@ def control_routes(control: Control) -> list[Route]:
 def build_app(ctx: E2bContext) -> tuple[ASGIApp, Control]:
     """The endpoint's ASGI app and its control-plane handlers."""
     control = Control(ctx)
-    envd = envd_app(ctx)
+    envd = build_envd_app(ctx)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
