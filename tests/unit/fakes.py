@@ -36,7 +36,7 @@ class FakeBackend:
         """Mounts of containers the fake did not make (the supervisor's own, say)."""
         self.runs = 0
         self.image_ids: dict[str, str] = {}
-        self.specs: dict[str, ContainerSpec] = {}
+        self.made: dict[str, ContainerSpec] = {}
         """What each container was made with."""
         """What an image reference names now (default: id-of-REF)."""
         self.stale_inspects = 0
@@ -81,7 +81,7 @@ class FakeBackend:
             own_userns=spec.user_namespace,
         )  # fmt: skip
         self.containers[info.id] = info
-        self.specs[info.id] = spec
+        self.made[info.id] = spec
         self.run_dirs[info.id] = spec.mounts[1].source
         os.mknod(Path(spec.mounts[1].source, "agent.sock"), stat.S_IFSOCK | 0o600)
         return info

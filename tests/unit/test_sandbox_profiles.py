@@ -34,7 +34,7 @@ def manager(tmp_path: Path, backend: FakeBackend, **config: object) -> SandboxMa
 
 
 def made(backend: FakeBackend, container_id: str) -> tuple[str, float, int, str]:
-    spec = backend.specs[container_id]
+    spec = backend.made[container_id]
     return (
         spec.image,
         spec.nano_cpus / 1e9,
