@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from starlette.requests import Request
 
+from stockade.supervisor.fronts.e2b import connect
 from stockade.supervisor.fronts.e2b import envd_process as ep
 from stockade.supervisor.fronts.e2b.connect import ConnectError
 from stockade.supervisor.models import ErrorCode, ToolResult
@@ -92,12 +93,21 @@ def test_the_default_user_only() -> None:
 
 
 def test_keepalive_intervals() -> None:
-    assert ep._keepalive_s(_request({})) == ep.KEEPALIVE_S
-    assert ep._keepalive_s(_request({"Keepalive-Ping-Interval": "10"})) == 10
-    assert ep._keepalive_s(_request({"Keepalive-Ping-Interval": "0"})) == 1
-    assert ep._keepalive_s(_request({"Keepalive-Ping-Interval": "999"})) == ep.KEEPALIVE_S
-    assert ep._keepalive_s(_request({"Keepalive-Ping-Interval": "-5"})) == ep.KEEPALIVE_S
-    assert ep._keepalive_s(_request({"Keepalive-Ping-Interval": "9" * 50})) == ep.KEEPALIVE_S
+    assert connect.keepalive_interval(_request({})) == connect.KEEPALIVE_S
+    assert connect.keepalive_interval(_request({"Keepalive-Ping-Interval": "10"})) == 10
+    assert connect.keepalive_interval(_request({"Keepalive-Ping-Interval": "0"})) == 1
+    assert (
+        connect.keepalive_interval(_request({"Keepalive-Ping-Interval": "999"}))
+        == connect.KEEPALIVE_S
+    )
+    assert (
+        connect.keepalive_interval(_request({"Keepalive-Ping-Interval": "-5"}))
+        == connect.KEEPALIVE_S
+    )
+    assert (
+        connect.keepalive_interval(_request({"Keepalive-Ping-Interval": "9" * 50}))
+        == connect.KEEPALIVE_S
+    )
 
 
 def test_end_events() -> None:
@@ -129,7 +139,7 @@ async def test_keepalives_fill_silences_only() -> None:
         await asyncio.sleep(0.35)
         yield "b"
 
-    got = [item async for item in ep._with_keepalive(events(), 0.1)]
+    got = [item async for item in connect.with_keepalive(events(), 0.1)]
     assert got[0] == "a"
     assert got[-1] == "b"
     assert 2 <= got.count(None) <= 4

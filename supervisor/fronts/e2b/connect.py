@@ -9,14 +9,18 @@ that carries the error, if any, over HTTP 200. Connect-Timeout-Ms bounds the han
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+T = TypeVar("T")
+KEEPALIVE_S = 50.0
+"""The longest silence on a stream (the SDKs ask for 50 s; undici drops a body silent 300 s)."""
 UNARY_TYPE = "application/json"
 STREAM_TYPE = "application/connect+json"
 END_STREAM = 0x02
@@ -198,3 +202,33 @@ def client_stream(handler: ClientStream) -> Callable[[Request], Awaitable[Respon
         return _stream_response(_only(envelope(result) + end_stream()))
 
     return endpoint
+
+
+def keepalive_interval(request: Request) -> float:
+    """Seconds of silence after which a stream sends a keepalive: the client's
+    Keepalive-Ping-Interval, 1 to KEEPALIVE_S."""
+    raw = request.headers.get("keepalive-ping-interval", "")
+    wanted = int(raw) if raw.isdigit() and len(raw) < 6 else KEEPALIVE_S
+    return float(min(max(wanted, 1), KEEPALIVE_S))
+
+
+async def with_keepalive(events: AsyncIterator[T], every_s: float) -> AsyncIterator[T | None]:
+    """The events, with None whenever `every_s` passes without one. The source is not
+    closed here: its owner does that."""
+    step: asyncio.Future[T] = asyncio.ensure_future(anext(events))
+    try:
+        while True:
+            done, _ = await asyncio.wait({step}, timeout=every_s)
+            if not done:
+                yield None
+                continue
+            try:
+                item = step.result()
+            except StopAsyncIteration:
+                return
+            step = asyncio.ensure_future(anext(events))
+            yield item
+    finally:
+        step.cancel()
+        with contextlib.suppress(BaseException):
+            await step

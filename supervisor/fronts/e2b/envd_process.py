@@ -32,7 +32,13 @@ from typing import Any, Final
 
 from starlette.requests import Request
 
-from stockade.supervisor.fronts.e2b.connect import ConnectError, Json, timeout_of
+from stockade.supervisor.fronts.e2b.connect import (
+    ConnectError,
+    Json,
+    keepalive_interval,
+    timeout_of,
+    with_keepalive,
+)
 from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
 from stockade.supervisor.fronts.e2b.envd_files import HOME, e2b_path, sandbox_of, workspace_path
 from stockade.supervisor.models import (
@@ -44,8 +50,6 @@ from stockade.supervisor.models import (
     ToolResult,
 )
 
-KEEPALIVE_S: Final = 50.0
-"""The longest silence on a stream (the SDKs ask for 50 s; undici drops a body silent 300 s)."""
 FOLLOW_MAX_S: Final = 24 * 3600.0
 """The pipeline deadline of a stream without Connect-Timeout-Ms (envd: no limit)."""
 CONTROL_TIMEOUT_MS: Final = 30_000
@@ -313,29 +317,32 @@ class Processes:
         """envd's events for a streamed `process` call: start, data, keepalive, end (`pid`:
         the process's, when the call is an attach, which says no start of its own)."""
         stream = self._ctx.pipeline.call_stream(call, caller_of(request))
-        async for event in _with_keepalive(stream, _keepalive_s(request)):
-            if event is None:
-                if pid:
-                    yield {"event": {"keepalive": {}}}
-            elif isinstance(event, StartedEvent):
-                pid = event.pid or pid
-                box.remember(pid, proc)  # a pid the kernel reused names the new process
-                if deadline is not None:
-                    proc.deadline = self._kill_at(request, proc, deadline)
-                yield {"event": {"start": {"pid": pid}}}
-            elif isinstance(event, OutputEvent):
-                data = base64.b64encode(event.text.encode("utf-8", "surrogateescape")).decode()
-                kind = "pty" if proc.pty else event.stream
-                yield {"event": {"data": {kind: data}}}
-            elif isinstance(event, ResultEvent):
-                result = event.result
-                if proc.deadline is not None:
-                    proc.deadline.cancel()
-                if "exit_code" in (result.data or {}) and box.by_pid.get(pid) is proc:
-                    del box.by_pid[pid]  # exited: its pid is free for the kernel to reuse
-                if result.is_error and (not pid or "exit_code" not in (result.data or {})):
-                    raise error_of(result)
-                yield {"event": end_event(dict(result.data or {}))}
+        try:  # a client gone: the call detaches at once (the stream is closed)
+            async for event in with_keepalive(stream, keepalive_interval(request)):
+                if event is None:
+                    if pid:
+                        yield {"event": {"keepalive": {}}}
+                elif isinstance(event, StartedEvent):
+                    pid = event.pid or pid
+                    box.remember(pid, proc)  # a pid the kernel reused names the new process
+                    if deadline is not None:
+                        proc.deadline = self._kill_at(request, proc, deadline)
+                    yield {"event": {"start": {"pid": pid}}}
+                elif isinstance(event, OutputEvent):
+                    text = event.text.encode("utf-8", "surrogateescape")
+                    kind = "pty" if proc.pty else event.stream
+                    yield {"event": {"data": {kind: base64.b64encode(text).decode()}}}
+                elif isinstance(event, ResultEvent):
+                    result = event.result
+                    if proc.deadline is not None:
+                        proc.deadline.cancel()
+                    if "exit_code" in (result.data or {}) and box.by_pid.get(pid) is proc:
+                        del box.by_pid[pid]  # exited: its pid is free for the kernel to reuse
+                    if result.is_error and (not pid or "exit_code" not in (result.data or {})):
+                        raise error_of(result)
+                    yield {"event": end_event(dict(result.data or {}))}
+        finally:
+            await _close(stream)
 
     def _kill_at(self, request: Request, proc: _Proc, after_s: float) -> asyncio.TimerHandle:
         """envd ends a process at its Start's deadline, stream or no stream."""
@@ -476,32 +483,7 @@ def _config_of(entry: dict[str, Any]) -> Json:
     return {"cmd": "/bin/sh", "args": ["-c", command], "envs": {}}
 
 
-def _keepalive_s(request: Request) -> float:
-    raw = request.headers.get("keepalive-ping-interval", "")
-    wanted = int(raw) if raw.isdigit() and len(raw) < 6 else KEEPALIVE_S
-    return float(min(max(wanted, 1), KEEPALIVE_S))
-
-
-async def _with_keepalive(events: AsyncIterator[Any], every_s: float) -> AsyncIterator[Any]:
-    """The events, with None whenever `every_s` passes without one."""
-    source = aiter(events)
-    step: asyncio.Future[Any] = asyncio.ensure_future(anext(source))
-    try:
-        while True:
-            done, _ = await asyncio.wait({step}, timeout=every_s)
-            if not done:
-                yield None
-                continue
-            try:
-                item = step.result()
-            except StopAsyncIteration:
-                return
-            step = asyncio.ensure_future(anext(source))
-            yield item
-    finally:
-        step.cancel()
-        with contextlib.suppress(BaseException):
-            await step
-        aclose = getattr(source, "aclose", None)
-        if aclose is not None:
-            await aclose()
+async def _close(stream: AsyncIterator[Any]) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()

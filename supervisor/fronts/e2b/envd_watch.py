@@ -15,7 +15,6 @@ sandbox's lease, which would otherwise keep an abandoned sandbox busy for ever."
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -26,12 +25,16 @@ from starlette.requests import Request
 
 from stockade.supervisor import errors
 from stockade.supervisor.calls.watching import Change, FileWatches, Started, Watch
-from stockade.supervisor.fronts.e2b.connect import ConnectError, Json
+from stockade.supervisor.fronts.e2b.connect import (
+    ConnectError,
+    Json,
+    keepalive_interval,
+    with_keepalive,
+)
 from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
 from stockade.supervisor.fronts.e2b.envd_files import connect_error, sandbox_of, workspace_path
 from stockade.supervisor.models import CallContext
 
-KEEPALIVE_S: Final = 50
 MAX_BUFFERED: Final = 10_000
 MAX_WATCHERS: Final = 16
 """Polling watchers per sandbox (each is an inotify watch in the agent, which caps them too)."""
@@ -82,7 +85,7 @@ class Watches:
             if not isinstance(first, Started):
                 raise ConnectError("internal", "the watch ended before it started")
             yield {"start": {}}
-            async for item in _with_keepalive(events, _keepalive_s(request)):
+            async for item in with_keepalive(events, keepalive_interval(request)):
                 if item is None:
                     yield {"keepalive": {}}
                 elif isinstance(item, Change):
@@ -223,33 +226,3 @@ def _connect_error(exc: Exception) -> ConnectError:
 
 def _event(change: Change) -> Json:
     return {"name": change.name, "type": _TYPES[change.kind]}
-
-
-def _keepalive_s(request: Request) -> float:
-    raw = request.headers.get("keepalive-ping-interval", "")
-    wanted = int(raw) if raw.isdigit() and len(raw) < 6 else KEEPALIVE_S
-    return float(min(max(wanted, 1), KEEPALIVE_S))
-
-
-async def _with_keepalive(
-    events: AsyncIterator[Started | Change], every_s: float
-) -> AsyncIterator[Started | Change | None]:
-    """The events, with None whenever `every_s` passes without one. The source is not
-    closed here (its owner does that)."""
-    step: asyncio.Future[Started | Change] = asyncio.ensure_future(anext(events))
-    try:
-        while True:
-            done, _ = await asyncio.wait({step}, timeout=every_s)
-            if not done:
-                yield None
-                continue
-            try:
-                item = step.result()
-            except StopAsyncIteration:
-                return
-            step = asyncio.ensure_future(anext(events))
-            yield item
-    finally:
-        step.cancel()
-        with contextlib.suppress(BaseException):
-            await step
