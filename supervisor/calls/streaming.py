@@ -10,6 +10,7 @@ import asyncio
 import codecs
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 from stockade.supervisor.models import OutputEvent, StartedEvent, ToolEvent
 from stockade.supervisor.policy.scrub import Scrubber
@@ -67,7 +68,7 @@ async def relay(
         step.cancel()
         with contextlib.suppress(BaseException):
             await step
-        await _aclose(source)
+        await close_source(source)
     return reply, sum(s.scrubber.redactions for s in streams.values())
 
 
@@ -84,7 +85,8 @@ async def _put(events: asyncio.Queue[ToolEvent], name: str, text: str) -> None:
         await events.put(OutputEvent(name, text))
 
 
-async def _aclose(source: AsyncIterator[AgentEvent]) -> None:
+async def close_source(source: AsyncIterator[Any]) -> None:
+    """Close an async iterator that is a generator (ending what it holds), quietly."""
     close = getattr(source, "aclose", None)
     if close is not None:
         with contextlib.suppress(BaseException):

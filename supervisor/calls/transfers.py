@@ -33,6 +33,16 @@ _FAILURES: dict[str, type[errors.StockadeError]] = {
 }
 
 
+def agent_failure(reply: AgentReply, scrubber: Scrubber | None) -> errors.StockadeError:
+    """The domain error for the agent's refusal of a file operation (a transfer, a watch),
+    its message scrubbed."""
+    cls = _FAILURES.get(reply.error_code, errors.InvalidRequest)
+    message = reply.error_message
+    if scrubber is not None:
+        message, _ = scrubber.scrub(message)
+    return cls(message)
+
+
 @dataclass(frozen=True)
 class Transfer:
     sandbox_key: str
@@ -142,11 +152,7 @@ class FileTransfers:
 
     def _checked(self, reply: AgentReply) -> dict[str, Any]:
         if reply.error_code or reply.result is None:
-            cls = _FAILURES.get(reply.error_code, errors.InvalidRequest)
-            message = reply.error_message
-            if self._policy.scrubber is not None:
-                message, _ = self._policy.scrubber.scrub(message)
-            raise cls(message)
+            raise agent_failure(reply, self._policy.scrubber)
         return reply.result
 
     def _audit(

@@ -16,6 +16,7 @@ from typing import Literal
 
 from stockade.supervisor import errors
 from stockade.supervisor.calls.pipeline import HostPolicy
+from stockade.supervisor.calls.transfers import agent_failure
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import CallContext
 from stockade.supervisor.observe.audit import AuditRecord
@@ -23,10 +24,6 @@ from stockade.supervisor.sandboxes.agent_link import AgentFileChange, AgentReply
 from stockade.supervisor.sandboxes.manager import SandboxManager
 
 ChangeKind = Literal["create", "write", "remove", "rename", "chmod", "overflow", "gone"]
-_FAILURES: dict[str, type[errors.StockadeError]] = {
-    "FILE_NOT_FOUND": errors.NotFound,
-    "PERMISSION_DENIED": errors.PolicyDenied,
-}
 
 
 @dataclass(frozen=True)
@@ -101,10 +98,8 @@ class FileWatches:
             )
 
     def _checked(self, reply: AgentReply) -> None:
-        if not reply.error_code:
-            return
-        cls = _FAILURES.get(reply.error_code, errors.InvalidRequest)
-        raise cls(self._scrub(reply.error_message))
+        if reply.error_code:
+            raise agent_failure(reply, self._policy.scrubber)
 
     def _audit(self, w: Watch, started: float, events: int, failure: str, denied: str) -> None:
         audit = self._policy.audit

@@ -343,11 +343,7 @@ class AgentConnection:
                         else:
                             raise _misbehaved(f"it sent a watch event out of order ({kind})")
                 except grpc.aio.AioRpcError as exc:
-                    if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                        raise SandboxBroken(
-                            "the sandbox's agent predates WatchFiles; rebuild the image "
-                            "(`stockade image build`) and recreate the sandbox (`stockade rm KEY`)"
-                        ) from exc
+                    _unless_unknown(exc, "WatchFiles")
                     raise
             raise _misbehaved("its watch ended without a result")
         finally:
@@ -365,11 +361,7 @@ class AgentConnection:
             try:
                 reply = await self._stub.Inspect(request, timeout=timeout)
             except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    raise SandboxBroken(
-                        "the sandbox's agent predates Inspect; rebuild the image "
-                        "(`stockade image build`) and recreate the sandbox (`stockade rm KEY`)"
-                    ) from exc
+                _unless_unknown(exc, "Inspect")
                 raise
         wanted_files, wanted_links = set(files), set(links)
         read: dict[str, bytes | str] = {}
@@ -459,6 +451,16 @@ class _StreamOrder:
         if fd not in (1, 2):
             raise _misbehaved(f"it sent output for fd {fd}")
         return AgentOutput(fd, _chunk(data))
+
+
+def _unless_unknown(exc: grpc.aio.AioRpcError, rpc: str) -> None:
+    """An agent that does not know `rpc` is older than this supervisor: SandboxBroken saying
+    how to renew it."""
+    if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+        raise SandboxBroken(
+            f"the sandbox's agent predates {rpc}; rebuild the image "
+            "(`stockade image build`) and recreate the sandbox (`stockade rm KEY`)"
+        ) from exc
 
 
 def _change(change: Any) -> AgentFileChange:

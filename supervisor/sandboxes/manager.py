@@ -242,8 +242,8 @@ class SandboxManager:
             and not sandbox.paused
             and sandbox.greeted
             and sandbox.agent.is_ready()
-            and wanted in (None, sandbox.network)
-            and shape in (None, self.profile_of(sandbox))
+            and (wanted is None or wanted == sandbox.network)
+            and (shape is None or shape == self.profile_of(sandbox))
         ):
             sandbox.idle_since = time.monotonic()
             return sandbox
@@ -253,8 +253,11 @@ class SandboxManager:
             if old is not None:
                 await self.pausing.for_call(old)
             trouble = None
-            same = shape in (None, self.profile_of(old)) if old is not None else False
-            if old is not None and wanted in (None, old.network) and same:
+            if (
+                old is not None
+                and (wanted is None or wanted == old.network)
+                and (shape is None or shape == self.profile_of(old))
+            ):
                 trouble = await self.clinic.trouble(old, self.config.sandbox.start_timeout_s)
                 if trouble is None:
                     old.idle_since = time.monotonic()

@@ -22,7 +22,7 @@ from stockade.supervisor.calls.transfers import FileTransfers, Transfer
 from stockade.supervisor.fronts.e2b.connect import ConnectError, Json
 from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
 from stockade.supervisor.fronts.e2b.records import E2bSandbox
-from stockade.supervisor.models import CallContext, ToolCall
+from stockade.supervisor.models import CallContext, ErrorCode, ToolCall, ToolResult
 
 HOME = "/home/user"
 SANDBOX_STATE = "e2b_sandbox"
@@ -42,6 +42,31 @@ _CODES: dict[type[errors.StockadeError], str] = {
     errors.QuotaExceeded: "resource_exhausted",
     errors.CallTimedOut: "deadline_exceeded",
     errors.Unsupported: "unimplemented",
+}
+
+
+def caller_of(request: Request) -> str:
+    """Who an envd request comes from, for the audit log."""
+    return f"e2b:{request.client.host if request.client else ''}"
+
+
+def error_of(result: ToolResult) -> ConnectError:
+    """A tool call's refusal or failure as a Connect error the SDKs map to an exception."""
+    code = _TOOL_CODES.get(result.error_code, "internal")
+    return ConnectError(code, result.error_message or result.for_llm or "the call failed")
+
+
+_TOOL_CODES: dict[ErrorCode, str] = {
+    ErrorCode.PERMISSION_DENIED: "permission_denied",
+    ErrorCode.APPROVAL_DENIED: "permission_denied",
+    ErrorCode.RATE_LIMITED: "resource_exhausted",
+    ErrorCode.INVALID_ARGS: "invalid_argument",
+    ErrorCode.INVALID_PATH: "invalid_argument",
+    ErrorCode.NOT_FOUND: "not_found",
+    ErrorCode.FILE_NOT_FOUND: "not_found",
+    ErrorCode.TIMEOUT: "deadline_exceeded",
+    ErrorCode.SANDBOX_LOST: "unavailable",
+    ErrorCode.EXECUTION_FAILED: "failed_precondition",
 }
 
 
@@ -120,8 +145,7 @@ class Files:
     # /files
     def transfer(self, request: Request, rel: str) -> Transfer:
         record = sandbox_of(request)
-        caller = f"e2b:{request.client.host if request.client else ''}"
-        return Transfer(record.key, rel, False, CallContext(), caller, front=FRONT)
+        return Transfer(record.key, rel, False, CallContext(), caller_of(request), front=FRONT)
 
     async def download(self, request: Request, path: str) -> AsyncIterator[bytes]:
         async for item in self._transfers.download(self.transfer(request, workspace_path(path))):
@@ -142,15 +166,11 @@ class Files:
             arguments_json=json.dumps({"command": script, "timeout": 60}),
             front=FRONT,
         )
-        caller = f"e2b:{request.client.host if request.client else ''}"
-        result = await self._ctx.pipeline.call(call, caller=caller)
+        result = await self._ctx.pipeline.call(call, caller=caller_of(request))
         data: dict[str, Any] = result.data or {}
         code = data.get("exit_code")
         if not isinstance(code, int):
-            code_name = getattr(result.error_code, "name", str(result.error_code))
-            if code_name == "PERMISSION_DENIED" or "POLICY" in code_name:
-                raise ConnectError("permission_denied", result.error_message or result.for_llm)
-            raise ConnectError("internal", result.error_message or result.for_llm)
+            raise error_of(result)
         return code, str(data.get("stdout", "")), str(data.get("stderr", ""))
 
     async def _find(self, request: Request, rel: str, depth: int | None) -> list[Json]:

@@ -32,6 +32,8 @@ from typing import Any, Final
 
 from starlette.requests import Request
 
+from stockade.supervisor.calls.interact import SESSION_MAX_S
+from stockade.supervisor.calls.streaming import close_source
 from stockade.supervisor.fronts.e2b.connect import (
     ConnectError,
     Json,
@@ -40,9 +42,15 @@ from stockade.supervisor.fronts.e2b.connect import (
     with_keepalive,
 )
 from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
-from stockade.supervisor.fronts.e2b.envd_files import HOME, e2b_path, sandbox_of, workspace_path
+from stockade.supervisor.fronts.e2b.envd_files import (
+    HOME,
+    caller_of,
+    e2b_path,
+    error_of,
+    sandbox_of,
+    workspace_path,
+)
 from stockade.supervisor.models import (
-    ErrorCode,
     OutputEvent,
     ResultEvent,
     StartedEvent,
@@ -50,23 +58,12 @@ from stockade.supervisor.models import (
     ToolResult,
 )
 
-FOLLOW_MAX_S: Final = 24 * 3600.0
-"""The pipeline deadline of a stream without Connect-Timeout-Ms (envd: no limit)."""
+FOLLOW_MAX_S: Final = SESSION_MAX_S
+"""The pipeline deadline of a stream without Connect-Timeout-Ms (envd: no limit): as long as
+an Interact session's."""
 CONTROL_TIMEOUT_MS: Final = 30_000
 SIGNALS: Final = {"SIGNAL_SIGKILL": "KILL", "SIGNAL_SIGTERM": "TERM", 9: "KILL", 15: "TERM"}
 DEFAULT_USERS: Final = ("", "user")
-_CODES: Final = {
-    ErrorCode.PERMISSION_DENIED: "permission_denied",
-    ErrorCode.APPROVAL_DENIED: "permission_denied",
-    ErrorCode.RATE_LIMITED: "resource_exhausted",
-    ErrorCode.INVALID_ARGS: "invalid_argument",
-    ErrorCode.INVALID_PATH: "invalid_argument",
-    ErrorCode.NOT_FOUND: "not_found",
-    ErrorCode.FILE_NOT_FOUND: "not_found",
-    ErrorCode.TIMEOUT: "deadline_exceeded",
-    ErrorCode.SANDBOX_LOST: "unavailable",
-    ErrorCode.EXECUTION_FAILED: "failed_precondition",
-}
 NAME_PREFIX: Final = "e2b-"
 """The process tool's names of the processes this front starts."""
 MAX_KNOWN: Final = 1000
@@ -98,10 +95,6 @@ class _Sandbox:
             gone = self.by_pid.pop(oldest)
             if gone.deadline is not None:
                 gone.deadline.cancel()
-
-
-def caller_of(request: Request) -> str:
-    return f"e2b:{request.client.host if request.client else ''}"
 
 
 def _user_of(request: Request) -> str:
@@ -200,11 +193,6 @@ def placed(command: str, cwd: object) -> tuple[str, str, str]:
     return command, workdir, e2b_path(workdir)
 
 
-def error_of(result: ToolResult) -> ConnectError:
-    code = _CODES.get(result.error_code, "internal")
-    return ConnectError(code, result.error_message or result.for_llm or "the call failed")
-
-
 def end_event(data: dict[str, Any]) -> Json:
     """envd's end event for the process tool's exit state: a signal is exitCode -1, not
     exited, status "signal: killed"; an exit, its code and "exit status N"."""
@@ -281,9 +269,9 @@ class Processes:
             "command": command,
             "name": name,
             "env": env,
+            "workdir": workdir,
             "follow": True,
         }
-        args["workdir"] = workdir
         if window is not None:
             args.update(pty=True, cols=window[0], rows=window[1])
         else:
@@ -342,7 +330,7 @@ class Processes:
                         raise error_of(result)
                     yield {"event": end_event(dict(result.data or {}))}
         finally:
-            await _close(stream)
+            await close_source(stream)
 
     def _kill_at(self, request: Request, proc: _Proc, after_s: float) -> asyncio.TimerHandle:
         """envd ends a process at its Start's deadline, stream or no stream."""
@@ -481,9 +469,3 @@ def _config_of(entry: dict[str, Any]) -> Json:
             if argv:
                 return {"cmd": argv[0], "args": argv[1:], "envs": {}}
     return {"cmd": "/bin/sh", "args": ["-c", command], "envs": {}}
-
-
-async def _close(stream: AsyncIterator[Any]) -> None:
-    aclose = getattr(stream, "aclose", None)
-    if aclose is not None:
-        await aclose()

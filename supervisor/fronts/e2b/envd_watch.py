@@ -32,7 +32,12 @@ from stockade.supervisor.fronts.e2b.connect import (
     with_keepalive,
 )
 from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
-from stockade.supervisor.fronts.e2b.envd_files import connect_error, sandbox_of, workspace_path
+from stockade.supervisor.fronts.e2b.envd_files import (
+    caller_of,
+    connect_error,
+    sandbox_of,
+    workspace_path,
+)
 from stockade.supervisor.models import CallContext
 
 MAX_BUFFERED: Final = 10_000
@@ -70,10 +75,8 @@ class Watches:
 
     def _watch(self, request: Request, msg: Json) -> AsyncGenerator[Started | Change, None]:
         rel = workspace_path(str(msg.get("path", "")))
-        caller = f"e2b:{request.client.host if request.client else ''}"
-        watch = Watch(
-            sandbox_of(request).key, rel, bool(msg.get("recursive")), CallContext(), caller, FRONT
-        )
+        recursive, caller = bool(msg.get("recursive")), caller_of(request)
+        watch = Watch(sandbox_of(request).key, rel, recursive, CallContext(), caller, FRONT)
         return FileWatches(self._ctx.manager, self._ctx.policy).watch(watch)
 
     # WatchDir
