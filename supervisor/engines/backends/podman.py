@@ -43,6 +43,11 @@ from stockade.supervisor.errors import ConfigError, EngineUnavailable
 _ENGINE_ERRORS = (podman.errors.PodmanError, requests.RequestException)
 _BUSY = "device or resource busy"
 _REMOVE_TRIES = 5
+_EXITING = "no such process"
+"""Podman 4.3 answers an inspect with a 500 "read /proc/PID/cgroup: no such process" when
+the container's main process exits under it (an agent killed from outside): asked again, it
+finds the container stopped."""
+_INSPECT_TRIES = 5
 CPU_PERIOD_US = 100_000
 
 
@@ -127,15 +132,20 @@ class PodmanBackend:
 
     def _attrs(self, name_or_id: str) -> dict[str, Any] | None:
         """The engine's inspect document; None when there is no such container."""
-        try:
-            attrs: dict[str, Any] = self._client.containers.get(name_or_id).attrs
-        except podman.errors.NotFound:
-            return None
-        except _ENGINE_ERRORS as exc:
-            if "no such container" in str(exc):  # a 500 while it is being removed
+        attempt = 1
+        while True:
+            try:
+                attrs: dict[str, Any] = self._client.containers.get(name_or_id).attrs
+                return attrs
+            except podman.errors.NotFound:
                 return None
-            raise EngineUnavailable(f"Podman: cannot inspect {name_or_id}: {exc}") from exc
-        return attrs
+            except _ENGINE_ERRORS as exc:
+                if "no such container" in str(exc):  # a 500 while it is being removed
+                    return None
+                if _EXITING not in str(exc) or attempt == _INSPECT_TRIES:
+                    raise EngineUnavailable(f"Podman: cannot inspect {name_or_id}: {exc}") from exc
+            time.sleep(0.1 * attempt)
+            attempt += 1
 
     def inspect(self, name_or_id: str) -> ContainerInfo | None:
         attrs = self._attrs(name_or_id)
