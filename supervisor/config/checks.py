@@ -11,7 +11,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stockade.supervisor.config.sandbox import AGENT_UID, MIN_WORKSPACE_MB, ProfileConfig
+from stockade.supervisor.config.sandbox import (
+    AGENT_UID,
+    ENGINE_KINDS,
+    MIN_WORKSPACE_MB,
+    KubernetesConfig,
+    ProfileConfig,
+)
 from stockade.supervisor.config.service import SNAPSHOT_OPERATIONS
 from stockade.supervisor.errors import ConfigError, InvalidRequest
 from stockade.supervisor.keys import validate_key, validate_tenant
@@ -27,6 +33,7 @@ if TYPE_CHECKING:
         McpConfig,
         ObservabilityConfig,
         SnapshotsConfig,
+        StateConfig,
         TenantConfig,
     )
 
@@ -96,8 +103,85 @@ def check(cfg: Config) -> None:
     _check_mcp(cfg.mcp)
     _check_e2b(cfg.e2b)
     _check_snapshots(cfg.snapshots)
-    if cfg.engine.kind not in ("podman", "docker"):
-        raise ConfigError(f"engine.kind must be podman or docker, got {cfg.engine.kind!r}")
+    if cfg.engine.kind not in ENGINE_KINDS:
+        raise ConfigError(
+            f"engine.kind must be one of {', '.join(ENGINE_KINDS)}, got {cfg.engine.kind!r}"
+        )
+    _check_kubernetes(cfg.kubernetes)
+    _check_state(cfg.state)
+
+
+DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
+LABEL_NAME = re.compile(
+    r"([a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?"
+)
+LABEL_VALUE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+STATE_SCHEMES = ("postgresql://", "postgres://")
+
+
+def _check_kubernetes(kube: KubernetesConfig) -> None:
+    if not DNS_LABEL.fullmatch(kube.namespace):
+        raise ConfigError(
+            f"kubernetes.namespace must be a DNS label (a-z, 0-9, '-'; at most 63), "
+            f"got {kube.namespace!r}"
+        )
+    for name, value in (("ca_secret", kube.ca_secret), ("runtime_class", kube.runtime_class)):
+        if (value or name == "ca_secret") and not DNS_SUBDOMAIN.fullmatch(value):
+            raise ConfigError(f"kubernetes.{name} must be a DNS subdomain name, got {value!r}")
+    if kube.workspace not in ("pvc", "emptydir"):
+        raise ConfigError(f"kubernetes.workspace must be pvc or emptydir, got {kube.workspace!r}")
+    if kube.storage_class and not DNS_SUBDOMAIN.fullmatch(kube.storage_class):
+        raise ConfigError(f"kubernetes.storage_class is not a name: {kube.storage_class!r}")
+    for name, mb in (
+        ("workspace_size_mb", kube.workspace_size_mb),
+        ("ephemeral_storage_mb", kube.ephemeral_storage_mb),
+    ):
+        if not 0 < mb <= MAX_AUDIT_MB:
+            raise ConfigError(f"kubernetes.{name} must be between 1 and {MAX_AUDIT_MB}, got {mb}")
+    if not 0 < kube.agent_port < 65536:
+        raise ConfigError(f"kubernetes.agent_port must be a port, got {kube.agent_port}")
+    if not (math.isfinite(kube.ready_timeout_s) and 0 < kube.ready_timeout_s <= MAX_SECONDS):
+        raise ConfigError(
+            f"kubernetes.ready_timeout_s must be positive, got {kube.ready_timeout_s}"
+        )
+    if kube.image_pull_policy not in PULL_POLICIES:
+        raise ConfigError(
+            f"kubernetes.image_pull_policy must be one of {', '.join(PULL_POLICIES)}, "
+            f"got {kube.image_pull_policy!r}"
+        )
+    if not kube.supervisor_labels:
+        raise ConfigError("kubernetes.supervisor_labels must name the supervisor pods' labels")
+    for name, value in kube.supervisor_labels.items():
+        if not LABEL_NAME.fullmatch(name) or not LABEL_VALUE.fullmatch(value):
+            raise ConfigError(f"kubernetes.supervisor_labels: not a label: {name}={value!r}")
+    if kube.egress_proxy:
+        host, _, port = kube.egress_proxy.rpartition(":")
+        if (
+            not host
+            or not DNS_SUBDOMAIN.fullmatch(host)
+            or not port.isdigit()
+            or not 0 < int(port) < 65536
+        ):
+            raise ConfigError(
+                f"kubernetes.egress_proxy must be host:port, got {kube.egress_proxy!r}"
+            )
+    if kube.seccomp_profile and (
+        kube.seccomp_profile.startswith("/") or ".." in Path(kube.seccomp_profile).parts
+    ):
+        raise ConfigError(
+            "kubernetes.seccomp_profile is a path relative to the kubelet's seccomp folder, "
+            f"got {kube.seccomp_profile!r}"
+        )
+
+
+def _check_state(state: StateConfig) -> None:
+    if state.url and not state.url.startswith(STATE_SCHEMES):
+        raise ConfigError(
+            "state.url must be a postgresql:// URL (or empty: SQLite in state_dir), "
+            "got a URL of another scheme"
+        )
 
 
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")

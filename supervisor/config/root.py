@@ -21,6 +21,7 @@ from stockade.supervisor.config.policy import (
 from stockade.supervisor.config.sandbox import (
     EngineConfig,
     HousekeepingConfig,
+    KubernetesConfig,
     MiB,
     NetworkConfig,
     ProfileConfig,
@@ -34,6 +35,7 @@ from stockade.supervisor.config.service import (
     McpConfig,
     ObservabilityConfig,
     SnapshotsConfig,
+    StateConfig,
     TenantConfig,
 )
 
@@ -48,6 +50,7 @@ class Config:
     """Largest request a client may send; larger ones get RESOURCE_EXHAUSTED."""
     max_response_bytes: int = 128 * MiB
     engine: EngineConfig = field(default_factory=EngineConfig)
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     profiles: Mapping[str, ProfileConfig] = field(default_factory=dict)
     """Sandbox profiles by name ([profiles.NAME]); [sandbox] is the default one."""
@@ -70,6 +73,7 @@ class Config:
     e2b: E2bConfig = field(default_factory=E2bConfig)
     housekeeping: HousekeepingConfig = field(default_factory=HousekeepingConfig)
     snapshots: SnapshotsConfig = field(default_factory=SnapshotsConfig)
+    state: StateConfig = field(default_factory=StateConfig)
 
     def __post_init__(self) -> None:
         check(self)

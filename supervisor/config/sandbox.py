@@ -7,7 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-EngineKind = Literal["podman", "docker"]
+EngineKind = Literal["podman", "docker", "kubernetes"]
+ENGINE_KINDS: tuple[EngineKind, ...] = ("podman", "docker", "kubernetes")
+WorkspaceVolume = Literal["pvc", "emptydir"]
 NetworkMode = Literal["none", "egress", "open"]
 PausedCall = Literal["resume", "refuse"]
 IdleAction = Literal["destroy", "pause"]
@@ -24,10 +26,54 @@ the image's entry point)."""
 @dataclass(frozen=True)
 class EngineConfig:
     kind: EngineKind = "podman"
-    """Which container engine runs the sandboxes."""
+    """Which host kind runs the sandboxes: a container engine on this host (podman, docker),
+    or pods on a Kubernetes cluster ([kubernetes])."""
     socket: str = ""
     """The engine's API address (unix:///path). Empty: Docker's default socket, or for
     Podman a `podman system service` that the supervisor starts itself."""
+
+
+@dataclass(frozen=True)
+class KubernetesConfig:
+    """Sandboxes as pods ([engine] kind = "kubernetes"; docs/kubernetes.md)."""
+
+    namespace: str = "stockade"
+    """The one namespace of this installation: its sandbox pods, their claims and Secrets."""
+    kubeconfig: str = ""
+    """A kubeconfig file; empty: the in-cluster config (the supervisor's service account)."""
+    context: str = ""
+    """A context of the kubeconfig; empty: its current one."""
+    runtime_class: str = ""
+    """runtimeClassName of sandbox pods (gvisor, kata); empty: the cluster's default."""
+    workspace: WorkspaceVolume = "pvc"
+    """pvc: a PersistentVolumeClaim per key that outlives its pods; emptydir: the pod's own."""
+    workspace_size_mb: int = 1024
+    """The claim's request (or the emptyDir's sizeLimit)."""
+    storage_class: str = ""
+    """storageClassName of the claims; empty: the cluster's default class."""
+    ephemeral_storage_mb: int = 1024
+    """The pod's ephemeral-storage limit (its writable layers, logs and emptyDirs)."""
+    agent_port: int = 7443
+    """The port the agent serves on with mutual TLS (never plain text)."""
+    ca_secret: str = "stockade-agent-ca"
+    """The Secret (tls.crt, tls.key) of the installation's CA, which issues each sandbox's
+    agent certificate and the supervisors' client certificates."""
+    supervisor_labels: Mapping[str, str] = field(
+        default_factory=lambda: {
+            "app.kubernetes.io/name": "stockade",
+            "app.kubernetes.io/component": "supervisor",
+        }
+    )
+    """The labels of the supervisor pods: the only pods a sandbox's agent port admits."""
+    egress_proxy: str = ""
+    """host:port of the Stockade egress proxy Service, the only way out of an egress-mode
+    sandbox; empty: egress mode is refused."""
+    seccomp_profile: str = ""
+    """A Localhost seccomp profile (relative to the kubelet's seccomp folder); empty:
+    RuntimeDefault."""
+    image_pull_policy: str = "IfNotPresent"
+    ready_timeout_s: float = 120.0
+    """How long a new pod may take to be scheduled, pulled and answered by its agent."""
 
 
 @dataclass(frozen=True)

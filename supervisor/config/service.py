@@ -152,3 +152,13 @@ class TenantConfig:
     """MiB its snapshots may take after deduplication; -1: [snapshots] max_mb; 0: no limit."""
     snapshot_operations: tuple[str, ...] | None = None
     """What it may do with snapshots (see [snapshots] operations); unset: those."""
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    """Where the state shared by supervisors lives: the audit log, approvals (pending and
+    allow-always), tenant counters and per-key serialization."""
+
+    url: str = ""
+    """postgresql://user@host/db: every replica of an installation shares it (stateless
+    supervisors); empty: SQLite in state_dir (one supervisor on one host)."""
