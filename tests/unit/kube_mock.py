@@ -1,0 +1,161 @@
+"""A Kubernetes API server for tests: kmock's emulator (objects kept in memory, served over real
+HTTP on 127.0.0.1 with lists, watches, creates, patches and deletes) in a thread of its own,
+so that blocking code (the backend, the official client) can talk to it from the test's
+thread. The test plays the kubelet: it patches a pod's status to Ready with an IP.
+
+kmock, as emulators go: it ignores label and field selectors (the backend filters again on
+its side), keeps no resourceVersion (a test sets one in the object where it matters), and
+asks the client for /version without the trailing slash the official client sends (served
+here)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import kmock
+
+NAMESPACE = "stockade"
+VERSION = {"major": "1", "minor": "30", "gitVersion": "v1.30.0-kmock"}
+
+
+class KubeMock:
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._up = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kmock", daemon=True)
+        self._thread.start()
+        if not self._up.wait(10) or self._failure is not None:
+            raise RuntimeError(f"kmock did not start: {self._failure}")
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._serve())
+        except BaseException as exc:  # reported by __init__ or close
+            self._failure = exc
+            self._up.set()
+        finally:
+            self._loop.close()
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        async with kmock.KubernetesEmulator() as handler, kmock.Server(handler) as server:
+            self.handler = handler
+            self.url = str(server.url).rstrip("/")
+            handler["get /version/"] << VERSION
+            self._up.set()
+            await self._stop.wait()
+
+    def close(self) -> None:
+        stop = self._stop
+        if stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(stop.set)
+        self._thread.join(10)
+
+    def react(self, arrange: Callable[[Any], object]) -> None:
+        """Run `arrange(handler)` in the server's loop: where kmock's reactions are added."""
+
+        async def run() -> None:
+            arrange(self.handler)
+
+        asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
+
+    def requests(self) -> list[tuple[str, str]]:
+        """(method, path?query) of every request served so far, the query decoded."""
+
+        async def run() -> list[tuple[str, str]]:
+            found = []
+            for request in list(self.handler):
+                url = request.url
+                query = unquote(url.raw_query_string)
+                found.append((str(request.method.value), url.path + (f"?{query}" if query else "")))
+            return found
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
+
+    def _http(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        async def run() -> tuple[int, Any]:
+            async with self.handler.request(method, path, json=body) as response:
+                text = await response.text()
+                return response.status, json.loads(text) if text else None
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
+
+    def put(self, kind: str, body: dict[str, Any]) -> None:
+        """Create an object as something else than the backend would (another supervisor)."""
+        status, answer = self._http("POST", _path(kind), body)
+        assert status in (200, 201), answer
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        status, answer = self._http("GET", _path(kind, name))
+        return answer if status == 200 else None
+
+    def names(self, kind: str) -> list[str]:
+        status, answer = self._http("GET", _path(kind))
+        assert status == 200, answer
+        return sorted(item["metadata"]["name"] for item in answer["items"])
+
+    def patch(self, kind: str, name: str, body: dict[str, Any], sub: str = "") -> None:
+        status, answer = self._http("PATCH", _path(kind, name) + (f"/{sub}" if sub else ""), body)
+        assert status == 200, answer
+
+    def set_ready(self, name: str, ip: str = "127.0.0.5", version: str = "") -> None:
+        """The kubelet's part: the pod runs, has an IP and is Ready."""
+        status = {
+            "phase": "Running",
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }
+        body: dict[str, Any] = {"status": status}
+        if version:
+            body["metadata"] = {"resourceVersion": version}
+        self.patch("pod", name, body, "status")
+
+    def kubeconfig(self, folder: Path) -> Path:
+        """A kubeconfig file whose current context is this server."""
+        path = folder / "kubeconfig"
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
+                    "users": [{"name": "test", "user": {"token": "not-a-secret"}}],
+                    "contexts": [
+                        {
+                            "name": "kmock",
+                            "context": {"cluster": "kmock", "user": "test", "namespace": NAMESPACE},
+                        }
+                    ],
+                    "current-context": "kmock",
+                }
+            )
+        )
+        return path
+
+
+RESOURCES = {"pod": "pods", "secret": "secrets", "claim": "persistentvolumeclaims"}
+
+
+def _path(kind: str, name: str = "") -> str:
+    path = f"/api/v1/namespaces/{NAMESPACE}/{RESOURCES[kind]}"
+    return f"{path}/{name}" if name else path
+
+
+@contextlib.contextmanager
+def serving() -> Iterator[KubeMock]:
+    """A KubeMock for the block (a test module's `kube` fixture)."""
+    mock = KubeMock()
+    try:
+        yield mock
+    finally:
+        mock.close()
