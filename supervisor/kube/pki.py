@@ -25,10 +25,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from stockade.agent.tls import SUPERVISOR_URI
 from stockade.supervisor.sandboxes.agent_link import MutualTls
 
-SUPERVISOR_URI = "spiffe://stockade/supervisor"
-"""The SAN URI every supervisor's client certificate carries; the agent admits no other."""
+__all__ = ["SUPERVISOR_URI", "Authority", "Issued", "agent_server_name", "supervisor_tls"]
 AGENT_DOMAIN = "agent.stockade.internal"
 CLOCK_SKEW = datetime.timedelta(minutes=5)
 """Certificates are valid from a little before they are made: nodes' clocks differ."""
