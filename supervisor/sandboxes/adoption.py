@@ -99,7 +99,8 @@ async def _adopt(
 
 
 def _adoptable(mgr: SandboxManager, paths: layout.Paths, info: ContainerInfo) -> bool:
-    """A running container is adopted when its agent's directory is sealed and, if its
+    """A running container is adopted when its agent's directory is sealed (an agent on a
+    unix socket; one reached over the network proves itself by its certificate) and, if its
     workspace should be a file system of its own, that is mounted (else the container was
     made on the plain directory, and is made again); with sandbox.user_namespace on, a
     container without a user namespace (made before it was turned on) is made again."""
@@ -108,6 +109,8 @@ def _adoptable(mgr: SandboxManager, paths: layout.Paths, info: ContainerInfo) ->
     if mgr.containers.runtime.userns and not (info.own_userns or mgr.daemon_maps):
         log.warning("replacing sandbox %r: it has no user namespace", info.labels[LABEL_KEY])
         return False
+    if info.address:
+        return True
     return layout.run_dir_is_sealed(paths)
 
 

@@ -131,6 +131,7 @@ class Housekeeping:
             if key in self._m.registry or not paths.retired.exists():
                 return False  # a call made a container meanwhile
             await asyncio.to_thread(layout.unmount, paths)
+            await asyncio.to_thread(self._m.backend.remove_workspace, sandbox_id(key))
             await asyncio.to_thread(hostfs.remove_tree, paths.root)
         log.info("deleted the workspace of sandbox %r: %s", key, why)
         self._m.record(key, "delete workspace", why)

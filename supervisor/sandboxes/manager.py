@@ -426,6 +426,7 @@ class SandboxManager:
             removed = await asyncio.to_thread(self.containers.remove_own, name)
             await asyncio.to_thread(layout.unmount, paths)
             if delete_workspace:
+                await asyncio.to_thread(self.backend.remove_workspace, sandbox_id(key))
                 await asyncio.to_thread(hostfs.remove_tree, paths.root)
             else:
                 layout.stamp(paths.retired)

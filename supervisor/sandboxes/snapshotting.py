@@ -394,6 +394,11 @@ class Snapshots:
     # --- checks --------------------------------------------------------------------------
 
     def _allowed(self, tenant: str, operation: str) -> tuple[tuple[str, ...], int, int]:
+        if self._m.engine == "kubernetes" and operation != "delete":
+            raise Unsupported(
+                "snapshots read and write workspaces on the supervisor's host; a pod's "
+                "workspace is a volume in the cluster (engine.kind kubernetes): not supported"
+            )
         rules = self._m.config.snapshot_rules(tenant)
         if operation not in rules[0]:
             raise PolicyDenied(

@@ -109,6 +109,9 @@ class FakeBackend:
         del self.containers[info.id]
         return True
 
+    def remove_workspace(self, sandbox_id: str) -> bool:
+        return False  # the workspace is the sandbox's host folder: the manager deletes it
+
     def kill(self, container_id: str) -> None:
         self.containers[container_id] = replace(
             self.containers[container_id],

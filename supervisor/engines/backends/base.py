@@ -102,6 +102,9 @@ class ContainerInfo:
     """The engine gave it id maps of its own (Podman's --userns=auto)."""
     paused: bool = False
     """Every process of it is frozen (the engine's pause)."""
+    address: str = ""
+    """Where its agent is reached over the network (a pod's IP); "" for the host kinds,
+    whose agent listens on a unix socket in the sandbox's host folder."""
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,7 @@ class RuntimeFacts:
 
 class ContainerBackend(Protocol):
     engine: str
-    """"podman" or "docker"."""
+    """"podman", "docker" or "kubernetes"."""
     tmpfs_inodes: bool
     """Whether the engine's tmpfs mounts take an inode cap (Podman 4.3 refuses nr_inodes)."""
 
@@ -180,6 +183,13 @@ class ContainerBackend(Protocol):
 
     def remove(self, name_or_id: str) -> bool:
         """Force-remove (a paused container too); False when there was no such container."""
+        ...
+
+    def remove_workspace(self, sandbox_id: str) -> bool:
+        """Delete the sandbox's workspace where the engine keeps it apart from the container
+        (a pod's claim), once the sandbox is destroyed with its workspace; False when it
+        keeps none (the host kinds: the workspace is the sandbox's host folder, which the
+        manager deletes itself)."""
         ...
 
     def pause(self, name_or_id: str) -> bool:

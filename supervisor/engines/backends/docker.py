@@ -161,6 +161,9 @@ class DockerBackend:
             raise EngineUnavailable(f"Docker: cannot remove {name_or_id}: {exc}") from exc
         return True
 
+    def remove_workspace(self, sandbox_id: str) -> bool:
+        return False  # the workspace is the sandbox's host folder: the manager deletes it
+
     def pause(self, name_or_id: str) -> bool:
         return set_paused(self.inspect, self._client.api.pause, _ENGINE_ERRORS, name_or_id, True)
 

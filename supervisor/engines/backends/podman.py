@@ -179,6 +179,9 @@ class PodmanBackend:
             time.sleep(0.2 * attempt)
             attempt += 1
 
+    def remove_workspace(self, sandbox_id: str) -> bool:
+        return False  # the workspace is the sandbox's host folder: the manager deletes it
+
     def pause(self, name_or_id: str) -> bool:
         return set_paused(
             self.inspect, lambda c: self._client.containers.get(c).pause(), _ENGINE_ERRORS,

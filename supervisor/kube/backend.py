@@ -1,0 +1,422 @@
+"""Sandboxes as pods: the ContainerBackend of engine.kind = "kubernetes".
+
+A sandbox is three objects in kubernetes.namespace, named by its sandbox id:
+
+    stockade-<instance[:8]>-<sid>   the Pod (the container name scheme of the host kinds)
+    stockade-agent-<sid>            a Secret: the agent's certificate and key, the CA's cert
+    stockade-ws-<sid>               the workspace claim (kubernetes.workspace = "pvc")
+
+run() makes the Secret, the claim when there is none yet, and the pod, then waits (a watch,
+kubernetes.ready_timeout_s) until the pod is Ready with an IP, which it reports as
+ContainerInfo.address: the agent is reached there over TCP with mutual TLS (agent_tls()).
+remove() deletes the pod and its Secret and keeps the claim, so a re-created pod (a heal, a
+new profile, a restart) finds the key's files; remove_workspace() deletes the claim, which
+the manager does when a sandbox is destroyed with its workspace or its retention expires.
+
+The TLS: at start the backend reads the installation's CA from the Secret
+kubernetes.ca_secret (tls.crt, tls.key), issues each new pod an agent certificate for its
+fixed name, and itself a short-lived client certificate, issued again as it ages.
+
+What a pod cannot do, said plainly: it cannot be frozen through the API (pause is
+Unsupported), it has no host process (pid 0) and no bind mounts, and its image is pulled by
+the node (image_exists cannot know; a pull that fails shows in run()).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
+
+from stockade.supervisor.config.sandbox import KubernetesConfig
+from stockade.supervisor.engines.backends._common import parse_time
+from stockade.supervisor.engines.backends.base import (
+    LABEL_INSTANCE,
+    LABEL_KEY,
+    LABEL_MANAGED,
+    LABEL_SANDBOX_ID,
+    LABEL_TENANT,
+    BindMount,
+    ContainerInfo,
+    ContainerSpec,
+    EngineView,
+    RuntimeFacts,
+)
+from stockade.supervisor.engines.userns import IDENTITY, IdMaps
+from stockade.supervisor.errors import (
+    ConfigError,
+    EngineUnavailable,
+    SandboxBroken,
+    StockadeError,
+    Unsupported,
+)
+from stockade.supervisor.kube import manifests
+from stockade.supervisor.kube.api import KubeApi, Obj, load_client
+from stockade.supervisor.kube.pki import Authority, Issued, supervisor_tls
+from stockade.supervisor.sandboxes.agent_link import MutualTls, TcpAddress
+
+log = logging.getLogger("stockade")
+
+CLIENT_DAYS = 30
+CLIENT_REISSUE_S = 7 * 86400.0
+"""The supervisor's client certificate is issued again when this old (valid CLIENT_DAYS)."""
+GONE_POLL_S = 0.5
+REPLACED_FLAGS = ("--socket", "--workspace", "--user", "--agent-user")
+"""Agent options of the host kinds' command that the pod's own command replaces (it listens
+on TCP, and runs as the pod's one uid)."""
+STATUS = {"Pending": "created", "Running": "running", "Succeeded": "exited", "Failed": "exited"}
+"""Pod phases in the engines' words (what SandboxInfo shows)."""
+
+
+class KubernetesBackend:
+    engine = "kubernetes"
+    tmpfs_inodes = False
+    """A pod's /tmp is an emptyDir in memory: its size is capped, its inodes are not."""
+
+    def __init__(
+        self,
+        kube: KubernetesConfig,
+        api: KubeApi | None = None,
+        *,
+        sandbox_uid: int = manifests.SANDBOX_UID,
+    ) -> None:
+        self._kube = kube
+        self._api = api or KubeApi(load_client(kube), kube.namespace)
+        self._uid = sandbox_uid
+        self._lock = threading.Lock()
+        self._authority: Authority | None = None
+        self._client: Issued | None = None
+        self._client_at = 0.0
+
+    # The agent's TLS.
+
+    def authority(self) -> Authority:
+        """The installation's CA, read once from kubernetes.ca_secret."""
+        with self._lock:
+            if self._authority is None:
+                self._authority = self._read_authority()
+            return self._authority
+
+    def _read_authority(self) -> Authority:
+        name, namespace = self._kube.ca_secret, self._kube.namespace
+        secret = self._api.read("secret", name)
+        if secret is None:
+            raise ConfigError(
+                f"the agent CA Secret {namespace}/{name} (kubernetes.ca_secret) does not exist: "
+                "create it with the CA's tls.crt and tls.key (deploy/kubernetes)"
+            )
+        data = secret.get("data") or {}
+        try:
+            cert, key = (base64.b64decode(data[field]) for field in ("tls.crt", "tls.key"))
+            return Authority.load(cert, key)
+        except (KeyError, ValueError) as exc:
+            raise ConfigError(
+                f"the agent CA Secret {namespace}/{name} must hold a CA's certificate and key "
+                f"as tls.crt and tls.key: {exc}"
+            ) from None
+
+    def _client_cert(self) -> Issued:
+        authority = self.authority()
+        with self._lock:
+            if self._client is None or time.monotonic() - self._client_at > CLIENT_REISSUE_S:
+                self._client = authority.issue_supervisor(days=CLIENT_DAYS)
+                self._client_at = time.monotonic()
+            return self._client
+
+    def agent_tls(self, sandbox_id: str) -> MutualTls:
+        """What this supervisor dials sandbox_id's agent with."""
+        return supervisor_tls(self.authority(), sandbox_id, self._client_cert())
+
+    def address_of(self, info: ContainerInfo, _paths: object = None) -> TcpAddress:
+        """Where a pod's agent is reached (Containers' address_of hook): its IP, the agent
+        port, mutual TLS for the name of its sandbox's certificate."""
+        sid = info.labels.get(LABEL_SANDBOX_ID, "")
+        if not info.address or not sid:
+            raise SandboxBroken(f"pod {info.name} has no IP or no sandbox id: its agent is unknown")
+        return TcpAddress(info.address, self._kube.agent_port, self.agent_tls(sid))
+
+    # The ContainerBackend protocol.
+
+    def ping(self) -> str:
+        version = self._api.version()
+        self.authority()  # at start: a missing or bad CA is said now, not at the first call
+        return version
+
+    def image_exists(self, ref: str) -> bool:
+        """Unknown here: each node pulls the image for its pods (kubernetes.image_pull_policy);
+        a pod whose image cannot be had fails run() with the kubelet's reason."""
+        return True
+
+    def image_id(self, ref: str) -> str | None:
+        return None  # no registry is asked: adoption does not compare image ids
+
+    def check_user_namespace(self, wanted: bool) -> IdMaps | None:
+        if wanted:
+            raise ConfigError(
+                "sandbox.user_namespace = true is not supported with engine.kind kubernetes: "
+                "pods run as the sandbox uid under the cluster's own user namespace policy"
+            )
+        return None
+
+    def run(self, spec: ContainerSpec, prepare: Callable[[IdMaps], None]) -> ContainerInfo:
+        sid = spec.labels.get(LABEL_SANDBOX_ID, "")
+        if not sid:
+            raise ConfigError(
+                f"{spec.name}: a pod needs a sandbox id (the warm pool, housekeeping.warm_pool, "
+                "is not supported with engine.kind kubernetes)"
+            )
+        prepare(IdMaps(IDENTITY, IDENTITY))  # no id maps of its own: the pod's uid is the user's
+        owned = _owned_labels(spec.labels, sid)
+        secret = manifests.secret_name(sid)
+        claim = manifests.claim_name(sid) if self._kube.workspace == "pvc" else None
+        pod = manifests.sandbox_pod(
+            spec,
+            self._kube,
+            sandbox_id=sid,
+            agent_secret=secret,
+            workspace_claim=claim,
+            agent_args=pod_agent_args(spec.command),
+            sandbox_uid=self._uid,
+        )
+        self._refuse_foreign(spec.name, spec.labels.get(LABEL_INSTANCE, ""))
+        try:
+            self._put_secret(secret, sid, owned)
+            if claim is not None:
+                self._ensure_claim(claim, owned)
+            self._create_pod(pod, spec.labels.get(LABEL_INSTANCE, ""))
+            ready = self._api.wait_ready(spec.name, self._kube.ready_timeout_s)
+        except BaseException:
+            self._undo(spec.name, sid)
+            raise
+        return info_of(ready)
+
+    def _refuse_foreign(self, name: str, instance: str) -> None:
+        """Names carry only a prefix of the instance id: a pod of that name may be another
+        supervisor's, which is left alone (and nothing of its sandbox is touched)."""
+        found = self._api.read("pod", name)
+        owner = manifests.carried_labels(found["metadata"]).get(LABEL_INSTANCE) if found else None
+        if found is not None and owner != instance:
+            raise EngineUnavailable(
+                f"pod {name} exists and belongs to another supervisor (instance {owner or '?'})"
+            )
+
+    def _undo(self, name: str, sid: str) -> None:
+        """After a failed run(): the pod and its Secret go; an error doing so is logged, the
+        run's own error is the one raised."""
+        try:
+            self._remove(name, sid)
+        except StockadeError as exc:
+            log.warning("pod %s: not removed after its failed start: %s", name, exc)
+
+    def _put_secret(self, name: str, sid: str, labels: Mapping[str, str]) -> None:
+        """A fresh agent certificate for the new pod (one left by an earlier pod is
+        replaced: its key is not one this supervisor holds)."""
+        authority = self.authority()
+        body = manifests.agent_secret(
+            name, authority.issue_agent(sid), authority.cert_pem, labels, self._kube.namespace
+        )
+        if self._api.create("secret", body) is None:
+            self._api.delete("secret", name)
+            if self._api.create("secret", body) is None:
+                raise EngineUnavailable(f"Secret {name} was made again by someone else meanwhile")
+
+    def _ensure_claim(self, name: str, labels: Mapping[str, str]) -> None:
+        """The key's claim: made on its first pod, then kept (it is the workspace)."""
+        if self._api.create("claim", manifests.workspace_claim(name, self._kube, labels)):
+            return
+        found = self._api.read("claim", name)
+        if found is not None and manifests.carried_labels(found["metadata"]).get(LABEL_MANAGED):
+            return
+        raise EngineUnavailable(
+            f"a PersistentVolumeClaim {name} exists in namespace {self._kube.namespace} and "
+            "is not Stockade's: it is not used as a workspace"
+        )
+
+    def _create_pod(self, pod: Obj, instance: str) -> None:
+        """Create the pod. One of its name already there (409) is: this supervisor's, made by
+        an earlier try whose answer was lost (taken as it is); one being deleted (waited
+        for, then made anew); another supervisor's, made meanwhile (refused)."""
+        name = pod["metadata"]["name"]
+        deadline = time.monotonic() + self._kube.ready_timeout_s
+        while self._api.create("pod", pod) is None:
+            found = self._api.read("pod", name)
+            if found is None:
+                continue  # deleted meanwhile: create again
+            meta = found.get("metadata") or {}
+            if meta.get("deletionTimestamp"):
+                if time.monotonic() > deadline:
+                    raise SandboxBroken(
+                        f"pod {name} of an earlier container is still being deleted after "
+                        f"{self._kube.ready_timeout_s:g} s"
+                    )
+                time.sleep(GONE_POLL_S)
+                continue
+            if manifests.carried_labels(meta).get(LABEL_INSTANCE) == instance:
+                return
+            raise EngineUnavailable(
+                f"pod {name} exists and belongs to another supervisor (instance "
+                f"{manifests.carried_labels(meta).get(LABEL_INSTANCE, '?')})"
+            )
+
+    def inspect(self, name_or_id: str) -> ContainerInfo | None:
+        pod = self._api.read("pod", name_or_id)
+        return None if pod is None else info_of(pod)
+
+    def list(self, labels: Mapping[str, str]) -> list[ContainerInfo]:
+        """Pods carrying all of `labels`: those that are valid label values are selected by
+        the server, the others (carried as annotations) here."""
+        selectable = {k: v for k, v in labels.items() if manifests.is_label(k, v)}
+        found = [info_of(pod) for pod in self._api.list("pod", selectable)]
+        return [i for i in found if all(i.labels.get(k) == v for k, v in labels.items())]
+
+    def remove(self, name_or_id: str) -> bool:
+        """Delete the pod and its agent Secret; the workspace claim stays."""
+        pod = self._api.read("pod", name_or_id)
+        sid = manifests.carried_labels(pod["metadata"]).get(LABEL_SANDBOX_ID, "") if pod else ""
+        return self._remove(name_or_id, sid or _sid_of(name_or_id))
+
+    def _remove(self, name: str, sid: str) -> bool:
+        removed = self._api.delete("pod", name)
+        if sid:
+            self._api.delete("secret", manifests.secret_name(sid))
+        return removed
+
+    def remove_workspace(self, sandbox_id: str) -> bool:
+        """Delete the sandbox's workspace claim (its pod must be gone); False: none."""
+        return self._api.delete("claim", manifests.claim_name(sandbox_id))
+
+    def pause(self, name_or_id: str) -> bool:
+        raise Unsupported(
+            "a pod cannot be paused: Kubernetes has no freezer in its API (engine.kind "
+            "kubernetes); stop it with DestroySandbox, its workspace claim is kept"
+        )
+
+    def unpause(self, name_or_id: str) -> bool:
+        raise Unsupported("a pod cannot be paused or resumed (engine.kind kubernetes)")
+
+    def mounts(self, name_or_id: str) -> tuple[BindMount, ...] | None:
+        """A pod has volumes, never bind mounts of this host."""
+        return None if self._api.read("pod", name_or_id) is None else ()
+
+    def security_view(self, name_or_id: str) -> EngineView | None:
+        pod = self._api.read("pod", name_or_id)
+        return None if pod is None else view_of(pod)
+
+    def runtime_facts(self) -> RuntimeFacts:
+        """The RuntimeClass pods ask for; its handler and version are the nodes' business."""
+        return RuntimeFacts(name=self._kube.runtime_class)
+
+    def runtimes(self) -> dict[str, str]:
+        return {self._kube.runtime_class: ""} if self._kube.runtime_class else {}
+
+    def close(self) -> None:
+        self._api.close()
+
+
+def pod_agent_args(command: tuple[str, ...]) -> tuple[str, ...]:
+    """The agent options of a ContainerSpec's command that a pod keeps (limits and such);
+    those it replaces go, with their values."""
+    kept: list[str] = []
+    skip = False
+    for arg in command:
+        if skip:
+            skip = False
+        elif arg in REPLACED_FLAGS:
+            skip = True
+        elif arg.split("=", 1)[0] not in REPLACED_FLAGS:
+            kept.append(arg)
+    return tuple(kept)
+
+
+def _owned_labels(labels: Mapping[str, str], sid: str) -> dict[str, str]:
+    """What a sandbox's Secret and claim carry: whose they are, for people and for cleanup."""
+    kept = (LABEL_MANAGED, LABEL_INSTANCE, LABEL_KEY, LABEL_TENANT)
+    return {
+        **manifests.COMPONENT_LABELS,
+        **{k: v for k, v in labels.items() if k in kept},
+        LABEL_SANDBOX_ID: sid,
+    }
+
+
+def _sid_of(name: str) -> str:
+    """The sandbox id in a pod name (stockade-<instance[:8]>-<sid>)."""
+    parts = name.split("-", 2)
+    return parts[2] if len(parts) == 3 and parts[0] == "stockade" else ""
+
+
+def _agent(pod: Obj) -> tuple[Obj, Obj]:
+    """(the agent container's spec, its status)."""
+    empty: Obj = {}
+    spec: Obj = next(iter((pod.get("spec") or {}).get("containers") or []), empty)
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    status: Obj = next((s for s in statuses if s.get("name") == spec.get("name")), empty)
+    return spec, status
+
+
+def info_of(pod: Obj) -> ContainerInfo:
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    container, state = _agent(pod)
+    phase = str(status.get("phase") or "")
+    ended = (state.get("state") or {}).get("terminated") or {}
+    address = str(status.get("podIP") or "")
+    return ContainerInfo(
+        id=str(meta.get("name", "")),
+        name=str(meta.get("name", "")),
+        running=phase == "Running" and bool(address) and not meta.get("deletionTimestamp"),
+        status=STATUS.get(phase, phase.lower() or "unknown"),
+        labels=manifests.carried_labels(meta),
+        image=str(container.get("image") or ""),
+        created_at=parse_time(meta.get("creationTimestamp")),
+        image_id=str(state.get("imageID") or "").rpartition("sha256:")[2],
+        exit_code=ended.get("exitCode"),
+        oom_killed=ended.get("reason") == "OOMKilled",
+        own_userns=(pod.get("spec") or {}).get("hostUsers") is False,
+        address=address,
+    )
+
+
+def view_of(pod: Obj) -> EngineView:
+    """The pod's isolation as its spec asks for it (what the kubelet and runtime were told)."""
+    spec = pod.get("spec") or {}
+    container, _ = _agent(pod)
+    pod_sc, sc = spec.get("securityContext") or {}, container.get("securityContext") or {}
+
+    def setting(name: str) -> Any:
+        return sc.get(name, pod_sc.get(name))
+
+    seccomp = setting("seccompProfile") or {}
+    profile = str(seccomp.get("localhostProfile") or seccomp.get("type") or "")
+    limits = (container.get("resources") or {}).get("limits") or {}
+    caps = sc.get("capabilities") or {}
+    escalation = sc.get("allowPrivilegeEscalation")
+    return EngineView(
+        runtime=str(spec.get("runtimeClassName") or ""),
+        privileged=bool(sc.get("privileged")),
+        cap_drop=tuple(caps.get("drop") or ()),
+        cap_add=tuple(caps.get("add") or ()),
+        read_only_root=bool(sc.get("readOnlyRootFilesystem")),
+        user=f"{setting('runAsUser') or ''}:{setting('runAsGroup') or ''}",
+        network_mode="host" if spec.get("hostNetwork") else "pod",
+        security_options=(f"seccomp={profile}",) if profile else (),
+        no_new_privileges=escalation is False,
+        seccomp_profile=profile,
+        memory_bytes=_bytes(limits.get("memory")),
+        nano_cpus=int(_quantity(limits.get("cpu")) * 1_000_000_000),
+        userns_mode="private" if spec.get("hostUsers") is False else "host",
+    )
+
+
+def _quantity(value: Any) -> float:
+    try:
+        return float(parse_quantity(value)) if value is not None else 0.0
+    except ValueError:
+        return 0.0
+
+
+def _bytes(value: Any) -> int:
+    return int(_quantity(value))
