@@ -11,9 +11,14 @@ here)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
+import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -52,6 +57,8 @@ class KubeMock:
             self.handler = handler
             self.url = str(server.url).rstrip("/")
             handler["get /version/"] << VERSION
+            for plural in RESOURCES.values():  # listed empty before any is made, as a server does
+                handler.resources[f"v1/{plural}"] = {}
             self._up.set()
             await self._stop.wait()
 
@@ -159,3 +166,86 @@ def serving() -> Iterator[KubeMock]:
         yield mock
     finally:
         mock.close()
+
+
+class Kubelet:
+    """The kubelet's part for every pod made in the mock, on a thread: a pod gets its agent
+    (with `agents`, the real one, a subprocess on 127.0.0.N:port, run with the pod's own
+    agent options and the certificates of the pod's Secret), then Ready with podIP
+    127.0.0.N; a deleted pod's agent is stopped. Without `agents`, pods only turn Ready."""
+
+    def __init__(self, mock: KubeMock, root: Path, port: int, *, agents: bool = True) -> None:
+        self._mock, self._root, self._port, self._agents = mock, root, port, agents
+        self.played: dict[str, str] = {}
+        """pod name -> the IP it was given (while it exists)."""
+        self._running: dict[str, subprocess.Popen[bytes]] = {}
+        self._made = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kubelet", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.05):
+            names = set(self._mock.names("pod"))
+            for name in sorted(names):
+                pod = self._mock.get("pod", name)
+                if pod is not None and not pod.get("status"):  # new (maybe of an old name)
+                    if name in self._running:
+                        self._end(name)
+                    self._play(name, pod)
+            for name in sorted(set(self.played) - names):  # deleted: a new one may come
+                del self.played[name]
+                if name in self._running:
+                    self._end(name)
+
+    def _play(self, name: str, pod: dict[str, Any]) -> None:
+        self._made += 1
+        ip = f"127.0.0.{self._made + 1}"
+        self.played[name] = ip
+        if self._agents:
+            self._running[name] = self._start_agent(name, pod, ip)
+        self._mock.set_ready(name, ip)
+
+    def _start_agent(self, name: str, pod: dict[str, Any], ip: str) -> subprocess.Popen[bytes]:
+        container = pod["spec"]["containers"][0]
+        secret_name = next(
+            v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v
+        )
+        secret = self._mock.get("secret", secret_name)
+        assert secret is not None, f"pod {name} came before its Secret"
+        folder = self._root / name
+        (folder / "tls").mkdir(parents=True)
+        (folder / "workspace").mkdir()
+        for file, data in secret["data"].items():
+            (folder / "tls" / file).write_bytes(base64.b64decode(data))
+        command = list(container["command"])
+        module = command.index("stockade.agent")
+        assert command[: module + 1] == ["/usr/bin/tini", "--", "python3", "-m", "stockade.agent"]
+        local = {
+            "--listen": f"{ip}:{self._port}",
+            "--tls-dir": str(folder / "tls"),
+            "--workspace": str(folder / "workspace"),
+        }
+        args = command[module + 1 :]
+        for flag, value in local.items():
+            args[args.index(flag) + 1] = value
+        agent = subprocess.Popen([sys.executable, "-m", "stockade.agent", *args])
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as probe:
+                if probe.connect_ex((ip, self._port)) == 0:
+                    return agent
+            if agent.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the agent of pod {name} did not listen on {ip}")
+            time.sleep(0.05)
+
+    def _end(self, name: str) -> None:
+        agent = self._running.pop(name)
+        agent.terminate()
+        agent.wait(10)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        for name in list(self._running):
+            self._end(name)
