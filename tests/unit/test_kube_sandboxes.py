@@ -1,0 +1,142 @@
+"""A sandbox as a pod, through the real sandbox manager: KubernetesBackend against kmock, the
+test kubelet starting the real agent for each pod (on 127.0.0.N, with the certificate of the
+pod's Secret), and every call reaching it over mutual TLS at the pod's IP. Then a restart
+adopts the pod, and destroying the sandbox with its workspace deletes its claim."""
+
+from __future__ import annotations
+
+import base64
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stockade.supervisor.config import Config, EngineConfig, SandboxConfig
+from stockade.supervisor.config.sandbox import KubernetesConfig
+from stockade.supervisor.errors import Unsupported
+from stockade.supervisor.keys import sandbox_id
+from stockade.supervisor.kube.api import KubeApi, Timeouts, load_client
+from stockade.supervisor.kube.backend import KubernetesBackend
+from stockade.supervisor.kube.pki import Authority
+from stockade.supervisor.sandboxes.manager import SandboxManager
+from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock, serving
+
+pytestmark = pytest.mark.timeout(180)
+FAST = Timeouts(connect_s=2, read_s=5, attempts=3, backoff_s=0.05, watch_window_s=5)
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeMock]:
+    with serving() as mock:
+        authority = Authority.create()
+        data = {"tls.crt": authority.cert_pem, "tls.key": authority.key_pem}
+        mock.put(
+            "secret",
+            {
+                "metadata": {"name": "stockade-agent-ca"},
+                "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
+            },
+        )
+        yield mock
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def port() -> int:
+    return _free_port()
+
+
+@pytest.fixture
+def kubelet(kube: KubeMock, tmp_path: Path, port: int) -> Iterator[Kubelet]:
+    played = Kubelet(kube, tmp_path / "nodes", port)
+    try:
+        yield played
+    finally:
+        played.close()
+
+
+def _manager(kube: KubeMock, tmp_path: Path, port: int) -> SandboxManager:
+    kubernetes = KubernetesConfig(
+        namespace=NAMESPACE,
+        kubeconfig=str(kube.kubeconfig(tmp_path)),
+        agent_port=port,
+        ready_timeout_s=60,
+    )
+    config = Config(
+        state_dir=tmp_path / "state",
+        engine=EngineConfig(kind="kubernetes"),
+        kubernetes=kubernetes,
+        sandbox=SandboxConfig(user="65532:65532", network="none", tmp_inodes=0),
+    )
+    backend = KubernetesBackend(kubernetes, KubeApi(load_client(kubernetes), NAMESPACE, FAST))
+    return SandboxManager(
+        config,
+        backend,
+        instance_id="inst0001aaaa",
+        image="stockade-sandbox:test",
+        address_of=backend.address_of,
+        host_mounts=False,
+    )
+
+
+async def _exec(mgr: SandboxManager, key: str, command: str) -> str:
+    async with mgr.lease(key) as lease:
+        reply = await lease.invoke("exec", {"command": command}, 30.0, "rid", deadline="agent")
+    assert reply.error_code == "", reply
+    assert reply.result is not None
+    return str(reply.result["stdout"])
+
+
+async def test_a_sandbox_is_a_pod_reached_over_mutual_tls(
+    kube: KubeMock, kubelet: Kubelet, tmp_path: Path, port: int
+) -> None:
+    sid = sandbox_id("k")
+    pod = f"stockade-inst0001-{sid}"
+    first = _manager(kube, tmp_path, port)
+    await first.start()
+    try:
+        assert await _exec(first, "k", "echo kept > notes.txt && cat notes.txt") == "kept\n"
+        held = first.registry["k"]
+        assert held.info.address == kubelet.played[pod]
+        # the file is in the pod's workspace (the kubelet's folder), not the host folder
+        assert (tmp_path / "nodes" / pod / "workspace" / "notes.txt").read_text() == "kept\n"
+        assert not (tmp_path / "state" / "sandboxes" / sid / "workspace" / "notes.txt").exists()
+        with pytest.raises(Unsupported, match="cannot be paused"):
+            await first.pause("k", "a test")
+        assert not first.registry["k"].paused
+        assert not first.registry["k"].lost
+    finally:
+        await first.close()
+
+    second = _manager(kube, tmp_path, port)  # a restart: the running pod is adopted
+    assert await second.start() == ["k"]
+    try:
+        assert await _exec(second, "k", "cat notes.txt") == "kept\n"
+        assert kube.names("pod") == [pod]
+        removed, deleted = await second.destroy("k", delete_workspace=True)
+    finally:
+        await second.close()
+    assert (removed, deleted) == (True, True)
+    assert kube.names("pod") == []
+    assert kube.names("secret") == ["stockade-agent-ca"]
+    assert kube.names("claim") == []
+
+
+async def test_destroy_keeps_the_claim_unless_asked(
+    kube: KubeMock, kubelet: Kubelet, tmp_path: Path, port: int
+) -> None:
+    mgr = _manager(kube, tmp_path, port)
+    await mgr.start()
+    try:
+        assert await _exec(mgr, "k", "id -u") == "0\n"  # the test's agent runs as itself
+        assert await mgr.destroy("k", delete_workspace=False) == (True, False)
+        assert kube.names("pod") == []
+        assert kube.names("claim") == [f"stockade-ws-{sandbox_id('k')}"]
+    finally:
+        await mgr.close()
