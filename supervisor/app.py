@@ -20,12 +20,14 @@ from stockade.supervisor.calls.pipeline import HostPolicy
 from stockade.supervisor.config import AuditConfig, Config
 from stockade.supervisor.engines import incontainer
 from stockade.supervisor.engines.backends import create_backend
+from stockade.supervisor.engines.backends.base import ContainerBackend
 from stockade.supervisor.errors import ConfigError, EngineUnavailable
 from stockade.supervisor.network.proxy import EgressDecision
 from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.observe.metrics import Metrics
 from stockade.supervisor.observe.retention import Retention
 from stockade.supervisor.observe.telemetry import Observer, log_call
+from stockade.supervisor.sandboxes.containers import AddressOf, socket_address
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from stockade.supervisor.sandboxes.owner import InstanceLock
 
@@ -50,7 +52,10 @@ def instance_id(state_dir: Path) -> str:
 
 
 def engine_url(config: Config) -> tuple[str, subprocess.Popen[bytes] | None]:
-    """The engine's API address; for Podman with no socket configured, start the service."""
+    """The engine's API address; for Podman with no socket configured, start the service.
+    Kubernetes has none here: its API server is the kubeconfig's ([kubernetes])."""
+    if config.engine.kind == "kubernetes":
+        return "", None
     if config.engine.socket:
         return config.engine.socket, None
     if config.engine.kind == "docker":
@@ -74,6 +79,17 @@ def engine_url(config: Config) -> tuple[str, subprocess.Popen[bytes] | None]:
             ) from exc
         raise EngineUnavailable(f"cannot start the Podman service: {exc}") from exc
     return f"unix://{socket}", process
+
+
+def agent_addresses(backend: ContainerBackend) -> AddressOf:
+    """Where a sandbox's agent is reached: a pod's over TCP with mutual TLS at its IP; a host
+    kind's on the unix socket in its host folder."""
+    if backend.engine == "kubernetes":
+        from stockade.supervisor.kube.backend import KubernetesBackend
+
+        if isinstance(backend, KubernetesBackend):
+            return backend.address_of
+    return socket_address
 
 
 def sandbox_image(config: Config) -> str:
@@ -260,14 +276,16 @@ async def start(config: Config) -> Supervisor:
     config.state_dir.mkdir(parents=True, exist_ok=True)
     lock = InstanceLock(config.state_dir)  # then: a second supervisor starts nothing
     policy = build_policy(config)
-    if incontainer.declared():  # before engine_url, which may start a Podman service
+    pods = config.engine.kind == "kubernetes"
+    if incontainer.declared() and not pods:  # before engine_url: it may start Podman's service
         problems = incontainer.config_problems(config)
         if problems:
             raise ConfigError("in a container: " + "; ".join(problems))
     url, process = await asyncio.to_thread(engine_url, config)
-    backend = await asyncio.to_thread(create_backend, config.engine.kind, url)
+    backend = await asyncio.to_thread(create_backend, config.engine.kind, url, config.kubernetes)
     try:
-        contained = await asyncio.to_thread(incontainer.check, config, backend)
+        # pods are on other machines: no mount the supervisor makes reaches them
+        contained = pods or await asyncio.to_thread(incontainer.check, config, backend)
     except Exception:
         backend.close()
         if process is not None:
@@ -278,6 +296,7 @@ async def start(config: Config) -> Supervisor:
         backend,
         instance_id=instance_id(config.state_dir),
         image=sandbox_image(config),
+        address_of=agent_addresses(backend),
         record_egress=egress_recorder(policy),
         host_mounts=not contained,
         record_event=housekeeping_recorder(policy),

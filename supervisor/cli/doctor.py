@@ -11,6 +11,10 @@ from typing import Any
 from stockade.supervisor.config import Config
 
 SETUP = "run `scripts/setup.sh run` (or `make run`)"
+KUBE_SETUP = (
+    "apply deploy/kubernetes (the namespace, the supervisor's Role, the agent CA Secret) and "
+    "set [kubernetes] kubeconfig, or run the supervisor in the cluster"
+)
 DOCKER_REMAP = (
     'add "userns-remap": "default" to /etc/docker/daemon.json and restart dockerd, '
     "or set sandbox.user_namespace = false"
@@ -28,6 +32,8 @@ class Check:
 
 
 def run_checks(config: Config) -> list[Check]:
+    if config.engine.kind == "kubernetes":  # nothing of this machine runs sandboxes
+        return [_kubernetes(config)]
     checks = [_cgroups()]
     if config.engine.kind == "podman":
         checks.append(_podman_runtime())
@@ -87,6 +93,26 @@ def _engine(config: Config) -> Check:
     except StockadeError as exc:
         return Check("engine", False, str(exc), SETUP)
     return Check("engine", True, f"{config.engine.kind} {version} at {url}")
+
+
+def _kubernetes(config: Config) -> Check:
+    """The API server answers, this namespace's pods may be listed, the agent CA is there."""
+    from stockade.supervisor.engines.backends import create_backend
+    from stockade.supervisor.engines.backends.base import LABEL_MANAGED
+    from stockade.supervisor.errors import StockadeError
+
+    kube = config.kubernetes
+    try:
+        backend = create_backend("kubernetes", "", kube)
+        try:
+            version = backend.ping()
+            pods = len(backend.list({LABEL_MANAGED: "1"}))
+        finally:
+            backend.close()
+    except StockadeError as exc:
+        return Check("kubernetes", False, str(exc), KUBE_SETUP)
+    detail = f"API server {version}; namespace {kube.namespace}: {pods} sandbox pod(s), agent CA"
+    return Check("kubernetes", True, f"{detail} {kube.ca_secret}")
 
 
 def _runtimes(config: Config) -> Check:

@@ -17,7 +17,7 @@ def command_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the supervisor in the foreground")
     serve.add_argument("--config", type=Path, help="TOML config file")
     serve.add_argument("--listen", help="host:port or unix:/path (default 127.0.0.1:50051)")
-    serve.add_argument("--engine", choices=["podman", "docker"])
+    serve.add_argument("--engine", choices=["podman", "docker", "kubernetes"])
     serve.add_argument("--state-dir", help="default /var/lib/stockade")
     serve.add_argument(
         "--no-auth",
@@ -39,7 +39,7 @@ def command_parser() -> argparse.ArgumentParser:
         "doctor", help="check engine, runtime, cgroups and image; or one sandbox's isolation"
     )
     doctor.add_argument("--config", type=Path)
-    doctor.add_argument("--engine", choices=["podman", "docker"])
+    doctor.add_argument("--engine", choices=["podman", "docker", "kubernetes"])
     doctor.add_argument("--sandbox", metavar="KEY", help="report this sandbox's isolation")
     doctor.add_argument("--json", action="store_true", help="with --sandbox: the report as JSON")
     doctor.add_argument("--server", help="with --sandbox: supervisor address")

@@ -108,6 +108,8 @@ def check(cfg: Config) -> None:
             f"engine.kind must be one of {', '.join(ENGINE_KINDS)}, got {cfg.engine.kind!r}"
         )
     _check_kubernetes(cfg.kubernetes)
+    if cfg.engine.kind == "kubernetes":
+        _check_pods(cfg)
     _check_state(cfg.state)
 
 
@@ -174,6 +176,31 @@ def _check_kubernetes(kube: KubernetesConfig) -> None:
             "kubernetes.seccomp_profile is a path relative to the kubelet's seccomp folder, "
             f"got {kube.seccomp_profile!r}"
         )
+
+
+def _check_pods(cfg: Config) -> None:
+    """What sandboxes as pods cannot do (yet): each is a feature of this host."""
+    refused = {
+        "housekeeping.warm_pool": (
+            cfg.housekeeping.warm_pool > 0,
+            "pods are made per sandbox, with the key's claim and certificate",
+        ),
+        'housekeeping.idle_action = "pause"': (
+            cfg.housekeeping.idle_action == "pause",
+            "a pod cannot be frozen through the Kubernetes API",
+        ),
+        "sandbox.workspace_size_mb": (
+            cfg.sandbox.workspace_size_mb > 0,
+            "a pod's workspace is sized by kubernetes.workspace_size_mb",
+        ),
+        'sandbox.network = "egress"': (
+            cfg.sandbox.network == "egress",
+            "its links are built on the supervisor's host, not a node",
+        ),
+    }
+    for setting, (wanted, why) in refused.items():
+        if wanted:
+            raise ConfigError(f"{setting} does not go with engine.kind kubernetes: {why}")
 
 
 def _check_state(state: StateConfig) -> None:

@@ -58,9 +58,11 @@ class ImageBuildError(Exception):
 
 
 def image_ref(engine: str) -> str:
-    """The reference of the sandbox image in that engine (the same for both):
-    $STOCKADE_IMAGE_REF when set (keeps two checkouts' images apart), else IMAGE_REF."""
-    if engine not in ("podman", "docker"):
+    """The reference of the sandbox image in that engine (the same for all):
+    $STOCKADE_IMAGE_REF when set (keeps two checkouts' images apart), else IMAGE_REF. For
+    kubernetes the nodes must have it or pull it: a cluster usually wants sandbox.image set
+    to a registry's reference."""
+    if engine not in ("podman", "docker", "kubernetes"):
         raise ValueError(f"unknown engine {engine!r}")
     return os.environ.get("STOCKADE_IMAGE_REF") or IMAGE_REF
 
