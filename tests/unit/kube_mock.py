@@ -213,18 +213,23 @@ class Kubelet:
         )
         secret = self._mock.get("secret", secret_name)
         assert secret is not None, f"pod {name} came before its Secret"
-        folder = self._root / name
-        (folder / "tls").mkdir(parents=True)
-        (folder / "workspace").mkdir()
+        # the workspace outlives the pod when it is a claim (one folder per claim), not when
+        # it is an emptyDir (one per pod); the Secret's files are the pod's own
+        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "workspace")
+        claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+        workspace = self._root / (claim or f"{name}-{self._made}")
+        workspace.mkdir(parents=True, exist_ok=True)
+        tls = self._root / f"{name}-{self._made}-tls"
+        tls.mkdir(parents=True)
         for file, data in secret["data"].items():
-            (folder / "tls" / file).write_bytes(base64.b64decode(data))
+            (tls / file).write_bytes(base64.b64decode(data))
         command = list(container["command"])
         module = command.index("stockade.agent")
         assert command[: module + 1] == ["/usr/bin/tini", "--", "python3", "-m", "stockade.agent"]
         local = {
             "--listen": f"{ip}:{self._port}",
-            "--tls-dir": str(folder / "tls"),
-            "--workspace": str(folder / "workspace"),
+            "--tls-dir": str(tls),
+            "--workspace": str(workspace),
         }
         args = command[module + 1 :]
         for flag, value in local.items():
@@ -238,6 +243,17 @@ class Kubelet:
             if agent.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the agent of pod {name} did not listen on {ip}")
             time.sleep(0.05)
+
+    def kill(self, name: str) -> None:
+        """The pod's agent dies (the OOM killer, say): its process ends and the pod fails."""
+        self._end(name)
+        died = {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
+        status = {
+            "phase": "Failed",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [{"name": "sandbox", "state": died}],
+        }
+        self._mock.patch("pod", name, {"status": status}, "status")
 
     def _end(self, name: str) -> None:
         agent = self._running.pop(name)

@@ -104,8 +104,10 @@ async def test_a_sandbox_is_a_pod_reached_over_mutual_tls(
         assert await _exec(first, "k", "echo kept > notes.txt && cat notes.txt") == "kept\n"
         held = first.registry["k"]
         assert held.info.address == kubelet.played[pod]
-        # the file is in the pod's workspace (the kubelet's folder), not the host folder
-        assert (tmp_path / "nodes" / pod / "workspace" / "notes.txt").read_text() == "kept\n"
+        # the file is in the pod's workspace (the kubelet's folder for its claim), not the
+        # host folder
+        claim = tmp_path / "nodes" / f"stockade-ws-{sid}"
+        assert (claim / "notes.txt").read_text() == "kept\n"
         assert not (tmp_path / "state" / "sandboxes" / sid / "workspace" / "notes.txt").exists()
         with pytest.raises(Unsupported, match="cannot be paused"):
             await first.pause("k", "a test")
@@ -138,5 +140,24 @@ async def test_destroy_keeps_the_claim_unless_asked(
         assert await mgr.destroy("k", delete_workspace=False) == (True, False)
         assert kube.names("pod") == []
         assert kube.names("claim") == [f"stockade-ws-{sandbox_id('k')}"]
+    finally:
+        await mgr.close()
+
+
+async def test_a_dead_pod_is_made_again_on_its_claim(
+    kube: KubeMock, kubelet: Kubelet, tmp_path: Path, port: int
+) -> None:
+    pod = f"stockade-inst0001-{sandbox_id('k')}"
+    mgr = _manager(kube, tmp_path, port)
+    await mgr.start()
+    try:
+        await _exec(mgr, "k", "echo before > notes.txt")
+        first_ip = kubelet.played[pod]
+        kubelet.kill(pod)
+        info = await mgr.get("k")
+        assert info.state.name == "EXITED"
+        assert await _exec(mgr, "k", "cat notes.txt") == "before\n"  # a new pod, same claim
+        assert kubelet.played[pod] != first_ip
+        assert mgr.registry["k"].info.address == kubelet.played[pod]
     finally:
         await mgr.close()
