@@ -55,8 +55,8 @@ class Timeouts:
     """How long each request and the whole of one call's retries may take."""
 
     connect_s: float = 5.0
-    read_s: float = 20.0
-    attempts: int = 5
+    read_s: float = 10.0
+    attempts: int = 4
     """Tries of one call (the first included) before it is EngineUnavailable."""
     backoff_s: float = 0.2
     """The pause after the first failure; it doubles after each (up to max_backoff_s)."""
@@ -249,9 +249,13 @@ class KubeApi:
         return self._retrying(what, lambda: _json(method(*args, **_raw(timeout), **kwargs)))
 
     def _open(
-        self, what: str, method: Callable[..., Any], timeout: tuple[float, float], *args: Any,
+        self,
+        what: str,
+        method: Callable[..., Any],
+        timeout: tuple[float, float],
+        *args: Any,
         **kwargs: Any,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         """The open response of a streamed call (a watch), retried as _call is."""
         return self._retrying(what, lambda: method(*args, **_raw(timeout), **kwargs))
 

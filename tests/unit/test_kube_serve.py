@@ -15,6 +15,8 @@ import pytest
 
 from stockade.client import Stockade, Unimplemented
 from stockade.supervisor.cli import launcher
+from stockade.supervisor.cli.doctor import run_checks
+from stockade.supervisor.cli.parsing import command_parser
 from stockade.supervisor.config import load_config
 from stockade.supervisor.errors import ConfigError
 from stockade.supervisor.kube.pki import Authority
@@ -118,3 +120,23 @@ def test_what_pods_cannot_do_is_refused_at_load(tmp_path: Path, setting: str, wo
         load_config(path)
     path.write_text(f'[engine]\nkind = "podman"\n{setting}')
     load_config(path)  # the host kinds can
+
+
+def test_the_command_line_takes_the_kubernetes_kind() -> None:
+    parser = command_parser()
+    assert parser.parse_args(["serve", "--engine", "kubernetes"]).engine == "kubernetes"
+    assert parser.parse_args(["doctor", "--engine", "kubernetes"]).engine == "kubernetes"
+
+
+def test_doctor_checks_the_cluster(kube: KubeMock, tmp_path: Path) -> None:
+    config = load_config(_config(tmp_path, kube, "127.0.0.1:0", 7443))
+    [check] = run_checks(config)
+    assert check.ok, check
+    assert check.detail == (
+        "API server v1.30.0-kmock; namespace stockade: 0 sandbox pod(s), agent CA stockade-agent-ca"
+    )
+    kube.react(lambda k: k["get /api/v1/namespaces/stockade/secrets/stockade-agent-ca"] << 403)
+    [check] = run_checks(config)
+    assert not check.ok
+    assert "refuses to read secret stockade-agent-ca" in check.detail
+    assert "deploy/kubernetes" in check.fix
