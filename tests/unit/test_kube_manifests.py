@@ -208,7 +208,11 @@ def test_volumes_with_a_claim() -> None:
         "persistentVolumeClaim": {"claimName": claim_name(SID)},
     }
     assert volumes["tmp"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Mi"}
-    assert volumes["tls"]["secret"] == {"secretName": secret_name(SID), "defaultMode": 0o440}
+    assert volumes["tls"]["secret"] == {
+        "secretName": secret_name(SID),
+        "defaultMode": 0o440,
+        "optional": False,
+    }
     assert volumes["tmpfs-0"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Mi"}
     mounts = {m["mountPath"]: m for m in _container(pod)["volumeMounts"]}
     assert mounts["/workspace"]["name"] == "workspace"
