@@ -20,6 +20,11 @@ defaultMode, group fsGroup), a disk emptyDir a host folder, all bind-mounted int
 them as such). Everything else in the Pod goes to Podman unchanged.
 
 A disk emptyDir's sizeLimit is not applied (a kubelet enforces it by evicting the pod).
+
+What 4.3 ignores and this does not make up for: securityContext.seccompProfile (Podman's own
+default profile applies, which is what RuntimeDefault means on a Podman node; a Localhost
+profile is not loaded), runtimeClassName, the ephemeral-storage limit (a kubelet's eviction),
+and the pod has no pids limit (a kubelet's podPidsLimit).
 """
 
 from __future__ import annotations
@@ -112,13 +117,13 @@ def _materialize(
     return pod
 
 
-def play(pod: dict[str, Any], secrets: Mapping[str, dict[str, Any]] = {}) -> PlayedPod:
+def play(pod: dict[str, Any], secrets: Mapping[str, dict[str, Any]] | None = None) -> PlayedPod:
     """Run `pod` (one container) with the Secrets it mounts; down() undoes it all."""
     name = pod["metadata"]["name"]
     played = PlayedPod(name, Path(tempfile.mkdtemp(prefix="kubelet-", dir="/tmp")))
     try:
         spec_path = played.root / "pod.json"
-        spec_path.write_text(json.dumps(_materialize(pod, secrets, played)))
+        spec_path.write_text(json.dumps(_materialize(pod, secrets or {}, played)))
         done = podman("kube", "play", str(spec_path))
         if done.returncode != 0:
             raise RuntimeError(f"podman kube play failed: {done.stderr.strip()}")
@@ -139,7 +144,9 @@ def down(played: PlayedPod) -> None:
 
 
 @contextlib.contextmanager
-def running(pod: dict[str, Any], secrets: Mapping[str, dict[str, Any]] = {}) -> Iterator[PlayedPod]:
+def running(
+    pod: dict[str, Any], secrets: Mapping[str, dict[str, Any]] | None = None
+) -> Iterator[PlayedPod]:
     played = play(pod, secrets)
     try:
         yield played

@@ -14,7 +14,7 @@ import socket
 import tarfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,9 +227,7 @@ async def test_upload_and_download(agent: AgentConnection) -> None:
     assert isinstance(got[-1], AgentReply)
     assert got[-1].error_code == ""
     assert b"".join(c for c in got if isinstance(c, bytes)) == payload
-    tarred = b"".join(
-        [c async for c in agent.download(".", True, T) if isinstance(c, bytes)]  # type: ignore[misc]
-    )
+    tarred = b"".join([c async for c in agent.download(".", True, T) if isinstance(c, bytes)])
     with tarfile.open(fileobj=io.BytesIO(tarred)) as tar:
         assert "./blob.bin" in tar.getnames() or "blob.bin" in tar.getnames()
 
@@ -252,6 +250,7 @@ async def test_an_interact_session(agent: AgentConnection) -> None:
 async def test_the_file_watch(agent: AgentConnection) -> None:
     await _exec(agent, "mkdir -p watched")
     watch = agent.watch_files("watched", True)
+    assert isinstance(watch, AsyncGenerator)
     first = await anext(watch)
     assert first == AgentWatchStarted("watched")
     await _exec(agent, "echo x > watched/new.txt")
