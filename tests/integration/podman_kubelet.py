@@ -117,6 +117,20 @@ def _materialize(
     return pod
 
 
+def publish(pod: dict[str, Any], host_ip: str, host_port: int) -> dict[str, Any]:
+    """The pod with its first container's first port published on host_ip:host_port (a
+    hostPort: for tests on loopback only; the manifests publish none)."""
+    pod = copy.deepcopy(pod)
+    pod["spec"]["containers"][0]["ports"][0].update(hostPort=host_port, hostIP=host_ip)
+    return pod
+
+
+def remove_claim(name: str) -> None:
+    """A workspace claim's volume (Podman plays a persistentVolumeClaim as a named volume of
+    the claim's name, made at first use and kept after the pod, as a claim is)."""
+    podman("volume", "rm", "--force", name)
+
+
 def play(pod: dict[str, Any], secrets: Mapping[str, dict[str, Any]] | None = None) -> PlayedPod:
     """Run `pod` (one container) with the Secrets it mounts; down() undoes it all."""
     name = pod["metadata"]["name"]

@@ -8,6 +8,7 @@ certificate, plain text) get nothing done. Podman only: the pod is Podman's to p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import socket
@@ -121,15 +122,24 @@ def pod(engine: str) -> Iterator[Pod]:
         workspace_claim=None,
         agent_args=AGENT_ARGS,
     )
-    port = int(free_tcp_address().rpartition(":")[2])
-    [container] = spec["spec"]["containers"]
-    container["ports"][0].update(hostPort=port, hostIP="127.0.0.1")
+    port = _free_port()
+    spec = podman_kubelet.publish(spec, "127.0.0.1", port)
     with podman_kubelet.running(spec, {manifests.secret_name(sandbox_id): secret}) as played:
         yield Pod(played, sandbox_id, port, ca)
 
 
+def _free_port() -> int:
+    return int(free_tcp_address().rpartition(":")[2])
+
+
 @pytest.fixture
 async def agent(pod: Pod) -> AsyncIterator[AgentConnection]:
+    async with _connected(pod) as conn:
+        yield conn
+
+
+@contextlib.asynccontextmanager
+async def _connected(pod: Pod) -> AsyncIterator[AgentConnection]:
     conn = pod.connection()
     try:
         try:
@@ -263,6 +273,39 @@ async def test_the_file_watch(agent: AgentConnection) -> None:
                 break
     await watch.aclose()
     assert ("create", "new.txt") in [(c.kind, c.name) for c in changes]
+
+
+async def test_a_claimed_workspace_outlives_its_pod(engine: str) -> None:
+    """The supervisor replaces a dead pod by a new one on the same claim: the files stay."""
+    ca = Authority.create()
+    sandbox_id = uuid.uuid4().hex[:16]
+    claim = manifests.claim_name(sandbox_id)
+    secrets = {
+        manifests.secret_name(sandbox_id): manifests.agent_secret(
+            manifests.secret_name(sandbox_id), ca.issue_agent(sandbox_id), ca.cert_pem, {}
+        )
+    }
+    try:
+        for generation in ("first", "second"):
+            spec = manifests.sandbox_pod(
+                _spec(sandbox_id),
+                KubernetesConfig(image_pull_policy="Never"),
+                sandbox_id=sandbox_id,
+                agent_secret=manifests.secret_name(sandbox_id),
+                workspace_claim=claim,
+                agent_args=AGENT_ARGS,
+            )
+            port = _free_port()
+            spec = podman_kubelet.publish(spec, "127.0.0.1", port)
+            with podman_kubelet.running(spec, secrets) as played:
+                async with _connected(Pod(played, sandbox_id, port, ca)) as conn:
+                    if generation == "first":
+                        await _call(conn, "write_file", path="kept.txt", content="kept\n")
+                    else:
+                        read = await _call(conn, "read_file", path="kept.txt")
+                        assert read["content"] == "kept\n"
+    finally:
+        podman_kubelet.remove_claim(claim)
 
 
 # the security context, proven from inside
