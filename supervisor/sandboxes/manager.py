@@ -280,9 +280,8 @@ class SandboxManager:
             self._admit(key, made.memory_mb)
             self._starting.add(key)
             try:
-                taken = None
-                if old is None and self.remote:
-                    taken = await adoption.take_over(self, key, wanted, shape)
+                # another replica may have made (or re-made) the key's container meanwhile
+                taken = await adoption.take_over(self, key, wanted, shape) if self.remote else None
                 if taken is not None:
                     self.registry[key] = taken
                     return taken

@@ -120,3 +120,20 @@ async def test_host_engines_keep_replacing(tmp_path: Path) -> None:
     again = await two.ensure("k")
     assert backend.runs == 2
     assert again.info.id != made.info.id
+
+
+async def test_a_replica_whose_sandbox_another_replaced_takes_the_new_one(
+    tmp_path: Path, pods: FakeBackend
+) -> None:
+    """No ping-pong: one replica re-made the container (here: for another network); the other,
+    finding its own gone at its next call, takes the new one rather than making a third."""
+    one, two = replica(tmp_path / "one", pods), replica(tmp_path / "two", pods)
+    await one.ensure("k")
+    await two.ensure("k")
+    remade = await two.ensure("k", NetworkRequest(mode="none"))
+    assert pods.runs == 2
+    held = one.registry["k"]
+    held.lost = True  # what its next call's health check finds: the container is gone
+    again = await one.ensure("k")
+    assert again.info.id == remade.info.id
+    assert pods.runs == 2
