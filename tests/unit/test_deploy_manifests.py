@@ -4,7 +4,7 @@ by its kustomization, and the security facts hold: a namespaced Role without wil
 pods/exec, supervisor pods under the "restricted" Pod Security profile, NetworkPolicies that
 admit only the supervisors to a sandbox's agent port and let each network mode out as far as
 it says. The shipped stockade.toml loads, and agrees with the manifests on every name, label
-and port they share. The Secrets are made by the commands docs/kubernetes.md gives.
+and port they share.
 
 No cluster runs here: `kubectl kustomize` (offline) renders the installation when kubectl is
 installed; the rest reads the files."""
@@ -12,93 +12,40 @@ installed; the rest reads the files."""
 from __future__ import annotations
 
 import copy
-import os
-import re
-import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, get_args
 from urllib.parse import urlsplit
 
 import kubernetes_validate
 import pytest
-import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from kubernetes_validate.utils import latest_version, major_minor
 
-from stockade.supervisor.api.auth import parse_tokens
 from stockade.supervisor.config import Config
-from stockade.supervisor.config.loading import load_config
 from stockade.supervisor.config.sandbox import NetworkMode
 from stockade.supervisor.engines.backends.base import LABEL_MANAGED, LABEL_NETWORK
+from tests.unit.deploy_files import (
+    CLUSTER_KINDS,
+    DEPLOY,
+    K8S_VERSIONS,
+    REPO,
+    SECRETS,
+    generated_files,
+    generated_keys,
+    kustomization,
+    kustomize,
+    manifests,
+    of_kind,
+    one,
+    shipped_config,
+    supervisor_container,
+    supervisor_pod,
+)
 from tests.unit.pod_security import restricted_violations
-
-REPO = Path(__file__).resolve().parents[2]
-DEPLOY = REPO / "deploy" / "kubernetes"
-SECRETS = DEPLOY / "secrets"
-DOC = REPO / "docs" / "kubernetes.md"
-# The oldest Kubernetes the manifests are for (grpc probes, matchLabelKeys) and the newest
-# the package has schemas of.
-K8S_VERSIONS = ("1.30", major_minor(latest_version()))
-KUSTOMIZE_KINDS = {"Kustomization"}
-CLUSTER_KINDS = {"ClusterRole", "ClusterRoleBinding", "Namespace", "PersistentVolume"}
-
-
-def load_yaml(path: Path) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
-
-
-def manifests() -> Iterator[tuple[Path, dict[str, Any]]]:
-    """Every API object in the YAML files under deploy/kubernetes (kustomizations aside)."""
-    for path in sorted(DEPLOY.rglob("*.yaml")):
-        for doc in load_yaml(path):
-            if doc.get("kind") not in KUSTOMIZE_KINDS:
-                yield path, doc
-
-
-def of_kind(kind: str) -> list[dict[str, Any]]:
-    return [doc for _, doc in manifests() if doc["kind"] == kind]
-
-
-def one(kind: str, name: str) -> dict[str, Any]:
-    (found,) = [doc for doc in of_kind(kind) if doc["metadata"]["name"] == name]
-    return found
-
-
-def kustomization(folder: Path) -> dict[str, Any]:
-    (doc,) = load_yaml(folder / "kustomization.yaml")
-    assert doc["kind"] == "Kustomization"
-    return doc
-
-
-def generated_files(kust: dict[str, Any]) -> list[str]:
-    """The files the generators read (`key=file` or `file`)."""
-    entries = [*kust.get("configMapGenerator", []), *kust.get("secretGenerator", [])]
-    return [item.split("=", 1)[-1] for gen in entries for item in gen.get("files", [])]
-
-
-def supervisor_pod() -> dict[str, Any]:
-    return one("Deployment", "stockade-supervisor")["spec"]["template"]  # type: ignore[no-any-return]
-
-
-def supervisor_container() -> dict[str, Any]:
-    (container,) = supervisor_pod()["spec"]["containers"]
-    return container  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module")
 def config() -> Config:
-    """stockade.toml as the supervisor loads it, under the Deployment's environment."""
-    env = {e["name"]: e["value"] for e in supervisor_container()["env"] if "value" in e}
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("STOCKADE_ENGINE", "STOCKADE_ENGINE_SOCKET"):  # the image sets neither
-            patch.delenv(name, raising=False)
-        for name, value in env.items():
-            patch.setenv(name, value)
-        return load_config(DEPLOY / "stockade.toml")
+    return shipped_config()
 
 
 # --- files and schemas ---------------------------------------------------------------------
@@ -158,17 +105,6 @@ def test_the_validation_refuses_a_misspelled_field_and_a_missing_required_one() 
     del deployment["spec"]["selector"]
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, K8S_VERSIONS[0], strict=True)
-
-
-def kustomize(folder: Path) -> list[dict[str, Any]]:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed: `kubectl kustomize` renders the installation")
-    done = subprocess.run(
-        [kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc is not None]
 
 
 def test_the_rendered_installation_is_valid_and_in_its_namespace(config: Config) -> None:
@@ -359,10 +295,6 @@ def test_stockade_toml_agrees_with_the_manifests(config: Config) -> None:
     assert mounts["tmp"] == "/tmp"
 
 
-def generated_keys(generator: dict[str, Any]) -> list[str]:
-    return [item.split("=", 1)[0] for item in generator["files"]]
-
-
 # --- NetworkPolicies -----------------------------------------------------------------------
 
 
@@ -441,47 +373,3 @@ def test_a_sandbox_of_mode_open_reaches_anywhere() -> None:
 
 def test_the_policies_leave_the_supervisors_alone(config: Config) -> None:
     assert selecting(dict(config.kubernetes.supervisor_labels)) == []
-
-
-# --- the Secrets, made as docs/kubernetes.md says ------------------------------------------
-
-
-def doc_block(marker: str) -> str:
-    """The first ```sh block of docs/kubernetes.md that contains marker."""
-    for block in re.findall(r"```sh\n(.*?)```", DOC.read_text(), flags=re.S):
-        if marker in block:
-            return block  # type: ignore[no-any-return]
-    raise AssertionError(f"docs/kubernetes.md has no sh block with {marker!r}")
-
-
-def test_the_documented_commands_make_valid_secrets(tmp_path: Path, config: Config) -> None:
-    folder = tmp_path / "secrets"
-    shutil.copytree(SECRETS, folder)
-    block = doc_block("openssl req")
-    assert "kubectl" not in block  # made here, applied in the next step of the doc
-    env = {**os.environ, "PASSWORD": "a-database-password"}
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", block],
-        cwd=folder,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    cert = x509.load_pem_x509_certificate((folder / "ca.crt").read_bytes())
-    key = serialization.load_pem_private_key((folder / "ca.key").read_bytes(), password=None)
-    assert isinstance(key, ec.EllipticCurvePrivateKey)
-    assert key.curve.name == "secp256r1"
-    assert cert.public_key() == key.public_key()
-    constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints)
-    assert constraints.critical
-    assert constraints.value.ca
-    assert cert.extensions.get_extension_for_class(x509.KeyUsage).value.key_cert_sign
-    assert parse_tokens((folder / "tokens").read_text())  # one token the supervisor accepts
-    assert (folder / "password").read_text() == "a-database-password"  # no newline
-    rendered = {doc["metadata"]["name"]: doc for doc in kustomize(folder)}
-    assert set(rendered) == {config.kubernetes.ca_secret, "stockade-tokens", "stockade-state"}
-    for doc in rendered.values():
-        kubernetes_validate.validate(doc, K8S_VERSIONS[0], strict=True)
-        assert doc["metadata"]["namespace"] == config.kubernetes.namespace
