@@ -37,6 +37,7 @@ from stockade.supervisor.kube.manifests import (
     workspace_claim,
 )
 from stockade.supervisor.kube.pki import Authority
+from tests.unit.pod_security import restricted_violations
 
 SID = "0123456789abcdef"
 INSTANCE = "a1b2c3d4e5f60718"
@@ -121,8 +122,21 @@ def test_the_pod_is_a_v1_pod() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "kube",
+    [
+        KubernetesConfig(),
+        KubernetesConfig(workspace="emptydir", runtime_class="gvisor"),
+        KubernetesConfig(seccomp_profile="stockade/agent.json"),
+    ],
+)
+def test_the_pod_passes_pod_security_admission(kube: KubernetesConfig) -> None:
+    """The restricted profile as admission checks it (tests/unit/pod_security.py)."""
+    assert restricted_violations(_pod(kube)["spec"]) == []
+
+
 def test_the_pod_meets_restricted_pod_security() -> None:
-    """Each check of the "restricted" profile (and the "baseline" ones it includes)."""
+    """Each field the "restricted" profile (and "baseline" in it) is about, as designed."""
     pod = _pod()
     spec = pod["spec"]
     for field in ("hostNetwork", "hostPID", "hostIPC"):
