@@ -5,29 +5,25 @@ runs each pod stored there under Podman's Kubernetes YAML runner (`podman kube p
 No Kubernetes server can run on these machines; this is the nearest honest thing. What the
 kubelet does for a pod, as a node's kubelet would:
 
-- its Secret volumes become files in a folder of the kubelet's (each key a file, decoded, of
-  the volume's defaultMode, owned by root and the pod's fsGroup) mounted read-only: Podman 4.3
-  cannot mount a Secret volume itself (it crashes on one without `optional`, and writes the
-  data base64-encoded);
-- a claim (persistentVolumeClaim) is the Podman volume of the claim's name, made when missing,
-  so that it outlives the pod, as a claim does;
+- its volumes are played as a kubelet plays them (podman_kubelet.py: Podman 4.3 cannot play
+  Secret volumes or emptyDirs right): Secrets and memory emptyDirs as tmpfs mounts of their
+  own, disk emptyDirs as folders, all removed with the pod; a claim (persistentVolumeClaim) is
+  the Podman volume of the claim's name, which outlives the pod, as a claim does;
 - the pod gets a loopback address of its own (127.0.0.N: all of 127/8 is loopback) on which
   its container ports are published: the test's traffic never leaves loopback;
 - once the agent port accepts connections, the pod's status says Running, Ready, podIP
   127.0.0.N; when its container exits, Failed (or Succeeded) with the exit code;
 - a pod deleted from the API is removed from Podman.
 
-What it does not do, and a real cluster would: schedule, enforce NetworkPolicies, honour an
-emptyDir's `medium: Memory` (Podman 4.3 makes it a volume on disk), resource requests."""
+What it does not do, and a real cluster would: schedule, enforce NetworkPolicies, apply
+seccompProfile, runtimeClassName, ephemeral-storage and pids limits (podman_kubelet.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import copy
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -40,6 +36,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.integration import podman_kubelet
 
 PODMAN = "podman"
 POLL_S = 0.1
@@ -137,8 +135,7 @@ class MockApi:
 class Played:
     name: str
     address: str
-    kube_file: Path
-    folder: Path
+    pod: podman_kubelet.PlayedPod | None = None
     ready: bool = False
     ended: bool = False
 
@@ -152,7 +149,6 @@ class Kubelet:
         self.pods: dict[str, Played] = {}
         self.errors: list[str] = []
         self.claims: set[str] = set()
-        self._root = Path(tempfile.mkdtemp(prefix="stockade-kubelet-"))
         self._next_host = FIRST_HOST
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kubelet", daemon=True)
@@ -166,8 +162,7 @@ class Kubelet:
         for played in list(self.pods.values()):
             self._remove(played)
         for claim in self.claims:
-            subprocess.run([PODMAN, "volume", "rm", "-f", claim], capture_output=True)
-        shutil.rmtree(self._root, ignore_errors=True)
+            podman_kubelet.remove_claim(claim)
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):
@@ -190,65 +185,33 @@ class Kubelet:
                 self._report(pod, known)
 
     def _play(self, pod: dict[str, Any]) -> Played:
+        """Run the pod with its Secrets and claims (podman_kubelet.py plays the volumes as a
+        kubelet does), its container ports published on a loopback address of its own."""
         name = pod["metadata"]["name"]
-        address = f"127.0.0.{self._next_host}"
+        played = Played(name, f"127.0.0.{self._next_host}")
         self._next_host += 1
-        folder = self._root / name
-        folder.mkdir()
-        local = self._localized(pod, address, folder)
-        kube_file = folder / "pod.json"
-        kube_file.write_text(json.dumps(local), encoding="utf-8")
-        played = Played(name, address, kube_file, folder)
-        done = subprocess.run(
-            [PODMAN, "kube", "play", str(kube_file)], capture_output=True, text=True
-        )
-        if done.returncode != 0:
-            self.errors.append(f"kube play {name}: {done.stderr.strip()[-2000:]}")
+        local = copy.deepcopy(pod)
+        local.pop("status", None)
+        secrets: dict[str, dict[str, Any]] = {}
+        for volume in local["spec"].get("volumes", []):
+            if "secret" in volume:
+                secret_name = volume["secret"]["secretName"]
+                secrets[secret_name] = self.api.request(
+                    "GET", f"/api/v1/namespaces/{self.namespace}/secrets/{secret_name}"
+                )
+            elif "persistentVolumeClaim" in volume:
+                self.claims.add(volume["persistentVolumeClaim"]["claimName"])
+        for container in local["spec"].get("containers", []):
+            for port in container.get("ports", []):
+                port["hostIP"] = played.address
+                port["hostPort"] = port["containerPort"]
+        try:
+            played.pod = podman_kubelet.play(local, secrets)
+        except Exception as exc:
+            self.errors.append(f"kube play {name}: {str(exc)[-2000:]}")
             self._set_status(name, {"phase": "Failed", "reason": "KubePlayFailed"})
             played.ended = True
         return played
-
-    def _localized(self, pod: dict[str, Any], address: str, folder: Path) -> dict[str, Any]:
-        """The pod as Podman 4.3 can play it: secrets as files, claims as named volumes,
-        ports published on the pod's loopback address."""
-        local = copy.deepcopy(pod)
-        local.pop("status", None)
-        spec = local["spec"]
-        group = int(spec.get("securityContext", {}).get("fsGroup", 0))
-        for volume in spec.get("volumes", []):
-            if "secret" in volume:
-                source = volume.pop("secret")
-                target = folder / volume["name"]
-                self._write_secret(source, target, group)
-                volume["hostPath"] = {"path": str(target), "type": "Directory"}
-            elif "persistentVolumeClaim" in volume:
-                claim = volume["persistentVolumeClaim"]["claimName"]
-                if claim not in self.claims:
-                    subprocess.run([PODMAN, "volume", "create", claim], capture_output=True)
-                    self.claims.add(claim)
-        for container in spec.get("containers", []):
-            for port in container.get("ports", []):
-                port["hostIP"] = address
-                port["hostPort"] = port["containerPort"]
-        return local
-
-    def _write_secret(self, source: dict[str, Any], target: Path, group: int) -> None:
-        secret = self.api.request(
-            "GET", f"/api/v1/namespaces/{self.namespace}/secrets/{source['secretName']}"
-        )
-        target.mkdir(mode=0o750)
-        os.chown(target, 0, group)
-        mode = int(source.get("defaultMode", 0o644))
-        for key, value in (secret.get("data") or {}).items():
-            self._write_file(target / key, base64.b64decode(value), mode, group)
-        for key, value in (secret.get("stringData") or {}).items():
-            self._write_file(target / key, value.encode(), mode, group)
-
-    @staticmethod
-    def _write_file(path: Path, data: bytes, mode: int, group: int) -> None:
-        path.write_bytes(data)
-        os.chown(path, 0, group)
-        os.chmod(path, mode)
 
     def _report(self, pod: dict[str, Any], played: Played) -> None:
         state = self._container_state(played.name)
@@ -320,8 +283,8 @@ class Kubelet:
             )
 
     def _remove(self, played: Played) -> None:
-        subprocess.run([PODMAN, "pod", "rm", "-f", "-t", "0", played.name], capture_output=True)
-        shutil.rmtree(played.folder, ignore_errors=True)
+        if played.pod is not None:
+            podman_kubelet.down(played.pod)
         self.pods.pop(played.name, None)
 
     def wait_ready(self, name: str, timeout: float = 60.0) -> Played:
