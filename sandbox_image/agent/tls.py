@@ -15,12 +15,14 @@ already lists the peer's URI SANs (`peer_uri`), from the certificate it verified
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
 import grpc
 
+log = logging.getLogger("stockade.agent")
 SUPERVISOR_URI: Final = "spiffe://stockade/supervisor"
 """The SAN URI of supervisors' client certificates; the agent admits no other peer."""
 FILES: Final = ("ca.crt", "tls.crt", "tls.key")
@@ -42,18 +44,51 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 def server_credentials(tls_dir: Path) -> grpc.ServerCredentials:
     """The agent's certificate and key, and client certificates required, of the CA in
-    `tls_dir`. OSError naming the file when one cannot be read."""
-    ca, cert, key = (_read(tls_dir / name) for name in FILES)
-    return grpc.ssl_server_credentials(
-        [(key, cert)], root_certificates=ca, require_client_auth=True
+    `tls_dir`; read again at a new connection once the files changed (a Secret's volume is
+    updated in place: a renewed certificate or a new CA needs no new pod). OSError naming the
+    file when one cannot be read at start."""
+    folder = _Folder(tls_dir)
+    return grpc.dynamic_ssl_server_credentials(
+        folder.initial, folder.changed, require_client_authentication=True
     )
+
+
+class _Folder:
+    """The TLS folder and what was last read from it (each file's inode, size and time)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.initial = self.configuration()
+        self.seen = self._stamp()
+
+    def _stamp(self) -> tuple[tuple[int, int, int], ...]:
+        stats = [(self.path / name).stat() for name in FILES]  # through the Secret's links
+        return tuple((s.st_ino, s.st_size, s.st_mtime_ns) for s in stats)
+
+    def configuration(self) -> Any:
+        ca, cert, key = (_read(self.path / name) for name in FILES)
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+    def changed(self) -> Any:
+        """grpc asks at each new connection: a new configuration, or None to keep the one it
+        has (also while the files cannot be read: the kubelet swaps them in one rename)."""
+        try:
+            stamp = self._stamp()
+            if stamp == self.seen:
+                return None
+            configuration = self.configuration()
+        except OSError:
+            return None
+        self.seen = stamp
+        log.info("TLS files in %s changed: read again", self.path)
+        return configuration
 
 
 def _read(path: Path) -> bytes:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise OSError(exc.errno, f"cannot read {path}: {exc.strerror}") from None
+        raise OSError(f"cannot read {path}: {exc.strerror}") from None
     if not data.strip():
         raise OSError(f"{path} is empty")
     return data

@@ -126,6 +126,12 @@ def _memory(size_bytes: int) -> dict[str, str]:
     return {"medium": "Memory", "sizeLimit": quantity(size_bytes)}
 
 
+def _secret_volume(name: str) -> dict[str, Any]:
+    """`optional: false` is Kubernetes' default, said aloud: Podman 4.3's `kube play` crashes
+    on a Secret volume without it (podman#16636), and the test kubelet plays pods with it."""
+    return {"secretName": name, "defaultMode": SECRET_MODE, "optional": False}
+
+
 def _seccomp(kube: KubernetesConfig) -> dict[str, str]:
     if kube.seccomp_profile:
         return {"type": "Localhost", "localhostProfile": kube.seccomp_profile}
@@ -164,7 +170,7 @@ def sandbox_pod(
     volumes = [
         {"name": "workspace", **workspace},
         {"name": "tmp", "emptyDir": _memory(tmp_bytes)},
-        {"name": "tls", "secret": {"secretName": agent_secret, "defaultMode": SECRET_MODE}},
+        {"name": "tls", "secret": _secret_volume(agent_secret)},
     ]
     mounts = [
         {"name": "workspace", "mountPath": WORKSPACE},

@@ -137,6 +137,12 @@ class SandboxManager:
         return self.backend.engine
 
     @property
+    def remote(self) -> bool:
+        """Sandboxes are reached over the network (pods), by any supervisor of the instance:
+        a key's container found at its first call here is taken over (adoption.take_over)."""
+        return bool(getattr(self.backend, "remote", False))
+
+    @property
     def image(self) -> str:
         return self.containers.image
 
@@ -274,6 +280,11 @@ class SandboxManager:
             self._admit(key, made.memory_mb)
             self._starting.add(key)
             try:
+                # another replica may have made (or re-made) the key's container meanwhile
+                taken = await adoption.take_over(self, key, wanted, shape) if self.remote else None
+                if taken is not None:
+                    self.registry[key] = taken
+                    return taken
                 pooled = made == self.profiles.default
                 sandbox = await self.pool.take(key, chosen) if pooled else None
                 if sandbox is not None:

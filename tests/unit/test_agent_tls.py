@@ -7,6 +7,7 @@ plain text) are in tests/integration/test_kube_play.py, against the agent in a r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -50,17 +51,24 @@ def ca() -> Authority:
     return Authority.create()
 
 
-@pytest.fixture(scope="module")
-def agent_port(ca: Authority, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    """The real agent serving a workspace on 127.0.0.1 with sandbox SID's certificate."""
-    root = tmp_path_factory.mktemp("agent")
+def _install(tls_dir: Path, ca: Authority) -> None:
+    """What the kubelet puts in the agent's TLS folder: the CA, the agent's certificate."""
+    issued = ca.issue_agent(SID)
+    for name, data in (("ca.crt", ca.cert_pem), ("tls.crt", issued.cert_pem)):
+        (tls_dir / f".{name}").write_bytes(data)
+        (tls_dir / f".{name}").replace(tls_dir / name)
+    (tls_dir / ".tls.key").write_bytes(issued.key_pem)
+    (tls_dir / ".tls.key").replace(tls_dir / "tls.key")
+
+
+@contextlib.contextmanager
+def _running_agent(root: Path, ca: Authority) -> Iterator[tuple[int, Path]]:
+    """The real agent serving a workspace on 127.0.0.1 with sandbox SID's certificate of
+    `ca`; its port and TLS folder."""
     tls_dir, workspace = root / "tls", root / "ws"
     tls_dir.mkdir()
     workspace.mkdir()
-    issued = ca.issue_agent(SID)
-    (tls_dir / "ca.crt").write_bytes(ca.cert_pem)
-    (tls_dir / "tls.crt").write_bytes(issued.cert_pem)
-    (tls_dir / "tls.key").write_bytes(issued.key_pem)
+    _install(tls_dir, ca)
     port = _free_port()
     flags = ["--listen", f"127.0.0.1:{port}", "--tls-dir", str(tls_dir)]
     agent = subprocess.Popen(
@@ -75,7 +83,7 @@ def agent_port(ca: Authority, tmp_path_factory: pytest.TempPathFactory) -> Itera
             assert agent.poll() is None, "the agent exited"
             assert time.monotonic() < deadline, "the agent never listened"
             time.sleep(0.05)
-        yield port
+        yield port, tls_dir
     finally:
         agent.terminate()
         try:
@@ -83,6 +91,12 @@ def agent_port(ca: Authority, tmp_path_factory: pytest.TempPathFactory) -> Itera
         finally:
             agent.kill()
             agent.wait()
+
+
+@pytest.fixture(scope="module")
+def agent_port(ca: Authority, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    with _running_agent(tmp_path_factory.mktemp("agent"), ca) as (port, _):
+        yield port
 
 
 def _client_cert(ca: Authority, san: x509.GeneralName) -> Issued:
@@ -220,3 +234,37 @@ def test_no_one_else_can_bind_the_agent_port(agent_port: int) -> None:
         thief.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         with pytest.raises(OSError, match="Address already in use"):
             thief.bind(("127.0.0.1", agent_port))
+
+
+async def test_renewed_files_are_read_at_the_next_connection(tmp_path: Path) -> None:
+    """The Secret's files replaced in place (a renewed certificate, here a new CA): new
+    connections take the new ones; the old CA's supervisors are refused from then on."""
+    old, new = Authority.create(), Authority.create()
+    with _running_agent(tmp_path, old) as (port, tls_dir):
+        first = AgentConnection(
+            TcpAddress("127.0.0.1", port, supervisor_tls(old, SID, old.issue_supervisor()))
+        )
+        try:
+            assert await first.answers(timeout=10)
+        finally:
+            await first.close()
+        _install(tls_dir, new)
+        for ca, served in ((new, True), (old, False)):
+            conn = AgentConnection(
+                TcpAddress("127.0.0.1", port, supervisor_tls(ca, SID, ca.issue_supervisor()))
+            )
+            try:
+                assert await conn.answers(timeout=10) is served
+            finally:
+                await conn.close()
+
+
+def test_the_agent_imports_no_cryptography() -> None:
+    """The image has the standard library, grpcio and protobuf only."""
+    code = (
+        "import sys, stockade.agent.__main__, stockade.agent.server, stockade.agent.tls; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('cryptography', 'OpenSSL')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[]\n"

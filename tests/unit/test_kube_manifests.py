@@ -37,6 +37,7 @@ from stockade.supervisor.kube.manifests import (
     workspace_claim,
 )
 from stockade.supervisor.kube.pki import Authority
+from tests.unit.pod_security import restricted_violations
 
 SID = "0123456789abcdef"
 INSTANCE = "a1b2c3d4e5f60718"
@@ -91,12 +92,12 @@ def _round_trip(obj: dict[str, Any], model: str) -> None:
     api = k8s.ApiClient()
     parsed = api.deserialize(json.dumps(obj), model, "application/json")
     assert type(parsed).__name__ == model
-    assert api.sanitize_for_serialization(parsed) == obj
+    assert api.sanitize_for_serialization(parsed) == obj  # type: ignore[no-untyped-call]
 
 
 def _container(pod: dict[str, Any]) -> dict[str, Any]:
     [container] = pod["spec"]["containers"]
-    return container
+    return dict(container)
 
 
 def test_names() -> None:
@@ -121,8 +122,21 @@ def test_the_pod_is_a_v1_pod() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "kube",
+    [
+        KubernetesConfig(),
+        KubernetesConfig(workspace="emptydir", runtime_class="gvisor"),
+        KubernetesConfig(seccomp_profile="stockade/agent.json"),
+    ],
+)
+def test_the_pod_passes_pod_security_admission(kube: KubernetesConfig) -> None:
+    """The restricted profile as admission checks it (tests/unit/pod_security.py)."""
+    assert restricted_violations(_pod(kube)["spec"]) == []
+
+
 def test_the_pod_meets_restricted_pod_security() -> None:
-    """Each check of the "restricted" profile (and the "baseline" ones it includes)."""
+    """Each field the "restricted" profile (and "baseline" in it) is about, as designed."""
     pod = _pod()
     spec = pod["spec"]
     for field in ("hostNetwork", "hostPID", "hostIPC"):
@@ -208,7 +222,11 @@ def test_volumes_with_a_claim() -> None:
         "persistentVolumeClaim": {"claimName": claim_name(SID)},
     }
     assert volumes["tmp"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Mi"}
-    assert volumes["tls"]["secret"] == {"secretName": secret_name(SID), "defaultMode": 0o440}
+    assert volumes["tls"]["secret"] == {
+        "secretName": secret_name(SID),
+        "defaultMode": 0o440,
+        "optional": False,
+    }
     assert volumes["tmpfs-0"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Mi"}
     mounts = {m["mountPath"]: m for m in _container(pod)["volumeMounts"]}
     assert mounts["/workspace"]["name"] == "workspace"
