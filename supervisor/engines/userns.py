@@ -183,6 +183,8 @@ def auto_refusal(engine: str, gvisor: bool, host_mounts: bool) -> str | None:
     """Why sandbox.user_namespace, left unset, is off; None when it is on: Podman on the host
     (not from the supervisor's container, which sees neither /etc/subuid nor the host's
     /proc), not under gVisor, with a `containers` range of ids to allocate from."""
+    if engine == "kubernetes":
+        return "pods run as the sandbox uid under the cluster's own user namespace policy"
     if engine != "podman":
         return f"{engine} has user namespaces only daemon-wide (userns-remap)"
     if gvisor:

@@ -114,9 +114,13 @@ class KubeApi:
     # The calls.
 
     def version(self) -> str:
-        """The API server's version ("v1.30.2"); EngineUnavailable when it does not answer."""
-        found = self._call("read the server's version", client.VersionApi(self._client).get_code)
-        return str(found.get("gitVersion") or "?")
+        """The API server's version ("v1.30.2"; "unknown" when it tells none); EngineUnavailable
+        when it does not answer."""
+        try:
+            found = self._call("read its version", client.VersionApi(self._client).get_code)
+        except _Absent:
+            return "unknown"
+        return str(found.get("gitVersion") or "unknown")
 
     def read(self, kind: Kind, name: str) -> Obj | None:
         """The object of that name; None when there is none."""
@@ -134,6 +138,11 @@ class KubeApi:
             )
         except _Conflict:
             return None
+        except _Absent:
+            raise EngineUnavailable(
+                f"the Kubernetes API at {self.server} cannot create {kind} {name}: namespace "
+                f"{self.namespace} (kubernetes.namespace) does not exist"
+            ) from None
 
     def delete(self, kind: Kind, name: str) -> bool:
         """Delete the object; False when there was none."""
@@ -152,7 +161,10 @@ class KubeApi:
         (or a mock of one) that ignores it cannot hand back another's objects."""
         selector = ",".join(f"{k}={v}" for k, v in labels.items())
         method = self._op("list", kind)
-        found = self._call(f"list {kind}s", method, self.namespace, label_selector=selector)
+        try:
+            found = self._call(f"list {kind}s", method, self.namespace, label_selector=selector)
+        except _Absent:  # no such namespace (yet): nothing in it
+            return []
         return [
             item
             for item in found.get("items") or []
@@ -208,7 +220,10 @@ class KubeApi:
         ends = time.monotonic() + window_s
         timeout = (self.timeouts.connect_s, window_s + 1)
         method = self._core.list_namespaced_pod
-        response = self._open(f"watch pod {name}", method, timeout, self.namespace, **params)
+        try:
+            response = self._open(f"watch pod {name}", method, timeout, self.namespace, **params)
+        except _Absent:
+            return None  # the caller reads the pod again
         try:
             for line in iter_resp_lines(response):
                 event = _event(line)
@@ -414,6 +429,8 @@ def describe(pod: Obj) -> str:
     """What a pod's status says about why it does not serve, in one line."""
     status = pod.get("status") or {}
     parts = [f"phase {status.get('phase') or 'unknown'}"]
+    if status.get("reason"):  # Evicted, NodeLost, DeadlineExceeded ...
+        parts.append(str(status["reason"]))
     for condition in status.get("conditions") or []:
         if condition.get("status") != "True" and (
             condition.get("reason") or condition.get("message")

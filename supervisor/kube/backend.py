@@ -77,6 +77,8 @@ class KubernetesBackend:
     engine = "kubernetes"
     tmpfs_inodes = False
     """A pod's /tmp is an emptyDir in memory: its size is capped, its inodes are not."""
+    remote = True
+    """Any supervisor of the instance reaches a pod (its IP, mutual TLS)."""
 
     def __init__(
         self,

@@ -286,3 +286,15 @@ def test_a_pod_deleted_while_waited_for(kube: KubeMock, tmp_path: Path) -> None:
     with pytest.raises(SandboxBroken, match="deleted before it was ready"):
         api.wait_ready("p1", 30)
     deleter.join()
+
+
+def test_a_missing_namespace(kube: KubeMock, tmp_path: Path) -> None:
+    """Listing in a namespace with nothing (kmock: not even the resource) finds nothing;
+    creating there says which namespace is missing."""
+    config = KubernetesConfig(namespace="elsewhere", kubeconfig=str(kube.kubeconfig(tmp_path)))
+    api = KubeApi(load_client(config), "elsewhere", FAST)
+    kube.react(lambda k: k["post /api/v1/namespaces/elsewhere/pods"] << 404)
+    kube.react(lambda k: k["get /api/v1/namespaces/elsewhere/pods"] << 404)
+    assert api.list("pod", {"a": "b"}) == []
+    with pytest.raises(EngineUnavailable, match=r"namespace elsewhere .* does not exist"):
+        api.create("pod", pod("p1"))
