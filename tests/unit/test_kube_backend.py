@@ -327,3 +327,20 @@ def test_pod_agent_args_keep_the_limits_only() -> None:
         "--process-log-bytes",
         "9",
     )
+
+
+def test_a_stale_agent_secret_is_replaced(kube: KubeMock, ca: Authority, tmp_path: Path) -> None:
+    """A Secret left by an earlier pod (a supervisor that died before removing it) holds a
+    key this supervisor does not have: the new pod gets a fresh certificate."""
+    stale = {"tls.crt": base64.b64encode(b"old").decode()}
+    kube.put("secret", {"metadata": {"name": f"stockade-agent-{SID}"}, "data": stale})
+    backend = backend_for(kube, tmp_path)
+    kubelet = Kubelet(kube, tmp_path, 7443, agents=False)
+    try:
+        backend.run(spec(), prepared()[1])
+    finally:
+        kubelet.close()
+    secret = kube.get("secret", f"stockade-agent-{SID}")
+    assert secret is not None
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    assert cert.issuer == x509.load_pem_x509_certificate(ca.cert_pem).subject
