@@ -179,6 +179,9 @@ class Kubelet:
                 self._remove(played)
         for name, pod in items.items():
             known = self.pods.get(name)
+            if known is not None and (known.ready or known.ended) and not pod.get("status"):
+                self._remove(known)  # deleted and made again under its name between two polls
+                known = None
             if known is None:
                 self.pods[name] = self._play(pod)
             elif not known.ended:

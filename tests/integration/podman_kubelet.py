@@ -86,6 +86,10 @@ def _materialize(
 ) -> dict[str, Any]:
     """The pod with its Secret and emptyDir volumes as hostPath volumes this made."""
     pod = copy.deepcopy(pod)
+    # Podman 4.3's kube play holds annotation values to a label's 63 characters (the API
+    # server takes 256 KiB); annotations play no part in running the pod
+    annotations = pod["metadata"].get("annotations") or {}
+    pod["metadata"]["annotations"] = {k: v for k, v in annotations.items() if len(v) <= 63}
     spec = pod["spec"]
     fs_group = int(spec.get("securityContext", {}).get("fsGroup", 0))
     for volume in spec.get("volumes", []):
