@@ -43,6 +43,8 @@ _RETRIED = (urllib3.exceptions.HTTPError, OSError)
 """Transport failures: refused or reset connections, timeouts, broken streams."""
 GONE = 410
 THROTTLED = 429
+MIN_WATCH_S = 1.0
+"""A watch that ends sooner without news is followed by a pause: no busy loop of reads."""
 DELETE_GRACE_S = 2
 """A removed pod's processes get this long after SIGTERM (the agent ends its commands);
 the engines' forced remove gives none, a pod's default 30 s would hold its name that long."""
@@ -191,6 +193,7 @@ class KubeApi:
                 )
             version = str(pod.get("metadata", {}).get("resourceVersion") or "")
             window = min(remaining, self.timeouts.watch_window_s)
+            started = time.monotonic()
             try:
                 found = self._watch_pod(name, version, window)
             except _Expired:  # too old a version: read again, watch from the new one
@@ -205,6 +208,8 @@ class KubeApi:
             failures = 0
             if found is not None:
                 return found
+            if time.monotonic() - started < MIN_WATCH_S:  # a server that ends watches at once
+                time.sleep(min(MIN_WATCH_S, max(0.0, deadline - time.monotonic())))
 
     def _watch_pod(self, name: str, version: str, window_s: float) -> Obj | None:
         """Follow the pod for window_s: the pod once ready; None when the window ends first

@@ -240,30 +240,33 @@ class KubernetesBackend:
         )
 
     def _create_pod(self, pod: Obj, instance: str) -> None:
-        """Create the pod. One of its name already there (409) is: this supervisor's, made by
-        an earlier try whose answer was lost (taken as it is); one being deleted (waited
-        for, then made anew); another supervisor's, made meanwhile (refused)."""
+        """Create the pod. One of its name already there (409) is: being deleted, or ended
+        (waited for, or deleted, then made anew); this supervisor's and alive, made by an
+        earlier try whose answer was lost (taken as it is); another supervisor's, made
+        meanwhile (refused). Within kubernetes.ready_timeout_s."""
         name = pod["metadata"]["name"]
         deadline = time.monotonic() + self._kube.ready_timeout_s
         while self._api.create("pod", pod) is None:
+            if time.monotonic() > deadline:
+                raise SandboxBroken(
+                    f"pod {name}: an earlier pod of that name was still there after "
+                    f"{self._kube.ready_timeout_s:g} s (kubernetes.ready_timeout_s)"
+                )
             found = self._api.read("pod", name)
             if found is None:
                 continue  # deleted meanwhile: create again
             meta = found.get("metadata") or {}
-            if meta.get("deletionTimestamp"):
-                if time.monotonic() > deadline:
-                    raise SandboxBroken(
-                        f"pod {name} of an earlier container is still being deleted after "
-                        f"{self._kube.ready_timeout_s:g} s"
-                    )
-                time.sleep(GONE_POLL_S)
-                continue
-            if manifests.carried_labels(meta).get(LABEL_INSTANCE) == instance:
+            owner = manifests.carried_labels(meta).get(LABEL_INSTANCE)
+            if owner != instance:
+                raise EngineUnavailable(
+                    f"pod {name} exists and belongs to another supervisor (instance {owner})"
+                )
+            ended = (found.get("status") or {}).get("phase") in ("Failed", "Succeeded")
+            if not meta.get("deletionTimestamp") and not ended:
                 return
-            raise EngineUnavailable(
-                f"pod {name} exists and belongs to another supervisor (instance "
-                f"{manifests.carried_labels(meta).get(LABEL_INSTANCE, '?')})"
-            )
+            if ended:
+                self._api.delete("pod", name)
+            time.sleep(GONE_POLL_S)
 
     def inspect(self, name_or_id: str) -> ContainerInfo | None:
         pod = self._api.read("pod", name_or_id)

@@ -6,6 +6,8 @@ errors an operator gets when the server cannot be reached or refuses."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import socket
 import threading
 import time
@@ -193,8 +195,9 @@ def test_wait_ready_follows_the_watch(kube: KubeMock, tmp_path: Path) -> None:
 
 
 def test_a_410_gone_watch_is_started_again_from_a_fresh_read(
-    kube: KubeMock, tmp_path: Path
+    kube: KubeMock, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG, "stockade")
     api = api_for(kube, tmp_path)
     kube.put("pod", {**pod("p1"), "metadata": {"name": "p1", "resourceVersion": "10"}})
     gone = {
@@ -202,17 +205,24 @@ def test_a_410_gone_watch_is_started_again_from_a_fresh_read(
         "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"},
     }
 
-    async def expire(request: kmock.Request) -> dict[str, Any]:
+    async def expire(request: kmock.Request) -> bytes:
         moved = {"metadata": {"resourceVersion": "20"}}  # the pod moved on meanwhile
         async with kube.handler.patch(f"{PODS}/p1", json=moved) as response:
             assert response.status == 200
-        return gone
+        return json.dumps(gone).encode() + b"\n"  # one event, as a server streams it
 
     kube.react(lambda k: k[kmock.action.WATCH, kmock.resource("v1/pods")][:1] << expire)
     kubelet = later(1.0, lambda: kube.set_ready("p1"))
     assert api.wait_ready("p1", 10)["status"]["podIP"] == "127.0.0.5"
     kubelet.join()
-    watches = [p for _, p in kube.requests() if "watch=true" in p]
+    seen = kube.requests()
+    watches = [p for _, p in seen if "watch=true" in p]
+    # the error event was understood: a read and the second watch came at once, before
+    # the pod was ready (not after a quiet window)
+    assert [m for m, p in seen if p.endswith("/pods/p1/status")] == ["PATCH"]
+    ready_at = seen.index(("PATCH", f"{PODS}/p1/status"))
+    assert ("GET", watches[1]) in seen[:ready_at]
+    assert "watch of pod p1 expired (410 Gone)" in caplog.text
     assert "resourceVersion=10" in watches[0]
     assert "resourceVersion=20" in watches[1]
 

@@ -344,3 +344,22 @@ def test_a_stale_agent_secret_is_replaced(kube: KubeMock, ca: Authority, tmp_pat
     assert secret is not None
     cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
     assert cert.issuer == x509.load_pem_x509_certificate(ca.cert_pem).subject
+
+
+def test_an_ended_pod_of_the_name_is_replaced(
+    kube: KubeMock, ca: Authority, tmp_path: Path
+) -> None:
+    backend = backend_for(kube, tmp_path)
+    dead = {
+        "metadata": {"name": POD, "labels": {LABEL_INSTANCE: INSTANCE, LABEL_MANAGED: "1"}},
+        "spec": {"containers": [{"name": "sandbox", "image": "old"}]},
+    }
+    kube.put("pod", dead)
+    kube.patch("pod", POD, {"status": {"phase": "Failed"}}, "status")
+    kubelet = Kubelet(kube, tmp_path, 7443, agents=False)
+    try:
+        info = backend.run(spec(), prepared()[1])
+    finally:
+        kubelet.close()
+    assert info.running
+    assert info.image == "stockade-sandbox:test"  # the new pod, not the dead one
