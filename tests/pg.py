@@ -77,10 +77,21 @@ def postgres_server() -> Iterator[PgServer]:
     pwfile.chmod(0o600)
     port = _free_port()
     run = dict(check=True, capture_output=True, timeout=120)
-    subprocess.run(  # noqa: S603
+    subprocess.run(
         _as_server_user(
-            [str(BIN / "initdb"), "-D", str(data), "-U", USER, f"--pwfile={pwfile}",
-             "-A", "scram-sha-256", "-E", "UTF8", "--no-sync"]  # fmt: skip
+            [
+                str(BIN / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                USER,
+                f"--pwfile={pwfile}",
+                "-A",
+                "scram-sha-256",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ]
         ),
         **run,  # type: ignore[call-overload]
     )
@@ -88,10 +99,21 @@ def postgres_server() -> Iterator[PgServer]:
         f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={folder} "
         "-c fsync=off -c max_connections=100 -c shared_buffers=16MB"
     )
-    subprocess.run(  # noqa: S603
+    subprocess.run(
         _as_server_user(
-            [str(BIN / "pg_ctl"), "-D", str(data), "-l", str(folder / "server.log"),
-             "-o", options, "-w", "-t", "60", "start"]  # fmt: skip
+            [
+                str(BIN / "pg_ctl"),
+                "-D",
+                str(data),
+                "-l",
+                str(folder / "server.log"),
+                "-o",
+                options,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ]
         ),
         **run,  # type: ignore[call-overload]
     )
@@ -99,7 +121,7 @@ def postgres_server() -> Iterator[PgServer]:
         yield PgServer(folder, port)
     finally:
         with contextlib.suppress(subprocess.SubprocessError):
-            subprocess.run(  # noqa: S603
+            subprocess.run(
                 _as_server_user(
                     [str(BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]
                 ),

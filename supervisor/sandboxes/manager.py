@@ -77,6 +77,7 @@ from stockade.supervisor.sandboxes.sandbox import (
     describe,
 )
 from stockade.supervisor.sandboxes.snapshotting import Snapshots
+from stockade.supervisor.state.base import SharedState
 
 log = logging.getLogger("stockade")
 
@@ -98,19 +99,23 @@ class SandboxManager:
         record_event: Recorder | None = None,
         lock: owner.InstanceLock | None = None,
         silence_s: float = SILENCE_S,
+        state: SharedState | None = None,
     ) -> None:
         """host_mounts: whether a mount the supervisor makes reaches the engine (not from
         the supervisor's own container). `lock`: this instance's lock on the state directory,
         when the caller took it already (before starting an engine service); else it is
         taken here. `silence_s`: how long a silent agent is waited for (healing).
         `address_of`: where a container's agent is reached (the host kind's choice: a unix
-        socket by default), `connect` what reaches it there (AgentConnection)."""
+        socket by default), `connect` what reaches it there (AgentConnection). `state`: the
+        state shared with other supervisors (supervisor/state): its key lock is held across
+        a key's create, and its ledger counts the tenants' sandboxes across supervisors."""
         self.config = config
         self.backend = backend
         self._host_mounts = host_mounts
         self.registry: dict[str, Sandbox] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._starting: set[str] = set()
+        self.state = state
         self.record = record_event or _ignore_event
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = lock or owner.InstanceLock(config.state_dir)
@@ -274,14 +279,16 @@ class SandboxManager:
             self._admit(key, made.memory_mb)
             self._starting.add(key)
             try:
-                pooled = made == self.profiles.default
-                sandbox = await self.pool.take(key, chosen) if pooled else None
-                if sandbox is not None:
-                    sandbox.profile = made
-                else:
-                    hk, state_dir = self.config.housekeeping, self.config.state_dir
-                    await asyncio.to_thread(pressure.check, hk, state_dir)
-                    sandbox = await self.create(key, chosen, made)
+                async with self._shared_lock(key):
+                    await self._admit_shared(key, made.memory_mb)
+                    pooled = made == self.profiles.default
+                    sandbox = await self.pool.take(key, chosen) if pooled else None
+                    if sandbox is not None:
+                        sandbox.profile = made
+                    else:
+                        hk, state_dir = self.config.housekeeping, self.config.state_dir
+                        await asyncio.to_thread(pressure.check, hk, state_dir)
+                        sandbox = await self.create(key, chosen, made)
             finally:
                 self._starting.discard(key)
             self.registry[key] = sandbox
@@ -358,6 +365,27 @@ class SandboxManager:
                 f"(tenants.{tenant}.max_memory_mb); another sandbox of "
                 f"{own} MiB would make {memory} MiB"
             )
+
+    def _shared_lock(self, key: str) -> contextlib.AbstractAsyncContextManager[None]:
+        if self.state is None:
+            return contextlib.nullcontext()
+        return self.state.lock(key)
+
+    async def _admit_shared(self, key: str, memory_mb: int | None) -> None:
+        """With a shared state, the tenant's limits counted across supervisors (and the
+        key reserved there): _admit counted this supervisor's sandboxes only."""
+        ledger = self.state.ledger if self.state is not None else None
+        if ledger is not None:
+            own = self.config.sandbox.memory_mb if memory_mb is None else memory_mb
+            await ledger.admit(key, own, self.config.tenant_limits(split(key)[0]))
+
+    def held(self) -> dict[str, int]:
+        """The keys this supervisor holds a sandbox for (or is making one), with their
+        memory in MiB: what a shared state's ledger counts."""
+        own = self.config.sandbox.memory_mb
+        held = {k: own for k in self._starting}
+        held.update({k: self.profile_of(s).memory_mb for k, s in self.registry.items()})
+        return held
 
     async def inspect_isolation(self, key: str) -> isolation.IsolationReport:
         """The sandbox's isolation from inside and outside (inspection.py). Never creates a
