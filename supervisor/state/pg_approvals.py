@@ -21,9 +21,10 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
-from stockade.supervisor.keys import split
+from stockade.supervisor.keys import scope, split
 from stockade.supervisor.policy.approvals import AllowAlways, Pending
 from stockade.supervisor.state.base import BoardListener
+from stockade.supervisor.state.pg_audit import storable
 
 log = logging.getLogger("stockade")
 CHANNEL = "stockade_state"
@@ -58,7 +59,7 @@ class PgAllowAlways(AllowAlways):
             db.execute(
                 "INSERT INTO approved VALUES (%s, %s, %s, %s) ON CONFLICT (tenant, command) "
                 "DO UPDATE SET approver = excluded.approver, time = excluded.time",
-                (tenant, command, approver, time.time()),
+                (tenant, storable(command), storable(approver), time.time()),
             )
             notify(db, "always", self._instance)
         self._commands.add((tenant, command))
@@ -69,14 +70,14 @@ class PgAllowAlways(AllowAlways):
 
 def _pending(row: tuple[Any, ...]) -> Pending:
     return Pending(
-        id=row[0], sandbox_key=row[1], agent_id=row[2], tool=row[3], command=row[4],
+        id=row[0], sandbox_key=scope(row[9], row[1]), agent_id=row[2], tool=row[3], command=row[4],
         reason=row[5], created_at=datetime.fromtimestamp(row[6], UTC),
         expires_at=datetime.fromtimestamp(row[7], UTC), request_id=row[8],
     )  # fmt: skip
 
 
 PENDING_COLUMNS = (
-    "id, sandbox_key, agent_id, tool, command, reason, created_at, expires_at, request_id"
+    "id, sandbox_key, agent_id, tool, command, reason, created_at, expires_at, request_id, tenant"
 )
 
 
@@ -101,12 +102,13 @@ class PgBoard:
         self._listener, self._loop = listener, asyncio.get_running_loop()
 
     def post(self, request: Pending) -> None:
-        tenant = split(request.sandbox_key)[0]
+        tenant, key = split(request.sandbox_key)
         row = (
-            request.id, self._instance, tenant, request.sandbox_key, request.agent_id,
+            request.id, self._instance, tenant, key, request.agent_id,
             request.tool, request.command, request.reason, request.created_at.timestamp(),
             request.expires_at.timestamp(), request.request_id,
         )  # fmt: skip
+        values = tuple(storable(v) for v in row)
 
         def write() -> None:
             with self._pool.connection() as db, db.transaction():
@@ -115,7 +117,7 @@ class PgBoard:
                     "agent_id, tool, command, reason, created_at, expires_at, request_id) "
                     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
                     "ON CONFLICT (id) DO NOTHING",
-                    row,
+                    values,
                 )
                 notify(db, "pending", self._instance, id=request.id)
 

@@ -49,7 +49,7 @@ class PgAuditLog(AuditLog):
 
         def write(rows: list[tuple[object, ...]]) -> None:
             with self._pool.connection() as db, db.cursor() as cur:
-                cur.executemany(insert, rows)
+                cur.executemany(insert, [tuple(map(storable, row)) for row in rows])
 
         return write, PgTrimmer(self._pool, self._retention, COLUMNS, self._clock), _nothing
 
@@ -89,6 +89,12 @@ class PgTrimmer(Trimmer):
                 self._export(rows)
                 db.execute("DELETE FROM audit WHERE id = ANY(%s)", ([row[0] for row in rows],))
             return len(rows)
+
+
+def storable(value: object) -> object:
+    """A NUL (which a caller's text may hold) as U+FFFD: PostgreSQL's TEXT refuses it, and
+    one such record would fail its whole batch."""
+    return value.replace("\x00", "\ufffd") if isinstance(value, str) else value
 
 
 def _nothing() -> None:

@@ -1,7 +1,10 @@
 """The PostgreSQL schema of the shared state, made idempotent: every statement may run
 again (IF NOT EXISTS), and the whole migration runs in one transaction under an advisory
 lock, so two supervisors starting at once do not race each other's CREATEs (PostgreSQL's
-CREATE ... IF NOT EXISTS is not safe against a concurrent one)."""
+CREATE ... IF NOT EXISTS is not safe against a concurrent one).
+
+A sandbox key is stored as its tenant and the caller's key, in two columns: the scoped key
+(keys.scope) joins them with a NUL, which a PostgreSQL TEXT cannot hold."""
 
 from __future__ import annotations
 
@@ -77,10 +80,10 @@ CREATE TABLE IF NOT EXISTS approvers (
 );
 CREATE TABLE IF NOT EXISTS sandboxes (
     instance TEXT NOT NULL,
-    key TEXT NOT NULL,
     tenant TEXT NOT NULL,
+    key TEXT NOT NULL,
     memory_mb INTEGER NOT NULL,
-    PRIMARY KEY (instance, key)
+    PRIMARY KEY (instance, tenant, key)
 );
 CREATE INDEX IF NOT EXISTS sandboxes_tenant ON sandboxes (tenant);
 """

@@ -71,6 +71,8 @@ class PostgresState:
         where = redacted_url(url)
         pools = []
         try:
+            # one plain connection first: its error says why (a pool retries and times out)
+            psycopg.connect(url, connect_timeout=int(CONNECT_TIMEOUT_S)).close()
             for name, size in (("stockade-state", 8), ("stockade-locks", 32)):
                 pool: ConnectionPool[Any] = ConnectionPool(
                     url, min_size=1, max_size=size, kwargs={"autocommit": True},
@@ -220,6 +222,12 @@ class PostgresState:
             log.warning("shared state: a notification could not be followed: %s", _reason(exc))
 
 
+UPSERT = (
+    "INSERT INTO sandboxes VALUES (%s, %s, %s, %s) ON CONFLICT (instance, tenant, key) "
+    "DO UPDATE SET memory_mb = excluded.memory_mb"
+)
+
+
 class PgLedger:
     """The tenants' sandboxes across supervisors (table sandboxes: one row per supervisor
     and key). An admission counts the tenant's keys held by live supervisors, under the
@@ -237,7 +245,7 @@ class PgLedger:
             await asyncio.to_thread(self._admit, key, memory_mb, limits)
 
     def _admit(self, key: str, memory_mb: int, limits: TenantConfig) -> None:
-        tenant = split(key)[0]
+        tenant, plain = split(key)
         with self._pool.connection() as db, db.transaction():
             db.execute("SELECT pg_advisory_xact_lock(%s)", (advisory_key("tenant", tenant),))
             if limits.max_sandboxes or limits.max_memory_mb:
@@ -246,7 +254,7 @@ class PgLedger:
                     "SELECT DISTINCT ON (b.key) b.key, b.memory_mb FROM sandboxes b "
                     "JOIN supervisors s ON s.instance = b.instance "
                     f"WHERE b.tenant = %s AND b.key <> %s AND s.seen > {FRESH}) held",
-                    (tenant, key),
+                    (tenant, plain),
                 ).fetchone()
                 others, memory = (int(row[0]), int(row[1])) if row else (0, 0)
                 if limits.max_sandboxes and others + 1 > limits.max_sandboxes:
@@ -262,11 +270,7 @@ class PgLedger:
                         f"supervisors sharing state.url; another sandbox of {memory_mb} MiB "
                         f"would make {memory + memory_mb} MiB"
                     )
-            db.execute(
-                "INSERT INTO sandboxes VALUES (%s, %s, %s, %s) ON CONFLICT (instance, key) "
-                "DO UPDATE SET memory_mb = excluded.memory_mb",
-                (self._instance, key, tenant, memory_mb),
-            )
+            db.execute(UPSERT, (self._instance, tenant, plain, memory_mb))
 
     async def sync(self, held: Callable[[], Mapping[str, int]]) -> None:
         async with self._lock:
@@ -274,17 +278,17 @@ class PgLedger:
             await asyncio.to_thread(self._sync, now)
 
     def _sync(self, held: Mapping[str, int]) -> None:
+        rows = {split(k): m for k, m in held.items()}
         with self._pool.connection() as db, db.transaction():
-            db.execute(
-                "DELETE FROM sandboxes WHERE instance = %s AND NOT (key = ANY(%s))",
-                (self._instance, list(held)),
-            )
+            found = db.execute(
+                "SELECT tenant, key FROM sandboxes WHERE instance = %s", (self._instance,)
+            ).fetchall()
             with db.cursor() as cur:
+                gone = [(self._instance, t, k) for t, k in found if (t, k) not in rows]
                 cur.executemany(
-                    "INSERT INTO sandboxes VALUES (%s, %s, %s, %s) ON CONFLICT (instance, key) "
-                    "DO UPDATE SET memory_mb = excluded.memory_mb",
-                    [(self._instance, k, split(k)[0], m) for k, m in held.items()],
+                    "DELETE FROM sandboxes WHERE instance = %s AND tenant = %s AND key = %s", gone
                 )
+                cur.executemany(UPSERT, [(self._instance, t, k, m) for (t, k), m in rows.items()])
 
 
 async def _advisory(db: psycopg.Connection[Any], lock_id: int) -> None:
