@@ -270,10 +270,20 @@ async def start(config: Config) -> Supervisor:
     instance = instance_id(config.state_dir)
     state = await asyncio.to_thread(open_state, config, instance)
     try:
-        policy = build_policy(config, state)
+        return await _start(config, authenticator, lock, instance, state)
     except BaseException:
         await state.close()
         raise
+
+
+async def _start(
+    config: Config,
+    authenticator: Authenticator | None,
+    lock: InstanceLock,
+    instance: str,
+    state: SharedState,
+) -> Supervisor:
+    policy = build_policy(config, state)
     if incontainer.declared():  # before engine_url, which may start a Podman service
         problems = incontainer.config_problems(config)
         if problems:

@@ -30,6 +30,8 @@ log = logging.getLogger("stockade")
 CHANNEL = "stockade_state"
 MAX_NOTE = 1024
 """Longest text carried in a notification (an approver's name); NOTIFY takes 8000 bytes."""
+CLOSED_KEPT, CLOSED_KEPT_S = 1000, 60.0
+"""How many closed ids are remembered past a minute (a resync reads within seconds)."""
 FRESH = "now() - interval '15 seconds'"
 """A supervisor not seen since is gone: its requests, approvers and sandboxes do not count."""
 
@@ -90,8 +92,12 @@ class PgBoard:
         self._pool, self._instance = pool, instance
         self._listener: BoardListener | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._known: set[str] = set()
-        """Other supervisors' pending request ids the manager has been told of (loop only)."""
+        self._known: dict[str, float] = {}
+        """Other supervisors' pending request ids the manager has been told of, with when
+        (time.monotonic); on the loop only, as `_closed`."""
+        self._closed: dict[str, float] = {}
+        """Others' requests closed lately: a resync that read one before it closed must not
+        bring it back."""
         self._writes: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._worker = threading.Thread(target=self._work, name="state-writes", daemon=True)
         self._worker.start()
@@ -216,6 +222,7 @@ class PgBoard:
     def resync(self) -> None:
         """Everything the notifications carry, read again: others' pending requests, the
         approvers connected to others, decisions of this supervisor's requests."""
+        read_at = time.monotonic()
         with self._pool.connection() as db:
             rows = db.execute(
                 f"SELECT {', '.join('r.' + c for c in PENDING_COLUMNS.split(', '))} "
@@ -228,7 +235,7 @@ class PgBoard:
                 "WHERE instance = %s AND decision IS NOT NULL",
                 (self._instance,),
             ).fetchall()
-        self._call(self._replace_pending, [_pending(row) for row in rows])
+        self._call(self._replace_pending, [_pending(row) for row in rows], read_at)
         listener = self._listener
         if listener is not None:
             for request_id, decision, approver in decided:
@@ -256,18 +263,24 @@ class PgBoard:
     # on the event loop
 
     def _remote_pending(self, request: Pending) -> None:
-        if self._listener is not None and request.id not in self._known:
-            self._known.add(request.id)
-            self._listener.remote_pending(request)
+        if self._listener is None or request.id in self._known or request.id in self._closed:
+            return
+        self._known[request.id] = time.monotonic()
+        self._listener.remote_pending(request)
 
     def _remote_closed(self, request_id: str, outcome: str, approver: str) -> None:
-        if self._listener is not None and request_id in self._known:
-            self._known.discard(request_id)
+        now = time.monotonic()
+        self._closed[request_id] = now
+        if len(self._closed) > CLOSED_KEPT:
+            self._closed = {i: t for i, t in self._closed.items() if now - t < CLOSED_KEPT_S}
+        if self._listener is not None and self._known.pop(request_id, None) is not None:
             self._listener.remote_closed(request_id, outcome, approver)
 
-    def _replace_pending(self, requests: list[Pending]) -> None:
+    def _replace_pending(self, requests: list[Pending], read_at: float) -> None:
+        """A resync's picture, read at `read_at`: requests it lacks that were known before
+        then are over (their close was missed); news since then stands."""
         current = {r.id for r in requests}
-        for gone in self._known - current:
+        for gone in [i for i, t in self._known.items() if i not in current and t < read_at]:
             self._remote_closed(gone, "withdrawn", "")
         for request in requests:
             self._remote_pending(request)

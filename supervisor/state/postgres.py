@@ -118,7 +118,12 @@ class PostgresState:
         """The key's lock across all supervisors: pg_advisory_lock on a hash of the
         tenant-scoped key, on a connection of its own, held for the block."""
         async with self._local.setdefault(key, asyncio.Lock()):
-            db = await asyncio.to_thread(self._locks.getconn)
+            taking = asyncio.ensure_future(asyncio.to_thread(self._locks.getconn))
+            try:
+                db = await asyncio.shield(taking)
+            except asyncio.CancelledError:  # the connection, once taken, goes back
+                taking.add_done_callback(self._give_back)
+                raise
             try:
                 await _advisory(db, advisory_key("key", key))
                 try:
@@ -129,6 +134,10 @@ class PostgresState:
                     )
             finally:
                 self._locks.putconn(db)
+
+    def _give_back(self, taking: asyncio.Future[Any]) -> None:
+        if not taking.cancelled() and taking.exception() is None:
+            self._locks.putconn(taking.result())
 
     async def start(self) -> None:
         """Mark this supervisor alive (its leftovers of a previous run gone), then the
@@ -179,14 +188,22 @@ class PostgresState:
                     await asyncio.to_thread(self._always.reload)
             except psycopg.Error as exc:
                 log.warning("shared state: heartbeat failed: %s", _reason(exc))
+            except Exception:  # the heartbeat must go on: without it this supervisor is "gone"
+                log.exception("shared state: heartbeat failed")
 
     def _alive(self) -> None:
-        with self._pool.connection() as db:
+        """This supervisor seen now; the rows of supervisors gone for an hour (killed, never
+        to come back under that id: a pod's state directory dies with it) removed."""
+        with self._pool.connection() as db, db.transaction():
             db.execute(
                 "INSERT INTO supervisors VALUES (%s, now()) "
                 "ON CONFLICT (instance) DO UPDATE SET seen = now()",
                 (self.instance,),
             )
+            gone = "SELECT instance FROM supervisors WHERE seen < now() - interval '1 hour'"
+            for table in ("approval_requests", "approvers", "sandboxes"):
+                db.execute(f"DELETE FROM {table} WHERE instance IN ({gone})")
+            db.execute(f"DELETE FROM supervisors WHERE instance IN ({gone})")
 
     def _listen(self) -> None:
         """The others' notifications, until close; a lost connection is made again (and the
