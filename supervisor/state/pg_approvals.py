@@ -163,8 +163,9 @@ class PgBoard:
             with self._pool.connection() as db, db.transaction():
                 found = db.execute(
                     "UPDATE approval_requests SET decision = %s, approver = %s "
-                    "WHERE id = %s AND tenant = %s AND decision IS NULL "
-                    "AND instance <> %s RETURNING instance",
+                    "WHERE id = %s AND tenant = %s AND decision IS NULL AND instance <> %s "
+                    f"AND instance IN (SELECT instance FROM supervisors WHERE seen > {FRESH}) "
+                    "RETURNING instance",
                     (decision, approver, request_id, tenant, self._instance),
                 ).fetchone()
                 if found is not None:

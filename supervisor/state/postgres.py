@@ -37,6 +37,7 @@ from stockade.supervisor.state.pg_schema import SchemaTooNew, migrate
 log = logging.getLogger("stockade")
 BEAT_S = 2.0
 CONNECT_TIMEOUT_S = 10.0
+CONNECTION = {"autocommit": True, "connect_timeout": int(CONNECT_TIMEOUT_S)}
 LOCK_POLL_S = (0.02, 0.5)
 """A key lock held elsewhere is tried again after 20 ms, doubling up to 500 ms: waiting
 holds no connection, and a cancelled wait leaves nothing behind."""
@@ -75,8 +76,8 @@ class PostgresState:
             psycopg.connect(url, connect_timeout=int(CONNECT_TIMEOUT_S)).close()
             for name, size in (("stockade-state", 8), ("stockade-locks", 32)):
                 pool: ConnectionPool[Any] = ConnectionPool(
-                    url, min_size=1, max_size=size, kwargs={"autocommit": True},
-                    name=name, open=False, timeout=30,
+                    url, min_size=1, max_size=size, kwargs=CONNECTION, name=name, open=False,
+                    timeout=30,
                 )  # fmt: skip
                 pools.append(pool)
                 pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
@@ -210,7 +211,9 @@ class PostgresState:
         board resynced: what was missed meanwhile)."""
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self._url, autocommit=True) as db:
+                with psycopg.connect(
+                    self._url, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_S)
+                ) as db:
                     db.execute(f"LISTEN {_channel()}")
                     self._board.resync()
                     if self._always is not None:

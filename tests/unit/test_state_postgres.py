@@ -340,3 +340,33 @@ async def test_sqlite_state_shares_nothing(tmp_path: Path) -> None:
     always.add("make", "me")
     assert state.allow_always().commands() == ["make"]
     always.close()
+
+
+async def test_a_gone_supervisors_request_is_withdrawn_not_decided(
+    pair: tuple[PostgresState, PostgresState], url: str
+) -> None:
+    one, two = pair
+    asking, answering = approvals(one), approvals(two)
+    events: list[Event] = []
+    watcher = await watch_into(answering, "acme", events)
+    try:
+        await eventually(lambda: asking.watchers_of("acme") == 1)
+        waiting = await ask(asking)
+        await eventually(lambda: answering.pending("acme") != [])
+        request_id = answering.pending("acme")[0].id
+        assert one._beat is not None
+        one._beat.cancel()  # `one` is killed: no more heartbeats
+        with psycopg.connect(url, autocommit=True) as db:
+            db.execute(
+                "UPDATE supervisors SET seen = now() - interval '1 minute' WHERE instance = %s",
+                ("instance-one",),
+            )
+        assert not await two.board.decide(request_id, "acme", "allow-once", "bob")
+        await eventually(lambda: answering.pending("acme") == [])  # the next resync
+        closed = [e for e in events if isinstance(e, Closed)]
+        assert [(c.id, c.outcome) for c in closed] == [(request_id, "withdrawn")]
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
