@@ -370,3 +370,11 @@ async def test_a_gone_supervisors_request_is_withdrawn_not_decided(
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
+
+
+def test_a_config_repr_holds_no_state_password() -> None:
+    from stockade.supervisor.config import Config
+    from stockade.supervisor.config.service import StateConfig
+
+    config = Config(state=StateConfig(url=f"postgresql://u:{PASSWORD}@db/x"))
+    assert PASSWORD not in repr(config)
