@@ -39,6 +39,11 @@ class PgServer:
     def url_of(self, database: str) -> str:
         return f"postgresql://{USER}:{PASSWORD}@127.0.0.1:{self.port}/{database}"
 
+    def stop(self) -> None:
+        """Stop the server at once (as a crash or a lost database would)."""
+        args = [str(BIN / "pg_ctl"), "-D", str(self.folder / "data"), "-m", "immediate", "stop"]
+        subprocess.run(_as_server_user(args), check=True, capture_output=True, timeout=60)
+
     def create_database(self, name: str) -> str:
         """A fresh database; its URL."""
         import psycopg

@@ -10,17 +10,20 @@ connection, a notification missed), so nothing depends on every notification arr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from psycopg_pool import ConnectionPool
 
+from stockade.supervisor.errors import StateUnavailable
 from stockade.supervisor.keys import scope, split
 from stockade.supervisor.policy.approvals import AllowAlways, Pending
 from stockade.supervisor.state.base import BoardListener
@@ -36,6 +39,17 @@ FRESH = "now() - interval '15 seconds'"
 """A supervisor not seen since is gone: its requests, approvers and sandboxes do not count."""
 
 
+@contextlib.contextmanager
+def answering(where: str) -> Iterator[None]:
+    """A database that fails a caller's request is StateUnavailable, naming `where` (host
+    and database) and psycopg's first line (which names host and port, no password)."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StateUnavailable(f"the shared state ({where}) did not answer: {first}") from exc
+
+
 def notify(db: Any, kind: str, instance: str, **fields: str) -> None:
     """Queue a notification, sent when the caller's transaction commits."""
     note = {"k": kind, "i": instance, **{k: v[:MAX_NOTE] for k, v in fields.items()}}
@@ -46,8 +60,8 @@ class PgAllowAlways(AllowAlways):
     """AllowAlways on the shared table: a command approved through one supervisor passes on
     every one (its cache follows the others' additions by notification and heartbeat)."""
 
-    def __init__(self, pool: ConnectionPool[Any], instance: str) -> None:  # no SQLite
-        self._pool, self._instance = pool, instance
+    def __init__(self, pool: ConnectionPool[Any], instance: str, where: str = "") -> None:
+        self._pool, self._instance, self._where = pool, instance, where  # no SQLite
         self._commands: set[tuple[str, str]] = set()
         self.reload()
 
@@ -57,7 +71,7 @@ class PgAllowAlways(AllowAlways):
         self._commands = {(str(row[0]), str(row[1])) for row in rows}
 
     def add(self, command: str, approver: str, tenant: str = "") -> None:
-        with self._pool.connection() as db, db.transaction():
+        with answering(self._where), self._pool.connection() as db, db.transaction():
             db.execute(
                 "INSERT INTO approved VALUES (%s, %s, %s, %s) ON CONFLICT (tenant, command) "
                 "DO UPDATE SET approver = excluded.approver, time = excluded.time",
@@ -88,8 +102,8 @@ class PgBoard:
     request's close never overtakes its post); reads of others' news run on the listener
     and heartbeat threads and reach the manager on the event loop."""
 
-    def __init__(self, pool: ConnectionPool[Any], instance: str) -> None:
-        self._pool, self._instance = pool, instance
+    def __init__(self, pool: ConnectionPool[Any], instance: str, where: str = "") -> None:
+        self._pool, self._instance, self._where = pool, instance, where
         self._listener: BoardListener | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._known: dict[str, float] = {}
@@ -160,7 +174,7 @@ class PgBoard:
 
     async def decide(self, request_id: str, tenant: str, decision: str, approver: str) -> bool:
         def write() -> bool:
-            with self._pool.connection() as db, db.transaction():
+            with answering(self._where), self._pool.connection() as db, db.transaction():
                 found = db.execute(
                     "UPDATE approval_requests SET decision = %s, approver = %s "
                     "WHERE id = %s AND tenant = %s AND decision IS NULL AND instance <> %s "

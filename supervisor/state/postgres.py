@@ -30,13 +30,16 @@ from stockade.supervisor.observe.audit import AuditLog
 from stockade.supervisor.observe.retention import Retention
 from stockade.supervisor.policy.approvals import AllowAlways
 from stockade.supervisor.state.base import redacted_url
-from stockade.supervisor.state.pg_approvals import FRESH, PgAllowAlways, PgBoard
+from stockade.supervisor.state.pg_approvals import FRESH, PgAllowAlways, PgBoard, answering
 from stockade.supervisor.state.pg_audit import PgAuditLog
 from stockade.supervisor.state.pg_schema import SchemaTooNew, migrate
 
 log = logging.getLogger("stockade")
 BEAT_S = 2.0
 CONNECT_TIMEOUT_S = 10.0
+POOL_WAIT_S = 10.0
+"""How long a request waits for a connection of a pool (all busy, or the database gone)
+before it fails as StateUnavailable."""
 CONNECTION = {"autocommit": True, "connect_timeout": int(CONNECT_TIMEOUT_S)}
 LOCK_POLL_S = (0.02, 0.5)
 """A key lock held elsewhere is tried again after 20 ms, doubling up to 500 ms: waiting
@@ -57,8 +60,9 @@ class PostgresState:
         self.description = f"postgresql {redacted_url(url)}"
         self._pool, self._locks = pool, locks
         self._always: PgAllowAlways | None = None
-        self._board = PgBoard(pool, instance)
-        self._ledger = PgLedger(pool, instance)
+        where = redacted_url(url)
+        self._board = PgBoard(pool, instance, where)
+        self._ledger = PgLedger(pool, instance, where)
         self._local: dict[str, asyncio.Lock] = {}
         self._held: Callable[[], Mapping[str, int]] | None = None
         self._beat: asyncio.Task[None] | None = None
@@ -77,7 +81,7 @@ class PostgresState:
             for name, size in (("stockade-state", 8), ("stockade-locks", 32)):
                 pool: ConnectionPool[Any] = ConnectionPool(
                     url, min_size=1, max_size=size, kwargs=CONNECTION, name=name, open=False,
-                    timeout=30,
+                    timeout=POOL_WAIT_S,
                 )  # fmt: skip
                 pools.append(pool)
                 pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
@@ -99,7 +103,7 @@ class PostgresState:
 
     def allow_always(self) -> AllowAlways:
         if self._always is None:
-            self._always = PgAllowAlways(self._pool, self.instance)
+            self._always = PgAllowAlways(self._pool, self.instance, redacted_url(self._url))
         return self._always
 
     @property
@@ -121,18 +125,23 @@ class PostgresState:
         async with self._local.setdefault(key, asyncio.Lock()):
             taking = asyncio.ensure_future(asyncio.to_thread(self._locks.getconn))
             try:
-                db = await asyncio.shield(taking)
+                with answering(redacted_url(self._url)):
+                    db = await asyncio.shield(taking)
             except asyncio.CancelledError:  # the connection, once taken, goes back
                 taking.add_done_callback(self._give_back)
                 raise
             try:
-                await _advisory(db, advisory_key("key", key))
+                with answering(redacted_url(self._url)):
+                    await _advisory(db, advisory_key("key", key))
                 try:
                     yield
                 finally:
-                    await asyncio.to_thread(
-                        db.execute, "SELECT pg_advisory_unlock(%s)", (advisory_key("key", key),)
-                    )
+                    with contextlib.suppress(psycopg.Error):  # a lost connection lost it too
+                        await asyncio.to_thread(
+                            db.execute,
+                            "SELECT pg_advisory_unlock(%s)",
+                            (advisory_key("key", key),),
+                        )
             finally:
                 self._locks.putconn(db)
 
@@ -254,8 +263,8 @@ class PgLedger:
     tenant's advisory lock, and reserves the key in the same transaction: two supervisors
     admitting at once cannot both take the last place."""
 
-    def __init__(self, pool: ConnectionPool[Any], instance: str) -> None:
-        self._pool, self._instance = pool, instance
+    def __init__(self, pool: ConnectionPool[Any], instance: str, where: str = "") -> None:
+        self._pool, self._instance, self._where = pool, instance, where
         self._lock = asyncio.Lock()
         """admit and sync in turn: a sync's picture of the sandboxes never drops a
         reservation made after it was taken."""
@@ -266,7 +275,7 @@ class PgLedger:
 
     def _admit(self, key: str, memory_mb: int, limits: TenantConfig) -> None:
         tenant, plain = split(key)
-        with self._pool.connection() as db, db.transaction():
+        with answering(self._where), self._pool.connection() as db, db.transaction():
             db.execute("SELECT pg_advisory_xact_lock(%s)", (advisory_key("tenant", tenant),))
             if limits.max_sandboxes or limits.max_memory_mb:
                 row = db.execute(

@@ -17,12 +17,17 @@ import psycopg
 import pytest
 
 from stockade.supervisor.config import ApprovalsConfig, TenantConfig
-from stockade.supervisor.errors import ApprovalNotFound, ConfigError, QuotaExceeded
+from stockade.supervisor.errors import (
+    ApprovalNotFound,
+    ConfigError,
+    QuotaExceeded,
+    StateUnavailable,
+)
 from stockade.supervisor.keys import scope
 from stockade.supervisor.observe.audit import AuditQuery, AuditRecord
 from stockade.supervisor.observe.retention import Retention
 from stockade.supervisor.policy.approvals import ApprovalManager, Closed, Event, Pending
-from stockade.supervisor.state import SqliteState, redacted_url
+from stockade.supervisor.state import SqliteState, postgres, redacted_url
 from stockade.supervisor.state.pg_schema import VERSION
 from stockade.supervisor.state.postgres import PostgresState
 from tests.pg import PASSWORD, PgServer, postgres_server
@@ -378,3 +383,25 @@ def test_a_config_repr_holds_no_state_password() -> None:
 
     config = Config(state=StateConfig(url=f"postgresql://u:{PASSWORD}@db/x"))
     assert PASSWORD not in repr(config)
+
+
+async def test_a_lost_database_is_state_unavailable_without_the_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(postgres, "POOL_WAIT_S", 1.0)  # a request waits that long, then fails
+    with postgres_server() as own:
+        state = PostgresState.open(own.url, "lonely")
+        await state.start()
+        try:
+            own.stop()
+            with pytest.raises(StateUnavailable) as lost:
+                await state.ledger.admit(scope("acme", "k"), 512, TenantConfig())
+            assert f"127.0.0.1:{own.port}/postgres" in str(lost.value)
+            assert PASSWORD not in str(lost.value)
+            with pytest.raises(StateUnavailable):
+                async with state.lock(scope("acme", "k")):
+                    pass
+            with pytest.raises(StateUnavailable):
+                await state.board.decide("nope", "acme", "deny", "bob")
+        finally:
+            await state.close()
