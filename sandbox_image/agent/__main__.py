@@ -1,4 +1,5 @@
-"""Entry point: python3 -m stockade.agent --socket PATH --workspace DIR."""
+"""Entry point: python3 -m stockade.agent --socket PATH --workspace DIR (a container on the
+supervisor's host), or --listen HOST:PORT --tls-dir DIR (a pod: mutual TLS, tls.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,22 @@ import asyncio
 import os
 from pathlib import Path
 
-from stockade.agent import identity, strays
-from stockade.agent.server import serve
+from stockade.agent import identity, strays, tls
+from stockade.agent.server import Listen, serve
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="stockade.agent")
-    parser.add_argument("--socket", type=Path, required=True, help="unix socket to serve on")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--socket", type=Path, help="unix socket to serve on")
+    where.add_argument(
+        "--listen", metavar="HOST:PORT", help="TCP address to serve on, with mutual TLS only"
+    )
+    parser.add_argument(
+        "--tls-dir",
+        type=Path,
+        help="folder of ca.crt, tls.crt and tls.key (required with --listen)",
+    )
     parser.add_argument("--workspace", type=Path, default=Path("/workspace"))
     parser.add_argument("--max-output-bytes", type=int, default=10 * 1024 * 1024)
     parser.add_argument("--max-processes", type=int, default=5, help="running background processes")
@@ -29,6 +39,20 @@ def main() -> None:
         help="UID:GID the agent keeps as real ids when started as root",
     )
     ns = parser.parse_args()
+    endpoint: Path | Listen = ns.socket
+    if ns.listen is not None:
+        if ns.tls_dir is None:
+            parser.error("--listen needs --tls-dir: the agent never serves TCP without mutual TLS")
+        try:
+            host, port = tls.parse_listen(ns.listen)
+        except ValueError as exc:
+            parser.error(str(exc))
+        try:
+            endpoint = Listen(host, port, tls.server_credentials(ns.tls_dir))
+        except OSError as exc:
+            parser.exit(1, f"{parser.prog}: error: {exc}\n")
+    elif ns.tls_dir is not None:
+        parser.error("--tls-dir goes with --listen (a unix socket has no TLS)")
     if ns.user:
         try:
             identity.take(*identity.parse(ns.user), identity.parse(ns.agent_user))
@@ -39,7 +63,7 @@ def main() -> None:
     strays.enable()
     asyncio.run(
         serve(
-            ns.socket,
+            endpoint,
             ns.workspace,
             max_output_bytes=ns.max_output_bytes,
             max_processes=ns.max_processes,

@@ -1,4 +1,5 @@
-"""The agent's gRPC service on a unix socket: Hello, Invoke and the streams beside it."""
+"""The agent's gRPC service, on a unix socket or on a TCP port with mutual TLS (tls.py): Hello,
+Invoke and the streams beside it."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from stockade.agent import PROTOCOL_VERSION, __version__, inspect, tools, transfers, watch
+from stockade.agent import PROTOCOL_VERSION, __version__, inspect, tls, tools, transfers, watch
 from stockade.agent.errors import ToolError, from_os_error, wire_text
 from stockade.agent.execute import StreamSink, unignore_signals
 from stockade.agent.processes import ProcessTable
@@ -272,32 +274,53 @@ def _has_pidfd() -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Listen:
+    """A TCP address to serve on with mutual TLS (never without: tls.py)."""
+
+    host: str
+    port: int
+    credentials: grpc.ServerCredentials
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
 async def serve(
-    socket_path: Path,
+    endpoint: Path | Listen,
     workspace: Path,
     *,
     max_output_bytes: int,
     max_processes: int = 5,
     process_log_bytes: int = 1 << 20,
 ) -> None:
-    """Serve until SIGTERM or SIGINT; then kill the background processes."""
+    """Serve on a unix socket (a Path) or a TCP port with mutual TLS until SIGTERM or SIGINT;
+    then kill the background processes."""
     logging.basicConfig(level=logging.INFO, format="agent %(levelname)s %(message)s")
     _use_pidfd_child_watcher()
     unignore_signals()
-    socket_path.unlink(missing_ok=True)
+    tcp = isinstance(endpoint, Listen)
     server = grpc.aio.server(
+        interceptors=[tls.SupervisorsOnly()] if tcp else None,
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ]
+            # the port is the agent's alone: with SO_REUSEPORT, code in the pod (the same
+            # uid) could bind it too and take a share of the supervisor's connections
+            ("grpc.so_reuseport", 0),
+        ],
     )
     processes = ProcessTable(workspace, max_running=max_processes, log_bytes=process_log_bytes)
     agent_pb2_grpc.add_AgentServiceServicer_to_server(
         AgentService(workspace, max_output_bytes, processes), server
     )
-    server.add_insecure_port(f"unix:{socket_path}")
+    if isinstance(endpoint, Listen):
+        server.add_secure_port(str(endpoint), endpoint.credentials)
+    else:
+        endpoint.unlink(missing_ok=True)
+        server.add_insecure_port(f"unix:{endpoint}")
     await server.start()
-    log.info("serving on %s, workspace %s", socket_path, workspace)
+    log.info("serving on %s, workspace %s", endpoint, workspace)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

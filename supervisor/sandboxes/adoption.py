@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stockade.supervisor.engines.backends.base import (
+    LABEL_INSTANCE,
     LABEL_KEY,
     LABEL_POOL,
     LABEL_PROFILE,
@@ -19,7 +20,7 @@ from stockade.supervisor.engines.backends.base import (
     LABEL_TENANT,
     ContainerInfo,
 )
-from stockade.supervisor.errors import InvalidRequest, SandboxBroken
+from stockade.supervisor.errors import InvalidRequest, NotFound, SandboxBroken
 from stockade.supervisor.keys import sandbox_id, scope, shown
 from stockade.supervisor.sandboxes import layout
 from stockade.supervisor.sandboxes.layout import POOL_PREFIX
@@ -134,6 +135,55 @@ async def _replace(
         mgr.registry[key] = await mgr.create(key, network, profile)
     except SandboxBroken as exc:
         log.warning("sandbox %r not re-created (the next call tries again): %s", shown(key), exc)
+
+
+async def take_over(
+    mgr: SandboxManager, key: str, network: SandboxNetwork | None, profile: SandboxProfile | None
+) -> Sandbox | None:
+    """A host kind whose sandboxes any supervisor of the instance can reach (pods: the
+    backend's `remote`) may find, at a key's first call here, the key's container made by
+    another replica: it is taken over when it runs, is the key's, has the network and profile
+    asked for (None: any) and its agent answers; otherwise it is removed (a replica holding it
+    finds it gone and its next call makes it anew) and None returned for a new one. Called
+    under the key's lock, which with shared state (state.url) is every replica's."""
+    name = mgr.container_name(key)
+    info = await asyncio.to_thread(mgr.backend.inspect, name)
+    if info is None or info.labels.get(LABEL_INSTANCE) != mgr.containers.instance_id:
+        return None
+    found = mgr.networks.of_container(info)
+    shape = _profile_of(mgr, info)
+    usable = (
+        info.running
+        and not info.paused
+        and labelled_key(info.labels) == key
+        and info.labels.get(LABEL_SANDBOX_ID) == sandbox_id(key)
+        and found is not None
+        and (network is None or network == found)
+        and shape is not None
+        and (profile is None or profile == shape)
+    )
+    if usable and found is not None and shape is not None:
+        paths = mgr.layout.of(key)
+        container = Container(info, mgr.containers.link(info, paths), paths, sandbox_id(key))
+        try:
+            await container.agent.wait_ready(mgr.config.sandbox.start_timeout_s)
+        except SandboxBroken as exc:
+            log.warning("not taking over sandbox %r: %s", shown(key), exc)
+            await container.agent.close()
+        else:
+            log.info("took over sandbox %r (container %s)", shown(key), info.name)
+            return Sandbox(key, sandbox_id(key), container, found, born=born(info), profile=shape)
+    await asyncio.to_thread(mgr.backend.remove, info.id)
+    return None
+
+
+def _profile_of(mgr: SandboxManager, info: ContainerInfo) -> SandboxProfile | None:
+    """The profile a container was made with (its label; none: the default), None when this
+    supervisor has no such profile (configured otherwise than the one that made it)."""
+    try:
+        return mgr.profiles.get(info.labels.get(LABEL_PROFILE, ""))
+    except NotFound:
+        return None
 
 
 def labelled_key(labels: Mapping[str, str]) -> str:

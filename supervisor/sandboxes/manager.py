@@ -40,7 +40,6 @@ from stockade.supervisor.engines.backends.base import (
 )
 from stockade.supervisor.errors import (
     EngineUnavailable,
-    QuotaExceeded,
     SandboxNotFound,
 )
 from stockade.supervisor.keys import sandbox_id, shown, split
@@ -67,6 +66,7 @@ from stockade.supervisor.sandboxes.pausing import Pausing
 from stockade.supervisor.sandboxes.pool import WarmPool
 from stockade.supervisor.sandboxes.profiles import KEPT as KEPT_PROFILE
 from stockade.supervisor.sandboxes.profiles import Profiles, SandboxProfile
+from stockade.supervisor.sandboxes.quotas import Quotas
 from stockade.supervisor.sandboxes.replies import ReplyLimits
 from stockade.supervisor.sandboxes.runtime import decide_runtime
 from stockade.supervisor.sandboxes.sandbox import (
@@ -116,6 +116,8 @@ class SandboxManager:
         self._locks: dict[str, asyncio.Lock] = {}
         self._starting: set[str] = set()
         self.state = state
+        self.quotas = Quotas(config, self.registry, self._starting, self.profile_of, state)
+        self.held = self.quotas.held
         self.record = record_event or _ignore_event
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = lock or owner.InstanceLock(config.state_dir)
@@ -140,6 +142,12 @@ class SandboxManager:
     @property
     def engine(self) -> str:
         return self.backend.engine
+
+    @property
+    def remote(self) -> bool:
+        """Sandboxes are reached over the network (pods), by any supervisor of the instance:
+        a key's container found at its first call here is taken over (adoption.take_over)."""
+        return bool(getattr(self.backend, "remote", False))
 
     @property
     def image(self) -> str:
@@ -276,11 +284,19 @@ class SandboxManager:
             made = shape or (
                 self.profile_of(old) if old is not None else self.profiles.kept(folder)
             )
-            self._admit(key, made.memory_mb)
+            self.quotas.admit(key, made.memory_mb)
             self._starting.add(key)
             try:
-                async with self._shared_lock(key):
-                    await self._admit_shared(key, made.memory_mb)
+                async with self.quotas.shared_lock(key):
+                    # another replica may have made (or re-made) the key's container meanwhile
+                    # (it held the key's shared lock while it did)
+                    taken = (
+                        await adoption.take_over(self, key, wanted, shape) if self.remote else None
+                    )
+                    if taken is not None:
+                        self.registry[key] = taken
+                        return taken
+                    await self.quotas.admit_shared(key, made.memory_mb)
                     pooled = made == self.profiles.default
                     sandbox = await self.pool.take(key, chosen) if pooled else None
                     if sandbox is not None:
@@ -340,52 +356,6 @@ class SandboxManager:
             self.containers.name(sid), labels, paths, network, key=key, sid=sid, profile=made
         )
         return Sandbox(key, sid, container, network, born=born(container.info), profile=made)
-
-    def _admit(self, key: str, memory_mb: int | None = None) -> None:
-        """Refuse a new container (of `memory_mb`: its profile's) past its tenant's limits.
-        Sandboxes being created count, at [sandbox] memory_mb (no await between this check
-        and the reservation, so concurrent first calls of one tenant cannot overshoot)."""
-        tenant = split(key)[0]
-        limits = self.config.tenant_limits(tenant)
-        if not (limits.max_sandboxes or limits.max_memory_mb):
-            return
-        live = {k for k in (*self.registry, *self._starting) if split(k)[0] == tenant}
-        count = len(live - {key}) + 1
-        if limits.max_sandboxes and count > limits.max_sandboxes:
-            raise QuotaExceeded(
-                f"tenant {tenant!r} may have at most {limits.max_sandboxes} sandbox(es) "
-                f"(tenants.{tenant}.max_sandboxes); destroy one first"
-            )
-        own = self.config.sandbox.memory_mb if memory_mb is None else memory_mb
-        held = [self.registry.get(k) for k in live - {key}]
-        memory = own + sum(self.profile_of(s).memory_mb if s else own for s in held)
-        if limits.max_memory_mb and memory > limits.max_memory_mb:
-            raise QuotaExceeded(
-                f"tenant {tenant!r} may use at most {limits.max_memory_mb} MiB of sandbox memory "
-                f"(tenants.{tenant}.max_memory_mb); another sandbox of "
-                f"{own} MiB would make {memory} MiB"
-            )
-
-    def _shared_lock(self, key: str) -> contextlib.AbstractAsyncContextManager[None]:
-        if self.state is None:
-            return contextlib.nullcontext()
-        return self.state.lock(key)
-
-    async def _admit_shared(self, key: str, memory_mb: int | None) -> None:
-        """With a shared state, the tenant's limits counted across supervisors (and the
-        key reserved there): _admit counted this supervisor's sandboxes only."""
-        ledger = self.state.ledger if self.state is not None else None
-        if ledger is not None:
-            own = self.config.sandbox.memory_mb if memory_mb is None else memory_mb
-            await ledger.admit(key, own, self.config.tenant_limits(split(key)[0]))
-
-    def held(self) -> dict[str, int]:
-        """The keys this supervisor holds a sandbox for (or is making one), with their
-        memory in MiB: what a shared state's ledger counts."""
-        own = self.config.sandbox.memory_mb
-        held = {k: own for k in self._starting}
-        held.update({k: self.profile_of(s).memory_mb for k, s in self.registry.items()})
-        return held
 
     async def inspect_isolation(self, key: str) -> isolation.IsolationReport:
         """The sandbox's isolation from inside and outside (inspection.py). Never creates a

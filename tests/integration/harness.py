@@ -107,6 +107,8 @@ class Supervisor:
 
     def config_file(self) -> Path:
         socket = engine_url(self.engine) if self.engine_socket is None else self.engine_socket
+        if self.engine == "kubernetes":
+            socket = ""  # [kubernetes] in extra_config says where the cluster is
         path = self.state_dir / "stockade.toml"
         path.write_text(
             f'listen = "{self.target}"\nstate_dir = "{self.state_dir}"\n'
@@ -174,7 +176,8 @@ def running_supervisor(
         yield sup
     finally:
         sup.stop()
-        launcher.remove_instance_containers(engine, engine_url(engine), state)
+        if engine != "kubernetes":  # pods: the tests' cluster removes its own (kubelet.py)
+            launcher.remove_instance_containers(engine, engine_url(engine), state)
         workspaces.unmount_all(state)
         with contextlib.suppress(OSError):  # no recursion: sandboxes may leave deep trees
             hostfs.remove_tree(state)

@@ -29,6 +29,8 @@ from stockade.supervisor.sandboxes.manager import SandboxManager
 class FakeBackend:
     engine = "fake"
     tmpfs_inodes = True
+    remote = False
+    """Set by tests of a host kind whose sandboxes any replica reaches (pods)."""
 
     def __init__(self) -> None:
         self.containers: dict[str, ContainerInfo] = {}

@@ -150,6 +150,9 @@ class ContainerBackend(Protocol):
     """"podman" or "docker"."""
     tmpfs_inodes: bool
     """Whether the engine's tmpfs mounts take an inode cap (Podman 4.3 refuses nr_inodes)."""
+    remote: bool
+    """Its sandboxes are reached over the network by any supervisor of the instance (pods),
+    not through host folders of one supervisor (containers on this host)."""
 
     def ping(self) -> str:
         """Return the engine's version; raise EngineUnavailable when it cannot be reached."""

@@ -45,6 +45,7 @@ _ENGINE_ERRORS = (docker.errors.DockerException, requests.RequestException)
 class DockerBackend:
     engine = "docker"
     tmpfs_inodes = True
+    remote = False
 
     def __init__(self, base_url: str) -> None:
         self._base_url = base_url

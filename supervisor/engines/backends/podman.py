@@ -54,6 +54,7 @@ CPU_PERIOD_US = 100_000
 class PodmanBackend:
     engine = "podman"
     tmpfs_inodes = False
+    remote = False
     """Podman 4.3 refuses nr_inodes on its tmpfs mounts ("invalid mount option")."""
 
     def __init__(self, base_url: str) -> None:

@@ -1,0 +1,139 @@
+"""Replicas of one instance (a host kind whose sandboxes any supervisor reaches: pods) share
+a key's container: the first call of a key at a replica that has not seen it takes over the
+container another replica made, and never makes a second one; a container it cannot use
+(stopped, another key's labels, another network or profile asked for, a silent agent) is
+replaced. Host engines (remote False) keep their rule: a replica's own container of that name
+is replaced."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stockade.supervisor.config import Config
+from stockade.supervisor.config.sandbox import ProfileConfig
+from stockade.supervisor.engines.backends.base import ContainerInfo
+from stockade.supervisor.models import NetworkRequest
+from stockade.supervisor.sandboxes.agent_link import AgentAddress, UnixAddress
+from stockade.supervisor.sandboxes.layout import Paths
+from stockade.supervisor.sandboxes.manager import SandboxManager
+from tests.unit.fakes import FakeAgent, FakeBackend
+
+
+def replica(state: Path, backend: FakeBackend, network: str = "open") -> SandboxManager:
+    """A supervisor of instance inst0001 with its own state directory; its agents are reached
+    at the container's own address (the fake's run folder stands in for a pod's IP)."""
+    sandbox = Config().sandbox.__class__(user="1000:1000", network=network)  # type: ignore[arg-type]
+    config = Config(
+        state_dir=state,
+        sandbox=sandbox,
+        profiles={"big": ProfileConfig(memory_mb=1024)},
+    )
+
+    def address_of(info: ContainerInfo, paths: Paths) -> AgentAddress:
+        return UnixAddress(Path(backend.run_dirs[info.id]) / "agent.sock")
+
+    return SandboxManager(
+        config,
+        backend,  # type: ignore[arg-type]
+        instance_id="inst0001",
+        image="img",
+        address_of=address_of,
+        connect=lambda address: FakeAgent(backend, address),  # type: ignore[arg-type,return-value]
+    )
+
+
+@pytest.fixture
+def pods() -> FakeBackend:
+    backend = FakeBackend()
+    backend.remote = True
+    return backend
+
+
+async def test_a_replica_takes_over_the_container_another_made(
+    tmp_path: Path, pods: FakeBackend
+) -> None:
+    one, two = replica(tmp_path / "one", pods), replica(tmp_path / "two", pods)
+    made = await one.ensure("k")
+    taken = await two.ensure("k")
+    assert pods.runs == 1
+    assert taken.info.id == made.info.id
+    assert taken.greeted
+    assert taken.network == made.network
+    assert (await two.ensure("k")) is taken
+
+
+async def test_a_stopped_container_is_replaced(tmp_path: Path, pods: FakeBackend) -> None:
+    one, two = replica(tmp_path / "one", pods), replica(tmp_path / "two", pods)
+    made = await one.ensure("k")
+    pods.containers[made.info.id] = ContainerInfo(
+        **{**made.info.__dict__, "running": False, "status": "exited"}
+    )
+    fresh = await two.ensure("k")
+    assert pods.runs == 2
+    assert fresh.info.id != made.info.id
+    assert made.info.id not in pods.containers
+
+
+async def test_another_network_or_profile_asked_for_is_a_new_container(
+    tmp_path: Path, pods: FakeBackend
+) -> None:
+    one, two = replica(tmp_path / "one", pods), replica(tmp_path / "two", pods)
+    await one.ensure("k")
+    narrowed = await two.ensure("k", NetworkRequest(mode="none"))
+    assert pods.runs == 2
+    assert narrowed.network.mode == "none"
+    three = replica(tmp_path / "three", pods)
+    bigger = await three.ensure("k", profile="big")
+    assert pods.runs == 3
+    assert bigger.profile is not None
+    assert bigger.profile.name == "big"
+    assert len(pods.containers) == 1
+
+
+async def test_a_container_labelled_for_another_key_is_not_taken(
+    tmp_path: Path, pods: FakeBackend
+) -> None:
+    one, two = replica(tmp_path / "one", pods), replica(tmp_path / "two", pods)
+    made = await one.ensure("k")
+    labels = {**made.info.labels, "io.stockade.key": "other"}
+    pods.containers[made.info.id] = ContainerInfo(**{**made.info.__dict__, "labels": labels})
+    fresh = await two.ensure("k")
+    assert fresh.info.id != made.info.id
+    assert pods.runs == 2
+
+
+async def test_a_silent_agent_is_replaced(tmp_path: Path, pods: FakeBackend) -> None:
+    one, two = replica(tmp_path / "one", pods), replica(tmp_path / "two", pods)
+    made = await one.ensure("k")
+    pods.hello_refused = True
+    with pytest.raises(Exception, match="did not start"):
+        await two.ensure("k")  # the new one's agent is silent too
+    assert made.info.id not in pods.containers
+
+
+async def test_host_engines_keep_replacing(tmp_path: Path) -> None:
+    backend = FakeBackend()
+    one, two = replica(tmp_path / "one", backend), replica(tmp_path / "two", backend)
+    made = await one.ensure("k")
+    again = await two.ensure("k")
+    assert backend.runs == 2
+    assert again.info.id != made.info.id
+
+
+async def test_a_replica_whose_sandbox_another_replaced_takes_the_new_one(
+    tmp_path: Path, pods: FakeBackend
+) -> None:
+    """No ping-pong: one replica re-made the container (here: for another network); the other,
+    finding its own gone at its next call, takes the new one rather than making a third."""
+    one, two = replica(tmp_path / "one", pods), replica(tmp_path / "two", pods)
+    await one.ensure("k")
+    await two.ensure("k")
+    remade = await two.ensure("k", NetworkRequest(mode="none"))
+    assert pods.runs == 2
+    held = one.registry["k"]
+    held.lost = True  # what its next call's health check finds: the container is gone
+    again = await one.ensure("k")
+    assert again.info.id == remade.info.id
+    assert pods.runs == 2
