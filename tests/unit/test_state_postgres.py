@@ -405,3 +405,25 @@ async def test_a_lost_database_is_state_unavailable_without_the_password(
                 await state.board.decide("nope", "acme", "deny", "bob")
         finally:
             await state.close()
+
+
+async def test_the_password_may_come_from_pgpassword(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As deploy/kubernetes does: the URL names no password, libpq reads PGPASSWORD (for the
+    pools and the listening connection alike)."""
+    bare = url.replace(f":{PASSWORD}@", "@")
+    assert PASSWORD not in bare
+    with pytest.raises(ConfigError, match="password"):
+        PostgresState.open(bare, "no-password")
+    monkeypatch.setenv("PGPASSWORD", PASSWORD)
+    one, two = PostgresState.open(bare, "env-one"), PostgresState.open(bare, "env-two")
+    for state in (one, two):
+        await state.start()
+    try:
+        a, b = one.allow_always(), two.allow_always()
+        a.add("make", "alice")
+        await eventually(lambda: b.has("", "make"))  # by notification or heartbeat
+    finally:
+        for state in (one, two):
+            await state.close()
