@@ -223,8 +223,9 @@ setup_clients() {
 
 setup_test() {
     # runsc: gVisor, for tests/security/test_gvisor.py (sandbox.runtime = "runsc"; skipped without);
-    # gcc: tests/unit/test_drop.py builds stockade-drop on the host as the image build does
-    ensure_packages podman runc catatonit netavark aardvark-dns iptables docker.io debootstrap ripgrep tini runsc gcc
+    # gcc: tests/unit/test_drop.py builds stockade-drop on the host as the image build does;
+    # postgresql-15: the server binaries the shared-state tests start (tests/pg.py), not a service
+    ensure_packages podman runc catatonit netavark aardvark-dns iptables docker.io debootstrap ripgrep tini runsc gcc postgresql-15
     configure_podman
     ensure_subids
     ensure_venv

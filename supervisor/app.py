@@ -30,6 +30,7 @@ from stockade.supervisor.observe.telemetry import Observer, log_call
 from stockade.supervisor.sandboxes.containers import AddressOf, socket_address
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from stockade.supervisor.sandboxes.owner import InstanceLock
+from stockade.supervisor.state import SharedState, SqliteState, open_state
 
 if TYPE_CHECKING:
     from stockade.supervisor.fronts.e2b.server import E2bFront
@@ -100,11 +101,12 @@ def sandbox_image(config: Config) -> str:
     return image_ref(config.engine.kind)
 
 
-def build_policy(config: Config) -> HostPolicy:
-    """The host-side policy parts; a bad rule or secret is a ConfigError here, at start."""
+def build_policy(config: Config, state: SharedState | None = None) -> HostPolicy:
+    """The host-side policy parts; a bad rule or secret is a ConfigError here, at start.
+    `state`: where the audit log and approvals live (None: SQLite in the state directory);
+    one with a shared board must be given on the event loop."""
     from stockade.supervisor.calls.catalog import Catalog
-    from stockade.supervisor.observe.audit import AuditLog
-    from stockade.supervisor.policy.approvals import AllowAlways, ApprovalManager
+    from stockade.supervisor.policy.approvals import ApprovalManager
     from stockade.supervisor.policy.guard import Guard, GuardConfigError, GuardRule
     from stockade.supervisor.policy.limits import KeyLimiter
     from stockade.supervisor.policy.scrub import Scrubber
@@ -112,7 +114,7 @@ def build_policy(config: Config) -> HostPolicy:
     from stockade.supervisor.sandboxes.manager import WORKSPACE
 
     catalog = Catalog(config.custom_tools)
-    db = Path(config.audit.path) if config.audit.path else config.state_dir / "stockade.db"
+    state = state or SqliteState.from_config(config)
     rules = [GuardRule(r.name, r.pattern, r.reason) for r in config.guard.rules]
     secrets = [*config.scrub.secrets, *config.sandbox.secrets.values()]
     try:
@@ -124,10 +126,12 @@ def build_policy(config: Config) -> HostPolicy:
         catalog=catalog,
         tools=PolicyEngine(config, catalog),
         guard=guard if config.guard.enabled else None,
-        approvals=ApprovalManager(config.approvals, config.agents, AllowAlways(db)),
+        approvals=ApprovalManager(
+            config.approvals, config.agents, state.allow_always(), board=state.board
+        ),
         limiter=KeyLimiter(config.limits),
         scrubber=scrubber if config.scrub.enabled else None,
-        audit=AuditLog(db, retention(config.audit)) if config.audit.enabled else None,
+        audit=state.audit_log(retention(config.audit)) if config.audit.enabled else None,
     )
 
 
@@ -247,6 +251,8 @@ class Supervisor:
     sandboxes: SandboxManager
     engine_process: subprocess.Popen[bytes] | None
     telemetry: Telemetry
+    state: SharedState | None = None
+    """Where the audit, approvals and counts live (closed last)."""
     mcp: McpFront | None = None
     """The MCP endpoint, when [mcp] listen is set."""
     e2b: E2bFront | None = None
@@ -264,6 +270,8 @@ class Supervisor:
             await self.mcp.stop(grace)
         await self.server.stop(grace)
         self.telemetry.close()
+        if self.state is not None:
+            await self.state.close()
         if self.engine_process is not None:
             self.engine_process.terminate()
             await asyncio.to_thread(self.engine_process.wait, 10)
@@ -275,7 +283,23 @@ async def start(config: Config) -> Supervisor:
     authenticator = Authenticator(config.auth) if auth_enabled(config) else None
     config.state_dir.mkdir(parents=True, exist_ok=True)
     lock = InstanceLock(config.state_dir)  # then: a second supervisor starts nothing
-    policy = build_policy(config)
+    instance = instance_id(config.state_dir)
+    state = await asyncio.to_thread(open_state, config, instance)
+    try:
+        return await _start(config, authenticator, lock, instance, state)
+    except BaseException:
+        await state.close()
+        raise
+
+
+async def _start(
+    config: Config,
+    authenticator: Authenticator | None,
+    lock: InstanceLock,
+    instance: str,
+    state: SharedState,
+) -> Supervisor:
+    policy = build_policy(config, state)
     pods = config.engine.kind == "kubernetes"
     if incontainer.declared() and not pods:  # before engine_url: it may start Podman's service
         problems = incontainer.config_problems(config)
@@ -294,14 +318,16 @@ async def start(config: Config) -> Supervisor:
     manager = SandboxManager(
         config,
         backend,
-        instance_id=instance_id(config.state_dir),
+        instance_id=instance,
         image=sandbox_image(config),
         address_of=agent_addresses(backend),
         record_egress=egress_recorder(policy),
         host_mounts=not contained,
         record_event=housekeeping_recorder(policy),
         lock=lock,
+        state=state,
     )
+    state.follow(manager.held)
     adopted = await manager.start()
     if adopted:
         log.info("adopted %d running sandbox(es)", len(adopted))
@@ -331,5 +357,6 @@ async def start(config: Config) -> Supervisor:
             await mcp.stop(0)
         telemetry.close()
         raise
+    await state.start()
     manager.start_housekeeping()
-    return Supervisor(server, manager, process, telemetry, mcp, e2b)
+    return Supervisor(server, manager, process, telemetry, state, mcp, e2b)

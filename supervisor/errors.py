@@ -11,6 +11,7 @@
     ├── ApproverBehind         an approver left too many events unread         -> RESOURCE_EXHAUSTED
     ├── PolicyDenied           policy forbids it (file transfer)               -> PERMISSION_DENIED
     ├── EngineUnavailable      the container engine cannot be reached or fails -> UNAVAILABLE
+    ├── StateUnavailable       the shared state (state.url) cannot be reached  -> UNAVAILABLE
     ├── HostExhausted          the host is short of memory or disk for a new sandbox
     │                                                                  -> RESOURCE_EXHAUSTED
     ├── SandboxBroken          the container or its agent does not work        -> UNAVAILABLE
@@ -85,6 +86,12 @@ class PolicyDenied(StockadeError):
 
 class EngineUnavailable(StockadeError):
     reason = "ENGINE_UNAVAILABLE"
+
+
+class StateUnavailable(StockadeError):
+    """The PostgreSQL database of state.url did not answer (supervisor/state/postgres.py)."""
+
+    reason = "STATE_UNAVAILABLE"
 
 
 class HostExhausted(StockadeError):

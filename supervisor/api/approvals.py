@@ -38,7 +38,7 @@ class ApprovalServicer(approval_pb2_grpc.ApprovalServiceServicer):
     ) -> approval_pb2.ResolveApprovalResponse:
         decision = decision_from_pb(request.decision)
         approver = bounded("approver", request.approver) or context.peer()
-        self._approvals.resolve(request.id, decision, approver, tenant=current_tenant())
+        await self._approvals.decide(request.id, decision, approver, tenant=current_tenant())
         return approval_pb2.ResolveApprovalResponse()
 
     @mapped

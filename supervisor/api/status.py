@@ -28,6 +28,7 @@ _STATUS = {
     errors.Unsupported: grpc.StatusCode.UNIMPLEMENTED,
     errors.PolicyDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.EngineUnavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.StateUnavailable: grpc.StatusCode.UNAVAILABLE,
     errors.HostExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.SandboxBroken: grpc.StatusCode.UNAVAILABLE,
     errors.SandboxLost: grpc.StatusCode.UNAVAILABLE,

@@ -159,6 +159,7 @@ class StateConfig:
     """Where the state shared by supervisors lives: the audit log, approvals (pending and
     allow-always), tenant counters and per-key serialization."""
 
-    url: str = ""
+    url: str = field(default="", repr=False)
     """postgresql://user@host/db: every replica of an installation shares it (stateless
-    supervisors); empty: SQLite in state_dir (one supervisor on one host)."""
+    supervisors); empty: SQLite in state_dir (one supervisor on one host). Not in the repr:
+    it may hold a password."""

@@ -77,6 +77,9 @@ class AuditQuery:
 
 
 _COLUMNS = tuple(f.name for f in dataclasses.fields(AuditRecord) if f.name != "id")
+COLUMNS = _COLUMNS
+"""The columns of a record, in the order of the rows written and read (but the id)."""
+Writer = Callable[[list[tuple[object, ...]]], None]
 
 
 class _Flush:
@@ -101,7 +104,7 @@ class AuditLog:
         self._clock = clock
         self.trimmer: Trimmer | None = None
         """The writer thread's, once it runs (its `removed` counts what retention took)."""
-        store.connect(path).close()
+        self._prepare()
         self._queue: queue.SimpleQueue[AuditRecord | _Flush | None] = queue.SimpleQueue()
         self._urgent = threading.Event()
         """Set by flush() and close(): write what is queued now, without waiting."""
@@ -116,18 +119,33 @@ class AuditLog:
         (_row), off the path of the call being answered."""
         self._queue.put(rec)
 
-    def _write_loop(self) -> None:
+    def _prepare(self) -> None:
+        """The schema in place before the first record (the database of another kind of
+        store: a subclass's, supervisor/state/pg_audit.py)."""
+        store.connect(self._path).close()
+
+    def _open_writer(self) -> tuple[Writer, Trimmer, Callable[[], None]]:
+        """On the writer thread: what writes a batch (one transaction), the trimmer, and
+        what closes the writer's connection."""
         db = store.connect(self._path)
         placeholders = ", ".join("?" * len(_COLUMNS))
         insert = f"INSERT INTO audit ({', '.join(_COLUMNS)}) VALUES ({placeholders})"
-        trimmer = self.trimmer = Trimmer(db, self._retention, _COLUMNS, self._clock)
+
+        def write(rows: list[tuple[object, ...]]) -> None:
+            with db:
+                db.execute("BEGIN")
+                db.executemany(insert, rows)
+
+        return write, Trimmer(db, self._retention, _COLUMNS, self._clock), db.close
+
+    def _write_loop(self) -> None:
+        write, trimmer, close = self._open_writer()
+        self.trimmer = trimmer
         while True:
             batch, flushes, stop = self._drain(trimmer.wait_s())
             if batch:
                 try:
-                    with db:
-                        db.execute("BEGIN")
-                        db.executemany(insert, [_row(r) for r in batch])
+                    write([_row(r) for r in batch])
                 except Exception:  # the writer must outlive a bad batch: it is the only one
                     log.exception("audit: %d records could not be written", len(batch))
             for flush in flushes:
@@ -136,7 +154,7 @@ class AuditLog:
                 else:
                     flush.done.set()
             if stop:
-                db.close()
+                close()
                 return
             trimmer.step()
 
@@ -189,13 +207,15 @@ class AuditLog:
 
     def _query(self, q: AuditQuery) -> list[AuditRecord]:
         self.flush()
+        return [_from_row(row) for row in self._rows(q)]
+
+    def _rows(self, q: AuditQuery) -> list[tuple[object, ...]]:
         sql, params = query_sql(q)
         db = store.reader(self._path)
         try:
-            rows = db.execute(sql, params).fetchall()
+            return db.execute(sql, params).fetchall()
         finally:
             db.close()
-        return [_from_row(row) for row in rows]
 
     def close(self) -> None:
         self._put_marker(None)
@@ -214,22 +234,25 @@ SQLite, left to choose, read the tool's index for `--key --tool --errors`: 31 ms
 6 on a log of 1,000,000 records; ANALYZE did not change its mind."""
 
 
-def query_sql(q: AuditQuery) -> tuple[str, tuple[object, ...]]:
+def query_sql(q: AuditQuery, postgres: bool = False) -> tuple[str, tuple[object, ...]]:
     """The SELECT of a query, newest first. Ordered by time (then id) so that the index of
     the query's filter (store.AUDIT_INDEXES) gives the rows in order: no sort, and a read
-    that stops at the limit, however many records match."""
-    where, params = ["tenant = ?", "time >= ?"], [q.tenant, q.since]
+    that stops at the limit, however many records match. `postgres`: PostgreSQL's
+    placeholders, and its planner picks the index (there is no INDEXED BY)."""
+    mark = "%s" if postgres else "?"
+    where, params = [f"tenant = {mark}", f"time >= {mark}"], [q.tenant, q.since]
     for column in ("sandbox_key", "tool", "agent_id"):
         if getattr(q, column):
-            where.append(f"{column} = ?")
+            where.append(f"{column} = {mark}")
             params.append(getattr(q, column))
     if q.errors_only:
         where.append("is_error = 1")  # a literal, so the partial index audit_tenant_errors fits
     index = next((name for field, name in INDEX_ORDER if getattr(q, field)), "audit_tenant_time")
     params.append(min(q.limit or 100, MAX_LIMIT))
+    indexed = "" if postgres else f" INDEXED BY {index}"
     sql = (
-        f"SELECT id, {', '.join(_COLUMNS)} FROM audit INDEXED BY {index} "
-        f"WHERE {' AND '.join(where)} ORDER BY time DESC, id DESC LIMIT ?"
+        f"SELECT id, {', '.join(_COLUMNS)} FROM audit{indexed} "
+        f"WHERE {' AND '.join(where)} ORDER BY time DESC, id DESC LIMIT {mark}"
     )
     return sql, tuple(params)
 

@@ -5,7 +5,12 @@ matches the configured allowlist or was approved with allow-always; `always` ask
 command was approved with allow-always. A request waits for an approver's decision; no
 decision within the timeout is a deny; with no approver connected the configured fallback
 applies at once; a caller that goes away withdraws its request. Approvers watch a stream of
-events and may come and go without losing pending requests."""
+events and may come and go without losing pending requests.
+
+With a shared state (supervisor/state: PostgreSQL), a request is also posted on a board
+every supervisor of the installation reads: an approver connected to any of them sees it and
+may decide it, and the decision comes back here to the call that waits. Approvers connected
+to the others count as connected."""
 
 from __future__ import annotations
 
@@ -20,13 +25,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from stockade.supervisor import store
 from stockade.supervisor.config import AgentConfig, ApprovalsConfig
 from stockade.supervisor.errors import ApprovalNotFound, ApproverBehind, InvalidRequest
 from stockade.supervisor.keys import split
 from stockade.supervisor.policy.guard.parsing import parse_script
+
+if TYPE_CHECKING:
+    from stockade.supervisor.state.base import ApprovalBoard
 
 log = logging.getLogger("stockade")
 
@@ -121,7 +129,10 @@ class ApprovalManager:
         agents: Mapping[str, AgentConfig],
         always: AllowAlways,
         backlog: int = WATCH_BACKLOG,
+        board: ApprovalBoard | None = None,
     ) -> None:
+        """board: the installation's shared approvals (None: this supervisor's own); it is
+        attached here, so a manager with one is made on the event loop."""
         self._config = config
         self._backlog = backlog
         self._modes = {a: c.approvals for a, c in agents.items() if c.approvals}
@@ -129,6 +140,13 @@ class ApprovalManager:
         self._waiting: dict[str, _Waiting] = {}
         self._watchers: dict[str, set[asyncio.Queue[Event | None]]] = {}
         """Per tenant: an approver sees, and answers for, its own tenant's requests only."""
+        self._board = board
+        self._remote: dict[str, Pending] = {}
+        """Other supervisors' requests, from the board."""
+        self._remote_approvers: dict[str, int] = {}
+        """Approvers connected to other supervisors, per tenant, from the board."""
+        if board is not None:
+            board.attach(self)
 
     def reason_to_ask(self, agent_id: str, command: str, tenant: str = "") -> str | None:
         """Why this command needs a decision, or None when it may run as is."""
@@ -170,7 +188,7 @@ class ApprovalManager:
         if reason is None:
             mode = self._modes.get(agent_id, self._config.mode)
             return Outcome(True, "" if mode == "off" else "allowlist")
-        if not self._watchers.get(tenant) and ask is None:
+        if not self.watchers_of(tenant) and ask is None:
             return Outcome(self._config.no_approver == "allow", "no-approver")
         now = datetime.now(UTC)
         request = Pending(
@@ -192,6 +210,8 @@ class ApprovalManager:
         request = waiting.request
         self._waiting[request.id] = waiting
         self._publish(request)
+        if self._board is not None:
+            self._board.post(request)
         asking = None if ask is None else asyncio.create_task(self._ask(ask, request))
         try:
             decision, approver = await asyncio.wait_for(
@@ -234,10 +254,51 @@ class ApprovalManager:
         waiting.decided.set_result((decision, approver))
         self._close(request_id, decision, approver)
 
+    async def decide(self, request_id: str, decision: str, approver: str, tenant: str = "") -> None:
+        """Decide a request of `tenant`, this supervisor's own (resolve) or, with a shared
+        board, one another supervisor waits on (the first decision wins)."""
+        if request_id in self._waiting or self._board is None:
+            self.resolve(request_id, decision, approver, tenant)
+            return
+        if decision not in DECISIONS:
+            raise InvalidRequest(f"decision must be one of {', '.join(DECISIONS)}")
+        request = self._remote.get(request_id)
+        if request is None or _tenant(request) != tenant:
+            raise ApprovalNotFound(f"no pending approval {request_id[:64]!r}")
+        if not await self._board.decide(request_id, tenant, decision, approver):
+            raise ApprovalNotFound(f"no pending approval {request_id[:64]!r} (decided or closed)")
+        if decision == "allow-always":
+            self._always.add(request.command, approver, tenant)
+        self.remote_closed(request_id, decision, approver)
+
     def _close(self, request_id: str, outcome: str, approver: str = "") -> None:
         waiting = self._waiting.pop(request_id, None)
         if waiting is not None:
             self._publish(Closed(request_id, outcome, approver), _tenant(waiting.request))
+            if self._board is not None:
+                self._board.closed(request_id, outcome, approver)
+
+    # the board's news (state.base.BoardListener), on the event loop
+
+    def remote_pending(self, request: Pending) -> None:
+        if request.id not in self._remote and request.id not in self._waiting:
+            self._remote[request.id] = request
+            self._publish(request)
+
+    def remote_closed(self, request_id: str, outcome: str, approver: str) -> None:
+        request = self._remote.pop(request_id, None)
+        if request is not None:
+            self._publish(Closed(request_id, outcome, approver), _tenant(request))
+
+    def remote_decided(self, request_id: str, decision: str, approver: str) -> None:
+        waiting = self._waiting.get(request_id)
+        if waiting is None or waiting.decided.done() or decision not in DECISIONS:
+            return
+        waiting.decided.set_result((decision, approver))
+        self._close(request_id, decision, approver)
+
+    def remote_approvers(self, counts: Mapping[str, int]) -> None:
+        self._remote_approvers = dict(counts)
 
     def _publish(self, event: Event, tenant: str | None = None) -> None:
         if tenant is None and isinstance(event, Pending):
@@ -253,7 +314,9 @@ class ApprovalManager:
             queue.put_nowait(None)
 
     def pending(self, tenant: str = "") -> list[Pending]:
-        return [w.request for w in self._waiting.values() if _tenant(w.request) == tenant]
+        """The tenant's pending requests: this supervisor's, then other supervisors'."""
+        own = [w.request for w in self._waiting.values() if _tenant(w.request) == tenant]
+        return own + [r for r in self._remote.values() if _tenant(r) == tenant]
 
     def always_allowed(self, tenant: str = "") -> list[str]:
         return self._always.commands(tenant)
@@ -263,7 +326,8 @@ class ApprovalManager:
         return self.watchers_of("")
 
     def watchers_of(self, tenant: str) -> int:
-        return len(self._watchers.get(tenant, ()))
+        """The tenant's approvers connected here and, with a shared board, to the others."""
+        return len(self._watchers.get(tenant, ())) + self._remote_approvers.get(tenant, 0)
 
     async def watch(self, tenant: str = "") -> AsyncIterator[Event]:
         """The tenant's pending requests, then every new request and close of that tenant,
@@ -274,6 +338,7 @@ class ApprovalManager:
             queue.put_nowait(request)
         watchers = self._watchers.setdefault(tenant, set())
         watchers.add(queue)
+        self._count_approvers(tenant)
         try:
             while (event := await queue.get()) is not None:
                 yield event
@@ -285,6 +350,11 @@ class ApprovalManager:
             watchers.discard(queue)
             if not watchers and self._watchers.get(tenant) is watchers:
                 self._watchers.pop(tenant, None)
+            self._count_approvers(tenant)
+
+    def _count_approvers(self, tenant: str) -> None:
+        if self._board is not None:
+            self._board.set_approvers(tenant, len(self._watchers.get(tenant, ())))
 
 
 def _tenant(request: Pending) -> str:

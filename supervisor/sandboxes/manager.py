@@ -40,7 +40,6 @@ from stockade.supervisor.engines.backends.base import (
 )
 from stockade.supervisor.errors import (
     EngineUnavailable,
-    QuotaExceeded,
     SandboxNotFound,
 )
 from stockade.supervisor.keys import sandbox_id, shown, split
@@ -67,6 +66,7 @@ from stockade.supervisor.sandboxes.pausing import Pausing
 from stockade.supervisor.sandboxes.pool import WarmPool
 from stockade.supervisor.sandboxes.profiles import KEPT as KEPT_PROFILE
 from stockade.supervisor.sandboxes.profiles import Profiles, SandboxProfile
+from stockade.supervisor.sandboxes.quotas import Quotas
 from stockade.supervisor.sandboxes.replies import ReplyLimits
 from stockade.supervisor.sandboxes.runtime import decide_runtime
 from stockade.supervisor.sandboxes.sandbox import (
@@ -77,6 +77,7 @@ from stockade.supervisor.sandboxes.sandbox import (
     describe,
 )
 from stockade.supervisor.sandboxes.snapshotting import Snapshots
+from stockade.supervisor.state.base import SharedState
 
 log = logging.getLogger("stockade")
 
@@ -98,19 +99,25 @@ class SandboxManager:
         record_event: Recorder | None = None,
         lock: owner.InstanceLock | None = None,
         silence_s: float = SILENCE_S,
+        state: SharedState | None = None,
     ) -> None:
         """host_mounts: whether a mount the supervisor makes reaches the engine (not from
         the supervisor's own container). `lock`: this instance's lock on the state directory,
         when the caller took it already (before starting an engine service); else it is
         taken here. `silence_s`: how long a silent agent is waited for (healing).
         `address_of`: where a container's agent is reached (the host kind's choice: a unix
-        socket by default), `connect` what reaches it there (AgentConnection)."""
+        socket by default), `connect` what reaches it there (AgentConnection). `state`: the
+        state shared with other supervisors (supervisor/state): its key lock is held across
+        a key's create, and its ledger counts the tenants' sandboxes across supervisors."""
         self.config = config
         self.backend = backend
         self._host_mounts = host_mounts
         self.registry: dict[str, Sandbox] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._starting: set[str] = set()
+        self.state = state
+        self.quotas = Quotas(config, self.registry, self._starting, self.profile_of, state)
+        self.held = self.quotas.held
         self.record = record_event or _ignore_event
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = lock or owner.InstanceLock(config.state_dir)
@@ -277,22 +284,27 @@ class SandboxManager:
             made = shape or (
                 self.profile_of(old) if old is not None else self.profiles.kept(folder)
             )
-            self._admit(key, made.memory_mb)
+            self.quotas.admit(key, made.memory_mb)
             self._starting.add(key)
             try:
-                # another replica may have made (or re-made) the key's container meanwhile
-                taken = await adoption.take_over(self, key, wanted, shape) if self.remote else None
-                if taken is not None:
-                    self.registry[key] = taken
-                    return taken
-                pooled = made == self.profiles.default
-                sandbox = await self.pool.take(key, chosen) if pooled else None
-                if sandbox is not None:
-                    sandbox.profile = made
-                else:
-                    hk, state_dir = self.config.housekeeping, self.config.state_dir
-                    await asyncio.to_thread(pressure.check, hk, state_dir)
-                    sandbox = await self.create(key, chosen, made)
+                async with self.quotas.shared_lock(key):
+                    # another replica may have made (or re-made) the key's container meanwhile
+                    # (it held the key's shared lock while it did)
+                    taken = (
+                        await adoption.take_over(self, key, wanted, shape) if self.remote else None
+                    )
+                    if taken is not None:
+                        self.registry[key] = taken
+                        return taken
+                    await self.quotas.admit_shared(key, made.memory_mb)
+                    pooled = made == self.profiles.default
+                    sandbox = await self.pool.take(key, chosen) if pooled else None
+                    if sandbox is not None:
+                        sandbox.profile = made
+                    else:
+                        hk, state_dir = self.config.housekeeping, self.config.state_dir
+                        await asyncio.to_thread(pressure.check, hk, state_dir)
+                        sandbox = await self.create(key, chosen, made)
             finally:
                 self._starting.discard(key)
             self.registry[key] = sandbox
@@ -344,31 +356,6 @@ class SandboxManager:
             self.containers.name(sid), labels, paths, network, key=key, sid=sid, profile=made
         )
         return Sandbox(key, sid, container, network, born=born(container.info), profile=made)
-
-    def _admit(self, key: str, memory_mb: int | None = None) -> None:
-        """Refuse a new container (of `memory_mb`: its profile's) past its tenant's limits.
-        Sandboxes being created count, at [sandbox] memory_mb (no await between this check
-        and the reservation, so concurrent first calls of one tenant cannot overshoot)."""
-        tenant = split(key)[0]
-        limits = self.config.tenant_limits(tenant)
-        if not (limits.max_sandboxes or limits.max_memory_mb):
-            return
-        live = {k for k in (*self.registry, *self._starting) if split(k)[0] == tenant}
-        count = len(live - {key}) + 1
-        if limits.max_sandboxes and count > limits.max_sandboxes:
-            raise QuotaExceeded(
-                f"tenant {tenant!r} may have at most {limits.max_sandboxes} sandbox(es) "
-                f"(tenants.{tenant}.max_sandboxes); destroy one first"
-            )
-        own = self.config.sandbox.memory_mb if memory_mb is None else memory_mb
-        held = [self.registry.get(k) for k in live - {key}]
-        memory = own + sum(self.profile_of(s).memory_mb if s else own for s in held)
-        if limits.max_memory_mb and memory > limits.max_memory_mb:
-            raise QuotaExceeded(
-                f"tenant {tenant!r} may use at most {limits.max_memory_mb} MiB of sandbox memory "
-                f"(tenants.{tenant}.max_memory_mb); another sandbox of "
-                f"{own} MiB would make {memory} MiB"
-            )
 
     async def inspect_isolation(self, key: str) -> isolation.IsolationReport:
         """The sandbox's isolation from inside and outside (inspection.py). Never creates a

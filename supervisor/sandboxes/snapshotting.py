@@ -174,7 +174,7 @@ class Snapshots:
         made: list[str] = []
         try:
             for key in new_keys:  # each counts against the tenant's sandboxes from now on
-                m._admit(key)
+                m.quotas.admit(key)
                 m._starting.add(key)
             taken = await self._capture(source, name, include_tmp, 0)
             network, profile = m.settings_of(source)
@@ -348,7 +348,8 @@ class Snapshots:
         switch, start the new container (on `network`, with `profile`; a fork's key keeps
         what `settings_from`, its source, keeps), write /tmp back."""
         m = self._m
-        m._admit(key, profile.memory_mb)
+        m.quotas.admit(key, profile.memory_mb)
+        await m.quotas.admit_shared(key, profile.memory_mb)
         paths = await asyncio.to_thread(m.layout.prepare, key)
         if settings_from:
             await asyncio.to_thread(m.copy_settings, settings_from, key)
