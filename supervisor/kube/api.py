@@ -311,8 +311,9 @@ class KubeApi:
             return EngineUnavailable(
                 f"the Kubernetes API at {self.server} refuses to {what} in namespace "
                 f"{self.namespace} ({exc.status}: {message}); the supervisor's service account "
-                "needs get, list, watch, create and delete on pods, secrets and "
-                "persistentvolumeclaims there (deploy/kubernetes: its Role)"
+                "needs there: pods create, get, list, watch, delete; persistentvolumeclaims "
+                "create, get, delete; secrets create, delete, and get on kubernetes.ca_secret "
+                "(deploy/kubernetes/rbac.yaml)"
             )
         tries = f" after {self.timeouts.attempts} tries" if _retriable(exc) else ""
         return EngineUnavailable(
