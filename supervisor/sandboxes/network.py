@@ -17,7 +17,7 @@ from stockade.supervisor.engines.backends.base import (
     LABEL_NETWORK_ALLOW,
     ContainerInfo,
 )
-from stockade.supervisor.errors import InvalidRequest, PolicyDenied
+from stockade.supervisor.errors import InvalidRequest, PolicyDenied, Unsupported
 from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.network.allowlist import Allowlist, AllowlistError
 from stockade.supervisor.network.egress import EgressNetwork
@@ -52,6 +52,11 @@ class Networks:
             raise PolicyDenied(
                 f"network mode {mode!r} is wider than the configured {configured!r} "
                 "(a request may narrow the network, never widen it)"
+            )
+        if mode == "egress" and self._config.engine.kind == "kubernetes":
+            raise Unsupported(
+                "network mode 'egress' builds its link on the supervisor's host, which a pod "
+                "is not on: not with engine.kind kubernetes (modes none and open are)"
             )
         if request is not None and len(request.allow) > MAX_NETWORK_ALLOW:
             raise InvalidRequest(

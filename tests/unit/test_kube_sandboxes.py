@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from stockade.supervisor.config import Config, EngineConfig, SandboxConfig
-from stockade.supervisor.config.sandbox import KubernetesConfig
+from stockade.supervisor.config.sandbox import KubernetesConfig, NetworkMode
 from stockade.supervisor.errors import Unsupported
 from stockade.supervisor.keys import sandbox_id
 from stockade.supervisor.kube.api import KubeApi, Timeouts, load_client
 from stockade.supervisor.kube.backend import KubernetesBackend
 from stockade.supervisor.kube.pki import Authority
+from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock, serving
 
@@ -61,7 +62,9 @@ def kubelet(kube: KubeMock, tmp_path: Path, port: int) -> Iterator[Kubelet]:
         played.close()
 
 
-def _manager(kube: KubeMock, tmp_path: Path, port: int) -> SandboxManager:
+def _manager(
+    kube: KubeMock, tmp_path: Path, port: int, network: NetworkMode = "none"
+) -> SandboxManager:
     kubernetes = KubernetesConfig(
         namespace=NAMESPACE,
         kubeconfig=str(kube.kubeconfig(tmp_path)),
@@ -72,7 +75,7 @@ def _manager(kube: KubeMock, tmp_path: Path, port: int) -> SandboxManager:
         state_dir=tmp_path / "state",
         engine=EngineConfig(kind="kubernetes"),
         kubernetes=kubernetes,
-        sandbox=SandboxConfig(user="65532:65532", network="none", tmp_inodes=0),
+        sandbox=SandboxConfig(user="65532:65532", network=network, tmp_inodes=0),
     )
     backend = KubernetesBackend(kubernetes, KubeApi(load_client(kubernetes), NAMESPACE, FAST))
     return SandboxManager(
@@ -159,5 +162,20 @@ async def test_a_dead_pod_is_made_again_on_its_claim(
         assert await _exec(mgr, "k", "cat notes.txt") == "before\n"  # a new pod, same claim
         assert kubelet.played[pod] != first_ip
         assert mgr.registry["k"].info.address == kubelet.played[pod]
+    finally:
+        await mgr.close()
+
+
+async def test_egress_cannot_be_asked_for(
+    kube: KubeMock, kubelet: Kubelet, tmp_path: Path, port: int
+) -> None:
+    """A request may narrow an open network to egress on the host kinds; a pod has no link on
+    the supervisor's host to narrow it with: refused before anything is made."""
+    mgr = _manager(kube, tmp_path, port, network="open")
+    await mgr.start()
+    try:
+        with pytest.raises(Unsupported, match="'egress' .* not with engine.kind kubernetes"):
+            await mgr.ensure("k", NetworkRequest(mode="egress"))
+        assert kube.names("pod") == []
     finally:
         await mgr.close()
