@@ -174,7 +174,7 @@ async def test_egress_cannot_be_asked_for(
     mgr = _manager(kube, tmp_path, port, network="open")
     await mgr.start()
     try:
-        with pytest.raises(Unsupported, match="'egress' .* not with engine.kind kubernetes"):
+        with pytest.raises(Unsupported, match=r"'egress' .* not with engine\.kind kubernetes"):
             await mgr.ensure("k", NetworkRequest(mode="egress"))
         assert kube.names("pod") == []
     finally:
