@@ -4,6 +4,7 @@ by `stockade serve` and by the tests, which run the real server in-process on po
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import secrets
@@ -41,13 +42,19 @@ log = logging.getLogger("stockade")
 DOCKER_SOCKET = "unix:///var/run/docker.sock"
 
 
-def instance_id(state_dir: Path) -> str:
-    """This supervisor's identity, kept in the state directory so a restart adopts."""
+def instance_id(state_dir: Path, config: Config | None = None) -> str:
+    """This supervisor's identity, kept in the state directory so a restart adopts. On
+    Kubernetes, the installation's (one namespace each): every replica has the same, so any
+    of them serves any key's pod, whatever its own (emptyDir) state directory holds."""
     path = state_dir / "instance-id"
-    if path.exists():
+    if config is not None and config.engine.kind == "kubernetes":
+        namespace = config.kubernetes.namespace
+        value = hashlib.sha256(f"kubernetes/{namespace}".encode()).hexdigest()[:16]
+    elif path.exists():
         return path.read_text().strip()
+    else:
+        value = secrets.token_hex(8)
     state_dir.mkdir(parents=True, exist_ok=True)
-    value = secrets.token_hex(8)
     path.write_text(value + "\n")
     return value
 
@@ -283,7 +290,7 @@ async def start(config: Config) -> Supervisor:
     authenticator = Authenticator(config.auth) if auth_enabled(config) else None
     config.state_dir.mkdir(parents=True, exist_ok=True)
     lock = InstanceLock(config.state_dir)  # then: a second supervisor starts nothing
-    instance = instance_id(config.state_dir)
+    instance = instance_id(config.state_dir, config)
     state = await asyncio.to_thread(open_state, config, instance)
     try:
         return await _start(config, authenticator, lock, instance, state)

@@ -37,17 +37,37 @@ async def adopt_all(
     mgr: SandboxManager, found: list[ContainerInfo], image_ids: Mapping[str, str | None]
 ) -> list[str]:
     """Adopt (or re-create) each of `found` that serves a key; remove the others. The keys
-    adopted."""
+    adopted. With a remote host kind (pods) other replicas may be making or using what is
+    found, outside any lock this start holds: running ones are adopted as they are and
+    nothing is removed or re-made (a key's next call, under its lock, takes over or replaces
+    its pod: take_over)."""
     pooled = mgr.layout.pool_folders()
     adopted: list[str] = []
     for info in found:
         key = key_of(info, pooled)
+        if mgr.remote:
+            if key is not None and await _adopt_remote(mgr, key, info):
+                adopted.append(key)
+            continue
         outcome = await _adopt(mgr, key, info, image_ids) if key is not None else ""
         if outcome == "adopted" and key is not None:
             adopted.append(key)
         elif not outcome:
             await asyncio.to_thread(mgr.backend.remove, info.id)
     return adopted
+
+
+async def _adopt_remote(mgr: SandboxManager, key: str, info: ContainerInfo) -> bool:
+    """A running pod of the key, with the network and profile its labels say (a replica has
+    no folder keeping them), greeted at its first call as any adopted sandbox is."""
+    network, profile = mgr.networks.of_container(info), _profile_of(mgr, info)
+    if key in mgr.registry or not info.running or network is None or profile is None:
+        return False
+    paths, sid = mgr.layout.of(key), sandbox_id(key)
+    container = Container(info, mgr.containers.link(info, paths), paths, sid)
+    sandbox = Sandbox(key, sid, container, network, born=born(info), greeted=False, profile=profile)
+    mgr.registry[key] = sandbox
+    return True
 
 
 def key_of(info: ContainerInfo, pooled: dict[str, Path]) -> str | None:

@@ -105,15 +105,17 @@ def spawn_failed(code: str, message: str) -> bool:
 
 
 def diagnose(
-    facts: Mapping[str, bytes | str], expected: Expected, *, after_sweep: bool
+    facts: Mapping[str, bytes | str], expected: Expected | None, *, after_sweep: bool
 ) -> Trouble | None:
     """The trouble the facts show, or None. `after_sweep`: the agent has just swept strays
     (a command could not start, or the pids limit stayed crowded after one ended); only then
-    is a nearly full pids cgroup a wedge: what holds the pids is nothing the agent can end."""
+    is a nearly full pids cgroup a wedge: what holds the pids is nothing the agent can end.
+    `expected` None: the sandbox's limits are not the supervisor's to set (a pod's are its
+    node runtime's), so no soft limit below some value proves a lowering."""
     return (
         _init_trouble(facts.get(INIT_STAT))
         or _descriptors_trouble(facts)
-        or _limits_trouble(facts.get(AGENT_LIMITS), expected)
+        or (_limits_trouble(facts.get(AGENT_LIMITS), expected) if expected else None)
         or (_pids_trouble(facts) if after_sweep else None)
     )
 

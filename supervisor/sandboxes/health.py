@@ -48,7 +48,11 @@ class Clinic:
         self.silence_s = silence_s
         sb = config.sandbox
         fsize = sb.max_file_size_mb * 1024 * 1024 or None
-        self._expected = healing.Expected(sb.nofile, sb.nproc, fsize)
+        self._expected = (
+            None
+            if getattr(backend, "remote", False)  # pods: the node runtime sets the limits
+            else healing.Expected(sb.nofile, sb.nproc, fsize)
+        )
         self.heal_counts = dict.fromkeys(healing.KINDS, 0)
         """Containers re-created because they could not serve, by healing kind."""
         self._heals: dict[str, healing.Heal] = {}

@@ -12,13 +12,17 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from stockade.supervisor.kube.pki import Authority
 from tests.integration.harness import Supervisor, bring_up
 from tests.integration.kubelet import Kubelet, MockApi, cluster
+from tests.pg import postgres_server
 
 NAMESPACE = "stockade"
 pytestmark = pytest.mark.timeout(600)
@@ -87,3 +91,134 @@ def test_sandboxes_as_pods(kube: tuple[MockApi, Kubelet, Path]) -> None:
     finally:
         sup.stop()
         shutil.rmtree(state, ignore_errors=True)
+
+
+GREETER = "python3 -c \"name = input('name? '); print('hello', name)\""
+
+
+def _config(kubeconfig: Path, extra: str = "") -> str:
+    return (
+        '[sandbox]\nimage = "localhost/stockade-sandbox:latest"\n'
+        f'[kubernetes]\nnamespace = "{NAMESPACE}"\nkubeconfig = "{kubeconfig}"\n'
+        'ready_timeout_s = 90\nimage_pull_policy = "Never"\n' + extra
+    )
+
+
+@contextmanager
+def _supervisors(kubeconfig: Path, count: int, extra: str = "") -> Iterator[list[Supervisor]]:
+    """`count` replicas of one installation: each its own state directory, one namespace."""
+    started: list[Supervisor] = []
+    try:
+        for _ in range(count):
+            state = Path(tempfile.mkdtemp(prefix="stk", dir="/tmp"))
+            sup = Supervisor("kubernetes", state, _config(kubeconfig, extra), engine_socket="")
+            started.append(sup)
+            sup.start()
+        yield started
+    finally:
+        for sup in started:
+            sup.stop()
+            print(sup.log_path.read_text()[-3000:]) if sup.log_path.exists() else None
+            shutil.rmtree(sup.state_dir, ignore_errors=True)
+
+
+def _pod_of(api: MockApi, name: str) -> dict[str, Any]:
+    return dict(api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}"))
+
+
+def test_the_tool_suite_runs_in_a_restricted_pod(
+    kube: tuple[MockApi, Kubelet, Path], tmp_path: Path
+) -> None:
+    """Every kind of call through the one pipeline reaches the pod's agent over mutual TLS,
+    and the pod is what Pod Security "restricted" asks, seen from inside and in its spec."""
+    api, _kubelet, kubeconfig = kube
+    with _supervisors(kubeconfig, 1) as [sup], sup.client() as client:
+        key = "suite"
+        box = client.sandbox(key)
+        ran = box.exec("id -g; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status")
+        assert ran.exit_code == 0, ran
+        assert ran.stdout.startswith("65532\n")
+        assert "CapEff:\t0000000000000000" in ran.stdout
+        assert "CapBnd:\t0000000000000000" in ran.stdout
+        assert "NoNewPrivs:\t1" in ran.stdout
+        assert "Seccomp:\t2" in ran.stdout
+        assert box.exec("touch /etc/x").exit_code != 0  # read-only root file system
+
+        box.write_file("notes/a.txt", "one\ntwo\n")
+        box.edit_file("notes/a.txt", "two", "three")
+        assert box.read_file("notes/a.txt") == "one\nthree\n"
+        assert "notes/a.txt" in str(box.glob("**/*.txt"))
+        assert "three" in str(box.search("thr"))
+
+        streamed = list(client.call_stream(key, "exec", {"command": "echo a; echo b >&2"}))
+        assert streamed
+
+        with box.interact(GREETER) as session:
+            assert session.read_until("name? ") == "name? "
+            session.send("pod\n")
+            assert session.read_until("\n") == "hello pod\n"
+            assert not session.wait().is_error
+
+        source = tmp_path / "up.bin"
+        source.write_bytes(bytes(range(256)) * 400)
+        assert client.upload(key, "data/up.bin", source).size == 102_400
+        client.download(key, "data/up.bin", tmp_path / "back.bin")
+        assert (tmp_path / "back.bin").read_bytes() == source.read_bytes()
+
+        started = box.call("process", {"action": "start", "command": "sleep 300"})
+        assert not started.is_error, started.error_message
+        killed = box.call("process", {"action": "kill", "id": started.data["id"]})
+        assert not killed.is_error, killed.error_message
+
+        spec = _pod_of(api, box.info().container_name)["spec"]
+        assert spec["automountServiceAccountToken"] is False
+        assert spec["enableServiceLinks"] is False
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        agent = spec["containers"][0]
+        assert agent["securityContext"]["allowPrivilegeEscalation"] is False
+        assert agent["securityContext"]["capabilities"]["drop"] == ["ALL"]
+        assert agent["securityContext"]["readOnlyRootFilesystem"] is True
+        assert "--listen" in agent["command"]
+        assert "--tls-dir" in agent["command"]
+        assert client.destroy_sandbox(key, delete_workspace=True)
+
+
+def test_two_replicas_serve_one_key_from_one_pod(kube: tuple[MockApi, Kubelet, Path]) -> None:
+    """Any replica serves any key: the second takes over the pod the first made."""
+    api, _kubelet, kubeconfig = kube
+    with _supervisors(kubeconfig, 2) as [one, two], one.client() as first, two.client() as second:
+        first.sandbox("shared").write_file("from-one.txt", "1\n")
+        assert second.sandbox("shared").exec("cat from-one.txt").stdout == "1\n"
+        name = first.sandbox("shared").info().container_name
+        assert second.sandbox("shared").info().container_name == name
+        assert [p for p in _items(api, "pods") if p == name] == [name]
+        assert second.destroy_sandbox("shared", delete_workspace=True)
+        assert name not in _items(api, "pods")
+
+
+def test_concurrent_first_calls_through_two_replicas_make_one_pod(
+    kube: tuple[MockApi, Kubelet, Path],
+) -> None:
+    """Two replicas sharing PostgreSQL (state.url): first calls of one new key through both
+    at once make one pod, and both calls run in it. The key's lock is every replica's (its
+    unit test: test_manager_shared_state.py); the API server's unique pod names back it up
+    (a replica whose create meets the other's pod takes that pod: kube/backend.py)."""
+    api, _kubelet, kubeconfig = kube
+    with postgres_server() as pg:
+        extra = f'[state]\nurl = "{pg.url}"\n'
+        with _supervisors(kubeconfig, 2, extra) as sups, ExitStack() as stack:
+            clients = [stack.enter_context(s.client()) for s in sups]
+            for round_ in range(3):
+                key = f"race-{round_}"
+                with ThreadPoolExecutor(2) as pool:
+                    calls = [
+                        pool.submit(c.sandbox(key).exec, "cat /proc/sys/kernel/hostname")
+                        for c in clients
+                    ]
+                    outs = [c.result() for c in calls]
+                assert [o.exit_code for o in outs] == [0, 0], outs
+                names = {c.sandbox(key).info().container_name for c in clients}
+                assert len(names) == 1
+                made = [p for p in _items(api, "pods") if p in names]
+                assert len(made) == 1
+                assert clients[0].destroy_sandbox(key, delete_workspace=True)
