@@ -119,6 +119,8 @@ LABEL_NAME = re.compile(
     r"([a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?"
 )
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
+ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+"""An environment variable name Kubernetes takes (and a Secret key after "env.")."""
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 STATE_SCHEMES = ("postgresql://", "postgres://")
 
@@ -201,6 +203,12 @@ def _check_pods(cfg: Config) -> None:
     for setting, (wanted, why) in refused.items():
         if wanted:
             raise ConfigError(f"{setting} does not go with engine.kind kubernetes: {why}")
+    for name in cfg.sandbox.secrets:
+        if not ENV_NAME.fullmatch(name):
+            raise ConfigError(
+                f"sandbox.secrets: {name!r} is not an environment variable name a pod can "
+                "have (letters, digits, '_', '-', '.'; not starting with a digit)"
+            )
 
 
 def _check_state(state: StateConfig) -> None:

@@ -3,7 +3,8 @@
 A sandbox is three objects in kubernetes.namespace, named by its sandbox id:
 
     stockade-<instance[:8]>-<sid>   the Pod (the container name scheme of the host kinds)
-    stockade-agent-<sid>            a Secret: the agent's certificate and key, the CA's cert
+    stockade-agent-<sid>            a Secret: the agent's certificate and key, the CA's cert,
+                                    and [sandbox] secrets (the pod references them by key)
     stockade-ws-<sid>               the workspace claim (kubernetes.workspace = "pvc")
 
 run() makes the Secret, the claim when there is none yet, and the pod, then waits (a watch,
@@ -187,7 +188,7 @@ class KubernetesBackend:
         )
         self._refuse_foreign(spec.name, spec.labels.get(LABEL_INSTANCE, ""))
         try:
-            self._put_secret(secret, sid, owned)
+            self._put_secret(secret, sid, owned, manifests.secret_environment(spec))
             if claim is not None:
                 self._ensure_claim(claim, owned)
             self._create_pod(pod, spec.labels.get(LABEL_INSTANCE, ""))
@@ -215,13 +216,15 @@ class KubernetesBackend:
         except StockadeError as exc:
             log.warning("pod %s: not removed after its failed start: %s", name, exc)
 
-    def _put_secret(self, name: str, sid: str, labels: Mapping[str, str]) -> None:
+    def _put_secret(
+        self, name: str, sid: str, labels: Mapping[str, str], environment: Mapping[str, str]
+    ) -> None:
         """A fresh agent certificate for the new pod (one left by an earlier pod is
-        replaced: its key is not one this supervisor holds)."""
+        replaced: its key is not one this supervisor holds), with the sandbox's secret
+        environment, which the pod references."""
         authority = self.authority()
-        body = manifests.agent_secret(
-            name, authority.issue_agent(sid), authority.cert_pem, labels, self._kube.namespace
-        )
+        issued, ca = authority.issue_agent(sid), authority.cert_pem
+        body = manifests.agent_secret(name, issued, ca, labels, self._kube.namespace, environment)
         if self._api.create("secret", body) is None:
             self._api.delete("secret", name)
             if self._api.create("secret", body) is None:
@@ -294,6 +297,13 @@ class KubernetesBackend:
     def remove_workspace(self, sandbox_id: str) -> bool:
         """Delete the sandbox's workspace claim (its pod must be gone); False: none."""
         return self._api.delete("claim", manifests.claim_name(sandbox_id))
+
+    def workspace_of(self, sandbox_id: str) -> str:
+        """pvc://<namespace>/<claim>, or "emptyDir" (a workspace that lives and dies with
+        its pod): the supervisor's host folder of a key means nothing for a pod."""
+        if self._kube.workspace != "pvc":
+            return "emptyDir"
+        return f"pvc://{self._kube.namespace}/{manifests.claim_name(sandbox_id)}"
 
     def pause(self, name_or_id: str) -> bool:
         raise Unsupported(

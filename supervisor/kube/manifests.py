@@ -2,6 +2,11 @@
 `podman kube play` as YAML): its Pod, its agent's TLS Secret and its workspace claim. Pure
 functions: no API calls here (the backend sends them).
 
+[sandbox] secrets travel in the agent's Secret (as env.NAME) and the pod names them with
+valueFrom.secretKeyRef: a pod object is readable by anyone who may list pods in the
+namespace, a Secret only by whom RBAC lets read Secrets. The Secret's volume projects its TLS
+files alone (`items`), so those values are not files in the agent's TLS folder as well.
+
 The pod meets Pod Security "restricted" in full, so it runs in a namespace that enforces it:
 non-root, no capabilities at all, no privilege escalation, a seccomp profile, only the
 restricted volume kinds. That standard forbids the SETUID/SETGID the host kinds give the agent
@@ -32,6 +37,11 @@ SANDBOX_UID = 65532
 """The image's `sandbox` user: in a pod, the agent's uid and the tools' (no second one)."""
 TINI = "/usr/bin/tini"
 AGENT_MODULE = ("python3", "-m", "stockade.agent")
+TLS_FILES = ("ca.crt", "tls.crt", "tls.key")
+"""What the agent's Secret volume holds (agent/tls.py reads these)."""
+ENV_KEY_PREFIX = "env."
+"""A [sandbox] secret's key in the agent's Secret: env.NAME (a valid environment name is a
+valid Secret key after it: config/checks.py)."""
 SECRET_MODE = 0o440
 """The Secret's files: readable by root (their owner) and the fsGroup, which is the agent's."""
 TERMINATION_GRACE_S = 10
@@ -128,8 +138,36 @@ def _memory(size_bytes: int) -> dict[str, str]:
 
 def _secret_volume(name: str) -> dict[str, Any]:
     """`optional: false` is Kubernetes' default, said aloud: Podman 4.3's `kube play` crashes
-    on a Secret volume without it (podman#16636), and the test kubelet plays pods with it."""
-    return {"secretName": name, "defaultMode": SECRET_MODE, "optional": False}
+    on a Secret volume without it (podman#16636), and the test kubelet plays pods with it.
+    `items`: the TLS files only, not the environment the Secret also carries."""
+    return {
+        "secretName": name,
+        "defaultMode": SECRET_MODE,
+        "optional": False,
+        "items": [{"key": key, "path": key} for key in TLS_FILES],
+    }
+
+
+def env_key(name: str) -> str:
+    """The key of environment variable `name` in the agent's Secret."""
+    return ENV_KEY_PREFIX + name
+
+
+def secret_environment(spec: ContainerSpec) -> dict[str, str]:
+    """The spec's secret environment (name -> value): what the agent's Secret carries."""
+    return {name: spec.environment[name] for name in sorted(spec.secret_names)}
+
+
+def _env(spec: ContainerSpec, agent_secret: str) -> list[dict[str, Any]]:
+    """The container's environment: plain values, but secrets by reference to the Secret."""
+    env: list[dict[str, Any]] = []
+    for name, value in sorted(spec.environment.items()):
+        if name in spec.secret_names:
+            ref = {"name": agent_secret, "key": env_key(name), "optional": False}
+            env.append({"name": name, "valueFrom": {"secretKeyRef": ref}})
+        else:
+            env.append({"name": name, "value": value})
+    return env
 
 
 def _seccomp(kube: KubernetesConfig) -> dict[str, str]:
@@ -189,7 +227,7 @@ def sandbox_pod(
         "command": agent_command(kube.agent_port, agent_args),
         "workingDir": WORKSPACE,
         "ports": [{"name": "agent", "containerPort": kube.agent_port, "protocol": "TCP"}],
-        "env": [{"name": k, "value": v} for k, v in sorted(spec.environment.items())],
+        "env": _env(spec, agent_secret),
         "resources": {"limits": limits, "requests": dict(limits)},
         "volumeMounts": mounts,
         "readinessProbe": {
@@ -240,11 +278,18 @@ def sandbox_pod(
 
 
 def agent_secret(
-    name: str, issued: Issued, ca_pem: bytes, labels: Mapping[str, str], namespace: str = ""
+    name: str,
+    issued: Issued,
+    ca_pem: bytes,
+    labels: Mapping[str, str],
+    namespace: str = "",
+    environment: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The Secret mounted at TLS_DIR: the agent's certificate and key and the CA's
-    certificate (which checks the supervisors' certificates)."""
+    certificate (which checks the supervisors' certificates); and `environment`, the
+    sandbox's secret variables (secret_environment), which the pod references by key."""
     data = {"ca.crt": ca_pem, "tls.crt": issued.cert_pem, "tls.key": issued.key_pem}
+    data.update({env_key(k): v.encode() for k, v in (environment or {}).items()})
     metadata = _metadata(name, namespace, labels)
     if not namespace:
         del metadata["namespace"]

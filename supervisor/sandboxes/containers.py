@@ -183,7 +183,8 @@ class Containers:
         labels = {**self.labels(), **self._owner_labels(), **labels, **network.labels()}
         if profile is not None and profile.name:
             labels[LABEL_PROFILE] = profile.name
-        environment = {**sb.secrets, **self._networks.environment(network)}
+        proxies = self._networks.environment(network)
+        environment = {**sb.secrets, **proxies}
         mounts = [
             BindMount(str(paths.workspace), WORKSPACE),
             BindMount(str(paths.run), AGENT_SOCKET_DIR),
@@ -213,6 +214,7 @@ class Containers:
             tmpfs=tmpfs,
             tmpfs_inodes=sb.tmp_inodes,
             environment=environment,
+            secret_names=frozenset(sb.secrets) - proxies.keys(),
             network="bridge" if network.mode == "open" else "none",
             seccomp_profile=self.runtime.seccomp,
             runtime=sb.runtime,

@@ -459,12 +459,17 @@ class SandboxManager:
                 sandbox.lost = True
 
     def _describe(self, sandbox: Sandbox) -> SandboxInfo:
-        workspace = str(self.layout.of(sandbox.key).workspace)
+        workspace = self._workspace(sandbox.key)
         image = self.profile_of(sandbox).image
         return describe(sandbox, self.engine, image, workspace, self.clinic.fields(sandbox))
 
     def _absent(self, key: str) -> SandboxInfo:
-        return absent(key, self.engine, self.image, str(self.layout.of(key).workspace))
+        return absent(key, self.engine, self.image, self._workspace(key))
+
+    def _workspace(self, key: str) -> str:
+        """The key's workspace as SandboxInfo names it: where the engine keeps it (a pod's
+        claim), else its host folder."""
+        return self.backend.workspace_of(sandbox_id(key)) or str(self.layout.of(key).workspace)
 
     # Housekeeping, for tests and tools that drive it by hand (housekeeping.py).
 

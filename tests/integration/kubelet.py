@@ -5,6 +5,8 @@ runs each pod stored there under Podman's Kubernetes YAML runner (`podman kube p
 No Kubernetes server can run on these machines; this is the nearest honest thing. What the
 kubelet does for a pod, as a node's kubelet would:
 
+- its Secrets, those it mounts and those its environment references (secretKeyRef), are
+  read from the API and given to the pod (podman_kubelet.py);
 - its volumes are played as a kubelet plays them (podman_kubelet.py: Podman 4.3 cannot play
   Secret volumes or emptyDirs right): Secrets and memory emptyDirs as tmpfs mounts of their
   own, disk emptyDirs as folders, all removed with the pod; a claim (persistentVolumeClaim) is
@@ -195,15 +197,21 @@ class Kubelet:
         self._next_host += 1
         local = copy.deepcopy(pod)
         local.pop("status", None)
-        secrets: dict[str, dict[str, Any]] = {}
+        wanted: set[str] = set()
         for volume in local["spec"].get("volumes", []):
             if "secret" in volume:
-                secret_name = volume["secret"]["secretName"]
-                secrets[secret_name] = self.api.request(
-                    "GET", f"/api/v1/namespaces/{self.namespace}/secrets/{secret_name}"
-                )
+                wanted.add(volume["secret"]["secretName"])
             elif "persistentVolumeClaim" in volume:
                 self.claims.add(volume["persistentVolumeClaim"]["claimName"])
+        for container in local["spec"].get("containers", []):
+            for env in container.get("env", []):
+                ref = (env.get("valueFrom") or {}).get("secretKeyRef")
+                if ref is not None:
+                    wanted.add(ref["name"])
+        secrets = {
+            name: self.api.request("GET", f"/api/v1/namespaces/{self.namespace}/secrets/{name}")
+            for name in sorted(wanted)
+        }
         for container in local["spec"].get("containers", []):
             for port in container.get("ports", []):
                 port["hostIP"] = played.address

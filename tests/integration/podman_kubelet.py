@@ -19,6 +19,12 @@ defaultMode, group fsGroup), a disk emptyDir a host folder, all bind-mounted int
 (hostPath) and removed with it; persistentVolumeClaims stay Podman named volumes (4.3 plays
 them as such). Everything else in the Pod goes to Podman unchanged.
 
+Environment from a Secret (valueFrom.secretKeyRef) Podman 4.3 resolves itself, from a Podman
+secret of the name referenced whose content is the JSON of the Secret's `data` (key -> base64
+value): this makes one of each Secret a pod references so, under a name of its own (Podman's
+secrets are the host's, not a namespace's), points the reference at it, and removes it with
+the pod. A Secret volume's `items` project only the keys they name, as Kubernetes does.
+
 A disk emptyDir's sizeLimit is not applied (a kubelet enforces it by evicting the pod).
 
 What 4.3 ignores and this does not make up for: securityContext.seccompProfile (Podman's own
@@ -64,6 +70,8 @@ class PlayedPod:
     name: str
     root: Path
     mounts: list[Path] = field(default_factory=list)
+    secrets: list[str] = field(default_factory=list)
+    """The Podman secrets made for its environment."""
     container: str = ""
 
     def exec(self, *command: str) -> subprocess.CompletedProcess[str]:
@@ -100,11 +108,13 @@ def _materialize(
             _tmpfs(path, 1 << 20, 0o755, 0)
             played.mounts.append(path)
             mode = int(source.get("defaultMode", 0o644))
-            for key, value in secret.get("data", {}).items():
-                item = path / key
-                item.write_bytes(base64.b64decode(value))
+            data = secret.get("data", {})
+            items = source.get("items") or [{"key": key, "path": key} for key in data]
+            for projected in items:
+                item = path / projected["path"]
+                item.write_bytes(base64.b64decode(data[projected["key"]]))
                 os.chown(item, 0, fs_group)
-                item.chmod(mode)
+                item.chmod(int(projected.get("mode", mode)))
         elif "emptyDir" in volume:
             source = volume.pop("emptyDir")
             if source.get("medium") == "Memory":
@@ -118,7 +128,33 @@ def _materialize(
         else:
             continue
         volume["hostPath"] = {"path": str(path), "type": "Directory"}
+    for container in spec.get("containers", []):
+        _secret_env(container, secrets, played)
     return pod
+
+
+def _secret_env(
+    container: dict[str, Any], secrets: Mapping[str, dict[str, Any]], played: PlayedPod
+) -> None:
+    """Point each secretKeyRef of the container's env at a Podman secret holding the
+    Secret's data (made once per Secret), which `kube play` reads the value from."""
+    made: dict[str, str] = {}
+    for env in container.get("env", []):
+        ref = (env.get("valueFrom") or {}).get("secretKeyRef")
+        if ref is None:
+            continue
+        name = ref["name"]
+        if name not in made:
+            made[name] = f"{played.root.name}-{name}"
+            content = json.dumps(secrets[name].get("data", {}))
+            done = subprocess.run(
+                ["podman", "secret", "create", made[name], "-"],
+                input=content, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            if done.returncode != 0:
+                raise RuntimeError(f"podman secret create failed: {done.stderr.strip()}")
+            played.secrets.append(made[name])
+        ref["name"] = made[name]
 
 
 def publish(pod: dict[str, Any], host_ip: str, host_port: int) -> dict[str, Any]:
@@ -156,6 +192,8 @@ def play(pod: dict[str, Any], secrets: Mapping[str, dict[str, Any]] | None = Non
 def down(played: PlayedPod) -> None:
     """Remove the pod and what this kubelet made for it (also after a failed play)."""
     podman("pod", "rm", "--force", "--time", "2", played.name)
+    for secret in played.secrets:
+        podman("secret", "rm", secret)
     for path in reversed(played.mounts):
         subprocess.run(["umount", "--lazy", str(path)], check=False)
     shutil.rmtree(played.root, ignore_errors=True)

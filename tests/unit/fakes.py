@@ -114,6 +114,9 @@ class FakeBackend:
     def remove_workspace(self, sandbox_id: str) -> bool:
         return False  # the workspace is the sandbox's host folder: the manager deletes it
 
+    def workspace_of(self, sandbox_id: str) -> str | None:
+        return None  # the sandbox's host folder: the manager names it
+
     def kill(self, container_id: str) -> None:
         self.containers[container_id] = replace(
             self.containers[container_id],

@@ -7,7 +7,9 @@ too), the views of a pod, and what a pod cannot do."""
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -363,3 +365,40 @@ def test_an_ended_pod_of_the_name_is_replaced(
         kubelet.close()
     assert info.running
     assert info.image == "stockade-sandbox:test"  # the new pod, not the dead one
+
+
+def test_secret_environment_goes_in_the_agent_secret_not_the_pod(
+    kube: KubeMock, ca: Authority, tmp_path: Path
+) -> None:
+    """[sandbox] secrets: the pod the API holds names them (secretKeyRef), its Secret holds
+    them, and both go with the pod."""
+    value = "sk-backend-5a4b3c2d1e"
+    backend = backend_for(kube, tmp_path)
+    secretive = replace(
+        spec(),
+        environment={"API_KEY": value, "LANG": "C.UTF-8"},
+        secret_names=frozenset({"API_KEY"}),
+    )
+    kubelet = Kubelet(kube, tmp_path, 7443, agents=False)
+    try:
+        info = backend.run(secretive, prepared()[1])
+    finally:
+        kubelet.close()
+    pod = kube.get("pod", POD)
+    assert pod is not None
+    assert value not in json.dumps(pod)
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    assert env["LANG"] == {"name": "LANG", "value": "C.UTF-8"}
+    assert env["API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == f"stockade-agent-{SID}"
+    secret = kube.get("secret", f"stockade-agent-{SID}")
+    assert secret is not None
+    key = env["API_KEY"]["valueFrom"]["secretKeyRef"]["key"]
+    assert base64.b64decode(secret["data"][key]).decode() == value
+    assert backend.remove(info.id) is True
+    assert kube.names("secret") == ["stockade-agent-ca"]
+
+
+def test_workspace_of_names_the_claim_or_an_emptydir(kube: KubeMock, tmp_path: Path) -> None:
+    """What SandboxInfo.workspace_path shows of a pod's workspace: no API call."""
+    assert backend_for(kube, tmp_path).workspace_of(SID) == f"pvc://{NAMESPACE}/stockade-ws-{SID}"
+    assert backend_for(kube, tmp_path, workspace="emptydir").workspace_of(SID) == "emptyDir"

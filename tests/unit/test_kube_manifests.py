@@ -226,6 +226,7 @@ def test_volumes_with_a_claim() -> None:
         "secretName": secret_name(SID),
         "defaultMode": 0o440,
         "optional": False,
+        "items": [{"key": k, "path": k} for k in ("ca.crt", "tls.crt", "tls.key")],
     }
     assert volumes["tmpfs-0"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Mi"}
     mounts = {m["mountPath"]: m for m in _container(pod)["volumeMounts"]}
@@ -342,6 +343,47 @@ def test_the_agent_secret() -> None:
     assert secret["metadata"]["namespace"] == "stockade"
     assert secret["metadata"]["annotations"][LABEL_KEY] == "team/alpha"
     assert "namespace" not in agent_secret("s", issued, ca.cert_pem, {})["metadata"]
+
+
+SECRET_VALUE = "sk-live-0f1e2d3c4b5a"
+
+
+def test_secret_environment_is_referenced_and_never_in_the_pod() -> None:
+    """[sandbox] secrets (spec.secret_names) reach the pod by secretKeyRef into the agent's
+    Secret; the rest of the environment (the proxy variables) stays plain."""
+    spec = _spec(
+        environment={"API_KEY": SECRET_VALUE, "HTTPS_PROXY": "http://proxy:3128"},
+        secret_names=frozenset({"API_KEY"}),
+    )
+    pod = sandbox_pod(
+        spec,
+        KubernetesConfig(),
+        sandbox_id=SID,
+        agent_secret=secret_name(SID),
+        workspace_claim=None,
+        agent_args=AGENT_ARGS,
+    )
+    _round_trip(pod, "V1Pod")
+    text = json.dumps(pod)
+    assert SECRET_VALUE not in text
+    assert base64.b64encode(SECRET_VALUE.encode()).decode() not in text
+    ref = {"name": secret_name(SID), "key": "env.API_KEY", "optional": False}
+    assert _container(pod)["env"] == [
+        {"name": "API_KEY", "valueFrom": {"secretKeyRef": ref}},
+        {"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
+    ]
+    # the Secret's volume projects the TLS files alone: the value is no file there
+    [tls] = [v for v in pod["spec"]["volumes"] if v["name"] == "tls"]
+    assert {item["key"] for item in tls["secret"]["items"]} == {"ca.crt", "tls.crt", "tls.key"}
+
+    ca = Authority.create()
+    issued = ca.issue_agent(SID)
+    env = manifests.secret_environment(spec)
+    assert env == {"API_KEY": SECRET_VALUE}
+    secret = agent_secret(secret_name(SID), issued, ca.cert_pem, {}, "stockade", env)
+    _round_trip(secret, "V1Secret")
+    assert base64.b64decode(secret["data"]["env.API_KEY"]).decode() == SECRET_VALUE
+    assert set(secret["data"]) == {"ca.crt", "tls.crt", "tls.key", "env.API_KEY"}
 
 
 def test_the_workspace_claim() -> None:

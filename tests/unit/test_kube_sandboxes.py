@@ -179,3 +179,22 @@ async def test_egress_cannot_be_asked_for(
         assert kube.names("pod") == []
     finally:
         await mgr.close()
+
+
+async def test_the_workspace_shown_is_the_claim(
+    kube: KubeMock, kubelet: Kubelet, tmp_path: Path, port: int
+) -> None:
+    """Get and List name a pod's workspace by its claim, held or absent: the supervisor's host
+    folder of the key holds none of its files."""
+    claim = f"pvc://{NAMESPACE}/stockade-ws-{sandbox_id('k')}"
+    mgr = _manager(kube, tmp_path, port)
+    await mgr.start()
+    try:
+        await _exec(mgr, "k", "true")
+        assert (await mgr.get("k")).workspace_path == claim
+        assert await mgr.destroy("k", delete_workspace=False) == (True, False)
+        absent = await mgr.get("k")
+        assert (absent.state.name, absent.workspace_path) == ("ABSENT", claim)
+        assert [i.workspace_path for i in await mgr.list()] == [claim]
+    finally:
+        await mgr.close()

@@ -68,6 +68,10 @@ class ContainerSpec:
     runtime: str = ""
     """OCI runtime name (or, for Podman, path); "": the engine's default."""
     environment: Mapping[str, str] = field(default_factory=dict)
+    secret_names: frozenset[str] = frozenset()
+    """The names in `environment` whose values are secrets ([sandbox] secrets): a backend
+    that can keep them out of the container's own description does (a pod: its Secret,
+    referenced from the pod, so that who may read pods does not read them)."""
     network: str = "none"
     """"none", or "bridge" (the engine's default network)."""
     seccomp_profile: str = ""
@@ -193,6 +197,12 @@ class ContainerBackend(Protocol):
         (a pod's claim), once the sandbox is destroyed with its workspace; False when it
         keeps none (the host kinds: the workspace is the sandbox's host folder, which the
         manager deletes itself)."""
+        ...
+
+    def workspace_of(self, sandbox_id: str) -> str | None:
+        """Where the sandbox's workspace is, in the engine's words, when it is not its host
+        folder (what SandboxInfo.workspace_path shows: a pod's claim); None for the host
+        kinds. Names only: no engine call."""
         ...
 
     def pause(self, name_or_id: str) -> bool:

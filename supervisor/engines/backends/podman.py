@@ -183,6 +183,9 @@ class PodmanBackend:
     def remove_workspace(self, sandbox_id: str) -> bool:
         return False  # the workspace is the sandbox's host folder: the manager deletes it
 
+    def workspace_of(self, sandbox_id: str) -> str | None:
+        return None  # the sandbox's host folder: the manager names it
+
     def pause(self, name_or_id: str) -> bool:
         return set_paused(
             self.inspect, lambda c: self._client.containers.get(c).pause(), _ENGINE_ERRORS,
