@@ -7,6 +7,9 @@ again on its claim (the files kept); destroying with the workspace deletes the c
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -222,3 +225,45 @@ def test_concurrent_first_calls_through_two_replicas_make_one_pod(
                 made = [p for p in _items(api, "pods") if p in names]
                 assert len(made) == 1
                 assert clients[0].destroy_sandbox(key, delete_workspace=True)
+
+
+def test_sandbox_secrets_reach_the_pod_through_its_secret(
+    kube: tuple[MockApi, Kubelet, Path],
+) -> None:
+    """[sandbox] secrets: the tools see the variable, the pod object the API serves (readable
+    by whoever may read pods) holds only a reference to the sandbox's Secret, and both go with
+    the sandbox. Output still has the value scrubbed, so the test compares its digest."""
+    api, _kubelet, kubeconfig = kube
+    value = "sk-e2e-" + secrets.token_hex(12)
+    extra = f'[sandbox.secrets]\nAPI_KEY = "{value}"\n'
+    with _supervisors(kubeconfig, 1, extra) as [sup], sup.client() as client:
+        box = client.sandbox("secretive")
+        shown = box.exec("printenv API_KEY")
+        assert shown.exit_code == 0, shown
+        assert value not in shown.stdout  # scrubbed from output, as on the host kinds
+        digest = box.exec("printenv API_KEY | tr -d '\\n' | sha256sum")
+        assert digest.stdout.split()[0] == hashlib.sha256(value.encode()).hexdigest(), digest
+        assert box.exec("ls /run/stockade/tls").stdout.split() == ["ca.crt", "tls.crt", "tls.key"]
+
+        info = client.get_sandbox("secretive")
+        sid = info.container_name.rsplit("-", 1)[1]
+        assert info.workspace_path == f"pvc://{NAMESPACE}/stockade-ws-{sid}"
+        pod = json.dumps(_pod_of(api, info.container_name))
+        assert value not in pod
+        assert base64.b64encode(value.encode()).decode() not in pod
+        secret = api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets/stockade-agent-{sid}")
+        assert base64.b64decode(secret["data"]["env.API_KEY"]).decode() == value
+        assert client.destroy_sandbox("secretive", delete_workspace=True)
+    assert _items(api, "secrets") == ["stockade-agent-ca"]
+    deadline = time.monotonic() + 30  # the kubelet's copy goes with the pod, when it sees it
+    while f"stockade-agent-{sid}" in _podman_secrets():
+        assert time.monotonic() < deadline, "the kubelet's Podman secret outlived the pod"
+        time.sleep(0.2)
+
+
+def _podman_secrets() -> str:
+    listed = subprocess.run(
+        ["podman", "secret", "ls", "--format", "{{.Name}}"], capture_output=True, text=True
+    )
+    assert listed.returncode == 0, listed.stderr
+    return listed.stdout
