@@ -302,8 +302,9 @@ class SandboxManager:
                     if sandbox is not None:
                         sandbox.profile = made
                     else:
-                        hk, state_dir = self.config.housekeeping, self.config.state_dir
-                        await asyncio.to_thread(pressure.check, hk, state_dir)
+                        if not self.remote:  # a pod's room is its node's: the scheduler's
+                            hk, state_dir = self.config.housekeeping, self.config.state_dir
+                            await asyncio.to_thread(pressure.check, hk, state_dir)
                         sandbox = await self.create(key, chosen, made)
             finally:
                 self._starting.discard(key)
