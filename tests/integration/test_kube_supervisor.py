@@ -184,13 +184,14 @@ def test_the_tool_suite_runs_in_a_restricted_pod(
 
 
 def test_two_replicas_serve_one_key_from_one_pod(kube: tuple[MockApi, Kubelet, Path]) -> None:
-    """Any replica serves any key: the second takes over the pod the first made."""
+    """Any replica serves any key: the second takes over the pod the first made (a Get
+    through it, before any call there, already sees it), and destroys it."""
     api, _kubelet, kubeconfig = kube
     with _supervisors(kubeconfig, 2) as [one, two], one.client() as first, two.client() as second:
         first.sandbox("shared").write_file("from-one.txt", "1\n")
-        assert second.sandbox("shared").exec("cat from-one.txt").stdout == "1\n"
         name = first.sandbox("shared").info().container_name
-        assert second.sandbox("shared").info().container_name == name
+        assert second.get_sandbox("shared").container_name == name  # before any call there
+        assert second.sandbox("shared").exec("cat from-one.txt").stdout == "1\n"
         assert [p for p in _items(api, "pods") if p == name] == [name]
         assert second.destroy_sandbox("shared", delete_workspace=True)
         assert name not in _items(api, "pods")
