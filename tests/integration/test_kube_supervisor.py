@@ -6,7 +6,6 @@ again on its claim (the files kept); destroying with the workspace deletes the c
 
 from __future__ import annotations
 
-import base64
 import shutil
 import subprocess
 import tempfile
@@ -19,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from stockade.supervisor.kube.pki import Authority
 from tests.integration.harness import Supervisor, bring_up
 from tests.integration.kubelet import Kubelet, MockApi, cluster
 from tests.pg import postgres_server
+from tests.unit.kube_mock import ca_secret
 
 NAMESPACE = "stockade"
 pytestmark = pytest.mark.timeout(600)
@@ -32,16 +31,7 @@ pytestmark = pytest.mark.timeout(600)
 def kube() -> Iterator[tuple[MockApi, Kubelet, Path]]:
     bring_up("podman")  # the sandbox image
     with cluster(NAMESPACE) as (api, kubelet, kubeconfig):
-        ca = Authority.create()
-        data = {"tls.crt": ca.cert_pem, "tls.key": ca.key_pem}
-        api.request(
-            "POST",
-            f"/api/v1/namespaces/{NAMESPACE}/secrets",
-            {
-                "metadata": {"name": "stockade-agent-ca", "namespace": NAMESPACE},
-                "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
-            },
-        )
+        api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", ca_secret())
         yield api, kubelet, kubeconfig
 
 
