@@ -161,7 +161,12 @@ async def _replace(
 
 
 async def take_over(
-    mgr: SandboxManager, key: str, network: SandboxNetwork | None, profile: SandboxProfile | None
+    mgr: SandboxManager,
+    key: str,
+    network: SandboxNetwork | None,
+    profile: SandboxProfile | None,
+    *,
+    replace: bool = True,
 ) -> Sandbox | None:
     """A host kind whose sandboxes any supervisor of the instance can reach (pods: the
     backend's `remote`) may find, at a key's first call here, the key's container made by
@@ -196,8 +201,28 @@ async def take_over(
         else:
             log.info("took over sandbox %r (container %s)", shown(key), info.name)
             return Sandbox(key, sandbox_id(key), container, found, born=born(info), profile=shape)
-    await asyncio.to_thread(mgr.backend.remove, info.id)
+    if replace:  # a Get only looks
+        await asyncio.to_thread(mgr.backend.remove, info.id)
     return None
+
+
+async def held_elsewhere(mgr: SandboxManager, key: str) -> Sandbox | None:
+    """For a Get at a replica that never served the key: the running pod another replica
+    made, held from now on (as its first call here would), nothing removed or made."""
+    async with mgr.lock(key), mgr.quotas.shared_lock(key):
+        held = mgr.registry.get(key)
+        if held is None:
+            held = await take_over(mgr, key, None, None, replace=False)
+            if held is not None:
+                mgr.registry[key] = held
+        return held
+
+
+async def elsewhere(mgr: SandboxManager, key: str) -> bool:
+    """A remote host kind's key whose pod another replica made (this one has no folder)."""
+    if not mgr.remote:
+        return False
+    return await asyncio.to_thread(mgr.backend.inspect, mgr.container_name(key)) is not None
 
 
 def _profile_of(mgr: SandboxManager, info: ContainerInfo) -> SandboxProfile | None:

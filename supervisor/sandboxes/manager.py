@@ -302,8 +302,9 @@ class SandboxManager:
                     if sandbox is not None:
                         sandbox.profile = made
                     else:
-                        hk, state_dir = self.config.housekeeping, self.config.state_dir
-                        await asyncio.to_thread(pressure.check, hk, state_dir)
+                        if not self.remote:  # a pod's room is its node's: the scheduler's
+                            hk, state_dir = self.config.housekeeping, self.config.state_dir
+                            await asyncio.to_thread(pressure.check, hk, state_dir)
                         sandbox = await self.create(key, chosen, made)
             finally:
                 self._starting.discard(key)
@@ -397,6 +398,9 @@ class SandboxManager:
             await self._notice_deaths((sandbox,))
             await self.clinic.check(sandbox)
             return self._describe(sandbox)
+        taken = await adoption.held_elsewhere(self, key) if self.remote else None
+        if taken is not None:
+            return self._describe(taken)
         if self.layout.of(key).root.is_dir():
             return self._absent(key)
         raise SandboxNotFound(f"no sandbox for key {shown(key)!r}")
@@ -415,7 +419,8 @@ class SandboxManager:
         paths = self.layout.of(key)
         async with self.lock(key):
             sandbox = self.registry.pop(key, None)
-            if sandbox is None and not paths.root.is_dir() and not await self._elsewhere(key):
+            here = paths.root.is_dir()  # a replica may serve a pod without a folder of its own
+            if sandbox is None and not here and not await adoption.elsewhere(self, key):
                 raise SandboxNotFound(f"no sandbox for key {shown(key)!r}")
             if sandbox is not None:
                 await sandbox.agent.close()
@@ -423,7 +428,6 @@ class SandboxManager:
             name = sandbox.info.id if sandbox is not None else self.container_name(key)
             removed = await asyncio.to_thread(self.containers.remove_own, name)
             await asyncio.to_thread(layout.unmount, paths)
-            here = paths.root.is_dir()  # a replica may serve a pod without a folder of its own
             if delete_workspace:
                 await asyncio.to_thread(self.backend.remove_workspace, sandbox_id(key))
                 if here:
@@ -431,12 +435,6 @@ class SandboxManager:
             elif here:
                 layout.stamp(paths.retired)
             return removed, delete_workspace
-
-    async def _elsewhere(self, key: str) -> bool:
-        """A remote host kind's key whose pod another replica made (this one has no folder)."""
-        if not self.remote:
-            return False
-        return await asyncio.to_thread(self.backend.inspect, self.container_name(key)) is not None
 
     async def _notice_deaths(self, sandboxes: tuple[Sandbox, ...]) -> None:
         """Mark sandboxes whose container stopped or vanished since their last call as

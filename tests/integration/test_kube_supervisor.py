@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from stockade.supervisor.kube.pki import Authority
 from tests.integration.harness import Supervisor, bring_up
 from tests.integration.kubelet import Kubelet, MockApi, cluster
 from tests.pg import postgres_server
+from tests.unit.kube_mock import ca_secret
 
 NAMESPACE = "stockade"
 pytestmark = pytest.mark.timeout(600)
@@ -35,16 +35,7 @@ pytestmark = pytest.mark.timeout(600)
 def kube() -> Iterator[tuple[MockApi, Kubelet, Path]]:
     bring_up("podman")  # the sandbox image
     with cluster(NAMESPACE) as (api, kubelet, kubeconfig):
-        ca = Authority.create()
-        data = {"tls.crt": ca.cert_pem, "tls.key": ca.key_pem}
-        api.request(
-            "POST",
-            f"/api/v1/namespaces/{NAMESPACE}/secrets",
-            {
-                "metadata": {"name": "stockade-agent-ca", "namespace": NAMESPACE},
-                "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
-            },
-        )
+        api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", ca_secret())
         yield api, kubelet, kubeconfig
 
 
@@ -187,13 +178,14 @@ def test_the_tool_suite_runs_in_a_restricted_pod(
 
 
 def test_two_replicas_serve_one_key_from_one_pod(kube: tuple[MockApi, Kubelet, Path]) -> None:
-    """Any replica serves any key: the second takes over the pod the first made."""
+    """Any replica serves any key: the second takes over the pod the first made (a Get
+    through it, before any call there, already sees it), and destroys it."""
     api, _kubelet, kubeconfig = kube
     with _supervisors(kubeconfig, 2) as [one, two], one.client() as first, two.client() as second:
         first.sandbox("shared").write_file("from-one.txt", "1\n")
-        assert second.sandbox("shared").exec("cat from-one.txt").stdout == "1\n"
         name = first.sandbox("shared").info().container_name
-        assert second.sandbox("shared").info().container_name == name
+        assert second.get_sandbox("shared").container_name == name  # before any call there
+        assert second.sandbox("shared").exec("cat from-one.txt").stdout == "1\n"
         assert [p for p in _items(api, "pods") if p == name] == [name]
         assert second.destroy_sandbox("shared", delete_workspace=True)
         assert name not in _items(api, "pods")

@@ -153,6 +153,21 @@ class KubeMock:
 RESOURCES = {"pod": "pods", "secret": "secrets", "claim": "persistentvolumeclaims"}
 
 
+def ca_secret(name: str = "stockade-agent-ca") -> dict[str, Any]:
+    """The installation CA's Secret (kubernetes.ca_secret), of a CA made afresh."""
+    from stockade.supervisor.kube.pki import Authority
+
+    authority = Authority.create()
+    data = {"tls.crt": authority.cert_pem, "tls.key": authority.key_pem}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/tls",
+        "metadata": {"name": name},
+        "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
+    }
+
+
 def _path(kind: str, name: str = "") -> str:
     path = f"/api/v1/namespaces/{NAMESPACE}/{RESOURCES[kind]}"
     return f"{path}/{name}" if name else path

@@ -5,7 +5,6 @@ adopts the pod, and destroying the sandbox with its workspace deletes its claim.
 
 from __future__ import annotations
 
-import base64
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,10 +17,9 @@ from stockade.supervisor.errors import Unsupported
 from stockade.supervisor.keys import sandbox_id
 from stockade.supervisor.kube.api import KubeApi, Timeouts, load_client
 from stockade.supervisor.kube.backend import KubernetesBackend
-from stockade.supervisor.kube.pki import Authority
 from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock, serving
+from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock, ca_secret, serving
 
 pytestmark = pytest.mark.timeout(180)
 FAST = Timeouts(connect_s=2, read_s=5, attempts=3, backoff_s=0.05, watch_window_s=5)
@@ -30,15 +28,7 @@ FAST = Timeouts(connect_s=2, read_s=5, attempts=3, backoff_s=0.05, watch_window_
 @pytest.fixture
 def kube() -> Iterator[KubeMock]:
     with serving() as mock:
-        authority = Authority.create()
-        data = {"tls.crt": authority.cert_pem, "tls.key": authority.key_pem}
-        mock.put(
-            "secret",
-            {
-                "metadata": {"name": "stockade-agent-ca"},
-                "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
-            },
-        )
+        mock.put("secret", ca_secret())
         yield mock
 
 

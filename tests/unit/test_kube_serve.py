@@ -6,7 +6,6 @@ And what a pod cannot do is refused when the configuration is loaded."""
 
 from __future__ import annotations
 
-import base64
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +18,7 @@ from stockade.supervisor.cli.doctor import run_checks
 from stockade.supervisor.cli.parsing import command_parser
 from stockade.supervisor.config import load_config
 from stockade.supervisor.errors import ConfigError
-from stockade.supervisor.kube.pki import Authority
-from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock, serving
+from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock, ca_secret, serving
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -34,15 +32,7 @@ def _free_port() -> int:
 @pytest.fixture
 def kube() -> Iterator[KubeMock]:
     with serving() as mock:
-        authority = Authority.create()
-        data = {"tls.crt": authority.cert_pem, "tls.key": authority.key_pem}
-        mock.put(
-            "secret",
-            {
-                "metadata": {"name": "stockade-agent-ca"},
-                "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
-            },
-        )
+        mock.put("secret", ca_secret())
         yield mock
 
 

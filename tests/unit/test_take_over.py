@@ -7,6 +7,7 @@ is replaced."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from stockade.supervisor.config import Config
 from stockade.supervisor.config.sandbox import ProfileConfig
 from stockade.supervisor.engines.backends.base import ContainerInfo
+from stockade.supervisor.errors import HostExhausted, SandboxNotFound
 from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.sandboxes.agent_link import AgentAddress, UnixAddress
 from stockade.supervisor.sandboxes.layout import Paths
@@ -137,3 +139,50 @@ async def test_a_replica_whose_sandbox_another_replaced_takes_the_new_one(
     again = await one.ensure("k")
     assert again.info.id == remade.info.id
     assert pods.runs == 2
+
+
+@pytest.mark.parametrize("remote", [True, False])
+async def test_the_supervisors_host_room_limits_only_containers_on_it(
+    tmp_path: Path, remote: bool
+) -> None:
+    """housekeeping.min_free_memory_mb measures the supervisor's host: it refuses new
+    containers there, never a pod, which runs wherever the scheduler finds room."""
+    backend = FakeBackend()
+    backend.remote = remote
+    mgr = replica(tmp_path, backend)
+    hk = replace(mgr.config.housekeeping, min_free_memory_mb=1 << 30)  # a PiB: never there
+    mgr.config = replace(mgr.config, housekeeping=hk)
+    if remote:
+        await mgr.ensure("k")
+        assert backend.runs == 1
+    else:
+        with pytest.raises(HostExhausted):
+            await mgr.ensure("k")
+        assert backend.runs == 0
+
+
+async def test_get_and_destroy_through_a_replica_that_never_served_the_key(
+    tmp_path: Path, pods: FakeBackend
+) -> None:
+    one, two, three = (replica(tmp_path / n, pods) for n in ("one", "two", "three"))
+    made = await one.ensure("k")
+    info = await two.get("k")
+    assert info.container_id == made.info.id
+    assert pods.runs == 1
+    assert "k" in two.registry  # held from now on, as a call would
+    removed, deleted = await three.destroy("k", delete_workspace=True)
+    assert (removed, deleted) == (True, True)
+    assert made.info.id not in pods.containers
+    with pytest.raises(SandboxNotFound):
+        await three.get("k")
+
+
+async def test_a_get_never_removes_a_pod_it_cannot_use(tmp_path: Path, pods: FakeBackend) -> None:
+    one, two = replica(tmp_path / "one", pods), replica(tmp_path / "two", pods)
+    made = await one.ensure("k")
+    pods.containers[made.info.id] = ContainerInfo(
+        **{**made.info.__dict__, "running": False, "status": "exited"}
+    )
+    with pytest.raises(SandboxNotFound):
+        await two.get("k")
+    assert made.info.id in pods.containers
