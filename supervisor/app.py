@@ -59,6 +59,16 @@ def instance_id(state_dir: Path, config: Config | None = None) -> str:
     return value
 
 
+def replica_id(config: Config, instance: str) -> str:
+    """Who this supervisor process is in the shared state (its rows, its approvals, its
+    heartbeat): on a host, its instance; on Kubernetes, where every replica shares the
+    installation's instance id, that and a part of its own, new with each start (a replica
+    that ended stops beating and its rows are let be)."""
+    if config.engine.kind == "kubernetes":
+        return f"{instance}-{secrets.token_hex(6)}"
+    return instance
+
+
 def engine_url(config: Config) -> tuple[str, subprocess.Popen[bytes] | None]:
     """The engine's API address; for Podman with no socket configured, start the service.
     Kubernetes has none here: its API server is the kubeconfig's ([kubernetes])."""
@@ -291,7 +301,7 @@ async def start(config: Config) -> Supervisor:
     config.state_dir.mkdir(parents=True, exist_ok=True)
     lock = InstanceLock(config.state_dir)  # then: a second supervisor starts nothing
     instance = instance_id(config.state_dir, config)
-    state = await asyncio.to_thread(open_state, config, instance)
+    state = await asyncio.to_thread(open_state, config, replica_id(config, instance))
     try:
         return await _start(config, authenticator, lock, instance, state)
     except BaseException:

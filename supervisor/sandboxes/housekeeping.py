@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from stockade.supervisor.engines.backends.base import LABEL_INSTANCE, LABEL_KEY, LABEL_MANAGED
 from stockade.supervisor.errors import StockadeError
 from stockade.supervisor.keys import sandbox_id, shown
-from stockade.supervisor.sandboxes import hostfs, layout, owner
+from stockade.supervisor.sandboxes import adoption, hostfs, layout, owner
 from stockade.supervisor.sandboxes.layout import Paths
 from stockade.supervisor.sandboxes.sandbox import Sandbox
 
@@ -97,6 +97,8 @@ class Housekeeping:
         return paused
 
     async def _retire(self, sandbox: Sandbox, why: str) -> bool:
+        if self._replicated and why.startswith("idle"):
+            return await self._let_go(sandbox, why)
         async with self._m.lock(sandbox.key):
             if self._m.registry.get(sandbox.key) is not sandbox or sandbox.in_flight:
                 return False  # used or replaced while we waited for the lock
@@ -106,6 +108,22 @@ class Housekeeping:
         log.info("removed the container of sandbox %r, %s; the workspace is kept", sandbox.key, why)
         self._m.record(sandbox.key, "remove container", why)
         return True
+
+    @property
+    def _replicated(self) -> bool:
+        """Replicas share the sandboxes (pods, with state.url): one replica's idle view says
+        nothing of the others' calls, so it lets an idle sandbox go rather than remove it
+        (max_age_s still removes it), and deletes no workspace whose pod runs."""
+        return self._m.remote and bool(self._config.state.url)
+
+    async def _let_go(self, sandbox: Sandbox, why: str) -> bool:
+        async with self._m.lock(sandbox.key):
+            if self._m.registry.get(sandbox.key) is not sandbox or sandbox.in_flight:
+                return False
+            del self._m.registry[sandbox.key]  # a call here later takes it over again
+            await sandbox.agent.close()
+        log.info("let go of sandbox %r here, %s (other replicas may use it)", sandbox.key, why)
+        return False
 
     async def expire_workspaces(self) -> int:
         """Delete workspaces that have had no container for workspace_retention_s. A
@@ -130,6 +148,9 @@ class Housekeeping:
         async with self._m.lock(key):
             if key in self._m.registry or not paths.retired.exists():
                 return False  # a call made a container meanwhile
+            if self._replicated and await adoption.elsewhere(self._m, key):
+                layout.stamp(paths.retired)  # another replica's pod uses it: not retired
+                return False
             await asyncio.to_thread(layout.unmount, paths)
             await asyncio.to_thread(self._m.backend.remove_workspace, sandbox_id(key))
             await asyncio.to_thread(hostfs.remove_tree, paths.root)

@@ -22,8 +22,10 @@ from typing import Any
 
 import pytest
 
+from stockade.client import ApprovalRequest
 from tests.integration.harness import Supervisor, bring_up
 from tests.integration.kubelet import Kubelet, MockApi, cluster
+from tests.integration.test_shared_state import ASKER, Approver, until
 from tests.pg import postgres_server
 from tests.unit.kube_mock import ca_secret
 
@@ -259,3 +261,31 @@ def _podman_secrets() -> str:
     )
     assert listed.returncode == 0, listed.stderr
     return listed.stdout
+
+
+def test_an_approval_asked_through_one_replica_is_answered_through_the_other(
+    kube: tuple[MockApi, Kubelet, Path],
+) -> None:
+    """Replicas share the installation's instance id (their pods' names) but are each their
+    own in the shared state: a call waiting on one proceeds when the other's approver says
+    yes."""
+    with postgres_server() as pg:
+        extra = (
+            f'[state]\nurl = "{pg.url}"\n'
+            '[agents.asker]\napprovals = "always"\n[approvals]\ntimeout_s = 60.0\n'
+        )
+        with _supervisors(kubeconfig_of(kube), 2, extra) as [one, two], one.client() as asking:
+            approver = Approver(two.client(), "allow-once")
+            try:
+                until(lambda: asking.list_approvals().approvers == 1, "one never saw two's")
+                result = asking.call("ap", "exec", {"command": "echo approved"}, context=ASKER)
+                assert result.stdout == "approved\n", result
+                requests = [e for e in approver.events if isinstance(e, ApprovalRequest)]
+                assert [r.command for r in requests] == ["echo approved"]
+            finally:
+                approver.close()
+            assert asking.destroy_sandbox("ap", delete_workspace=True)
+
+
+def kubeconfig_of(kube: tuple[MockApi, Kubelet, Path]) -> Path:
+    return kube[2]

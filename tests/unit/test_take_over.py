@@ -7,6 +7,7 @@ is replaced."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from stockade.supervisor.config import Config
 from stockade.supervisor.config.sandbox import ProfileConfig
+from stockade.supervisor.config.service import StateConfig
 from stockade.supervisor.engines.backends.base import ContainerInfo
 from stockade.supervisor.errors import HostExhausted, SandboxNotFound
 from stockade.supervisor.models import NetworkRequest
@@ -185,4 +187,75 @@ async def test_a_get_never_removes_a_pod_it_cannot_use(tmp_path: Path, pods: Fak
     )
     with pytest.raises(SandboxNotFound):
         await two.get("k")
+    assert made.info.id in pods.containers
+
+
+def test_each_kubernetes_replica_is_its_own_in_the_shared_state(tmp_path: Path) -> None:
+    """Replicas share the instance id (their pods' names), never their rows in the shared
+    state: there, approvals, heartbeats and the quota ledger are per supervisor."""
+    from stockade.supervisor.app import instance_id, replica_id
+    from stockade.supervisor.config.sandbox import EngineConfig
+
+    kube = Config(state_dir=tmp_path / "a", engine=EngineConfig(kind="kubernetes"))
+    other = Config(state_dir=tmp_path / "b", engine=EngineConfig(kind="kubernetes"))
+    shared = instance_id(kube.state_dir, kube)
+    assert instance_id(other.state_dir, other) == shared
+    assert replica_id(kube, shared) != replica_id(other, shared)
+    assert replica_id(kube, shared).startswith(shared)
+    host = Config(state_dir=tmp_path / "c")
+    own = instance_id(host.state_dir, host)
+    assert own != shared
+    assert replica_id(host, own) == own
+
+
+def shared(manager: SandboxManager) -> SandboxManager:
+    """The replica as configured with state.url (no database is opened by these tests)."""
+    manager.config = replace(manager.config, state=StateConfig(url="postgresql://db/stockade"))
+    manager.housekeeping._config = manager.config
+    return manager
+
+
+async def test_an_idle_replica_lets_a_shared_pod_go_and_never_removes_it(
+    tmp_path: Path, pods: FakeBackend
+) -> None:
+    """Idle in one replica's view says nothing of another's calls: with replicas (pods and
+    state.url) the idle one lets go; the pod stays, and a call there takes it over again."""
+    one = shared(replica(tmp_path / "one", pods))
+    made = await one.ensure("k")
+    made.idle_since -= 10 * one.config.housekeeping.idle_timeout_s
+    assert await one.prune() == 0
+    assert "k" not in one.registry
+    assert made.info.id in pods.containers
+    again = await one.ensure("k")
+    assert again.info.id == made.info.id
+    assert pods.runs == 1
+
+
+async def test_a_lone_supervisor_of_pods_still_removes_idle_ones(
+    tmp_path: Path, pods: FakeBackend
+) -> None:
+    one = replica(tmp_path / "one", pods)  # no state.url: no other replica shares its pods
+    made = await one.ensure("k")
+    made.idle_since -= 10 * one.config.housekeeping.idle_timeout_s
+    assert await one.prune() == 1
+    assert made.info.id not in pods.containers
+
+
+async def test_a_replica_never_expires_a_workspace_whose_pod_runs_elsewhere(
+    tmp_path: Path, pods: FakeBackend
+) -> None:
+    one = shared(replica(tmp_path / "one", pods))
+    two = shared(replica(tmp_path / "two", pods))
+    made = await one.ensure("k")
+    made.idle_since -= 10 * one.config.housekeeping.idle_timeout_s
+    await one.prune()  # one lets go; two serves the key
+    await two.ensure("k")
+    hk = replace(one.config.housekeeping, workspace_retention_s=1.0)
+    one.config = replace(one.config, housekeeping=hk)
+    one.housekeeping._config = one.config
+    folder = one.layout.of("k")
+    folder.retired.write_text("0\n")
+    os.utime(folder.retired, (1, 1))
+    assert await one.expire_workspaces() == 0
+    assert folder.root.is_dir()
     assert made.info.id in pods.containers
