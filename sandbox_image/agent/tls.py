@@ -104,27 +104,39 @@ def admitted(context: Any) -> bool:
 class SupervisorsOnly(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Wraps every method so that its call is refused, UNAUTHENTICATED, unless admitted()
     (grpc.aio's interceptors see no peer before the handler: the check runs in the wrapper,
-    first)."""
+    first). Each method's handler is wrapped once, at its first call: every tool call
+    passes here."""
+
+    def __init__(self) -> None:
+        self._wrapped: dict[str, Any] = {}
 
     async def intercept_service(
         self,
         continuation: Callable[[Any], Awaitable[Any]],
         handler_call_details: Any,
     ) -> Any:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        codec = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(_single(handler.unary_unary), **codec)
-        if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(_single(handler.stream_unary), **codec)
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(_streamed(handler.unary_stream), **codec)
-        return grpc.stream_stream_rpc_method_handler(_streamed(handler.stream_stream), **codec)
+        method = handler_call_details.method
+        wrapped = self._wrapped.get(method)
+        if wrapped is None:
+            handler = await continuation(handler_call_details)
+            if handler is None:
+                return None  # no such method: not remembered (any name can be asked for)
+            wrapped = self._wrapped[method] = _wrap(handler)
+        return wrapped
+
+
+def _wrap(handler: Any) -> Any:
+    codec = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(_single(handler.unary_unary), **codec)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(_single(handler.stream_unary), **codec)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(_streamed(handler.unary_stream), **codec)
+    return grpc.stream_stream_rpc_method_handler(_streamed(handler.stream_stream), **codec)
 
 
 async def _refuse(context: Any) -> None:

@@ -63,11 +63,24 @@ async def _adopt_remote(mgr: SandboxManager, key: str, info: ContainerInfo) -> b
     network, profile = mgr.networks.of_container(info), _profile_of(mgr, info)
     if key in mgr.registry or not info.running or network is None or profile is None:
         return False
+    mgr.registry[key] = _held(mgr, key, info, network, profile, greeted=False)
+    return True
+
+
+def _held(
+    mgr: SandboxManager,
+    key: str,
+    info: ContainerInfo,
+    network: SandboxNetwork,
+    profile: SandboxProfile,
+    *,
+    greeted: bool,
+) -> Sandbox:
+    """The key's sandbox on a pod that is there already, with a channel to its agent (not yet
+    connected)."""
     paths, sid = mgr.layout.of(key), sandbox_id(key)
     container = Container(info, mgr.containers.link(info, paths), paths, sid)
-    sandbox = Sandbox(key, sid, container, network, born=born(info), greeted=False, profile=profile)
-    mgr.registry[key] = sandbox
-    return True
+    return Sandbox(key, sid, container, network, born=born(info), greeted=greeted, profile=profile)
 
 
 def key_of(info: ContainerInfo, pooled: dict[str, Path]) -> str | None:
@@ -178,29 +191,27 @@ async def take_over(
     info = await asyncio.to_thread(mgr.backend.inspect, name)
     if info is None or info.labels.get(LABEL_INSTANCE) != mgr.containers.instance_id:
         return None
-    found = mgr.networks.of_container(info)
-    shape = _profile_of(mgr, info)
-    usable = (
+    found, shape = mgr.networks.of_container(info), _profile_of(mgr, info)
+    sid = info.labels.get(LABEL_SANDBOX_ID)
+    theirs = labelled_key(info.labels) == key and sid == sandbox_id(key)
+    if (
         info.running
         and not info.paused
-        and labelled_key(info.labels) == key
-        and info.labels.get(LABEL_SANDBOX_ID) == sandbox_id(key)
+        and theirs
         and found is not None
-        and (network is None or network == found)
+        and network in (None, found)
         and shape is not None
-        and (profile is None or profile == shape)
-    )
-    if usable and found is not None and shape is not None:
-        paths = mgr.layout.of(key)
-        container = Container(info, mgr.containers.link(info, paths), paths, sandbox_id(key))
+        and profile in (None, shape)
+    ):
+        sandbox = _held(mgr, key, info, found, shape, greeted=True)
         try:
-            await container.agent.wait_ready(mgr.config.sandbox.start_timeout_s)
+            await sandbox.agent.wait_ready(mgr.config.sandbox.start_timeout_s)
         except SandboxBroken as exc:
             log.warning("not taking over sandbox %r: %s", shown(key), exc)
-            await container.agent.close()
+            await sandbox.agent.close()
         else:
             log.info("took over sandbox %r (container %s)", shown(key), info.name)
-            return Sandbox(key, sandbox_id(key), container, found, born=born(info), profile=shape)
+            return sandbox
     if replace:  # a Get only looks
         await asyncio.to_thread(mgr.backend.remove, info.id)
     return None

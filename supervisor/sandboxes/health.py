@@ -50,7 +50,7 @@ class Clinic:
         fsize = sb.max_file_size_mb * 1024 * 1024 or None
         self._expected = (
             None
-            if getattr(backend, "remote", False)  # pods: the node runtime sets the limits
+            if backend.remote  # pods: the node runtime sets the limits
             else healing.Expected(sb.nofile, sb.nproc, fsize)
         )
         self.heal_counts = dict.fromkeys(healing.KINDS, 0)

@@ -62,15 +62,17 @@ class Housekeeping:
         a call in flight); their workspaces stay. How many were removed."""
         hk = self._config.housekeeping
         idle_now, now = time.monotonic(), time.time()
-        due = []
+        due: list[tuple[Sandbox, str]] = []
+        idle_here: list[tuple[Sandbox, str]] = []
         for sandbox in list(self._m.registry.values()):
             idle, age = idle_now - sandbox.idle_since, now - sandbox.born
             if hk.idle_timeout_s and idle >= hk.idle_timeout_s:
-                due.append(
-                    (sandbox, f"idle for {idle:.0f} s (idle_timeout_s {hk.idle_timeout_s:g})")
-                )
+                why = f"idle for {idle:.0f} s (idle_timeout_s {hk.idle_timeout_s:g})"
+                (idle_here if self._replicated else due).append((sandbox, why))
             elif hk.max_age_s and age >= hk.max_age_s:
                 due.append((sandbox, f"{age:.0f} s old (max_age_s {hk.max_age_s:g})"))
+        for sandbox, why in idle_here:
+            await self._let_go(sandbox, why)
         return sum([await self._retire(sandbox, why) for sandbox, why in due])
 
     async def pause_idle(self) -> int:
@@ -97,8 +99,6 @@ class Housekeeping:
         return paused
 
     async def _retire(self, sandbox: Sandbox, why: str) -> bool:
-        if self._replicated and why.startswith("idle"):
-            return await self._let_go(sandbox, why)
         async with self._m.lock(sandbox.key):
             if self._m.registry.get(sandbox.key) is not sandbox or sandbox.in_flight:
                 return False  # used or replaced while we waited for the lock
@@ -116,14 +116,13 @@ class Housekeeping:
         (max_age_s still removes it), and deletes no workspace whose pod runs."""
         return self._m.remote and bool(self._config.state.url)
 
-    async def _let_go(self, sandbox: Sandbox, why: str) -> bool:
+    async def _let_go(self, sandbox: Sandbox, why: str) -> None:
         async with self._m.lock(sandbox.key):
             if self._m.registry.get(sandbox.key) is not sandbox or sandbox.in_flight:
-                return False
+                return
             del self._m.registry[sandbox.key]  # a call here later takes it over again
             await sandbox.agent.close()
         log.info("let go of sandbox %r here, %s (other replicas may use it)", sandbox.key, why)
-        return False
 
     async def expire_workspaces(self) -> int:
         """Delete workspaces that have had no container for workspace_retention_s. A

@@ -147,7 +147,7 @@ class SandboxManager:
     def remote(self) -> bool:
         """Sandboxes are reached over the network (pods), by any supervisor of the instance:
         a key's container found at its first call here is taken over (adoption.take_over)."""
-        return bool(getattr(self.backend, "remote", False))
+        return self.backend.remote
 
     @property
     def image(self) -> str:
