@@ -4,12 +4,14 @@ Invoke and the streams beside it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,29 @@ _CHANGE_KINDS = {
 }
 
 
+class Activity:
+    """When the agent last served a call, for Hello's idle_ms: supervisor replicas that share
+    a pod cannot see each other's calls, but each can ask the agent."""
+
+    def __init__(self) -> None:
+        self._busy = 0
+        self._since = time.monotonic()
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        self._busy += 1
+        try:
+            yield
+        finally:
+            self._busy -= 1
+            self._since = time.monotonic()
+
+    def idle_ms(self) -> int:
+        if self._busy:
+            return 0
+        return int((time.monotonic() - self._since) * 1000)
+
+
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
     def __init__(
         self, workspace: Path, max_output_bytes: int, processes: ProcessTable | None = None
@@ -51,6 +76,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         self._workspace = workspace
         self._max_output_bytes = max_output_bytes
         self._processes = processes
+        self.activity = Activity()
 
     async def Hello(self, request: Any, context: Any) -> Any:
         return agent_pb2.HelloResponse(
@@ -59,12 +85,19 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             pid=os.getpid(),
             uid=os.getuid(),
             workspace=str(self._workspace),
+            idle_ms=self.activity.idle_ms(),
         )
 
     async def Invoke(self, request: Any, context: Any) -> Any:
-        return await self._respond(request, None)
+        with self.activity.call():
+            return await self._respond(request, None)
 
     async def InvokeStream(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        with self.activity.call():
+            async for event in self._invoke_stream(request):
+                yield event
+
+    async def _invoke_stream(self, request: Any) -> AsyncIterator[Any]:
         """Started and output events while the tool runs, then its result. When the caller
         goes away this generator is closed and the tool's task cancelled (exec then kills
         its process group)."""
@@ -124,6 +157,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             yield event
 
     async def Upload(self, request_iterator: Any, context: Any) -> Any:
+        with self.activity.call():
+            return await self._upload(request_iterator)
+
+    async def _upload(self, request_iterator: Any) -> Any:
         """The first chunk is the header; the rest is data."""
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("part") != "header":
@@ -147,6 +184,11 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         return agent_pb2.InvokeResponse(result_json=json.dumps(result))
 
     async def Download(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        with self.activity.call():
+            async for chunk in self._download(request):
+                yield chunk
+
+    async def _download(self, request: Any) -> AsyncIterator[Any]:
         try:
             async for item in transfers.send(self._workspace, request.path, tar=request.tar):
                 if isinstance(item, bytes):
@@ -182,6 +224,11 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         )
 
     async def WatchFiles(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        with self.activity.call():
+            async for event in self._watch_files(request):
+                yield event
+
+    async def _watch_files(self, request: Any) -> AsyncIterator[Any]:
         """Started, changes, then a result (see agent.proto). Cancelling the call closes
         the generator, and with it the inotify descriptor."""
         try:

@@ -254,6 +254,18 @@ class AgentConnection:
             return False
         return True
 
+    async def idle_s(self, timeout: float = 2.0) -> float | None:
+        """Seconds since the agent last served any supervisor a call (0 while one is in
+        flight, and from an agent too old to say), or None when it does not answer."""
+        if self._closed:
+            return None
+        try:
+            with self._closing():
+                hello = await self._stub.Hello(agent_pb2.HelloRequest(), timeout=timeout)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, SandboxLost):
+            return None
+        return hello.idle_ms / 1000.0 if hello is not None else None
+
     async def invoke(
         self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
     ) -> AgentReply:

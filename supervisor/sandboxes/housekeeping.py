@@ -72,8 +72,17 @@ class Housekeeping:
             elif hk.max_age_s and age >= hk.max_age_s:
                 due.append((sandbox, f"{age:.0f} s old (max_age_s {hk.max_age_s:g})"))
         for sandbox, why in idle_here:
-            await self._let_go(sandbox, why)
+            if await self._idle_everywhere(sandbox):
+                due.append((sandbox, f"{why}, and no replica called it meanwhile"))
+            else:
+                await self._let_go(sandbox, why)
         return sum([await self._retire(sandbox, why) for sandbox, why in due])
+
+    async def _idle_everywhere(self, sandbox: Sandbox) -> bool:
+        """Whether the agent itself has served no replica a call for idle_timeout_s: it
+        counts every supervisor's calls, which this replica's own clock cannot."""
+        idle = await sandbox.agent.idle_s()
+        return idle is not None and idle >= self._config.housekeeping.idle_timeout_s
 
     async def pause_idle(self) -> int:
         """With idle_action = "pause": pause the sandboxes idle past idle_pause_s (never one
@@ -99,7 +108,7 @@ class Housekeeping:
         return paused
 
     async def _retire(self, sandbox: Sandbox, why: str) -> bool:
-        async with self._m.lock(sandbox.key):
+        async with self._m.lock(sandbox.key), self._m.quotas.shared_lock(sandbox.key):
             if self._m.registry.get(sandbox.key) is not sandbox or sandbox.in_flight:
                 return False  # used or replaced while we waited for the lock
             del self._m.registry[sandbox.key]  # from here a new call waits, then makes anew
@@ -112,8 +121,9 @@ class Housekeeping:
     @property
     def _replicated(self) -> bool:
         """Replicas share the sandboxes (pods, with state.url): one replica's idle view says
-        nothing of the others' calls, so it lets an idle sandbox go rather than remove it
-        (max_age_s still removes it), and deletes no workspace whose pod runs."""
+        nothing of the others' calls, so an idle sandbox is removed only when its agent says
+        no replica called it for as long (else this replica lets it go: the one that calls
+        it next removes it once idle), and no workspace whose pod runs is deleted."""
         return self._m.remote and bool(self._config.state.url)
 
     async def _let_go(self, sandbox: Sandbox, why: str) -> None:

@@ -52,6 +52,8 @@ class FakeBackend:
         """What the agents' Inspect reads: path -> content, or an errno name (default ENOENT)."""
         self.agent_frozen = False
         self.hello_refused = False
+        self.agent_idle_s: float | None = 0.0
+        """What agents say of their idle time (0: some replica just called)."""
         self.run_dirs: dict[str, str] = {}
         """Container id -> the folder mounted at the agent's socket directory."""
         self.pause_calls: list[tuple[str, bool]] = []
@@ -191,6 +193,13 @@ class FakeAgent:
         if self._frozen():
             await asyncio.sleep(timeout)
         return self._alive() and not self._frozen()
+
+    async def idle_s(self, timeout: float = 2.0) -> float | None:
+        """What the agent says of its idle time: the backend's `agent_idle_s` (0: a call was
+        just served; None: it does not answer)."""
+        if not self._alive() or self._frozen():
+            return None
+        return self.backend.agent_idle_s
 
     async def inspect(
         self, files: list[str], links: list[str], write_probe: str, timeout: float

@@ -259,3 +259,42 @@ async def test_a_replica_never_expires_a_workspace_whose_pod_runs_elsewhere(
     assert await one.expire_workspaces() == 0
     assert folder.root.is_dir()
     assert made.info.id in pods.containers
+
+
+async def test_a_pod_idle_at_its_agent_is_removed_by_the_replica_that_served_it_last(
+    tmp_path: Path, pods: FakeBackend
+) -> None:
+    """The agent counts every replica's calls: when it too says nobody called for
+    idle_timeout_s, the replica removes the pod instead of letting it go (its claim stays)."""
+    one = shared(replica(tmp_path / "one", pods))
+    made = await one.ensure("k")
+    made.idle_since -= 10 * one.config.housekeeping.idle_timeout_s
+    pods.agent_idle_s = one.config.housekeeping.idle_timeout_s + 1
+    assert await one.prune() == 1
+    assert made.info.id not in pods.containers
+    assert "k" not in one.registry
+
+
+async def test_a_pod_another_replica_called_lately_is_only_let_go(
+    tmp_path: Path, pods: FakeBackend
+) -> None:
+    one = shared(replica(tmp_path / "one", pods))
+    made = await one.ensure("k")
+    made.idle_since -= 10 * one.config.housekeeping.idle_timeout_s
+    pods.agent_idle_s = one.config.housekeeping.idle_timeout_s - 1
+    assert await one.prune() == 0
+    assert made.info.id in pods.containers
+    assert "k" not in one.registry
+
+
+async def test_a_pod_whose_agent_does_not_answer_is_only_let_go(
+    tmp_path: Path, pods: FakeBackend
+) -> None:
+    """No answer proves nothing of the other replicas' calls: the pod is let go, never
+    removed on a guess (healing and max_age_s deal with a dead one)."""
+    one = shared(replica(tmp_path / "one", pods))
+    made = await one.ensure("k")
+    made.idle_since -= 10 * one.config.housekeeping.idle_timeout_s
+    pods.agent_idle_s = None
+    assert await one.prune() == 0
+    assert made.info.id in pods.containers

@@ -53,18 +53,20 @@ class HelloRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HelloResponse(_message.Message):
-    __slots__ = ("protocol_version", "agent_version", "pid", "uid", "workspace")
+    __slots__ = ("protocol_version", "agent_version", "pid", "uid", "workspace", "idle_ms")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_FIELD_NUMBER: _ClassVar[int]
+    IDLE_MS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     agent_version: str
     pid: int
     uid: int
     workspace: str
-    def __init__(self, protocol_version: _Optional[int] = ..., agent_version: _Optional[str] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ..., workspace: _Optional[str] = ...) -> None: ...
+    idle_ms: int
+    def __init__(self, protocol_version: _Optional[int] = ..., agent_version: _Optional[str] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ..., workspace: _Optional[str] = ..., idle_ms: _Optional[int] = ...) -> None: ...
 
 class InvokeRequest(_message.Message):
     __slots__ = ("tool", "arguments_json", "request_id")
