@@ -221,6 +221,32 @@ def test_concurrent_first_calls_through_two_replicas_make_one_pod(
                 assert clients[0].destroy_sandbox(key, delete_workspace=True)
 
 
+def test_a_pod_idle_at_every_replica_is_removed_and_its_workspace_kept(
+    kube: tuple[MockApi, Kubelet, Path],
+) -> None:
+    """Replicas share the pod; only its agent sees every replica's calls. A replica whose
+    own calls stopped lets the pod go while the other still calls it, and the pod is removed
+    once the agent too has served nobody for idle_timeout_s; the next call makes it again on
+    the same claim, files kept."""
+    api, _kubelet, kubeconfig = kube
+    with postgres_server() as pg:
+        extra = (
+            f'[state]\nurl = "{pg.url}"\n[housekeeping]\nidle_timeout_s = 4\nsweep_interval_s = 1\n'
+        )
+        with _supervisors(kubeconfig, 2, extra) as [one, two], ExitStack() as stack:
+            first, second = stack.enter_context(one.client()), stack.enter_context(two.client())
+            first.sandbox("idle").write_file("kept.txt", "1\n")
+            name = first.sandbox("idle").info().container_name
+            for _ in range(8):  # two keeps calling past one's idle timeout
+                assert second.sandbox("idle").exec("true").exit_code == 0
+                time.sleep(1)
+            assert name in _items(api, "pods")  # one let it go; it was never idle everywhere
+            until(lambda: name not in _items(api, "pods"), "the idle pod removed", timeout=30)
+            assert "stockade-ws-" + name.split("-", 2)[2] in _items(api, "persistentvolumeclaims")
+            assert first.sandbox("idle").exec("cat kept.txt").stdout == "1\n"
+            assert first.destroy_sandbox("idle", delete_workspace=True)
+
+
 def test_sandbox_secrets_reach_the_pod_through_its_secret(
     kube: tuple[MockApi, Kubelet, Path],
 ) -> None:
