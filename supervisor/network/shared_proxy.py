@@ -81,13 +81,16 @@ class SharedEgressListener:
         self._proxies: dict[tuple[str, tuple[str, ...]], EgressProxy] = {}
         self._identifying = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self.port = 0
+        """The port served on (once started)."""
 
     async def start(self, host: str, port: int) -> int:
         """Serve on host:port; the port bound (port 0: one the kernel picks, for tests)."""
         self._server = await asyncio.start_server(
             self._accept, host or None, port, limit=MAX_HEAD, reuse_address=True
         )
-        return int(self._server.sockets[0].getsockname()[1])
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self.port
 
     async def close(self) -> None:
         if self._server is not None:

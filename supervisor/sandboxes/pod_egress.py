@@ -8,8 +8,10 @@ made it and out of the sandbox's reach (a pod has no API token). The directory i
 this installation's pods by label, kept as address -> pod:
 
 - a hit younger than MAX_AGE_S is answered from it;
-- a miss, or an older hit, lists the pods again, at most once every MIN_REFRESH_S (calls
-  meanwhile share that one list): an unknown source cannot make more API requests than that;
+- a miss, or an older hit, lists the pods again, at most once every MIN_REFRESH_S: a miss
+  within that time of the last list waits for the next, which every miss meanwhile shares
+  (a pod made a moment ago is found; an unknown source cannot make more API requests than
+  one a second, however many connections it opens);
 - only running pods with an IP count, at most MAX_PODS of them.
 
 A pod's mode and allowlist are checked again against today's configuration (Networks.choose):
@@ -77,10 +79,11 @@ class PodDirectory:
     async def identify(self, address: str) -> Client | Refusal:
         """The sandbox whose pod has `address`, or why its connection is refused."""
         address = source_address((address,))
+        asked_at = self._clock()
         pod = self._pods.get(address) if self._fresh() else None
         if pod is None:
             try:
-                await self._refresh()
+                await self._refresh(asked_at)
             except StockadeError as exc:
                 return Refusal(503, f"the pods cannot be listed to know {address}: {exc}")
             pod = self._pods.get(address)
@@ -91,13 +94,17 @@ class PodDirectory:
     def _fresh(self) -> bool:
         return self._listed_at is not None and self._clock() - self._listed_at < self._max_age_s
 
-    async def _refresh(self) -> None:
-        """List the pods again, unless that was done less than MIN_REFRESH_S ago (by this
-        call's wait for another's list, say)."""
+    async def _refresh(self, asked_at: float) -> None:
+        """List the pods again, unless another call did since `asked_at`; not sooner than
+        MIN_REFRESH_S after the last list (waited for, the lock held: the calls waiting for
+        the lock meanwhile take this list)."""
         async with self._lock:
-            now = self._clock()
-            if self._listed_at is not None and now - self._listed_at < self._min_refresh_s:
-                return
+            if self._listed_at is not None:
+                if self._listed_at >= asked_at:
+                    return
+                wait = self._listed_at + self._min_refresh_s - self._clock()
+                if wait > 0:
+                    await asyncio.sleep(wait)
             self.lists += 1
             found = await asyncio.to_thread(self._list, self._labels)
             pods: dict[str, ContainerInfo] = {}
