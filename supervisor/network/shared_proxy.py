@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -28,6 +29,10 @@ log = logging.getLogger("stockade.egress")
 
 MAX_IDENTIFYING = 256
 """Connections whose source is being looked up at once; more are refused (503) at once."""
+LOG_EVERY_S = 10.0
+"""A source refused again within this time is not logged again (a pod that keeps trying
+must not flood the log); its refusals are still recorded under its key."""
+MAX_LOGGED = 4096
 DISCARD_S = 2.0
 """How long a refused connection's request is read (and thrown away) after the answer, so
 that closing it does not reset it before the client has read why."""
@@ -80,6 +85,7 @@ class SharedEgressListener:
         self._server: asyncio.Server | None = None
         self._proxies: dict[tuple[str, tuple[str, ...]], EgressProxy] = {}
         self._identifying = 0
+        self._logged_at: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
         """The port served on (once started)."""
@@ -145,7 +151,12 @@ class SharedEgressListener:
         return found if isinstance(found, Client) else self._logged(found, address)
 
     def _logged(self, refusal: Refusal, address: str) -> Refusal:
-        log.warning("egress deny from %s: %s", address or "?", refusal.reason)
+        now = time.monotonic()
+        if now - self._logged_at.get(address, -LOG_EVERY_S) >= LOG_EVERY_S:
+            if len(self._logged_at) >= MAX_LOGGED:
+                self._logged_at.clear()
+            self._logged_at[address] = now
+            log.warning("egress deny from %s: %s", address or "?", refusal.reason)
         if refusal.key:
             self._refused(refusal.key, refusal.reason)
         return refusal

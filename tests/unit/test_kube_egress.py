@@ -18,7 +18,7 @@ import contextlib
 import socket
 import ssl
 from collections.abc import AsyncIterator, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from stockade.supervisor.engines.backends.base import (
     LABEL_TENANT,
     ContainerInfo,
 )
-from stockade.supervisor.errors import EngineUnavailable
+from stockade.supervisor.errors import ConfigError, EngineUnavailable
 from stockade.supervisor.keys import sandbox_id, scope
 from stockade.supervisor.kube.api import KubeApi, Timeouts, load_client
 from stockade.supervisor.kube.backend import KubernetesBackend
@@ -527,3 +527,40 @@ async def test_hostile_input_from_no_pod_leaves_the_listener_serving(cluster: Cl
     assert cluster.decisions == []
     await cluster.manager.ensure("k")
     await cluster.close(await cluster.tunnel(cluster.kubelet.played[cluster.pod_of("k")]))
+
+
+async def test_a_source_refused_again_and_again_is_logged_once(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("WARNING", "stockade.egress")
+    for _ in range(5):
+        answer = await cluster.unasked("127.0.0.252")
+        assert answer.startswith(b"HTTP/1.1 403"), answer
+    logged = [r for r in caplog.records if "egress deny from 127.0.0.252" in r.getMessage()]
+    assert len(logged) == 1
+
+
+async def test_the_listener_is_served_only_when_egress_may_be_chosen(
+    kube: KubeMock, tmp_path: Path
+) -> None:
+    """Mode none: nothing listens. Mode open with the Service: a request may narrow to
+    egress, so the listener serves. An address taken: a ConfigError naming the setting."""
+    kubernetes = _kubernetes(kube, tmp_path)
+    for mode, serves in (("none", False), ("open", True)):
+        config = _config(kubernetes, tmp_path)
+        config = replace(config, sandbox=replace(config.sandbox, network=mode))
+        networks = Networks(config, INSTANCE)
+        assert networks.serves_pods() is serves
+        await networks.serve_pods(lambda _labels: [], OURS)
+        try:
+            assert (networks.listener is not None) is serves
+        finally:
+            await networks.close()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = replace(kubernetes, egress_listen=f"127.0.0.1:{taken.getsockname()[1]}")
+        networks = Networks(_config(busy, tmp_path), INSTANCE)
+        with pytest.raises(ConfigError, match=r"kubernetes\.egress_listen '127\.0\.0\.1:"):
+            await networks.serve_pods(lambda _labels: [], OURS)
+        assert networks.listener is None
