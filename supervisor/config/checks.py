@@ -171,6 +171,16 @@ def _check_kubernetes(kube: KubernetesConfig) -> None:
             raise ConfigError(
                 f"kubernetes.egress_proxy must be host:port, got {kube.egress_proxy!r}"
             )
+    listen_host, listen_port = split_host_port(kube.egress_listen, "kubernetes.egress_listen")
+    try:
+        ipaddress.ip_address(listen_host)
+    except ValueError:
+        listen_port = 0
+    if not listen_port:
+        raise ConfigError(
+            "kubernetes.egress_listen must be an IP address and a port (0.0.0.0:3128), "
+            f"got {kube.egress_listen[:100]!r}"
+        )
     if kube.seccomp_profile and (
         kube.seccomp_profile.startswith("/") or ".." in Path(kube.seccomp_profile).parts
     ):
@@ -195,11 +205,18 @@ def _check_pods(cfg: Config) -> None:
             cfg.sandbox.workspace_size_mb > 0,
             "a pod's workspace is sized by kubernetes.workspace_size_mb",
         ),
-        'sandbox.network = "egress"': (
-            cfg.sandbox.network == "egress",
-            "its links are built on the supervisor's host, not a node",
+        "network.bandwidth_kbit": (
+            cfg.network.bandwidth_kbit > 0,
+            "it shapes a host sandbox's own link; a pod reaches the proxy over the cluster "
+            "network, which Stockade does not shape",
         ),
     }
+    if cfg.sandbox.network == "egress" and not cfg.kubernetes.egress_proxy:
+        raise ConfigError(
+            'sandbox.network = "egress" with engine.kind kubernetes needs kubernetes.egress_proxy: '
+            "the host:port of the egress Service (deploy/kubernetes/egress-service.yaml), which "
+            "each pod is told as its HTTP_PROXY"
+        )
     for setting, (wanted, why) in refused.items():
         if wanted:
             raise ConfigError(f"{setting} does not go with engine.kind kubernetes: {why}")

@@ -67,7 +67,11 @@ class KubernetesConfig:
     """The labels of the supervisor pods: the only pods a sandbox's agent port admits."""
     egress_proxy: str = ""
     """host:port of the Stockade egress proxy Service, the only way out of an egress-mode
-    sandbox; empty: egress mode is refused."""
+    sandbox (its pod's HTTP_PROXY and HTTPS_PROXY); empty: egress mode is refused."""
+    egress_listen: str = "0.0.0.0:3128"
+    """Where each supervisor serves the egress proxy for pods (the Service's target), when
+    the sandboxes' network may be egress: one listener for every pod, each connection known
+    by its source address, the pod's IP."""
     seccomp_profile: str = ""
     """A Localhost seccomp profile (relative to the kubelet's seccomp folder); empty:
     RuntimeDefault."""

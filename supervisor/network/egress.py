@@ -64,6 +64,11 @@ class EgressNetwork:
             raise
         self._proxies[sid] = proxy
 
+    def new_proxy(self, key: str, allowlist: Allowlist) -> EgressProxy:
+        """A proxy for key's connections with this configuration's settings, not serving
+        any socket of its own (the pods' shared listener hands it connections)."""
+        return EgressProxy(key, allowlist, self._settings, self._record)
+
     async def detach(self, sid: str) -> None:
         """Stop the proxy and remove the link (no error when there is none)."""
         proxy = self._proxies.pop(sid, None)

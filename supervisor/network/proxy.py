@@ -104,6 +104,14 @@ class EgressProxy:
             self._server = None
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self.serve_connection(reader, writer)
+
+    async def serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """One client connection of this sandbox, to its end (closed here): what this proxy's
+        own socket serves, and what a listener shared by many sandboxes hands over once it
+        knows whose a connection is (network/shared_proxy.py)."""
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)

@@ -204,6 +204,7 @@ class SandboxManager:
         adopted = await adoption.adopt_all(self, found, image_ids)
         await asyncio.to_thread(self.layout.drop_pool_folders)
         await self.networks.egress.prune({s.sid for s in self.registry.values()})
+        await self.networks.serve_pods(self.backend.list, self.containers.labels())
         return adopted
 
     def start_housekeeping(self) -> None:
@@ -219,7 +220,7 @@ class SandboxManager:
         await self.pool.close()
         for sandbox in self.registry.values():
             await sandbox.agent.close()
-        await self.networks.egress.close()
+        await self.networks.close()
         self._lock.release()
 
     @asynccontextmanager

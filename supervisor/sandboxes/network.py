@@ -1,27 +1,32 @@
 """Which network a sandbox gets (the configured one, or a narrower one a request asks for),
-and its egress link while it runs. A narrower network asked for is the key's from then on
-(kept in its folder, `network`): a container re-created after a heal, a prune or a maximum
-age gets it again, never the wider configured one."""
+and its egress link while it runs (a host sandbox: a link of its own to its own proxy; a pod:
+the proxy environment, and the listener all pods' connections reach, pod_egress.py). A
+narrower network asked for is the key's from then on (kept in its folder, `network`): a
+container re-created after a heal, a prune or a maximum age gets it again, never the wider
+configured one."""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from stockade.supervisor.config import NETWORK_MODES, Config
+from stockade.supervisor.config.checks import split_host_port
 from stockade.supervisor.engines.backends.base import (
     LABEL_KEY,
     LABEL_NETWORK,
     LABEL_NETWORK_ALLOW,
     ContainerInfo,
 )
-from stockade.supervisor.errors import InvalidRequest, PolicyDenied, Unsupported
+from stockade.supervisor.errors import ConfigError, InvalidRequest, PolicyDenied, Unsupported
 from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.network.allowlist import Allowlist, AllowlistError
 from stockade.supervisor.network.egress import EgressNetwork
-from stockade.supervisor.network.proxy import EgressDecision
+from stockade.supervisor.network.proxy import EgressDecision, EgressProxy
+from stockade.supervisor.network.shared_proxy import SharedEgressListener
+from stockade.supervisor.sandboxes.pod_egress import ListPods, PodDirectory
 from stockade.supervisor.sandboxes.sandbox import Container, SandboxNetwork
 
 log = logging.getLogger("stockade")
@@ -40,7 +45,12 @@ class Networks:
         record_egress: Callable[[EgressDecision], None] | None = None,
     ) -> None:
         self._config = config
-        self.egress = EgressNetwork(config.network, instance_id, record_egress or _ignore)
+        self._record = record_egress or _ignore
+        self.egress = EgressNetwork(config.network, instance_id, self._record)
+        self._pods = config.engine.kind == "kubernetes"
+        self.listener: SharedEgressListener | None = None
+        """engine.kind kubernetes: the egress proxy all pods connect to (serve_pods)."""
+        self.directory: PodDirectory | None = None
 
     def choose(self, request: NetworkRequest | None) -> SandboxNetwork:
         """The network a sandbox gets: the configured one, or a narrower one asked for."""
@@ -53,10 +63,10 @@ class Networks:
                 f"network mode {mode!r} is wider than the configured {configured!r} "
                 "(a request may narrow the network, never widen it)"
             )
-        if mode == "egress" and self._config.engine.kind == "kubernetes":
+        if mode == "egress" and self._pods and not self._config.kubernetes.egress_proxy:
             raise Unsupported(
-                "network mode 'egress' builds its link on the supervisor's host, which a pod "
-                "is not on: not with engine.kind kubernetes (modes none and open are)"
+                "network mode 'egress' on pods needs kubernetes.egress_proxy (the egress "
+                "Service's host:port, which the pod is told): it is not set"
             )
         if request is not None and len(request.allow) > MAX_NETWORK_ALLOW:
             raise InvalidRequest(
@@ -109,17 +119,73 @@ class Networks:
             return None
 
     def environment(self, network: SandboxNetwork) -> dict[str, str]:
-        """What a container on this network is told (the egress proxy's address)."""
-        return dict(self.egress.environment) if network.mode == "egress" else {}
+        """What a container on this network is told (the egress proxy's address): a pod,
+        the egress Service's (kubernetes.egress_proxy)."""
+        if network.mode != "egress":
+            return {}
+        if self._pods:
+            return proxy_environment(self._config.kubernetes.egress_proxy)
+        return dict(self.egress.environment)
 
     async def attach(self, key: str, container: Container, network: SandboxNetwork) -> None:
-        if network.mode == "egress":
+        """A host sandbox's link and proxy; nothing for a pod (its IP says whose its
+        connections to the shared listener are)."""
+        if network.mode == "egress" and not self._pods:
             allowlist = Allowlist(network.allow, self._config.network.ports)
             await self.egress.attach(key, container.sid, container.info.pid, allowlist)
 
     async def detach(self, container: Container) -> None:
         if container.sid:
             await self.egress.detach(container.sid)
+
+    def serves_pods(self) -> bool:
+        """Whether this supervisor serves the pods' egress proxy: engine.kind kubernetes, a
+        configured network of which egress may be chosen, and the Service to reach it."""
+        return (
+            self._pods
+            and NETWORK_MODES.index(self._config.sandbox.network) >= NETWORK_MODES.index("egress")
+            and bool(self._config.kubernetes.egress_proxy)
+        )
+
+    async def serve_pods(self, list_pods: ListPods, labels: Mapping[str, str]) -> None:
+        """Serve the egress proxy on kubernetes.egress_listen for the pods of `labels` (this
+        installation's), when serves_pods(); ConfigError when the address cannot be bound."""
+        if not self.serves_pods() or self.listener is not None:
+            return
+        net = self._config.network
+        self.directory = PodDirectory(list_pods, labels, self.choose, net.ports)
+        listener = SharedEgressListener(self.directory.identify, self._pod_proxy, self._refused)
+        host, port = split_host_port(self._config.kubernetes.egress_listen, "egress_listen")
+        try:
+            bound = await listener.start(host, port)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot serve the egress proxy on kubernetes.egress_listen "
+                f"{self._config.kubernetes.egress_listen!r}: {exc}"
+            ) from exc
+        self.listener = listener
+        log.info("egress proxy for pods on %s:%d", host, bound)
+
+    def _pod_proxy(self, key: str, allowlist: Allowlist) -> EgressProxy:
+        return self.egress.new_proxy(key, allowlist)
+
+    def _refused(self, key: str, reason: str) -> None:
+        self._record(EgressDecision(key, "", "", 0, False, reason))
+
+    async def close(self) -> None:
+        """Stop serving egress (host sandboxes' proxies and the pods' listener)."""
+        if self.listener is not None:
+            await self.listener.close()
+            self.listener = None
+        await self.egress.close()
+
+
+def proxy_environment(address: str) -> dict[str, str]:
+    """HTTP_PROXY, HTTPS_PROXY and NO_PROXY in both spellings (curl reads only the lower-case
+    http_proxy), for the proxy at host:port."""
+    proxy = f"http://{address}"
+    values = {"HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "NO_PROXY": "localhost,127.0.0.1,::1"}
+    return {**values, **{k.lower(): v for k, v in values.items()}}
 
 
 def _ignore(_decision: EgressDecision) -> None:

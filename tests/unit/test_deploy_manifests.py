@@ -252,12 +252,36 @@ def test_the_probes_ask_grpc_health_on_the_served_port(config: Config) -> None:
     container = supervisor_container()
     port = int(config.listen.rpartition(":")[2])
     assert config.listen == "0.0.0.0:50051"
-    assert [p["containerPort"] for p in container["ports"]] == [port]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]}["grpc"] == port
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["grpc"] == {"port": port}, probe
-    (service,) = of_kind("Service")
+    service = service_named("stockade")
     assert service["spec"]["selector"] == supervisor_pod()["metadata"]["labels"]
     assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(port, "grpc")]
+
+
+def service_named(name: str) -> dict[str, Any]:
+    (found,) = [s for s in of_kind("Service") if s["metadata"]["name"] == name]
+    return found
+
+
+def test_the_egress_service_leads_to_every_supervisors_egress_listener(config: Config) -> None:
+    """Pods are told kubernetes.egress_proxy; it names the Service stockade-egress in the
+    installation's namespace, whose port leads to the container port each supervisor serves
+    kubernetes.egress_listen on; the supervisors serve nothing else there."""
+    container = supervisor_container()
+    ports = {p["name"]: (p["containerPort"], p["protocol"]) for p in container["ports"]}
+    assert set(ports) == {"grpc", "egress"}
+    listen_host, _, listen_port = config.kubernetes.egress_listen.rpartition(":")
+    assert (listen_host, ports["egress"]) == ("0.0.0.0", (int(listen_port), "TCP"))
+    service = service_named("stockade-egress")
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["selector"] == supervisor_pod()["metadata"]["labels"]
+    host, _, port = config.kubernetes.egress_proxy.rpartition(":")
+    assert host == f"stockade-egress.{config.kubernetes.namespace}.svc"
+    assert [(p["port"], p["targetPort"], p["protocol"]) for p in service["spec"]["ports"]] == [
+        (int(port), "egress", "TCP")
+    ]
 
 
 def test_stockade_toml_agrees_with_the_manifests(config: Config) -> None:
@@ -344,21 +368,18 @@ def test_a_sandbox_of_mode_none_reaches_nothing() -> None:
 
 
 def test_a_sandbox_of_mode_egress_reaches_the_proxy_and_dns_alone(config: Config) -> None:
+    """The proxy rule admits exactly the supervisor pods (they serve the proxy: their labels
+    must match the rule's selector) on the egress listener's port, which a policy sees (the
+    Service forwards to it)."""
     found = rules(sandbox("egress"), "egress")
     proxy, dns = found
-    assert proxy == {
-        "to": [
-            {
-                "podSelector": {
-                    "matchLabels": {
-                        "app.kubernetes.io/name": "stockade",
-                        "app.kubernetes.io/component": "egress-proxy",
-                    }
-                }
-            }
-        ],
-        "ports": [{"protocol": "TCP", "port": config.network.proxy_port}],
-    }
+    (peer,) = proxy["to"]
+    admitted = peer["podSelector"]["matchLabels"]
+    assert admitted.items() <= supervisor_pod()["metadata"]["labels"].items()
+    assert admitted == dict(config.kubernetes.supervisor_labels)
+    assert set(peer) == {"podSelector"}  # the installation's namespace only
+    listen_port = int(config.kubernetes.egress_listen.rpartition(":")[2])
+    assert proxy["ports"] == [{"protocol": "TCP", "port": listen_port}]
     assert {(p["protocol"], p["port"]) for p in dns["ports"]} == {("UDP", 53), ("TCP", 53)}
     (peer,) = dns["to"]
     assert peer["namespaceSelector"]["matchLabels"] == {

@@ -156,15 +156,16 @@ async def test_a_dead_pod_is_made_again_on_its_claim(
         await mgr.close()
 
 
-async def test_egress_cannot_be_asked_for(
+async def test_egress_cannot_be_asked_for_without_the_egress_service(
     kube: KubeMock, kubelet: Kubelet, tmp_path: Path, port: int
 ) -> None:
-    """A request may narrow an open network to egress on the host kinds; a pod has no link on
-    the supervisor's host to narrow it with: refused before anything is made."""
+    """A request may narrow an open network to egress; a pod is told the egress Service as
+    its proxy, so with none configured (kubernetes.egress_proxy) that is refused before
+    anything is made (test_kube_egress.py: with one)."""
     mgr = _manager(kube, tmp_path, port, network="open")
     await mgr.start()
     try:
-        with pytest.raises(Unsupported, match=r"'egress' .* not with engine\.kind kubernetes"):
+        with pytest.raises(Unsupported, match=r"'egress' on pods needs kubernetes\.egress_proxy"):
             await mgr.ensure("k", NetworkRequest(mode="egress"))
         assert kube.names("pod") == []
     finally:

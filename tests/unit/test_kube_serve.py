@@ -100,7 +100,7 @@ def test_serve_with_pods(kube: KubeMock, tmp_path: Path) -> None:
         ("[housekeeping]\nwarm_pool = 1\n", "housekeeping.warm_pool"),
         ('[housekeeping]\nidle_action = "pause"\n', 'idle_action = "pause"'),
         ("[sandbox]\nworkspace_size_mb = 512\n", "sandbox.workspace_size_mb"),
-        ('[sandbox]\nnetwork = "egress"\n', 'sandbox.network = "egress"'),
+        ("[network]\nbandwidth_kbit = 1000\n", "network.bandwidth_kbit"),
     ],
 )
 def test_what_pods_cannot_do_is_refused_at_load(tmp_path: Path, setting: str, words: str) -> None:
@@ -110,6 +110,21 @@ def test_what_pods_cannot_do_is_refused_at_load(tmp_path: Path, setting: str, wo
         load_config(path)
     path.write_text(f'[engine]\nkind = "podman"\n{setting}')
     load_config(path)  # the host kinds can
+
+
+def test_egress_on_pods_needs_the_egress_service(tmp_path: Path) -> None:
+    """Each egress pod is told the Service's address as its proxy: without one, refused at
+    load, naming the setting; with one, loaded, the listener's address defaulted."""
+    path = tmp_path / "stockade.toml"
+    path.write_text('[engine]\nkind = "kubernetes"\n[sandbox]\nnetwork = "egress"\n')
+    with pytest.raises(ConfigError, match=r"needs kubernetes\.egress_proxy"):
+        load_config(path)
+    path.write_text(
+        '[engine]\nkind = "kubernetes"\n[sandbox]\nnetwork = "egress"\n'
+        '[kubernetes]\negress_proxy = "stockade-egress.stockade.svc:3128"\n'
+    )
+    config = load_config(path)
+    assert config.kubernetes.egress_listen == "0.0.0.0:3128"
 
 
 def test_the_command_line_takes_the_kubernetes_kind() -> None:
