@@ -7,8 +7,10 @@ configured one."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -51,6 +53,8 @@ class Networks:
         self.listener: SharedEgressListener | None = None
         """engine.kind kubernetes: the egress proxy all pods connect to (serve_pods)."""
         self.directory: PodDirectory | None = None
+        self._proxy_address = ""
+        """kubernetes.egress_proxy resolved at start (serve_pods)."""
 
     def choose(self, request: NetworkRequest | None) -> SandboxNetwork:
         """The network a sandbox gets: the configured one, or a narrower one asked for."""
@@ -124,7 +128,7 @@ class Networks:
         if network.mode != "egress":
             return {}
         if self._pods:
-            return proxy_environment(self._config.kubernetes.egress_proxy)
+            return proxy_environment(self._proxy_address or self._config.kubernetes.egress_proxy)
         return dict(self.egress.environment)
 
     async def attach(self, key: str, container: Container, network: SandboxNetwork) -> None:
@@ -152,6 +156,7 @@ class Networks:
         installation's), when serves_pods(); ConfigError when the address cannot be bound."""
         if not self.serves_pods() or self.listener is not None:
             return
+        self._proxy_address = await resolved(self._config.kubernetes.egress_proxy)
         net = self._config.network
         self.directory = PodDirectory(list_pods, labels, self.choose, net.ports)
         listener = SharedEgressListener(self.directory.identify, self._pod_proxy, self._refused)
@@ -178,6 +183,26 @@ class Networks:
             await self.listener.close()
             self.listener = None
         await self.egress.close()
+
+
+async def resolved(address: str) -> str:
+    """host:port with the host resolved to its address (the egress Service's ClusterIP), so
+    that sandbox pods need no DNS, which the egress NetworkPolicy does not give them (any DNS
+    server that forwards names outside is a way out). The name itself when it does not
+    resolve here (logged: such pods reach no proxy unless the policy lets them ask DNS)."""
+    host, port = split_host_port(address, "kubernetes.egress_proxy")
+    try:
+        found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        log.warning(
+            "kubernetes.egress_proxy %r does not resolve here (%s): egress pods get the name, "
+            "which they can look up only where the NetworkPolicy lets them ask DNS",
+            address,
+            exc,
+        )
+        return address
+    ip = str(found[0][4][0])
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def proxy_environment(address: str) -> dict[str, str]:

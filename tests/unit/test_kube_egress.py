@@ -46,7 +46,7 @@ from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.network.proxy import EgressDecision
 from stockade.supervisor.network.shared_proxy import Client, Refusal, source_address
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from stockade.supervisor.sandboxes.network import Networks
+from stockade.supervisor.sandboxes.network import Networks, resolved
 from stockade.supervisor.sandboxes.pod_egress import PodDirectory
 from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock, ca_secret, serving
 
@@ -564,3 +564,13 @@ async def test_the_listener_is_served_only_when_egress_may_be_chosen(
         with pytest.raises(ConfigError, match=r"kubernetes\.egress_listen '127\.0\.0\.1:"):
             await networks.serve_pods(lambda _labels: [], OURS)
         assert networks.listener is None
+
+
+async def test_pods_are_told_the_proxy_service_by_address_so_they_need_no_dns() -> None:
+    """The egress NetworkPolicy gives sandbox pods no DNS (a resolver that forwards names
+    outside is a way out): the supervisors resolve the Service's name and tell pods its
+    address; a name that does not resolve is passed on as it is (and logged)."""
+    assert await resolved("localhost:3128") in ("127.0.0.1:3128", "[::1]:3128")
+    assert await resolved("10.96.0.17:3128") == "10.96.0.17:3128"
+    assert await resolved("[fd00::5]:3128") == "[fd00::5]:3128"
+    assert await resolved("no-such-name.invalid:3128") == "no-such-name.invalid:3128"
