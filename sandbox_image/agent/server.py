@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,11 +93,13 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             return await self._respond(request, None)
 
     async def InvokeStream(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        with self.activity.call():
-            async for event in self._invoke_stream(request):
-                yield event
+        # closed here, not left to the collector: closing it ends what it started
+        async with contextlib.aclosing(self._invoke_stream(request)) as inner:
+            with self.activity.call():
+                async for event in inner:
+                    yield event
 
-    async def _invoke_stream(self, request: Any) -> AsyncIterator[Any]:
+    async def _invoke_stream(self, request: Any) -> AsyncGenerator[Any, None]:
         """Started and output events while the tool runs, then its result. When the caller
         goes away this generator is closed and the tool's task cancelled (exec then kills
         its process group)."""
@@ -184,11 +186,13 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         return agent_pb2.InvokeResponse(result_json=json.dumps(result))
 
     async def Download(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        with self.activity.call():
-            async for chunk in self._download(request):
-                yield chunk
+        # closed here, not left to the collector: closing it ends what it started
+        async with contextlib.aclosing(self._download(request)) as inner:
+            with self.activity.call():
+                async for chunk in inner:
+                    yield chunk
 
-    async def _download(self, request: Any) -> AsyncIterator[Any]:
+    async def _download(self, request: Any) -> AsyncGenerator[Any, None]:
         try:
             async for item in transfers.send(self._workspace, request.path, tar=request.tar):
                 if isinstance(item, bytes):
@@ -224,11 +228,13 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         )
 
     async def WatchFiles(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        with self.activity.call():
-            async for event in self._watch_files(request):
-                yield event
+        # closed here, not left to the collector: closing it ends what it started
+        async with contextlib.aclosing(self._watch_files(request)) as inner:
+            with self.activity.call():
+                async for event in inner:
+                    yield event
 
-    async def _watch_files(self, request: Any) -> AsyncIterator[Any]:
+    async def _watch_files(self, request: Any) -> AsyncGenerator[Any, None]:
         """Started, changes, then a result (see agent.proto). Cancelling the call closes
         the generator, and with it the inotify descriptor."""
         try:
