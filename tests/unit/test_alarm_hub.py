@@ -69,15 +69,19 @@ async def test_sound_logs_records_counts_and_reacts(
         await h.settled()
     assert [(key, a.kind) for key, a in reacted] == [("k", "guard")]
     (rec,) = audit.records
-    assert rec.tool == "alarm" and rec.policy_step == "alarm: guard at guard"
-    assert rec.sandbox_key == "k" and rec.is_error and rec.error_code == "ALARM"
+    assert rec.tool == "alarm"
+    assert rec.policy_step == "alarm: guard at guard"
+    assert rec.sandbox_key == "k"
+    assert rec.is_error
+    assert rec.error_code == "ALARM"
     assert json.loads(rec.arguments_json)["detail"] == "guard seen"
     value = metrics.registry.get_sample_value(
         "stockade_alarms_total", {"kind": "guard", "where": "guard"}
     )
     assert value == 1.0
     (line,) = [r for r in caplog.records if r.name == "stockade.alarms"]
-    assert line.levelname == "WARNING" and getattr(line, "alarm_kind") == "guard"
+    assert line.levelname == "WARNING"
+    assert line.alarm_kind  # type: ignore[attr-defined] == "guard"
 
 
 async def test_kinds_not_in_on_only_alarm(tmp_path: Path) -> None:
@@ -86,7 +90,8 @@ async def test_kinds_not_in_on_only_alarm(tmp_path: Path) -> None:
     h.sound(alarm("guard"))
     h.sound(alarm("placeholder", "egress"))
     await h.settled()
-    assert reacted == [] and len(audit.records) == 2
+    assert reacted == []
+    assert len(audit.records) == 2
 
 
 async def test_honeytoken_read_alerts_use_quarantines(tmp_path: Path) -> None:
@@ -170,7 +175,8 @@ async def test_sound_from_another_thread_is_handed_to_the_loop(tmp_path: Path) -
         if reacted:
             break
     await h.settled()
-    assert len(reacted) == 1 and len(audit.records) == 1
+    assert len(reacted) == 1
+    assert len(audit.records) == 1
 
 
 def test_alarms_round_trip_and_hostile_records_are_refused() -> None:
@@ -181,7 +187,8 @@ def test_alarms_round_trip_and_hostile_records_are_refused() -> None:
     assert from_dict([1, 2]) is None
     assert from_dict({**to_dict(a), "time": "soon"}) is None
     long = from_dict({**to_dict(a), "evidence": "x" * 100_000})
-    assert long is not None and len(long.evidence) == 4096
+    assert long is not None
+    assert len(long.evidence) == 4096
 
 
 def test_config_checks(tmp_path: Path) -> None:
@@ -193,7 +200,7 @@ def test_config_checks(tmp_path: Path) -> None:
         Config(state_dir=tmp_path, quarantine=QuarantineConfig(on=("guard", "guard")))
     from stockade.supervisor.config import load_config
 
-    with pytest.raises(ConfigError, match="quarantine.on"):
+    with pytest.raises(ConfigError, match=r"quarantine\.on"):
         load_config(None, {"state_dir": str(tmp_path), "quarantine.on": ["everything"]})
     with pytest.raises(ConfigError, match="unknown key"):
         load_config(None, {"state_dir": str(tmp_path), "quarantine.off": True})
