@@ -21,6 +21,7 @@ from stockade.v1 import (
     audit_pb2_grpc,
     file_pb2,
     file_pb2_grpc,
+    quarantine_pb2_grpc,
     sandbox_pb2,
     sandbox_pb2_grpc,
     tool_pb2,
@@ -164,6 +165,7 @@ class Stubs:
     approvals: Authorized
     audit: Authorized
     files: Authorized
+    quarantine: Authorized
 
 
 def stubs(channel: grpc.Channel | grpc.aio.Channel, token: str | None) -> Stubs:
@@ -176,6 +178,7 @@ def stubs(channel: grpc.Channel | grpc.aio.Channel, token: str | None) -> Stubs:
         Authorized(approval_pb2_grpc.ApprovalServiceStub(channel), token),
         Authorized(audit_pb2_grpc.AuditServiceStub(channel), token),
         Authorized(file_pb2_grpc.FileServiceStub(channel), token),
+        Authorized(quarantine_pb2_grpc.QuarantineServiceStub(channel), token),
     )
 
 
