@@ -356,6 +356,13 @@ def _snapshots(ns: argparse.Namespace) -> int:
         return snapshots.run(client, ns)
 
 
+def _quarantine(ns: argparse.Namespace) -> int:
+    from stockade.supervisor.cli import quarantine
+
+    with _client(ns) as client:
+        return quarantine.run(client, ns)
+
+
 def _mcp(ns: argparse.Namespace) -> int:
     from stockade.client import AsyncStockade
     from stockade.supervisor.cli.mcp_bridge import bridge_key, serve_stdio
@@ -406,6 +413,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "snapshot-rm": _snapshots,
     "restore": _snapshots,
     "fork": _snapshots,
+    "quarantine": _quarantine,
+    "alarms": _quarantine,
     "tools": _tools,
     "approvals": _approvals,
     "audit": _audit,
