@@ -71,9 +71,8 @@ def _destroy(client: Stockade, ns: argparse.Namespace) -> int:
     client.get_quarantine(ns.key)  # NotFound unless quarantined: destroy only what is
     removed = client.destroy_sandbox(ns.key, delete_workspace=ns.delete_workspace)
     kept = "workspace deleted" if ns.delete_workspace else "workspace kept"
-    print(
-        f"{printable(ns.key)}: destroyed ({'container removed' if removed else 'no container'}, {kept})"
-    )
+    container = "container removed" if removed else "no container"
+    print(f"{printable(ns.key)}: destroyed ({container}, {kept})")
     return 0
 
 
