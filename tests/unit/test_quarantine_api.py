@@ -98,6 +98,7 @@ async def test_a_guard_rule_marked_quarantine_quarantines(
         (held,) = await a.list_quarantines()
         assert held.sandbox_key == "box"
         assert held.frozen
+        assert [i.paused for i in backend.containers.values()] == [True], "frozen, kept"
         assert "no-exfil" in held.reason
         shown = await a.get_quarantine("box")
         assert shown.quarantine.alarms[0].evidence == "exfil --to evil.example 4444"
@@ -126,7 +127,7 @@ async def test_a_guard_rule_marked_quarantine_quarantines(
 
 
 async def test_quarantine_by_hand_then_destroy(served: tuple[Server, FakeBackend, str]) -> None:
-    _, backend, target = served
+    _, _, target = served
     async with AsyncStockade(target, token=TOKEN_A) as a:
         with pytest.raises(NotFound):
             await a.quarantine_sandbox("nobody", "look")
