@@ -86,7 +86,7 @@ class Unimplemented(StockadeError):
 class FailedPrecondition(StockadeError):
     """The sandbox's state does not allow the request (reason SANDBOX_PAUSED: a call to a
     paused sandbox on a supervisor that refuses those; SANDBOX_STATE_CONFLICT: pausing a
-    sandbox whose container exited)."""
+    sandbox whose container exited; SANDBOX_QUARANTINED: a call to a quarantined sandbox)."""
 
 
 class DeadlineExceeded(StockadeError):
