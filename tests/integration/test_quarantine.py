@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from stockade.client import FailedPrecondition, NotFound, Sandbox, Stockade
-from tests.integration.harness import Supervisor, backend, running_supervisor
+from tests.integration.harness import Supervisor, engine_cli, running_supervisor
 
 pytestmark = pytest.mark.timeout(300)
 KEY = "suspect"
@@ -107,9 +107,9 @@ def still(sup: Supervisor) -> bool:
 
 def interfaces(engine: str, client: Stockade) -> set[str]:
     """The network interfaces of the sandbox's network namespace, read from the host."""
-    info = backend(engine).inspect(client.get_sandbox(KEY).container_id)
-    assert info is not None
-    lines = Path(f"/proc/{info.pid}/net/dev").read_text().splitlines()[2:]
+    container = client.get_sandbox(KEY).container_id
+    pid = engine_cli(engine, "inspect", "--format", "{{.State.Pid}}", container).stdout.strip()
+    lines = Path(f"/proc/{int(pid)}/net/dev").read_text().splitlines()[2:]
     return {line.split(":")[0].strip() for line in lines}
 
 
@@ -134,7 +134,7 @@ def test_a_quarantined_sandbox_is_frozen_cut_off_refused_kept_and_released(
 
         denied = box.exec("exfil --everything")
         assert denied.error_code == "PERMISSION_DENIED"
-        wait_until(lambda: bool(client.list_quarantines()))
+        wait_until(lambda: [q.frozen for q in client.list_quarantines()] == [True])
 
         assert still(sup), "frozen: the loop no longer writes"
         assert interfaces(engine, client) == {"lo"}, "its egress link is gone"
