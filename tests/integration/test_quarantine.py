@@ -8,10 +8,12 @@ this machine's loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -21,6 +23,9 @@ from pathlib import Path
 import pytest
 
 from stockade.client import FailedPrecondition, NotFound, Sandbox, Stockade
+from stockade.supervisor.engines.backends.base import LABEL_INSTANCE
+from stockade.supervisor.network import links
+from stockade.supervisor.sandboxes import hostfs
 from tests.integration.harness import Supervisor, engine_cli, running_supervisor
 
 pytestmark = pytest.mark.timeout(300)
@@ -71,8 +76,27 @@ def supervisor(engine: str, upstream: int) -> Iterator[Supervisor]:
         [quarantine]
         evidence_window_s = 600
         """)
-    with running_supervisor(engine, config) as sup:
+    if engine != "podman":
+        with running_supervisor(engine, config) as sup:
+            yield sup
+        return
+    # Podman: a service of the supervisor's own (engine.socket ""), not the tests' shared
+    # one, which other test sessions on this machine start and stop as they come and go
+    state = Path(tempfile.mkdtemp(prefix="stk", dir="/tmp"))
+    sup = Supervisor(engine, state, config, engine_socket="")
+    try:
+        sup.start()
         yield sup
+    finally:
+        sup.stop()
+        instance = sup.instance_id()
+        found = engine_cli(engine, "ps", "-aq", "--filter", f"label={LABEL_INSTANCE}={instance}")
+        for container in found.stdout.split():
+            engine_cli(engine, "rm", "-f", container)
+        for namespace in links.namespaces(links.instance_prefix(instance)):
+            links.remove(namespace)
+        with contextlib.suppress(OSError):
+            hostfs.remove_tree(state)
 
 
 def cli(sup: Supervisor, *args: str) -> subprocess.CompletedProcess[str]:
