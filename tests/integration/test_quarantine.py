@@ -24,6 +24,7 @@ import pytest
 
 from stockade.client import FailedPrecondition, NotFound, Sandbox, Stockade
 from stockade.supervisor.engines.backends.base import LABEL_INSTANCE
+from stockade.supervisor.keys import sandbox_id
 from stockade.supervisor.network import links
 from stockade.supervisor.sandboxes import hostfs
 from tests.integration.harness import Supervisor, engine_cli, running_supervisor
@@ -76,6 +77,12 @@ def supervisor(engine: str, upstream: int) -> Iterator[Supervisor]:
         [quarantine]
         evidence_window_s = 600
         """)
+    with serving(engine, config) as sup:
+        yield sup
+
+
+@contextlib.contextmanager
+def serving(engine: str, config: str) -> Iterator[Supervisor]:
     if engine != "podman":
         with running_supervisor(engine, config) as sup:
             yield sup
@@ -137,6 +144,12 @@ def interfaces(engine: str, client: Stockade) -> set[str]:
     return {line.split(":")[0].strip() for line in lines}
 
 
+def helper_namespaces(sup: Supervisor) -> list[str]:
+    """The helper namespaces (the proxy's side of the link) of the sandbox's egress."""
+    name = links.instance_prefix(sup.instance_id()) + sandbox_id(KEY)
+    return [n for n in links.namespaces(links.instance_prefix(sup.instance_id())) if n == name]
+
+
 def fetch(box: Sandbox, port: int) -> str:
     result = box.exec(f"curl -s --max-time 10 http://upstream.test:{port}/", timeout=30)
     return result.stdout if result.exit_code == 0 else f"failed: {result.exit_code}"
@@ -162,6 +175,7 @@ def test_a_quarantined_sandbox_is_frozen_cut_off_refused_kept_and_released(
 
         assert still(sup), "frozen: the loop no longer writes"
         assert interfaces(engine, client) == {"lo"}, "its egress link is gone"
+        assert not helper_namespaces(sup), "and the proxy's namespace with it"
         with pytest.raises(FailedPrecondition) as refused:
             box.exec("echo hello")
         message = str(refused.value)
@@ -196,6 +210,7 @@ def test_a_quarantined_sandbox_is_frozen_cut_off_refused_kept_and_released(
         assert released.sandbox_key == KEY
         assert advancing(sup), "the same loop runs on: thawed, not restarted"
         assert fetch(box, upstream) == "hello from upstream"
+        assert helper_namespaces(sup), "the link is back"
         assert box.exec("cat notes.txt").stdout == "keep me"
         with pytest.raises(NotFound):
             client.release_quarantine(KEY)
@@ -212,3 +227,23 @@ def test_a_quarantined_sandbox_is_frozen_cut_off_refused_kept_and_released(
         assert "container removed" in destroyed.stdout
         assert not client.list_quarantines()
         assert box.exec("echo new").stdout.strip() == "new"
+
+
+def test_an_open_sandbox_is_disconnected_and_reconnected(engine: str) -> None:
+    """Network mode open: the quarantine disconnects the container from the engine's
+    network (its namespace keeps only loopback) and release connects it again."""
+    with serving(engine, '[sandbox]\nnetwork = "open"\n') as sup, sup.client() as client:
+        box = client.sandbox(KEY)
+        assert box.exec("echo up").stdout.strip() == "up"
+        before = interfaces(engine, client)
+        assert before - {"lo"}, "open: the engine's network"
+        held = client.quarantine_sandbox(KEY, "by hand")
+        assert held.network_cut == "open"
+        assert held.frozen
+        assert not held.note
+        assert interfaces(engine, client) == {"lo"}
+        with pytest.raises(FailedPrecondition):
+            box.exec("echo up")
+        client.release_quarantine(KEY)
+        assert interfaces(engine, client) - {"lo"}, "connected again"
+        assert box.exec("echo again").stdout.strip() == "again"
