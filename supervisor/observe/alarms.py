@@ -217,8 +217,12 @@ class AlarmHub:
 
     def _schedule(self, reaction: Awaitable[None], alarm: Alarm) -> None:
         async def run() -> None:
+            from stockade.supervisor.errors import StockadeError
+
             try:
                 await reaction
+            except StockadeError as exc:  # e.g. the sandbox was destroyed meanwhile
+                log.warning("the reaction to an alarm in %r failed: %s", alarm.sandbox_key, exc)
             except Exception:
                 log.exception("the reaction to an alarm in %r failed", alarm.sandbox_key)
 

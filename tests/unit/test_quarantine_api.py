@@ -7,6 +7,7 @@ wrong or hostile input to every RPC is refused."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from stockade.client import (
 from stockade.supervisor.api.auth import Authenticator
 from stockade.supervisor.api.server import Server
 from stockade.supervisor.app import build_policy
+from stockade.supervisor.cli.main import main
+from stockade.supervisor.cli.parsing import parse
 from stockade.supervisor.config import load_config
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from tests.unit.fakes import FakeAgent, FakeBackend
@@ -176,3 +179,71 @@ async def test_unauthenticated_callers_are_refused(served: tuple[Server, FakeBac
         with pytest.raises(Unauthenticated):
             async for _ in nobody.watch_alarms():
                 pass
+
+
+@pytest.mark.parametrize(
+    ("argv", "fields"),
+    [
+        (["quarantine", "list"], {"quarantine_command": "list", "json": False}),
+        (["quarantine", "show", "--json", "k"], {"key": "k", "json": True}),
+        (["quarantine", "release", "k"], {"quarantine_command": "release", "key": "k"}),
+        (["quarantine", "destroy", "--delete-workspace", "k"], {"delete_workspace": True}),
+        (["quarantine", "add", "k", "why"], {"key": "k", "reason": "why"}),
+        (["alarms", "watch", "--json"], {"alarms_command": "watch", "json": True}),
+    ],
+)
+def test_the_commands_arguments(argv: list[str], fields: dict[str, object]) -> None:
+    ns = parse(argv)
+    assert {name: getattr(ns, name) for name in fields} == fields
+
+
+@pytest.mark.parametrize(
+    "argv", [["quarantine"], ["quarantine", "show"], ["quarantine", "nuke", "k"], ["alarms"]]
+)
+def test_wrong_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse(argv)
+    assert exited.value.code == 2
+
+
+async def test_the_cli_lists_shows_releases_and_destroys(
+    served: tuple[Server, FakeBackend, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, _, target = served
+
+    async def cli(*argv: str) -> tuple[int, str, str]:
+        words = [*argv[:2], "--server", target, "--token", TOKEN_A, *argv[2:]]
+        code = await asyncio.to_thread(main, words)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    assert await cli("quarantine", "list") == (0, "no sandbox is quarantined\n", "")
+    async with AsyncStockade(target, token=TOKEN_A) as a:
+        await a.call("box", "exec", {"command": "echo hi"})
+        await a.quarantine_sandbox("box", "odd\nfake: released\x1b[2J")
+    code, out, _ = await cli("quarantine", "list")
+    assert code == 0
+    (line,) = out.splitlines()
+    assert line.startswith("box  since ")
+    assert line.endswith("odd\\nfake: released\\x1b[2J"), "escaped: no forged lines"
+    code, out, _ = await cli("quarantine", "show", "box")
+    assert code == 0
+    assert "state:   frozen, no network to cut" in out
+    assert "guard at operator" in out
+    assert "alarm: guard at operator" in out, "the audit slice"
+    code, out, _ = await cli("quarantine", "show", "--json", "box")
+    shown = json.loads(out)
+    assert shown["quarantine"]["sandbox_key"] == "box"
+    assert shown["audit"]
+    code, out, _ = await cli("quarantine", "release", "box")
+    assert (code, out.split(":")[0]) == (0, "box")
+    code, out, err = await cli("quarantine", "destroy", "box")
+    assert (code, out) == (2, "")
+    assert "not quarantined" in err, "destroy takes only a quarantined key"
+    async with AsyncStockade(target, token=TOKEN_A) as a:
+        await a.quarantine_sandbox("box")
+    code, out, _ = await cli("quarantine", "destroy", "box")
+    assert (code, out) == (0, "box: destroyed (container removed, workspace kept)\n")
+    code, _, err = await cli("quarantine", "show", "nobody")
+    assert code == 2
+    assert "not quarantined" in err
