@@ -264,7 +264,7 @@ def from_dict(data: Any) -> Alarm | None:
     """An alarm kept as JSON (a quarantine's record); None when it is not one."""
     try:
         kind = str(data["kind"])
-        if kind not in ("honeytoken", "placeholder", "guard"):
+        if kind not in ("honeytoken", "placeholder", "guard") or not sane_time(data["time"]):
             return None
         return Alarm(
             sandbox_key=str(data["sandbox_key"]),
@@ -276,3 +276,13 @@ def from_dict(data: Any) -> Alarm | None:
         )
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def sane_time(value: object) -> bool:
+    """A time a record may carry: seconds since the epoch, before the year 5000 (a damaged
+    record's NaN or 1e300 would break every reply that shows it)."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return 0 <= seconds < 95_000_000_000

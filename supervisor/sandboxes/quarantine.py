@@ -33,7 +33,7 @@ from stockade.supervisor.errors import (
 )
 from stockade.supervisor.keys import shown
 from stockade.supervisor.keys import validate_scoped as validate_key
-from stockade.supervisor.observe.alarms import Alarm, from_dict, to_dict
+from stockade.supervisor.observe.alarms import Alarm, from_dict, sane_time, to_dict
 from stockade.supervisor.sandboxes.sandbox import Sandbox
 
 if TYPE_CHECKING:
@@ -96,9 +96,10 @@ def read(folder: Path, key: str) -> Quarantine | None:
     try:
         data = json.loads(raw)
         alarms = [a for a in map(from_dict, data.get("alarms") or ()) if a is not None]
+        since = float(data["since"]) if sane_time(data["since"]) else path_time(path)
         return Quarantine(
             key,
-            float(data["since"]),
+            since,
             alarms[:MAX_ALARMS],
             bool(data.get("frozen")),
             str(data.get("network_cut", "")),

@@ -186,6 +186,8 @@ def test_alarms_round_trip_and_hostile_records_are_refused() -> None:
     assert from_dict(None) is None
     assert from_dict([1, 2]) is None
     assert from_dict({**to_dict(a), "time": "soon"}) is None
+    for bad in (float("nan"), float("inf"), -1, 1e300, None, [1]):
+        assert from_dict({**to_dict(a), "time": bad}) is None
     long = from_dict({**to_dict(a), "evidence": "x" * 100_000})
     assert long is not None
     assert len(long.evidence) == 4096

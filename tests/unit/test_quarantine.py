@@ -274,3 +274,31 @@ async def test_a_snapshot_keeps_the_evidence_but_restore_and_fork_are_refused(
         await mgr.snapshots.fork("k", ["copy"], include_tmp=False, include_memory=False, reason="r")
     assert "copy" not in mgr.registry
     assert backend.containers[mgr.registry["k"].info.id].paused, "still frozen"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"since": NaN, "alarms": []}',
+        '{"since": 1e300, "alarms": [{"kind": "guard", "time": Infinity}]}',
+        '{"since": "x", "alarms": "nope"}',
+        '{"alarms": [null, 1, {"kind": "guard"}]}',
+        "[]",
+        "\udcff",
+    ],
+)
+async def test_hostile_records_still_quarantine_and_read_sanely(
+    tmp_path: Path, backend: FakeBackend, text: str
+) -> None:
+    first = manager(tmp_path, backend)
+    await first.ensure("k")
+    await first.close()
+    (first.layout.of("k").root / QUARANTINE).write_text(text, errors="surrogateescape")
+    second = manager(tmp_path, backend)
+    await second.start()
+    (held,) = second.quarantines.list()
+    assert 0 < held.since < 95_000_000_000
+    assert held.alarms == []
+    with pytest.raises(Quarantined):
+        await second.ensure("k")
+    assert backend.containers[second.registry["k"].info.id].paused, "frozen at start"
