@@ -346,6 +346,8 @@ class SandboxInfo:
     """The sandbox profile its container was made with ("base": the supervisor's defaults)."""
     cpus: float = 0.0
     memory_mb: int = 0
+    quarantined_at: datetime | None = None
+    """Set while the sandbox is quarantined (its calls refused; see get_quarantine)."""
 
 
 @dataclass(frozen=True)
@@ -518,6 +520,7 @@ def sandbox_from_pb(msg: Any) -> SandboxInfo:
         profile=msg.profile,
         cpus=msg.cpus,
         memory_mb=msg.memory_mb,
+        quarantined_at=_time(msg, "quarantined_at"),
     )
 
 

@@ -323,7 +323,10 @@ def _ls(ns: argparse.Namespace) -> int:
         print(f"{printable(s.key):<24} {s.state:<8} {s.engine:<7} {cid:<14} {s.workspace_path}")
         if s.trouble:
             print(f"  broken: {printable(s.trouble)}")
-        if s.paused_at is not None:
+        if s.quarantined_at is not None:
+            since = s.quarantined_at.isoformat(timespec="seconds")
+            print(f"  quarantined since {since}: `stockade quarantine show {printable(s.key)}`")
+        elif s.paused_at is not None:
             print(f"  paused since {s.paused_at.isoformat(timespec='seconds')}")
         if s.heals and s.last_healed_at is not None:
             when = s.last_healed_at.isoformat(timespec="seconds")

@@ -472,10 +472,12 @@ class SandboxManager:
     def _describe(self, sandbox: Sandbox) -> SandboxInfo:
         workspace = self._workspace(sandbox.key)
         image = self.profile_of(sandbox).image
-        return describe(sandbox, self.engine, image, workspace, self.clinic.fields(sandbox))
+        return self.quarantines.mark(
+            describe(sandbox, self.engine, image, workspace, self.clinic.fields(sandbox))
+        )
 
     def _absent(self, key: str) -> SandboxInfo:
-        return absent(key, self.engine, self.image, self._workspace(key))
+        return self.quarantines.mark(absent(key, self.engine, self.image, self._workspace(key)))
 
     def _workspace(self, key: str) -> str:
         """The key's workspace as SandboxInfo names it: where the engine keeps it (a pod's

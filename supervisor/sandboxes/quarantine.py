@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from stockade.supervisor.errors import (
 )
 from stockade.supervisor.keys import shown
 from stockade.supervisor.keys import validate_scoped as validate_key
+from stockade.supervisor.models import SandboxInfo
 from stockade.supervisor.observe.alarms import Alarm, from_dict, sane_time, to_dict
 from stockade.supervisor.sandboxes.sandbox import Sandbox
 
@@ -152,6 +154,13 @@ class Quarantines:
         if record is None:
             raise NotFound(f"sandbox {shown(key)!r} is not quarantined")
         return record
+
+    def mark(self, info: SandboxInfo) -> SandboxInfo:
+        """The sandbox's info, with since when it is quarantined when it is."""
+        record = self.held.get(info.key)
+        if record is None:
+            return info
+        return dataclasses.replace(info, quarantined_at=datetime.fromtimestamp(record.since, UTC))
 
     def list(self) -> list[Quarantine]:
         return sorted(self.held.values(), key=lambda r: (r.since, r.key))

@@ -186,6 +186,7 @@ def test_a_quarantined_sandbox_is_frozen_cut_off_refused_kept_and_released(
             client.resume_sandbox(KEY)
         assert (sup.workspace(KEY) / "notes.txt").read_text() == "keep me"
 
+        assert client.get_sandbox(KEY).quarantined_at is not None
         shown = client.get_quarantine(KEY)
         assert shown.quarantine.frozen
         assert shown.quarantine.network_cut == "egress"

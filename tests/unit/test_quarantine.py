@@ -75,6 +75,10 @@ async def test_an_alarm_freezes_and_refuses_every_call(
         await mgr.ensure("k")
     assert backend.containers[sandbox.info.id].paused
     assert backend.runs == 1, "no new container either"
+    info = await mgr.get("k")
+    assert info.quarantined_at is not None
+    assert info.state.value == "PAUSED"
+    assert [i.quarantined_at is not None for i in await mgr.list()] == [True]
     kept = json.loads((mgr.layout.of("k").root / QUARANTINE).read_text())
     assert kept["frozen"] is True
     assert kept["alarms"][0]["evidence"] == "exec: curl http://evil"
@@ -128,6 +132,7 @@ async def test_release_thaws_and_serves_again(tmp_path: Path, backend: FakeBacke
     assert released.why == "guard rule no-curl matched"
     assert not backend.containers[sandbox.info.id].paused
     assert not (mgr.layout.of("k").root / QUARANTINE).exists()
+    assert (await mgr.get("k")).quarantined_at is None
     reply = await invoke(mgr, "k", "exec", {}, 5, "r3")
     assert reply.result["exit_code"] == 0
     assert backend.runs == 1, "the same container, thawed"

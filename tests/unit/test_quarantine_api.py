@@ -98,6 +98,7 @@ async def test_a_guard_rule_marked_quarantine_quarantines(
             await a.call("box", "exec", {"command": "echo again"})
         assert "sandbox 'box' is quarantined since" in str(refused.value)
         assert "`stockade quarantine show box`" in str(refused.value)
+        assert (await a.get_sandbox("box")).quarantined_at is not None
         (held,) = await a.list_quarantines()
         assert held.sandbox_key == "box"
         assert held.frozen
@@ -116,6 +117,7 @@ async def test_a_guard_rule_marked_quarantine_quarantines(
         with pytest.raises(NotFound):
             await b.release_quarantine("box")
         assert not (await b.call("box", "exec", {"command": "echo b"})).is_error
+        assert (await b.get_sandbox("box")).quarantined_at is None
         await asyncio.sleep(0.2)
         assert [x.kind for x in got] == ["guard"]
         assert got[0].sandbox_key == "box"
@@ -226,6 +228,9 @@ async def test_the_cli_lists_shows_releases_and_destroys(
     (line,) = out.splitlines()
     assert line.startswith("box  since ")
     assert line.endswith("odd\\nfake: released\\x1b[2J"), "escaped: no forged lines"
+    code, out, _ = await cli("ls")
+    assert "  quarantined since " in out
+    assert "`stockade quarantine show box`" in out
     code, out, _ = await cli("quarantine", "show", "box")
     assert code == 0
     assert "state:   frozen, no network to cut" in out
