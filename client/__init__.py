@@ -34,6 +34,7 @@ from stockade.client._core import (
     Unavailable,
     Unimplemented,
 )
+from stockade.client._quarantine_calls import Alarm, QuarantineEvidence, QuarantineInfo
 from stockade.client._snapshots import Forked, Restored, SnapshotInfo, SnapshotList
 from stockade.client._watch import AsyncFileWatch, FileEvent, FileWatch
 from stockade.client.aio import AsyncInteraction, AsyncSandbox, AsyncStockade
@@ -41,6 +42,7 @@ from stockade.client.sync import Interaction, Sandbox, Stockade
 
 __all__ = [
     "TLS",
+    "Alarm",
     "AlreadyExists",
     "ApprovalClosed",
     "ApprovalPending",
@@ -64,6 +66,8 @@ __all__ = [
     "NotFound",
     "Output",
     "PermissionDenied",
+    "QuarantineEvidence",
+    "QuarantineInfo",
     "ResourceExhausted",
     "Restored",
     "Sandbox",

@@ -21,6 +21,7 @@ from stockade.v1 import (
     audit_pb2_grpc,
     file_pb2,
     file_pb2_grpc,
+    quarantine_pb2_grpc,
     sandbox_pb2,
     sandbox_pb2_grpc,
     tool_pb2,
@@ -85,7 +86,7 @@ class Unimplemented(StockadeError):
 class FailedPrecondition(StockadeError):
     """The sandbox's state does not allow the request (reason SANDBOX_PAUSED: a call to a
     paused sandbox on a supervisor that refuses those; SANDBOX_STATE_CONFLICT: pausing a
-    sandbox whose container exited)."""
+    sandbox whose container exited; SANDBOX_QUARANTINED: a call to a quarantined sandbox)."""
 
 
 class DeadlineExceeded(StockadeError):
@@ -164,6 +165,7 @@ class Stubs:
     approvals: Authorized
     audit: Authorized
     files: Authorized
+    quarantine: Authorized
 
 
 def stubs(channel: grpc.Channel | grpc.aio.Channel, token: str | None) -> Stubs:
@@ -176,6 +178,7 @@ def stubs(channel: grpc.Channel | grpc.aio.Channel, token: str | None) -> Stubs:
         Authorized(approval_pb2_grpc.ApprovalServiceStub(channel), token),
         Authorized(audit_pb2_grpc.AuditServiceStub(channel), token),
         Authorized(file_pb2_grpc.FileServiceStub(channel), token),
+        Authorized(quarantine_pb2_grpc.QuarantineServiceStub(channel), token),
     )
 
 
@@ -343,6 +346,8 @@ class SandboxInfo:
     """The sandbox profile its container was made with ("base": the supervisor's defaults)."""
     cpus: float = 0.0
     memory_mb: int = 0
+    quarantined_at: datetime | None = None
+    """Set while the sandbox is quarantined (its calls refused; see get_quarantine)."""
 
 
 @dataclass(frozen=True)
@@ -515,6 +520,7 @@ def sandbox_from_pb(msg: Any) -> SandboxInfo:
         profile=msg.profile,
         cpus=msg.cpus,
         memory_mb=msg.memory_mb,
+        quarantined_at=_time(msg, "quarantined_at"),
     )
 
 

@@ -23,6 +23,7 @@ from stockade.client._core import (
     ToolResult,
     ToolSpec,
 )
+from stockade.client._quarantine_calls import AsyncQuarantineCalls
 from stockade.client._snapshot_calls import AsyncSnapshotCalls
 from stockade.client._snapshots import Restored, SnapshotInfo
 from stockade.v1 import (
@@ -33,7 +34,7 @@ from stockade.v1 import (
 T = TypeVar("T")
 
 
-class AsyncStockade(AsyncSnapshotCalls):
+class AsyncStockade(AsyncSnapshotCalls, AsyncQuarantineCalls):
     """A connection to a Stockade supervisor.
 
     `target` is host:port or unix:/path (default: $STOCKADE_ADDR, else 127.0.0.1:50051).
@@ -54,7 +55,11 @@ class AsyncStockade(AsyncSnapshotCalls):
         self._channel = channel or _core.aio_channel(self.target, tls)
         stubs = _core.stubs(self._channel, token)
         self._sandboxes, self._tools, self._files = stubs.sandboxes, stubs.tools, stubs.files
-        self._approvals, self._audit = stubs.approvals, stubs.audit
+        self._approvals, self._audit, self._quarantine = (
+            stubs.approvals,
+            stubs.audit,
+            stubs.quarantine,
+        )
 
     async def __aenter__(self) -> AsyncStockade:
         return self

@@ -24,6 +24,7 @@ from stockade.client._core import (
     ToolResult,
     ToolSpec,
 )
+from stockade.client._quarantine_calls import QuarantineCalls
 from stockade.client._snapshot_calls import SnapshotCalls
 from stockade.client._snapshots import Restored, SnapshotInfo
 from stockade.v1 import (
@@ -34,7 +35,7 @@ from stockade.v1 import (
 T = TypeVar("T")
 
 
-class Stockade(SnapshotCalls):
+class Stockade(SnapshotCalls, QuarantineCalls):
     """A connection to a Stockade supervisor.
 
     `target` is host:port or unix:/path (default: $STOCKADE_ADDR, else 127.0.0.1:50051).
@@ -55,7 +56,11 @@ class Stockade(SnapshotCalls):
         self._channel = channel or _core.sync_channel(self.target, tls)
         stubs = _core.stubs(self._channel, token)
         self._sandboxes, self._tools, self._files = stubs.sandboxes, stubs.tools, stubs.files
-        self._approvals, self._audit = stubs.approvals, stubs.audit
+        self._approvals, self._audit, self._quarantine = (
+            stubs.approvals,
+            stubs.audit,
+            stubs.quarantine,
+        )
 
     def __enter__(self) -> Stockade:
         return self

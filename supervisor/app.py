@@ -24,6 +24,7 @@ from stockade.supervisor.engines.backends import create_backend
 from stockade.supervisor.engines.backends.base import ContainerBackend
 from stockade.supervisor.errors import ConfigError, EngineUnavailable
 from stockade.supervisor.network.proxy import EgressDecision
+from stockade.supervisor.observe.alarms import AlarmHub
 from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.observe.metrics import Metrics
 from stockade.supervisor.observe.retention import Retention
@@ -332,6 +333,8 @@ async def _start(
         if process is not None:
             process.terminate()
         raise
+    alarms = AlarmHub(policy.audit, None, None, config)  # its sink goes to whoever sees signs
+    alarms.bind(asyncio.get_running_loop())
     manager = SandboxManager(
         config,
         backend,
@@ -344,6 +347,7 @@ async def _start(
         lock=lock,
         state=state,
     )
+    alarms.react = manager.quarantine
     state.follow(manager.held)
     adopted = await manager.start()
     if adopted:
@@ -357,7 +361,8 @@ async def _start(
     telemetry = start_telemetry(config, manager, policy)
     mcp = e2b = None
     try:
-        server = Server(config, manager, policy, authenticator, telemetry.observers)
+        alarms.metrics = telemetry.metrics
+        server = Server(config, manager, policy, authenticator, telemetry.observers, alarms)
         if config.mcp.listen:  # the SDK is imported only then
             from stockade.supervisor.fronts.mcp.server import start_mcp
 

@@ -18,7 +18,8 @@
     │   └── AgentMisbehaved    the agent answered outside the protocol
     ├── SandboxLost            the container died during a call
     ├── SandboxStateConflict   the sandbox's state does not allow it  -> FAILED_PRECONDITION
-    │   └── SandboxPaused      a call to a paused sandbox (sandbox.paused_call = "refuse")
+    │   ├── SandboxPaused      a call to a paused sandbox (sandbox.paused_call = "refuse")
+    │   └── Quarantined        a call to a quarantined sandbox (an alarm froze it)
     └── CallTimedOut           the agent did not answer a call by its deadline
 
 Agent faults become these classes in one place, the sandbox's lease (sandboxes/lease.py).
@@ -135,6 +136,14 @@ class SandboxPaused(SandboxStateConflict):
     the sandbox first (ResumeSandbox, `stockade resume KEY`)."""
 
     reason = "SANDBOX_PAUSED"
+
+
+class Quarantined(SandboxStateConflict):
+    """A call (or a resume) of a sandbox an alarm quarantined (sandboxes/quarantine.py):
+    nothing ran; an operator reads the evidence (`stockade quarantine show KEY`) and
+    releases or destroys it."""
+
+    reason = "SANDBOX_QUARANTINED"
 
 
 class CallTimedOut(StockadeError):

@@ -98,6 +98,8 @@ class SandboxInfo:
     """The sandbox profile its container was made with ("base": the [sandbox] defaults)."""
     cpus: float = 0.0
     memory_mb: int = 0
+    quarantined_at: datetime | None = None
+    """Set while quarantined (sandboxes/quarantine.py): since when."""
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ def sandbox_to_pb(info: SandboxInfo) -> sandbox_pb2.SandboxInfo:
         profile=info.profile,
         cpus=info.cpus,
         memory_mb=info.memory_mb,
+        quarantined_at=_timestamp(info.quarantined_at),
     )
 
 

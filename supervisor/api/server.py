@@ -22,6 +22,7 @@ from stockade.supervisor.api.audit import AuditServicer
 from stockade.supervisor.api.auth import Authenticator
 from stockade.supervisor.api.files import FileServicer
 from stockade.supervisor.api.interceptor import REASON_KEY, AuthInterceptor
+from stockade.supervisor.api.quarantine import QuarantineServicer
 from stockade.supervisor.api.sandboxes import SandboxServicer
 from stockade.supervisor.api.tools import ToolServicer
 from stockade.supervisor.calls.interact import Interaction
@@ -29,12 +30,14 @@ from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.calls.transfers import FileTransfers
 from stockade.supervisor.calls.watching import FileWatches
 from stockade.supervisor.config import AuthConfig, Config
+from stockade.supervisor.observe.alarms import AlarmHub
 from stockade.supervisor.observe.telemetry import Observer
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from stockade.v1 import (
     approval_pb2_grpc,
     audit_pb2_grpc,
     file_pb2_grpc,
+    quarantine_pb2_grpc,
     sandbox_pb2_grpc,
     tool_pb2_grpc,
 )
@@ -46,6 +49,7 @@ SERVICES = (
     "stockade.v1.ApprovalService",
     "stockade.v1.AuditService",
     "stockade.v1.FileService",
+    "stockade.v1.QuarantineService",
     "grpc.health.v1.Health",
 )
 
@@ -168,8 +172,11 @@ class Server:
         policy: HostPolicy,
         authenticator: Authenticator | None = None,
         observers: tuple[Observer, ...] = (),
+        alarms: AlarmHub | None = None,
     ) -> None:
+        """alarms: the supervisor's AlarmHub (app.py makes it); one of its own if none."""
         self.config = config
+        self.alarms = alarms or AlarmHub(policy.audit, None, sandboxes.quarantine, config)
         self.sandboxes = sandboxes
         self.policy = policy
         self.health = HealthServicer()
@@ -182,7 +189,9 @@ class Server:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        pipeline = self.pipeline = ToolPipeline(config, sandboxes, policy, observers)
+        pipeline = self.pipeline = ToolPipeline(
+            config, sandboxes, policy, observers, alarm=self.alarms.sound
+        )
         """The one pipeline of this supervisor's calls: other fronts (fronts/mcp) use it too."""
         server = self._server
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(
@@ -201,6 +210,9 @@ class Server:
         transfers = FileTransfers(config, sandboxes, policy)
         file_pb2_grpc.add_FileServiceServicer_to_server(
             FileServicer(transfers, FileWatches(sandboxes, policy), policy.scrubber), server
+        )
+        quarantine_pb2_grpc.add_QuarantineServiceServicer_to_server(
+            QuarantineServicer(sandboxes, self.alarms, policy.audit, policy.scrubber), server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection((*SERVICES, reflection.SERVICE_NAME), self._server)
@@ -222,6 +234,7 @@ class Server:
         and the sandbox manager closes (containers keep running for the next start)."""
         self._drain.draining = True
         await self.health.enter_graceful_shutdown()
+        await self.alarms.close()  # alarm watchers' streams end (reactions under way finish)
         if not await self._drain.wait_idle(grace):
             log.warning("shutdown: calls still in flight after %g s are ended", grace)
         await self._server.stop(FLUSH_S)

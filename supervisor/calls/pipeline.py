@@ -34,6 +34,7 @@ from stockade.supervisor.models import (
     ToolResult,
 )
 from stockade.supervisor.observe import telemetry
+from stockade.supervisor.observe.alarms import MAX_EVIDENCE, Alarm, AlarmSink
 from stockade.supervisor.observe.audit import AuditLog
 from stockade.supervisor.observe.telemetry import Observer
 from stockade.supervisor.policy.approvals import ApprovalManager, Ask, Pending
@@ -78,10 +79,16 @@ class ToolPipeline:
         sandboxes: SandboxManager,
         policy: HostPolicy,
         observers: tuple[Observer, ...] = (),
+        alarm: AlarmSink | None = None,
     ) -> None:
+        """alarm: where signs of an attack are told (observe/alarms.py AlarmHub.sound)."""
         self._config = config
         self._sandboxes = sandboxes
         self._policy = policy
+        self._alarm = alarm
+        self._quarantine_rules = frozenset(
+            r.name for r in config.guard.rules if r.action == "quarantine"
+        )
         self.recorder = CallRecorder(
             config, policy.catalog, policy.scrubber, policy.audit, observers
         )
@@ -212,6 +219,8 @@ class ToolPipeline:
                 verdict = await asyncio.to_thread(check) if long else check()
             trail.guard_rule = verdict.rule or ""
             if verdict.action == "deny":
+                if verdict.rule in self._quarantine_rules:
+                    self._guard_alarm(call.sandbox_key, verdict.rule or "", command)
                 message = f"command blocked by the guard: {verdict.reason}"
                 raise _Stop(failure(ErrorCode.PERMISSION_DENIED, message))
             if verdict.action == "ask":
@@ -233,6 +242,16 @@ class ToolPipeline:
             why = {"timeout": "no decision in time", "no-approver": "no approver is connected"}
             reason = why.get(outcome.how, f"denied by {outcome.approver or 'an approver'}")
             raise _Stop(failure(ErrorCode.APPROVAL_DENIED, f"command not approved: {reason}"))
+
+    def _guard_alarm(self, key: str, rule: str, command: str) -> None:
+        """A guard rule marked quarantine matched: the alarm (and, as configured, the
+        quarantine) with the command, scrubbed and cut, as its evidence."""
+        if self._alarm is None:
+            return
+        scrubber = self._policy.scrubber
+        shown = command if scrubber is None else scrubber.scrub(command)[0]
+        detail = f"guard rule {rule!r} (action quarantine) matched a command"
+        self._alarm(Alarm(key, "guard", "guard", detail, shown[:MAX_EVIDENCE]))
 
     def _agent_call(
         self,

@@ -323,7 +323,10 @@ def _ls(ns: argparse.Namespace) -> int:
         print(f"{printable(s.key):<24} {s.state:<8} {s.engine:<7} {cid:<14} {s.workspace_path}")
         if s.trouble:
             print(f"  broken: {printable(s.trouble)}")
-        if s.paused_at is not None:
+        if s.quarantined_at is not None:
+            since = s.quarantined_at.isoformat(timespec="seconds")
+            print(f"  quarantined since {since}: `stockade quarantine show {printable(s.key)}`")
+        elif s.paused_at is not None:
             print(f"  paused since {s.paused_at.isoformat(timespec='seconds')}")
         if s.heals and s.last_healed_at is not None:
             when = s.last_healed_at.isoformat(timespec="seconds")
@@ -354,6 +357,13 @@ def _snapshots(ns: argparse.Namespace) -> int:
 
     with _client(ns) as client:
         return snapshots.run(client, ns)
+
+
+def _quarantine(ns: argparse.Namespace) -> int:
+    from stockade.supervisor.cli import quarantine
+
+    with _client(ns) as client:
+        return quarantine.run(client, ns)
 
 
 def _mcp(ns: argparse.Namespace) -> int:
@@ -406,6 +416,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "snapshot-rm": _snapshots,
     "restore": _snapshots,
     "fork": _snapshots,
+    "quarantine": _quarantine,
+    "alarms": _quarantine,
     "tools": _tools,
     "approvals": _approvals,
     "audit": _audit,

@@ -84,6 +84,9 @@ def command_parser() -> argparse.ArgumentParser:
         toggle = sub.add_parser(verb, parents=[client], help=f"{what} a sandbox's processes")
         toggle.add_argument("key")
     _snapshot_commands(sub, client)
+    from stockade.supervisor.cli.quarantine import add_commands
+
+    add_commands(sub, client)
     tools = sub.add_parser("tools", parents=[client], help="list the tools policy allows")
     tools.add_argument(
         "--format", choices=["json", "openai", "anthropic", "gemini"],

@@ -55,6 +55,9 @@ class GuardRuleConfig:
     pattern: str
     """Regex searched in each normalized simple command ("prog arg arg")."""
     reason: str = ""
+    action: Literal["deny", "quarantine"] = "deny"
+    """quarantine: the call is denied as with deny, and an alarm of kind "guard" sounds
+    (which quarantines the sandbox while "guard" is in [quarantine] on)."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from stockade.supervisor.config.policy import (
     SubagentConfig,
     ToolsConfig,
 )
+from stockade.supervisor.config.quarantine import QuarantineConfig
 from stockade.supervisor.config.sandbox import (
     EngineConfig,
     HousekeepingConfig,
@@ -74,6 +75,7 @@ class Config:
     housekeeping: HousekeepingConfig = field(default_factory=HousekeepingConfig)
     snapshots: SnapshotsConfig = field(default_factory=SnapshotsConfig)
     state: StateConfig = field(default_factory=StateConfig)
+    quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
 
     def __post_init__(self) -> None:
         check(self)

@@ -314,6 +314,12 @@ class KubernetesBackend:
     def unpause(self, name_or_id: str) -> bool:
         raise Unsupported("a pod cannot be paused or resumed (engine.kind kubernetes)")
 
+    def set_connected(self, name_or_id: str, connected: bool) -> bool:
+        raise Unsupported(
+            "a pod cannot be cut off its network by the supervisor (engine.kind kubernetes): "
+            "its NetworkPolicy decides"
+        )
+
     def mounts(self, name_or_id: str) -> tuple[BindMount, ...] | None:
         """A pod has volumes, never bind mounts of this host."""
         return None if self._api.read("pod", name_or_id) is None else ()

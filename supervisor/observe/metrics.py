@@ -61,6 +61,12 @@ class Metrics:
             "Calls refused by the per-key rate or concurrency limit.",
             registry=self.registry,
         )
+        self.alarms = Counter(
+            "stockade_alarms",
+            "Alarms sounded (observe/alarms.py), by kind and where the sign was seen.",
+            ["kind", "where"],
+            registry=self.registry,
+        )
         self._server: Any = None
 
     def observe(self, call: CallObservation) -> None:

@@ -107,7 +107,9 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
-_EXTRA_FIELDS = ("tool", "sandbox_key", "result", "duration_ms")
+_EXTRA_FIELDS = (
+    "tool", "sandbox_key", "result", "duration_ms", "alarm_kind", "alarm_where", "alarm_detail",
+)  # fmt: skip
 
 
 class JsonFormatter(logging.Formatter):

@@ -22,7 +22,7 @@ from stockade.supervisor.engines.backends.base import (
 )
 from stockade.supervisor.errors import InvalidRequest, NotFound, SandboxBroken
 from stockade.supervisor.keys import sandbox_id, scope, shown
-from stockade.supervisor.sandboxes import layout
+from stockade.supervisor.sandboxes import layout, quarantine
 from stockade.supervisor.sandboxes.layout import POOL_PREFIX
 from stockade.supervisor.sandboxes.profiles import SandboxProfile
 from stockade.supervisor.sandboxes.sandbox import Container, Sandbox, SandboxNetwork, born
@@ -50,6 +50,8 @@ async def adopt_all(
                 adopted.append(key)
             continue
         outcome = await _adopt(mgr, key, info, image_ids) if key is not None else ""
+        if not outcome and key is not None and quarantine.kept(mgr.layout.of(key).root):
+            outcome = "kept"  # evidence: a quarantined key's container stays until destroyed
         if outcome == "adopted" and key is not None:
             adopted.append(key)
         elif not outcome:
@@ -115,13 +117,15 @@ async def _adopt(
     profile = mgr.profiles.kept(paths.root)
     image_id = image_ids.get(profile.image)
     moved = info.labels.get(LABEL_PROFILE, "") != profile.name
-    if moved or (image_id and info.image_id != image_id):
+    held = quarantine.kept(paths.root)  # kept as it is, frozen and without its link
+    if not held and (moved or (image_id and info.image_id != image_id)):
         await _replace(mgr, key, info, network, profile, image_id or "?")
         return "replaced"
     sid = sandbox_id(key)
     container = Container(info, mgr.containers.link(info, paths), paths, sid)
     try:
-        await mgr.networks.attach(key, container, network)
+        if not held:
+            await mgr.networks.attach(key, container, network)
     except SandboxBroken as exc:
         log.warning("not adopting sandbox %r: %s", shown(key), exc)
         await container.agent.close()

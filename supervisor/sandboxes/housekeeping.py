@@ -1,7 +1,8 @@
 """Housekeeping: one sweep probes the sandboxes' health (paused ones are left alone: their
 agent is frozen), pauses idle sandboxes (idle_action = "pause"), removes idle and old
 containers, deletes workspaces past their retention and reaps other instances' orphans;
-each step logs and records what it did. Never touches a sandbox while a lease on it is held."""
+each step logs and records what it did. Never touches a sandbox while a lease on it is held,
+nor a quarantined one (sandboxes/quarantine.py: kept as it is for inspection)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ class Housekeeping:
                 log.exception("housekeeping sweep failed")
 
     async def sweep(self) -> None:
-        sandboxes = [s for s in self._m.registry.values() if s.usable]
+        sandboxes = [s for s in self._kept_up() if s.usable]
         await asyncio.gather(*(self._m.clinic.check(s) for s in sandboxes))
         await self.pause_idle()
         await self.prune()
@@ -64,7 +65,7 @@ class Housekeeping:
         idle_now, now = time.monotonic(), time.time()
         due: list[tuple[Sandbox, str]] = []
         idle_here: list[tuple[Sandbox, str]] = []
-        for sandbox in list(self._m.registry.values()):
+        for sandbox in self._kept_up():
             idle, age = idle_now - sandbox.idle_since, now - sandbox.born
             if hk.idle_timeout_s and idle >= hk.idle_timeout_s:
                 why = f"idle for {idle:.0f} s (idle_timeout_s {hk.idle_timeout_s:g})"
@@ -91,7 +92,7 @@ class Housekeeping:
         if hk.idle_action != "pause":
             return 0
         paused, now = 0, time.monotonic()
-        for sandbox in list(self._m.registry.values()):
+        for sandbox in self._kept_up():
             idle = now - sandbox.idle_since
             if idle < hk.idle_pause_s or sandbox.paused or not sandbox.usable:
                 continue
@@ -107,8 +108,15 @@ class Housekeeping:
                     log.warning("could not pause idle sandbox %r: %s", shown(sandbox.key), exc)
         return paused
 
+    def _kept_up(self) -> list[Sandbox]:
+        """The sandboxes housekeeping looks after: all but the quarantined ones."""
+        held = self._m.quarantines.held
+        return [s for s in self._m.registry.values() if s.key not in held]
+
     async def _retire(self, sandbox: Sandbox, why: str) -> bool:
         async with self._m.lock(sandbox.key), self._m.quotas.shared_lock(sandbox.key):
+            if sandbox.key in self._m.quarantines.held:
+                return False
             if self._m.registry.get(sandbox.key) is not sandbox or sandbox.in_flight:
                 return False  # used or replaced while we waited for the lock
             del self._m.registry[sandbox.key]  # from here a new call waits, then makes anew
@@ -144,6 +152,8 @@ class Housekeeping:
         for key, paths in self._m.layout.folders():
             if key in self._m.registry or sandbox_id(key) != paths.root.name:
                 continue
+            if key in self._m.quarantines.held:
+                continue  # kept for inspection, however long
             try:
                 since = paths.retired.stat().st_mtime
             except FileNotFoundError:
@@ -155,7 +165,11 @@ class Housekeeping:
 
     async def _expire(self, key: str, paths: Paths, why: str) -> bool:
         async with self._m.lock(key):
-            if key in self._m.registry or not paths.retired.exists():
+            if (
+                key in self._m.registry
+                or not paths.retired.exists()
+                or key in self._m.quarantines.held
+            ):
                 return False  # a call made a container meanwhile
             if self._replicated and await adoption.elsewhere(self._m, key):
                 layout.stamp(paths.retired)  # another replica's pod uses it: not retired

@@ -14,6 +14,7 @@ blocking call goes through asyncio.to_thread.
     ├── pool          warm containers with no key yet
     ├── pausing       pause and resume (the engine's freezer), a call's resume
     ├── housekeeping  idle/age prune, workspace retention, orphan reaping
+    ├── quarantine    an alarm's reaction: frozen, cut off, calls refused until released
     └── snapshotting  snapshots of files (two-pass capture, brief freeze), restore, fork
 """
 
@@ -46,6 +47,7 @@ from stockade.supervisor.keys import sandbox_id, shown, split
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import NetworkRequest, SandboxInfo, SandboxState
 from stockade.supervisor.network.proxy import EgressDecision
+from stockade.supervisor.observe.alarms import Alarm
 from stockade.supervisor.sandboxes import adoption, hostfs, layout, owner, pressure, workspaces
 from stockade.supervisor.sandboxes.agent_link import AgentConnection
 from stockade.supervisor.sandboxes.containers import (
@@ -66,6 +68,7 @@ from stockade.supervisor.sandboxes.pausing import Pausing
 from stockade.supervisor.sandboxes.pool import WarmPool
 from stockade.supervisor.sandboxes.profiles import KEPT as KEPT_PROFILE
 from stockade.supervisor.sandboxes.profiles import Profiles, SandboxProfile
+from stockade.supervisor.sandboxes.quarantine import Quarantines
 from stockade.supervisor.sandboxes.quotas import Quotas
 from stockade.supervisor.sandboxes.replies import ReplyLimits
 from stockade.supervisor.sandboxes.runtime import decide_runtime
@@ -118,7 +121,7 @@ class SandboxManager:
         self.state = state
         self.quotas = Quotas(config, self.registry, self._starting, self.profile_of, state)
         self.held = self.quotas.held
-        self.record = record_event or _ignore_event
+        self.record: Recorder = record_event or (lambda _key, _action, _reason: None)
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = lock or owner.InstanceLock(config.state_dir)
         self.owner = owner.this_process(self._lock)
@@ -137,6 +140,7 @@ class SandboxManager:
         self.pool = WarmPool(config, self.containers, self.layout, self.networks)
         self.housekeeping = Housekeeping(self)
         self.snapshots = Snapshots(self)
+        self.quarantines = Quarantines(self)
         self.daemon_maps: userns.IdMaps | None = None
 
     @property
@@ -202,6 +206,7 @@ class SandboxManager:
             for image in sorted(self.profiles.images)
         }
         adopted = await adoption.adopt_all(self, found, image_ids)
+        await self.quarantines.restore()
         await asyncio.to_thread(self.layout.drop_pool_folders)
         await self.networks.egress.prune({s.sid for s in self.registry.values()})
         await self.networks.serve_pods(self.backend.list, self.containers.labels())
@@ -246,7 +251,8 @@ class SandboxManager:
         """The running sandbox for key, created (or re-created) when needed, a paused one
         resumed (or the call refused: pausing.py). With a network request or a profile
         (profiles.py), a sandbox whose network or profile differs is re-created (the
-        workspace is kept); both are the key's from then on."""
+        workspace is kept); both are the key's from then on. Quarantined: refused."""
+        self.quarantines.refuse(key)
         sandbox = self.registry.get(key)
         wanted = self.networks.choose(network) if network is not None else None
         shape = self.profiles.get(profile) if profile is not None else None
@@ -263,6 +269,7 @@ class SandboxManager:
             return sandbox
         validate_key(key)
         async with self.lock(key):
+            self.quarantines.refuse(key)  # quarantined while this call waited for the lock
             old = self.registry.get(key)
             if old is not None:
                 await self.pausing.for_call(old)
@@ -368,6 +375,10 @@ class SandboxManager:
         async with self.lease(key) as lease:
             return await isolation_report(lease, self.backend)
 
+    async def quarantine(self, key: str, alarm: Alarm) -> None:
+        """The reaction to an alarm (observe/alarms.py): quarantine.py."""
+        await self.quarantines.quarantine(key, alarm)
+
     def _no_container(self, key: str) -> SandboxNotFound:
         where = "has only a workspace" if self.layout.of(key).root.is_dir() else "is unknown"
         return SandboxNotFound(f"sandbox {shown(key)!r} {where}; a tool call creates its container")
@@ -386,6 +397,7 @@ class SandboxManager:
     ) -> tuple[SandboxInfo, bool]:
         validate_key(key)
         async with self.lock(key):
+            self.quarantines.refuse(key)
             sandbox = self.registry.get(key)
             if sandbox is None:
                 raise self._no_container(key)
@@ -425,6 +437,7 @@ class SandboxManager:
                 raise SandboxNotFound(f"no sandbox for key {shown(key)!r}")
             if sandbox is not None:
                 await sandbox.agent.close()
+            self.quarantines.forget(key)
             await self.networks.egress.detach(sandbox_id(key))
             name = sandbox.info.id if sandbox is not None else self.container_name(key)
             removed = await asyncio.to_thread(self.containers.remove_own, name)
@@ -460,10 +473,12 @@ class SandboxManager:
     def _describe(self, sandbox: Sandbox) -> SandboxInfo:
         workspace = self._workspace(sandbox.key)
         image = self.profile_of(sandbox).image
-        return describe(sandbox, self.engine, image, workspace, self.clinic.fields(sandbox))
+        return self.quarantines.mark(
+            describe(sandbox, self.engine, image, workspace, self.clinic.fields(sandbox))
+        )
 
     def _absent(self, key: str) -> SandboxInfo:
-        return absent(key, self.engine, self.image, self._workspace(key))
+        return self.quarantines.mark(absent(key, self.engine, self.image, self._workspace(key)))
 
     def _workspace(self, key: str) -> str:
         """The key's workspace as SandboxInfo names it: where the engine keeps it (a pod's
@@ -483,7 +498,3 @@ class SandboxManager:
 
     async def reap_orphans(self) -> int:
         return await self.housekeeping.reap_orphans()
-
-
-def _ignore_event(_key: str, _action: str, _reason: str) -> None:
-    pass

@@ -145,6 +145,7 @@ class Snapshots:
         snap = await asyncio.to_thread(self.store.get, owner, name)
         m = self._m
         async with m.lock(key):
+            m.quarantines.refuse(key)  # its files are the evidence
             old = m.registry.get(key)
             replaced = old is not None or m.layout.of(key).root.is_dir()
             network, profile = m.settings_of(key)
@@ -167,6 +168,7 @@ class Snapshots:
         tenant = split(source)[0]
         self._allowed(tenant, "fork")
         _no_memory(include_memory)
+        self._m.quarantines.refuse(source)  # a snapshot keeps its files; a fork would run them
         self._check_new(source, new_keys)
         m = self._m
         owner = owner_of(tenant)

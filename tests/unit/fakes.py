@@ -57,6 +57,8 @@ class FakeBackend:
         self.run_dirs: dict[str, str] = {}
         """Container id -> the folder mounted at the agent's socket directory."""
         self.pause_calls: list[tuple[str, bool]] = []
+        self.connect_calls: list[tuple[str, bool]] = []
+        """(container, connected) for every set_connected (open networks, quarantine)."""
         """(container, paused) for every pause and unpause asked of the engine."""
         """The agent answers Hello with another protocol version (an attacker on its socket)."""
         """Stopped agents: Hello goes unanswered and calls run into their deadline."""
@@ -139,6 +141,10 @@ class FakeBackend:
         status = "paused" if paused else "running"
         self.containers[info.id] = replace(info, paused=paused, status=status)
         return True
+
+    def set_connected(self, name_or_id: str, connected: bool) -> bool:
+        self.connect_calls.append((name_or_id, connected))
+        return self.inspect(name_or_id) is not None
 
     def mounts(self, name_or_id: str) -> tuple[BindMount, ...] | None:
         info = self.inspect(name_or_id)

@@ -32,6 +32,7 @@ def test_generated_code_is_fresh(tmp_path: Path) -> None:
 
 def test_public_client_api() -> None:
     assert sorted(stockade.client.__all__) == [
+        "Alarm",
         "AlreadyExists",
         "ApprovalClosed",
         "ApprovalPending",
@@ -55,6 +56,8 @@ def test_public_client_api() -> None:
         "NotFound",
         "Output",
         "PermissionDenied",
+        "QuarantineEvidence",
+        "QuarantineInfo",
         "ResourceExhausted",
         "Restored",
         "Sandbox",

@@ -295,6 +295,8 @@ def test_what_a_pod_cannot_do(kube: KubeMock, ca: Authority, tmp_path: Path) -> 
     backend = backend_for(kube, tmp_path)
     with pytest.raises(Unsupported, match="a pod cannot be paused"):
         backend.pause(POD)
+    with pytest.raises(Unsupported, match="NetworkPolicy"):
+        backend.set_connected(POD, False)
     with pytest.raises(ConfigError, match="user_namespace"):
         backend.check_user_namespace(True)
     assert backend.check_user_namespace(False) is None

@@ -13,11 +13,12 @@ import pytest
 
 from stockade.supervisor.config import Config, EngineConfig, SandboxConfig
 from stockade.supervisor.config.sandbox import KubernetesConfig, NetworkMode
-from stockade.supervisor.errors import Unsupported
+from stockade.supervisor.errors import Quarantined, Unsupported
 from stockade.supervisor.keys import sandbox_id
 from stockade.supervisor.kube.api import KubeApi, Timeouts, load_client
 from stockade.supervisor.kube.backend import KubernetesBackend
 from stockade.supervisor.models import NetworkRequest
+from stockade.supervisor.observe.alarms import Alarm
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock, ca_secret, serving
 
@@ -106,6 +107,15 @@ async def test_a_sandbox_is_a_pod_reached_over_mutual_tls(
             await first.pause("k", "a test")
         assert not first.registry["k"].paused
         assert not first.registry["k"].lost
+        # a quarantine cannot freeze a pod: it says so, and refuses its calls all the same
+        alarm = Alarm("k", "guard", "operator", "a test")
+        record = await first.quarantines.quarantine("k", alarm)
+        assert not record.frozen
+        assert "not frozen" in record.note
+        with pytest.raises(Quarantined):
+            await _exec(first, "k", "cat notes.txt")
+        await first.quarantines.release("k")
+        assert await _exec(first, "k", "cat notes.txt") == "kept\n"
     finally:
         await first.close()
 

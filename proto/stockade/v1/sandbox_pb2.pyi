@@ -40,7 +40,7 @@ CVE_VERDICT_UNKNOWN: CveVerdict
 CVE_VERDICT_NOT_APPLICABLE: CveVerdict
 
 class SandboxInfo(_message.Message):
-    __slots__ = ("key", "container_id", "engine", "image", "state", "created_at", "last_used_at", "workspace_path", "container_name", "network_mode", "network_allow", "trouble", "heals", "last_heal_reason", "last_healed_at", "paused_at", "profile", "cpus", "memory_mb")
+    __slots__ = ("key", "container_id", "engine", "image", "state", "created_at", "last_used_at", "workspace_path", "container_name", "network_mode", "network_allow", "trouble", "heals", "last_heal_reason", "last_healed_at", "paused_at", "profile", "cpus", "memory_mb", "quarantined_at")
     KEY_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class SandboxInfo(_message.Message):
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     CPUS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_AT_FIELD_NUMBER: _ClassVar[int]
     key: str
     container_id: str
     engine: str
@@ -79,7 +80,8 @@ class SandboxInfo(_message.Message):
     profile: str
     cpus: float
     memory_mb: int
-    def __init__(self, key: _Optional[str] = ..., container_id: _Optional[str] = ..., engine: _Optional[str] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_used_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workspace_path: _Optional[str] = ..., container_name: _Optional[str] = ..., network_mode: _Optional[str] = ..., network_allow: _Optional[_Iterable[str]] = ..., trouble: _Optional[str] = ..., heals: _Optional[int] = ..., last_heal_reason: _Optional[str] = ..., last_healed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., paused_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., profile: _Optional[str] = ..., cpus: _Optional[float] = ..., memory_mb: _Optional[int] = ...) -> None: ...
+    quarantined_at: _timestamp_pb2.Timestamp
+    def __init__(self, key: _Optional[str] = ..., container_id: _Optional[str] = ..., engine: _Optional[str] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_used_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workspace_path: _Optional[str] = ..., container_name: _Optional[str] = ..., network_mode: _Optional[str] = ..., network_allow: _Optional[_Iterable[str]] = ..., trouble: _Optional[str] = ..., heals: _Optional[int] = ..., last_heal_reason: _Optional[str] = ..., last_healed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., paused_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., profile: _Optional[str] = ..., cpus: _Optional[float] = ..., memory_mb: _Optional[int] = ..., quarantined_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class NetworkRequest(_message.Message):
     __slots__ = ("mode", "allow")

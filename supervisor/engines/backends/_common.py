@@ -55,6 +55,28 @@ def info_from_inspect(attrs: Mapping[str, Any]) -> ContainerInfo:
     )
 
 
+def set_connected(
+    attrs: dict[str, Any] | None,
+    network: str,
+    act: Callable[[str, str, bool], object],
+    errors: tuple[type[BaseException], ...],
+    connected: bool,
+) -> bool:
+    """ContainerBackend.set_connected from the container's inspect (`attrs`) and the
+    engine's call `act(container id, network, connect)`."""
+    if attrs is None:
+        return False
+    networks = (attrs.get("NetworkSettings") or {}).get("Networks") or {}
+    if (network in networks) == connected:
+        return True
+    try:
+        act(str(attrs["Id"]), network, connected)
+    except errors as exc:
+        verb = "connect" if connected else "disconnect"
+        raise EngineUnavailable(f"cannot {verb} container {attrs.get('Name', '?')}: {exc}") from exc
+    return True
+
+
 def set_paused(
     inspect: Callable[[str], ContainerInfo | None],
     act: Callable[[str], object],

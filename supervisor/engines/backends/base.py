@@ -216,6 +216,12 @@ class ContainerBackend(Protocol):
         paused); False when there is no such container or it does not run."""
         ...
 
+    def set_connected(self, name_or_id: str, connected: bool) -> bool:
+        """Connect a container of network mode open to the engine's default network, or
+        disconnect it (a quarantine cuts it off). True once it is as wanted; False when there
+        is no such container. Unsupported where the engine cannot (pods)."""
+        ...
+
     def mounts(self, name_or_id: str) -> tuple[BindMount, ...] | None:
         """The container's bind mounts as the engine made them (source: the host path);
         None when the engine knows no such container."""

@@ -18,6 +18,7 @@ from stockade.supervisor.engines.backends._common import (
     info_from_inspect,
     label_filters,
     mounts_from_inspect,
+    set_connected,
     set_paused,
     ulimits,
     view_from_inspect,
@@ -174,6 +175,18 @@ class DockerBackend:
     def unpause(self, name_or_id: str) -> bool:
         api = self._client.api
         return set_paused(self.inspect, api.unpause, _ENGINE_ERRORS, name_or_id, False)
+
+    def set_connected(self, name_or_id: str, connected: bool) -> bool:
+        api = self._client.api
+
+        def act(container: str, network: str, connect: bool) -> None:
+            if connect:
+                api.connect_container_to_network(container, network)
+            else:
+                api.disconnect_container_from_network(container, network)
+
+        attrs = self._attrs(name_or_id)
+        return set_connected(attrs, "bridge", act, _ENGINE_ERRORS, connected)
 
     def mounts(self, name_or_id: str) -> tuple[BindMount, ...] | None:
         attrs = self._attrs(name_or_id)

@@ -19,6 +19,7 @@ from stockade.supervisor.engines.backends._common import (
     label_filters,
     mounts_from_inspect,
     parse_runc_version,
+    set_connected,
     set_paused,
     ulimits,
     view_from_inspect,
@@ -41,6 +42,8 @@ from stockade.supervisor.engines.userns import (
 from stockade.supervisor.errors import ConfigError, EngineUnavailable
 
 _ENGINE_ERRORS = (podman.errors.PodmanError, requests.RequestException)
+DEFAULT_NETWORK = "podman"
+"""The network of network_mode "bridge" (sandbox network mode open)."""
 _BUSY = "device or resource busy"
 _REMOVE_TRIES = 5
 _EXITING = "no such process"
@@ -197,6 +200,14 @@ class PodmanBackend:
             self.inspect, lambda c: self._client.containers.get(c).unpause(), _ENGINE_ERRORS,
             name_or_id, False,
         )  # fmt: skip
+
+    def set_connected(self, name_or_id: str, connected: bool) -> bool:
+        def act(container: str, network: str, connect: bool) -> None:
+            found = self._client.networks.get(network)
+            (found.connect if connect else found.disconnect)(container)
+
+        attrs = self._attrs(name_or_id)
+        return set_connected(attrs, DEFAULT_NETWORK, act, _ENGINE_ERRORS, connected)
 
     def mounts(self, name_or_id: str) -> tuple[BindMount, ...] | None:
         attrs = self._attrs(name_or_id)
