@@ -136,7 +136,7 @@ def test_forbidden_is_not_retried_and_names_the_role(kube: KubeMock, tmp_path: P
     with pytest.raises(EngineUnavailable) as caught:
         api.list("pod", {"a": "b"})
     assert "refuses to list pods in namespace stockade (403: pods is forbidden" in str(caught.value)
-    assert "pods create, get, list, watch, delete" in str(caught.value)
+    assert "pods create, get, list, watch, patch, delete" in str(caught.value)
     assert "deploy/kubernetes/rbac.yaml" in str(caught.value)
     assert len([p for _, p in kube.requests() if p.startswith(PODS)]) == 1
 

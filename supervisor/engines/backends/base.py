@@ -210,9 +210,7 @@ class ContainerBackend(Protocol):
         kinds. Names only: no engine call."""
         ...
 
-    def relabel(
-        self, name_or_id: str, labels: Mapping[str, str | None]
-    ) -> ContainerInfo | None:
+    def relabel(self, name_or_id: str, labels: Mapping[str, str | None]) -> ContainerInfo | None:
         """Set (None: remove) labels of a container and of what the engine keeps with it (a
         pod's claim and Secret): how a warm-pool pod is claimed for a key. None when there is
         no such container. Unsupported by the host kinds (labels are fixed at creation)."""

@@ -168,9 +168,7 @@ class DockerBackend:
     def workspace_of(self, sandbox_id: str) -> str | None:
         return None  # the sandbox's host folder: the manager names it
 
-    def relabel(
-        self, name_or_id: str, labels: Mapping[str, str | None]
-    ) -> ContainerInfo | None:
+    def relabel(self, name_or_id: str, labels: Mapping[str, str | None]) -> ContainerInfo | None:
         raise Unsupported("a container's labels are fixed at creation (the warm pool's are too)")
 
     def has_workspace(self, sandbox_id: str) -> bool:
