@@ -55,6 +55,7 @@ class Housekeeping:
         await self.expire_workspaces()
         if self._config.housekeeping.reap_orphans:
             await self.reap_orphans()
+            await self._m.pool.reap()  # pool pods of replicas that are gone
         self._m.pool.want()  # replaces pool containers that failed or died
 
     async def prune(self) -> int:

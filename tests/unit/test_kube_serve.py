@@ -97,7 +97,6 @@ def test_serve_with_pods(kube: KubeMock, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("setting", "words"),
     [
-        ("[housekeeping]\nwarm_pool = 1\n", "housekeeping.warm_pool"),
         ('[housekeeping]\nidle_action = "pause"\n', 'idle_action = "pause"'),
         ("[sandbox]\nworkspace_size_mb = 512\n", "sandbox.workspace_size_mb"),
         ('[sandbox]\nnetwork = "egress"\n', 'sandbox.network = "egress"'),
@@ -110,6 +109,12 @@ def test_what_pods_cannot_do_is_refused_at_load(tmp_path: Path, setting: str, wo
         load_config(path)
     path.write_text(f'[engine]\nkind = "podman"\n{setting}')
     load_config(path)  # the host kinds can
+
+
+def test_a_warm_pool_of_pods_is_accepted_at_load(tmp_path: Path) -> None:
+    path = tmp_path / "stockade.toml"
+    path.write_text('[engine]\nkind = "kubernetes"\n[housekeeping]\nwarm_pool = 2\n')
+    assert load_config(path).housekeeping.warm_pool == 2
 
 
 def test_the_command_line_takes_the_kubernetes_kind() -> None:
