@@ -155,6 +155,9 @@ class WarmPool:
             info = None
         if info is None or not info.running:
             await self._drop(pooled)
+            # a patch may have been applied though its answer was lost: the pool pod's claim,
+            # labelled as the key's, is no workspace yet (the key had none: take())
+            await asyncio.to_thread(self._backend.remove_workspace, sandbox_id(key))
             return None
         return info
 
