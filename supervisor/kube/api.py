@@ -338,7 +338,7 @@ class KubeApi:
                 f"{self.namespace} ({exc.status}: {message}); the supervisor's service account "
                 "needs there: pods create, get, list, watch, patch, delete; "
                 "persistentvolumeclaims create, get, list, patch, delete; secrets create, "
-                "patch, delete, and get on kubernetes.ca_secret "
+                "delete, and get on kubernetes.ca_secret "
                 "(deploy/kubernetes/rbac.yaml)"
             )
         tries = f" after {self.timeouts.attempts} tries" if _retriable(exc) else ""

@@ -9,8 +9,8 @@ A sandbox is three objects in kubernetes.namespace, named by its sandbox id:
 
 A warm-pool pod (housekeeping.warm_pool) is named by its pool id instead (pool-<id> in
 place of <sid>), its agent's certificate too, and has a claim of its own; a key claims it by
-relabeling (relabel(): the claim, the Secret, then the pod get the key's labels), and its
-objects keep their names. So a key's pod, claim and Secret are found by the sandbox-id
+relabeling (relabel(): the claim, then the pod get the key's labels), and its objects keep
+their names. So a key's pod, claim and Secret are found by the sandbox-id
 label (the manager's lookups, _claims_of), the Secret through the pod that mounts it: a
 re-made pod of the key takes the key's own name and mounts the claim it had.
 
@@ -62,7 +62,7 @@ from stockade.supervisor.errors import (
     Unsupported,
 )
 from stockade.supervisor.kube import manifests
-from stockade.supervisor.kube.api import Kind, KubeApi, Obj, load_client
+from stockade.supervisor.kube.api import KubeApi, Obj, load_client
 from stockade.supervisor.kube.pki import Authority, Issued, supervisor_tls
 from stockade.supervisor.kube.views import info_of, view_of
 from stockade.supervisor.sandboxes.agent_link import MutualTls, TcpAddress
@@ -328,22 +328,20 @@ class KubernetesBackend:
         return removed
 
     def relabel(self, name_or_id: str, labels: Mapping[str, str | None]) -> ContainerInfo | None:
-        """Claim a pod (a warm-pool one) for a key: its claim and its Secret get the key's
-        labels that they carry (whose they are), then the pod gets `labels` (None:
-        removed), each by a merge patch, so a lookup by the sandbox-id label that finds the
-        pod finds its claim too. None when there is no such pod; EngineUnavailable when a
-        patch fails (the caller drops the pod)."""
+        """Claim a pod (a warm-pool one) for a key: its claim gets the key's labels that it
+        carries (whose it is), then the pod gets `labels` (None: removed), each by a merge
+        patch, so a lookup by the sandbox-id label that finds the pod finds its claim too.
+        The Secret is not patched: it is only ever reached through the pod that mounts it,
+        and a patch answers with the whole object, so `patch` on Secrets would let the
+        supervisors read every Secret of the namespace (docs/kubernetes.md). None when
+        there is no such pod; EngineUnavailable when a patch fails (the caller drops it)."""
         pod = self._api.read("pod", name_or_id)
         if pod is None:
             return None
         owned = {k: v for k, v in labels.items() if k in OWNED}
-        kept: tuple[tuple[Kind, str], ...] = (
-            ("claim", manifests.claim_of(pod)),
-            ("secret", manifests.secret_of(pod)),
-        )
-        for kind, name in kept:
-            if name and self._api.patch(kind, name, manifests.relabeling(owned)) is None:
-                raise SandboxBroken(f"pod {name_or_id}: its {kind} {name} is gone")
+        claim = manifests.claim_of(pod)
+        if claim and self._api.patch("claim", claim, manifests.relabeling(owned)) is None:
+            raise SandboxBroken(f"pod {name_or_id}: its workspace claim {claim} is gone")
         patched = self._api.patch("pod", name_or_id, manifests.relabeling(labels))
         return None if patched is None else self._seen(patched)
 

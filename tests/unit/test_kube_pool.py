@@ -1,10 +1,11 @@
 """The warm pool of pods, through the real sandbox manager: KubernetesBackend against kmock, the
 test kubelet starting the real agent of each pod (on 127.0.0.N, with the certificate of the
 pod's Secret). A pool pod is made ahead with a claim and a Secret of its own, marked with its
-maker's replica id; a new key's first call claims it by relabeling (merge patches); the key's
-pod is found by its sandbox-id label from then on (another replica's Get and Destroy, a heal
-that keeps the claim); another replica's pool is left alone, a gone replica's reaped; a patch
-that fails (409, 500) costs the pool pod, not the call."""
+maker's replica id; a new key's first call claims it by relabeling (merge patches of its
+claim and pod); the key's pod is found by its sandbox-id label from then on (another
+replica's Get and Destroy, a heal that keeps the claim); another replica's pool is left
+alone, a gone replica's reaped; a patch that fails (409, 500) costs the pool pod, not the
+call."""
 
 from __future__ import annotations
 
@@ -139,23 +140,17 @@ async def test_the_pool_fills_and_a_new_key_claims_its_pod_by_relabeling(
         assert held.info.address == kubelet.played[pooled]
         # (the test kubelet's own patches are of the pods' status)
         patched = [p for m, p in kube.requests() if m == "PATCH" and not p.endswith("/status")]
-        assert sorted(patched) == sorted(
-            [
-                f"{PODS}/{pooled}",
-                f"/api/v1/namespaces/{NAMESPACE}/secrets/stockade-agent-{ident}",
-                f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims/stockade-ws-{ident}",
-            ]
-        )
+        # the claim, then the pod; never the Secret (a patch would answer with its data)
+        assert patched == [
+            f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims/stockade-ws-{ident}",
+            f"{PODS}/{pooled}",
+        ]
         pod = _labels(kube, "pod", pooled)
         assert (pod[LABEL_KEY], pod[LABEL_TENANT], pod[LABEL_SANDBOX_ID]) == ("k", "acme", sid)
         assert LABEL_REPLICA not in pod  # no replica's pool pod any more: a key's sandbox
-        for kind, name in [
-            ("claim", f"stockade-ws-{ident}"),
-            ("secret", f"stockade-agent-{ident}"),
-        ]:
-            labels = _labels(kube, kind, name)
-            assert (labels[LABEL_SANDBOX_ID], labels[LABEL_KEY]) == (sid, "k")
-            assert LABEL_REPLICA not in labels
+        labels = _labels(kube, "claim", f"stockade-ws-{ident}")
+        assert (labels[LABEL_SANDBOX_ID], labels[LABEL_KEY]) == (sid, "k")
+        assert LABEL_REPLICA not in labels
         # the file is on the pool pod's claim, which is the key's workspace now
         assert (tmp_path / "nodes" / f"stockade-ws-{ident}" / "notes.txt").read_text() == "mine\n"
         assert (await mgr.get(key)).workspace_path == f"pvc://{NAMESPACE}/stockade-ws-{ident}"
