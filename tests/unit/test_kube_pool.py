@@ -363,6 +363,45 @@ async def test_a_failing_patch_costs_the_pool_pod_not_the_call(
         await mgr.close()
 
 
+@pytest.mark.parametrize(
+    "plain",
+    [
+        "é" * 128,  # the longest key there is (256 bytes), no valid label value
+        'a/b\n"},{"op":"remove","path":"/metadata"}',  # JSON and JSON-patch in a key
+        "io.stockade.replica=inst0001aaaa-r1",  # a key that looks like the maker's mark
+    ],
+)
+async def test_a_hostile_key_claims_a_pool_pod_as_its_own_and_no_more(
+    kube: KubeMock, kubelet: Kubelet, tmp_path: Path, port: int, plain: str
+) -> None:
+    """The key travels as an annotation where it cannot be a label, inside a merge patch's
+    JSON; it is found again by another replica, and it never leaves the maker's mark."""
+    key = scope("acme", plain)
+    mgr = _manager(kube, tmp_path, port, "inst0001aaaa-r1")
+    await mgr.start()
+    mgr.pool.start()
+    other = _manager(kube, tmp_path, port, "inst0001aaaa-r2", pool=0)
+    await other.start()
+    try:
+        (pooled,) = await _filled(mgr, 1)
+        before = kube.get("pod", pooled)
+        assert before is not None
+        assert await _exec(mgr, key, "echo ok") == "ok\n"
+        assert mgr.registry[key].info.name == pooled
+        found = kube.get("pod", pooled)
+        assert found is not None
+        labels = manifests.carried_labels(found["metadata"])
+        assert (labels[LABEL_KEY], labels[LABEL_TENANT]) == (plain, "acme")
+        assert labels[LABEL_SANDBOX_ID] == sandbox_id(key)
+        assert LABEL_REPLICA not in labels
+        assert found["spec"] == before["spec"]  # only its metadata changed
+        assert (await other.get(key)).state.name == "RUNNING"  # by its label, elsewhere
+        assert other.registry[key].info.name == pooled
+    finally:
+        await other.close()
+        await mgr.close()
+
+
 def test_relabeling_puts_each_label_where_kubernetes_holds_it() -> None:
     patch = manifests.relabeling(
         {LABEL_SANDBOX_ID: "ab12", LABEL_KEY: "a/b with spaces", LABEL_TENANT: None}
