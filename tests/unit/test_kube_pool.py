@@ -26,6 +26,7 @@ from stockade.supervisor.engines.backends.base import (
     LABEL_SANDBOX_ID,
     LABEL_TENANT,
 )
+from stockade.supervisor.errors import StateUnavailable
 from stockade.supervisor.keys import sandbox_id, scope
 from stockade.supervisor.kube import manifests
 from stockade.supervisor.kube.api import KubeApi, Timeouts, load_client
@@ -338,6 +339,31 @@ async def test_without_shared_state_every_other_replicas_pool_is_a_past_runs(
         await restarted.close()
     assert kube.names("pod") == []
     assert kube.names("claim") == []
+
+
+async def test_a_sweep_goes_on_when_the_shared_state_does_not_answer(
+    kube: KubeMock, kubelet: Kubelet, tmp_path: Path, port: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without an answer about which replicas live, nothing is reaped (none is proven gone),
+    and the rest of the sweep is done."""
+    first = _manager(kube, tmp_path, port, "inst0001aaaa-r1")
+    await first.start()
+    first.pool.start()
+    (pooled,) = await _filled(first, 1)
+    await _abandon(first)
+    second = _manager(kube, tmp_path, port, "inst0001aaaa-r2", pool=0)
+    await second.start()
+
+    async def down() -> frozenset[str]:
+        raise StateUnavailable("the shared state (db) did not answer: connection refused")
+
+    second.pool._replicas = down
+    try:
+        await second.sweep()
+        assert kube.names("pod") == [pooled]
+        assert "the pods of gone replicas not reaped: the shared state (db)" in caplog.text
+    finally:
+        await second.close()
 
 
 @pytest.mark.parametrize("status", [409, 500])
