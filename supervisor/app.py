@@ -302,9 +302,10 @@ async def start(config: Config) -> Supervisor:
     config.state_dir.mkdir(parents=True, exist_ok=True)
     lock = InstanceLock(config.state_dir)  # then: a second supervisor starts nothing
     instance = instance_id(config.state_dir, config)
-    state = await asyncio.to_thread(open_state, config, replica_id(config, instance))
+    replica = replica_id(config, instance)
+    state = await asyncio.to_thread(open_state, config, replica)
     try:
-        return await _start(config, authenticator, lock, instance, state)
+        return await _start(config, authenticator, lock, instance, replica, state)
     except BaseException:
         await state.close()
         raise
@@ -315,6 +316,7 @@ async def _start(
     authenticator: Authenticator | None,
     lock: InstanceLock,
     instance: str,
+    replica: str,
     state: SharedState,
 ) -> Supervisor:
     policy = build_policy(config, state)
@@ -346,6 +348,7 @@ async def _start(
         record_event=housekeeping_recorder(policy),
         lock=lock,
         state=state,
+        replica=replica,
     )
     alarms.react = manager.quarantine
     state.follow(manager.held)

@@ -195,10 +195,6 @@ def _check_kubernetes(kube: KubernetesConfig) -> None:
 def _check_pods(cfg: Config) -> None:
     """What sandboxes as pods cannot do (yet): each is a feature of this host."""
     refused = {
-        "housekeeping.warm_pool": (
-            cfg.housekeeping.warm_pool > 0,
-            "pods are made per sandbox, with the key's claim and certificate",
-        ),
         'housekeeping.idle_action = "pause"': (
             cfg.housekeeping.idle_action == "pause",
             "a pod cannot be frozen through the Kubernetes API",

@@ -48,6 +48,9 @@ MIN_WATCH_S = 1.0
 DELETE_GRACE_S = 2
 """A removed pod's processes get this long after SIGTERM (the agent ends its commands);
 the engines' forced remove gives none, a pod's default 30 s would hold its name that long."""
+MERGE_PATCH = "application/merge-patch+json"
+"""The one patch content type used: a plain JSON merge (the official client would pick
+json-patch+json for a dict body, which a server refuses; kmock merges any dict)."""
 FATAL_WAITING = ("ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError")
 """Reasons a container waits for that no waiting mends: a pod showing one is given up."""
 
@@ -144,6 +147,28 @@ class KubeApi:
             raise EngineUnavailable(
                 f"the Kubernetes API at {self.server} cannot create {kind} {name}: namespace "
                 f"{self.namespace} (kubernetes.namespace) does not exist"
+            ) from None
+
+    def patch(self, kind: Kind, name: str, body: Obj) -> Obj | None:
+        """Merge-patch the object (RFC 7386: a null removes a key): the object as patched;
+        None when there is none. A conflict (409) is EngineUnavailable: the caller gives up
+        what it patched for (a pool pod not claimed is dropped)."""
+        method = self._op("patch", kind)
+        try:
+            return self._call(
+                f"patch {kind} {name}",
+                method,
+                name,
+                self.namespace,
+                body,
+                _content_type=MERGE_PATCH,
+            )
+        except _Absent:
+            return None
+        except _Conflict:
+            raise EngineUnavailable(
+                f"the Kubernetes API at {self.server} refused to patch {kind} {name}: it was "
+                "changed meanwhile (409 Conflict)"
             ) from None
 
     def delete(self, kind: Kind, name: str) -> bool:
@@ -311,8 +336,9 @@ class KubeApi:
             return EngineUnavailable(
                 f"the Kubernetes API at {self.server} refuses to {what} in namespace "
                 f"{self.namespace} ({exc.status}: {message}); the supervisor's service account "
-                "needs there: pods create, get, list, watch, delete; persistentvolumeclaims "
-                "create, get, delete; secrets create, delete, and get on kubernetes.ca_secret "
+                "needs there: pods create, get, list, watch, patch, delete; "
+                "persistentvolumeclaims create, get, list, patch, delete; secrets create, "
+                "delete, and get on kubernetes.ca_secret "
                 "(deploy/kubernetes/rbac.yaml)"
             )
         tries = f" after {self.timeouts.attempts} tries" if _retriable(exc) else ""

@@ -7,6 +7,13 @@ A sandbox is three objects in kubernetes.namespace, named by its sandbox id:
                                     and [sandbox] secrets (the pod references them by key)
     stockade-ws-<sid>               the workspace claim (kubernetes.workspace = "pvc")
 
+A warm-pool pod (housekeeping.warm_pool) is named by its pool id instead (pool-<id> in
+place of <sid>), its agent's certificate too, and has a claim of its own; a key claims it by
+relabeling (relabel(): the claim, then the pod get the key's labels), and its objects keep
+their names. So a key's pod, claim and Secret are found by the sandbox-id
+label (the manager's lookups, _claims_of), the Secret through the pod that mounts it: a
+re-made pod of the key takes the key's own name and mounts the claim it had.
+
 run() makes the Secret, the claim when there is none yet, and the pod, then waits (a watch,
 kubernetes.ready_timeout_s) until the pod is Ready with an IP, which it reports as
 ContainerInfo.address: the agent is reached there over TCP with mutual TLS (agent_tls()).
@@ -30,16 +37,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
-
-from kubernetes.utils.quantity import parse_quantity
 
 from stockade.supervisor.config.sandbox import KubernetesConfig
-from stockade.supervisor.engines.backends._common import parse_time
 from stockade.supervisor.engines.backends.base import (
     LABEL_INSTANCE,
     LABEL_KEY,
     LABEL_MANAGED,
+    LABEL_POOL,
+    LABEL_REPLICA,
     LABEL_SANDBOX_ID,
     LABEL_TENANT,
     BindMount,
@@ -59,6 +64,7 @@ from stockade.supervisor.errors import (
 from stockade.supervisor.kube import manifests
 from stockade.supervisor.kube.api import KubeApi, Obj, load_client
 from stockade.supervisor.kube.pki import Authority, Issued, supervisor_tls
+from stockade.supervisor.kube.views import info_of, view_of
 from stockade.supervisor.sandboxes.agent_link import MutualTls, TcpAddress
 
 log = logging.getLogger("stockade")
@@ -70,8 +76,6 @@ GONE_POLL_S = 0.5
 REPLACED_FLAGS = ("--socket", "--workspace", "--user", "--agent-user")
 """Agent options of the host kinds' command that the pod's own command replaces (it listens
 on TCP, and runs as the pod's one uid)."""
-STATUS = {"Pending": "created", "Running": "running", "Succeeded": "exited", "Failed": "exited"}
-"""Pod phases in the engines' words (what SandboxInfo shows)."""
 
 
 class KubernetesBackend:
@@ -95,6 +99,8 @@ class KubernetesBackend:
         self._authority: Authority | None = None
         self._client: Issued | None = None
         self._client_at = 0.0
+        self._workspaces: dict[str, str] = {}
+        """sandbox id -> the claim its pod mounts, as last seen (workspace_of names it)."""
 
     # The agent's TLS.
 
@@ -138,10 +144,10 @@ class KubernetesBackend:
     def address_of(self, info: ContainerInfo, _paths: object = None) -> TcpAddress:
         """Where a pod's agent is reached (Containers' address_of hook): its IP, the agent
         port, mutual TLS for the name of its sandbox's certificate."""
-        sid = info.labels.get(LABEL_SANDBOX_ID, "")
-        if not info.address or not sid:
+        ident = identity(info.labels)
+        if not info.address or not ident:
             raise SandboxBroken(f"pod {info.name} has no IP or no sandbox id: its agent is unknown")
-        return TcpAddress(info.address, self._kube.agent_port, self.agent_tls(sid))
+        return TcpAddress(info.address, self._kube.agent_port, self.agent_tls(ident))
 
     # The ContainerBackend protocol.
 
@@ -167,16 +173,13 @@ class KubernetesBackend:
         return None
 
     def run(self, spec: ContainerSpec, prepare: Callable[[IdMaps], None]) -> ContainerInfo:
-        sid = spec.labels.get(LABEL_SANDBOX_ID, "")
-        if not sid:
-            raise ConfigError(
-                f"{spec.name}: a pod needs a sandbox id (the warm pool, housekeeping.warm_pool, "
-                "is not supported with engine.kind kubernetes)"
-            )
+        sid, ident = spec.labels.get(LABEL_SANDBOX_ID, ""), identity(spec.labels)
+        if not ident:
+            raise ConfigError(f"{spec.name}: a pod needs a sandbox id or a warm-pool id")
         prepare(IdMaps(IDENTITY, IDENTITY))  # no id maps of its own: the pod's uid is the user's
         owned = _owned_labels(spec.labels, sid)
-        secret = manifests.secret_name(sid)
-        claim = manifests.claim_name(sid) if self._kube.workspace == "pvc" else None
+        secret = manifests.secret_name(ident)
+        claim = self._claim_for(sid, ident) if self._kube.workspace == "pvc" else None
         pod = manifests.sandbox_pod(
             spec,
             self._kube,
@@ -188,15 +191,37 @@ class KubernetesBackend:
         )
         self._refuse_foreign(spec.name, spec.labels.get(LABEL_INSTANCE, ""))
         try:
-            self._put_secret(secret, sid, owned, manifests.secret_environment(spec))
+            self._put_secret(secret, ident, owned, manifests.secret_environment(spec))
             if claim is not None:
                 self._ensure_claim(claim, owned)
             self._create_pod(pod, spec.labels.get(LABEL_INSTANCE, ""))
             ready = self._api.wait_ready(spec.name, self._kube.ready_timeout_s)
         except BaseException:
-            self._undo(spec.name, sid)
+            # a pool pod's claim is no one's workspace yet: it goes with the failed pod
+            self._undo(spec.name, secret, None if sid else claim)
             raise
-        return info_of(ready)
+        return self._seen(ready)
+
+    def _claim_for(self, sid: str, ident: str) -> str:
+        """The claim a key's new pod mounts: the one its sandbox id labels (its first pod's,
+        maybe a warm-pool pod's under the pool's name), else a new one of the key's name."""
+        found = self._claims_of(sid) if sid else []
+        own = manifests.claim_name(ident)
+        return own if own in found or not found else found[0]
+
+    def _claims_of(self, sid: str) -> list[str]:
+        """The names of the claims labelled with the sandbox id (one, but for a mishap)."""
+        items = self._api.list("claim", {LABEL_MANAGED: "1", LABEL_SANDBOX_ID: sid})
+        live = [c for c in items if not (c.get("metadata") or {}).get("deletionTimestamp")]
+        return sorted(str(c["metadata"]["name"]) for c in live)
+
+    def _seen(self, pod: Obj) -> ContainerInfo:
+        """The pod's ContainerInfo; the claim a sandbox's pod mounts noted (workspace_of)."""
+        info = info_of(pod)
+        sid, claim = info.labels.get(LABEL_SANDBOX_ID, ""), manifests.claim_of(pod)
+        if sid and claim:
+            self._workspaces[sid] = claim
+        return info
 
     def _refuse_foreign(self, name: str, instance: str) -> None:
         """Names carry only a prefix of the instance id: a pod of that name may be another
@@ -208,22 +233,22 @@ class KubernetesBackend:
                 f"pod {name} exists and belongs to another supervisor (instance {owner or '?'})"
             )
 
-    def _undo(self, name: str, sid: str) -> None:
-        """After a failed run(): the pod and its Secret go; an error doing so is logged, the
-        run's own error is the one raised."""
+    def _undo(self, name: str, secret: str, claim: str | None) -> None:
+        """After a failed run(): the pod and its Secret go (and `claim`); an error doing so
+        is logged, the run's own error is the one raised."""
         try:
-            self._remove(name, sid)
+            self._remove(name, secret, claim or "")
         except StockadeError as exc:
             log.warning("pod %s: not removed after its failed start: %s", name, exc)
 
     def _put_secret(
-        self, name: str, sid: str, labels: Mapping[str, str], environment: Mapping[str, str]
+        self, name: str, ident: str, labels: Mapping[str, str], environment: Mapping[str, str]
     ) -> None:
         """A fresh agent certificate for the new pod (one left by an earlier pod is
         replaced: its key is not one this supervisor holds), with the sandbox's secret
         environment, which the pod references."""
         authority = self.authority()
-        issued, ca = authority.issue_agent(sid), authority.cert_pem
+        issued, ca = authority.issue_agent(ident), authority.cert_pem
         body = manifests.agent_secret(name, issued, ca, labels, self._kube.namespace, environment)
         if self._api.create("secret", body) is None:
             self._api.delete("secret", name)
@@ -273,37 +298,74 @@ class KubernetesBackend:
 
     def inspect(self, name_or_id: str) -> ContainerInfo | None:
         pod = self._api.read("pod", name_or_id)
-        return None if pod is None else info_of(pod)
+        return None if pod is None else self._seen(pod)
 
     def list(self, labels: Mapping[str, str]) -> list[ContainerInfo]:
         """Pods carrying all of `labels`: those that are valid label values are selected by
         the server, the others (carried as annotations) here."""
         selectable = {k: v for k, v in labels.items() if manifests.is_label(k, v)}
-        found = [info_of(pod) for pod in self._api.list("pod", selectable)]
+        found = [self._seen(pod) for pod in self._api.list("pod", selectable)]
         return [i for i in found if all(i.labels.get(k) == v for k, v in labels.items())]
 
     def remove(self, name_or_id: str) -> bool:
-        """Delete the pod and its agent Secret; the workspace claim stays."""
+        """Delete the pod and its agent Secret (the one it mounts); the workspace claim
+        stays, but an unclaimed pool pod's, which is no one's workspace."""
         pod = self._api.read("pod", name_or_id)
-        sid = manifests.carried_labels(pod["metadata"]).get(LABEL_SANDBOX_ID, "") if pod else ""
-        return self._remove(name_or_id, sid or _sid_of(name_or_id))
+        if pod is None:
+            ident = _ident_of(name_or_id)
+            return self._remove(name_or_id, manifests.secret_name(ident) if ident else "", "")
+        labels = manifests.carried_labels(pod.get("metadata") or {})
+        unclaimed = bool(labels.get(LABEL_POOL)) and not labels.get(LABEL_SANDBOX_ID)
+        claim = manifests.claim_of(pod) if unclaimed else ""
+        return self._remove(name_or_id, manifests.secret_of(pod), claim)
 
-    def _remove(self, name: str, sid: str) -> bool:
+    def _remove(self, name: str, secret: str, claim: str) -> bool:
         removed = self._api.delete("pod", name)
-        if sid:
-            self._api.delete("secret", manifests.secret_name(sid))
+        if secret:
+            self._api.delete("secret", secret)
+        if claim:
+            self._api.delete("claim", claim)
         return removed
 
+    def relabel(self, name_or_id: str, labels: Mapping[str, str | None]) -> ContainerInfo | None:
+        """Claim a pod (a warm-pool one) for a key: its claim gets the key's labels that it
+        carries (whose it is), then the pod gets `labels` (None: removed), each by a merge
+        patch, so a lookup by the sandbox-id label that finds the pod finds its claim too.
+        The Secret is not patched: it is only ever reached through the pod that mounts it,
+        and a patch answers with the whole object, so `patch` on Secrets would let the
+        supervisors read every Secret of the namespace (docs/kubernetes.md). None when
+        there is no such pod; EngineUnavailable when a patch fails (the caller drops it)."""
+        pod = self._api.read("pod", name_or_id)
+        if pod is None:
+            return None
+        owned = {k: v for k, v in labels.items() if k in OWNED}
+        claim = manifests.claim_of(pod)
+        if claim and self._api.patch("claim", claim, manifests.relabeling(owned)) is None:
+            raise SandboxBroken(f"pod {name_or_id}: its workspace claim {claim} is gone")
+        patched = self._api.patch("pod", name_or_id, manifests.relabeling(labels))
+        return None if patched is None else self._seen(patched)
+
+    def has_workspace(self, sandbox_id: str) -> bool:
+        """Whether a claim labelled with the sandbox id exists (never with emptyDir
+        workspaces: they end with their pod)."""
+        return self._kube.workspace == "pvc" and bool(self._claims_of(sandbox_id))
+
     def remove_workspace(self, sandbox_id: str) -> bool:
-        """Delete the sandbox's workspace claim (its pod must be gone); False: none."""
-        return self._api.delete("claim", manifests.claim_name(sandbox_id))
+        """Delete the sandbox's workspace claims (its pod must be gone): those labelled with
+        its sandbox id (a claimed pool pod's keeps the pool's name) and the one of its
+        name; False: none."""
+        names = {*self._claims_of(sandbox_id), manifests.claim_name(sandbox_id)}
+        self._workspaces.pop(sandbox_id, None)
+        return any([self._api.delete("claim", name) for name in sorted(names)])
 
     def workspace_of(self, sandbox_id: str) -> str:
         """pvc://<namespace>/<claim>, or "emptyDir" (a workspace that lives and dies with
-        its pod): the supervisor's host folder of a key means nothing for a pod."""
+        its pod): the supervisor's host folder of a key means nothing for a pod. The claim
+        its pod was last seen mounting, else the one of its name (no API call here)."""
         if self._kube.workspace != "pvc":
             return "emptyDir"
-        return f"pvc://{self._kube.namespace}/{manifests.claim_name(sandbox_id)}"
+        claim = self._workspaces.get(sandbox_id) or manifests.claim_name(sandbox_id)
+        return f"pvc://{self._kube.namespace}/{claim}"
 
     def pause(self, name_or_id: str) -> bool:
         raise Unsupported(
@@ -354,90 +416,34 @@ def pod_agent_args(command: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(kept)
 
 
+OWNED = (
+    LABEL_MANAGED,
+    LABEL_INSTANCE,
+    LABEL_KEY,
+    LABEL_TENANT,
+    LABEL_SANDBOX_ID,
+    LABEL_POOL,
+    LABEL_REPLICA,
+)
+"""The labels a sandbox's Secret and claim carry too: whose they are (lookups, cleanup)."""
+
+
+def identity(labels: Mapping[str, str]) -> str:
+    """Whom a pod's agent certificate names: its pool id's ident when it began in the warm
+    pool (it keeps that certificate when claimed), else its sandbox id; "" for neither."""
+    pool_id = labels.get(LABEL_POOL, "")
+    return manifests.pool_ident(pool_id) if pool_id else labels.get(LABEL_SANDBOX_ID, "")
+
+
 def _owned_labels(labels: Mapping[str, str], sid: str) -> dict[str, str]:
     """What a sandbox's Secret and claim carry: whose they are, for people and for cleanup."""
-    kept = (LABEL_MANAGED, LABEL_INSTANCE, LABEL_KEY, LABEL_TENANT)
-    return {
-        **manifests.COMPONENT_LABELS,
-        **{k: v for k, v in labels.items() if k in kept},
-        LABEL_SANDBOX_ID: sid,
-    }
+    owned = {**manifests.COMPONENT_LABELS, **{k: v for k, v in labels.items() if k in OWNED}}
+    if sid:
+        owned[LABEL_SANDBOX_ID] = sid
+    return owned
 
 
-def _sid_of(name: str) -> str:
-    """The sandbox id in a pod name (stockade-<instance[:8]>-<sid>)."""
+def _ident_of(name: str) -> str:
+    """The sandbox id (or pool ident) in a pod name (stockade-<instance[:8]>-<ident>)."""
     parts = name.split("-", 2)
     return parts[2] if len(parts) == 3 and parts[0] == "stockade" else ""
-
-
-def _agent(pod: Obj) -> tuple[Obj, Obj]:
-    """(the agent container's spec, its status)."""
-    empty: Obj = {}
-    spec: Obj = next(iter((pod.get("spec") or {}).get("containers") or []), empty)
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    status: Obj = next((s for s in statuses if s.get("name") == spec.get("name")), empty)
-    return spec, status
-
-
-def info_of(pod: Obj) -> ContainerInfo:
-    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-    container, state = _agent(pod)
-    phase = str(status.get("phase") or "")
-    ended = (state.get("state") or {}).get("terminated") or {}
-    address = str(status.get("podIP") or "")
-    return ContainerInfo(
-        id=str(meta.get("name", "")),
-        name=str(meta.get("name", "")),
-        running=phase == "Running" and bool(address) and not meta.get("deletionTimestamp"),
-        status=STATUS.get(phase, phase.lower() or "unknown"),
-        labels=manifests.carried_labels(meta),
-        image=str(container.get("image") or ""),
-        created_at=parse_time(meta.get("creationTimestamp")),
-        image_id=str(state.get("imageID") or "").rpartition("sha256:")[2],
-        exit_code=ended.get("exitCode"),
-        oom_killed=ended.get("reason") == "OOMKilled",
-        own_userns=(pod.get("spec") or {}).get("hostUsers") is False,
-        address=address,
-    )
-
-
-def view_of(pod: Obj) -> EngineView:
-    """The pod's isolation as its spec asks for it (what the kubelet and runtime were told)."""
-    spec = pod.get("spec") or {}
-    container, _ = _agent(pod)
-    pod_sc, sc = spec.get("securityContext") or {}, container.get("securityContext") or {}
-
-    def setting(name: str) -> Any:
-        return sc.get(name, pod_sc.get(name))
-
-    seccomp = setting("seccompProfile") or {}
-    profile = str(seccomp.get("localhostProfile") or seccomp.get("type") or "")
-    limits = (container.get("resources") or {}).get("limits") or {}
-    caps = sc.get("capabilities") or {}
-    escalation = sc.get("allowPrivilegeEscalation")
-    return EngineView(
-        runtime=str(spec.get("runtimeClassName") or ""),
-        privileged=bool(sc.get("privileged")),
-        cap_drop=tuple(caps.get("drop") or ()),
-        cap_add=tuple(caps.get("add") or ()),
-        read_only_root=bool(sc.get("readOnlyRootFilesystem")),
-        user=f"{setting('runAsUser') or ''}:{setting('runAsGroup') or ''}",
-        network_mode="host" if spec.get("hostNetwork") else "pod",
-        security_options=(f"seccomp={profile}",) if profile else (),
-        no_new_privileges=escalation is False,
-        seccomp_profile=profile,
-        memory_bytes=_bytes(limits.get("memory")),
-        nano_cpus=int(_quantity(limits.get("cpu")) * 1_000_000_000),
-        userns_mode="private" if spec.get("hostUsers") is False else "host",
-    )
-
-
-def _quantity(value: Any) -> float:
-    try:
-        return float(parse_quantity(value)) if value is not None else 0.0
-    except ValueError:
-        return 0.0
-
-
-def _bytes(value: Any) -> int:
-    return int(_quantity(value))

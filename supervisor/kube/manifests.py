@@ -75,6 +75,13 @@ def secret_name(sandbox_id: str) -> str:
     return f"stockade-agent-{sandbox_id}"
 
 
+def pool_ident(pool_id: str) -> str:
+    """What names a warm-pool pod's objects and its agent's certificate in place of a sandbox
+    id ("pool-<pool id>": sandbox ids are hex, so none is one). A claimed pool pod keeps its
+    objects' names (a pod's volumes cannot change): its key finds them by label."""
+    return f"pool-{pool_id}"
+
+
 def is_label(name: str, value: str) -> bool:
     """Whether name=value can be a Kubernetes label (else it travels as an annotation)."""
     prefix, _, short = name.rpartition("/")
@@ -189,7 +196,8 @@ def sandbox_pod(
     """The Pod of one sandbox, from the same ContainerSpec the host kinds get. `workspace_claim`
     None: an emptyDir workspace (lost with the pod). What a pod cannot take from the spec:
     bind mounts and the engine's user and entry point (the pod's own replace them), pids and
-    rlimits (the kubelet's podPidsLimit and the runtime's defaults govern those)."""
+    rlimits (the kubelet's podPidsLimit and the runtime's defaults govern those).
+    `sandbox_id` "": a warm-pool pod, which gets one when a key claims it (relabeled)."""
     if sandbox_uid <= 0:
         raise ValueError(f"the sandbox uid must not be root, got {sandbox_uid}")
     if spec.labels.get(LABEL_SANDBOX_ID, sandbox_id) != sandbox_id:
@@ -268,7 +276,9 @@ def sandbox_pod(
     }
     if kube.runtime_class:
         pod_spec["runtimeClassName"] = kube.runtime_class
-    labels = {**COMPONENT_LABELS, **spec.labels, LABEL_SANDBOX_ID: sandbox_id}
+    labels = {**COMPONENT_LABELS, **spec.labels}
+    if sandbox_id:
+        labels[LABEL_SANDBOX_ID] = sandbox_id
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -300,6 +310,41 @@ def agent_secret(
         "metadata": metadata,
         "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
     }
+
+
+def volume_of(pod: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The pod's volume of that name ({} when it has none)."""
+    volumes = (pod.get("spec") or {}).get("volumes") or []
+    return next((v for v in volumes if isinstance(v, dict) and v.get("name") == name), {})
+
+
+def claim_of(pod: Mapping[str, Any]) -> str:
+    """The workspace claim a pod mounts ("" for an emptyDir workspace)."""
+    return str(
+        (volume_of(pod, "workspace").get("persistentVolumeClaim") or {}).get("claimName") or ""
+    )
+
+
+def secret_of(pod: Mapping[str, Any]) -> str:
+    """The agent Secret a pod mounts."""
+    return str((volume_of(pod, "tls").get("secret") or {}).get("secretName") or "")
+
+
+def relabeling(labels: Mapping[str, str | None]) -> dict[str, Any]:
+    """The merge patch of an object's metadata that sets `labels` (None: removes), each as a
+    label or an annotation as split_labels would put it, and removes it from the other place
+    (a null for a key that is not there changes nothing): no read of the object is needed,
+    so a Secret is relabeled without being read."""
+    as_labels: dict[str, str | None] = {}
+    notes: dict[str, str | None] = {}
+    for name, value in labels.items():
+        if value is None:
+            as_labels[name] = notes[name] = None
+        elif is_label(name, value):
+            as_labels[name], notes[name] = value, None
+        else:
+            as_labels[name], notes[name] = None, value
+    return {"metadata": {"labels": as_labels, "annotations": notes}}
 
 
 def workspace_claim(name: str, kube: KubernetesConfig, labels: Mapping[str, str]) -> dict[str, Any]:

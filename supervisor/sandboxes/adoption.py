@@ -89,10 +89,12 @@ def key_of(info: ContainerInfo, pooled: dict[str, Path]) -> str | None:
     """The (tenant-scoped) key a container of this instance serves: from its labels, or
     for one that began in the warm pool, from the folder it was given; None: not
     adoptable."""
+    key = labelled_key(info.labels)  # a pool pod claimed by relabeling has the key's labels
+    if key and info.labels.get(LABEL_SANDBOX_ID) == sandbox_id(key):
+        return key
     pool_id = info.labels.get(LABEL_POOL, "")
     if not pool_id:
-        key = labelled_key(info.labels)
-        return key if key and info.labels.get(LABEL_SANDBOX_ID) == sandbox_id(key) else None
+        return None
     folder = pooled.get(pool_id)
     if folder is None or folder.name.startswith(POOL_PREFIX):
         return None  # unassigned (the pool is filled afresh) or its folder is gone
@@ -191,8 +193,7 @@ async def take_over(
     asked for (None: any) and its agent answers; otherwise it is removed (a replica holding it
     finds it gone and its next call makes it anew) and None returned for a new one. Called
     under the key's lock, which with shared state (state.url) is every replica's."""
-    name = mgr.container_name(key)
-    info = await asyncio.to_thread(mgr.backend.inspect, name)
+    info = await find(mgr, key)
     if info is None or info.labels.get(LABEL_INSTANCE) != mgr.containers.instance_id:
         return None
     found, shape = mgr.networks.of_container(info), _profile_of(mgr, info)
@@ -237,7 +238,19 @@ async def elsewhere(mgr: SandboxManager, key: str) -> bool:
     """A remote host kind's key whose pod another replica made (this one has no folder)."""
     if not mgr.remote:
         return False
-    return await asyncio.to_thread(mgr.backend.inspect, mgr.container_name(key)) is not None
+    return await find(mgr, key) is not None
+
+
+async def find(mgr: SandboxManager, key: str) -> ContainerInfo | None:
+    """The key's container: on a remote host kind, the pod carrying its sandbox-id label
+    (one that began in the warm pool keeps its pool name), a running one first; on the host
+    kinds, the container of its name."""
+    if not mgr.remote:
+        return await asyncio.to_thread(mgr.backend.inspect, mgr.container_name(key))
+    wanted = {**mgr.containers.labels(), LABEL_SANDBOX_ID: sandbox_id(key)}
+    found = await asyncio.to_thread(mgr.backend.list, wanted)
+    found.sort(key=lambda i: (not i.running, i.name != mgr.container_name(key), i.name))
+    return found[0] if found else None
 
 
 def _profile_of(mgr: SandboxManager, info: ContainerInfo) -> SandboxProfile | None:

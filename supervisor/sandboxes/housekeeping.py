@@ -56,6 +56,10 @@ class Housekeeping:
         await self.expire_workspaces()
         if self._config.housekeeping.reap_orphans:
             await self.reap_orphans()
+            try:  # pool pods of replicas that are gone
+                await self._m.pool.reap()
+            except StockadeError as exc:  # the database or the API: the next sweep retries
+                log.warning("warm pool: the pods of gone replicas not reaped: %s", exc)
         self._m.pool.want()  # replaces pool containers that failed or died
 
     async def prune(self) -> int:

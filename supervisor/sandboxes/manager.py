@@ -103,6 +103,7 @@ class SandboxManager:
         lock: owner.InstanceLock | None = None,
         silence_s: float = SILENCE_S,
         state: SharedState | None = None,
+        replica: str = "",
     ) -> None:
         """host_mounts: whether a mount the supervisor makes reaches the engine (not from
         the supervisor's own container). `lock`: this instance's lock on the state directory,
@@ -111,7 +112,9 @@ class SandboxManager:
         `address_of`: where a container's agent is reached (the host kind's choice: a unix
         socket by default), `connect` what reaches it there (AgentConnection). `state`: the
         state shared with other supervisors (supervisor/state): its key lock is held across
-        a key's create, and its ledger counts the tenants' sandboxes across supervisors."""
+        a key's create, and its ledger counts the tenants' sandboxes across supervisors.
+        `replica`: this supervisor's id in the shared state (app.replica_id; default the
+        instance id): whose warm-pool pods are whose."""
         self.config = config
         self.backend = backend
         self._host_mounts = host_mounts
@@ -137,11 +140,17 @@ class SandboxManager:
         self.clinic = Clinic(config, backend, self.registry, self.record, silence_s)
         refuse = config.sandbox.paused_call == "refuse"
         self.pausing = Pausing(backend, self.record, refuse)
-        self.pool = WarmPool(config, self.containers, self.layout, self.networks)
+        self.pool = WarmPool(
+            config, self.containers, self.layout, self.networks,
+            backend=backend, replica=replica, replicas=self._replicas,
+        )  # fmt: skip
         self.housekeeping = Housekeeping(self)
         self.snapshots = Snapshots(self)
         self.quarantines = Quarantines(self)
         self.daemon_maps: userns.IdMaps | None = None
+
+    async def _replicas(self) -> frozenset[str] | None:
+        return await self.state.replicas() if self.state is not None else None
 
     @property
     def engine(self) -> str:
@@ -439,7 +448,9 @@ class SandboxManager:
                 await sandbox.agent.close()
             self.quarantines.forget(key)
             await self.networks.egress.detach(sandbox_id(key))
+            found = await adoption.find(self, key) if sandbox is None else None  # by label
             name = sandbox.info.id if sandbox is not None else self.container_name(key)
+            name = found.id if found is not None else name
             removed = await asyncio.to_thread(self.containers.remove_own, name)
             await asyncio.to_thread(layout.unmount, paths)
             if delete_workspace:

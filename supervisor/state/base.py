@@ -93,6 +93,11 @@ class SharedState(Protocol):
     def follow(self, held: Callable[[], Mapping[str, int]]) -> None:
         """What this supervisor holds (key -> memory MiB): the ledger reads it."""
 
+    async def replicas(self) -> frozenset[str] | None:
+        """The supervisors alive now (their ids: app.replica_id), this one included, as
+        their heartbeats say; None when this supervisor shares its state with none
+        (SQLite): then it is alone, and any other's leftovers are of an ended one."""
+
     async def start(self) -> None:
         """Begin background work (heartbeat, notifications); on the event loop."""
 

@@ -149,6 +149,16 @@ class PostgresState:
         if not taking.cancelled() and taking.exception() is None:
             self._locks.putconn(taking.result())
 
+    async def replicas(self) -> frozenset[str]:
+        """The supervisors whose heartbeat is fresh (seen within 15 s), this one included."""
+        with answering(redacted_url(self._url)):
+            return await asyncio.to_thread(self._fresh)
+
+    def _fresh(self) -> frozenset[str]:
+        with self._pool.connection() as db:
+            rows = db.execute(f"SELECT instance FROM supervisors WHERE seen > {FRESH}").fetchall()
+        return frozenset({str(row[0]) for row in rows} | {self.instance})
+
     async def start(self) -> None:
         """Mark this supervisor alive (its leftovers of a previous run gone), then the
         heartbeat and the listener."""

@@ -56,6 +56,9 @@ class SqliteState:
     def follow(self, held: Callable[[], Mapping[str, int]]) -> None:
         pass
 
+    async def replicas(self) -> frozenset[str] | None:
+        return None  # one supervisor per state directory: no others to know of
+
     async def start(self) -> None:
         pass
 

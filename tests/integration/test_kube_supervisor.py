@@ -2,7 +2,8 @@
 kmock's API and pods played by `podman kube play` on loopback addresses): a tool call makes
 the sandbox's Secret, claim and pod from the real sandbox image, and reaches its agent over
 mutual TLS as the sandbox uid; a restarted supervisor adopts the pod; a pod that dies is made
-again on its claim (the files kept); destroying with the workspace deletes the claim."""
+again on its claim (the files kept); destroying with the workspace deletes the claim; with a
+warm pool, a new key's first call runs in a pod started ahead."""
 
 from __future__ import annotations
 
@@ -315,3 +316,75 @@ def test_an_approval_asked_through_one_replica_is_answered_through_the_other(
 
 def kubeconfig_of(kube: tuple[MockApi, Kubelet, Path]) -> Path:
     return kube[2]
+
+
+def _pod(api: MockApi, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+    return found
+
+
+def _pool_pods(api: MockApi, ready: bool = True) -> list[str]:
+    """The unclaimed warm-pool pods (Ready ones only, unless told)."""
+    found = []
+    for name in _items(api, "pods"):
+        pod = _pod(api, name)
+        labels = pod["metadata"].get("labels") or {}
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        is_ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        unclaimed = "io.stockade.pool" in labels and "io.stockade.sandbox-id" not in labels
+        if unclaimed and (is_ready or not ready):
+            found.append(name)
+    return found
+
+
+def _wait_for_pool(api: MockApi, but: set[str], what: str) -> str:
+    deadline = time.monotonic() + 120
+    while True:
+        fresh = [name for name in _pool_pods(api) if name not in but]
+        if fresh:
+            return fresh[0]
+        assert time.monotonic() < deadline, f"no {what} warm-pool pod came: {_items(api, 'pods')}"
+        time.sleep(0.5)
+
+
+def test_a_new_keys_first_call_is_served_by_the_warm_pool(
+    kube: tuple[MockApi, Kubelet, Path],
+) -> None:
+    """With warm_pool = 1 a pod is started ahead; the first call of a new key runs in that very
+    pod, relabeled as the key's (its address and workspace claim unchanged), and the pool
+    fills again with another."""
+    api, kubelet, kubeconfig = kube
+    extra = "[housekeeping]\nwarm_pool = 1\n"
+    with _supervisors(kubeconfig, 1, extra) as [sup], sup.client() as client:
+        pooled = _wait_for_pool(api, set(), "first")
+        address = kubelet.pods[pooled].address
+        claim = next(
+            v["persistentVolumeClaim"]["claimName"]
+            for v in _pod(api, pooled)["spec"]["volumes"]
+            if "persistentVolumeClaim" in v
+        )
+        assert claim == "stockade-ws-" + pooled.split("-", 2)[2]  # its own, by pool id
+
+        box = client.sandbox("fresh")
+        ran = box.exec("id -u; echo mine > notes.txt; cat notes.txt")
+        assert (ran.exit_code, ran.stdout) == (0, "65532\nmine\n"), ran
+        assert box.info().container_name == pooled
+        labels = _pod(api, pooled)["metadata"]["labels"]
+        assert labels["io.stockade.key"] == "fresh"
+        sid = labels["io.stockade.sandbox-id"]
+        assert "io.stockade.replica" not in labels
+        assert kubelet.pods[pooled].address == address  # the same pod, never played again
+        assert f"stockade-{pooled.split('-')[1]}-{sid}" not in _items(api, "pods")
+        assert client.get_sandbox("fresh").workspace_path == f"pvc://{NAMESPACE}/{claim}"
+
+        again = _wait_for_pool(api, {pooled}, "second")  # the pool refills
+        assert again != pooled
+        assert box.read_file("notes.txt") == "mine\n"
+        assert client.destroy_sandbox("fresh", delete_workspace=True)
+        assert pooled not in _items(api, "pods")
+        assert claim not in _items(api, "persistentvolumeclaims")
+    # at stop the unclaimed pool pod goes, with its claim and Secret
+    assert _items(api, "pods") == []
+    assert _items(api, "persistentvolumeclaims") == []
+    assert _items(api, "secrets") == ["stockade-agent-ca"]
+    assert not [e for e in kubelet.errors if "kube play" in e], kubelet.errors

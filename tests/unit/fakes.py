@@ -20,7 +20,7 @@ from stockade.supervisor.engines.backends.base import (
     RuntimeFacts,
 )
 from stockade.supervisor.engines.userns import NO_USERNS, IdMaps
-from stockade.supervisor.errors import ConfigError, SandboxBroken
+from stockade.supervisor.errors import ConfigError, SandboxBroken, Unsupported
 from stockade.supervisor.sandboxes.agent_link import AgentCallFailed, AgentFacts, AgentReply
 from stockade.supervisor.sandboxes.lease import Deadline
 from stockade.supervisor.sandboxes.manager import SandboxManager
@@ -120,6 +120,12 @@ class FakeBackend:
 
     def workspace_of(self, sandbox_id: str) -> str | None:
         return None  # the sandbox's host folder: the manager names it
+
+    def relabel(self, name_or_id: str, labels: Mapping[str, str | None]) -> ContainerInfo | None:
+        raise Unsupported("a container's labels are fixed at creation (the warm pool's are too)")
+
+    def has_workspace(self, sandbox_id: str) -> bool:
+        return False  # the workspace is the sandbox's host folder
 
     def kill(self, container_id: str) -> None:
         self.containers[container_id] = replace(

@@ -146,8 +146,8 @@ def test_the_role_is_least_privilege(config: Config) -> None:
             if "resourceNames" not in rule:
                 allowed.setdefault(resource, set()).update(rule["verbs"])
     assert allowed == {
-        "pods": {"create", "get", "list", "watch", "delete"},
-        "persistentvolumeclaims": {"create", "get", "delete"},
+        "pods": {"create", "get", "list", "watch", "patch", "delete"},
+        "persistentvolumeclaims": {"create", "get", "list", "patch", "delete"},
         "secrets": {"create", "delete"},
     }
     (by_name,) = [rule for rule in role["rules"] if "resourceNames" in rule]

@@ -136,7 +136,7 @@ def test_forbidden_is_not_retried_and_names_the_role(kube: KubeMock, tmp_path: P
     with pytest.raises(EngineUnavailable) as caught:
         api.list("pod", {"a": "b"})
     assert "refuses to list pods in namespace stockade (403: pods is forbidden" in str(caught.value)
-    assert "pods create, get, list, watch, delete" in str(caught.value)
+    assert "pods create, get, list, watch, patch, delete" in str(caught.value)
     assert "deploy/kubernetes/rbac.yaml" in str(caught.value)
     assert len([p for _, p in kube.requests() if p.startswith(PODS)]) == 1
 
@@ -309,3 +309,41 @@ def test_a_missing_namespace(kube: KubeMock, tmp_path: Path) -> None:
     assert api.list("pod", {"a": "b"}) == []
     with pytest.raises(EngineUnavailable, match=r"namespace elsewhere .* does not exist"):
         api.create("pod", pod("p1"))
+
+
+def _patches(kube: KubeMock) -> list[tuple[str, str, Any]]:
+    """(path, content type, body) of every PATCH served so far."""
+
+    async def run() -> list[tuple[str, str, Any]]:
+        return [
+            (r.url.path, r.headers.get("Content-Type", ""), json.loads(r.body or b"null"))
+            for r in list(kube.handler)
+            if str(r.method.value) == "PATCH"
+        ]
+
+    return asyncio.run_coroutine_threadsafe(run(), kube._loop).result(10)
+
+
+def test_a_patch_is_a_json_merge_patch(kube: KubeMock, tmp_path: Path) -> None:
+    """The official client would send a dict as json-patch+json, which a server refuses: the
+    content type is set to merge-patch+json, and a null removes a label."""
+    api = api_for(kube, tmp_path)
+    api.create("pod", pod("p1", a="1", b="2"))
+    body = {"metadata": {"labels": {"a": "one", "b": None, "c": "3"}}}
+    patched = api.patch("pod", "p1", body)
+    assert patched is not None
+    assert patched["metadata"]["labels"] == {"a": "one", "c": "3"}
+    assert _patches(kube) == [(f"{PODS}/p1", "application/merge-patch+json", body)]
+    assert api.patch("pod", "gone", body) is None  # 404: no such pod
+
+
+def test_a_patch_conflict_or_failure_is_engine_unavailable(kube: KubeMock, tmp_path: Path) -> None:
+    api = api_for(kube, tmp_path)
+    api.create("pod", pod("p1"))
+    kube.react(lambda k: k[f"patch {PODS}/p1"][:1] << 409 << {"message": "changed"})
+    with pytest.raises(EngineUnavailable, match=r"patch pod p1: it was changed meanwhile \(409"):
+        api.patch("pod", "p1", {"metadata": {"labels": {"a": "b"}}})
+    kube.react(lambda k: k[f"patch {PODS}/p1"] << 500 << {"message": "etcd is down"})
+    with pytest.raises(EngineUnavailable, match=r"failed to patch pod p1 after 4 tries: 500"):
+        api.patch("pod", "p1", {"metadata": {"labels": {"a": "b"}}})
+    assert len([p for m, p in kube.requests() if m == "PATCH"]) == 5  # 409 is not asked again

@@ -302,7 +302,7 @@ def test_what_a_pod_cannot_do(kube: KubeMock, ca: Authority, tmp_path: Path) -> 
     assert backend.check_user_namespace(False) is None
     pooled = spec()
     pooled = ContainerSpec(**{**pooled.__dict__, "labels": {LABEL_MANAGED: "1"}})
-    with pytest.raises(ConfigError, match="warm pool"):
+    with pytest.raises(ConfigError, match="sandbox id or a warm-pool id"):
         backend.run(pooled, prepared()[1])
 
 

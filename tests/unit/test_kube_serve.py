@@ -97,7 +97,6 @@ def test_serve_with_pods(kube: KubeMock, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("setting", "words"),
     [
-        ("[housekeeping]\nwarm_pool = 1\n", "housekeeping.warm_pool"),
         ('[housekeeping]\nidle_action = "pause"\n', 'idle_action = "pause"'),
         ("[sandbox]\nworkspace_size_mb = 512\n", "sandbox.workspace_size_mb"),
         ("[network]\nbandwidth_kbit = 1000\n", "network.bandwidth_kbit"),
@@ -125,6 +124,12 @@ def test_egress_on_pods_needs_the_egress_service(tmp_path: Path) -> None:
     )
     config = load_config(path)
     assert config.kubernetes.egress_listen == "0.0.0.0:3128"
+
+
+def test_a_warm_pool_of_pods_is_accepted_at_load(tmp_path: Path) -> None:
+    path = tmp_path / "stockade.toml"
+    path.write_text('[engine]\nkind = "kubernetes"\n[housekeeping]\nwarm_pool = 2\n')
+    assert load_config(path).housekeeping.warm_pool == 2
 
 
 def test_the_command_line_takes_the_kubernetes_kind() -> None:

@@ -377,6 +377,24 @@ async def test_a_gone_supervisors_request_is_withdrawn_not_decided(
         await asyncio.gather(watcher, return_exceptions=True)
 
 
+async def test_the_replicas_alive_are_those_whose_heartbeat_is_fresh(
+    pair: tuple[PostgresState, PostgresState], url: str
+) -> None:
+    """What the warm pool of pods reaps by: a replica whose heartbeat stopped is gone."""
+    one, two = pair
+    assert await one.replicas() == await two.replicas() == {"instance-one", "instance-two"}
+    assert one._beat is not None
+    one._beat.cancel()  # `one` is killed: no more heartbeats
+    with psycopg.connect(url, autocommit=True) as db:
+        db.execute(
+            "UPDATE supervisors SET seen = now() - interval '1 minute' WHERE instance = %s",
+            ("instance-one",),
+        )
+    assert await two.replicas() == {"instance-two"}
+    assert await one.replicas() == {"instance-one", "instance-two"}  # a replica knows itself
+    assert await SqliteState(Path("/nonexistent/stockade.db")).replicas() is None
+
+
 def test_a_config_repr_holds_no_state_password() -> None:
     from stockade.supervisor.config import Config
     from stockade.supervisor.config.service import StateConfig

@@ -27,7 +27,12 @@ LABEL_OWNER = "io.stockade.owner"
 """The owning supervisor process: boot id, pid and mount namespaces, pid, start time (what
 the orphan reaper needs to prove the owner has ended; supervisor/sandboxes/owner.py)."""
 LABEL_POOL = "io.stockade.pool"
-"""A warm-pool container's pool id; it has no key label (labels are fixed at creation)."""
+"""A warm-pool container's pool id; it has no key label (labels are fixed at creation), except
+on a pod: a pod is claimed by relabeling (it keeps this label: its agent's certificate names
+the pool id)."""
+LABEL_REPLICA = "io.stockade.replica"
+"""An unclaimed warm-pool pod's maker (its replica id): only that replica claims it, and
+another reaps it once that replica is gone from the shared state."""
 
 
 @dataclass(frozen=True)
@@ -203,6 +208,18 @@ class ContainerBackend(Protocol):
         """Where the sandbox's workspace is, in the engine's words, when it is not its host
         folder (what SandboxInfo.workspace_path shows: a pod's claim); None for the host
         kinds. Names only: no engine call."""
+        ...
+
+    def relabel(self, name_or_id: str, labels: Mapping[str, str | None]) -> ContainerInfo | None:
+        """Set (None: remove) labels of a container and of what the engine keeps with it (a
+        pod's claim and Secret): how a warm-pool pod is claimed for a key. None when there is
+        no such container. Unsupported by the host kinds (labels are fixed at creation)."""
+        ...
+
+    def has_workspace(self, sandbox_id: str) -> bool:
+        """Whether the engine keeps a workspace of the sandbox apart from any container (a
+        pod's claim, found by its sandbox-id label); False for the host kinds (their
+        workspace is the host folder, which the manager checks itself)."""
         ...
 
     def pause(self, name_or_id: str) -> bool:

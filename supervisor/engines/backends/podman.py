@@ -39,7 +39,7 @@ from stockade.supervisor.engines.userns import (
     check_podman_subids,
     read_host_file,
 )
-from stockade.supervisor.errors import ConfigError, EngineUnavailable
+from stockade.supervisor.errors import ConfigError, EngineUnavailable, Unsupported
 
 _ENGINE_ERRORS = (podman.errors.PodmanError, requests.RequestException)
 DEFAULT_NETWORK = "podman"
@@ -188,6 +188,12 @@ class PodmanBackend:
 
     def workspace_of(self, sandbox_id: str) -> str | None:
         return None  # the sandbox's host folder: the manager names it
+
+    def relabel(self, name_or_id: str, labels: Mapping[str, str | None]) -> ContainerInfo | None:
+        raise Unsupported("a container's labels are fixed at creation (the warm pool's are too)")
+
+    def has_workspace(self, sandbox_id: str) -> bool:
+        return False  # the workspace is the sandbox's host folder
 
     def pause(self, name_or_id: str) -> bool:
         return set_paused(
