@@ -34,6 +34,7 @@ from stockade.supervisor.sandboxes.owner import InstanceLock
 from stockade.supervisor.state import SharedState, SqliteState, open_state
 
 if TYPE_CHECKING:
+    from stockade.supervisor.fronts.console.server import ConsoleFront
     from stockade.supervisor.fronts.e2b.server import E2bFront
     from stockade.supervisor.fronts.mcp.server import McpFront
     from stockade.supervisor.observe.tracing import CallTracer
@@ -242,7 +243,7 @@ def start_telemetry(config: Config, manager: SandboxManager, policy: HostPolicy)
 
         found.tracer = CallTracer(obs)
         observers.append(found.tracer.observe)
-    if obs.metrics_listen:
+    if obs.metrics_listen or config.console.listen:  # the console's overview reads it
         metrics = Metrics()
         approvals = policy.approvals
         metrics.watch(
@@ -252,7 +253,7 @@ def start_telemetry(config: Config, manager: SandboxManager, policy: HostPolicy)
             lambda: manager.heal_counts,
         )
         try:
-            found.metrics_port = metrics.serve(obs.metrics_listen)
+            found.metrics_port = metrics.serve(obs.metrics_listen) if obs.metrics_listen else 0
         except OSError as exc:
             found.close()
             raise ConfigError(f"cannot serve metrics on {obs.metrics_listen}: {exc}") from exc
@@ -274,6 +275,8 @@ class Supervisor:
     """The MCP endpoint, when [mcp] listen is set."""
     e2b: E2bFront | None = None
     """The E2B endpoint, when [e2b] listen is set."""
+    console: ConsoleFront | None = None
+    """The operator's console, when [console] listen is set."""
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain (housekeeping.shutdown_grace_s unless given), then stop; sandboxes'
@@ -281,6 +284,8 @@ class Supervisor:
         first: their calls need the sandbox manager the gRPC server closes."""
         if grace is None:
             grace = self.server.config.housekeeping.shutdown_grace_s
+        if self.console is not None:
+            await self.console.stop(grace)
         if self.e2b is not None:
             await self.e2b.stop(grace)
         if self.mcp is not None:
@@ -355,7 +360,7 @@ async def _start(
             config.engine.kind,
         )
     telemetry = start_telemetry(config, manager, policy)
-    mcp = e2b = None
+    mcp = e2b = console = None
     try:
         server = Server(config, manager, policy, authenticator, telemetry.observers)
         if config.mcp.listen:  # the SDK is imported only then
@@ -366,8 +371,14 @@ async def _start(
             from stockade.supervisor.fronts.e2b.server import start_e2b
 
             e2b = await start_e2b(config, server.pipeline, policy, authenticator, manager)
+        if config.console.listen:
+            from stockade.supervisor.fronts.console.server import start_console
+
+            console = await start_console(config, policy, authenticator, manager, telemetry.metrics)
         await server.start()  # once the gRPC API serves, so do MCP and E2B (the launcher waits)
     except BaseException:
+        if console is not None:
+            await console.stop(0)
         if e2b is not None:
             await e2b.stop(0)
         if mcp is not None:
@@ -376,4 +387,4 @@ async def _start(
         raise
     await state.start()
     manager.start_housekeeping()
-    return Supervisor(server, manager, process, telemetry, state, mcp, e2b)
+    return Supervisor(server, manager, process, telemetry, state, mcp, e2b, console)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stockade.supervisor.config.console import check_console
 from stockade.supervisor.config.sandbox import (
     AGENT_UID,
     ENGINE_KINDS,
@@ -102,6 +103,7 @@ def check(cfg: Config) -> None:
     _check_auth(cfg.auth, cfg.tenants)
     _check_mcp(cfg.mcp)
     _check_e2b(cfg.e2b)
+    check_console(cfg.console)
     _check_snapshots(cfg.snapshots)
     if cfg.engine.kind not in ENGINE_KINDS:
         raise ConfigError(
