@@ -252,7 +252,7 @@ def test_security_headers_on_every_answer(client: TestClient) -> None:
         assert "unsafe-inline" not in CSP
         assert answer.headers["x-frame-options"] == "DENY"
         assert answer.headers["x-content-type-options"] == "nosniff"
-        assert answer.headers["referrer-policy"] == "no-referrer"
+        assert answer.headers["referrer-policy"] == "same-origin"
         assert answer.headers["cache-control"] == "no-store"
 
 
