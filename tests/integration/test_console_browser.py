@@ -83,8 +83,8 @@ def test_the_console_in_a_browser(console: Console) -> None:
         text=True,
         timeout=540,
     )
-    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n--- supervisor log ---\n" + (
-        console.sup.log()[-4000:]
+    assert run.returncode == 0, (
+        f"{run.stdout}\n{run.stderr}\n--- supervisor log ---\n" + (console.sup.log()[-4000:])
     )
     assert "step: done" in run.stdout
     for name in ("login", "sandboxes", "approvals", "audit", "audit-record", "sandbox", "overview"):
