@@ -243,7 +243,7 @@ def start_telemetry(config: Config, manager: SandboxManager, policy: HostPolicy)
 
         found.tracer = CallTracer(obs)
         observers.append(found.tracer.observe)
-    if obs.metrics_listen or config.console.listen:  # the console's overview reads it
+    if obs.metrics_listen:
         metrics = Metrics()
         approvals = policy.approvals
         metrics.watch(
@@ -253,7 +253,7 @@ def start_telemetry(config: Config, manager: SandboxManager, policy: HostPolicy)
             lambda: manager.heal_counts,
         )
         try:
-            found.metrics_port = metrics.serve(obs.metrics_listen) if obs.metrics_listen else 0
+            found.metrics_port = metrics.serve(obs.metrics_listen)
         except OSError as exc:
             found.close()
             raise ConfigError(f"cannot serve metrics on {obs.metrics_listen}: {exc}") from exc

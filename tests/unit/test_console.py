@@ -97,6 +97,7 @@ def ctx(tmp_path: Path) -> Iterator[ConsoleContext]:
     )
     policy = build_policy(config)
     manager = Manager([scope("alice", "a1"), scope("bob", "b1")])
+    manager.registry = {k: None for k in manager.infos}
     metrics = Metrics()
     context = ConsoleContext(config, policy, Authenticator(config.auth), manager, metrics)  # type: ignore[arg-type]
     yield context
@@ -332,7 +333,7 @@ def test_a_tenant_sees_only_its_own_sandboxes(client: TestClient) -> None:
     data = client.get("/sandboxes.json").json()
     assert [(s["tenant"], s["key"]) for s in data["sandboxes"]] == [("alice", "a1")]
     assert client.get("/sandboxes.json?tenant=bob").json() == data  # asking does not help
-    assert "b1" not in client.get("/sandboxes").text
+    assert ">b1<" not in client.get("/sandboxes").text
     assert client.get("/sandbox?tenant=bob&key=b1").status_code == 404  # alice's b1: none
     assert client.get("/overview").status_code == 403
 
@@ -467,13 +468,14 @@ def test_audit_filters_and_export_stay_in_the_tenant(
     audit.record(record("alice", "a1", "exec"))
     audit.record(record("alice", "a1", "read_file", "PERMISSION_DENIED"))
     audit.record(record("alice", "a2", "exec", front="mcp"))
-    audit.record(record("bob", "b1", "exec"))
+    audit.record(record("bob", "bobs-own-key", "exec"))
     audit.flush()
     login(client, ALICE)
     page = client.get("/audit").text
     assert page.count("<tr><td>") == 3
-    assert "b1" not in page
-    assert client.get("/audit?tenant=bob").text.count("b1") == 0  # a tenant user: own only
+    assert "bobs-own-key" not in page
+    # a tenant user sees its own tenant only, whichever it names
+    assert client.get("/audit?tenant=bob").text.count("bobs-own-key") == 0
     refused = client.get("/audit?outcome=refused").text
     assert "PERMISSION_DENIED" in refused
     assert refused.count("<tr><td>") == 1
@@ -486,11 +488,11 @@ def test_audit_filters_and_export_stay_in_the_tenant(
     first = json.loads(lines[0])
     assert client.get(f"/audit/record?id={first['id']}").status_code == 200
     bobs = client.get("/audit/export.jsonl?tenant=bob").text
-    assert '"b1"' not in bobs
+    assert "bobs-own-key" not in bobs
     # bob's record, asked for by id from alice's session: not found
     login(client, OPS)
     theirs = json.loads(client.get("/audit/export.jsonl?tenant=bob").text.splitlines()[0])
-    assert theirs["sandbox_key"] == "b1"
+    assert theirs["sandbox_key"] == "bobs-own-key"
     login(client, ALICE)
     assert client.get(f"/audit/record?id={theirs['id']}").status_code == 404
 
@@ -544,3 +546,21 @@ def test_console_config_is_checked(tmp_path: Path) -> None:
         with pytest.raises(ConfigError):
             load_config(None, overrides)
     assert load_config(None, {"console.listen": "[::1]:0"}).console.listen == "[::1]:0"
+
+
+def test_without_metrics_the_overview_reads_the_audit_log(
+    client: TestClient, ctx: ConsoleContext
+) -> None:
+    ctx.metrics = None  # observability.metrics_listen unset: the console adds no observer
+    audit = ctx.policy.audit
+    assert audit is not None
+    for tenant, error in (("alice", ""), ("alice", "APPROVAL_DENIED"), ("bob", ""), ("ops", "")):
+        audit.record(record(tenant, "k", "exec", error))
+    audit.record(record("alice", "k", "network", "PERMISSION_DENIED"))  # no call: not counted
+    audit.flush()
+    login(client, OPS)
+    data = client.get("/overview.json").json()
+    assert data["calls"] == 4  # alice's two, bob's (a sandbox's tenant) and ops's own
+    assert data["refusals"] == {"APPROVAL_DENIED": 1}
+    assert data["source"].startswith("the audit log")
+    assert "the audit log" in client.get("/overview").text

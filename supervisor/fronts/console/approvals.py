@@ -39,12 +39,7 @@ def watched(ctx: ConsoleContext, session: Session, asked: str) -> list[str]:
     """The tenants whose requests the page shows: a tenant user's own; an operator's chosen
     one, or every tenant the console knows of (operators, [tenants.*] tables, sandboxes)."""
     tenant = ctx.tenant_for(session, asked)
-    if tenant:
-        return [tenant]
-    known = {session.tenant, *ctx.config.console.operators}
-    known |= {t for t in ctx.config.tenants if t != "*"}
-    known |= {split(k)[0] for k in ctx.manager.registry}
-    return sorted(t for t in known if t)
+    return [tenant] if tenant else ctx.known_tenants(session)
 
 
 def pending_json(ctx: ConsoleContext, p: Pending) -> dict[str, Any]:

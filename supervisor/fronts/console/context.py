@@ -97,6 +97,14 @@ class ConsoleContext:
             raise HTTPException(403, "forbidden: missing or wrong CSRF token, or another origin")
         return session, form
 
+    def known_tenants(self, session: Session) -> list[str]:
+        """Every tenant the console knows of, for an operator's views across tenants: the
+        operators, the [tenants.*] tables and the tenants of the sandboxes held."""
+        known = {session.tenant, *self.config.console.operators}
+        known |= {t for t in self.config.tenants if t != "*"}
+        known |= {split(k)[0] for k in self.manager.registry}
+        return sorted(t for t in known if t)
+
     def tenant_for(self, session: Session, asked: str | None) -> str:
         """The tenant a request acts in: a tenant user's own, whatever it asks; for an
         operator, the one it names ("" when it names none: every tenant where that means
