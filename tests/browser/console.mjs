@@ -102,6 +102,17 @@ try {
   check(answered.code === 0, "the call proceeded once allowed: " + answered.code + " " + answered.err);
   await row.waitFor({ state: "detached", timeout: WAIT });
 
+  // 4b. the keyboard: `d` denies the first request in the queue
+  step("an approval denied with a key");
+  const keyed = cli(cfg.tokens.alice, ["exec", cfg.key, "--", "touch", "denied-by-key"]);
+  const keyedRow = page.locator("#pending tr", { hasText: "denied-by-key" });
+  await keyedRow.waitFor({ timeout: WAIT });
+  await page.keyboard.press("d");
+  await keyedRow.waitFor({ state: "detached", timeout: WAIT });
+  const keyedDone = await keyed.done;
+  check(keyedDone.code !== 0 && /denied|approv/i.test(keyedDone.out + keyedDone.err),
+    "the call denied by key failed: " + keyedDone.code + " " + keyedDone.out + keyedDone.err);
+
   // 5. the same approval answered from the CLI disappears from the page
   step("an approval answered from the CLI disappears");
   const denied = cli(cfg.tokens.alice, ["exec", cfg.key, "--", "touch", "denied-from-cli"]);
