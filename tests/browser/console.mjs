@@ -166,6 +166,12 @@ try {
   await Promise.all([page.waitForNavigation(), page.click("#confirm")]);
   check((await page.textContent("main")).includes("RUNNING"), "running again");
   await shot(page, "sandbox");
+  const procs = await page.locator("main table").nth(1).locator("tbody tr").allTextContents();
+  check(procs.length >= 1 && !procs[0].includes("cannot be read"), "its processes: " + procs.join(" | "));
+  await Promise.all([page.waitForNavigation(), page.click("text=Isolation report")]);
+  const report = await page.textContent("main pre");
+  check(report.includes("namespaces") && report.includes(cfg.key), "its isolation report");
+  await shot(page, "isolation");
 
   // 8. a forged CSRF token is refused, in the browser, from the page itself
   step("a forged CSRF token is refused");

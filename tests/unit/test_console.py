@@ -564,3 +564,54 @@ def test_without_metrics_the_overview_reads_the_audit_log(
     assert data["refusals"] == {"APPROVAL_DENIED": 1}
     assert data["source"].startswith("the audit log")
     assert "the audit log" in client.get("/overview").text
+
+
+def test_an_operators_stream_follows_every_tenant_and_escapes(ctx: ConsoleContext) -> None:
+    """The operator's event stream merges the tenants' approval streams; a command's HTML
+    reaches the page escaped (console.js inserts the server's cells as they are)."""
+    from stockade.supervisor.fronts.console import approvals as page
+
+    session, _cookie = ctx.sessions.create(OPS, "ops", True)
+    tenants = page.watched(ctx, session, "")
+    assert tenants == ["alice", "bob", "ops"]
+    manager = ctx.policy.approvals
+
+    async def scenario() -> list[str]:
+        stream = page._stream(ctx, session, tenants)
+        assert await anext(stream) == "retry: 2000\n\n"
+        got: list[str] = []
+        reader = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0)
+        while manager.watchers_of("bob") == 0:  # the stream's watchers are connected
+            await asyncio.sleep(0.01)
+        checks = [
+            asyncio.ensure_future(
+                manager.check(
+                    sandbox_key=scope(tenant, "k"),
+                    agent_id="",
+                    tool="exec",
+                    command=command,
+                    request_id="r",
+                )
+            )
+            for tenant, command in (("alice", "<script>alert(1)</script>"), ("bob", "ls"))
+        ]
+        got.append(await reader)
+        got.append(await anext(stream))
+        ids = [json.loads(g.split("data: ", 1)[1])["id"] for g in got]
+        for tenant, request_id in zip(("alice", "bob"), ids, strict=True):
+            await manager.decide(request_id, "deny", session.who, tenant=tenant)
+        got.append(await anext(stream))
+        got.append(await anext(stream))
+        await asyncio.gather(*checks)
+        await stream.aclose()
+        return got
+
+    events = asyncio.run(scenario())
+    pending = [json.loads(e.split("data: ", 1)[1]) for e in events[:2]]
+    assert {p["tenant"] for p in pending} == {"alice", "bob"}
+    cells = "".join(next(p for p in pending if p["tenant"] == "alice")["cells"])
+    assert "<script>alert" not in cells
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in cells
+    assert all(e.startswith("event: closed") for e in events[2:])
+    assert manager.watchers_of("alice") == 0  # the stream's end left no approver behind
