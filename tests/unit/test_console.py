@@ -615,3 +615,40 @@ def test_an_operators_stream_follows_every_tenant_and_escapes(ctx: ConsoleContex
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in cells
     assert all(e.startswith("event: closed") for e in events[2:])
     assert manager.watchers_of("alice") == 0  # the stream's end left no approver behind
+
+
+def test_the_console_needs_tokens_and_serves_on_its_port(ctx: ConsoleContext) -> None:
+    """start_console: refused without an authenticator (auth off); otherwise a real uvicorn
+    on the loopback port, answering with the headers, then stopped."""
+    import urllib.error
+    import urllib.request
+
+    from stockade.supervisor.fronts.console.server import start_console
+
+    async def scenario() -> tuple[int, str, int]:
+        with pytest.raises(ConfigError, match="tokens_file"):
+            await start_console(ctx.config, ctx.policy, None, ctx.manager, None)  # type: ignore[arg-type]
+        front = await start_console(
+            ctx.config,
+            ctx.policy,
+            ctx.authenticator,
+            ctx.manager,  # type: ignore[arg-type]
+            None,
+        )
+        assert front is not None
+        try:
+            url = f"http://127.0.0.1:{front.port}"
+            answer = await asyncio.to_thread(urllib.request.urlopen, url + "/login", timeout=10)
+            try:
+                await asyncio.to_thread(urllib.request.urlopen, url + "/sandboxes.json", timeout=10)
+                refused = 200
+            except urllib.error.HTTPError as exc:
+                refused = exc.code
+            return answer.status, answer.headers["content-security-policy"], refused
+        finally:
+            await front.stop(1)
+
+    status, csp, refused = asyncio.run(scenario())
+    assert status == 200
+    assert csp == CSP
+    assert refused == 401
