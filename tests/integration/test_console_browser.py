@@ -5,8 +5,8 @@ gRPC call (the CLI) then passes, sees one answered from the CLI leave the page, 
 audit log, pauses and resumes, and is refused without a session, with a forged CSRF token
 and across tenants. Screenshots of each page go to test-artifacts/console/ (git-ignored).
 
-Podman only: the console is engine-blind (it calls the sandbox manager), and the scenario
-takes a browser's start and a dozen page loads, which both engines would double."""
+On both engines (about 15 s each): the pages show what the engine reports (state, cgroup
+figures, processes, the isolation report)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import Supervisor, bring_up, free_tcp_address, running_supervisor
+from tests.integration.harness import Supervisor, free_tcp_address, running_supervisor
 
 pytestmark = pytest.mark.timeout(600)
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,20 +31,20 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 
 class Console:
-    def __init__(self, sup: Supervisor, url: str, tokens: dict[str, str]) -> None:
+    def __init__(self, engine: str, sup: Supervisor, url: str, tokens: dict[str, str]) -> None:
+        self.engine = engine
         self.sup = sup
         self.url = url
         self.tokens = tokens
 
 
 @pytest.fixture(scope="module")
-def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+def console(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     if not CHROMIUM.exists() or not (BROWSER_TESTS / "node_modules" / "playwright-core").is_dir():
         pytest.fail(
             "the browser tests need Debian's chromium and tests/browser/node_modules: "
             "run scripts/setup.sh (or apt-get install chromium; cd tests/browser && npm ci)"
         )
-    bring_up("podman")
     tokens = {name: secrets.token_hex(20) for name in ("alice", "bob", "ops")}
     path = tmp_path_factory.mktemp("console") / "tokens"
     path.write_text("".join(f"{t} {name}\n" for name, t in tokens.items()))
@@ -55,17 +55,17 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
         '[approvals]\nmode = "on-miss"\nallowlist = ["echo *"]\ntimeout_s = 120\n'
     )
     with running_supervisor(
-        "podman",
+        engine,
         config,
         listen=free_tcp_address(),
         auth_config=f'[auth]\ntokens_file = "{path}"\n',
     ) as sup:
-        yield Console(sup, f"http://{address}", tokens)
+        yield Console(engine, sup, f"http://{address}", tokens)
 
 
 def test_the_console_in_a_browser(console: Console) -> None:
     key = f"console-{uuid.uuid4().hex[:8]}"
-    artifacts = ARTIFACTS / "podman"
+    artifacts = ARTIFACTS / console.engine
     shutil.rmtree(artifacts, ignore_errors=True)
     scenario = {
         "console": console.url,
