@@ -102,6 +102,16 @@ try {
   check(answered.code === 0, "the call proceeded once allowed: " + answered.code + " " + answered.err);
   await row.waitFor({ state: "detached", timeout: WAIT });
 
+  // 4a. Always: the command is allowed from then on, without asking
+  step("an approval answered Always");
+  const always = cli(cfg.tokens.alice, ["exec", cfg.key, "--", "touch", "always-allowed"]);
+  const alwaysRow = page.locator("#pending tr", { hasText: "always-allowed" });
+  await alwaysRow.waitFor({ timeout: WAIT });
+  await alwaysRow.locator("button[value=allow-always]").click();
+  check((await always.done).code === 0, "the call allowed always proceeded");
+  const again = await cli(cfg.tokens.alice, ["exec", cfg.key, "--", "touch", "always-allowed"]).done;
+  check(again.code === 0, "the same command again, without a decision: " + again.err);
+
   // 4b. the keyboard: `d` denies the first request in the queue
   step("an approval denied with a key");
   const keyed = cli(cfg.tokens.alice, ["exec", cfg.key, "--", "touch", "denied-by-key"]);

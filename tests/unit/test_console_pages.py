@@ -172,6 +172,8 @@ def test_audit_filters_and_export_stay_in_the_tenant(
     page = client.get("/audit").text
     assert page.count("<tr><td>") == 3
     assert "bobs-own-key" not in page
+    histogram = page.split('id="histogram"', 1)[1].split("</figure>", 1)[0]
+    assert "3 calls, 1 refused" in histogram  # the three records fall in one bucket
     # a tenant user sees its own tenant only, whichever it names
     assert client.get("/audit?tenant=bob").text.count("bobs-own-key") == 0
     refused = client.get("/audit?outcome=refused").text

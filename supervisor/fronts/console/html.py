@@ -97,13 +97,17 @@ def duration(seconds: float | None) -> str:
     return f"{s // 86400}d {s % 86400 // 3600}h"
 
 
+def _ident(id: str) -> str:
+    return f' id="{e(id)}"' if id else ""
+
+
 def bars(title: str, values: Mapping[str, float], *, id: str = "", unit: str = "") -> str:
     """A horizontal bar chart as inline SVG (no script, no style attribute: CSP-clean)."""
     items = sorted(values.items(), key=lambda kv: -kv[1])[:12]
     top = max((v for _, v in items), default=0) or 1
     height = 22 * max(len(items), 1) + 8
     parts = [
-        f'<figure class="chart"{f" id={e(id)!r}" if id else ""}><figcaption>{e(title)}'
+        f'<figure class="chart"{_ident(id)}><figcaption>{e(title)}'
         f'</figcaption><svg viewBox="0 0 420 {height}" width="420" height="{height}" '
         f'role="img" aria-label="{e(title)}">'
     ]
@@ -127,7 +131,7 @@ def columns(title: str, counts: Sequence[tuple[str, int, int]], *, id: str = "")
     top = max((c for _, c, _ in counts), default=0) or 1
     width = max(len(counts), 1) * 14 + 40
     parts = [
-        f'<figure class="chart"{f" id={e(id)!r}" if id else ""}><figcaption>{e(title)}'
+        f'<figure class="chart"{_ident(id)}><figcaption>{e(title)}'
         f'</figcaption><svg viewBox="0 0 {width} 130" width="{width}" height="130" role="img" '
         f'aria-label="{e(title)}">'
     ]
