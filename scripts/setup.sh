@@ -199,8 +199,9 @@ setup_run() {
 # The npm examples (the gRPC client in examples/typescript, the MCP client in
 # examples/mcp-typescript, E2B JS SDK code in examples/e2b-typescript): npm ci in each whose
 # package-lock.json changed since its last one
-# (the lock file's hash is kept in its node_modules).
-NPM_EXAMPLES="examples/typescript examples/mcp-typescript examples/e2b-typescript"
+# (the lock file's hash is kept in its node_modules). tests/browser: playwright-core, which
+# drives Debian's chromium in the console's browser tests (tests/integration/test_console_browser.py).
+NPM_EXAMPLES="examples/typescript examples/mcp-typescript examples/e2b-typescript tests/browser"
 setup_clients() {
     local ts stamp
     ensure_packages golang-go golang-google-grpc-dev golang-google-protobuf-dev \
@@ -224,8 +225,9 @@ setup_clients() {
 setup_test() {
     # runsc: gVisor, for tests/security/test_gvisor.py (sandbox.runtime = "runsc"; skipped without);
     # gcc: tests/unit/test_drop.py builds stockade-drop on the host as the image build does;
-    # postgresql-15: the server binaries the shared-state tests start (tests/pg.py), not a service
-    ensure_packages podman runc catatonit netavark aardvark-dns iptables docker.io debootstrap ripgrep tini runsc gcc postgresql-15
+    # postgresql-15: the server binaries the shared-state tests start (tests/pg.py), not a service;
+    # chromium: the headless browser of the console's tests (tests/browser, playwright-core)
+    ensure_packages podman runc catatonit netavark aardvark-dns iptables docker.io debootstrap ripgrep tini runsc gcc postgresql-15 chromium
     configure_podman
     ensure_subids
     ensure_venv

@@ -35,6 +35,7 @@ from stockade.supervisor.sandboxes.owner import InstanceLock
 from stockade.supervisor.state import SharedState, SqliteState, open_state
 
 if TYPE_CHECKING:
+    from stockade.supervisor.fronts.console.server import ConsoleFront
     from stockade.supervisor.fronts.e2b.server import E2bFront
     from stockade.supervisor.fronts.mcp.server import McpFront
     from stockade.supervisor.observe.tracing import CallTracer
@@ -275,6 +276,8 @@ class Supervisor:
     """The MCP endpoint, when [mcp] listen is set."""
     e2b: E2bFront | None = None
     """The E2B endpoint, when [e2b] listen is set."""
+    console: ConsoleFront | None = None
+    """The operator's console, when [console] listen is set."""
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain (housekeeping.shutdown_grace_s unless given), then stop; sandboxes'
@@ -282,6 +285,8 @@ class Supervisor:
         first: their calls need the sandbox manager the gRPC server closes."""
         if grace is None:
             grace = self.server.config.housekeeping.shutdown_grace_s
+        if self.console is not None:
+            await self.console.stop(grace)
         if self.e2b is not None:
             await self.e2b.stop(grace)
         if self.mcp is not None:
@@ -362,7 +367,7 @@ async def _start(
             config.engine.kind,
         )
     telemetry = start_telemetry(config, manager, policy)
-    mcp = e2b = None
+    mcp = e2b = console = None
     try:
         alarms.metrics = telemetry.metrics
         server = Server(config, manager, policy, authenticator, telemetry.observers, alarms)
@@ -374,8 +379,14 @@ async def _start(
             from stockade.supervisor.fronts.e2b.server import start_e2b
 
             e2b = await start_e2b(config, server.pipeline, policy, authenticator, manager)
+        if config.console.listen:
+            from stockade.supervisor.fronts.console.server import start_console
+
+            console = await start_console(config, policy, authenticator, manager, telemetry.metrics)
         await server.start()  # once the gRPC API serves, so do MCP and E2B (the launcher waits)
     except BaseException:
+        if console is not None:
+            await console.stop(0)
         if e2b is not None:
             await e2b.stop(0)
         if mcp is not None:
@@ -384,4 +395,4 @@ async def _start(
         raise
     await state.start()
     manager.start_housekeeping()
-    return Supervisor(server, manager, process, telemetry, state, mcp, e2b)
+    return Supervisor(server, manager, process, telemetry, state, mcp, e2b, console)

@@ -92,6 +92,9 @@ async def _serve_until_signal(config: Any) -> None:
     if supervisor.e2b is not None:
         host = config.e2b.listen.rpartition(":")[0]
         print(f"stockade: E2B on http://{host}:{supervisor.e2b.port}", flush=True)
+    if supervisor.console is not None:
+        host = config.console.listen.rpartition(":")[0]
+        print(f"stockade: console on http://{host}:{supervisor.console.port}/", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -7,6 +7,7 @@ here. An unknown key anywhere in the file is an error at load time, never a sile
 """
 
 from stockade.supervisor.config.checks import check_seconds, split_host_port
+from stockade.supervisor.config.console import ConsoleConfig
 from stockade.supervisor.config.loading import _build, load_config
 from stockade.supervisor.config.policy import (
     AgentConfig,
@@ -54,6 +55,7 @@ __all__ = [
     "AuditConfig",
     "AuthConfig",
     "Config",
+    "ConsoleConfig",
     "CustomToolConfig",
     "E2bConfig",
     "EngineConfig",

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stockade.supervisor.config.console import check_console
 from stockade.supervisor.config.quarantine import check_quarantine
 from stockade.supervisor.config.sandbox import (
     AGENT_UID,
@@ -103,6 +104,7 @@ def check(cfg: Config) -> None:
     _check_auth(cfg.auth, cfg.tenants)
     _check_mcp(cfg.mcp)
     _check_e2b(cfg.e2b)
+    check_console(cfg.console)
     _check_snapshots(cfg.snapshots)
     check_quarantine(cfg.quarantine)
     if cfg.engine.kind not in ENGINE_KINDS:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stockade.supervisor.config.checks import check
+from stockade.supervisor.config.console import ConsoleConfig
 from stockade.supervisor.config.policy import (
     AgentConfig,
     ApprovalsConfig,
@@ -72,6 +73,7 @@ class Config:
     tenants: Mapping[str, TenantConfig] = field(default_factory=dict)
     mcp: McpConfig = field(default_factory=McpConfig)
     e2b: E2bConfig = field(default_factory=E2bConfig)
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
     housekeeping: HousekeepingConfig = field(default_factory=HousekeepingConfig)
     snapshots: SnapshotsConfig = field(default_factory=SnapshotsConfig)
     state: StateConfig = field(default_factory=StateConfig)

@@ -1,0 +1,50 @@
+"""The operator's console ([console]): a web page served by the supervisor, off unless
+`listen` is set (see docs/console.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stockade.supervisor.errors import ConfigError
+from stockade.supervisor.keys import validate_tenant
+
+MAX_SESSION_S = 7 * 86400.0
+
+
+@dataclass(frozen=True)
+class ConsoleConfig:
+    listen: str = ""
+    """host:port of the console (e.g. "127.0.0.1:8470"); empty: no console. Plain HTTP: a
+    loopback address only (port 0 picks a free port); put a TLS proxy in front to reach it
+    from elsewhere, and set secure_cookies."""
+    operators: tuple[str, ...] = ()
+    """Tenants whose tokens sign in as operators: they see and act on every tenant's
+    sandboxes, approvals and audit records, and the overview. Any other tenant's token signs
+    in as a tenant user, who sees its own tenant only."""
+    session_ttl_s: float = 8 * 3600.0
+    """A session ends this long after its sign-in (and at every restart of the supervisor:
+    the key that signs sessions is made at start)."""
+    secure_cookies: bool = False
+    """Mark the session cookie Secure (sent over HTTPS only): set it when a TLS proxy serves
+    the console; a browser on plain http://127.0.0.1 would not send it back."""
+    refresh_s: float = 2.0
+    """How often an open page's live parts (sandbox list, overview) are refreshed."""
+
+
+def check_console(console: ConsoleConfig) -> None:
+    from stockade.supervisor.config.checks import _check_loopback
+
+    if console.listen:
+        _check_loopback(console.listen, "console.listen", "console")
+    for name in console.operators:
+        try:
+            validate_tenant(name)
+        except Exception as exc:
+            raise ConfigError(f"console.operators: {exc}") from None
+    if not 60 <= console.session_ttl_s <= MAX_SESSION_S:
+        raise ConfigError(
+            f"console.session_ttl_s must be between 60 and {MAX_SESSION_S:.0f}, "
+            f"got {console.session_ttl_s}"
+        )
+    if not 0.2 <= console.refresh_s <= 60:
+        raise ConfigError(f"console.refresh_s must be between 0.2 and 60, got {console.refresh_s}")

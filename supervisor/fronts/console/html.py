@@ -1,0 +1,155 @@
+"""The console's HTML: small functions over html.escape, no template engine. No inline
+script or style anywhere (the Content-Security-Policy is `default-src 'self'`): behaviour
+lives in static/console.js, looks in static/console.css."""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from urllib.parse import urlencode
+
+from stockade.supervisor.fronts.console.sessions import Session
+
+NAV = (
+    ("/overview", "Overview", True),
+    ("/sandboxes", "Sandboxes", False),
+    ("/approvals", "Approvals", False),
+    ("/audit", "Audit", False),
+)
+
+
+def e(value: object) -> str:
+    """Text for HTML, attribute-safe (quotes escaped)."""
+    return html.escape(str(value), quote=True)
+
+
+def url(path: str, **params: object) -> str:
+    """A link with its query string (empty values left out)."""
+    query = urlencode({k: str(v) for k, v in params.items() if v not in ("", None)})
+    return f"{path}?{query}" if query else path
+
+
+def page(
+    title: str, body: str, session: Session | None = None, *, data: Mapping[str, str] = {}
+) -> str:
+    """The whole document. `data`: data-* attributes of <body> that console.js reads (the
+    CSRF token, the live endpoints)."""
+    nav = ""
+    if session is not None:
+        links = "".join(
+            f'<a href="{href}">{e(label)}</a>'
+            for href, label, operators_only in NAV
+            if session.operator or not operators_only
+        )
+        role = "operator" if session.operator else "tenant"
+        nav = (
+            f'<nav>{links}<span class="who">{e(session.tenant)} ({role})</span>'
+            f'<form method="post" action="/logout">{csrf_field(session)}'
+            '<button type="submit">Sign out</button></form></nav>'
+        )
+        data = {"csrf": session.csrf, **data}
+    attrs = "".join(f' data-{e(k)}="{e(v)}"' for k, v in data.items())
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{e(title)} · Stockade</title>"
+        '<link rel="stylesheet" href="/static/console.css">'
+        '<script src="/static/console.js" defer></script></head>'
+        f"<body{attrs}>{nav}<main><h1>{e(title)}</h1>{body}</main></body></html>"
+    )
+
+
+def csrf_field(session: Session) -> str:
+    return f'<input type="hidden" name="csrf" value="{e(session.csrf)}">'
+
+
+def table(
+    headers: Sequence[str], rows: Iterable[Sequence[str]], *, id: str = "", empty: str = "None."
+) -> str:
+    """A table of already-escaped cells."""
+    head = "".join(f"<th>{e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    if not body:
+        body = f'<tr class="empty"><td colspan="{len(headers)}">{e(empty)}</td></tr>'
+    ident = f' id="{e(id)}"' if id else ""
+    return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def when(moment: datetime | float | None) -> str:
+    if moment is None:
+        return "-"
+    stamp = moment.timestamp() if isinstance(moment, datetime) else moment
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(stamp)) + "Z"
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def _ident(id: str) -> str:
+    return f' id="{e(id)}"' if id else ""
+
+
+def bars(title: str, values: Mapping[str, float], *, id: str = "", unit: str = "") -> str:
+    """A horizontal bar chart as inline SVG (no script, no style attribute: CSP-clean)."""
+    items = sorted(values.items(), key=lambda kv: -kv[1])[:12]
+    top = max((v for _, v in items), default=0) or 1
+    height = 22 * max(len(items), 1) + 8
+    parts = [
+        f'<figure class="chart"{_ident(id)}><figcaption>{e(title)}'
+        f'</figcaption><svg viewBox="0 0 420 {height}" width="420" height="{height}" '
+        f'role="img" aria-label="{e(title)}">'
+    ]
+    if not items:
+        parts.append('<text x="4" y="18" class="muted">nothing yet</text>')
+    for i, (label, value) in enumerate(items):
+        y = 4 + 22 * i
+        width = max(1, int(240 * value / top))
+        shown = f"{value:g}{unit}"
+        parts.append(
+            f'<text x="0" y="{y + 14}" class="label">{e(label[:22])}</text>'
+            f'<rect x="150" y="{y}" width="{width}" height="16" class="bar"></rect>'
+            f'<text x="{154 + width}" y="{y + 13}" class="value">{e(shown)}</text>'
+        )
+    parts.append("</svg></figure>")
+    return "".join(parts)
+
+
+def columns(title: str, counts: Sequence[tuple[str, int, int]], *, id: str = "") -> str:
+    """A time histogram: (label, calls, refusals) per bucket, as inline SVG columns."""
+    top = max((c for _, c, _ in counts), default=0) or 1
+    width = max(len(counts), 1) * 14 + 40
+    parts = [
+        f'<figure class="chart"{_ident(id)}><figcaption>{e(title)}'
+        f'</figcaption><svg viewBox="0 0 {width} 130" width="{width}" height="130" role="img" '
+        f'aria-label="{e(title)}">'
+    ]
+    for i, (label, calls, refused) in enumerate(counts):
+        x = 30 + 14 * i
+        h_calls, h_refused = int(100 * calls / top), int(100 * refused / top)
+        parts.append(
+            f'<rect x="{x}" y="{110 - h_calls}" width="10" height="{h_calls}" class="bar">'
+            f"<title>{e(label)}: {calls} calls, {refused} refused</title></rect>"
+            f'<rect x="{x}" y="{110 - h_refused}" width="10" height="{h_refused}" '
+            'class="bar refused"></rect>'
+        )
+    if counts:
+        parts.append(f'<text x="30" y="126" class="label">{e(counts[0][0])}</text>')
+        parts.append(f'<text x="0" y="12" class="label">{top}</text>')
+    parts.append("</svg></figure>")
+    return "".join(parts)
+
+
+def message(text: str, kind: str = "note") -> str:
+    return f'<p class="{e(kind)}" role="status">{e(text)}</p>'

@@ -1,0 +1,236 @@
+"""The sandboxes pages: the live list, a sandbox's page (recent calls from the audit log,
+processes, cgroup figures), its isolation report, and pause / resume / destroy behind a
+confirmation page. Every action goes to the sandbox manager the gRPC servicers use."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any
+
+import psutil
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+from stockade.supervisor.errors import StockadeError
+from stockade.supervisor.fronts.console.context import ConsoleContext, query
+from stockade.supervisor.fronts.console.html import (
+    csrf_field,
+    duration,
+    e,
+    message,
+    page,
+    table,
+    url,
+    when,
+)
+from stockade.supervisor.fronts.e2b.metrics import sample
+from stockade.supervisor.keys import split
+from stockade.supervisor.models import SandboxInfo
+from stockade.supervisor.observe.audit import AuditQuery
+
+ACTIONS = {
+    "pause": "Pause: freeze every process of the sandbox until it is resumed.",
+    "resume": "Resume: thaw the sandbox's processes.",
+    "destroy": "Destroy: remove the container (the workspace is kept; the next call makes a "
+    "new container).",
+}
+MAX_PROCESSES = 50
+
+
+def row(ctx: ConsoleContext, info: SandboxInfo, now: float) -> dict[str, Any]:
+    """A sandbox as the list shows it (JSON for the live refresh, cells for the page)."""
+    tenant, key = split(info.key)
+    held = ctx.manager.registry.get(info.key)
+    cpu_s = memory_mb = None
+    if held is not None and held.info.running and held.info.pid > 0:
+        found = sample(held.info.pid)
+        if found is not None:
+            cpu_s, memory_mb = round(found.cpu_ns / 1e9, 2), round(found.memory / 2**20, 1)
+    created = info.created_at.timestamp() if info.created_at else None
+    used = info.last_used_at.timestamp() if info.last_used_at else None
+    return {
+        "tenant": tenant,
+        "key": key,
+        "state": info.state.value,
+        "engine": info.engine,
+        "profile": info.profile,
+        "network": info.network_mode,
+        "age": duration(now - created) if created else "-",
+        "idle": duration(now - used) if used else "-",
+        "cpu_s": cpu_s,
+        "memory_mb": memory_mb,
+        "paused_since": when(info.paused_at) if info.paused_at else "",
+        "trouble": info.trouble,
+        "href": url("/sandbox", tenant=tenant, key=key),
+    }
+
+
+async def rows(ctx: ConsoleContext, request: Request) -> list[dict[str, Any]]:
+    session = ctx.session(request)
+    tenant = ctx.tenant_for(session, query(request, "tenant"))
+    infos = await ctx.manager.list()
+    now = time.time()
+    return [
+        row(ctx, i, now)
+        for i in infos
+        if ctx.visible(session, i.key) and (not tenant or split(i.key)[0] == tenant)
+    ]
+
+
+HEADERS = ("Tenant", "Key", "State", "Engine", "Network", "Age", "Idle", "CPU s", "Memory MiB")
+
+
+def cells(r: dict[str, Any]) -> list[str]:
+    state = e(r["state"]) + (f" since {e(r['paused_since'])}" if r["paused_since"] else "")
+    return [
+        e(r["tenant"]),
+        f'<a href="{e(r["href"])}">{e(r["key"])}</a>',
+        f'<span class="state {e(r["state"].lower())}">{state}</span>',
+        e(r["engine"]),
+        e(r["network"] or "-"),
+        e(r["age"]),
+        e(r["idle"]),
+        e("-" if r["cpu_s"] is None else r["cpu_s"]),
+        e("-" if r["memory_mb"] is None else r["memory_mb"]),
+    ]
+
+
+async def list_page(ctx: ConsoleContext, request: Request) -> Response:
+    session = ctx.session(request)
+    found = await rows(ctx, request)
+    tenant = query(request, "tenant")
+    body = table(HEADERS, (cells(r) for r in found), id="sandboxes", empty="No sandboxes.")
+    live = {"live-sandboxes": url("/sandboxes.json", tenant=tenant), "refresh": ctx.refresh}
+    return HTMLResponse(page("Sandboxes", body, session, data=live))
+
+
+async def list_json(ctx: ConsoleContext, request: Request) -> Response:
+    return JSONResponse({"sandboxes": await rows(ctx, request)})
+
+
+async def sandbox_page(ctx: ConsoleContext, request: Request) -> Response:
+    session = ctx.session(request)
+    key = ctx.scoped(session, query(request, "tenant"), query(request, "key"))
+    tenant, shown_key = split(key)
+    try:
+        info = await ctx.manager.get(key)
+    except StockadeError as exc:
+        raise HTTPException(404, str(exc)) from None
+    r = row(ctx, info, time.time())
+    facts = table(("Field", "Value"), ([e(k), e(v)] for k, v in r.items() if k != "href"))
+    confirm = {a: url("/sandbox/confirm", action=a, tenant=tenant, key=shown_key) for a in ACTIONS}
+    actions = "".join(
+        f'<a class="button" id="{a}" href="{e(href)}">{e(a.capitalize())}</a>'
+        for a, href in confirm.items()
+    )
+    isolation = url("/sandbox/isolation", tenant=tenant, key=shown_key)
+    parts = [
+        facts,
+        f'<p class="actions">{actions} <a href="{e(isolation)}">Isolation report</a></p>',
+        "<h2>Processes</h2>",
+        processes(ctx, key),
+        "<h2>Recent calls</h2>",
+        await recent_calls(ctx, tenant, shown_key),
+    ]
+    return HTMLResponse(page(f"Sandbox {shown_key}", "".join(parts), session))
+
+
+def link(href: str, text: str) -> str:
+    return f'<a href="{e(href)}">{e(text)}</a>'
+
+
+def processes(ctx: ConsoleContext, key: str) -> str:
+    """The container's processes as the host sees them (command lines scrubbed)."""
+    held = ctx.manager.registry.get(key)
+    if held is None or not held.info.running or held.info.pid <= 0:
+        return message("No running container.")
+    scrubber = ctx.policy.scrubber
+    found: list[list[str]] = []
+    try:
+        root = psutil.Process(held.info.pid)
+        for proc in [root, *root.children(recursive=True)][:MAX_PROCESSES]:
+            with proc.oneshot():
+                command = " ".join(proc.cmdline())[:300]
+                if scrubber is not None:
+                    command = scrubber.scrub(command)[0]
+                found.append([e(proc.pid), e(proc.status()), e(command)])
+    except (psutil.Error, OSError):
+        return message("The container's processes cannot be read from here.")
+    return table(("PID (host)", "Status", "Command"), found)
+
+
+async def recent_calls(ctx: ConsoleContext, tenant: str, key: str) -> str:
+    if ctx.policy.audit is None:
+        return message("The audit log is off.")
+    records = await ctx.policy.audit.query(AuditQuery(tenant=tenant, sandbox_key=key, limit=20))
+    return table(
+        ("Time", "Tool", "Agent", "Outcome", "ms"),
+        (
+            [
+                link(url("/audit/record", tenant=tenant, id=r.id), when(r.time)),
+                e(r.tool),
+                e(r.agent_id),
+                e(r.error_code or "ok"),
+                e(r.duration_ms),
+            ]
+            for r in records
+        ),
+        empty="No calls on record.",
+    )
+
+
+async def isolation_page(ctx: ConsoleContext, request: Request) -> Response:
+    session = ctx.session(request)
+    key = ctx.scoped(session, query(request, "tenant"), query(request, "key"))
+    try:
+        report = await ctx.manager.inspect_isolation(key)
+    except StockadeError as exc:
+        raise HTTPException(404, str(exc)) from None
+    data = dataclasses.asdict(dataclasses.replace(report, key=split(report.key)[1]))
+    body = f"<pre>{e(json.dumps(data, indent=2, default=str))}</pre>"
+    return HTMLResponse(page(f"Isolation of {split(key)[1]}", body, session))
+
+
+async def confirm_page(ctx: ConsoleContext, request: Request) -> Response:
+    session = ctx.session(request)
+    action = query(request, "action")
+    if action not in ACTIONS:
+        raise HTTPException(400, f"action must be one of {', '.join(ACTIONS)}")
+    key = ctx.scoped(session, query(request, "tenant"), query(request, "key"))
+    tenant, shown_key = split(key)
+    body = (
+        f"<p>{e(ACTIONS[action])}</p>"
+        f'<form method="post" action="/sandbox/action">{csrf_field(session)}'
+        f'<input type="hidden" name="action" value="{e(action)}">'
+        f'<input type="hidden" name="tenant" value="{e(tenant)}">'
+        f'<input type="hidden" name="key" value="{e(shown_key)}">'
+        f'<button type="submit" id="confirm">{e(action.capitalize())} {e(shown_key)}</button> '
+        f'<a href="{e(url("/sandbox", tenant=tenant, key=shown_key))}">Cancel</a></form>'
+    )
+    return HTMLResponse(page(f"{action.capitalize()} {shown_key}?", body, session))
+
+
+async def act(ctx: ConsoleContext, request: Request) -> Response:
+    session, form = await ctx.changing(request)
+    action = form.get("action", "")
+    if action not in ACTIONS:
+        raise HTTPException(400, f"action must be one of {', '.join(ACTIONS)}")
+    key = ctx.scoped(session, form.get("tenant"), form.get("key", ""))
+    reason = f"{action} from the console by {session.who}"
+    try:
+        if action == "pause":
+            await ctx.manager.pause(key, reason)
+        elif action == "resume":
+            await ctx.manager.resume(key, reason)
+        else:
+            await ctx.manager.destroy(key, delete_workspace=False)
+    except StockadeError as exc:
+        ctx.audit_action(session, request, key, action, str(exc))
+        raise HTTPException(409, str(exc)) from None
+    ctx.audit_action(session, request, key, action)
+    tenant, shown_key = split(key)
+    target = "/sandboxes" if action == "destroy" else url("/sandbox", tenant=tenant, key=shown_key)
+    return RedirectResponse(target, status_code=303)

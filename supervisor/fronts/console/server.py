@@ -1,0 +1,106 @@
+"""The console's port: plain HTTP on a loopback address (uvicorn in the supervisor's event
+loop, as the E2B front), off unless [console] listen is set."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator
+
+import uvicorn
+
+from stockade.supervisor import errors
+from stockade.supervisor.api.auth import Authenticator
+from stockade.supervisor.calls.pipeline import HostPolicy
+from stockade.supervisor.config import Config, split_host_port
+from stockade.supervisor.fronts.console.app import build_app
+from stockade.supervisor.fronts.console.context import ConsoleContext
+from stockade.supervisor.observe.metrics import Metrics
+from stockade.supervisor.sandboxes.manager import SandboxManager
+
+log = logging.getLogger("stockade.console")
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its signal handlers: the supervisor's own stop the front."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class ConsoleFront:
+    """The running console; `port` is the bound TCP port."""
+
+    def __init__(self, ctx: ConsoleContext) -> None:
+        listen = ctx.config.console.listen
+        self.ctx = ctx
+        host, port = split_host_port(listen, "console.listen")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        try:
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._socket.bind((host, port))
+            self._socket.listen(128)
+        except OSError as exc:
+            self._socket.close()
+            raise errors.ConfigError(f"cannot serve the console on {listen}: {exc}") from exc
+        self._socket.setblocking(False)
+        self.port: int = self._socket.getsockname()[1]
+        self._server = _Uvicorn(
+            uvicorn.Config(
+                build_app(ctx),
+                lifespan="off",
+                log_config=None,
+                access_log=False,
+                http="httptools",
+                proxy_headers=False,
+                limit_concurrency=256,
+                h11_max_incomplete_event_size=16 << 10,
+            )
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise errors.ConfigError("the console did not start")
+            await asyncio.sleep(0.01)
+
+    async def stop(self, grace: float) -> None:
+        """Stop taking requests; open pages' streams end (the browser retries)."""
+        if self._task is None:
+            self._socket.close()
+            return
+        self._server.config.timeout_graceful_shutdown = max(1, int(min(grace, 5)))
+        self._server.should_exit = True
+        self._server.force_exit = True  # event streams never end on their own
+        with contextlib.suppress(Exception):
+            await self._task
+        self._socket.close()
+
+
+async def start_console(
+    config: Config,
+    policy: HostPolicy,
+    authenticator: Authenticator | None,
+    manager: SandboxManager,
+    metrics: Metrics | None,
+) -> ConsoleFront | None:
+    """The console when [console] listen is set (None otherwise), serving already."""
+    if not config.console.listen:
+        return None
+    if authenticator is None:
+        raise errors.ConfigError(
+            "the console signs in with the API's bearer tokens: set [auth] tokens_file "
+            "(or leave [console] listen unset)"
+        )
+    front = ConsoleFront(ConsoleContext(config, policy, authenticator, manager, metrics))
+    await front.start()
+    log.info("console on http://%s/ (operators: %s)", config.console.listen,
+             ", ".join(config.console.operators) or "none")  # fmt: skip
+    return front

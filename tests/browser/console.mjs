@@ -1,0 +1,235 @@
+// The console end to end in headless Chromium (Debian's /usr/bin/chromium, driven by
+// playwright-core), against a real supervisor: tests/integration/test_console_browser.py
+// starts the supervisor and runs this script with its addresses and tokens in CONSOLE_TEST
+// (JSON). gRPC calls go through the `stockade` CLI, run as child processes. Each step
+// prints a line; any failure exits non-zero with the reason. Screenshots of each page are
+// written to the folder named by `artifacts` (git-ignored).
+import { spawn } from "node:child_process";
+import { mkdirSync } from "node:fs";
+import { chromium } from "playwright-core";
+
+const cfg = JSON.parse(process.env.CONSOLE_TEST);
+const base = cfg.console;
+const WAIT = 60_000;
+mkdirSync(cfg.artifacts, { recursive: true });
+
+function step(text) { console.log("step: " + text); }
+function check(ok, text) { if (!ok) throw new Error("check failed: " + text); }
+
+function cli(token, args) {
+  // a `stockade` CLI call to the gRPC API: { done: Promise<{code, out, err}>, child }
+  const child = spawn(cfg.python, ["-m", "stockade.supervisor.cli", ...args], {
+    env: { ...process.env, STOCKADE_ADDR: cfg.server, STOCKADE_TOKEN: token },
+  });
+  let out = "", err = "";
+  child.stdout.on("data", (d) => { out += d; });
+  child.stderr.on("data", (d) => { err += d; });
+  const done = new Promise((resolve) => child.on("close", (code) => resolve({ code, out, err })));
+  return { child, done };
+}
+
+async function shot(page, name) {
+  await page.screenshot({ path: `${cfg.artifacts}/${name}.png`, fullPage: true });
+}
+
+async function signIn(context, token) {
+  const page = await context.newPage();
+  await page.goto(base + "/login");
+  await page.fill("#token", token);
+  await Promise.all([page.waitForNavigation(), page.click("#sign-in")]);
+  return page;
+}
+
+const browser = await chromium.launch({
+  executablePath: "/usr/bin/chromium",
+  args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+});
+const cspErrors = [];
+try {
+  // 1. no session: refused
+  step("no session is refused");
+  for (const path of ["/sandboxes.json", "/overview.json", "/audit/export.jsonl"]) {
+    const answer = await fetch(base + path, { redirect: "manual" });
+    check(answer.status === 401, `${path} without a session: ${answer.status}`);
+  }
+  const posted = await fetch(base + "/sandbox/action", {
+    method: "POST", redirect: "manual",
+    headers: { origin: base, "content-type": "application/x-www-form-urlencoded" },
+    body: "action=destroy&key=" + encodeURIComponent(cfg.key),
+  });
+  check(posted.status === 401, "an action without a session: " + posted.status);
+
+  const alice = await browser.newContext();
+  const page = await alice.newPage();
+  page.on("console", (m) => { if (/Content Security Policy/i.test(m.text())) cspErrors.push(m.text()); });
+  await page.goto(base + "/sandboxes");
+  check(page.url() === base + "/login", "a page without a session leads to /login: " + page.url());
+
+  // 2. sign in: a wrong token is refused, the right one gets in
+  step("sign in");
+  await page.fill("#token", "not-a-token-at-all-0000");
+  await Promise.all([page.waitForNavigation(), page.click("#sign-in")]);
+  const refusal = await page.textContent("main");
+  check(refusal.includes("not valid"), "a wrong token is refused: " + refusal);
+  await shot(page, "login");
+  await page.fill("#token", cfg.tokens.alice);
+  await Promise.all([page.waitForNavigation(), page.click("#sign-in")]);
+  check(page.url() === base + "/sandboxes", "signed in, on /sandboxes: " + page.url());
+  const cookies = await alice.cookies();
+  const session = cookies.find((c) => c.name === "stockade_console");
+  check(session && session.httpOnly && session.sameSite === "Strict", "an HttpOnly, SameSite=Strict cookie");
+
+  // 3. a sandbox appears after a call (the list refreshes by itself)
+  step("a sandbox appears after a call");
+  check(!(await page.textContent("#sandboxes")).includes(cfg.key), "not there before the call");
+  const first = await cli(cfg.tokens.alice, ["exec", cfg.key, "--", "echo", "hello"]).done;
+  check(first.code === 0, "the first call: " + first.err);
+  // (a refresh taken while the container was being made shows it ABSENT: the next, RUNNING)
+  await page.waitForSelector(`#sandboxes tr[data-key="${cfg.key}"] .state.running`, { timeout: WAIT });
+  await shot(page, "sandboxes");
+
+  // 4. an approval answered in the browser lets the waiting gRPC call proceed
+  step("an approval answered in the browser");
+  await page.goto(base + "/approvals");
+  await page.waitForSelector("body[data-stream=open]", { timeout: WAIT });
+  const waiting = cli(cfg.tokens.alice, ["exec", cfg.key, "--", "touch", "approved-in-browser"]);
+  const row = page.locator("#pending tr", { hasText: "approved-in-browser" });
+  await row.waitFor({ timeout: WAIT });
+  check((await row.textContent()).includes("s left"), "the deadline counts down");
+  await shot(page, "approvals");
+  await row.locator("button[value=allow-once]").click();
+  const answered = await waiting.done;
+  check(answered.code === 0, "the call proceeded once allowed: " + answered.code + " " + answered.err);
+  await row.waitFor({ state: "detached", timeout: WAIT });
+
+  // 4a. Always: the command is allowed from then on, without asking
+  step("an approval answered Always");
+  const always = cli(cfg.tokens.alice, ["exec", cfg.key, "--", "touch", "always-allowed"]);
+  const alwaysRow = page.locator("#pending tr", { hasText: "always-allowed" });
+  await alwaysRow.waitFor({ timeout: WAIT });
+  await alwaysRow.locator("button[value=allow-always]").click();
+  check((await always.done).code === 0, "the call allowed always proceeded");
+  const again = await cli(cfg.tokens.alice, ["exec", cfg.key, "--", "touch", "always-allowed"]).done;
+  check(again.code === 0, "the same command again, without a decision: " + again.err);
+
+  // 4b. the keyboard: `d` denies the first request in the queue
+  step("an approval denied with a key");
+  const keyed = cli(cfg.tokens.alice, ["exec", cfg.key, "--", "touch", "denied-by-key"]);
+  const keyedRow = page.locator("#pending tr", { hasText: "denied-by-key" });
+  await keyedRow.waitFor({ timeout: WAIT });
+  await page.keyboard.press("d");
+  await keyedRow.waitFor({ state: "detached", timeout: WAIT });
+  const keyedDone = await keyed.done;
+  check(keyedDone.code !== 0 && /denied|approv/i.test(keyedDone.out + keyedDone.err),
+    "the call denied by key failed: " + keyedDone.code + " " + keyedDone.out + keyedDone.err);
+
+  // 5. the same approval answered from the CLI disappears from the page
+  step("an approval answered from the CLI disappears");
+  const denied = cli(cfg.tokens.alice, ["exec", cfg.key, "--", "touch", "denied-from-cli"]);
+  const other = page.locator("#pending tr", { hasText: "denied-from-cli" });
+  await other.waitFor({ timeout: WAIT });
+  const id = await other.locator("input[name=id]").inputValue();
+  const resolve = await cli(cfg.tokens.alice,
+    ["approvals", "resolve", id, "deny", "--approver", "carol-at-the-cli"]).done;
+  check(resolve.code === 0, "the CLI resolved it: " + resolve.err);
+  await other.waitFor({ state: "detached", timeout: WAIT });
+  check((await denied.done).code !== 0, "the denied call failed");
+  await page.reload();
+  const decided = await page.textContent("#decided");
+  check(decided.includes("carol-at-the-cli") && decided.includes("console:tenant:alice"),
+    "the decided list names who decided: " + decided);
+  await shot(page, "approvals-decided");
+
+  // 6. the audit log, filtered
+  step("audit filter");
+  await page.goto(base + "/audit");
+  await page.fill("input[name=key]", cfg.key);
+  await page.selectOption("select[name=outcome]", "refused");
+  await Promise.all([page.waitForNavigation(), page.click("#filter")]);
+  const outcomes = () => page.locator("#records tbody tr td:nth-child(6)").allTextContents();
+  const tools = () => page.locator("#records tbody tr td:nth-child(3)").allTextContents();
+  const refused = await outcomes();
+  check(refused.length >= 1 && refused.every((o) => o !== "ok"), "only refusals: " + refused);
+  await shot(page, "audit");
+  await page.selectOption("select[name=outcome]", "ok");
+  await page.fill("input[name=tool]", "exec");
+  await Promise.all([page.waitForNavigation(), page.click("#filter")]);
+  const fine = await outcomes();
+  check(fine.length >= 2 && fine.every((o) => o === "ok"), "successful calls only: " + fine);
+  check((await tools()).every((t) => t === "exec"), "exec calls only: " + (await tools()));
+  await Promise.all([page.waitForNavigation(), page.locator("#records tbody tr a").first().click()]);
+  check((await page.textContent("main")).includes("arguments_json"), "a record's page");
+  await shot(page, "audit-record");
+
+  // 7. pause and resume, each behind a confirmation page
+  step("pause and resume");
+  const sandboxUrl = `${base}/sandbox?tenant=alice&key=${encodeURIComponent(cfg.key)}`;
+  await page.goto(sandboxUrl);
+  await Promise.all([page.waitForNavigation(), page.click("#pause")]);
+  await shot(page, "confirm-pause");
+  await Promise.all([page.waitForNavigation(), page.click("#confirm")]);
+  check((await page.textContent("main")).includes("PAUSED"), "paused");
+  await shot(page, "sandbox-paused");
+  const listed = await cli(cfg.tokens.alice, ["ls"]).done;
+  check(listed.out.includes("PAUSED"), "the gRPC API sees it paused: " + listed.out);
+  await Promise.all([page.waitForNavigation(), page.click("#resume")]);
+  await Promise.all([page.waitForNavigation(), page.click("#confirm")]);
+  check((await page.textContent("main")).includes("RUNNING"), "running again");
+  await shot(page, "sandbox");
+  const procs = await page.locator("main table").nth(1).locator("tbody tr").allTextContents();
+  check(procs.length >= 1 && !procs[0].includes("cannot be read"), "its processes: " + procs.join(" | "));
+  await Promise.all([page.waitForNavigation(), page.click("text=Isolation report")]);
+  const report = await page.textContent("main pre");
+  check(report.includes("namespaces") && report.includes(cfg.key), "its isolation report");
+  await shot(page, "isolation");
+
+  // 8. a forged CSRF token is refused, in the browser, from the page itself
+  step("a forged CSRF token is refused");
+  const forged = await page.evaluate(async (key) => {
+    const answer = await fetch("/sandbox/action", {
+      method: "POST",
+      headers: { "x-csrf-token": "forged-token", "content-type": "application/x-www-form-urlencoded" },
+      body: "action=destroy&tenant=alice&key=" + encodeURIComponent(key),
+    });
+    return answer.status;
+  }, cfg.key);
+  check(forged === 403, "a forged CSRF token: " + forged);
+  const noToken = await page.evaluate(async (key) => (await fetch("/sandbox/action", {
+    method: "POST",
+    headers: { "content-type": "application/x-www-form-urlencoded" },
+    body: "action=destroy&tenant=alice&key=" + encodeURIComponent(key),
+  })).status, cfg.key);
+  check(noToken === 403, "no CSRF token: " + noToken);
+  await page.goto(base + "/sandboxes");
+  await page.waitForSelector(`#sandboxes tr[data-key="${cfg.key}"]`, { timeout: WAIT });
+
+  // 9. another tenant's sandboxes are invisible
+  step("another tenant sees nothing of alice's");
+  const bob = await browser.newContext();
+  const bobPage = await signIn(bob, cfg.tokens.bob);
+  const bobList = await bobPage.evaluate(async () => (await (await fetch("/sandboxes.json?tenant=alice")).json()));
+  check(bobList.sandboxes.every((s) => s.tenant === "bob"), "bob's list: " + JSON.stringify(bobList));
+  check(!(await bobPage.textContent("main")).includes(cfg.key), "alice's key not on bob's page");
+  const peek = await bobPage.goto(`${base}/sandbox?tenant=alice&key=${encodeURIComponent(cfg.key)}`);
+  check(peek.status() === 404, "bob opening alice's sandbox: " + peek.status());
+  await bobPage.goto(`${base}/audit?tenant=alice&key=${encodeURIComponent(cfg.key)}`);
+  check(!(await bobPage.textContent("#records")).includes("exec"), "bob sees none of alice's records");
+  await shot(bobPage, "other-tenant");
+
+  // 10. the operator sees every tenant, and the overview
+  step("the operator");
+  const ops = await browser.newContext();
+  const opsPage = await signIn(ops, cfg.tokens.ops);
+  check(opsPage.url() === base + "/overview", "an operator lands on the overview: " + opsPage.url());
+  await opsPage.waitForFunction(() => document.getElementById("calls").textContent !== "-");
+  check(Number(await opsPage.textContent("#calls")) >= 3, "calls counted");
+  await shot(opsPage, "overview");
+  await opsPage.goto(base + "/sandboxes");
+  await opsPage.waitForSelector(`#sandboxes tr[data-key="${cfg.key}"]`, { timeout: WAIT });
+  await shot(opsPage, "operator-sandboxes");
+
+  check(cspErrors.length === 0, "no Content-Security-Policy violation: " + cspErrors.join("; "));
+  step("done");
+} finally {
+  await browser.close();
+}

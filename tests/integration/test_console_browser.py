@@ -1,0 +1,108 @@
+"""The console end to end in headless Chromium against a real `stockade serve` on a real
+engine: tests/browser/console.mjs (playwright-core driving Debian's /usr/bin/chromium) signs
+in with tokens, watches a sandbox appear after a call, answers an approval that a waiting
+gRPC call (the CLI) then passes, sees one answered from the CLI leave the page, filters the
+audit log, pauses and resumes, and is refused without a session, with a forged CSRF token
+and across tenants. Screenshots of each page go to test-artifacts/console/ (git-ignored).
+
+On both engines (about 15 s each): the pages show what the engine reports (state, cgroup
+figures, processes, the isolation report)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import Supervisor, free_tcp_address, running_supervisor
+
+pytestmark = pytest.mark.timeout(600)
+ROOT = Path(__file__).resolve().parents[2]
+BROWSER_TESTS = ROOT / "tests" / "browser"
+ARTIFACTS = ROOT / "test-artifacts" / "console"
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+class Console:
+    def __init__(self, engine: str, sup: Supervisor, url: str, tokens: dict[str, str]) -> None:
+        self.engine = engine
+        self.sup = sup
+        self.url = url
+        self.tokens = tokens
+
+
+@pytest.fixture(scope="module")
+def console(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+    if not CHROMIUM.exists() or not (BROWSER_TESTS / "node_modules" / "playwright-core").is_dir():
+        pytest.fail(
+            "the browser tests need Debian's chromium and tests/browser/node_modules: "
+            "run scripts/setup.sh (or apt-get install chromium; cd tests/browser && npm ci)"
+        )
+    tokens = {name: secrets.token_hex(20) for name in ("alice", "bob", "ops")}
+    path = tmp_path_factory.mktemp("console") / "tokens"
+    path.write_text("".join(f"{t} {name}\n" for name, t in tokens.items()))
+    path.chmod(0o600)
+    address = free_tcp_address()
+    config = (
+        f'[console]\nlisten = "{address}"\noperators = ["ops"]\nrefresh_s = 0.5\n'
+        '[approvals]\nmode = "on-miss"\nallowlist = ["echo *"]\ntimeout_s = 120\n'
+    )
+    with running_supervisor(
+        engine,
+        config,
+        listen=free_tcp_address(),
+        auth_config=f'[auth]\ntokens_file = "{path}"\n',
+    ) as sup:
+        yield Console(engine, sup, f"http://{address}", tokens)
+
+
+def test_the_console_in_a_browser(console: Console) -> None:
+    key = f"console-{uuid.uuid4().hex[:8]}"
+    artifacts = ARTIFACTS / console.engine
+    shutil.rmtree(artifacts, ignore_errors=True)
+    scenario = {
+        "console": console.url,
+        "server": console.sup.target,
+        "python": sys.executable,
+        "tokens": console.tokens,
+        "key": key,
+        "artifacts": str(artifacts),
+    }
+    run = subprocess.run(
+        ["node", str(BROWSER_TESTS / "console.mjs")],
+        cwd=BROWSER_TESTS,
+        env={**_environment(), "CONSOLE_TEST": json.dumps(scenario)},
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert run.returncode == 0, (
+        f"{run.stdout}\n{run.stderr}\n--- supervisor log ---\n" + (console.sup.log()[-4000:])
+    )
+    assert "step: done" in run.stdout
+    for name in ("login", "sandboxes", "approvals", "audit", "audit-record", "sandbox", "overview"):
+        assert (artifacts / f"{name}.png").stat().st_size > 1000, name
+    # what the browser did, seen through the gRPC API and its audit log
+    with console.sup.client(token=console.tokens["alice"]) as client:
+        assert client.get_sandbox(key).state == "RUNNING"
+        records = client.list_audit(sandbox_key=key, limit=100)
+    approvers = {r.approver for r in records if r.approval}
+    assert approvers >= {"console:tenant:alice", "carol-at-the-cli"}
+    actions = [r.tool for r in records if r.tool.startswith("console.")]
+    assert sorted(actions) == ["console.pause", "console.resume"]
+
+
+def _environment() -> dict[str, str]:
+    import os
+
+    env = dict(os.environ)
+    src = str(ROOT / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
