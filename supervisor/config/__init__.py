@@ -7,6 +7,7 @@ here. An unknown key anywhere in the file is an error at load time, never a sile
 """
 
 from stockade.supervisor.config.checks import check_seconds, split_host_port
+from stockade.supervisor.config.honey import HoneytokensConfig
 from stockade.supervisor.config.loading import _build, load_config
 from stockade.supervisor.config.policy import (
     AgentConfig,
@@ -62,6 +63,7 @@ __all__ = [
     "GroupConfig",
     "GuardConfig",
     "GuardRuleConfig",
+    "HoneytokensConfig",
     "HousekeepingConfig",
     "LimitsConfig",
     "McpConfig",

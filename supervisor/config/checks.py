@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stockade.supervisor.config.honey import check_honeytokens
 from stockade.supervisor.config.sandbox import (
     AGENT_UID,
     ENGINE_KINDS,
@@ -111,6 +112,7 @@ def check(cfg: Config) -> None:
     if cfg.engine.kind == "kubernetes":
         _check_pods(cfg)
     _check_state(cfg.state)
+    check_honeytokens(cfg)
 
 
 DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stockade.supervisor.config.checks import check
+from stockade.supervisor.config.honey import HoneytokensConfig
 from stockade.supervisor.config.policy import (
     AgentConfig,
     ApprovalsConfig,
@@ -74,6 +75,7 @@ class Config:
     housekeeping: HousekeepingConfig = field(default_factory=HousekeepingConfig)
     snapshots: SnapshotsConfig = field(default_factory=SnapshotsConfig)
     state: StateConfig = field(default_factory=StateConfig)
+    honeytokens: HoneytokensConfig = field(default_factory=HoneytokensConfig)
 
     def __post_init__(self) -> None:
         check(self)
