@@ -11,23 +11,27 @@ import secrets
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stockade.supervisor.api.auth import Authenticator, auth_enabled
 from stockade.supervisor.api.server import Server
 from stockade.supervisor.calls.pipeline import HostPolicy
+from stockade.supervisor.calls.tripwires import CallTripwire
 from stockade.supervisor.config import AuditConfig, Config
 from stockade.supervisor.engines import incontainer
 from stockade.supervisor.engines.backends import create_backend
 from stockade.supervisor.engines.backends.base import ContainerBackend
 from stockade.supervisor.errors import ConfigError, EngineUnavailable
+from stockade.supervisor.keys import shown
 from stockade.supervisor.network.proxy import EgressDecision
+from stockade.supervisor.observe.alarms import Alarm, AlarmSink
 from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.observe.metrics import Metrics
 from stockade.supervisor.observe.retention import Retention
 from stockade.supervisor.observe.telemetry import Observer, log_call
+from stockade.supervisor.policy.honeytokens import Honeytokens, load_key
 from stockade.supervisor.sandboxes.containers import AddressOf, socket_address
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from stockade.supervisor.sandboxes.owner import InstanceLock
@@ -191,6 +195,48 @@ def egress_recorder(policy: HostPolicy) -> Callable[[EgressDecision], None]:
     return record
 
 
+def alarm_recorder(policy: HostPolicy) -> AlarmSink:
+    """Until the alarm hub (observe/alarms.py: AlarmHub) takes over: each alarm a WARNING
+    line and an audit record (tool "alarm"; the kind, place and words in policy_step)."""
+    audit = policy.audit
+
+    def sound(alarm: Alarm) -> None:
+        log.warning("ALARM %s in %s on %r: %s", alarm.kind, alarm.where, shown(alarm.sandbox_key),
+                    alarm.detail)  # fmt: skip
+        if audit is None:
+            return
+        said = {"kind": alarm.kind, "where": alarm.where, "evidence": alarm.evidence}
+        audit.record(
+            AuditRecord(
+                time=alarm.time,
+                request_id="",
+                caller="supervisor",
+                sandbox_key=alarm.sandbox_key,
+                agent_id="",
+                provider="",
+                tool="alarm",
+                arguments_json=json.dumps(said),
+                policy_step=f"alarm: {alarm.kind} in {alarm.where}: {alarm.detail}",
+                error_code="PERMISSION_DENIED",
+                is_error=True,
+            )
+        )
+
+    return sound
+
+
+def honeytokens(config: Config, policy: HostPolicy, alarm: AlarmSink) -> Honeytokens | None:
+    """The decoys' tripwire, when [honeytokens] is on (its key made in the state directory
+    on first use); the pipeline gets its checks (policy.honey)."""
+    if not config.honeytokens.enabled:
+        return None
+    try:
+        key = load_key(config.state_dir)
+    except OSError as exc:
+        raise ConfigError(f"honeytokens: {exc}") from exc
+    return Honeytokens(key, alarm, config.honeytokens.env_var)
+
+
 def housekeeping_recorder(policy: HostPolicy) -> Callable[[str, str, str], None]:
     """Each housekeeping action (a container pruned or reaped, a workspace deleted) becomes
     an audit record (tool "housekeeping", the action and reason in policy_step)."""
@@ -317,6 +363,10 @@ async def _start(
     state: SharedState,
 ) -> Supervisor:
     policy = build_policy(config, state)
+    alarm = alarm_recorder(policy)  # the alarm hub's sound once it is built here
+    honey = honeytokens(config, policy, alarm)
+    if honey is not None:
+        policy = replace(policy, honey=CallTripwire(honey, config.honeytokens, policy.scrubber))
     pods = config.engine.kind == "kubernetes"
     if incontainer.declared() and not pods:  # before engine_url: it may start Podman's service
         problems = incontainer.config_problems(config)
@@ -343,6 +393,7 @@ async def _start(
         record_event=housekeeping_recorder(policy),
         lock=lock,
         state=state,
+        honeytokens=honey,
     )
     state.follow(manager.held)
     adopted = await manager.start()
