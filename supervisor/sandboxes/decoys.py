@@ -13,6 +13,7 @@ before or the user's own. The variable goes in the container's environment when 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from stockade.supervisor.config import Config
@@ -63,6 +64,12 @@ class Planter:
         if not self._config.applies(tenant, profile.name if profile is not None else ""):
             return None
         return self._honey.decoys(key)
+
+    def know(self, held: Iterable[tuple[str, SandboxProfile]]) -> None:
+        """Arm the tripwire with the decoys of sandboxes made before this start (their
+        folders), before any of them is called: another sandbox may use one first."""
+        for key, profile in held:
+            self.decoys_of(key, profile)
 
     def environment(self, key: str, profile: SandboxProfile | None) -> dict[str, str]:
         """The decoy variable for the container of `key` (none when not planted there)."""
