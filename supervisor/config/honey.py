@@ -74,6 +74,11 @@ class HoneytokensConfig:
 def check_honeytokens(cfg: Config) -> None:
     """ConfigError naming the first wrong [honeytokens] setting."""
     honey = cfg.honeytokens
+    if honey.enabled and cfg.engine.kind == "kubernetes":
+        raise ConfigError(
+            "honeytokens are not available with engine.kind = kubernetes yet: each replica "
+            "keeps its own honeytoken key, so replicas would not know each other's decoys"
+        )
     _check_names("kinds", honey.kinds, HONEY_KINDS)
     if len(honey.paths) > MAX_PATHS:
         raise ConfigError(f"honeytokens.paths: at most {MAX_PATHS} paths, got {len(honey.paths)}")

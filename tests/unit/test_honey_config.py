@@ -140,3 +140,8 @@ def test_huge_lists_are_refused(tmp_path: Path) -> None:
     tenants = ", ".join(f"'t{i}'" for i in range(1025))
     with pytest.raises(ConfigError, match="at most 1024"):
         load(tmp_path, f"[honeytokens]\ntenants = [{tenants}]\n")
+
+
+def test_kubernetes_is_refused_for_now(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not available with engine.kind = kubernetes"):
+        load(tmp_path, "[engine]\nkind = 'kubernetes'\n[honeytokens]\nenabled = true\n")
