@@ -143,5 +143,5 @@ def test_huge_lists_are_refused(tmp_path: Path) -> None:
 
 
 def test_kubernetes_is_refused_for_now(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="not available with engine.kind = kubernetes"):
+    with pytest.raises(ConfigError, match=r"not available with engine\.kind = kubernetes"):
         load(tmp_path, "[engine]\nkind = 'kubernetes'\n[honeytokens]\nenabled = true\n")

@@ -296,5 +296,5 @@ async def test_the_app_builds_the_tripwire_and_records_alarms() -> None:
     assert d.netrc not in record.arguments_json
     assert json.loads(record.arguments_json)["where"] == "output"
     (STATE[-1] / KEY_FILE).write_bytes(b"broken")
-    with pytest.raises(ConfigError, match="honeytokens: .* not a 32-byte key"):
+    with pytest.raises(ConfigError, match=r"honeytokens: .* not a 32-byte key"):
         honeytokens(on, policy, sink)
