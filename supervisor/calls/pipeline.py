@@ -156,14 +156,13 @@ class ToolPipeline:
     ) -> ToolResult:
         with trail.stages.timed("policy"):
             spec = self._resolve(call, trail)
-            args = self._arguments(spec, call.arguments_json, trail)
+            try:
+                args = self._arguments(spec, call.arguments_json, trail)
+            except _Stop:  # wrong arguments may still carry a decoy
+                self._decoys(call, spec, trail.arguments, None, trail)
+                raise
         command = _command_of(spec, args)
-        honey = self._policy.honey
-        if honey is not None and honey.before(
-            call.sandbox_key, spec.name, call.arguments_json, command
-        ):
-            trail.policy_step = "honeytoken"
-            raise _Stop(failure(ErrorCode.PERMISSION_DENIED, REFUSED))
+        self._decoys(call, spec, args, command, trail)
         if command is not None:
             await self._check_command(call, spec, command, trail, events, args, ask)
         limiter = self._policy.limiter
@@ -205,6 +204,21 @@ class ToolPipeline:
         except (ValueError, ArgumentError) as exc:
             raise _Stop(failure(ErrorCode.INVALID_ARGS, str(exc))) from exc
         return args
+
+    def _decoys(
+        self,
+        call: ToolCall,
+        spec: ToolSpec,
+        args: dict[str, Any] | None,
+        command: str | None,
+        trail: Trail,
+    ) -> None:
+        """The honeytoken search of the call (calls/tripwires.py); refused when it uses one
+        and on_use says quarantine."""
+        honey, key = self._policy.honey, call.sandbox_key
+        if honey is not None and honey.before(key, spec.name, call.arguments_json, args, command):
+            trail.policy_step = "honeytoken"
+            raise _Stop(failure(ErrorCode.PERMISSION_DENIED, REFUSED))
 
     async def _check_command(
         self,

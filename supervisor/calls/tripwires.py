@@ -42,13 +42,18 @@ class CallTripwire:
             text, _ = self._scrubber.scrub(text)
         return text[:MAX_EVIDENCE]
 
-    def before(self, key: str, tool: str, arguments_json: str, command: str | None) -> bool:
+    def before(
+        self, key: str, tool: str, arguments_json: str, args: Any, command: str | None
+    ) -> bool:
         """Search the call's command, else its arguments: True when the call must be refused
-        (a decoy used, and on_use says quarantine)."""
+        (a decoy used, and on_use says quarantine). The arguments are searched as parsed
+        (names and values), never as the JSON text only: a decoy spelled with JSON escapes
+        (a `\\u` escape for any character) is the same decoy."""
         said = self.evidence(f"{tool} {arguments_json}")
         if command is not None and self.tripwire.check(key, "command", command, said):
             return self.refuse_use
-        return self.tripwire.check(key, "arguments", arguments_json, said) and self.refuse_use
+        text = arguments_json if args is None else "\n".join(strings(args, names=True))
+        return self.tripwire.check(key, "arguments", text, said) and self.refuse_use
 
     def output(self, key: str, tool: str, values: Any, evidence: str = "") -> bool:
         """Search every string of a result (its data, its message) for a decoy read."""
@@ -90,15 +95,18 @@ class StreamWatch:
         return self.hit and self.where != "output" and self._owner.refuse_use
 
 
-def strings(value: Any) -> Iterator[str]:
-    """Every string in a JSON-like value (dict values, list items), depth first, without
-    recursion (a result may nest deep)."""
+def strings(value: Any, *, names: bool = False) -> Iterator[str]:
+    """Every string in a JSON-like value (dict values, with `names` their names too, list
+    items), depth first, without recursion (a result may nest deep)."""
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
             yield item
         elif isinstance(item, dict):
-            stack.extend(reversed(list(item.values())))
+            for name, child in reversed(list(item.items())):
+                stack.append(child)
+                if names:
+                    stack.append(str(name))
         elif isinstance(item, (list, tuple)):
             stack.extend(reversed(item))

@@ -298,3 +298,39 @@ async def test_the_app_builds_the_tripwire_and_records_alarms() -> None:
     (STATE[-1] / KEY_FILE).write_bytes(b"broken")
     with pytest.raises(ConfigError, match=r"honeytokens: .* not a 32-byte key"):
         honeytokens(on, policy, sink)
+
+
+def escaped(text: str) -> str:
+    """text as a JSON string body with every character a \\u escape."""
+    return "".join(f"\\u{ord(ch):04x}" for ch in text)
+
+
+async def test_a_decoy_spelled_with_json_escapes_is_still_found() -> None:
+    r = rig()
+    d = r.decoys()
+    raw = '{"path": "k.txt", "content": "' + escaped(d.aws_key_id) + '"}'
+    assert d.aws_key_id not in raw
+    result = await r.pipe.call(ToolCall("k", "write_file", raw))
+    assert result.error_message == REFUSED
+    raw = '{"command": "echo ' + escaped(d.aws_secret) + '"}'
+    result = await r.pipe.call(ToolCall("k", "exec", raw))
+    assert result.error_message == REFUSED
+    assert [a.where for a in r.alarms] == ["arguments", "command"]
+    assert r.sandboxes.calls == []
+
+
+async def test_a_decoy_as_an_argument_name_is_found() -> None:
+    r = rig(on_use="alert")
+    token = r.decoys().github
+    await r.pipe.call(call("read_file", {"path": "x", token: 1}))
+    assert [a.where for a in r.alarms] == ["arguments"]
+    assert token not in r.alarms[0].evidence
+
+
+async def test_arguments_that_do_not_parse_are_searched_as_sent() -> None:
+    r = rig()
+    token = r.decoys().netrc
+    result = await r.pipe.call(ToolCall("k", "exec", '{"command": "echo ' + token))
+    assert result.error_message == REFUSED
+    assert [a.where for a in r.alarms] == ["arguments"]
+    assert r.sandboxes.calls == []
