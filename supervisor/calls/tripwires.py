@@ -19,7 +19,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from stockade.supervisor.config.honey import HoneytokensConfig
-from stockade.supervisor.observe.alarms import MAX_EVIDENCE, Tripwire
+from stockade.supervisor.observe.alarms import MAX_EVIDENCE
+from stockade.supervisor.policy.honeytokens import Honeytokens
 from stockade.supervisor.policy.scrub import Scrubber
 
 REFUSED = "call refused: a security alarm was raised on this sandbox; the operator has been told"
@@ -29,7 +30,7 @@ EVIDENCE_SCRUB_CHARS = 64 * 1024
 
 class CallTripwire:
     def __init__(
-        self, tripwire: Tripwire, config: HoneytokensConfig, scrubber: Scrubber | None
+        self, tripwire: Honeytokens, config: HoneytokensConfig, scrubber: Scrubber | None
     ) -> None:
         self.tripwire = tripwire
         self.refuse_use = config.on_use == "quarantine"
@@ -42,6 +43,12 @@ class CallTripwire:
             text, _ = self._scrubber.scrub(text)
         return text[:MAX_EVIDENCE]
 
+    def sound(self, key: str, where: str, data: bytes | str, evidence: str) -> bool:
+        """Search data; on a hit (only then: scrubbing costs) make the evidence and sound."""
+        if not self.tripwire.find(data):
+            return False
+        return self.tripwire.check(key, where, data, self.evidence(evidence))
+
     def before(
         self, key: str, tool: str, arguments_json: str, args: Any, command: str | None
     ) -> bool:
@@ -49,16 +56,16 @@ class CallTripwire:
         (a decoy used, and on_use says quarantine). The arguments are searched as parsed
         (names and values), never as the JSON text only: a decoy spelled with JSON escapes
         (a `\\u` escape for any character) is the same decoy."""
-        said = self.evidence(f"{tool} {arguments_json}")
-        if command is not None and self.tripwire.check(key, "command", command, said):
+        said = f"{tool} {arguments_json}"
+        if command is not None and self.sound(key, "command", command, said):
             return self.refuse_use
         text = arguments_json if args is None else "\n".join(strings(args, names=True))
-        return self.tripwire.check(key, "arguments", text, said) and self.refuse_use
+        return self.sound(key, "arguments", text, said) and self.refuse_use
 
     def output(self, key: str, tool: str, values: Any, evidence: str = "") -> bool:
         """Search every string of a result (its data, its message) for a decoy read."""
         text = "\n".join(strings(values))
-        return self.tripwire.check(key, "output", text, self.evidence(evidence or tool))
+        return self.sound(key, "output", text, evidence or tool)
 
     def stream(self, key: str, where: str, evidence: str) -> StreamWatch:
         return StreamWatch(self, key, where, evidence)
@@ -71,7 +78,7 @@ class StreamWatch:
         self._owner = owner
         self._key = key
         self.where = where
-        self._evidence = owner.evidence(evidence)
+        self._evidence = evidence
         self._keep = max(owner.tripwire.longest - 1, 0)
         self._tails: dict[int, bytes] = {}
         self.hit = False
@@ -83,7 +90,7 @@ class StreamWatch:
             return True
         chunk = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
         joined = self._tails.get(fd, b"") + chunk
-        if self._owner.tripwire.check(self._key, self.where, joined, self._evidence):
+        if self._owner.sound(self._key, self.where, joined, self._evidence):
             self.hit = True
             return True
         self._tails[fd] = joined[-self._keep :] if self._keep else b""
