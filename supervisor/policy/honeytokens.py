@@ -16,6 +16,7 @@ B somehow, or B guessed it: both worth an operator's eyes)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -176,7 +177,14 @@ class Hit:
 
 
 class Honeytokens:
-    """The Tripwire over every decoy planted since this supervisor started."""
+    """The Tripwire over every decoy planted since this supervisor started.
+
+    Compiling a Hyperscan database takes ~0.6 ms a sandbox's decoys, too long to redo on the
+    event loop for every new sandbox of a thousand. So the decoys live in generations, each
+    a database compiled in a worker thread (settle), merged as a binary counter merges (a
+    generation is folded into the next one's compile when that one is not bigger): each
+    decoy is compiled O(log n) times in all, and a search scans O(log n) databases. Decoys
+    not compiled yet (the last sandbox's, until settle() has run) are searched one by one."""
 
     longest = LONGEST
 
@@ -185,12 +193,14 @@ class Honeytokens:
         self._alarm = alarm
         self._env_var = env_var
         self._owners: dict[str, tuple[str, str]] = {}
-        self._words: list[str] = []
-        self._database: hyperscan.Database | None = None
+        self._generations: list[tuple[hyperscan.Database, list[str]]] = []
+        self._pending: list[str] = []
+        self._settling = asyncio.Lock()
         self._known: dict[str, Decoys] = {}
 
     def decoys(self, sandbox_key: str) -> Decoys:
-        """The sandbox's decoys, known to the tripwire from now on."""
+        """The sandbox's decoys, known to the tripwire from now on (searched one by one until
+        settle() has compiled them)."""
         found = self._known.get(sandbox_key)
         if found is not None:
             return found
@@ -199,28 +209,47 @@ class Honeytokens:
         for token, what in made.tokens().items():
             if token not in self._owners:
                 self._owners[token] = (sandbox_key, what)
-                self._words.append(token)
-        self._database = None  # compiled again at the next search
+                self._pending.append(token)
         return made
+
+    async def settle(self) -> None:
+        """Compile the decoys not compiled yet, in a worker thread (never on the loop)."""
+        async with self._settling:
+            while self._pending:
+                words = list(self._pending)
+                gens = list(self._generations)
+                merged, drop = words, 0
+                while drop < len(gens) and len(gens[-1 - drop][1]) <= len(merged):
+                    merged = gens[-1 - drop][1] + merged
+                    drop += 1
+                database = await asyncio.to_thread(compile_literals, merged)
+                self._generations = [*gens[: len(gens) - drop], (database, merged)]
+                del self._pending[: len(words)]
 
     @property
     def armed(self) -> bool:
         """Whether any decoy is known (else every search finds nothing)."""
-        return bool(self._words)
+        return bool(self._owners)
+
+    @property
+    def generations(self) -> int:
+        return len(self._generations)
 
     def find(self, data: bytes | str) -> list[Hit]:
         """Every known decoy in data, each once, in the order they first appear."""
-        if not self._words or not data:
+        if not self._owners or not data:
             return []
-        if self._database is None:
-            self._database = compile_literals(self._words)
         raw = as_bytes(data) if isinstance(data, str) else bytes(data)
-        found: dict[int, int] = {}
-        for ident, end in hits(self._database, raw):
-            found.setdefault(ident, end)
+        found: dict[str, int] = {}
+        for database, words in self._generations:
+            for ident, end in hits(database, raw):
+                found.setdefault(words[ident], end)
+        for token in self._pending:
+            at = raw.find(token.encode())
+            if at >= 0:
+                found.setdefault(token, at + len(token))
         out = []
-        for ident, _end in sorted(found.items(), key=lambda item: item[1]):
-            token = self._words[ident]
+        for token, _end in sorted(found.items(), key=lambda item: item[1]):
             owner, what = self._owners[token]
             out.append(Hit(owner, what, token))
         return out

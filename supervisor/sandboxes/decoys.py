@@ -65,11 +65,13 @@ class Planter:
             return None
         return self._honey.decoys(key)
 
-    def know(self, held: Iterable[tuple[str, SandboxProfile]]) -> None:
+    async def know(self, held: Iterable[tuple[str, SandboxProfile]]) -> None:
         """Arm the tripwire with the decoys of sandboxes made before this start (their
         folders), before any of them is called: another sandbox may use one first."""
         for key, profile in held:
             self.decoys_of(key, profile)
+        if self._honey is not None:
+            await self._honey.settle()
 
     def environment(self, key: str, profile: SandboxProfile | None) -> dict[str, str]:
         """The decoy variable for the container of `key` (none when not planted there)."""
@@ -100,6 +102,8 @@ class Planter:
         if sandbox.decoys_planted:
             return
         decoys = self.decoys_of(sandbox.key, sandbox.profile)
+        if decoys is not None and self._honey is not None:
+            await self._honey.settle()  # compiled into the tripwire off the event loop
         files = self.files(decoys) if decoys is not None else []
         if not files:
             sandbox.decoys_planted = True

@@ -207,7 +207,7 @@ class SandboxManager:
             for image in sorted(self.profiles.images)
         }
         adopted = await adoption.adopt_all(self, found, image_ids)
-        self.decoys.know((k, self.profiles.kept(p.root)) for k, p in self.layout.folders())
+        await self.decoys.know((k, self.profiles.kept(p.root)) for k, p in self.layout.folders())
         await asyncio.to_thread(self.layout.drop_pool_folders)
         await self.networks.egress.prune({s.sid for s in self.registry.values()})
         return adopted

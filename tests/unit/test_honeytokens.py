@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import stat
@@ -180,3 +181,31 @@ def test_nothing_planted_finds_nothing() -> None:
     assert not wire.armed
     assert not wire.check(A, "output", derive(KEY, A).aws_file())
     assert alarms == []
+
+
+async def test_settled_generations_find_the_same_and_stay_few() -> None:
+    wire, alarms = tripwire()
+    keys = [scope("t", f"g{i}") for i in range(40)]
+    for n, key in enumerate(keys):
+        wire.decoys(key)
+        if n % 3 == 0:
+            await wire.settle()  # some compiled, some pending
+    everything = "|".join(token for key in keys for token in derive(KEY, key).tokens())
+    assert len(wire.find(everything)) == 40 * 8
+    await wire.settle()
+    assert len(wire.find(everything)) == 40 * 8
+    assert 1 <= wire.generations <= 6  # O(log n), not one per sandbox
+    assert wire.check(keys[7], "output", derive(KEY, keys[21]).netrc_file())
+    assert "sandbox 'g21''s GitHub token in ~/.netrc" in alarms[0].detail
+
+
+async def test_searches_during_a_settle_see_every_decoy() -> None:
+    wire, _ = tripwire()
+    for i in range(30):
+        wire.decoys(scope("t", f"s{i}"))
+    settling = asyncio.ensure_future(wire.settle())
+    await asyncio.sleep(0)  # the compile runs in a thread meanwhile
+    token = derive(KEY, scope("t", "s29")).aws_secret
+    assert [h.token for h in wire.find(token)] == [token]
+    await settling
+    assert [h.token for h in wire.find(token)] == [token]
