@@ -88,7 +88,7 @@ class StreamWatch:
         stream carries a decoy (once found, not searched again: one alarm)."""
         if self.hit:
             return True
-        chunk = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+        chunk = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
         joined = self._tails.get(fd, b"") + chunk
         if self._owner.sound(self._key, self.where, joined, self._evidence):
             self.hit = True

@@ -245,6 +245,7 @@ def test_stream_watch_keeps_tails_per_descriptor() -> None:
     watch = StreamWatch(honey, "k", "stdin", "typed")
     assert not watch.feed(token[:20], fd=1)
     assert not watch.feed(token[20:], fd=2)  # the other half on another stream: no decoy
+    assert not watch.feed("\ud800\udcff é", fd=3)  # lone surrogates in str input: no error
     assert watch.feed(token[20:].decode(), fd=1)  # str input too
     assert watch.refuse
     assert [a.where for a in r.alarms] == ["stdin"]
