@@ -17,7 +17,7 @@ import pytest
 
 from stockade.client import Output, Stockade, StockadeError, ToolResult
 from stockade.supervisor.policy.honeytokens import Decoys, derive, load_key
-from tests.integration.harness import Supervisor, running_supervisor
+from tests.integration.harness import Supervisor, engine_cli, running_supervisor
 
 pytestmark = pytest.mark.timeout(300)
 CONFIG = """
@@ -193,3 +193,15 @@ def test_a_restarted_supervisor_knows_every_decoy_before_their_sandboxes_are_cal
             (step,) = alarms(c, thief)
             assert f"sandbox {owner!r}'s GitHub token" in step
             assert planted(c, owner) == before  # the same decoys, not planted twice
+
+
+def test_a_recreated_container_gets_its_decoys_again(sup: Supervisor, c: Stockade) -> None:
+    key = new_key()
+    before = planted(c, key)
+    old = c.get_sandbox(key).container_id
+    assert engine_cli(sup.engine, "rm", "-f", old).returncode == 0
+    result = c.call(key, "exec", {"command": "true"})  # found dead: re-created (a heal)
+    if result.is_error:  # the call that meets the dead container may report it
+        assert result.error_code == "SANDBOX_LOST", result.error_message
+    assert c.get_sandbox(key).container_id != old
+    assert planted(c, key) == before  # the same decoys, planted again on a fresh HOME
