@@ -28,7 +28,7 @@ from pathlib import Path
 import hyperscan
 
 from stockade.supervisor.keys import sandbox_id, shown
-from stockade.supervisor.observe.alarms import MAX_EVIDENCE, Alarm, AlarmSink
+from stockade.supervisor.observe.alarms import MAX_EVIDENCE, Alarm, AlarmSink, NoTripwire, Tripwire
 from stockade.supervisor.policy.scrub_engine import as_bytes, compile_literals, hits
 
 log = logging.getLogger("stockade")
@@ -286,3 +286,9 @@ def describe(sandbox_key: str, where: str, found: list[Hit]) -> str:
         parts.append(f"{whose} {hit.what}")
     more = f" and {len(found) - 4} more" if len(found) > 4 else ""
     return f"honeytoken {seen}: {'; '.join(parts)}{more}"
+
+
+def as_tripwire(honey: Honeytokens | None) -> Tripwire:
+    """What the egress proxy takes (EgressProxy(tripwire=...)): the decoys' tripwire, or
+    NoTripwire when honeytokens are off. Typed, so that Honeytokens stays a Tripwire."""
+    return NoTripwire() if honey is None else honey

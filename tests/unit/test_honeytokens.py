@@ -209,3 +209,17 @@ async def test_searches_during_a_settle_see_every_decoy() -> None:
     assert [h.token for h in wire.find(token)] == [token]
     await settling
     assert [h.token for h in wire.find(token)] == [token]
+
+
+def test_as_tripwire() -> None:
+    from stockade.supervisor.observe.alarms import NoTripwire
+    from stockade.supervisor.policy.honeytokens import as_tripwire
+
+    off = as_tripwire(None)
+    assert isinstance(off, NoTripwire)
+    assert not off.check(A, "egress", derive(KEY, A).github)
+    wire, alarms = tripwire()
+    on = as_tripwire(wire)
+    assert on.longest == 40
+    assert on.check(A, "egress", f"GET /?t={wire.decoys(A).github} HTTP/1.1".encode())
+    assert [a.where for a in alarms] == ["egress"]
