@@ -92,6 +92,9 @@ class FileTransfers:
             except errors.StockadeError as exc:
                 bad.append(exc)
                 work.cancel()
+                # never end the stream: its end commits the upload, and gRPC may send it
+                # before the cancel lands; the cancelled call closes this generator instead
+                await asyncio.Event().wait()
 
         async def send() -> AgentReply:
             async with self._sandboxes.lease(t.sandbox_key) as lease:

@@ -199,7 +199,7 @@ def test_a_recreated_container_gets_its_decoys_again(sup: Supervisor, c: Stockad
     key = new_key()
     before = planted(c, key)
     old = c.get_sandbox(key).container_id
-    assert engine_cli(sup.engine, "rm", "-f", old).returncode == 0
+    assert engine_cli(sup.engine, "kill", old).returncode == 0
     result = c.call(key, "exec", {"command": "true"})  # found dead: re-created (a heal)
     if result.is_error:  # the call that meets the dead container may report it
         assert result.error_code == "SANDBOX_LOST", result.error_message
