@@ -11,24 +11,26 @@ import secrets
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stockade.supervisor.api.auth import Authenticator, auth_enabled
 from stockade.supervisor.api.server import Server
 from stockade.supervisor.calls.pipeline import HostPolicy
+from stockade.supervisor.calls.tripwires import CallTripwire
 from stockade.supervisor.config import AuditConfig, Config
 from stockade.supervisor.engines import incontainer
 from stockade.supervisor.engines.backends import create_backend
 from stockade.supervisor.engines.backends.base import ContainerBackend
 from stockade.supervisor.errors import ConfigError, EngineUnavailable
 from stockade.supervisor.network.proxy import EgressDecision
-from stockade.supervisor.observe.alarms import AlarmHub
+from stockade.supervisor.observe.alarms import AlarmHub, AlarmSink
 from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.observe.metrics import Metrics
 from stockade.supervisor.observe.retention import Retention
 from stockade.supervisor.observe.telemetry import Observer, log_call
+from stockade.supervisor.policy.honeytokens import Honeytokens, load_key
 from stockade.supervisor.sandboxes.containers import AddressOf, socket_address
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from stockade.supervisor.sandboxes.owner import InstanceLock
@@ -193,6 +195,18 @@ def egress_recorder(policy: HostPolicy) -> Callable[[EgressDecision], None]:
     return record
 
 
+def honeytokens(config: Config, policy: HostPolicy, alarm: AlarmSink) -> Honeytokens | None:
+    """The decoys' tripwire, when [honeytokens] is on (its key made in the state directory
+    on first use); the pipeline gets its checks (policy.honey)."""
+    if not config.honeytokens.enabled:
+        return None
+    try:
+        key = load_key(config.state_dir)
+    except OSError as exc:
+        raise ConfigError(f"honeytokens: {exc}") from exc
+    return Honeytokens(key, alarm, config.honeytokens.env_var)
+
+
 def housekeeping_recorder(policy: HostPolicy) -> Callable[[str, str, str], None]:
     """Each housekeeping action (a container pruned or reaped, a workspace deleted) becomes
     an audit record (tool "housekeeping", the action and reason in policy_step)."""
@@ -325,6 +339,11 @@ async def _start(
     state: SharedState,
 ) -> Supervisor:
     policy = build_policy(config, state)
+    alarms = AlarmHub(policy.audit, None, None, config)  # its sink goes to whoever sees signs
+    alarms.bind(asyncio.get_running_loop())
+    honey = honeytokens(config, policy, alarms.sound)
+    if honey is not None:
+        policy = replace(policy, honey=CallTripwire(honey, config.honeytokens, policy.scrubber))
     pods = config.engine.kind == "kubernetes"
     if incontainer.declared() and not pods:  # before engine_url: it may start Podman's service
         problems = incontainer.config_problems(config)
@@ -340,8 +359,6 @@ async def _start(
         if process is not None:
             process.terminate()
         raise
-    alarms = AlarmHub(policy.audit, None, None, config)  # its sink goes to whoever sees signs
-    alarms.bind(asyncio.get_running_loop())
     manager = SandboxManager(
         config,
         backend,
@@ -354,6 +371,7 @@ async def _start(
         lock=lock,
         state=state,
         replica=replica,
+        honeytokens=honey,
     )
     alarms.react = manager.quarantine
     state.follow(manager.held)

@@ -28,6 +28,7 @@ from stockade.supervisor.calls.outcome import CALL_FAULTS, failure, no_result, o
 from stockade.supervisor.calls.pipeline import STREAM_QUEUE, ToolPipeline
 from stockade.supervisor.calls.recorder import Trail
 from stockade.supervisor.calls.streaming import relay
+from stockade.supervisor.calls.tripwires import REFUSED
 from stockade.supervisor.errors import InvalidRequest
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import (
@@ -164,18 +165,28 @@ class Interaction:
     ) -> ToolResult:
         args = {"action": "attach", "id": session.process_id, "offset": request.offset}
         source = session.lease.stream("process", args, SESSION_MAX_S, session.request_id)
+        honey, key = self._pipeline.honey, request.sandbox_key
+        said = f"interact {request.command or request.process_id}"
+        watch = honey.stream(key, "output", said) if honey is not None else None
         try:
-            reply, trail.stream_redactions = await relay(source, self._scrubber, events)
+            reply, trail.stream_redactions = await relay(source, self._scrubber, events, watch)
         except CALL_FAULTS as exc:
             return outcome_of(exc)
-        return no_result() if reply is None else _exit_result(result_of("process", reply))
+        result = no_result() if reply is None else _exit_result(result_of("process", reply))
+        if honey is not None and watch is not None and not watch.hit:
+            honey.output(key, "process", (result.data, result.error_message), said)
+        return result
 
     async def _feed(self, session: _Session, inputs: AsyncIterator[InteractInput]) -> None:
         """Pass the caller's input on until it ends or the process does."""
-        ident = session.process_id
+        ident, honey = session.process_id, self._pipeline.honey
+        said = f"interact input to process {ident}"
+        watch = honey.stream(session.lease.key, "stdin", said) if honey is not None else None
         try:
             async for item in inputs:
                 if isinstance(item, StdinInput):
+                    if watch is not None and watch.feed(item.data) and watch.refuse:
+                        raise _InputRefused(REFUSED)
                     for at in range(0, len(item.data), WRITE_CHUNK):
                         await self._write(session, item.data[at : at + WRITE_CHUNK])
                 elif isinstance(item, EofInput):

@@ -23,6 +23,7 @@ from stockade.supervisor.calls.outcome import CALL_FAULTS, failure, no_result, o
 from stockade.supervisor.calls.recorder import CallRecorder, Trail
 from stockade.supervisor.calls.schemas import ArgumentError, json_type_phrase, validate_arguments
 from stockade.supervisor.calls.streaming import relay
+from stockade.supervisor.calls.tripwires import REFUSED, CallTripwire
 from stockade.supervisor.config import Config
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import (
@@ -63,6 +64,8 @@ class HostPolicy:
     limiter: KeyLimiter
     scrubber: Scrubber | None
     audit: AuditLog | None
+    honey: CallTripwire | None = None
+    """The honeytoken checks (calls/tripwires.py); None: honeytokens off."""
 
 
 class _Stop(Exception):
@@ -94,6 +97,11 @@ class ToolPipeline:
         )
         """The last steps of every call (scrub, render, cap, audit, observers): Interact and
         other fronts record through it too."""
+
+    @property
+    def honey(self) -> CallTripwire | None:
+        """The honeytoken checks, for the fronts that pass input on themselves (Interact)."""
+        return self._policy.honey
 
     async def call(self, call: ToolCall, caller: str = "", ask: Ask | None = None) -> ToolResult:
         """Run one tool call. Raises only for a wrong request or a broken supervisor.
@@ -155,8 +163,13 @@ class ToolPipeline:
     ) -> ToolResult:
         with trail.stages.timed("policy"):
             spec = self._resolve(call, trail)
-            args = self._arguments(spec, call.arguments_json, trail)
+            try:
+                args = self._arguments(spec, call.arguments_json, trail)
+            except _Stop:  # wrong arguments may still carry a decoy
+                self._decoys(call, spec, trail.arguments, None, trail)
+                raise
         command = _command_of(spec, args)
+        self._decoys(call, spec, args, command, trail)
         if command is not None:
             await self._check_command(call, spec, command, trail, events, args, ask)
         limiter = self._policy.limiter
@@ -198,6 +211,21 @@ class ToolPipeline:
         except (ValueError, ArgumentError) as exc:
             raise _Stop(failure(ErrorCode.INVALID_ARGS, str(exc))) from exc
         return args
+
+    def _decoys(
+        self,
+        call: ToolCall,
+        spec: ToolSpec,
+        args: dict[str, Any] | None,
+        command: str | None,
+        trail: Trail,
+    ) -> None:
+        """The honeytoken search of the call (calls/tripwires.py); refused when it uses one
+        and on_use says quarantine."""
+        honey, key = self._policy.honey, call.sandbox_key
+        if honey is not None and honey.before(key, spec.name, call.arguments_json, args, command):
+            trail.policy_step = "honeytoken"
+            raise _Stop(failure(ErrorCode.PERMISSION_DENIED, REFUSED))
 
     async def _check_command(
         self,
@@ -281,8 +309,10 @@ class ToolPipeline:
         """Run the call in the sandbox; with `events`, relay its output as it comes. exec
         ends a command at its own timeout: a deadline it lets pass is the agent's fault."""
         tool, args, timeout = self._agent_call(call, spec, args, command, trail)
-        request_id = call.request_id
+        request_id, honey, key = call.request_id, self._policy.honey, call.sandbox_key
         deadline: Deadline = "agent" if tool == "exec" else "caller"
+        said = f"{spec.name} {call.arguments_json}"
+        watch = honey.stream(key, "output", said) if honey and events is not None else None
         try:
             if events is None:
                 reply: AgentReply | None = await lease.invoke(
@@ -290,10 +320,14 @@ class ToolPipeline:
                 )
             else:
                 source = lease.stream(tool, args, timeout, request_id, deadline=deadline)
-                reply, trail.stream_redactions = await relay(source, self._policy.scrubber, events)
+                scrubber = self._policy.scrubber
+                reply, trail.stream_redactions = await relay(source, scrubber, events, watch)
         except CALL_FAULTS as exc:
             return outcome_of(exc)
-        return no_result() if reply is None else result_of(tool, reply)
+        result = no_result() if reply is None else result_of(tool, reply)
+        if honey is not None and not (watch is not None and watch.hit):
+            honey.output(key, spec.name, (result.data, result.error_message), said)
+        return result
 
     def _custom_exec_args(self, spec: ToolSpec, command: str | None) -> dict[str, Any]:
         custom = spec.custom

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from stockade.supervisor.calls.tripwires import StreamWatch
 from stockade.supervisor.models import OutputEvent, StartedEvent, ToolEvent
 from stockade.supervisor.policy.scrub import Scrubber
 from stockade.supervisor.policy.scrub_stream import StreamScrubber
@@ -38,10 +39,14 @@ class _Stream:
 
 
 async def relay(
-    source: AsyncIterator[AgentEvent], scrubber: Scrubber | None, events: asyncio.Queue[ToolEvent]
+    source: AsyncIterator[AgentEvent],
+    scrubber: Scrubber | None,
+    events: asyncio.Queue[ToolEvent],
+    watch: StreamWatch | None = None,
 ) -> tuple[AgentReply | None, int]:
     """Forward started/output events to `events`; return the agent's reply (None if the
-    stream ended without one) and how many credentials were redacted from the chunks."""
+    stream ended without one) and how many credentials were redacted from the chunks.
+    `watch`: the honeytoken search of the raw output (calls/tripwires.py)."""
     streams = {fd: _Stream(name, scrubber) for fd, name in STREAMS.items()}
     reply: AgentReply | None = None
     step: asyncio.Future[AgentEvent] = asyncio.ensure_future(anext(source))
@@ -62,6 +67,8 @@ async def relay(
                 await events.put(StartedEvent(event.pid))
             else:
                 stream = streams[event.fd]
+                if watch is not None:
+                    watch.feed(event.data, event.fd)
                 await _put(events, stream.name, stream.feed(event.data))
         await _flush(streams, events, final=True)
     finally:

@@ -17,6 +17,7 @@ from typing import Any
 
 from stockade.supervisor import errors
 from stockade.supervisor.calls.pipeline import HostPolicy
+from stockade.supervisor.calls.tripwires import REFUSED
 from stockade.supervisor.config import Config
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import CallContext
@@ -75,16 +76,25 @@ class FileTransfers:
         self._allow(t, "write_file", "upload_file")
         started = time.monotonic()
         bad: list[errors.StockadeError] = []
+        honey = self._policy.honey
+        said = f"upload_file {json.dumps({'path': t.path, 'tar': t.tar})}"
+        watch = honey.stream(t.sandbox_key, "upload", said) if honey is not None else None
 
         async def checked() -> AsyncIterator[bytes]:
             """The client's data; a stream that turns bad cancels the agent's upload (which
-            then drops its temporary file) instead of ending it, which would commit it."""
+            then drops its temporary file) instead of ending it, which would commit it. An
+            upload that carries a decoy does so too when on_use says quarantine."""
             try:
                 async for data in chunks:
+                    if watch is not None and watch.feed(data) and watch.refuse:
+                        raise errors.PolicyDenied(REFUSED)
                     yield data
             except errors.StockadeError as exc:
                 bad.append(exc)
                 work.cancel()
+                # never end the stream: its end commits the upload, and gRPC may send it
+                # before the cancel lands; the cancelled call closes this generator instead
+                await asyncio.Event().wait()
 
         async def send() -> AgentReply:
             async with self._sandboxes.lease(t.sandbox_key) as lease:
@@ -110,12 +120,16 @@ class FileTransfers:
         stream = _Scrubbing(scrub)
         digest, size = hashlib.sha256(), 0
         reply: AgentReply | None = None
-        first = True
+        first, honey = True, self._policy.honey
+        said = f"download_file {json.dumps({'path': t.path, 'tar': t.tar})}"
+        watch = honey.stream(t.sandbox_key, "output", said) if honey is not None else None
         async with self._sandboxes.lease(t.sandbox_key) as lease:
             async for item in lease.download(t.path, t.tar):
                 if isinstance(item, AgentReply):
                     reply = item
                     break
+                if watch is not None:
+                    watch.feed(item)
                 if first and mode == "text" and not t.tar and b"\0" in item[:SNIFF_BYTES]:
                     stream = _Scrubbing(scrub, binary=True)
                 first = False

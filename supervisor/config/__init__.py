@@ -8,6 +8,7 @@ here. An unknown key anywhere in the file is an error at load time, never a sile
 
 from stockade.supervisor.config.checks import check_seconds, split_host_port
 from stockade.supervisor.config.console import ConsoleConfig
+from stockade.supervisor.config.honey import HoneytokensConfig
 from stockade.supervisor.config.loading import _build, load_config
 from stockade.supervisor.config.policy import (
     AgentConfig,
@@ -64,6 +65,7 @@ __all__ = [
     "GroupConfig",
     "GuardConfig",
     "GuardRuleConfig",
+    "HoneytokensConfig",
     "HousekeepingConfig",
     "LimitsConfig",
     "McpConfig",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stockade.supervisor.config.console import check_console
+from stockade.supervisor.config.honey import check_honeytokens
 from stockade.supervisor.config.quarantine import check_quarantine
 from stockade.supervisor.config.sandbox import (
     AGENT_UID,
@@ -115,6 +116,7 @@ def check(cfg: Config) -> None:
     if cfg.engine.kind == "kubernetes":
         _check_pods(cfg)
     _check_state(cfg.state)
+    check_honeytokens(cfg)
 
 
 DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")

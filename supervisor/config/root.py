@@ -8,6 +8,7 @@ from pathlib import Path
 
 from stockade.supervisor.config.checks import check
 from stockade.supervisor.config.console import ConsoleConfig
+from stockade.supervisor.config.honey import HoneytokensConfig
 from stockade.supervisor.config.policy import (
     AgentConfig,
     ApprovalsConfig,
@@ -78,6 +79,7 @@ class Config:
     snapshots: SnapshotsConfig = field(default_factory=SnapshotsConfig)
     state: StateConfig = field(default_factory=StateConfig)
     quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
+    honeytokens: HoneytokensConfig = field(default_factory=HoneytokensConfig)
 
     def __post_init__(self) -> None:
         check(self)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 
 from stockade.supervisor.config import Config
@@ -69,6 +70,7 @@ class Containers:
         instance_id: str,
         image: str,
         owner_label: Callable[[], str],
+        decoy_env: Callable[[str, SandboxProfile | None], dict[str, str]] | None = None,
     ) -> None:
         self._config = config
         self._backend = backend
@@ -79,6 +81,8 @@ class Containers:
         self.instance_id = instance_id
         self.image = image
         self._owner_label = owner_label
+        self._decoy_env = decoy_env
+        """The honeytoken variable of a key's container (decoys.py), when one is planted."""
         self.runtime = Runtime()
         self.starts = 0
         """Containers started (and answered by their agent) since this supervisor started."""
@@ -113,6 +117,8 @@ class Containers:
         network attached; a warm-pool container gets both when a key takes it. Anything that
         fails undoes what was done and raises (SandboxBroken when the agent never answered)."""
         spec = self.spec(name, labels, paths, network, profile)
+        if key and self._decoy_env is not None and (decoy := self._decoy_env(key, profile)):
+            spec = replace(spec, environment={**decoy, **spec.environment})
         if key:
             await asyncio.to_thread(self.remove_own, name)
         await asyncio.to_thread(self._layout.mount, paths)

@@ -48,6 +48,7 @@ from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import NetworkRequest, SandboxInfo, SandboxState
 from stockade.supervisor.network.proxy import EgressDecision
 from stockade.supervisor.observe.alarms import Alarm
+from stockade.supervisor.policy.honeytokens import Honeytokens
 from stockade.supervisor.sandboxes import adoption, hostfs, layout, owner, pressure, workspaces
 from stockade.supervisor.sandboxes.agent_link import AgentConnection
 from stockade.supervisor.sandboxes.containers import (
@@ -57,6 +58,7 @@ from stockade.supervisor.sandboxes.containers import (
     Containers,
     socket_address,
 )
+from stockade.supervisor.sandboxes.decoys import Planter
 from stockade.supervisor.sandboxes.health import SILENCE_S, Clinic, Recorder
 from stockade.supervisor.sandboxes.housekeeping import Housekeeping
 from stockade.supervisor.sandboxes.inspection import isolation_report
@@ -104,6 +106,7 @@ class SandboxManager:
         silence_s: float = SILENCE_S,
         state: SharedState | None = None,
         replica: str = "",
+        honeytokens: Honeytokens | None = None,
     ) -> None:
         """host_mounts: whether a mount the supervisor makes reaches the engine (not from
         the supervisor's own container). `lock`: this instance's lock on the state directory,
@@ -132,10 +135,12 @@ class SandboxManager:
         self.layout = Layout(config)
         self.networks = Networks(config, instance_id, record_egress)
         self.profiles = Profiles(config, image)
+        self.decoys = Planter(config, honeytokens)  # honeytokens: decoys.py
         self.containers = Containers(
             config, backend, self.layout, self.networks,
             connect or partial(AgentConnection, limits=limits), address_of=address_of,
             instance_id=instance_id, image=image, owner_label=lambda: self.owner.label(),
+            decoy_env=self.decoys.environment,
         )  # fmt: skip
         self.clinic = Clinic(config, backend, self.registry, self.record, silence_s)
         refuse = config.sandbox.paused_call == "refuse"
@@ -216,6 +221,7 @@ class SandboxManager:
         }
         adopted = await adoption.adopt_all(self, found, image_ids)
         await self.quarantines.restore()
+        await self.decoys.know((k, self.profiles.kept(p.root)) for k, p in self.layout.folders())
         await asyncio.to_thread(self.layout.drop_pool_folders)
         await self.networks.egress.prune({s.sid for s in self.registry.values()})
         await self.networks.serve_pods(self.backend.list, self.containers.labels())
@@ -291,6 +297,7 @@ class SandboxManager:
                 trouble = await self.clinic.trouble(old, self.config.sandbox.start_timeout_s)
                 if trouble is None:
                     old.idle_since = time.monotonic()
+                    await self.decoys.plant(old)  # adopted: its first call
                     return old
             if old is not None:
                 self.registry.pop(key, None)
@@ -312,9 +319,10 @@ class SandboxManager:
                     )
                     if taken is not None:
                         self.registry[key] = taken
+                        await self.decoys.plant(taken)
                         return taken
                     await self.quotas.admit_shared(key, made.memory_mb)
-                    pooled = made == self.profiles.default
+                    pooled = self.decoys.poolable(key, made, self.profiles.default)
                     sandbox = await self.pool.take(key, chosen) if pooled else None
                     if sandbox is not None:
                         sandbox.profile = made
@@ -328,6 +336,7 @@ class SandboxManager:
             self.registry[key] = sandbox
             if trouble is not None:
                 self.clinic.healed(key, trouble)
+            await self.decoys.plant(sandbox)
             return sandbox
 
     def settings_of(self, key: str) -> tuple[SandboxNetwork, SandboxProfile]:

@@ -71,6 +71,8 @@ class Sandbox:
     way, and its silence says nothing about the sandbox's health."""
     profile: SandboxProfile | None = None
     """The profile its container was made with (profiles.py); None: the default."""
+    decoys_planted: bool = False
+    """Its container has its decoy files (decoys.py), or needs none."""
 
     @property
     def info(self) -> ContainerInfo:
