@@ -26,6 +26,9 @@ log = logging.getLogger("stockade.alarms")
 
 AlarmKind = Literal["honeytoken", "placeholder", "guard"]
 MAX_EVIDENCE = 4096
+MAX_STEP = 300
+"""Characters of an alarm's words in its audit record's policy_step (all of them in its
+arguments_json)."""
 """Characters of evidence an alarm keeps (the triggering call or request, scrubbed)."""
 
 
@@ -209,7 +212,7 @@ class AlarmHub:
                 provider="",
                 tool="alarm",
                 arguments_json=json.dumps(to_dict(alarm)),
-                policy_step=f"alarm: {alarm.kind} at {alarm.where}",
+                policy_step=f"alarm: {alarm.kind} at {alarm.where}: {alarm.detail[:MAX_STEP]}",
                 error_code="ALARM",
                 is_error=True,
             )

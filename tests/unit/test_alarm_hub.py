@@ -70,7 +70,7 @@ async def test_sound_logs_records_counts_and_reacts(
     assert [(key, a.kind) for key, a in reacted] == [("k", "guard")]
     (rec,) = audit.records
     assert rec.tool == "alarm"
-    assert rec.policy_step == "alarm: guard at guard"
+    assert rec.policy_step.startswith("alarm: guard at guard: ")
     assert rec.sandbox_key == "k"
     assert rec.is_error
     assert rec.error_code == "ALARM"
