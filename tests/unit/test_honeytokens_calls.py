@@ -274,8 +274,9 @@ async def test_concurrent_calls_alarm_on_their_own_sandbox() -> None:
 
 
 async def test_the_app_builds_the_tripwire_and_records_alarms() -> None:
-    from stockade.supervisor.app import alarm_recorder, honeytokens
+    from stockade.supervisor.app import honeytokens
     from stockade.supervisor.errors import ConfigError
+    from stockade.supervisor.observe.alarms import AlarmHub
     from stockade.supervisor.policy.honeytokens import KEY_FILE
 
     off = Config(state_dir=STATE[-1])
@@ -283,7 +284,9 @@ async def test_the_app_builds_the_tripwire_and_records_alarms() -> None:
     assert not (STATE[-1] / KEY_FILE).exists()  # no key made while off
     on = Config(state_dir=STATE[-1], honeytokens=HoneytokensConfig(enabled=True))
     policy = build_policy(on)
-    sink = alarm_recorder(policy)
+    hub = AlarmHub(policy.audit, None, None, on)  # as app.py builds it
+    hub.bind(asyncio.get_running_loop())
+    sink = hub.sound
     wire = honeytokens(on, policy, sink)
     assert wire is not None
     assert (STATE[-1] / KEY_FILE).stat().st_mode & 0o777 == 0o600
@@ -293,7 +296,7 @@ async def test_the_app_builds_the_tripwire_and_records_alarms() -> None:
     (record,) = await policy.audit.query(AuditQuery(tool="alarm"))
     assert record.sandbox_key == "k"
     assert record.is_error
-    assert record.policy_step.startswith("alarm: honeytoken in output: honeytoken read")
+    assert record.policy_step.startswith("alarm: honeytoken at output: honeytoken read")
     assert d.netrc not in record.arguments_json
     assert json.loads(record.arguments_json)["where"] == "output"
     (STATE[-1] / KEY_FILE).write_bytes(b"broken")

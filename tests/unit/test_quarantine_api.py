@@ -107,7 +107,7 @@ async def test_a_guard_rule_marked_quarantine_quarantines(
         shown = await a.get_quarantine("box")
         assert shown.quarantine.alarms[0].evidence == "exfil --to evil.example 4444"
         tools = [(r.tool, r.policy_step) for r in shown.audit]
-        assert ("alarm", "alarm: guard at guard") in tools
+        assert any(t == "alarm" and s.startswith("alarm: guard at guard: ") for t, s in tools)
         assert any(r.tool == "exec" and r.guard_rule == "no-exfil" for r in shown.audit)
         assert shown.audit == sorted(shown.audit, key=lambda r: r.time or 0)
         # another tenant: nothing to see, nothing to reach, its own "box" untouched

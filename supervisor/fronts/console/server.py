@@ -6,29 +6,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
-from collections.abc import Iterator
 
 import uvicorn
 
 from stockade.supervisor import errors
 from stockade.supervisor.api.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy
-from stockade.supervisor.config import Config, split_host_port
+from stockade.supervisor.config import Config
 from stockade.supervisor.fronts.console.app import build_app
 from stockade.supervisor.fronts.console.context import ConsoleContext
+from stockade.supervisor.fronts.http import Uvicorn, listening_socket, serve
 from stockade.supervisor.observe.metrics import Metrics
 from stockade.supervisor.sandboxes.manager import SandboxManager
 
 log = logging.getLogger("stockade.console")
-
-
-class _Uvicorn(uvicorn.Server):
-    """uvicorn without its signal handlers: the supervisor's own stop the front."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 class ConsoleFront:
@@ -37,19 +28,9 @@ class ConsoleFront:
     def __init__(self, ctx: ConsoleContext) -> None:
         listen = ctx.config.console.listen
         self.ctx = ctx
-        host, port = split_host_port(listen, "console.listen")
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        try:
-            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._socket.bind((host, port))
-            self._socket.listen(128)
-        except OSError as exc:
-            self._socket.close()
-            raise errors.ConfigError(f"cannot serve the console on {listen}: {exc}") from exc
-        self._socket.setblocking(False)
+        self._socket = listening_socket(listen, "console.listen", "the console", 128)
         self.port: int = self._socket.getsockname()[1]
-        self._server = _Uvicorn(
+        self._server = Uvicorn(
             uvicorn.Config(
                 build_app(ctx),
                 lifespan="off",
@@ -64,12 +45,7 @@ class ConsoleFront:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-                raise errors.ConfigError("the console did not start")
-            await asyncio.sleep(0.01)
+        self._task = await serve(self._server, self._socket, "the console")
 
     async def stop(self, grace: float) -> None:
         """Stop taking requests; open pages' streams end (the browser retries)."""

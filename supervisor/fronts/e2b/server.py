@@ -13,9 +13,8 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
@@ -26,15 +25,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from stockade.supervisor import errors
 from stockade.supervisor.api.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
-from stockade.supervisor.config import Config, split_host_port
+from stockade.supervisor.config import Config
 from stockade.supervisor.fronts.e2b.context import E2bContext
 from stockade.supervisor.fronts.e2b.control import Control
 from stockade.supervisor.fronts.e2b.envd import build_envd_app
 from stockade.supervisor.fronts.e2b.records import E2bSandbox, Records
 from stockade.supervisor.fronts.e2b.wire import ApiError, error_response
+from stockade.supervisor.fronts.http import Uvicorn, listening_socket, serve
 from stockade.supervisor.sandboxes.manager import SandboxManager
 
 log = logging.getLogger("stockade.e2b")
@@ -154,14 +153,6 @@ def build_app(ctx: E2bContext) -> tuple[ASGIApp, Control]:
     return Dispatch(ctx, app, envd), control
 
 
-class _Uvicorn(uvicorn.Server):
-    """uvicorn without its signal handlers: the supervisor's own stop the front."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 class E2bFront:
     """The running E2B endpoint; `port` is the bound TCP port."""
 
@@ -169,20 +160,9 @@ class E2bFront:
         listen = ctx.config.e2b.listen
         self.ctx = ctx
         app, self.control = build_app(ctx)
-        host, port = split_host_port(listen, "e2b.listen")
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        # IPPROTO_TCP named so that asyncio sets TCP_NODELAY (see the MCP front)
-        self._socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        try:
-            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._socket.bind((host, port))
-            self._socket.listen(512)
-        except OSError as exc:
-            self._socket.close()
-            raise errors.ConfigError(f"cannot serve E2B on {listen}: {exc}") from exc
-        self._socket.setblocking(False)
+        self._socket = listening_socket(listen, "e2b.listen", "E2B", 512)
         self.port: int = self._socket.getsockname()[1]
-        self._server = _Uvicorn(
+        self._server = Uvicorn(
             uvicorn.Config(
                 app,
                 lifespan="on",
@@ -197,12 +177,7 @@ class E2bFront:
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-                raise errors.ConfigError("the E2B endpoint did not start")
-            await asyncio.sleep(0.01)
+        self._task = await serve(self._server, self._socket, "E2B")
         self._sweeper = asyncio.create_task(self._sweep())
 
     async def _sweep(self) -> None:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +33,7 @@ from stockade.supervisor import errors
 from stockade.supervisor.api.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import Config, split_host_port
+from stockade.supervisor.fronts.http import Uvicorn, listening_socket, serve
 from stockade.supervisor.fronts.mcp.handlers import McpTools
 from stockade.supervisor.fronts.mcp.json_answers import JsonAnswers
 from stockade.supervisor.fronts.mcp.json_answers import SessionManager as JsonSessionManager
@@ -149,35 +148,14 @@ def build_app(
     return Endpoint(app, tools, manager)
 
 
-class _Uvicorn(uvicorn.Server):
-    """uvicorn without its signal handlers: the supervisor's own stop the front."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 class McpFront:
     """The running MCP endpoint; `port` is the bound TCP port."""
 
     def __init__(self, endpoint: Endpoint, listen: str) -> None:
         self._endpoint = endpoint
-        host, port = split_host_port(listen, "mcp.listen")
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP
-        # (an accepted one inherits it); with proto 0, Nagle held a response's body back
-        # for the client's delayed ACK, ~40 ms a request on a kept-alive connection
-        self._socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        try:
-            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._socket.bind((host, port))
-            self._socket.listen(128)
-        except OSError as exc:
-            self._socket.close()
-            raise errors.ConfigError(f"cannot serve MCP on {listen}: {exc}") from exc
-        self._socket.setblocking(False)
+        self._socket = listening_socket(listen, "mcp.listen", "MCP", 128)
         self.port: int = self._socket.getsockname()[1]
-        self._server = _Uvicorn(
+        self._server = Uvicorn(
             uvicorn.Config(
                 endpoint.app,
                 lifespan="on",
@@ -192,12 +170,7 @@ class McpFront:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-                raise errors.ConfigError("the MCP endpoint did not start")
-            await asyncio.sleep(0.01)
+        self._task = await serve(self._server, self._socket, "MCP")
 
     async def stop(self, grace: float) -> None:
         """New calls are refused at once, calls in flight get `grace` seconds to finish; then
