@@ -8,7 +8,9 @@ Per engine (Podman, Docker), on the same image and machine:
 - cold start: the first call on a new key until its result;
 - host memory per idle sandbox (PSS of its processes plus the engine's helper);
 - the MCP front against gRPC: warm `exec true` through each front of one supervisor, in
-  interleaved rounds, and what MCP costs more (bench/mcp_front.py; alone: `--only mcp`).
+  interleaved rounds, and what MCP costs more (bench/mcp_front.py; alone: `--only mcp`);
+- the console's cost: warm `exec true` through a supervisor serving the console (nobody on
+  it) against one without, in interleaved rounds (bench/console_cost.py; `--only console`).
 
 `python -m bench --compare REV` (`make bench-compare BASE=REV`) measures only warm `exec true`
 and the supervisor's CPU per call, REV's supervisor and this tree's side by side in one run

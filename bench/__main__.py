@@ -5,7 +5,9 @@ against REV's, side by side (bench/compare.py), or `python -m bench --only mcp [
 `python -m bench --only snapshots [--engine E] [--snap-files N] [--snap-mib M]
 [--snap-rounds R] [--snap-forks F]` for pause, resume, snapshots, restore and forks through
 the supervisor alone (bench/sandbox_snapshots.py), or `python -m bench --only e2b [--engine E]
-[--n N] [--rounds R]` for the E2B front's commands.run against gRPC (bench/e2b_front.py)."""
+[--n N] [--rounds R]` for the E2B front's commands.run against gRPC (bench/e2b_front.py), or
+`python -m bench --only console [--engine E] [--n N] [--rounds R]` for warm calls through a
+supervisor with the console on (nobody on it) against one without (bench/console_cost.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from bench import (
     audit,
     coldstart,
     compare,
+    console_cost,
     e2b_front,
     egress,
     load,
@@ -62,10 +65,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only",
-        choices=["mcp", "snapshots", "e2b"],
+        choices=["mcp", "snapshots", "e2b", "console"],
         help="only one measurement: mcp, the MCP front against gRPC (bench/mcp_front.py); "
         "snapshots, pause/resume, snapshots, restore and forks (bench/sandbox_snapshots.py); "
-        "e2b, the E2B front's commands.run against gRPC (bench/e2b_front.py)",
+        "e2b, the E2B front's commands.run against gRPC (bench/e2b_front.py); console, warm "
+        "calls with the console on and off (bench/console_cost.py)",
     )
     sandbox_snapshots.add_arguments(parser, "snap-")
     parser.add_argument(
@@ -147,6 +151,10 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
         f"{engine}: E2B against gRPC",
         lambda: e2b_front.measure_engine(engine, ns.n, ns.rounds, ns.warmup),
     )
+    results["console"] = guarded(
+        f"{engine}: console on against off",
+        lambda: console_cost.measure_engine(engine, ns.n, ns.rounds, ns.warmup),
+    )
     results["snapshots"] = guarded(
         f"{engine}: sandbox snapshots ({ns.snap['files']:,} files, {ns.snap['mib']} MiB)",
         lambda: sandbox_snapshots.measure_engine(engine, **ns.snap),
@@ -200,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                 return compare.run(ns.compare, engines, ns.n, ns.rounds, ns.warmup)
             if ns.only == "snapshots":
                 return sandbox_snapshots.run(engines, **ns.snap)
+            if ns.only == "console":
+                return console_cost.run(engines, ns.n, ns.rounds, ns.warmup)
             if ns.only == "e2b":
                 return e2b_front.run(engines, ns.n, ns.rounds, ns.warmup)
             return mcp_front.run(engines, ns.n, ns.rounds, ns.warmup)
@@ -241,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         print(abuse.section(engine, results["neighbour_abuse"]), end="\n\n")
         print(mcp_front.section(engine, results["mcp"]), end="\n\n")
         print(e2b_front.section(engine, results["e2b"]), end="\n\n")
+        print(console_cost.section(engine, results["console"]), end="\n\n")
         print(sandbox_snapshots.section(engine, results["snapshots"]), end="\n\n")
     print(report.summary(by_engine))
     record = {

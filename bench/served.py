@@ -35,7 +35,15 @@ class Served:
 
 
 @contextlib.contextmanager
-def served(engine: str, extra_config: str = "", *, tree: Path | None = None) -> Iterator[Served]:
+def served(
+    engine: str,
+    extra_config: str = "",
+    *,
+    tree: Path | None = None,
+    auth: str = "[auth]\nenabled = false\n",
+) -> Iterator[Served]:
+    """`auth`: the [auth] table (none by default; bench/console_cost.py gives a tokens file,
+    which the console needs)."""
     state_dir = Path(tempfile.mkdtemp(prefix="stkb", dir="/tmp"))
     target = f"127.0.0.1:{free_port()}"
     config = state_dir / "stockade.toml"
@@ -43,8 +51,7 @@ def served(engine: str, extra_config: str = "", *, tree: Path | None = None) -> 
         f'listen = "{target}"\nstate_dir = "{state_dir}"\n'
         f'[engine]\nkind = "{engine}"\nsocket = "{engine_url(engine)}"\n'
         # the full policy pipeline runs; only the rate limit would throttle a benchmark
-        "[limits]\nrate_per_s = 1000000.0\nburst = 1000000\n"
-        "[auth]\nenabled = false\n" + extra_config
+        "[limits]\nrate_per_s = 1000000.0\nburst = 1000000\n" + auth + extra_config
     )
     log_path = state_dir / "serve.log"
     process = None

@@ -400,7 +400,9 @@ async def _start(
         if config.console.listen:
             from stockade.supervisor.fronts.console.server import start_console
 
-            console = await start_console(config, policy, authenticator, manager, telemetry.metrics)
+            console = await start_console(
+                config, policy, authenticator, manager, telemetry.metrics, alarms
+            )
         await server.start()  # once the gRPC API serves, so do MCP and E2B (the launcher waits)
     except BaseException:
         if console is not None:

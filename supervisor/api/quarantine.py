@@ -91,14 +91,7 @@ class QuarantineServicer(quarantine_pb2_grpc.QuarantineServiceServicer):
             subscription.close()
 
     async def _evidence(self, record: Quarantine) -> list[AuditRecord]:
-        if self._audit is None:
-            return []
-        tenant, key = split(record.key)
-        times = [a.time for a in record.alarms] or [record.since]
-        since, until = min(times) - self._window, max(times) + self._window
-        query = AuditQuery(tenant=tenant, sandbox_key=key, since=since, limit=10_000)
-        found = [r for r in await self._audit.query(query) if r.time <= until]
-        return list(reversed(found[-MAX_EVIDENCE_RECORDS:]))
+        return await evidence(self._audit, record, self._window)
 
     def _pb(self, record: Quarantine) -> quarantine_pb2.Quarantine:
         return quarantine_pb2.Quarantine(
@@ -126,3 +119,17 @@ class QuarantineServicer(quarantine_pb2_grpc.QuarantineServiceServicer):
         and made valid UTF-8 for the wire."""
         text = text.encode("utf-8", "replace").decode("utf-8")
         return text if self.scrubber is None else self.scrubber.scrub(text)[0]
+
+
+async def evidence(audit: AuditLog | None, record: Quarantine, window: float) -> list[AuditRecord]:
+    """The sandbox's audit records from `window` seconds before its first alarm to `window`
+    after its last, oldest first, at most MAX_EVIDENCE_RECORDS (GetQuarantine's, and the
+    console's)."""
+    if audit is None:
+        return []
+    tenant, key = split(record.key)
+    times = [a.time for a in record.alarms] or [record.since]
+    since, until = min(times) - window, max(times) + window
+    query = AuditQuery(tenant=tenant, sandbox_key=key, since=since, limit=10_000)
+    found = [r for r in await audit.query(query) if r.time <= until]
+    return list(reversed(found[-MAX_EVIDENCE_RECORDS:]))

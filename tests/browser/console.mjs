@@ -183,6 +183,37 @@ try {
   check(report.includes("namespaces") && report.includes(cfg.key), "its isolation report");
   await shot(page, "isolation");
 
+  // 7a. quarantine from the page: the gRPC call is refused; release: it works again
+  step("quarantine and release");
+  await page.goto(sandboxUrl);
+  await Promise.all([page.waitForNavigation(), page.click("#quarantine")]);
+  await page.fill("#reason", "odd <traffic> seen by the browser test");
+  await shot(page, "confirm-quarantine");
+  await Promise.all([page.waitForNavigation(), page.click("#confirm")]);
+  check(page.url() === sandboxUrl, "back on the sandbox's page: " + page.url());
+  const held = await page.textContent("main");
+  check(held.includes("Quarantined") && held.includes("odd <traffic> seen by the browser test"),
+    "the page shows the quarantine and its reason");
+  check((await page.textContent("#alarms")).includes("operator"), "the alarm, from the operator");
+  check((await page.textContent("#evidence")).includes("exec"), "the audit records around it");
+  check(await page.isVisible("#release") && !(await page.isVisible("#pause")), "release offered, not pause");
+  await shot(page, "sandbox-quarantined");
+  const refusedCall = await cli(cfg.tokens.alice, ["exec", cfg.key, "--", "echo", "quarantined"]).done;
+  check(refusedCall.code !== 0 && (refusedCall.out + refusedCall.err).includes("FAILED_PRECONDITION"),
+    "a call on a quarantined sandbox: " + refusedCall.code + " " + refusedCall.out + refusedCall.err);
+  await page.goto(base + "/quarantines");
+  const listedQ = page.locator("#quarantines tbody tr", { hasText: cfg.key });
+  check((await listedQ.count()) === 1, "listed among the quarantines");
+  await shot(page, "quarantines");
+  await page.goto(base + "/sandboxes");
+  await page.waitForSelector(`#sandboxes tr[data-key="${cfg.key}"] .state.quarantined`, { timeout: WAIT });
+  await page.goto(sandboxUrl);
+  await Promise.all([page.waitForNavigation(), page.click("#release")]);
+  await Promise.all([page.waitForNavigation(), page.click("#confirm")]);
+  check(!(await page.textContent("main")).includes("Quarantined"), "released");
+  const backCall = await cli(cfg.tokens.alice, ["exec", cfg.key, "--", "echo", "released"]).done;
+  check(backCall.code === 0 && backCall.out.includes("released"), "the call works again: " + backCall.err);
+
   // 8. a forged CSRF token is refused, in the browser, from the page itself
   step("a forged CSRF token is refused");
   const forged = await page.evaluate(async (key) => {

@@ -2,8 +2,9 @@
 engine: tests/browser/console.mjs (playwright-core driving Debian's /usr/bin/chromium) signs
 in with tokens, watches a sandbox appear after a call, answers an approval that a waiting
 gRPC call (the CLI) then passes, sees one answered from the CLI leave the page, filters the
-audit log, pauses and resumes, and is refused without a session, with a forged CSRF token
-and across tenants. Screenshots of each page go to test-artifacts/console/ (git-ignored).
+audit log, pauses and resumes, quarantines (a gRPC call then refused) and releases, and is
+refused without a session, with a forged CSRF token and across tenants. Screenshots of each
+page go to test-artifacts/console/ (git-ignored).
 
 On both engines (about 15 s each): the pages show what the engine reports (state, cgroup
 figures, processes, the isolation report)."""
@@ -87,7 +88,8 @@ def test_the_console_in_a_browser(console: Console) -> None:
         f"{run.stdout}\n{run.stderr}\n--- supervisor log ---\n" + (console.sup.log()[-4000:])
     )
     assert "step: done" in run.stdout
-    for name in ("login", "sandboxes", "approvals", "audit", "audit-record", "sandbox", "overview"):
+    pages = ("login", "sandboxes", "approvals", "audit", "audit-record", "sandbox", "overview")
+    for name in (*pages, "confirm-quarantine", "sandbox-quarantined", "quarantines"):
         assert (artifacts / f"{name}.png").stat().st_size > 1000, name
     # what the browser did, seen through the gRPC API and its audit log
     with console.sup.client(token=console.tokens["alice"]) as client:
@@ -96,7 +98,15 @@ def test_the_console_in_a_browser(console: Console) -> None:
     approvers = {r.approver for r in records if r.approval}
     assert approvers >= {"console:tenant:alice", "carol-at-the-cli"}
     actions = [r.tool for r in records if r.tool.startswith("console.")]
-    assert sorted(actions) == ["console.pause", "console.resume"]
+    assert sorted(actions) == [
+        "console.pause",
+        "console.quarantine",
+        "console.release",
+        "console.resume",
+    ]
+    alarms = [r for r in records if r.tool == "alarm"]
+    assert len(alarms) == 1
+    assert "odd <traffic> seen by the browser test" in alarms[0].arguments_json
 
 
 def _environment() -> dict[str, str]:

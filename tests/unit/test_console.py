@@ -27,6 +27,7 @@ from stockade.supervisor.fronts.console.sessions import COOKIE, MAX_SESSIONS, Se
 from stockade.supervisor.keys import scope
 from stockade.supervisor.models import SandboxInfo, SandboxState
 from stockade.supervisor.observe.metrics import Metrics
+from stockade.supervisor.sandboxes.quarantine import Quarantines
 
 ALICE = "alice-token-0123456789abcdef"
 BOB = "bob-token-0123456789abcdef00"
@@ -41,6 +42,7 @@ class Manager:
         self.infos = {k: info(k) for k in keys}
         self.registry: dict[str, Any] = {}
         self.asked: list[tuple[str, str]] = []
+        self.quarantines = Quarantines(self)  # type: ignore[arg-type]  # none held here
 
     async def list(self) -> list[SandboxInfo]:
         return list(self.infos.values())

@@ -17,7 +17,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from stockade.supervisor.errors import Unauthenticated
-from stockade.supervisor.fronts.console import approvals, audit, overview, sandboxes
+from stockade.supervisor.fronts.console import approvals, audit, overview, quarantines, sandboxes
 from stockade.supervisor.fronts.console.context import ConsoleContext, NeedLogin, read_form
 from stockade.supervisor.fronts.console.html import message, page
 from stockade.supervisor.fronts.console.security import Guard, same_origin
@@ -124,6 +124,7 @@ def build_app(ctx: ConsoleContext) -> ASGIApp:
         ("/sandbox/isolation", sandboxes.isolation_page, get),
         ("/sandbox/confirm", sandboxes.confirm_page, get),
         ("/sandbox/action", sandboxes.act, post),
+        ("/quarantines", quarantines.list_page, get),
         ("/approvals", approvals.approvals_page, get),
         ("/approvals/events", approvals.events, get),
         ("/approvals/decide", approvals.decide, post),

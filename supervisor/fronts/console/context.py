@@ -19,6 +19,7 @@ from stockade.supervisor.errors import InvalidRequest, Unauthenticated
 from stockade.supervisor.fronts.console.security import MAX_BODY_BYTES, csrf_ok, same_origin
 from stockade.supervisor.fronts.console.sessions import COOKIE, Session, Sessions
 from stockade.supervisor.keys import scope, split, validate_key, validate_tenant
+from stockade.supervisor.observe.alarms import AlarmHub
 from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.observe.metrics import Metrics
 from stockade.supervisor.sandboxes.manager import SandboxManager
@@ -57,6 +58,8 @@ class ConsoleContext:
     authenticator: Authenticator
     manager: SandboxManager
     metrics: Metrics | None
+    alarms: AlarmHub | None = None
+    """The supervisor's alarms: a quarantine by hand is told everywhere, as the RPC's is."""
     sessions: Sessions = field(init=False)
     rates: Rates = field(init=False)
 

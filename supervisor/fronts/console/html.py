@@ -15,6 +15,7 @@ from stockade.supervisor.fronts.console.sessions import Session
 NAV = (
     ("/overview", "Overview", True),
     ("/sandboxes", "Sandboxes", False),
+    ("/quarantines", "Quarantine", False),
     ("/approvals", "Approvals", False),
     ("/audit", "Audit", False),
 )

@@ -1,6 +1,7 @@
 """The sandboxes pages: the live list, a sandbox's page (recent calls from the audit log,
-processes, cgroup figures), its isolation report, and pause / resume / destroy behind a
-confirmation page. Every action goes to the sandbox manager the gRPC servicers use."""
+processes, cgroup figures, a quarantine's evidence), its isolation report, and pause /
+resume / quarantine / release / destroy behind a confirmation page. Every action goes to the
+sandbox manager the gRPC servicers use (quarantine and release: quarantines.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from stockade.supervisor.errors import StockadeError
+from stockade.supervisor.fronts.console import quarantines
 from stockade.supervisor.fronts.console.context import ConsoleContext, query
 from stockade.supervisor.fronts.console.html import (
     csrf_field,
@@ -34,9 +36,15 @@ from stockade.supervisor.observe.audit import AuditQuery
 ACTIONS = {
     "pause": "Pause: freeze every process of the sandbox until it is resumed.",
     "resume": "Resume: thaw the sandbox's processes.",
+    "quarantine": "Quarantine: freeze the sandbox, cut its network and refuse every call on it "
+    "until it is released; its container and workspace are kept as evidence.",
+    "release": "Release: end the quarantine: the network back, the processes thawed, calls "
+    "served again.",
     "destroy": "Destroy: remove the container (the workspace is kept; the next call makes a "
     "new container).",
 }
+WHEN_QUARANTINED = ("release", "destroy")
+"""The actions a quarantined sandbox's page offers (pause and resume are refused)."""
 MAX_PROCESSES = 50
 
 
@@ -49,6 +57,7 @@ def row(ctx: ConsoleContext, info: SandboxInfo, now: float) -> dict[str, Any]:
         found = sample(held.info.pid)
         if found is not None:
             cpu_s, memory_mb = round(found.cpu_ns / 1e9, 2), round(found.memory / 2**20, 1)
+    record = quarantines.held(ctx, info.key)
     created = info.created_at.timestamp() if info.created_at else None
     used = info.last_used_at.timestamp() if info.last_used_at else None
     return {
@@ -64,6 +73,8 @@ def row(ctx: ConsoleContext, info: SandboxInfo, now: float) -> dict[str, Any]:
         "memory_mb": memory_mb,
         "paused_since": when(info.paused_at) if info.paused_at else "",
         "trouble": info.trouble,
+        "quarantined_since": when(record.since) if record else "",
+        "quarantine_reason": quarantines.reason(ctx, record) if record else "",
         "href": url("/sandbox", tenant=tenant, key=key),
     }
 
@@ -83,12 +94,21 @@ async def rows(ctx: ConsoleContext, request: Request) -> list[dict[str, Any]]:
 HEADERS = ("Tenant", "Key", "State", "Engine", "Network", "Age", "Idle", "CPU s", "Memory MiB")
 
 
+def state_text(r: dict[str, Any]) -> tuple[str, str]:
+    """(text, class) of a row's state; console.js builds the same from the JSON."""
+    if r["quarantined_since"]:
+        text = f"QUARANTINED since {r['quarantined_since']}: {r['quarantine_reason']}"
+        return text, "quarantined"
+    since = f" since {r['paused_since']}" if r["paused_since"] else ""
+    return r["state"] + since, r["state"].lower()
+
+
 def cells(r: dict[str, Any]) -> list[str]:
-    state = e(r["state"]) + (f" since {e(r['paused_since'])}" if r["paused_since"] else "")
+    state, kind = state_text(r)
     return [
         e(r["tenant"]),
         f'<a href="{e(r["href"])}">{e(r["key"])}</a>',
-        f'<span class="state {e(r["state"].lower())}">{state}</span>',
+        f'<span class="state {e(kind)}">{e(state)}</span>',
         e(r["engine"]),
         e(r["network"] or "-"),
         e(r["age"]),
@@ -121,7 +141,9 @@ async def sandbox_page(ctx: ConsoleContext, request: Request) -> Response:
         raise HTTPException(404, str(exc)) from None
     r = row(ctx, info, time.time())
     facts = table(("Field", "Value"), ([e(k), e(v)] for k, v in r.items() if k != "href"))
-    confirm = {a: url("/sandbox/confirm", action=a, tenant=tenant, key=shown_key) for a in ACTIONS}
+    quarantined = quarantines.held(ctx, key) is not None
+    offered = [a for a in ACTIONS if (a in WHEN_QUARANTINED) == quarantined or a == "destroy"]
+    confirm = {a: url("/sandbox/confirm", action=a, tenant=tenant, key=shown_key) for a in offered}
     actions = "".join(
         f'<a class="button" id="{a}" href="{e(href)}">{e(a.capitalize())}</a>'
         for a, href in confirm.items()
@@ -130,6 +152,7 @@ async def sandbox_page(ctx: ConsoleContext, request: Request) -> Response:
     parts = [
         facts,
         f'<p class="actions">{actions} <a href="{e(isolation)}">Isolation report</a></p>',
+        await quarantines.evidence_section(ctx, key),
         "<h2>Processes</h2>",
         processes(ctx, key),
         "<h2>Recent calls</h2>",
@@ -207,7 +230,8 @@ async def confirm_page(ctx: ConsoleContext, request: Request) -> Response:
         f'<input type="hidden" name="action" value="{e(action)}">'
         f'<input type="hidden" name="tenant" value="{e(tenant)}">'
         f'<input type="hidden" name="key" value="{e(shown_key)}">'
-        f'<button type="submit" id="confirm">{e(action.capitalize())} {e(shown_key)}</button> '
+        + (quarantines.reason_field() if action == "quarantine" else "")
+        + f'<button type="submit" id="confirm">{e(action.capitalize())} {e(shown_key)}</button> '
         f'<a href="{e(url("/sandbox", tenant=tenant, key=shown_key))}">Cancel</a></form>'
     )
     return HTMLResponse(page(f"{action.capitalize()} {shown_key}?", body, session))
@@ -225,6 +249,8 @@ async def act(ctx: ConsoleContext, request: Request) -> Response:
             await ctx.manager.pause(key, reason)
         elif action == "resume":
             await ctx.manager.resume(key, reason)
+        elif action in ("quarantine", "release"):
+            await quarantines.act(ctx, session, request, key, action, form)
         else:
             await ctx.manager.destroy(key, delete_workspace=False)
     except StockadeError as exc:

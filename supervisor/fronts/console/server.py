@@ -16,6 +16,7 @@ from stockade.supervisor.config import Config
 from stockade.supervisor.fronts.console.app import build_app
 from stockade.supervisor.fronts.console.context import ConsoleContext
 from stockade.supervisor.fronts.http import Uvicorn, listening_socket, serve
+from stockade.supervisor.observe.alarms import AlarmHub
 from stockade.supervisor.observe.metrics import Metrics
 from stockade.supervisor.sandboxes.manager import SandboxManager
 
@@ -66,6 +67,7 @@ async def start_console(
     authenticator: Authenticator | None,
     manager: SandboxManager,
     metrics: Metrics | None,
+    alarms: AlarmHub | None = None,
 ) -> ConsoleFront | None:
     """The console when [console] listen is set (None otherwise), serving already."""
     if not config.console.listen:
@@ -75,7 +77,7 @@ async def start_console(
             "the console signs in with the API's bearer tokens: set [auth] tokens_file "
             "(or leave [console] listen unset)"
         )
-    front = ConsoleFront(ConsoleContext(config, policy, authenticator, manager, metrics))
+    front = ConsoleFront(ConsoleContext(config, policy, authenticator, manager, metrics, alarms))
     await front.start()
     log.info("console on http://%s/ (operators: %s)", config.console.listen,
              ", ".join(config.console.operators) or "none")  # fmt: skip

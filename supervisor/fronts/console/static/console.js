@@ -45,8 +45,11 @@
         tr.dataset.key = s.key;
         cell(tr, s.tenant);
         cell(tr, s.key, s.href);
-        const state = cell(tr, s.state + (s.paused_since ? " since " + s.paused_since : ""));
-        state.className = "state " + s.state.toLowerCase();
+        // as sandboxes.state_text on the server
+        const state = s.quarantined_since
+          ? cell(tr, "QUARANTINED since " + s.quarantined_since + ": " + s.quarantine_reason)
+          : cell(tr, s.state + (s.paused_since ? " since " + s.paused_since : ""));
+        state.className = "state " + (s.quarantined_since ? "quarantined" : s.state.toLowerCase());
         cell(tr, s.engine);
         cell(tr, s.network || "-");
         cell(tr, s.age);
