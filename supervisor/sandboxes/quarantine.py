@@ -175,6 +175,8 @@ class Quarantines:
         if key not in self._m.registry and not folder.is_dir():
             raise SandboxNotFound(f"no sandbox for key {shown(key)!r}")
         record = self.held.get(key)
+        if record is not None and alarm in record.alarms:
+            return record  # this very alarm is on the record (a quarantine by hand, sounded after)
         if record is None:
             record = self.held[key] = Quarantine(key, alarm.time, [alarm])
         elif len(record.alarms) < MAX_ALARMS and alarm not in record.alarms:

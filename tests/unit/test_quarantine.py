@@ -307,3 +307,20 @@ async def test_hostile_records_still_quarantine_and_read_sanely(
     with pytest.raises(Quarantined):
         await second.ensure("k")
     assert backend.containers[second.registry["k"].info.id].paused, "frozen at start"
+
+
+async def test_the_same_alarm_twice_is_one_quarantine_on_record(
+    tmp_path: Path, backend: FakeBackend
+) -> None:
+    """A quarantine by hand quarantines, then sounds its alarm, whose reaction quarantines
+    again with that very alarm: one record of it, one audit line, one freeze."""
+    mgr = manager(tmp_path, backend)
+    events: list[tuple[str, str]] = []
+    mgr.record = lambda key, action, reason: events.append((key, action))
+    await mgr.ensure("k")
+    by_hand = alarm(detail="quarantined by an operator")
+    await mgr.quarantine("k", by_hand)
+    await mgr.quarantine("k", by_hand)
+    assert mgr.quarantines.get("k").alarms == [by_hand]
+    assert events.count(("k", "quarantine")) == 1
+    assert [c for c in backend.pause_calls if c[1]] == [(record_id(mgr), True)]
