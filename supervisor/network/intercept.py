@@ -61,6 +61,8 @@ HOLD = 1 << 20
 """Body bytes checked whole before a request goes upstream (a refused request then leaves
 nothing there); a longer body is streamed behind an overlap."""
 HANDSHAKE_TIMEOUT_S = 10.0
+LINGER_S = 2.0
+LINGER_BYTES = 64 << 20
 REQUEST_DROP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "trailer",
      "upgrade", "accept-encoding", "expect", "transfer-encoding", "content-length"}
@@ -169,7 +171,17 @@ class _Relay:
                 return
             except Refusal as refusal:
                 await self.reply(refusal.status, refusal.reason)
+                await self.linger()
                 return
+
+    async def linger(self) -> None:
+        """Read and drop what the sandbox still sends of a refused request (up to LINGER
+        bytes or seconds), so its writes are not reset before it reads the refusal."""
+        left = LINGER_BYTES
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(LINGER_S):
+                while left > 0 and (data := await self.client.some(READ)):
+                    left -= len(data)
 
     async def exchange(self, head: bytes) -> bool:
         """Relay one request and its response; whether the sandbox's connection stays open."""

@@ -7,181 +7,38 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import http.client
 import shutil
-import socket
-import ssl
 import subprocess
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
-from stockade.supervisor.network.allowlist import Allowlist
-from stockade.supervisor.network.brokered import Broker, BrokeredSecret, Injected, Injection
-from stockade.supervisor.network.intercept import upstream_context
-from stockade.supervisor.network.mint import Authority
-from stockade.supervisor.network.proxy import EgressDecision, EgressProxy, ProxySettings
-from stockade.supervisor.observe.alarms import Alarm
-from tests.upstream import Upstream
-
-GH_PH = "stk_ph_" + "a" * 32
-REG_PH = "stk_ph_" + "b" * 32
-OTHER_PH = "stk_ph_" + "c" * 32
-GH_REAL = "ghp_REALrealREAL0123456789abcdefABCDEF"
-REG_REAL = "reg-REAL-password-9876"
-OTHER_REAL = "other-REAL-key-5555"
-DECOY = "AKIAQWERTYUIOPASDFGH"
-SECRETS = (
-    BrokeredSecret("gh", GH_REAL, GH_PH, ("api.test",),
-                   Injection("header", template="Bearer {secret}")),
-    BrokeredSecret("reg", REG_REAL, REG_PH, ("api.test",), Injection("basic", username="bot")),
-    BrokeredSecret("other", OTHER_REAL, OTHER_PH, ("*.other.test", "other.test"),
-                   Injection("header", header="X-Api-Key")),
-)  # fmt: skip
-
-
-class Decoys:
-    """A tripwire of the tests' own: one planted sign."""
-
-    longest = len(DECOY)
-
-    def __init__(self) -> None:
-        self.hits: list[tuple[str, str]] = []
-
-    def check(self, sandbox_key: str, where: str, data: bytes | str, evidence: str = "") -> bool:
-        raw = data.encode() if isinstance(data, str) else data
-        if DECOY.encode() in raw:
-            self.hits.append((sandbox_key, where))
-            return True
-        return False
-
-
-@dataclass
-class Harness:
-    up: Upstream
-    proxy: EgressProxy
-    port: int
-    ca_file: Path
-    decisions: list[EgressDecision] = field(default_factory=list)
-    alarms: list[Alarm] = field(default_factory=list)
-    injected: list[Injected] = field(default_factory=list)
-    decoys: Decoys = field(default_factory=Decoys)
-
-    def client_context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(cafile=str(self.ca_file))
-        context.load_verify_locations(str(self.up.ca.ca_file))  # the plain tunnel's host
-        return context
-
-
-async def make_harness(tmp_path: Path, trust_upstream: bool = True) -> Harness:
-    up = await Upstream(tmp_path / "upstream").start()
-    authority = Authority.load_or_create(tmp_path / "egress-ca")
-    settings = ProxySettings(
-        ports=frozenset({up.port}),
-        hosts={n: "127.0.0.1" for n in ("api.test", "other.test", "localhost")},
-        allow_private_addresses=False,
-        max_connections=16,
-        connect_timeout_s=5,
-        idle_timeout_s=10,
-    )
-    h = Harness(up, None, 0, tmp_path / "egress-ca" / "ca.crt")  # type: ignore[arg-type]
-    context = upstream_context(str(up.ca.ca_file) if trust_upstream else None)
-    h.proxy = EgressProxy(
-        "tenant/box", Allowlist(["api.test", "other.test", "localhost"], [up.port]), settings,
-        h.decisions.append, broker=Broker(SECRETS), tripwire=h.decoys, alarm=h.alarms.append,
-        record_injection=h.injected.append, authority=authority, upstream_context=context,
-    )  # fmt: skip
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
-    sock.setblocking(False)
-    h.port = sock.getsockname()[1]
-    await h.proxy.start(sock)
-    return h
+from stockade.supervisor.network.brokered import Broker, Injected
+from tests.unit.intercept_harness import (
+    GH_PH,
+    GH_REAL,
+    OTHER_PH,
+    REG_PH,
+    REG_REAL,
+    SECRETS,
+    Harness,
+    assert_refused,
+    basic,
+    get,
+    once,
+    read_response,
+    started,
+    tunnel,
+)
 
 
 @pytest_asyncio.fixture
 async def h(tmp_path: Path) -> AsyncIterator[Harness]:
-    harness = await make_harness(tmp_path)
-    yield harness
-    await harness.proxy.close()
-    await harness.up.close()
-
-
-async def tunnel(
-    h: Harness, host: str = "api.test", context: ssl.SSLContext | None = None
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", h.port)
-    writer.write(f"CONNECT {host}:{h.up.port} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
-    head = await reader.readuntil(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200"), head
-    try:
-        await writer.start_tls(context or h.client_context(), server_hostname=host)
-    except BaseException:
-        writer.transport.abort()
-        raise
-    return reader, writer
-
-
-@dataclass
-class Response:
-    status: int
-    head: bytes
-    body: bytes
-
-
-async def read_response(reader: asyncio.StreamReader, method: str = "GET") -> Response:
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-    status = int(head.split(b" ")[1])
-    fields = {
-        k.strip().lower(): v.strip()
-        for k, _, v in (line.partition(b":") for line in head.split(b"\r\n")[1:] if line)
-    }
-    if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
-        return Response(status, head, b"")
-    if fields.get(b"transfer-encoding") == b"chunked":
-        body = b""
-        while size := int((await reader.readuntil(b"\r\n")).strip(), 16):
-            body += await reader.readexactly(size)
-            await reader.readexactly(2)
-        await reader.readuntil(b"\r\n")
-        return Response(status, head, body)
-    if b"content-length" in fields:
-        return Response(status, head, await reader.readexactly(int(fields[b"content-length"])))
-    return Response(status, head, await asyncio.wait_for(reader.read(), 10))
-
-
-async def once(h: Harness, raw: bytes, host: str = "api.test") -> Response:
-    reader, writer = await tunnel(h, host)
-    writer.write(raw.replace(b"{port}", str(h.up.port).encode()))
-    await writer.drain()
-    try:
-        return await read_response(reader)
-    finally:
-        writer.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(writer.wait_closed(), 2)
-
-
-def get(path: str, *headers: str, host: str = "api.test") -> bytes:
-    lines = [f"GET {path} HTTP/1.1", f"Host: {host}:{{port}}", *headers, "", ""]
-    return "\r\n".join(lines).encode()
-
-
-def basic(user: str, password: str) -> str:
-    return "Authorization: Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
-
-def assert_refused(h: Harness, reply: Response, secret: str) -> None:
-    assert reply.status == 403, reply.head
-    assert f"secret {secret!r}".encode() in reply.body
-    assert [(a.kind, a.where) for a in h.alarms] == [("placeholder", "egress")]
-    assert secret in h.alarms[0].detail
-    assert not h.injected
+    async for harness in started(tmp_path):
+        yield harness
 
 
 async def test_header_injection_and_the_real_value_masked_on_the_way_back(h: Harness) -> None:
@@ -399,105 +256,31 @@ async def test_100_continue(h: Harness) -> None:
     assert h.up.requests[0].header("expect") is None
 
 
-@pytest.mark.parametrize(
-    ("raw", "status", "reason"),
-    [
-        (get("/", "X: " + "a" * 70_000), 431, b"too large"),
-        (b"POST / HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400,
-         b"chunk size"),
-        (b"POST / HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n"
-         b"Content-Length: 3\r\n\r\nabc", 400, b"both"),
-        (b"POST / HTTP/1.1\r\nHost: api.test\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
-         400, b"differing"),
-        (b"POST / HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 400,
-         b"not relayed"),
-        (b"GET / HTTP/1.1\r\nHost: api.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
-         501, b"upgrades"),
-        (b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n", 400, b"another host"),
-        (b"GET https://evil.test/ HTTP/1.1\r\nHost: api.test\r\n\r\n", 400, b"another host"),
-        (b"GET /a\x01b HTTP/1.1\r\nHost: api.test\r\n\r\n", 400, b"control"),
-        (b"CONNECT api.test:443 HTTP/1.1\r\n\r\n", 405, b"not relayed"),
-        (b"GET / HTTP/2.0\r\nHost: api.test\r\n\r\n", 505, b"not HTTP/1.1"),
-        (b"GET / HTTP/1.1\r\n folded: x\r\n\r\n", 400, b"malformed"),
-        (get("/", f"X-Cloud: {DECOY}"), 403, b"policy"),
-        (f"POST / HTTP/1.1\r\nHost: api.test\r\nContent-Length: 25\r\n\r\nkey={DECOY}!".encode(),
-         403, b"policy"),
-    ],
-)  # fmt: skip
-async def test_hostile_requests_are_refused_before_the_upstream(
-    h: Harness, raw: bytes, status: int, reason: bytes
-) -> None:
-    reply = await once(h, raw)
-    assert reply.status == status, reply.head
-    assert reason in reply.body
-    assert h.up.requests == []
-    assert not h.injected
+def test_stream_filters_see_a_value_cut_at_every_position() -> None:
+    from stockade.supervisor.network.httpio import Masker, Watch
+
+    text = b"head " + GH_REAL.encode() + b" tail " + GH_REAL.encode()
+    for cut in range(len(text) + 1):
+        masker = Masker([GH_REAL.encode()])
+        out = masker.feed(text[:cut]) + masker.feed(text[cut:]) + masker.flush()
+        assert out == text.replace(GH_REAL.encode(), b"*" * len(GH_REAL))
+    placeholder = GH_PH.encode()
+    for k in range(1, len(placeholder)):
+        watch = Watch(len(placeholder) - 1, lambda w: "found" if placeholder in w else None)
+        sent, found = watch.feed(b"x" * 100 + placeholder[:k])
+        assert found is None
+        assert sent == b"x" * len(sent)  # no byte of the placeholder has left
+        assert len(sent) == 100 + k - (len(placeholder) - 1)
+        assert watch.feed(placeholder[k:]) == (b"", "found")
 
 
-async def test_the_tripwire_sees_heads_and_bodies(h: Harness) -> None:
-    await once(h, get("/", f"X-Cloud: {DECOY}"))
-    assert h.decoys.hits == [("tenant/box", "egress")]
+def test_injection_places() -> None:
+    from stockade.supervisor.network.brokered import inject
 
-
-async def test_bad_tls_from_the_sandbox_closes_the_tunnel(h: Harness) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", h.port)
-    writer.write(f"CONNECT api.test:{h.up.port} HTTP/1.1\r\n\r\n".encode())
-    await reader.readuntil(b"\r\n\r\n")
-    writer.write(b"\x16\x03\x01\x00\x05garbage-not-a-hello")
-    assert await asyncio.wait_for(reader.read(), 10) == b""
-    writer.close()
-    untrusting = ssl.create_default_context()  # does not trust the egress CA
-    with pytest.raises(ssl.SSLCertVerificationError):
-        await tunnel(h, context=untrusting)
-    await asyncio.sleep(0.1)
-    assert h.up.requests == []
-    assert [d.allowed for d in h.decisions] == [False, True, False]
-    assert "TLS with the sandbox failed" in h.decisions[-1].reason
-
-
-async def test_an_untrusted_upstream_is_a_502(tmp_path: Path) -> None:
-    h = await make_harness(tmp_path, trust_upstream=False)
-    try:
-        reply = await once(h, get("/", f"Authorization: Bearer {GH_PH}"))
-        assert reply.status == 502
-        assert b"certificate is not trusted" in reply.body
-        assert h.up.requests == []
-    finally:
-        await h.proxy.close()
-        await h.up.close()
-
-
-@pytest.mark.parametrize(
-    "raw",
-    [
-        f"CONNECT {GH_PH}.evil.test:443 HTTP/1.1\r\n\r\n",
-        f"CONNECT api.test:{{port}} HTTP/1.1\r\nX-Note: {OTHER_PH}\r\n\r\n",
-        f"GET http://api.test:{{port}}/?q={GH_PH} HTTP/1.1\r\n\r\n",
-        f"GET http://localhost:{{port}}/ HTTP/1.1\r\nHost: localhost:{{port}}\r\n"
-        f"X-Api-Key: {OTHER_PH}\r\n\r\n",
-    ],
-)
-async def test_placeholders_in_what_the_plain_proxy_reads_are_refused(h: Harness, raw: str) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", h.port)
-    writer.write(raw.replace("{port}", str(h.up.port)).encode())
-    reply = await asyncio.wait_for(reader.read(), 10)
-    writer.close()
-    assert reply.startswith(b"HTTP/1.1 403")
-    assert [a.kind for a in h.alarms] == ["placeholder"]
-    assert h.up.connections == 0
-
-
-async def test_a_decoy_in_a_connect_head_trips_the_wire(h: Harness) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", h.port)
-    writer.write(f"CONNECT {DECOY}.api.test:443 HTTP/1.1\r\n\r\n".encode())
-    reply = await asyncio.wait_for(reader.read(), 10)
-    writer.close()
-    assert reply.startswith(b"HTTP/1.1 403")
-    assert b"policy" in reply
-    assert h.decoys.hits == [("tenant/box", "egress")]
-
-
-def test_brokered_secrets_without_a_ca_are_a_wiring_error() -> None:
-    settings = ProxySettings(frozenset({443}), {}, False, 1, 1, 1)
-    with pytest.raises(ValueError, match="egress CA"):
-        EgressProxy("k", Allowlist(["a.test"], [443]), settings, print, broker=Broker(SECRETS))
+    broker = Broker(SECRETS)
+    assert inject(broker, "authorization", f"bearer {GH_PH}", "api.test") is not None
+    assert inject(broker, "Authorization", f"Bearer {GH_PH}", "evil.test") is None
+    assert inject(broker, "Authorization", f"Bearer {GH_PH} x", "api.test") is None
+    assert inject(broker, "X-Api-Key", OTHER_PH, "a.other.test") is not None
+    assert inject(broker, "X-Api-Key", OTHER_PH, "xother.test") is None
+    assert inject(broker, "Authorization", "Basic !!notbase64", "api.test") is None
