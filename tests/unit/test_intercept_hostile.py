@@ -52,6 +52,8 @@ async def h(tmp_path: Path) -> AsyncIterator[Harness]:
         (b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n", 400, b"another host"),
         (b"GET https://evil.test/ HTTP/1.1\r\nHost: api.test\r\n\r\n", 400, b"another host"),
         (b"GET /a\x01b HTTP/1.1\r\nHost: api.test\r\n\r\n", 400, b"control"),
+        (b"GET / HTTP/1.1\r\nHost: api.test\r\nX: a\x7fb\r\n\r\n", 400, b"control"),
+        (b"GET / HTTP/1.1\r\nHost: api.test\r\nX: a\nY: b\r\n\r\n", 400, b"malformed"),
         (b"CONNECT api.test:443 HTTP/1.1\r\n\r\n", 405, b"not relayed"),
         (b"GET / HTTP/2.0\r\nHost: api.test\r\n\r\n", 505, b"not HTTP/1.1"),
         (b"GET / HTTP/1.1\r\n folded: x\r\n\r\n", 400, b"malformed"),
