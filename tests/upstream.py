@@ -10,6 +10,8 @@ Answers by path (query strings are ignored except where said):
 - `/auth`: 401 with `WWW-Authenticate: Basic realm="test"` when the request has no
   Authorization, else 200 "authorized".
 - `/close`: a body sent until the connection closes (no Content-Length, no chunking).
+- `/bye`, `/drop`: "bye\\n", then the connection closed, saying so (Connection: close) or not;
+  `/late`: the same 0.2 s later, a request sent meanwhile left unanswered.
 - anything else: `Upstream.body` (default b"hello\\n") with Content-Length.
 Request bodies (Content-Length or chunked) are read whole and kept up to `RECORD_LIMIT` bytes
 (their length and SHA-256 always). `Expect: 100-continue` gets its 100 first. Keep-alive as
@@ -221,6 +223,13 @@ class Upstream:
             writer.write(out + b"0\r\n\r\n")
             await writer.drain()
             return keep
+        if path in ("/bye", "/drop", "/late"):  # closes after answering: saying so, or not
+            close = "Connection: close\r\n" if path == "/bye" else ""
+            writer.write(f"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n{close}\r\nbye\n".encode())
+            await writer.drain()
+            if path == "/late":  # a while later, leaving a request sent meanwhile unanswered
+                await asyncio.sleep(0.2)
+            return False
         if path == "/close":
             writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + self.body)
             await writer.drain()

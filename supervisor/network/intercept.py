@@ -392,7 +392,12 @@ class _Relay:
         masker = Masker(self.values)
         while True:
             try:
-                head = await asyncio.wait_for(up.head(MAX_HEAD), idle)
+                try:
+                    head = await asyncio.wait_for(up.head(MAX_HEAD), idle)
+                except ConnectionError:
+                    if stale_ok:
+                        raise _Stale from None
+                    raise
                 if head is None and stale_ok:
                     raise _Stale
                 if head is None:

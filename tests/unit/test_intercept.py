@@ -284,3 +284,19 @@ def test_injection_places() -> None:
     assert inject(broker, "X-Api-Key", OTHER_PH, "a.other.test") is not None
     assert inject(broker, "X-Api-Key", OTHER_PH, "xother.test") is None
     assert inject(broker, "Authorization", "Basic !!notbase64", "api.test") is None
+
+
+@pytest.mark.parametrize(("path", "pause"), [("/bye", False), ("/drop", True), ("/late", False)])
+async def test_an_upstream_that_closes_a_kept_alive_connection_is_reopened(
+    h: Harness, path: str, pause: bool
+) -> None:
+    reader, writer = await tunnel(h)
+    for raw in (get(path), get("/echo", f"Authorization: Bearer {GH_PH}"), get(path), get("/")):
+        writer.write(raw.replace(b"{port}", str(h.up.port).encode()))
+        reply = await read_response(reader)
+        assert reply.status == 200
+        if pause:  # the upstream's close arrives before the next request (else: after)
+            await asyncio.sleep(0.05)
+    writer.close()
+    assert h.up.connections == 3  # the sandbox kept one connection throughout
+    assert [r.target for r in h.up.requests] == [path, "/echo", path, "/"]
