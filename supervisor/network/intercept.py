@@ -71,6 +71,7 @@ RESPONSE_DROP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade",
      "transfer-encoding"}
 )  # fmt: skip
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 METHOD = re.compile(r"[A-Z][A-Z0-9_-]{0,31}")
 STATUS = re.compile(r"HTTP/1\.[01] [1-5][0-9][0-9](?: .*)?")
 PHRASES = {400: "Bad Request", 403: "Forbidden", 405: "Method Not Allowed",
@@ -232,9 +233,9 @@ class _Relay:
             return await self.respond(method, client_keep)
         except _Stale:
             # a kept-alive connection the upstream had closed: once more on a fresh one,
-            # when the whole request is still here
+            # when the whole request is still here and sending it twice does no harm
             self.close_upstream()
-            if not (reused and done):
+            if not (reused and done and method in IDEMPOTENT):
                 raise self.refused(method, 502, f"{self.job.name} sent no response") from None
             await self.send_first(method, first)
             return await self.respond(method, client_keep, stale_ok=False)

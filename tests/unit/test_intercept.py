@@ -300,3 +300,16 @@ async def test_an_upstream_that_closes_a_kept_alive_connection_is_reopened(
     writer.close()
     assert h.up.connections == 3  # the sandbox kept one connection throughout
     assert [r.target for r in h.up.requests] == [path, "/echo", path, "/"]
+
+
+async def test_a_post_the_upstream_left_unanswered_is_not_sent_twice(h: Harness) -> None:
+    reader, writer = await tunnel(h)
+    writer.write(get("/late").replace(b"{port}", str(h.up.port).encode()))
+    assert (await read_response(reader)).status == 200
+    writer.write(b"POST /echo HTTP/1.1\r\nHost: api.test\r\nContent-Length: 2\r\n\r\nhi")
+    reply = await read_response(reader)
+    writer.close()
+    assert reply.status == 502
+    assert b"sent no response" in reply.body
+    assert [r.target for r in h.up.requests] == ["/late"]
+    assert h.up.connections == 1
