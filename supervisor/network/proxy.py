@@ -42,6 +42,13 @@ from stockade.supervisor.network.brokered import (
     no_record,
 )
 from stockade.supervisor.network.mint import Authority
+from stockade.supervisor.network.proxyhttp import (
+    Refused,
+    header_fields,
+    reply,
+    same_authority,
+    split_authority,
+)
 from stockade.supervisor.observe.alarms import Alarm, AlarmSink, NoTripwire, Tripwire
 
 log = logging.getLogger("stockade.egress")
@@ -79,13 +86,6 @@ class EgressDecision:
 
 
 Recorder = Callable[[EgressDecision], None]
-
-
-class Refused(Exception):
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
 
 
 def no_alarm(alarm: Alarm) -> None:
@@ -157,7 +157,7 @@ class EgressProxy:
             if self._open >= self._settings.max_connections:
                 reason = f"connection cap ({self._settings.max_connections} open) reached"
                 self._decide("", "", 0, False, reason)
-                await _reply(writer, 503, reason)
+                await reply(writer, 503, reason)
                 return
             self._open += 1
             try:
@@ -176,23 +176,23 @@ class EgressProxy:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
         except asyncio.LimitOverrunError:
-            await _reply(writer, 431, "request head too large")
+            await reply(writer, 431, "request head too large")
             return
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            await _reply(writer, 400, "not an HTTP/1 request")
+            await reply(writer, 400, "not an HTTP/1 request")
             return
         method, target, version = parts
         try:
             self._check_signs(method, target, head)
-            headers = _headers(lines[1:])
+            headers = header_fields(lines[1:])
             if method.upper() == "CONNECT":
                 await self._connect(target, reader, writer)
             else:
                 await self._forward(method, target, version, headers, reader, writer)
         except Refused as refused:
-            await _reply(writer, refused.status, refused.reason)
+            await reply(writer, refused.status, refused.reason)
 
     def _check_signs(self, method: str, target: str, data: bytes | str) -> None:
         """Refused (403) when data carries a placeholder of this sandbox's (the alarm
@@ -217,7 +217,7 @@ class EgressProxy:
     async def _connect(
         self, target: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        host, port = _split_authority(target, default_port=None)
+        host, port = split_authority(target, default_port=None)
         name, address, why = await self._admit("CONNECT", host, port)
         if self._broker.intercepts(name):
             await self._intercept(name, port, address, why, reader, writer)
@@ -313,9 +313,9 @@ class EgressProxy:
             reason = "only absolute http:// requests and CONNECT are proxied"
             self._decide(method, "", 0, False, reason)
             raise Refused(400, reason)
-        host, port = _split_authority(url.netloc, default_port=80)
+        host, port = split_authority(url.netloc, default_port=80)
         given = [v for k, v in headers if k.lower() == "host"]
-        if len(given) > 1 or (given and not _same_authority(given[0], host, port)):
+        if len(given) > 1 or (given and not same_authority(given[0], host, port)):
             reason = (
                 f"Host header {shown(', '.join(given))} does not match the request's host "
                 f"{shown(host)}"
@@ -430,58 +430,3 @@ class EgressProxy:
             reason,
         )
         self._record(decision)
-
-
-def _headers(lines: list[str]) -> list[tuple[str, str]]:
-    out = []
-    for line in lines:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if not sep or not name.strip() or name != name.strip():
-            raise Refused(400, f"malformed header line {line[:80]!r}")
-        out.append((name, value.strip()))
-    return out
-
-
-def _split_authority(authority: str, default_port: int | None) -> tuple[str, int]:
-    if "@" in authority:
-        raise Refused(400, "credentials in the proxy target are not allowed")
-    if authority.startswith("["):
-        host, _, rest = authority[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-    else:
-        host, sep, port_text = authority.rpartition(":")
-        if not sep:
-            host, port_text = authority, ""
-    if not port_text:
-        if default_port is None:
-            raise Refused(400, f"CONNECT target {authority[:100]!r} needs host:port")
-        return host, default_port
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise Refused(400, f"bad port in {authority[:100]!r}")
-    return host, int(port_text)
-
-
-def _same_authority(header: str, host: str, port: int) -> bool:
-    try:
-        given_host, given_port = _split_authority(header.strip(), default_port=80)
-    except Refused:
-        return False
-    try:
-        return canonical_host(given_host) == canonical_host(host) and given_port == port
-    except AllowlistError:
-        return given_host.lower() == host.lower() and given_port == port
-
-
-async def _reply(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
-    phrases = {400: "Bad Request", 403: "Forbidden", 431: "Request Header Fields Too Large",
-               502: "Bad Gateway", 503: "Service Unavailable"}  # fmt: skip
-    body = f"stockade egress proxy: {reason}\n".encode()
-    head = (
-        f"HTTP/1.1 {status} {phrases.get(status, 'Error')}\r\n"
-        f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    with contextlib.suppress(ConnectionError):
-        writer.write(head.encode() + body)
-        await writer.drain()
