@@ -272,9 +272,15 @@ class Watch:
     bytes held back before it, and only what is past the overlap goes on, so a sign cut
     across reads is seen whole before any of it leaves."""
 
-    def __init__(self, overlap: int, check: Callable[[bytes], str | None]) -> None:
+    def __init__(
+        self, overlap: int, check: Callable[[bytes], str | None], hold: bool = True
+    ) -> None:
+        """`hold` False: pass each read on whole once checked (for a stream whose end is
+        not known here, so held bytes might never be released); a sign cut across reads is
+        still found, though its first part has left."""
         self._overlap = max(overlap, 0)
         self._check = check
+        self._hold = hold
         self._held = b""
 
     def feed(self, data: bytes) -> tuple[bytes, str | None]:
@@ -283,6 +289,9 @@ class Watch:
         found = self._check(window)
         if found is not None:
             return b"", found
+        if not self._hold:
+            self._held = window[-self._overlap :] if self._overlap else b""
+            return data, None
         cut = len(window) - self._overlap
         if cut <= 0:
             self._held = window
@@ -292,7 +301,7 @@ class Watch:
 
     def flush(self) -> bytes:
         held, self._held = self._held, b""
-        return held
+        return held if self._hold else b""
 
 
 class Body:

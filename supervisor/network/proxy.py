@@ -41,6 +41,7 @@ from stockade.supervisor.network.brokered import (
     find_placeholder,
     no_record,
 )
+from stockade.supervisor.network.httpio import Watch
 from stockade.supervisor.network.mint import Authority
 from stockade.supervisor.network.proxyhttp import (
     Refused,
@@ -194,11 +195,11 @@ class EgressProxy:
         except Refused as refused:
             await reply(writer, refused.status, refused.reason)
 
-    def _check_signs(self, method: str, target: str, data: bytes | str) -> None:
+    def _check_signs(self, method: str, target: str, data: bytes | str, evidence: str = "") -> None:
         """Refused (403) when data carries a placeholder of this sandbox's (the alarm
         sounded) or a sign the tripwire knows (it sounds its own)."""
         raw = data.encode("utf-8", "replace") if isinstance(data, str) else data
-        evidence = f"{method[:32]} {target[:300]}"
+        evidence = evidence or f"{method[:32]} {target[:300]}"
         secret = find_placeholder(self._broker, raw)
         if secret is not None:
             detail = (
@@ -213,6 +214,15 @@ class EgressProxy:
             reason = "refused by the egress proxy's policy"
             self._decide(method, target, 0, False, reason)
             raise Refused(403, reason)
+
+    def _sign_in_body(self, method: str, name: str, data: bytes, evidence: str) -> str | None:
+        """For a plain http:// request's body on its way: what _check_signs finds, recorded
+        (the tunnel is then cut, the rest of the body never sent)."""
+        try:
+            self._check_signs(method, name, data, evidence)
+        except Refused as refused:
+            return refused.reason
+        return None
 
     async def _connect(
         self, target: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -333,7 +343,13 @@ class EgressProxy:
             out = [f"{method} {path} {version}", f"Host: {url.netloc}"]
             out += [f"{k}: {v}" for k, v in kept] + ["Connection: close", "", ""]
             up_writer.write("\r\n".join(out).encode("latin-1"))
-            await self._pipe(reader, writer, up_reader, up_writer)
+            evidence = f"{method[:32]} {target[:300]} (body)"
+            overlap = max([len(s.placeholder) for s in self._broker.secrets] + [1])
+            overlap = max(overlap, self._tripwire.longest) - 1
+            watch = Watch(  # unframed: nothing held back, so a body ends when it ends
+                overlap, lambda window: self._sign_in_body(method, name, window, evidence), False
+            )
+            await self._pipe(reader, writer, up_reader, up_writer, watch)
         finally:
             up_writer.close()
 
@@ -383,12 +399,16 @@ class EgressProxy:
         writer: asyncio.StreamWriter,
         up_reader: asyncio.StreamReader,
         up_writer: asyncio.StreamWriter,
+        watch: Watch | None = None,
     ) -> None:
-        """Copy both ways until both sides are done or nothing moves for the idle timeout."""
+        """Copy both ways until both sides are done or nothing moves for the idle timeout;
+        what the sandbox sends through `watch` when given (a sign found ends the tunnel)."""
         last = [time.monotonic()]
         idle = self._settings.idle_timeout_s
 
-        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def copy(
+            src: asyncio.StreamReader, dst: asyncio.StreamWriter, watch: Watch | None = None
+        ) -> None:
             while True:
                 try:
                     data = await asyncio.wait_for(src.read(CHUNK), idle)
@@ -396,6 +416,14 @@ class EgressProxy:
                     if time.monotonic() - last[0] < idle:
                         continue
                     raise
+                if watch is not None and data:
+                    data, found = watch.feed(data)
+                    if found is not None:
+                        raise ConnectionAbortedError(found)
+                    if not data:
+                        continue  # all held back as overlap, for now
+                elif watch is not None:
+                    dst.write(watch.flush())
                 if not data:
                     if dst.can_write_eof():
                         dst.write_eof()
@@ -405,7 +433,7 @@ class EgressProxy:
                 await dst.drain()
 
         tasks = [
-            asyncio.ensure_future(copy(reader, up_writer)),
+            asyncio.ensure_future(copy(reader, up_writer, watch)),
             asyncio.ensure_future(copy(up_reader, writer)),
         ]
         try:  # a reset or an idle timeout on either side ends the tunnel

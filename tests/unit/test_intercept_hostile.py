@@ -5,6 +5,7 @@ upstream it cannot trust."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +15,9 @@ import pytest_asyncio
 
 from stockade.supervisor.network.allowlist import Allowlist
 from stockade.supervisor.network.brokered import Broker
+from stockade.supervisor.network.mint import Authority
 from stockade.supervisor.network.proxy import EgressProxy, ProxySettings
+from stockade.supervisor.observe.alarms import Alarm
 from tests.unit.intercept_harness import (
     DECOY,
     GH_PH,
@@ -27,6 +30,7 @@ from tests.unit.intercept_harness import (
     started,
     tunnel,
 )
+from tests.upstream import Upstream
 
 
 @pytest_asyncio.fixture
@@ -139,3 +143,44 @@ def test_brokered_secrets_without_a_ca_are_a_wiring_error() -> None:
     settings = ProxySettings(frozenset({443}), {}, False, 1, 1, 1)
     with pytest.raises(ValueError, match="egress CA"):
         EgressProxy("k", Allowlist(["a.test"], [443]), settings, print, broker=Broker(SECRETS))
+
+
+async def test_a_placeholder_in_a_plain_http_body_cuts_the_request(tmp_path: Path) -> None:
+    async with Upstream(tmp_path / "plain", tls=False) as plain:
+        port = plain.port
+        settings = ProxySettings(frozenset({port}), {"plain.test": "127.0.0.1"}, False, 4, 5, 5)
+        alarms: list[Alarm] = []
+        proxy = EgressProxy(
+            "k", Allowlist(["plain.test"], [port]), settings, lambda d: None,
+            broker=Broker(SECRETS), alarm=alarms.append,
+            authority=Authority.load_or_create(tmp_path / "ca"),
+        )  # fmt: skip
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        sock.setblocking(False)
+        await proxy.start(sock)
+        try:
+            head = f"POST http://plain.test:{port}/sink HTTP/1.1\r\nHost: plain.test:{port}\r\n"
+            for body, cut in (
+                (b"clean" * 20_000, 50_000),
+                (b"a" * 100_000 + GH_PH.encode(), 100_010),
+            ):
+                reader, writer = await asyncio.open_connection(*sock.getsockname())
+                writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body[:cut])
+                await writer.drain()
+                await asyncio.sleep(0.1)  # the two parts arrive as two reads
+                writer.write(body[cut:])
+                reply = await asyncio.wait_for(reader.read(), 10)
+                writer.close()
+                if body.startswith(b"clean"):
+                    assert reply.startswith(b"HTTP/1.1 200")  # nothing held back for ever
+                    assert plain.requests[0].body_length == len(body)
+                else:
+                    assert reply == b""  # cut
+            assert [a.kind for a in alarms] == ["placeholder"]
+            await asyncio.sleep(0.1)
+            assert plain.requests[1].body_length < len(body)
+            assert b"stk_ph_" + b"a" * 32 not in plain.requests[1].body
+        finally:
+            await proxy.close()
