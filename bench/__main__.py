@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 from bench import (
     abuse,
     audit,
+    brokered,
     coldstart,
     compare,
     console_cost,
@@ -227,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     progress("host-side pipeline, scrubber and guard corpora")
     host = {"pipeline": run_pipeline_bench(), "scrub": run_scrub_bench()}
     host["guard"] = run_guard_bench()
+    host["brokered"] = guarded(
+        "brokered credentials: the intercepting egress proxy",
+        lambda: brokered.run_brokered_bench(ns.n, 50 if ns.quick else 200),
+    )
     host["audit"] = guarded(
         f"audit log of {ns.audit_records:,} records",
         lambda: audit.run_audit_bench(ns.audit_records),
@@ -245,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report.header(machine, settings), end="\n\n")
     print(host_section(host["pipeline"], host["scrub"]), end="\n\n")
     print(guard_section(host["guard"]), end="\n\n")
+    print(brokered.section(host["brokered"]), end="\n\n")
     print(audit.printed(host["audit"]), end="\n\n")
     for engine, results in by_engine.items():
         print(report.engine_section(engine, results), end="\n\n")

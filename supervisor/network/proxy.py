@@ -6,7 +6,13 @@ in SNI, else the tunnel is closed before a byte reaches the upstream) and absolu
 http:// requests (the Host header must name the URL's host; one request per connection).
 It resolves names itself (the sandbox has no DNS), refuses IP addresses, ports and names
 outside the allowlist, names that resolve to non-public addresses (unless pinned or
-configured), and connections past the per-sandbox cap. Every decision is reported."""
+configured), and connections past the per-sandbox cap. Every decision is reported.
+
+A CONNECT to a host some brokered secret may go to is not piped: intercept.py terminates its
+TLS and relays its requests, putting real secrets where their placeholders are configured.
+Everywhere the proxy can read (CONNECT targets, server names, plain http:// heads) a
+placeholder of the sandbox's, or a sign the tripwire knows, refuses the request (403) and
+sounds the alarm."""
 
 from __future__ import annotations
 
@@ -14,12 +20,13 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from stockade.supervisor.network import tls
+from stockade.supervisor.network import intercept, tls
 from stockade.supervisor.network.allowlist import (
     MAX_NAME,
     Allowlist,
@@ -28,6 +35,22 @@ from stockade.supervisor.network.allowlist import (
     is_global,
     shown,
 )
+from stockade.supervisor.network.brokered import (
+    Broker,
+    InjectionRecorder,
+    find_placeholder,
+    no_record,
+)
+from stockade.supervisor.network.httpio import Watch
+from stockade.supervisor.network.mint import Authority
+from stockade.supervisor.network.proxyhttp import (
+    Refused,
+    header_fields,
+    reply,
+    same_authority,
+    split_authority,
+)
+from stockade.supervisor.observe.alarms import Alarm, AlarmSink, NoTripwire, Tripwire
 
 log = logging.getLogger("stockade.egress")
 MAX_HEAD = 64 * 1024
@@ -66,21 +89,40 @@ class EgressDecision:
 Recorder = Callable[[EgressDecision], None]
 
 
-class Refused(Exception):
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
+def no_alarm(alarm: Alarm) -> None:
+    """The default AlarmSink: nothing sounds."""
 
 
 class EgressProxy:
     def __init__(
-        self, key: str, allowlist: Allowlist, settings: ProxySettings, record: Recorder
+        self,
+        key: str,
+        allowlist: Allowlist,
+        settings: ProxySettings,
+        record: Recorder,
+        *,
+        broker: Broker | None = None,
+        tripwire: Tripwire | None = None,
+        alarm: AlarmSink = no_alarm,
+        record_injection: InjectionRecorder = no_record,
+        authority: Authority | None = None,
+        upstream_context: ssl.SSLContext | None = None,
     ) -> None:
+        """`broker`: the sandbox's brokered secrets (hosts they may go to are intercepted:
+        then `authority`, the installation's CA, is needed); `upstream_context`: the TLS
+        client side towards intercepted hosts (default: the host's trust store)."""
         self.key = key
         self.allowlist = allowlist
         self._settings = settings
         self._record = record
+        self._broker = broker or Broker()
+        self._tripwire: Tripwire = tripwire or NoTripwire()
+        self._alarm = alarm
+        self._record_injection = record_injection
+        if self._broker.secrets and authority is None:
+            raise ValueError("brokered secrets need the egress CA (authority) to intercept")
+        self._authority = authority
+        self._upstream_context = upstream_context
         self._open = 0
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -115,11 +157,16 @@ class EgressProxy:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        # asyncio sets TCP_NODELAY only on sockets made with proto IPPROTO_TCP, and the
+        # listening socket made for us has proto 0: without it, a response written as head
+        # and body waits ~40 ms for the sandbox's delayed ACK (Nagle)
+        with contextlib.suppress(OSError, AttributeError):
+            writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             if self._open >= self._settings.max_connections:
                 reason = f"connection cap ({self._settings.max_connections} open) reached"
                 self._decide("", "", 0, False, reason)
-                await _reply(writer, 503, reason)
+                await reply(writer, 503, reason)
                 return
             self._open += 1
             try:
@@ -138,28 +185,61 @@ class EgressProxy:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
         except asyncio.LimitOverrunError:
-            await _reply(writer, 431, "request head too large")
+            await reply(writer, 431, "request head too large")
             return
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            await _reply(writer, 400, "not an HTTP/1 request")
+            await reply(writer, 400, "not an HTTP/1 request")
             return
         method, target, version = parts
         try:
-            headers = _headers(lines[1:])
+            self._check_signs(method, target, head)
+            headers = header_fields(lines[1:])
             if method.upper() == "CONNECT":
                 await self._connect(target, reader, writer)
             else:
                 await self._forward(method, target, version, headers, reader, writer)
         except Refused as refused:
-            await _reply(writer, refused.status, refused.reason)
+            await reply(writer, refused.status, refused.reason)
+
+    def _check_signs(self, method: str, target: str, data: bytes | str, evidence: str = "") -> None:
+        """Refused (403) when data carries a placeholder of this sandbox's (the alarm
+        sounded) or a sign the tripwire knows (it sounds its own)."""
+        raw = data.encode("utf-8", "replace") if isinstance(data, str) else data
+        evidence = evidence or f"{method[:32]} {target[:300]}"
+        secret = find_placeholder(self._broker, raw)
+        if secret is not None:
+            detail = (
+                f"the placeholder of secret {secret.name!r} was in a proxy request "
+                f"({evidence}) where the proxy cannot put the secret; refused"
+            )
+            self._alarm(Alarm(self.key, "placeholder", "egress", detail, evidence))
+            reason = f"the placeholder of secret {secret.name!r} is not sent here"
+            self._decide(method, target, 0, False, reason)
+            raise Refused(403, reason)
+        if self._tripwire.check(self.key, "egress", raw, evidence):
+            reason = "refused by the egress proxy's policy"
+            self._decide(method, target, 0, False, reason)
+            raise Refused(403, reason)
+
+    def _sign_in_body(self, method: str, name: str, data: bytes, evidence: str) -> str | None:
+        """For a plain http:// request's body on its way: what _check_signs finds, recorded
+        (the tunnel is then cut, the rest of the body never sent)."""
+        try:
+            self._check_signs(method, name, data, evidence)
+        except Refused as refused:
+            return refused.reason
+        return None
 
     async def _connect(
         self, target: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        host, port = _split_authority(target, default_port=None)
+        host, port = split_authority(target, default_port=None)
         name, address, why = await self._admit("CONNECT", host, port)
+        if self._broker.intercepts(name):
+            await self._intercept(name, port, address, why, reader, writer)
+            return
         up_reader, up_writer = await self._open_upstream("CONNECT", name, port, address)
         try:
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -174,22 +254,68 @@ class EgressProxy:
                 reason = f"no TLS ClientHello within {HELLO_TIMEOUT_S:.0f} s"
                 self._decide("CONNECT", name, port, False, reason, address)
                 return
-            if sni is None:
-                self._decide("CONNECT", name, port, False, "no server name (SNI) in TLS", address)
-                return
-            try:
-                sni_name = canonical_host(sni)
-            except AllowlistError:
-                sni_name = sni
-            if sni_name != name:
-                reason = f"TLS server name {shown(sni)} does not match the CONNECT host"
-                self._decide("CONNECT", name, port, False, reason, address)
+            if not self._server_name_matches(sni, name, port, address):
                 return
             self._decide("CONNECT", name, port, True, why, address)
             up_writer.write(hello)
             await self._pipe(reader, writer, up_reader, up_writer)
         finally:
             up_writer.close()
+
+    def _server_name_matches(self, sni: str | None, name: str, port: int, address: str) -> bool:
+        if sni is None:
+            self._decide("CONNECT", name, port, False, "no server name (SNI) in TLS", address)
+            return False
+        try:
+            self._check_signs("CONNECT", f"{name}:{port} (TLS server name)", sni)
+        except Refused:
+            return False
+        try:
+            sni_name = canonical_host(sni)
+        except AllowlistError:
+            sni_name = sni
+        if sni_name != name:
+            reason = f"TLS server name {shown(sni)} does not match the CONNECT host"
+            self._decide("CONNECT", name, port, False, reason, address)
+            return False
+        return True
+
+    async def _intercept(
+        self,
+        name: str,
+        port: int,
+        address: str,
+        why: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        """A host with brokered secrets: TLS ends here and intercept.py relays requests."""
+        assert self._authority is not None
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        await writer.drain()
+        try:
+            hello = await asyncio.wait_for(tls.read_client_hello(reader), HELLO_TIMEOUT_S)
+            sni = tls.server_name(hello)
+        except (tls.NotTLS, TimeoutError) as exc:
+            self._decide("CONNECT", name, port, False, f"not TLS: {exc or 'timed out'}", address)
+            return
+        if not self._server_name_matches(sni, name, port, address):
+            return
+        self._decide("CONNECT", name, port, True, f"{why}; intercepted (brokered)", address)
+        if self._upstream_context is None:  # made once: it reads the host's trust store
+            self._upstream_context = intercept.upstream_context()
+        context = self._upstream_context
+        job = intercept.Interception(
+            key=self.key, name=name, port=port, address=address, broker=self._broker,
+            tripwire=self._tripwire, alarm=self._alarm, record_injection=self._record_injection,
+            authority=self._authority, upstream_context=context,
+            connect_timeout_s=self._settings.connect_timeout_s,
+            idle_timeout_s=self._settings.idle_timeout_s,
+            decide=lambda method, allowed, reason: self._decide(
+                method, name, port, allowed, reason, address
+            ),
+        )  # fmt: skip
+        await intercept.serve(job, reader, writer, hello)
 
     async def _forward(
         self,
@@ -205,9 +331,9 @@ class EgressProxy:
             reason = "only absolute http:// requests and CONNECT are proxied"
             self._decide(method, "", 0, False, reason)
             raise Refused(400, reason)
-        host, port = _split_authority(url.netloc, default_port=80)
+        host, port = split_authority(url.netloc, default_port=80)
         given = [v for k, v in headers if k.lower() == "host"]
-        if len(given) > 1 or (given and not _same_authority(given[0], host, port)):
+        if len(given) > 1 or (given and not same_authority(given[0], host, port)):
             reason = (
                 f"Host header {shown(', '.join(given))} does not match the request's host "
                 f"{shown(host)}"
@@ -225,7 +351,13 @@ class EgressProxy:
             out = [f"{method} {path} {version}", f"Host: {url.netloc}"]
             out += [f"{k}: {v}" for k, v in kept] + ["Connection: close", "", ""]
             up_writer.write("\r\n".join(out).encode("latin-1"))
-            await self._pipe(reader, writer, up_reader, up_writer)
+            evidence = f"{method[:32]} {target[:300]} (body)"
+            overlap = max([len(s.placeholder) for s in self._broker.secrets] + [1])
+            overlap = max(overlap, self._tripwire.longest) - 1
+            watch = Watch(  # unframed: nothing held back, so a body ends when it ends
+                overlap, lambda window: self._sign_in_body(method, name, window, evidence), False
+            )
+            await self._pipe(reader, writer, up_reader, up_writer, watch)
         finally:
             up_writer.close()
 
@@ -275,12 +407,16 @@ class EgressProxy:
         writer: asyncio.StreamWriter,
         up_reader: asyncio.StreamReader,
         up_writer: asyncio.StreamWriter,
+        watch: Watch | None = None,
     ) -> None:
-        """Copy both ways until both sides are done or nothing moves for the idle timeout."""
+        """Copy both ways until both sides are done or nothing moves for the idle timeout;
+        what the sandbox sends through `watch` when given (a sign found ends the tunnel)."""
         last = [time.monotonic()]
         idle = self._settings.idle_timeout_s
 
-        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def copy(
+            src: asyncio.StreamReader, dst: asyncio.StreamWriter, watch: Watch | None = None
+        ) -> None:
             while True:
                 try:
                     data = await asyncio.wait_for(src.read(CHUNK), idle)
@@ -288,6 +424,14 @@ class EgressProxy:
                     if time.monotonic() - last[0] < idle:
                         continue
                     raise
+                if watch is not None and data:
+                    data, found = watch.feed(data)
+                    if found is not None:
+                        raise ConnectionAbortedError(found)
+                    if not data:
+                        continue  # all held back as overlap, for now
+                elif watch is not None:
+                    dst.write(watch.flush())
                 if not data:
                     if dst.can_write_eof():
                         dst.write_eof()
@@ -297,7 +441,7 @@ class EgressProxy:
                 await dst.drain()
 
         tasks = [
-            asyncio.ensure_future(copy(reader, up_writer)),
+            asyncio.ensure_future(copy(reader, up_writer, watch)),
             asyncio.ensure_future(copy(up_reader, writer)),
         ]
         try:  # a reset or an idle timeout on either side ends the tunnel
@@ -322,58 +466,3 @@ class EgressProxy:
             reason,
         )
         self._record(decision)
-
-
-def _headers(lines: list[str]) -> list[tuple[str, str]]:
-    out = []
-    for line in lines:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if not sep or not name.strip() or name != name.strip():
-            raise Refused(400, f"malformed header line {line[:80]!r}")
-        out.append((name, value.strip()))
-    return out
-
-
-def _split_authority(authority: str, default_port: int | None) -> tuple[str, int]:
-    if "@" in authority:
-        raise Refused(400, "credentials in the proxy target are not allowed")
-    if authority.startswith("["):
-        host, _, rest = authority[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-    else:
-        host, sep, port_text = authority.rpartition(":")
-        if not sep:
-            host, port_text = authority, ""
-    if not port_text:
-        if default_port is None:
-            raise Refused(400, f"CONNECT target {authority[:100]!r} needs host:port")
-        return host, default_port
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise Refused(400, f"bad port in {authority[:100]!r}")
-    return host, int(port_text)
-
-
-def _same_authority(header: str, host: str, port: int) -> bool:
-    try:
-        given_host, given_port = _split_authority(header.strip(), default_port=80)
-    except Refused:
-        return False
-    try:
-        return canonical_host(given_host) == canonical_host(host) and given_port == port
-    except AllowlistError:
-        return given_host.lower() == host.lower() and given_port == port
-
-
-async def _reply(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
-    phrases = {400: "Bad Request", 403: "Forbidden", 431: "Request Header Fields Too Large",
-               502: "Bad Gateway", 503: "Service Unavailable"}  # fmt: skip
-    body = f"stockade egress proxy: {reason}\n".encode()
-    head = (
-        f"HTTP/1.1 {status} {phrases.get(status, 'Error')}\r\n"
-        f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    with contextlib.suppress(ConnectionError):
-        writer.write(head.encode() + body)
-        await writer.drain()
