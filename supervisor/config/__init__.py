@@ -34,6 +34,7 @@ from stockade.supervisor.config.sandbox import (
     ProfileConfig,
     SandboxConfig,
 )
+from stockade.supervisor.config.secrets import SecretConfig
 from stockade.supervisor.config.service import (
     AuditConfig,
     AuthConfig,
@@ -71,6 +72,7 @@ __all__ = [
     "ProfileConfig",
     "SandboxConfig",
     "ScrubConfig",
+    "SecretConfig",
     "SnapshotsConfig",
     "SubagentConfig",
     "TenantConfig",

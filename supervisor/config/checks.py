@@ -18,6 +18,7 @@ from stockade.supervisor.config.sandbox import (
     KubernetesConfig,
     ProfileConfig,
 )
+from stockade.supervisor.config.secrets import check_secrets
 from stockade.supervisor.config.service import SNAPSHOT_OPERATIONS
 from stockade.supervisor.errors import ConfigError, InvalidRequest
 from stockade.supervisor.keys import validate_key, validate_tenant
@@ -111,6 +112,12 @@ def check(cfg: Config) -> None:
     if cfg.engine.kind == "kubernetes":
         _check_pods(cfg)
     _check_state(cfg.state)
+    check_secrets(
+        cfg.secrets,
+        network_mode=cfg.sandbox.network,
+        profiles=cfg.profiles,
+        sandbox_env=cfg.sandbox.secrets,
+    )
 
 
 DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
@@ -393,6 +400,11 @@ def _check_network(net: NetworkConfig) -> None:
         raise ConfigError("network.bandwidth_kbit >= 0 and network.max_connections > 0")
     if net.connect_timeout_s <= 0 or net.idle_timeout_s <= 0:
         raise ConfigError("network timeouts must be positive")
+    ca = net.upstream_ca_file
+    if ca and (not ca.startswith("/") or "\0" in ca or not Path(ca).is_file()):
+        raise ConfigError(
+            f"network.upstream_ca_file must be the absolute path of a PEM file, got {ca[:200]!r}"
+        )
 
 
 def _check_auth(auth: AuthConfig, tenants: Mapping[str, TenantConfig]) -> None:

@@ -27,6 +27,7 @@ from stockade.supervisor.config.sandbox import (
     ProfileConfig,
     SandboxConfig,
 )
+from stockade.supervisor.config.secrets import SecretConfig
 from stockade.supervisor.config.service import (
     AuditConfig,
     AuthConfig,
@@ -74,6 +75,9 @@ class Config:
     housekeeping: HousekeepingConfig = field(default_factory=HousekeepingConfig)
     snapshots: SnapshotsConfig = field(default_factory=SnapshotsConfig)
     state: StateConfig = field(default_factory=StateConfig)
+    secrets: Mapping[str, SecretConfig] = field(default_factory=dict)
+    """Brokered secrets by name ([secrets.NAME], docs/secrets.md): added by the egress proxy,
+    never in a sandbox."""
 
     def __post_init__(self) -> None:
         check(self)
