@@ -6,6 +6,7 @@ data here (no I/O), so the proxy and its tests share it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -53,3 +54,21 @@ class Broker:
     def intercepts(self, host: str) -> bool:
         """Whether the proxy terminates TLS for this host (some secret may go there)."""
         return any(s.allows(host) for s in self.secrets)
+
+
+@dataclass(frozen=True)
+class Injected:
+    """One injection, for the audit log: which secret went where (never its value)."""
+
+    sandbox_key: str
+    secret: str
+    host: str
+    method: str
+    path: str
+
+
+InjectionRecorder = Callable[[Injected], None]
+
+
+def no_record(event: Injected) -> None:
+    """The default InjectionRecorder: nothing kept."""

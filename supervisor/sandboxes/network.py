@@ -15,13 +15,15 @@ from stockade.supervisor.engines.backends.base import (
     LABEL_KEY,
     LABEL_NETWORK,
     LABEL_NETWORK_ALLOW,
+    LABEL_PROFILE,
     ContainerInfo,
 )
 from stockade.supervisor.errors import InvalidRequest, PolicyDenied, Unsupported
 from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.network.allowlist import Allowlist, AllowlistError
-from stockade.supervisor.network.egress import EgressNetwork
+from stockade.supervisor.network.egress import EgressHooks, EgressNetwork
 from stockade.supervisor.network.proxy import EgressDecision
+from stockade.supervisor.sandboxes.brokering import Brokering
 from stockade.supervisor.sandboxes.sandbox import Container, SandboxNetwork
 
 log = logging.getLogger("stockade")
@@ -38,9 +40,19 @@ class Networks:
         config: Config,
         instance_id: str,
         record_egress: Callable[[EgressDecision], None] | None = None,
+        hooks: EgressHooks | None = None,
     ) -> None:
         self._config = config
-        self.egress = EgressNetwork(config.network, instance_id, record_egress or _ignore)
+        self.egress = EgressNetwork(
+            config.network,
+            instance_id,
+            record_egress or _ignore,
+            state_dir=config.state_dir,
+            hooks=hooks,
+            brokering=bool(config.secrets),
+        )
+        self.brokering = Brokering(config, lambda: self.egress.authority().certificate_pem)
+        """The brokered secrets ([secrets]): their placeholders, trust and Broker."""
 
     def choose(self, request: NetworkRequest | None) -> SandboxNetwork:
         """The network a sandbox gets: the configured one, or a narrower one asked for."""
@@ -113,9 +125,15 @@ class Networks:
         return dict(self.egress.environment) if network.mode == "egress" else {}
 
     async def attach(self, key: str, container: Container, network: SandboxNetwork) -> None:
+        """Serve the sandbox's egress proxy, with the Broker of its brokered secrets (those
+        of its key's tenant and its container's profile)."""
         if network.mode == "egress":
             allowlist = Allowlist(network.allow, self._config.network.ports)
-            await self.egress.attach(key, container.sid, container.info.pid, allowlist)
+            profile = container.info.labels.get(LABEL_PROFILE, "")
+            broker = self.brokering.broker(key, container.sid, profile)
+            await self.egress.attach(
+                key, container.sid, container.info.pid, allowlist, broker=broker
+            )
 
     async def detach(self, container: Container) -> None:
         if container.sid:
