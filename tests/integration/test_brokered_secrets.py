@@ -375,3 +375,26 @@ def test_a_host_without_a_secret_is_tunnelled_as_before(
     assert (code, out) == (0, "200")
     got = [r for r in upstreams.api.requests[before:] if r.target.endswith("via=tunnel")]
     assert len(got) == 1
+
+
+def test_a_restarted_supervisor_brokers_for_the_sandboxes_it_adopts(
+    brokered: Supervisor, box: tuple[Stockade, str], upstreams: Upstreams
+) -> None:
+    """Last in this module: it restarts the module's supervisor. The adopted container keeps
+    its placeholder, and the new proxy knows it (derived again under the kept key)."""
+    _client, key = box
+    api_ph, _ = placeholders(brokered, key)
+    ca = (brokered.state_dir / "egress-ca" / "ca.crt").read_bytes()
+    brokered.stop()
+    brokered.start()
+    assert (brokered.state_dir / "egress-ca" / "ca.crt").read_bytes() == ca
+    url = f"https://api.test:{upstreams.api.port}/echo?via=restart"
+    before = len(upstreams.api.requests)
+    with brokered.client() as client:
+        code, out = run(client, key, 'echo "$API_TOKEN"')
+        assert out.strip() == api_ph
+        code, out = run(client, key, f'curl -sS --fail -H "Authorization: Bearer $API_TOKEN" {url}')
+        assert code == 0, out
+        assert f"Bearer {api_ph}" in out
+    got = upstreams.api.requests[before:]
+    assert [r.header("authorization") for r in got] == [f"Bearer {API_VALUE}"]
