@@ -19,10 +19,15 @@ from stockade.supervisor.config import Config
 from stockade.supervisor.config.loading import load_config
 from stockade.supervisor.errors import ConfigError
 from stockade.supervisor.keys import scope
+from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.network.brokered import Injected
 from stockade.supervisor.observe.audit import AuditQuery
 from stockade.supervisor.sandboxes import brokering
 from stockade.supervisor.sandboxes.brokering import Brokering, installation_key, placeholder
+from stockade.supervisor.sandboxes.containers import Containers
+from stockade.supervisor.sandboxes.layout import Layout
+from stockade.supervisor.sandboxes.network import Networks
+from stockade.supervisor.sandboxes.profiles import Profiles
 
 VALUE = "ghp_RealSecretValue0123456789abcdefXYZ"
 CA = b"-----BEGIN CERTIFICATE-----\nTESTCA\n-----END CERTIFICATE-----\n"
@@ -197,3 +202,38 @@ def test_real_values_are_scrubbed_and_injections_audited_without_them(tmp_path: 
     assert len(target["path"]) == 2048
     assert VALUE not in got[0].arguments_json
     policy.audit.close()
+
+
+def test_the_container_spec_carries_placeholders_trust_and_the_node_preload(
+    tmp_path: Path,
+) -> None:
+    cfg = config(tmp_path)
+    networks = Networks(cfg, "0123456789abcdef")
+    containers = Containers(
+        cfg, None, Layout(cfg), networks, lambda _address: None,  # type: ignore[arg-type,return-value]
+        instance_id="0123456789abcdef", image="img", owner_label=lambda: "owner",
+    )  # fmt: skip
+    layout = Layout(cfg)
+    key = scope("team-a", "k")
+    paths = layout.of(key)
+    paths.root.mkdir(parents=True)
+    egress = networks.choose(None)
+    spec = containers.spec("c", {}, paths, egress, Profiles(cfg, "img").get("big"), key, "sid")
+    ca = (tmp_path / "state" / "egress-ca" / "ca.crt").read_bytes()
+    env = spec.environment
+    assert env["GITHUB_TOKEN"].startswith("stk_ph_")
+    assert env["GIT_TOKEN"].startswith("stk_ph_")
+    assert env["NODE_OPTIONS"] == "--require /usr/local/lib/stockade/proxy.js"
+    assert VALUE not in repr(spec)
+    assert "GITHUB_TOKEN" not in spec.secret_names
+    mounted = {m.target: Path(m.source) for m in spec.mounts if m.read_only}
+    assert mounted[brokering.SANDBOX_CA].read_bytes() == ca
+    # a pool container (no key yet) and a sandbox of no egress get neither
+    bare = containers.spec("p", {}, paths, egress)
+    assert "GITHUB_TOKEN" not in bare.environment
+    assert not any(m.read_only for m in bare.mounts)
+    closed = containers.spec(
+        "n", {}, paths, networks.choose(NetworkRequest("none")), None, key, "s"
+    )
+    assert "GITHUB_TOKEN" not in closed.environment
+    assert "NODE_OPTIONS" not in closed.environment
