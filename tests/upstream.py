@@ -26,6 +26,7 @@ import ipaddress
 import ssl
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -253,6 +254,15 @@ class Upstream:
             if len(kept) < RECORD_LIMIT:
                 kept.extend(data[: RECORD_LIMIT - len(kept)])
 
+        try:
+            await self._read_chunks_or_length(reader, got, take)
+        finally:  # a body cut short is kept as far as it came
+            got.body = bytes(kept)
+            got.body_sha256 = digest.hexdigest()
+
+    async def _read_chunks_or_length(
+        self, reader: asyncio.StreamReader, got: Recorded, take: Callable[[bytes], None]
+    ) -> None:
         if "chunked" in (got.header("transfer-encoding") or "").lower():
             while True:
                 size = int((await reader.readuntil(b"\r\n")).split(b";")[0].strip(), 16)
@@ -275,8 +285,6 @@ class Upstream:
                     raise ConnectionError("body cut short")
                 take(data)
                 left -= len(data)
-        got.body = bytes(kept)
-        got.body_sha256 = digest.hexdigest()
 
     async def _bytes(
         self, writer: asyncio.StreamWriter, n: int, keep: bool, head_only: bool

@@ -6,6 +6,7 @@ data here (no I/O), so the proxy and its tests share it."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -72,3 +73,75 @@ InjectionRecorder = Callable[[Injected], None]
 
 def no_record(event: Injected) -> None:
     """The default InjectionRecorder: nothing kept."""
+
+
+def find_placeholder(broker: Broker, data: bytes) -> BrokeredSecret | None:
+    """The first secret whose placeholder is in data (case folded: an upper-cased placeholder
+    is as much a sign as the original)."""
+    if not broker.secrets:
+        return None
+    folded = data.lower()
+    for secret in broker.secrets:
+        if secret.placeholder.encode() in folded:
+            return secret
+    return None
+
+
+def inject(broker: Broker, header: str, value: str, host: str) -> tuple[str, BrokeredSecret] | None:
+    """The header's value with the real secret in place of its placeholder, and the secret,
+    when this header is the secret's configured place and the host may receive it; None when
+    the header is not such a place (a placeholder in it is then misplaced)."""
+    for secret in broker.secrets:
+        if not secret.allows(host):
+            continue
+        placement = secret.injection
+        if placement.kind == "header" and header.lower() == placement.header.lower():
+            prefix, _, suffix = placement.template.partition("{secret}")
+            expected = prefix + secret.placeholder + suffix
+            if value.lower() == expected.lower():
+                return prefix + secret.value + suffix, secret
+        elif placement.kind == "basic" and header.lower() == "authorization":
+            replaced = _basic(value, secret)
+            if replaced is not None:
+                return replaced, secret
+    return None
+
+
+def _basic(value: str, secret: BrokeredSecret) -> str | None:
+    scheme, _, token = value.strip().partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    pair = basic_decoded(token)
+    if pair is None:
+        return None
+    user, sep, password = pair.partition(":")
+    if not sep or secret.placeholder not in (user, password):
+        return None
+    user = secret.value if user == secret.placeholder else user
+    password = secret.value if password == secret.placeholder else password
+    if secret.placeholder.lower() in f"{user}:{password}".lower():
+        return None  # the placeholder somewhere else as well: not the configured place
+    joined = f"{user}:{password}".encode()
+    return "Basic " + base64.b64encode(joined).decode("ascii")
+
+
+def basic_decoded(token: str) -> str | None:
+    """The user:password of a Basic credential, None when it is not valid base64 text."""
+    try:
+        return base64.b64decode(token.strip(), validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def real_values(broker: Broker) -> list[bytes]:
+    """Every form of the real secrets an upstream may send back: the values, and for basic
+    auth the base64 of user:value as a client sends it. Longest first."""
+    found: set[bytes] = set()
+    for secret in broker.secrets:
+        if not secret.value:
+            continue
+        found.add(secret.value.encode())
+        if secret.injection.kind == "basic":
+            pair = f"{secret.injection.username}:{secret.value}".encode()
+            found.add(base64.b64encode(pair))
+    return sorted(found, key=len, reverse=True)

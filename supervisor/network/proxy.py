@@ -6,7 +6,13 @@ in SNI, else the tunnel is closed before a byte reaches the upstream) and absolu
 http:// requests (the Host header must name the URL's host; one request per connection).
 It resolves names itself (the sandbox has no DNS), refuses IP addresses, ports and names
 outside the allowlist, names that resolve to non-public addresses (unless pinned or
-configured), and connections past the per-sandbox cap. Every decision is reported."""
+configured), and connections past the per-sandbox cap. Every decision is reported.
+
+A CONNECT to a host some brokered secret may go to is not piped: intercept.py terminates its
+TLS and relays its requests, putting real secrets where their placeholders are configured.
+Everywhere the proxy can read (CONNECT targets, server names, plain http:// heads) a
+placeholder of the sandbox's, or a sign the tripwire knows, refuses the request (403) and
+sounds the alarm."""
 
 from __future__ import annotations
 
@@ -14,12 +20,13 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from stockade.supervisor.network import tls
+from stockade.supervisor.network import intercept, tls
 from stockade.supervisor.network.allowlist import (
     MAX_NAME,
     Allowlist,
@@ -28,6 +35,14 @@ from stockade.supervisor.network.allowlist import (
     is_global,
     shown,
 )
+from stockade.supervisor.network.brokered import (
+    Broker,
+    InjectionRecorder,
+    find_placeholder,
+    no_record,
+)
+from stockade.supervisor.network.mint import Authority
+from stockade.supervisor.observe.alarms import Alarm, AlarmSink, NoTripwire, Tripwire
 
 log = logging.getLogger("stockade.egress")
 MAX_HEAD = 64 * 1024
@@ -73,14 +88,40 @@ class Refused(Exception):
         self.reason = reason
 
 
+def no_alarm(alarm: Alarm) -> None:
+    """The default AlarmSink: nothing sounds."""
+
+
 class EgressProxy:
     def __init__(
-        self, key: str, allowlist: Allowlist, settings: ProxySettings, record: Recorder
+        self,
+        key: str,
+        allowlist: Allowlist,
+        settings: ProxySettings,
+        record: Recorder,
+        *,
+        broker: Broker | None = None,
+        tripwire: Tripwire | None = None,
+        alarm: AlarmSink = no_alarm,
+        record_injection: InjectionRecorder = no_record,
+        authority: Authority | None = None,
+        upstream_context: ssl.SSLContext | None = None,
     ) -> None:
+        """`broker`: the sandbox's brokered secrets (hosts they may go to are intercepted:
+        then `authority`, the installation's CA, is needed); `upstream_context`: the TLS
+        client side towards intercepted hosts (default: the host's trust store)."""
         self.key = key
         self.allowlist = allowlist
         self._settings = settings
         self._record = record
+        self._broker = broker or Broker()
+        self._tripwire: Tripwire = tripwire or NoTripwire()
+        self._alarm = alarm
+        self._record_injection = record_injection
+        if self._broker.secrets and authority is None:
+            raise ValueError("brokered secrets need the egress CA (authority) to intercept")
+        self._authority = authority
+        self._upstream_context = upstream_context
         self._open = 0
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -139,6 +180,7 @@ class EgressProxy:
             return
         method, target, version = parts
         try:
+            self._check_signs(method, target, head)
             headers = _headers(lines[1:])
             if method.upper() == "CONNECT":
                 await self._connect(target, reader, writer)
@@ -147,11 +189,34 @@ class EgressProxy:
         except Refused as refused:
             await _reply(writer, refused.status, refused.reason)
 
+    def _check_signs(self, method: str, target: str, data: bytes | str) -> None:
+        """Refused (403) when data carries a placeholder of this sandbox's (the alarm
+        sounded) or a sign the tripwire knows (it sounds its own)."""
+        raw = data.encode("utf-8", "replace") if isinstance(data, str) else data
+        evidence = f"{method[:32]} {target[:300]}"
+        secret = find_placeholder(self._broker, raw)
+        if secret is not None:
+            detail = (
+                f"the placeholder of secret {secret.name!r} was in a proxy request "
+                f"({evidence}) where the proxy cannot put the secret; refused"
+            )
+            self._alarm(Alarm(self.key, "placeholder", "egress", detail, evidence))
+            reason = f"the placeholder of secret {secret.name!r} is not sent here"
+            self._decide(method, target, 0, False, reason)
+            raise Refused(403, reason)
+        if self._tripwire.check(self.key, "egress", raw, evidence):
+            reason = "refused by the egress proxy's policy"
+            self._decide(method, target, 0, False, reason)
+            raise Refused(403, reason)
+
     async def _connect(
         self, target: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         host, port = _split_authority(target, default_port=None)
         name, address, why = await self._admit("CONNECT", host, port)
+        if self._broker.intercepts(name):
+            await self._intercept(name, port, address, why, reader, writer)
+            return
         up_reader, up_writer = await self._open_upstream("CONNECT", name, port, address)
         try:
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -166,22 +231,68 @@ class EgressProxy:
                 reason = f"no TLS ClientHello within {HELLO_TIMEOUT_S:.0f} s"
                 self._decide("CONNECT", name, port, False, reason, address)
                 return
-            if sni is None:
-                self._decide("CONNECT", name, port, False, "no server name (SNI) in TLS", address)
-                return
-            try:
-                sni_name = canonical_host(sni)
-            except AllowlistError:
-                sni_name = sni
-            if sni_name != name:
-                reason = f"TLS server name {shown(sni)} does not match the CONNECT host"
-                self._decide("CONNECT", name, port, False, reason, address)
+            if not self._server_name_matches(sni, name, port, address):
                 return
             self._decide("CONNECT", name, port, True, why, address)
             up_writer.write(hello)
             await self._pipe(reader, writer, up_reader, up_writer)
         finally:
             up_writer.close()
+
+    def _server_name_matches(self, sni: str | None, name: str, port: int, address: str) -> bool:
+        if sni is None:
+            self._decide("CONNECT", name, port, False, "no server name (SNI) in TLS", address)
+            return False
+        try:
+            self._check_signs("CONNECT", f"{name}:{port} (TLS server name)", sni)
+        except Refused:
+            return False
+        try:
+            sni_name = canonical_host(sni)
+        except AllowlistError:
+            sni_name = sni
+        if sni_name != name:
+            reason = f"TLS server name {shown(sni)} does not match the CONNECT host"
+            self._decide("CONNECT", name, port, False, reason, address)
+            return False
+        return True
+
+    async def _intercept(
+        self,
+        name: str,
+        port: int,
+        address: str,
+        why: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        """A host with brokered secrets: TLS ends here and intercept.py relays requests."""
+        assert self._authority is not None
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        await writer.drain()
+        try:
+            hello = await asyncio.wait_for(tls.read_client_hello(reader), HELLO_TIMEOUT_S)
+            sni = tls.server_name(hello)
+        except (tls.NotTLS, TimeoutError) as exc:
+            self._decide("CONNECT", name, port, False, f"not TLS: {exc or 'timed out'}", address)
+            return
+        if not self._server_name_matches(sni, name, port, address):
+            return
+        self._decide("CONNECT", name, port, True, f"{why}; intercepted (brokered)", address)
+        if self._upstream_context is None:  # made once: it reads the host's trust store
+            self._upstream_context = intercept.upstream_context()
+        context = self._upstream_context
+        job = intercept.Interception(
+            key=self.key, name=name, port=port, address=address, broker=self._broker,
+            tripwire=self._tripwire, alarm=self._alarm, record_injection=self._record_injection,
+            authority=self._authority, upstream_context=context,
+            connect_timeout_s=self._settings.connect_timeout_s,
+            idle_timeout_s=self._settings.idle_timeout_s,
+            decide=lambda method, allowed, reason: self._decide(
+                method, name, port, allowed, reason, address
+            ),
+        )  # fmt: skip
+        await intercept.serve(job, reader, writer, hello)
 
     async def _forward(
         self,
