@@ -140,10 +140,19 @@ class EgressNetwork:
             sock = await asyncio.to_thread(links.build, self._plan(sid), container_pid)
         except links.LinkError as exc:
             raise SandboxBroken(f"sandbox {shown(key)!r}: {exc}") from exc
-        if broker.secrets:  # the CA and upstream trust, for the interception to come
-            self.authority()
-            self.upstream()
-        proxy = EgressProxy(key, allowlist, self._settings, self._record)
+        hooks = self._hooks
+        proxy = EgressProxy(
+            key,
+            allowlist,
+            self._settings,
+            self._record,
+            broker=broker,
+            authority=self.authority() if broker.secrets else None,
+            upstream_context=self.upstream() if broker.secrets else None,
+            record_injection=hooks.record_injection,
+            tripwire=hooks.tripwire,
+            alarm=hooks.alarm,
+        )
         try:
             await proxy.start(sock)
         except BaseException:
