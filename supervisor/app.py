@@ -24,13 +24,16 @@ from stockade.supervisor.engines import incontainer
 from stockade.supervisor.engines.backends import create_backend
 from stockade.supervisor.engines.backends.base import ContainerBackend
 from stockade.supervisor.errors import ConfigError, EngineUnavailable
+from stockade.supervisor.keys import split
+from stockade.supervisor.network.brokered import Injected, InjectionRecorder
+from stockade.supervisor.network.egress import EgressHooks
 from stockade.supervisor.network.proxy import EgressDecision
 from stockade.supervisor.observe.alarms import AlarmHub, AlarmSink
 from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.observe.metrics import Metrics
 from stockade.supervisor.observe.retention import Retention
 from stockade.supervisor.observe.telemetry import Observer, log_call
-from stockade.supervisor.policy.honeytokens import Honeytokens, load_key
+from stockade.supervisor.policy.honeytokens import Honeytokens, as_tripwire, load_key
 from stockade.supervisor.sandboxes.containers import AddressOf, socket_address
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from stockade.supervisor.sandboxes.owner import InstanceLock
@@ -44,6 +47,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("stockade")
 DOCKER_SOCKET = "unix:///var/run/docker.sock"
+MAX_AUDIT_PATH = 2048
+"""Characters of a request's path an injection's audit record keeps."""
 
 
 def instance_id(state_dir: Path, config: Config | None = None) -> str:
@@ -137,7 +142,11 @@ def build_policy(config: Config, state: SharedState | None = None) -> HostPolicy
     catalog = Catalog(config.custom_tools)
     state = state or SqliteState.from_config(config)
     rules = [GuardRule(r.name, r.pattern, r.reason) for r in config.guard.rules]
-    secrets = [*config.scrub.secrets, *config.sandbox.secrets.values()]
+    secrets = [
+        *config.scrub.secrets,
+        *config.sandbox.secrets.values(),
+        *(brokered.value for brokered in config.secrets.values()),
+    ]
     try:
         guard = Guard(rules, on_parse_error=config.guard.on_parse_error, workspace=WORKSPACE)
         scrubber = Scrubber(secrets)
@@ -176,12 +185,14 @@ def egress_recorder(policy: HostPolicy) -> Callable[[EgressDecision], None]:
         target = {"method": decision.method, "host": decision.host, "port": decision.port}
         if decision.address:
             target["address"] = decision.address
+        tenant, key = split(decision.sandbox_key)
         audit.record(
             AuditRecord(
                 time=time.time(),
                 request_id="",
                 caller="sandbox",
-                sandbox_key=decision.sandbox_key,
+                sandbox_key=key,
+                tenant=tenant,
                 agent_id="",
                 provider="",
                 tool="network",
@@ -205,6 +216,42 @@ def honeytokens(config: Config, policy: HostPolicy, alarm: AlarmSink) -> Honeyto
     except OSError as exc:
         raise ConfigError(f"honeytokens: {exc}") from exc
     return Honeytokens(key, alarm, config.honeytokens.env_var)
+
+
+def injection_recorder(policy: HostPolicy) -> InjectionRecorder:
+    """Each brokered secret the egress proxy put into a request becomes an audit record
+    (tool "network", policy_step "egress: injected NAME"): the sandbox, the secret's name,
+    the host, method and path; never the value."""
+    audit = policy.audit
+
+    def record(event: Injected) -> None:
+        if audit is None:
+            return
+        target = {
+            "secret": event.secret,
+            "host": event.host,
+            "method": event.method,
+            "path": event.path[:MAX_AUDIT_PATH],
+        }
+        tenant, key = split(event.sandbox_key)
+        audit.record(
+            AuditRecord(
+                time=time.time(),
+                request_id="",
+                caller="sandbox",
+                sandbox_key=key,
+                tenant=tenant,
+                agent_id="",
+                provider="",
+                tool="network",
+                arguments_json=json.dumps(target),
+                policy_step=f"egress: injected {event.secret}",
+                error_code="",
+                is_error=False,
+            )
+        )
+
+    return record
 
 
 def housekeeping_recorder(policy: HostPolicy) -> Callable[[str, str, str], None]:
@@ -366,6 +413,11 @@ async def _start(
         image=sandbox_image(config),
         address_of=agent_addresses(backend),
         record_egress=egress_recorder(policy),
+        egress_hooks=EgressHooks(
+            alarm=alarms.sound,
+            tripwire=as_tripwire(honey),
+            record_injection=injection_recorder(policy),
+        ),
         host_mounts=not contained,
         record_event=housekeeping_recorder(policy),
         lock=lock,

@@ -36,6 +36,7 @@ from stockade.supervisor.config.sandbox import (
     ProfileConfig,
     SandboxConfig,
 )
+from stockade.supervisor.config.secrets import SecretConfig
 from stockade.supervisor.config.service import (
     AuditConfig,
     AuthConfig,
@@ -75,6 +76,7 @@ __all__ = [
     "ProfileConfig",
     "SandboxConfig",
     "ScrubConfig",
+    "SecretConfig",
     "SnapshotsConfig",
     "SubagentConfig",
     "TenantConfig",

@@ -21,6 +21,7 @@ from stockade.supervisor.config.sandbox import (
     KubernetesConfig,
     ProfileConfig,
 )
+from stockade.supervisor.config.secrets import check_secrets
 from stockade.supervisor.config.service import SNAPSHOT_OPERATIONS
 from stockade.supervisor.errors import ConfigError, InvalidRequest
 from stockade.supervisor.keys import validate_key, validate_tenant
@@ -117,6 +118,18 @@ def check(cfg: Config) -> None:
         _check_pods(cfg)
     _check_state(cfg.state)
     check_honeytokens(cfg)
+    placeholders = {s.sandbox_env for s in cfg.secrets.values() if s.sandbox_env}
+    if cfg.honeytokens.enabled and cfg.honeytokens.env_var in placeholders:
+        raise ConfigError(
+            f"honeytokens.env_var {cfg.honeytokens.env_var!r} is the sandbox_env of a brokered "
+            "secret ([secrets.NAME]): one variable cannot hold a decoy and a placeholder"
+        )
+    check_secrets(
+        cfg.secrets,
+        network_mode=cfg.sandbox.network,
+        profiles=cfg.profiles,
+        sandbox_env=cfg.sandbox.secrets,
+    )
 
 
 DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
@@ -211,6 +224,11 @@ def _check_pods(cfg: Config) -> None:
             cfg.network.bandwidth_kbit > 0,
             "it shapes a host sandbox's own link; a pod reaches the proxy over the cluster "
             "network, which Stockade does not shape",
+        ),
+        "[secrets.NAME]": (
+            bool(cfg.secrets),
+            "a pod gets no placeholders and no egress CA in its trust store yet: brokered "
+            "secrets are for host sandboxes",
         ),
     }
     if cfg.sandbox.network == "egress" and not cfg.kubernetes.egress_proxy:
@@ -412,6 +430,11 @@ def _check_network(net: NetworkConfig) -> None:
         raise ConfigError("network.bandwidth_kbit >= 0 and network.max_connections > 0")
     if net.connect_timeout_s <= 0 or net.idle_timeout_s <= 0:
         raise ConfigError("network timeouts must be positive")
+    ca = net.upstream_ca_file
+    if ca and (not ca.startswith("/") or "\0" in ca or not Path(ca).is_file()):
+        raise ConfigError(
+            f"network.upstream_ca_file must be the absolute path of a PEM file, got {ca[:200]!r}"
+        )
 
 
 def _check_auth(auth: AuthConfig, tenants: Mapping[str, TenantConfig]) -> None:

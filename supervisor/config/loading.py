@@ -18,7 +18,7 @@ from stockade.supervisor.errors import ConfigError
 
 def _build(cls: type[Any], data: dict[str, Any], where: str) -> Any:
     hints = get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
+    known = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"unknown key(s) in [{where or 'top level'}]: {', '.join(unknown)}")

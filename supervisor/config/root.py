@@ -30,6 +30,7 @@ from stockade.supervisor.config.sandbox import (
     ProfileConfig,
     SandboxConfig,
 )
+from stockade.supervisor.config.secrets import SecretConfig
 from stockade.supervisor.config.service import (
     AuditConfig,
     AuthConfig,
@@ -80,6 +81,9 @@ class Config:
     state: StateConfig = field(default_factory=StateConfig)
     quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
     honeytokens: HoneytokensConfig = field(default_factory=HoneytokensConfig)
+    secrets: Mapping[str, SecretConfig] = field(default_factory=dict)
+    """Brokered secrets by name ([secrets.NAME], docs/secrets.md): added by the egress proxy,
+    never in a sandbox."""
 
     def __post_init__(self) -> None:
         check(self)

@@ -202,6 +202,10 @@ class NetworkConfig:
     """The link's addresses: the proxy's side takes the first host, the sandbox the second.
     Each sandbox's link lives in namespaces of its own, so all can use the same subnet."""
     proxy_port: int = 3128
+    upstream_ca_file: str = ""
+    """A PEM file of CA certificates the proxy trusts, besides the host's trust store, when it
+    opens its own TLS connection to a host it intercepts (one with a brokered secret:
+    docs/secrets.md); empty: the host's trust store alone."""
 
 
 @dataclass(frozen=True)

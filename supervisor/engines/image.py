@@ -151,9 +151,11 @@ def _remove_if_untagged(engine: Engine, image_id: str) -> None:
 
 def context_files() -> dict[str, Path]:
     """Build-context path -> source file: the Containerfile, drop/drop.c (the command
-    launcher, compiled in the build) and lib/stockade/**/*.py."""
+    launcher, compiled in the build), node/proxy.js (Node's proxy preload) and
+    lib/stockade/**/*.py."""
     files = {"Containerfile": REPO / "sandbox_image" / "Containerfile"}
     files["drop/drop.c"] = REPO / "sandbox_image" / "drop" / "drop.c"
+    files["node/proxy.js"] = REPO / "sandbox_image" / "node" / "proxy.js"
     files["lib/stockade/__init__.py"] = REPO / "src" / "stockade" / "__init__.py"
     agent = REPO / "sandbox_image" / "agent"
     for folder, dirs, names in os.walk(agent, followlinks=True):

@@ -116,7 +116,7 @@ class Containers:
         With a key (and its sandbox id), the container of its own name is replaced and its
         network attached; a warm-pool container gets both when a key takes it. Anything that
         fails undoes what was done and raises (SandboxBroken when the agent never answered)."""
-        spec = self.spec(name, labels, paths, network, profile)
+        spec = await asyncio.to_thread(self.spec, name, labels, paths, network, profile, key, sid)
         if key and self._decoy_env is not None and (decoy := self._decoy_env(key, profile)):
             spec = replace(spec, environment={**decoy, **spec.environment})
         if key:
@@ -182,18 +182,26 @@ class Containers:
         paths: Paths,
         network: SandboxNetwork,
         profile: SandboxProfile | None = None,
+        key: str = "",
+        sid: str = "",
     ) -> ContainerSpec:
         """The container of a sandbox on `network` with `profile`'s image, CPUs and memory
-        (None: [sandbox]'s)."""
+        (None: [sandbox]'s); with a key (and its sandbox id), the placeholders of its
+        brokered secrets and the trust bundle that goes with them (brokering.py: writes the
+        bundle into its folder)."""
         sb = self._config.sandbox
         labels = {**self.labels(), **self._owner_labels(), **labels, **network.labels()}
         if profile is not None and profile.name:
             labels[LABEL_PROFILE] = profile.name
         proxies = self._networks.environment(network)
-        environment = {**sb.secrets, **proxies}
+        brokered = self._networks.brokering.container_parts(
+            key, sid, profile.name if profile else "", network.mode, paths.root
+        )
+        environment = {**sb.secrets, **proxies, **brokered.environment}
         mounts = [
             BindMount(str(paths.workspace), WORKSPACE),
             BindMount(str(paths.run), AGENT_SOCKET_DIR),
+            *brokered.mounts,
         ]
         tmpfs = {"/tmp": sb.tmp_size_mb * 1024 * 1024}
         if self._layout.host_tmp:

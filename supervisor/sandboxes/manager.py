@@ -46,6 +46,7 @@ from stockade.supervisor.errors import (
 from stockade.supervisor.keys import sandbox_id, shown, split
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import NetworkRequest, SandboxInfo, SandboxState
+from stockade.supervisor.network.egress import EgressHooks
 from stockade.supervisor.network.proxy import EgressDecision
 from stockade.supervisor.observe.alarms import Alarm
 from stockade.supervisor.policy.honeytokens import Honeytokens
@@ -100,6 +101,7 @@ class SandboxManager:
         connect: Connect | None = None,
         address_of: AddressOf = socket_address,
         record_egress: Callable[[EgressDecision], None] | None = None,
+        egress_hooks: EgressHooks | None = None,
         host_mounts: bool = True,
         record_event: Recorder | None = None,
         lock: owner.InstanceLock | None = None,
@@ -117,7 +119,8 @@ class SandboxManager:
         state shared with other supervisors (supervisor/state): its key lock is held across
         a key's create, and its ledger counts the tenants' sandboxes across supervisors.
         `replica`: this supervisor's id in the shared state (app.replica_id; default the
-        instance id): whose warm-pool pods are whose."""
+        instance id): whose warm-pool pods are whose.
+        `egress_hooks`: where the egress proxies report alarms and brokered injections."""
         self.config = config
         self.backend = backend
         self._host_mounts = host_mounts
@@ -133,7 +136,7 @@ class SandboxManager:
         self.owner = owner.this_process(self._lock)
         limits = ReplyLimits(config.tools.max_output_bytes, config.tools.process_log_bytes)
         self.layout = Layout(config)
-        self.networks = Networks(config, instance_id, record_egress)
+        self.networks = Networks(config, instance_id, record_egress, egress_hooks)
         self.profiles = Profiles(config, image)
         self.decoys = Planter(config, honeytokens)  # honeytokens: decoys.py
         self.containers = Containers(
@@ -322,7 +325,10 @@ class SandboxManager:
                         await self.decoys.plant(taken)
                         return taken
                     await self.quotas.admit_shared(key, made.memory_mb)
-                    pooled = self.decoys.poolable(key, made, self.profiles.default)
+                    # a pool container has no placeholders of a key's brokered secrets
+                    pooled = self.decoys.poolable(
+                        key, made, self.profiles.default
+                    ) and not self.networks.brokering.applying(key, made.name)
                     sandbox = await self.pool.take(key, chosen) if pooled else None
                     if sandbox is not None:
                         sandbox.profile = made

@@ -20,14 +20,16 @@ from stockade.supervisor.engines.backends.base import (
     LABEL_KEY,
     LABEL_NETWORK,
     LABEL_NETWORK_ALLOW,
+    LABEL_PROFILE,
     ContainerInfo,
 )
 from stockade.supervisor.errors import ConfigError, InvalidRequest, PolicyDenied, Unsupported
 from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.network.allowlist import Allowlist, AllowlistError
-from stockade.supervisor.network.egress import EgressNetwork
+from stockade.supervisor.network.egress import EgressHooks, EgressNetwork
 from stockade.supervisor.network.proxy import EgressDecision, EgressProxy
 from stockade.supervisor.network.shared_proxy import SharedEgressListener
+from stockade.supervisor.sandboxes.brokering import Brokering
 from stockade.supervisor.sandboxes.pod_egress import ListPods, PodDirectory
 from stockade.supervisor.sandboxes.sandbox import Container, SandboxNetwork
 
@@ -45,10 +47,20 @@ class Networks:
         config: Config,
         instance_id: str,
         record_egress: Callable[[EgressDecision], None] | None = None,
+        hooks: EgressHooks | None = None,
     ) -> None:
         self._config = config
         self._record = record_egress or _ignore
-        self.egress = EgressNetwork(config.network, instance_id, self._record)
+        self.egress = EgressNetwork(
+            config.network,
+            instance_id,
+            self._record,
+            state_dir=config.state_dir,
+            hooks=hooks,
+            brokering=bool(config.secrets),
+        )
+        self.brokering = Brokering(config, lambda: self.egress.authority().certificate_pem)
+        """The brokered secrets ([secrets]): their placeholders, trust and Broker."""
         self._pods = config.engine.kind == "kubernetes"
         self.listener: SharedEgressListener | None = None
         """engine.kind kubernetes: the egress proxy all pods connect to (serve_pods)."""
@@ -132,11 +144,16 @@ class Networks:
         return dict(self.egress.environment)
 
     async def attach(self, key: str, container: Container, network: SandboxNetwork) -> None:
-        """A host sandbox's link and proxy; nothing for a pod (its IP says whose its
-        connections to the shared listener are)."""
+        """A host sandbox's link and proxy, with the Broker of its brokered secrets (those of
+        its key's tenant and its container's profile); nothing for a pod (its IP says whose
+        its connections to the shared listener are)."""
         if network.mode == "egress" and not self._pods:
             allowlist = Allowlist(network.allow, self._config.network.ports)
-            await self.egress.attach(key, container.sid, container.info.pid, allowlist)
+            profile = container.info.labels.get(LABEL_PROFILE, "")
+            broker = self.brokering.broker(key, container.sid, profile)
+            await self.egress.attach(
+                key, container.sid, container.info.pid, allowlist, broker=broker
+            )
 
     async def detach(self, container: Container) -> None:
         if container.sid:
