@@ -27,6 +27,8 @@ from stockade.supervisor.errors import ConfigError, InvalidRequest
 from stockade.supervisor.keys import validate_key, validate_tenant
 from stockade.supervisor.network.allowlist import AllowlistError, check_pattern
 
+INTERCEPT_MODES = ("brokered", "all")
+
 if TYPE_CHECKING:
     from stockade.supervisor.config.root import Config
     from stockade.supervisor.config.sandbox import HousekeepingConfig, NetworkConfig
@@ -430,6 +432,11 @@ def _check_network(net: NetworkConfig) -> None:
         raise ConfigError("network.bandwidth_kbit >= 0 and network.max_connections > 0")
     if net.connect_timeout_s <= 0 or net.idle_timeout_s <= 0:
         raise ConfigError("network timeouts must be positive")
+    if net.intercept not in INTERCEPT_MODES:
+        raise ConfigError(
+            f"network.intercept must be one of {', '.join(INTERCEPT_MODES)}, "
+            f"got {net.intercept[:100]!r}"
+        )
     ca = net.upstream_ca_file
     if ca and (not ca.startswith("/") or "\0" in ca or not Path(ca).is_file()):
         raise ConfigError(

@@ -206,6 +206,11 @@ class NetworkConfig:
     """A PEM file of CA certificates the proxy trusts, besides the host's trust store, when it
     opens its own TLS connection to a host it intercepts (one with a brokered secret:
     docs/secrets.md); empty: the host's trust store alone."""
+    intercept: str = "brokered"
+    """Which TLS connections of a sandbox that holds brokered secrets the proxy terminates:
+    "brokered", those to its secrets' hosts (any other allowed host is a plain tunnel, whose
+    content the proxy cannot read); "all", every one, so that a placeholder or a decoy is
+    seen on its way to any allowed host (the sandbox trusts the egress CA already)."""
 
 
 @dataclass(frozen=True)

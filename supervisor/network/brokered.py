@@ -51,9 +51,15 @@ class Broker:
     """What one sandbox's proxy needs: its brokered secrets (none: nothing intercepted)."""
 
     secrets: tuple[BrokeredSecret, ...] = ()
+    everything: bool = False
+    """[network] intercept = "all": every TLS connection of a sandbox with secrets is
+    terminated, so its placeholders are seen whatever allowed host they go to."""
 
     def intercepts(self, host: str) -> bool:
-        """Whether the proxy terminates TLS for this host (some secret may go there)."""
+        """Whether the proxy terminates TLS for this host (some secret may go there, or all
+        of a sandbox that holds secrets are)."""
+        if self.everything and self.secrets:
+            return True
         return any(s.allows(host) for s in self.secrets)
 
 

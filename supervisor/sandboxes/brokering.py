@@ -135,7 +135,8 @@ class Brokering:
                     injection=_injection(secret),
                 )
                 for name, secret in self.applying(key, profile)
-            )
+            ),
+            everything=self._config.network.intercept == "all",
         )
 
     def container_parts(

@@ -487,3 +487,52 @@ enabled = true
         assert decoy not in alarm.evidence
         client.release_quarantine(key)
         assert client.sandbox(key).exec("cat kept.txt").stdout == "kept\n"
+
+
+@needs_interception
+def test_intercept_all_sees_a_placeholder_on_its_way_to_any_allowed_host(
+    engine: str, upstreams: Upstreams, tmp_path: Path
+) -> None:
+    """[network] intercept = "all": localhost has no brokered secret, yet the proxy
+    terminates its TLS for a sandbox that holds placeholders (the sandbox trusts the egress
+    CA: no --cacert needed, where a tunnel would show the upstream's own certificate), so a
+    placeholder sent there is refused and never reaches it, and the sandbox quarantined."""
+    value = tmp_path / "api"
+    value.write_text(API_VALUE)
+    value.chmod(0o600)
+    config = f"""
+[sandbox]
+network = "egress"
+[network]
+allow = ["api.test", "localhost"]
+ports = [{upstreams.api.port}]
+allow_private_addresses = true
+upstream_ca_file = "{upstreams.ca_file}"
+intercept = "all"
+[network.hosts]
+"api.test" = "127.0.0.1"
+"localhost" = "127.0.0.1"
+[secrets.api]
+file = "{value}"
+hosts = ["api.test"]
+template = "Bearer {{secret}}"
+sandbox_env = "API_TOKEN"
+"""
+    with running_supervisor(engine, config) as sup, sup.client() as client:
+        key = f"brk-all-{uuid.uuid4().hex[:8]}"
+        api_ph = placeholder(installation_key(sup.state_dir), sandbox_id(key), "api")
+        url = f"https://localhost:{upstreams.api.port}/echo"
+        curl = "curl -sS --noproxy '' -o /dev/null -w '%{http_code}'"
+        before = len(upstreams.api.requests)
+        code, out = run(client, key, f"{curl} {url}?via=intercepted")
+        assert (code, out) == (0, "200")  # terminated by the proxy, verified by the sandbox
+        got = upstreams.api.requests[before:]
+        assert [r.target for r in got] == ["/echo?via=intercepted"]
+        result = client.sandbox(key).exec(f'{curl} -H "X-Token: $API_TOKEN" {url}', timeout=10)
+        if result.error_code != "TIMEOUT":  # the freeze may land before the call returns
+            assert result.stdout.strip().endswith("403"), result
+        for request in upstreams.api.requests[before:]:
+            assert api_ph.encode() not in request.head + request.body
+        with pytest.raises(FailedPrecondition, match=f"sandbox '{key}' is quarantined"):
+            client.sandbox(key).exec("true")
+        client.release_quarantine(key)

@@ -20,7 +20,7 @@ from stockade.supervisor.config.loading import load_config
 from stockade.supervisor.errors import ConfigError
 from stockade.supervisor.keys import scope
 from stockade.supervisor.models import NetworkRequest
-from stockade.supervisor.network.brokered import Injected
+from stockade.supervisor.network.brokered import Broker, Injected
 from stockade.supervisor.observe.audit import AuditQuery
 from stockade.supervisor.sandboxes import brokering
 from stockade.supervisor.sandboxes.brokering import Brokering, installation_key, placeholder
@@ -116,6 +116,22 @@ def test_the_broker_of_a_sandbox(tmp_path: Path) -> None:
     assert not broker.intercepts("api.github.com.evil.test")
     assert VALUE not in repr(broker)
     assert brokering_.broker("k", "abc", "").secrets[0].placeholder == github.placeholder
+
+
+def test_intercept_all_terminates_every_host_of_a_sandbox_with_secrets(tmp_path: Path) -> None:
+    """[network] intercept = "all": a sandbox that holds placeholders has every TLS
+    connection terminated (a placeholder is then seen whatever allowed host it goes to); a
+    sandbox with no secret keeps its tunnels; "brokered" (the default) only its hosts'."""
+    default = Brokering(config(tmp_path), lambda: CA)
+    assert not default.broker("k", "abc", "").intercepts("pypi.org")
+    every = Brokering(config(tmp_path, '[network]\nintercept = "all"\n'), lambda: CA)
+    broker = every.broker("k", "abc", "")
+    assert broker.intercepts("pypi.org")
+    assert broker.intercepts("api.github.com")
+    assert not Broker((), everything=True).intercepts("pypi.org")  # no secret: tunnels
+    for wrong in ("ALL", "none", "", "all " * 50):
+        with pytest.raises(ConfigError, match=r"network\.intercept must be one of brokered, all"):
+            config(tmp_path, f'[network]\nintercept = "{wrong}"\n')
 
 
 def test_a_container_gets_placeholders_and_the_trust_bundle(tmp_path: Path) -> None:
