@@ -29,7 +29,7 @@ from stockade.supervisor.network.brokered import Injected, InjectionRecorder
 from stockade.supervisor.network.egress import EgressHooks
 from stockade.supervisor.network.proxy import EgressDecision
 from stockade.supervisor.observe.alarms import AlarmHub, AlarmSink
-from stockade.supervisor.observe.audit import AuditRecord
+from stockade.supervisor.observe.audit import AuditLog, AuditRecord
 from stockade.supervisor.observe.metrics import Metrics
 from stockade.supervisor.observe.retention import Retention
 from stockade.supervisor.observe.telemetry import Observer, log_call
@@ -180,30 +180,43 @@ def egress_recorder(policy: HostPolicy) -> Callable[[EgressDecision], None]:
     audit = policy.audit
 
     def record(decision: EgressDecision) -> None:
-        if audit is None:
-            return
-        target = {"method": decision.method, "host": decision.host, "port": decision.port}
+        target: dict[str, object] = {
+            "method": decision.method,
+            "host": decision.host,
+            "port": decision.port,
+        }
         if decision.address:
             target["address"] = decision.address
-        tenant, key = split(decision.sandbox_key)
-        audit.record(
-            AuditRecord(
-                time=time.time(),
-                request_id="",
-                caller="sandbox",
-                sandbox_key=key,
-                tenant=tenant,
-                agent_id="",
-                provider="",
-                tool="network",
-                arguments_json=json.dumps(target),
-                policy_step=f"egress: {decision.reason}",
-                error_code="" if decision.allowed else "PERMISSION_DENIED",
-                is_error=not decision.allowed,
-            )
-        )
+        step = f"egress: {decision.reason}"
+        _network_record(audit, decision.sandbox_key, target, step, refused=not decision.allowed)
 
     return record
+
+
+def _network_record(
+    audit: AuditLog | None, scoped_key: str, target: dict[str, object], step: str, refused: bool
+) -> None:
+    """One egress audit record (tool "network", caller "sandbox"): a proxy's decision or a
+    brokered secret's injection."""
+    if audit is None:
+        return
+    tenant, key = split(scoped_key)
+    audit.record(
+        AuditRecord(
+            time=time.time(),
+            request_id="",
+            caller="sandbox",
+            sandbox_key=key,
+            tenant=tenant,
+            agent_id="",
+            provider="",
+            tool="network",
+            arguments_json=json.dumps(target),
+            policy_step=step,
+            error_code="PERMISSION_DENIED" if refused else "",
+            is_error=refused,
+        )
+    )
 
 
 def honeytokens(config: Config, policy: HostPolicy, alarm: AlarmSink) -> Honeytokens | None:
@@ -225,31 +238,14 @@ def injection_recorder(policy: HostPolicy) -> InjectionRecorder:
     audit = policy.audit
 
     def record(event: Injected) -> None:
-        if audit is None:
-            return
-        target = {
+        target: dict[str, object] = {
             "secret": event.secret,
             "host": event.host,
             "method": event.method,
             "path": event.path[:MAX_AUDIT_PATH],
         }
-        tenant, key = split(event.sandbox_key)
-        audit.record(
-            AuditRecord(
-                time=time.time(),
-                request_id="",
-                caller="sandbox",
-                sandbox_key=key,
-                tenant=tenant,
-                agent_id="",
-                provider="",
-                tool="network",
-                arguments_json=json.dumps(target),
-                policy_step=f"egress: injected {event.secret}",
-                error_code="",
-                is_error=False,
-            )
-        )
+        step = f"egress: injected {event.secret}"
+        _network_record(audit, event.sandbox_key, target, step, refused=False)
 
     return record
 
