@@ -19,9 +19,9 @@ from typing import Any
 
 from bench.pipeline import call_cost
 from bench.timing import Result, progress, summarize
-from stockade.supervisor import store
-from stockade.supervisor.api.convert import audit_to_pb
+from stockade.supervisor import database
 from stockade.supervisor.config import AuditConfig
+from stockade.supervisor.fronts.grpc.convert import audit_to_pb
 from stockade.supervisor.observe.audit import _COLUMNS, AuditLog, AuditQuery, AuditRecord, _row
 
 RECORDS = 1_000_000
@@ -52,7 +52,7 @@ def fill(path: Path, count: int, seed: int = 7) -> float:
     rng = random.Random(seed)
     tools = rng.choices([t for t, _ in TOOLS], [w for _, w in TOOLS], k=count)
     now = time.time()
-    db = store.connect(path)
+    db = database.connect(path)
     insert = f"INSERT INTO audit ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
     with db:
         db.execute("BEGIN")

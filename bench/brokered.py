@@ -62,7 +62,7 @@ def _running(args: list[str]) -> Iterator[int]:
 
 def _serve_proxy(folder: str, upstream_port: int) -> None:
     """The proxy process: one sandbox's EgressProxy with one brokered secret for NAME."""
-    from stockade.supervisor.network.allowlist import Allowlist
+    from stockade.supervisor.config.allowlist import Allowlist
     from stockade.supervisor.network.brokered import Broker, BrokeredSecret, Injection
     from stockade.supervisor.network.intercept import upstream_context
     from stockade.supervisor.network.mint import Authority

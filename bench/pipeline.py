@@ -108,7 +108,7 @@ def _trimmed(policy: HostPolicy) -> int:
 
 
 def _parts(policy: Any, n: int, warmup: int) -> dict[str, Result]:
-    from stockade.supervisor.calls.schemas import validate_arguments
+    from stockade.supervisor.tools.schemas import validate_arguments
 
     spec = policy.catalog.resolve("exec")
     ctx = CallContext("agent")

@@ -13,8 +13,8 @@ from functools import partial
 from typing import Any
 
 from bench.timing import time_calls
-from stockade.supervisor.policy.scrub import Scrubber
-from stockade.supervisor.policy.scrub_formats import FORMATS
+from stockade.supervisor.policy.scrub.formats import FORMATS
+from stockade.supervisor.policy.scrub.scrubber import Scrubber
 from tests.corpora.measure import MAX_FALSE_POSITIVE_RATE, MIN_RECALL, measure
 
 TARGET_1MIB_MS = 3.0

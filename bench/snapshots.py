@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stockade.supervisor.sandboxes.snapshots.store import SnapshotStore
+from stockade.supervisor.sandboxes.snapshots.repository import SnapshotStore
 
 
 def _tree(root: Path, files: int, total: int, rng: random.Random) -> list[Path]:

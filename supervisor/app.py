@@ -15,8 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stockade.supervisor.api.auth import Authenticator, auth_enabled
-from stockade.supervisor.api.server import Server
+from stockade.supervisor.auth import Authenticator, auth_enabled
 from stockade.supervisor.calls.pipeline import HostPolicy
 from stockade.supervisor.calls.tripwires import CallTripwire
 from stockade.supervisor.config import AuditConfig, Config
@@ -24,6 +23,7 @@ from stockade.supervisor.engines import incontainer
 from stockade.supervisor.engines.backends import create_backend
 from stockade.supervisor.engines.backends.base import ContainerBackend
 from stockade.supervisor.errors import ConfigError, EngineUnavailable
+from stockade.supervisor.fronts.grpc.server import Server
 from stockade.supervisor.keys import split
 from stockade.supervisor.network.brokered import Injected, InjectionRecorder
 from stockade.supervisor.network.egress import EgressHooks
@@ -112,7 +112,7 @@ def agent_addresses(backend: ContainerBackend) -> AddressOf:
     """Where a sandbox's agent is reached: a pod's over TCP with mutual TLS at its IP; a host
     kind's on the unix socket in its host folder."""
     if backend.engine == "kubernetes":
-        from stockade.supervisor.kube.backend import KubernetesBackend
+        from stockade.supervisor.engines.backends.kubernetes.backend import KubernetesBackend
 
         if isinstance(backend, KubernetesBackend):
             return backend.address_of
@@ -131,13 +131,13 @@ def build_policy(config: Config, state: SharedState | None = None) -> HostPolicy
     """The host-side policy parts; a bad rule or secret is a ConfigError here, at start.
     `state`: where the audit log and approvals live (None: SQLite in the state directory);
     one with a shared board must be given on the event loop."""
-    from stockade.supervisor.calls.catalog import Catalog
     from stockade.supervisor.policy.approvals import ApprovalManager
     from stockade.supervisor.policy.guard import Guard, GuardConfigError, GuardRule
     from stockade.supervisor.policy.limits import KeyLimiter
-    from stockade.supervisor.policy.scrub import Scrubber
-    from stockade.supervisor.policy.tools import PolicyEngine
+    from stockade.supervisor.policy.scrub.scrubber import Scrubber
+    from stockade.supervisor.policy.tool_policy import PolicyEngine
     from stockade.supervisor.sandboxes.manager import WORKSPACE
+    from stockade.supervisor.tools.catalog import Catalog
 
     catalog = Catalog(config.custom_tools)
     state = state or SqliteState.from_config(config)

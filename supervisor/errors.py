@@ -25,7 +25,7 @@
 Agent faults become these classes in one place, the sandbox's lease (sandboxes/lease.py).
 Tool failures are not exceptions: they are ToolResults with is_error set; the errors a call
 reports as a result (SandboxLost, AgentMisbehaved, CallTimedOut) become one in
-calls/outcome.py. The gRPC layer maps the rest to status codes in one table (api/status.py).
+calls/outcome.py. The gRPC layer maps the rest to status codes in one table (fronts/grpc/status.py).
 """
 
 from __future__ import annotations

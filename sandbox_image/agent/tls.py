@@ -6,8 +6,8 @@ the agent presents tls.crt and requires of every client a certificate that ca.cr
 (require_client_auth). That alone would admit any certificate of the installation's CA,
 including another sandbox's agent certificate, which the code in that sandbox can read; so
 every call is checked too: the client's certificate must carry the SAN URI SUPERVISOR_URI,
-which only supervisors' certificates have (supervisor/kube/pki.py). Anything else ends with
-UNAUTHENTICATED before the handler runs.
+which only supervisors' certificates have (supervisor/engines/backends/kubernetes/pki.py). Anything
+else ends with UNAUTHENTICATED before the handler runs.
 
 Standard library and grpcio only (the image has no `cryptography`): grpc's auth context
 already lists the peer's URI SANs (`peer_uri`), from the certificate it verified.

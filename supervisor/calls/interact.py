@@ -45,7 +45,7 @@ from stockade.supervisor.models import (
     ToolEvent,
     ToolResult,
 )
-from stockade.supervisor.policy.scrub import Scrubber
+from stockade.supervisor.policy.scrub.scrubber import Scrubber
 from stockade.supervisor.sandboxes.agent_link import AgentReply
 from stockade.supervisor.sandboxes.lease import Lease
 from stockade.supervisor.sandboxes.manager import SandboxManager

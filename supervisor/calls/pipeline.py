@@ -18,10 +18,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from stockade.supervisor.calls.catalog import Catalog, ToolSpec, render_command
 from stockade.supervisor.calls.outcome import CALL_FAULTS, failure, no_result, outcome_of, result_of
 from stockade.supervisor.calls.recorder import CallRecorder, Trail
-from stockade.supervisor.calls.schemas import ArgumentError, json_type_phrase, validate_arguments
 from stockade.supervisor.calls.streaming import relay
 from stockade.supervisor.calls.tripwires import REFUSED, CallTripwire
 from stockade.supervisor.config import Config
@@ -41,11 +39,13 @@ from stockade.supervisor.observe.telemetry import Observer
 from stockade.supervisor.policy.approvals import ApprovalManager, Ask, Pending
 from stockade.supervisor.policy.guard import Guard
 from stockade.supervisor.policy.limits import KeyLimiter, LimitExceeded
-from stockade.supervisor.policy.scrub import Scrubber
-from stockade.supervisor.policy.tools import PolicyEngine
+from stockade.supervisor.policy.scrub.scrubber import Scrubber
+from stockade.supervisor.policy.tool_policy import PolicyEngine
 from stockade.supervisor.sandboxes.agent_link import AgentReply
 from stockade.supervisor.sandboxes.lease import Deadline, Lease
 from stockade.supervisor.sandboxes.manager import SandboxManager
+from stockade.supervisor.tools.catalog import Catalog, ToolSpec, render_command
+from stockade.supervisor.tools.schemas import ArgumentError, json_type_phrase, validate_arguments
 
 DEFAULT_CALL_TIMEOUT_S = 60.0
 STREAM_QUEUE = 64

@@ -8,15 +8,16 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from stockade.supervisor.calls.catalog import Catalog
 from stockade.supervisor.calls.outcome import failure
-from stockade.supervisor.calls.render import cap_text, render, wire_json
 from stockade.supervisor.config import Config
 from stockade.supervisor.models import ErrorCode, ToolCall, ToolResult
 from stockade.supervisor.observe import telemetry
 from stockade.supervisor.observe.audit import AuditLog, AuditRecord
 from stockade.supervisor.observe.telemetry import Observer, Stages
-from stockade.supervisor.policy.scrub import Scrubber
+from stockade.supervisor.policy.scrub.scrubber import Scrubber
+from stockade.supervisor.text import wire_json
+from stockade.supervisor.tools.catalog import Catalog
+from stockade.supervisor.tools.render import cap_text, render
 
 CANCELLED = "CANCELLED"
 """The audit's error code of a call whose caller went away before it ended."""

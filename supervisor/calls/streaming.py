@@ -14,8 +14,8 @@ from typing import Any
 
 from stockade.supervisor.calls.tripwires import StreamWatch
 from stockade.supervisor.models import OutputEvent, StartedEvent, ToolEvent
-from stockade.supervisor.policy.scrub import Scrubber
-from stockade.supervisor.policy.scrub_stream import StreamScrubber
+from stockade.supervisor.policy.scrub.scrubber import Scrubber
+from stockade.supervisor.policy.scrub.stream import StreamScrubber
 from stockade.supervisor.sandboxes.agent_link import AgentOutput, AgentReply, AgentStarted
 
 QUIET_FLUSH_S = 0.1

@@ -22,8 +22,8 @@ from stockade.supervisor.config import Config
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import CallContext
 from stockade.supervisor.observe.audit import AuditRecord
-from stockade.supervisor.policy.scrub import Scrubber
-from stockade.supervisor.policy.scrub_stream import StreamScrubber
+from stockade.supervisor.policy.scrub.scrubber import Scrubber
+from stockade.supervisor.policy.scrub.stream import StreamScrubber
 from stockade.supervisor.sandboxes.agent_link import AgentReply
 from stockade.supervisor.sandboxes.manager import SandboxManager
 

@@ -21,7 +21,7 @@ from typing import Any
 from stockade.supervisor.config.honey import HoneytokensConfig
 from stockade.supervisor.observe.alarms import MAX_EVIDENCE
 from stockade.supervisor.policy.honeytokens import Honeytokens
-from stockade.supervisor.policy.scrub import Scrubber
+from stockade.supervisor.policy.scrub.scrubber import Scrubber
 
 REFUSED = "call refused: a security alarm was raised on this sandbox; the operator has been told"
 """What a caller whose call used a decoy reads (nothing that says which or why)."""

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 from stockade.client import ApprovalClosed, ApprovalRequest, Stockade, StockadeError
-from stockade.supervisor.calls.render import printable
+from stockade.supervisor.text import printable
 
 KEYS = {"o": "allow-once", "a": "allow-always", "d": "deny"}
 HELP = "o = allow once, a = allow always, d = deny, s = skip, q = quit"

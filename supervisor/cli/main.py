@@ -21,9 +21,9 @@ from stockade.client import (
     Stockade,
     StockadeError,
 )
-from stockade.supervisor.calls.render import printable
 from stockade.supervisor.cli import terminal
 from stockade.supervisor.cli.parsing import parse
+from stockade.supervisor.text import printable
 
 EXIT_TIMEOUT = 124
 EXIT_CLIENT_ERROR = 2

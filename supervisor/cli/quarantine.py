@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from stockade.client import Alarm, QuarantineInfo, Stockade
-from stockade.supervisor.calls.render import printable
+from stockade.supervisor.text import printable
 
 
 def run(client: Stockade, ns: argparse.Namespace) -> int:

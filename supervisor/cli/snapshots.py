@@ -10,7 +10,7 @@ from dataclasses import asdict
 from typing import Any
 
 from stockade.client import SnapshotInfo, SnapshotList, Stockade
-from stockade.supervisor.calls.render import printable
+from stockade.supervisor.text import printable
 
 SKIPPED_SHOWN = 10
 """Entries not captured that `snapshot` names; the rest are counted."""

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stockade.supervisor.config.allowlist import AllowlistError, check_pattern
 from stockade.supervisor.config.console import check_console
 from stockade.supervisor.config.honey import check_honeytokens
 from stockade.supervisor.config.quarantine import check_quarantine
@@ -25,7 +26,6 @@ from stockade.supervisor.config.secrets import check_secrets
 from stockade.supervisor.config.service import SNAPSHOT_OPERATIONS
 from stockade.supervisor.errors import ConfigError, InvalidRequest
 from stockade.supervisor.keys import validate_key, validate_tenant
-from stockade.supervisor.network.allowlist import AllowlistError, check_pattern
 
 INTERCEPT_MODES = ("brokered", "all")
 

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stockade.supervisor.config.allowlist import AllowlistError, check_pattern, shown
 from stockade.supervisor.errors import ConfigError, InvalidRequest
 from stockade.supervisor.keys import validate_tenant
-from stockade.supervisor.network.allowlist import AllowlistError, check_pattern, shown
 
 MAX_SECRETS = 64
 MAX_HOSTS = 64

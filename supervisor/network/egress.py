@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stockade.supervisor.config import NetworkConfig
+from stockade.supervisor.config.allowlist import Allowlist, canonical_host
 from stockade.supervisor.errors import ConfigError, SandboxBroken
 from stockade.supervisor.keys import shown
 from stockade.supervisor.network import links
-from stockade.supervisor.network.allowlist import Allowlist, canonical_host
 from stockade.supervisor.network.brokered import Broker, InjectionRecorder, no_record
 from stockade.supervisor.network.mint import Authority, AuthorityError
 from stockade.supervisor.network.proxy import EgressProxy, ProxySettings, Recorder

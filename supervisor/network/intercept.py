@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import unquote_to_bytes
 
-from stockade.supervisor.network.allowlist import AllowlistError, canonical_host
+from stockade.supervisor.config.allowlist import AllowlistError, canonical_host
 from stockade.supervisor.network.brokered import (
     Broker,
     BrokeredSecret,

@@ -26,8 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from stockade.supervisor.network import intercept, tls
-from stockade.supervisor.network.allowlist import (
+from stockade.supervisor.config.allowlist import (
     MAX_NAME,
     Allowlist,
     AllowlistError,
@@ -35,6 +34,7 @@ from stockade.supervisor.network.allowlist import (
     is_global,
     shown,
 )
+from stockade.supervisor.network import intercept, tls
 from stockade.supervisor.network.brokered import (
     Broker,
     InjectionRecorder,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from stockade.supervisor.network.allowlist import AllowlistError, canonical_host
+from stockade.supervisor.config.allowlist import AllowlistError, canonical_host
 
 
 class Refused(Exception):

@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from stockade.supervisor.network.allowlist import Allowlist
+from stockade.supervisor.config.allowlist import Allowlist
 from stockade.supervisor.network.proxy import MAX_HEAD, EgressProxy
 
 log = logging.getLogger("stockade.egress")

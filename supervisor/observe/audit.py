@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from stockade.supervisor import store
-from stockade.supervisor.calls.render import wire_text
+from stockade.supervisor import database
 from stockade.supervisor.keys import split
 from stockade.supervisor.observe.retention import Retention, Trimmer
+from stockade.supervisor.text import wire_text
 
 log = logging.getLogger("stockade.audit")
 MAX_LIMIT = 10_000
@@ -122,12 +122,12 @@ class AuditLog:
     def _prepare(self) -> None:
         """The schema in place before the first record (the database of another kind of
         store: a subclass's, supervisor/state/pg_audit.py)."""
-        store.connect(self._path).close()
+        database.connect(self._path).close()
 
     def _open_writer(self) -> tuple[Writer, Trimmer, Callable[[], None]]:
         """On the writer thread: what writes a batch (one transaction), the trimmer, and
         what closes the writer's connection."""
-        db = store.connect(self._path)
+        db = database.connect(self._path)
         placeholders = ", ".join("?" * len(_COLUMNS))
         insert = f"INSERT INTO audit ({', '.join(_COLUMNS)}) VALUES ({placeholders})"
 
@@ -211,7 +211,7 @@ class AuditLog:
 
     def _rows(self, q: AuditQuery) -> list[tuple[object, ...]]:
         sql, params = query_sql(q)
-        db = store.reader(self._path)
+        db = database.reader(self._path)
         try:
             return db.execute(sql, params).fetchall()
         finally:
@@ -236,7 +236,7 @@ SQLite, left to choose, read the tool's index for `--key --tool --errors`: 31 ms
 
 def query_sql(q: AuditQuery, postgres: bool = False) -> tuple[str, tuple[object, ...]]:
     """The SELECT of a query, newest first. Ordered by time (then id) so that the index of
-    the query's filter (store.AUDIT_INDEXES) gives the rows in order: no sort, and a read
+    the query's filter (database.AUDIT_INDEXES) gives the rows in order: no sort, and a read
     that stops at the limit, however many records match. `postgres`: PostgreSQL's
     placeholders, and its planner picks the index (there is no INDEXED BY)."""
     mark = "%s" if postgres else "?"

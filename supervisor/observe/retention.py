@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from stockade.supervisor import store
+from stockade.supervisor import database
 
 log = logging.getLogger("stockade.audit")
 CHUNK_ROWS = 2000
@@ -34,7 +34,7 @@ class Retention:
     max_age_s: float = 30 * 86400.0
     """Records older than this go; 0: no age limit."""
     max_bytes: int = 1024 << 20
-    """The database's pages in use (store.used_bytes) are cut back to this; 0: no limit."""
+    """The database's pages in use (database.used_bytes) are cut back to this; 0: no limit."""
     export_dir: Path | None = None
     """Where removed records are appended as JSON lines (audit-YYYY-MM-DD.jsonl, by the UTC
     day of the trim), written and fsynced before the delete; None: not kept."""
@@ -105,7 +105,7 @@ class Trimmer:
             removed = 0
             if r.max_age_s > 0:
                 removed = self._remove(BY_AGE, (self._clock() - r.max_age_s, r.chunk_rows))
-            if not removed and r.max_bytes > 0 and store.used_bytes(self._db) > r.max_bytes:
+            if not removed and r.max_bytes > 0 and database.used_bytes(self._db) > r.max_bytes:
                 removed = self._remove(OLDEST, (r.chunk_rows,))
         return removed
 

@@ -15,6 +15,10 @@ from stockade.supervisor.config import ObservabilityConfig
 from stockade.supervisor.errors import ConfigError
 from stockade.supervisor.observe.telemetry import CallObservation
 
+MAX_TRACEPARENT = 128
+"""The longest W3C `traceparent` taken from a caller, on any front (a valid one is 55
+characters); a longer value is dropped: it only names a parent span."""
+
 
 class CallTracer:
     def __init__(self, config: ObservabilityConfig) -> None:

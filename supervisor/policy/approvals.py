@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from stockade.supervisor import store
+from stockade.supervisor import database
 from stockade.supervisor.config import AgentConfig, ApprovalsConfig
 from stockade.supervisor.errors import ApprovalNotFound, ApproverBehind, InvalidRequest
 from stockade.supervisor.keys import split
@@ -98,7 +98,7 @@ class AllowAlways:
     approval never lets another's command through)."""
 
     def __init__(self, path: Path) -> None:
-        self._db: sqlite3.Connection = store.connect(path)
+        self._db: sqlite3.Connection = database.connect(path)
         rows = self._db.execute("SELECT tenant, command FROM approved").fetchall()
         self._commands: set[tuple[str, str]] = {(row[0], row[1]) for row in rows}
 

@@ -29,7 +29,7 @@ import hyperscan
 
 from stockade.supervisor.keys import sandbox_id, shown
 from stockade.supervisor.observe.alarms import MAX_EVIDENCE, Alarm, AlarmSink, NoTripwire, Tripwire
-from stockade.supervisor.policy.scrub_engine import as_bytes, compile_literals, hits
+from stockade.supervisor.policy.scrub.engine import as_bytes, compile_literals, hits
 
 log = logging.getLogger("stockade")
 

@@ -11,6 +11,7 @@ from dataclasses import replace
 from functools import partial
 
 from stockade.supervisor.config import Config
+from stockade.supervisor.engines.addresses import AgentAddress, UnixAddress
 from stockade.supervisor.engines.backends.base import (
     LABEL_INSTANCE,
     LABEL_MANAGED,
@@ -25,9 +26,9 @@ from stockade.supervisor.engines.backends.base import (
 from stockade.supervisor.errors import SandboxBroken
 from stockade.supervisor.keys import shown
 from stockade.supervisor.sandboxes import layout
-from stockade.supervisor.sandboxes.agent_link import AgentAddress, AgentConnection, UnixAddress
+from stockade.supervisor.sandboxes.agent_link import AgentConnection
 from stockade.supervisor.sandboxes.layout import Layout, Paths
-from stockade.supervisor.sandboxes.network import Networks
+from stockade.supervisor.sandboxes.network_modes import Networks
 from stockade.supervisor.sandboxes.profiles import SandboxProfile
 from stockade.supervisor.sandboxes.runtime import Runtime
 from stockade.supervisor.sandboxes.sandbox import Container, SandboxNetwork

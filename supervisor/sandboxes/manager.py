@@ -65,8 +65,8 @@ from stockade.supervisor.sandboxes.housekeeping import Housekeeping
 from stockade.supervisor.sandboxes.inspection import isolation_report
 from stockade.supervisor.sandboxes.layout import Layout
 from stockade.supervisor.sandboxes.lease import Lease
-from stockade.supervisor.sandboxes.network import KEPT as KEPT_NETWORK
-from stockade.supervisor.sandboxes.network import Networks
+from stockade.supervisor.sandboxes.network_modes import KEPT as KEPT_NETWORK
+from stockade.supervisor.sandboxes.network_modes import Networks
 from stockade.supervisor.sandboxes.pausing import Pausing
 from stockade.supervisor.sandboxes.pool import WarmPool
 from stockade.supervisor.sandboxes.profiles import KEPT as KEPT_PROFILE
@@ -82,7 +82,7 @@ from stockade.supervisor.sandboxes.sandbox import (
     born,
     describe,
 )
-from stockade.supervisor.sandboxes.snapshotting import Snapshots
+from stockade.supervisor.sandboxes.snapshots.operations import Snapshots
 from stockade.supervisor.state.base import SharedState
 
 log = logging.getLogger("stockade")

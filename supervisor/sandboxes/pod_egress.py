@@ -3,9 +3,9 @@ backend (engine.kind kubernetes; network/shared_proxy.py serves the connections)
 
 Any replica serves any pod's connection, so no replica's own registry can answer; the pods
 themselves can: each carries its key, tenant, network mode and allowlist (labels, or
-annotations where a value cannot be a label: kube/manifests.py), set by the supervisor that
-made it and out of the sandbox's reach (a pod has no API token). The directory is one list of
-this installation's pods by label, kept as address -> pod:
+annotations where a value cannot be a label: engines/backends/kubernetes/manifests.py), set by the
+supervisor that made it and out of the sandbox's reach (a pod has no API token). The directory is
+one list of this installation's pods by label, kept as address -> pod:
 
 - a hit younger than MAX_AGE_S is answered from it;
 - a miss, or an older hit, lists the pods again, at most once every MIN_REFRESH_S: a miss
@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
+from stockade.supervisor.config.allowlist import Allowlist
 from stockade.supervisor.engines.backends.base import (
     LABEL_NETWORK,
     LABEL_NETWORK_ALLOW,
@@ -34,7 +35,6 @@ from stockade.supervisor.engines.backends.base import (
 from stockade.supervisor.errors import StockadeError
 from stockade.supervisor.keys import shown
 from stockade.supervisor.models import NetworkRequest
-from stockade.supervisor.network.allowlist import Allowlist
 from stockade.supervisor.network.shared_proxy import Client, Refusal, source_address
 from stockade.supervisor.sandboxes.adoption import labelled_key
 from stockade.supervisor.sandboxes.sandbox import SandboxNetwork

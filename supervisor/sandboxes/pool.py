@@ -34,7 +34,7 @@ from stockade.supervisor.keys import sandbox_id, shown, split
 from stockade.supervisor.sandboxes import hostfs, pressure
 from stockade.supervisor.sandboxes.containers import Containers
 from stockade.supervisor.sandboxes.layout import POOL_PREFIX, Layout
-from stockade.supervisor.sandboxes.network import Networks
+from stockade.supervisor.sandboxes.network_modes import Networks
 from stockade.supervisor.sandboxes.sandbox import Container, Sandbox, SandboxNetwork, born
 
 log = logging.getLogger("stockade")

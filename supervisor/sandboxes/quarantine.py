@@ -32,10 +32,11 @@ from stockade.supervisor.errors import (
     SandboxNotFound,
     StockadeError,
 )
-from stockade.supervisor.keys import shown
+from stockade.supervisor.keys import shown, split
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import SandboxInfo
 from stockade.supervisor.observe.alarms import Alarm, from_dict, sane_time, to_dict
+from stockade.supervisor.observe.audit import AuditLog, AuditQuery, AuditRecord
 from stockade.supervisor.sandboxes.sandbox import Sandbox
 
 if TYPE_CHECKING:
@@ -270,3 +271,22 @@ class Quarantines:
                 async with self._m.lock(key):
                     await self._isolate(sandbox, record, "still quarantined after a restart")
             log.warning("sandbox %r is still quarantined: %s", shown(key), record.why)
+
+
+MAX_REASON = 1024
+"""The longest reason an operator may give for a quarantine by hand (every front's)."""
+MAX_EVIDENCE_RECORDS = 1000
+
+
+async def evidence(audit: AuditLog | None, record: Quarantine, window: float) -> list[AuditRecord]:
+    """The sandbox's audit records from `window` seconds before its first alarm to `window`
+    after its last, oldest first, at most MAX_EVIDENCE_RECORDS (GetQuarantine's, and the
+    console's)."""
+    if audit is None:
+        return []
+    tenant, key = split(record.key)
+    times = [a.time for a in record.alarms] or [record.since]
+    since, until = min(times) - window, max(times) + window
+    query = AuditQuery(tenant=tenant, sandbox_key=key, since=since, limit=10_000)
+    found = [r for r in await audit.query(query) if r.time <= until]
+    return list(reversed(found[-MAX_EVIDENCE_RECORDS:]))

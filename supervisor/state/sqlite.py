@@ -1,4 +1,4 @@
-"""Today's state, in the supervisor's own SQLite database (supervisor/store.py): the audit
+"""Today's state, in the supervisor's own SQLite database (supervisor/database.py): the audit
 log and allow-always in STATE_DIR/stockade.db (or audit.path), pending approvals and quota
 counts in memory. One supervisor per state directory (its instance lock), so nothing here is
 shared: no board, no ledger, and the key lock is the manager's in-process one."""

@@ -24,7 +24,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from stockade.supervisor.policy.scrub_formats import FORMATS, Format, example
+from stockade.supervisor.policy.scrub.formats import FORMATS, Format, example
 from tests.corpora import ordinary_lines
 
 SEED = 20261125

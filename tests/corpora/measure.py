@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stockade.supervisor.policy.scrub import Scrubber
+from stockade.supervisor.policy.scrub.scrubber import Scrubber
 from tests.corpora.generate import credentials, leaked, ordinary
 
 MIN_RECALL = 0.995

@@ -1,8 +1,8 @@
-"""A sandbox pod as the manifests make it (supervisor/kube/manifests.py), run for real by
-`podman kube play` (tests/integration/podman_kubelet.py plays the kubelet's part for volumes):
-the supervisor's own AgentConnection reaches its agent over TCP with mutual TLS on loopback and
-runs the tool suite at the agent-link level; the security context is proven from inside; and
-peers that are not a supervisor (no certificate, another CA's, the sandbox's own agent
+"""A sandbox pod as the manifests make it (supervisor/engines/backends/kubernetes/manifests.py),
+run for real by `podman kube play` (tests/integration/podman_kubelet.py plays the kubelet's part
+for volumes): the supervisor's own AgentConnection reaches its agent over TCP with mutual TLS on
+loopback and runs the tool suite at the agent-link level; the security context is proven from
+inside; and peers that are not a supervisor (no certificate, another CA's, the sandbox's own agent
 certificate, plain text) get nothing done. Podman only: the pod is Podman's to play."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import pytest
 
 from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
 from stockade.supervisor.config.sandbox import KubernetesConfig
+from stockade.supervisor.engines.addresses import TcpAddress
 from stockade.supervisor.engines.backends.base import (
     LABEL_INSTANCE,
     LABEL_KEY,
@@ -32,10 +33,15 @@ from stockade.supervisor.engines.backends.base import (
     LABEL_TENANT,
     ContainerSpec,
 )
+from stockade.supervisor.engines.backends.kubernetes import manifests
+from stockade.supervisor.engines.backends.kubernetes.pki import (
+    Authority,
+    Issued,
+    agent_server_name,
+    supervisor_tls,
+)
 from stockade.supervisor.engines.image import image_ref
 from stockade.supervisor.errors import SandboxBroken
-from stockade.supervisor.kube import manifests
-from stockade.supervisor.kube.pki import Authority, Issued, agent_server_name, supervisor_tls
 from stockade.supervisor.sandboxes.agent_link import (
     AgentConnection,
     AgentFileChange,
@@ -43,7 +49,6 @@ from stockade.supervisor.sandboxes.agent_link import (
     AgentReply,
     AgentStarted,
     AgentWatchStarted,
-    TcpAddress,
 )
 from tests.integration import podman_kubelet
 from tests.integration.harness import free_tcp_address

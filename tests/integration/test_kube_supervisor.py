@@ -200,7 +200,8 @@ def test_concurrent_first_calls_through_two_replicas_make_one_pod(
     """Two replicas sharing PostgreSQL (state.url): first calls of one new key through both
     at once make one pod, and both calls run in it. The key's lock is every replica's (its
     unit test: test_manager_shared_state.py); the API server's unique pod names back it up
-    (a replica whose create meets the other's pod takes that pod: kube/backend.py)."""
+    (a replica whose create meets the other's pod takes that pod:
+    engines/backends/kubernetes/backend.py)."""
     api, _kubelet, kubeconfig = kube
     with postgres_server() as pg:
         extra = f'[state]\nurl = "{pg.url}"\n'

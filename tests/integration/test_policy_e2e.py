@@ -26,7 +26,7 @@ from stockade.client import (
     StockadeError,
     ToolResult,
 )
-from stockade.supervisor.calls.schemas import SchemaFormat
+from stockade.supervisor.tools.schemas import SchemaFormat
 from stockade.v1 import audit_pb2, audit_pb2_grpc
 from tests.integration.harness import Supervisor, running_supervisor
 from tests.unit.test_schemas import CHECKERS, anthropic_problems, openai_problems

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stockade.supervisor.network.allowlist import Allowlist
+from stockade.supervisor.config.allowlist import Allowlist
 from stockade.supervisor.network.brokered import Broker, BrokeredSecret, Injected, Injection
 from stockade.supervisor.network.intercept import upstream_context
 from stockade.supervisor.network.mint import Authority

@@ -155,7 +155,7 @@ RESOURCES = {"pod": "pods", "secret": "secrets", "claim": "persistentvolumeclaim
 
 def ca_secret(name: str = "stockade-agent-ca") -> dict[str, Any]:
     """The installation CA's Secret (kubernetes.ca_secret), of a CA made afresh."""
-    from stockade.supervisor.kube.pki import Authority
+    from stockade.supervisor.engines.backends.kubernetes.pki import Authority
 
     authority = Authority.create()
     data = {"tls.crt": authority.cert_pem, "tls.key": authority.key_pem}

@@ -16,8 +16,9 @@ import grpc
 import pytest
 
 from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
+from stockade.supervisor.engines.addresses import UnixAddress
 from stockade.supervisor.errors import SandboxBroken, SandboxLost
-from stockade.supervisor.sandboxes.agent_link import AgentConnection, UnixAddress
+from stockade.supervisor.sandboxes.agent_link import AgentConnection
 
 
 class SilentAgent(agent_pb2_grpc.AgentServiceServicer):

@@ -17,18 +17,15 @@ import trustme
 
 from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
 from stockade.supervisor.config import Config
+from stockade.supervisor.engines.addresses import AgentAddress, MutualTls, TcpAddress, UnixAddress
 from stockade.supervisor.engines.backends.base import ContainerInfo
 from stockade.supervisor.errors import SandboxBroken
 from stockade.supervisor.sandboxes.agent_link import (
     PROTOCOL_VERSION,
-    AgentAddress,
     AgentConnection,
     AgentOutput,
     AgentReply,
     AgentStarted,
-    MutualTls,
-    TcpAddress,
-    UnixAddress,
 )
 from stockade.supervisor.sandboxes.layout import Paths
 from stockade.supervisor.sandboxes.manager import SandboxManager

@@ -14,7 +14,7 @@ import pytest
 
 from stockade.agent import patch, tools
 from stockade.agent.errors import ToolError
-from stockade.supervisor.calls.render import render
+from stockade.supervisor.tools.render import render
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -667,7 +667,7 @@ def test_agent_flags_and_shutdown_reach_the_table(ws: Path) -> None:
 
 async def test_the_supervisor_renders_every_action(table: ProcessTable) -> None:
     """The renderer tells the actions apart by their fields: feed it the table's own results."""
-    from stockade.supervisor.calls.render import render
+    from stockade.supervisor.tools.render import render
 
     assert render("process", await call(table, "list")) == "[no processes]"
     started = await call(table, "start", command="cat", name="echoer")

@@ -24,8 +24,14 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from stockade.agent import tls
 from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
-from stockade.supervisor.kube.pki import SUPERVISOR_URI, Authority, Issued, supervisor_tls
-from stockade.supervisor.sandboxes.agent_link import AgentConnection, TcpAddress
+from stockade.supervisor.engines.addresses import TcpAddress
+from stockade.supervisor.engines.backends.kubernetes.pki import (
+    SUPERVISOR_URI,
+    Authority,
+    Issued,
+    supervisor_tls,
+)
+from stockade.supervisor.sandboxes.agent_link import AgentConnection
 
 pytestmark = pytest.mark.timeout(120)
 SID = "5ca1ab1e00000001"

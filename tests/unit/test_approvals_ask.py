@@ -31,7 +31,7 @@ from stockade.supervisor.policy.approvals import (
     Outcome,
     Pending,
 )
-from stockade.supervisor.policy.scrub import Scrubber
+from stockade.supervisor.policy.scrub.scrubber import Scrubber
 
 FAKE_AWS_KEY = "AKIA" + "Q3EXAMPLE7ZXCVB2"
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from stockade.supervisor import store
+from stockade.supervisor import database
 from stockade.supervisor.app import retention
 from stockade.supervisor.config import AuditConfig, load_config
 from stockade.supervisor.errors import ConfigError
@@ -42,7 +42,7 @@ def rec(when: float, i: int, **kw: Any) -> AuditRecord:
 
 def fill(path: Path, times: list[float]) -> list[dict[str, Any]]:
     """Insert a record per time, through the store; the rows as stored, by id."""
-    db = store.connect(path)
+    db = database.connect(path)
     insert = f"INSERT INTO audit ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
     with db:
         db.execute("BEGIN")
@@ -100,7 +100,7 @@ def test_size_holds_the_cap_and_the_file_stops_growing(tmp_path: Path) -> None:
             log.record(rec(NOW + cycle * 10_000 + i, i))
         assert log.trim()
         check = sqlite3.connect(db)
-        assert store.used_bytes(check) <= cap, cycle
+        assert database.used_bytes(check) <= cap, cycle
         check.close()
         sizes.append(db.stat().st_size)
     log.close()
@@ -145,7 +145,7 @@ def test_records_keep_landing_while_a_large_trim_runs(tmp_path: Path) -> None:
 def test_one_step_removes_one_chunk_at_most(tmp_path: Path) -> None:
     db_path = tmp_path / "audit.db"
     fill(db_path, [NOW - 9 * DAY + i for i in range(1000)])
-    db = store.connect(db_path)
+    db = database.connect(db_path)
     trimmer = Trimmer(
         db, Retention(max_age_s=DAY, max_bytes=0, chunk_rows=300), _COLUMNS, lambda: NOW
     )
@@ -236,7 +236,7 @@ def test_every_filter_reads_an_index_in_order(
     """No filter of `stockade audit` or ListAudit scans the table or sorts what it finds:
     each walks an index newest first and stops at its limit (with several filters, the
     index of the most selective)."""
-    db = store.connect(tmp_path / "audit.db")
+    db = database.connect(tmp_path / "audit.db")
     sql, params = query_sql(query)
     plan = " | ".join(row[3] for row in db.execute(f"EXPLAIN QUERY PLAN {sql}", params))
     db.close()

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stockade.supervisor.api.auth import (
+from stockade.supervisor.auth import (
     MAX_FILE_BYTES,
     Authenticator,
     TokenFile,

@@ -26,7 +26,7 @@ from stockade.supervisor.sandboxes import brokering
 from stockade.supervisor.sandboxes.brokering import Brokering, installation_key, placeholder
 from stockade.supervisor.sandboxes.containers import Containers
 from stockade.supervisor.sandboxes.layout import Layout
-from stockade.supervisor.sandboxes.network import Networks
+from stockade.supervisor.sandboxes.network_modes import Networks
 from stockade.supervisor.sandboxes.profiles import Profiles
 
 VALUE = "ghp_RealSecretValue0123456789abcdefXYZ"

@@ -7,10 +7,11 @@ import pytest
 
 from stockade.supervisor.calls.outcome import _exec_outcome
 from stockade.supervisor.calls.pipeline import parse_arguments
-from stockade.supervisor.calls.render import cap_text, printable, render
 from stockade.supervisor.config import Config, load_config
 from stockade.supervisor.errors import ConfigError, InvalidRequest
 from stockade.supervisor.keys import sandbox_id, validate_key
+from stockade.supervisor.text import printable
+from stockade.supervisor.tools.render import cap_text, render
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from stockade.supervisor.api.auth import Authenticator
 from stockade.supervisor.app import build_policy
+from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.config import load_config
 from stockade.supervisor.errors import ConfigError, SandboxNotFound
 from stockade.supervisor.fronts.console.app import build_app

@@ -15,12 +15,12 @@ import httpx
 import pytest
 
 from stockade.client import AsyncStockade, FailedPrecondition
-from stockade.supervisor.api.auth import Authenticator
-from stockade.supervisor.api.server import Server
 from stockade.supervisor.app import build_policy
+from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.config import load_config
 from stockade.supervisor.fronts.console.app import build_app
 from stockade.supervisor.fronts.console.context import ConsoleContext
+from stockade.supervisor.fronts.grpc.server import Server
 from stockade.supervisor.keys import scope
 from stockade.supervisor.observe.audit import AuditQuery
 from stockade.supervisor.sandboxes.manager import SandboxManager

@@ -15,7 +15,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from stockade.supervisor.api.auth import parse_tokens
+from stockade.supervisor.auth import parse_tokens
 from stockade.supervisor.config import Config
 from tests.unit.deploy_files import (
     DEPLOY,

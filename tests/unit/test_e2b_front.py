@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from stockade.supervisor.api.auth import Authenticator
+from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.config import AuthConfig, load_config
 from stockade.supervisor.errors import ConfigError, QuotaExceeded, SandboxNotFound
 from stockade.supervisor.fronts.e2b import listing

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from stockade.supervisor.config import load_config
-from stockade.supervisor.fronts.e2b.network import network_request
+from stockade.supervisor.fronts.e2b.network_options import network_request
 from stockade.supervisor.fronts.e2b.wire import ApiError
 from stockade.supervisor.models import NetworkRequest
 

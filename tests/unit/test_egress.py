@@ -13,9 +13,9 @@ import pytest_asyncio
 import trustme
 
 from stockade.supervisor.config import load_config
+from stockade.supervisor.config.allowlist import Allowlist, AllowlistError, is_global
 from stockade.supervisor.errors import ConfigError
 from stockade.supervisor.network import tls
-from stockade.supervisor.network.allowlist import Allowlist, AllowlistError, is_global
 from stockade.supervisor.network.proxy import EgressDecision, EgressProxy, ProxySettings
 
 

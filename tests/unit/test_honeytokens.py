@@ -22,7 +22,7 @@ from stockade.supervisor.policy.honeytokens import (
     derive,
     load_key,
 )
-from stockade.supervisor.policy.scrub import Scrubber
+from stockade.supervisor.policy.scrub.scrubber import Scrubber
 
 KEY = bytes(range(32))
 A, B = scope("acme", "box-a"), scope("acme", "box-b")

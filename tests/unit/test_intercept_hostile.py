@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from stockade.supervisor.network.allowlist import Allowlist
+from stockade.supervisor.config.allowlist import Allowlist
 from stockade.supervisor.network.brokered import Broker
 from stockade.supervisor.network.mint import Authority
 from stockade.supervisor.network.proxy import EgressProxy, ProxySettings

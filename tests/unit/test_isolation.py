@@ -8,7 +8,6 @@ import subprocess
 import pytest
 
 from stockade.client._core import isolation_from_pb
-from stockade.supervisor.api.convert import fill_pb
 from stockade.supervisor.engines import isolation as iso
 from stockade.supervisor.engines import procfs
 from stockade.supervisor.engines.backends._common import (
@@ -18,6 +17,7 @@ from stockade.supervisor.engines.backends._common import (
 )
 from stockade.supervisor.engines.backends.base import EngineView, RuntimeFacts
 from stockade.supervisor.engines.runc_cves import assess, compare_versions, split_version
+from stockade.supervisor.fronts.grpc.convert import fill_pb
 from stockade.v1 import sandbox_pb2
 
 STATUS = """Name:\tcat

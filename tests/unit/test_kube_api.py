@@ -1,7 +1,7 @@
-"""kube/api.py against an emulated API server over real HTTP (kmock, tests/unit/kube_mock.py),
-through the official client: reads, creates, deletes and lists, a pod's watch until Ready
-(including 410 Gone and broken streams), retries on 5xx, 429 and slow answers, and the
-errors an operator gets when the server cannot be reached or refuses."""
+"""engines/backends/kubernetes/api.py against an emulated API server over real HTTP (kmock,
+tests/unit/kube_mock.py), through the official client: reads, creates, deletes and lists, a pod's
+watch until Ready (including 410 Gone and broken streams), retries on 5xx, 429 and slow answers,
+and the errors an operator gets when the server cannot be reached or refuses."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import kmock
 import pytest
 
 from stockade.supervisor.config.sandbox import KubernetesConfig
+from stockade.supervisor.engines.backends.kubernetes.api import KubeApi, Timeouts, load_client
 from stockade.supervisor.errors import ConfigError, EngineUnavailable, SandboxBroken
-from stockade.supervisor.kube.api import KubeApi, Timeouts, load_client
 from tests.unit.kube_mock import NAMESPACE, KubeMock, serving
 
 FAST = Timeouts(connect_s=2, read_s=1, attempts=4, backoff_s=0.02, watch_window_s=2)

@@ -1,8 +1,8 @@
-"""KubernetesBackend (kube/backend.py) against kmock's emulated API server over HTTP, the test
-playing the kubelet: what run() makes (the agent Secret, the claim, the pod) and how it waits,
-409 conflicts (its own pod, another supervisor's, a claim not Stockade's), a pod that never
-gets ready, removal that keeps the claim, adoption's list by labels (annotation-carried ones
-too), the views of a pod, and what a pod cannot do."""
+"""KubernetesBackend (engines/backends/kubernetes/backend.py) against kmock's emulated API server
+over HTTP, the test playing the kubelet: what run() makes (the agent Secret, the claim, the pod)
+and how it waits, 409 conflicts (its own pod, another supervisor's, a claim not Stockade's), a pod
+that never gets ready, removal that keeps the claim, adoption's list by labels (annotation-carried
+ones too), the views of a pod, and what a pod cannot do."""
 
 from __future__ import annotations
 
@@ -26,11 +26,14 @@ from stockade.supervisor.engines.backends.base import (
     LABEL_STATE_DIR,
     ContainerSpec,
 )
+from stockade.supervisor.engines.backends.kubernetes.api import KubeApi, Timeouts, load_client
+from stockade.supervisor.engines.backends.kubernetes.backend import (
+    KubernetesBackend,
+    pod_agent_args,
+)
+from stockade.supervisor.engines.backends.kubernetes.pki import Authority, agent_server_name
 from stockade.supervisor.engines.userns import IdMaps
 from stockade.supervisor.errors import ConfigError, EngineUnavailable, SandboxBroken, Unsupported
-from stockade.supervisor.kube.api import KubeApi, Timeouts, load_client
-from stockade.supervisor.kube.backend import KubernetesBackend, pod_agent_args
-from stockade.supervisor.kube.pki import Authority, agent_server_name
 from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock, serving
 
 SID = "0123456789abcdef"

@@ -38,15 +38,15 @@ from stockade.supervisor.engines.backends.base import (
     LABEL_TENANT,
     ContainerInfo,
 )
+from stockade.supervisor.engines.backends.kubernetes.api import KubeApi, Timeouts, load_client
+from stockade.supervisor.engines.backends.kubernetes.backend import KubernetesBackend
 from stockade.supervisor.errors import ConfigError, EngineUnavailable
 from stockade.supervisor.keys import sandbox_id, scope
-from stockade.supervisor.kube.api import KubeApi, Timeouts, load_client
-from stockade.supervisor.kube.backend import KubernetesBackend
 from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.network.proxy import EgressDecision
 from stockade.supervisor.network.shared_proxy import Client, Refusal, source_address
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from stockade.supervisor.sandboxes.network import Networks, resolved
+from stockade.supervisor.sandboxes.network_modes import Networks, resolved
 from stockade.supervisor.sandboxes.pod_egress import PodDirectory
 from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock, ca_secret, serving
 

@@ -1,7 +1,8 @@
-"""The objects of a sandbox on Kubernetes (supervisor/kube/manifests.py): every field Pod
-Security "restricted" asks for, the volumes, the limits, the split of labels between labels and
-annotations, and that each object is what the `kubernetes` client's models take (deserialized
-into them and serialized back unchanged: a misspelt or misplaced field would be dropped)."""
+"""The objects of a sandbox on Kubernetes (supervisor/engines/backends/kubernetes/manifests.py):
+every field Pod Security "restricted" asks for, the volumes, the limits, the split of labels
+between labels and annotations, and that each object is what the `kubernetes` client's models take
+(deserialized into them and serialized back unchanged: a misspelt or misplaced field would be
+dropped)."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from stockade.supervisor.engines.backends.base import (
     BindMount,
     ContainerSpec,
 )
-from stockade.supervisor.kube import manifests
-from stockade.supervisor.kube.manifests import (
+from stockade.supervisor.engines.backends.kubernetes import manifests
+from stockade.supervisor.engines.backends.kubernetes.manifests import (
     agent_secret,
     carried_labels,
     claim_name,
@@ -36,7 +37,7 @@ from stockade.supervisor.kube.manifests import (
     split_labels,
     workspace_claim,
 )
-from stockade.supervisor.kube.pki import Authority
+from stockade.supervisor.engines.backends.kubernetes.pki import Authority
 from tests.unit.pod_security import restricted_violations
 
 SID = "0123456789abcdef"

@@ -1,5 +1,5 @@
-"""The installation CA and its certificates (supervisor/kube/pki.py): chains verify as a TLS
-peer would verify them (cryptography's RFC 5280 path validation, EKU included), each
+"""The installation CA and its certificates (supervisor/engines/backends/kubernetes/pki.py): chains
+verify as a TLS peer would verify them (cryptography's RFC 5280 path validation, EKU included), each
 certificate carries exactly the purpose and name designed, a non-CA is refused as a CA, and no
 key ever shows in a repr."""
 
@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
-from stockade.supervisor.kube.pki import (
+from stockade.supervisor.engines.backends.kubernetes.pki import (
     SUPERVISOR_URI,
     Authority,
     Issued,

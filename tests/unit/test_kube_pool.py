@@ -26,11 +26,11 @@ from stockade.supervisor.engines.backends.base import (
     LABEL_SANDBOX_ID,
     LABEL_TENANT,
 )
+from stockade.supervisor.engines.backends.kubernetes import manifests
+from stockade.supervisor.engines.backends.kubernetes.api import KubeApi, Timeouts, load_client
+from stockade.supervisor.engines.backends.kubernetes.backend import KubernetesBackend
 from stockade.supervisor.errors import StateUnavailable
 from stockade.supervisor.keys import sandbox_id, scope
-from stockade.supervisor.kube import manifests
-from stockade.supervisor.kube.api import KubeApi, Timeouts, load_client
-from stockade.supervisor.kube.backend import KubernetesBackend
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock, ca_secret, serving
 from tests.unit.test_kube_sandboxes import _exec, _free_port

@@ -13,10 +13,10 @@ import pytest
 
 from stockade.supervisor.config import Config, EngineConfig, SandboxConfig
 from stockade.supervisor.config.sandbox import KubernetesConfig, NetworkMode
+from stockade.supervisor.engines.backends.kubernetes.api import KubeApi, Timeouts, load_client
+from stockade.supervisor.engines.backends.kubernetes.backend import KubernetesBackend
 from stockade.supervisor.errors import Quarantined, Unsupported
 from stockade.supervisor.keys import sandbox_id
-from stockade.supervisor.kube.api import KubeApi, Timeouts, load_client
-from stockade.supervisor.kube.backend import KubernetesBackend
 from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.observe.alarms import Alarm
 from stockade.supervisor.sandboxes.manager import SandboxManager

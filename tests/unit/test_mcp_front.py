@@ -22,14 +22,12 @@ from mcp.server.auth.provider import AccessToken
 from starlette.requests import Request
 
 from stockade.supervisor import errors
-from stockade.supervisor.api.auth import Authenticator
-from stockade.supervisor.api.convert import front_from_pb, tool_to_pb
 from stockade.supervisor.app import build_policy
-from stockade.supervisor.calls.catalog import Catalog
+from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.calls.outcome import failure
-from stockade.supervisor.calls.schemas import SchemaFormat
 from stockade.supervisor.config import AuthConfig, CustomToolConfig, load_config
 from stockade.supervisor.errors import ConfigError, InvalidRequest, QuotaExceeded, Unauthenticated
+from stockade.supervisor.fronts.grpc.convert import front_from_pb, tool_to_pb
 from stockade.supervisor.fronts.mcp.convert import (
     DEFAULT_KEY,
     SANDBOX_META,
@@ -48,6 +46,8 @@ from stockade.supervisor.fronts.mcp.server import McpFront, TokenTenants, build_
 from stockade.supervisor.keys import scope
 from stockade.supervisor.models import CallContext, ErrorCode, ToolResult
 from stockade.supervisor.observe.audit import AuditLog, AuditQuery, AuditRecord
+from stockade.supervisor.tools.catalog import Catalog
+from stockade.supervisor.tools.schemas import SchemaFormat
 
 CATALOG = Catalog([CustomToolConfig(name="deploy", description="Deploy.", command="make deploy")])
 HINTS = {  # read-only, destructive, idempotent, open world

@@ -11,8 +11,6 @@ from typing import Any
 import grpc
 import pytest
 
-from stockade.supervisor.api.convert import sandbox_to_pb
-from stockade.supervisor.api.status import status_for
 from stockade.supervisor.config import Config, HousekeepingConfig, SandboxConfig, load_config
 from stockade.supervisor.engines.backends._common import info_from_inspect, set_paused
 from stockade.supervisor.engines.backends.base import ContainerInfo
@@ -25,6 +23,8 @@ from stockade.supervisor.errors import (
     SandboxPaused,
     SandboxStateConflict,
 )
+from stockade.supervisor.fronts.grpc.convert import sandbox_to_pb
+from stockade.supervisor.fronts.grpc.status import status_for
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from stockade.v1 import sandbox_pb2
 from tests.unit.fakes import FakeAgent, FakeBackend, invoke

@@ -15,7 +15,6 @@ import pytest
 
 from stockade.client import InvalidArgument, NotFound, StockadeError, Unavailable
 from stockade.client._core import error_from_rpc, result_from_pb
-from stockade.supervisor.api.convert import result_to_pb
 from stockade.supervisor.app import build_policy
 from stockade.supervisor.calls.pipeline import ToolPipeline
 from stockade.supervisor.config import (
@@ -27,6 +26,7 @@ from stockade.supervisor.config import (
     ToolsConfig,
 )
 from stockade.supervisor.errors import CallTimedOut, InvalidRequest, SandboxLost
+from stockade.supervisor.fronts.grpc.convert import result_to_pb
 from stockade.supervisor.models import CallContext, ToolCall
 from stockade.supervisor.observe.audit import AuditQuery
 from stockade.supervisor.sandboxes.agent_link import AgentReply

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from stockade.supervisor.calls.catalog import Catalog
 from stockade.supervisor.config import Config, _build
 from stockade.supervisor.errors import ConfigError
 from stockade.supervisor.models import CallContext
-from stockade.supervisor.policy.tools import PolicyEngine
+from stockade.supervisor.policy.tool_policy import PolicyEngine
+from stockade.supervisor.tools.catalog import Catalog
 
 ALL = {
     "exec",

@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 
 from stockade.agent.errors import ToolError
 from stockade.agent.paths import MAX_PATH_BYTES, is_inside, resolve
-from stockade.supervisor.calls.catalog import TOOLS, render_command
 from stockade.supervisor.calls.pipeline import MAX_ARGUMENT_DEPTH, parse_arguments
-from stockade.supervisor.calls.schemas import ArgumentError, validate_arguments
 from stockade.supervisor.errors import InvalidRequest
 from stockade.supervisor.keys import MAX_KEY_BYTES, sandbox_id, validate_key
+from stockade.supervisor.tools.catalog import TOOLS, render_command
+from stockade.supervisor.tools.schemas import ArgumentError, validate_arguments
 
 # --- the agent's path resolution ---------------------------------------------------------
 

@@ -12,7 +12,6 @@ from typing import Any
 import grpc
 import pytest
 
-from stockade.supervisor.api.status import status_for
 from stockade.supervisor.config import Config, HousekeepingConfig, SandboxConfig
 from stockade.supervisor.errors import (
     InvalidRequest,
@@ -20,6 +19,7 @@ from stockade.supervisor.errors import (
     Quarantined,
     SandboxNotFound,
 )
+from stockade.supervisor.fronts.grpc.status import status_for
 from stockade.supervisor.observe.alarms import Alarm
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from stockade.supervisor.sandboxes.quarantine import MAX_ALARMS, QUARANTINE

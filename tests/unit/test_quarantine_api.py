@@ -20,12 +20,12 @@ from stockade.client import (
     InvalidArgument,
     NotFound,
 )
-from stockade.supervisor.api.auth import Authenticator
-from stockade.supervisor.api.server import Server
 from stockade.supervisor.app import build_policy
+from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.cli.main import main
 from stockade.supervisor.cli.parsing import parse
 from stockade.supervisor.config import load_config
+from stockade.supervisor.fronts.grpc.server import Server
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from tests.unit.fakes import FakeAgent, FakeBackend
 

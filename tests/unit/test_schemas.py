@@ -1,4 +1,4 @@
-"""Provider schema adaptation and argument validation (stockade.supervisor.calls.schemas).
+"""Provider schema adaptation and argument validation (stockade.supervisor.tools.schemas).
 
 The checkers encode what each provider documents (or answers with 400) for a tool entry.
 """
@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from stockade.supervisor.calls import arguments, schemas
-from stockade.supervisor.calls.catalog import TOOLS
-from stockade.supervisor.calls.schemas import (
+from stockade.supervisor.tools import arguments, schemas
+from stockade.supervisor.tools.catalog import TOOLS
+from stockade.supervisor.tools.schemas import (
     ArgumentError,
     SchemaFormat,
     adapt_schema,

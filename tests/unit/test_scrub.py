@@ -11,7 +11,7 @@ from urllib.parse import quote, quote_plus
 
 import pytest
 
-from stockade.supervisor.policy.scrub import REDACTED, Scrubber
+from stockade.supervisor.policy.scrub.scrubber import REDACTED, Scrubber
 
 R = REDACTED
 SCRUBBER = Scrubber()

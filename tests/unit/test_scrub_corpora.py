@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from stockade.supervisor.policy.scrub_formats import FORMATS
+from stockade.supervisor.policy.scrub.formats import FORMATS
 from tests.corpora.generate import credentials, ordinary
 from tests.corpora.measure import MAX_FALSE_POSITIVE_RATE, MIN_RECALL, measure
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from stockade.supervisor.policy import scrub_formats
-from stockade.supervisor.policy.scrub import REDACTED, Scrubber
-from stockade.supervisor.policy.scrub_formats import FORMATS, Format, example
+from stockade.supervisor.policy.scrub import formats as scrub_formats
+from stockade.supervisor.policy.scrub.formats import FORMATS, Format, example
+from stockade.supervisor.policy.scrub.scrubber import REDACTED, Scrubber
 
 SCRUBBER = Scrubber()
 BY_NAME = {fmt.name: fmt for fmt in FORMATS}
@@ -98,6 +98,6 @@ def test_overlapping_formats_become_one_redaction() -> None:
 
 
 def test_the_format_table_document_is_current() -> None:
-    """scrub_formats.md is what `python -m stockade.supervisor.policy.scrub_formats` prints."""
-    document = Path(scrub_formats.__file__).with_name("scrub_formats.md")
+    """formats.md is what `python -m stockade.supervisor.policy.scrub.formats` prints."""
+    document = Path(scrub_formats.__file__).with_name("formats.md")
     assert document.read_text() == scrub_formats.table()

@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from stockade.supervisor.policy.scrub import REDACTED, Scrubber
-from stockade.supervisor.policy.scrub_stream import StreamScrubber
+from stockade.supervisor.policy.scrub.scrubber import REDACTED, Scrubber
+from stockade.supervisor.policy.scrub.stream import StreamScrubber
 from tests.corpora.generate import fake_key_body, fake_openssh_body, leaked
 
 SCRUBBER = Scrubber()

@@ -6,8 +6,8 @@ import base64
 
 import pytest
 
-from stockade.supervisor.policy.scrub import Scrubber
-from stockade.supervisor.policy.scrub_stream import MAX_HOLD, TAIL, StreamScrubber
+from stockade.supervisor.policy.scrub.scrubber import Scrubber
+from stockade.supervisor.policy.scrub.stream import MAX_HOLD, TAIL, StreamScrubber
 
 SECRET = "Zq7-hunter2-s3cr3t-9fX"
 TOKEN = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"

@@ -14,7 +14,7 @@ from stockade.supervisor.errors import InvalidRequest, QuotaExceeded
 from stockade.supervisor.sandboxes.layout import paths_at
 from stockade.supervisor.sandboxes.snapshots import staging
 from stockade.supervisor.sandboxes.snapshots.capture import DIR_FLAGS
-from stockade.supervisor.sandboxes.snapshots.store import (
+from stockade.supervisor.sandboxes.snapshots.repository import (
     MAIN,
     Opener,
     SnapshotNotFound,

@@ -14,12 +14,12 @@ import pytest
 from stockade.supervisor.errors import InvalidRequest
 from stockade.supervisor.sandboxes.snapshots import capture as capture_mod
 from stockade.supervisor.sandboxes.snapshots.capture import Limits, SnapshotTooLarge
-from stockade.supervisor.sandboxes.snapshots.restore import TargetNotEmpty
-from stockade.supervisor.sandboxes.snapshots.store import (
+from stockade.supervisor.sandboxes.snapshots.repository import (
     SnapshotExists,
     SnapshotNotFound,
     SnapshotStore,
 )
+from stockade.supervisor.sandboxes.snapshots.restore import TargetNotEmpty
 
 IDS = (4321, 8765)
 NON_UTF8 = b"caf\xe9-\xff"

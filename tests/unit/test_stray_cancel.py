@@ -13,9 +13,9 @@ import grpc
 import pytest
 
 from stockade.agent.v1 import agent_pb2
-from stockade.supervisor.api.interceptor import REASON_KEY
-from stockade.supervisor.api.status import STRAY, Context, mapped, mapped_stream
-from stockade.supervisor.policy.scrub import Scrubber
+from stockade.supervisor.fronts.grpc.interceptor import REASON_KEY
+from stockade.supervisor.fronts.grpc.status import STRAY, Context, mapped, mapped_stream
+from stockade.supervisor.policy.scrub.scrubber import Scrubber
 
 SERVICE = "test.Stray"
 

@@ -16,10 +16,10 @@ import pytest
 from stockade.supervisor.config import Config
 from stockade.supervisor.config.sandbox import ProfileConfig
 from stockade.supervisor.config.service import StateConfig
+from stockade.supervisor.engines.addresses import AgentAddress, UnixAddress
 from stockade.supervisor.engines.backends.base import ContainerInfo
 from stockade.supervisor.errors import HostExhausted, SandboxNotFound
 from stockade.supervisor.models import NetworkRequest
-from stockade.supervisor.sandboxes.agent_link import AgentAddress, UnixAddress
 from stockade.supervisor.sandboxes.layout import Paths
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from tests.unit.fakes import FakeAgent, FakeBackend

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from stockade.supervisor.api.convert import MAX_TRACEPARENT, traceparent_of
 from stockade.supervisor.config import ObservabilityConfig, load_config
 from stockade.supervisor.errors import ConfigError
+from stockade.supervisor.fronts.grpc.convert import traceparent_of
 from stockade.supervisor.observe.metrics import Metrics
 from stockade.supervisor.observe.telemetry import (
     CallObservation,
@@ -23,7 +23,7 @@ from stockade.supervisor.observe.telemetry import (
     notify,
     request_id,
 )
-from stockade.supervisor.observe.tracing import CallTracer
+from stockade.supervisor.observe.tracing import MAX_TRACEPARENT, CallTracer
 
 
 def observation(**kw: object) -> CallObservation:

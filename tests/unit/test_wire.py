@@ -9,7 +9,7 @@ from google.protobuf.descriptor import Descriptor
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stockade.supervisor.api import wire
+from stockade.supervisor.fronts.grpc import wire
 from stockade.v1 import sandbox_pb2, tool_pb2
 
 CALL = tool_pb2.CallToolRequest.DESCRIPTOR

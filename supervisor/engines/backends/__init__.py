@@ -25,7 +25,7 @@ def create_backend(
         return PodmanBackend(base_url)
     if kind == "kubernetes":
         from stockade.supervisor.config.sandbox import KubernetesConfig
-        from stockade.supervisor.kube.backend import KubernetesBackend
+        from stockade.supervisor.engines.backends.kubernetes.backend import KubernetesBackend
 
         return KubernetesBackend(kubernetes or KubernetesConfig())
     raise ValueError(f"unknown engine kind {kind!r}")

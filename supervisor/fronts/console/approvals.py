@@ -21,7 +21,6 @@ from starlette.responses import (
     StreamingResponse,
 )
 
-from stockade.supervisor.api.convert import scrubbed
 from stockade.supervisor.errors import StockadeError
 from stockade.supervisor.fronts.console.context import ConsoleContext, query
 from stockade.supervisor.fronts.console.html import csrf_field, e, page, table, url, when
@@ -29,6 +28,7 @@ from stockade.supervisor.fronts.console.sessions import Session
 from stockade.supervisor.keys import split
 from stockade.supervisor.observe.audit import AuditQuery
 from stockade.supervisor.policy.approvals import DECISIONS, Closed, Event, Pending
+from stockade.supervisor.policy.scrub.scrubber import scrubbed
 
 LABELS = {"allow-once": "Once", "allow-always": "Always", "deny": "Deny"}
 KEEPALIVE_S = 15.0

@@ -16,11 +16,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
 
-from stockade.supervisor.calls.catalog import ALIASES
 from stockade.supervisor.fronts.console.context import ConsoleContext, query
 from stockade.supervisor.fronts.console.html import columns, e, page, table, url, when
 from stockade.supervisor.fronts.console.sessions import Session
 from stockade.supervisor.observe.audit import MAX_LIMIT, AuditLog, AuditQuery, AuditRecord
+from stockade.supervisor.tools.catalog import ALIASES
 
 FILTERS = ("tenant", "key", "tool", "agent", "front", "outcome", "since", "limit")
 OUTCOMES = ("", "ok", "refused")

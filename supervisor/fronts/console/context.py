@@ -12,7 +12,7 @@ from urllib.parse import parse_qs
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 
-from stockade.supervisor.api.auth import Authenticator
+from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy
 from stockade.supervisor.config import Config
 from stockade.supervisor.errors import InvalidRequest, Unauthenticated

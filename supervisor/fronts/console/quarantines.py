@@ -11,13 +11,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from stockade.supervisor.api.quarantine import MAX_REASON, evidence
 from stockade.supervisor.fronts.console.context import ConsoleContext, query
 from stockade.supervisor.fronts.console.html import e, message, page, table, url, when
 from stockade.supervisor.fronts.console.sessions import Session
 from stockade.supervisor.keys import split
 from stockade.supervisor.observe.alarms import MAX_EVIDENCE, Alarm
-from stockade.supervisor.sandboxes.quarantine import Quarantine
+from stockade.supervisor.sandboxes.quarantine import MAX_REASON, Quarantine, evidence
 
 MAX_LISTED_REASON = 200
 """Characters of a reason the lists show (the sandbox's page shows it whole)."""

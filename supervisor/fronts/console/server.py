@@ -10,7 +10,7 @@ import logging
 import uvicorn
 
 from stockade.supervisor import errors
-from stockade.supervisor.api.auth import Authenticator
+from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy
 from stockade.supervisor.config import Config
 from stockade.supervisor.fronts.console.app import build_app

@@ -22,7 +22,7 @@ from stockade.supervisor import errors
 from stockade.supervisor.fronts.e2b import listing
 from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
 from stockade.supervisor.fronts.e2b.metrics import Metrics
-from stockade.supervisor.fronts.e2b.network import network_request
+from stockade.supervisor.fronts.e2b.network_options import network_request
 from stockade.supervisor.fronts.e2b.records import (
     CLIENT_ID,
     DEFAULT_TEMPLATE,

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from stockade.supervisor import errors
-from stockade.supervisor.api.auth import Authenticator
+from stockade.supervisor.auth import Authenticator
 
 API_KEY_HEADER = "x-api-key"
 MAX_KEY_CHARS = 4096

@@ -11,11 +11,11 @@ from typing import Any
 import mcp_types as types
 
 from stockade.supervisor import errors
-from stockade.supervisor.api.convert import MAX_TRACEPARENT
-from stockade.supervisor.calls.catalog import ToolSpec
-from stockade.supervisor.calls.render import wire_text
 from stockade.supervisor.keys import scope, validate_key
 from stockade.supervisor.models import CallContext, ToolCall, ToolResult
+from stockade.supervisor.observe.tracing import MAX_TRACEPARENT
+from stockade.supervisor.text import wire_text
+from stockade.supervisor.tools.catalog import ToolSpec
 
 FRONT = "mcp"
 """What the audit log names as the front of a call that came in over MCP."""

@@ -9,10 +9,9 @@ from typing import Any
 
 import mcp_types as types
 
-from stockade.supervisor.api.convert import scrubbed
 from stockade.supervisor.keys import shown
 from stockade.supervisor.policy.approvals import Ask, Decision, Pending
-from stockade.supervisor.policy.scrub import Scrubber
+from stockade.supervisor.policy.scrub.scrubber import Scrubber, scrubbed
 
 CHOICES: dict[str, Decision] = {"once": "allow-once", "always": "allow-always", "deny": "deny"}
 FIELD = "decision"

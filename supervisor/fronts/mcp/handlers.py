@@ -20,7 +20,6 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSI
 
 from stockade.supervisor import errors
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
-from stockade.supervisor.calls.render import cap_text, wire_text
 from stockade.supervisor.config import Config
 from stockade.supervisor.fronts.mcp.convert import (
     Caller,
@@ -43,8 +42,10 @@ from stockade.supervisor.models import (
     ToolResult,
 )
 from stockade.supervisor.policy.approvals import Ask
-from stockade.supervisor.policy.scrub import Scrubber
+from stockade.supervisor.policy.scrub.scrubber import Scrubber
 from stockade.supervisor.sandboxes.manager import SandboxManager
+from stockade.supervisor.text import wire_text
+from stockade.supervisor.tools.render import cap_text
 
 log = logging.getLogger("stockade.mcp")
 ROUNDS_GRACE_S = 60.0

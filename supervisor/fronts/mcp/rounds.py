@@ -22,7 +22,7 @@ from stockade.supervisor import errors
 from stockade.supervisor.fronts.mcp.elicit import SCHEMA, decision_of, message_of
 from stockade.supervisor.models import ToolResult
 from stockade.supervisor.policy.approvals import Ask, Decision, Pending
-from stockade.supervisor.policy.scrub import Scrubber
+from stockade.supervisor.policy.scrub.scrubber import Scrubber
 
 INPUT = "approval"
 """The key of the elicitation in `inputRequests` (and of its answer in `inputResponses`)."""

@@ -1,6 +1,6 @@
 """The MCP endpoint: the SDK's low-level Server (tools/list, tools/call) behind its
 streamable-HTTP session manager, on uvicorn in the supervisor's event loop. Bearer tokens are
-checked by the SDK's middleware against the gRPC API's own token table (api/auth.py): a
+checked by the SDK's middleware against the gRPC API's own token table (auth.py): a
 request without a valid token gets 401 and a WWW-Authenticate header. Every call goes through
 the supervisor's one ToolPipeline."""
 
@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 import stockade
 from stockade.supervisor import errors
-from stockade.supervisor.api.auth import Authenticator
+from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import Config, split_host_port
 from stockade.supervisor.fronts.http import Uvicorn, listening_socket, serve

@@ -1,2 +1,2 @@
-"""Snapshots of a sandbox's files: capture (capture.py), the store (store.py), restore
+"""Snapshots of a sandbox's files: capture (capture.py), the store (repository.py), restore
 (restore.py)."""

@@ -25,7 +25,7 @@ from pathlib import Path
 from stockade.supervisor.errors import InvalidRequest
 from stockade.supervisor.sandboxes import hostfs, workspaces
 from stockade.supervisor.sandboxes.layout import Paths
-from stockade.supervisor.sandboxes.snapshots.store import SnapshotStore
+from stockade.supervisor.sandboxes.snapshots.repository import SnapshotStore
 
 MiB = 1 << 20
 

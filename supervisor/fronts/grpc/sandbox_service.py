@@ -1,0 +1,83 @@
+"""SandboxService: ensure, get, list, pause, resume and destroy a caller's sandboxes, and
+report their isolation; snapshots, restores and forks are in snapshots.py. Every key a
+request names is scoped to the caller's tenant."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from stockade.supervisor.fronts.grpc.convert import fill_pb, sandbox_to_pb, scoped
+from stockade.supervisor.fronts.grpc.interceptor import current_tenant
+from stockade.supervisor.fronts.grpc.snapshot_service import SnapshotCalls
+from stockade.supervisor.fronts.grpc.status import Context, mapped
+from stockade.supervisor.keys import shown, split
+from stockade.supervisor.models import NetworkRequest
+from stockade.supervisor.policy.scrub.scrubber import Scrubber
+from stockade.supervisor.sandboxes.manager import SandboxManager
+from stockade.v1 import sandbox_pb2, sandbox_pb2_grpc
+
+
+class SandboxServicer(SnapshotCalls, sandbox_pb2_grpc.SandboxServiceServicer):
+    def __init__(self, sandboxes: SandboxManager, scrubber: Scrubber | None = None) -> None:
+        self._sandboxes = sandboxes
+        self.scrubber = scrubber
+
+    @mapped
+    async def EnsureSandbox(
+        self, request: sandbox_pb2.EnsureSandboxRequest, context: Context
+    ) -> sandbox_pb2.SandboxInfo:
+        network = None
+        if request.HasField("network"):
+            network = NetworkRequest(request.network.mode, tuple(request.network.allow))
+        key = scoped(request.key)
+        await self._sandboxes.ensure(key, network, request.profile or None)
+        return sandbox_to_pb(await self._sandboxes.get(key))
+
+    @mapped
+    async def GetSandbox(
+        self, request: sandbox_pb2.GetSandboxRequest, context: Context
+    ) -> sandbox_pb2.SandboxInfo:
+        return sandbox_to_pb(await self._sandboxes.get(scoped(request.key)))
+
+    @mapped
+    async def ListSandboxes(
+        self, request: sandbox_pb2.ListSandboxesRequest, context: Context
+    ) -> sandbox_pb2.ListSandboxesResponse:
+        tenant = current_tenant()
+        infos = [i for i in await self._sandboxes.list() if split(i.key)[0] == tenant]
+        return sandbox_pb2.ListSandboxesResponse(sandboxes=[sandbox_to_pb(i) for i in infos])
+
+    @mapped
+    async def DestroySandbox(
+        self, request: sandbox_pb2.DestroySandboxRequest, context: Context
+    ) -> sandbox_pb2.DestroySandboxResponse:
+        removed, deleted = await self._sandboxes.destroy(
+            scoped(request.key), delete_workspace=request.delete_workspace
+        )
+        return sandbox_pb2.DestroySandboxResponse(removed=removed, workspace_deleted=deleted)
+
+    @mapped
+    async def PauseSandbox(
+        self, request: sandbox_pb2.PauseSandboxRequest, context: Context
+    ) -> sandbox_pb2.PauseSandboxResponse:
+        info, changed = await self._sandboxes.pause(
+            scoped(request.key), f"PauseSandbox from {context.peer()}"
+        )
+        return sandbox_pb2.PauseSandboxResponse(sandbox=sandbox_to_pb(info), changed=changed)
+
+    @mapped
+    async def ResumeSandbox(
+        self, request: sandbox_pb2.ResumeSandboxRequest, context: Context
+    ) -> sandbox_pb2.ResumeSandboxResponse:
+        info, changed = await self._sandboxes.resume(
+            scoped(request.key), f"ResumeSandbox from {context.peer()}"
+        )
+        return sandbox_pb2.ResumeSandboxResponse(sandbox=sandbox_to_pb(info), changed=changed)
+
+    @mapped
+    async def InspectIsolation(
+        self, request: sandbox_pb2.InspectIsolationRequest, context: Context
+    ) -> sandbox_pb2.IsolationReport:
+        report = await self._sandboxes.inspect_isolation(scoped(request.key))
+        report = dataclasses.replace(report, key=shown(report.key))
+        return fill_pb(sandbox_pb2.IsolationReport(), report)

@@ -1,0 +1,123 @@
+"""Scrubbing a stream of output chunks, so that a credential split across two chunks is still
+caught before any of it leaves the host.
+
+Text is released up to its last newline: the credential formats the scrubber knows do not span
+lines, except private key blocks (PEM, SSH2, PuTTY), which are held until their end line, and
+configured secrets in wrapped base64 (`env | base64`): with secrets configured, a last line that
+looks like base64 is held until the next, and the cut never falls inside a credential found
+across it. A released last line that holds 40 base64 characters is kept as context for the
+next text (Scrubber.scrub_after), so a key body's lines released apart are still seen
+together. When the stream goes quiet, an open line is released only if it looks like a prompt
+(it ends in whitespace or one of `:>?$#]`), never in the middle of a word that may be half a
+token; flush() releases the rest at the end. A line longer than MAX_HOLD is released but for a
+tail that may still start a credential, and never in the middle of one it holds."""
+
+from __future__ import annotations
+
+import re
+
+from stockade.supervisor.policy.scrub.scrubber import Scrubber
+
+MAX_HOLD = 64 * 1024
+TAIL = 4096
+MAX_KEY_HOLD = 1 << 20
+PROMPT_ENDS = frozenset(" \t:>?$#]")
+KEY_BLOCKS = (
+    ("-----BEGIN", "PRIVATE KEY", "-----END"),
+    ("---- BEGIN SSH2", "PRIVATE KEY", "---- END"),
+    ("PuTTY-User-Key-File-", "", "Private-MAC:"),
+)
+"""Private key blocks over lines: how one starts, what its first 80 characters include, and
+how it ends."""
+BASE64_LINE = re.compile(r"[A-Za-z0-9+/=_-]{16,}\r?\n")
+KEY_LINE = re.compile(r"(?:^|\n)([^\n]*[A-Za-z0-9+/_-]{40}[^\n]*\n)\Z")
+"""A released last line that may be a line of a key body: kept as context for the next text,
+so that the base64 lines after it (the short last line of a key) are seen next to it."""
+
+
+class StreamScrubber:
+    def __init__(self, scrubber: Scrubber | None) -> None:
+        self._scrubber = scrubber
+        self._parts: list[str] = []
+        self._size = 0
+        self._before = ""
+        self.redactions = 0
+
+    def feed(self, text: str) -> str:
+        """Scrubbed text that is safe to send now (may be empty). Without a line end, and
+        short of MAX_HOLD, nothing new can be released: the chunk is only kept (so that a
+        line that comes a character at a time costs no rescans)."""
+        self._parts.append(text)
+        self._size += len(text)
+        if "\n" not in text and self._size <= MAX_HOLD:
+            return ""
+        pending = self._take()
+        cut = self._safe_cut(pending)
+        self._keep(pending[cut:])
+        return self._scrub(pending[:cut])
+
+    def flush(self) -> str:
+        """Everything held, scrubbed."""
+        return self._scrub(self._take())
+
+    def flush_prompt(self) -> str:
+        """On a pause: release the open line if it ends like a prompt; else keep holding."""
+        last = next((part[-1] for part in reversed(self._parts) if part), "")
+        return self.flush() if last and last in PROMPT_ENDS else ""
+
+    @property
+    def holding(self) -> bool:
+        return self._size > 0
+
+    def _take(self) -> str:
+        text = "".join(self._parts)
+        self._parts, self._size = [], 0
+        return text
+
+    def _keep(self, text: str) -> None:
+        if text:
+            self._parts, self._size = [text], len(text)
+
+    def _safe_cut(self, text: str) -> int:
+        cut = text.rfind("\n") + 1
+        for begin, marker, end in KEY_BLOCKS:
+            cut = min(cut, self._open_key_block(text, cut, begin, marker, end))
+        if cut and self._scrubber is not None and self._scrubber.spans_lines:
+            line = text.rfind("\n", 0, cut - 1) + 1
+            if BASE64_LINE.fullmatch(text, line, cut):
+                return self._outside_credentials(text, line, whole_lines=True)
+        if cut == 0 and len(text) > MAX_HOLD:
+            return self._outside_credentials(text, len(text) - TAIL, whole_lines=False)
+        return cut
+
+    @staticmethod
+    def _open_key_block(text: str, cut: int, begin: str, marker: str, end: str) -> int:
+        """Where a private key block that has not ended starts (and is not absurdly long);
+        else `cut`."""
+        start = text.rfind(begin, 0, cut)
+        if start == -1 or marker not in text[start : start + 80]:
+            return cut
+        if text.find(end, start) != -1 or len(text) - start >= MAX_KEY_HOLD:
+            return cut
+        return start
+
+    def _outside_credentials(self, text: str, cut: int, whole_lines: bool) -> int:
+        """`cut`, moved back to the start of a credential it falls inside (or of its line:
+        base64 is only found across whole lines), or to its end when that start is the start
+        of the text, so that a credential is scrubbed whole."""
+        if self._scrubber is None:
+            return cut
+        for start, end in self._scrubber.spans(text):
+            if start < cut < end:
+                begin = text.rfind("\n", 0, start) + 1 if whole_lines else start
+                cut = begin or end
+        return cut
+
+    def _scrub(self, text: str) -> str:
+        if not text or self._scrubber is None:
+            return text
+        cleaned, count = self._scrubber.scrub_after(self._before, text)
+        last = KEY_LINE.search(text, max(len(text) - 4096, 0))
+        self._before = last[1] if last else ""
+        self.redactions += count
+        return cleaned
