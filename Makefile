@@ -19,6 +19,7 @@ lint: setup-test
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy -p stockade
+	.venv/bin/lint-imports --no-cache
 
 proto:
 	.venv/bin/python scripts/gen_proto.py

@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+from stockade.supervisor.engines.cgroups import sample
 from stockade.supervisor.errors import StockadeError
 from stockade.supervisor.fronts.console import quarantines
 from stockade.supervisor.fronts.console.context import ConsoleContext, query
@@ -28,7 +29,6 @@ from stockade.supervisor.fronts.console.html import (
     url,
     when,
 )
-from stockade.supervisor.fronts.e2b.metrics import sample
 from stockade.supervisor.keys import split
 from stockade.supervisor.models import SandboxInfo
 from stockade.supervisor.observe.audit import AuditQuery
