@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from stockade.supervisor.config import Config, HousekeepingConfig
+from stockade.supervisor.config import Config, HousekeepingConfig, load_config
 from stockade.supervisor.engines.addresses import AgentAddress
 from stockade.supervisor.engines.backends._common import HostFolderWorkspaces
 from stockade.supervisor.engines.backends.base import (
@@ -287,6 +287,32 @@ def fake_manager(
     another `connect`); `options` are SandboxManager's other keyword arguments."""
     options.setdefault("connect", lambda address: FakeAgent(backend, address))
     return SandboxManager(config, backend, instance_id=instance_id, image=image, **options)
+
+
+def tokens_file(tmp_path: Path, tokens: str) -> Path:
+    """tmp_path / "tokens", holding `tokens` (lines of "TOKEN tenant"), for its owner only."""
+    path = tmp_path / "tokens"
+    path.write_text(tokens)
+    path.chmod(0o600)
+    return path
+
+
+def served_config(tmp_path: Path, tokens: str, **settings: Any) -> Config:
+    """The loaded Config of a supervisor serving on a free loopback port: its tokens `tokens`
+    (tokens_file), its state in tmp_path / "state", sandboxes as 1000:1000, housekeeping that
+    never finds the host short; `settings`: more dotted settings."""
+    return load_config(
+        None,
+        {
+            "state_dir": str(tmp_path / "state"),
+            "listen": "127.0.0.1:0",
+            "auth.tokens_file": str(tokens_file(tmp_path, tokens)),
+            "sandbox.user": "1000:1000",
+            "housekeeping.min_free_memory_mb": 0,
+            "housekeeping.min_free_disk_mb": 0,
+            **settings,
+        },
+    )
 
 
 def quiet_housekeeping(**housekeeping: Any) -> HousekeepingConfig:
