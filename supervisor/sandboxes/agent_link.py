@@ -6,7 +6,10 @@ is the same code for both.
 Nothing the agent sends is trusted (it runs as the same uid as the code in the sandbox): the
 channel refuses messages over ReplyLimits.max_message_bytes, every reply is checked
 (replies.py), streams must keep their order (at most one Started; output chunks of at most
-MAX_CHUNK_BYTES; a result last), and a violation raises AgentMisbehaved."""
+MAX_CHUNK_BYTES; a result last), and a violation raises AgentMisbehaved.
+
+AgentLink is what the rest of the supervisor may call on such a channel (AgentConnection is
+the real one; tests put fakes that satisfy it in its place)."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import grpc
 
@@ -126,6 +129,42 @@ class AgentReply:
 
 
 AgentWatchEvent: TypeAlias = AgentWatchStarted | AgentFileChange | AgentReply
+
+
+class AgentLink(Protocol):
+    """What the sandboxes' code calls on the link to a sandbox's agent."""
+
+    def is_ready(self) -> bool: ...
+
+    async def wait_ready(self, timeout: float) -> None: ...
+
+    async def answers(self, timeout: float = 0.5) -> bool: ...
+
+    async def idle_s(self, timeout: float = 2.0) -> float | None: ...
+
+    async def invoke(
+        self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
+    ) -> AgentReply: ...
+
+    def invoke_stream(
+        self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
+    ) -> AsyncIterator[AgentStarted | AgentOutput | AgentReply]: ...
+
+    async def upload(
+        self, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes], timeout: float
+    ) -> AgentReply: ...
+
+    def download(
+        self, path: str, tar: bool, timeout: float
+    ) -> AsyncIterator[bytes | AgentReply]: ...
+
+    def watch_files(self, path: str, recursive: bool) -> AsyncIterator[AgentWatchEvent]: ...
+
+    async def inspect(
+        self, files: list[str], links: list[str], write_probe: str, timeout: float
+    ) -> AgentFacts: ...
+
+    async def close(self) -> None: ...
 
 
 class AgentConnection:

@@ -26,7 +26,7 @@ from stockade.supervisor.engines.backends.base import (
 from stockade.supervisor.errors import SandboxBroken
 from stockade.supervisor.keys import shown
 from stockade.supervisor.sandboxes import layout
-from stockade.supervisor.sandboxes.agent_link import AgentConnection
+from stockade.supervisor.sandboxes.agent_link import AgentLink
 from stockade.supervisor.sandboxes.layout import Layout, Paths
 from stockade.supervisor.sandboxes.network_modes import Networks
 from stockade.supervisor.sandboxes.profiles import SandboxProfile
@@ -48,7 +48,7 @@ root (gVisor's own, inside its kernel) and the agent starts as root and becomes 
 user itself (`--agent-user`: gVisor resets effective ids on exec, so it cannot keep a user of
 its own and start commands as another; identity.py)."""
 
-Connect = Callable[[AgentAddress], AgentConnection]
+Connect = Callable[[AgentAddress], AgentLink]
 AddressOf = Callable[[ContainerInfo, Paths], AgentAddress]
 """Where a container's agent is reached: the host kind's choice (see agent_link)."""
 
@@ -98,7 +98,7 @@ class Containers:
         """A container's name: a prefix of the instance id and a sandbox or pool id."""
         return f"stockade-{self.instance_id[:8]}-{ident}"
 
-    def link(self, info: ContainerInfo, paths: Paths) -> AgentConnection:
+    def link(self, info: ContainerInfo, paths: Paths) -> AgentLink:
         """A channel to the agent of the container `info` (on `paths`): not yet connected."""
         return self._connect(self._address_of(info, paths))
 

@@ -17,7 +17,7 @@ from stockade.supervisor.engines.backends.base import ContainerBackend, Containe
 from stockade.supervisor.errors import AgentMisbehaved, SandboxBroken, SandboxLost, StockadeError
 from stockade.supervisor.keys import shown
 from stockade.supervisor.sandboxes import healing
-from stockade.supervisor.sandboxes.agent_link import AgentCallFailed, AgentConnection, AgentReply
+from stockade.supervisor.sandboxes.agent_link import AgentCallFailed, AgentLink, AgentReply
 from stockade.supervisor.sandboxes.sandbox import Sandbox
 
 log = logging.getLogger("stockade")
@@ -134,7 +134,7 @@ class Clinic:
             return None
         return healing.diagnose(facts.files, self._expected, after_sweep=after_sweep)
 
-    async def wedged_by(self, sandbox: Sandbox, agent: AgentConnection, reply: AgentReply) -> bool:
+    async def wedged_by(self, sandbox: Sandbox, agent: AgentLink, reply: AgentReply) -> bool:
         """After a failed reply, or an exec result that says the pids limit stays crowded
         (the flag is taken out of the result), read the facts; mark the sandbox when they
         show it wedged. True when the reply says the command never started and the sandbox

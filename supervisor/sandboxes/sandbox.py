@@ -15,7 +15,7 @@ from stockade.supervisor.engines.backends.base import (
 )
 from stockade.supervisor.models import SandboxInfo, SandboxState
 from stockade.supervisor.sandboxes import healing
-from stockade.supervisor.sandboxes.agent_link import AgentConnection
+from stockade.supervisor.sandboxes.agent_link import AgentLink
 from stockade.supervisor.sandboxes.layout import Paths
 from stockade.supervisor.sandboxes.profiles import SandboxProfile
 
@@ -37,7 +37,7 @@ class Container:
     sandbox id, or "" for a warm-pool container, which has none yet)."""
 
     info: ContainerInfo
-    agent: AgentConnection
+    agent: AgentLink
     paths: Paths
     sid: str = ""
 
@@ -79,7 +79,7 @@ class Sandbox:
         return self.container.info
 
     @property
-    def agent(self) -> AgentConnection:
+    def agent(self) -> AgentLink:
         return self.container.agent
 
     @property

@@ -1,17 +1,22 @@
-"""Fakes for unit tests of the domain core: an in-memory engine and agent connection."""
+"""Fakes for unit tests of the domain core: an in-memory engine (FakeBackend) and agent link
+(FakeAgent, an AgentLink), a SandboxManager on them (fake_manager), and free_port."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from stockade.supervisor.config import Config, HousekeepingConfig, load_config
+from stockade.supervisor.engines.addresses import AgentAddress
+from stockade.supervisor.engines.backends._common import HostFolderWorkspaces
 from stockade.supervisor.engines.backends.base import (
     BindMount,
     ContainerInfo,
@@ -20,13 +25,21 @@ from stockade.supervisor.engines.backends.base import (
     RuntimeFacts,
 )
 from stockade.supervisor.engines.userns import NO_USERNS, IdMaps
-from stockade.supervisor.errors import ConfigError, SandboxBroken, Unsupported
-from stockade.supervisor.sandboxes.agent_link import AgentCallFailed, AgentFacts, AgentReply
+from stockade.supervisor.errors import ConfigError, SandboxBroken
+from stockade.supervisor.sandboxes.agent_link import (
+    AgentCallFailed,
+    AgentFacts,
+    AgentLink,
+    AgentOutput,
+    AgentReply,
+    AgentStarted,
+    AgentWatchEvent,
+)
 from stockade.supervisor.sandboxes.lease import Deadline
 from stockade.supervisor.sandboxes.manager import SandboxManager
 
 
-class FakeBackend:
+class FakeBackend(HostFolderWorkspaces):
     engine = "fake"
     tmpfs_inodes = True
     remote = False
@@ -114,18 +127,6 @@ class FakeBackend:
             return False
         del self.containers[info.id]
         return True
-
-    def remove_workspace(self, sandbox_id: str) -> bool:
-        return False  # the workspace is the sandbox's host folder: the manager deletes it
-
-    def workspace_of(self, sandbox_id: str) -> str | None:
-        return None  # the sandbox's host folder: the manager names it
-
-    def relabel(self, name_or_id: str, labels: Mapping[str, str | None]) -> ContainerInfo | None:
-        raise Unsupported("a container's labels are fixed at creation (the warm pool's are too)")
-
-    def has_workspace(self, sandbox_id: str) -> bool:
-        return False  # the workspace is the sandbox's host folder
 
     def kill(self, container_id: str) -> None:
         self.containers[container_id] = replace(
@@ -244,8 +245,87 @@ class FakeAgent:
             result["pids_crowded"] = True
         return AgentReply("", "", result)
 
+    async def invoke_stream(
+        self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
+    ) -> AsyncIterator[AgentStarted | AgentOutput | AgentReply]:
+        """The reply of `invoke`, as a stream's last event."""
+        yield await self.invoke(tool, arguments, timeout, request_id)
+
+    async def upload(
+        self, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes], timeout: float
+    ) -> AgentReply:
+        raise NotImplementedError("the fake agent keeps no files")
+
+    async def download(
+        self, path: str, tar: bool, timeout: float
+    ) -> AsyncIterator[bytes | AgentReply]:
+        raise NotImplementedError("the fake agent keeps no files")
+        yield b""  # an async generator, as the real agent link's
+
+    async def watch_files(self, path: str, recursive: bool) -> AsyncIterator[AgentWatchEvent]:
+        raise NotImplementedError("the fake agent keeps no files")
+        yield AgentReply("", "", None)  # an async generator, as the real agent link's
+
     async def close(self) -> None:
         self.ready = False
+
+
+def _is_an_agent_link(backend: FakeBackend, address: AgentAddress) -> AgentLink:
+    """Type-checked only: mypy says here when FakeAgent no longer satisfies AgentLink."""
+    return FakeAgent(backend, address)
+
+
+def fake_manager(
+    config: Config,
+    backend: FakeBackend,
+    *,
+    instance_id: str = "inst0001",
+    image: str = "img",
+    **options: Any,
+) -> SandboxManager:
+    """A SandboxManager on `backend` whose agents are FakeAgents on it (unless `options` give
+    another `connect`); `options` are SandboxManager's other keyword arguments."""
+    options.setdefault("connect", lambda address: FakeAgent(backend, address))
+    return SandboxManager(config, backend, instance_id=instance_id, image=image, **options)
+
+
+def tokens_file(tmp_path: Path, tokens: str) -> Path:
+    """tmp_path / "tokens", holding `tokens` (lines of "TOKEN tenant"), for its owner only."""
+    path = tmp_path / "tokens"
+    path.write_text(tokens)
+    path.chmod(0o600)
+    return path
+
+
+def served_config(tmp_path: Path, tokens: str, **settings: Any) -> Config:
+    """The loaded Config of a supervisor serving on a free loopback port: its tokens `tokens`
+    (tokens_file), its state in tmp_path / "state", sandboxes as 1000:1000, housekeeping that
+    never finds the host short; `settings`: more dotted settings."""
+    return load_config(
+        None,
+        {
+            "state_dir": str(tmp_path / "state"),
+            "listen": "127.0.0.1:0",
+            "auth.tokens_file": str(tokens_file(tmp_path, tokens)),
+            "sandbox.user": "1000:1000",
+            "housekeeping.min_free_memory_mb": 0,
+            "housekeeping.min_free_disk_mb": 0,
+            **settings,
+        },
+    )
+
+
+def quiet_housekeeping(**housekeeping: Any) -> HousekeepingConfig:
+    """Housekeeping that never finds the host short of memory or disk, with `housekeeping`'s
+    other settings."""
+    return HousekeepingConfig(**{"min_free_memory_mb": 0, "min_free_disk_mb": 0, **housekeeping})
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 async def invoke(

@@ -2,6 +2,7 @@
 HTTP on 127.0.0.1 with lists, watches, creates, patches and deletes) in a thread of its own,
 so that blocking code (the backend, the official client) can talk to it from the test's
 thread. The test plays the kubelet: it patches a pod's status to Ready with an IP.
+kube_manager is the real SandboxManager on the real KubernetesBackend against it.
 
 kmock, as emulators go: it ignores label and field selectors (the backend filters again on
 its side), keeps no resourceVersion (a test sets one in the object where it matters), and
@@ -25,6 +26,12 @@ from typing import Any
 from urllib.parse import unquote
 
 import kmock
+
+from stockade.supervisor.config import Config, EngineConfig, HousekeepingConfig, SandboxConfig
+from stockade.supervisor.config.sandbox import KubernetesConfig
+from stockade.supervisor.engines.backends.kubernetes.api import KubeApi, Timeouts, load_client
+from stockade.supervisor.engines.backends.kubernetes.backend import KubernetesBackend
+from stockade.supervisor.sandboxes.manager import SandboxManager
 
 NAMESPACE = "stockade"
 VERSION = {"major": "1", "minor": "30", "gitVersion": "v1.30.0-kmock"}
@@ -285,3 +292,44 @@ class Kubelet:
         self._thread.join(10)
         for name in list(self._running):
             self._end(name)
+
+
+FAST = Timeouts(connect_s=2, read_s=5, attempts=3, backoff_s=0.05, watch_window_s=5)
+
+
+def kube_manager(
+    kube: KubeMock,
+    tmp_path: Path,
+    port: int,
+    *,
+    state: str = "state",
+    replica: str = "",
+    housekeeping: HousekeepingConfig | None = None,
+    **sandbox: Any,
+) -> SandboxManager:
+    """The real SandboxManager of instance inst0001aaaa on a KubernetesBackend against `kube`,
+    its agents on `port` (the test kubelet's), its state in tmp_path / `state`; `sandbox`:
+    SandboxConfig's settings besides the user and tmp_inodes."""
+    kubernetes = KubernetesConfig(
+        namespace=NAMESPACE,
+        kubeconfig=str(kube.kubeconfig(tmp_path)),
+        agent_port=port,
+        ready_timeout_s=60,
+    )
+    config = Config(
+        state_dir=tmp_path / state,
+        engine=EngineConfig(kind="kubernetes"),
+        kubernetes=kubernetes,
+        sandbox=SandboxConfig(user="65532:65532", tmp_inodes=0, **sandbox),
+        housekeeping=housekeeping or HousekeepingConfig(),
+    )
+    backend = KubernetesBackend(kubernetes, KubeApi(load_client(kubernetes), NAMESPACE, FAST))
+    return SandboxManager(
+        config,
+        backend,
+        instance_id="inst0001aaaa",
+        image="stockade-sandbox:test",
+        address_of=backend.address_of,
+        host_mounts=False,
+        replica=replica,
+    )

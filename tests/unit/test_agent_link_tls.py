@@ -142,7 +142,7 @@ def _manager(tmp_path: Path, address: AgentAddress) -> SandboxManager:
 
     return SandboxManager(
         config,
-        FakeBackend(),  # type: ignore[arg-type]
+        FakeBackend(),
         instance_id="inst0001",
         image="img",
         address_of=address_of,

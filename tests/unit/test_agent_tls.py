@@ -32,15 +32,10 @@ from stockade.supervisor.engines.backends.kubernetes.pki import (
     supervisor_tls,
 )
 from stockade.supervisor.sandboxes.agent_link import AgentConnection
+from tests.unit.fakes import free_port
 
 pytestmark = pytest.mark.timeout(120)
 SID = "5ca1ab1e00000001"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _agent(*flags: str) -> subprocess.CompletedProcess[str]:
@@ -75,7 +70,7 @@ def _running_agent(root: Path, ca: Authority) -> Iterator[tuple[int, Path]]:
     tls_dir.mkdir()
     workspace.mkdir()
     _install(tls_dir, ca)
-    port = _free_port()
+    port = free_port()
     flags = ["--listen", f"127.0.0.1:{port}", "--tls-dir", str(tls_dir)]
     agent = subprocess.Popen(
         [sys.executable, "-m", "stockade.agent", *flags, "--workspace", str(workspace)]

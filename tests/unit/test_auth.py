@@ -41,7 +41,7 @@ from stockade.supervisor.keys import MAX_KEY_BYTES, scope, shown, split, validat
 from stockade.supervisor.observe.audit import AuditLog, AuditQuery, AuditRecord
 from stockade.supervisor.policy.approvals import AllowAlways, ApprovalManager, Pending
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.fakes import FakeAgent, FakeBackend
+from tests.unit.fakes import FakeBackend, fake_manager
 
 TOKEN_A = "a" * 32
 TOKEN_B = "b-token-0123456789abcdef"
@@ -442,13 +442,7 @@ def quota_manager(tmp_path: Path, backend: FakeBackend, **tenants: TenantConfig)
     config = Config(
         state_dir=tmp_path, sandbox=SandboxConfig(user="1000:1000", memory_mb=256), tenants=tenants
     )
-    return SandboxManager(
-        config,
-        backend,  # type: ignore[arg-type]
-        instance_id="inst0001",
-        image="img",
-        connect=lambda path: FakeAgent(backend, path),  # type: ignore[arg-type,return-value]
-    )
+    return fake_manager(config, backend)
 
 
 async def test_limits_hold_under_concurrent_first_calls(tmp_path: Path) -> None:

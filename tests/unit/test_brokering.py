@@ -28,6 +28,7 @@ from stockade.supervisor.sandboxes.containers import Containers
 from stockade.supervisor.sandboxes.layout import Layout
 from stockade.supervisor.sandboxes.network_modes import Networks
 from stockade.supervisor.sandboxes.profiles import Profiles
+from tests.unit.fakes import FakeAgent, FakeBackend
 
 VALUE = "ghp_RealSecretValue0123456789abcdefXYZ"
 CA = b"-----BEGIN CERTIFICATE-----\nTESTCA\n-----END CERTIFICATE-----\n"
@@ -225,8 +226,9 @@ def test_the_container_spec_carries_placeholders_trust_and_the_node_preload(
 ) -> None:
     cfg = config(tmp_path)
     networks = Networks(cfg, "0123456789abcdef")
+    backend = FakeBackend()
     containers = Containers(
-        cfg, None, Layout(cfg), networks, lambda _address: None,  # type: ignore[arg-type,return-value]
+        cfg, backend, Layout(cfg), networks, lambda address: FakeAgent(backend, address),
         instance_id="0123456789abcdef", image="img", owner_label=lambda: "owner",
     )  # fmt: skip
     layout = Layout(cfg)

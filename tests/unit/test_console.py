@@ -28,6 +28,7 @@ from stockade.supervisor.keys import scope
 from stockade.supervisor.models import SandboxInfo, SandboxState
 from stockade.supervisor.observe.metrics import Metrics
 from stockade.supervisor.sandboxes.quarantine import Quarantines
+from tests.unit.fakes import tokens_file
 
 ALICE = "alice-token-0123456789abcdef"
 BOB = "bob-token-0123456789abcdef00"
@@ -80,9 +81,7 @@ def info(key: str) -> SandboxInfo:
 
 @pytest.fixture
 def ctx(tmp_path: Path) -> Iterator[ConsoleContext]:
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"{ALICE} alice\n{BOB} bob\n{OPS} ops\n")
-    tokens.chmod(0o600)
+    tokens = tokens_file(tmp_path, f"{ALICE} alice\n{BOB} bob\n{OPS} ops\n")
     config = load_config(
         None,
         {

@@ -17,14 +17,12 @@ import pytest
 from stockade.client import AsyncStockade, FailedPrecondition
 from stockade.supervisor.app import build_policy
 from stockade.supervisor.auth import Authenticator
-from stockade.supervisor.config import load_config
 from stockade.supervisor.fronts.console.app import build_app
 from stockade.supervisor.fronts.console.context import ConsoleContext
 from stockade.supervisor.fronts.grpc.server import Server
 from stockade.supervisor.keys import scope
 from stockade.supervisor.observe.audit import AuditQuery
-from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.fakes import FakeAgent, FakeBackend
+from tests.unit.fakes import FakeBackend, fake_manager, served_config
 
 ALICE, BOB, OPS = "alice-" + "a" * 26, "bob-" + "b" * 28, "ops-" + "o" * 28
 ORIGIN = {"origin": "http://testserver"}
@@ -46,30 +44,13 @@ class World:
 
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"{ALICE} alice\n{BOB} bob\n{OPS} ops\n")
-    tokens.chmod(0o600)
-    config = load_config(
-        None,
-        {
-            "state_dir": str(tmp_path / "state"),
-            "listen": "127.0.0.1:0",
-            "auth.tokens_file": str(tokens),
-            "sandbox.user": "1000:1000",
-            "housekeeping.min_free_memory_mb": 0,
-            "housekeeping.min_free_disk_mb": 0,
-            "console.listen": "127.0.0.1:0",
-            "console.operators": ["ops"],
-        },
+    config = served_config(
+        tmp_path,
+        f"{ALICE} alice\n{BOB} bob\n{OPS} ops\n",
+        **{"console.listen": "127.0.0.1:0", "console.operators": ["ops"]},
     )
     backend = FakeBackend()
-    manager = SandboxManager(
-        config,
-        backend,  # type: ignore[arg-type]
-        instance_id="inst0001",
-        image="img",
-        connect=lambda path: FakeAgent(backend, path),  # type: ignore[arg-type,return-value]
-    )
+    manager = fake_manager(config, backend)
     await manager.start()
     policy = build_policy(config)
     authenticator = Authenticator(config.auth)

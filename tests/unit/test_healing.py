@@ -11,7 +11,7 @@ from stockade.supervisor.config import Config
 from stockade.supervisor.errors import AgentMisbehaved
 from stockade.supervisor.sandboxes import healing
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.fakes import FakeAgent, FakeBackend, invoke
+from tests.unit.fakes import FakeBackend, fake_manager, invoke
 
 EXPECTED = healing.Expected(nofile=1024, nproc=16384, fsize=None)
 LIMITS = (
@@ -84,22 +84,14 @@ def test_only_a_command_that_never_started_is_a_spawn_failure() -> None:
 # The manager
 
 
-@pytest.fixture
-def backend() -> FakeBackend:
-    return FakeBackend()
-
-
 Events = list[tuple[str, str, str]]
 
 
 def manager(tmp_path: Path, backend: FakeBackend, events: Events) -> SandboxManager:
     sandbox = Config().sandbox.__class__(user="1000:1000")
-    return SandboxManager(
+    return fake_manager(
         Config(state_dir=tmp_path, sandbox=sandbox),
-        backend,  # type: ignore[arg-type]
-        instance_id="inst0001",
-        image="img",
-        connect=lambda path: FakeAgent(backend, path),  # type: ignore[arg-type,return-value]
+        backend,
         record_event=lambda *event: events.append(event),
         silence_s=0.05,
     )

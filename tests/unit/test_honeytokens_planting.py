@@ -17,7 +17,7 @@ from stockade.supervisor.policy.honeytokens import Honeytokens
 from stockade.supervisor.sandboxes.agent_link import AgentReply
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from stockade.supervisor.sandboxes.profiles import SandboxProfile
-from tests.unit.fakes import FakeAgent, FakeBackend
+from tests.unit.fakes import FakeAgent, FakeBackend, fake_manager
 
 KEY = bytes(range(32))
 
@@ -65,14 +65,7 @@ def make(
         agents.append(agent)
         return agent
 
-    mgr = SandboxManager(
-        config,
-        backend,  # type: ignore[arg-type]
-        instance_id="inst0001",
-        image="img",
-        connect=connect,  # type: ignore[arg-type]
-        honeytokens=wire,
-    )
+    mgr = fake_manager(config, backend, connect=connect, honeytokens=wire)
     return mgr, wire, agents
 
 

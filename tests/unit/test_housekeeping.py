@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from stockade.supervisor.config import Config, HousekeepingConfig, load_config
+from stockade.supervisor.config import Config, load_config
 from stockade.supervisor.engines.backends.base import (
     LABEL_INSTANCE,
     LABEL_OWNER,
@@ -21,7 +21,7 @@ from stockade.supervisor.engines.backends.base import (
 from stockade.supervisor.errors import ConfigError, HostExhausted
 from stockade.supervisor.sandboxes import owner
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.fakes import FakeAgent, FakeBackend, invoke
+from tests.unit.fakes import FakeBackend, fake_manager, invoke, quiet_housekeeping
 
 
 class GatedBackend(FakeBackend):
@@ -46,19 +46,10 @@ def manager(
     config = Config(
         state_dir=tmp_path,
         sandbox=Config().sandbox.__class__(user="1000:1000"),
-        housekeeping=HousekeepingConfig(
-            **{"min_free_memory_mb": 0, "min_free_disk_mb": 0, **housekeeping}
-        ),
+        housekeeping=quiet_housekeeping(**housekeeping),
     )
     record = (lambda *event: events.append(event)) if events is not None else None
-    return SandboxManager(
-        config,
-        backend,  # type: ignore[arg-type]
-        instance_id=instance,
-        image="img",
-        connect=lambda path: FakeAgent(backend, path),  # type: ignore[arg-type,return-value]
-        record_event=record,
-    )
+    return fake_manager(config, backend, instance_id=instance, record_event=record)
 
 
 def sandbox_dir(tmp_path: Path, mgr: SandboxManager, key: str) -> Path:

@@ -11,7 +11,6 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +20,10 @@ import pytest
 from stockade.supervisor.config.sandbox import KubernetesConfig
 from stockade.supervisor.engines.backends.kubernetes.api import KubeApi, Timeouts, load_client
 from stockade.supervisor.errors import ConfigError, EngineUnavailable, SandboxBroken
-from tests.unit.kube_mock import NAMESPACE, KubeMock, serving
+from tests.unit.kube_mock import NAMESPACE, KubeMock
 
 FAST = Timeouts(connect_s=2, read_s=1, attempts=4, backoff_s=0.02, watch_window_s=2)
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
-
-
-@pytest.fixture
-def kube() -> Iterator[KubeMock]:
-    with serving() as mock:
-        yield mock
 
 
 def api_for(kube: KubeMock, tmp_path: Path, timeouts: Timeouts = FAST) -> KubeApi:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from stockade.supervisor.engines.backends.kubernetes.backend import (
 from stockade.supervisor.engines.backends.kubernetes.pki import Authority, agent_server_name
 from stockade.supervisor.engines.userns import IdMaps
 from stockade.supervisor.errors import ConfigError, EngineUnavailable, SandboxBroken, Unsupported
-from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock, serving
+from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock
 
 SID = "0123456789abcdef"
 INSTANCE = "inst0001aaaa"
@@ -44,12 +43,6 @@ COMMAND = (
     *("--socket", "/run/stockade/agent.sock", "--workspace", "/workspace"),
     *("--user", "65532:65532", "--max-output-bytes", "4096", "--max-processes", "3"),
 )
-
-
-@pytest.fixture
-def kube() -> Iterator[KubeMock]:
-    with serving() as mock:
-        yield mock
 
 
 @pytest.fixture

@@ -48,26 +48,14 @@ from stockade.supervisor.network.shared_proxy import Client, Refusal, source_add
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from stockade.supervisor.sandboxes.network_modes import Networks, resolved
 from stockade.supervisor.sandboxes.pod_egress import PodDirectory
-from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock, ca_secret, serving
+from tests.unit.fakes import free_port
+from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("kube_ca")]
 INSTANCE = "inst0001aaaa"
 FAST = Timeouts(connect_s=2, read_s=5, attempts=2, backoff_s=0.05, watch_window_s=5)
 SERVICE = "stockade-egress.stockade.svc:3128"
 OURS = {LABEL_MANAGED: "1", LABEL_INSTANCE: INSTANCE}
-
-
-@pytest.fixture
-def kube() -> Iterator[KubeMock]:
-    with serving() as mock:
-        mock.put("secret", ca_secret())
-        yield mock
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _kubernetes(kube: KubeMock, tmp_path: Path, **settings: Any) -> KubernetesConfig:
@@ -76,7 +64,7 @@ def _kubernetes(kube: KubeMock, tmp_path: Path, **settings: Any) -> KubernetesCo
         kubeconfig=str(kube.kubeconfig(tmp_path)),
         ready_timeout_s=60,
         egress_proxy=SERVICE,
-        egress_listen=f"127.0.0.1:{_free_port()}",
+        egress_listen=f"127.0.0.1:{free_port()}",
         **settings,
     )
 
@@ -402,7 +390,7 @@ class Cluster:
 
 @pytest_asyncio.fixture
 async def cluster(kube: KubeMock, tmp_path: Path, upstream: Upstream) -> AsyncIterator[Cluster]:
-    agent_port = _free_port()
+    agent_port = free_port()
     kubelet = Kubelet(kube, tmp_path / "nodes", agent_port)
     kubernetes = _kubernetes(kube, tmp_path, agent_port=agent_port)
     config = _config(

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from stockade.supervisor.config import Config, EngineConfig, HousekeepingConfig, SandboxConfig
+from stockade.supervisor.config import HousekeepingConfig
 from stockade.supervisor.config.sandbox import KubernetesConfig
 from stockade.supervisor.engines.backends.base import (
     LABEL_KEY,
@@ -27,66 +26,27 @@ from stockade.supervisor.engines.backends.base import (
     LABEL_TENANT,
 )
 from stockade.supervisor.engines.backends.kubernetes import manifests
-from stockade.supervisor.engines.backends.kubernetes.api import KubeApi, Timeouts, load_client
-from stockade.supervisor.engines.backends.kubernetes.backend import KubernetesBackend
 from stockade.supervisor.errors import StateUnavailable
 from stockade.supervisor.keys import sandbox_id, scope
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock, ca_secret, serving
-from tests.unit.test_kube_sandboxes import _exec, _free_port
+from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock, kube_manager
+from tests.unit.test_kube_sandboxes import _exec
 
-pytestmark = pytest.mark.timeout(240)
-FAST = Timeouts(connect_s=2, read_s=5, attempts=3, backoff_s=0.05, watch_window_s=5)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("kube_ca")]
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 SID = sandbox_id("k")
-
-
-@pytest.fixture
-def kube() -> Iterator[KubeMock]:
-    with serving() as mock:
-        mock.put("secret", ca_secret())
-        yield mock
-
-
-@pytest.fixture
-def port() -> int:
-    return _free_port()
-
-
-@pytest.fixture
-def kubelet(kube: KubeMock, tmp_path: Path, port: int) -> Iterator[Kubelet]:
-    played = Kubelet(kube, tmp_path / "nodes", port)
-    try:
-        yield played
-    finally:
-        played.close()
 
 
 def _manager(
     kube: KubeMock, tmp_path: Path, port: int, replica: str, *, pool: int = 1
 ) -> SandboxManager:
-    kubernetes = KubernetesConfig(
-        namespace=NAMESPACE,
-        kubeconfig=str(kube.kubeconfig(tmp_path)),
-        agent_port=port,
-        ready_timeout_s=60,
-    )
-    config = Config(
-        state_dir=tmp_path / f"state-{replica}",
-        engine=EngineConfig(kind="kubernetes"),
-        kubernetes=kubernetes,
-        sandbox=SandboxConfig(user="65532:65532", tmp_inodes=0),
-        housekeeping=HousekeepingConfig(warm_pool=pool),
-    )
-    backend = KubernetesBackend(kubernetes, KubeApi(load_client(kubernetes), NAMESPACE, FAST))
-    return SandboxManager(
-        config,
-        backend,
-        instance_id="inst0001aaaa",
-        image="stockade-sandbox:test",
-        address_of=backend.address_of,
-        host_mounts=False,
+    return kube_manager(
+        kube,
+        tmp_path,
+        port,
+        state=f"state-{replica}",
         replica=replica,
+        housekeeping=HousekeepingConfig(warm_pool=pool),
     )
 
 

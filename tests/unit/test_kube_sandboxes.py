@@ -5,78 +5,18 @@ adopts the pod, and destroying the sandbox with its workspace deletes its claim.
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from stockade.supervisor.config import Config, EngineConfig, SandboxConfig
-from stockade.supervisor.config.sandbox import KubernetesConfig, NetworkMode
-from stockade.supervisor.engines.backends.kubernetes.api import KubeApi, Timeouts, load_client
-from stockade.supervisor.engines.backends.kubernetes.backend import KubernetesBackend
 from stockade.supervisor.errors import Quarantined, Unsupported
 from stockade.supervisor.keys import sandbox_id
 from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.observe.alarms import Alarm
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock, ca_secret, serving
+from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock, kube_manager
 
-pytestmark = pytest.mark.timeout(180)
-FAST = Timeouts(connect_s=2, read_s=5, attempts=3, backoff_s=0.05, watch_window_s=5)
-
-
-@pytest.fixture
-def kube() -> Iterator[KubeMock]:
-    with serving() as mock:
-        mock.put("secret", ca_secret())
-        yield mock
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture
-def port() -> int:
-    return _free_port()
-
-
-@pytest.fixture
-def kubelet(kube: KubeMock, tmp_path: Path, port: int) -> Iterator[Kubelet]:
-    played = Kubelet(kube, tmp_path / "nodes", port)
-    try:
-        yield played
-    finally:
-        played.close()
-
-
-def _manager(
-    kube: KubeMock, tmp_path: Path, port: int, network: NetworkMode = "none"
-) -> SandboxManager:
-    kubernetes = KubernetesConfig(
-        namespace=NAMESPACE,
-        kubeconfig=str(kube.kubeconfig(tmp_path)),
-        agent_port=port,
-        ready_timeout_s=60,
-    )
-    config = Config(
-        state_dir=tmp_path / "state",
-        engine=EngineConfig(kind="kubernetes"),
-        kubernetes=kubernetes,
-        sandbox=SandboxConfig(user="65532:65532", network=network, tmp_inodes=0),
-    )
-    backend = KubernetesBackend(kubernetes, KubeApi(load_client(kubernetes), NAMESPACE, FAST))
-    return SandboxManager(
-        config,
-        backend,
-        instance_id="inst0001aaaa",
-        image="stockade-sandbox:test",
-        address_of=backend.address_of,
-        host_mounts=False,
-    )
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("kube_ca")]
 
 
 async def _exec(mgr: SandboxManager, key: str, command: str) -> str:
@@ -92,7 +32,7 @@ async def test_a_sandbox_is_a_pod_reached_over_mutual_tls(
 ) -> None:
     sid = sandbox_id("k")
     pod = f"stockade-inst0001-{sid}"
-    first = _manager(kube, tmp_path, port)
+    first = kube_manager(kube, tmp_path, port)
     await first.start()
     try:
         assert await _exec(first, "k", "echo kept > notes.txt && cat notes.txt") == "kept\n"
@@ -119,7 +59,7 @@ async def test_a_sandbox_is_a_pod_reached_over_mutual_tls(
     finally:
         await first.close()
 
-    second = _manager(kube, tmp_path, port)  # a restart: the running pod is adopted
+    second = kube_manager(kube, tmp_path, port)  # a restart: the running pod is adopted
     assert await second.start() == ["k"]
     try:
         assert await _exec(second, "k", "cat notes.txt") == "kept\n"
@@ -136,7 +76,7 @@ async def test_a_sandbox_is_a_pod_reached_over_mutual_tls(
 async def test_destroy_keeps_the_claim_unless_asked(
     kube: KubeMock, kubelet: Kubelet, tmp_path: Path, port: int
 ) -> None:
-    mgr = _manager(kube, tmp_path, port)
+    mgr = kube_manager(kube, tmp_path, port)
     await mgr.start()
     try:
         assert await _exec(mgr, "k", "id -u") == "0\n"  # the test's agent runs as itself
@@ -151,7 +91,7 @@ async def test_a_dead_pod_is_made_again_on_its_claim(
     kube: KubeMock, kubelet: Kubelet, tmp_path: Path, port: int
 ) -> None:
     pod = f"stockade-inst0001-{sandbox_id('k')}"
-    mgr = _manager(kube, tmp_path, port)
+    mgr = kube_manager(kube, tmp_path, port)
     await mgr.start()
     try:
         await _exec(mgr, "k", "echo before > notes.txt")
@@ -172,7 +112,7 @@ async def test_egress_cannot_be_asked_for_without_the_egress_service(
     """A request may narrow an open network to egress; a pod is told the egress Service as
     its proxy, so with none configured (kubernetes.egress_proxy) that is refused before
     anything is made (test_kube_egress.py: with one)."""
-    mgr = _manager(kube, tmp_path, port, network="open")
+    mgr = kube_manager(kube, tmp_path, port, network="open")
     await mgr.start()
     try:
         with pytest.raises(Unsupported, match=r"'egress' on pods needs kubernetes\.egress_proxy"):
@@ -188,7 +128,7 @@ async def test_the_workspace_shown_is_the_claim(
     """Get and List name a pod's workspace by its claim, held or absent: the supervisor's host
     folder of the key holds none of its files."""
     claim = f"pvc://{NAMESPACE}/stockade-ws-{sandbox_id('k')}"
-    mgr = _manager(kube, tmp_path, port)
+    mgr = kube_manager(kube, tmp_path, port)
     await mgr.start()
     try:
         await _exec(mgr, "k", "true")

@@ -12,18 +12,12 @@ import pytest
 from stockade.supervisor.config import Config, SandboxConfig, load_config
 from stockade.supervisor.errors import ConfigError
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.fakes import FakeAgent, FakeBackend
+from tests.unit.fakes import FakeBackend, fake_manager
 
 
 def _manager(tmp_path: Path, backend: FakeBackend) -> SandboxManager:
     sandbox = SandboxConfig(user="1000:1000", secrets={"API_KEY": "sk-unit-123"})
-    return SandboxManager(
-        Config(state_dir=tmp_path, sandbox=sandbox),
-        backend,
-        instance_id="inst0001",
-        image="img",
-        connect=lambda path: FakeAgent(backend, path),  # type: ignore[arg-type,return-value]
-    )
+    return fake_manager(Config(state_dir=tmp_path, sandbox=sandbox), backend)
 
 
 async def test_the_spec_marks_the_secrets_and_the_host_folder_is_the_workspace(

@@ -6,8 +6,6 @@ And what a pod cannot do is refused when the configuration is loaded."""
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,22 +16,10 @@ from stockade.supervisor.cli.doctor import run_checks
 from stockade.supervisor.cli.parsing import command_parser
 from stockade.supervisor.config import load_config
 from stockade.supervisor.errors import ConfigError
-from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock, ca_secret, serving
+from tests.unit.fakes import free_port
+from tests.unit.kube_mock import NAMESPACE, Kubelet, KubeMock
 
-pytestmark = pytest.mark.timeout(240)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture
-def kube() -> Iterator[KubeMock]:
-    with serving() as mock:
-        mock.put("secret", ca_secret())
-        yield mock
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("kube_ca")]
 
 
 def _config(tmp_path: Path, kube: KubeMock, listen: str, agent_port: int) -> Path:
@@ -56,7 +42,7 @@ def _config(tmp_path: Path, kube: KubeMock, listen: str, agent_port: int) -> Pat
 
 
 def test_serve_with_pods(kube: KubeMock, tmp_path: Path) -> None:
-    target, agent_port = f"127.0.0.1:{_free_port()}", _free_port()
+    target, agent_port = f"127.0.0.1:{free_port()}", free_port()
     config = _config(tmp_path, kube, target, agent_port)
     kubelet = Kubelet(kube, tmp_path / "nodes", agent_port)
     log = tmp_path / "serve.log"

@@ -20,7 +20,7 @@ from stockade.supervisor.keys import scope
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from stockade.supervisor.state.postgres import PostgresState
 from tests.pg import PgServer, postgres_server
-from tests.unit.fakes import FakeAgent, FakeBackend
+from tests.unit.fakes import FakeBackend, fake_manager
 
 pytestmark = pytest.mark.timeout(120)
 CREATE_S = 0.3
@@ -66,14 +66,7 @@ def manager(
     sandbox = Config().sandbox.__class__(user="1000:1000", network="none")  # type: ignore[arg-type]
     tenants = {"acme": TenantConfig(max_sandboxes=2)}
     config = Config(state_dir=tmp_path / name, sandbox=sandbox, tenants=tenants)
-    made = SandboxManager(
-        config,
-        backend,  # type: ignore[arg-type]
-        instance_id=name,
-        image="img",
-        connect=lambda path: FakeAgent(backend, path),  # type: ignore[arg-type,return-value]
-        state=state,
-    )
+    made = fake_manager(config, backend, instance_id=name, state=state)
     state.follow(made.held)
     return made
 

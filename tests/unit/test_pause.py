@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
-from stockade.supervisor.config import Config, HousekeepingConfig, SandboxConfig, load_config
+from stockade.supervisor.config import Config, SandboxConfig, load_config
 from stockade.supervisor.engines.backends._common import info_from_inspect, set_paused
 from stockade.supervisor.engines.backends.base import ContainerInfo
 from stockade.supervisor.errors import (
@@ -27,7 +27,7 @@ from stockade.supervisor.fronts.grpc.convert import sandbox_to_pb
 from stockade.supervisor.fronts.grpc.status import status_for
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from stockade.v1 import sandbox_pb2
-from tests.unit.fakes import FakeAgent, FakeBackend, invoke
+from tests.unit.fakes import FakeAgent, FakeBackend, fake_manager, invoke, quiet_housekeeping
 
 Events = list[tuple[str, str, str]]
 
@@ -43,25 +43,10 @@ def manager(
     config = Config(
         state_dir=tmp_path,
         sandbox=SandboxConfig(user="1000:1000", paused_call=paused_call),  # type: ignore[arg-type]
-        housekeeping=HousekeepingConfig(
-            **{"min_free_memory_mb": 0, "min_free_disk_mb": 0, **housekeeping}
-        ),
+        housekeeping=quiet_housekeeping(**housekeeping),
     )
     record = (lambda *event: events.append(event)) if events is not None else None
-    return SandboxManager(
-        config,
-        backend,  # type: ignore[arg-type]
-        instance_id="inst0001",
-        image="img",
-        connect=lambda path: FakeAgent(backend, path),  # type: ignore[arg-type,return-value]
-        record_event=record,
-        silence_s=0.05,
-    )
-
-
-@pytest.fixture
-def backend() -> FakeBackend:
-    return FakeBackend()
+    return fake_manager(config, backend, record_event=record, silence_s=0.05)
 
 
 async def test_pause_freezes_and_resume_thaws_the_same_container(

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from stockade.supervisor.config import Config, HousekeepingConfig, SandboxConfig
+from stockade.supervisor.config import Config, SandboxConfig
 from stockade.supervisor.errors import (
     InvalidRequest,
     NotFound,
@@ -23,7 +23,7 @@ from stockade.supervisor.fronts.grpc.status import status_for
 from stockade.supervisor.observe.alarms import Alarm
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from stockade.supervisor.sandboxes.quarantine import MAX_ALARMS, QUARANTINE
-from tests.unit.fakes import FakeAgent, FakeBackend, invoke
+from tests.unit.fakes import FakeBackend, fake_manager, invoke, quiet_housekeeping
 
 
 def manager(
@@ -32,16 +32,9 @@ def manager(
     config = Config(
         state_dir=tmp_path,
         sandbox=SandboxConfig(user="1000:1000", network=network),  # type: ignore[arg-type]
-        housekeeping=HousekeepingConfig(**{"min_free_memory_mb": 0, "min_free_disk_mb": 0, **hk}),
+        housekeeping=quiet_housekeeping(**hk),
     )
-    return SandboxManager(
-        config,
-        backend,  # type: ignore[arg-type]
-        instance_id="inst0001",
-        image="img",
-        connect=lambda path: FakeAgent(backend, path),  # type: ignore[arg-type,return-value]
-        silence_s=0.05,
-    )
+    return fake_manager(config, backend, silence_s=0.05)
 
 
 def alarm(key: str = "k", detail: str = "guard rule no-curl matched") -> Alarm:

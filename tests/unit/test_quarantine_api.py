@@ -24,42 +24,21 @@ from stockade.supervisor.app import build_policy
 from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.cli.main import main
 from stockade.supervisor.cli.parsing import parse
-from stockade.supervisor.config import load_config
 from stockade.supervisor.fronts.grpc.server import Server
-from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.fakes import FakeAgent, FakeBackend
+from tests.unit.fakes import FakeBackend, fake_manager, served_config
 
 TOKEN_A, TOKEN_B = "a" * 32, "b" * 32
 
 
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[tuple[Server, FakeBackend, str]]:
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"{TOKEN_A} acme\n{TOKEN_B} other\n")
-    tokens.chmod(0o600)
-    config = load_config(
-        None,
-        {
-            "state_dir": str(tmp_path / "state"),
-            "listen": "127.0.0.1:0",
-            "auth.tokens_file": str(tokens),
-            "sandbox.user": "1000:1000",
-            "housekeeping.min_free_memory_mb": 0,
-            "housekeeping.min_free_disk_mb": 0,
-            "guard.rules": [
-                {"name": "no-exfil", "pattern": r"^exfil\b", "action": "quarantine"},
-                {"name": "no-telnet", "pattern": r"^telnet\b"},
-            ],
-        },
-    )
+    rules = [
+        {"name": "no-exfil", "pattern": r"^exfil\b", "action": "quarantine"},
+        {"name": "no-telnet", "pattern": r"^telnet\b"},
+    ]
+    config = served_config(tmp_path, f"{TOKEN_A} acme\n{TOKEN_B} other\n", **{"guard.rules": rules})
     backend = FakeBackend()
-    manager = SandboxManager(
-        config,
-        backend,  # type: ignore[arg-type]
-        instance_id="inst0001",
-        image="img",
-        connect=lambda path: FakeAgent(backend, path),  # type: ignore[arg-type,return-value]
-    )
+    manager = fake_manager(config, backend)
     await manager.start()
     policy = build_policy(config)
     server = Server(config, manager, policy, Authenticator(config.auth))

@@ -20,28 +20,16 @@ from stockade.supervisor.errors import (
 )
 from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.fakes import FakeAgent, FakeBackend, invoke
+from tests.unit.fakes import FakeBackend, fake_manager, invoke
 
 UID = os.getuid()
-
-
-@pytest.fixture
-def backend() -> FakeBackend:
-    return FakeBackend()
 
 
 def manager(
     tmp_path: Path, backend: FakeBackend, instance: str = "inst0001", network: str = "none"
 ) -> SandboxManager:
     sandbox = Config().sandbox.__class__(user="1000:1000", network=network)  # type: ignore[arg-type]
-    config = Config(state_dir=tmp_path, sandbox=sandbox)
-    return SandboxManager(
-        config,
-        backend,  # type: ignore[arg-type]
-        instance_id=instance,
-        image="img",
-        connect=lambda path: FakeAgent(backend, path),  # type: ignore[arg-type,return-value]
-    )
+    return fake_manager(Config(state_dir=tmp_path, sandbox=sandbox), backend, instance_id=instance)
 
 
 async def test_concurrent_first_calls_create_one_container(
@@ -310,14 +298,7 @@ class SpecBackend(FakeBackend):
 
 def spec_manager(tmp_path: Path, backend: SpecBackend, host_mounts: bool) -> SandboxManager:
     config = Config(state_dir=tmp_path, sandbox=SandboxConfig(runtime="runc"))
-    return SandboxManager(
-        config,
-        backend,  # type: ignore[arg-type]
-        instance_id="inst0001",
-        image="img",
-        connect=lambda path: FakeAgent(backend, path),  # type: ignore[arg-type,return-value]
-        host_mounts=host_mounts,
-    )
+    return fake_manager(config, backend, host_mounts=host_mounts)
 
 
 async def test_an_engine_with_tmpfs_inodes_caps_tmp_itself(tmp_path: Path) -> None:

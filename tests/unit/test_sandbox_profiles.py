@@ -13,7 +13,7 @@ import pytest
 from stockade.supervisor.config import Config, ProfileConfig, load_config
 from stockade.supervisor.errors import ConfigError, NotFound, QuotaExceeded
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.fakes import FakeAgent, FakeBackend
+from tests.unit.fakes import FakeBackend, fake_manager
 
 PROFILES = {
     "big": ProfileConfig(cpus=4.0, memory_mb=4096, description="for builds"),
@@ -24,13 +24,7 @@ PROFILES = {
 def manager(tmp_path: Path, backend: FakeBackend, **config: object) -> SandboxManager:
     sandbox = Config().sandbox.__class__(user="1000:1000", network="none", memory_mb=512)  # type: ignore[arg-type]
     cfg = Config(state_dir=tmp_path, sandbox=sandbox, profiles=PROFILES, **config)  # type: ignore[arg-type]
-    return SandboxManager(
-        cfg,
-        backend,  # type: ignore[arg-type]
-        instance_id="inst0001",
-        image="img",
-        connect=lambda path: FakeAgent(backend, path),  # type: ignore[arg-type,return-value]
-    )
+    return fake_manager(cfg, backend)
 
 
 def made(backend: FakeBackend, container_id: str) -> tuple[str, float, int, str]:

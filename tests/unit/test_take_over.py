@@ -22,7 +22,7 @@ from stockade.supervisor.errors import HostExhausted, SandboxNotFound
 from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.sandboxes.layout import Paths
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.fakes import FakeAgent, FakeBackend
+from tests.unit.fakes import FakeBackend, fake_manager
 
 
 def replica(state: Path, backend: FakeBackend, network: str = "open") -> SandboxManager:
@@ -38,14 +38,7 @@ def replica(state: Path, backend: FakeBackend, network: str = "open") -> Sandbox
     def address_of(info: ContainerInfo, paths: Paths) -> AgentAddress:
         return UnixAddress(Path(backend.run_dirs[info.id]) / "agent.sock")
 
-    return SandboxManager(
-        config,
-        backend,  # type: ignore[arg-type]
-        instance_id="inst0001",
-        image="img",
-        address_of=address_of,
-        connect=lambda address: FakeAgent(backend, address),  # type: ignore[arg-type,return-value]
-    )
+    return fake_manager(config, backend, address_of=address_of)
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from stockade.supervisor.errors import ConfigError
 from stockade.supervisor.keys import sandbox_id
 from stockade.supervisor.sandboxes.hostfs import chown_tree, remove_tree
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.fakes import FakeAgent, FakeBackend
+from tests.unit.fakes import FakeAgent, FakeBackend, fake_manager
 
 AUTO = (IdRange(0, 2147483647, 65536),)
 
@@ -210,13 +210,7 @@ def manager(tmp_path: Path, backend: FakeBackend, *, userns: bool = False) -> Sa
     config = Config(
         state_dir=tmp_path, sandbox=SandboxConfig(user="1000:1000", user_namespace=userns)
     )
-    return SandboxManager(
-        config,
-        backend,  # type: ignore[arg-type]
-        instance_id="inst0001",
-        image="img",
-        connect=lambda path: FakeAgent(backend, path),  # type: ignore[arg-type,return-value]
-    )
+    return fake_manager(config, backend)
 
 
 async def test_the_workspace_is_handed_to_the_mapped_ids_and_again_when_they_change(
@@ -324,10 +318,9 @@ async def test_unset_user_namespace_off_says_so_at_start(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = Config(state_dir=tmp_path)  # the defaults: 65532:65532, user_namespace unset
-    mgr = SandboxManager(
-        config, FakeBackend(), instance_id="inst0001", image="img",  # type: ignore[arg-type]
-        connect=lambda path: FakeAgent(FakeBackend(), path),  # type: ignore[arg-type,return-value]
-    )  # fmt: skip
+    mgr = fake_manager(
+        config, FakeBackend(), connect=lambda address: FakeAgent(FakeBackend(), address)
+    )
     with caplog.at_level("WARNING"):
         await mgr.start()
     assert "sandboxes run without a user namespace (fake has user namespaces only" in caplog.text
@@ -340,10 +333,7 @@ async def test_a_workspace_of_an_earlier_default_user_is_handed_over(tmp_path: P
     owner tells whose files to hand to the configured user; root's files stay root's."""
     backend = FakeBackend()
     config = Config(state_dir=tmp_path, sandbox=SandboxConfig(user_namespace=False))
-    mgr = SandboxManager(
-        config, backend, instance_id="inst0001", image="img",  # type: ignore[arg-type]
-        connect=lambda path: FakeAgent(backend, path),  # type: ignore[arg-type,return-value]
-    )  # fmt: skip
+    mgr = fake_manager(config, backend)
     await mgr.start()
     root = tmp_path / "sandboxes" / sandbox_id("old")
     workspace = root / "workspace"

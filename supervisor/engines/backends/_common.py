@@ -1,4 +1,5 @@
-"""Pieces both SDK backends share: reading inspect data."""
+"""Pieces both SDK backends share: reading inspect data, and HostFolderWorkspaces (the
+workspace methods of a host kind whose workspace is the sandbox's host folder)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,25 @@ from stockade.supervisor.engines.backends.base import (
     EngineView,
 )
 from stockade.supervisor.engines.userns import IDENTITY, IdMaps, is_identity, parse_engine_map
-from stockade.supervisor.errors import EngineUnavailable
+from stockade.supervisor.errors import EngineUnavailable, Unsupported
+
+
+class HostFolderWorkspaces:
+    """ContainerBackend's workspace methods for a host kind whose workspace is the sandbox's
+    host folder (Docker, Podman): the manager names and deletes it; the engine keeps none and
+    cannot relabel a container."""
+
+    def remove_workspace(self, sandbox_id: str) -> bool:
+        return False  # the workspace is the sandbox's host folder: the manager deletes it
+
+    def workspace_of(self, sandbox_id: str) -> str | None:
+        return None  # the sandbox's host folder: the manager names it
+
+    def relabel(self, name_or_id: str, labels: Mapping[str, str | None]) -> ContainerInfo | None:
+        raise Unsupported("a container's labels are fixed at creation (the warm pool's are too)")
+
+    def has_workspace(self, sandbox_id: str) -> bool:
+        return False  # the workspace is the sandbox's host folder
 
 
 def parse_time(value: Any) -> datetime | None:

@@ -13,6 +13,7 @@ import docker.types
 import requests
 
 from stockade.supervisor.engines.backends._common import (
+    HostFolderWorkspaces,
     bare_id,
     debian_package_version,
     info_from_inspect,
@@ -38,12 +39,12 @@ from stockade.supervisor.engines.userns import (
     docker_remap,
     read_host_file,
 )
-from stockade.supervisor.errors import ConfigError, EngineUnavailable, Unsupported
+from stockade.supervisor.errors import ConfigError, EngineUnavailable
 
 _ENGINE_ERRORS = (docker.errors.DockerException, requests.RequestException)
 
 
-class DockerBackend:
+class DockerBackend(HostFolderWorkspaces):
     engine = "docker"
     tmpfs_inodes = True
     remote = False
@@ -162,18 +163,6 @@ class DockerBackend:
         except _ENGINE_ERRORS as exc:
             raise EngineUnavailable(f"Docker: cannot remove {name_or_id}: {exc}") from exc
         return True
-
-    def remove_workspace(self, sandbox_id: str) -> bool:
-        return False  # the workspace is the sandbox's host folder: the manager deletes it
-
-    def workspace_of(self, sandbox_id: str) -> str | None:
-        return None  # the sandbox's host folder: the manager names it
-
-    def relabel(self, name_or_id: str, labels: Mapping[str, str | None]) -> ContainerInfo | None:
-        raise Unsupported("a container's labels are fixed at creation (the warm pool's are too)")
-
-    def has_workspace(self, sandbox_id: str) -> bool:
-        return False  # the workspace is the sandbox's host folder
 
     def pause(self, name_or_id: str) -> bool:
         return set_paused(self.inspect, self._client.api.pause, _ENGINE_ERRORS, name_or_id, True)

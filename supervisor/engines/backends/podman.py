@@ -12,6 +12,7 @@ import podman.errors
 import requests
 
 from stockade.supervisor.engines.backends._common import (
+    HostFolderWorkspaces,
     bare_id,
     debian_package_version,
     id_maps,
@@ -39,7 +40,7 @@ from stockade.supervisor.engines.userns import (
     check_podman_subids,
     read_host_file,
 )
-from stockade.supervisor.errors import ConfigError, EngineUnavailable, Unsupported
+from stockade.supervisor.errors import ConfigError, EngineUnavailable
 
 _ENGINE_ERRORS = (podman.errors.PodmanError, requests.RequestException)
 DEFAULT_NETWORK = "podman"
@@ -54,7 +55,7 @@ _INSPECT_TRIES = 5
 CPU_PERIOD_US = 100_000
 
 
-class PodmanBackend:
+class PodmanBackend(HostFolderWorkspaces):
     engine = "podman"
     tmpfs_inodes = False
     remote = False
@@ -182,18 +183,6 @@ class PodmanBackend:
                     raise EngineUnavailable(f"Podman: cannot remove {name_or_id}: {exc}") from exc
             time.sleep(0.2 * attempt)
             attempt += 1
-
-    def remove_workspace(self, sandbox_id: str) -> bool:
-        return False  # the workspace is the sandbox's host folder: the manager deletes it
-
-    def workspace_of(self, sandbox_id: str) -> str | None:
-        return None  # the sandbox's host folder: the manager names it
-
-    def relabel(self, name_or_id: str, labels: Mapping[str, str | None]) -> ContainerInfo | None:
-        raise Unsupported("a container's labels are fixed at creation (the warm pool's are too)")
-
-    def has_workspace(self, sandbox_id: str) -> bool:
-        return False  # the workspace is the sandbox's host folder
 
     def pause(self, name_or_id: str) -> bool:
         return set_paused(
