@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stockade.supervisor.config.values import check_loopback
 from stockade.supervisor.errors import ConfigError
 from stockade.supervisor.keys import validate_tenant
 
@@ -32,10 +33,8 @@ class ConsoleConfig:
 
 
 def check_console(console: ConsoleConfig) -> None:
-    from stockade.supervisor.config.checks import _check_loopback
-
     if console.listen:
-        _check_loopback(console.listen, "console.listen", "console")
+        check_loopback(console.listen, "console.listen", "console")
     for name in console.operators:
         try:
             validate_tenant(name)
