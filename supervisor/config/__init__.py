@@ -2,12 +2,13 @@
 
 The sections are frozen dataclasses (sandbox.py: the containers; policy.py: the tool
 policy; service.py: auth, audit, files, observability, mcp, e2b), root.py holds the whole Config
-and calls the checks as it is made (checks.py: one section each; values.py: the single values
-they share), loading.py reads it. Inside the package imports run one way: values.py, then the
-section modules, then checks.py, then root.py, then loading.py. Every name is importable from
+and runs the checks as it is made (checks.py: one section's each, and the single values they
+share), loading.py reads it. Inside the package imports run one way: the section modules, then
+checks.py, then root.py, then loading.py. Every name is importable from
 here. An unknown key anywhere in the file is an error at load time, never a silent pass.
 """
 
+from stockade.supervisor.config.checks import check_seconds, split_host_port
 from stockade.supervisor.config.console import ConsoleConfig
 from stockade.supervisor.config.honey import HoneytokensConfig
 from stockade.supervisor.config.loading import _build, load_config
@@ -48,7 +49,6 @@ from stockade.supervisor.config.service import (
     SnapshotsConfig,
     TenantConfig,
 )
-from stockade.supervisor.config.values import check_seconds, split_host_port
 
 __all__ = [
     "AGENT_UID",

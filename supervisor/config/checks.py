@@ -1,8 +1,11 @@
 """Checks of one section of the Config each, as it is made: what the types cannot say
 (ranges, formats, one setting of a section against another). A value that would make a check
-fail open (NaN, infinity) is refused here, at load. root.py calls these (and the checks that
-read more than one section); this module imports the section modules and values.py, never
-root.py."""
+fail open (NaN, infinity) is refused here, at load. Also the checks of single values that
+sections and fronts share (a number of seconds, host:port, a loopback address).
+
+root.py calls these (and runs the checks that read more than one section). This module
+imports the section modules, never root.py; no section module imports it (honey.py,
+quarantine.py and secrets.py keep their own checks, which need nothing of it)."""
 
 from __future__ import annotations
 
@@ -14,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stockade.supervisor.config.allowlist import AllowlistError, check_pattern
+from stockade.supervisor.config.console import MAX_SESSION_S, ConsoleConfig
 from stockade.supervisor.config.sandbox import AGENT_UID, KubernetesConfig, ProfileConfig
 from stockade.supervisor.config.service import SNAPSHOT_OPERATIONS
-from stockade.supervisor.config.values import MAX_SECONDS, check_loopback, split_host_port
 from stockade.supervisor.errors import ConfigError, InvalidRequest
 from stockade.supervisor.keys import validate_key, validate_tenant
 
@@ -43,6 +46,39 @@ MAX_WARM_POOL = 64
 MAX_AUDIT_DAYS = 36500.0
 MAX_AUDIT_MB = 1 << 24
 """16 TiB: more is a mistake (SQLite's own limit is near 281 TB)."""
+MAX_SECONDS = 10 * 365 * 86400.0
+"""Longest timer accepted (ten years): beyond it a value is a mistake, and an infinite or
+NaN one would never compare as intended."""
+
+
+def check_seconds(name: str, value: float) -> None:
+    """A positive, finite number (of seconds, or per second) up to MAX_SECONDS."""
+    if not math.isfinite(value) or value > MAX_SECONDS:
+        raise ConfigError(f"{name} must be a finite number up to {MAX_SECONDS:.0f}, got {value}")
+
+
+def split_host_port(value: str, name: str) -> tuple[str, int]:
+    """("127.0.0.1", 9464) from "127.0.0.1:9464" ("[::1]:9464" for IPv6)."""
+    host, sep, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{name} must be host:port, got {value!r}")
+    return host, int(port)
+
+
+def check_loopback(listen: str, name: str, front: str) -> None:
+    """A plain-HTTP front listens on a loopback address only: bearer tokens must not cross
+    a network in clear text."""
+    host, _port = split_host_port(listen, name)
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ConfigError(
+            f"{name} must be a loopback address (127.0.0.1, [::1] or localhost): the "
+            f"{front} front speaks plain HTTP, got {listen!r}"
+        )
 
 
 DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
@@ -362,3 +398,22 @@ def check_e2b(e2b: E2bConfig) -> None:
     sweep = e2b.sweep_interval_s
     if not (math.isfinite(sweep) and 0 < sweep <= 3600):
         raise ConfigError(f"e2b.sweep_interval_s must be in (0, 3600], got {sweep}")
+
+
+def check_console(console: ConsoleConfig) -> None:
+    """The console: plain HTTP, so on a loopback address only; operators that are tenant
+    names; a session and a refresh period in range."""
+    if console.listen:
+        check_loopback(console.listen, "console.listen", "console")
+    for name in console.operators:
+        try:
+            validate_tenant(name)
+        except Exception as exc:
+            raise ConfigError(f"console.operators: {exc}") from None
+    if not 60 <= console.session_ttl_s <= MAX_SESSION_S:
+        raise ConfigError(
+            f"console.session_ttl_s must be between 60 and {MAX_SESSION_S:.0f}, "
+            f"got {console.session_ttl_s}"
+        )
+    if not 0.2 <= console.refresh_s <= 60:
+        raise ConfigError(f"console.refresh_s must be between 0.2 and 60, got {console.refresh_s}")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.supervisor.config import checks
-from stockade.supervisor.config.console import ConsoleConfig, check_console
+from stockade.supervisor.config.console import ConsoleConfig
 from stockade.supervisor.config.honey import HoneytokensConfig, check_honeytokens
 from stockade.supervisor.config.policy import (
     AgentConfig,
@@ -48,7 +48,6 @@ from stockade.supervisor.config.service import (
     StateConfig,
     TenantConfig,
 )
-from stockade.supervisor.config.values import check_seconds
 from stockade.supervisor.errors import ConfigError
 
 
@@ -165,7 +164,7 @@ def _check(cfg: Config) -> None:
     checks.check_auth(cfg.auth, cfg.tenants)
     checks.check_mcp(cfg.mcp)
     checks.check_e2b(cfg.e2b)
-    check_console(cfg.console)
+    checks.check_console(cfg.console)
     checks.check_snapshots(cfg.snapshots)
     check_quarantine(cfg.quarantine)
     if cfg.engine.kind not in ENGINE_KINDS:
@@ -240,7 +239,7 @@ def _check_policy(cfg: Config) -> None:
     fail open (a NaN rate never runs out of tokens), and ids that could never match a call."""
     if not math.isfinite(cfg.limits.rate_per_s):  # any finite rate; 1e9 means "no limit"
         raise ConfigError(f"limits.rate_per_s must be a finite number, got {cfg.limits.rate_per_s}")
-    check_seconds("approvals.timeout_s", cfg.approvals.timeout_s)
+    checks.check_seconds("approvals.timeout_s", cfg.approvals.timeout_s)
     if cfg.subagents.max_depth < 1:
         raise ConfigError(f"subagents.max_depth must be at least 1, got {cfg.subagents.max_depth}")
     tables: dict[str, Mapping[str, Any]] = {

@@ -236,7 +236,7 @@ SQLite, left to choose, read the tool's index for `--key --tool --errors`: 31 ms
 
 def query_sql(q: AuditQuery, postgres: bool = False) -> tuple[str, tuple[object, ...]]:
     """The SELECT of a query, newest first. Ordered by time (then id) so that the index of
-    the query's filter (audit_schema.INDEXES) gives the rows in order: no sort, and a read
+    the query's filter (database.AUDIT_INDEXES) gives the rows in order: no sort, and a read
     that stops at the limit, however many records match. `postgres`: PostgreSQL's
     placeholders, and its planner picks the index (there is no INDEXED BY)."""
     mark = "%s" if postgres else "?"

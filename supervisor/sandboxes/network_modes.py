@@ -16,7 +16,7 @@ from pathlib import Path
 
 from stockade.supervisor.config import NETWORK_MODES, Config
 from stockade.supervisor.config.allowlist import Allowlist, AllowlistError
-from stockade.supervisor.config.values import split_host_port
+from stockade.supervisor.config.checks import split_host_port
 from stockade.supervisor.engines.backends.base import (
     LABEL_KEY,
     LABEL_NETWORK,

@@ -6,15 +6,20 @@ CREATE ... IF NOT EXISTS is not safe against a concurrent one).
 A sandbox key is stored as its tenant and the caller's key, in two columns: the scoped key
 (keys.scope) joins them with a NUL, which a PostgreSQL TEXT cannot hold.
 
-The audit table is audit_schema.py's, rendered for PostgreSQL: the one definition the SQLite
-audit log (database.py) renders too. A column added there is added here to a table made
-before it (ALTER TABLE, in the migration's transaction)."""
+The audit table is database.py's (AUDIT_COLUMNS, AUDIT_INDEXES), rendered for PostgreSQL:
+the one definition the SQLite audit log renders too. A column added there is added here to a
+table made before it (ALTER TABLE, in the migration's transaction)."""
 
 from __future__ import annotations
 
 import psycopg
 
-from stockade.supervisor import audit_schema
+from stockade.supervisor.database import (
+    AUDIT_COLUMNS,
+    add_audit_column,
+    create_audit_indexes,
+    create_audit_table,
+)
 
 MIGRATION_LOCK = 0x53544B_4D494752  # "STK" "MIGR": one fixed advisory lock id for migrations
 VERSION = 1
@@ -23,7 +28,7 @@ supervisor would not know its tables)."""
 
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS stockade_schema (version INTEGER NOT NULL);\n"
-    + audit_schema.create_table("postgresql")
+    + create_audit_table("postgresql")
     + """CREATE TABLE IF NOT EXISTS approved (
     tenant TEXT NOT NULL,
     command TEXT NOT NULL,
@@ -65,14 +70,13 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 );
 """
 )
-"""Every table, the audit table rendered from audit_schema.py (the same definition as the
-SQLite audit log's)."""
+"""Every table, the audit table rendered from database.py's definition (the same as the SQLite
+audit log's)."""
 INDEXES = (
-    audit_schema.create_indexes()
-    + "CREATE INDEX IF NOT EXISTS sandboxes_tenant ON sandboxes (tenant);\n"
+    create_audit_indexes() + "CREATE INDEX IF NOT EXISTS sandboxes_tenant ON sandboxes (tenant);\n"
 )
 """Made once every table has every column (an index may name a column a migration adds)."""
-AUDIT_COLUMNS = (
+PRESENT_COLUMNS = (
     "SELECT column_name FROM information_schema.columns "
     "WHERE table_schema = current_schema() AND table_name = 'audit'"
 )
@@ -88,10 +92,10 @@ def migrate(db: psycopg.Connection[tuple[object, ...]]) -> None:
     with db.transaction():
         db.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
         db.execute(SCHEMA)
-        have = {str(row[0]) for row in db.execute(AUDIT_COLUMNS).fetchall()}
-        for column in audit_schema.COLUMNS:
+        have = {str(row[0]) for row in db.execute(PRESENT_COLUMNS).fetchall()}
+        for column in AUDIT_COLUMNS:
             if column.name not in have:  # a table made before the column was
-                db.execute(audit_schema.add_column(column, "postgresql"))
+                db.execute(add_audit_column(column, "postgresql"))
         db.execute(INDEXES)
         row = db.execute("SELECT max(version) FROM stockade_schema").fetchone()
         found = row[0] if row else None

@@ -1,4 +1,4 @@
-"""The audit table, defined once (supervisor/audit_schema.py): SQLite's table (database.py)
+"""The audit table, defined once (supervisor/database.py): SQLite's table (database.py)
 and PostgreSQL's (state/pg_schema.py) have the same columns in the same order, with the same
 indexes, and they are an audit record's fields. A real SQLite file; PostgreSQL's rendered DDL
 (test_state_postgres.py checks a real server's table against the same list)."""
@@ -10,11 +10,11 @@ import re
 import sqlite3
 from pathlib import Path
 
-from stockade.supervisor import audit_schema, database
+from stockade.supervisor import database
 from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.state import pg_schema
 
-NAMES = [column.name for column in audit_schema.COLUMNS]
+NAMES = [column.name for column in database.AUDIT_COLUMNS]
 OLDEST = """
 CREATE TABLE audit (
     id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, request_id TEXT NOT NULL,
@@ -65,7 +65,7 @@ def test_both_dialects_have_the_same_audit_columns(tmp_path: Path) -> None:
 
 
 def test_both_dialects_have_the_same_audit_indexes(tmp_path: Path) -> None:
-    names = {index.name for index in audit_schema.INDEXES}
+    names = {index.name for index in database.AUDIT_INDEXES}
     assert sqlite_indexes(tmp_path / "stockade.db") == names
     assert postgres_indexes() == names
 
@@ -89,6 +89,6 @@ def test_a_first_version_file_gets_the_same_table_as_a_new_one(tmp_path: Path) -
 def test_every_column_an_older_table_lacks_has_a_default() -> None:
     """A NOT NULL column can only be added to a table with rows when it has a default."""
     first = re.findall(r"(\w+) (?:INTEGER|REAL|TEXT)", OLDEST)
-    later = [column for column in audit_schema.COLUMNS if column.name not in first]
+    later = [column for column in database.AUDIT_COLUMNS if column.name not in first]
     assert [column.name for column in later] == ["tenant", "front"]
     assert all(column.default for column in later)
