@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Prepare this machine for Stockade (Debian 12; see DESIGN.md, "Set-up on a machine
-# like ours"). Idempotent: a second run only checks, and is quick.
+# Prepare this machine for Stockade (Debian 12; see docs/operations.md, "Set-up", and the
+# README's "Two commands"). Idempotent: a second run only checks, and is quick.
 #
 #   scripts/setup.sh run    what `make run` needs: one usable engine (installs Podman
 #                           if neither Podman nor Docker works), .venv, the sandbox image
@@ -53,7 +53,7 @@ configure_podman() {
     have podman || return 0
     local want
     want=$(cat <<'EOF'
-# Written by Stockade's scripts/setup.sh; see DESIGN.md, "Set-up on a machine like ours".
+# Written by Stockade's scripts/setup.sh; see docs/operations.md, "Set-up".
 [containers]
 default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
 

@@ -1,8 +1,10 @@
 """Supervisor configuration: loaded once (file, then environment, then flags), then frozen.
 
 The sections are frozen dataclasses (sandbox.py: the containers; policy.py: the tool
-policy; service.py: auth, audit, files, observability, mcp, e2b), root.py holds the whole Config,
-checks.py validates it as it is made, loading.py reads it. Every name is importable from
+policy; service.py: auth, audit, files, observability, mcp, e2b), root.py holds the whole Config
+and runs the checks as it is made (checks.py: one section's each, and the single values they
+share), loading.py reads it. Inside the package imports run one way: the section modules, then
+checks.py, then root.py, then loading.py. Every name is importable from
 here. An unknown key anywhere in the file is an error at load time, never a silent pass.
 """
 

@@ -1,6 +1,11 @@
-"""Validation of a Config as it is made: what the types cannot say (ranges, formats, one
-setting against another). A value that would make a check fail open (NaN, infinity) is
-refused here, at load."""
+"""Checks of one section of the Config each, as it is made: what the types cannot say
+(ranges, formats, one setting of a section against another). A value that would make a check
+fail open (NaN, infinity) is refused here, at load. Also the checks of single values that
+sections and fronts share (a number of seconds, host:port, a loopback address).
+
+root.py calls these (and runs the checks that read more than one section). This module
+imports the section modules, never root.py; no section module imports it (honey.py,
+quarantine.py and secrets.py keep their own checks, which need nothing of it)."""
 
 from __future__ import annotations
 
@@ -9,20 +14,11 @@ import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from stockade.supervisor.config.allowlist import AllowlistError, check_pattern
-from stockade.supervisor.config.console import check_console
-from stockade.supervisor.config.honey import check_honeytokens
-from stockade.supervisor.config.quarantine import check_quarantine
-from stockade.supervisor.config.sandbox import (
-    AGENT_UID,
-    ENGINE_KINDS,
-    MIN_WORKSPACE_MB,
-    KubernetesConfig,
-    ProfileConfig,
-)
-from stockade.supervisor.config.secrets import check_secrets
+from stockade.supervisor.config.console import MAX_SESSION_S, ConsoleConfig
+from stockade.supervisor.config.sandbox import AGENT_UID, KubernetesConfig, ProfileConfig
 from stockade.supervisor.config.service import SNAPSHOT_OPERATIONS
 from stockade.supervisor.errors import ConfigError, InvalidRequest
 from stockade.supervisor.keys import validate_key, validate_tenant
@@ -30,7 +26,6 @@ from stockade.supervisor.keys import validate_key, validate_tenant
 INTERCEPT_MODES = ("brokered", "all")
 
 if TYPE_CHECKING:
-    from stockade.supervisor.config.root import Config
     from stockade.supervisor.config.sandbox import HousekeepingConfig, NetworkConfig
     from stockade.supervisor.config.service import (
         AuditConfig,
@@ -48,90 +43,42 @@ RUNTIME_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
 MAX_ID = 0xFFFFFFFE
 USER_IDS = re.compile(r"[0-9]{1,10}(:[0-9]{1,10})?", re.ASCII)
 MAX_WARM_POOL = 64
-MAX_SECONDS = 10 * 365 * 86400.0
-"""Longest timer accepted (ten years): beyond it a value is a mistake, and an infinite or
-NaN one would never compare as intended."""
 MAX_AUDIT_DAYS = 36500.0
 MAX_AUDIT_MB = 1 << 24
 """16 TiB: more is a mistake (SQLite's own limit is near 281 TB)."""
+MAX_SECONDS = 10 * 365 * 86400.0
+"""Longest timer accepted (ten years): beyond it a value is a mistake, and an infinite or
+NaN one would never compare as intended."""
 
 
-def check(cfg: Config) -> None:
-    """Every check of the whole configuration; ConfigError naming the first problem."""
-    positive = {
-        "sandbox.memory_mb": cfg.sandbox.memory_mb,
-        "sandbox.cpus": cfg.sandbox.cpus,
-        "sandbox.pids": cfg.sandbox.pids,
-        "sandbox.nofile": cfg.sandbox.nofile,
-        "sandbox.nproc": cfg.sandbox.nproc,
-        "sandbox.tmp_size_mb": cfg.sandbox.tmp_size_mb,
-        "tools.exec_default_timeout_s": cfg.tools.exec_default_timeout_s,
-        "tools.max_output_bytes": cfg.tools.max_output_bytes,
-        "tools.llm_max_bytes": cfg.tools.llm_max_bytes,
-        "tools.max_processes": cfg.tools.max_processes,
-        "tools.process_log_bytes": cfg.tools.process_log_bytes,
-        "max_request_bytes": cfg.max_request_bytes,
-        "limits.rate_per_s": cfg.limits.rate_per_s,
-        "limits.burst": cfg.limits.burst,
-        "limits.max_concurrent": cfg.limits.max_concurrent,
-        "approvals.timeout_s": cfg.approvals.timeout_s,
-        "tools.user_max_bytes": cfg.tools.user_max_bytes,
-        "audit.max_arguments_bytes": cfg.audit.max_arguments_bytes,
-    }
-    for name, value in positive.items():
-        if value <= 0:
-            raise ConfigError(f"{name} must be positive, got {value}")
-    for name, value in {
-        "sandbox.tmp_inodes": cfg.sandbox.tmp_inodes,
-        "sandbox.workspace_size_mb": cfg.sandbox.workspace_size_mb,
-        "sandbox.max_file_size_mb": cfg.sandbox.max_file_size_mb,
-    }.items():
-        if value < 0:
-            raise ConfigError(f"{name} must not be negative (0: no limit), got {value}")
-    if 0 < cfg.sandbox.workspace_size_mb < MIN_WORKSPACE_MB:
+def check_seconds(name: str, value: float) -> None:
+    """A positive, finite number (of seconds, or per second) up to MAX_SECONDS."""
+    if not math.isfinite(value) or value > MAX_SECONDS:
+        raise ConfigError(f"{name} must be a finite number up to {MAX_SECONDS:.0f}, got {value}")
+
+
+def split_host_port(value: str, name: str) -> tuple[str, int]:
+    """("127.0.0.1", 9464) from "127.0.0.1:9464" ("[::1]:9464" for IPv6)."""
+    host, sep, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{name} must be host:port, got {value!r}")
+    return host, int(port)
+
+
+def check_loopback(listen: str, name: str, front: str) -> None:
+    """A plain-HTTP front listens on a loopback address only: bearer tokens must not cross
+    a network in clear text."""
+    host, _port = split_host_port(listen, name)
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
         raise ConfigError(
-            f"sandbox.workspace_size_mb must be 0 (no cap) or at least {MIN_WORKSPACE_MB}, "
-            f"got {cfg.sandbox.workspace_size_mb}"
+            f"{name} must be a loopback address (127.0.0.1, [::1] or localhost): the "
+            f"{front} front speaks plain HTTP, got {listen!r}"
         )
-    if cfg.limits.max_queued < 0:
-        raise ConfigError("limits.max_queued must not be negative")
-    if cfg.tools.exec_default_timeout_s > cfg.tools.exec_max_timeout_s:
-        raise ConfigError("tools.exec_default_timeout_s exceeds tools.exec_max_timeout_s")
-    _check_runtime(cfg.sandbox.runtime)
-    _check_user(cfg.sandbox.user)
-    _check_profiles(cfg.profiles)
-    _check_network(cfg.network)
-    _check_policy(cfg)
-    _check_housekeeping(cfg.housekeeping)
-    _check_audit(cfg.audit)
-    _check_observability(cfg.observability)
-    _check_auth(cfg.auth, cfg.tenants)
-    _check_mcp(cfg.mcp)
-    _check_e2b(cfg.e2b)
-    check_console(cfg.console)
-    _check_snapshots(cfg.snapshots)
-    check_quarantine(cfg.quarantine)
-    if cfg.engine.kind not in ENGINE_KINDS:
-        raise ConfigError(
-            f"engine.kind must be one of {', '.join(ENGINE_KINDS)}, got {cfg.engine.kind!r}"
-        )
-    _check_kubernetes(cfg.kubernetes)
-    if cfg.engine.kind == "kubernetes":
-        _check_pods(cfg)
-    _check_state(cfg.state)
-    check_honeytokens(cfg)
-    placeholders = {s.sandbox_env for s in cfg.secrets.values() if s.sandbox_env}
-    if cfg.honeytokens.enabled and cfg.honeytokens.env_var in placeholders:
-        raise ConfigError(
-            f"honeytokens.env_var {cfg.honeytokens.env_var!r} is the sandbox_env of a brokered "
-            "secret ([secrets.NAME]): one variable cannot hold a decoy and a placeholder"
-        )
-    check_secrets(
-        cfg.secrets,
-        network_mode=cfg.sandbox.network,
-        profiles=cfg.profiles,
-        sandbox_env=cfg.sandbox.secrets,
-    )
 
 
 DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
@@ -146,7 +93,7 @@ PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 STATE_SCHEMES = ("postgresql://", "postgres://")
 
 
-def _check_kubernetes(kube: KubernetesConfig) -> None:
+def check_kubernetes(kube: KubernetesConfig) -> None:
     if not DNS_LABEL.fullmatch(kube.namespace):
         raise ConfigError(
             f"kubernetes.namespace must be a DNS label (a-z, 0-9, '-'; at most 63), "
@@ -211,46 +158,7 @@ def _check_kubernetes(kube: KubernetesConfig) -> None:
         )
 
 
-def _check_pods(cfg: Config) -> None:
-    """What sandboxes as pods cannot do (yet): each is a feature of this host."""
-    refused = {
-        'housekeeping.idle_action = "pause"': (
-            cfg.housekeeping.idle_action == "pause",
-            "a pod cannot be frozen through the Kubernetes API",
-        ),
-        "sandbox.workspace_size_mb": (
-            cfg.sandbox.workspace_size_mb > 0,
-            "a pod's workspace is sized by kubernetes.workspace_size_mb",
-        ),
-        "network.bandwidth_kbit": (
-            cfg.network.bandwidth_kbit > 0,
-            "it shapes a host sandbox's own link; a pod reaches the proxy over the cluster "
-            "network, which Stockade does not shape",
-        ),
-        "[secrets.NAME]": (
-            bool(cfg.secrets),
-            "a pod gets no placeholders and no egress CA in its trust store yet: brokered "
-            "secrets are for host sandboxes",
-        ),
-    }
-    if cfg.sandbox.network == "egress" and not cfg.kubernetes.egress_proxy:
-        raise ConfigError(
-            'sandbox.network = "egress" with engine.kind kubernetes needs kubernetes.egress_proxy: '
-            "the host:port of the egress Service (deploy/kubernetes/egress-service.yaml), which "
-            "each pod is told as its HTTP_PROXY"
-        )
-    for setting, (wanted, why) in refused.items():
-        if wanted:
-            raise ConfigError(f"{setting} does not go with engine.kind kubernetes: {why}")
-    for name in cfg.sandbox.secrets:
-        if not ENV_NAME.fullmatch(name):
-            raise ConfigError(
-                f"sandbox.secrets: {name!r} is not an environment variable name a pod can "
-                "have (letters, digits, '_', '-', '.'; not starting with a digit)"
-            )
-
-
-def _check_state(state: StateConfig) -> None:
+def check_state(state: StateConfig) -> None:
     if state.url and not state.url.startswith(STATE_SCHEMES):
         raise ConfigError(
             "state.url must be a postgresql:// URL (or empty: SQLite in state_dir), "
@@ -262,7 +170,7 @@ PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 MAX_CPUS = 1024.0
 
 
-def _check_profiles(profiles: Mapping[str, ProfileConfig]) -> None:
+def check_profiles(profiles: Mapping[str, ProfileConfig]) -> None:
     for name, profile in profiles.items():
         where = f"profiles.{name}"
         if not PROFILE_NAME.fullmatch(name) or name == "base":
@@ -278,32 +186,7 @@ def _check_profiles(profiles: Mapping[str, ProfileConfig]) -> None:
             raise ConfigError(f"{where}.image must be an image reference without spaces")
 
 
-def _check_policy(cfg: Config) -> None:
-    """What the policy pipeline cannot check itself: numbers that NaN or infinity would make
-    fail open (a NaN rate never runs out of tokens), and ids that could never match a call."""
-    if not math.isfinite(cfg.limits.rate_per_s):  # any finite rate; 1e9 means "no limit"
-        raise ConfigError(f"limits.rate_per_s must be a finite number, got {cfg.limits.rate_per_s}")
-    check_seconds("approvals.timeout_s", cfg.approvals.timeout_s)
-    if cfg.subagents.max_depth < 1:
-        raise ConfigError(f"subagents.max_depth must be at least 1, got {cfg.subagents.max_depth}")
-    tables: dict[str, Mapping[str, Any]] = {
-        "agents": cfg.agents,
-        "groups": cfg.groups,
-        "tools.by_provider": cfg.tools.by_provider,
-        **{f"agents.{a}.tools.by_provider": c.tools.by_provider for a, c in cfg.agents.items()},
-    }
-    for where, table in tables.items():
-        if "" in table:
-            raise ConfigError(f"{where}: an id must not be empty")
-
-
-def check_seconds(name: str, value: float) -> None:
-    """A positive, finite number (of seconds, or per second) up to MAX_SECONDS."""
-    if not math.isfinite(value) or value > MAX_SECONDS:
-        raise ConfigError(f"{name} must be a finite number up to {MAX_SECONDS:.0f}, got {value}")
-
-
-def _check_observability(obs: ObservabilityConfig) -> None:
+def check_observability(obs: ObservabilityConfig) -> None:
     if obs.metrics_listen:
         split_host_port(obs.metrics_listen, "observability.metrics_listen")
     if obs.trace_exporter == "otlp" and not obs.trace_endpoint.startswith(("http://", "https://")):
@@ -312,16 +195,7 @@ def _check_observability(obs: ObservabilityConfig) -> None:
         )
 
 
-def split_host_port(value: str, name: str) -> tuple[str, int]:
-    """("127.0.0.1", 9464) from "127.0.0.1:9464" ("[::1]:9464" for IPv6)."""
-    host, sep, port = value.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{name} must be host:port, got {value!r}")
-    return host, int(port)
-
-
-def _check_runtime(runtime: str) -> None:
+def check_runtime(runtime: str) -> None:
     """A runtime name or absolute path; it reaches the engine's command line and API, so
     nothing that could read as a flag or carry more than one word."""
     if not runtime:
@@ -338,7 +212,7 @@ def _check_runtime(runtime: str) -> None:
         raise ConfigError(f"sandbox.runtime must be {what}, got {runtime[:80]!r}")
 
 
-def _check_user(user: str) -> None:
+def check_user(user: str) -> None:
     if not USER_IDS.fullmatch(user):
         raise ConfigError(f"sandbox.user must be UID:GID in digits, got {user[:40]!r}")
     uid, _, gid = user.partition(":")
@@ -351,7 +225,7 @@ def _check_user(user: str) -> None:
         )
 
 
-def _check_housekeeping(hk: HousekeepingConfig) -> None:
+def check_housekeeping(hk: HousekeepingConfig) -> None:
     timers = {
         "idle_timeout_s": hk.idle_timeout_s,
         "max_age_s": hk.max_age_s,
@@ -387,7 +261,7 @@ def _check_housekeeping(hk: HousekeepingConfig) -> None:
             raise ConfigError(f"housekeeping.{name} must not be negative (0: no check), got {mb}")
 
 
-def _check_audit(audit: AuditConfig) -> None:
+def check_audit(audit: AuditConfig) -> None:
     if not 0 <= audit.max_age_days <= MAX_AUDIT_DAYS:  # also false for NaN
         raise ConfigError(
             f"audit.max_age_days must be between 0 (no limit) and {MAX_AUDIT_DAYS:.0f}, "
@@ -408,7 +282,7 @@ def _check_audit(audit: AuditConfig) -> None:
         raise ConfigError("audit.export_dir must not contain a NUL character")
 
 
-def _check_network(net: NetworkConfig) -> None:
+def check_network(net: NetworkConfig) -> None:
     try:
         for pattern in net.allow:
             check_pattern(pattern)
@@ -444,7 +318,7 @@ def _check_network(net: NetworkConfig) -> None:
         )
 
 
-def _check_auth(auth: AuthConfig, tenants: Mapping[str, TenantConfig]) -> None:
+def check_auth(auth: AuthConfig, tenants: Mapping[str, TenantConfig]) -> None:
     if bool(auth.tls_cert) != bool(auth.tls_key):
         raise ConfigError("auth.tls_cert and auth.tls_key go together")
     if auth.client_ca and not auth.tls_cert:
@@ -471,7 +345,7 @@ def _check_auth(auth: AuthConfig, tenants: Mapping[str, TenantConfig]) -> None:
             _check_snapshot_operations(limits.snapshot_operations, f"tenants.{name}")
 
 
-def _check_snapshots(snaps: SnapshotsConfig) -> None:
+def check_snapshots(snaps: SnapshotsConfig) -> None:
     _check_snapshot_operations(snaps.operations, "snapshots")
     if snaps.max_count < 0 or snaps.max_mb < 0:
         raise ConfigError("snapshots.max_count and max_mb must not be negative (0: no limit)")
@@ -490,26 +364,11 @@ def _check_snapshot_operations(operations: tuple[str, ...], where: str) -> None:
 MCP_PATH = re.compile(r"/[A-Za-z0-9._~/-]{0,255}")
 
 
-def _check_loopback(listen: str, name: str, front: str) -> None:
-    """A plain-HTTP front listens on a loopback address only: bearer tokens must not cross
-    a network in clear text."""
-    host, _port = split_host_port(listen, name)
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
-        raise ConfigError(
-            f"{name} must be a loopback address (127.0.0.1, [::1] or localhost): the "
-            f"{front} front speaks plain HTTP, got {listen!r}"
-        )
-
-
-def _check_mcp(mcp: McpConfig) -> None:
+def check_mcp(mcp: McpConfig) -> None:
     """The MCP endpoint: plain HTTP, so on a loopback address only (bearer tokens must not
     cross a network in clear text); a plain path; a usable key."""
     if mcp.listen:
-        _check_loopback(mcp.listen, "mcp.listen", "MCP")
+        check_loopback(mcp.listen, "mcp.listen", "MCP")
     if not MCP_PATH.fullmatch(mcp.path) or "//" in mcp.path or "/." in mcp.path:
         raise ConfigError(
             f"mcp.path must be an absolute URL path of letters, digits and ._~-/ (e.g. /mcp), "
@@ -525,10 +384,10 @@ def _check_mcp(mcp: McpConfig) -> None:
         raise ConfigError(f"mcp.session_idle_timeout_s must be a positive number, got {idle}")
 
 
-def _check_e2b(e2b: E2bConfig) -> None:
+def check_e2b(e2b: E2bConfig) -> None:
     """The E2B endpoint: plain HTTP on a loopback address only; timeouts in range."""
     if e2b.listen:
-        _check_loopback(e2b.listen, "e2b.listen", "E2B")
+        check_loopback(e2b.listen, "e2b.listen", "E2B")
     if not 1 <= e2b.max_timeout_s <= MAX_SECONDS:
         raise ConfigError(f"e2b.max_timeout_s must be between 1 and {MAX_SECONDS:.0f}")
     if not 1 <= e2b.default_timeout_s <= e2b.max_timeout_s:
@@ -539,3 +398,22 @@ def _check_e2b(e2b: E2bConfig) -> None:
     sweep = e2b.sweep_interval_s
     if not (math.isfinite(sweep) and 0 < sweep <= 3600):
         raise ConfigError(f"e2b.sweep_interval_s must be in (0, 3600], got {sweep}")
+
+
+def check_console(console: ConsoleConfig) -> None:
+    """The console: plain HTTP, so on a loopback address only; operators that are tenant
+    names; a session and a refresh period in range."""
+    if console.listen:
+        check_loopback(console.listen, "console.listen", "console")
+    for name in console.operators:
+        try:
+            validate_tenant(name)
+        except Exception as exc:
+            raise ConfigError(f"console.operators: {exc}") from None
+    if not 60 <= console.session_ttl_s <= MAX_SESSION_S:
+        raise ConfigError(
+            f"console.session_ttl_s must be between 60 and {MAX_SESSION_S:.0f}, "
+            f"got {console.session_ttl_s}"
+        )
+    if not 0.2 <= console.refresh_s <= 60:
+        raise ConfigError(f"console.refresh_s must be between 0.2 and 60, got {console.refresh_s}")

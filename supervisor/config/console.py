@@ -5,9 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stockade.supervisor.errors import ConfigError
-from stockade.supervisor.keys import validate_tenant
-
 MAX_SESSION_S = 7 * 86400.0
 
 
@@ -29,22 +26,3 @@ class ConsoleConfig:
     the console; a browser on plain http://127.0.0.1 would not send it back."""
     refresh_s: float = 2.0
     """How often an open page's live parts (sandbox list, overview) are refreshed."""
-
-
-def check_console(console: ConsoleConfig) -> None:
-    from stockade.supervisor.config.checks import _check_loopback
-
-    if console.listen:
-        _check_loopback(console.listen, "console.listen", "console")
-    for name in console.operators:
-        try:
-            validate_tenant(name)
-        except Exception as exc:
-            raise ConfigError(f"console.operators: {exc}") from None
-    if not 60 <= console.session_ttl_s <= MAX_SESSION_S:
-        raise ConfigError(
-            f"console.session_ttl_s must be between 60 and {MAX_SESSION_S:.0f}, "
-            f"got {console.session_ttl_s}"
-        )
-    if not 0.2 <= console.refresh_s <= 60:
-        raise ConfigError(f"console.refresh_s must be between 0.2 and 60, got {console.refresh_s}")

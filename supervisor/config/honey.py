@@ -5,15 +5,13 @@ sign: the supervisor knows every decoy it planted and sounds an alarm where one 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from stockade.supervisor.errors import ConfigError, InvalidRequest
 from stockade.supervisor.keys import validate_tenant
-
-if TYPE_CHECKING:
-    from stockade.supervisor.config.root import Config
 
 HONEY_KINDS = ("aws", "github", "netrc", "env")
 """aws: ~/.aws/credentials; github: ~/.config/gh/hosts.yml (the GitHub CLI's token file);
@@ -71,10 +69,17 @@ class HoneytokensConfig:
         return not self.profiles or (profile or "base") in self.profiles
 
 
-def check_honeytokens(cfg: Config) -> None:
-    """ConfigError naming the first wrong [honeytokens] setting."""
-    honey = cfg.honeytokens
-    if honey.enabled and cfg.engine.kind == "kubernetes":
+def check_honeytokens(
+    honey: HoneytokensConfig,
+    *,
+    engine_kind: str,
+    sandbox_env: Mapping[str, str],
+    profiles: Collection[str],
+) -> None:
+    """ConfigError naming the first wrong [honeytokens] setting, given the settings of the
+    other sections it is checked against: engine.kind, [sandbox.secrets] (`sandbox_env`) and
+    the names of the [profiles]."""
+    if honey.enabled and engine_kind == "kubernetes":
         raise ConfigError(
             "honeytokens are not available with engine.kind = kubernetes yet: each replica "
             "keeps its own honeytoken key, so replicas would not know each other's decoys"
@@ -94,12 +99,12 @@ def check_honeytokens(cfg: Config) -> None:
             "digits and '_', not starting with a digit, at most 128) the container does not "
             "need (not PATH, HOME or a proxy variable)"
         )
-    if "env" in honey.kinds and honey.env_var in cfg.sandbox.secrets:
+    if "env" in honey.kinds and honey.env_var in sandbox_env:
         raise ConfigError(
             f"honeytokens.env_var {honey.env_var!r} is also in [sandbox.secrets]: a decoy "
             "would hide a real secret; name another variable"
         )
-    _check_names("profiles", honey.profiles, ("base", *cfg.profiles))
+    _check_names("profiles", honey.profiles, ("base", *profiles))
     if len(honey.tenants) > MAX_NAMES:
         raise ConfigError(f"honeytokens.tenants: at most {MAX_NAMES} names")
     for tenant in honey.tenants:

@@ -10,7 +10,8 @@ events and may come and go without losing pending requests.
 With a shared state (supervisor/state: PostgreSQL), a request is also posted on a board
 every supervisor of the installation reads: an approver connected to any of them sees it and
 may decide it, and the decision comes back here to the call that waits. Approvers connected
-to the others count as connected."""
+to the others count as connected. The board is the ApprovalBoard interface below, which the
+shared states of supervisor/state implement (this module never imports state: it is above)."""
 
 from __future__ import annotations
 
@@ -25,16 +26,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from stockade.supervisor import database
 from stockade.supervisor.config import AgentConfig, ApprovalsConfig
 from stockade.supervisor.errors import ApprovalNotFound, ApproverBehind, InvalidRequest
 from stockade.supervisor.keys import split
 from stockade.supervisor.policy.guard.parsing import parse_script
-
-if TYPE_CHECKING:
-    from stockade.supervisor.state.base import ApprovalBoard
 
 log = logging.getLogger("stockade")
 
@@ -83,6 +81,43 @@ Ask = Callable[[Pending], Awaitable[tuple[Decision, str] | None]]
 decision and the approver's name, or None for no decision (the request stays pending for the
 approvers). Run beside the approvers' wait: whichever decides first ends it, and the question
 is withdrawn (cancelled) when an approver decided, the timeout passed or the caller left."""
+
+
+class BoardListener(Protocol):
+    """What the approval board tells its ApprovalManager, on the event loop's thread."""
+
+    def remote_pending(self, request: Pending) -> None:
+        """A request another supervisor is waiting on (new, or found on a resync)."""
+
+    def remote_closed(self, request_id: str, outcome: str, approver: str) -> None:
+        """Another supervisor's request is over (decided, timed out, withdrawn)."""
+
+    def remote_decided(self, request_id: str, decision: str, approver: str) -> None:
+        """A request of this supervisor was decided through another one."""
+
+    def remote_approvers(self, counts: Mapping[str, int]) -> None:
+        """Approvers connected to the other supervisors, per tenant (all of them)."""
+
+
+class ApprovalBoard(Protocol):
+    """Pending approvals shared between supervisors. Writes are queued (never block the
+    event loop) and applied in order; what others do comes back through the listener."""
+
+    def attach(self, listener: BoardListener) -> None:
+        """Start delivering other supervisors' events (call on the event loop)."""
+
+    def post(self, request: Pending) -> None:
+        """This supervisor waits on `request`: others list it and may decide it."""
+
+    def closed(self, request_id: str, outcome: str, approver: str) -> None:
+        """This supervisor's request is over: others stop listing it."""
+
+    async def decide(self, request_id: str, tenant: str, decision: str, approver: str) -> bool:
+        """Decide another supervisor's request (the first decision wins); False when no
+        such request of `tenant` is pending any more."""
+
+    def set_approvers(self, tenant: str, count: int) -> None:
+        """How many approvers of `tenant` watch through this supervisor now."""
 
 
 @dataclass
@@ -278,7 +313,7 @@ class ApprovalManager:
             if self._board is not None:
                 self._board.closed(request_id, outcome, approver)
 
-    # the board's news (state.base.BoardListener), on the event loop
+    # the board's news (BoardListener), on the event loop
 
     def remote_pending(self, request: Pending) -> None:
         if request.id not in self._remote and request.id not in self._waiting:

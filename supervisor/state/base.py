@@ -6,7 +6,10 @@ per-key lock held across a key's create.
 SQLite (sqlite.py) keeps today's single-supervisor behaviour: nothing to share, so no board
 and no ledger, and the manager's in-process per-key lock is the only one needed. PostgreSQL
 (postgres.py) makes supervisors stateless: every supervisor pointed at one database sees
-the same approvals, audit and counts."""
+the same approvals, audit and counts.
+
+The approval board's interface (ApprovalBoard, BoardListener) is policy/approvals.py's: the
+approvals are policy's, and policy never imports state."""
 
 from __future__ import annotations
 
@@ -19,44 +22,7 @@ if TYPE_CHECKING:
     from stockade.supervisor.config import TenantConfig
     from stockade.supervisor.observe.audit import AuditLog
     from stockade.supervisor.observe.retention import Retention
-    from stockade.supervisor.policy.approvals import AllowAlways, Pending
-
-
-class BoardListener(Protocol):
-    """What the approval board tells its ApprovalManager, on the event loop's thread."""
-
-    def remote_pending(self, request: Pending) -> None:
-        """A request another supervisor is waiting on (new, or found on a resync)."""
-
-    def remote_closed(self, request_id: str, outcome: str, approver: str) -> None:
-        """Another supervisor's request is over (decided, timed out, withdrawn)."""
-
-    def remote_decided(self, request_id: str, decision: str, approver: str) -> None:
-        """A request of this supervisor was decided through another one."""
-
-    def remote_approvers(self, counts: Mapping[str, int]) -> None:
-        """Approvers connected to the other supervisors, per tenant (all of them)."""
-
-
-class ApprovalBoard(Protocol):
-    """Pending approvals shared between supervisors. Writes are queued (never block the
-    event loop) and applied in order; what others do comes back through the listener."""
-
-    def attach(self, listener: BoardListener) -> None:
-        """Start delivering other supervisors' events (call on the event loop)."""
-
-    def post(self, request: Pending) -> None:
-        """This supervisor waits on `request`: others list it and may decide it."""
-
-    def closed(self, request_id: str, outcome: str, approver: str) -> None:
-        """This supervisor's request is over: others stop listing it."""
-
-    async def decide(self, request_id: str, tenant: str, decision: str, approver: str) -> bool:
-        """Decide another supervisor's request (the first decision wins); False when no
-        such request of `tenant` is pending any more."""
-
-    def set_approvers(self, tenant: str, count: int) -> None:
-        """How many approvers of `tenant` watch through this supervisor now."""
+    from stockade.supervisor.policy.approvals import AllowAlways, ApprovalBoard
 
 
 class TenantLedger(Protocol):

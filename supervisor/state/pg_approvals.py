@@ -25,8 +25,7 @@ from psycopg_pool import ConnectionPool
 
 from stockade.supervisor.errors import StateUnavailable
 from stockade.supervisor.keys import scope, split
-from stockade.supervisor.policy.approvals import AllowAlways, Pending
-from stockade.supervisor.state.base import BoardListener
+from stockade.supervisor.policy.approvals import AllowAlways, BoardListener, Pending
 from stockade.supervisor.state.pg_audit import storable
 
 log = logging.getLogger("stockade")

@@ -4,49 +4,32 @@ lock, so two supervisors starting at once do not race each other's CREATEs (Post
 CREATE ... IF NOT EXISTS is not safe against a concurrent one).
 
 A sandbox key is stored as its tenant and the caller's key, in two columns: the scoped key
-(keys.scope) joins them with a NUL, which a PostgreSQL TEXT cannot hold."""
+(keys.scope) joins them with a NUL, which a PostgreSQL TEXT cannot hold.
+
+The audit table is database.py's (AUDIT_COLUMNS, AUDIT_INDEXES), rendered for PostgreSQL:
+the one definition the SQLite audit log renders too. A column added there is added here to a
+table made before it (ALTER TABLE, in the migration's transaction)."""
 
 from __future__ import annotations
 
 import psycopg
+
+from stockade.supervisor.database import (
+    AUDIT_COLUMNS,
+    add_audit_column,
+    create_audit_indexes,
+    create_audit_table,
+)
 
 MIGRATION_LOCK = 0x53544B_4D494752  # "STK" "MIGR": one fixed advisory lock id for migrations
 VERSION = 1
 """Bumped with each new step; a database of a newer version is refused (an older
 supervisor would not know its tables)."""
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS stockade_schema (version INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS audit (
-    id BIGSERIAL PRIMARY KEY,
-    time DOUBLE PRECISION NOT NULL,
-    request_id TEXT NOT NULL,
-    caller TEXT NOT NULL,
-    sandbox_key TEXT NOT NULL,
-    agent_id TEXT NOT NULL,
-    provider TEXT NOT NULL,
-    tool TEXT NOT NULL,
-    arguments_json TEXT NOT NULL,
-    policy_step TEXT NOT NULL,
-    guard_rule TEXT NOT NULL,
-    approval TEXT NOT NULL,
-    approver TEXT NOT NULL,
-    duration_ms BIGINT NOT NULL,
-    exit_code BIGINT NOT NULL,
-    output_bytes BIGINT NOT NULL,
-    redactions BIGINT NOT NULL,
-    error_code TEXT NOT NULL,
-    is_error INTEGER NOT NULL,
-    tenant TEXT NOT NULL DEFAULT '',
-    front TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS audit_time ON audit (time);
-CREATE INDEX IF NOT EXISTS audit_tenant_time ON audit (tenant, time);
-CREATE INDEX IF NOT EXISTS audit_tenant_key_time ON audit (tenant, sandbox_key, time);
-CREATE INDEX IF NOT EXISTS audit_tenant_tool_time ON audit (tenant, tool, time);
-CREATE INDEX IF NOT EXISTS audit_tenant_agent_time ON audit (tenant, agent_id, time);
-CREATE INDEX IF NOT EXISTS audit_tenant_errors ON audit (tenant, time) WHERE is_error = 1;
-CREATE TABLE IF NOT EXISTS approved (
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS stockade_schema (version INTEGER NOT NULL);\n"
+    + create_audit_table("postgresql")
+    + """CREATE TABLE IF NOT EXISTS approved (
     tenant TEXT NOT NULL,
     command TEXT NOT NULL,
     approver TEXT NOT NULL,
@@ -85,8 +68,18 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     memory_mb INTEGER NOT NULL,
     PRIMARY KEY (instance, tenant, key)
 );
-CREATE INDEX IF NOT EXISTS sandboxes_tenant ON sandboxes (tenant);
 """
+)
+"""Every table, the audit table rendered from database.py's definition (the same as the SQLite
+audit log's)."""
+INDEXES = (
+    create_audit_indexes() + "CREATE INDEX IF NOT EXISTS sandboxes_tenant ON sandboxes (tenant);\n"
+)
+"""Made once every table has every column (an index may name a column a migration adds)."""
+PRESENT_COLUMNS = (
+    "SELECT column_name FROM information_schema.columns "
+    "WHERE table_schema = current_schema() AND table_name = 'audit'"
+)
 
 
 class SchemaTooNew(RuntimeError):
@@ -94,10 +87,16 @@ class SchemaTooNew(RuntimeError):
 
 
 def migrate(db: psycopg.Connection[tuple[object, ...]]) -> None:
-    """Bring the database up to SCHEMA, once whoever else runs it too."""
+    """Bring the database up to SCHEMA, the audit columns it lacks and INDEXES, once whoever
+    else runs it too."""
     with db.transaction():
         db.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
         db.execute(SCHEMA)
+        have = {str(row[0]) for row in db.execute(PRESENT_COLUMNS).fetchall()}
+        for column in AUDIT_COLUMNS:
+            if column.name not in have:  # a table made before the column was
+                db.execute(add_audit_column(column, "postgresql"))
+        db.execute(INDEXES)
         row = db.execute("SELECT max(version) FROM stockade_schema").fetchone()
         found = row[0] if row else None
         if found is None:

@@ -11,13 +11,13 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stockade.supervisor.state.base import ApprovalBoard, TenantLedger
+from stockade.supervisor.state.base import TenantLedger
 
 if TYPE_CHECKING:
     from stockade.supervisor.config import Config
     from stockade.supervisor.observe.audit import AuditLog
     from stockade.supervisor.observe.retention import Retention
-    from stockade.supervisor.policy.approvals import AllowAlways
+    from stockade.supervisor.policy.approvals import AllowAlways, ApprovalBoard
 
 
 class SqliteState:

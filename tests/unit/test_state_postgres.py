@@ -16,6 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from stockade.supervisor import database
 from stockade.supervisor.config import ApprovalsConfig, TenantConfig
 from stockade.supervisor.errors import (
     ApprovalNotFound,
@@ -103,6 +104,46 @@ def test_a_newer_schema_is_refused(url: str) -> None:
         db.execute("UPDATE stockade_schema SET version = %s", (VERSION + 1,))
     with pytest.raises(ConfigError, match="newer than this supervisor"):
         PostgresState.open(url, "b")
+
+
+COLUMNS_OF_AUDIT = (
+    "SELECT column_name, data_type, is_nullable, column_default FROM information_schema.columns "
+    "WHERE table_schema = current_schema() AND table_name = 'audit' ORDER BY ordinal_position"
+)
+
+
+def test_the_audit_table_has_the_sqlite_audit_logs_columns(url: str, tmp_path: Path) -> None:
+    """One definition (database.py), two dialects: the same columns in the same order."""
+    asyncio.run(PostgresState.open(url, "a").close())
+    with psycopg.connect(url) as db:
+        postgres = [str(row[0]) for row in db.execute(COLUMNS_OF_AUDIT).fetchall()]
+    lite = database.connect(tmp_path / "stockade.db")
+    sqlite = [str(row[1]) for row in lite.execute("PRAGMA table_info(audit)").fetchall()]
+    lite.close()
+    assert postgres == sqlite == [column.name for column in database.AUDIT_COLUMNS]
+
+
+def test_an_older_audit_table_gets_the_columns_it_lacks(url: str) -> None:
+    """A table made before a column (here: before tenants and fronts) gets it, with its
+    default in the rows already there, as a new database has it."""
+    asyncio.run(PostgresState.open(url, "a").close())
+    with psycopg.connect(url) as db:
+        made_new = db.execute(COLUMNS_OF_AUDIT).fetchall()
+        db.execute("ALTER TABLE audit DROP COLUMN front, DROP COLUMN tenant")
+        db.execute(
+            "INSERT INTO audit (time, request_id, caller, sandbox_key, agent_id, provider, tool, "
+            "arguments_json, policy_step, guard_rule, approval, approver, duration_ms, "
+            "exit_code, output_bytes, redactions, error_code, is_error) "
+            "VALUES (1, 'r', 'c', 'k', '', '', 'exec', '{}', 'allowed', '', '', '', 0, 0, 0, "
+            "0, '', 0)"
+        )
+    asyncio.run(PostgresState.open(url, "b").close())
+    with psycopg.connect(url) as db:
+        assert db.execute(COLUMNS_OF_AUDIT).fetchall() == made_new
+        assert db.execute("SELECT tenant, front FROM audit").fetchall() == [("", "")]
+        indexes = db.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'audit'")
+        names = {str(row[0]) for row in indexes.fetchall()}
+    assert {index.name for index in database.AUDIT_INDEXES} <= names
 
 
 def test_passwords_stay_out_of_logs_and_errors(

@@ -1,5 +1,6 @@
 """The ``Guard``: configuration (extra rules, limits, the workspace and home folders) and
-``check``, which hands each command to a fresh ``evaluation.Evaluation``."""
+``check``, which hands each command to a fresh ``evaluation.Evaluation`` with the guard's
+``GuardSettings`` (never the guard itself: evaluation.py does not import this module)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from stockade.supervisor.policy.guard.evaluation import Decided, Evaluation
+from stockade.supervisor.policy.guard.evaluation import Decided, Evaluation, GuardSettings
 from stockade.supervisor.policy.guard.invocations import norm_abs
 from stockade.supervisor.policy.guard.model import GuardConfigError, GuardResult, GuardRule
 from stockade.supervisor.policy.guard.paths import SCRATCH
@@ -18,13 +19,9 @@ from stockade.supervisor.policy.guard.rules import BUILTIN_NAMES
 class Guard:
     """Decides whether a shell command may run. Immutable; ``check`` is pure and thread-safe."""
 
-    __slots__ = ("_extra", "_home", "_max_depth", "_names", "_on_parse_error", "_workspace")
-    _extra: tuple[tuple[GuardRule, re.Pattern[str]], ...]
-    _home: str
-    _max_depth: int
+    __slots__ = ("_names", "_settings")
     _names: tuple[str, ...]
-    _on_parse_error: Literal["deny", "ask"]
-    _workspace: str
+    _settings: GuardSettings
 
     def __init__(
         self,
@@ -44,11 +41,14 @@ class Guard:
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
             raise GuardConfigError(f"max_depth must be a positive integer, not {max_depth!r}")
         extra = _compile_rules(extra_rules)
-        object.__setattr__(self, "_workspace", _root_folder("workspace", workspace))
-        object.__setattr__(self, "_home", _root_folder("home", home))
-        object.__setattr__(self, "_extra", extra)
-        object.__setattr__(self, "_max_depth", max_depth)
-        object.__setattr__(self, "_on_parse_error", on_parse_error)
+        settings = GuardSettings(
+            workspace=_root_folder("workspace", workspace),
+            home=_root_folder("home", home),
+            extra=extra,
+            max_depth=max_depth,
+            on_parse_error=on_parse_error,
+        )
+        object.__setattr__(self, "_settings", settings)
         object.__setattr__(self, "_names", BUILTIN_NAMES + tuple(r.name for r, _ in extra))
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -66,8 +66,12 @@ class Guard:
         the workspace, or absolute; None: not known) with ``env`` added to its environment
         (one that sets CDPATH makes ``cd NAME`` unknown; one that sets HOME makes ``~`` that
         path when it is a literal one in the workspace or /tmp, else unknown)."""
-        base = None if workdir is None else (norm_abs(posixpath.join(self._workspace, workdir)),)
-        evaluation = Evaluation(self, base, env or {})
+        base = (
+            None
+            if workdir is None
+            else (norm_abs(posixpath.join(self._settings.workspace, workdir)),)
+        )
+        evaluation = Evaluation(self._settings, base, env or {})
         try:
             evaluation.script(evaluation.parse(command), depth=0)
         except Decided as decided:

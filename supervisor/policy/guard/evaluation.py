@@ -4,7 +4,10 @@ It checks every simple command and every invocation in it (``rules.RULES``), fol
 handed to another shell or interpreter (up to the guard's ``max_depth``), looks at what feeds
 a shell or interpreter its code (pipelines, ``<(..)``, ``>(..)``, files written earlier in the
 same command), learns the directories commands run in (the workdir, ``cd``, ``env -C``) and
-whether HOME or CDPATH may have changed, and stops at the first deny."""
+whether HOME or CDPATH may have changed, and stops at the first deny.
+
+It reads the guard's configuration through ``GuardSettings``, which checker.py's ``Guard``
+makes once; it never imports checker.py (which imports it)."""
 
 from __future__ import annotations
 
@@ -14,8 +17,8 @@ import itertools
 import posixpath
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING, NoReturn
+from dataclasses import dataclass, replace
+from typing import Literal, NoReturn
 
 from stockade.supervisor.policy.guard.code import (
     Code,
@@ -35,7 +38,7 @@ from stockade.supervisor.policy.guard.invocations import (
     option_flags,
     shorten,
 )
-from stockade.supervisor.policy.guard.model import GuardResult
+from stockade.supervisor.policy.guard.model import GuardResult, GuardRule
 from stockade.supervisor.policy.guard.parsing import (
     Budget,
     Command,
@@ -58,9 +61,6 @@ from stockade.supervisor.policy.guard.paths import (
 from stockade.supervisor.policy.guard.rules import ON_COMMAND, ON_INVOCATION
 from stockade.supervisor.policy.guard.vocabulary import DEV_NET, DOWNLOADERS, NETCATS, SHELLS
 
-if TYPE_CHECKING:
-    from stockade.supervisor.policy.guard.checker import Guard
-
 _CANDIDATES = ("rm", "find", "dd", "chmod", "chown", "nc", "socat")
 _SETS_HOME = re.compile(r"(?<![$\w{])HOME\b")
 _REVERSE_SHELL = (
@@ -79,6 +79,21 @@ _RMTREE = re.compile(
 _MAX_EMBEDDED = 32
 
 
+@dataclass(frozen=True, slots=True)
+class GuardSettings:
+    """What an evaluation reads of its ``Guard``: the configuration, checked by the guard."""
+
+    workspace: str
+    """The sandbox's workspace root (absolute, normalised)."""
+    home: str
+    """Its $HOME (absolute, normalised)."""
+    extra: tuple[tuple[GuardRule, re.Pattern[str]], ...]
+    """The configured deny rules, compiled."""
+    max_depth: int
+    """How deep code handed to another shell or interpreter is followed."""
+    on_parse_error: Literal["deny", "ask"]
+
+
 class Decided(Exception):
     def __init__(self, result: GuardResult) -> None:
         super().__init__(result.reason)
@@ -88,10 +103,12 @@ class Decided(Exception):
 class Evaluation:
     """State of one ``Guard.check`` call; raises ``Decided`` on the first deny."""
 
-    def __init__(self, guard: Guard, base: tuple[str, ...] | None, env: Mapping[str, str]) -> None:
-        self.guard = guard
+    def __init__(
+        self, settings: GuardSettings, base: tuple[str, ...] | None, env: Mapping[str, str]
+    ) -> None:
+        self.settings = settings
         self.base = base  # absolute directories the script being walked starts in
-        home = given_home(env["HOME"], guard._workspace) if "HOME" in env else guard._home
+        home = given_home(env["HOME"], settings.workspace) if "HOME" in env else settings.home
         self.home: str | None = home
         self.cdpath = "CDPATH" in env
         self.links: dict[str, None] = {}  # symlinks the command makes (absolute paths)
@@ -117,7 +134,7 @@ class Evaluation:
         if self.unparsed is None:
             return self.asked or GuardResult("allow", None, "no rule matched")
         rule, why = self.unparsed
-        action = self.guard._on_parse_error
+        action = self.settings.on_parse_error
         outcome = "blocked" if action == "deny" else "held for approval"
         return GuardResult(action, rule, f"{why}; not checkable, so {outcome} (rule {rule})", True)
 
@@ -130,7 +147,7 @@ class Evaluation:
 
     def place(self, cwds: Cwds = ("",)) -> Place:
         """Where a command that runs in ``cwds`` (relative to the script's start) runs."""
-        return _place(self.base, cwds, self.guard._workspace, self.home, tuple(self.links))
+        return _place(self.base, cwds, self.settings.workspace, self.home, tuple(self.links))
 
     def parse(self, text: str, positional: Sequence[str] | None = ()) -> Script:
         """Parse shell text; a text that may set HOME or CDPATH makes them unknown."""
@@ -238,7 +255,7 @@ class Evaluation:
         operands = operand_words(args)
         names = [operands[-1]] if len(operands) > 1 else []
         names += [Word(posixpath.basename(o.text.rstrip("/")) or "root") for o in operands[:1]]
-        place = Place(resolve_cwds(self.base, command.cwds, self.home), self.guard._workspace)
+        place = Place(resolve_cwds(self.base, command.cwds, self.home), self.settings.workspace)
         for name in names:
             self.links.update(dict.fromkeys(link_paths(name, place)))
 
@@ -268,10 +285,10 @@ class Evaluation:
                     self.source(code.lang if code is not None else "sh", held, depth)
 
     def config_rules(self, inv: Inv) -> None:
-        if not self.guard._extra:
+        if not self.settings.extra:
             return
         text = " ".join([inv.name, *inv.argv])
-        for rule, regex in self.guard._extra:
+        for rule, regex in self.settings.extra:
             if regex.search(text):
                 self.deny(rule.name, rule.reason or f"{shorten(text)!r} matches {rule.pattern!r}")
 
@@ -314,7 +331,7 @@ class Evaluation:
     ) -> None:
         if lang == "script":
             self.script_code(text, depth)
-        elif depth >= self.guard._max_depth:
+        elif depth >= self.settings.max_depth:
             self.note_unparsed("too-complex", f"shell code nested more than {depth} levels deep")
         else:
             script = self.parse(text, positional)
