@@ -47,7 +47,7 @@ async def adopt_all(
     adopted: list[str] = []
     for info in found:
         key = key_of(info, pooled)
-        if parts.remote:
+        if parts.host.shared:
             if key is not None and await _adopt_remote(parts, key, info):
                 adopted.append(key)
             continue
@@ -238,7 +238,7 @@ async def held_elsewhere(parts: Parts, key: str) -> Sandbox | None:
 
 async def elsewhere(parts: Parts, key: str) -> bool:
     """A remote host kind's key whose pod another replica made (this one has no folder)."""
-    if not parts.remote:
+    if not parts.host.shared:
         return False
     return await find(parts, key) is not None
 
@@ -247,7 +247,7 @@ async def find(parts: Parts, key: str) -> ContainerInfo | None:
     """The key's container: on a remote host kind, the pod carrying its sandbox-id label
     (one that began in the warm pool keeps its pool name), a running one first; on the host
     kinds, the container of its name."""
-    if not parts.remote:
+    if not parts.host.shared:
         return await asyncio.to_thread(parts.backend.inspect, parts.container_name(key))
     wanted = {**parts.containers.labels(), LABEL_SANDBOX_ID: sandbox_id(key)}
     found = await asyncio.to_thread(parts.backend.list, wanted)

@@ -135,7 +135,7 @@ class Housekeeping:
         nothing of the others' calls, so an idle sandbox is removed only when its agent says
         no replica called it for as long (else this replica lets it go: the one that calls
         it next removes it once idle), and no workspace whose pod runs is deleted."""
-        return self._parts.remote and bool(self._config.state.url)
+        return self._parts.host.shared and bool(self._config.state.url)
 
     async def _let_go(self, sandbox: Sandbox, why: str) -> None:
         async with self._parts.lock(sandbox.key):

@@ -33,7 +33,7 @@ class Inventory:
             await self._notice_deaths((sandbox,))
             await parts.clinic.check(sandbox)
             return self.describe(sandbox)
-        taken = await adoption.held_elsewhere(parts, key) if parts.remote else None
+        taken = await adoption.held_elsewhere(parts, key) if parts.host.shared else None
         if taken is not None:
             return self.describe(taken)
         if parts.layout.of(key).root.is_dir():

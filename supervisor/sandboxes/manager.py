@@ -182,12 +182,6 @@ class SandboxManager:
         return self.backend.engine
 
     @property
-    def remote(self) -> bool:
-        """Sandboxes are reached over the network (pods), by any supervisor of the instance:
-        a key's container found at its first call here is taken over (adoption.take_over)."""
-        return self.backend.remote
-
-    @property
     def image(self) -> str:
         return self.containers.image
 
@@ -335,7 +329,7 @@ class SandboxManager:
                     # another replica may have made (or re-made) the key's container meanwhile
                     # (it held the key's shared lock while it did)
                     taken = None
-                    if self.remote:
+                    if self.backend.host.shared:
                         taken = await adoption.take_over(self.parts, key, wanted, shape)
                     if taken is not None:
                         self.registry[key] = taken
@@ -350,7 +344,7 @@ class SandboxManager:
                     if sandbox is not None:
                         sandbox.profile = made
                     else:
-                        if not self.remote:  # a pod's room is its node's: the scheduler's
+                        if self.backend.host.host_room:  # a pod's: its node's (the scheduler's)
                             hk, state_dir = self.config.housekeeping, self.config.state_dir
                             await asyncio.to_thread(pressure.check, hk, state_dir)
                         sandbox = await self.create(key, chosen, made)

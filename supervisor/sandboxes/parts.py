@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from stockade.supervisor.config import Config
 from stockade.supervisor.engines import userns
 from stockade.supervisor.engines.backends.base import ContainerBackend
+from stockade.supervisor.engines.hosts import HostKind
 from stockade.supervisor.keys import sandbox_id
 from stockade.supervisor.sandboxes.containers import Containers
 from stockade.supervisor.sandboxes.health import Clinic, Recorder
@@ -60,10 +61,9 @@ class Parts:
         return self.locks.setdefault(key, asyncio.Lock())
 
     @property
-    def remote(self) -> bool:
-        """Sandboxes are reached over the network (pods), by any supervisor of the instance:
-        a key's container found at its first call here is taken over (adoption.take_over)."""
-        return self.backend.remote
+    def host(self) -> HostKind:
+        """Where the sandboxes run, and what follows from it (engines/hosts.py)."""
+        return self.backend.host
 
     @property
     def engine(self) -> str:

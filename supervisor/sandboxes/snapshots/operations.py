@@ -398,7 +398,7 @@ class Snapshots:
     # --- checks --------------------------------------------------------------------------
 
     def _allowed(self, tenant: str, operation: str) -> tuple[tuple[str, ...], int, int]:
-        if self._parts.engine == "kubernetes" and operation != "delete":
+        if not self._parts.host.snapshots and operation != "delete":
             raise Unsupported(
                 "snapshots read and write workspaces on the supervisor's host; a pod's "
                 "workspace is a volume in the cluster (engine.kind kubernetes): not supported"
