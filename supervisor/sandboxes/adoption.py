@@ -39,7 +39,7 @@ async def adopt_all(
     parts: Parts, found: list[ContainerInfo], image_ids: Mapping[str, str | None]
 ) -> list[str]:
     """Adopt (or re-create) each of `found` that serves a key; remove the others. The keys
-    adopted. With a remote host kind (pods) other replicas may be making or using what is
+    adopted. With a shared host kind (pods) other replicas may be making or using what is
     found, outside any lock this start holds: running ones are adopted as they are and
     nothing is removed or re-made (a key's next call, under its lock, takes over or replaces
     its pod: take_over)."""
@@ -190,7 +190,7 @@ async def take_over(
     replace: bool = True,
 ) -> Sandbox | None:
     """A host kind whose sandboxes any supervisor of the instance can reach (pods: the
-    backend's `remote`) may find, at a key's first call here, the key's container made by
+    host kind's `shared`) may find, at a key's first call here, the key's container made by
     another replica: it is taken over when it runs, is the key's, has the network and profile
     asked for (None: any) and its agent answers; otherwise it is removed (a replica holding it
     finds it gone and its next call makes it anew) and None returned for a new one. Called
@@ -237,14 +237,14 @@ async def held_elsewhere(parts: Parts, key: str) -> Sandbox | None:
 
 
 async def elsewhere(parts: Parts, key: str) -> bool:
-    """A remote host kind's key whose pod another replica made (this one has no folder)."""
+    """A shared host kind's key whose pod another replica made (this one has no folder)."""
     if not parts.host.shared:
         return False
     return await find(parts, key) is not None
 
 
 async def find(parts: Parts, key: str) -> ContainerInfo | None:
-    """The key's container: on a remote host kind, the pod carrying its sandbox-id label
+    """The key's container: on a shared host kind, the pod carrying its sandbox-id label
     (one that began in the warm pool keeps its pool name), a running one first; on the host
     kinds, the container of its name."""
     if not parts.host.shared:

@@ -3,7 +3,7 @@ folder yet) with the default network takes one: its folder is renamed to the key
 mounts follow the folder) and the key is written there, with the pool id, so that adoption
 after a restart finds the key.
 
-Pods (a remote host kind) are claimed by relabeling instead: the pod and its claim get the
+Pods (a shared host kind) are claimed by relabeling instead: the pod and its claim get the
 key's labels (backend.relabel), so any replica finds the key's pod by its sandbox-id label.
 A pool pod carries its maker's replica id: only that replica claims it (no two replicas
 race for one), and another reaps it once that replica is gone from the shared state (reap).
