@@ -19,7 +19,7 @@ from stockade.supervisor.auth import Authenticator, auth_enabled
 from stockade.supervisor.calls.pipeline import HostPolicy
 from stockade.supervisor.calls.tripwires import CallTripwire
 from stockade.supervisor.config import AuditConfig, Config
-from stockade.supervisor.engines import incontainer
+from stockade.supervisor.engines import hosts, incontainer
 from stockade.supervisor.engines.backends import create_backend
 from stockade.supervisor.engines.backends.base import ContainerBackend
 from stockade.supervisor.errors import ConfigError, EngineUnavailable
@@ -56,7 +56,7 @@ def instance_id(state_dir: Path, config: Config | None = None) -> str:
     Kubernetes, the installation's (one namespace each): every replica has the same, so any
     of them serves any key's pod, whatever its own (emptyDir) state directory holds."""
     path = state_dir / "instance-id"
-    if config is not None and config.engine.kind == "kubernetes":
+    if config is not None and hosts.of_engine(config.engine.kind).shared:
         namespace = config.kubernetes.namespace
         value = hashlib.sha256(f"kubernetes/{namespace}".encode()).hexdigest()[:16]
     elif path.exists():
@@ -73,7 +73,7 @@ def replica_id(config: Config, instance: str) -> str:
     heartbeat): on a host, its instance; on Kubernetes, where every replica shares the
     installation's instance id, that and a part of its own, new with each start (a replica
     that ended stops beating and its rows are let be)."""
-    if config.engine.kind == "kubernetes":
+    if hosts.of_engine(config.engine.kind).shared:
         return f"{instance}-{secrets.token_hex(6)}"
     return instance
 
@@ -81,7 +81,7 @@ def replica_id(config: Config, instance: str) -> str:
 def engine_url(config: Config) -> tuple[str, subprocess.Popen[bytes] | None]:
     """The engine's API address; for Podman with no socket configured, start the service.
     Kubernetes has none here: its API server is the kubeconfig's ([kubernetes])."""
-    if config.engine.kind == "kubernetes":
+    if not hosts.of_engine(config.engine.kind).on_this_machine:
         return "", None
     if config.engine.socket:
         return config.engine.socket, None
@@ -111,7 +111,7 @@ def engine_url(config: Config) -> tuple[str, subprocess.Popen[bytes] | None]:
 def agent_addresses(backend: ContainerBackend) -> AddressOf:
     """Where a sandbox's agent is reached: a pod's over TCP with mutual TLS at its IP; a host
     kind's on the unix socket in its host folder."""
-    if backend.engine == "kubernetes":
+    if backend.host.agent_over_network:
         from stockade.supervisor.engines.backends.kubernetes.backend import KubernetesBackend
 
         if isinstance(backend, KubernetesBackend):
@@ -387,7 +387,7 @@ async def _start(
     honey = honeytokens(config, policy, alarms.sound)
     if honey is not None:
         policy = replace(policy, honey=CallTripwire(honey, config.honeytokens, policy.scrubber))
-    pods = config.engine.kind == "kubernetes"
+    pods = not hosts.of_engine(config.engine.kind).on_this_machine
     if incontainer.declared() and not pods:  # before engine_url: it may start Podman's service
         problems = incontainer.config_problems(config)
         if problems:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.supervisor.config import Config
+from stockade.supervisor.engines import hosts
 
 SETUP = "run `scripts/setup.sh run` (or `make run`)"
 KUBE_SETUP = (
@@ -32,7 +33,7 @@ class Check:
 
 
 def run_checks(config: Config) -> list[Check]:
-    if config.engine.kind == "kubernetes":  # nothing of this machine runs sandboxes
+    if not hosts.of_engine(config.engine.kind).on_this_machine:  # nothing here runs sandboxes
         return [_kubernetes(config)]
     checks = [_cgroups()]
     if config.engine.kind == "podman":

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from stockade.supervisor.engines import hosts
 from stockade.supervisor.errors import ConfigError
 
 SUBUID = Path("/etc/subuid")
@@ -183,7 +184,7 @@ def auto_refusal(engine: str, gvisor: bool, host_mounts: bool) -> str | None:
     """Why sandbox.user_namespace, left unset, is off; None when it is on: Podman on the host
     (not from the supervisor's container, which sees neither /etc/subuid nor the host's
     /proc), not under gVisor, with a `containers` range of ids to allocate from."""
-    if engine == "kubernetes":
+    if not hosts.of_engine(engine).on_this_machine:
         return "pods run as the sandbox uid under the cluster's own user namespace policy"
     if engine != "podman":
         return f"{engine} has user namespaces only daemon-wide (userns-remap)"

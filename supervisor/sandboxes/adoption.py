@@ -9,7 +9,6 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from stockade.supervisor.engines.backends.base import (
     LABEL_INSTANCE,
@@ -17,60 +16,63 @@ from stockade.supervisor.engines.backends.base import (
     LABEL_POOL,
     LABEL_PROFILE,
     LABEL_SANDBOX_ID,
-    LABEL_TENANT,
     ContainerInfo,
 )
-from stockade.supervisor.errors import InvalidRequest, NotFound, SandboxBroken
-from stockade.supervisor.keys import sandbox_id, scope, shown
+from stockade.supervisor.errors import NotFound, SandboxBroken
+from stockade.supervisor.keys import sandbox_id, shown
 from stockade.supervisor.sandboxes import layout, quarantine
 from stockade.supervisor.sandboxes.layout import POOL_PREFIX
+from stockade.supervisor.sandboxes.parts import Parts
 from stockade.supervisor.sandboxes.profiles import SandboxProfile
-from stockade.supervisor.sandboxes.sandbox import Container, Sandbox, SandboxNetwork, born
-
-if TYPE_CHECKING:
-    from stockade.supervisor.sandboxes.manager import SandboxManager
+from stockade.supervisor.sandboxes.sandbox import (
+    Container,
+    Sandbox,
+    SandboxNetwork,
+    born,
+    labelled_key,
+)
 
 log = logging.getLogger("stockade")
 
 
 async def adopt_all(
-    mgr: SandboxManager, found: list[ContainerInfo], image_ids: Mapping[str, str | None]
+    parts: Parts, found: list[ContainerInfo], image_ids: Mapping[str, str | None]
 ) -> list[str]:
     """Adopt (or re-create) each of `found` that serves a key; remove the others. The keys
-    adopted. With a remote host kind (pods) other replicas may be making or using what is
+    adopted. With a shared host kind (pods) other replicas may be making or using what is
     found, outside any lock this start holds: running ones are adopted as they are and
     nothing is removed or re-made (a key's next call, under its lock, takes over or replaces
     its pod: take_over)."""
-    pooled = mgr.layout.pool_folders()
+    pooled = parts.layout.pool_folders()
     adopted: list[str] = []
     for info in found:
         key = key_of(info, pooled)
-        if mgr.remote:
-            if key is not None and await _adopt_remote(mgr, key, info):
+        if parts.host.shared:
+            if key is not None and await _adopt_remote(parts, key, info):
                 adopted.append(key)
             continue
-        outcome = await _adopt(mgr, key, info, image_ids) if key is not None else ""
-        if not outcome and key is not None and quarantine.kept(mgr.layout.of(key).root):
+        outcome = await _adopt(parts, key, info, image_ids) if key is not None else ""
+        if not outcome and key is not None and quarantine.kept(parts.layout.of(key).root):
             outcome = "kept"  # evidence: a quarantined key's container stays until destroyed
         if outcome == "adopted" and key is not None:
             adopted.append(key)
         elif not outcome:
-            await asyncio.to_thread(mgr.backend.remove, info.id)
+            await asyncio.to_thread(parts.backend.remove, info.id)
     return adopted
 
 
-async def _adopt_remote(mgr: SandboxManager, key: str, info: ContainerInfo) -> bool:
+async def _adopt_remote(parts: Parts, key: str, info: ContainerInfo) -> bool:
     """A running pod of the key, with the network and profile its labels say (a replica has
     no folder keeping them), greeted at its first call as any adopted sandbox is."""
-    network, profile = mgr.networks.of_container(info), _profile_of(mgr, info)
-    if key in mgr.registry or not info.running or network is None or profile is None:
+    network, profile = parts.networks.of_container(info), _profile_of(parts, info)
+    if key in parts.registry or not info.running or network is None or profile is None:
         return False
-    mgr.registry[key] = _held(mgr, key, info, network, profile, greeted=False)
+    parts.registry[key] = _held(parts, key, info, network, profile, greeted=False)
     return True
 
 
 def _held(
-    mgr: SandboxManager,
+    parts: Parts,
     key: str,
     info: ContainerInfo,
     network: SandboxNetwork,
@@ -80,8 +82,8 @@ def _held(
 ) -> Sandbox:
     """The key's sandbox on a pod that is there already, with a channel to its agent (not yet
     connected)."""
-    paths, sid = mgr.layout.of(key), sandbox_id(key)
-    container = Container(info, mgr.containers.link(info, paths), paths, sid)
+    paths, sid = parts.layout.of(key), sandbox_id(key)
+    container = Container(info, parts.containers.link(info, paths), paths, sid)
     return Sandbox(key, sid, container, network, born=born(info), greeted=greeted, profile=profile)
 
 
@@ -106,47 +108,47 @@ def key_of(info: ContainerInfo, pooled: dict[str, Path]) -> str | None:
 
 
 async def _adopt(
-    mgr: SandboxManager, key: str, info: ContainerInfo, image_ids: Mapping[str, str | None]
+    parts: Parts, key: str, info: ContainerInfo, image_ids: Mapping[str, str | None]
 ) -> str:
     """ "adopted", "replaced" (re-created on its profile's image), or "" (not adoptable:
     the caller removes the container)."""
-    network = mgr.networks.of_container(info)
-    if key in mgr.registry or not info.running or network is None:
+    network = parts.networks.of_container(info)
+    if key in parts.registry or not info.running or network is None:
         return ""
-    paths = mgr.layout.of(key)
-    if not _adoptable(mgr, paths, info):
+    paths = parts.layout.of(key)
+    if not _adoptable(parts, paths, info):
         return ""
-    profile = mgr.profiles.kept(paths.root)
+    profile = parts.profiles.kept(paths.root)
     image_id = image_ids.get(profile.image)
     moved = info.labels.get(LABEL_PROFILE, "") != profile.name
     held = quarantine.kept(paths.root)  # kept as it is, frozen and without its link
     if not held and (moved or (image_id and info.image_id != image_id)):
-        await _replace(mgr, key, info, network, profile, image_id or "?")
+        await _replace(parts, key, info, network, profile, image_id or "?")
         return "replaced"
     sid = sandbox_id(key)
-    container = Container(info, mgr.containers.link(info, paths), paths, sid)
+    container = Container(info, parts.containers.link(info, paths), paths, sid)
     try:
         if not held:
-            await mgr.networks.attach(key, container, network)
+            await parts.networks.attach(key, container, network)
     except SandboxBroken as exc:
         log.warning("not adopting sandbox %r: %s", shown(key), exc)
         await container.agent.close()
         return ""
     sandbox = Sandbox(key, sid, container, network, born=born(info), greeted=False, profile=profile)
-    mgr.pausing.adopted(sandbox, info)
-    mgr.registry[key] = sandbox
+    parts.pausing.adopted(sandbox, info)
+    parts.registry[key] = sandbox
     return "adopted"
 
 
-def _adoptable(mgr: SandboxManager, paths: layout.Paths, info: ContainerInfo) -> bool:
+def _adoptable(parts: Parts, paths: layout.Paths, info: ContainerInfo) -> bool:
     """A running container is adopted when its agent's directory is sealed (an agent on a
     unix socket; one reached over the network proves itself by its certificate) and, if its
     workspace should be a file system of its own, that is mounted (else the container was
     made on the plain directory, and is made again); with sandbox.user_namespace on, a
     container without a user namespace (made before it was turned on) is made again."""
-    if mgr.layout.capped(paths) and not paths.workspace.is_mount():
+    if parts.layout.capped(paths) and not paths.workspace.is_mount():
         return False
-    if mgr.containers.runtime.userns and not (info.own_userns or mgr.daemon_maps):
+    if parts.containers.runtime.userns and not (info.own_userns or parts.daemon_maps):
         log.warning("replacing sandbox %r: it has no user namespace", info.labels[LABEL_KEY])
         return False
     if info.address:
@@ -155,7 +157,7 @@ def _adoptable(mgr: SandboxManager, paths: layout.Paths, info: ContainerInfo) ->
 
 
 async def _replace(
-    mgr: SandboxManager,
+    parts: Parts,
     key: str,
     info: ContainerInfo,
     network: SandboxNetwork,
@@ -172,15 +174,15 @@ async def _replace(
         shown(key), info.image, info.image_id[:12] or "?", info.labels.get(LABEL_PROFILE, ""),
         profile.name, profile.image, image_id[:12],
     )  # fmt: skip
-    await asyncio.to_thread(mgr.backend.remove, info.id)
+    await asyncio.to_thread(parts.backend.remove, info.id)
     try:
-        mgr.registry[key] = await mgr.create(key, network, profile)
+        parts.registry[key] = await parts.create(key, network, profile)
     except SandboxBroken as exc:
         log.warning("sandbox %r not re-created (the next call tries again): %s", shown(key), exc)
 
 
 async def take_over(
-    mgr: SandboxManager,
+    parts: Parts,
     key: str,
     network: SandboxNetwork | None,
     profile: SandboxProfile | None,
@@ -188,15 +190,15 @@ async def take_over(
     replace: bool = True,
 ) -> Sandbox | None:
     """A host kind whose sandboxes any supervisor of the instance can reach (pods: the
-    backend's `remote`) may find, at a key's first call here, the key's container made by
+    host kind's `shared`) may find, at a key's first call here, the key's container made by
     another replica: it is taken over when it runs, is the key's, has the network and profile
     asked for (None: any) and its agent answers; otherwise it is removed (a replica holding it
     finds it gone and its next call makes it anew) and None returned for a new one. Called
     under the key's lock, which with shared state (state.url) is every replica's."""
-    info = await find(mgr, key)
-    if info is None or info.labels.get(LABEL_INSTANCE) != mgr.containers.instance_id:
+    info = await find(parts, key)
+    if info is None or info.labels.get(LABEL_INSTANCE) != parts.containers.instance_id:
         return None
-    found, shape = mgr.networks.of_container(info), _profile_of(mgr, info)
+    found, shape = parts.networks.of_container(info), _profile_of(parts, info)
     sid = info.labels.get(LABEL_SANDBOX_ID)
     theirs = labelled_key(info.labels) == key and sid == sandbox_id(key)
     if (
@@ -208,9 +210,9 @@ async def take_over(
         and shape is not None
         and profile in (None, shape)
     ):
-        sandbox = _held(mgr, key, info, found, shape, greeted=True)
+        sandbox = _held(parts, key, info, found, shape, greeted=True)
         try:
-            await sandbox.agent.wait_ready(mgr.config.sandbox.start_timeout_s)
+            await sandbox.agent.wait_ready(parts.config.sandbox.start_timeout_s)
         except SandboxBroken as exc:
             log.warning("not taking over sandbox %r: %s", shown(key), exc)
             await sandbox.agent.close()
@@ -218,54 +220,45 @@ async def take_over(
             log.info("took over sandbox %r (container %s)", shown(key), info.name)
             return sandbox
     if replace:  # a Get only looks
-        await asyncio.to_thread(mgr.backend.remove, info.id)
+        await asyncio.to_thread(parts.backend.remove, info.id)
     return None
 
 
-async def held_elsewhere(mgr: SandboxManager, key: str) -> Sandbox | None:
+async def held_elsewhere(parts: Parts, key: str) -> Sandbox | None:
     """For a Get at a replica that never served the key: the running pod another replica
     made, held from now on (as its first call here would), nothing removed or made."""
-    async with mgr.lock(key), mgr.quotas.shared_lock(key):
-        held = mgr.registry.get(key)
+    async with parts.lock(key), parts.quotas.shared_lock(key):
+        held = parts.registry.get(key)
         if held is None:
-            held = await take_over(mgr, key, None, None, replace=False)
+            held = await take_over(parts, key, None, None, replace=False)
             if held is not None:
-                mgr.registry[key] = held
+                parts.registry[key] = held
         return held
 
 
-async def elsewhere(mgr: SandboxManager, key: str) -> bool:
-    """A remote host kind's key whose pod another replica made (this one has no folder)."""
-    if not mgr.remote:
+async def elsewhere(parts: Parts, key: str) -> bool:
+    """A shared host kind's key whose pod another replica made (this one has no folder)."""
+    if not parts.host.shared:
         return False
-    return await find(mgr, key) is not None
+    return await find(parts, key) is not None
 
 
-async def find(mgr: SandboxManager, key: str) -> ContainerInfo | None:
-    """The key's container: on a remote host kind, the pod carrying its sandbox-id label
+async def find(parts: Parts, key: str) -> ContainerInfo | None:
+    """The key's container: on a shared host kind, the pod carrying its sandbox-id label
     (one that began in the warm pool keeps its pool name), a running one first; on the host
     kinds, the container of its name."""
-    if not mgr.remote:
-        return await asyncio.to_thread(mgr.backend.inspect, mgr.container_name(key))
-    wanted = {**mgr.containers.labels(), LABEL_SANDBOX_ID: sandbox_id(key)}
-    found = await asyncio.to_thread(mgr.backend.list, wanted)
-    found.sort(key=lambda i: (not i.running, i.name != mgr.container_name(key), i.name))
+    if not parts.host.shared:
+        return await asyncio.to_thread(parts.backend.inspect, parts.container_name(key))
+    wanted = {**parts.containers.labels(), LABEL_SANDBOX_ID: sandbox_id(key)}
+    found = await asyncio.to_thread(parts.backend.list, wanted)
+    found.sort(key=lambda i: (not i.running, i.name != parts.container_name(key), i.name))
     return found[0] if found else None
 
 
-def _profile_of(mgr: SandboxManager, info: ContainerInfo) -> SandboxProfile | None:
+def _profile_of(parts: Parts, info: ContainerInfo) -> SandboxProfile | None:
     """The profile a container was made with (its label; none: the default), None when this
     supervisor has no such profile (configured otherwise than the one that made it)."""
     try:
-        return mgr.profiles.get(info.labels.get(LABEL_PROFILE, ""))
+        return parts.profiles.get(info.labels.get(LABEL_PROFILE, ""))
     except NotFound:
         return None
-
-
-def labelled_key(labels: Mapping[str, str]) -> str:
-    """The scoped key a container's labels name ("" when they name none that is valid)."""
-    key = labels.get(LABEL_KEY, "")
-    try:
-        return scope(labels.get(LABEL_TENANT, ""), key) if key else ""
-    except InvalidRequest:
-        return ""

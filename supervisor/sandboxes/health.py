@@ -50,7 +50,7 @@ class Clinic:
         fsize = sb.max_file_size_mb * 1024 * 1024 or None
         self._expected = (
             None
-            if backend.remote  # pods: the node runtime sets the limits
+            if not backend.host.rlimits  # pods: the node runtime sets the limits
             else healing.Expected(sb.nofile, sb.nproc, fsize)
         )
         self.heal_counts = dict.fromkeys(healing.KINDS, 0)

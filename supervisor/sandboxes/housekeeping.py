@@ -9,25 +9,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from stockade.supervisor.engines.backends.base import LABEL_INSTANCE, LABEL_KEY, LABEL_MANAGED
 from stockade.supervisor.errors import StockadeError
 from stockade.supervisor.keys import sandbox_id, shown
 from stockade.supervisor.sandboxes import adoption, hostfs, layout, owner
 from stockade.supervisor.sandboxes.layout import Paths
+from stockade.supervisor.sandboxes.parts import Parts
+from stockade.supervisor.sandboxes.quarantine import Quarantines
 from stockade.supervisor.sandboxes.sandbox import Sandbox
-
-if TYPE_CHECKING:
-    from stockade.supervisor.sandboxes.manager import SandboxManager
 
 log = logging.getLogger("stockade")
 
 
 class Housekeeping:
-    def __init__(self, manager: SandboxManager) -> None:
-        self._m = manager
-        self._config = manager.config
+    def __init__(self, parts: Parts, quarantines: Quarantines) -> None:
+        self._parts = parts
+        self._quarantines = quarantines
+        self._config = parts.config
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -50,17 +49,17 @@ class Housekeeping:
 
     async def sweep(self) -> None:
         sandboxes = [s for s in self._kept_up() if s.usable]
-        await asyncio.gather(*(self._m.clinic.check(s) for s in sandboxes))
+        await asyncio.gather(*(self._parts.clinic.check(s) for s in sandboxes))
         await self.pause_idle()
         await self.prune()
         await self.expire_workspaces()
         if self._config.housekeeping.reap_orphans:
             await self.reap_orphans()
             try:  # pool pods of replicas that are gone
-                await self._m.pool.reap()
+                await self._parts.pool.reap()
             except StockadeError as exc:  # the database or the API: the next sweep retries
                 log.warning("warm pool: the pods of gone replicas not reaped: %s", exc)
-        self._m.pool.want()  # replaces pool containers that failed or died
+        self._parts.pool.want()  # replaces pool containers that failed or died
 
     async def prune(self) -> int:
         """Remove the containers of sandboxes idle or old past their limits (never one with
@@ -100,34 +99,34 @@ class Housekeeping:
             idle = now - sandbox.idle_since
             if idle < hk.idle_pause_s or sandbox.paused or not sandbox.usable:
                 continue
-            async with self._m.lock(sandbox.key):
-                if self._m.registry.get(sandbox.key) is not sandbox or sandbox.in_flight:
+            async with self._parts.lock(sandbox.key):
+                if self._parts.registry.get(sandbox.key) is not sandbox or sandbox.in_flight:
                     continue  # used or replaced while we waited for the lock
                 if now - sandbox.idle_since < hk.idle_pause_s or not sandbox.usable:
                     continue
                 why = f"idle for {idle:.0f} s (idle_pause_s {hk.idle_pause_s:g})"
                 try:
-                    paused += await self._m.pausing.pause(sandbox, why)
+                    paused += await self._parts.pausing.pause(sandbox, why)
                 except StockadeError as exc:  # gone meanwhile: the next call re-creates it
                     log.warning("could not pause idle sandbox %r: %s", shown(sandbox.key), exc)
         return paused
 
     def _kept_up(self) -> list[Sandbox]:
         """The sandboxes housekeeping looks after: all but the quarantined ones."""
-        held = self._m.quarantines.held
-        return [s for s in self._m.registry.values() if s.key not in held]
+        held = self._quarantines.held
+        return [s for s in self._parts.registry.values() if s.key not in held]
 
     async def _retire(self, sandbox: Sandbox, why: str) -> bool:
-        async with self._m.lock(sandbox.key), self._m.quotas.shared_lock(sandbox.key):
-            if sandbox.key in self._m.quarantines.held:
+        async with self._parts.lock(sandbox.key), self._parts.quotas.shared_lock(sandbox.key):
+            if sandbox.key in self._quarantines.held:
                 return False
-            if self._m.registry.get(sandbox.key) is not sandbox or sandbox.in_flight:
+            if self._parts.registry.get(sandbox.key) is not sandbox or sandbox.in_flight:
                 return False  # used or replaced while we waited for the lock
-            del self._m.registry[sandbox.key]  # from here a new call waits, then makes anew
-            await self._m.containers.stop(sandbox.container)
+            del self._parts.registry[sandbox.key]  # from here a new call waits, then makes anew
+            await self._parts.containers.stop(sandbox.container)
             layout.stamp(sandbox.container.paths.retired)
         log.info("removed the container of sandbox %r, %s; the workspace is kept", sandbox.key, why)
-        self._m.record(sandbox.key, "remove container", why)
+        self._parts.record(sandbox.key, "remove container", why)
         return True
 
     @property
@@ -136,13 +135,13 @@ class Housekeeping:
         nothing of the others' calls, so an idle sandbox is removed only when its agent says
         no replica called it for as long (else this replica lets it go: the one that calls
         it next removes it once idle), and no workspace whose pod runs is deleted."""
-        return self._m.remote and bool(self._config.state.url)
+        return self._parts.host.shared and bool(self._config.state.url)
 
     async def _let_go(self, sandbox: Sandbox, why: str) -> None:
-        async with self._m.lock(sandbox.key):
-            if self._m.registry.get(sandbox.key) is not sandbox or sandbox.in_flight:
+        async with self._parts.lock(sandbox.key):
+            if self._parts.registry.get(sandbox.key) is not sandbox or sandbox.in_flight:
                 return
-            del self._m.registry[sandbox.key]  # a call here later takes it over again
+            del self._parts.registry[sandbox.key]  # a call here later takes it over again
             await sandbox.agent.close()
         log.info("let go of sandbox %r here, %s (other replicas may use it)", sandbox.key, why)
 
@@ -153,10 +152,10 @@ class Housekeeping:
         if not keep:
             return 0
         expired = 0
-        for key, paths in self._m.layout.folders():
-            if key in self._m.registry or sandbox_id(key) != paths.root.name:
+        for key, paths in self._parts.layout.folders():
+            if key in self._parts.registry or sandbox_id(key) != paths.root.name:
                 continue
-            if key in self._m.quarantines.held:
+            if key in self._quarantines.held:
                 continue  # kept for inspection, however long
             try:
                 since = paths.retired.stat().st_mtime
@@ -168,27 +167,27 @@ class Housekeeping:
         return expired
 
     async def _expire(self, key: str, paths: Paths, why: str) -> bool:
-        async with self._m.lock(key):
+        async with self._parts.lock(key):
             if (
-                key in self._m.registry
+                key in self._parts.registry
                 or not paths.retired.exists()
-                or key in self._m.quarantines.held
+                or key in self._quarantines.held
             ):
                 return False  # a call made a container meanwhile
-            if self._replicated and await adoption.elsewhere(self._m, key):
+            if self._replicated and await adoption.elsewhere(self._parts, key):
                 layout.stamp(paths.retired)  # another replica's pod uses it: not retired
                 return False
             await asyncio.to_thread(layout.unmount, paths)
-            await asyncio.to_thread(self._m.backend.remove_workspace, sandbox_id(key))
+            await asyncio.to_thread(self._parts.backend.remove_workspace, sandbox_id(key))
             await asyncio.to_thread(hostfs.remove_tree, paths.root)
         log.info("deleted the workspace of sandbox %r: %s", key, why)
-        self._m.record(key, "delete workspace", why)
+        self._parts.record(key, "delete workspace", why)
         return True
 
     async def reap_orphans(self) -> int:
         """Remove containers (and egress links) of other instances that have provably
         ended (owner.py says what counts as proof); how many containers."""
-        backend, mine = self._m.backend, self._m.containers.instance_id
+        backend, mine = self._parts.backend, self._parts.containers.instance_id
         found = await asyncio.to_thread(backend.list, {LABEL_MANAGED: "1"})
         theirs = [i for i in found if i.labels.get(LABEL_INSTANCE) != mine]
         if not theirs:
@@ -197,7 +196,7 @@ class Housekeeping:
         reaped, ended, alive = 0, set(), {mine[:8]}
         for info in theirs:
             labels = dict(info.labels)
-            why = await asyncio.to_thread(owner.gone_because, labels, self._m.owner, locked)
+            why = await asyncio.to_thread(owner.gone_because, labels, self._parts.owner, locked)
             if why is None:
                 alive.add(labels.get(LABEL_INSTANCE, "")[:8])
                 continue
@@ -206,8 +205,8 @@ class Housekeeping:
             if await asyncio.to_thread(backend.remove, info.id):
                 reaped += 1
                 log.warning("reaped container %s of instance %s: %s", info.name, instance, why)
-                self._m.record(labels.get(LABEL_KEY, ""), "reap orphan", f"{info.name}: {why}")
+                self._parts.record(labels.get(LABEL_KEY, ""), "reap orphan", f"{info.name}: {why}")
         for instance in ended:
             if instance[:8] not in alive:  # links are named by the id's first 8 characters
-                await self._m.networks.egress.remove_instance(instance)
+                await self._parts.networks.egress.remove_instance(instance)
         return reaped

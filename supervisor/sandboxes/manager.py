@@ -3,25 +3,28 @@ supervisor restart, recreated when it died or could no longer serve (a heal). It
 registry, one lock per key and the tenants' quotas, and hands out leases: a call takes its
 sandbox once, with `async with manager.lease(key) as lease`, and reaches the agent through
 the lease (lease.py). No gRPC and no SDK here: engines are behind ContainerBackend and every
-blocking call goes through asyncio.to_thread.
+blocking call goes through asyncio.to_thread. Its helpers get its parts (parts.py), never
+the manager: none of them imports this module.
 
-    manager       registry, per-key locks, quotas, leases, adoption, Get/List/Destroy
+    manager       leases, ensure (create, re-create, take over), start and close
+    ├── parts         what the helpers share: registry, per-key locks, layout, quotas, ...
     ├── lease         one call's hold: agent calls, agent faults -> domain errors
     ├── health        fault diagnosis, marking, heals (healing.py judges the facts)
     ├── containers    one start (keyed and pooled), one stop, the container spec
     ├── layout        the host folder: workspace, agent socket, mounts, uid hand-over
-    ├── network       the network a sandbox gets, its egress link
+    ├── network_modes the network a sandbox gets, its egress link
     ├── pool          warm containers with no key yet
     ├── pausing       pause and resume (the engine's freezer), a call's resume
+    ├── adoption      this instance's containers taken back at start, or taken over
+    ├── inventory     Get, List and Destroy; a key's settings
     ├── housekeeping  idle/age prune, workspace retention, orphan reaping
     ├── quarantine    an alarm's reaction: frozen, cut off, calls refused until released
-    └── snapshotting  snapshots of files (two-pass capture, brief freeze), restore, fork
+    └── snapshots/operations  snapshots of files (two-pass capture, brief freeze), restore, fork
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -32,25 +35,21 @@ from functools import partial
 from pathlib import Path
 
 from stockade.supervisor.config import Config
-from stockade.supervisor.engines import isolation, seccomp, userns
+from stockade.supervisor.engines import isolation, seccomp
 from stockade.supervisor.engines.backends.base import (
     LABEL_KEY,
     LABEL_SANDBOX_ID,
     LABEL_TENANT,
     ContainerBackend,
 )
-from stockade.supervisor.errors import (
-    EngineUnavailable,
-    SandboxNotFound,
-)
-from stockade.supervisor.keys import sandbox_id, shown, split
+from stockade.supervisor.keys import sandbox_id, split
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import NetworkRequest, SandboxInfo, SandboxState
 from stockade.supervisor.network.egress import EgressHooks
 from stockade.supervisor.network.proxy import EgressDecision
 from stockade.supervisor.observe.alarms import Alarm
 from stockade.supervisor.policy.honeytokens import Honeytokens
-from stockade.supervisor.sandboxes import adoption, hostfs, layout, owner, pressure, workspaces
+from stockade.supervisor.sandboxes import adoption, owner, pressure, workspaces
 from stockade.supervisor.sandboxes.agent_link import AgentConnection
 from stockade.supervisor.sandboxes.containers import (
     WORKSPACE,
@@ -63,13 +62,13 @@ from stockade.supervisor.sandboxes.decoys import Planter
 from stockade.supervisor.sandboxes.health import SILENCE_S, Clinic, Recorder
 from stockade.supervisor.sandboxes.housekeeping import Housekeeping
 from stockade.supervisor.sandboxes.inspection import isolation_report
+from stockade.supervisor.sandboxes.inventory import Inventory
 from stockade.supervisor.sandboxes.layout import Layout
 from stockade.supervisor.sandboxes.lease import Lease
-from stockade.supervisor.sandboxes.network_modes import KEPT as KEPT_NETWORK
 from stockade.supervisor.sandboxes.network_modes import Networks
+from stockade.supervisor.sandboxes.parts import Parts
 from stockade.supervisor.sandboxes.pausing import Pausing
 from stockade.supervisor.sandboxes.pool import WarmPool
-from stockade.supervisor.sandboxes.profiles import KEPT as KEPT_PROFILE
 from stockade.supervisor.sandboxes.profiles import Profiles, SandboxProfile
 from stockade.supervisor.sandboxes.quarantine import Quarantines
 from stockade.supervisor.sandboxes.quotas import Quotas
@@ -78,9 +77,7 @@ from stockade.supervisor.sandboxes.runtime import decide_runtime
 from stockade.supervisor.sandboxes.sandbox import (
     Sandbox,
     SandboxNetwork,
-    absent,
     born,
-    describe,
 )
 from stockade.supervisor.sandboxes.snapshots.operations import Snapshots
 from stockade.supervisor.state.base import SharedState
@@ -121,16 +118,14 @@ class SandboxManager:
         `replica`: this supervisor's id in the shared state (app.replica_id; default the
         instance id): whose warm-pool pods are whose.
         `egress_hooks`: where the egress proxies report alarms and brokered injections."""
-        self.config = config
         self.backend = backend
         self._host_mounts = host_mounts
         self.registry: dict[str, Sandbox] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
         self._starting: set[str] = set()
         self.state = state
         self.quotas = Quotas(config, self.registry, self._starting, self.profile_of, state)
         self.held = self.quotas.held
-        self.record: Recorder = record_event or (lambda _key, _action, _reason: None)
+        record: Recorder = record_event or (lambda _key, _action, _reason: None)
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = lock or owner.InstanceLock(config.state_dir)
         self.owner = owner.this_process(self._lock)
@@ -145,30 +140,46 @@ class SandboxManager:
             instance_id=instance_id, image=image, owner_label=lambda: self.owner.label(),
             decoy_env=self.decoys.environment,
         )  # fmt: skip
-        self.clinic = Clinic(config, backend, self.registry, self.record, silence_s)
+        self.clinic = Clinic(config, backend, self.registry, record, silence_s)
         refuse = config.sandbox.paused_call == "refuse"
-        self.pausing = Pausing(backend, self.record, refuse)
+        self.pausing = Pausing(backend, record, refuse)
         self.pool = WarmPool(
             config, self.containers, self.layout, self.networks,
             backend=backend, replica=replica, replicas=self._replicas,
         )  # fmt: skip
-        self.housekeeping = Housekeeping(self)
-        self.snapshots = Snapshots(self)
-        self.quarantines = Quarantines(self)
-        self.daemon_maps: userns.IdMaps | None = None
+        self.parts = Parts(
+            config, backend, self.registry, self._starting, self.layout, self.networks,
+            self.profiles, self.containers, self.clinic, self.pausing, self.quotas, self.pool,
+            self.owner, record, self.create,
+        )  # fmt: skip
+        self.quarantines = Quarantines(self.parts)
+        self.inventory = Inventory(self.parts, self.quarantines)
+        self.housekeeping = Housekeeping(self.parts, self.quarantines)
+        self.snapshots = Snapshots(self.parts, self.quarantines, self.inventory)
 
     async def _replicas(self) -> frozenset[str] | None:
         return await self.state.replicas() if self.state is not None else None
 
     @property
-    def engine(self) -> str:
-        return self.backend.engine
+    def config(self) -> Config:
+        return self.parts.config
+
+    @config.setter
+    def config(self, config: Config) -> None:
+        self.parts.config = config
 
     @property
-    def remote(self) -> bool:
-        """Sandboxes are reached over the network (pods), by any supervisor of the instance:
-        a key's container found at its first call here is taken over (adoption.take_over)."""
-        return self.backend.remote
+    def record(self) -> Recorder:
+        """(key, action, reason): a housekeeping event for the audit log."""
+        return self.parts.record
+
+    @record.setter
+    def record(self, record: Recorder) -> None:
+        self.parts.record = record
+
+    @property
+    def engine(self) -> str:
+        return self.backend.engine
 
     @property
     def image(self) -> str:
@@ -197,16 +208,16 @@ class SandboxManager:
         return counts
 
     def lock(self, key: str) -> asyncio.Lock:
-        return self._locks.setdefault(key, asyncio.Lock())
+        return self.parts.lock(key)
 
     def container_name(self, key: str) -> str:
-        return self.containers.name(sandbox_id(key))
+        return self.parts.container_name(key)
 
     async def start(self) -> list[str]:
         """Check the engine and adopt this instance's running containers; return adopted keys.
         A container made from another image than the configured one is re-created instead."""
         await asyncio.to_thread(self.backend.ping)
-        runtime, self.daemon_maps = await asyncio.to_thread(
+        runtime, self.parts.daemon_maps = await asyncio.to_thread(
             decide_runtime, self.config, self.backend, self.layout, self._host_mounts
         )
         self.containers.runtime = runtime
@@ -222,7 +233,7 @@ class SandboxManager:
             image: await asyncio.to_thread(self.backend.image_id, image)
             for image in sorted(self.profiles.images)
         }
-        adopted = await adoption.adopt_all(self, found, image_ids)
+        adopted = await adoption.adopt_all(self.parts, found, image_ids)
         await self.quarantines.restore()
         await self.decoys.know((k, self.profiles.kept(p.root)) for k, p in self.layout.folders())
         await asyncio.to_thread(self.layout.drop_pool_folders)
@@ -261,7 +272,7 @@ class SandboxManager:
             lease.sandbox.idle_since = time.monotonic()
 
     def profile_of(self, sandbox: Sandbox) -> SandboxProfile:
-        return sandbox.profile or self.profiles.default
+        return self.parts.profile_of(sandbox)
 
     async def ensure(
         self, key: str, network: NetworkRequest | None = None, profile: str | None = None
@@ -317,9 +328,9 @@ class SandboxManager:
                 async with self.quotas.shared_lock(key):
                     # another replica may have made (or re-made) the key's container meanwhile
                     # (it held the key's shared lock while it did)
-                    taken = (
-                        await adoption.take_over(self, key, wanted, shape) if self.remote else None
-                    )
+                    taken = None
+                    if self.backend.host.shared:
+                        taken = await adoption.take_over(self.parts, key, wanted, shape)
                     if taken is not None:
                         self.registry[key] = taken
                         await self.decoys.plant(taken)
@@ -333,7 +344,7 @@ class SandboxManager:
                     if sandbox is not None:
                         sandbox.profile = made
                     else:
-                        if not self.remote:  # a pod's room is its node's: the scheduler's
+                        if self.backend.host.host_room:  # a pod's: its node's (the scheduler's)
                             hk, state_dir = self.config.housekeeping, self.config.state_dir
                             await asyncio.to_thread(pressure.check, hk, state_dir)
                         sandbox = await self.create(key, chosen, made)
@@ -344,22 +355,6 @@ class SandboxManager:
                 self.clinic.healed(key, trouble)
             await self.decoys.plant(sandbox)
             return sandbox
-
-    def settings_of(self, key: str) -> tuple[SandboxNetwork, SandboxProfile]:
-        """The network and profile a new container of the key gets: its running sandbox's,
-        else what its folder keeps, else the configured ones."""
-        held = self.registry.get(key)
-        if held is not None:
-            return held.network, self.profile_of(held)
-        folder = self.layout.of(key).root
-        return self.networks.kept(folder), self.profiles.kept(folder)
-
-    def copy_settings(self, source: str, key: str) -> None:
-        """A fork's key keeps what its source keeps (its network and profile)."""
-        source_folder, folder = self.layout.of(source).root, self.layout.of(key).root
-        for name in (KEPT_NETWORK, KEPT_PROFILE):
-            with contextlib.suppress(FileNotFoundError):
-                (folder / name).write_bytes((source_folder / name).read_bytes())
 
     def _keep(
         self, folder: Path, network: SandboxNetwork | None, profile: SandboxProfile | None
@@ -395,17 +390,13 @@ class SandboxManager:
         container: an unknown key or one without a container is SandboxNotFound."""
         validate_key(key)
         if key not in self.registry:
-            raise self._no_container(key)
+            raise self.inventory.no_container(key)
         async with self.lease(key) as lease:
             return await isolation_report(lease, self.backend)
 
     async def quarantine(self, key: str, alarm: Alarm) -> None:
         """The reaction to an alarm (observe/alarms.py): quarantine.py."""
         await self.quarantines.quarantine(key, alarm)
-
-    def _no_container(self, key: str) -> SandboxNotFound:
-        where = "has only a workspace" if self.layout.of(key).root.is_dir() else "is unknown"
-        return SandboxNotFound(f"sandbox {shown(key)!r} {where}; a tool call creates its container")
 
     async def pause(self, key: str, reason: str) -> tuple[SandboxInfo, bool]:
         """Freeze the key's sandbox (pausing.py): its info, and False when it was paused
@@ -424,92 +415,21 @@ class SandboxManager:
             self.quarantines.refuse(key)
             sandbox = self.registry.get(key)
             if sandbox is None:
-                raise self._no_container(key)
+                raise self.inventory.no_container(key)
             changed = await act(sandbox)
-        return self._describe(sandbox), changed
+        return self.inventory.describe(sandbox), changed
+
+    # Get, List and Destroy (inventory.py).
 
     async def get(self, key: str) -> SandboxInfo:
-        validate_key(key)
-        sandbox = self.registry.get(key)
-        if sandbox is not None:
-            await self._notice_deaths((sandbox,))
-            await self.clinic.check(sandbox)
-            return self._describe(sandbox)
-        taken = await adoption.held_elsewhere(self, key) if self.remote else None
-        if taken is not None:
-            return self._describe(taken)
-        if self.layout.of(key).root.is_dir():
-            return self._absent(key)
-        raise SandboxNotFound(f"no sandbox for key {shown(key)!r}")
+        return await self.inventory.get(key)
 
     async def list(self) -> list[SandboxInfo]:
-        await self._notice_deaths(tuple(self.registry.values()))
-        infos = {k: self._describe(s) for k, s in self.registry.items()}
-        for key, _ in self.layout.folders():
-            if key not in infos:
-                infos[key] = self._absent(key)
-        return sorted(infos.values(), key=lambda i: i.key)
+        return await self.inventory.list()
 
     async def destroy(self, key: str, *, delete_workspace: bool) -> tuple[bool, bool]:
         """Remove the container; keep the workspace unless asked. (removed, deleted)"""
-        validate_key(key)
-        paths = self.layout.of(key)
-        async with self.lock(key):
-            sandbox = self.registry.pop(key, None)
-            here = paths.root.is_dir()  # a replica may serve a pod without a folder of its own
-            if sandbox is None and not here and not await adoption.elsewhere(self, key):
-                raise SandboxNotFound(f"no sandbox for key {shown(key)!r}")
-            if sandbox is not None:
-                await sandbox.agent.close()
-            self.quarantines.forget(key)
-            await self.networks.egress.detach(sandbox_id(key))
-            found = await adoption.find(self, key) if sandbox is None else None  # by label
-            name = sandbox.info.id if sandbox is not None else self.container_name(key)
-            name = found.id if found is not None else name
-            removed = await asyncio.to_thread(self.containers.remove_own, name)
-            await asyncio.to_thread(layout.unmount, paths)
-            if delete_workspace:
-                await asyncio.to_thread(self.backend.remove_workspace, sandbox_id(key))
-                if here:
-                    await asyncio.to_thread(hostfs.remove_tree, paths.root)
-            elif here:
-                layout.stamp(paths.retired)
-            return removed, delete_workspace
-
-    async def _notice_deaths(self, sandboxes: tuple[Sandbox, ...]) -> None:
-        """Mark sandboxes whose container stopped or vanished since their last call as
-        lost, so that Get and List never report a dead container as RUNNING (the next call
-        recreates it). One engine call; when the engine does not answer, what is known stays."""
-        alive = [s for s in sandboxes if not s.lost]
-        if not alive:
-            return
-        try:
-            if len(alive) == 1:
-                found = await asyncio.to_thread(self.backend.inspect, alive[0].info.id)
-                infos = [found] if found is not None else []
-            else:
-                infos = await asyncio.to_thread(self.backend.list, self.containers.labels())
-        except EngineUnavailable:
-            return
-        running = {i.id for i in infos if i.running}
-        for sandbox in alive:
-            if sandbox.info.id not in running:
-                sandbox.lost = True
-
-    def _describe(self, sandbox: Sandbox) -> SandboxInfo:
-        workspace = self._workspace(sandbox.key)
-        image = self.profile_of(sandbox).image
-        return self.quarantines.mark(
-            describe(sandbox, self.engine, image, workspace, self.clinic.fields(sandbox))
-        )
-
-    def _absent(self, key: str) -> SandboxInfo:
-        return self.quarantines.mark(absent(key, self.engine, self.image, self._workspace(key)))
-
-    def _workspace(self, key: str) -> str:
-        """The key's workspace as SandboxInfo names it: where the engine keeps it (a pod's
-        claim), else its host folder."""
-        return self.backend.workspace_of(sandbox_id(key)) or str(self.layout.of(key).workspace)
+        return await self.inventory.destroy(key, delete_workspace=delete_workspace)
 
     # Housekeeping, for tests and tools that drive it by hand (housekeeping.py).
 

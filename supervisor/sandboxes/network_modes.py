@@ -17,6 +17,7 @@ from pathlib import Path
 from stockade.supervisor.config import NETWORK_MODES, Config
 from stockade.supervisor.config.allowlist import Allowlist, AllowlistError
 from stockade.supervisor.config.checks import split_host_port
+from stockade.supervisor.engines import hosts
 from stockade.supervisor.engines.backends.base import (
     LABEL_KEY,
     LABEL_NETWORK,
@@ -61,7 +62,7 @@ class Networks:
         )
         self.brokering = Brokering(config, lambda: self.egress.authority().certificate_pem)
         """The brokered secrets ([secrets]): their placeholders, trust and Broker."""
-        self._pods = config.engine.kind == "kubernetes"
+        self._shared_proxy = hosts.of_engine(config.engine.kind).shared_egress_proxy
         self.listener: SharedEgressListener | None = None
         """engine.kind kubernetes: the egress proxy all pods connect to (serve_pods)."""
         self.directory: PodDirectory | None = None
@@ -79,7 +80,7 @@ class Networks:
                 f"network mode {mode!r} is wider than the configured {configured!r} "
                 "(a request may narrow the network, never widen it)"
             )
-        if mode == "egress" and self._pods and not self._config.kubernetes.egress_proxy:
+        if mode == "egress" and self._shared_proxy and not self._config.kubernetes.egress_proxy:
             raise Unsupported(
                 "network mode 'egress' on pods needs kubernetes.egress_proxy (the egress "
                 "Service's host:port, which the pod is told): it is not set"
@@ -139,7 +140,7 @@ class Networks:
         the egress Service's (kubernetes.egress_proxy)."""
         if network.mode != "egress":
             return {}
-        if self._pods:
+        if self._shared_proxy:
             return proxy_environment(self._proxy_address or self._config.kubernetes.egress_proxy)
         return dict(self.egress.environment)
 
@@ -147,7 +148,7 @@ class Networks:
         """A host sandbox's link and proxy, with the Broker of its brokered secrets (those of
         its key's tenant and its container's profile); nothing for a pod (its IP says whose
         its connections to the shared listener are)."""
-        if network.mode == "egress" and not self._pods:
+        if network.mode == "egress" and not self._shared_proxy:
             allowlist = Allowlist(network.allow, self._config.network.ports)
             profile = container.info.labels.get(LABEL_PROFILE, "")
             broker = self.brokering.broker(key, container.sid, profile)
@@ -163,7 +164,7 @@ class Networks:
         """Whether this supervisor serves the pods' egress proxy: engine.kind kubernetes, a
         configured network of which egress may be chosen, and the Service to reach it."""
         return (
-            self._pods
+            self._shared_proxy
             and NETWORK_MODES.index(self._config.sandbox.network) >= NETWORK_MODES.index("egress")
             and bool(self._config.kubernetes.egress_proxy)
         )

@@ -36,8 +36,7 @@ from stockade.supervisor.errors import StockadeError
 from stockade.supervisor.keys import shown
 from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.network.shared_proxy import Client, Refusal, source_address
-from stockade.supervisor.sandboxes.adoption import labelled_key
-from stockade.supervisor.sandboxes.sandbox import SandboxNetwork
+from stockade.supervisor.sandboxes.sandbox import SandboxNetwork, labelled_key
 
 log = logging.getLogger("stockade.egress")
 

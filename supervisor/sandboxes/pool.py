@@ -3,7 +3,7 @@ folder yet) with the default network takes one: its folder is renamed to the key
 mounts follow the folder) and the key is written there, with the pool id, so that adoption
 after a restart finds the key.
 
-Pods (a remote host kind) are claimed by relabeling instead: the pod and its claim get the
+Pods (a shared host kind) are claimed by relabeling instead: the pod and its claim get the
 key's labels (backend.relabel), so any replica finds the key's pod by its sandbox-id label.
 A pool pod carries its maker's replica id: only that replica claims it (no two replicas
 race for one), and another reaps it once that replica is gone from the shared state (reap).
@@ -70,7 +70,8 @@ class WarmPool:
         self._layout = layout
         self._networks = networks
         self._backend = backend
-        self._remote = backend.remote
+        self._shared = backend.host.shared
+        self._host_room = backend.host.host_room
         self.replica = replica or containers.instance_id
         self._replicas = replicas
         self.ready: list[Container] = []
@@ -107,7 +108,7 @@ class WarmPool:
         paths, sid = self._layout.of(key), sandbox_id(key)
         if not self.ready or network != self._networks.choose(None) or paths.root.exists():
             return None
-        if self._remote and await asyncio.to_thread(self._backend.has_workspace, sid):
+        if self._shared and await asyncio.to_thread(self._backend.has_workspace, sid):
             return None  # the key's claim is its workspace: its pod is made on it
         pooled = self.ready.pop(0)
         self._wanted.set()
@@ -115,7 +116,7 @@ class WarmPool:
             log.warning("warm pool: container %s does not answer; dropped", pooled.info.name)
             await self._drop(pooled)
             return None
-        info = await self._claim(pooled, key, network) if self._remote else pooled.info
+        info = await self._claim(pooled, key, network) if self._shared else pooled.info
         if info is None:
             return None
         (pooled.paths.root / "key").write_text(key, encoding="utf-8", errors="surrogatepass")
@@ -165,7 +166,7 @@ class WarmPool:
         """Remove the unclaimed pool pods of replicas that are gone (their heartbeat stale in
         the shared state; without shared state this supervisor is alone, so every other's
         are a past run's). Never a claimed one: that is a key's sandbox. How many."""
-        if not self._remote:
+        if not self._shared:
             return 0
         live = await self._replicas()
         found = await asyncio.to_thread(self._backend.list, self._containers.labels())
@@ -193,7 +194,7 @@ class WarmPool:
             while len(self.ready) < size and not self._closing:
                 try:
                     hk, state_dir = self._config.housekeeping, self._config.state_dir
-                    if not self._remote:  # a pod's room is its node's: the scheduler's
+                    if self._host_room:  # a pod's room is its node's: the scheduler's
                         await asyncio.to_thread(pressure.check, hk, state_dir)
                     pooled = await self._make()
                     self.ready.append(pooled)
@@ -208,7 +209,7 @@ class WarmPool:
         name = self._containers.name(f"{POOL_PREFIX}{pool_id}")
         network = self._networks.choose(None)
         labels = {LABEL_POOL: pool_id}
-        if self._remote:
+        if self._shared:
             labels[LABEL_REPLICA] = self.replica
         try:
             return await self._containers.start(name, labels, paths, network)

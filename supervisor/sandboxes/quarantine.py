@@ -23,7 +23,6 @@ import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from stockade.supervisor.errors import (
     InvalidRequest,
@@ -37,10 +36,8 @@ from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import SandboxInfo
 from stockade.supervisor.observe.alarms import Alarm, from_dict, sane_time, to_dict
 from stockade.supervisor.observe.audit import AuditLog, AuditQuery, AuditRecord
+from stockade.supervisor.sandboxes.parts import Parts
 from stockade.supervisor.sandboxes.sandbox import Sandbox
-
-if TYPE_CHECKING:
-    from stockade.supervisor.sandboxes.manager import SandboxManager
 
 log = logging.getLogger("stockade")
 
@@ -135,8 +132,8 @@ def _write(folder: Path, record: Quarantine) -> None:
 
 
 class Quarantines:
-    def __init__(self, manager: SandboxManager) -> None:
-        self._m = manager
+    def __init__(self, parts: Parts) -> None:
+        self._parts = parts
         self.held: dict[str, Quarantine] = {}
 
     def refuse(self, key: str) -> None:
@@ -172,8 +169,8 @@ class Quarantines:
         validate_key(key)
         if alarm.sandbox_key != key:
             raise InvalidRequest("the alarm names another sandbox than the one quarantined")
-        folder = self._m.layout.of(key).root
-        if key not in self._m.registry and not folder.is_dir():
+        folder = self._parts.layout.of(key).root
+        if key not in self._parts.registry and not folder.is_dir():
             raise SandboxNotFound(f"no sandbox for key {shown(key)!r}")
         record = self.held.get(key)
         if record is not None and alarm in record.alarms:
@@ -182,16 +179,16 @@ class Quarantines:
             record = self.held[key] = Quarantine(key, alarm.time, [alarm])
         elif len(record.alarms) < MAX_ALARMS and alarm not in record.alarms:
             record.alarms.append(alarm)
-        async with self._m.lock(key):
+        async with self._parts.lock(key):
             if self.held.get(key) is not record:
                 return record  # released meanwhile: an alarm sounded before the release
             await asyncio.to_thread(_write, folder, record)
-            sandbox = self._m.registry.get(key)
+            sandbox = self._parts.registry.get(key)
             if sandbox is not None:
                 await self._isolate(sandbox, record, f"quarantined: {record.why}")
                 await asyncio.to_thread(_write, folder, record)
         log.warning("sandbox %r is quarantined: %s", shown(key), record.why)
-        self._m.record(key, "quarantine", alarm.detail)
+        self._parts.record(key, "quarantine", alarm.detail)
         return record
 
     async def _isolate(self, sandbox: Sandbox, record: Quarantine, why: str) -> None:
@@ -206,7 +203,7 @@ class Quarantines:
             record.frozen = True
         elif not sandbox.lost:
             try:
-                record.frozen = await self._m.pausing.pause(sandbox, why)
+                record.frozen = await self._parts.pausing.pause(sandbox, why)
             except StockadeError as exc:
                 notes.append(f"not frozen: {exc}")
         if notes:
@@ -216,10 +213,10 @@ class Quarantines:
     async def _cut(self, sandbox: Sandbox) -> str:
         mode = sandbox.network.mode
         if mode == "egress":
-            await self._m.networks.egress.detach(sandbox.sid)
+            await self._parts.networks.egress.detach(sandbox.sid)
             return "egress"
         if mode == "open":
-            await asyncio.to_thread(self._m.backend.set_connected, sandbox.info.id, False)
+            await asyncio.to_thread(self._parts.backend.set_connected, sandbox.info.id, False)
             return "open"
         return ""
 
@@ -228,47 +225,47 @@ class Quarantines:
         the key is not quarantined. A sandbox whose network cannot be given back is marked
         lost (its next call re-creates its container, workspace kept)."""
         validate_key(key)
-        async with self._m.lock(key):
+        async with self._parts.lock(key):
             record = self.get(key)
-            sandbox = self._m.registry.get(key)
+            sandbox = self._parts.registry.get(key)
             if sandbox is not None and not sandbox.lost:
-                await self._m.pausing.resume(sandbox, "quarantine released")
+                await self._parts.pausing.resume(sandbox, "quarantine released")
                 try:
                     await self._restore(sandbox)
                 except StockadeError as exc:
                     log.warning("sandbox %r: network not restored (%s)", shown(key), exc)
                     sandbox.lost = True
             del self.held[key]
-            folder = self._m.layout.of(key).root
+            folder = self._parts.layout.of(key).root
             with contextlib.suppress(FileNotFoundError):
                 (folder / QUARANTINE).unlink()
         log.warning("sandbox %r released from quarantine", shown(key))
-        self._m.record(key, "release quarantine", record.why)
+        self._parts.record(key, "release quarantine", record.why)
         return record
 
     async def _restore(self, sandbox: Sandbox) -> None:
         if sandbox.network.mode == "egress":
-            await self._m.networks.attach(sandbox.key, sandbox.container, sandbox.network)
+            await self._parts.networks.attach(sandbox.key, sandbox.container, sandbox.network)
         elif sandbox.network.mode == "open":
-            await asyncio.to_thread(self._m.backend.set_connected, sandbox.info.id, True)
+            await asyncio.to_thread(self._parts.backend.set_connected, sandbox.info.id, True)
 
     def forget(self, key: str) -> None:
         """The key was destroyed: its quarantine ends with it. The caller holds its lock."""
         self.held.pop(key, None)
         with contextlib.suppress(FileNotFoundError):
-            (self._m.layout.of(key).root / QUARANTINE).unlink()
+            (self._parts.layout.of(key).root / QUARANTINE).unlink()
 
     async def restore(self) -> None:
         """At start, after adoption: every key whose folder keeps a quarantine is
         quarantined again; its adopted container is kept frozen and cut off."""
-        for key, paths in await asyncio.to_thread(self._m.layout.folders):
+        for key, paths in await asyncio.to_thread(self._parts.layout.folders):
             record = await asyncio.to_thread(read, paths.root, key)
             if record is None:
                 continue
             self.held[key] = record
-            sandbox = self._m.registry.get(key)
+            sandbox = self._parts.registry.get(key)
             if sandbox is not None:
-                async with self._m.lock(key):
+                async with self._parts.lock(key):
                     await self._isolate(sandbox, record, "still quarantined after a restart")
             log.warning("sandbox %r is still quarantined: %s", shown(key), record.why)
 

@@ -1,18 +1,23 @@
 """What the manager holds of each sandbox: its container, the agent link to it, its network,
-and how it fares (calls in flight, lost, broken and why)."""
+and how it fares (calls in flight, lost, broken and why); the key a container's labels name."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from stockade.supervisor.engines.backends.base import (
+    LABEL_KEY,
     LABEL_NETWORK,
     LABEL_NETWORK_ALLOW,
+    LABEL_TENANT,
     ContainerInfo,
 )
+from stockade.supervisor.errors import InvalidRequest
+from stockade.supervisor.keys import scope
 from stockade.supervisor.models import SandboxInfo, SandboxState
 from stockade.supervisor.sandboxes import healing
 from stockade.supervisor.sandboxes.agent_link import AgentLink
@@ -146,3 +151,12 @@ def absent(key: str, engine: str, image: str, workspace: str) -> SandboxInfo:
         last_used_at=None,
         workspace_path=workspace,
     )
+
+
+def labelled_key(labels: Mapping[str, str]) -> str:
+    """The scoped key a container's labels name ("" when they name none that is valid)."""
+    key = labels.get(LABEL_KEY, "")
+    try:
+        return scope(labels.get(LABEL_TENANT, ""), key) if key else ""
+    except InvalidRequest:
+        return ""

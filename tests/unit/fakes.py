@@ -24,6 +24,7 @@ from stockade.supervisor.engines.backends.base import (
     EngineView,
     RuntimeFacts,
 )
+from stockade.supervisor.engines.hosts import LOCAL, HostKind
 from stockade.supervisor.engines.userns import NO_USERNS, IdMaps
 from stockade.supervisor.errors import ConfigError, SandboxBroken
 from stockade.supervisor.sandboxes.agent_link import (
@@ -38,12 +39,16 @@ from stockade.supervisor.sandboxes.agent_link import (
 from stockade.supervisor.sandboxes.lease import Deadline
 from stockade.supervisor.sandboxes.manager import SandboxManager
 
+SHARED = replace(LOCAL, name="shared", shared=True, host_room=False, rlimits=False)
+"""The fake engine as a host kind whose sandboxes any replica reaches (as pods are), its
+other choices (snapshots, host folders, a proxy per sandbox) the local engines'."""
+
 
 class FakeBackend(HostFolderWorkspaces):
     engine = "fake"
     tmpfs_inodes = True
-    remote = False
-    """Set by tests of a host kind whose sandboxes any replica reaches (pods)."""
+    host: HostKind = LOCAL
+    """SHARED in tests of a host kind whose sandboxes any replica reaches (pods)."""
 
     def __init__(self) -> None:
         self.containers: dict[str, ContainerInfo] = {}

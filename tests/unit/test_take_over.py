@@ -2,8 +2,8 @@
 a key's container: the first call of a key at a replica that has not seen it takes over the
 container another replica made, and never makes a second one; a container it cannot use
 (stopped, another key's labels, another network or profile asked for, a silent agent) is
-replaced. Host engines (remote False) keep their rule: a replica's own container of that name
-is replaced."""
+replaced. Host kinds not shared (the local engines) keep their rule: a replica's own
+container of that name is replaced."""
 
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ from stockade.supervisor.config.sandbox import ProfileConfig
 from stockade.supervisor.config.service import StateConfig
 from stockade.supervisor.engines.addresses import AgentAddress, UnixAddress
 from stockade.supervisor.engines.backends.base import ContainerInfo
+from stockade.supervisor.engines.hosts import LOCAL
 from stockade.supervisor.errors import HostExhausted, SandboxNotFound
 from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.sandboxes.layout import Paths
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.fakes import FakeBackend, fake_manager
+from tests.unit.fakes import SHARED, FakeBackend, fake_manager
 
 
 def replica(state: Path, backend: FakeBackend, network: str = "open") -> SandboxManager:
@@ -44,7 +45,7 @@ def replica(state: Path, backend: FakeBackend, network: str = "open") -> Sandbox
 @pytest.fixture
 def pods() -> FakeBackend:
     backend = FakeBackend()
-    backend.remote = True
+    backend.host = SHARED
     return backend
 
 
@@ -143,7 +144,7 @@ async def test_the_supervisors_host_room_limits_only_containers_on_it(
     """housekeeping.min_free_memory_mb measures the supervisor's host: it refuses new
     containers there, never a pod, which runs wherever the scheduler finds room."""
     backend = FakeBackend()
-    backend.remote = remote
+    backend.host = SHARED if remote else LOCAL
     mgr = replica(tmp_path, backend)
     hk = replace(mgr.config.housekeeping, min_free_memory_mb=1 << 30)  # a PiB: never there
     mgr.config = replace(mgr.config, housekeeping=hk)

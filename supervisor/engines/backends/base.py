@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from stockade.supervisor.engines.hosts import HostKind
 from stockade.supervisor.engines.userns import IdMap, IdMaps
 
 LABEL_MANAGED = "io.stockade.managed"
@@ -162,9 +163,10 @@ class ContainerBackend(Protocol):
     """"podman", "docker" or "kubernetes"."""
     tmpfs_inodes: bool
     """Whether the engine's tmpfs mounts take an inode cap (Podman 4.3 refuses nr_inodes)."""
-    remote: bool
-    """Its sandboxes are reached over the network by any supervisor of the instance (pods),
-    not through host folders of one supervisor (containers on this host)."""
+    host: HostKind
+    """Where its sandboxes run, and what follows (engines/hosts.py): on this machine through
+    host folders (LOCAL), or pods reached over the network by any supervisor of the
+    installation (KUBERNETES)."""
 
     def ping(self) -> str:
         """Return the engine's version; raise EngineUnavailable when it cannot be reached."""

@@ -31,6 +31,7 @@ from stockade.supervisor.engines.backends.base import (
     EngineView,
     RuntimeFacts,
 )
+from stockade.supervisor.engines.hosts import LOCAL
 from stockade.supervisor.engines.userns import (
     NO_USERNS,
     SUBGID,
@@ -47,7 +48,7 @@ _ENGINE_ERRORS = (docker.errors.DockerException, requests.RequestException)
 class DockerBackend(HostFolderWorkspaces):
     engine = "docker"
     tmpfs_inodes = True
-    remote = False
+    host = LOCAL
 
     def __init__(self, base_url: str) -> None:
         self._base_url = base_url

@@ -32,6 +32,7 @@ from stockade.supervisor.engines.backends.base import (
     EngineView,
     RuntimeFacts,
 )
+from stockade.supervisor.engines.hosts import LOCAL
 from stockade.supervisor.engines.userns import (
     AUTO_SIZE,
     SUBGID,
@@ -58,7 +59,7 @@ CPU_PERIOD_US = 100_000
 class PodmanBackend(HostFolderWorkspaces):
     engine = "podman"
     tmpfs_inodes = False
-    remote = False
+    host = LOCAL
     """Podman 4.3 refuses nr_inodes on its tmpfs mounts ("invalid mount option")."""
 
     def __init__(self, base_url: str) -> None:

@@ -1,5 +1,6 @@
 """Snapshots of sandboxes' files, restores and forks: the manager's side of the store
-(snapshots/repository.py keeps the files; snapshots/staging.py switches a workspace).
+(snapshots/repository.py keeps the files; snapshots/staging.py switches a workspace). Takes
+the manager's parts (sandboxes/parts.py), never the manager.
 
 A capture runs in two passes under the key's lock: the first copies the workspace while the
 sandbox runs on (calls keep being served), the second reads again, with every process of the
@@ -36,7 +37,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import psutil
 
@@ -55,7 +55,10 @@ from stockade.supervisor.keys import shown, split
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import SandboxInfo
 from stockade.supervisor.sandboxes import layout, workspaces
+from stockade.supervisor.sandboxes.inventory import Inventory
+from stockade.supervisor.sandboxes.parts import Parts
 from stockade.supervisor.sandboxes.profiles import SandboxProfile
+from stockade.supervisor.sandboxes.quarantine import Quarantines
 from stockade.supervisor.sandboxes.sandbox import Sandbox, SandboxNetwork
 from stockade.supervisor.sandboxes.snapshots import staging
 from stockade.supervisor.sandboxes.snapshots.capture import DIR_FLAGS
@@ -69,9 +72,6 @@ from stockade.supervisor.sandboxes.snapshots.repository import (
     SnapshotStore,
     check_name,
 )
-
-if TYPE_CHECKING:
-    from stockade.supervisor.sandboxes.manager import SandboxManager
 
 TMP = "tmp"
 MAX_FORKS = 64
@@ -89,9 +89,10 @@ class Taken:
 
 
 class Snapshots:
-    def __init__(self, manager: SandboxManager) -> None:
-        self._m = manager
-        config = manager.config
+    def __init__(self, parts: Parts, quarantines: Quarantines, inventory: Inventory) -> None:
+        self._parts = parts
+        self._quarantines, self._inventory = quarantines, inventory
+        config = parts.config
         root = (
             Path(config.snapshots.dir) if config.snapshots.dir else config.state_dir / "snapshots"
         )
@@ -110,7 +111,7 @@ class Snapshots:
             check_name(name)
         taken = await self._capture(key, name, include_tmp, max_bytes, max_count)
         snap = taken.snapshot
-        self._m.record(
+        self._parts.record(
             key, "snapshot",
             f"{snap.name}: {reason}; {snap.files} files, {snap.bytes} bytes, frozen "
             f"{taken.frozen_s:.3f} s",
@@ -123,7 +124,7 @@ class Snapshots:
 
     async def usage(self, tenant: str) -> tuple[int, int, int, int]:
         """(count, bytes, max_count, max_bytes) of the tenant's store."""
-        _, max_count, max_bytes = self._m.config.snapshot_rules(tenant)
+        _, max_count, max_bytes = self._parts.config.snapshot_rules(tenant)
         used = await asyncio.to_thread(self.store.usage, owner_of(tenant))
         return used.count, used.bytes, max_count, max_bytes
 
@@ -131,7 +132,7 @@ class Snapshots:
         self._allowed(tenant, "delete")
         check_name(name)
         freed = await asyncio.to_thread(self.store.delete, owner_of(tenant), name)
-        self._m.record(_tenant_key(tenant), "snapshot-delete", f"{name}: {reason}")
+        self._parts.record(_tenant_key(tenant), "snapshot-delete", f"{name}: {reason}")
         return freed
 
     async def restore(self, key: str, name: str, reason: str) -> tuple[SandboxInfo, Snapshot, bool]:
@@ -143,15 +144,15 @@ class Snapshots:
         check_name(name)
         owner = owner_of(tenant)
         snap = await asyncio.to_thread(self.store.get, owner, name)
-        m = self._m
-        async with m.lock(key):
-            m.quarantines.refuse(key)  # its files are the evidence
-            old = m.registry.get(key)
-            replaced = old is not None or m.layout.of(key).root.is_dir()
-            network, profile = m.settings_of(key)
+        parts = self._parts
+        async with parts.lock(key):
+            self._quarantines.refuse(key)  # its files are the evidence
+            old = parts.registry.get(key)
+            replaced = old is not None or parts.layout.of(key).root.is_dir()
+            network, profile = self._inventory.settings_of(key)
             await self._into(key, owner, name, snap, old, network, profile)
-        info = await m.get(key)
-        self._m.record(key, "restore", f"{name}: {reason}")
+        info = await self._inventory.get(key)
+        self._parts.record(key, "restore", f"{name}: {reason}")
         return info, snap, replaced
 
     async def fork(
@@ -168,18 +169,18 @@ class Snapshots:
         tenant = split(source)[0]
         self._allowed(tenant, "fork")
         _no_memory(include_memory)
-        self._m.quarantines.refuse(source)  # a snapshot keeps its files; a fork would run them
+        self._quarantines.refuse(source)  # a snapshot keeps its files; a fork would run them
         self._check_new(source, new_keys)
-        m = self._m
+        parts = self._parts
         owner = owner_of(tenant)
         name = f"~fork-{secrets.token_hex(8)}"
         made: list[str] = []
         try:
             for key in new_keys:  # each counts against the tenant's sandboxes from now on
-                m.quotas.admit(key)
-                m._starting.add(key)
+                parts.quotas.admit(key)
+                parts.starting.add(key)
             taken = await self._capture(source, name, include_tmp, 0)
-            network, profile = m.settings_of(source)
+            network, profile = self._inventory.settings_of(source)
             try:
                 done = await asyncio.gather(
                     *(
@@ -196,13 +197,13 @@ class Snapshots:
         except BaseException:
             for key in made:
                 with contextlib.suppress(Exception):
-                    await m.destroy(key, delete_workspace=True)
+                    await self._inventory.destroy(key, delete_workspace=True)
             raise
         finally:
-            m._starting.difference_update(new_keys)
+            parts.starting.difference_update(new_keys)
         for key in new_keys:
-            m.record(key, "fork", f"from {shown(source)!r}: {reason}")
-        return [await m.get(k) for k in new_keys], taken
+            parts.record(key, "fork", f"from {shown(source)!r}: {reason}")
+        return [await self._inventory.get(k) for k in new_keys], taken
 
     async def _fork_one(
         self,
@@ -214,8 +215,8 @@ class Snapshots:
         network: SandboxNetwork,
         profile: SandboxProfile,
     ) -> None:
-        async with self._m.lock(key):
-            if key in self._m.registry or self._m.layout.of(key).root.is_dir():
+        async with self._parts.lock(key):
+            if key in self._parts.registry or self._parts.layout.of(key).root.is_dir():
                 raise AlreadyExists(f"sandbox {shown(key)!r} appeared while it was being forked")
             made.append(key)
             await self._into(
@@ -227,11 +228,11 @@ class Snapshots:
     async def _capture(
         self, key: str, name: str, include_tmp: bool, max_bytes: int, max_count: int = 0
     ) -> Taken:
-        m = self._m
-        paths = m.layout.of(key)
+        parts = self._parts
+        paths = parts.layout.of(key)
         tenant, plain = split(key)
-        async with m.lock(key):
-            sandbox = m.registry.get(key)
+        async with parts.lock(key):
+            sandbox = parts.registry.get(key)
             if sandbox is None and not paths.root.is_dir():
                 raise SandboxNotFound(f"no sandbox for key {shown(key)!r}")
             trees: dict[str, Opener] = {MAIN: _folder(paths.workspace)}
@@ -250,7 +251,7 @@ class Snapshots:
                     cached = await asyncio.to_thread(session.precopy, trees, lineage)
                     chosen = name or _fresh_name(session)
                     session.check_free(chosen)
-                    async with self._m.pausing.frozen(sandbox) as clock:  # the walk alone
+                    async with self._parts.pausing.frozen(sandbox) as clock:  # the walk alone
                         got, stats = await asyncio.to_thread(session.walk, trees, cached)
                     snap = await asyncio.to_thread(
                         session.record, chosen, got, lineage, source=plain, max_bytes=max_bytes
@@ -270,7 +271,7 @@ class Snapshots:
                 "after deduplication ([snapshots] max_mb); it was not kept"
             )
             budgets.append((max_bytes - used, why))
-        min_free = self._m.config.housekeeping.min_free_disk_mb * MiB
+        min_free = self._parts.config.housekeeping.min_free_disk_mb * MiB
         if min_free:
             free = psutil.disk_usage(str(self.store.root)).free
             why = (
@@ -288,7 +289,7 @@ class Snapshots:
         image. Mount it for the capture, and unmount it after."""
         mount = (
             sandbox is None
-            and self._m.layout.capped(paths)
+            and self._parts.layout.capped(paths)
             and paths.image.exists()
             and not paths.workspace.is_mount()
         )
@@ -309,14 +310,14 @@ class Snapshots:
                 "include_tmp: the sandbox has no running container, and /tmp lives and dies "
                 "with its container"
             )
-        if self._m.layout.host_tmp:
+        if self._parts.layout.host_tmp:
             return _folder(host_tmp)
         return self._container_tmp(sandbox)
 
     def _container_tmp(self, sandbox: Sandbox) -> Opener:
-        if self._m.containers.runtime.gvisor:
+        if self._parts.containers.runtime.gvisor:
             raise Unsupported("/tmp of a gVisor sandbox lives in gVisor's own kernel: not read")
-        pid, cid, backend = sandbox.info.pid, sandbox.info.id, self._m.backend
+        pid, cid, backend = sandbox.info.pid, sandbox.info.id, self._parts.backend
         if not pid or not os.path.isdir(f"/proc/{pid}"):
             raise Unsupported(
                 "/tmp: this supervisor cannot see the container's processes (does it run in a "
@@ -349,44 +350,44 @@ class Snapshots:
         """Under the key's lock: stage the snapshot's workspace, stop the old container,
         switch, start the new container (on `network`, with `profile`; a fork's key keeps
         what `settings_from`, its source, keeps), write /tmp back."""
-        m = self._m
-        m.quotas.admit(key, profile.memory_mb)
-        await m.quotas.admit_shared(key, profile.memory_mb)
-        paths = await asyncio.to_thread(m.layout.prepare, key)
+        parts = self._parts
+        parts.quotas.admit(key, profile.memory_mb)
+        await parts.quotas.admit_shared(key, profile.memory_mb)
+        paths = await asyncio.to_thread(parts.layout.prepare, key)
         if settings_from:
-            await asyncio.to_thread(m.copy_settings, settings_from, key)
-        ids = m.layout.workspace_ids(paths)
-        cap = staging.cap_of(paths, m.config.sandbox.workspace_size_mb)
+            await asyncio.to_thread(self._inventory.copy_settings, settings_from, key)
+        ids = parts.layout.workspace_ids(paths)
+        cap = staging.cap_of(paths, parts.config.sandbox.workspace_size_mb)
         staged = await asyncio.to_thread(staging.stage, self.store, owner, name, paths, ids, cap)
         try:
             if old is not None:
-                m.registry.pop(key, None)
-                await m.containers.stop(old.container)
+                parts.registry.pop(key, None)
+                await parts.containers.stop(old.container)
             else:
                 await asyncio.to_thread(layout.unmount, paths)
             await asyncio.to_thread(staged.switch)
         except BaseException:
             await asyncio.to_thread(staged.discard)
             raise
-        counted = key in m._starting  # a fork's keys are the fork's to discard
-        m._starting.add(key)
+        counted = key in parts.starting  # a fork's keys are the fork's to discard
+        parts.starting.add(key)
         try:
-            sandbox = await m.create(key, network, profile)
+            sandbox = await parts.create(key, network, profile)
             if TMP in snap.parts:  # before any call can reach the new container
                 await self._restore_tmp(sandbox, owner, name, paths.tmp, ids)
         finally:
             if not counted:
-                m._starting.discard(key)
-        m.registry[key] = sandbox
+                parts.starting.discard(key)
+        parts.registry[key] = sandbox
 
     async def _restore_tmp(
         self, sandbox: Sandbox, owner: str, name: str, host_tmp: Path, ids: tuple[int, int]
     ) -> None:
-        target = _folder(host_tmp) if self._m.layout.host_tmp else self._container_tmp(sandbox)
+        target = _folder(host_tmp) if self._parts.layout.host_tmp else self._container_tmp(sandbox)
         try:
             await asyncio.to_thread(self.store.restore, owner, name, target, ids, TMP)
         except OSError as exc:
-            await self._m.containers.stop(sandbox.container, keep_workspace_mounted=True)
+            await self._parts.containers.stop(sandbox.container, keep_workspace_mounted=True)
             if exc.errno == errno.ENOSPC:
                 raise staging.SnapshotTooBig(
                     f"snapshot {name!r}: its /tmp does not fit in the sandbox's /tmp "
@@ -397,12 +398,12 @@ class Snapshots:
     # --- checks --------------------------------------------------------------------------
 
     def _allowed(self, tenant: str, operation: str) -> tuple[tuple[str, ...], int, int]:
-        if self._m.engine == "kubernetes" and operation != "delete":
+        if not self._parts.host.snapshots and operation != "delete":
             raise Unsupported(
                 "snapshots read and write workspaces on the supervisor's host; a pod's "
                 "workspace is a volume in the cluster (engine.kind kubernetes): not supported"
             )
-        rules = self._m.config.snapshot_rules(tenant)
+        rules = self._parts.config.snapshot_rules(tenant)
         if operation not in rules[0]:
             raise PolicyDenied(
                 f"this supervisor does not let {'you' if not tenant else repr(tenant)} "
@@ -421,7 +422,7 @@ class Snapshots:
             validate_key(key)
             if key == source:
                 raise AlreadyExists(f"the new key {shown(key)!r} is the source's")
-            if key in self._m.registry or self._m.layout.of(key).root.is_dir():
+            if key in self._parts.registry or self._parts.layout.of(key).root.is_dir():
                 raise AlreadyExists(
                     f"sandbox {shown(key)!r} exists (a container or a workspace): a fork makes "
                     "new sandboxes only (destroy it with its workspace first)"

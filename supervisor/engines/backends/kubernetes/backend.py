@@ -58,6 +58,7 @@ from stockade.supervisor.engines.backends.kubernetes import manifests
 from stockade.supervisor.engines.backends.kubernetes.api import KubeApi, Obj, load_client
 from stockade.supervisor.engines.backends.kubernetes.pki import Authority, Issued, supervisor_tls
 from stockade.supervisor.engines.backends.kubernetes.views import info_of, view_of
+from stockade.supervisor.engines.hosts import KUBERNETES
 from stockade.supervisor.engines.userns import IDENTITY, IdMaps
 from stockade.supervisor.errors import (
     ConfigError,
@@ -82,7 +83,7 @@ class KubernetesBackend:
     engine = "kubernetes"
     tmpfs_inodes = False
     """A pod's /tmp is an emptyDir in memory: its size is capped, its inodes are not."""
-    remote = True
+    host = KUBERNETES
     """Any supervisor of the instance reaches a pod (its IP, mutual TLS)."""
 
     def __init__(
