@@ -12,13 +12,12 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.e2b_kit import E2bServed, serving_e2b
+from tests.integration.e2b_kit import E2bServed
 from tests.integration.test_clients import build, missing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,12 +37,6 @@ def e2b_typescript() -> list[str]:
         missing(f"{E2B_TYPESCRIPT}/node_modules is missing (npm ci)")
     build([npm, "run", "--silent", "build"], E2B_TYPESCRIPT)
     return [node, str(E2B_TYPESCRIPT / "dist" / "main.js")]
-
-
-@pytest.fixture(scope="module")
-def served(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServed]:
-    with serving_e2b(engine, tmp_path_factory.mktemp("e2bjs")) as served:
-        yield served
 
 
 def run(argv: list[str], served: E2bServed, key: str) -> subprocess.CompletedProcess[str]:
