@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -217,6 +218,14 @@ def process(box: Sandbox, action: str, **args: Any) -> dict[str, Any]:
     result = box.call("process", {"action": action, **args})
     assert not result.is_error, result.error_message
     return result.data
+
+
+def an_approver_connected(client: Stockade, within: float = 10.0) -> None:
+    """Wait until the ApprovalService has an approver of `client`'s tenant connected."""
+    deadline = time.monotonic() + within
+    while client.list_approvals().approvers < 1:
+        assert time.monotonic() < deadline, "the approver did not connect"
+        time.sleep(0.02)
 
 
 def inspected(engine: str, container_id: str) -> ContainerInfo:
