@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import datetime
 import hashlib
+import http.server
 import ipaddress
 import ssl
 import sys
@@ -41,6 +42,20 @@ NAMES = ("api.test", "other.test", "localhost")
 RECORD_LIMIT = 1 << 20
 WRITE = 256 * 1024
 MAX_HEAD = 256 * 1024
+
+
+class QuietHandler(http.server.BaseHTTPRequestHandler):
+    """A base for the tests' http.server upstreams: `_send` answers 200 with `body`; nothing
+    is logged."""
+
+    def _send(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
 
 
 @dataclass
@@ -189,11 +204,13 @@ class Upstream:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    async def _request_head(self, reader: asyncio.StreamReader) -> tuple[Recorded, str] | None:
+        """The next request's head, recorded (its body not read yet), and its HTTP version;
+        None when the connection ends first."""
         try:
             head = await reader.readuntil(b"\r\n\r\n")
         except asyncio.IncompleteReadError:
-            return False
+            return None
         lines = head.decode("latin-1").split("\r\n")
         method, target, version = lines[0].split(" ", 2)
         headers = []
@@ -203,6 +220,14 @@ class Upstream:
                 headers.append((name, value.strip()))
         got = Recorded(method, target, headers, head)
         self.requests.append(got)
+        return got, version
+
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        request = await self._request_head(reader)
+        if request is None:
+            return False
+        got, version = request
+        method, target, head = got.method, got.target, got.head
         if (got.header("expect") or "").lower() == "100-continue":
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         await self._read_body(reader, got)

@@ -5,13 +5,12 @@ connection options for it."""
 from __future__ import annotations
 
 import contextlib
-import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.integration.harness import Supervisor, free_tcp_address, running_supervisor
+from tests.integration.harness import Supervisor, serving_front
 
 
 @dataclass
@@ -32,14 +31,6 @@ class E2bServed:
 @contextlib.contextmanager
 def serving_e2b(engine: str, folder: Path, extra: str = "", e2b: str = "") -> Iterator[E2bServed]:
     """The supervisor with `extra` config and `e2b` more lines of the [e2b] table."""
-    token, other = secrets.token_hex(20), secrets.token_hex(20)
-    tokens = folder / "tokens"
-    tokens.write_text(f"{token} acme\n{other} other\n")
-    tokens.chmod(0o600)
-    address = free_tcp_address()
-    with running_supervisor(
-        engine,
-        f'[e2b]\nlisten = "{address}"\n{e2b}{extra}',
-        auth_config=f'[auth]\ntokens_file = "{tokens}"\n',
-    ) as sup:
+    with serving_front(engine, folder, "e2b", f"{e2b}{extra}") as (sup, address, tokens):
+        token, other = tokens
         yield E2bServed(sup, f"http://{address}", token, other)

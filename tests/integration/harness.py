@@ -6,17 +6,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from stockade.client import TLS, Stockade
+from stockade.client import TLS, Sandbox, Stockade
 from stockade.supervisor.cli import launcher
 from stockade.supervisor.engines.backends import create_backend
 from stockade.supervisor.engines.backends.base import (
@@ -181,6 +184,59 @@ def running_supervisor(
         workspaces.unmount_all(state)
         with contextlib.suppress(OSError):  # no recursion: sandboxes may leave deep trees
             hostfs.remove_tree(state)
+
+
+@contextmanager
+def serving_front(
+    engine: str,
+    folder: Path,
+    table: str,
+    config: str = "",
+    tenants: tuple[str, ...] = ("acme", "other"),
+) -> Iterator[tuple[Supervisor, str, list[str]]]:
+    """A supervisor serving the front `table` ("mcp", "e2b") on a free loopback address, with
+    `config` after that table's listen line, its callers `tenants` by bearer tokens from a
+    tokens file in `folder` (the gRPC API takes them too): the supervisor, the address, and
+    the tenants' tokens in their order."""
+    tokens = [secrets.token_hex(20) for _ in tenants]
+    path = folder / "tokens"
+    path.write_text(
+        "".join(f"{token} {name}\n" for token, name in zip(tokens, tenants, strict=True))
+    )
+    path.chmod(0o600)
+    address = free_tcp_address()
+    with running_supervisor(
+        engine,
+        f'[{table}]\nlisten = "{address}"\n{config}',
+        auth_config=f'[auth]\ntokens_file = "{path}"\n',
+    ) as sup:
+        yield sup, address, tokens
+
+
+def process(box: Sandbox, action: str, **args: Any) -> dict[str, Any]:
+    """The process tool's `action` in `box`, which must not fail: its data."""
+    result = box.call("process", {"action": action, **args})
+    assert not result.is_error, result.error_message
+    return result.data
+
+
+def an_approver_connected(client: Stockade, within: float = 10.0) -> None:
+    """Wait until the ApprovalService has an approver of `client`'s tenant connected."""
+    deadline = time.monotonic() + within
+    while client.list_approvals().approvers < 1:
+        assert time.monotonic() < deadline, "the approver did not connect"
+        time.sleep(0.02)
+
+
+def inspected(engine: str, container_id: str) -> ContainerInfo:
+    """What the engine says of the container (which must exist)."""
+    be = backend(engine)
+    try:
+        info = be.inspect(container_id)
+    finally:
+        be.close()
+    assert info is not None
+    return info
 
 
 def backend(engine: str) -> ContainerBackend:

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration import podman_kubelet
+from tests.unit.kube_mock import kubeconfig_of
 
 PODMAN = "podman"
 POLL_S = 0.1
@@ -107,19 +108,7 @@ class MockApi:
 
     def kubeconfig(self, path: Path, namespace: str) -> Path:
         """A kubeconfig that points the official client at the emulator."""
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
-            "users": [{"name": "tests", "user": {"token": "kmock-accepts-any-token"}}],
-            "contexts": [
-                {
-                    "name": "kmock",
-                    "context": {"cluster": "kmock", "user": "tests", "namespace": namespace},
-                }
-            ],
-            "current-context": "kmock",
-        }
+        config = kubeconfig_of(self.url, namespace, "tests", "kmock-accepts-any-token")
         path.write_text(json.dumps(config), encoding="utf-8")  # JSON is YAML
         return path
 

@@ -58,18 +58,10 @@ class GitUpstream(Upstream):
     auth: 401 without credentials (git sends them only then), one ref with them."""
 
     async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError:
+        request = await self._request_head(reader)
+        if request is None:
             return False
-        lines = head.decode("latin-1").split("\r\n")
-        method, target, _version = lines[0].split(" ", 2)
-        headers = [
-            (name, value.strip())
-            for name, _, value in (line.partition(":") for line in lines[1:] if line)
-        ]
-        got = Recorded(method, target, headers, head)
-        self.requests.append(got)
+        got, _version = request
         await self._read_body(reader, got)
         extra = ""
         if got.header("authorization") is None:

@@ -13,11 +13,12 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 
 from stockade.client import NotFound, Stockade
+from tests.integration.clients_kit import build, missing, node_example
 from tests.integration.harness import Supervisor, free_tcp_address, running_supervisor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,32 +26,12 @@ TYPESCRIPT = ROOT / "examples" / "typescript"
 GO = ROOT / "examples" / "go"
 LANGUAGES = ("typescript", "go")
 RUN_TIMEOUT_S = 240
-BUILD_TIMEOUT_S = 280
-
-
-def missing(what: str) -> NoReturn:
-    """No toolchain: in CI (which ran scripts/setup.sh test) that is a failure, elsewhere a skip."""
-    message = f"{what}; scripts/setup.sh test installs it"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-def build(argv: list[str], cwd: Path) -> None:
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-    assert done.returncode == 0, f"{' '.join(argv)} failed:\n{done.stdout}\n{done.stderr}"
 
 
 @pytest.fixture(scope="session")
 def typescript_example() -> list[str]:
     """tsc-compiled from the current sources (types generated from proto/ first)."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        missing("node and npm are not installed")
-    if not (TYPESCRIPT / "node_modules" / "@grpc" / "grpc-js").is_dir():
-        missing(f"{TYPESCRIPT}/node_modules is missing (npm ci)")
-    build([npm, "run", "--silent", "build"], TYPESCRIPT)
-    return [node, str(TYPESCRIPT / "dist" / "main.js")]
+    return node_example(TYPESCRIPT, "@grpc/grpc-js")
 
 
 @pytest.fixture(scope="session")

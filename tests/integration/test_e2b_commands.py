@@ -11,7 +11,6 @@ import base64
 import json
 import struct
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -25,15 +24,9 @@ from e2b import (
     TimeoutException,
 )
 
-from tests.integration.e2b_kit import E2bServed, serving_e2b
+from tests.integration.e2b_kit import E2bServed
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def served(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServed]:
-    with serving_e2b(engine, tmp_path_factory.mktemp("e2bcmd")) as served:
-        yield served
 
 
 def test_run_in_the_foreground_streams_and_raises(served: E2bServed) -> None:

@@ -5,21 +5,14 @@ remove, rename, make_dir (already there: False), and a wrong X-Access-Token refu
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import httpx
 import pytest
 from e2b import AsyncSandbox, Sandbox
 
-from tests.integration.e2b_kit import E2bServed, serving_e2b
+from tests.integration.e2b_kit import E2bServed
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def served(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServed]:
-    with serving_e2b(engine, tmp_path_factory.mktemp("e2bfiles")) as served:
-        yield served
 
 
 def test_files_sync(served: E2bServed) -> None:

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.e2b_kit import E2bServed, serving_e2b
-from tests.integration.test_clients import build, missing
+from tests.integration.clients_kit import node_example
+from tests.integration.e2b_kit import E2bServed
 
 ROOT = Path(__file__).resolve().parents[2]
 E2B_TYPESCRIPT = ROOT / "examples" / "e2b-typescript"
@@ -31,19 +29,7 @@ pytestmark = pytest.mark.timeout(600)
 @pytest.fixture(scope="session")
 def e2b_typescript() -> list[str]:
     """tsc-compiled from the current sources."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        missing("node and npm are not installed")
-    if not (E2B_TYPESCRIPT / "node_modules" / "e2b").is_dir():
-        missing(f"{E2B_TYPESCRIPT}/node_modules is missing (npm ci)")
-    build([npm, "run", "--silent", "build"], E2B_TYPESCRIPT)
-    return [node, str(E2B_TYPESCRIPT / "dist" / "main.js")]
-
-
-@pytest.fixture(scope="module")
-def served(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bServed]:
-    with serving_e2b(engine, tmp_path_factory.mktemp("e2bjs")) as served:
-        yield served
+    return node_example(E2B_TYPESCRIPT, "e2b")
 
 
 def run(argv: list[str], served: E2bServed, key: str) -> subprocess.CompletedProcess[str]:

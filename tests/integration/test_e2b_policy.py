@@ -16,6 +16,7 @@ from e2b import RateLimitException, Sandbox, SandboxException
 
 from stockade.client import ApprovalRequest
 from tests.integration.e2b_kit import E2bServed, serving_e2b
+from tests.integration.harness import an_approver_connected
 from tests.integration.test_mcp import FAKE_AWS_KEY
 
 pytestmark = pytest.mark.timeout(300)
@@ -49,10 +50,7 @@ class Approver:
         self.stream = self.client.watch_approvals("human")
         self.thread = threading.Thread(target=self._answer, daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 10
-        while self.client.list_approvals().approvers < 1:
-            assert time.monotonic() < deadline, "the approver did not connect"
-            time.sleep(0.02)
+        an_approver_connected(self.client)
 
     def _answer(self) -> None:
         for event in self.stream:

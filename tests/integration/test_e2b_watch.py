@@ -15,7 +15,6 @@ import pytest
 from e2b import AsyncSandbox, FilesystemEvent, FilesystemEventType, NotFoundException, Sandbox
 
 from tests.integration.test_e2b_control import E2bServed
-from tests.integration.test_e2b_files import served as served
 
 pytestmark = pytest.mark.timeout(300)
 

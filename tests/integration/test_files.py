@@ -8,13 +8,12 @@ import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from stockade.client import InvalidArgument, Stockade, StockadeError
-from tests.integration.harness import Supervisor, running_supervisor
+from tests.integration.harness import Supervisor
 
 pytestmark = pytest.mark.timeout(600)
 MiB = 1024 * 1024
@@ -120,12 +119,6 @@ deny = ["write_file"]
 [agents.blind.tools]
 deny = ["read_file"]
 """
-
-
-@pytest.fixture(scope="module")
-def policy_sup(engine: str) -> Iterator[Supervisor]:
-    with running_supervisor(engine, extra_config=CONFIG) as s:
-        yield s
 
 
 def test_policy_and_scrubbing_apply_to_transfers(policy_sup: Supervisor, tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -33,18 +32,6 @@ FILES = {
     "/workspace/.env": Decoys.dotenv_file,
     "~/.config/deploy/token.env": Decoys.dotenv_file,
 }
-
-
-@pytest.fixture(scope="module")
-def sup(engine: str) -> Iterator[Supervisor]:
-    with running_supervisor(engine, extra_config=CONFIG) as s:
-        yield s
-
-
-@pytest.fixture
-def c(sup: Supervisor) -> Iterator[Stockade]:
-    with sup.client() as client:
-        yield client
 
 
 def new_key() -> str:

@@ -21,18 +21,12 @@ from stockade.client import (
     ToolError,
 )
 from stockade.v1 import tool_pb2, tool_pb2_grpc
-from tests.integration.harness import Supervisor, running_supervisor
+from tests.integration.harness import Supervisor, process, running_supervisor
 
 pytestmark = pytest.mark.timeout(300)
 
 GREETER = "python3 -c \"name = input('name? '); print('hello', name)\""
 GITHUB_TOKEN = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
-
-
-def process(box: Sandbox, action: str, **args: Any) -> dict[str, Any]:
-    result = box.call("process", {"action": action, **args})
-    assert not result.is_error, result.error_message
-    return result.data
 
 
 def state_of(box: Sandbox, ident: str, *, within: float = 10.0, until: str = "") -> str:

@@ -27,21 +27,12 @@ from typing import Any
 import pytest
 import trustme
 
-from tests.integration.harness import Supervisor, bring_up
-from tests.integration.kubelet import Kubelet, MockApi, cluster, free_port
-from tests.unit.kube_mock import ca_secret
+from tests.integration.harness import Supervisor
+from tests.integration.kubelet import Kubelet, MockApi, free_port
 
 NAMESPACE = "stockade"
 SERVICE = "stockade-egress.stockade.svc:3128"
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module")
-def kube() -> Iterator[tuple[MockApi, Kubelet, Path]]:
-    bring_up("podman")  # the sandbox image
-    with cluster(NAMESPACE) as (api, kubelet, kubeconfig):
-        api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", ca_secret())
-        yield api, kubelet, kubeconfig
 
 
 class _Echo(socketserver.StreamRequestHandler):

@@ -24,22 +24,13 @@ from typing import Any
 import pytest
 
 from stockade.client import ApprovalRequest
-from tests.integration.harness import Supervisor, bring_up
-from tests.integration.kubelet import Kubelet, MockApi, cluster
+from tests.integration.harness import Supervisor
+from tests.integration.kubelet import Kubelet, MockApi
 from tests.integration.test_shared_state import ASKER, Approver, until
 from tests.pg import postgres_server
-from tests.unit.kube_mock import ca_secret
 
 NAMESPACE = "stockade"
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module")
-def kube() -> Iterator[tuple[MockApi, Kubelet, Path]]:
-    bring_up("podman")  # the sandbox image
-    with cluster(NAMESPACE) as (api, kubelet, kubeconfig):
-        api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", ca_secret())
-        yield api, kubelet, kubeconfig
 
 
 def _items(api: MockApi, resource: str) -> list[str]:

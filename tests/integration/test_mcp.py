@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -29,7 +28,12 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from tests.integration.harness import Supervisor, free_tcp_address, running_supervisor
+from tests.integration.harness import (
+    Supervisor,
+    free_tcp_address,
+    running_supervisor,
+    serving_front,
+)
 
 pytestmark = pytest.mark.timeout(300)
 FAKE_AWS_KEY = "AKIA" + "Q3EXAMPLE7ZXCVB2"
@@ -50,16 +54,8 @@ class McpSupervisor:
 def serving_mcp(engine: str, folder: Path) -> Iterator[McpSupervisor]:
     """A real supervisor with its MCP endpoint on a free loopback port, bearer tokens of two
     tenants (acme, other) from a tokens file in `folder`, which the gRPC API takes too."""
-    token, other = secrets.token_hex(20), secrets.token_hex(20)
-    tokens = folder / "tokens"
-    tokens.write_text(f"{token} acme\n{other} other\n")
-    tokens.chmod(0o600)
-    address = free_tcp_address()
-    with running_supervisor(
-        engine,
-        f'[mcp]\nlisten = "{address}"\n',
-        auth_config=f'[auth]\ntokens_file = "{tokens}"\n',
-    ) as sup:
+    with serving_front(engine, folder, "mcp") as (sup, address, tokens):
+        token, other = tokens
         yield McpSupervisor(sup, f"http://{address}/mcp", token, other)
 
 

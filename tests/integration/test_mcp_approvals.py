@@ -17,6 +17,7 @@ import mcp_types as types
 import pytest
 from mcp.client import Client
 
+from tests.integration.harness import an_approver_connected
 from tests.integration.test_mcp import FAKE_AWS_KEY, connected, text_of
 from tests.integration.test_mcp_protocol import MODERN, SANDBOX, Mcp, fresh
 from tests.integration.test_mcp_protocol import mcp as mcp  # the fixture: its own supervisor
@@ -32,10 +33,7 @@ class SilentApprover:
         self.stream = self.client.watch_approvals("silent")
         self.thread = threading.Thread(target=lambda: list(self.stream), daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 10
-        while self.client.list_approvals().approvers < 1:
-            assert time.monotonic() < deadline, "the approver did not connect"
-            time.sleep(0.02)
+        an_approver_connected(self.client)
 
     def close(self) -> None:
         self.client.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -20,8 +19,8 @@ from typing import Any
 import pytest
 
 import stockade
+from tests.integration.clients_kit import node_example
 from tests.integration.harness import Supervisor, free_tcp_address
-from tests.integration.test_clients import build, missing
 from tests.integration.test_mcp import serving_mcp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,13 +42,7 @@ class Endpoint:
 @pytest.fixture(scope="session")
 def mcp_typescript() -> list[str]:
     """tsc-compiled from the current sources."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        missing("node and npm are not installed")
-    if not (MCP_TYPESCRIPT / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
-        missing(f"{MCP_TYPESCRIPT}/node_modules is missing (npm ci)")
-    build([npm, "run", "--silent", "build"], MCP_TYPESCRIPT)
-    return [node, str(MCP_TYPESCRIPT / "dist" / "main.js")]
+    return node_example(MCP_TYPESCRIPT, "@modelcontextprotocol/sdk")
 
 
 @pytest.fixture(scope="module")

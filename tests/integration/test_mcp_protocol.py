@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import signal
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from tests.integration.harness import (
     backend,
     free_tcp_address,
     running_supervisor,
+    serving_front,
 )
 from tests.integration.test_mcp import FAKE_AWS_KEY, connected, text_of
 
@@ -66,16 +66,8 @@ class Mcp:
 
 @pytest.fixture(scope="module")
 def mcp(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mcp]:
-    token = secrets.token_hex(20)
-    tokens = tmp_path_factory.mktemp("mcp") / "tokens"
-    tokens.write_text(f"{token} acme\n")
-    tokens.chmod(0o600)
-    address = free_tcp_address()
-    with running_supervisor(
-        engine,
-        f'[mcp]\nlisten = "{address}"\n{CONFIG}',
-        auth_config=f'[auth]\ntokens_file = "{tokens}"\n',
-    ) as sup:
+    folder = tmp_path_factory.mktemp("mcp")
+    with serving_front(engine, folder, "mcp", CONFIG, ("acme",)) as (sup, address, (token,)):
         yield Mcp(sup, f"http://{address}/mcp", token)
 
 

@@ -12,12 +12,18 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from stockade.client import AsyncStockade, FailedPrecondition, InvalidArgument, NotFound, Sandbox
-from tests.integration.harness import Supervisor, backend, engine_cli, running_supervisor
+from stockade.client import AsyncStockade, FailedPrecondition, InvalidArgument, NotFound
+from tests.integration.harness import (
+    Supervisor,
+    backend,
+    engine_cli,
+    inspected,
+    process,
+    running_supervisor,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -52,18 +58,6 @@ def supervisor(engine: str) -> Iterator[Supervisor]:
         yield sup
 
 
-@pytest.fixture
-def own_supervisor(engine: str) -> Iterator[Supervisor]:
-    with running_supervisor(engine) as sup:
-        yield sup
-
-
-def process(box: Sandbox, action: str, **args: Any) -> dict[str, Any]:
-    result = box.call("process", {"action": action, **args})
-    assert not result.is_error, result.error_message
-    return result.data
-
-
 def wait_until(check: Callable[[], bool], within: float = 30.0) -> None:
     deadline = time.monotonic() + within
     while not check():
@@ -92,12 +86,7 @@ class Cgroup:
     frozen with everything else)."""
 
     def __init__(self, engine: str, container_id: str) -> None:
-        be = backend(engine)
-        try:
-            info = be.inspect(container_id)
-        finally:
-            be.close()
-        assert info is not None
+        info = inspected(engine, container_id)
         assert info.pid > 0
         self.pid = info.pid
 

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import grpc
@@ -77,18 +76,6 @@ tags = { type = "array" }
 mode = { oneOf = [{ const = "fast" }, { const = "slow" }, { type = "null" }] }
 when = { type = ["string", "null"], format = "date-time" }
 """
-
-
-@pytest.fixture(scope="module")
-def sup(engine: str) -> Iterator[Supervisor]:
-    with running_supervisor(engine, extra_config=CONFIG) as s:
-        yield s
-
-
-@pytest.fixture
-def c(sup: Supervisor) -> Iterator[Stockade]:
-    with sup.client() as client:
-        yield client
 
 
 def as_agent(agent: str) -> CallContext:

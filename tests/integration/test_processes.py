@@ -4,13 +4,12 @@ agent, across calls and across a supervisor restart."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from stockade.client import Output, Sandbox, Stockade, ToolResult
-from tests.integration.harness import Supervisor, running_supervisor
+from tests.integration.harness import Supervisor, process
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -18,18 +17,6 @@ FETCH = (
     "python3 -c 'import urllib.request; "
     'print(urllib.request.urlopen("http://127.0.0.1:8000/index.html", timeout=5).read().decode())\''
 )
-
-
-@pytest.fixture
-def own_supervisor(engine: str) -> Iterator[Supervisor]:
-    with running_supervisor(engine) as sup:
-        yield sup
-
-
-def process(box: Sandbox, action: str, **args: Any) -> dict[str, Any]:
-    result = box.call("process", {"action": action, **args})
-    assert not result.is_error, result.error_message
-    return result.data
 
 
 def wait_until(check: Any, within: float = 30.0) -> None:

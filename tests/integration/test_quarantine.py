@@ -28,6 +28,7 @@ from stockade.supervisor.keys import sandbox_id
 from stockade.supervisor.network import links
 from stockade.supervisor.sandboxes import hostfs
 from tests.integration.harness import Supervisor, engine_cli, running_supervisor
+from tests.upstream import QuietHandler
 
 pytestmark = pytest.mark.timeout(300)
 KEY = "suspect"
@@ -36,16 +37,9 @@ STILL_S = 1.5
 """How long a frozen counter is watched for not advancing (it advances every 0.1 s)."""
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     def do_GET(self) -> None:
-        body = b"hello from upstream"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+        self._send(b"hello from upstream")
 
 
 @pytest.fixture(scope="module")

@@ -15,15 +15,9 @@ import pytest
 
 from stockade.client import Stockade, ToolResult
 from stockade.supervisor.engines.image import image_ref
-from tests.integration.harness import Supervisor, engine_cli, engine_url, running_supervisor
+from tests.integration.harness import Supervisor, engine_cli, engine_url
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture
-def own_supervisor(engine: str) -> Iterator[Supervisor]:
-    with running_supervisor(engine) as sup:
-        yield sup
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])

@@ -8,12 +8,11 @@ import io
 import json
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from stockade.client import ApprovalRequest, CallContext, Output, Started, Stockade, ToolResult
-from tests.integration.harness import Supervisor, running_supervisor
+from tests.integration.harness import Supervisor
 
 pytestmark = pytest.mark.timeout(300)
 SECRET = "Zq7-hunter2-s3cr3t-9fX"
@@ -42,18 +41,6 @@ FORMATS = {
     + "dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
     "url": "postgres://app:" + "Tr0ub4dor-and-3" + "@db.internal:5432/x",
 }
-
-
-@pytest.fixture(scope="module")
-def sup(engine: str) -> Iterator[Supervisor]:
-    with running_supervisor(engine, extra_config=CONFIG) as s:
-        yield s
-
-
-@pytest.fixture
-def c(sup: Supervisor) -> Iterator[Stockade]:
-    with sup.client() as client:
-        yield client
 
 
 def everything(result: ToolResult) -> str:

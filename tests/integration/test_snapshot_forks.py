@@ -33,12 +33,6 @@ def supervisor(engine: str) -> Iterator[Supervisor]:
         yield sup
 
 
-@pytest.fixture
-def snaps(supervisor: Supervisor) -> Iterator[Snaps]:
-    with Snaps(supervisor.target, supervisor.token) as s:
-        yield s
-
-
 def files_only(tree: dict[bytes, Node]) -> dict[bytes, Node]:
     """A listing without owners: each sandbox's files belong to its own sandbox user's host
     ids (Podman gives each sandbox a user namespace of its own)."""

@@ -46,12 +46,6 @@ def supervisor(tenanted: tuple[Supervisor, dict[str, str]]) -> Supervisor:
     return tenanted[0]
 
 
-@pytest.fixture
-def snaps(supervisor: Supervisor) -> Iterator[Snaps]:
-    with Snaps(supervisor.target, supervisor.token) as s:
-        yield s
-
-
 def made(c: Stockade, key: str, command: str = "echo x > x.txt") -> str:
     ran = c.sandbox(key).exec(command)
     assert ran.exit_code == 0, ran.stderr

@@ -31,12 +31,6 @@ Code = grpc.StatusCode
 CAPPED = "[sandbox]\nworkspace_size_mb = 32\n"
 
 
-@pytest.fixture
-def snaps(supervisor: Supervisor) -> Iterator[Snaps]:
-    with Snaps(supervisor.target) as s:
-        yield s
-
-
 def ok(c: Stockade, key: str, command: str) -> str:
     ran = c.sandbox(key).exec(command, timeout=120)
     assert ran.exit_code == 0, f"{command!r}: {ran.stderr} {ran.error_message}"

@@ -17,13 +17,12 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from stockade.client import Sandbox
 from stockade.v1 import sandbox_pb2
-from tests.integration.harness import Supervisor, backend
+from tests.integration.harness import Supervisor, backend, process
 from tests.integration.snapshot_kit import Snaps, differences, listing, tenants_supervisor
 
 pytestmark = pytest.mark.timeout(300)
@@ -72,22 +71,10 @@ def supervisor(engine: str) -> Iterator[Supervisor]:
         yield sup
 
 
-@pytest.fixture
-def snaps(supervisor: Supervisor) -> Iterator[Snaps]:
-    with Snaps(supervisor.target, supervisor.token) as s:
-        yield s
-
-
 def ok(box: Sandbox, command: str, timeout: float = 60) -> str:
     ran = box.exec(command, timeout=timeout)
     assert ran.exit_code == 0, f"{command!r}: {ran.stdout} {ran.stderr} {ran.error_message}"
     return ran.stdout
-
-
-def process(box: Sandbox, action: str, **args: Any) -> dict[str, Any]:
-    result = box.call("process", {"action": action, **args})
-    assert not result.is_error, result.error_message
-    return result.data
 
 
 def place_on_host(workspace: Path) -> None:

@@ -31,7 +31,6 @@ from tests.integration.harness import (
     Supervisor,
     engine_url,
     instance_containers,
-    running_supervisor,
 )
 
 pytestmark = pytest.mark.timeout(300)
@@ -184,12 +183,6 @@ CONFIG = """
 [agents.blind.tools]
 deny = ["read_file"]
 """
-
-
-@pytest.fixture(scope="module")
-def policy_sup(engine: str) -> Iterator[Supervisor]:
-    with running_supervisor(engine, extra_config=CONFIG) as s:
-        yield s
 
 
 def test_policy_scrubbing_and_audit(policy_sup: Supervisor) -> None:

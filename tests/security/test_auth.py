@@ -38,7 +38,7 @@ from stockade.client import (
     Unavailable,
 )
 from stockade.v1 import approval_pb2, audit_pb2, file_pb2, sandbox_pb2, tool_pb2
-from tests.integration.harness import Supervisor, running_supervisor
+from tests.integration.harness import Supervisor, an_approver_connected, running_supervisor
 
 pytestmark = pytest.mark.timeout(600)
 TENANTS = ("a", "b", "lim", "mem")
@@ -292,10 +292,7 @@ class Approver:
         self.stream = client.watch_approvals("watcher")
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 20
-        while client.list_approvals().approvers < 1:
-            assert time.monotonic() < deadline, "the approver did not connect"
-            time.sleep(0.02)
+        an_approver_connected(client, within=20)
 
     def _run(self) -> None:
         for event in self.stream:

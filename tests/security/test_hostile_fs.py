@@ -24,6 +24,7 @@ import pytest
 
 from stockade.client import Sandbox, Stockade, StockadeError, ToolResult
 from tests.integration.harness import Supervisor, running_supervisor
+from tests.unit.fakes import make_folder
 
 pytestmark = pytest.mark.timeout(300)
 REFUSED = ("INVALID_PATH", "FILE_NOT_FOUND")
@@ -70,11 +71,9 @@ def snapshot(directory: Path) -> dict[str, str]:
 @pytest.fixture
 def host(tmp_path: Path) -> Path:
     """A host directory the sandbox cannot see (its /tmp is a tmpfs of its own)."""
-    directory = tmp_path / "host"
-    (directory / "sub").mkdir(parents=True)
-    (directory / "canary.txt").write_text("host secret\n")
-    (directory / "sub" / "inner.txt").write_text("inner\n")
-    return directory
+    return make_folder(
+        tmp_path / "host", {"canary.txt": "host secret\n", "sub/inner.txt": "inner\n"}
+    )
 
 
 @pytest.fixture

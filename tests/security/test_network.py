@@ -22,6 +22,7 @@ import trustme
 from stockade.client import Sandbox, Stockade, StockadeError, ToolResult
 from stockade.supervisor.keys import sandbox_id
 from tests.integration.harness import Supervisor, running_supervisor
+from tests.upstream import QuietHandler
 
 pytestmark = pytest.mark.timeout(300)
 PROXY = "http://10.213.0.1:3128"
@@ -30,7 +31,7 @@ CAP_BYTES_PER_S = CAP_KBIT * 1000 / 8
 BLOB = 3 * 1024 * 1024
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
@@ -45,15 +46,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         while received < length:
             received += len(self.rfile.read(min(65536, length - received)))
         self._send(str(received).encode())
-
-    def _send(self, body: bytes) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 @dataclass

@@ -16,7 +16,7 @@ import pytest
 
 from stockade.client import Sandbox, Stockade, ToolResult
 from stockade.supervisor.engines.backends.base import LABEL_KEY
-from tests.integration.harness import Supervisor, backend, running_supervisor
+from tests.integration.harness import Supervisor, backend, process, running_supervisor
 
 pytestmark = pytest.mark.timeout(300)
 MiB = 1024 * 1024
@@ -102,12 +102,6 @@ def assert_next_call_works(client: Stockade, key: str) -> None:
     alive, count = result.stdout.split()
     assert alive == "alive"
     assert int(count) < 10, "processes of the previous call are left behind"
-
-
-def process(box: Sandbox, action: str, **args: Any) -> dict[str, Any]:
-    result = box.call("process", {"action": action, **args})
-    assert not result.is_error, result.error_message
-    return result.data
 
 
 def wait_armed(box: Sandbox, ident: str) -> None:

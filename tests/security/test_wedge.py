@@ -27,8 +27,8 @@ from stockade.client import Sandbox, SandboxInfo, Stockade, ToolResult
 from tests.integration.harness import (
     NO_RATE_LIMIT,
     Supervisor,
-    backend,
     engine_cli,
+    inspected,
     running_supervisor,
 )
 
@@ -206,12 +206,7 @@ def agent_pid_inside(host_pid: int) -> str:
 
 def host_pids(engine: str, container_id: str) -> tuple[int, int]:
     """(init, agent): their pids on the host."""
-    be = backend(engine)
-    try:
-        info = be.inspect(container_id)
-    finally:
-        be.close()
-    assert info is not None
+    info = inspected(engine, container_id)
     assert info.pid
     children = Path(f"/proc/{info.pid}/task/{info.pid}/children").read_text().split()
     assert len(children) == 1, f"init has children {children}"

@@ -1,12 +1,17 @@
 """Fakes for unit tests of the domain core: an in-memory engine (FakeBackend) and agent link
-(FakeAgent, an AgentLink), a SandboxManager on them (fake_manager), and free_port."""
+(FakeAgent, an AgentLink), a SandboxManager on them (fake_manager), and the set-up the unit
+tests share: free_port, listening_socket, make_folder (a workspace or an outside folder),
+tokens_file, served_config, quiet_housekeeping, mcp_front_in_process (the MCP endpoint with
+no engine), audit_record, and STATE (the `state_dir` fixture's folder)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import stat
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -14,6 +19,7 @@ from typing import Any
 
 import grpc
 
+from stockade.supervisor.app import build_policy
 from stockade.supervisor.config import Config, HousekeepingConfig, load_config
 from stockade.supervisor.engines.addresses import AgentAddress
 from stockade.supervisor.engines.backends._common import HostFolderWorkspaces
@@ -27,6 +33,8 @@ from stockade.supervisor.engines.backends.base import (
 from stockade.supervisor.engines.hosts import LOCAL, HostKind
 from stockade.supervisor.engines.userns import NO_USERNS, IdMaps
 from stockade.supervisor.errors import ConfigError, SandboxBroken
+from stockade.supervisor.fronts.mcp.server import Endpoint, McpFront, build_app
+from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.sandboxes.agent_link import (
     AgentCallFailed,
     AgentFacts,
@@ -331,6 +339,63 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+STATE: list[Path] = []
+"""The running test's tmp_path (last) while it uses the `state_dir` fixture (conftest.py): for
+factories called without one (STATE[-1])."""
+
+
+@contextlib.asynccontextmanager
+async def mcp_front_in_process(tmp_path: Path) -> AsyncIterator[tuple[McpFront, Endpoint]]:
+    """The MCP endpoint (build_app, with no engine and no auth, its state in tmp_path) started
+    on a free loopback port; stopped, and its audit log closed, after."""
+    config = load_config(
+        None, {"state_dir": str(tmp_path), "mcp.listen": "127.0.0.1:0", "auth.enabled": False}
+    )
+    policy = build_policy(config)
+    endpoint = build_app(config, None, policy, None)  # type: ignore[arg-type]
+    front = McpFront(endpoint, config.mcp.listen)
+    await front.start()
+    try:
+        yield front, endpoint
+    finally:
+        await front.stop(1)
+        if policy.audit is not None:
+            policy.audit.close()
+
+
+def audit_record(**fields: object) -> AuditRecord:
+    """An AuditRecord of an allowed exec call now, with `fields` in place of its defaults."""
+    base: dict[str, object] = {
+        "time": time.time(), "request_id": "r", "caller": "c", "sandbox_key": "k",
+        "agent_id": "a", "provider": "p", "tool": "exec", "arguments_json": "{}",
+        "policy_step": "allowed",
+    }  # fmt: skip
+    return AuditRecord(**{**base, **fields})  # type: ignore[arg-type]
+
+
+def listening_socket() -> socket.socket:
+    """A non-blocking TCP socket listening on a free loopback port (what a proxy starts on)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    sock.setblocking(False)
+    return sock
+
+
+def make_folder(
+    path: Path, files: Mapping[str, str] | None = None, dirs: tuple[str, ...] = ()
+) -> Path:
+    """`path` made (with its parents), then its sub-folders `dirs`, then `files` (a relative
+    path each, its text) written in order: a test's workspace or a folder outside it."""
+    path.mkdir(parents=True, exist_ok=True)
+    for name in dirs:
+        (path / name).mkdir(parents=True, exist_ok=True)
+    for name, text in (files or {}).items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    return path
 
 
 async def invoke(

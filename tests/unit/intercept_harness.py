@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import socket
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from stockade.supervisor.network.intercept import upstream_context
 from stockade.supervisor.network.mint import Authority
 from stockade.supervisor.network.proxy import EgressDecision, EgressProxy, ProxySettings
 from stockade.supervisor.observe.alarms import Alarm
+from tests.unit.fakes import listening_socket
 from tests.upstream import Upstream
 
 GH_PH = "stk_ph_" + "a" * 32
@@ -88,10 +88,7 @@ async def make_harness(tmp_path: Path, trust_upstream: bool = True) -> Harness:
         h.decisions.append, broker=Broker(SECRETS), tripwire=h.decoys, alarm=h.alarms.append,
         record_injection=h.injected.append, authority=authority, upstream_context=context,
     )  # fmt: skip
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
-    sock.setblocking(False)
+    sock = listening_socket()
     h.port = sock.getsockname()[1]
     await h.proxy.start(sock)
     return h

@@ -137,24 +137,23 @@ class KubeMock:
     def kubeconfig(self, folder: Path) -> Path:
         """A kubeconfig file whose current context is this server."""
         path = folder / "kubeconfig"
-        path.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
-                    "users": [{"name": "test", "user": {"token": "not-a-secret"}}],
-                    "contexts": [
-                        {
-                            "name": "kmock",
-                            "context": {"cluster": "kmock", "user": "test", "namespace": NAMESPACE},
-                        }
-                    ],
-                    "current-context": "kmock",
-                }
-            )
-        )
+        path.write_text(json.dumps(kubeconfig_of(self.url, NAMESPACE, "test", "not-a-secret")))
         return path
+
+
+def kubeconfig_of(server: str, namespace: str, user: str, token: str) -> dict[str, Any]:
+    """A kubeconfig (as JSON, which is YAML) whose one context, "kmock", is `server` in
+    `namespace` as `user` with bearer `token`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "kmock", "cluster": {"server": server}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [
+            {"name": "kmock", "context": {"cluster": "kmock", "user": user, "namespace": namespace}}
+        ],
+        "current-context": "kmock",
+    }
 
 
 RESOURCES = {"pod": "pods", "secret": "secrets", "claim": "persistentvolumeclaims"}

@@ -15,6 +15,7 @@ import pytest
 
 from stockade.agent import execute, spawn, tools
 from stockade.agent.errors import ToolError
+from tests.unit.fakes import make_folder
 
 MiB = 1024 * 1024
 
@@ -23,10 +24,7 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
-    root = tmp_path / "ws"
-    (root / "sub").mkdir(parents=True)
-    (root / "a.txt").write_text("a")
-    return root
+    return make_folder(tmp_path / "ws", {"a.txt": "a"}, dirs=("sub",))
 
 
 async def run(ws: Path, **args: Any) -> dict[str, Any]:

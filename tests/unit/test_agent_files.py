@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from stockade.agent import files, tools
 from stockade.agent.errors import ToolError
+from tests.unit.fakes import make_folder
 
 Tool = Callable[[Path, dict[str, Any]], Awaitable[dict[str, Any]]]
 MiB = 1024 * 1024
@@ -25,19 +26,14 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
-    root = tmp_path / "ws"
-    (root / "sub").mkdir(parents=True)
-    (root / "a.txt").write_text("one\ntwo\nthree\nfour\nfive\n")
-    (root / "sub" / "b.py").write_text("print('b')\n")
-    return root
+    return make_folder(
+        tmp_path / "ws", {"a.txt": "one\ntwo\nthree\nfour\nfive\n", "sub/b.py": "print('b')\n"}
+    )
 
 
 @pytest.fixture
 def outside(tmp_path: Path) -> Path:
-    directory = tmp_path / "outside"
-    directory.mkdir()
-    (directory / "secret.txt").write_text("secret needle\n")
-    return directory
+    return make_folder(tmp_path / "outside", {"secret.txt": "secret needle\n"})
 
 
 async def fails(code: str, tool: Tool, root: Path, args: dict[str, Any]) -> str:

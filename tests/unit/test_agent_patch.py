@@ -15,6 +15,7 @@ import pytest
 from stockade.agent import patch, tools
 from stockade.agent.errors import ToolError
 from stockade.supervisor.tools.render import render
+from tests.unit.fakes import make_folder
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -26,19 +27,12 @@ TWO_CLASSES = (
 
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
-    root = tmp_path / "ws"
-    (root / "src").mkdir(parents=True)
-    (root / "src" / "app.py").write_text(APP)
-    (root / "a.txt").write_text("one\ntwo\nthree\n")
-    return root
+    return make_folder(tmp_path / "ws", {"src/app.py": APP, "a.txt": "one\ntwo\nthree\n"})
 
 
 @pytest.fixture
 def outside(tmp_path: Path) -> Path:
-    directory = tmp_path / "outside"
-    directory.mkdir()
-    (directory / "secret.txt").write_text("secret\n")
-    return directory
+    return make_folder(tmp_path / "outside", {"secret.txt": "secret\n"})
 
 
 def wrap(*lines: str) -> str:

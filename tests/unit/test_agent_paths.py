@@ -12,23 +12,17 @@ import pytest
 from stockade.agent import paths
 from stockade.agent.errors import ToolError
 from stockade.agent.paths import MAX_PATH_BYTES, display, resolve
+from tests.unit.fakes import make_folder
 
 
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
-    root = tmp_path / "ws"
-    (root / "sub").mkdir(parents=True)
-    (root / "a.txt").write_text("a")
-    (root / "sub" / "b.txt").write_text("b")
-    return root
+    return make_folder(tmp_path / "ws", {"a.txt": "a", "sub/b.txt": "b"})
 
 
 @pytest.fixture
 def outside(tmp_path: Path) -> Path:
-    directory = tmp_path / "outside"
-    directory.mkdir()
-    (directory / "secret.txt").write_text("secret")
-    return directory
+    return make_folder(tmp_path / "outside", {"secret.txt": "secret"})
 
 
 def fails(code: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> str:

@@ -21,6 +21,7 @@ import pytest
 from stockade.agent import execute, processes, tools
 from stockade.agent.errors import ToolError
 from stockade.agent.processes import ProcessTable
+from tests.unit.fakes import make_folder
 from tests.unit.test_agent_exec import alive, gone, group_members, zombie_children
 
 MiB = 1024 * 1024
@@ -30,9 +31,7 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
-    root = tmp_path / "ws"
-    (root / "sub").mkdir(parents=True)
-    return root
+    return make_folder(tmp_path / "ws", dirs=("sub",))
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import pytest
 
 from stockade.agent import files, patch
 from stockade.agent.errors import ToolError
+from tests.unit.fakes import make_folder
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,18 +32,14 @@ while True:
 
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
-    root = tmp_path / "ws"
-    (root / "d").mkdir(parents=True)
-    (root / "d" / "inside.txt").write_text("inside needle\n")
-    return root
+    return make_folder(tmp_path / "ws", {"d/inside.txt": "inside needle\n"})
 
 
 @pytest.fixture
 def outside(tmp_path: Path, ws: Path) -> Path:
-    directory = tmp_path / "outside"
-    directory.mkdir()
-    (directory / "secret.txt").write_text("outside needle\n")
-    (directory / "victim.txt").write_text("outside needle\n")
+    directory = make_folder(
+        tmp_path / "outside", {"secret.txt": "outside needle\n", "victim.txt": "outside needle\n"}
+    )
     (ws / "d.other").symlink_to(directory)
     return directory
 

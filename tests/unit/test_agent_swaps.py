@@ -12,22 +12,17 @@ import pytest
 
 from stockade.agent import files, patch, paths, transfers
 from stockade.agent.errors import ToolError
+from tests.unit.fakes import make_folder
 
 
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
-    root = tmp_path / "ws"
-    (root / "d").mkdir(parents=True)
-    (root / "d" / "f.txt").write_text("inside\n")
-    return root
+    return make_folder(tmp_path / "ws", {"d/f.txt": "inside\n"})
 
 
 @pytest.fixture
 def outside(tmp_path: Path) -> Path:
-    directory = tmp_path / "outside"
-    directory.mkdir()
-    (directory / "f.txt").write_text("outside\n")
-    return directory
+    return make_folder(tmp_path / "outside", {"f.txt": "outside\n"})
 
 
 def swap_for_link(folder: Path, target: Path) -> None:

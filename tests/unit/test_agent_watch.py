@@ -17,15 +17,14 @@ from stockade.agent import watch
 from stockade.agent.errors import ToolError
 from stockade.agent.server import AgentService
 from stockade.agent.v1 import agent_pb2
+from tests.unit.fakes import make_folder
 
 pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
-    root = tmp_path / "ws"
-    (root / "sub" / "deep").mkdir(parents=True)
-    return root
+    return make_folder(tmp_path / "ws", dirs=("sub/deep",))
 
 
 class Seen:

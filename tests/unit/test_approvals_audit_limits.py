@@ -11,7 +11,7 @@ import pytest
 
 from stockade.supervisor.config import AgentConfig, ApprovalsConfig, LimitsConfig
 from stockade.supervisor.errors import ApprovalNotFound, ApproverBehind, InvalidRequest
-from stockade.supervisor.observe.audit import AuditLog, AuditQuery, AuditRecord
+from stockade.supervisor.observe.audit import AuditLog, AuditQuery
 from stockade.supervisor.policy.approvals import (
     AllowAlways,
     ApprovalManager,
@@ -19,6 +19,7 @@ from stockade.supervisor.policy.approvals import (
     Pending,
 )
 from stockade.supervisor.policy.limits import KeyLimiter, LimitExceeded
+from tests.unit.fakes import audit_record as record
 
 
 def manager(tmp_path: Path, backlog: int = 10_000, **cfg: object) -> ApprovalManager:
@@ -173,15 +174,6 @@ def test_resolve_errors(tmp_path: Path) -> None:
         mgr.resolve("nope", "deny", "x")
     with pytest.raises(InvalidRequest):
         mgr.resolve("nope", "maybe", "x")
-
-
-def record(**kw: object) -> AuditRecord:
-    base: dict[str, object] = {
-        "time": time.time(), "request_id": "r", "caller": "c", "sandbox_key": "k",
-        "agent_id": "a", "provider": "p", "tool": "exec", "arguments_json": "{}",
-        "policy_step": "allowed",
-    }  # fmt: skip
-    return AuditRecord(**{**base, **kw})  # type: ignore[arg-type]
 
 
 async def test_audit_roundtrip_filters_and_restart(tmp_path: Path) -> None:

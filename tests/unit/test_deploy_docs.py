@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 import kubernetes_validate
-import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -24,13 +23,7 @@ from tests.unit.deploy_files import (
     REPO,
     SECRETS,
     kustomize,
-    shipped_config,
 )
-
-
-@pytest.fixture(scope="module")
-def config() -> Config:
-    return shipped_config()
 
 
 def doc_block(marker: str) -> str:

@@ -36,17 +36,10 @@ from tests.unit.deploy_files import (
     manifests,
     of_kind,
     one,
-    shipped_config,
     supervisor_container,
     supervisor_pod,
 )
 from tests.unit.pod_security import restricted_violations
-
-
-@pytest.fixture(scope="module")
-def config() -> Config:
-    return shipped_config()
-
 
 # --- files and schemas ---------------------------------------------------------------------
 

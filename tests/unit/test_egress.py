@@ -4,7 +4,6 @@ a real asyncio upstream, a real client; no engine needed)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import ssl
 from collections.abc import AsyncIterator
 
@@ -17,6 +16,7 @@ from stockade.supervisor.config.allowlist import Allowlist, AllowlistError, is_g
 from stockade.supervisor.errors import ConfigError
 from stockade.supervisor.network import tls
 from stockade.supervisor.network.proxy import EgressDecision, EgressProxy, ProxySettings
+from tests.unit.fakes import listening_socket
 
 
 @pytest.mark.parametrize(
@@ -165,10 +165,7 @@ async def harness() -> AsyncIterator[Harness]:
     )
     allowlist = Allowlist(["up.test", "localhost"], [h.upstream_port])
     h.proxy = EgressProxy("k", allowlist, settings, h.decisions.append)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
-    sock.setblocking(False)
+    sock = listening_socket()
     h.port = sock.getsockname()[1]
     await h.proxy.start(sock)
     yield h
@@ -276,10 +273,7 @@ async def test_tls_upstream_through_the_tunnel(tmp_path: object) -> None:
     port = server.sockets[0].getsockname()[1]
     settings = ProxySettings(frozenset({port}), {"up.test": "127.0.0.1"}, False, 4, 5, 5)
     proxy = EgressProxy("k", Allowlist(["up.test"], [port]), settings, lambda d: None)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
-    sock.setblocking(False)
+    sock = listening_socket()
     await proxy.start(sock)
     try:
         reader, writer = await asyncio.open_connection(*sock.getsockname())

@@ -8,8 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -25,6 +24,7 @@ from stockade.supervisor.observe.alarms import Alarm
 from stockade.supervisor.observe.audit import AuditQuery
 from stockade.supervisor.policy.honeytokens import Decoys, Honeytokens
 from stockade.supervisor.sandboxes.agent_link import AgentOutput, AgentReply, AgentStarted
+from tests.unit.fakes import STATE
 
 KEY = bytes(range(32))
 
@@ -76,14 +76,7 @@ class Rig:
         return self.wire.decoys(key)
 
 
-STATE: list[Path] = []
-
-
-@pytest.fixture(autouse=True)
-def _state_dir(tmp_path: Path) -> Iterator[None]:
-    STATE.append(tmp_path)
-    yield
-    STATE.pop()
+pytestmark = pytest.mark.usefixtures("state_dir")
 
 
 def rig(on_use: str = "quarantine") -> Rig:

@@ -9,15 +9,12 @@ from pathlib import Path
 import pytest
 
 from stockade.supervisor.sandboxes.hostfs import remove_tree
+from tests.unit.fakes import make_folder
 
 
 @pytest.fixture
 def outside(tmp_path: Path) -> Path:
-    directory = tmp_path / "outside"
-    (directory / "sub").mkdir(parents=True)
-    (directory / "keep.txt").write_text("keep")
-    (directory / "sub" / "keep2.txt").write_text("keep2")
-    return directory
+    return make_folder(tmp_path / "outside", {"keep.txt": "keep", "sub/keep2.txt": "keep2"})
 
 
 def test_links_are_removed_not_followed(tmp_path: Path, outside: Path) -> None:

@@ -10,11 +10,9 @@ import base64
 import http.client
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from stockade.supervisor.network.brokered import Broker, Injected
 from tests.unit.intercept_harness import (
@@ -30,15 +28,8 @@ from tests.unit.intercept_harness import (
     get,
     once,
     read_response,
-    started,
     tunnel,
 )
-
-
-@pytest_asyncio.fixture
-async def h(tmp_path: Path) -> AsyncIterator[Harness]:
-    async for harness in started(tmp_path):
-        yield harness
 
 
 async def test_header_injection_and_the_real_value_masked_on_the_way_back(h: Harness) -> None:

@@ -5,19 +5,17 @@ upstream it cannot trust."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import ssl
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from stockade.supervisor.config.allowlist import Allowlist
 from stockade.supervisor.network.brokered import Broker
 from stockade.supervisor.network.mint import Authority
 from stockade.supervisor.network.proxy import EgressProxy, ProxySettings
 from stockade.supervisor.observe.alarms import Alarm
+from tests.unit.fakes import listening_socket
 from tests.unit.intercept_harness import (
     DECOY,
     GH_PH,
@@ -27,16 +25,9 @@ from tests.unit.intercept_harness import (
     get,
     make_harness,
     once,
-    started,
     tunnel,
 )
 from tests.upstream import Upstream
-
-
-@pytest_asyncio.fixture
-async def h(tmp_path: Path) -> AsyncIterator[Harness]:
-    async for harness in started(tmp_path):
-        yield harness
 
 
 @pytest.mark.parametrize(
@@ -155,10 +146,7 @@ async def test_a_placeholder_in_a_plain_http_body_cuts_the_request(tmp_path: Pat
             broker=Broker(SECRETS), alarm=alarms.append,
             authority=Authority.load_or_create(tmp_path / "ca"),
         )  # fmt: skip
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        sock.setblocking(False)
+        sock = listening_socket()
         await proxy.start(sock)
         try:
             head = f"POST http://plain.test:{port}/sink HTTP/1.1\r\nHost: plain.test:{port}\r\n"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import socket
 import sqlite3
-import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -48,6 +47,7 @@ from stockade.supervisor.models import CallContext, ErrorCode, ToolResult
 from stockade.supervisor.observe.audit import AuditLog, AuditQuery, AuditRecord
 from stockade.supervisor.tools.catalog import Catalog
 from stockade.supervisor.tools.schemas import SchemaFormat
+from tests.unit.fakes import audit_record, mcp_front_in_process
 
 CATALOG = Catalog([CustomToolConfig(name="deploy", description="Deploy.", command="make deploy")])
 HINTS = {  # read-only, destructive, idempotent, open world
@@ -216,12 +216,7 @@ async def test_the_token_verifier_is_the_grpc_token_table(tmp_path: Path) -> Non
 
 
 def _record(**kw: object) -> AuditRecord:
-    base: dict[str, object] = {
-        "time": time.time(), "request_id": "r", "caller": "c", "sandbox_key": "k",
-        "agent_id": "", "provider": "", "tool": "exec", "arguments_json": "{}",
-        "policy_step": "allowed",
-    }  # fmt: skip
-    return AuditRecord(**{**base, **kw})  # type: ignore[arg-type]
+    return audit_record(**{"agent_id": "", "provider": "", **kw})
 
 
 async def test_the_audit_log_keeps_the_front_and_migrates_older_files(tmp_path: Path) -> None:
@@ -382,16 +377,9 @@ async def test_a_sessionless_call_runs_no_tools_list(
 
     monkeypatch.setattr(McpTools, "list_tools", counted)
     monkeypatch.setattr(McpTools, "input_schema", recorded)
-    config = load_config(
-        None, {"state_dir": str(tmp_path), "mcp.listen": "127.0.0.1:0", "auth.enabled": False}
-    )
-    policy = build_policy(config)
-    endpoint = build_app(config, None, policy, None)  # type: ignore[arg-type]
-    front = McpFront(endpoint, config.mcp.listen)
-    await front.start()
-    endpoint.tools.draining = True  # a call is refused before the pipeline: none here
-    url = f"http://127.0.0.1:{front.port}/mcp"
-    try:
+    async with mcp_front_in_process(tmp_path) as (front, endpoint):
+        endpoint.tools.draining = True  # a call is refused before the pipeline: none here
+        url = f"http://127.0.0.1:{front.port}/mcp"
         http = httpx2.AsyncClient()
         async with http, Client(streamable_http_client(url, http_client=http)) as client:
             assert client.protocol_version == "2026-07-28"
@@ -402,7 +390,3 @@ async def test_a_sessionless_call_runs_no_tools_list(
         assert "SHUTTING_DOWN" in result.content[0].text  # type: ignore[union-attr]
         assert listed == ["tools/list"]  # the client's own, none for the call
         assert looked_up == ["exec"]
-    finally:
-        await front.stop(1)
-        if policy.audit is not None:
-            policy.audit.close()

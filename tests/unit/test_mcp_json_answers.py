@@ -19,8 +19,6 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp_types import CLIENT_CAPABILITIES_META_KEY, PROTOCOL_VERSION_META_KEY
 from starlette.types import Message, Receive, Scope, Send
 
-from stockade.supervisor.app import build_policy
-from stockade.supervisor.config import load_config
 from stockade.supervisor.fronts.mcp.json_answers import (
     PEEK_BYTES,
     JsonAnswers,
@@ -32,7 +30,7 @@ from stockade.supervisor.fronts.mcp.json_answers import (
     plain_kind,
     response_data,
 )
-from stockade.supervisor.fronts.mcp.server import McpFront, build_app
+from tests.unit.fakes import mcp_front_in_process
 
 RESPONSE = b'{"jsonrpc":"2.0","id":7,"result":{"content":[],"isError":false}}'
 PROGRESS = b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1}}'
@@ -251,19 +249,12 @@ async def test_a_sessions_calls_are_plain_unless_its_client_can_be_asked(tmp_pat
     """Through the endpoint (no engine): the SDK's client in a session ("legacy": its default
     now goes sessionless) without an elicitation callback opens a session whose calls may be
     JSON; with one, not."""
-    config = load_config(
-        None, {"state_dir": str(tmp_path), "mcp.listen": "127.0.0.1:0", "auth.enabled": False}
-    )
-    policy = build_policy(config)
-    endpoint = build_app(config, None, policy, None)  # type: ignore[arg-type]
-    front = McpFront(endpoint, config.mcp.listen)
-    await front.start()
-    url = f"http://127.0.0.1:{front.port}/mcp"
+    async with mcp_front_in_process(tmp_path) as (front, endpoint):
+        url = f"http://127.0.0.1:{front.port}/mcp"
 
-    async def ask(_context: object, _params: object) -> types.ElicitResult:
-        return types.ElicitResult(action="decline")
+        async def ask(_context: object, _params: object) -> types.ElicitResult:
+            return types.ElicitResult(action="decline")
 
-    try:
         for callback, plain in ((None, True), (ask, False)):
             async with httpx2.AsyncClient() as http:
                 transport = streamable_http_client(url, http_client=http)
@@ -275,10 +266,6 @@ async def test_a_sessions_calls_are_plain_unless_its_client_can_be_asked(tmp_pat
                     assert len(sessions) == 1
                     assert isinstance(sessions[0], PerRequestJson)
                     assert sessions[0].plain_calls is plain
-    finally:
-        await front.stop(1)
-        if policy.audit is not None:
-            policy.audit.close()
 
 
 MODERN = "2026-07-28"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from stockade.supervisor.fronts.grpc.convert import result_to_pb
 from stockade.supervisor.models import CallContext, ToolCall
 from stockade.supervisor.observe.audit import AuditQuery
 from stockade.supervisor.sandboxes.agent_link import AgentReply
+from tests.unit.fakes import STATE
 
 
 class RecordingSandboxes:
@@ -54,14 +55,7 @@ class RecordingSandboxes:
 OK = AgentReply("", "", {"exit_code": 0, "stdout": "hi\n", "stderr": ""})
 
 
-STATE: list[Path] = []
-
-
-@pytest.fixture(autouse=True)
-def _state_dir(tmp_path: Path) -> Iterator[None]:
-    STATE.append(tmp_path)
-    yield
-    STATE.pop()
+pytestmark = pytest.mark.usefixtures("state_dir")
 
 
 def pipeline(reply: AgentReply | Exception = OK, **tools: int) -> tuple[ToolPipeline, Any]:

@@ -21,7 +21,7 @@ from stockade.supervisor.sandboxes.snapshots.repository import (
     SnapshotStore,
     check_name,
 )
-from tests.unit.test_snapshot_store import IDS, make_tree, owned, tree_of
+from tests.unit.snapshot_trees import IDS, owned, tree_of
 
 
 def opener(path: Path) -> Opener:
@@ -36,18 +36,11 @@ def age(root: Path, seconds: float) -> None:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> SnapshotStore:
-    return SnapshotStore(tmp_path / "store")
-
-
-@pytest.fixture
-def tree(tmp_path: Path) -> Path:
-    root = tmp_path / "ws"
-    root.mkdir()
-    make_tree(root)
+def tree(tree: Path) -> Path:
+    """conftest.py's tree with 20 random files more."""
     for i in range(20):
-        (root / f"f{i}").write_bytes(os.urandom(1000))
-    return root
+        (tree / f"f{i}").write_bytes(os.urandom(1000))
+    return tree
 
 
 def test_precopy_then_frozen_pass_reads_only_what_changed(
