@@ -13,20 +13,12 @@ from pathlib import Path
 from stockade.supervisor import database
 from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.state import pg_schema
+from tests.unit.test_audit_retention import OLD_SCHEMA
 
 NAMES = [column.name for column in database.AUDIT_COLUMNS]
-OLDEST = """
-CREATE TABLE audit (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, request_id TEXT NOT NULL,
-    caller TEXT NOT NULL, sandbox_key TEXT NOT NULL, agent_id TEXT NOT NULL,
-    provider TEXT NOT NULL, tool TEXT NOT NULL, arguments_json TEXT NOT NULL,
-    policy_step TEXT NOT NULL, guard_rule TEXT NOT NULL, approval TEXT NOT NULL,
-    approver TEXT NOT NULL, duration_ms INTEGER NOT NULL, exit_code INTEGER NOT NULL,
-    output_bytes INTEGER NOT NULL, redactions INTEGER NOT NULL, error_code TEXT NOT NULL,
-    is_error INTEGER NOT NULL
-);
-"""
-"""The audit table of the first version (before tenants and fronts)."""
+OLDEST = OLD_SCHEMA[: OLD_SCHEMA.index(";") + 1]
+"""The audit table of the first version (before tenants and fronts), without its indexes and
+the old approvals table."""
 
 
 def sqlite_columns(path: Path) -> list[tuple[str, str, bool, str | None]]:
