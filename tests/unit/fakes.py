@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
 from stockade.supervisor.app import build_policy
 from stockade.supervisor.config import Config, HousekeepingConfig, load_config
@@ -406,3 +407,17 @@ async def invoke(
     async with mgr.lease(key) as lease:
         deadline: Deadline = "agent" if tool == "exec" else "caller"
         return await lease.invoke(tool, args, timeout, rid, deadline=deadline)
+
+
+def config_from(tmp_path: Path, text: str) -> Config:
+    """The configuration that loading a file holding `text` gives."""
+    path = tmp_path / "stockade.toml"
+    path.write_text(text)
+    return load_config(path)
+
+
+def refused_config(tmp_path: Path, text: str) -> str:
+    """The message of the ConfigError that loading a file holding `text` raises."""
+    with pytest.raises(ConfigError) as refused:
+        config_from(tmp_path, text)
+    return str(refused.value)

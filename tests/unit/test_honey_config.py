@@ -10,12 +10,11 @@ import pytest
 from stockade.supervisor.config import HoneytokensConfig, load_config
 from stockade.supervisor.config.honey import check_path
 from stockade.supervisor.errors import ConfigError
+from tests.unit.fakes import config_from
 
 
 def load(tmp_path: Path, text: str) -> HoneytokensConfig:
-    path = tmp_path / "c.toml"
-    path.write_text(text)
-    return load_config(path).honeytokens
+    return config_from(tmp_path, text).honeytokens
 
 
 def test_defaults_are_off_and_all_kinds() -> None:

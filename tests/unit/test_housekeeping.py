@@ -21,7 +21,7 @@ from stockade.supervisor.engines.backends.base import (
 from stockade.supervisor.errors import ConfigError, HostExhausted
 from stockade.supervisor.sandboxes import owner
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.fakes import FakeBackend, fake_manager, invoke, quiet_housekeeping
+from tests.unit.fakes import FakeBackend, fake_manager, invoke, quiet_housekeeping, refused_config
 
 
 class GatedBackend(FakeBackend):
@@ -75,11 +75,7 @@ def sandbox_dir(tmp_path: Path, mgr: SandboxManager, key: str) -> Path:
     ],
 )
 def test_bad_housekeeping_config(tmp_path: Path, text: str, message: str) -> None:
-    path = tmp_path / "c.toml"
-    path.write_text(text)
-    with pytest.raises(ConfigError) as info:
-        load_config(path)
-    assert message in str(info.value)
+    assert message in refused_config(tmp_path, text)
 
 
 def test_housekeeping_defaults_and_zero_disables(tmp_path: Path) -> None:

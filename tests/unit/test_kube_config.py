@@ -9,14 +9,12 @@ from typing import Any
 
 import pytest
 
-from stockade.supervisor.config.loading import load_config
 from stockade.supervisor.errors import ConfigError
+from tests.unit.fakes import config_from
 
 
 def load(tmp_path: Path, text: str) -> Any:
-    path = tmp_path / "stockade.toml"
-    path.write_text(text)
-    return load_config(path)
+    return config_from(tmp_path, text)
 
 
 def test_the_defaults_load(tmp_path: Path) -> None:

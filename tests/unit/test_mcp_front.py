@@ -47,7 +47,7 @@ from stockade.supervisor.models import CallContext, ErrorCode, ToolResult
 from stockade.supervisor.observe.audit import AuditLog, AuditQuery, AuditRecord
 from stockade.supervisor.tools.catalog import Catalog
 from stockade.supervisor.tools.schemas import SchemaFormat
-from tests.unit.fakes import audit_record, mcp_front_in_process
+from tests.unit.fakes import audit_record, mcp_front_in_process, refused_config
 
 CATALOG = Catalog([CustomToolConfig(name="deploy", description="Deploy.", command="make deploy")])
 HINTS = {  # read-only, destructive, idempotent, open world
@@ -184,11 +184,7 @@ def test_a_call_is_the_domain_call_of_the_grpc_front() -> None:
     ],
 )
 def test_mcp_config_refused(tmp_path: Path, text: str, message: str) -> None:
-    path = tmp_path / "c.toml"
-    path.write_text(text)
-    with pytest.raises(ConfigError) as refused:
-        load_config(path)
-    assert message in str(refused.value)
+    assert message in refused_config(tmp_path, text)
 
 
 def test_mcp_config_accepted(tmp_path: Path) -> None:

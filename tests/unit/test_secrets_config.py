@@ -12,6 +12,7 @@ import pytest
 
 from stockade.supervisor.config.loading import load_config
 from stockade.supervisor.errors import ConfigError
+from tests.unit.fakes import config_from
 
 VALUE = "ghp_RealSecretValue0123456789abcdefXYZ"
 HOSTS_65 = "hosts = [" + ", ".join(['"a.com"'] * 65) + "]"
@@ -26,9 +27,7 @@ def secret_file(tmp_path: Path, text: str = VALUE + "\n", mode: int = 0o600) -> 
 
 
 def load(tmp_path: Path, body: str, head: str = HEAD) -> Any:
-    path = tmp_path / "stockade.toml"
-    path.write_text(head + body)
-    return load_config(path)
+    return config_from(tmp_path, head + body)
 
 
 def github(tmp_path: Path, extra: str = "", *, source: str | None = None) -> str:
