@@ -15,12 +15,13 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from stockade.supervisor.calls.outcome import CALL_FAULTS, failure, no_result, outcome_of, result_of
 from stockade.supervisor.calls.recorder import CallRecorder, Trail
-from stockade.supervisor.calls.streaming import relay
+from stockade.supervisor.calls.streaming import AgentEvent, relay
 from stockade.supervisor.calls.tripwires import REFUSED, CallTripwire
 from stockade.supervisor.config import Config
 from stockade.supervisor.keys import validate_scoped as validate_key
@@ -42,8 +43,7 @@ from stockade.supervisor.policy.limits import KeyLimiter, LimitExceeded
 from stockade.supervisor.policy.scrub.scrubber import Scrubber
 from stockade.supervisor.policy.tool_policy import PolicyEngine
 from stockade.supervisor.sandboxes.agent_link import AgentReply
-from stockade.supervisor.sandboxes.lease import Deadline, Lease
-from stockade.supervisor.sandboxes.manager import SandboxManager
+from stockade.supervisor.sandboxes.lease import Deadline
 from stockade.supervisor.tools.catalog import Catalog, ToolSpec, render_command
 from stockade.supervisor.tools.schemas import ArgumentError, json_type_phrase, validate_arguments
 
@@ -68,6 +68,40 @@ class HostPolicy:
     """The honeytoken checks (calls/tripwires.py); None: honeytokens off."""
 
 
+class CallLease(Protocol):
+    """What the pipeline calls on a sandbox's lease, its arguments given by position
+    (sandboxes/lease.py Lease is the real one; tests put fakes in its place)."""
+
+    async def invoke(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        timeout: float,
+        request_id: str,
+        /,
+        *,
+        deadline: Deadline = "caller",
+    ) -> AgentReply: ...
+
+    def stream(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        timeout: float,
+        request_id: str,
+        /,
+        *,
+        deadline: Deadline = "caller",
+    ) -> AsyncIterator[AgentEvent]: ...
+
+
+class Sandboxes(Protocol):
+    """What the pipeline calls on the sandboxes (sandboxes/manager.py SandboxManager is the
+    real one): a call's lease on its key's sandbox."""
+
+    def lease(self, key: str, /) -> AbstractAsyncContextManager[CallLease]: ...
+
+
 class _Stop(Exception):
     """A step refused the call; carries the result to return."""
 
@@ -79,7 +113,7 @@ class ToolPipeline:
     def __init__(
         self,
         config: Config,
-        sandboxes: SandboxManager,
+        sandboxes: Sandboxes,
         policy: HostPolicy,
         observers: tuple[Observer, ...] = (),
         alarm: AlarmSink | None = None,
@@ -298,7 +332,7 @@ class ToolPipeline:
 
     async def _invoke(
         self,
-        lease: Lease,
+        lease: CallLease,
         call: ToolCall,
         spec: ToolSpec,
         args: dict[str, Any],

@@ -12,8 +12,9 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from stockade.supervisor import errors
 from stockade.supervisor.calls.pipeline import HostPolicy
@@ -25,7 +26,6 @@ from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.policy.scrub.scrubber import Scrubber
 from stockade.supervisor.policy.scrub.stream import StreamScrubber
 from stockade.supervisor.sandboxes.agent_link import AgentReply
-from stockade.supervisor.sandboxes.manager import SandboxManager
 
 SNIFF_BYTES = 8192
 _FAILURES: dict[str, type[errors.StockadeError]] = {
@@ -66,8 +66,26 @@ class TransferInfo:
     redactions: int = 0
 
 
+class TransferLease(Protocol):
+    """What a transfer calls on a sandbox's lease, its arguments given by position
+    (sandboxes/lease.py Lease is the real one; tests put fakes in its place)."""
+
+    async def upload(
+        self, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes], /
+    ) -> AgentReply: ...
+
+    def download(self, path: str, tar: bool, /) -> AsyncIterator[bytes | AgentReply]: ...
+
+
+class TransferSandboxes(Protocol):
+    """What transfers call on the sandboxes (sandboxes/manager.py SandboxManager is the real
+    one): the transfer's lease on its key's sandbox."""
+
+    def lease(self, key: str, /) -> AbstractAsyncContextManager[TransferLease]: ...
+
+
 class FileTransfers:
-    def __init__(self, config: Config, sandboxes: SandboxManager, policy: HostPolicy) -> None:
+    def __init__(self, config: Config, sandboxes: TransferSandboxes, policy: HostPolicy) -> None:
         self._config = config
         self._sandboxes = sandboxes
         self._policy = policy

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from stockade.supervisor.app import build_policy
+from stockade.supervisor.calls import pipeline, transfers
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.calls.transfers import FileTransfers, Transfer
 from stockade.supervisor.calls.tripwires import REFUSED, CallTripwire, StreamWatch, strings
@@ -24,6 +25,7 @@ from stockade.supervisor.observe.alarms import Alarm
 from stockade.supervisor.observe.audit import AuditQuery
 from stockade.supervisor.policy.honeytokens import Decoys, Honeytokens
 from stockade.supervisor.sandboxes.agent_link import AgentOutput, AgentReply, AgentStarted
+from stockade.supervisor.sandboxes.lease import AgentEvent
 from tests.unit.fakes import STATE
 
 KEY = bytes(range(32))
@@ -48,7 +50,7 @@ class Sandboxes:
 
     async def stream(
         self, tool: str, args: dict[str, Any], *_: object, **__: object
-    ) -> AsyncIterator[object]:
+    ) -> AsyncIterator[AgentEvent]:
         self.calls.append((tool, args))
         yield AgentStarted(7)
         for chunk in self.chunks:
@@ -61,6 +63,17 @@ class Sandboxes:
         async for data in chunks:
             self.uploaded += data
         return AgentReply("", "", {"path": path, "size": len(self.uploaded), "sha256": ""})
+
+    async def download(self, path: str, tar: bool) -> AsyncIterator[bytes | AgentReply]:
+        """No test here downloads."""
+        raise NotImplementedError("the fake keeps no files")
+        yield b""  # an async generator, as the real lease's
+
+
+def _are_sandboxes(fake: Sandboxes) -> tuple[pipeline.Sandboxes, transfers.TransferSandboxes]:
+    """Type-checked only: mypy says here when the fake no longer satisfies what the pipeline
+    and the transfers call."""
+    return fake, fake
 
 
 @dataclasses.dataclass
@@ -88,7 +101,7 @@ def rig(on_use: str = "quarantine") -> Rig:
     policy = dataclasses.replace(policy, honey=CallTripwire(wire, honey, policy.scrubber))
     ok = AgentReply("", "", {"exit_code": 0, "stdout": "hi\n", "stderr": ""})
     sandboxes = Sandboxes(ok)
-    pipe = ToolPipeline(config, sandboxes, policy)  # type: ignore[arg-type]
+    pipe = ToolPipeline(config, sandboxes, policy)
     return Rig(pipe, sandboxes, alarms, wire, policy, config)
 
 
@@ -196,7 +209,7 @@ async def test_nothing_when_honeytokens_are_off() -> None:
     assert policy.honey is None
     d = rig().decoys()
     sandboxes = Sandboxes(AgentReply("", "", {"exit_code": 0, "stdout": d.aws_file()}))
-    pipe = ToolPipeline(config, sandboxes, policy)  # type: ignore[arg-type]
+    pipe = ToolPipeline(config, sandboxes, policy)
     result = await pipe.call(call("exec", {"command": f"echo {d.aws_secret}"}))
     assert not result.is_error  # no tripwire: a decoy is just text (and scrubbed)
 
@@ -204,7 +217,7 @@ async def test_nothing_when_honeytokens_are_off() -> None:
 async def test_an_upload_carrying_a_decoy_is_refused_and_not_committed() -> None:
     r = rig()
     token = r.decoys().aws_key_id.encode()
-    transfers = FileTransfers(r.config, r.sandboxes, r.policy)  # type: ignore[arg-type]
+    transfers = FileTransfers(r.config, r.sandboxes, r.policy)
     t = Transfer("k", "up.txt", False, CallContext(), "tester")
 
     async def chunks() -> AsyncIterator[bytes]:
@@ -220,7 +233,7 @@ async def test_an_upload_carrying_a_decoy_is_refused_and_not_committed() -> None
 
 async def test_an_upload_without_decoys_passes() -> None:
     r = rig()
-    transfers = FileTransfers(r.config, r.sandboxes, r.policy)  # type: ignore[arg-type]
+    transfers = FileTransfers(r.config, r.sandboxes, r.policy)
 
     async def chunks() -> AsyncIterator[bytes]:
         yield b"plain " * 1000

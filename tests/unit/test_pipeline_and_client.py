@@ -16,7 +16,7 @@ import pytest
 from stockade.client import InvalidArgument, NotFound, StockadeError, Unavailable
 from stockade.client._core import error_from_rpc, result_from_pb
 from stockade.supervisor.app import build_policy
-from stockade.supervisor.calls.pipeline import ToolPipeline
+from stockade.supervisor.calls.pipeline import Sandboxes, ToolPipeline
 from stockade.supervisor.config import (
     AgentConfig,
     AgentTools,
@@ -30,6 +30,7 @@ from stockade.supervisor.fronts.grpc.convert import result_to_pb
 from stockade.supervisor.models import CallContext, ToolCall
 from stockade.supervisor.observe.audit import AuditQuery
 from stockade.supervisor.sandboxes.agent_link import AgentReply
+from stockade.supervisor.sandboxes.lease import AgentEvent
 from tests.unit.fakes import STATE
 
 
@@ -51,6 +52,18 @@ class RecordingSandboxes:
             raise self.reply
         return self.reply
 
+    async def stream(
+        self, tool: str, args: dict[str, Any], timeout: float, request_id: str, **_: object
+    ) -> AsyncIterator[AgentEvent]:
+        """Only ToolPipeline.call_stream streams; no test here calls it."""
+        raise NotImplementedError("the recording fake does not stream")
+        yield OK  # an async generator, as the real lease's
+
+
+def _are_sandboxes(fake: RecordingSandboxes) -> Sandboxes:
+    """Type-checked only: mypy says here when the fake no longer satisfies Sandboxes."""
+    return fake
+
 
 OK = AgentReply("", "", {"exit_code": 0, "stdout": "hi\n", "stderr": ""})
 
@@ -61,7 +74,7 @@ pytestmark = pytest.mark.usefixtures("state_dir")
 def pipeline(reply: AgentReply | Exception = OK, **tools: int) -> tuple[ToolPipeline, Any]:
     fake = RecordingSandboxes(reply)
     config = Config(tools=ToolsConfig(**tools), state_dir=STATE[-1])  # type: ignore[arg-type]
-    return ToolPipeline(config, fake, build_policy(config)), fake  # type: ignore[arg-type]
+    return ToolPipeline(config, fake, build_policy(config)), fake
 
 
 def call(tool: str = "exec", args: object = None, timeout_ms: int = 0) -> ToolCall:
@@ -196,7 +209,7 @@ async def test_a_call_its_caller_cancels_is_still_audited() -> None:
     config = Config(state_dir=STATE[-1], approvals=ApprovalsConfig(mode="on-miss"))
     fake = HangingSandboxes()
     policy = build_policy(config)
-    pipe = ToolPipeline(config, fake, policy)  # type: ignore[arg-type]
+    pipe = ToolPipeline(config, fake, policy)
     watcher = asyncio.ensure_future(anext(policy.approvals.watch()))
     running = asyncio.create_task(pipe.call(call(args={"command": "sleep 1"}), caller="bob"))
     await asyncio.wait_for(watcher, 5)  # the approval request
@@ -225,7 +238,7 @@ async def test_unknown_tool_names_only_what_the_caller_may_use() -> None:
         state_dir=STATE[-1],
         agents={"reader": AgentConfig(tools=AgentTools(allow=("group:fs",), deny=("write",)))},
     )
-    pipe = ToolPipeline(config, RecordingSandboxes(OK), build_policy(config))  # type: ignore[arg-type]
+    pipe = ToolPipeline(config, RecordingSandboxes(OK), build_policy(config))
     reader = ToolCall("k", "nope", "{}", context=CallContext(agent_id="reader"))
     message = (await pipe.call(reader)).error_message
     assert "read_file" in message
@@ -250,7 +263,7 @@ async def test_a_configured_secret_cut_by_the_output_limit_leaves_no_piece(tmp_p
     )
     fake = RecordingSandboxes(reply)
     config = Config(scrub=ScrubConfig(secrets=[secret]), state_dir=tmp_path)
-    pipe = ToolPipeline(config, fake, build_policy(config))  # type: ignore[arg-type]
+    pipe = ToolPipeline(config, fake, build_policy(config))
     result = await pipe.call(call())
     assert secret[:12] not in json.dumps(result.data)
     assert secret[:12] not in result.for_llm
