@@ -21,6 +21,8 @@ import grpc
 import pytest
 
 from stockade.supervisor.app import build_policy
+from stockade.supervisor.auth import Authenticator
+from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import Config, HousekeepingConfig, load_config
 from stockade.supervisor.engines.addresses import AgentAddress
 from stockade.supervisor.engines.backends._common import HostFolderWorkspaces
@@ -34,6 +36,8 @@ from stockade.supervisor.engines.backends.base import (
 from stockade.supervisor.engines.hosts import LOCAL, HostKind
 from stockade.supervisor.engines.userns import NO_USERNS, IdMaps
 from stockade.supervisor.errors import ConfigError, SandboxBroken
+from stockade.supervisor.fronts.e2b.context import E2bContext
+from stockade.supervisor.fronts.e2b.records import Records
 from stockade.supervisor.fronts.mcp.server import Endpoint, McpFront, build_app
 from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.sandboxes.agent_link import (
@@ -303,6 +307,22 @@ def fake_manager(
     return SandboxManager(config, backend, instance_id=instance_id, image=image, **options)
 
 
+def idle_pipeline(config: Config, policy: HostPolicy) -> ToolPipeline:
+    """The one pipeline of a front whose test runs no call through it: on a fake engine."""
+    return ToolPipeline(config, fake_manager(config, FakeBackend()), policy)
+
+
+def e2b_context(
+    config: Config, records: Records, authenticator: Authenticator | None = None
+) -> E2bContext:
+    """The E2B front's context on a fake engine, its policy built from `config` (its state in
+    config.state_dir), for a test that runs no call and touches no sandbox."""
+    policy = build_policy(config)
+    manager = fake_manager(config, FakeBackend())
+    pipeline = ToolPipeline(config, manager, policy)
+    return E2bContext(config, pipeline, policy, authenticator, manager, records)
+
+
 def tokens_file(tmp_path: Path, tokens: str) -> Path:
     """tmp_path / "tokens", holding `tokens` (lines of "TOKEN tenant"), for its owner only."""
     path = tmp_path / "tokens"
@@ -355,7 +375,7 @@ async def mcp_front_in_process(tmp_path: Path) -> AsyncIterator[tuple[McpFront, 
         None, {"state_dir": str(tmp_path), "mcp.listen": "127.0.0.1:0", "auth.enabled": False}
     )
     policy = build_policy(config)
-    endpoint = build_app(config, None, policy, None)  # type: ignore[arg-type]
+    endpoint = build_app(config, idle_pipeline(config, policy), policy, None)
     front = McpFront(endpoint, config.mcp.listen)
     await front.start()
     try:

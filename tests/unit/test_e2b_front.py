@@ -10,13 +10,12 @@ import stat
 import time
 import urllib.parse
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from stockade.supervisor.auth import Authenticator
-from stockade.supervisor.config import AuthConfig, load_config
+from stockade.supervisor.config import AuthConfig, Config, load_config
 from stockade.supervisor.errors import ConfigError, QuotaExceeded, SandboxNotFound
 from stockade.supervisor.fronts.e2b import listing
 from stockade.supervisor.fronts.e2b.records import (
@@ -36,6 +35,7 @@ from stockade.supervisor.fronts.e2b.wire import (
     string_map,
     tenant_of,
 )
+from tests.unit.fakes import e2b_context
 
 
 def sandbox(tenant: str = "acme", started: float = 1000.0, **kw: Any) -> E2bSandbox:
@@ -302,14 +302,14 @@ async def call(
     return status, json.loads(body) if body else None
 
 
-async def test_dispatch_checks_the_access_token() -> None:
+async def test_dispatch_checks_the_access_token(tmp_path: Path) -> None:
     records = Records(None)
     live = sandbox(started=time.time())
     ended = sandbox(end_at=time.time() - 1)
     records.add(live)
     records.add(ended)
     control, envd = Recorder(), Recorder()
-    app = Dispatch(SimpleNamespace(records=records), control, envd)  # type: ignore[arg-type]
+    app = Dispatch(e2b_context(Config(state_dir=tmp_path), records), control, envd)
     sid = {"E2b-Sandbox-Id": live.sandbox_id}
     assert (await call(app, {}))[0] == 204  # no sandbox header: the control plane's
     assert len(control.scopes) == 1
@@ -342,13 +342,12 @@ async def test_every_control_plane_answer_is_a_json_error_the_sdks_parse(tmp_pat
     tokens = tmp_path / "tokens"
     tokens.write_text("good-token-0123456789 acme\n")
     tokens.chmod(0o600)
-    ctx = SimpleNamespace(
-        config=load_config(None, {"e2b.listen": "127.0.0.1:0"}),
-        records=records,
-        authenticator=Authenticator(AuthConfig(enabled=True, tokens_file=str(tokens))),
-        forgetters=[],
+    ctx = e2b_context(
+        load_config(None, {"state_dir": str(tmp_path), "e2b.listen": "127.0.0.1:0"}),
+        records,
+        Authenticator(AuthConfig(enabled=True, tokens_file=str(tokens))),
     )
-    app, _control = build_app(ctx)  # type: ignore[arg-type]
+    app, _control = build_app(ctx)
     key = {"X-API-KEY": "good-token-0123456789"}
     for method, path, headers, status in (
         ("GET", "/nowhere", key, 404),

@@ -13,11 +13,14 @@ import pytest
 
 from stockade.supervisor import errors
 from stockade.supervisor.calls.watching import Change, Started, Watch
+from stockade.supervisor.config import Config
 from stockade.supervisor.fronts.e2b import envd_watch
 from stockade.supervisor.fronts.e2b.connect import ConnectError
 from stockade.supervisor.fronts.e2b.envd_watch import Watches
+from stockade.supervisor.fronts.e2b.records import Records
+from tests.unit.fakes import STATE, e2b_context
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("state_dir")]
 
 
 class Script:
@@ -60,7 +63,8 @@ def request(sandbox_id: str = "sb1", headers: dict[str, str] | None = None) -> A
 
 
 def watches() -> Watches:
-    return Watches(SimpleNamespace(manager=None, policy=None))  # type: ignore[arg-type]
+    """Watches on a context whose manager and policy only Script (FileWatches) is given."""
+    return Watches(e2b_context(Config(state_dir=STATE[-1]), Records(None)))
 
 
 async def settle() -> None:

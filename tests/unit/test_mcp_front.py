@@ -47,7 +47,7 @@ from stockade.supervisor.models import CallContext, ErrorCode, ToolResult
 from stockade.supervisor.observe.audit import AuditLog, AuditQuery, AuditRecord
 from stockade.supervisor.tools.catalog import Catalog
 from stockade.supervisor.tools.schemas import SchemaFormat
-from tests.unit.fakes import audit_record, mcp_front_in_process, refused_config
+from tests.unit.fakes import audit_record, idle_pipeline, mcp_front_in_process, refused_config
 
 CATALOG = Catalog([CustomToolConfig(name="deploy", description="Deploy.", command="make deploy")])
 HINTS = {  # read-only, destructive, idempotent, open world
@@ -246,12 +246,11 @@ def _context(headers: dict[str, str], version: str, user: object = None) -> Any:
     return SimpleNamespace(request=Request(scope), protocol_version=version)
 
 
-NO_POLICY = SimpleNamespace(scrubber=None)
-"""What McpTools needs of a HostPolicy to be built (the caller is all these tests ask)."""
-
-
-def test_the_caller_of_a_request() -> None:
-    tools = McpTools(load_config(), None, NO_POLICY, authenticated=True)  # type: ignore[arg-type]
+def test_the_caller_of_a_request(tmp_path: Path) -> None:
+    config = load_config(None, {"state_dir": str(tmp_path)})
+    policy = build_policy(config)
+    pipeline = idle_pipeline(config, policy)  # the caller is all this test asks
+    tools = McpTools(config, pipeline, policy, authenticated=True)
     user = AuthenticatedUser(AccessToken(token="", client_id="acme", scopes=[]))
     headers = {"mcp-session-id": "s1", "traceparent": "tp"}
     caller = tools.caller(_context(headers, "2025-11-25", user))
@@ -260,7 +259,7 @@ def test_the_caller_of_a_request() -> None:
     assert tools.caller(_context(headers, "2026-07-28", user)).session_id is None
     with pytest.raises(Unauthenticated):  # auth on: never served as tenant ""
         tools.caller(_context(headers, "2025-11-25"))
-    open_tools = McpTools(load_config(), None, NO_POLICY, authenticated=False)  # type: ignore[arg-type]
+    open_tools = McpTools(config, pipeline, policy, authenticated=False)
     assert open_tools.caller(_context(headers, "2025-11-25")).tenant == ""
 
 
@@ -277,7 +276,8 @@ async def test_the_endpoint_in_process(tmp_path: Path) -> None:
     )
     policy = build_policy(config)
     authenticator = Authenticator(config.auth)
-    front = McpFront(build_app(config, None, policy, authenticator), config.mcp.listen)  # type: ignore[arg-type]
+    pipeline = idle_pipeline(config, policy)
+    front = McpFront(build_app(config, pipeline, policy, authenticator), config.mcp.listen)
     await front.start()
     url = f"http://127.0.0.1:{front.port}/mcp"
     try:
@@ -289,7 +289,7 @@ async def test_the_endpoint_in_process(tmp_path: Path) -> None:
             assert anonymous.headers["www-authenticate"].startswith("Bearer ")
             # the kept-alive connection sends without Nagle's wait for the client's ACK
             connections = front._server.server_state.connections
-            sockets = [c.transport.get_extra_info("socket") for c in connections]  # type: ignore[attr-defined]
+            sockets = [c.transport.get_extra_info("socket") for c in connections]
             assert sockets
             assert all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in sockets)
             rebound = await http.post(
@@ -303,7 +303,7 @@ async def test_the_endpoint_in_process(tmp_path: Path) -> None:
             names = [t.name for t in (await client.list_tools()).tools]
         assert names == [t.name for t in policy.tools.allowed_tools(CallContext())]
         with pytest.raises(ConfigError, match=r"cannot serve MCP on 127\.0\.0\.1:"):
-            McpFront(build_app(config, None, policy, None), f"127.0.0.1:{front.port}")  # type: ignore[arg-type]
+            McpFront(build_app(config, pipeline, policy, None), f"127.0.0.1:{front.port}")
     finally:
         await front.stop(1)
         if policy.audit is not None:
@@ -345,7 +345,7 @@ def test_the_input_schema_is_the_listed_one(tmp_path: Path) -> None:
     a tool the policy denies)."""
     config = load_config(None, {"state_dir": str(tmp_path), "tools.deny": ["process"]})
     policy = build_policy(config)
-    tools = McpTools(config, None, policy, authenticated=False)  # type: ignore[arg-type]
+    tools = McpTools(config, idle_pipeline(config, policy), policy, authenticated=False)
     listed = [tool_to_mcp(spec) for spec in policy.tools.allowed_tools(CallContext())]
     assert "exec" in [tool.name for tool in listed]
     for tool in listed:
