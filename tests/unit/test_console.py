@@ -18,17 +18,17 @@ from starlette.testclient import TestClient
 
 from stockade.supervisor.app import build_policy
 from stockade.supervisor.auth import Authenticator
-from stockade.supervisor.config import load_config
+from stockade.supervisor.config import Config, load_config
+from stockade.supervisor.engines.isolation import IsolationReport
 from stockade.supervisor.errors import ConfigError, SandboxNotFound
 from stockade.supervisor.fronts.console.app import build_app
-from stockade.supervisor.fronts.console.context import ConsoleContext
+from stockade.supervisor.fronts.console.context import ConsoleContext, ConsoleSandboxes
 from stockade.supervisor.fronts.console.security import CSP, MAX_BODY_BYTES
 from stockade.supervisor.fronts.console.sessions import COOKIE, MAX_SESSIONS, Sessions
 from stockade.supervisor.keys import scope
 from stockade.supervisor.models import SandboxInfo, SandboxState
 from stockade.supervisor.observe.metrics import Metrics
-from stockade.supervisor.sandboxes.quarantine import Quarantines
-from tests.unit.fakes import tokens_file
+from tests.unit.fakes import FakeBackend, fake_manager, tokens_file
 
 ALICE = "alice-token-0123456789abcdef"
 BOB = "bob-token-0123456789abcdef00"
@@ -39,11 +39,12 @@ ORIGIN = {"origin": "http://testserver"}
 class Manager:
     """Stands in for the SandboxManager: the sandboxes it holds, and what it was asked."""
 
-    def __init__(self, keys: list[str]) -> None:
+    def __init__(self, config: Config, keys: list[str]) -> None:
+        self.config = config
         self.infos = {k: info(k) for k in keys}
         self.registry: dict[str, Any] = {}
         self.asked: list[tuple[str, str]] = []
-        self.quarantines = Quarantines(self)  # type: ignore[arg-type]  # none held here
+        self.quarantines = fake_manager(config, FakeBackend()).quarantines  # none held here
 
     async def list(self) -> list[SandboxInfo]:
         return list(self.infos.values())
@@ -69,6 +70,21 @@ class Manager:
     def state_counts(self) -> dict[str, int]:
         return {"RUNNING": len(self.infos)}
 
+    async def inspect_isolation(self, key: str) -> IsolationReport:
+        raise NotImplementedError("the stand-in has no containers to inspect")
+
+
+def stand_in(ctx: ConsoleContext) -> Manager:
+    """The `ctx` fixture's manager: the stand-in, with what it was asked."""
+    assert isinstance(ctx.manager, Manager)
+    return ctx.manager
+
+
+def _are_console_sandboxes(manager: Manager) -> ConsoleSandboxes:
+    """Type-checked only: mypy says here when the stand-in no longer satisfies
+    ConsoleSandboxes."""
+    return manager
+
 
 def info(key: str) -> SandboxInfo:
     now = datetime.now(UTC)
@@ -93,10 +109,10 @@ def ctx(tmp_path: Path) -> Iterator[ConsoleContext]:
         },
     )
     policy = build_policy(config)
-    manager = Manager([scope("alice", "a1"), scope("bob", "b1")])
+    manager = Manager(config, [scope("alice", "a1"), scope("bob", "b1")])
     manager.registry = {k: None for k in manager.infos}
     metrics = Metrics()
-    context = ConsoleContext(config, policy, Authenticator(config.auth), manager, metrics)  # type: ignore[arg-type]
+    context = ConsoleContext(config, policy, Authenticator(config.auth), manager, metrics)
     yield context
     if policy.audit is not None:
         policy.audit.close()
@@ -169,7 +185,7 @@ def test_a_forged_or_altered_cookie_is_no_session(client: TestClient) -> None:
     ):
         client.cookies.clear()
         raw = f"{COOKIE}={bad}".encode()
-        assert client.get("/sandboxes", headers={"cookie": raw}).status_code == 303, bad[:20]  # type: ignore[dict-item]
+        assert client.get("/sandboxes", headers={b"cookie": raw}).status_code == 303, bad[:20]
     client.cookies.set(COOKIE, good)
     assert client.get("/sandboxes").status_code == 200
 
@@ -214,7 +230,7 @@ def test_a_change_without_the_csrf_token_is_refused(
     client: TestClient, ctx: ConsoleContext
 ) -> None:
     csrf = login(client, ALICE)
-    manager: Manager = ctx.manager  # type: ignore[assignment]
+    manager = stand_in(ctx)
     form = {"action": "pause", "key": "a1"}
     for headers, data in (
         (ORIGIN, form),
@@ -352,12 +368,12 @@ def test_the_console_needs_tokens_and_serves_on_its_port(ctx: ConsoleContext) ->
 
     async def scenario() -> tuple[int, str, int]:
         with pytest.raises(ConfigError, match="tokens_file"):
-            await start_console(ctx.config, ctx.policy, None, ctx.manager, None)  # type: ignore[arg-type]
+            await start_console(ctx.config, ctx.policy, None, ctx.manager, None)
         front = await start_console(
             ctx.config,
             ctx.policy,
             ctx.authenticator,
-            ctx.manager,  # type: ignore[arg-type]
+            ctx.manager,
             None,
         )
         assert front is not None

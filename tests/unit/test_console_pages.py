@@ -19,7 +19,7 @@ from stockade.supervisor.fronts.console.overview import quantile
 from stockade.supervisor.keys import scope
 from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.observe.telemetry import CallObservation
-from tests.unit.test_console import ALICE, BOB, OPS, ORIGIN, csrf_of, info, login
+from tests.unit.test_console import ALICE, BOB, OPS, ORIGIN, csrf_of, info, login, stand_in
 from tests.unit.test_console import client as client  # the fixtures
 from tests.unit.test_console import ctx as ctx
 
@@ -41,7 +41,7 @@ def test_a_tenant_cannot_act_on_anothers_sandbox(client: TestClient, ctx: Consol
     data = {"action": "destroy", "tenant": "bob", "key": "b1", "csrf": csrf}
     answer = client.post("/sandbox/action", data=data, headers=ORIGIN)
     assert answer.status_code == 409  # it acted in alice's tenant, where b1 is not
-    assert ctx.manager.asked == [("destroy", scope("alice", "b1"))]  # type: ignore[attr-defined]
+    assert stand_in(ctx).asked == [("destroy", scope("alice", "b1"))]
 
 
 def test_an_operator_sees_every_tenant(client: TestClient, ctx: ConsoleContext) -> None:
@@ -53,7 +53,7 @@ def test_an_operator_sees_every_tenant(client: TestClient, ctx: ConsoleContext) 
     assert client.get("/sandbox?tenant=bob&key=b1").status_code == 200
     data = {"action": "resume", "tenant": "bob", "key": "b1", "csrf": csrf}
     assert client.post("/sandbox/action", data=data, headers=ORIGIN).status_code == 303
-    assert ctx.manager.asked == [("resume", scope("bob", "b1"))]  # type: ignore[attr-defined]
+    assert stand_in(ctx).asked == [("resume", scope("bob", "b1"))]
     assert client.get("/overview").status_code == 200
 
 
@@ -77,7 +77,7 @@ def test_hostile_keys_and_tenants_are_refused(client: TestClient) -> None:
 
 def test_text_is_escaped(client: TestClient, ctx: ConsoleContext) -> None:
     evil = "<img src=x onerror=alert(1)>"
-    ctx.manager.infos[scope("alice", evil)] = info(scope("alice", evil))  # type: ignore[attr-defined]
+    stand_in(ctx).infos[scope("alice", evil)] = info(scope("alice", evil))
     login(client, ALICE)
     text = client.get("/sandboxes").text
     assert evil not in text

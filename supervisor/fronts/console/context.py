@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 from urllib.parse import parse_qs
 
 from starlette.exceptions import HTTPException
@@ -15,14 +17,17 @@ from starlette.requests import ClientDisconnect, Request
 from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy
 from stockade.supervisor.config import Config
+from stockade.supervisor.engines.isolation import IsolationReport
 from stockade.supervisor.errors import InvalidRequest, Unauthenticated
 from stockade.supervisor.fronts.console.security import MAX_BODY_BYTES, csrf_ok, same_origin
 from stockade.supervisor.fronts.console.sessions import COOKIE, Session, Sessions
 from stockade.supervisor.keys import scope, split, validate_key, validate_tenant
+from stockade.supervisor.models import SandboxInfo
 from stockade.supervisor.observe.alarms import AlarmHub
 from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.observe.metrics import Metrics
-from stockade.supervisor.sandboxes.manager import SandboxManager
+from stockade.supervisor.sandboxes.quarantine import Quarantines
+from stockade.supervisor.sandboxes.sandbox import Sandbox
 
 FRONT = "console"
 
@@ -47,6 +52,34 @@ class Rates:
         return round((total - first[1]) / (now - first[0]), 2)
 
 
+class ConsoleSandboxes(Protocol):
+    """What the console reads and asks of the sandbox manager (sandboxes/manager.py
+    SandboxManager is the real one; tests put a recording stand-in in its place)."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def registry(self) -> Mapping[str, Sandbox]: ...
+
+    @property
+    def quarantines(self) -> Quarantines: ...
+
+    def state_counts(self) -> dict[str, int]: ...
+
+    async def list(self) -> list[SandboxInfo]: ...
+
+    async def get(self, key: str) -> SandboxInfo: ...
+
+    async def inspect_isolation(self, key: str) -> IsolationReport: ...
+
+    async def pause(self, key: str, reason: str) -> tuple[SandboxInfo, bool]: ...
+
+    async def resume(self, key: str, reason: str) -> tuple[SandboxInfo, bool]: ...
+
+    async def destroy(self, key: str, *, delete_workspace: bool) -> tuple[bool, bool]: ...
+
+
 class NeedLogin(Exception):
     """No live session: a page redirects to /login, anything else answers 401."""
 
@@ -56,7 +89,7 @@ class ConsoleContext:
     config: Config
     policy: HostPolicy
     authenticator: Authenticator
-    manager: SandboxManager
+    manager: ConsoleSandboxes
     metrics: Metrics | None
     alarms: AlarmHub | None = None
     """The supervisor's alarms: a quarantine by hand is told everywhere, as the RPC's is."""

@@ -14,11 +14,10 @@ from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy
 from stockade.supervisor.config import Config
 from stockade.supervisor.fronts.console.app import build_app
-from stockade.supervisor.fronts.console.context import ConsoleContext
+from stockade.supervisor.fronts.console.context import ConsoleContext, ConsoleSandboxes
 from stockade.supervisor.fronts.http import Uvicorn, listening_socket, serve
 from stockade.supervisor.observe.alarms import AlarmHub
 from stockade.supervisor.observe.metrics import Metrics
-from stockade.supervisor.sandboxes.manager import SandboxManager
 
 log = logging.getLogger("stockade.console")
 
@@ -65,7 +64,7 @@ async def start_console(
     config: Config,
     policy: HostPolicy,
     authenticator: Authenticator | None,
-    manager: SandboxManager,
+    manager: ConsoleSandboxes,
     metrics: Metrics | None,
     alarms: AlarmHub | None = None,
 ) -> ConsoleFront | None:
