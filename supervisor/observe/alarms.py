@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from stockade.supervisor.config import Config
-    from stockade.supervisor.observe.audit import AuditLog
+    from stockade.supervisor.observe.audit import AuditRecord
     from stockade.supervisor.observe.metrics import Metrics
 
 log = logging.getLogger("stockade.alarms")
@@ -112,6 +112,13 @@ class Subscription:
         self._hub._subscribers.discard(self)
 
 
+class AuditSink(Protocol):
+    """Where the hub records an alarm (observe/audit.py AuditLog is the real one; tests put
+    fakes in its place)."""
+
+    def record(self, rec: AuditRecord, /) -> None: ...
+
+
 class AlarmHub:
     """Where alarms are sounded: each is logged (a warning with alarm_* fields for JSON
     logs), recorded in the audit log (tool "alarm", policy_step "alarm: KIND at WHERE", the
@@ -121,7 +128,7 @@ class AlarmHub:
 
     def __init__(
         self,
-        audit: AuditLog | None,
+        audit: AuditSink | None,
         metrics: Metrics | None,
         react: React | None,
         config: Config,
