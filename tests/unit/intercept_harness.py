@@ -81,15 +81,19 @@ async def make_harness(tmp_path: Path, trust_upstream: bool = True) -> Harness:
         connect_timeout_s=5,
         idle_timeout_s=10,
     )
-    h = Harness(up, None, 0, tmp_path / "egress-ca" / "ca.crt")  # type: ignore[arg-type]
+    decisions: list[EgressDecision] = []
+    alarms: list[Alarm] = []
+    injected: list[Injected] = []
+    decoys = Decoys()
     context = upstream_context(str(up.ca.ca_file) if trust_upstream else None)
-    h.proxy = EgressProxy(
+    proxy = EgressProxy(
         "tenant/box", Allowlist(["api.test", "other.test", "localhost"], [up.port]), settings,
-        h.decisions.append, broker=Broker(SECRETS), tripwire=h.decoys, alarm=h.alarms.append,
-        record_injection=h.injected.append, authority=authority, upstream_context=context,
+        decisions.append, broker=Broker(SECRETS), tripwire=decoys, alarm=alarms.append,
+        record_injection=injected.append, authority=authority, upstream_context=context,
     )  # fmt: skip
     sock = listening_socket()
-    h.port = sock.getsockname()[1]
+    ca_file = tmp_path / "egress-ca" / "ca.crt"
+    h = Harness(up, proxy, sock.getsockname()[1], ca_file, decisions, alarms, injected, decoys)
     await h.proxy.start(sock)
     return h
 
