@@ -187,7 +187,9 @@ class Watcher:
             if isinstance(event, ApprovalRequest) and self.decision:
                 self.client.resolve_approval(event.id, self.decision, self.approver)
 
-    def wait_connected(self, c: Stockade, count: int = 1) -> None:
+    @staticmethod
+    def wait_connected(c: Stockade, count: int = 1) -> None:
+        """Until `count` approvers are connected (this watcher or any other, such as the CLI)."""
         deadline = time.monotonic() + 10
         while c.list_approvals().approvers < count:
             assert time.monotonic() < deadline, "the approver did not connect"
@@ -310,7 +312,7 @@ def test_cli_approver_resolves_from_its_input(sup: Supervisor, c: Stockade, key:
     reader = threading.Thread(target=lambda: [lines.put(x) for x in watcher.stdout or ()])
     reader.start()
     try:
-        Watcher.wait_connected(None, c)  # type: ignore[arg-type]
+        Watcher.wait_connected(c)
         result: list[ToolResult] = []
         caller = threading.Thread(target=lambda: result.append(ask(c, key, "echo via cli")))
         caller.start()

@@ -35,7 +35,7 @@ def backend(
     monkeypatch.setattr(backend_module.time, "sleep", lambda _s: None)
     made = PodmanBackend("unix:///nonexistent/podman.sock")
     containers = Containers(failures)
-    made._client = SimpleNamespace(containers=containers)  # type: ignore[assignment]
+    monkeypatch.setattr(made, "_client", SimpleNamespace(containers=containers))  # the SDK's
     return made, containers
 
 

@@ -20,7 +20,7 @@ from stockade.supervisor.errors import (
 )
 from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.fakes import FakeBackend, fake_manager, invoke
+from tests.unit.fakes import FakeAgent, FakeBackend, fake_manager, invoke
 
 UID = os.getuid()
 
@@ -79,7 +79,9 @@ async def test_an_adopted_agent_is_used_only_after_its_handshake(
     second = manager(tmp_path, backend)
     assert await second.start() == ["k"]
     adopted = second.registry["k"]
-    adopted.agent.ready = True  # type: ignore[attr-defined]  # connected by a probe
+    agent = adopted.agent
+    assert isinstance(agent, FakeAgent)
+    agent.ready = True  # connected by a probe
     backend.hello_refused = True
     with pytest.raises(SandboxBroken):  # the new container's agent refuses the same way
         await second.ensure("k")
