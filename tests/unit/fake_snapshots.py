@@ -101,7 +101,7 @@ def serving() -> Iterator[tuple[FakeSandboxService, str]]:
     """The stand-in and its address."""
     fake = FakeSandboxService()
     server = grpc.server(ThreadPoolExecutor(max_workers=4))
-    sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(fake, server)  # type: ignore[no-untyped-call]
+    sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(fake, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     yield fake, f"127.0.0.1:{port}"

@@ -55,7 +55,7 @@ async def silent(tmp_path: Path) -> AsyncIterator[tuple[SilentAgent, Path]]:
     sock = tmp_path / "agent.sock"
     server = grpc.aio.server()
     service = SilentAgent()
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(service, server)  # type: ignore[no-untyped-call]
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(service, server)
     server.add_insecure_port(f"unix:{sock}")
     await server.start()
     try:
@@ -137,9 +137,7 @@ async def test_cancelling_the_caller_still_cancels_it(silent: tuple[SilentAgent,
 async def test_an_agent_without_watch_files_asks_for_a_rebuild(tmp_path: Path) -> None:
     sock = tmp_path / "old.sock"
     server = grpc.aio.server()
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        agent_pb2_grpc.AgentServiceServicer(), server
-    )
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(agent_pb2_grpc.AgentServiceServicer(), server)
     server.add_insecure_port(f"unix:{sock}")
     await server.start()
     agent = AgentConnection(UnixAddress(sock))

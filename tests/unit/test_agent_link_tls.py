@@ -107,7 +107,7 @@ async def _serve(
 ) -> AsyncIterator[tuple[FakeAgentService, int]]:
     server = grpc.aio.server()
     service = FakeAgentService()
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(service, server)  # type: ignore[no-untyped-call]
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(service, server)
     port = bind(server)
     await server.start()
     try:
@@ -132,7 +132,7 @@ async def unix_agent(tmp_path: Path) -> AsyncIterator[tuple[FakeAgentService, Pa
 def _manager(tmp_path: Path, address: AgentAddress) -> SandboxManager:
     """The real manager, lease and AgentConnection; only the engine is faked, and the host
     kind's choice of address is `address` for every container."""
-    sandbox = Config().sandbox.__class__(user="1000:1000", network="none")  # type: ignore[arg-type]
+    sandbox = Config().sandbox.__class__(user="1000:1000", network="none")
     config = Config(state_dir=tmp_path / "state", sandbox=sandbox)
 
     def address_of(info: ContainerInfo, paths: Paths) -> AgentAddress:

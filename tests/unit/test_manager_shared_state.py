@@ -63,7 +63,7 @@ async def states(server: PgServer) -> AsyncIterator[tuple[PostgresState, Postgre
 def manager(
     tmp_path: Path, backend: FakeBackend, state: PostgresState, name: str
 ) -> SandboxManager:
-    sandbox = Config().sandbox.__class__(user="1000:1000", network="none")  # type: ignore[arg-type]
+    sandbox = Config().sandbox.__class__(user="1000:1000", network="none")
     tenants = {"acme": TenantConfig(max_sandboxes=2)}
     config = Config(state_dir=tmp_path / name, sandbox=sandbox, tenants=tenants)
     made = fake_manager(config, backend, instance_id=name, state=state)

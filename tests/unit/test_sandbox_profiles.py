@@ -22,7 +22,7 @@ PROFILES = {
 
 
 def manager(tmp_path: Path, backend: FakeBackend, **config: object) -> SandboxManager:
-    sandbox = Config().sandbox.__class__(user="1000:1000", network="none", memory_mb=512)  # type: ignore[arg-type]
+    sandbox = Config().sandbox.__class__(user="1000:1000", network="none", memory_mb=512)
     cfg = Config(state_dir=tmp_path, sandbox=sandbox, profiles=PROFILES, **config)  # type: ignore[arg-type]
     return fake_manager(cfg, backend)
 
