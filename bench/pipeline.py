@@ -5,25 +5,29 @@ call returning 4 KiB of output, with the sandbox replaced by a stub that answers
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from bench.scrub import section as scrub_section
 from bench.timing import Result, summarize, time_calls
 from stockade.supervisor.app import build_policy
-from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
+from stockade.supervisor.calls.pipeline import CallLease, HostPolicy, ToolPipeline
+from stockade.supervisor.calls.streaming import AgentEvent
 from stockade.supervisor.config import AuditConfig, Config, LimitsConfig
 from stockade.supervisor.models import CallContext, ToolCall
 from stockade.supervisor.sandboxes.agent_link import AgentReply
+from stockade.supervisor.sandboxes.lease import Deadline
 
 COMMAND = "cd src && git status --short && pytest -q tests/unit -k 'not slow'"
 OUTPUT = ("tests/unit/test_app.py ....................................... [ 42%]\n" * 60)[:4096]
 
 
-class _InstantSandbox:
+class _InstantLease:
     """Answers like the agent, with 4 KiB of stdout, without any container."""
 
     def __init__(self) -> None:
@@ -31,11 +35,44 @@ class _InstantSandbox:
             "", "", {"exit_code": 0, "stdout": OUTPUT, "stderr": "", "duration_ms": 5}
         )
 
-    async def ensure(self, *args: Any) -> None:
-        """The pipeline makes the sandbox ready first (its own stage); this one always is."""
-
-    async def invoke(self, *args: Any) -> AgentReply:
+    async def invoke(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        timeout: float,
+        request_id: str,
+        /,
+        *,
+        deadline: Deadline = "caller",
+    ) -> AgentReply:
         return self.reply
+
+    async def stream(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        timeout: float,
+        request_id: str,
+        /,
+        *,
+        deadline: Deadline = "caller",
+    ) -> AsyncIterator[AgentEvent]:
+        yield self.reply
+
+
+class _InstantSandboxes:
+    """The sandboxes as the pipeline sees them (calls/pipeline.py Sandboxes): every key's
+    sandbox ready at once, its lease the instant one."""
+
+    def __init__(self) -> None:
+        self._lease = _InstantLease()
+
+    @contextlib.asynccontextmanager
+    async def _held(self) -> AsyncIterator[CallLease]:
+        yield self._lease
+
+    def lease(self, key: str, /) -> contextlib.AbstractAsyncContextManager[CallLease]:
+        return self._held()
 
 
 async def _time_async(call: Any, n: int, warmup: int) -> Result:
@@ -57,7 +94,7 @@ def _pipeline(state: Path, audit: AuditConfig | None = None) -> tuple[ToolPipeli
     limits = LimitsConfig(rate_per_s=1e9, burst=10**9)
     config = Config(state_dir=state, limits=limits, audit=audit or AuditConfig())
     policy = build_policy(config)
-    return ToolPipeline(config, _InstantSandbox(), policy), policy  # type: ignore[arg-type]
+    return ToolPipeline(config, _InstantSandboxes(), policy), policy
 
 
 def _close(policy: HostPolicy) -> None:

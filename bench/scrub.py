@@ -64,12 +64,12 @@ def sample_text(size: int) -> str:
     return "".join(parts)[:size]
 
 
-def run_scrub_bench() -> dict[str, Any]:
+def run_scrub_bench(runs_4k: int = 2000, runs_1m: int = 30) -> dict[str, Any]:
     """Scrubber.scrub timed on 4 KiB (2000 runs) and 1 MiB (30 runs), each after a warm-up;
     recall and false positives over the corpora."""
     scrubber = Scrubber(CONFIGURED)
     results: dict[str, Any] = {"formats": len(FORMATS)}
-    for label, size, n in (("4KiB", 4096, 2000), ("1MiB", 1 << 20, 30)):
+    for label, size, n in (("4KiB", 4096, runs_4k), ("1MiB", 1 << 20, runs_1m)):
         text = sample_text(size)
         figures = time_calls(partial(scrubber.scrub, text), n, warmup=max(n // 10, 3))
         results[label] = {**figures, "redactions": scrubber.scrub(text)[1]}
