@@ -214,7 +214,7 @@ class Control:
             raise from_domain(exc) from None
         sandbox.started_at = time.time()
         sandbox.end_at = sandbox.started_at + timeout
-        self.ctx.records.add(sandbox)
+        await self.ctx.records.add(sandbox)
         self.audit(request, sandbox, "create_sandbox", arguments)
         log.info("E2B sandbox %s created (timeout %d s)", sandbox_id, timeout)
         return JSONResponse(self.sandbox_json(sandbox), status_code=201)
@@ -233,7 +233,7 @@ class Control:
             sandbox.end_at = wanted if resumed else max(sandbox.end_at, wanted)
         elif resumed:
             sandbox.end_at = max(sandbox.end_at, time.time() + self.default_timeout)
-        self.ctx.records.save()
+        await self.ctx.records.save(sandbox)
         self.audit(request, sandbox, "connect_sandbox", {"timeout": timeout, "resumed": resumed})
         return JSONResponse(self.sandbox_json(sandbox), status_code=201 if resumed else 200)
 
@@ -248,7 +248,7 @@ class Control:
             timeout = seconds(body["timeout"], "timeout", self.max_timeout)
         await self._resume(request, sandbox)
         sandbox.end_at = time.time() + timeout
-        self.ctx.records.save()
+        await self.ctx.records.save(sandbox)
         self.audit(request, sandbox, "resume_sandbox", {"timeout": timeout})
         return JSONResponse(self.sandbox_json(sandbox), status_code=201)
 
@@ -313,7 +313,7 @@ class Control:
         body = await read_json(request, self.ctx.config.max_request_bytes, required=True)
         timeout = seconds(body.get("timeout"), "timeout", self.max_timeout)
         sandbox.end_at = time.time() + timeout
-        self.ctx.records.save()
+        await self.ctx.records.save(sandbox)
         self.audit(request, sandbox, "set_timeout", {"timeout": timeout})
         return Response(status_code=204)
 
@@ -326,7 +326,7 @@ class Control:
 
     async def remove(self, sandbox: E2bSandbox) -> None:
         """Remove the sandbox's record, container and workspace."""
-        self.ctx.records.remove(sandbox.sandbox_id)
+        await self.ctx.records.remove(sandbox.sandbox_id)
         self.metrics.forget(sandbox.sandbox_id)
         for forget in self.ctx.forgetters:
             forget(sandbox.sandbox_id)
@@ -355,7 +355,7 @@ class Control:
             self.audit(request, sandbox, "pause_sandbox", {}, error=str(exc))
             raise from_domain(exc) from None
         sandbox.state = PAUSED
-        self.ctx.records.save()
+        await self.ctx.records.save(sandbox)
         self.audit(request, sandbox, "pause_sandbox", {})
         if not changed:
             raise ApiError(409, f"sandbox {sandbox.sandbox_id} is already paused")
@@ -379,7 +379,7 @@ class Control:
             try:
                 await self.remove(sandbox)
             except ApiError as exc:
-                self.ctx.records.add(sandbox)  # tried again at the next sweep
+                await self.ctx.records.add(sandbox)  # tried again at the next sweep
                 if sandbox.sandbox_id not in self._failed:  # said once, not at every sweep
                     log.warning("E2B sandbox %s: timeout passed, removal failed: %s",
                                 sandbox.sandbox_id, exc.message)  # fmt: skip
