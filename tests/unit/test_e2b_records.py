@@ -130,6 +130,8 @@ def test_a_torn_or_forged_record_is_set_aside_with_a_log_line(
     assert (folder(tmp_path) / f"{bad_id}.json.bad").read_bytes() == content
     assert list(Records(tmp_path)) == [good]  # set aside once, not read again
 
+
+def test_leftovers_of_a_cut_write_and_strangers_are_not_records(tmp_path: Path) -> None:
     folder(tmp_path).mkdir(parents=True)
     one = sandbox()
     tmp = folder(tmp_path) / f"{one.sandbox_id}.json.tmp"
