@@ -13,6 +13,7 @@ import logging
 import math
 import secrets
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from starlette.requests import Request
@@ -70,6 +71,8 @@ class Control:
         e2b = ctx.config.e2b
         self.default_timeout = e2b.default_timeout_s
         self.max_timeout = e2b.max_timeout_s
+        self._pending: dict[str, int] = {}
+        """Per tenant: its sandboxes being made (not on record yet)."""
         self._failed: set[str] = set()
         """Sandboxes whose removal at expiry failed (audited once, tried at every sweep)."""
 
@@ -159,6 +162,28 @@ class Control:
             )
         )
 
+    @contextlib.contextmanager
+    def _creating(self, tenant: str) -> Iterator[None]:
+        """One of the tenant's sandboxes while it is made: QuotaExceeded (429) when the
+        tenant has e2b.max_sandboxes_per_tenant on record or being made already. Counted per
+        tenant: one at its cap never refuses another's create."""
+        cap = self.ctx.config.e2b.max_sandboxes_per_tenant
+        pending = self._pending.get(tenant, 0)
+        if cap and self.ctx.records.count(tenant) + pending >= cap:
+            raise errors.QuotaExceeded(
+                f"this tenant has {cap} E2B sandboxes already, its limit "
+                f"(e2b.max_sandboxes_per_tenant): kill one first"
+            )
+        self._pending[tenant] = pending + 1
+        try:
+            yield
+        finally:
+            left = self._pending[tenant] - 1
+            if left:
+                self._pending[tenant] = left
+            else:
+                del self._pending[tenant]
+
     # handlers
 
     async def create(self, request: Request) -> Response:
@@ -184,8 +209,9 @@ class Control:
         timeout = self.default_timeout
         if body.get("timeout") is not None:
             timeout = seconds(body["timeout"], "timeout", self.max_timeout)
-        metadata = string_map(body.get("metadata"), "metadata")
-        env_vars = string_map(body.get("envVars"), "envVars")
+        most = self.ctx.config.e2b.max_metadata_bytes
+        metadata = string_map(body.get("metadata"), "metadata", max_bytes=most)
+        env_vars = string_map(body.get("envVars"), "envVars", max_bytes=most)
         sandbox_id = new_sandbox_id()
         now = time.time()
         sandbox = E2bSandbox(
@@ -208,7 +234,8 @@ class Control:
         if network is not None:
             arguments["network"] = {"mode": network.mode, "allow": list(network.allow)}
         try:
-            await self.ctx.manager.ensure(sandbox.key, network, template)
+            with self._creating(tenant):
+                await self.ctx.manager.ensure(sandbox.key, network, template)
         except errors.StockadeError as exc:
             self.audit(request, sandbox, "create_sandbox", arguments, error=str(exc))
             raise from_domain(exc) from None

@@ -110,6 +110,8 @@ class Records:
         only. Reads the disk: call it off the event loop (asyncio.to_thread)."""
         self._dir = state_dir / "e2b" if state_dir is not None else None
         self._by_id: dict[str, E2bSandbox] = {}
+        self._counts: dict[str, int] = {}
+        """Sandboxes on record per tenant."""
         self._lock = threading.Lock()
         self._wanted: dict[str, int] = {}
         """Per sandbox id, the latest write asked for (its number), until it has run."""
@@ -148,7 +150,7 @@ class Records:
             with contextlib.suppress(OSError):
                 path.replace(path.with_name(name + ".bad"))
             return
-        self._by_id[sandbox.sandbox_id] = sandbox
+        self._keep(sandbox)
 
     def _migrate(self, legacy: Path) -> None:
         """The records of one older file into per-sandbox files (one that has its own file
@@ -162,7 +164,7 @@ class Records:
         for sandbox in found:
             if sandbox.sandbox_id in self._by_id or not valid_sandbox_id(sandbox.sandbox_id):
                 continue
-            self._by_id[sandbox.sandbox_id] = sandbox
+            self._keep(sandbox)
             self._write(sandbox.sandbox_id, _text(sandbox), None)
         legacy.unlink()
         log.info("E2B sandbox records: %d migrated from %s to %s", len(found), legacy, FOLDER)
@@ -176,11 +178,22 @@ class Records:
         await asyncio.to_thread(self._write, sandbox.sandbox_id, text, number)
 
     async def add(self, sandbox: E2bSandbox) -> None:
-        self._by_id[sandbox.sandbox_id] = sandbox
+        self._keep(sandbox)
         await self.save(sandbox)
+
+    def _keep(self, sandbox: E2bSandbox) -> None:
+        if sandbox.sandbox_id not in self._by_id:
+            self._counts[sandbox.tenant] = self._counts.get(sandbox.tenant, 0) + 1
+        self._by_id[sandbox.sandbox_id] = sandbox
 
     async def remove(self, sandbox_id: str) -> E2bSandbox | None:
         sandbox = self._by_id.pop(sandbox_id, None)
+        if sandbox is not None:
+            left = self._counts[sandbox.tenant] - 1
+            if left:
+                self._counts[sandbox.tenant] = left
+            else:
+                del self._counts[sandbox.tenant]
         if sandbox is not None and self._dir is not None:
             number = self._ask(sandbox_id)
             await asyncio.to_thread(self._write, sandbox_id, None, number)
@@ -230,6 +243,10 @@ class Records:
     def by_id(self, sandbox_id: str) -> E2bSandbox | None:
         """The sandbox of that id whatever its tenant (envd requests: the access token decides)."""
         return self._by_id.get(sandbox_id)
+
+    def count(self, tenant: str) -> int:
+        """How many sandboxes the tenant has on record."""
+        return self._counts.get(tenant, 0)
 
     def of_tenant(self, tenant: str) -> list[E2bSandbox]:
         """The tenant's sandboxes, oldest first (then by id: a stable order for paging)."""
