@@ -133,7 +133,7 @@ def build_policy(config: Config, state: SharedState | None = None) -> HostPolicy
     one with a shared board must be given on the event loop."""
     from stockade.supervisor.policy.approvals import ApprovalManager
     from stockade.supervisor.policy.guard import Guard, GuardConfigError, GuardRule
-    from stockade.supervisor.policy.limits import KeyLimiter
+    from stockade.supervisor.policy.limits import KeyLimiter, TenantSlots
     from stockade.supervisor.policy.scrub.scrubber import Scrubber
     from stockade.supervisor.policy.tool_policy import PolicyEngine
     from stockade.supervisor.sandboxes.manager import WORKSPACE
@@ -160,6 +160,12 @@ def build_policy(config: Config, state: SharedState | None = None) -> HostPolicy
             config.approvals, config.agents, state.allow_always(), board=state.board
         ),
         limiter=KeyLimiter(config.limits),
+        streams=TenantSlots(
+            config.limits.max_streams_per_tenant, "streams", "limits.max_streams_per_tenant"
+        ),
+        watches=TenantSlots(
+            config.limits.max_watches_per_tenant, "watches", "limits.max_watches_per_tenant"
+        ),
         scrubber=scrubber if config.scrub.enabled else None,
         audit=state.audit_log(retention(config.audit)) if config.audit.enabled else None,
     )

@@ -20,7 +20,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -29,7 +29,7 @@ from stockade.supervisor.calls.pipeline import STREAM_QUEUE, ToolPipeline
 from stockade.supervisor.calls.recorder import Trail
 from stockade.supervisor.calls.streaming import relay
 from stockade.supervisor.calls.tripwires import REFUSED
-from stockade.supervisor.errors import InvalidRequest
+from stockade.supervisor.errors import InvalidRequest, QuotaExceeded
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import (
     EofInput,
@@ -91,8 +91,26 @@ class Interaction:
         validate_key(request.sandbox_key)
         request = replace(request, request_id=request.request_id or uuid.uuid4().hex)
         opening = _opening_call(request)
+        with contextlib.ExitStack() as held:  # one of the tenant's streams, for the session
+            try:
+                held.enter_context(self._pipeline.streams.hold(request.sandbox_key))
+            except QuotaExceeded as exc:
+                yield ResultEvent(self._pipeline.refuse_stream(opening, caller, exc))
+                return
+            session = self._session(request, opening, inputs, caller)
+            async with contextlib.aclosing(session):  # closed as this one is: its process ends
+                async for event in session:
+                    yield event
+
+    async def _session(
+        self,
+        request: InteractRequest,
+        opening: ToolCall,
+        inputs: AsyncIterator[InteractInput],
+        caller: str,
+    ) -> AsyncGenerator[ToolEvent, None]:
         opened: ToolResult | None = None
-        async for event in self._pipeline.call_stream(opening, caller):
+        async for event in self._pipeline.call_stream(opening, caller, counted=False):
             if isinstance(event, ResultEvent):
                 opened = event.result
             else:

@@ -16,9 +16,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from stockade.supervisor import errors
 from stockade.supervisor.calls.outcome import CALL_FAULTS, failure, no_result, outcome_of, result_of
 from stockade.supervisor.calls.recorder import CallRecorder, Trail
 from stockade.supervisor.calls.streaming import AgentEvent, relay
@@ -39,7 +40,7 @@ from stockade.supervisor.observe.audit import AuditLog
 from stockade.supervisor.observe.telemetry import Observer
 from stockade.supervisor.policy.approvals import ApprovalManager, Ask, Pending
 from stockade.supervisor.policy.guard import Guard
-from stockade.supervisor.policy.limits import KeyLimiter, LimitExceeded
+from stockade.supervisor.policy.limits import KeyLimiter, LimitExceeded, TenantSlots
 from stockade.supervisor.policy.scrub.scrubber import Scrubber
 from stockade.supervisor.policy.tool_policy import PolicyEngine
 from stockade.supervisor.sandboxes.agent_link import AgentReply
@@ -66,6 +67,10 @@ class HostPolicy:
     audit: AuditLog | None
     honey: CallTripwire | None = None
     """The honeytoken checks (calls/tripwires.py); None: honeytokens off."""
+    streams: TenantSlots = field(default_factory=lambda: TenantSlots(0, "streams", ""))
+    """Streamed calls open per tenant, every front together (limits.max_streams_per_tenant)."""
+    watches: TenantSlots = field(default_factory=lambda: TenantSlots(0, "watches", ""))
+    """File watches open per tenant, every front together (limits.max_watches_per_tenant)."""
 
 
 class CallLease(Protocol):
@@ -137,6 +142,23 @@ class ToolPipeline:
         """The honeytoken checks, for the fronts that pass input on themselves (Interact)."""
         return self._policy.honey
 
+    @property
+    def streams(self) -> TenantSlots:
+        """The streams each tenant has open (Interact holds one for a session's life)."""
+        return self._policy.streams
+
+    def refuse_stream(self, call: ToolCall, caller: str, exc: errors.QuotaExceeded) -> ToolResult:
+        """The result and audit record of a streamed call refused at its tenant's stream cap
+        by a front that holds the stream itself (Interact)."""
+        trail = Trail(tool=call.tool)
+        result = self._too_many_streams(trail, exc)
+        return self.recorder.finish(call, caller, trail, result, time.monotonic())
+
+    @staticmethod
+    def _too_many_streams(trail: Trail, exc: errors.QuotaExceeded) -> ToolResult:
+        trail.policy_step = "limits.max_streams_per_tenant"
+        return failure(ErrorCode.RATE_LIMITED, str(exc))
+
     async def call(self, call: ToolCall, caller: str = "", ask: Ask | None = None) -> ToolResult:
         """Run one tool call. Raises only for a wrong request or a broken supervisor.
         `ask`: a front that can ask its caller about an approval (MCP elicitation) gives
@@ -144,13 +166,16 @@ class ToolPipeline:
         return await self._execute(call, caller, None, ask)
 
     async def call_stream(
-        self, call: ToolCall, caller: str = "", ask: Ask | None = None
+        self, call: ToolCall, caller: str = "", ask: Ask | None = None, *, counted: bool = True
     ) -> AsyncIterator[ToolEvent]:
         """The same call, streamed: started, output and approval-pending events, then the
-        result. Closing the iterator cancels the call (its process group is killed)."""
+        result. Closing the iterator cancels the call (its process group is killed). The call
+        holds one of its tenant's streams (limits.max_streams_per_tenant) while it runs; past
+        the cap its result is RATE_LIMITED at once. `counted=False`: the caller holds one for
+        it already (an Interact session, for its whole life)."""
         validate_key(call.sandbox_key)
         events: asyncio.Queue[ToolEvent] = asyncio.Queue(maxsize=STREAM_QUEUE)
-        task = asyncio.create_task(self._execute(call, caller, events, ask))
+        task = asyncio.create_task(self._execute(call, caller, events, ask, counted=counted))
         try:
             while True:
                 item = asyncio.ensure_future(events.get())
@@ -173,6 +198,8 @@ class ToolPipeline:
         caller: str,
         events: asyncio.Queue[ToolEvent] | None,
         ask: Ask | None = None,
+        *,
+        counted: bool = False,
     ) -> ToolResult:
         started = time.monotonic()
         validate_key(call.sandbox_key)
@@ -180,7 +207,13 @@ class ToolPipeline:
         telemetry.request_id.set(call.request_id)  # this task's: a copy of the context
         trail = Trail(tool=call.tool)
         try:
-            result = await self._run(call, trail, events, ask)
+            with contextlib.ExitStack() as stream:
+                if counted:
+                    try:
+                        stream.enter_context(self.streams.hold(call.sandbox_key))
+                    except errors.QuotaExceeded as exc:
+                        raise _Stop(self._too_many_streams(trail, exc)) from None
+                result = await self._run(call, trail, events, ask)
         except _Stop as stop:
             result = stop.result
         except asyncio.CancelledError:  # the caller went away: the call is audited all the same

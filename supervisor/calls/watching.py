@@ -4,10 +4,13 @@ watchers), so that policy and audit are the same: a watch reads what is in the w
 it needs the read_file permission, as a download does; names in events are scrubbed like other
 output; each watch leaves one audit record when it ends (tool "watch_files", with the number
 of events it delivered). The watch holds its sandbox's lease for its whole life: the sandbox
-counts a call in flight, so housekeeping does not reap it as idle meanwhile."""
+counts a call in flight, so housekeeping does not reap it as idle meanwhile. It holds one of
+its tenant's watches too (limits.max_watches_per_tenant, every front together): past the cap
+it is refused, QuotaExceeded, and audited."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import AsyncGenerator
@@ -23,6 +26,8 @@ from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.sandboxes.agent_link import AgentFileChange, AgentReply, AgentWatchStarted
 from stockade.supervisor.sandboxes.manager import SandboxManager
 
+TOO_MANY = "limits.max_watches_per_tenant"
+"""The policy step of a watch refused at its tenant's cap."""
 ChangeKind = Literal["create", "write", "remove", "rename", "chmod", "overflow", "gone"]
 
 
@@ -61,23 +66,29 @@ class FileWatches:
         iterating (closing this generator ends the watch in the agent)."""
         self._allow(w)
         started, count, failure = time.monotonic(), 0, ""
-        try:
-            async with self._sandboxes.lease(w.sandbox_key) as lease:
-                async for item in lease.watch_files(w.path, w.recursive):
-                    if isinstance(item, AgentReply):
-                        self._checked(item)
-                        return
-                    if isinstance(item, AgentWatchStarted):
-                        yield Started(self._scrub(item.path))
-                        continue
-                    count += 1
-                    yield self._change(item)
-            raise errors.SandboxBroken("the sandbox ended the watch without a result")
-        except errors.StockadeError as exc:
-            failure = type(exc).__name__
-            raise
-        finally:
-            self._audit(w, started, count, failure, "")
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(self._policy.watches.hold(w.sandbox_key))
+            except errors.QuotaExceeded:
+                self._audit(w, started, 0, errors.QuotaExceeded.reason, TOO_MANY)
+                raise
+            try:
+                async with self._sandboxes.lease(w.sandbox_key) as lease:
+                    async for item in lease.watch_files(w.path, w.recursive):
+                        if isinstance(item, AgentReply):
+                            self._checked(item)
+                            return
+                        if isinstance(item, AgentWatchStarted):
+                            yield Started(self._scrub(item.path))
+                            continue
+                        count += 1
+                        yield self._change(item)
+                raise errors.SandboxBroken("the sandbox ended the watch without a result")
+            except errors.StockadeError as exc:
+                failure = type(exc).__name__
+                raise
+            finally:
+                self._audit(w, started, count, failure, "")
 
     def _change(self, item: AgentFileChange) -> Change:
         kind: ChangeKind = item.kind  # type: ignore[assignment]  # checked by agent_link

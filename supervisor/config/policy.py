@@ -99,6 +99,13 @@ class LimitsConfig:
     """Calls running at once per key; more wait in a queue..."""
     max_queued: int = 100
     """...of at most this many; past it a call fails at once."""
+    max_streams_per_tenant: int = 100
+    """Streamed calls (gRPC CallToolStream and Interact, MCP calls with progress, E2B
+    processes) a tenant may have open at once, every front together; past it a streamed call
+    fails at once (RATE_LIMITED). 0: no limit."""
+    max_watches_per_tenant: int = 64
+    """File watches (gRPC WatchFiles, E2B WatchDir and watchers) a tenant may have open at
+    once, every front together; past it a watch is refused (QUOTA_EXCEEDED). 0: no limit."""
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,8 @@ def _check(cfg: Config) -> None:
         "limits.rate_per_s": cfg.limits.rate_per_s,
         "limits.burst": cfg.limits.burst,
         "limits.max_concurrent": cfg.limits.max_concurrent,
+        "mcp.max_sessions": cfg.mcp.max_sessions,
+        "e2b.max_metadata_bytes": cfg.e2b.max_metadata_bytes,
         "approvals.timeout_s": cfg.approvals.timeout_s,
         "tools.user_max_bytes": cfg.tools.user_max_bytes,
         "audit.max_arguments_bytes": cfg.audit.max_arguments_bytes,
@@ -141,6 +143,10 @@ def _check(cfg: Config) -> None:
         "sandbox.tmp_inodes": cfg.sandbox.tmp_inodes,
         "sandbox.workspace_size_mb": cfg.sandbox.workspace_size_mb,
         "sandbox.max_file_size_mb": cfg.sandbox.max_file_size_mb,
+        "limits.max_streams_per_tenant": cfg.limits.max_streams_per_tenant,
+        "limits.max_watches_per_tenant": cfg.limits.max_watches_per_tenant,
+        "mcp.max_sessions_per_tenant": cfg.mcp.max_sessions_per_tenant,
+        "e2b.max_sandboxes_per_tenant": cfg.e2b.max_sandboxes_per_tenant,
     }.items():
         if value < 0:
             raise ConfigError(f"{name} must not be negative (0: no limit), got {value}")

@@ -96,6 +96,11 @@ class McpConfig:
     session_idle_timeout_s: float = 1800.0
     """An MCP session with no request in flight (nor an open GET stream) for this long ends,
     and its own sandbox is released as at the client's DELETE."""
+    max_sessions_per_tenant: int = 100
+    """MCP sessions a tenant may have open at once; an `initialize` past it is answered 429
+    (the others' sessions are not touched). 0: no limit."""
+    max_sessions: int = 10000
+    """MCP sessions open at once, every tenant together (the SDK's own cap: 503 past it)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,13 @@ class E2bConfig:
     sweep_interval_s: float = 1.0
     """How often sandboxes whose timeout has passed are looked for (and removed: container
     and workspace)."""
+    max_sandboxes_per_tenant: int = 100
+    """E2B sandboxes a tenant may have on record at once (running or paused); a create past
+    it is answered 429. 0: no limit. ([tenants.NAME] max_sandboxes caps containers of every
+    front.)"""
+    max_metadata_bytes: int = 65536
+    """The largest `metadata` of a sandbox, and the largest `envVars`, counted as the UTF-8
+    bytes of their keys and values; a create with more is answered 400."""
 
 
 SNAPSHOT_OPERATIONS = ("snapshot", "restore", "fork", "delete")

@@ -1,15 +1,19 @@
 """Per-key limits: a token bucket on the call rate, and a cap on calls running at once with a
-bounded queue behind it. Past either limit a call is refused without running."""
+bounded queue behind it. Past either limit a call is refused without running. Per-tenant
+caps on what a caller holds open for long (streams, watches: TenantSlots), counted across the
+fronts, one tenant's count apart from every other's."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
+from stockade.supervisor import errors
 from stockade.supervisor.config import LimitsConfig
+from stockade.supervisor.keys import split
 
 
 class LimitExceeded(Exception):
@@ -114,3 +118,41 @@ class KeyLimiter:
     def running(self, key: str) -> int:
         slots = self._slots.get(key)
         return slots.running if slots else 0
+
+
+class TenantSlots:
+    """How many of one kind of long-lived hold (an open stream, a file watch) each tenant has,
+    at most `cap` each (0: no limit). A tenant's count is its own: one at its cap refuses
+    its own next one, never another tenant's. Tenants are told apart by the scoped sandbox
+    key a hold is for (keys.split); "" (auth off) is a tenant like the others."""
+
+    def __init__(self, cap: int, what: str, setting: str) -> None:
+        self.cap = cap
+        self._what = what
+        self._setting = setting
+        self._held: dict[str, int] = {}
+
+    def held(self, tenant: str) -> int:
+        return self._held.get(tenant, 0)
+
+    @contextmanager
+    def hold(self, scoped_key: str) -> Iterator[None]:
+        """One hold for the key's tenant while the block runs; QuotaExceeded naming the cap
+        and its setting when the tenant holds `cap` already."""
+        tenant = split(scoped_key)[0]
+        count = self._held.get(tenant, 0)
+        if self.cap and count >= self.cap:
+            who = f"tenant {tenant!r}" if tenant else "this supervisor (auth off)"
+            raise errors.QuotaExceeded(
+                f"{who} has {count} {self._what} open, its limit ({self._setting} = "
+                f"{self.cap}): end one first"
+            )
+        self._held[tenant] = count + 1
+        try:
+            yield
+        finally:
+            left = self._held[tenant] - 1
+            if left:
+                self._held[tenant] = left
+            else:
+                del self._held[tenant]

@@ -272,7 +272,7 @@ def test_sandboxes_survive_a_restart_with_auth_off(engine: str) -> None:
         opts = {"api_url": f"http://{address}", "sandbox_url": f"http://{address}"}
         sbx = Sandbox.create(metadata={"k": "v"}, api_key="anything at all", **opts)
         before = sbx.get_info()
-        records = sup.state_dir / "e2b" / "sandboxes.json"
+        records = sup.state_dir / "e2b" / "sandboxes" / f"{sbx.sandbox_id}.json"
         assert oct(records.stat().st_mode & 0o777) == "0o600"
         sup.stop()
         sup.start()
@@ -281,7 +281,8 @@ def test_sandboxes_survive_a_restart_with_auth_off(engine: str) -> None:
         with sup.client() as client:
             assert client.get_sandbox(key_of(sbx.sandbox_id)).state == "RUNNING"
         assert Sandbox.kill(sbx.sandbox_id, api_key="x", **opts) is True
-        assert json.loads(records.read_text()) == []
+        assert not records.exists()
+        assert list(records.parent.iterdir()) == []
 
 
 def rest(served: E2bServed, method: str, path: str, body: Any = None) -> tuple[int, Any]:

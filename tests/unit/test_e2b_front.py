@@ -66,20 +66,21 @@ def test_times_are_rfc3339_with_z() -> None:
     assert rfc3339(1748779205.25) == "2025-06-01T12:00:05.250Z"
 
 
-def test_records_persist_privately_and_reload(tmp_path: Path) -> None:
+async def test_records_persist_privately_and_reload(tmp_path: Path) -> None:
     records = Records(tmp_path)
     one = sandbox(metadata={"a": "1"}, env_vars={"SECRET": "x"})
-    records.add(one)
-    path = tmp_path / "e2b" / "sandboxes.json"
+    await records.add(one)
+    path = tmp_path / "e2b" / "sandboxes" / f"{one.sandbox_id}.json"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "e2b").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "e2b" / "sandboxes").stat().st_mode) == 0o700
     one.state = PAUSED
     one.end_at = 5000.0
-    records.save()
+    await records.save(one)
     again = Records(tmp_path)
     assert again.by_id(one.sandbox_id) == one
     assert again.get("acme", one.sandbox_id) is not None
-    assert again.remove(one.sandbox_id) == one
+    assert await again.remove(one.sandbox_id) == one
     assert Records(tmp_path).by_id(one.sandbox_id) is None
 
 
@@ -89,11 +90,11 @@ def test_unreadable_records_start_empty(tmp_path: Path) -> None:
     assert len(Records(tmp_path)) == 0
 
 
-def test_lookups_are_scoped_to_the_tenant() -> None:
+async def test_lookups_are_scoped_to_the_tenant() -> None:
     records = Records(None)
     mine, theirs = sandbox("acme"), sandbox("other")
-    records.add(mine)
-    records.add(theirs)
+    await records.add(mine)
+    await records.add(theirs)
     assert records.get("acme", mine.sandbox_id) is mine
     assert records.get("other", mine.sandbox_id) is None
     assert records.get("", mine.sandbox_id) is None
@@ -101,11 +102,11 @@ def test_lookups_are_scoped_to_the_tenant() -> None:
     assert records.by_id(theirs.sandbox_id) is theirs  # envd: the token decides
 
 
-def test_expired() -> None:
+async def test_expired() -> None:
     records = Records(None)
     old, new = sandbox(end_at=100.0), sandbox(end_at=10_000.0)
-    records.add(old)
-    records.add(new)
+    await records.add(old)
+    await records.add(new)
     assert records.expired(now=500.0) == [old]
     assert records.expired(now=100.0) == [old]  # at its end it is gone
     assert sorted(s.sandbox_id for s in records.expired(now=20_000.0)) == sorted(
@@ -306,8 +307,8 @@ async def test_dispatch_checks_the_access_token(tmp_path: Path) -> None:
     records = Records(None)
     live = sandbox(started=time.time())
     ended = sandbox(end_at=time.time() - 1)
-    records.add(live)
-    records.add(ended)
+    await records.add(live)
+    await records.add(ended)
     control, envd = Recorder(), Recorder()
     app = Dispatch(e2b_context(Config(state_dir=tmp_path), records), control, envd)
     sid = {"E2b-Sandbox-Id": live.sandbox_id}
@@ -338,7 +339,7 @@ async def test_every_control_plane_answer_is_a_json_error_the_sdks_parse(tmp_pat
     SDKs require for every status; envd, absent from this build, answers 501."""
     records = Records(None)
     live = sandbox("other", started=time.time())
-    records.add(live)
+    await records.add(live)
     tokens = tmp_path / "tokens"
     tokens.write_text("good-token-0123456789 acme\n")
     tokens.chmod(0o600)

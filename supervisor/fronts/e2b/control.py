@@ -13,6 +13,7 @@ import logging
 import math
 import secrets
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from starlette.requests import Request
@@ -70,6 +71,8 @@ class Control:
         e2b = ctx.config.e2b
         self.default_timeout = e2b.default_timeout_s
         self.max_timeout = e2b.max_timeout_s
+        self._pending: dict[str, int] = {}
+        """Per tenant: its sandboxes being made (not on record yet)."""
         self._failed: set[str] = set()
         """Sandboxes whose removal at expiry failed (audited once, tried at every sweep)."""
 
@@ -159,6 +162,28 @@ class Control:
             )
         )
 
+    @contextlib.contextmanager
+    def _creating(self, tenant: str) -> Iterator[None]:
+        """One of the tenant's sandboxes while it is made: QuotaExceeded (429) when the
+        tenant has e2b.max_sandboxes_per_tenant on record or being made already. Counted per
+        tenant: one at its cap never refuses another's create."""
+        cap = self.ctx.config.e2b.max_sandboxes_per_tenant
+        pending = self._pending.get(tenant, 0)
+        if cap and self.ctx.records.count(tenant) + pending >= cap:
+            raise errors.QuotaExceeded(
+                f"this tenant has {cap} E2B sandboxes already, its limit "
+                f"(e2b.max_sandboxes_per_tenant): kill one first"
+            )
+        self._pending[tenant] = pending + 1
+        try:
+            yield
+        finally:
+            left = self._pending[tenant] - 1
+            if left:
+                self._pending[tenant] = left
+            else:
+                del self._pending[tenant]
+
     # handlers
 
     async def create(self, request: Request) -> Response:
@@ -184,8 +209,9 @@ class Control:
         timeout = self.default_timeout
         if body.get("timeout") is not None:
             timeout = seconds(body["timeout"], "timeout", self.max_timeout)
-        metadata = string_map(body.get("metadata"), "metadata")
-        env_vars = string_map(body.get("envVars"), "envVars")
+        most = self.ctx.config.e2b.max_metadata_bytes
+        metadata = string_map(body.get("metadata"), "metadata", max_bytes=most)
+        env_vars = string_map(body.get("envVars"), "envVars", max_bytes=most)
         sandbox_id = new_sandbox_id()
         now = time.time()
         sandbox = E2bSandbox(
@@ -208,13 +234,14 @@ class Control:
         if network is not None:
             arguments["network"] = {"mode": network.mode, "allow": list(network.allow)}
         try:
-            await self.ctx.manager.ensure(sandbox.key, network, template)
+            with self._creating(tenant):
+                await self.ctx.manager.ensure(sandbox.key, network, template)
         except errors.StockadeError as exc:
             self.audit(request, sandbox, "create_sandbox", arguments, error=str(exc))
             raise from_domain(exc) from None
         sandbox.started_at = time.time()
         sandbox.end_at = sandbox.started_at + timeout
-        self.ctx.records.add(sandbox)
+        await self.ctx.records.add(sandbox)
         self.audit(request, sandbox, "create_sandbox", arguments)
         log.info("E2B sandbox %s created (timeout %d s)", sandbox_id, timeout)
         return JSONResponse(self.sandbox_json(sandbox), status_code=201)
@@ -233,7 +260,7 @@ class Control:
             sandbox.end_at = wanted if resumed else max(sandbox.end_at, wanted)
         elif resumed:
             sandbox.end_at = max(sandbox.end_at, time.time() + self.default_timeout)
-        self.ctx.records.save()
+        await self.ctx.records.save(sandbox)
         self.audit(request, sandbox, "connect_sandbox", {"timeout": timeout, "resumed": resumed})
         return JSONResponse(self.sandbox_json(sandbox), status_code=201 if resumed else 200)
 
@@ -248,7 +275,7 @@ class Control:
             timeout = seconds(body["timeout"], "timeout", self.max_timeout)
         await self._resume(request, sandbox)
         sandbox.end_at = time.time() + timeout
-        self.ctx.records.save()
+        await self.ctx.records.save(sandbox)
         self.audit(request, sandbox, "resume_sandbox", {"timeout": timeout})
         return JSONResponse(self.sandbox_json(sandbox), status_code=201)
 
@@ -313,7 +340,7 @@ class Control:
         body = await read_json(request, self.ctx.config.max_request_bytes, required=True)
         timeout = seconds(body.get("timeout"), "timeout", self.max_timeout)
         sandbox.end_at = time.time() + timeout
-        self.ctx.records.save()
+        await self.ctx.records.save(sandbox)
         self.audit(request, sandbox, "set_timeout", {"timeout": timeout})
         return Response(status_code=204)
 
@@ -326,7 +353,7 @@ class Control:
 
     async def remove(self, sandbox: E2bSandbox) -> None:
         """Remove the sandbox's record, container and workspace."""
-        self.ctx.records.remove(sandbox.sandbox_id)
+        await self.ctx.records.remove(sandbox.sandbox_id)
         self.metrics.forget(sandbox.sandbox_id)
         for forget in self.ctx.forgetters:
             forget(sandbox.sandbox_id)
@@ -355,7 +382,7 @@ class Control:
             self.audit(request, sandbox, "pause_sandbox", {}, error=str(exc))
             raise from_domain(exc) from None
         sandbox.state = PAUSED
-        self.ctx.records.save()
+        await self.ctx.records.save(sandbox)
         self.audit(request, sandbox, "pause_sandbox", {})
         if not changed:
             raise ApiError(409, f"sandbox {sandbox.sandbox_id} is already paused")
@@ -379,7 +406,7 @@ class Control:
             try:
                 await self.remove(sandbox)
             except ApiError as exc:
-                self.ctx.records.add(sandbox)  # tried again at the next sweep
+                await self.ctx.records.add(sandbox)  # tried again at the next sweep
                 if sandbox.sandbox_id not in self._failed:  # said once, not at every sweep
                     log.warning("E2B sandbox %s: timeout passed, removal failed: %s",
                                 sandbox.sandbox_id, exc.message)  # fmt: skip

@@ -1,10 +1,21 @@
 """The E2B sandboxes this front created: what E2B's control plane reports of them (template,
 metadata, env vars, times, state) and the envd access token their requests carry. Held in
-memory, persisted as JSON in STATE_DIR/e2b/sandboxes.json (mode 0600: it holds the tokens) so
-that a restart keeps them; every lookup by a caller is scoped to its tenant."""
+memory, persisted one JSON file per sandbox in STATE_DIR/e2b/sandboxes/ID.json (mode 0600:
+they hold the tokens) so that a restart keeps them; every lookup by a caller is scoped to its
+tenant.
+
+A change writes that sandbox's file alone (atomically: a temporary file, fsync, rename), in a
+worker thread: its cost does not grow with the number of sandboxes, and the event loop never
+waits on the disk. Writes of one sandbox land in the order they were asked for (a later one
+makes an earlier one that has not run yet a no-op). A file that does not parse (torn by a
+crash of the host, edited by hand) is set aside with a log line, not fatal. Older
+installations kept every record in one file, STATE_DIR/e2b/sandboxes.json: it is migrated
+into the per-sandbox files at the first start, then removed."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -32,7 +43,10 @@ DEFAULT_TEMPLATE = "base"
 """The only template for now: the configured sandbox image."""
 RUNNING = "running"
 PAUSED = "paused"
-FILE_NAME = "sandboxes.json"
+LEGACY_FILE = "sandboxes.json"
+"""Every record in one file: how installations before per-sandbox files kept them."""
+FOLDER = "sandboxes"
+SUFFIX = ".json"
 
 
 def new_sandbox_id() -> str:
@@ -89,57 +103,135 @@ class E2bSandbox:
 
 
 class Records:
-    """The E2B sandboxes by id. Mutate a record, then call save()."""
+    """The E2B sandboxes by id. Mutate a record, then `await save(record)`."""
 
     def __init__(self, state_dir: Path | None) -> None:
-        """state_dir: the supervisor's STATE_DIR (records in state_dir/e2b/), None: memory only."""
+        """state_dir: the supervisor's STATE_DIR (records in state_dir/e2b/), None: memory
+        only. Reads the disk: call it off the event loop (asyncio.to_thread)."""
         self._dir = state_dir / "e2b" if state_dir is not None else None
         self._by_id: dict[str, E2bSandbox] = {}
-        self._write = threading.Lock()
-        self._load()
+        self._counts: dict[str, int] = {}
+        """Sandboxes on record per tenant."""
+        self._lock = threading.Lock()
+        self._wanted: dict[str, int] = {}
+        """Per sandbox id, the latest write asked for (its number), until it has run."""
+        self._asked = 0
+        self.writes = 0
+        """Record files written or removed since start (for the tests)."""
+        if self._dir is not None:
+            self._load(self._dir)
 
     @property
-    def path(self) -> Path | None:
-        return self._dir / FILE_NAME if self._dir is not None else None
+    def folder(self) -> Path | None:
+        """Where the per-sandbox files are; None: memory only."""
+        return self._dir / FOLDER if self._dir is not None else None
 
-    def _load(self) -> None:
-        path = self.path
-        if path is None or not path.is_file():
+    def _load(self, base: Path) -> None:
+        folder = base / FOLDER
+        if folder.is_dir():
+            for path in sorted(folder.iterdir()):
+                self._load_one(path)
+        legacy = base / LEGACY_FILE
+        if legacy.is_file():
+            self._migrate(legacy)
+
+    def _load_one(self, path: Path) -> None:
+        name = path.name
+        if not name.endswith(SUFFIX) or not valid_sandbox_id(name[: -len(SUFFIX)]):
+            if name.endswith(".tmp"):  # a write a crash cut short: its record is the older file
+                path.unlink(missing_ok=True)
             return
         try:
-            entries = json.loads(path.read_text(encoding="utf-8"))
-            for entry in entries:
-                sandbox = E2bSandbox.from_json(entry)
-                self._by_id[sandbox.sandbox_id] = sandbox
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            log.warning("E2B sandbox records in %s are unreadable, starting empty: %s", path, exc)
-            self._by_id.clear()
+            sandbox = E2bSandbox.from_json(json.loads(path.read_bytes()))
+            if sandbox.sandbox_id != name[: -len(SUFFIX)]:
+                raise ValueError(f"it names the sandbox {sandbox.sandbox_id[:64]!r}")
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            log.warning("E2B sandbox record %s is unreadable, set aside as .bad: %s", path, exc)
+            with contextlib.suppress(OSError):
+                path.replace(path.with_name(name + ".bad"))
+            return
+        self._keep(sandbox)
 
-    def save(self) -> None:
-        """Write every record (atomically: a crash leaves the old file or the new one)."""
+    def _migrate(self, legacy: Path) -> None:
+        """The records of one older file into per-sandbox files (one that has its own file
+        already keeps it: that one is newer), then the old file removed."""
+        try:
+            entries = json.loads(legacy.read_text(encoding="utf-8"))
+            found = [E2bSandbox.from_json(entry) for entry in entries]
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            log.warning("E2B sandbox records in %s are unreadable, not migrated: %s", legacy, exc)
+            return
+        for sandbox in found:
+            if sandbox.sandbox_id in self._by_id or not valid_sandbox_id(sandbox.sandbox_id):
+                continue
+            self._keep(sandbox)
+            self._write(sandbox.sandbox_id, _text(sandbox), None)
+        legacy.unlink()
+        log.info("E2B sandbox records: %d migrated from %s to %s", len(found), legacy, FOLDER)
+
+    async def save(self, sandbox: E2bSandbox) -> None:
+        """Write this sandbox's record as it is now (one file, off the event loop)."""
         if self._dir is None:
             return
-        text = json.dumps([s.to_json() for s in self._by_id.values()], indent=1)
-        with self._write:
-            self._dir.mkdir(parents=True, exist_ok=True)
-            os.chmod(self._dir, 0o700)
-            tmp = self._dir / (FILE_NAME + ".tmp")
+        text = _text(sandbox)
+        number = self._ask(sandbox.sandbox_id)
+        await asyncio.to_thread(self._write, sandbox.sandbox_id, text, number)
+
+    async def add(self, sandbox: E2bSandbox) -> None:
+        self._keep(sandbox)
+        await self.save(sandbox)
+
+    def _keep(self, sandbox: E2bSandbox) -> None:
+        if sandbox.sandbox_id not in self._by_id:
+            self._counts[sandbox.tenant] = self._counts.get(sandbox.tenant, 0) + 1
+        self._by_id[sandbox.sandbox_id] = sandbox
+
+    async def remove(self, sandbox_id: str) -> E2bSandbox | None:
+        sandbox = self._by_id.pop(sandbox_id, None)
+        if sandbox is not None:
+            left = self._counts[sandbox.tenant] - 1
+            if left:
+                self._counts[sandbox.tenant] = left
+            else:
+                del self._counts[sandbox.tenant]
+        if sandbox is not None and self._dir is not None:
+            number = self._ask(sandbox_id)
+            await asyncio.to_thread(self._write, sandbox_id, None, number)
+        return sandbox
+
+    def _ask(self, sandbox_id: str) -> int:
+        with self._lock:
+            self._asked += 1
+            self._wanted[sandbox_id] = self._asked
+            return self._asked
+
+    def _write(self, sandbox_id: str, text: bytes | None, number: int | None) -> None:
+        """Write (text) or remove (None) one record file, unless a later write of it was
+        asked for since (number: this write's; None at the migration, which runs alone).
+        Atomic: a crash leaves the old file or the new one."""
+        assert self._dir is not None
+        folder = self._dir / FOLDER
+        path = folder / (sandbox_id + SUFFIX)
+        with self._lock:
+            if number is not None and self._wanted.get(sandbox_id) != number:
+                return  # a later write of this record is on its way
+            if number is not None and text is None:
+                self._wanted.pop(sandbox_id, None)
+            self.writes += 1
+            if text is None:
+                path.unlink(missing_ok=True)
+                return
+            if not folder.is_dir():
+                for made in (self._dir, folder):
+                    made.mkdir(exist_ok=True)
+                    os.chmod(made, 0o700)
+            tmp = folder / (sandbox_id + SUFFIX + ".tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
+            with os.fdopen(fd, "wb") as out:
                 out.write(text)
                 out.flush()
                 os.fsync(out.fileno())
-            os.replace(tmp, self._dir / FILE_NAME)
-
-    def add(self, sandbox: E2bSandbox) -> None:
-        self._by_id[sandbox.sandbox_id] = sandbox
-        self.save()
-
-    def remove(self, sandbox_id: str) -> E2bSandbox | None:
-        sandbox = self._by_id.pop(sandbox_id, None)
-        if sandbox is not None:
-            self.save()
-        return sandbox
+            os.replace(tmp, path)
 
     def get(self, tenant: str, sandbox_id: str) -> E2bSandbox | None:
         """The tenant's sandbox of that id; None when unknown or another tenant's."""
@@ -151,6 +243,10 @@ class Records:
     def by_id(self, sandbox_id: str) -> E2bSandbox | None:
         """The sandbox of that id whatever its tenant (envd requests: the access token decides)."""
         return self._by_id.get(sandbox_id)
+
+    def count(self, tenant: str) -> int:
+        """How many sandboxes the tenant has on record."""
+        return self._counts.get(tenant, 0)
 
     def of_tenant(self, tenant: str) -> list[E2bSandbox]:
         """The tenant's sandboxes, oldest first (then by id: a stable order for paging)."""
@@ -167,3 +263,7 @@ class Records:
 
     def __len__(self) -> int:
         return len(self._by_id)
+
+
+def _text(sandbox: E2bSandbox) -> bytes:
+    return json.dumps(sandbox.to_json(), ensure_ascii=False).encode("utf-8")

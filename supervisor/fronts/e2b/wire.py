@@ -95,9 +95,10 @@ async def read_json(request: Request, limit: int, *, required: bool = False) -> 
 
 
 def string_map(
-    value: Any, name: str, max_entries: int = 1024, max_chars: int = 65536
+    value: Any, name: str, max_entries: int = 1024, max_chars: int = 65536, max_bytes: int = 0
 ) -> dict[str, str]:
-    """An object of strings to strings (None: empty); ApiError 400 otherwise."""
+    """An object of strings to strings (None: empty); ApiError 400 otherwise, and when its
+    keys and values take more than `max_bytes` in UTF-8 (0: no such limit)."""
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -111,6 +112,14 @@ def string_map(
         if not key or len(key) > 256 or len(item) > max_chars or "\0" in key + item:
             raise ApiError(400, f"{name}: entry {key[:64]!r} is empty, too long or has a NUL")
         found[key] = item
+    if max_bytes:
+        size = sum(len(k.encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass"))
+                   for k, v in found.items())  # fmt: skip
+        if size > max_bytes:
+            raise ApiError(
+                400, f"{name} takes {size} bytes, more than this server keeps for a sandbox "
+                f"({max_bytes}: e2b.max_metadata_bytes)",
+            )  # fmt: skip
     return found
 
 

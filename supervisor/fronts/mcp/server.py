@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,9 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 import stockade
 from stockade.supervisor import errors
@@ -65,17 +68,87 @@ class TokenTenants:
 
 class SessionManager(JsonSessionManager):
     """The SDK's session manager (its transports answering plain calls in JSON: json_answers),
-    telling the handlers when a session ends. The SDK has no
-    public hook for it: `_discard_session` is where every end of a session (the client's
-    DELETE, its idle timeout, a crash, a stop) passes, possibly more than once."""
+    telling the handlers when a session ends, and holding each tenant to its own number of
+    sessions (per_tenant; 0: no limit). The SDK has no public hook for either:
+    `_admit_session` is where a session is opened (for the tenant of the request being
+    served: "" with auth off), `_discard_session` where every end of
+    a session (the client's DELETE, its idle timeout, a crash, a stop) passes, possibly more
+    than once. A tenant at its cap gets 429 naming it before the SDK's admission; the SDK's
+    own cap (max_sessions, every tenant together) answers 503."""
 
-    def __init__(self, tools: McpTools, **kwargs: Any) -> None:
+    def __init__(self, tools: McpTools, per_tenant: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._tools = tools
+        self.per_tenant = per_tenant
+        self._tenant_of: dict[str, str] = {}
+        """Open session id -> its tenant."""
+        self.open: dict[str, int] = {}
+        """Tenant -> its sessions open."""
+
+    async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        tenant = _tenant(scope.get("user"))
+        if self._opens(scope) and self._full(tenant):
+            who = f"tenant {tenant!r}" if tenant else "this endpoint (auth off)"
+            message = (
+                f"Too many open sessions: {who} has {self.per_tenant} open, its limit "
+                "(mcp.max_sessions_per_tenant); end one (DELETE) first"
+            )
+            log.warning("MCP session refused: %s has %d open", who, self.per_tenant)
+            await _too_many(message)(scope, receive, send)
+            return
+        opener = _opener.set(tenant)
+        try:
+            await super()._handle_stateful_request(scope, receive, send)
+        finally:
+            _opener.reset(opener)
+
+    @staticmethod
+    def _opens(scope: Scope) -> bool:
+        """Whether the request would open a session (it names none)."""
+        return not any(k == b"mcp-session-id" for k, _v in scope.get("headers", ()))
+
+    def _full(self, tenant: str) -> bool:
+        return bool(self.per_tenant) and self.open.get(tenant, 0) >= self.per_tenant
+
+    def _admit_session(self, requestor: Any) -> Any:
+        tenant = _opener.get()
+        if self._full(tenant):  # another opening of the tenant got in since the check
+            return None
+        transport = super()._admit_session(requestor)
+        if transport is not None and transport.mcp_session_id is not None:
+            self._tenant_of[transport.mcp_session_id] = tenant
+            self.open[tenant] = self.open.get(tenant, 0) + 1
+        return transport
 
     async def _discard_session(self, session_id: str, transport: Any) -> None:
+        tenant = self._tenant_of.pop(session_id, None)
+        if tenant is not None:
+            left = self.open[tenant] - 1
+            if left:
+                self.open[tenant] = left
+            else:
+                del self.open[tenant]
         await super()._discard_session(session_id, transport)
         self._tools.session_ended(session_id)
+
+
+_opener: ContextVar[str] = ContextVar("stockade_mcp_opener", default="")
+"""The tenant of the request being served, for `_admit_session` (which the SDK calls with
+an AuthorizationContext built from parts of the token, not its tenant)."""
+
+
+def _tenant(user: Any) -> str:
+    """The tenant of an authenticated request (the SDK's AuthenticatedUser, whose access
+    token's client_id TokenTenants set); "" with auth off."""
+    token = getattr(user, "access_token", None)
+    return str(getattr(token, "client_id", "") or "")
+
+
+def _too_many(message: str) -> Response:
+    """A JSON-RPC error with no id, as the SDK answers its own refusals; 429 with a
+    Retry-After: the caller's own sessions, not the server, are the cause."""
+    body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}}
+    return JSONResponse(body, status_code=429, headers={"Retry-After": "60"})
 
 
 @dataclass
@@ -130,6 +203,8 @@ def build_app(
         security_settings=security,
         max_request_body_size=config.max_request_bytes,
         session_idle_timeout=config.mcp.session_idle_timeout_s,
+        per_tenant=config.mcp.max_sessions_per_tenant,
+        max_sessions=config.mcp.max_sessions,
     )
     endpoint: Any = JsonAnswers(StreamableHTTPASGIApp(manager))
     middleware: list[Middleware] = []
