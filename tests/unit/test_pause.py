@@ -252,14 +252,15 @@ async def test_housekeeping_pauses_an_idle_sandbox_then_removes_it(
     tmp_path: Path, backend: FakeBackend
 ) -> None:
     events: Events = []
+    # margins wide enough for a loaded machine: the first sweep must come before idle_pause_s
     mgr = manager(
-        tmp_path, backend, events, idle_action="pause", idle_pause_s=0.05, idle_timeout_s=0.4
+        tmp_path, backend, events, idle_action="pause", idle_pause_s=0.5, idle_timeout_s=1.2
     )
     await mgr.ensure("k")
     await mgr.ensure("busy")
     await mgr.sweep()
     assert (await mgr.get("k")).state.value == "RUNNING", "not idle long enough yet"
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.6)
     async with mgr.lease("busy"):
         await mgr.sweep()
     assert (await mgr.get("k")).state.value == "PAUSED"
@@ -267,7 +268,7 @@ async def test_housekeeping_pauses_an_idle_sandbox_then_removes_it(
     assert events[0][:2] == ("k", "pause")
     assert "idle for" in events[0][2]
     assert "idle_pause_s" in events[0][2]
-    await asyncio.sleep(0.4)
+    await asyncio.sleep(0.7)
     await mgr.sweep()
     assert (await mgr.get("k")).state.value == "ABSENT", "idle_timeout_s removes it, paused"
     assert ("k", "remove container") in [e[:2] for e in events]
