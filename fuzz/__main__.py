@@ -1,6 +1,6 @@
 """`python -m fuzz`: atheris over each target for a fixed time, its corpus fuzz/corpus/<target>/
-(libFuzzer adds there each input that adds coverage, and replaces one by a smaller input of
-the same coverage; kept within MAX_FILES and MAX_BYTES afterwards).
+(read as seeds; each input libFuzzer found that added coverage is added to it afterwards,
+which is then kept within MAX_FILES and MAX_BYTES).
 
     python -m fuzz [--seconds N] [TARGET ...]     every target (or those named), N s each
 
@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 import ast
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.replay}: no crash")
         return 0
     if args.child:
-        return _child(args.child, args.seconds)
+        return _child(args.child, args.seconds, args.targets)
     names = args.targets or list(fuzz.TARGETS)
     for name in names:
         fuzz.target(name)  # an unknown name fails here, before any time is spent
@@ -56,18 +58,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fuzz(name: str, seconds: int) -> bool:
-    """Fuzz one target in a child process; False on a crash."""
+    """Fuzz one target in a child process, what it found added to the corpus; False on a
+    crash."""
     corpus = fuzz.CORPUS / name
     corpus.mkdir(parents=True, exist_ok=True)
     CRASHES.mkdir(exist_ok=True)
     print(f"fuzz: {name} for {seconds} s", flush=True)
-    command = [sys.executable, "-m", "fuzz", "--child", name, "--seconds", str(seconds)]
-    ok = subprocess.run(command, check=False).returncode == 0
+    with tempfile.TemporaryDirectory(prefix=f"stockade-fuzz-{name}-") as found:
+        command = [sys.executable, "-m", "fuzz", "--child", name, "--seconds", str(seconds)]
+        ok = subprocess.run([*command, found], check=False).returncode == 0
+        for path in Path(found).iterdir():  # libFuzzer writes (and reduces) only there
+            shutil.copyfile(path, corpus / path.name)
     _bound(corpus)
     return ok
 
 
-def _child(name: str, seconds: int) -> int:
+def _child(name: str, seconds: int, found: list[str]) -> int:
     import atheris  # only here: replaying the corpus (make test) needs no atheris
 
     module = _instrumented(atheris, name)
@@ -83,6 +89,7 @@ def _child(name: str, seconds: int) -> int:
             f"-timeout={TIMEOUT_S}",
             f"-artifact_prefix={CRASHES}/{name}-",
             "-rss_limit_mb=4096",
+            *found,  # the first folder: where new inputs go
             str(fuzz.CORPUS / name),
         ],
         one_input,
@@ -109,8 +116,9 @@ def _instrument_of(source: str) -> tuple[str, ...]:
 
 
 def _bound(corpus: Path) -> None:
-    """At most MAX_FILES files and MAX_BYTES in the corpus: the largest dropped first."""
-    files = sorted(corpus.iterdir(), key=lambda p: (p.stat().st_size, p.name))
+    """At most MAX_FILES files and MAX_BYTES in the corpus: what libFuzzer added (named by
+    its SHA-1) dropped before a named seed or kept crash, the largest first."""
+    files = sorted(corpus.iterdir(), key=lambda p: (_found(p), p.stat().st_size, p.name))
     kept, total = 0, 0
     for path in files:
         size = path.stat().st_size
@@ -118,6 +126,10 @@ def _bound(corpus: Path) -> None:
             kept, total = kept + 1, total + size
         else:
             path.unlink()
+
+
+def _found(path: Path) -> bool:
+    return len(path.name) == 40 and all(c in "0123456789abcdef" for c in path.name)
 
 
 if __name__ == "__main__":
