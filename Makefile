@@ -1,6 +1,6 @@
 # Stockade: `make run` serves, `make test` runs every test; each sets the machine up first
 # (scripts/setup.sh: quick when nothing is missing).
-.PHONY: setup-run setup-test run test lint proto bench bench-compare
+.PHONY: setup-run setup-test run test lint proto bench bench-compare fuzz
 
 setup-run:
 	scripts/setup.sh run
@@ -35,3 +35,12 @@ bench: setup-test
 bench-compare: setup-test
 	@test -n "$(BASE)" || { echo "make bench-compare needs BASE=<git revision>" >&2; exit 2; }
 	.venv/bin/python -m bench --compare $(BASE) $(BENCH_ARGS)
+
+# Coverage-guided fuzzing of every parser that takes hostile input (fuzz/, docs/security.md
+# "Fuzzing"): FUZZ_SECONDS per target (7 targets: 90 s each is 10.5 minutes), niced; what adds
+# coverage is merged into fuzz/corpus/, a crash saved in fuzz/crashes/ and the exit non-zero.
+# e.g. `make fuzz FUZZ_SECONDS=300 FUZZ_TARGETS="connect files"`.
+FUZZ_SECONDS ?= 90
+fuzz: setup-test
+	.venv/bin/pip install --quiet -e '.[fuzz]'
+	FUZZ_SECONDS=$(FUZZ_SECONDS) nice -n 10 .venv/bin/python -m fuzz $(FUZZ_TARGETS)

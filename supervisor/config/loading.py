@@ -75,8 +75,8 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            data = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+            data = tomllib.loads(path.read_bytes().decode())  # TOML is UTF-8, whatever the locale
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"cannot read config {path}: {exc}") from exc
         except RecursionError:
             raise ConfigError(f"cannot read config {path}: it nests too deeply") from None

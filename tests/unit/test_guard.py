@@ -559,3 +559,11 @@ def test_check_is_thread_safe_and_pure() -> None:
     with ThreadPoolExecutor(max_workers=8) as pool:
         for _ in range(3):
             assert list(pool.map(GUARD.check, commands)) == expected
+
+
+@pytest.mark.parametrize(
+    "command", ["echo $'\\8'", "printf '\\9x'", "echo -e '\\8'", "echo $'\\٣'"]
+)
+def test_a_backslash_before_a_digit_that_is_not_octal_is_checked(command: str) -> None:
+    """Found by fuzzing (fuzz/corpus/guard/): `\\8` in $'..' made the guard raise."""
+    assert GUARD.check(command).action == "allow"

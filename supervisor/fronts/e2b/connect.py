@@ -95,6 +95,8 @@ def _decode(data: bytes) -> Json:
         value = json.loads(data or b"{}")
     except ValueError as exc:
         raise ConnectError("invalid_argument", f"the message is not JSON: {exc}") from None
+    except RecursionError:
+        raise ConnectError("invalid_argument", "the message nests too deeply") from None
     if not isinstance(value, dict):
         raise ConnectError("invalid_argument", "the message is not a JSON object")
     return value

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from email.message import Message
 
 from starlette.applications import Starlette
+from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -118,41 +119,48 @@ def build_envd_app(ctx: E2bContext) -> Starlette:
         except errors.StockadeError as exc:
             return _http_error(connect_error(exc))
 
+    async def _parts(request: Request, query_path: str | None, form: FormData) -> list[Json]:
+        out: list[Json] = []
+        seen: set[str] = set()
+        for key, value in form.multi_items():
+            if key != "file" or isinstance(value, str):
+                continue
+            target = query_path or _filename(value.headers.get("content-disposition", ""))
+            if not target:
+                raise ConnectError("invalid_argument", "a file part needs a filename")
+            if target in seen:
+                raise ConnectError("invalid_argument", f"two parts write {target}")
+            seen.add(target)
+
+            async def chunks(f=value) -> AsyncIterator[bytes]:  # type: ignore[no-untyped-def]
+                while data := await f.read(1 << 20):
+                    yield data
+
+            out.append(await files.upload(request, target, chunks()))
+        if not out:
+            raise ConnectError("invalid_argument", "no file part")
+        return out
+
     async def _upload(request: Request) -> list[Json]:
         query_path = request.query_params.get("path")
         kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if kind == "multipart/form-data":
-            form = await request.form(max_files=1000, max_fields=1000, max_part_size=1 << 20)
-            out: list[Json] = []
-            seen: set[str] = set()
-            for key, value in form.multi_items():
-                if key != "file" or isinstance(value, str):
-                    continue
-                target = query_path or _filename(value.headers.get("content-disposition", ""))
-                if not target:
-                    raise ConnectError("invalid_argument", "a file part needs a filename")
-                if target in seen:
-                    raise ConnectError("invalid_argument", f"two parts write {target}")
-                seen.add(target)
-
-                async def chunks(f=value) -> AsyncIterator[bytes]:  # type: ignore[no-untyped-def]
-                    while data := await f.read(1 << 20):
-                        yield data
-
-                out.append(await files.upload(request, target, chunks()))
-            if not out:
-                raise ConnectError("invalid_argument", "no file part")
-            return out
+            # closed at the end: its parts' spooled files go at once, not when collected
+            async with request.form(max_files=1000, max_fields=1000, max_part_size=1 << 20) as form:
+                return await _parts(request, query_path, form)
         if not query_path:
             raise ConnectError("invalid_argument", "an octet-stream upload needs ?path=")
         gz = request.headers.get("content-encoding", "").lower() == "gzip"
 
         async def raw() -> AsyncIterator[bytes]:
             inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gz else None
-            async for data in request.stream():
-                yield inflate.decompress(data) if inflate else data
-            if inflate:
-                yield inflate.flush()
+            try:
+                async for data in request.stream():
+                    yield inflate.decompress(data) if inflate else data
+                if inflate:
+                    yield inflate.flush()
+            except zlib.error as exc:
+                raise errors.InvalidRequest(f"the body is not valid gzip: {exc}") from None
 
         return [await files.upload(request, query_path, raw())]
 

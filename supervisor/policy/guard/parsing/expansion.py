@@ -55,7 +55,7 @@ def _c_escape(match: re.Match[str]) -> str:
     head = code[0]
     if head in "xuU" and len(code) > 1:
         return chr(min(int(code[1:], 16), 0x10FFFF))
-    if head.isdigit():
+    if head in "01234567":  # not isdigit(): \8, \9 and other digits escape nothing
         return chr(int(code, 8))
     if head == "c" and len(code) == 2:
         return chr(ord(code[1]) & 0x1F)
