@@ -4,7 +4,11 @@ Unary: a JSON body in, `application/json` out; an error is a non-200 status with
 `{"code": "<lowercase connect code>", "message": ...}`. Server-streaming and
 client-streaming: `application/connect+json` envelopes (1 flag byte, 4-byte big-endian
 length, JSON), every response stream ending with an end-of-stream envelope (flag 0x02)
-that carries the error, if any, over HTTP 200. Connect-Timeout-Ms bounds the handler."""
+that carries the error, if any, over HTTP 200. Connect-Timeout-Ms bounds the handler.
+
+Every message is held to `limit` bytes (the configured request size): a unary body by its
+Content-Length before it is read, an envelope by its declared length before its payload is;
+past it, `resource_exhausted` as envd answers. JSON nested too deep is `invalid_argument`."""
 
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from stockade.supervisor.fronts import bodies
+
 T = TypeVar("T")
 KEEPALIVE_S = 50.0
 """The longest silence on a stream (the SDKs ask for 50 s; undici drops a body silent 300 s)."""
@@ -25,7 +31,8 @@ UNARY_TYPE = "application/json"
 STREAM_TYPE = "application/connect+json"
 END_STREAM = 0x02
 COMPRESSED = 0x01
-MAX_MESSAGE = 64 << 20
+LIMIT = 16 << 20
+"""The default largest message (the supervisor passes its max_request_bytes)."""
 
 HTTP_STATUS = {
     "canceled": 499,
@@ -73,15 +80,19 @@ def end_stream(error: ConnectError | None = None) -> bytes:
     return envelope({"error": error.to_json()} if error else {}, END_STREAM)
 
 
-async def read_envelopes(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[int, bytes]]:
-    """(flags, payload) of each envelope in a byte stream, however it is chunked."""
+async def read_envelopes(
+    chunks: AsyncIterator[bytes], limit: int = LIMIT
+) -> AsyncIterator[tuple[int, bytes]]:
+    """(flags, payload) of each envelope in a byte stream, however it is chunked; one that
+    declares more than `limit` bytes is refused before its payload is read."""
     buf = bytearray()
     async for chunk in chunks:
         buf.extend(chunk)
         while len(buf) >= 5:
             flags, size = struct.unpack(">BI", buf[:5])
-            if size > MAX_MESSAGE:
-                raise ConnectError("resource_exhausted", "message too large")
+            if size > limit:
+                message = f"the message declares {size} bytes: more than {limit}"
+                raise ConnectError("resource_exhausted", message)
             if len(buf) < 5 + size:
                 break
             yield flags, bytes(buf[5 : 5 + size])
@@ -92,7 +103,9 @@ async def read_envelopes(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[in
 
 def _decode(data: bytes) -> Json:
     try:
-        value = json.loads(data or b"{}")
+        value = bodies.loads(data or b"{}")
+    except bodies.BodyRefused as exc:
+        raise ConnectError("invalid_argument", exc.message) from None
     except ValueError as exc:
         raise ConnectError("invalid_argument", f"the message is not JSON: {exc}") from None
     except RecursionError:
@@ -119,14 +132,24 @@ def unary_error(exc: ConnectError) -> Response:
     return JSONResponse(exc.to_json(), status_code=HTTP_STATUS[exc.code])
 
 
-def unary(handler: Unary) -> Callable[[Request], Awaitable[Response]]:
+def refused(exc: bodies.BodyRefused) -> ConnectError:
+    """A refused body as envd's Connect server answers it."""
+    return ConnectError(
+        "resource_exhausted" if exc.status == 413 else "invalid_argument", exc.message
+    )
+
+
+def unary(handler: Unary, limit: int = LIMIT) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         try:
             if _media(request) != UNARY_TYPE:
                 raise ConnectError("invalid_argument", f"unary calls take {UNARY_TYPE}")
             if request.headers.get("content-encoding", "identity") != "identity":
                 raise ConnectError("unimplemented", "compressed requests are not supported")
-            message = _decode(await request.body())
+            try:
+                message = _decode(await bodies.read_body(request, limit))
+            except bodies.BodyRefused as exc:
+                raise refused(exc) from None
             result = await asyncio.wait_for(handler(request, message), timeout_of(request))
         except ConnectError as exc:
             return unary_error(exc)
@@ -137,10 +160,10 @@ def unary(handler: Unary) -> Callable[[Request], Awaitable[Response]]:
     return endpoint
 
 
-async def _messages(request: Request) -> AsyncIterator[Json]:
+async def _messages(request: Request, limit: int) -> AsyncIterator[Json]:
     if _media(request) != STREAM_TYPE:
         raise ConnectError("invalid_argument", f"streaming calls take {STREAM_TYPE}")
-    async for flags, payload in read_envelopes(request.stream()):
+    async for flags, payload in read_envelopes(request.stream(), limit):
         if flags & COMPRESSED:
             raise ConnectError("unimplemented", "compressed messages are not supported")
         if flags & END_STREAM:
@@ -154,14 +177,16 @@ def _stream_response(body: AsyncIterator[bytes]) -> Response:
     return response
 
 
-def server_stream(handler: ServerStream) -> Callable[[Request], Awaitable[Response]]:
+def server_stream(
+    handler: ServerStream, limit: int = LIMIT
+) -> Callable[[Request], Awaitable[Response]]:
     """The request message is read before the response starts (Starlette's streaming
     response listens for the client's disconnect, which would race a body still read)."""
 
     async def endpoint(request: Request) -> Response:
         try:
             deadline = timeout_of(request)
-            first = await anext(aiter(_messages(request)), None)
+            first = await anext(aiter(_messages(request, limit)), None)
             if first is None:
                 raise ConnectError("invalid_argument", "a server stream takes one message")
         except ConnectError as exc:
@@ -189,13 +214,15 @@ async def _only(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
-def client_stream(handler: ClientStream) -> Callable[[Request], Awaitable[Response]]:
+def client_stream(
+    handler: ClientStream, limit: int = LIMIT
+) -> Callable[[Request], Awaitable[Response]]:
     """The handler consumes the request stream before the response starts (see above)."""
 
     async def endpoint(request: Request) -> Response:
         try:
             async with asyncio.timeout(timeout_of(request)):
-                result = await handler(request, _messages(request))
+                result = await handler(request, _messages(request, limit))
         except ConnectError as exc:
             return _stream_response(_only(end_stream(exc)))
         except TimeoutError:

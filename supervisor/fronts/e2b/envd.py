@@ -1,21 +1,26 @@
 """envd's app for the E2B front: GET /health, GET/POST /files, filesystem.Filesystem/* and
 process.Process/*. The server dispatches a request here after checking its X-Access-Token,
-with the sandbox's record in scope["state"]["e2b_sandbox"]."""
+with the sandbox's record in scope["state"]["e2b_sandbox"].
+
+Bodies are bounded before any work (fronts/bodies.py): every Connect message by the
+configured max_request_bytes; a `/files` upload is decoded as it streams (gzip, deflate; a
+bomb refused by its ratio), held to the workspace's size cap when one is set, and each file,
+octet-stream or multipart part, goes straight to the sandbox's transfer as it arrives
+(nothing spooled on the host). A body that ends short, does not decode or is refused cancels
+that file's transfer: the file it would have replaced is left as it was."""
 
 from __future__ import annotations
 
 import contextlib
-import zlib
 from collections.abc import AsyncIterator
-from email.message import Message
 
 from starlette.applications import Starlette
-from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from stockade.supervisor import errors
+from stockade.supervisor.fronts import bodies, multipart
 from stockade.supervisor.fronts.e2b import connect
 from stockade.supervisor.fronts.e2b.connect import (
     ClientStream,
@@ -30,6 +35,8 @@ from stockade.supervisor.fronts.e2b.envd_process import Processes
 from stockade.supervisor.fronts.e2b.envd_watch import Watches
 
 _HTTP = {"not_found": 404, "invalid_argument": 400, "permission_denied": 403}
+MAX_PARTS = 1000
+"""The most parts of a multipart `/files` upload."""
 
 
 def _domain(handler: Unary) -> Unary:
@@ -68,12 +75,8 @@ def _http_error(exc: ConnectError) -> Response:
     return JSONResponse({"code": status, "message": exc.message}, status_code=status)
 
 
-def _filename(disposition: str) -> str | None:
-    """The raw filename of a multipart part (a full path: not basenamed)."""
-    msg = Message()
-    msg["content-disposition"] = disposition
-    name = msg.get_param("filename", header="content-disposition")
-    return str(name) if isinstance(name, str) else None
+def _refused(exc: bodies.BodyRefused) -> Response:
+    return JSONResponse({"code": exc.status, "message": exc.message}, status_code=exc.status)
 
 
 def build_envd_app(ctx: E2bContext) -> Starlette:
@@ -82,6 +85,9 @@ def build_envd_app(ctx: E2bContext) -> Starlette:
     ctx.forgetters.append(processes.forget)
     watches = Watches(ctx)
     ctx.forgetters.append(watches.forget)
+    limit = ctx.config.max_request_bytes
+    quota_mb = ctx.config.sandbox.workspace_size_mb
+    upload_limit = quota_mb << 20 if quota_mb else None
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -114,55 +120,38 @@ def build_envd_app(ctx: E2bContext) -> Starlette:
     async def post_files(request: Request) -> Response:
         try:
             return JSONResponse(await _upload(request))
+        except bodies.BodyRefused as exc:
+            return _refused(exc)
         except ConnectError as exc:
             return _http_error(exc)
         except errors.StockadeError as exc:
             return _http_error(connect_error(exc))
 
-    async def _parts(request: Request, query_path: str | None, form: FormData) -> list[Json]:
+    async def _upload(request: Request) -> list[Json]:
+        query_path = request.query_params.get("path")
+        content_type = request.headers.get("content-type", "")
+        body = bodies.body_stream(request, upload_limit)
+        if content_type.split(";")[0].strip().lower() != "multipart/form-data":
+            if not query_path:
+                raise ConnectError("invalid_argument", "an octet-stream upload needs ?path=")
+            return [await files.upload(request, query_path, body)]
+        boundary = multipart.boundary_of(content_type)
         out: list[Json] = []
         seen: set[str] = set()
-        for key, value in form.multi_items():
-            if key != "file" or isinstance(value, str):
-                continue
-            target = query_path or _filename(value.headers.get("content-disposition", ""))
+        async for part in multipart.parts(body, boundary, MAX_PARTS):
+            filename = part.param("filename")
+            if part.param("name") != "file" or filename is None:
+                continue  # a form field, not a file: skipped as envd does
+            target = query_path or filename
             if not target:
                 raise ConnectError("invalid_argument", "a file part needs a filename")
             if target in seen:
                 raise ConnectError("invalid_argument", f"two parts write {target}")
             seen.add(target)
-
-            async def chunks(f=value) -> AsyncIterator[bytes]:  # type: ignore[no-untyped-def]
-                while data := await f.read(1 << 20):
-                    yield data
-
-            out.append(await files.upload(request, target, chunks()))
+            out.append(await files.upload(request, target, part.data))
         if not out:
             raise ConnectError("invalid_argument", "no file part")
         return out
-
-    async def _upload(request: Request) -> list[Json]:
-        query_path = request.query_params.get("path")
-        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if kind == "multipart/form-data":
-            # closed at the end: its parts' spooled files go at once, not when collected
-            async with request.form(max_files=1000, max_fields=1000, max_part_size=1 << 20) as form:
-                return await _parts(request, query_path, form)
-        if not query_path:
-            raise ConnectError("invalid_argument", "an octet-stream upload needs ?path=")
-        gz = request.headers.get("content-encoding", "").lower() == "gzip"
-
-        async def raw() -> AsyncIterator[bytes]:
-            inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gz else None
-            try:
-                async for data in request.stream():
-                    yield inflate.decompress(data) if inflate else data
-                if inflate:
-                    yield inflate.flush()
-            except zlib.error as exc:
-                raise errors.InvalidRequest(f"the body is not valid gzip: {exc}") from None
-
-        return [await files.upload(request, query_path, raw())]
 
     fs, ps = "/filesystem.Filesystem/", "/process.Process/"
     unary = {
@@ -182,25 +171,31 @@ def build_envd_app(ctx: E2bContext) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/files", get_files, methods=["GET"]),
         Route("/files", post_files, methods=["POST"]),
-        Route(fs + "Stat", connect.unary(_domain(files.stat)), methods=["POST"]),
-        Route(fs + "MakeDir", connect.unary(_domain(files.make_dir)), methods=["POST"]),
-        Route(fs + "Move", connect.unary(_domain(files.move)), methods=["POST"]),
-        Route(fs + "ListDir", connect.unary(_domain(files.list_dir)), methods=["POST"]),
-        Route(fs + "Remove", connect.unary(_domain(files.remove)), methods=["POST"]),
+        Route(fs + "Stat", connect.unary(_domain(files.stat), limit), methods=["POST"]),
+        Route(fs + "MakeDir", connect.unary(_domain(files.make_dir), limit), methods=["POST"]),
+        Route(fs + "Move", connect.unary(_domain(files.move), limit), methods=["POST"]),
+        Route(fs + "ListDir", connect.unary(_domain(files.list_dir), limit), methods=["POST"]),
+        Route(fs + "Remove", connect.unary(_domain(files.remove), limit), methods=["POST"]),
         Route(
             fs + "WatchDir",
-            connect.server_stream(_domain_stream(watches.watch_dir)),
+            connect.server_stream(_domain_stream(watches.watch_dir), limit),
             methods=["POST"],
         ),
-        *(Route(fs + n, connect.unary(_domain(h)), methods=["POST"]) for n, h in watchers.items()),
-        *(Route(ps + n, connect.unary(_domain(h)), methods=["POST"]) for n, h in unary.items()),
         *(
-            Route(ps + n, connect.server_stream(_domain_stream(h)), methods=["POST"])
+            Route(fs + n, connect.unary(_domain(h), limit), methods=["POST"])
+            for n, h in watchers.items()
+        ),
+        *(
+            Route(ps + n, connect.unary(_domain(h), limit), methods=["POST"])
+            for n, h in unary.items()
+        ),
+        *(
+            Route(ps + n, connect.server_stream(_domain_stream(h), limit), methods=["POST"])
             for n, h in streams.items()
         ),
         Route(
             ps + "StreamInput",
-            connect.client_stream(_domain_client(processes.stream_input)),
+            connect.client_stream(_domain_client(processes.stream_input), limit),
             methods=["POST"],
         ),
     ]

@@ -1,10 +1,10 @@
 """HTTP details of the E2B control plane shared by its handlers: errors as the SDKs parse
 them (JSON `{"code": <int>, "message": <str>}` for every status), the caller's tenant from its
-X-API-KEY, and request bodies read within the configured size limit."""
+X-API-KEY, and request bodies read within the configured size limit (fronts/bodies.py: the
+Content-Length first, gzip and deflate decoded within it, JSON nested at most 64 deep)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse
 
 from stockade.supervisor import errors
 from stockade.supervisor.auth import Authenticator
+from stockade.supervisor.fronts import bodies
 
 API_KEY_HEADER = "x-api-key"
 MAX_KEY_CHARS = 4096
@@ -75,19 +76,18 @@ def tenant_of(authenticator: Authenticator | None, headers: Mapping[str, str]) -
 
 async def read_json(request: Request, limit: int, *, required: bool = False) -> dict[str, Any]:
     """The request's JSON object body ({} when empty and not required); ApiError 400 for
-    anything else, 413 past `limit` bytes."""
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"the request body exceeds {limit} bytes")
-    if not body.strip():
-        if required:
-            raise ApiError(400, "a JSON object body is required")
-        return {}
+    anything else, 413 past `limit` bytes (declared or sent, or decoded), 415 for a
+    Content-Encoding not taken."""
     try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
+        body = await bodies.read_body(request, limit)
+        if not body.strip():
+            if required:
+                raise ApiError(400, "a JSON object body is required")
+            return {}
+        data = bodies.loads(body)
+    except bodies.BodyRefused as exc:
+        raise ApiError(exc.status, exc.message) from None
+    except ValueError:
         raise ApiError(400, "the request body is not JSON") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")

@@ -2,7 +2,9 @@
 streamable-HTTP session manager, on uvicorn in the supervisor's event loop. Bearer tokens are
 checked by the SDK's middleware against the gRPC API's own token table (auth.py): a
 request without a valid token gets 401 and a WWW-Authenticate header. Every call goes through
-the supervisor's one ToolPipeline."""
+the supervisor's one ToolPipeline. Bodies: the SDK holds them to max_request_bytes (the
+Content-Length first, 413) and answers JSON nested too deep with 400; a Content-Encoding is
+refused (415, fronts/bodies.PlainOnly), as no MCP client compresses its requests."""
 
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from stockade.supervisor import errors
 from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import Config, split_host_port
+from stockade.supervisor.fronts.bodies import PlainOnly
 from stockade.supervisor.fronts.http import Uvicorn, listening_socket, serve
 from stockade.supervisor.fronts.mcp.handlers import McpTools
 from stockade.supervisor.fronts.mcp.json_answers import JsonAnswers
@@ -217,7 +220,7 @@ def build_app(
         endpoint = RequireAuthMiddleware(endpoint, [])
     app = Starlette(
         routes=[Route(config.mcp.path, endpoint=endpoint)],
-        middleware=middleware,
+        middleware=[Middleware(PlainOnly), *middleware],
         lifespan=lambda _app: manager.run(),
     )
     return Endpoint(app, tools, manager)

@@ -1,0 +1,203 @@
+"""Hostile bodies at the E2B front of a real `stockade serve`, both engines (issue 26): a gzip
+bomb (one, then six at once), truncated and invalid gzip, deflate, br, a 60 MB envd Start
+envelope, a 300 MB multipart part and JSON nested 100,000 deep, each sent raw to the port.
+Each is refused clearly (or, for deflate and the big part, taken whole), the server stays
+healthy, its memory comes back within 50 MB, the file an upload would have replaced is
+intact, no `.stockade-upload-*` is left in the workspace and no file was spooled on the host."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from e2b import Sandbox
+
+from tests.integration.e2b_kit import E2bServed
+
+pytestmark = pytest.mark.timeout(600)
+ORIGINAL = os.urandom(100 << 10)
+TARGET = "/home/user/kept.bin"
+MiB = 1 << 20
+
+
+def bomb() -> bytes:
+    """270 MiB of zeros as gzip (~270 KB)."""
+    z = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    return b"".join(z.compress(bytes(MiB)) for _ in range(270)) + z.flush()
+
+
+@pytest.fixture(scope="module")
+def sbx(served: E2bServed) -> Iterator[Sandbox]:
+    box = Sandbox.create(timeout=600, **served.opts())
+    try:
+        box.files.write(TARGET, ORIGINAL)
+        yield box
+    finally:
+        box.kill()
+
+
+def envd(served: E2bServed, box: Sandbox) -> httpx.Client:
+    headers = {"E2b-Sandbox-Id": box.sandbox_id, "X-Access-Token": str(box._envd_access_token)}
+    return httpx.Client(base_url=served.url, headers=headers, timeout=120)
+
+
+def upload(client: httpx.Client, body: bytes, encoding: str) -> httpx.Response:
+    headers = {"content-type": "application/octet-stream", "content-encoding": encoding}
+    return client.post("/files", params={"path": TARGET}, content=body, headers=headers)
+
+
+def spooled(pid: int) -> list[str]:
+    """The supervisor's open files outside its state and the engines' sockets: a spooled body
+    would be one (a deleted file in the temp dir)."""
+    found = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("/tmp/") and ("(deleted)" in target or "/tmp/tmp" in target):
+            found.append(target)
+    return found
+
+
+def assert_unharmed(served: E2bServed, box: Sandbox, rss_start: int) -> None:
+    with envd(served, box) as client:
+        assert client.get("/health").status_code == 204
+    assert bytes(box.files.read(TARGET, format="bytes")) == ORIGINAL
+    leftovers = [e.name for e in box.files.list("/home/user") if ".stockade-upload-" in e.name]
+    assert leftovers == []
+    assert served.sup.rss_bytes() < rss_start + 50 * MiB
+
+
+def rss_now(served: E2bServed) -> int:
+    return served.sup.rss_bytes()
+
+
+def test_a_gzip_bomb_is_refused_and_six_at_once_too(served: E2bServed, sbx: Sandbox) -> None:
+    start = rss_now(served)
+    data = bomb()
+    with envd(served, sbx) as client:
+        r = upload(client, data, "gzip")
+    assert r.status_code == 413
+    assert "100-fold" in r.json()["message"]
+    assert_unharmed(served, sbx, start)
+    with ThreadPoolExecutor(6) as pool:
+
+        def one(_: int) -> int:
+            with envd(served, sbx) as client:
+                return upload(client, data, "gzip").status_code
+
+        assert list(pool.map(one, range(6))) == [413] * 6
+    assert_unharmed(served, sbx, start)
+
+
+def test_truncated_and_invalid_gzip_never_replace_the_file(served: E2bServed, sbx: Sandbox) -> None:
+    start = rss_now(served)
+    whole = gzip.compress(os.urandom(200 << 10))
+    with envd(served, sbx) as client:
+        r = upload(client, whole[: len(whole) // 3], "gzip")
+        assert (r.status_code, "truncated" in r.json()["message"]) == (400, True)
+        r = upload(client, b"not gzip at all" * 100, "gzip")
+        assert (r.status_code, "not valid gzip" in r.json()["message"]) == (400, True)
+        r = upload(client, whole + b"trailing", "gzip")
+        assert r.status_code == 400
+    assert_unharmed(served, sbx, start)
+
+
+def test_deflate_is_decoded_and_br_is_refused_by_name(served: E2bServed, sbx: Sandbox) -> None:
+    data = os.urandom(64 << 10) * 4
+    with envd(served, sbx) as client:
+        for body in (zlib.compress(data), zlib.compress(data)[2:-4]):  # zlib-wrapped, raw
+            headers = {"content-type": "application/octet-stream", "content-encoding": "deflate"}
+            r = client.post("/files", params={"path": "d.bin"}, content=body, headers=headers)
+            assert r.status_code == 200, r.text
+            assert bytes(sbx.files.read("d.bin", format="bytes")) == data
+        r = upload(client, b"\x0b\x02\x80hello\x03", "br")
+        assert (r.status_code, "'br'" in r.json()["message"]) == (415, True)
+    assert_unharmed(served, sbx, rss_now(served))
+
+
+def test_an_oversized_start_envelope_is_refused(served: E2bServed, sbx: Sandbox) -> None:
+    start = rss_now(served)
+    payload = b'{"process":{"cmd":"/bin/true","args":["' + b"x" * (60_000_000) + b'"]}}'
+    headers = {"content-type": "application/connect+json", "connect-protocol-version": "1"}
+    with envd(served, sbx) as client:
+        r = client.post(
+            "/process.Process/Start",
+            content=struct.pack(">BI", 0, len(payload)) + payload,
+            headers=headers,
+        )
+    assert r.status_code == 200  # Connect streams answer errors in their end-of-stream
+    assert b"resource_exhausted" in r.content
+    assert_unharmed(served, sbx, start)
+
+
+def test_nested_json_is_400_everywhere(served: E2bServed, sbx: Sandbox) -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with envd(served, sbx) as client:
+        r = client.post(
+            "/filesystem.Filesystem/Stat",
+            content=deep,
+            headers={"content-type": "application/json"},
+        )
+        assert (r.status_code, r.json()["code"]) == (400, "invalid_argument")
+    r = httpx.post(
+        f"{served.url}/sandboxes", content=deep, headers={"X-API-KEY": served.token}, timeout=60
+    )
+    assert (r.status_code, "nested" in r.json()["message"]) == (400, True)
+    assert_unharmed(served, sbx, rss_now(served))
+
+
+def test_a_300mb_multipart_part_streams_to_the_sandbox(served: E2bServed, sbx: Sandbox) -> None:
+    start = rss_now(served)
+    pid = served.sup.process.pid if served.sup.process else 0
+    seen: list[str] = []
+    block = os.urandom(MiB)
+
+    def body() -> Iterator[bytes]:
+        yield b'--b0und\r\nContent-Disposition: form-data; name="file"; filename="big.bin"\r\n\r\n'
+        for i in range(300):
+            if i == 200:
+                seen.extend(spooled(pid))
+            yield block
+        yield b"\r\n--b0und--\r\n"
+
+    headers = {"content-type": "multipart/form-data; boundary=b0und"}
+    with envd(served, sbx) as client:
+        r = client.post("/files", content=body(), headers=headers)
+    assert r.status_code == 200, r.text
+    assert seen == []
+    sizes = {e.name: e.size for e in sbx.files.list("/home/user")}
+    assert sizes["big.bin"] == 300 * MiB
+    sbx.files.remove("/home/user/big.bin")
+    assert_unharmed(served, sbx, start)
+
+
+def test_a_multipart_part_cut_short_leaves_the_file(served: E2bServed, sbx: Sandbox) -> None:
+    start = rss_now(served)
+
+    def body() -> Iterator[bytes]:
+        yield b'--b0und\r\nContent-Disposition: form-data; name="file"; filename="kept.bin"\r\n\r\n'
+        yield os.urandom(300 << 10)
+        yield b"\r\n--b0und"  # no closing "--"; then the body simply ends
+
+    headers = {"content-type": "multipart/form-data; boundary=b0und"}
+    with envd(served, sbx) as client:
+        r = client.post("/files", params={"path": TARGET}, content=body(), headers=headers)
+        assert r.status_code == 400
+        r = client.post(
+            "/files",
+            params={"path": TARGET},
+            content=b'--b0und\r\nContent-Disposition: form-data; name="file"; filename="x"\r\n\r\n'
+            + b"partial",
+            headers=headers,
+        )
+        assert (r.status_code, "truncated" in r.json()["message"]) == (400, True)
+    assert_unharmed(served, sbx, start)
