@@ -35,6 +35,7 @@ from stockade.supervisor.models import (
 from stockade.supervisor.observe import telemetry
 from stockade.supervisor.observe.alarms import MAX_EVIDENCE, Alarm, AlarmSink
 from stockade.supervisor.observe.audit import AuditLog
+from stockade.supervisor.observe.refusals import Refusals
 from stockade.supervisor.observe.telemetry import Observer
 from stockade.supervisor.policy.approvals import ApprovalManager, Ask, Pending
 from stockade.supervisor.policy.guard import Guard
@@ -66,6 +67,8 @@ class HostPolicy:
     audit: AuditLog | None
     honey: CallTripwire | None = None
     """The honeytoken checks (calls/tripwires.py); None: honeytokens off."""
+    refusals: Refusals | None = None
+    """Where every front tells of a refused authentication (observe/refusals.py)."""
 
 
 class _Stop(Exception):

@@ -406,3 +406,16 @@ async def invoke(
     async with mgr.lease(key) as lease:
         deadline: Deadline = "agent" if tool == "exec" else "caller"
         return await lease.invoke(tool, args, timeout, rid, deadline=deadline)
+
+
+class Audited:
+    """Stands in for the AuditLog where only what is recorded matters: `records`."""
+
+    def __init__(self) -> None:
+        self.records: list[AuditRecord] = []
+
+    def record(self, rec: AuditRecord) -> None:
+        self.records.append(rec)
+
+    def tools(self) -> list[str]:
+        return [r.tool for r in self.records]

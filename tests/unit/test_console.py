@@ -53,11 +53,13 @@ class Manager:
             raise SandboxNotFound(f"no sandbox for key {key!r}")
         return self.infos[key]
 
-    async def pause(self, key: str, reason: str) -> tuple[SandboxInfo, bool]:
+    async def pause(self, key: str, reason: str, recorded: bool = True) -> tuple[SandboxInfo, bool]:
         self.asked.append(("pause", key))
         return await self.get(key), True
 
-    async def resume(self, key: str, reason: str) -> tuple[SandboxInfo, bool]:
+    async def resume(
+        self, key: str, reason: str, recorded: bool = True
+    ) -> tuple[SandboxInfo, bool]:
         self.asked.append(("resume", key))
         return await self.get(key), True
 

@@ -3,8 +3,6 @@ gRPC servicers use), the sessions, and the rules of who sees which tenant."""
 
 from __future__ import annotations
 
-import json
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs
@@ -13,6 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 
 from stockade.supervisor.auth import Authenticator
+from stockade.supervisor.calls.lifecycle import Actor, Lifecycle
 from stockade.supervisor.calls.pipeline import HostPolicy
 from stockade.supervisor.config import Config
 from stockade.supervisor.errors import InvalidRequest, Unauthenticated
@@ -20,7 +19,6 @@ from stockade.supervisor.fronts.console.security import MAX_BODY_BYTES, csrf_ok,
 from stockade.supervisor.fronts.console.sessions import COOKIE, Session, Sessions
 from stockade.supervisor.keys import scope, split, validate_key, validate_tenant
 from stockade.supervisor.observe.alarms import AlarmHub
-from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.observe.metrics import Metrics
 from stockade.supervisor.sandboxes.manager import SandboxManager
 
@@ -62,10 +60,14 @@ class ConsoleContext:
     """The supervisor's alarms: a quarantine by hand is told everywhere, as the RPC's is."""
     sessions: Sessions = field(init=False)
     rates: Rates = field(init=False)
+    lifecycle: Lifecycle = field(init=False)
+    """The one lifecycle path (calls/lifecycle.py): every action is one audit record."""
 
     def __post_init__(self) -> None:
         self.sessions = Sessions(self.config.console.session_ttl_s)
         self.rates = Rates()
+        sound = self.alarms.sound if self.alarms is not None else None
+        self.lifecycle = Lifecycle(self.manager, self.policy.audit, sound)
 
     @property
     def refresh(self) -> str:
@@ -87,6 +89,7 @@ class ConsoleContext:
             tenant = None
         if tenant != session.tenant:  # the token was removed, or moved to another tenant
             self.sessions.end(session)
+            self.refused(request, "the session's token is no longer valid for its tenant")
             raise NeedLogin
         return session
 
@@ -135,30 +138,16 @@ class ConsoleContext:
     def visible(self, session: Session, scoped_key: str) -> bool:
         return session.operator or split(scoped_key)[0] == session.tenant
 
-    def audit_action(
-        self, session: Session, request: Request, key: str, action: str, error: str = ""
-    ) -> None:
-        """A console action in the audit log, as the E2B front records its own."""
-        audit = self.policy.audit
-        if audit is None:
-            return
+    def actor(self, session: Session, request: Request) -> Actor:
+        """The caller of a console action: the session's user and the client's address."""
         peer = request.client.host if request.client else ""
-        audit.record(
-            AuditRecord(
-                time=time.time(),
-                request_id="",
-                caller=f"{session.who}@{peer}",
-                sandbox_key=key,
-                agent_id="",
-                provider="",
-                tool=f"console.{action}",
-                arguments_json=json.dumps({"action": action}),
-                policy_step=f"console: {action}" + (f": {error}" if error else ""),
-                error_code="FAILED" if error else "",
-                is_error=bool(error),
-                front=FRONT,
-            )
-        )
+        return Actor(FRONT, f"{session.who}@{peer}")
+
+    def refused(self, request: Request, why: str) -> None:
+        """A sign-in refused for its token: audited, bounded per address (refusals.py)."""
+        if self.policy.refusals is not None:
+            peer = request.client.host if request.client else ""
+            self.policy.refusals.refused(FRONT, peer, why)
 
 
 async def read_form(request: Request) -> dict[str, str]:
