@@ -31,6 +31,7 @@ from stockade.supervisor.network.proxy import EgressDecision
 from stockade.supervisor.observe.alarms import AlarmHub, AlarmSink
 from stockade.supervisor.observe.audit import AuditLog, AuditRecord
 from stockade.supervisor.observe.metrics import Metrics
+from stockade.supervisor.observe.refusals import Refusals
 from stockade.supervisor.observe.retention import Retention
 from stockade.supervisor.observe.telemetry import Observer, log_call
 from stockade.supervisor.policy.honeytokens import Honeytokens, as_tripwire, load_key
@@ -152,6 +153,7 @@ def build_policy(config: Config, state: SharedState | None = None) -> HostPolicy
         scrubber = Scrubber(secrets)
     except (GuardConfigError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc
+    audit = state.audit_log(retention(config.audit)) if config.audit.enabled else None
     return HostPolicy(
         catalog=catalog,
         tools=PolicyEngine(config, catalog),
@@ -167,7 +169,8 @@ def build_policy(config: Config, state: SharedState | None = None) -> HostPolicy
             config.limits.max_watches_per_tenant, "watches", "limits.max_watches_per_tenant"
         ),
         scrubber=scrubber if config.scrub.enabled else None,
-        audit=state.audit_log(retention(config.audit)) if config.audit.enabled else None,
+        audit=audit,
+        refusals=Refusals(audit),
     )
 
 
@@ -355,6 +358,9 @@ class Supervisor:
         if self.mcp is not None:
             await self.mcp.stop(grace)
         await self.server.stop(grace)
+        refusals = self.server.policy.refusals
+        if refusals is not None:
+            refusals.close()  # the counts of the last windows, before the audit log closes
         self.telemetry.close()
         if self.state is not None:
             await self.state.close()

@@ -37,6 +37,7 @@ from stockade.supervisor.models import (
 from stockade.supervisor.observe import telemetry
 from stockade.supervisor.observe.alarms import MAX_EVIDENCE, Alarm, AlarmSink
 from stockade.supervisor.observe.audit import AuditLog
+from stockade.supervisor.observe.refusals import Refusals
 from stockade.supervisor.observe.telemetry import Observer
 from stockade.supervisor.policy.approvals import ApprovalManager, Ask, Pending
 from stockade.supervisor.policy.guard import Guard
@@ -71,6 +72,8 @@ class HostPolicy:
     """Streamed calls open per tenant, every front together (limits.max_streams_per_tenant)."""
     watches: TenantSlots = field(default_factory=lambda: TenantSlots(0, "watches", ""))
     """File watches open per tenant, every front together (limits.max_watches_per_tenant)."""
+    refusals: Refusals | None = None
+    """Where every front tells of a refused authentication (observe/refusals.py)."""
 
 
 class CallLease(Protocol):

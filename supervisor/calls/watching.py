@@ -85,7 +85,7 @@ class FileWatches:
                         yield self._change(item)
                 raise errors.SandboxBroken("the sandbox ended the watch without a result")
             except errors.StockadeError as exc:
-                failure = type(exc).__name__
+                failure = exc.reason  # a stable code (errors.py), never a Python class's name
                 raise
             finally:
                 self._audit(w, started, count, failure, "")

@@ -101,7 +101,7 @@ def key_of(info: ContainerInfo, pooled: dict[str, Path]) -> str | None:
     if folder is None or folder.name.startswith(POOL_PREFIX):
         return None  # unassigned (the pool is filled afresh) or its folder is gone
     try:
-        key = (folder / "key").read_text(encoding="utf-8", errors="surrogatepass")
+        key = layout.read_key(folder / "key")
     except OSError:
         return None
     return key if sandbox_id(key) == folder.name else None

@@ -76,6 +76,19 @@ def paths_at(root: Path) -> Paths:
     )  # fmt: skip
 
 
+def write_key(path: Path, key: str) -> None:
+    """A key file: the key's UTF-8 bytes and nothing else. Written and read as bytes, so a
+    key is read back byte for byte: text mode would read a CR (or CR LF) as LF, and the
+    folder of `a\rb` would name the key `a\nb` (a phantom sandbox, a workspace never
+    expired)."""
+    path.write_bytes(key.encode("utf-8", "surrogatepass"))
+
+
+def read_key(path: Path) -> str:
+    """The key a key file names (write_key)."""
+    return path.read_bytes().decode("utf-8", "surrogatepass")
+
+
 class Layout:
     """The folders of every sandbox of one supervisor, under STATE/sandboxes."""
 
@@ -94,7 +107,7 @@ class Layout:
         """The key's folder, ready for a new container of its own."""
         paths = self.of(key)
         paths.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        paths.key_file.write_text(key, encoding="utf-8", errors="surrogatepass")
+        write_key(paths.key_file, key)
         paths.retired.unlink(missing_ok=True)
         paths.pool_id.unlink(missing_ok=True)  # a container of its own now, not the pool's
         self.prepare_subdirs(paths)
@@ -201,7 +214,7 @@ class Layout:
         """(key, paths) of every folder that names a key."""
         found = []
         for key_file in sorted(self.root.glob("*/key")):
-            key = key_file.read_text(encoding="utf-8", errors="surrogatepass")
+            key = read_key(key_file)
             found.append((key, paths_at(key_file.parent)))
         return found
 

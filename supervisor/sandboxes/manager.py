@@ -398,14 +398,21 @@ class SandboxManager:
         """The reaction to an alarm (observe/alarms.py): quarantine.py."""
         await self.quarantines.quarantine(key, alarm)
 
-    async def pause(self, key: str, reason: str) -> tuple[SandboxInfo, bool]:
+    async def pause(
+        self, key: str, reason: str, *, recorded: bool = True
+    ) -> tuple[SandboxInfo, bool]:
         """Freeze the key's sandbox (pausing.py): its info, and False when it was paused
-        already. Never creates a container: SandboxNotFound when it has none."""
-        return await self._pausing(key, partial(self.pausing.pause, reason=reason))
+        already. Never creates a container: SandboxNotFound when it has none. `recorded`:
+        False when the caller audits the change itself (calls/lifecycle.py)."""
+        act = partial(self.pausing.pause, reason=reason, recorded=recorded)
+        return await self._pausing(key, act)
 
-    async def resume(self, key: str, reason: str) -> tuple[SandboxInfo, bool]:
+    async def resume(
+        self, key: str, reason: str, *, recorded: bool = True
+    ) -> tuple[SandboxInfo, bool]:
         """Thaw the key's sandbox: its info, and False when it was not paused."""
-        return await self._pausing(key, partial(self.pausing.resume, reason=reason))
+        act = partial(self.pausing.resume, reason=reason, recorded=recorded)
+        return await self._pausing(key, act)
 
     async def _pausing(
         self, key: str, act: Callable[[Sandbox], Awaitable[bool]]

@@ -6,8 +6,9 @@ A paused sandbox's agent does not answer, so nothing may take its silence for a 
 Clinic skips paused sandboxes, and a probe or call that met a pause on its way (the
 sandbox's `pauses` count changed) draws no conclusion from the silence. A call to a paused
 sandbox resumes it first, in the one place a call takes its sandbox (the manager's ensure),
-or is refused (sandbox.paused_call = "refuse"). Every pause and resume is an audit record
-(as housekeeping's actions are). The caller holds the key's lock."""
+or is refused (sandbox.paused_call = "refuse"). Every pause and resume is an audit record:
+housekeeping's own (an idle pause, a call's resume) as housekeeping's actions are, one a
+front asked for as that front's (calls/lifecycle.py). The caller holds the key's lock."""
 
 from __future__ import annotations
 
@@ -35,9 +36,11 @@ class Pausing:
         self.refuse_calls = refuse_calls
         """sandbox.paused_call = "refuse": a call to a paused sandbox is refused."""
 
-    async def pause(self, sandbox: Sandbox, reason: str) -> bool:
+    async def pause(self, sandbox: Sandbox, reason: str, *, recorded: bool = True) -> bool:
         """Freeze the sandbox; False when it was paused already. SandboxStateConflict when
-        its container no longer runs or it is marked broken (nothing worth keeping)."""
+        its container no longer runs or it is marked broken (nothing worth keeping).
+        `recorded`: False when the change is audited by whoever asked (calls/lifecycle.py,
+        or a quarantine's own record)."""
         if sandbox.paused:
             return False
         if not sandbox.usable:
@@ -61,12 +64,13 @@ class Pausing:
             )
         await asyncio.to_thread(layout.stamp, sandbox.container.paths.paused)
         log.info("paused sandbox %r: %s", shown(sandbox.key), reason)
-        self._record(sandbox.key, "pause", reason)
+        if recorded:
+            self._record(sandbox.key, "pause", reason)
         return True
 
-    async def resume(self, sandbox: Sandbox, reason: str) -> bool:
+    async def resume(self, sandbox: Sandbox, reason: str, *, recorded: bool = True) -> bool:
         """Thaw the sandbox; False when it was not paused. A container that vanished while
-        paused is marked lost (the next call re-creates it)."""
+        paused is marked lost (the next call re-creates it). `recorded`: as for pause."""
         if not sandbox.paused:
             return False
         thawed = await asyncio.to_thread(self._backend.unpause, sandbox.info.id)
@@ -77,7 +81,8 @@ class Pausing:
         if not thawed:
             sandbox.lost = True
         log.info("resumed sandbox %r: %s", shown(sandbox.key), reason)
-        self._record(sandbox.key, "resume", reason if thawed else f"{reason}; container gone")
+        if recorded:
+            self._record(sandbox.key, "resume", reason if thawed else f"{reason}; container gone")
         return True
 
     @contextlib.asynccontextmanager

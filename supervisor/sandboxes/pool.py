@@ -33,7 +33,7 @@ from stockade.supervisor.errors import SandboxBroken, StockadeError
 from stockade.supervisor.keys import sandbox_id, shown, split
 from stockade.supervisor.sandboxes import hostfs, pressure
 from stockade.supervisor.sandboxes.containers import Containers
-from stockade.supervisor.sandboxes.layout import POOL_PREFIX, Layout
+from stockade.supervisor.sandboxes.layout import POOL_PREFIX, Layout, write_key
 from stockade.supervisor.sandboxes.network_modes import Networks
 from stockade.supervisor.sandboxes.sandbox import Container, Sandbox, SandboxNetwork, born
 
@@ -119,7 +119,7 @@ class WarmPool:
         info = await self._claim(pooled, key, network) if self._shared else pooled.info
         if info is None:
             return None
-        (pooled.paths.root / "key").write_text(key, encoding="utf-8", errors="surrogatepass")
+        write_key(pooled.paths.key_file, key)
         os.rename(pooled.paths.root, paths.root)
         await pooled.agent.close()
         container = Container(info, self._containers.link(info, paths), paths, sid)

@@ -163,9 +163,11 @@ class Quarantines:
     def list(self) -> list[Quarantine]:
         return sorted(self.held.values(), key=lambda r: (r.since, r.key))
 
-    async def quarantine(self, key: str, alarm: Alarm) -> Quarantine:
+    async def quarantine(self, key: str, alarm: Alarm, *, recorded: bool = True) -> Quarantine:
         """Quarantine the key's sandbox (idempotent: a second alarm is added to the record).
-        Calls are refused from the first step of this coroutine on, before any wait."""
+        Calls are refused from the first step of this coroutine on, before any wait.
+        `recorded`: False when the caller audits it (a front's, calls/lifecycle.py); an
+        alarm's reaction is the supervisor's own, audited here."""
         validate_key(key)
         if alarm.sandbox_key != key:
             raise InvalidRequest("the alarm names another sandbox than the one quarantined")
@@ -188,7 +190,8 @@ class Quarantines:
                 await self._isolate(sandbox, record, f"quarantined: {record.why}")
                 await asyncio.to_thread(_write, folder, record)
         log.warning("sandbox %r is quarantined: %s", shown(key), record.why)
-        self._parts.record(key, "quarantine", alarm.detail)
+        if recorded:
+            self._parts.record(key, "quarantine", alarm.detail)
         return record
 
     async def _isolate(self, sandbox: Sandbox, record: Quarantine, why: str) -> None:
@@ -203,7 +206,8 @@ class Quarantines:
             record.frozen = True
         elif not sandbox.lost:
             try:
-                record.frozen = await self._parts.pausing.pause(sandbox, why)
+                # the quarantine's record says it (frozen): no pause record of its own
+                record.frozen = await self._parts.pausing.pause(sandbox, why, recorded=False)
             except StockadeError as exc:
                 notes.append(f"not frozen: {exc}")
         if notes:
@@ -220,16 +224,17 @@ class Quarantines:
             return "open"
         return ""
 
-    async def release(self, key: str) -> Quarantine:
+    async def release(self, key: str, *, recorded: bool = True) -> Quarantine:
         """End the quarantine: network back, thawed, calls served again. NotFound when
         the key is not quarantined. A sandbox whose network cannot be given back is marked
-        lost (its next call re-creates its container, workspace kept)."""
+        lost (its next call re-creates its container, workspace kept). `recorded`: as for
+        quarantine."""
         validate_key(key)
         async with self._parts.lock(key):
             record = self.get(key)
             sandbox = self._parts.registry.get(key)
             if sandbox is not None and not sandbox.lost:
-                await self._parts.pausing.resume(sandbox, "quarantine released")
+                await self._parts.pausing.resume(sandbox, "quarantine released", recorded=False)
                 try:
                     await self._restore(sandbox)
                 except StockadeError as exc:
@@ -240,7 +245,8 @@ class Quarantines:
             with contextlib.suppress(FileNotFoundError):
                 (folder / QUARANTINE).unlink()
         log.warning("sandbox %r released from quarantine", shown(key))
-        self._parts.record(key, "release quarantine", record.why)
+        if recorded:
+            self._parts.record(key, "release quarantine", record.why)
         return record
 
     async def _restore(self, sandbox: Sandbox) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from stockade.supervisor.calls.lifecycle import LIFECYCLE_TOOLS
 from tests.integration.harness import Supervisor, free_tcp_address, running_supervisor
 
 pytestmark = pytest.mark.timeout(600)
@@ -97,13 +98,14 @@ def test_the_console_in_a_browser(console: Console) -> None:
         records = client.list_audit(sandbox_key=key, limit=100)
     approvers = {r.approver for r in records if r.approval}
     assert approvers >= {"console:tenant:alice", "carol-at-the-cli"}
-    actions = [r.tool for r in records if r.tool.startswith("console.")]
+    actions = [r.tool for r in records if r.front == "console" and r.tool in LIFECYCLE_TOOLS]
     assert sorted(actions) == [
-        "console.pause",
-        "console.quarantine",
-        "console.release",
-        "console.resume",
+        "pause_sandbox",
+        "quarantine_sandbox",
+        "release_quarantine",
+        "resume_sandbox",
     ]
+    assert not [r for r in records if r.tool == "housekeeping"]  # each action once
     alarms = [r for r in records if r.tool == "alarm"]
     assert len(alarms) == 1
     assert "odd <traffic> seen by the browser test" in alarms[0].arguments_json

@@ -101,7 +101,9 @@ def test_create_info_list_timeout_kill(served: E2bServed) -> None:
     with served.sup.client(token=served.token) as client:
         records = [r for r in client.list_audit(limit=200) if r.front == "e2b"]
     mine = [r for r in records if sbx.sandbox_id in r.sandbox_key]
-    assert {"create_sandbox", "set_timeout", "kill_sandbox"} <= {r.tool for r in mine}
+    assert {"create_sandbox", "set_timeout", "destroy_sandbox"} <= {r.tool for r in mine}
+    (killed,) = [r for r in mine if r.tool == "destroy_sandbox"]
+    assert json.loads(killed.arguments_json)["as"] == "kill"
     created = next(r for r in mine if r.tool == "create_sandbox")
     assert "hello" not in created.arguments_json  # env var names only
     assert "GREETING" in created.arguments_json
@@ -224,8 +226,10 @@ def test_a_sandbox_whose_timeout_passes_is_gone(served: E2bServed) -> None:
             time.sleep(0.2)
         else:
             pytest.fail("the expired sandbox's container is still there")
-        expired = [r for r in client.list_audit(limit=200) if r.tool == "expire_sandbox"]
+        removed = [r for r in client.list_audit(limit=200) if r.tool == "destroy_sandbox"]
+    expired = [r for r in removed if json.loads(r.arguments_json).get("as") == "expire"]
     assert any(sbx.sandbox_id in r.sandbox_key and r.front == "e2b" for r in expired)
+    assert {r.caller for r in expired} == {"supervisor"}
     assert not workspace.exists()
     assert sbx.kill() is False
 

@@ -171,12 +171,12 @@ async def test_an_ended_session_releases_its_own_sandbox(mcp: Mcp) -> None:
             assert grpc_client.get_sandbox(own).state == "RUNNING"
     with mcp.grpc() as grpc_client:
         deadline = time.monotonic() + 60
-        while not (events := grpc_client.list_audit(sandbox_key=own, tool="housekeeping")):
+        while not (events := grpc_client.list_audit(sandbox_key=own, tool="destroy_sandbox")):
             assert time.monotonic() < deadline, "the session's sandbox was not released"
             await asyncio.sleep(0.1)
-        assert [r.policy_step for r in events] == [
-            "housekeeping: remove container: its MCP session ended"
-        ]
+        assert [(r.front, r.is_error) for r in events] == [("mcp", False)]
+        assert json.loads(events[0].arguments_json)["as"] == "its MCP session ended"
+        assert not grpc_client.list_audit(sandbox_key=own, tool="housekeeping")
         listed = {s.key: s.state for s in grpc_client.list_sandboxes()}
         assert listed[own] == "ABSENT"  # no container; the workspace is kept
         assert listed[named] == "RUNNING"
@@ -318,10 +318,8 @@ async def test_an_idle_session_ends_and_releases_its_sandbox(engine: str) -> Non
             ]
             own = record.sandbox_key
             deadline = time.monotonic() + 60
-            while not (events := grpc_client.list_audit(sandbox_key=own, tool="housekeeping")):
+            while not (events := grpc_client.list_audit(sandbox_key=own, tool="destroy_sandbox")):
                 assert time.monotonic() < deadline, "the idle session's sandbox was not released"
                 await asyncio.sleep(0.2)
-            assert [r.policy_step for r in events] == [
-                "housekeeping: remove container: its MCP session ended"
-            ]
+            assert [(r.front, r.is_error) for r in events] == [("mcp", False)]
             assert grpc_client.get_sandbox(own).state == "ABSENT"

@@ -182,10 +182,12 @@ def test_a_call_to_a_paused_sandbox_resumes_it_and_both_are_audited(
         assert (ran.exit_code, ran.stdout) == (0, "awake\n")
         info = box.info()
         assert (info.state, info.container_id, info.heals) == ("RUNNING", container, 0)
-        records = c.list_audit(sandbox_key=key, tool="housekeeping")
+        (paused,) = c.list_audit(sandbox_key=key, tool="pause_sandbox")  # the caller's
+        assert (paused.front, paused.is_error) == ("grpc", False)
+        assert paused.caller.startswith("ipv"), paused.caller
+        records = c.list_audit(sandbox_key=key, tool="housekeeping")  # the call's resume
         steps = [r.policy_step for r in reversed(records)]
-        assert steps[0].startswith("housekeeping: pause: PauseSandbox from "), steps
-        assert steps[1] == "housekeeping: resume: a call to the paused sandbox", steps
+        assert steps == ["housekeeping: resume: a call to the paused sandbox"], steps
 
 
 def test_with_paused_call_refuse_a_call_is_refused_clearly(engine: str) -> None:

@@ -40,6 +40,7 @@ from stockade.supervisor.fronts.e2b.context import E2bContext
 from stockade.supervisor.fronts.e2b.records import Records
 from stockade.supervisor.fronts.mcp.server import Endpoint, McpFront, build_app
 from stockade.supervisor.observe.audit import AuditRecord
+from stockade.supervisor.observe.refusals import Refusals
 from stockade.supervisor.sandboxes.agent_link import (
     AgentCallFailed,
     AgentFacts,
@@ -313,11 +314,17 @@ def idle_pipeline(config: Config, policy: HostPolicy) -> ToolPipeline:
 
 
 def e2b_context(
-    config: Config, records: Records, authenticator: Authenticator | None = None
+    config: Config,
+    records: Records,
+    authenticator: Authenticator | None = None,
+    refusals: Refusals | None = None,
 ) -> E2bContext:
     """The E2B front's context on a fake engine, its policy built from `config` (its state in
-    config.state_dir), for a test that runs no call and touches no sandbox."""
+    config.state_dir), for a test that runs no call and touches no sandbox; `refusals`: where
+    its refused authentications go."""
     policy = build_policy(config)
+    if refusals is not None:
+        policy = replace(policy, refusals=refusals)
     manager = fake_manager(config, FakeBackend())
     pipeline = ToolPipeline(config, manager, policy)
     return E2bContext(config, pipeline, policy, authenticator, manager, records)
@@ -441,3 +448,16 @@ def refused_config(tmp_path: Path, text: str) -> str:
     with pytest.raises(ConfigError) as refused:
         config_from(tmp_path, text)
     return str(refused.value)
+
+
+class Audited:
+    """Stands in for the AuditLog where only what is recorded matters: `records`."""
+
+    def __init__(self) -> None:
+        self.records: list[AuditRecord] = []
+
+    def record(self, rec: AuditRecord) -> None:
+        self.records.append(rec)
+
+    def tools(self) -> list[str]:
+        return [r.tool for r in self.records]

@@ -26,8 +26,9 @@ from stockade.supervisor.fronts.console.context import ConsoleContext, ConsoleSa
 from stockade.supervisor.fronts.console.security import CSP, MAX_BODY_BYTES
 from stockade.supervisor.fronts.console.sessions import COOKIE, MAX_SESSIONS, Sessions
 from stockade.supervisor.keys import scope
-from stockade.supervisor.models import SandboxInfo, SandboxState
+from stockade.supervisor.models import NetworkRequest, SandboxInfo, SandboxState
 from stockade.supervisor.observe.metrics import Metrics
+from stockade.supervisor.sandboxes.sandbox import Sandbox
 from tests.unit.fakes import FakeBackend, fake_manager, tokens_file
 
 ALICE = "alice-token-0123456789abcdef"
@@ -54,11 +55,18 @@ class Manager:
             raise SandboxNotFound(f"no sandbox for key {key!r}")
         return self.infos[key]
 
-    async def pause(self, key: str, reason: str) -> tuple[SandboxInfo, bool]:
+    async def ensure(
+        self, key: str, network: NetworkRequest | None = None, profile: str | None = None
+    ) -> Sandbox:
+        raise NotImplementedError("the console makes no sandbox")
+
+    async def pause(self, key: str, reason: str, recorded: bool = True) -> tuple[SandboxInfo, bool]:
         self.asked.append(("pause", key))
         return await self.get(key), True
 
-    async def resume(self, key: str, reason: str) -> tuple[SandboxInfo, bool]:
+    async def resume(
+        self, key: str, reason: str, recorded: bool = True
+    ) -> tuple[SandboxInfo, bool]:
         self.asked.append(("resume", key))
         return await self.get(key), True
 

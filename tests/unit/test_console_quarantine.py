@@ -139,8 +139,8 @@ async def test_quarantine_from_the_page_refuses_grpc_until_released(world: World
         assert (await act(browser, csrf, "release", "box")).status_code == 409  # not any more
 
     tools = await audited(world, "alice", "box")
-    assert ("console.quarantine", "console:tenant:alice@127.0.0.1") in tools
-    assert ("console.release", "console:tenant:alice@127.0.0.1") in tools
+    assert ("quarantine_sandbox", "console:tenant:alice@127.0.0.1") in tools
+    assert ("release_quarantine", "console:tenant:alice@127.0.0.1") in tools
     assert any(tool == "alarm" for tool, _ in tools), "the alarm was sounded and recorded"
 
 
@@ -192,7 +192,7 @@ async def test_a_tenant_sees_and_acts_on_its_own_quarantines_only(world: World) 
         assert "console:operator:ops" in (await a.get_quarantine("box")).quarantine.reason
         assert (await act(ops, ops_csrf, "release", "bobs-box", tenant="bob")).status_code == 303
         assert not (await b.call("bobs-box", "exec", {"command": "echo yes"})).is_error
-        assert ("console.release", "console:operator:ops@127.0.0.1") in await audited(
+        assert ("release_quarantine", "console:operator:ops@127.0.0.1") in await audited(
             world, "bob", "bobs-box"
         )
 

@@ -35,7 +35,8 @@ from stockade.supervisor.fronts.e2b.wire import (
     string_map,
     tenant_of,
 )
-from tests.unit.fakes import e2b_context
+from stockade.supervisor.observe.refusals import TOOL, Refusals
+from tests.unit.fakes import Audited, e2b_context
 
 
 def sandbox(tenant: str = "acme", started: float = 1000.0, **kw: Any) -> E2bSandbox:
@@ -310,7 +311,9 @@ async def test_dispatch_checks_the_access_token(tmp_path: Path) -> None:
     await records.add(live)
     await records.add(ended)
     control, envd = Recorder(), Recorder()
-    app = Dispatch(e2b_context(Config(state_dir=tmp_path), records), control, envd)
+    audit = Audited()
+    ctx = e2b_context(Config(state_dir=tmp_path), records, refusals=Refusals(audit))
+    app = Dispatch(ctx, control, envd)
     sid = {"E2b-Sandbox-Id": live.sandbox_id}
     assert (await call(app, {}))[0] == 204  # no sandbox header: the control plane's
     assert len(control.scopes) == 1
@@ -321,6 +324,10 @@ async def test_dispatch_checks_the_access_token(tmp_path: Path) -> None:
         assert body is not None
         assert body["code"] == 401
     assert envd.scopes == []
+    (refused,) = audit.records  # five refusals from one address: one record in its window
+    assert (refused.tool, refused.front, refused.error_code) == (TOOL, "e2b", "UNAUTHENTICATED")
+    assert "envd access token" in refused.policy_step
+    assert live.access_token not in refused.arguments_json + refused.policy_step
     status, _ = await call(app, {**sid, "X-Access-Token": live.access_token})
     assert status == 204
     assert envd.scopes[0]["state"][SANDBOX_STATE] is live
@@ -343,10 +350,13 @@ async def test_every_control_plane_answer_is_a_json_error_the_sdks_parse(tmp_pat
     tokens = tmp_path / "tokens"
     tokens.write_text("good-token-0123456789 acme\n")
     tokens.chmod(0o600)
+    audit = Audited()
+    refusals = Refusals(audit)
     ctx = e2b_context(
         load_config(None, {"state_dir": str(tmp_path), "e2b.listen": "127.0.0.1:0"}),
         records,
         Authenticator(AuthConfig(enabled=True, tokens_file=str(tokens))),
+        refusals,
     )
     app, _control = build_app(ctx)
     key = {"X-API-KEY": "good-token-0123456789"}
@@ -369,5 +379,12 @@ async def test_every_control_plane_answer_is_a_json_error_the_sdks_parse(tmp_pat
     envd = {"E2b-Sandbox-Id": live.sandbox_id, "X-Access-Token": "not-the-token"}
     got, body = await call(app, envd, "POST", "/filesystem.Filesystem/Stat")
     assert got == 401  # the token is checked before envd sees the request
+    refusals.close()  # the window's end: the refusals after its first record
+    first, rest = audit.records  # three refusals from one address
+    assert "missing X-API-KEY" in first.policy_step
+    assert json.loads(first.arguments_json)["count"] == 1
+    assert json.loads(rest.arguments_json)["count"] == 2
+    assert {r.front for r in audit.records} == {"e2b"}
+    assert not any("wrong" in r.arguments_json + r.policy_step for r in audit.records)
     assert body is not None
     assert body["code"] == 401

@@ -57,6 +57,7 @@ async def login(ctx: ConsoleContext, request: Request) -> Response:
         tenant = None
     if tenant is None:
         log.warning("console: a sign-in with a wrong token from %s", _peer(request))
+        ctx.refused(request, "wrong token" if token else "no token")
         return HTMLResponse(page("Sign in", login_form("That token is not valid.")), 401)
     operator = ctx.is_operator(tenant)
     session, cookie = ctx.sessions.create(token, tenant, operator)

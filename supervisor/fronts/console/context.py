@@ -3,10 +3,7 @@ gRPC servicers use), the sessions, and the rules of who sees which tenant."""
 
 from __future__ import annotations
 
-import json
-import time
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import parse_qs
@@ -15,6 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 
 from stockade.supervisor.auth import Authenticator
+from stockade.supervisor.calls.lifecycle import Actor, Lifecycle, LifecycleSandboxes
 from stockade.supervisor.calls.pipeline import HostPolicy
 from stockade.supervisor.config import Config
 from stockade.supervisor.engines.isolation import IsolationReport
@@ -24,10 +22,7 @@ from stockade.supervisor.fronts.console.sessions import COOKIE, Session, Session
 from stockade.supervisor.keys import scope, split, validate_key, validate_tenant
 from stockade.supervisor.models import SandboxInfo
 from stockade.supervisor.observe.alarms import AlarmHub
-from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.observe.metrics import Metrics
-from stockade.supervisor.sandboxes.quarantine import Quarantines
-from stockade.supervisor.sandboxes.sandbox import Sandbox
 
 FRONT = "console"
 
@@ -52,18 +47,13 @@ class Rates:
         return round((total - first[1]) / (now - first[0]), 2)
 
 
-class ConsoleSandboxes(Protocol):
-    """What the console reads and asks of the sandbox manager (sandboxes/manager.py
-    SandboxManager is the real one; tests put a recording stand-in in its place)."""
+class ConsoleSandboxes(LifecycleSandboxes, Protocol):
+    """What the console reads and asks of the sandbox manager, its changes through the
+    lifecycle path (sandboxes/manager.py SandboxManager is the real one; tests put a
+    recording stand-in in its place)."""
 
     @property
     def config(self) -> Config: ...
-
-    @property
-    def registry(self) -> Mapping[str, Sandbox]: ...
-
-    @property
-    def quarantines(self) -> Quarantines: ...
 
     def state_counts(self) -> dict[str, int]: ...
 
@@ -72,12 +62,6 @@ class ConsoleSandboxes(Protocol):
     async def get(self, key: str) -> SandboxInfo: ...
 
     async def inspect_isolation(self, key: str) -> IsolationReport: ...
-
-    async def pause(self, key: str, reason: str) -> tuple[SandboxInfo, bool]: ...
-
-    async def resume(self, key: str, reason: str) -> tuple[SandboxInfo, bool]: ...
-
-    async def destroy(self, key: str, *, delete_workspace: bool) -> tuple[bool, bool]: ...
 
 
 class NeedLogin(Exception):
@@ -95,10 +79,14 @@ class ConsoleContext:
     """The supervisor's alarms: a quarantine by hand is told everywhere, as the RPC's is."""
     sessions: Sessions = field(init=False)
     rates: Rates = field(init=False)
+    lifecycle: Lifecycle[ConsoleSandboxes] = field(init=False)
+    """The one lifecycle path (calls/lifecycle.py): every action is one audit record."""
 
     def __post_init__(self) -> None:
         self.sessions = Sessions(self.config.console.session_ttl_s)
         self.rates = Rates()
+        sound = self.alarms.sound if self.alarms is not None else None
+        self.lifecycle = Lifecycle(self.manager, self.policy.audit, sound)
 
     @property
     def refresh(self) -> str:
@@ -120,6 +108,7 @@ class ConsoleContext:
             tenant = None
         if tenant != session.tenant:  # the token was removed, or moved to another tenant
             self.sessions.end(session)
+            self.refused(request, "the session's token is no longer valid for its tenant")
             raise NeedLogin
         return session
 
@@ -168,30 +157,16 @@ class ConsoleContext:
     def visible(self, session: Session, scoped_key: str) -> bool:
         return session.operator or split(scoped_key)[0] == session.tenant
 
-    def audit_action(
-        self, session: Session, request: Request, key: str, action: str, error: str = ""
-    ) -> None:
-        """A console action in the audit log, as the E2B front records its own."""
-        audit = self.policy.audit
-        if audit is None:
-            return
+    def actor(self, session: Session, request: Request) -> Actor:
+        """The caller of a console action: the session's user and the client's address."""
         peer = request.client.host if request.client else ""
-        audit.record(
-            AuditRecord(
-                time=time.time(),
-                request_id="",
-                caller=f"{session.who}@{peer}",
-                sandbox_key=key,
-                agent_id="",
-                provider="",
-                tool=f"console.{action}",
-                arguments_json=json.dumps({"action": action}),
-                policy_step=f"console: {action}" + (f": {error}" if error else ""),
-                error_code="FAILED" if error else "",
-                is_error=bool(error),
-                front=FRONT,
-            )
-        )
+        return Actor(FRONT, f"{session.who}@{peer}")
+
+    def refused(self, request: Request, why: str) -> None:
+        """A sign-in refused for its token: audited, bounded per address (refusals.py)."""
+        if self.policy.refusals is not None:
+            peer = request.client.host if request.client else ""
+            self.policy.refusals.refused(FRONT, peer, why)
 
 
 async def read_form(request: Request) -> dict[str, str]:

@@ -11,11 +11,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
+from stockade.supervisor.calls.lifecycle import Actor
 from stockade.supervisor.fronts.console.context import ConsoleContext, query
 from stockade.supervisor.fronts.console.html import e, message, page, table, url, when
-from stockade.supervisor.fronts.console.sessions import Session
 from stockade.supervisor.keys import split
-from stockade.supervisor.observe.alarms import MAX_EVIDENCE, Alarm
+from stockade.supervisor.observe.alarms import MAX_EVIDENCE
 from stockade.supervisor.sandboxes.quarantine import MAX_REASON, Quarantine, evidence
 
 MAX_LISTED_REASON = 200
@@ -147,24 +147,13 @@ def reason_field() -> str:
     )
 
 
-async def act(
-    ctx: ConsoleContext,
-    session: Session,
-    request: Request,
-    key: str,
-    action: str,
-    form: dict[str, str],
-) -> None:
-    """Quarantine or release the key's sandbox (a scoped key the session may act on)."""
+async def act(ctx: ConsoleContext, who: Actor, key: str, action: str, form: dict[str, str]) -> None:
+    """Quarantine or release the key's sandbox (a scoped key the session may act on),
+    through the lifecycle path (its alarm sounded on the supervisor's AlarmHub)."""
     if action == "release":
-        await ctx.manager.quarantines.release(key)
+        await ctx.lifecycle.release(who, key)
         return
     why = form.get("reason", "").strip()
     if len(why) > MAX_REASON:
         raise HTTPException(400, f"reason is {len(why)} characters; at most {MAX_REASON}")
-    peer = request.client.host if request.client else "?"
-    detail = f"quarantined by an operator ({session.who}@{peer}): {why or 'no reason given'}"
-    alarm = Alarm(key, "guard", "operator", detail)
-    await ctx.manager.quarantines.quarantine(key, alarm)
-    if ctx.alarms is not None:
-        ctx.alarms.sound(alarm)  # told everywhere; its reaction finds it done already
+    await ctx.lifecycle.quarantine(who, key, why)

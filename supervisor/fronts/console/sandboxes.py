@@ -243,20 +243,18 @@ async def act(ctx: ConsoleContext, request: Request) -> Response:
     if action not in ACTIONS:
         raise HTTPException(400, f"action must be one of {', '.join(ACTIONS)}")
     key = ctx.scoped(session, form.get("tenant"), form.get("key", ""))
-    reason = f"{action} from the console by {session.who}"
-    try:
+    who = ctx.actor(session, request)
+    try:  # one audit record each, through the lifecycle path
         if action == "pause":
-            await ctx.manager.pause(key, reason)
+            await ctx.lifecycle.pause(who, key)
         elif action == "resume":
-            await ctx.manager.resume(key, reason)
+            await ctx.lifecycle.resume(who, key)
         elif action in ("quarantine", "release"):
-            await quarantines.act(ctx, session, request, key, action, form)
+            await quarantines.act(ctx, who, key, action, form)
         else:
-            await ctx.manager.destroy(key, delete_workspace=False)
+            await ctx.lifecycle.destroy(who, key, delete_workspace=False)
     except StockadeError as exc:
-        ctx.audit_action(session, request, key, action, str(exc))
         raise HTTPException(409, str(exc)) from None
-    ctx.audit_action(session, request, key, action)
     tenant, shown_key = split(key)
     target = "/sandboxes" if action == "destroy" else url("/sandbox", tenant=tenant, key=shown_key)
     return RedirectResponse(target, status_code=303)

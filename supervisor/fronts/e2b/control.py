@@ -2,13 +2,14 @@
 metrics and pause of a caller's sandboxes, as the E2B SDKs call them (/v2 paths and the
 older ones). A sandbox is a Stockade sandbox of the key "e2b-<id>" within the caller's
 tenant, made and unmade through the sandbox manager like any other; another tenant's id is
-unknown (404). Every create, connect, timeout, pause, kill and expiry is an audit record
-naming the front "e2b"."""
+unknown (404). Every create, connect, resume, timeout, pause, kill and expiry goes through
+the one lifecycle path (calls/lifecycle.py): one audit record each, front "e2b", the
+client's address as its caller ("supervisor" for an expiry). A refused API key is audited
+(observe/refusals.py)."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import secrets
@@ -20,6 +21,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from stockade.supervisor import errors
+from stockade.supervisor.calls.lifecycle import (
+    CONNECT,
+    CREATE,
+    PAUSE,
+    SET_TIMEOUT,
+    Actor,
+    Lifecycle,
+)
 from stockade.supervisor.fronts.e2b import listing
 from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
 from stockade.supervisor.fronts.e2b.metrics import Metrics
@@ -45,7 +54,6 @@ from stockade.supervisor.fronts.e2b.wire import (
     tenant_of,
 )
 from stockade.supervisor.keys import scope
-from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.sandboxes.profiles import SandboxProfile
 
 log = logging.getLogger("stockade.e2b")
@@ -62,11 +70,18 @@ def caller_of(request: Request) -> str:
     return f"{client.host}:{client.port}" if client is not None else ""
 
 
+def actor(request: Request | None) -> Actor:
+    """The caller of a change through E2B: the client's address; the front itself (its
+    expiry) without a request."""
+    return Actor(FRONT, caller_of(request) if request is not None else "supervisor")
+
+
 class Control:
     """The control-plane handlers over one E2bContext."""
 
     def __init__(self, ctx: E2bContext) -> None:
         self.ctx = ctx
+        self.lifecycle = Lifecycle(ctx.manager, ctx.policy.audit)
         self.metrics = Metrics(ctx.config)
         e2b = ctx.config.e2b
         self.default_timeout = e2b.default_timeout_s
@@ -79,7 +94,14 @@ class Control:
     # lookups and answers
 
     def _tenant(self, request: Request) -> str:
-        return tenant_of(self.ctx.authenticator, request.headers)
+        try:
+            return tenant_of(self.ctx.authenticator, request.headers)
+        except ApiError as exc:
+            refusals = self.ctx.policy.refusals
+            if exc.status == 401 and refusals is not None:
+                client = request.client
+                refusals.refused(FRONT, client.host if client else "", exc.message)
+            raise
 
     def _own(self, request: Request) -> tuple[str, E2bSandbox]:
         """(tenant, the caller's live sandbox named in the path); 404 for an unknown id, one
@@ -140,27 +162,10 @@ class Control:
         self, request: Request | None, sandbox: E2bSandbox, tool: str, arguments: dict[str, Any],
         *, error: str = "",
     ) -> None:  # fmt: skip
-        audit = self.ctx.policy.audit
-        if audit is None:
-            return
-        audit.record(
-            AuditRecord(
-                time=time.time(),
-                request_id="",
-                caller=caller_of(request) if request is not None else "supervisor",
-                sandbox_key=sandbox.key,
-                agent_id="",
-                provider="",
-                tool=tool,
-                arguments_json=json.dumps(
-                    {"sandbox_id": sandbox.sandbox_id, **arguments}, ensure_ascii=False
-                ),
-                policy_step=f"e2b: {tool}" + (f": {error}" if error else ""),
-                error_code="FAILED" if error else "",
-                is_error=bool(error),
-                front=FRONT,
-            )
-        )
+        """A step of E2B's that is no change of the manager's (set_timeout, a connect or
+        resume's new end), recorded through the lifecycle path as every change is."""
+        asked = {"sandbox_id": sandbox.sandbox_id, **arguments}
+        self.lifecycle.record(actor(request), sandbox.key, tool, asked, error=error or None)
 
     @contextlib.contextmanager
     def _creating(self, tenant: str) -> Iterator[None]:
@@ -231,18 +236,17 @@ class Control:
             "metadata": metadata,
             "env_vars": sorted(env_vars),  # names only: values may be secrets
         }
-        if network is not None:
-            arguments["network"] = {"mode": network.mode, "allow": list(network.allow)}
+        arguments = {"sandbox_id": sandbox_id, **arguments}
         try:
             with self._creating(tenant):
-                await self.ctx.manager.ensure(sandbox.key, network, template)
+                await self.lifecycle.ensure(
+                    actor(request), sandbox.key, network, template, tool=CREATE, arguments=arguments
+                )
         except errors.StockadeError as exc:
-            self.audit(request, sandbox, "create_sandbox", arguments, error=str(exc))
             raise from_domain(exc) from None
         sandbox.started_at = time.time()
         sandbox.end_at = sandbox.started_at + timeout
         await self.ctx.records.add(sandbox)
-        self.audit(request, sandbox, "create_sandbox", arguments)
         log.info("E2B sandbox %s created (timeout %d s)", sandbox_id, timeout)
         return JSONResponse(self.sandbox_json(sandbox), status_code=201)
 
@@ -254,14 +258,13 @@ class Control:
         timeout = None
         if body.get("timeout") is not None:
             timeout = seconds(body["timeout"], "timeout", self.max_timeout)
-        resumed = await self._resume(request, sandbox)
+        resumed = await self._resume(request, sandbox, {"as": "connect", "timeout": timeout})
         if timeout is not None:
             wanted = time.time() + timeout
             sandbox.end_at = wanted if resumed else max(sandbox.end_at, wanted)
         elif resumed:
             sandbox.end_at = max(sandbox.end_at, time.time() + self.default_timeout)
         await self.ctx.records.save(sandbox)
-        self.audit(request, sandbox, "connect_sandbox", {"timeout": timeout, "resumed": resumed})
         return JSONResponse(self.sandbox_json(sandbox), status_code=201 if resumed else 200)
 
     async def resume(self, request: Request) -> Response:
@@ -273,22 +276,29 @@ class Control:
         timeout = self.default_timeout
         if body.get("timeout") is not None:
             timeout = seconds(body["timeout"], "timeout", self.max_timeout)
-        await self._resume(request, sandbox)
+        await self._resume(request, sandbox, {"as": "resume", "timeout": timeout})
         sandbox.end_at = time.time() + timeout
         await self.ctx.records.save(sandbox)
-        self.audit(request, sandbox, "resume_sandbox", {"timeout": timeout})
         return JSONResponse(self.sandbox_json(sandbox), status_code=201)
 
-    async def _resume(self, request: Request, sandbox: E2bSandbox) -> bool:
+    async def _resume(
+        self, request: Request, sandbox: E2bSandbox, arguments: dict[str, Any]
+    ) -> bool:
         """Make the sandbox's container run (resumed when paused, made again when it is
-        gone); True when it was paused."""
-        manager = self.ctx.manager
+        gone); True when it was paused. One record: a resume of a paused one, else a
+        connect (which may have made its container again)."""
+        who = self.lifecycle
         was_paused = self.state_of(sandbox) == PAUSED
+        asked = {"sandbox_id": sandbox.sandbox_id, **arguments}
         try:
+            resumed = False
             if was_paused:
                 with contextlib.suppress(errors.SandboxNotFound):  # gone: ensure makes another
-                    await manager.resume(sandbox.key, f"E2B connect from {caller_of(request)}")
-            await manager.ensure(sandbox.key)
+                    _info, resumed = await who.resume(actor(request), sandbox.key, asked)
+            if resumed:
+                await self.ctx.manager.ensure(sandbox.key)  # resumed: running, nothing made
+            else:
+                await who.ensure(actor(request), sandbox.key, tool=CONNECT, arguments=asked)
         except errors.StockadeError as exc:
             raise from_domain(exc) from None
         sandbox.state = RUNNING
@@ -341,26 +351,35 @@ class Control:
         timeout = seconds(body.get("timeout"), "timeout", self.max_timeout)
         sandbox.end_at = time.time() + timeout
         await self.ctx.records.save(sandbox)
-        self.audit(request, sandbox, "set_timeout", {"timeout": timeout})
+        self.audit(request, sandbox, SET_TIMEOUT, {"timeout": timeout})
         return Response(status_code=204)
 
     async def kill(self, request: Request) -> Response:
         """DELETE /sandboxes/{id}: container and workspace removed; 204 (404: SDKs -> False)."""
         _tenant, sandbox = self._own(request)
-        await self.remove(sandbox)
-        self.audit(request, sandbox, "kill_sandbox", {})
+        await self.remove(sandbox, request)
         return Response(status_code=204)
 
-    async def remove(self, sandbox: E2bSandbox) -> None:
-        """Remove the sandbox's record, container and workspace."""
+    async def remove(
+        self, sandbox: E2bSandbox, request: Request | None = None, *, audit_failure: bool = True
+    ) -> None:
+        """Remove the sandbox's record, container and workspace (one destroy record: a
+        kill by `request`'s client, an expiry without one; `audit_failure`: False for an
+        expiry that failed before and is tried again, audited once)."""
         await self.ctx.records.remove(sandbox.sandbox_id)
         self.metrics.forget(sandbox.sandbox_id)
         for forget in self.ctx.forgetters:
             forget(sandbox.sandbox_id)
+        asked: dict[str, Any] = {"sandbox_id": sandbox.sandbox_id}
+        if request is None:
+            asked.update({"as": "expire", "end_at": rfc3339(sandbox.end_at)})
+        else:
+            asked["as"] = "kill"
         try:
-            await self.ctx.manager.destroy(sandbox.key, delete_workspace=True)
-        except errors.SandboxNotFound:
-            pass
+            await self.lifecycle.destroy(
+                actor(request), sandbox.key, delete_workspace=True, arguments=asked,
+                missing_ok=True, audit_failure=audit_failure,
+            )  # fmt: skip
         except errors.StockadeError as exc:
             raise from_domain(exc) from None
 
@@ -371,19 +390,19 @@ class Control:
         await read_json(request, self.ctx.config.max_request_bytes)
         if self.state_of(sandbox) == PAUSED:
             raise ApiError(409, f"sandbox {sandbox.sandbox_id} is already paused")
-        manager, reason = self.ctx.manager, f"E2B pause from {caller_of(request)}"
+        manager, asked = self.ctx.manager, {"sandbox_id": sandbox.sandbox_id}
         try:
-            try:
-                _info, changed = await manager.pause(sandbox.key, reason)
-            except errors.SandboxNotFound:  # its container was removed (idle): made again
-                await manager.ensure(sandbox.key)
-                _info, changed = await manager.pause(sandbox.key, reason)
+            if sandbox.key not in manager.registry:  # its container was removed (idle)
+                try:
+                    await manager.ensure(sandbox.key)  # made again, to be paused: one change
+                except errors.StockadeError as exc:
+                    self.lifecycle.record(actor(request), sandbox.key, PAUSE, asked, error=exc)
+                    raise
+            _info, changed = await self.lifecycle.pause(actor(request), sandbox.key, asked)
         except errors.StockadeError as exc:
-            self.audit(request, sandbox, "pause_sandbox", {}, error=str(exc))
             raise from_domain(exc) from None
         sandbox.state = PAUSED
         await self.ctx.records.save(sandbox)
-        self.audit(request, sandbox, "pause_sandbox", {})
         if not changed:
             raise ApiError(409, f"sandbox {sandbox.sandbox_id} is already paused")
         return Response(status_code=204)
@@ -404,17 +423,15 @@ class Control:
         count = 0
         for sandbox in self.ctx.records.expired():
             try:
-                await self.remove(sandbox)
+                await self.remove(sandbox, audit_failure=sandbox.sandbox_id not in self._failed)
             except ApiError as exc:
                 await self.ctx.records.add(sandbox)  # tried again at the next sweep
                 if sandbox.sandbox_id not in self._failed:  # said once, not at every sweep
                     log.warning("E2B sandbox %s: timeout passed, removal failed: %s",
                                 sandbox.sandbox_id, exc.message)  # fmt: skip
                     self._failed.add(sandbox.sandbox_id)
-                    self.audit(None, sandbox, "expire_sandbox", {}, error=exc.message)
                 continue
             self._failed.discard(sandbox.sandbox_id)
-            self.audit(None, sandbox, "expire_sandbox", {"end_at": rfc3339(sandbox.end_at)})
             log.info("E2B sandbox %s removed: its timeout passed", sandbox.sandbox_id)
             count += 1
         return count

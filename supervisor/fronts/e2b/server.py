@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import Config
-from stockade.supervisor.fronts.e2b.context import E2bContext
+from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
 from stockade.supervisor.fronts.e2b.control import Control
 from stockade.supervisor.fronts.e2b.envd import build_envd_app
 from stockade.supervisor.fronts.e2b.records import E2bSandbox, Records
@@ -74,6 +74,10 @@ class Dispatch:
             await _answer(scope, receive, send, 502, f"The sandbox {sandbox_id[:64]} was not found")
             return
         if not token_matches(header(scope, TOKEN_HEADER), sandbox):
+            refusals = self._ctx.policy.refusals
+            if refusals is not None:
+                client = scope.get("client") or ("", 0)
+                refusals.refused(FRONT, str(client[0]), "invalid envd access token")
             message = "unauthorized access, please provide a valid access token (X-Access-Token)"
             await _answer(scope, receive, send, 401, message)
             return

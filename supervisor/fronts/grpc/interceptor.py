@@ -16,11 +16,13 @@ from google.protobuf.message import DecodeError
 from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.errors import InvalidRequest, Unauthenticated
 from stockade.supervisor.fronts.grpc import wire
+from stockade.supervisor.observe.refusals import Refusals, address_of_peer
 
 OPEN_SERVICES = frozenset({"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"})
 REASON_KEY = "stockade-error-reason"
 _TENANT: ContextVar[str] = ContextVar("stockade_tenant")
 _CERT_NAMES = ("x509_subject_alternative_name", "x509_common_name")
+FRONT = "grpc"
 
 
 def current_tenant() -> str:
@@ -32,10 +34,14 @@ def current_tenant() -> str:
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """With an authenticator, wraps every handler of a closed service so that it first
     authenticates (UNAUTHENTICATED on failure) and sets the tenant; without one (auth off)
-    it sets the tenant "" for every call."""
+    it sets the tenant "" for every call. Each refusal is told to `refusals` (audited,
+    bounded per client address: observe/refusals.py)."""
 
-    def __init__(self, authenticator: Authenticator | None) -> None:
+    def __init__(
+        self, authenticator: Authenticator | None, refusals: Refusals | None = None
+    ) -> None:
         self._authenticator = authenticator
+        self._refusals = refusals
 
     async def intercept_service(
         self,
@@ -59,6 +65,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         try:
             tenant = self._authenticator.authenticate(authorization, names)
         except Unauthenticated as exc:
+            if self._refusals is not None:
+                self._refusals.refused(FRONT, address_of_peer(context.peer()), str(exc))
             context.set_trailing_metadata(((REASON_KEY, exc.reason),))
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
         _TENANT.set(tenant)

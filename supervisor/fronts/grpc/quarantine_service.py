@@ -1,34 +1,39 @@
 """QuarantineService: the caller's tenant's quarantined sandboxes, their evidence (the
 alarms and the audit records around them), release, quarantine by hand, and the alarms as
 they sound (WatchAlarms). Every key a request names is scoped to the caller's tenant; a
-watcher sees only its own tenant's alarms."""
+watcher sees only its own tenant's alarms. Quarantine and release go through the one
+lifecycle path (calls/lifecycle.py): one audit record each."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
-from stockade.supervisor.errors import InvalidRequest
+from stockade.supervisor.calls.lifecycle import Lifecycle
 from stockade.supervisor.fronts.grpc.convert import _timestamp, audit_to_pb, scoped
 from stockade.supervisor.fronts.grpc.interceptor import current_tenant
+from stockade.supervisor.fronts.grpc.sandbox_service import actor
 from stockade.supervisor.fronts.grpc.status import Context, mapped, mapped_stream
 from stockade.supervisor.keys import shown, split
 from stockade.supervisor.observe.alarms import MAX_EVIDENCE, Alarm, AlarmHub
 from stockade.supervisor.observe.audit import AuditLog, AuditRecord
 from stockade.supervisor.policy.scrub.scrubber import Scrubber
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from stockade.supervisor.sandboxes.quarantine import MAX_REASON, Quarantine, evidence
+from stockade.supervisor.sandboxes.quarantine import Quarantine, evidence
 from stockade.v1 import quarantine_pb2, quarantine_pb2_grpc
 
 
 class QuarantineServicer(quarantine_pb2_grpc.QuarantineServiceServicer):
     def __init__(
         self,
-        sandboxes: SandboxManager,
+        lifecycle: Lifecycle[SandboxManager],
         alarms: AlarmHub,
         audit: AuditLog | None,
         scrubber: Scrubber | None = None,
     ) -> None:
+        """`lifecycle`: its sound is the AlarmHub's (a quarantine by hand's alarm)."""
+        self._lifecycle = lifecycle
+        sandboxes: SandboxManager = lifecycle.sandboxes
         self._sandboxes = sandboxes
         self._alarms = alarms
         self._audit = audit
@@ -55,7 +60,7 @@ class QuarantineServicer(quarantine_pb2_grpc.QuarantineServiceServicer):
     async def ReleaseQuarantine(
         self, request: quarantine_pb2.ReleaseQuarantineRequest, context: Context
     ) -> quarantine_pb2.ReleaseQuarantineResponse:
-        record = await self._sandboxes.quarantines.release(scoped(request.key))
+        record = await self._lifecycle.release(actor(context), scoped(request.key))
         return quarantine_pb2.ReleaseQuarantineResponse(quarantine=self._pb(record))
 
     @mapped
@@ -63,15 +68,7 @@ class QuarantineServicer(quarantine_pb2_grpc.QuarantineServiceServicer):
         self, request: quarantine_pb2.QuarantineSandboxRequest, context: Context
     ) -> quarantine_pb2.QuarantineSandboxResponse:
         key = scoped(request.key)
-        if len(request.reason) > MAX_REASON:
-            raise InvalidRequest(
-                f"reason is {len(request.reason)} characters; at most {MAX_REASON}"
-            )
-        why = request.reason or "no reason given"
-        detail = f"quarantined by an operator ({context.peer()}): {why}"
-        alarm = Alarm(key, "guard", "operator", detail)
-        record = await self._sandboxes.quarantines.quarantine(key, alarm)
-        self._alarms.sound(alarm)  # told everywhere; its reaction finds it done already
+        record = await self._lifecycle.quarantine(actor(context), key, request.reason)
         return quarantine_pb2.QuarantineSandboxResponse(quarantine=self._pb(record))
 
     @mapped_stream

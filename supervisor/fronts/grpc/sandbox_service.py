@@ -1,11 +1,14 @@
 """SandboxService: ensure, get, list, pause, resume and destroy a caller's sandboxes, and
 report their isolation; snapshots, restores and forks are in snapshots.py. Every key a
-request names is scoped to the caller's tenant."""
+request names is scoped to the caller's tenant. Ensure, pause, resume and destroy go through
+the one lifecycle path (calls/lifecycle.py): one audit record each, front "grpc", the
+caller's peer."""
 
 from __future__ import annotations
 
 import dataclasses
 
+from stockade.supervisor.calls.lifecycle import Actor, Lifecycle
 from stockade.supervisor.fronts.grpc.convert import fill_pb, sandbox_to_pb, scoped
 from stockade.supervisor.fronts.grpc.interceptor import current_tenant
 from stockade.supervisor.fronts.grpc.snapshot_service import SnapshotCalls
@@ -16,10 +19,20 @@ from stockade.supervisor.policy.scrub.scrubber import Scrubber
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from stockade.v1 import sandbox_pb2, sandbox_pb2_grpc
 
+FRONT = "grpc"
+
+
+def actor(context: Context) -> Actor:
+    """The caller of a lifecycle change through gRPC: its peer (as a tool call's record)."""
+    return Actor(FRONT, context.peer())
+
 
 class SandboxServicer(SnapshotCalls, sandbox_pb2_grpc.SandboxServiceServicer):
-    def __init__(self, sandboxes: SandboxManager, scrubber: Scrubber | None = None) -> None:
-        self._sandboxes = sandboxes
+    def __init__(
+        self, lifecycle: Lifecycle[SandboxManager], scrubber: Scrubber | None = None
+    ) -> None:
+        self._lifecycle = lifecycle
+        self._sandboxes: SandboxManager = lifecycle.sandboxes
         self.scrubber = scrubber
 
     @mapped
@@ -30,7 +43,7 @@ class SandboxServicer(SnapshotCalls, sandbox_pb2_grpc.SandboxServiceServicer):
         if request.HasField("network"):
             network = NetworkRequest(request.network.mode, tuple(request.network.allow))
         key = scoped(request.key)
-        await self._sandboxes.ensure(key, network, request.profile or None)
+        await self._lifecycle.ensure(actor(context), key, network, request.profile or None)
         return sandbox_to_pb(await self._sandboxes.get(key))
 
     @mapped
@@ -51,8 +64,8 @@ class SandboxServicer(SnapshotCalls, sandbox_pb2_grpc.SandboxServiceServicer):
     async def DestroySandbox(
         self, request: sandbox_pb2.DestroySandboxRequest, context: Context
     ) -> sandbox_pb2.DestroySandboxResponse:
-        removed, deleted = await self._sandboxes.destroy(
-            scoped(request.key), delete_workspace=request.delete_workspace
+        removed, deleted = await self._lifecycle.destroy(
+            actor(context), scoped(request.key), delete_workspace=request.delete_workspace
         )
         return sandbox_pb2.DestroySandboxResponse(removed=removed, workspace_deleted=deleted)
 
@@ -60,18 +73,14 @@ class SandboxServicer(SnapshotCalls, sandbox_pb2_grpc.SandboxServiceServicer):
     async def PauseSandbox(
         self, request: sandbox_pb2.PauseSandboxRequest, context: Context
     ) -> sandbox_pb2.PauseSandboxResponse:
-        info, changed = await self._sandboxes.pause(
-            scoped(request.key), f"PauseSandbox from {context.peer()}"
-        )
+        info, changed = await self._lifecycle.pause(actor(context), scoped(request.key))
         return sandbox_pb2.PauseSandboxResponse(sandbox=sandbox_to_pb(info), changed=changed)
 
     @mapped
     async def ResumeSandbox(
         self, request: sandbox_pb2.ResumeSandboxRequest, context: Context
     ) -> sandbox_pb2.ResumeSandboxResponse:
-        info, changed = await self._sandboxes.resume(
-            scoped(request.key), f"ResumeSandbox from {context.peer()}"
-        )
+        info, changed = await self._lifecycle.resume(actor(context), scoped(request.key))
         return sandbox_pb2.ResumeSandboxResponse(sandbox=sandbox_to_pb(info), changed=changed)
 
     @mapped

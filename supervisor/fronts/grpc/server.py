@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from stockade.supervisor import errors
 from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.calls.interact import Interaction
+from stockade.supervisor.calls.lifecycle import Lifecycle
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.calls.transfers import FileTransfers
 from stockade.supervisor.calls.watching import FileWatches
@@ -182,7 +183,7 @@ class Server:
         self.health = HealthServicer()
         self._drain = Drain()
         self._server = grpc.aio.server(
-            interceptors=[self._drain, AuthInterceptor(authenticator)],
+            interceptors=[self._drain, AuthInterceptor(authenticator, policy.refusals)],
             options=[
                 ("grpc.max_receive_message_length", config.max_request_bytes),
                 ("grpc.max_send_message_length", config.max_response_bytes),
@@ -194,8 +195,9 @@ class Server:
         )
         """The one pipeline of this supervisor's calls: other fronts (fronts/mcp) use it too."""
         server = self._server
+        lifecycle = Lifecycle(sandboxes, policy.audit, self.alarms.sound)
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(
-            SandboxServicer(sandboxes, policy.scrubber), server
+            SandboxServicer(lifecycle, policy.scrubber), server
         )
         interaction = Interaction(pipeline, sandboxes, policy.scrubber)
         tool_pb2_grpc.add_ToolServiceServicer_to_server(
@@ -212,7 +214,7 @@ class Server:
             FileServicer(transfers, FileWatches(sandboxes, policy), policy.scrubber), server
         )
         quarantine_pb2_grpc.add_QuarantineServiceServicer_to_server(
-            QuarantineServicer(sandboxes, self.alarms, policy.audit, policy.scrubber), server
+            QuarantineServicer(lifecycle, self.alarms, policy.audit, policy.scrubber), server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection((*SERVICES, reflection.SERVICE_NAME), self._server)

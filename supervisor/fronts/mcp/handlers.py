@@ -19,9 +19,11 @@ from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
 from stockade.supervisor import errors
+from stockade.supervisor.calls.lifecycle import Actor, Lifecycle
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import Config
 from stockade.supervisor.fronts.mcp.convert import (
+    FRONT,
     Caller,
     call_from_mcp,
     own_session,
@@ -194,6 +196,7 @@ class McpTools:
         self._policy = policy
         self._authenticated = authenticated
         self._sandboxes = sandboxes
+        self._lifecycle = Lifecycle(sandboxes, policy.audit) if sandboxes is not None else None
         self.draining = False
         """Set when the supervisor stops: new calls are refused, calls in flight finish."""
         self._active = 0
@@ -201,6 +204,8 @@ class McpTools:
         self._idle.set()
         self._session_keys: dict[str, set[str]] = {}
         """Per MCP session: the keys of its own sandbox that its calls used."""
+        self._session_peers: dict[str, str] = {}
+        """Per MCP session: the peer of its last call (the caller of its release's record)."""
         self._releases: set[asyncio.Task[None]] = set()
         self.rounds = Rounds(config.approvals.timeout_s + ROUNDS_GRACE_S, policy.scrubber)
         """Sessionless calls waiting for their caller's answer to an approval."""
@@ -264,6 +269,7 @@ class McpTools:
             session = own_session(caller, shared)
             if session is not None:
                 self._session_keys.setdefault(session, set()).add(call.sandbox_key)
+                self._session_peers[session] = caller.peer
             approver = f"mcp elicitation ({caller.peer or 'local'})"
             attach = self._is_attach(params.name, params.arguments)
             stream = wants_progress(ctx) or attach
@@ -340,27 +346,33 @@ class McpTools:
         stop): its own sandbox is destroyed, in the background (the caller is the SDK's
         session teardown). A named or shared key is never released here."""
         keys = self._session_keys.pop(session_id, set())
-        if not keys or self._sandboxes is None:
+        peer = self._session_peers.pop(session_id, "")
+        if not keys or self._lifecycle is None:
             return
-        task = asyncio.get_running_loop().create_task(self._release(keys))
+        who = Actor(FRONT, peer or f"mcp session {session_id}")
+        task = asyncio.get_running_loop().create_task(self._release(keys, who, session_id))
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
 
-    async def _release(self, keys: set[str]) -> None:
-        """Remove each container; the workspace stays, stamped as retired, so that
+    async def _release(self, keys: set[str], who: Actor, session_id: str) -> None:
+        """Remove each container through the lifecycle path (one audit record each, front
+        "mcp", the session's peer); the workspace stays, stamped as retired, so that
         housekeeping deletes it after housekeeping.workspace_retention_s, as any
         destroyed sandbox's."""
-        assert self._sandboxes is not None
+        assert self._lifecycle is not None
+        manager = self._lifecycle.sandboxes
+        why = {"as": "its MCP session ended", "session": session_id}
         for key in sorted(keys):
+            if key not in manager.registry and not manager.layout.of(key).root.is_dir():
+                continue  # its calls never reached a sandbox: nothing to release
             try:
-                await self._sandboxes.destroy(key, delete_workspace=False)
-            except errors.SandboxNotFound:
-                continue  # its calls never reached a sandbox
+                await self._lifecycle.destroy(
+                    who, key, delete_workspace=False, arguments=why, missing_ok=True
+                )
             except Exception as exc:
                 log.warning("could not release sandbox %r of an ended MCP session: %s", key, exc)
                 continue
             log.info("released sandbox %r: its MCP session ended", key)
-            self._sandboxes.record(key, "remove container", "its MCP session ended")
 
     async def wait_released(self, timeout: float) -> None:
         """Wait up to `timeout` s for the releases under way."""

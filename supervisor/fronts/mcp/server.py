@@ -29,6 +29,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -40,9 +41,11 @@ from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import Config, split_host_port
 from stockade.supervisor.fronts.bodies import PlainOnly
 from stockade.supervisor.fronts.http import Uvicorn, listening_socket, serve
+from stockade.supervisor.fronts.mcp.convert import FRONT
 from stockade.supervisor.fronts.mcp.handlers import McpTools
 from stockade.supervisor.fronts.mcp.json_answers import JsonAnswers
 from stockade.supervisor.fronts.mcp.json_answers import SessionManager as JsonSessionManager
+from stockade.supervisor.observe.refusals import Refusals
 from stockade.supervisor.sandboxes.manager import SandboxManager
 
 log = logging.getLogger("stockade.mcp")
@@ -67,6 +70,25 @@ class TokenTenants:
         except errors.Unauthenticated:
             return None
         return AccessToken(token="", client_id=tenant, scopes=[])  # the token is not kept
+
+
+class AuditedBearer(BearerAuthBackend):
+    """The SDK's bearer check, telling `refusals` of each request to the endpoint's path it
+    does not authenticate (RequireAuthMiddleware answers it 401): audited, bounded per
+    client address (observe/refusals.py), never the token."""
+
+    def __init__(self, verifier: TokenTenants, refusals: Refusals | None, path: str) -> None:
+        super().__init__(verifier)
+        self._refusals = refusals
+        self._path = path
+
+    async def authenticate(self, conn: HTTPConnection) -> Any:
+        found = await super().authenticate(conn)
+        if found is None and self._refusals is not None and conn.scope["path"] == self._path:
+            sent = any(name.lower() == "authorization" for name in conn.headers)
+            why = "invalid bearer token" if sent else "missing credentials"
+            self._refusals.refused(FRONT, conn.client.host if conn.client else "", why)
+        return found
 
 
 class SessionManager(JsonSessionManager):
@@ -212,7 +234,7 @@ def build_app(
     endpoint: Any = JsonAnswers(StreamableHTTPASGIApp(manager))
     middleware: list[Middleware] = []
     if authenticator is not None:
-        backend = BearerAuthBackend(TokenTenants(authenticator))
+        backend = AuditedBearer(TokenTenants(authenticator), policy.refusals, config.mcp.path)
         middleware = [
             Middleware(AuthenticationMiddleware, backend=backend),
             Middleware(AuthContextMiddleware),

@@ -1,0 +1,158 @@
+"""Refused authentication in the audit log, bounded: every front (the gRPC interceptor, the
+MCP endpoint, the E2B API, the console's sign-in) tells Refusals of each request it refused
+for its credentials; the log gets one record per front and client address per WINDOW_S,
+counting the refusals it stands for, so a flood cannot fill it.
+
+The first refusal of an address is a record at once (`count` 1). The ones that follow
+within the window are counted; when the window ends, one record says how many (`count`, and
+`first`/`last` times). With more than MAX_ADDRESSES addresses counting at once, the others
+are counted together under the address "*". A record names the front, the address and why
+(a missing token, an unknown one, an expired session); never the token."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from stockade.supervisor.observe.audit import AuditRecord
+
+log = logging.getLogger("stockade.auth")
+TOOL = "authenticate"
+"""The audit log's tool of a refused authentication (its error code UNAUTHENTICATED)."""
+WINDOW_S = 60.0
+"""One record per front and client address in this time, however many refusals."""
+MAX_ADDRESSES = 1024
+"""Addresses counted apart at once; past it, the rest are counted under "*"."""
+OTHERS = "*"
+MAX_REASON = 200
+"""Characters of a refusal's reason kept (a reason is ours, never the caller's token)."""
+
+
+class Recording(Protocol):
+    """What Refusals writes to: the AuditLog."""
+
+    def record(self, rec: AuditRecord) -> None: ...
+
+
+@dataclass
+class _Window:
+    started: float
+    first: float
+    last: float
+    reason: str
+    count: int = 0
+    """Refusals since the last record."""
+    timer: asyncio.TimerHandle | None = None
+
+
+class Refusals:
+    def __init__(
+        self,
+        audit: Recording | None,
+        window_s: float = WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._audit = audit
+        self._window_s = window_s
+        self._clock = clock
+        self._open: dict[tuple[str, str], _Window] = {}
+
+    def refused(self, front: str, address: str, reason: str) -> None:
+        """A request of `front` from `address` (the client's IP, no port) was refused for
+        its credentials; never raises."""
+        if self._audit is None:
+            return
+        try:
+            self._count(front, address or "?", reason[:MAX_REASON])
+        except Exception:  # a refusal must be answered whatever the audit log does
+            log.exception("auditing a refused authentication failed")
+
+    def _count(self, front: str, address: str, reason: str) -> None:
+        now = self._clock()
+        key = (front, address)
+        window = self._open.get(key)
+        if window is None and len(self._open) >= MAX_ADDRESSES:
+            key = (front, OTHERS)
+            window = self._open.get(key)
+        if window is not None:
+            window.count += 1
+            window.last, window.reason = time.time(), reason
+            return
+        wall = time.time()
+        self._open[key] = _Window(now, wall, wall, reason)
+        self._write(front, key[1], reason, 1, wall, wall)
+        self._schedule(key)
+
+    def _schedule(self, key: tuple[str, str]) -> None:
+        """The window's end, on the running loop (none: flush() ends it)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._open[key].timer = loop.call_later(self._window_s, self._end, key)
+
+    def _end(self, key: tuple[str, str]) -> None:
+        window = self._open.pop(key, None)
+        if window is None:
+            return
+        if window.timer is not None:
+            window.timer.cancel()
+        if window.count:
+            self._write(key[0], key[1], window.reason, window.count, window.first, window.last)
+
+    def flush(self) -> None:
+        """End every window whose time is up: each with refusals since its first record
+        writes one more (what the window's timer does on a running loop)."""
+        now = self._clock()
+        for key, window in list(self._open.items()):
+            if now - window.started >= self._window_s:
+                self._end(key)
+
+    def close(self) -> None:
+        """End every window now (the supervisor stops): no count is lost."""
+        for key in list(self._open):
+            self._end(key)
+
+    def _write(
+        self, front: str, address: str, reason: str, count: int, first: float, last: float
+    ) -> None:
+        assert self._audit is not None
+        self._audit.record(
+            AuditRecord(
+                time=time.time(),
+                request_id="",
+                caller=address,
+                sandbox_key="",
+                agent_id="",
+                provider="",
+                tool=TOOL,
+                arguments_json=json.dumps(
+                    {
+                        "count": count,
+                        "first": round(first, 3),
+                        "last": round(last, 3),
+                        "window_s": self._window_s,
+                    }
+                ),
+                policy_step=f"{front}: authentication refused: {reason}",
+                error_code="UNAUTHENTICATED",
+                is_error=True,
+                front=front,
+            )
+        )
+
+
+def address_of_peer(peer: str) -> str:
+    """The client's address of a gRPC peer ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000",
+    "unix:/path"), without its port: refusals are counted per address."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv6" and rest.startswith("["):
+        return rest[1:].partition("]")[0]
+    if kind == "ipv4":
+        return rest.rpartition(":")[0] or rest
+    return peer

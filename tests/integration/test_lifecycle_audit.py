@@ -1,0 +1,99 @@
+"""Through a real `stockade serve` (both engines): each lifecycle change through gRPC is
+exactly one audit record naming the front and the caller (calls/lifecycle.py); a flood of
+refused authentication on the gRPC and MCP doors writes a bounded number of records, none
+holding the token (observe/refusals.py); and a key with a CR is itself in List (key files
+are bytes)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from stockade.client import StockadeError
+from stockade.supervisor import database
+from stockade.supervisor.observe.refusals import TOOL
+from tests.integration.harness import Supervisor, serving_front
+
+FLOOD = 1000
+
+
+@pytest.fixture(scope="module")
+def front(
+    engine: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Supervisor, str, list[str]]]:
+    with serving_front(engine, tmp_path_factory.mktemp("lifecycle"), "mcp") as served:
+        yield served
+
+
+def refusal_rows(sup: Supervisor, front: str) -> list[tuple[str, str, str]]:
+    """(caller, policy_step, arguments) of the refused authentications of `front`: records
+    of no tenant, read from the supervisor's database (no caller's query reaches them)."""
+    db = database.reader(sup.state_dir / "stockade.db")
+    try:
+        return db.execute(
+            "SELECT caller, policy_step, arguments_json FROM audit WHERE tool = ? AND front = ?",
+            (TOOL, front),
+        ).fetchall()
+    finally:
+        db.close()
+
+
+def test_each_grpc_change_is_one_record_and_a_cr_key_is_itself(
+    front: tuple[Supervisor, str, list[str]],
+) -> None:
+    sup, _address, tokens = front
+    key = "line\rbreak"
+    with sup.client(token=tokens[0]) as c:
+        c.ensure_sandbox(key)
+        assert c.pause_sandbox(key) is True
+        assert c.resume_sandbox(key) is True
+        assert c.destroy_sandbox(key) is True  # the workspace kept
+        listed = [(s.key, s.state) for s in c.list_sandboxes()]
+        assert listed == [(key, "ABSENT")]  # itself, no phantom "line\nbreak"
+        records = c.list_audit(sandbox_key=key, limit=100)
+    changes = [(r.tool, r.front, r.tenant) for r in reversed(records)]
+    assert changes == [
+        ("ensure_sandbox", "grpc", "acme"),
+        ("pause_sandbox", "grpc", "acme"),
+        ("resume_sandbox", "grpc", "acme"),
+        ("destroy_sandbox", "grpc", "acme"),
+    ]  # one each: no housekeeping record of the same change
+    assert all(r.caller.startswith(("ipv4:", "ipv6:", "unix:")) for r in records)
+
+
+def test_a_flood_of_refused_grpc_calls_is_bounded(
+    front: tuple[Supervisor, str, list[str]],
+) -> None:
+    sup, _address, tokens = front
+    wrong = "not-a-token-" + tokens[0][:8]
+    with sup.client(token=wrong) as c:
+        for _ in range(FLOOD):
+            with pytest.raises(StockadeError):
+                c.list_sandboxes()
+    with sup.client(token=tokens[0]) as c:
+        c.list_audit(limit=1)  # the audit log written up to now
+    rows = refusal_rows(sup, "grpc")
+    assert 1 <= len(rows) <= 2, rows  # the first at once; the rest when the window ends
+    assert "invalid bearer token" in rows[0][1]
+    assert json.loads(rows[0][2])["count"] == 1
+    assert not any(wrong in "".join(row) for row in rows)
+
+
+def test_a_flood_of_refused_mcp_requests_is_bounded(
+    front: tuple[Supervisor, str, list[str]],
+) -> None:
+    sup, address, tokens = front
+    with httpx.Client(base_url=f"http://{address}") as http:
+        for n in range(FLOOD):
+            headers = {"authorization": "Bearer wrong-token"} if n % 2 else {}
+            answer = http.post("/mcp", json={}, headers=headers)
+            assert answer.status_code == 401
+    with sup.client(token=tokens[0]) as c:
+        c.list_audit(limit=1)
+    rows = refusal_rows(sup, "mcp")
+    assert 1 <= len(rows) <= 2, rows
+    assert rows[0][0] in ("127.0.0.1", "::1")
+    assert not any("wrong-token" in "".join(row) for row in rows)
