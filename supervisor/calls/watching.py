@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from stockade.supervisor import errors
 from stockade.supervisor.calls.pipeline import HostPolicy
@@ -23,8 +24,12 @@ from stockade.supervisor.calls.transfers import agent_failure
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import CallContext
 from stockade.supervisor.observe.audit import AuditRecord
-from stockade.supervisor.sandboxes.agent_link import AgentFileChange, AgentReply, AgentWatchStarted
-from stockade.supervisor.sandboxes.manager import SandboxManager
+from stockade.supervisor.sandboxes.agent_link import (
+    AgentFileChange,
+    AgentReply,
+    AgentWatchEvent,
+    AgentWatchStarted,
+)
 
 TOO_MANY = "limits.max_watches_per_tenant"
 """The policy step of a watch refused at its tenant's cap."""
@@ -56,8 +61,21 @@ class Change:
     is_dir: bool
 
 
+class WatchLease(Protocol):
+    """What a watch calls on its sandbox's lease (sandboxes/lease.py Lease is the real one)."""
+
+    def watch_files(self, path: str, recursive: bool, /) -> AsyncIterator[AgentWatchEvent]: ...
+
+
+class WatchSandboxes(Protocol):
+    """What the watches ask of the sandboxes (sandboxes/manager.py SandboxManager is the real
+    one; tests put fakes in its place): a lease on a key's sandbox."""
+
+    def lease(self, key: str, /) -> AbstractAsyncContextManager[WatchLease]: ...
+
+
 class FileWatches:
-    def __init__(self, sandboxes: SandboxManager, policy: HostPolicy) -> None:
+    def __init__(self, sandboxes: WatchSandboxes, policy: HostPolicy) -> None:
         self._sandboxes = sandboxes
         self._policy = policy
 

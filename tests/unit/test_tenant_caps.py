@@ -9,7 +9,6 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -18,9 +17,11 @@ import pytest
 from stockade.supervisor import errors
 from stockade.supervisor.app import build_policy
 from stockade.supervisor.auth import Authenticator
-from stockade.supervisor.calls.pipeline import ToolPipeline
-from stockade.supervisor.calls.watching import FileWatches, Started, Watch
+from stockade.supervisor.calls.pipeline import Sandboxes, ToolPipeline
+from stockade.supervisor.calls.streaming import AgentEvent
+from stockade.supervisor.calls.watching import FileWatches, Started, Watch, WatchSandboxes
 from stockade.supervisor.config import AuthConfig, Config, LimitsConfig, load_config
+from stockade.supervisor.fronts.e2b.context import E2bContext
 from stockade.supervisor.fronts.e2b.records import Records
 from stockade.supervisor.fronts.e2b.server import build_app as build_e2b
 from stockade.supervisor.fronts.mcp.server import McpFront
@@ -29,8 +30,14 @@ from stockade.supervisor.keys import scope
 from stockade.supervisor.models import CallContext, ErrorCode, ResultEvent, ToolCall
 from stockade.supervisor.observe.audit import AuditQuery
 from stockade.supervisor.policy.limits import TenantSlots
-from stockade.supervisor.sandboxes.agent_link import AgentReply, AgentStarted, AgentWatchStarted
-from tests.unit.fakes import STATE
+from stockade.supervisor.sandboxes.agent_link import (
+    AgentReply,
+    AgentStarted,
+    AgentWatchEvent,
+    AgentWatchStarted,
+)
+from stockade.supervisor.sandboxes.lease import Deadline
+from tests.unit.fakes import STATE, e2b_context, idle_pipeline
 
 pytestmark = [pytest.mark.usefixtures("state_dir"), pytest.mark.timeout(60)]
 A, B = scope("acme", "k"), scope("bravo", "k")
@@ -51,24 +58,54 @@ def test_slots_count_each_tenant_apart() -> None:
 
 
 class Gated:
-    """A sandbox manager whose streamed calls and watches stay open until `gate` is set."""
+    """A sandbox manager whose streamed calls and watches stay open until `gate` is set; its
+    lease is itself (as the pipeline and the watches see a lease: CallLease, WatchLease)."""
 
     def __init__(self) -> None:
         self.gate = asyncio.Event()
 
     @contextlib.asynccontextmanager
-    async def lease(self, key: str) -> AsyncIterator[Gated]:
+    async def _held(self) -> AsyncIterator[Gated]:
         yield self
 
-    async def stream(self, *_: object, **__: object) -> AsyncIterator[object]:
+    def lease(self, key: str, /) -> contextlib.AbstractAsyncContextManager[Gated]:
+        return self._held()
+
+    async def invoke(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        timeout: float,
+        request_id: str,
+        /,
+        *,
+        deadline: Deadline = "caller",
+    ) -> AgentReply:
+        raise NotImplementedError("only streamed calls here")
+
+    async def stream(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        timeout: float,
+        request_id: str,
+        /,
+        *,
+        deadline: Deadline = "caller",
+    ) -> AsyncIterator[AgentEvent]:
         yield AgentStarted(7)
         await self.gate.wait()
         yield AgentReply("", "", {"exit_code": 0, "stdout": "", "stderr": ""})
 
-    async def watch_files(self, path: str, recursive: bool) -> AsyncIterator[object]:
+    async def watch_files(self, path: str, recursive: bool, /) -> AsyncIterator[AgentWatchEvent]:
         yield AgentWatchStarted(path)
         await self.gate.wait()
         yield AgentReply("", "", {})
+
+
+def _fits(gated: Gated) -> tuple[Sandboxes, WatchSandboxes]:
+    """Type-checked only: mypy says here when the fake no longer fits the protocols."""
+    return gated, gated
 
 
 def capped(**limits: int) -> tuple[Config, Any]:
@@ -79,7 +116,7 @@ def capped(**limits: int) -> tuple[Config, Any]:
 async def test_streams_past_a_tenants_cap_are_refused_and_audited() -> None:
     config, policy = capped(max_streams_per_tenant=1)
     sandboxes = Gated()
-    pipe = ToolPipeline(config, sandboxes, policy)  # type: ignore[arg-type]  # a narrow fake
+    pipe = ToolPipeline(config, sandboxes, policy)
     exec_true = json.dumps({"command": "true"})
     first = pipe.call_stream(ToolCall(A, "exec", exec_true))
     assert not isinstance(await anext(first), ResultEvent)  # open, its process started
@@ -105,7 +142,7 @@ async def test_streams_past_a_tenants_cap_are_refused_and_audited() -> None:
 async def test_watches_past_a_tenants_cap_are_refused_and_audited() -> None:
     _config, policy = capped(max_watches_per_tenant=1)
     sandboxes = Gated()
-    watches = FileWatches(sandboxes, policy)  # type: ignore[arg-type]  # a narrow fake
+    watches = FileWatches(sandboxes, policy)
 
     def watch(key: str) -> Any:
         return watches.watch(Watch(key, ".", False, CallContext(), "test", "e2b"))
@@ -152,7 +189,7 @@ async def mcp_front(tmp_path: Path, cap: int) -> AsyncIterator[tuple[str, McpFro
          "mcp.max_sessions_per_tenant": cap},
     )  # fmt: skip
     policy = build_policy(config)
-    endpoint = build_mcp(config, None, policy, tokens(tmp_path))  # type: ignore[arg-type]
+    endpoint = build_mcp(config, idle_pipeline(config, policy), policy, tokens(tmp_path))
     front = McpFront(endpoint, config.mcp.listen)
     await front.start()
     try:
@@ -202,30 +239,14 @@ async def test_mcp_sessions_past_a_tenants_cap_get_429_and_others_still_open(
         assert endpoint.sessions.open == {}
 
 
-class Manager:
-    """The sandbox manager as the E2B control plane's create sees it."""
-
-    def __init__(self) -> None:
-        self.profiles = SimpleNamespace(get=lambda name: SimpleNamespace(cpus=1, memory_mb=512))
-        self.made: list[str] = []
-        self.registry: dict[str, Any] = {}
-
-    async def ensure(self, key: str, *_: object) -> None:
-        self.made.append(key)
-
-
-async def e2b(tmp_path: Path, **settings: Any) -> tuple[Any, Records, Manager, Any]:
+async def e2b(tmp_path: Path, **settings: Any) -> tuple[Any, Records, E2bContext]:
     config = load_config(
         None, {"state_dir": str(tmp_path), "e2b.listen": "127.0.0.1:0", **settings}
     )
-    policy = build_policy(config)
-    records, manager = Records(tmp_path), Manager()
-    ctx = SimpleNamespace(
-        config=config, policy=policy, records=records, manager=manager,
-        authenticator=tokens(tmp_path), forgetters=[],
-    )  # fmt: skip
-    app, _control = build_e2b(ctx)  # type: ignore[arg-type]  # no pipeline: envd is not called
-    return app, records, manager, policy
+    records = Records(tmp_path)
+    ctx = e2b_context(config, records, tokens(tmp_path))  # sandboxes on a fake engine
+    app, _control = build_e2b(ctx)
+    return app, records, ctx
 
 
 def create(client: httpx.AsyncClient, who: str, body: dict[str, Any]) -> Any:
@@ -234,7 +255,8 @@ def create(client: httpx.AsyncClient, who: str, body: dict[str, Any]) -> Any:
 
 
 async def test_e2b_sandboxes_past_a_tenants_cap_get_429(tmp_path: Path) -> None:
-    app, records, manager, policy = await e2b(tmp_path, **{"e2b.max_sandboxes_per_tenant": 2})
+    app, records, ctx = await e2b(tmp_path, **{"e2b.max_sandboxes_per_tenant": 2})
+    manager, policy = ctx.manager, ctx.policy
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app)) as c:
         made = await asyncio.gather(*(create(c, "acme", {}) for _ in range(4)))
         assert sorted(r.status_code for r in made) == [201, 201, 429, 429]
@@ -242,7 +264,7 @@ async def test_e2b_sandboxes_past_a_tenants_cap_get_429(tmp_path: Path) -> None:
         assert refused["code"] == 429
         assert "e2b.max_sandboxes_per_tenant" in refused["message"]
         assert (await create(c, "bravo", {})).status_code == 201  # meanwhile
-        assert (records.count("acme"), records.count("bravo"), len(manager.made)) == (2, 1, 3)
+        assert (records.count("acme"), records.count("bravo"), len(manager.registry)) == (2, 1, 3)
         sid = next(r for r in made if r.status_code == 201).json()["sandboxID"]
         key = {"X-API-KEY": "token-of-acme-0123456789"}
         records_only = await records.remove(sid)  # as a kill or an expiry does
@@ -260,7 +282,8 @@ async def test_e2b_sandboxes_past_a_tenants_cap_get_429(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("field", ["metadata", "envVars"])
 async def test_e2b_metadata_past_its_size_is_refused(tmp_path: Path, field: str) -> None:
-    app, records, manager, _policy = await e2b(tmp_path, **{"e2b.max_metadata_bytes": 1000})
+    app, records, ctx = await e2b(tmp_path, **{"e2b.max_metadata_bytes": 1000})
+    manager = ctx.manager
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app)) as c:
         fits = {"a": "x" * 499}  # 500 bytes
         assert (await create(c, "acme", {field: {**fits, "b": "y" * 499}})).status_code == 201
@@ -268,7 +291,7 @@ async def test_e2b_metadata_past_its_size_is_refused(tmp_path: Path, field: str)
             answer = await create(c, "acme", {field: big})
             assert answer.status_code == 400
             assert "e2b.max_metadata_bytes" in answer.json()["message"]
-    assert (len(records), len(manager.made)) == (1, 1)
+    assert (len(records), len(manager.registry)) == (1, 1)
 
 
 def test_the_caps_have_safe_defaults_and_refuse_negatives() -> None:

@@ -168,17 +168,22 @@ class Control:
         self.lifecycle.record(actor(request), sandbox.key, tool, asked, error=error or None)
 
     @contextlib.contextmanager
-    def _creating(self, tenant: str) -> Iterator[None]:
+    def _creating(
+        self, tenant: str, request: Request, sandbox: E2bSandbox, arguments: dict[str, Any]
+    ) -> Iterator[None]:
         """One of the tenant's sandboxes while it is made: QuotaExceeded (429) when the
-        tenant has e2b.max_sandboxes_per_tenant on record or being made already. Counted per
-        tenant: one at its cap never refuses another's create."""
+        tenant has e2b.max_sandboxes_per_tenant on record or being made already, recorded
+        through the lifecycle path as the create's one record. Counted per tenant: one at its
+        cap never refuses another's create."""
         cap = self.ctx.config.e2b.max_sandboxes_per_tenant
         pending = self._pending.get(tenant, 0)
         if cap and self.ctx.records.count(tenant) + pending >= cap:
-            raise errors.QuotaExceeded(
+            refused = errors.QuotaExceeded(
                 f"this tenant has {cap} E2B sandboxes already, its limit "
                 f"(e2b.max_sandboxes_per_tenant): kill one first"
             )
+            self.lifecycle.record(actor(request), sandbox.key, CREATE, arguments, error=refused)
+            raise refused
         self._pending[tenant] = pending + 1
         try:
             yield
@@ -238,7 +243,7 @@ class Control:
         }
         arguments = {"sandbox_id": sandbox_id, **arguments}
         try:
-            with self._creating(tenant):
+            with self._creating(tenant, request, sandbox, arguments):
                 await self.lifecycle.ensure(
                     actor(request), sandbox.key, network, template, tool=CREATE, arguments=arguments
                 )
