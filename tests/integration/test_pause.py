@@ -184,7 +184,7 @@ def test_a_call_to_a_paused_sandbox_resumes_it_and_both_are_audited(
         assert (info.state, info.container_id, info.heals) == ("RUNNING", container, 0)
         (paused,) = c.list_audit(sandbox_key=key, tool="pause_sandbox")  # the caller's
         assert (paused.front, paused.is_error) == ("grpc", False)
-        assert paused.caller.startswith("ipv"), paused.caller
+        assert paused.caller.startswith(("ipv4:", "ipv6:", "unix:")), paused.caller  # the peer
         records = c.list_audit(sandbox_key=key, tool="housekeeping")  # the call's resume
         steps = [r.policy_step for r in reversed(records)]
         assert steps == ["housekeeping: resume: a call to the paused sandbox"], steps
