@@ -11,6 +11,7 @@ here. An unknown key anywhere in the file is an error at load time, never a sile
 from stockade.supervisor.config.checks import check_seconds, split_host_port
 from stockade.supervisor.config.console import ConsoleConfig
 from stockade.supervisor.config.honey import HoneytokensConfig
+from stockade.supervisor.config.http import HttpConfig
 from stockade.supervisor.config.loading import _build, load_config
 from stockade.supervisor.config.policy import (
     AgentConfig,
@@ -70,6 +71,7 @@ __all__ = [
     "GuardRuleConfig",
     "HoneytokensConfig",
     "HousekeepingConfig",
+    "HttpConfig",
     "LimitsConfig",
     "McpConfig",
     "NetworkConfig",

@@ -13,6 +13,7 @@ from typing import Any
 from stockade.supervisor.config import checks
 from stockade.supervisor.config.console import ConsoleConfig
 from stockade.supervisor.config.honey import HoneytokensConfig, check_honeytokens
+from stockade.supervisor.config.http import HttpConfig, check_http
 from stockade.supervisor.config.policy import (
     AgentConfig,
     ApprovalsConfig,
@@ -83,6 +84,8 @@ class Config:
     mcp: McpConfig = field(default_factory=McpConfig)
     e2b: E2bConfig = field(default_factory=E2bConfig)
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
+    """The limits of every HTTP front's listener (MCP, E2B, the console)."""
     housekeeping: HousekeepingConfig = field(default_factory=HousekeepingConfig)
     snapshots: SnapshotsConfig = field(default_factory=SnapshotsConfig)
     state: StateConfig = field(default_factory=StateConfig)
@@ -171,6 +174,7 @@ def _check(cfg: Config) -> None:
     checks.check_mcp(cfg.mcp)
     checks.check_e2b(cfg.e2b)
     checks.check_console(cfg.console)
+    check_http(cfg.http)
     checks.check_snapshots(cfg.snapshots)
     check_quarantine(cfg.quarantine)
     if cfg.engine.kind not in ENGINE_KINDS:

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 
-import uvicorn
+from starlette.types import Scope
 
 from stockade.supervisor import errors
 from stockade.supervisor.auth import Authenticator
@@ -15,11 +15,16 @@ from stockade.supervisor.calls.pipeline import HostPolicy
 from stockade.supervisor.config import Config
 from stockade.supervisor.fronts.console.app import build_app
 from stockade.supervisor.fronts.console.context import ConsoleContext, ConsoleSandboxes
-from stockade.supervisor.fronts.http import Uvicorn, listening_socket, serve
+from stockade.supervisor.fronts.http import http_server, listening_socket, serve
 from stockade.supervisor.observe.alarms import AlarmHub
 from stockade.supervisor.observe.metrics import Metrics
 
 log = logging.getLogger("stockade.console")
+
+
+def _signs_in(scope: Scope) -> bool:
+    """The console's credentials are presented by the sign-in form."""
+    return scope.get("method") == "POST" and scope.get("path") == "/login"
 
 
 class ConsoleFront:
@@ -30,18 +35,8 @@ class ConsoleFront:
         self.ctx = ctx
         self._socket = listening_socket(listen, "console.listen", "the console", 128)
         self.port: int = self._socket.getsockname()[1]
-        self._server = Uvicorn(
-            uvicorn.Config(
-                build_app(ctx),
-                lifespan="off",
-                log_config=None,
-                access_log=False,
-                http="httptools",
-                proxy_headers=False,
-                limit_concurrency=256,
-                h11_max_incomplete_event_size=16 << 10,
-            )
-        )
+        app = build_app(ctx)
+        self._server = http_server(app, ctx.config.http, "console", _signs_in, lifespan="off")
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:

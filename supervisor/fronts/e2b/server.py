@@ -17,7 +17,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -28,12 +27,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import Config
+from stockade.supervisor.fronts.backoff import presents
 from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
 from stockade.supervisor.fronts.e2b.control import Control
 from stockade.supervisor.fronts.e2b.envd import build_envd_app
 from stockade.supervisor.fronts.e2b.records import E2bSandbox, Records
 from stockade.supervisor.fronts.e2b.wire import ApiError, error_response
-from stockade.supervisor.fronts.http import Uvicorn, listening_socket, serve
+from stockade.supervisor.fronts.http import http_server, listening_socket, serve
 from stockade.supervisor.sandboxes.manager import SandboxManager
 
 log = logging.getLogger("stockade.e2b")
@@ -166,17 +166,8 @@ class E2bFront:
         app, self.control = build_app(ctx)
         self._socket = listening_socket(listen, "e2b.listen", "E2B", 512)
         self.port: int = self._socket.getsockname()[1]
-        self._server = Uvicorn(
-            uvicorn.Config(
-                app,
-                lifespan="on",
-                log_config=None,
-                access_log=False,
-                http="httptools",
-                proxy_headers=False,  # the audit log records the real peer
-                timeout_keep_alive=75,  # the SDKs keep connections in pools
-            )
-        )
+        credentials = presents(b"x-api-key", TOKEN_HEADER)
+        self._server = http_server(app, ctx.config.http, "e2b", credentials)
         self._task: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
 

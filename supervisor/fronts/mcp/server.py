@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
-import uvicorn
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
 from mcp.server.auth.middleware.bearer_auth import (
     BearerAuthBackend,
@@ -38,9 +37,10 @@ import stockade
 from stockade.supervisor import errors
 from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
-from stockade.supervisor.config import Config, split_host_port
+from stockade.supervisor.config import Config, HttpConfig, split_host_port
+from stockade.supervisor.fronts.backoff import presents
 from stockade.supervisor.fronts.bodies import PlainOnly
-from stockade.supervisor.fronts.http import Uvicorn, listening_socket, serve
+from stockade.supervisor.fronts.http import http_server, listening_socket, serve
 from stockade.supervisor.fronts.mcp.convert import FRONT
 from stockade.supervisor.fronts.mcp.handlers import McpTools
 from stockade.supervisor.fronts.mcp.json_answers import JsonAnswers
@@ -251,22 +251,12 @@ def build_app(
 class McpFront:
     """The running MCP endpoint; `port` is the bound TCP port."""
 
-    def __init__(self, endpoint: Endpoint, listen: str) -> None:
+    def __init__(self, endpoint: Endpoint, listen: str, http: HttpConfig | None = None) -> None:
         self._endpoint = endpoint
         self._socket = listening_socket(listen, "mcp.listen", "MCP", 128)
         self.port: int = self._socket.getsockname()[1]
-        self._server = Uvicorn(
-            uvicorn.Config(
-                endpoint.app,
-                lifespan="on",
-                log_config=None,
-                access_log=False,
-                http="httptools",  # a C parser: h11, pure Python, costs more CPU a request
-                # no proxy in front of a loopback endpoint: X-Forwarded-For from a local
-                # client would otherwise replace the peer the audit log records
-                proxy_headers=False,
-            )
-        )
+        credentials = presents(b"authorization")
+        self._server = http_server(endpoint.app, http or HttpConfig(), "mcp", credentials)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -306,6 +296,6 @@ async def start_mcp(
     if not config.mcp.listen:
         return None
     endpoint = build_app(config, pipeline, policy, authenticator, sandboxes)
-    front = McpFront(endpoint, config.mcp.listen)
+    front = McpFront(endpoint, config.mcp.listen, config.http)
     await front.start()
     return front
