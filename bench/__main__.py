@@ -7,7 +7,9 @@ against REV's, side by side (bench/compare.py), or `python -m bench --only mcp [
 the supervisor alone (bench/sandbox_snapshots.py), or `python -m bench --only e2b [--engine E]
 [--n N] [--rounds R]` for the E2B front's commands.run against gRPC (bench/e2b_front.py), or
 `python -m bench --only console [--engine E] [--n N] [--rounds R]` for warm calls through a
-supervisor with the console on (nobody on it) against one without (bench/console_cost.py)."""
+supervisor with the console on (nobody on it) against one without (bench/console_cost.py), or
+`python -m bench --only listener [--listener-requests N] [--listener-rounds R]` for plain
+uvicorn against the hardened HTTP listener, no engine (bench/listener.py)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from bench import (
     console_cost,
     e2b_front,
     egress,
+    listener,
     load,
     mcp_front,
     peers,
@@ -66,13 +69,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only",
-        choices=["mcp", "snapshots", "e2b", "console"],
+        choices=["mcp", "snapshots", "e2b", "console", "listener"],
         help="only one measurement: mcp, the MCP front against gRPC (bench/mcp_front.py); "
         "snapshots, pause/resume, snapshots, restore and forks (bench/sandbox_snapshots.py); "
         "e2b, the E2B front's commands.run against gRPC (bench/e2b_front.py); console, warm "
-        "calls with the console on and off (bench/console_cost.py)",
+        "calls with the console on and off (bench/console_cost.py); listener, plain uvicorn "
+        "against the hardened HTTP listener, no engine (bench/listener.py)",
     )
     sandbox_snapshots.add_arguments(parser, "snap-")
+    parser.add_argument(
+        "--listener-requests",
+        type=int,
+        help=f"requests a round, side and app of the listener's measurement (default "
+        f"{listener.REQUESTS}; --quick {listener.QUICK_REQUESTS})",
+    )
+    parser.add_argument(
+        "--listener-rounds",
+        type=int,
+        default=listener.ROUNDS,
+        help=f"interleaved rounds of the listener's measurement (default {listener.ROUNDS})",
+    )
     parser.add_argument(
         "--rounds",
         type=int,
@@ -94,8 +110,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     if ns.compare is not None and ns.only is not None:
         parser.error("--compare and --only are two different runs: one at a time")
-    if ns.rounds < 1:
-        parser.error("--rounds must be at least 1")
+    if ns.rounds < 1 or ns.listener_rounds < 1:
+        parser.error("--rounds and --listener-rounds must be at least 1")
+    if ns.listener_requests is None:
+        ns.listener_requests = listener.QUICK_REQUESTS if ns.quick else listener.REQUESTS
+    if ns.listener_requests < 1:
+        parser.error("--listener-requests must be at least 1")
     for name, default in quick.items():
         if getattr(ns, name) is None:
             setattr(ns, name, default)
@@ -211,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                 return sandbox_snapshots.run(engines, **ns.snap)
             if ns.only == "console":
                 return console_cost.run(engines, ns.n, ns.rounds, ns.warmup)
+            if ns.only == "listener":
+                return listener.run(ns.listener_requests, ns.listener_rounds)
             if ns.only == "e2b":
                 return e2b_front.run(engines, ns.n, ns.rounds, ns.warmup)
             return mcp_front.run(engines, ns.n, ns.rounds, ns.warmup)
@@ -223,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         "n": ns.n, "warmup": ns.warmup, "cold": ns.cold, "idle": ns.idle, "quick": ns.quick,
         "load_keys": ns.load_keys, "load_calls": ns.load_calls, "audit_records": ns.audit_records,
         "rounds": ns.rounds, "snapshots": ns.snap,
+        "listener_requests": ns.listener_requests, "listener_rounds": ns.listener_rounds,
     }  # fmt: skip
     by_engine: dict[str, Any] = {}
     progress("host-side pipeline, scrubber and guard corpora")
@@ -235,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     host["audit"] = guarded(
         f"audit log of {ns.audit_records:,} records",
         lambda: audit.run_audit_bench(ns.audit_records),
+    )
+    host["listener"] = guarded(
+        listener.what(ns.listener_requests, ns.listener_rounds),
+        lambda: listener.measure(ns.listener_requests, ns.listener_rounds),
     )
     try:
         for engine in engines:
@@ -252,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     print(guard_section(host["guard"]), end="\n\n")
     print(brokered.section(host["brokered"]), end="\n\n")
     print(audit.printed(host["audit"]), end="\n\n")
+    print(listener.section(host["listener"]), end="\n\n")
     for engine, results in by_engine.items():
         print(report.engine_section(engine, results), end="\n\n")
         print(abuse.section(engine, results["neighbour_abuse"]), end="\n\n")
