@@ -47,9 +47,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from bench.compare import RESULTS, read_results, thread_ns, write_results
+from bench import RESULTS
+from bench.compare import read_results, thread_ns, write_results
 from bench.compare_stats import MIN_PAIRS, Round, schedule, side_summary
 from bench.console_cost import tokens_file
 from bench.cpu import TICK, cpu_ticks
@@ -85,7 +86,7 @@ async def tiny_app(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-def _plain(app: Any, lifespan: str, **settings: Any) -> Any:
+def _plain(app: Any, lifespan: Literal["on", "off"], **settings: Any) -> Any:
     """uvicorn as the fronts served before the hardened listener (git show
     06b6b29:supervisor/fronts/{mcp,e2b}/server.py)."""
     import uvicorn
