@@ -228,13 +228,21 @@ class Connection:
             self._sock = None
         self._buffer = b""
 
-    def ask(self, request: bytes) -> tuple[int, dict[str, str], bytes]:
-        """Status, headers (lower-case names) and body of the answer to `request`."""
+    def ask(self, request: bytes, reconnect: bool = False) -> tuple[int, dict[str, str], bytes]:
+        """Status, headers (lower-case names) and body of the answer to `request`;
+        `reconnect`: on a new connection if the server had closed this one before answering
+        (plain uvicorn closes a connection idle for 5 s)."""
         if self._sock is None:
             self._sock = socket.create_connection(("127.0.0.1", self._port), timeout=30)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock.sendall(request)
-        head = self._until(b"\r\n\r\n")
+        try:
+            self._sock.sendall(request)
+            head = self._until(b"\r\n\r\n")
+        except ConnectionError:
+            if not reconnect or self._buffer:
+                raise
+            self.close()
+            return self.ask(request)
         status_line, *fields = head.decode("latin-1").split("\r\n")
         headers = {}
         for field in fields:
@@ -344,8 +352,8 @@ class Client:
             if app == "mcp" and b'"tools"' not in body:
                 raise RuntimeError(f"mcp: no tools/list result: {body[:200]!r}")
 
-    def ask(self, app: str) -> None:
-        status, _, body = self.connections[app].ask(self.requests[app])
+    def ask(self, app: str, reconnect: bool = False) -> None:
+        status, _, body = self.connections[app].ask(self.requests[app], reconnect)
         if status != 200:
             raise RuntimeError(f"{app}: HTTP {status}: {body[:200]!r}")
 
@@ -355,7 +363,9 @@ class Client:
 
 
 def one_round(client: Client, app: str, pid: int, requests: int) -> Round:
-    """`requests` requests to `app`, each timed, with the server's CPU over them."""
+    """`requests` requests to `app`, each timed, with the server's CPU over them; after one
+    untimed on the app's connection (anew if the server closed it while it sat idle)."""
+    client.ask(app, reconnect=True)
     samples = []
     ticks, ns = cpu_ticks(pid)[0], thread_ns(pid)
     for _ in range(requests):
