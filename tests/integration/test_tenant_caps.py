@@ -1,6 +1,6 @@
 """The per-tenant caps (issue 26) attacked through a real `stockade serve` on both engines,
 with its MCP and E2B fronts on and two token tenants (acme, the attacker; other): one tenant
-past its cap of MCP sessions, E2B sandboxes, E2B metadata or open streams gets a clear
+past its cap of MCP sessions, E2B sandboxes, E2B metadata, open streams or watches gets a clear
 refusal naming the setting (audited where the cap says so), while the other tenant's
 sessions, sandboxes and commands are served meanwhile; room comes back once the attacker
 ends one, and the supervisor's memory comes back after the flood. The caps' units:
@@ -9,6 +9,7 @@ tests/unit/test_tenant_caps.py."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,15 +19,16 @@ import pytest
 from e2b import Sandbox
 from e2b.exceptions import RateLimitException, SandboxException
 
-from stockade.client import Started, StreamEvent, ToolResult
+from stockade.client import ResourceExhausted, Started, Stockade, StreamEvent, ToolResult
 from tests.integration.e2b_kit import E2bServed, serving_e2b
 from tests.integration.harness import free_tcp_address
 from tests.unit.test_tenant_caps import INIT, mcp_headers
 
 pytestmark = pytest.mark.timeout(600)
-SESSIONS, SANDBOXES, METADATA, STREAMS = 5, 2, 1000, 2
+SESSIONS, SANDBOXES, METADATA, STREAMS, WATCHES = 5, 2, 1000, 2, 2
 """The caps of the supervisor under test: mcp.max_sessions_per_tenant,
-e2b.max_sandboxes_per_tenant, e2b.max_metadata_bytes, limits.max_streams_per_tenant."""
+e2b.max_sandboxes_per_tenant, e2b.max_metadata_bytes, limits.max_streams_per_tenant,
+limits.max_watches_per_tenant."""
 FLOOD = 2000
 """initialize requests the attacker sends past its cap, all at once with its first ones
 (before the cap: ~10,000 sessions in 30 s, +320 MB, every other tenant's initialize 503 for
@@ -47,7 +49,7 @@ def fronts(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fr
     caps = (
         f"max_sandboxes_per_tenant = {SANDBOXES}\nmax_metadata_bytes = {METADATA}\n",
         f'[mcp]\nlisten = "{mcp}"\nmax_sessions_per_tenant = {SESSIONS}\n'
-        f"[limits]\nmax_streams_per_tenant = {STREAMS}\n",
+        f"[limits]\nmax_streams_per_tenant = {STREAMS}\nmax_watches_per_tenant = {WATCHES}\n",
     )
     with serving_e2b(engine, tmp_path_factory.mktemp("caps"), e2b=caps[0], extra=caps[1]) as e2b:
         yield Fronts(e2b, f"http://{mcp}/mcp")
@@ -100,12 +102,23 @@ def test_mcp_sessions_past_the_cap(fronts: Fronts) -> None:
     assert grown < 50 * MiB, f"the supervisor grew {grown / MiB:.1f} MiB"
 
 
+def attempt(served: E2bServed) -> Sandbox | RateLimitException:
+    """A sandbox of the attacker's, or the SDK's refusal for 429."""
+    try:
+        return Sandbox.create(**served.opts())
+    except RateLimitException as exc:
+        return exc
+
+
 def test_e2b_sandboxes_past_the_cap(fronts: Fronts) -> None:
     served = fronts.e2b
-    made = [Sandbox.create(**served.opts()) for _ in range(SANDBOXES)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # all at once
+        tried = list(pool.map(lambda _: attempt(served), range(SANDBOXES + 2)))
+    made = [s for s in tried if isinstance(s, Sandbox)]
     try:
-        with pytest.raises(RateLimitException, match=r"e2b\.max_sandboxes_per_tenant"):
-            Sandbox.create(**served.opts())
+        refused = [str(e) for e in tried if isinstance(e, RateLimitException)]
+        assert (len(made), len(refused)) == (SANDBOXES, 2)
+        assert all("e2b.max_sandboxes_per_tenant" in e for e in refused)
         echo_ok(served, served.other)  # meanwhile
         assert made.pop().kill()
         made.append(Sandbox.create(**served.opts()))  # room again
@@ -115,8 +128,7 @@ def test_e2b_sandboxes_past_the_cap(fronts: Fronts) -> None:
     with served.sup.client(token=served.token) as client:
         failed = client.list_audit(tool="create_sandbox", errors_only=True, limit=50)
     refusals = [r for r in failed if "e2b.max_sandboxes_per_tenant" in r.policy_step]
-    assert len(refusals) == 1
-    assert (refusals[0].front, refusals[0].tenant) == ("e2b", "acme")
+    assert [(r.front, r.tenant) for r in refusals] == [("e2b", "acme")] * 2
 
 
 @pytest.mark.parametrize(
@@ -145,37 +157,75 @@ def started(stream: Iterator[StreamEvent]) -> None:
     raise AssertionError("the stream ended before its command started")
 
 
-def test_streams_past_the_cap(fronts: Fronts) -> None:
-    served = fronts.e2b
-    mine, theirs = Sandbox.create(**served.opts()), Sandbox.create(**served.opts(served.other))
-    key, their_key = f"e2b-{mine.sandbox_id}", f"e2b-{theirs.sandbox_id}"
+@dataclass
+class Tenant:
+    """A tenant's E2B sandbox, its sandbox key, and a gRPC client of the tenant."""
+
+    sandbox: Sandbox
+    key: str
+    client: Stockade
+
+
+@contextlib.contextmanager
+def two_tenants(served: E2bServed) -> Iterator[tuple[Tenant, Tenant]]:
+    """The attacker's and the other tenant's, each with an E2B sandbox (killed after)."""
+    made: list[Sandbox] = []
     try:
-        with (
-            served.sup.client(token=served.token) as attacker,
-            served.sup.client(token=served.other) as other,
-        ):
-            held = [attacker.call_stream(key, "exec", {"command": HOLD}) for _ in range(STREAMS)]
-            for stream in held:
-                started(stream)
-            [refused] = list(attacker.call_stream(key, "exec", {"command": "echo no"}))
-            assert isinstance(refused, ToolResult)
-            assert refused.error_code == "RATE_LIMITED"
-            assert f"limits.max_streams_per_tenant = {STREAMS}" in refused.error_message
-            with pytest.raises(RateLimitException, match=r"limits\.max_streams_per_tenant"):
-                mine.commands.run("echo no")  # every front together: E2B's processes too
-            *_, theirs_done = other.call_stream(their_key, "exec", {"command": "echo ok"})
-            assert isinstance(theirs_done, ToolResult)
-            assert theirs_done.stdout == "ok\n"
-            assert theirs.commands.run("echo ok").stdout == "ok\n"
-            assert attacker.sandbox(key).exec("touch /tmp/go").exit_code == 0  # a unary call
-            for stream in held:
-                *_, done = stream
-                assert isinstance(done, ToolResult)
-                assert done.stdout == "held\n"
-            assert mine.commands.run("echo again").stdout == "again\n"  # room again
-            records = attacker.list_audit(sandbox_key=key, errors_only=True, limit=50)
-        steps = [r.policy_step for r in records]
-        assert steps.count("limits.max_streams_per_tenant") == 2  # the gRPC one, the E2B one
+        with contextlib.ExitStack() as stack:
+            tenants = []
+            for token in (served.token, served.other):
+                made.append(Sandbox.create(**served.opts(token)))
+                client = stack.enter_context(served.sup.client(token=token))
+                tenants.append(Tenant(made[-1], f"e2b-{made[-1].sandbox_id}", client))
+            yield tenants[0], tenants[1]
     finally:
-        assert mine.kill()
-        assert theirs.kill()
+        for sandbox in made:
+            assert sandbox.kill()
+
+
+def test_streams_past_the_cap(fronts: Fronts) -> None:
+    with two_tenants(fronts.e2b) as (mine, theirs):
+        attacker, key = mine.client, mine.key
+        held = [attacker.call_stream(key, "exec", {"command": HOLD}) for _ in range(STREAMS)]
+        for stream in held:
+            started(stream)
+        [refused] = list(attacker.call_stream(key, "exec", {"command": "echo no"}))
+        assert isinstance(refused, ToolResult)
+        assert refused.error_code == "RATE_LIMITED"
+        assert f"limits.max_streams_per_tenant = {STREAMS}" in refused.error_message
+        with pytest.raises(RateLimitException, match=r"limits\.max_streams_per_tenant"):
+            mine.sandbox.commands.run("echo no")  # every front together: E2B's processes too
+        *_, theirs_done = theirs.client.call_stream(theirs.key, "exec", {"command": "echo ok"})
+        assert isinstance(theirs_done, ToolResult)
+        assert theirs_done.stdout == "ok\n"
+        assert theirs.sandbox.commands.run("echo ok").stdout == "ok\n"
+        assert attacker.sandbox(key).exec("touch /tmp/go").exit_code == 0  # a unary call
+        for stream in held:
+            *_, done = stream
+            assert isinstance(done, ToolResult)
+            assert done.stdout == "held\n"
+        assert mine.sandbox.commands.run("echo again").stdout == "again\n"  # room again
+        records = attacker.list_audit(sandbox_key=key, errors_only=True, limit=50)
+    steps = [r.policy_step for r in records]
+    assert steps.count("limits.max_streams_per_tenant") == 2  # the gRPC one, the E2B one
+
+
+def test_watches_past_the_cap(fronts: Fronts) -> None:
+    with two_tenants(fronts.e2b) as (mine, theirs):
+        held = [mine.client.watch_files(mine.key, ".") for _ in range(WATCHES)]  # in place
+        try:
+            with pytest.raises(ResourceExhausted, match=r"max_watches_per_tenant = 2"):
+                mine.client.watch_files(mine.key, ".")
+            with pytest.raises(RateLimitException, match=r"max_watches_per_tenant = 2"):
+                mine.sandbox.files.watch_dir("/home/user")  # every front: E2B's watchers too
+            theirs.client.watch_files(theirs.key, ".").close()  # meanwhile, in place
+            theirs.sandbox.files.watch_dir("/home/user").stop()
+        finally:
+            for watch in held:
+                watch.close()
+        records = mine.client.list_audit(sandbox_key=mine.key, errors_only=True, limit=50)
+    refused = [r for r in records if r.policy_step == "limits.max_watches_per_tenant"]
+    assert sorted((r.front, r.error_code) for r in refused) == [
+        ("e2b", "QUOTA_EXCEEDED"),
+        ("grpc", "QUOTA_EXCEEDED"),
+    ]
