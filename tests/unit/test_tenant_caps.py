@@ -201,8 +201,14 @@ async def mcp_front(tmp_path: Path, cap: int) -> AsyncIterator[tuple[str, McpFro
 
 
 def headers(who: str, session: str = "") -> dict[str, str]:
+    return mcp_headers(f"token-of-{who}-0123456789", session)
+
+
+def mcp_headers(token: str, session: str = "") -> dict[str, str]:
+    """A raw streamable-HTTP request's headers: the bearer token, and the session if any
+    (tests/integration/test_tenant_caps.py too)."""
     h = {
-        "authorization": f"Bearer token-of-{who}-0123456789",
+        "authorization": f"Bearer {token}",
         "accept": "application/json, text/event-stream",
         "content-type": "application/json",
         "mcp-protocol-version": "2025-06-18",
@@ -237,6 +243,26 @@ async def test_mcp_sessions_past_a_tenants_cap_get_429_and_others_still_open(
             owner = "bravo" if r is theirs else "acme"
             await c.delete(url, headers=headers(owner, r.headers["mcp-session-id"]))
         assert endpoint.sessions.open == {}
+
+
+async def test_mcp_sessions_opened_at_once_past_a_tenants_cap_get_429(tmp_path: Path) -> None:
+    """All at once: between the cap's check and the SDK's admission the SDK awaits its lock;
+    the openings past the cap got the SDK's 503 ("Too many open sessions", its own cap's
+    answer) instead of this cap's 429 until each opening held its room."""
+    async with mcp_front(tmp_path, 3) as (url, _front, endpoint), httpx.AsyncClient() as c:
+        answers = await asyncio.gather(
+            *(c.post(url, json=INIT, headers=headers("acme")) for _ in range(40))
+        )
+        assert sorted(r.status_code for r in answers) == [200] * 3 + [429] * 37
+        assert all(
+            "mcp.max_sessions_per_tenant" in r.json()["error"]["message"]
+            for r in answers
+            if r.status_code == 429
+        )
+        assert endpoint.sessions.open == {"acme": 3}
+        assert endpoint.sessions.opening == {}  # every opening settled
+        theirs = await c.post(url, json=INIT, headers=headers("bravo"))
+        assert theirs.status_code == 200
 
 
 async def e2b(tmp_path: Path, **settings: Any) -> tuple[Any, Records, E2bContext]:

@@ -98,8 +98,9 @@ class SessionManager(JsonSessionManager):
     `_admit_session` is where a session is opened (for the tenant of the request being
     served: "" with auth off), `_discard_session` where every end of
     a session (the client's DELETE, its idle timeout, a crash, a stop) passes, possibly more
-    than once. A tenant at its cap gets 429 naming it before the SDK's admission; the SDK's
-    own cap (max_sessions, every tenant together) answers 503."""
+    than once. A tenant at its cap (its sessions and its openings not admitted yet counted)
+    gets 429 naming it before the SDK's admission; the SDK's own cap (max_sessions, every
+    tenant together) answers 503."""
 
     def __init__(self, tools: McpTools, per_tenant: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -109,10 +110,17 @@ class SessionManager(JsonSessionManager):
         """Open session id -> its tenant."""
         self.open: dict[str, int] = {}
         """Tenant -> its sessions open."""
+        self.opening: dict[str, int] = {}
+        """Tenant -> its requests opening a session, not admitted yet (each holds its room:
+        between the cap's check and the SDK's admission the SDK awaits its lock, and
+        concurrent openings past the cap got the SDK's 503 instead of this cap's 429)."""
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self._opens(scope):
+            await super()._handle_stateful_request(scope, receive, send)
+            return
         tenant = _tenant(scope.get("user"))
-        if self._opens(scope) and self._full(tenant):
+        if self._full(tenant):
             who = f"tenant {tenant!r}" if tenant else "this endpoint (auth off)"
             message = (
                 f"Too many open sessions: {who} has {self.per_tenant} open, its limit "
@@ -121,11 +129,14 @@ class SessionManager(JsonSessionManager):
             log.warning("MCP session refused: %s has %d open", who, self.per_tenant)
             await _too_many(message)(scope, receive, send)
             return
-        opener = _opener.set(tenant)
+        opening = _Opening(tenant)  # its room held until admitted: no other opening takes it
+        self.opening[tenant] = self.opening.get(tenant, 0) + 1
+        opener = _opener.set(opening)
         try:
             await super()._handle_stateful_request(scope, receive, send)
         finally:
             _opener.reset(opener)
+            self._settle(opening)
 
     @staticmethod
     def _opens(scope: Scope) -> bool:
@@ -133,16 +144,26 @@ class SessionManager(JsonSessionManager):
         return not any(k == b"mcp-session-id" for k, _v in scope.get("headers", ()))
 
     def _full(self, tenant: str) -> bool:
-        return bool(self.per_tenant) and self.open.get(tenant, 0) >= self.per_tenant
+        held = self.open.get(tenant, 0) + self.opening.get(tenant, 0)
+        return bool(self.per_tenant) and held >= self.per_tenant
+
+    def _settle(self, opening: _Opening) -> None:
+        """The opening's held room given up (once): it is a session now, or none."""
+        if opening.holds:
+            opening.holds = False
+            left = self.opening[opening.tenant] - 1
+            if left:
+                self.opening[opening.tenant] = left
+            else:
+                del self.opening[opening.tenant]
 
     def _admit_session(self, requestor: Any) -> Any:
-        tenant = _opener.get()
-        if self._full(tenant):  # another opening of the tenant got in since the check
-            return None
+        opening = _opener.get() or _Opening("", holds=False)
         transport = super()._admit_session(requestor)
+        self._settle(opening)
         if transport is not None and transport.mcp_session_id is not None:
-            self._tenant_of[transport.mcp_session_id] = tenant
-            self.open[tenant] = self.open.get(tenant, 0) + 1
+            self._tenant_of[transport.mcp_session_id] = opening.tenant
+            self.open[opening.tenant] = self.open.get(opening.tenant, 0) + 1
         return transport
 
     async def _discard_session(self, session_id: str, transport: Any) -> None:
@@ -157,9 +178,17 @@ class SessionManager(JsonSessionManager):
         self._tools.session_ended(session_id)
 
 
-_opener: ContextVar[str] = ContextVar("stockade_mcp_opener", default="")
-"""The tenant of the request being served, for `_admit_session` (which the SDK calls with
-an AuthorizationContext built from parts of the token, not its tenant)."""
+@dataclass
+class _Opening:
+    """A request opening a session: its tenant, and whether it still holds a room."""
+
+    tenant: str
+    holds: bool = True
+
+
+_opener: ContextVar[_Opening | None] = ContextVar("stockade_mcp_opener", default=None)
+"""The opening request being served, for `_admit_session` (which the SDK calls with an
+AuthorizationContext built from parts of the token, not its tenant)."""
 
 
 def _tenant(user: Any) -> str:
