@@ -11,7 +11,10 @@
 - JSON: an object nested deeper than MAX_DEPTH is refused (400), never a RecursionError.
 
 Every refusal is a BodyRefused (an InvalidRequest, so a file transfer fed from a refused body
-is cancelled, not committed) carrying its HTTP status."""
+is cancelled, not committed) carrying its HTTP status. A front audits its refusals: its app
+runs under BodyAudit, which leaves the front and the Refusals in the ASGI scope, and where a
+BodyRefused is turned into an answer the front calls `tell` (one record per client address
+and window with a count, observe/refusals.py; the path and status, never the body)."""
 
 from __future__ import annotations
 
@@ -20,11 +23,12 @@ import zlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import ClientDisconnect, HTTPConnection, Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from stockade.supervisor import errors
+from stockade.supervisor.observe.refusals import Refusals
 
 CHUNK = 1 << 20
 """The most bytes a decoder hands out at once."""
@@ -41,10 +45,43 @@ class BodyRefused(errors.InvalidRequest):
     """A request body refused: `status` is 400 (malformed), 413 (too large) or 415 (an
     encoding not taken)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, why: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.why = why or message
+        """The reason audited: the message, unless it quotes the body (a parser's error)."""
+
+
+AUDIT = "stockade.body_audit"
+"""The scope key where BodyAudit leaves (front, Refusals) for `tell`."""
+
+
+class BodyAudit:
+    """ASGI middleware of a front whose refused bodies are audited: puts the front's name and
+    `refusals` in each HTTP request's scope (nothing when `refusals` is None)."""
+
+    def __init__(self, app: ASGIApp, front: str, refusals: Refusals | None) -> None:
+        self._app = app
+        self._front = front
+        self._refusals = refusals
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self._refusals is not None:
+            scope = {**scope, AUDIT: (self._front, self._refusals)}
+        await self._app(scope, receive, send)
+
+
+def tell(where: Scope | HTTPConnection, exc: BodyRefused) -> None:
+    """Audit a refused body of the request (its scope, or a Request over it): the front, the
+    client's address, the path and why; nothing when its front has no BodyAudit."""
+    scope = where.scope if isinstance(where, HTTPConnection) else where
+    found = scope.get(AUDIT)
+    if found is None:
+        return
+    front, refusals = found
+    client = scope.get("client") or ("", 0)
+    refusals.body(front, str(client[0]), str(scope.get("path", "")), exc.status, exc.why)
 
 
 def too_large(limit: int) -> BodyRefused:
@@ -216,6 +253,7 @@ class PlainOnly:
                 message = f"Content-Encoding {name!r} is not taken: send the body as it is"
                 error = {"code": -32600, "message": message}
                 answer = JSONResponse({"jsonrpc": "2.0", "id": None, "error": error}, 415)
+                tell(scope, BodyRefused(415, message))
                 await answer(scope, receive, send)
                 return
         await self._app(scope, receive, send)

@@ -83,7 +83,8 @@ class _Events:
         try:
             self._parser.write(chunk)
         except MultipartParseError as exc:
-            raise BodyRefused(400, f"the multipart body does not parse: {exc}") from None
+            message = f"the multipart body does not parse: {exc}"
+            raise BodyRefused(400, message, "the multipart body does not parse") from None
 
 
 async def parts(body: AsyncIterator[bytes], boundary: bytes, max_parts: int) -> AsyncIterator[Part]:

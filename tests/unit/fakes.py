@@ -376,14 +376,16 @@ factories called without one (STATE[-1])."""
 
 @contextlib.asynccontextmanager
 async def mcp_front_in_process(
-    tmp_path: Path, **settings: Any
+    tmp_path: Path, refusals: Refusals | None = None, **settings: Any
 ) -> AsyncIterator[tuple[McpFront, Endpoint]]:
     """The MCP endpoint (build_app, with no engine and no auth unless `settings` (dotted
     config keys) say otherwise, its state in tmp_path) started on a free loopback port;
-    stopped, and its audit log closed, after."""
+    stopped, and its audit log closed, after. `refusals`: where its refusals go."""
     overrides = {"state_dir": str(tmp_path), "mcp.listen": "127.0.0.1:0", "auth.enabled": False}
     config = load_config(None, {**overrides, **settings})
     policy = build_policy(config)
+    if refusals is not None:
+        policy = replace(policy, refusals=refusals)
     authenticator = Authenticator(config.auth) if config.auth.enabled else None
     endpoint = build_app(config, idle_pipeline(config, policy), policy, authenticator)
     front = McpFront(endpoint, config.mcp.listen, config.http)

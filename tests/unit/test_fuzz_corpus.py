@@ -12,19 +12,8 @@ import pytest
 import fuzz
 from fuzz.__main__ import MAX_BYTES, MAX_FILES
 
-SPOOLED_LEAK = pytest.mark.filterwarnings(
-    "ignore:Exception ignored in. <function SpooledTemporaryFile.__del__"
-    ":pytest.PytestUnraisableExceptionWarning"
-)
-"""Not fixed here, found by fuzzing `files`: a multipart file part whose closing boundary
-never comes is dropped from the form by Starlette's parser, but its spooled temporary file is
-not closed (the garbage collector does it). Multipart streamed straight to the sandbox (issue
-26's body limits) spools nothing; until then these inputs stay in the corpus."""
 
-
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=SPOOLED_LEAK) if n == "files" else n for n in fuzz.TARGETS]
-)
+@pytest.mark.parametrize("name", fuzz.TARGETS)
 def test_the_corpus_replays_without_a_crash(name: str) -> None:
     module = fuzz.target(name)
     files = fuzz.corpus_of(name)

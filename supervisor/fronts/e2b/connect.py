@@ -101,10 +101,11 @@ async def read_envelopes(
         raise ConnectError("invalid_argument", "truncated envelope")
 
 
-def _decode(data: bytes) -> Json:
+def _decode(request: Request, data: bytes) -> Json:
     try:
         value = bodies.loads(data or b"{}")
     except bodies.BodyRefused as exc:
+        bodies.tell(request, exc)
         raise ConnectError("invalid_argument", exc.message) from None
     except ValueError as exc:
         raise ConnectError("invalid_argument", f"the message is not JSON: {exc}") from None
@@ -145,10 +146,11 @@ def unary(handler: Unary, limit: int = LIMIT) -> Callable[[Request], Awaitable[R
             if _media(request) != UNARY_TYPE:
                 raise ConnectError("invalid_argument", f"unary calls take {UNARY_TYPE}")
             if request.headers.get("content-encoding", "identity") != "identity":
-                raise ConnectError("unimplemented", "compressed requests are not supported")
+                raise _unimplemented(request, "compressed requests are not supported")
             try:
-                message = _decode(await bodies.read_body(request, limit))
+                message = _decode(request, await bodies.read_body(request, limit))
             except bodies.BodyRefused as exc:
+                bodies.tell(request, exc)
                 raise refused(exc) from None
             result = await asyncio.wait_for(handler(request, message), timeout_of(request))
         except ConnectError as exc:
@@ -163,12 +165,28 @@ def unary(handler: Unary, limit: int = LIMIT) -> Callable[[Request], Awaitable[R
 async def _messages(request: Request, limit: int) -> AsyncIterator[Json]:
     if _media(request) != STREAM_TYPE:
         raise ConnectError("invalid_argument", f"streaming calls take {STREAM_TYPE}")
-    async for flags, payload in read_envelopes(request.stream(), limit):
+    envelopes = read_envelopes(request.stream(), limit)
+    while True:
+        try:
+            found = await anext(envelopes, None)
+        except ConnectError as exc:  # a message too large or cut short: a refused body
+            status = 413 if exc.code == "resource_exhausted" else 400
+            bodies.tell(request, bodies.BodyRefused(status, exc.message))
+            raise
+        if found is None:
+            return
+        flags, payload = found
         if flags & COMPRESSED:
-            raise ConnectError("unimplemented", "compressed messages are not supported")
+            raise _unimplemented(request, "compressed messages are not supported")
         if flags & END_STREAM:
             return
-        yield _decode(payload)
+        yield _decode(request, payload)
+
+
+def _unimplemented(request: Request, message: str) -> ConnectError:
+    """A compressed request or message (no E2B SDK sends one), audited as a refused body."""
+    bodies.tell(request, bodies.BodyRefused(415, message))
+    return ConnectError("unimplemented", message)
 
 
 def _stream_response(body: AsyncIterator[bytes]) -> Response:

@@ -121,6 +121,7 @@ def build_envd_app(ctx: E2bContext) -> Starlette:
         try:
             return JSONResponse(await _upload(request))
         except bodies.BodyRefused as exc:
+            bodies.tell(request, exc)
             return _refused(exc)
         except ConnectError as exc:
             return _http_error(exc)

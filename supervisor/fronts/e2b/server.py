@@ -5,7 +5,8 @@ request carrying `E2b-Sandbox-Id` is envd's: it must present that sandbox's acce
 with the sandbox's record in `scope["state"]["e2b_sandbox"]`; an unknown or ended sandbox is
 502 "The sandbox ... was not found", as E2B's edge answers (the SDKs then say it is not
 running). Any other request is the control plane's, authenticated by its X-API-KEY. A
-background task removes the sandboxes whose timeout has passed."""
+background task removes the sandboxes whose timeout has passed. A body refused on either
+(fronts/bodies.py) is audited, bounded per client address (BodyAudit, observe/refusals.py)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import Config
 from stockade.supervisor.fronts.backoff import presents
+from stockade.supervisor.fronts.bodies import BodyAudit
 from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
 from stockade.supervisor.fronts.e2b.control import Control
 from stockade.supervisor.fronts.e2b.envd import build_envd_app
@@ -154,7 +156,7 @@ def build_app(ctx: E2bContext) -> tuple[ASGIApp, Control]:
 
     handlers: dict[Any, Any] = {ApiError: _api_error, HTTPException: _http_error, Exception: _crash}
     app = Starlette(routes=control_routes(control), exception_handlers=handlers, lifespan=lifespan)
-    return Dispatch(ctx, app, envd), control
+    return BodyAudit(Dispatch(ctx, app, envd), FRONT, ctx.policy.refusals), control
 
 
 class E2bFront:

@@ -86,6 +86,7 @@ async def read_json(request: Request, limit: int, *, required: bool = False) -> 
             return {}
         data = bodies.loads(body)
     except bodies.BodyRefused as exc:
+        bodies.tell(request, exc)
         raise ApiError(exc.status, exc.message) from None
     except ValueError:
         raise ApiError(400, "the request body is not JSON") from None

@@ -4,7 +4,9 @@ checked by the SDK's middleware against the gRPC API's own token table (auth.py)
 request without a valid token gets 401 and a WWW-Authenticate header. Every call goes through
 the supervisor's one ToolPipeline. Bodies: the SDK holds them to max_request_bytes (the
 Content-Length first, 413) and answers JSON nested too deep with 400; a Content-Encoding is
-refused (415, fronts/bodies.PlainOnly), as no MCP client compresses its requests."""
+refused (415, fronts/bodies.PlainOnly), as no MCP client compresses its requests. Each body
+refused, by PlainOnly or by the SDK (413, and 400 for a body that does not parse as JSON), is
+audited, bounded per client address (fronts/bodies.BodyAudit, observe/refusals.py)."""
 
 from __future__ import annotations
 
@@ -31,15 +33,16 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import stockade
 from stockade.supervisor import errors
 from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import Config, HttpConfig, split_host_port
+from stockade.supervisor.fronts import bodies
 from stockade.supervisor.fronts.backoff import presents
-from stockade.supervisor.fronts.bodies import PlainOnly
+from stockade.supervisor.fronts.bodies import BodyAudit, BodyRefused, PlainOnly
 from stockade.supervisor.fronts.http import http_server, listening_socket, serve
 from stockade.supervisor.fronts.mcp.convert import FRONT
 from stockade.supervisor.fronts.mcp.handlers import McpTools
@@ -89,6 +92,44 @@ class AuditedBearer(BearerAuthBackend):
             why = "invalid bearer token" if sent else "missing credentials"
             self._refusals.refused(FRONT, conn.client.host if conn.client else "", why)
         return found
+
+
+PARSE_ERROR = b'"code":-32700'
+"""The SDK's answer to a body that is not JSON (or nests past its parser's limit)."""
+
+
+class SdkRefusals:
+    """ASGI middleware auditing the bodies the SDK refuses itself, seen in its answers: 413
+    (past max_request_bytes: its RequestBodyLimitMiddleware) and 400 with a JSON-RPC parse
+    error (not JSON, or nested past pydantic's limit). What is audited is ours, never the
+    SDK's message (which may quote the body)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self._app = app
+        self._limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or bodies.AUDIT not in scope:
+            await self._app(scope, receive, send)
+            return
+        status = 0
+
+        async def watched(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                if status == 413:
+                    too_large = f"the request body exceeds {self._limit} bytes"
+                    bodies.tell(scope, BodyRefused(413, too_large))
+            elif message["type"] == "http.response.body" and status == 400:
+                status = 0  # the answer's first piece: the SDK's error is one piece
+                if PARSE_ERROR in message.get("body", b""):
+                    bodies.tell(
+                        scope, BodyRefused(400, "the body is not JSON, or nests too deeply")
+                    )
+            await send(message)
+
+        await self._app(scope, receive, watched)
 
 
 class SessionManager(JsonSessionManager):
@@ -271,7 +312,12 @@ def build_app(
         endpoint = RequireAuthMiddleware(endpoint, [])
     app = Starlette(
         routes=[Route(config.mcp.path, endpoint=endpoint)],
-        middleware=[Middleware(PlainOnly), *middleware],
+        middleware=[
+            Middleware(BodyAudit, front=FRONT, refusals=policy.refusals),
+            Middleware(PlainOnly),
+            Middleware(SdkRefusals, limit=config.max_request_bytes),
+            *middleware,
+        ],
         lifespan=lambda _app: manager.run(),
     )
     return Endpoint(app, tools, manager)
