@@ -1,9 +1,11 @@
-"""Refused requests in the audit log, bounded. Two kinds: refused authentication (every
-front: the gRPC interceptor, the MCP endpoint, the E2B API, the console's sign-in tell
-`refused`) and refused bodies (the HTTP fronts tell `body` of a request body refused before
-any work: too large, a bomb, an encoding not taken, a stream that does not decode, JSON too
-deep; fronts/bodies.py). The log gets one record per kind, front and client address per
-WINDOW_S, counting the refusals it stands for, so a flood cannot fill it.
+"""Refused requests in the audit log, bounded. Three kinds: refused authentication (every front:
+the gRPC interceptor, the MCP endpoint, the E2B API, the console's sign-in tell `refused`),
+refused bodies (the HTTP fronts tell `body` of a request body refused before any work: too
+large, a bomb, an encoding not taken, a stream that does not decode, JSON too deep;
+fronts/bodies.py) and requests refused at a per-tenant cap a front keeps itself (`capped`: MCP
+sessions; the caps the pipeline keeps are audited with their calls). The log gets one record
+per kind, front and client address per WINDOW_S, counting the refusals it stands for, so a
+flood cannot fill it.
 
 The first refusal of an address is a record at once (`count` 1). The ones that follow
 within the window are counted; when the window ends, one record says how many (`count`, and
@@ -31,6 +33,9 @@ TOOL = "authenticate"
 BODY_TOOL = "receive_body"
 """The audit log's tool of a refused body (its error code RESOURCE_EXHAUSTED for a 413,
 INVALID_ARGUMENT otherwise)."""
+CAP_TOOL = "tenant_cap"
+"""The tool name of a request refused at a per-tenant cap a front keeps of its own (MCP
+sessions), counted per client address as the other refusals are."""
 MAX_PATH = 200
 """Characters of a refused body's request path kept."""
 WINDOW_S = 60.0
@@ -87,6 +92,11 @@ class Refusals:
         (the URL's path, no query) was refused with HTTP `status` for `reason` (ours: never
         a byte of the body); never raises."""
         self._tell(BODY_TOOL, front, address, reason, {"path": path[:MAX_PATH], "status": status})
+
+    def capped(self, front: str, address: str, setting: str, reason: str) -> None:
+        """A request of `front` from `address` (the client's IP, no port) was refused at the
+        per-tenant cap `setting` (e.g. mcp.max_sessions_per_tenant); never raises."""
+        self._tell(CAP_TOOL, front, address, reason, {"setting": setting})
 
     def _tell(
         self, tool: str, front: str, address: str, reason: str, detail: dict[str, object]
@@ -156,6 +166,8 @@ class Refusals:
         tool, front, address = key
         if tool == TOOL:
             step, code = f"{front}: authentication refused: {reason}", "UNAUTHENTICATED"
+        elif tool == CAP_TOOL:
+            step, code = f"{front}: refused at {detail['setting']}: {reason}", "QUOTA_EXCEEDED"
         else:
             step = f"{front}: body refused ({detail['status']}) at {detail['path']}: {reason}"
             code = "RESOURCE_EXHAUSTED" if detail["status"] == 413 else "INVALID_ARGUMENT"

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from stockade.supervisor.fronts.mcp.server import build_app as build_mcp
 from stockade.supervisor.keys import scope
 from stockade.supervisor.models import CallContext, ErrorCode, ResultEvent, ToolCall
 from stockade.supervisor.observe.audit import AuditQuery
+from stockade.supervisor.observe.refusals import CAP_TOOL, Refusals
 from stockade.supervisor.policy.limits import TenantSlots
 from stockade.supervisor.sandboxes.agent_link import (
     AgentReply,
@@ -37,7 +39,7 @@ from stockade.supervisor.sandboxes.agent_link import (
     AgentWatchStarted,
 )
 from stockade.supervisor.sandboxes.lease import Deadline
-from tests.unit.fakes import STATE, e2b_context, idle_pipeline
+from tests.unit.fakes import STATE, Audited, e2b_context, idle_pipeline
 
 pytestmark = [pytest.mark.usefixtures("state_dir"), pytest.mark.timeout(60)]
 A, B = scope("acme", "k"), scope("bravo", "k")
@@ -182,13 +184,17 @@ INIT = {
 
 
 @contextlib.asynccontextmanager
-async def mcp_front(tmp_path: Path, cap: int) -> AsyncIterator[tuple[str, McpFront, Any]]:
+async def mcp_front(
+    tmp_path: Path, cap: int, refusals: Refusals | None = None
+) -> AsyncIterator[tuple[str, McpFront, Any]]:
     config = load_config(
         None,
         {"state_dir": str(tmp_path), "mcp.listen": "127.0.0.1:0",
          "mcp.max_sessions_per_tenant": cap},
     )  # fmt: skip
     policy = build_policy(config)
+    if refusals is not None:
+        policy = replace(policy, refusals=refusals)
     endpoint = build_mcp(config, idle_pipeline(config, policy), policy, tokens(tmp_path))
     front = McpFront(endpoint, config.mcp.listen)
     await front.start()
@@ -249,7 +255,10 @@ async def test_mcp_sessions_opened_at_once_past_a_tenants_cap_get_429(tmp_path: 
     """All at once: between the cap's check and the SDK's admission the SDK awaits its lock;
     the openings past the cap got the SDK's 503 ("Too many open sessions", its own cap's
     answer) instead of this cap's 429 until each opening held its room."""
-    async with mcp_front(tmp_path, 3) as (url, _front, endpoint), httpx.AsyncClient() as c:
+    audit = Audited()
+    refusals = Refusals(audit)
+    front = mcp_front(tmp_path, 3, refusals)
+    async with front as (url, _front, endpoint), httpx.AsyncClient() as c:
         answers = await asyncio.gather(
             *(c.post(url, json=INIT, headers=headers("acme")) for _ in range(40))
         )
@@ -263,6 +272,15 @@ async def test_mcp_sessions_opened_at_once_past_a_tenants_cap_get_429(tmp_path: 
         assert endpoint.sessions.opening == {}  # every opening settled
         theirs = await c.post(url, json=INIT, headers=headers("bravo"))
         assert theirs.status_code == 200
+    refusals.close()  # the window's end: its count written
+    first, rest = audit.records  # 37 refusals from one address: two records, bounded
+    assert (first.tool, first.front, first.error_code) == (CAP_TOOL, "mcp", "QUOTA_EXCEEDED")
+    assert first.is_error
+    assert "mcp.max_sessions_per_tenant" in first.policy_step
+    counts = [json.loads(r.arguments_json)["count"] for r in (first, rest)]
+    assert counts == [1, 36]
+    assert all("mcp.max_sessions_per_tenant" in r.arguments_json for r in audit.records)
+    assert not any("token-of-acme" in r.arguments_json + r.policy_step for r in audit.records)
 
 
 async def e2b(tmp_path: Path, **settings: Any) -> tuple[Any, Records, E2bContext]:

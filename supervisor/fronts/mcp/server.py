@@ -143,10 +143,19 @@ class SessionManager(JsonSessionManager):
     gets 429 naming it before the SDK's admission; the SDK's own cap (max_sessions, every
     tenant together) answers 503."""
 
-    def __init__(self, tools: McpTools, per_tenant: int = 0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        tools: McpTools,
+        per_tenant: int = 0,
+        refusals: Refusals | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """`refusals`: where a refusal at the tenant's cap is audited (bounded per client
+        address, observe/refusals.py)."""
         super().__init__(**kwargs)
         self._tools = tools
         self.per_tenant = per_tenant
+        self._refusals = refusals
         self._tenant_of: dict[str, str] = {}
         """Open session id -> its tenant."""
         self.open: dict[str, int] = {}
@@ -168,6 +177,10 @@ class SessionManager(JsonSessionManager):
                 "(mcp.max_sessions_per_tenant); end one (DELETE) first"
             )
             log.warning("MCP session refused: %s has %d open", who, self.per_tenant)
+            if self._refusals is not None:
+                client = scope.get("client")
+                address = str(client[0]) if client else ""
+                self._refusals.capped(FRONT, address, "mcp.max_sessions_per_tenant", message)
             await _too_many(message)(scope, receive, send)
             return
         opening = _Opening(tenant)  # its room held until admitted: no other opening takes it
@@ -299,6 +312,7 @@ def build_app(
         max_request_body_size=config.max_request_bytes,
         session_idle_timeout=config.mcp.session_idle_timeout_s,
         per_tenant=config.mcp.max_sessions_per_tenant,
+        refusals=policy.refusals,
         max_sessions=config.mcp.max_sessions,
     )
     endpoint: Any = JsonAnswers(StreamableHTTPASGIApp(manager))
