@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.client import TLS, Sandbox, Stockade
+from stockade.supervisor import database
 from stockade.supervisor.cli import launcher
 from stockade.supervisor.engines.backends import create_backend
 from stockade.supervisor.engines.backends.base import (
@@ -375,3 +376,18 @@ class PrivateEngine:
 def _mounts_under(root: Path) -> list[str]:
     points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
     return sorted((p for p in points if p.startswith(f"{root}/")), reverse=True)
+
+
+def refused_rows(sup: Supervisor, tool: str, front: str) -> list[tuple[str, str, str]]:
+    """(caller, policy_step, arguments) of the refusals of kind `tool` (observe/refusals.py:
+    refused authentication, refused bodies, caps) at `front`: records of no tenant, read from
+    the supervisor's database (no caller's query reaches them)."""
+    db = database.reader(sup.state_dir / "stockade.db")
+    try:
+        rows = db.execute(
+            "SELECT caller, policy_step, arguments_json FROM audit WHERE tool = ? AND front = ?",
+            (tool, front),
+        ).fetchall()
+        return [(str(a), str(b), str(c)) for a, b, c in rows]
+    finally:
+        db.close()

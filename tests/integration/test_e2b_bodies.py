@@ -19,7 +19,9 @@ import httpx
 import pytest
 from e2b import Sandbox
 
+from stockade.supervisor.observe.refusals import BODY_TOOL
 from tests.integration.e2b_kit import E2bServed
+from tests.integration.harness import refused_rows
 
 pytestmark = pytest.mark.timeout(600)
 ORIGINAL = os.urandom(100 << 10)
@@ -201,3 +203,19 @@ def test_a_multipart_part_cut_short_leaves_the_file(served: E2bServed, sbx: Sand
         )
         assert (r.status_code, "truncated" in r.json()["message"]) == (400, True)
     assert_unharmed(served, sbx, start)
+
+
+def test_every_refused_body_is_audited_without_its_bytes(served: E2bServed, sbx: Sandbox) -> None:
+    """The module's refusals above (and one more here) are in the audit log as `receive_body`
+    records of the e2b front, bounded per client address and window, never a byte of a body."""
+    marker = b"MARKER-" + os.urandom(8).hex().encode()
+    with envd(served, sbx) as client:
+        assert upload(client, marker * 100, "gzip").status_code == 400
+    with served.sup.client(token=served.token) as c:
+        c.list_audit(limit=1)  # the audit log written up to now
+    rows = refused_rows(served.sup, BODY_TOOL, "e2b")
+    assert rows, "no refused body audited"
+    assert all(caller in ("127.0.0.1", "::1") for caller, _, _ in rows)
+    assert len(rows) <= 20  # one per window of 60 s, plus its count: bounded, not one per body
+    assert any("body refused (413)" in step for _, step, _ in rows)
+    assert not any(marker.decode() in step + args for _, step, args in rows)

@@ -13,9 +13,8 @@ import httpx
 import pytest
 
 from stockade.client import StockadeError
-from stockade.supervisor import database
 from stockade.supervisor.observe.refusals import TOOL
-from tests.integration.harness import Supervisor, serving_front
+from tests.integration.harness import Supervisor, refused_rows, serving_front
 
 FLOOD = 1000
 
@@ -26,19 +25,6 @@ def front(
 ) -> Iterator[tuple[Supervisor, str, list[str]]]:
     with serving_front(engine, tmp_path_factory.mktemp("lifecycle"), "mcp") as served:
         yield served
-
-
-def refusal_rows(sup: Supervisor, front: str) -> list[tuple[str, str, str]]:
-    """(caller, policy_step, arguments) of the refused authentications of `front`: records
-    of no tenant, read from the supervisor's database (no caller's query reaches them)."""
-    db = database.reader(sup.state_dir / "stockade.db")
-    try:
-        return db.execute(
-            "SELECT caller, policy_step, arguments_json FROM audit WHERE tool = ? AND front = ?",
-            (TOOL, front),
-        ).fetchall()
-    finally:
-        db.close()
 
 
 def test_each_grpc_change_is_one_record_and_a_cr_key_is_itself(
@@ -75,7 +61,7 @@ def test_a_flood_of_refused_grpc_calls_is_bounded(
                 c.list_sandboxes()
     with sup.client(token=tokens[0]) as c:
         c.list_audit(limit=1)  # the audit log written up to now
-    rows = refusal_rows(sup, "grpc")
+    rows = refused_rows(sup, TOOL, "grpc")
     assert 1 <= len(rows) <= 2, rows  # the first at once; the rest when the window ends
     assert "invalid bearer token" in rows[0][1]
     assert json.loads(rows[0][2])["count"] == 1
@@ -93,7 +79,7 @@ def test_a_flood_of_refused_mcp_requests_is_bounded(
             assert answer.status_code == 401
     with sup.client(token=tokens[0]) as c:
         c.list_audit(limit=1)
-    rows = refusal_rows(sup, "mcp")
+    rows = refused_rows(sup, TOOL, "mcp")
     assert 1 <= len(rows) <= 2, rows
     assert rows[0][0] in ("127.0.0.1", "::1")
     assert not any("wrong-token" in "".join(row) for row in rows)
