@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from stockade.client import NotFound, Stockade
+from stockade.supervisor.calls.lifecycle import LIFECYCLE_TOOLS
 from tests.integration.clients_kit import build, missing, node_example
 from tests.integration.harness import Supervisor, free_tcp_address, running_supervisor
 
@@ -93,10 +94,14 @@ def test_example_runs_a_command_and_reads_a_file(
     first = f"sandbox {key}: SANDBOX_STATE_RUNNING on {tcp_supervisor.engine} (container "
     assert out.startswith(first), out
 
-    # The supervisor saw those calls, from this client, and they succeeded.
+    # The supervisor saw those calls, from this client, and they succeeded; and the
+    # sandbox's making and its end, one lifecycle record each (calls/lifecycle.py).
     records = tcp_client.list_audit(sandbox_key=key)
-    assert sorted(r.tool for r in records) == ["exec", "exec", "read_file", "write_file"]
-    assert {r.agent_id for r in records} == {f"example-{language}"}
+    calls = [r for r in records if r.tool not in LIFECYCLE_TOOLS]
+    assert sorted(r.tool for r in calls) == ["exec", "exec", "read_file", "write_file"]
+    assert {r.agent_id for r in calls} == {f"example-{language}"}
+    changes = sorted((r.tool, r.front) for r in records if r.tool in LIFECYCLE_TOOLS)
+    assert changes == [("destroy_sandbox", "grpc"), ("ensure_sandbox", "grpc")]
     assert not any(r.is_error for r in records)
     # ... and it destroyed the sandbox with its workspace.
     with pytest.raises(NotFound):

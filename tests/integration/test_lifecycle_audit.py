@@ -73,10 +73,15 @@ def test_a_flood_of_refused_mcp_requests_is_bounded(
 ) -> None:
     sup, address, tokens = front
     with httpx.Client(base_url=f"http://{address}") as http:
+        backed_off = 0
         for n in range(FLOOD):
             headers = {"authorization": "Bearer wrong-token"} if n % 2 else {}
             answer = http.post("/mcp", json={}, headers=headers)
-            assert answer.status_code == 401
+            # 401; or, for a request with credentials once its address failed five times,
+            # 429 while the listener's back-off lasts (fronts/backoff.py): its token unread
+            assert answer.status_code in ((401, 429) if headers else (401,)), (n, answer)
+            backed_off += answer.status_code == 429
+        assert backed_off > 0
     with sup.client(token=tokens[0]) as c:
         c.list_audit(limit=1)
     rows = refused_rows(sup, TOOL, "mcp")
