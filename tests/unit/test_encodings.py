@@ -7,10 +7,6 @@ until close and chunked across the encoded value)."""
 from __future__ import annotations
 
 import base64
-import html
-import json
-import quopri
-from collections.abc import Callable
 from urllib.parse import quote
 
 import pytest
@@ -18,73 +14,12 @@ import pytest
 from stockade.supervisor.network.brokered import Broker
 from stockade.supervisor.network.httpio import Masker
 from stockade.supervisor.policy.encodings import MIN_ENCODED, Forms, forms, longest_form
+from tests.unit.encoders import BASE64, ENCODINGS
 from tests.unit.intercept_harness import GH_PH, GH_REAL, SECRETS, Harness, get, once
 
 SECRET = b"sk_live/Zq+8x=Kd&<p>\"q'a~9-T_f.Lm0"
 """A value with every character class an encoder treats apart (/ + = & < > " ' ~ - _ .)."""
 
-Encoder = Callable[[bytes], bytes]
-
-
-def _b64(encode: Encoder, pad: bool) -> Encoder:
-    return lambda data: encode(data) if pad else encode(data).rstrip(b"=")
-
-
-def _every_byte_percent(data: bytes) -> bytes:
-    return "".join(f"%{b:02X}" for b in data).encode()
-
-
-def _json(slashes: bool) -> Encoder:
-    def encode(data: bytes) -> bytes:
-        text = json.dumps(data.decode())
-        return (text.replace("/", "\\/") if slashes else text).encode()
-
-    return encode
-
-
-def _json_go(data: bytes) -> bytes:
-    text = json.dumps(data.decode())
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").encode()
-
-
-def _json_every_char(data: bytes) -> bytes:
-    return "".join(f"\\u{ord(c):04x}" for c in data.decode()).encode()
-
-
-def _html_decimal(data: bytes) -> bytes:
-    return "".join(f"&#{b};" for b in data).encode()
-
-
-def _html_hex(data: bytes) -> bytes:
-    return "".join(f"&#X{b:X};" for b in data).encode()
-
-
-# name -> (encoder of the whole reflected text, whether the value's bytes stand apart in it)
-ENCODINGS: dict[str, Encoder] = {
-    "literal": lambda data: data,
-    "base64": _b64(base64.b64encode, True),
-    "base64-unpadded": _b64(base64.b64encode, False),
-    "base64url": _b64(base64.urlsafe_b64encode, True),
-    "base64url-unpadded": _b64(base64.urlsafe_b64encode, False),
-    "base64-in-a-query": lambda data: quote(base64.b64encode(data), safe="").encode(),
-    "hex": lambda data: data.hex().encode(),
-    "HEX": lambda data: data.hex().upper().encode(),
-    "percent-every-byte": _every_byte_percent,
-    "percent-every-byte-lower": lambda data: _every_byte_percent(data).lower(),
-    "percent-reserved": lambda data: quote(data, safe="").encode(),
-    "percent-reserved-path": lambda data: quote(data, safe="/").encode(),
-    "percent-java-php": lambda data: quote(data, safe="*").replace("~", "%7E").encode(),
-    "percent-encodeURIComponent": lambda data: quote(data, safe="!'()*").encode(),
-    "json": _json(False),
-    "json-escaped-slashes": _json(True),
-    "json-go-html-safe": _json_go,
-    "json-every-char": _json_every_char,
-    "html-named": lambda data: html.escape(data.decode()).encode(),
-    "html-decimal": _html_decimal,
-    "html-hex": _html_hex,
-    "quoted-printable": lambda data: quopri.encodestring(data),
-}
-BASE64 = {name for name in ENCODINGS if "base64" in name}
 PREFIXES = [b"", b"A", b"AB"]  # the value at offset 0, 1 and 2 of a base64 group
 SUFFIXES = [b"", b"!", b"!?"]
 
