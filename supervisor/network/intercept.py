@@ -159,7 +159,10 @@ class _Relay:
 
     async def run(self) -> None:
         broker = self.job.broker
-        self.forms = await asyncio.to_thread(lambda: broker.forms)  # compiled once a broker
+        if "forms" in vars(broker):  # compiled by an earlier connection
+            self.forms = broker.forms
+        else:  # compiled once a broker, in a worker thread
+            self.forms = await asyncio.to_thread(lambda: broker.forms)
         while True:
             try:
                 head = await asyncio.wait_for(self.client.head(MAX_HEAD), self.job.idle_timeout_s)
