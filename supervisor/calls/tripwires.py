@@ -8,8 +8,9 @@ call, an alarm sounds on the call's sandbox.
 
 A use with [honeytokens] on_use = "quarantine" also refuses the call (the alarm's reaction
 quarantines the sandbox); a read only sounds (the output is scrubbed as always, and the
-decoys are in formats the scrubber knows). Streams are searched with LONGEST - 1 bytes of
-overlap, so a decoy cut between two chunks is found; one alarm per call at most.
+decoys are in formats the scrubber knows). Streams are searched with the tripwire's longest
+form (a decoy encoded: policy/encodings.py) - 1 bytes of overlap, so a decoy cut between two
+chunks is found; one alarm per call at most.
 
 With honeytokens off the pipeline holds no CallTripwire: each hook is one `is None` test."""
 

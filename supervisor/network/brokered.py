@@ -9,7 +9,10 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
+
+from stockade.supervisor.policy.encodings import Forms
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,13 @@ class Broker:
         if self.everything and self.secrets:
             return True
         return any(s.allows(host) for s in self.secrets)
+
+    @cached_property
+    def forms(self) -> Forms:
+        """Every form of the real values an upstream may reflect (real_values, each also
+        base64, hex, percent-, JSON- and HTML-escaped: policy/encodings.py), one Hyperscan
+        database built once per sandbox's broker (a few ms: take it off the event loop)."""
+        return Forms(real_values(self))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ import re
 import ssl
 from collections.abc import Awaitable, Callable
 
+from stockade.supervisor.policy.encodings import Forms
+
 READ = 256 * 1024
 """Bytes asked for per read: big reads keep the per-call cost of Python small against TLS."""
 MAX_LINE = 8 * 1024
@@ -240,31 +242,47 @@ async def chunk_end(source: Buffered) -> None:
 
 
 class Masker:
-    """Replaces each of `values` with asterisks of the same length in a stream, holding back
-    the last (longest - 1) bytes until more come or the stream ends."""
+    """Puts asterisks over every form of the real secrets (policy/encodings.py: the literal,
+    base64 at each alignment, hex, percent, JSON and HTML escapes...) in a stream, same
+    length, holding back the last (longest form - 1) bytes until more come or the stream
+    ends, so a form cut across reads or chunks is masked whole. The bytes held are kept as
+    they came (with the spans already found over them), so a longer form that a shorter one
+    begins is still found whole: the stream comes out as the whole body masked at once."""
 
-    def __init__(self, values: list[bytes]) -> None:
-        self._values = [v for v in values if v]
-        self._keep = max((len(v) for v in self._values), default=1) - 1
+    def __init__(self, forms: Forms | list[bytes]) -> None:
+        self._forms = forms if isinstance(forms, Forms) else Forms(forms)
+        self._keep = max(self._forms.longest, 1) - 1
         self._held = b""
+        self._marks: set[tuple[int, int]] = set()
+        """Spans found over the held bytes (offsets in them)."""
 
     def feed(self, data: bytes) -> bytes:
-        if not self._values:
+        if not self._forms.patterns:
             return data
-        buf = self._held + data if self._held else data
-        for value in self._values:
-            if value in buf:
-                buf = buf.replace(value, b"*" * len(value))
-        cut = len(buf) - self._keep
+        window = self._held + data if self._held else data
+        marks = self._marks | {(start, end) for start, end, _ in self._forms.spans(window)}
+        cut = len(window) - self._keep
         if cut <= 0:
-            self._held = buf
+            self._held, self._marks = window, marks
             return b""
-        self._held = buf[cut:]
-        return buf[:cut]
+        self._held = window[cut:]
+        self._marks = {(max(s - cut, 0), e - cut) for s, e in marks if e > cut}
+        return _starred(window[:cut], marks)
 
     def flush(self) -> bytes:
-        held, self._held = self._held, b""
-        return held
+        held, marks = self._held, self._marks
+        self._held, self._marks = b"", set()
+        return _starred(held, marks)
+
+
+def _starred(data: bytes, spans: set[tuple[int, int]]) -> bytes:
+    if not spans:
+        return data
+    out = bytearray(data)
+    for start, end in spans:
+        if start < len(out):
+            out[start:end] = b"*" * (min(end, len(out)) - start)
+    return bytes(out)
 
 
 class Watch:
@@ -345,8 +363,5 @@ def framed(data: bytes, chunked: bool, last: bool) -> bytes:
     return out + b"0\r\n\r\n" if last else out
 
 
-def masked(data: bytes, values: list[bytes]) -> bytes:
-    for value in values:
-        if value in data:
-            data = data.replace(value, b"*" * len(value))
-    return data
+def masked(data: bytes, forms: Forms) -> bytes:
+    return forms.mask(data)

@@ -11,7 +11,8 @@ line, another header, the body, a host the secret may not go to) refuses the req
 403 and sounds an alarm; the upstream sees none of it (bodies are checked whole up to HOLD
 bytes before the request leaves, past that an overlap is held back and the upstream
 connection cut). The tripwire (honeytokens) sees heads and bodies the same way. Real values
-in responses are masked (same length, so framing holds); Accept-Encoding is replaced with
+in responses are masked in every encoding policy/encodings.py knows (base64, hex, percent, JSON
+and HTML escapes...; same length, so framing holds); Accept-Encoding is replaced with
 identity so bodies come uncompressed and can be scanned. Upgrades are refused."""
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from stockade.supervisor.network.brokered import (
     basic_decoded,
     find_placeholder,
     inject,
-    real_values,
 )
 from stockade.supervisor.network.httpio import (
     READ,
@@ -55,6 +55,7 @@ from stockade.supervisor.network.httpio import (
 )
 from stockade.supervisor.network.mint import Authority
 from stockade.supervisor.observe.alarms import MAX_EVIDENCE, Alarm, AlarmSink, Tripwire
+from stockade.supervisor.policy.encodings import Forms
 
 MAX_HEAD = 64 * 1024
 HOLD = 1 << 20
@@ -152,11 +153,16 @@ class _Relay:
         self.tls = tls
         self.client = Buffered(tls.read)
         self.up: tuple[Buffered, asyncio.StreamWriter, asyncio.StreamReader] | None = None
-        self.values = real_values(job.broker)
+        self.forms = Forms([])
         longest = max((len(s.placeholder) for s in job.broker.secrets), default=0)
         self.overlap = max(longest, job.tripwire.longest, 1) - 1
 
     async def run(self) -> None:
+        broker = self.job.broker
+        if "forms" in vars(broker):  # compiled by an earlier connection
+            self.forms = broker.forms
+        else:  # compiled once a broker, in a worker thread
+            self.forms = await asyncio.to_thread(lambda: broker.forms)
         while True:
             try:
                 head = await asyncio.wait_for(self.client.head(MAX_HEAD), self.job.idle_timeout_s)
@@ -390,7 +396,7 @@ class _Relay:
     async def respond(self, method: str, client_keep: bool, stale_ok: bool = True) -> bool:
         assert self.up is not None
         up, idle = self.up[0], self.job.idle_timeout_s
-        masker = Masker(self.values)
+        masker = Masker(self.forms)
         while True:
             try:
                 try:
@@ -416,7 +422,7 @@ class _Relay:
                 raise self.refused(method, 502, f"{self.job.name} switched protocols")
             if status >= 200:
                 break
-            self.tls.write(masked(head, self.values))  # 100 Continue, 103 Early Hints
+            self.tls.write(masked(head, self.forms))  # 100 Continue, 103 Early Hints
         if method == "HEAD" or status in (204, 304):
             length = 0
         elif length == 0 and not field(headers, "content-length"):
@@ -429,7 +435,7 @@ class _Relay:
             out.append("Transfer-Encoding: chunked")
         if not keep:
             out.append("Connection: close")
-        self.tls.write(masked("\r\n".join([*out, "", ""]).encode("latin-1"), self.values))
+        self.tls.write(masked("\r\n".join([*out, "", ""]).encode("latin-1"), self.forms))
         try:
             await self.stream_response(up, length, masker)
         except (Malformed, TimeoutError, ConnectionError, ssl.SSLError) as exc:

@@ -9,10 +9,12 @@ attacker, takes them for real; the scrubber's formats recognise them too (redact
 output like any credential).
 
 `Honeytokens` is the Tripwire (observe/alarms.py): one Hyperscan database of every decoy the
-supervisor has planted since it started, searched in one pass whatever the number of
-sandboxes. A hit sounds an alarm on the sandbox whose call or request carried it, naming
-whose decoy it was: sandbox A's decoy inside B's call is an alarm on B (A's secret leaked to
-B somehow, or B guessed it: both worth an operator's eyes)."""
+supervisor has planted since it started, in every form policy/encodings.py knows (literal,
+base64 at each alignment, hex, percent, JSON and HTML escapes...), searched in one pass
+whatever the number of sandboxes: a decoy sent encoded is caught as a literal one is. A hit
+sounds an alarm on the sandbox whose call or request carried it, naming whose decoy it was:
+sandbox A's decoy inside B's call is an alarm on B (A's secret leaked to B somehow, or B
+guessed it: both worth an operator's eyes)."""
 
 from __future__ import annotations
 
@@ -25,11 +27,10 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import hyperscan
-
 from stockade.supervisor.keys import sandbox_id, shown
 from stockade.supervisor.observe.alarms import MAX_EVIDENCE, Alarm, AlarmSink, NoTripwire, Tripwire
-from stockade.supervisor.policy.scrub.engine import as_bytes, compile_literals, hits
+from stockade.supervisor.policy.encodings import Forms, forms, longest_form
+from stockade.supervisor.policy.scrub.engine import as_bytes
 
 log = logging.getLogger("stockade")
 
@@ -174,6 +175,8 @@ class Hit:
     """The scoped key of the sandbox the decoy was planted in."""
     what: str
     token: str
+    seen: str = ""
+    """The text that matched: the decoy itself, or one of its encoded forms."""
 
 
 class Honeytokens:
@@ -186,15 +189,17 @@ class Honeytokens:
     decoy is compiled O(log n) times in all, and a search scans O(log n) databases. Decoys
     not compiled yet (the last sandbox's, until settle() has run) are searched one by one."""
 
-    longest = LONGEST
+    longest = longest_form(LONGEST)
+    """The longest form of the longest decoy (every character as `&#NNN;`)."""
 
     def __init__(self, key: bytes, alarm: AlarmSink, env_var: str = "AWS_SECRET_ACCESS_KEY"):
         self._key = key
         self._alarm = alarm
         self._env_var = env_var
         self._owners: dict[str, tuple[str, str]] = {}
-        self._generations: list[tuple[hyperscan.Database, list[str]]] = []
+        self._generations: list[tuple[Forms, list[str]]] = []
         self._pending: list[str] = []
+        self._pending_forms: dict[str, list[tuple[bytes, bool]]] = {}
         self._settling = asyncio.Lock()
         self._known: dict[str, Decoys] = {}
 
@@ -210,6 +215,7 @@ class Honeytokens:
             if token not in self._owners:
                 self._owners[token] = (sandbox_key, what)
                 self._pending.append(token)
+                self._pending_forms[token] = forms(token.encode())
         return made
 
     async def settle(self) -> None:
@@ -222,9 +228,11 @@ class Honeytokens:
                 while drop < len(gens) and len(gens[-1 - drop][1]) <= len(merged):
                     merged = gens[-1 - drop][1] + merged
                     drop += 1
-                database = await asyncio.to_thread(compile_literals, merged)
+                database = await asyncio.to_thread(Forms, [w.encode() for w in merged])
                 self._generations = [*gens[: len(gens) - drop], (database, merged)]
                 del self._pending[: len(words)]
+                for word in words:
+                    self._pending_forms.pop(word, None)
 
     @property
     def armed(self) -> bool:
@@ -240,18 +248,27 @@ class Honeytokens:
         if not self._owners or not data:
             return []
         raw = as_bytes(data) if isinstance(data, str) else bytes(data)
-        found: dict[str, int] = {}
+        found: dict[str, tuple[int, bytes]] = {}
         for database, words in self._generations:
-            for ident, end in hits(database, raw):
-                found.setdefault(words[ident], end)
+            for start, end, ident in database.spans(raw):
+                token = words[database.owners[ident]]
+                if token not in found or end < found[token][0]:
+                    found[token] = (end, raw[start:end])
+        folded = b""
         for token in self._pending:
-            at = raw.find(token.encode())
-            if at >= 0:
-                found.setdefault(token, at + len(token))
+            for form, caseless in self._pending_forms.get(token, ()):
+                if caseless:
+                    folded = folded or raw.lower()
+                    at = folded.find(form.lower())
+                else:
+                    at = raw.find(form)
+                end = at + len(form)
+                if at >= 0 and (token not in found or end < found[token][0]):
+                    found[token] = (end, raw[at:end])
         out = []
-        for token, _end in sorted(found.items(), key=lambda item: item[1]):
+        for token, (_end, seen) in sorted(found.items(), key=lambda item: item[1][0]):
             owner, what = self._owners[token]
-            out.append(Hit(owner, what, token))
+            out.append(Hit(owner, what, token, seen.decode("ascii", "replace")))
         return out
 
     def check(self, sandbox_key: str, where: str, data: bytes | str, evidence: str = "") -> bool:
@@ -271,9 +288,10 @@ class Honeytokens:
         return True
 
     def hide(self, text: str) -> str:
-        """text with every known decoy in it replaced by HIDDEN (for evidence)."""
+        """text with every known decoy in it, in whichever form, replaced by HIDDEN (for
+        evidence)."""
         for hit in self.find(text):
-            text = text.replace(hit.token, HIDDEN)
+            text = text.replace(hit.token, HIDDEN).replace(hit.seen or hit.token, HIDDEN)
         return text
 
 

@@ -83,11 +83,11 @@ class Upstreams:
     """Both upstreams served on an event loop of their own (a thread), so the synchronous
     client's calls and the servers run at once."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, api: type[Upstream] = Upstream) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.api = self._run(Upstream(directory / "api").start())
+        self.api = self._run(api(directory / "api").start())
         self.git = self._run(GitUpstream(directory / "git").start())
         self.ca_file = directory / "cas.pem"
         """Both test CAs: what the proxy trusts upstream ([network] upstream_ca_file)."""

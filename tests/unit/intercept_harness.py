@@ -17,7 +17,7 @@ from stockade.supervisor.network.brokered import Broker, BrokeredSecret, Injecte
 from stockade.supervisor.network.intercept import upstream_context
 from stockade.supervisor.network.mint import Authority
 from stockade.supervisor.network.proxy import EgressDecision, EgressProxy, ProxySettings
-from stockade.supervisor.observe.alarms import Alarm
+from stockade.supervisor.observe.alarms import Alarm, Tripwire
 from tests.unit.fakes import listening_socket
 from tests.upstream import Upstream
 
@@ -70,7 +70,10 @@ class Harness:
         return context
 
 
-async def make_harness(tmp_path: Path, trust_upstream: bool = True) -> Harness:
+async def make_harness(
+    tmp_path: Path, trust_upstream: bool = True, tripwire: Tripwire | None = None
+) -> Harness:
+    """`tripwire`: the proxy's (the tests' own Decoys when None)."""
     up = await Upstream(tmp_path / "upstream").start()
     authority = Authority.load_or_create(tmp_path / "egress-ca")
     settings = ProxySettings(
@@ -88,7 +91,7 @@ async def make_harness(tmp_path: Path, trust_upstream: bool = True) -> Harness:
     context = upstream_context(str(up.ca.ca_file) if trust_upstream else None)
     proxy = EgressProxy(
         "tenant/box", Allowlist(["api.test", "other.test", "localhost"], [up.port]), settings,
-        decisions.append, broker=Broker(SECRETS), tripwire=decoys, alarm=alarms.append,
+        decisions.append, broker=Broker(SECRETS), tripwire=tripwire or decoys, alarm=alarms.append,
         record_injection=injected.append, authority=authority, upstream_context=context,
     )  # fmt: skip
     sock = listening_socket()

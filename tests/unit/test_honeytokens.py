@@ -14,6 +14,7 @@ import pytest
 
 from stockade.supervisor.keys import scope
 from stockade.supervisor.observe.alarms import MAX_EVIDENCE, Alarm
+from stockade.supervisor.policy.encodings import longest_form
 from stockade.supervisor.policy.honeytokens import (
     BASE62,
     HIDDEN,
@@ -220,6 +221,6 @@ def test_as_tripwire() -> None:
     assert not off.check(A, "egress", derive(KEY, A).github)
     wire, alarms = tripwire()
     on = as_tripwire(wire)
-    assert on.longest == 40
+    assert on.longest == longest_form(40)  # the longest encoded form of a 40-byte decoy
     assert on.check(A, "egress", f"GET /?t={wire.decoys(A).github} HTTP/1.1".encode())
     assert [a.where for a in alarms] == ["egress"]

@@ -101,3 +101,29 @@ def test_the_format_table_document_is_current() -> None:
     """formats.md is what `python -m stockade.supervisor.policy.scrub.formats` prints."""
     document = Path(scrub_formats.__file__).with_name("formats.md")
     assert document.read_text() == scrub_formats.table()
+
+
+DOPPLER_BODY = "".join(random.Random("doppler").choices("ABCdef0123456789xyzQRS", k=43))
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        f"dp.pt.{DOPPLER_BODY}",  # personal
+        f"dp.ct.{DOPPLER_BODY}",  # CLI
+        f"dp.st.{DOPPLER_BODY}",  # service, without its config
+        f"dp.st.prd.{DOPPLER_BODY}",  # service, naming its config (Doppler's own example)
+        f"dp.st.dev_personal.{DOPPLER_BODY}",
+        f"dp.st.stg-eu-2.{DOPPLER_BODY}",
+        f"dp.sa.{DOPPLER_BODY}",  # service account
+        f"dp.scim.{DOPPLER_BODY}",
+        f"dp.audit.{DOPPLER_BODY}",
+    ],
+)
+def test_every_documented_doppler_token_shape_is_redacted_whole(token: str) -> None:
+    assert SCRUBBER.scrub(f"rotate {token} today\n") == (f"rotate {REDACTED} today\n", 1)
+
+
+def test_a_doppler_like_config_name_without_a_token_stays() -> None:
+    text = "doppler setup --project app --config dp.st.prd.short\n"
+    assert SCRUBBER.scrub(text) == (text, 0)

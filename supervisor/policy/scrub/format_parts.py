@@ -54,6 +54,7 @@ _ALPHABETS = {
     "bech32": "QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L",
     "azure": string.ascii_letters + string.digits + "_.~-",
     "path": string.ascii_letters + string.digits + "_-/",
+    "slug": string.ascii_lowercase + string.digits + "_-",
 }
 _CLASSES = {
     "alnum": "A-Za-z0-9",
@@ -70,6 +71,7 @@ _CLASSES = {
     "bech32": "0-9A-Z",
     "azure": "A-Za-z0-9_.~-",
     "path": "A-Za-z0-9_/-",
+    "slug": "a-z0-9_-",
 }
 
 

@@ -105,6 +105,10 @@ CI = (
             ("audit", "audit"),
         )
     ),
+    # a service token names its config ("dp.st.prd.xxxx" in Doppler's service-token docs);
+    # config names are lower-case letters, digits, '-' and '_'
+    _f("doppler-service-config", "Doppler", "Doppler docs: Service tokens", "dp.st.",
+       run("slug", 1, 60), ".", run("alnum", 40, None)),
     _f("terraform-cloud-token", "HashiCorp", "HCP Terraform docs: API tokens", run("alnum", 14),
        ".atlasv1.", run("url", 60, None)),
     *(
