@@ -5,7 +5,9 @@ server").
 One `stockade serve` with the gRPC, MCP, E2B and console fronts on and two token tenants:
 "attacker" and "quiet". The quiet tenant's warm gRPC `exec true` and its warm E2B SDK
 `commands.run("true")` are timed alone first; then, for each attack, while the attacker keeps
-it up in a loop (its threads started RAMP_S before and stopped after), both are timed again.
+it up in a loop, both are timed again. The attacker is a process of its own (spawned, so its
+client work never holds this process's interpreter lock while a call is timed), its threads
+started RAMP_S before the timing and stopped after.
 The attacks are those of the integration tests (bench/hostile.py holds their clients):
 tests/integration/test_http_hostile.py, test_e2b_bodies.py and test_tenant_caps.py, and the
 unauthenticated 128 MiB header value of tests/unit/test_http_listener.py. Reported per attack
@@ -19,6 +21,7 @@ Part of every `make bench` (`engines.<engine>.front_abuse` in bench/results.json
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import threading
 import time
 from collections import Counter
@@ -47,6 +50,7 @@ RAMP_S = 1.0
 HOLD_S = 5.0
 """How long the held connections stay open before they are opened anew."""
 JOIN_S = 120.0
+START_S = 120.0
 SANDBOXES = 2
 """e2b.max_sandboxes_per_tenant of the supervisor: the create flood is refused past it."""
 SESSIONS = 20
@@ -215,32 +219,69 @@ class Quiet:
         return {"grpc": time_calls(self.grpc, n, warmup), "e2b": time_calls(self.e2b, n, warmup)}
 
 
-def during(quiet: Quiet, attacker: Attacker, attack: Attack, n: int) -> dict[str, Any]:
-    """The quiet tenant timed while `attack` runs in its threads; what the attack got."""
-    attacker.stop.clear()
+def attack_loop(
+    name: str, token: str, addresses: dict[str, str], sandbox_id: str, events: Any, got: Any
+) -> None:
+    """The attacker's process: `name` kept up in its threads from when `events[0]` is set
+    until `events[1]` is (process Events); what its requests got is put on `got`, and the
+    sandboxes it made are killed."""
+    started, stop = events
+    hostile.enough_open_files(3 * (hostile.IDLE + hostile.SLOW) + 500)
+    url = f"http://{addresses['e2b']}"
+    box = Sandbox.connect(sandbox_id, api_url=url, sandbox_url=url, api_key=token)
+    attacker = Attacker(token, addresses, box)
+    attack = ATTACKS[name]
     answers: Counter[str] = Counter()
     lock = threading.Lock()
 
     def loop() -> None:
         while not attacker.stop.is_set():
             try:
-                got = attack.round(attacker)
+                answer = attack.round(attacker)
             except Exception as exc:  # the attack goes on; what it met is counted
-                got = type(exc).__name__
+                answer = type(exc).__name__
             with lock:
-                answers[got] += 1
+                answers[answer] += 1
 
     threads = [threading.Thread(target=loop, daemon=True) for _ in range(attack.threads)]
     for thread in threads:
         thread.start()
+    started.set()
+    stop.wait()
+    attacker.stop.set()
+    for thread in threads:
+        thread.join(JOIN_S)
+    for made in attacker.made:  # a create flood's sandboxes: the next attack starts anew
+        made.kill()
+    got.put(dict(answers.most_common()))
+
+
+def during(quiet: Quiet, attacker: Attacker, name: str, n: int) -> dict[str, Any]:
+    """The quiet tenant timed while attack `name` runs in a process of its own (its client
+    work never shares this process's interpreter lock with the timed calls); what the
+    attack's requests got."""
+    context = multiprocessing.get_context("spawn")
+    started, stop, got = context.Event(), context.Event(), context.Queue()
+    events = (started, stop)
+    args = (name, attacker.token, attacker.addresses, attacker.sandbox.sandbox_id, events, got)
+    child = context.Process(target=attack_loop, args=args, daemon=True)
+    child.start()
     try:
+        deadline = time.monotonic() + START_S
+        while not started.wait(0.2):
+            if not child.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the attacker's process did not start {name!r}")
         time.sleep(RAMP_S)
         timed = quiet.timed(n, 0)
     finally:
-        attacker.stop.set()
-        for thread in threads:
-            thread.join(JOIN_S)
-    return {**timed, "answers": dict(answers.most_common())}
+        stop.set()
+        child.join(JOIN_S)
+        if child.is_alive():
+            child.kill()
+    if child.exitcode != 0:
+        raise RuntimeError(f"the attacker's process of {name!r} ended with {child.exitcode}")
+    answers = got.get(timeout=10)
+    return {**timed, "answers": answers}
 
 
 def ratios(alone: dict[str, Result], attacked: dict[str, Any]) -> dict[str, Any]:
@@ -260,7 +301,6 @@ def measure(
     attacks: Sequence[str],
 ) -> dict[str, Any]:
     url = f"http://{addresses['e2b']}"
-    hostile.enough_open_files(3 * (hostile.IDLE + hostile.SLOW) + 500)
     opts: dict[str, Any] = {"api_url": url, "sandbox_url": url, "timeout": 3600}
     quiet_box = Sandbox.create(api_key=tokens["quiet"], **opts)
     attacker = Attacker(
@@ -274,13 +314,11 @@ def measure(
                 results = {}
                 for name in attacks:
                     progress(f"  while: {name}")
-                    results[name] = ratios(alone, during(quiet, attacker, ATTACKS[name], n))
-                    while attacker.made:  # a create flood's sandboxes: the next starts anew
-                        attacker.made.pop().kill()
+                    results[name] = ratios(alone, during(quiet, attacker, name, n))
             finally:
                 destroy(client, KEY)
     finally:
-        for box in [quiet_box, attacker.sandbox, *attacker.made]:
+        for box in (quiet_box, attacker.sandbox):
             box.kill()
     return {"alone": alone, "attacks": results}
 
