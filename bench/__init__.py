@@ -10,7 +10,9 @@ Per engine (Podman, Docker), on the same image and machine:
 - the MCP front against gRPC: warm `exec true` through each front of one supervisor, in
   interleaved rounds, and what MCP costs more (bench/mcp_front.py; alone: `--only mcp`);
 - the console's cost: warm `exec true` through a supervisor serving the console (nobody on
-  it) against one without, in interleaved rounds (bench/console_cost.py; `--only console`).
+  it) against one without, in interleaved rounds (bench/console_cost.py; `--only console`);
+- another tenant's warm gRPC `exec true` and E2B `commands.run("true")` alone, then while one
+  tenant keeps up each attack on the HTTP fronts (bench/front_abuse.py; `--only front-abuse`).
 
 `python -m bench --compare REV` (`make bench-compare BASE=REV`) measures only warm `exec true`
 and the supervisor's CPU per call, REV's supervisor and this tree's side by side in one run

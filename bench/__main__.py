@@ -9,7 +9,9 @@ the supervisor alone (bench/sandbox_snapshots.py), or `python -m bench --only e2
 `python -m bench --only console [--engine E] [--n N] [--rounds R]` for warm calls through a
 supervisor with the console on (nobody on it) against one without (bench/console_cost.py), or
 `python -m bench --only listener [--listener-requests N] [--listener-rounds R]` for plain
-uvicorn against the hardened HTTP listener, no engine (bench/listener.py)."""
+uvicorn against the hardened HTTP listener, no engine (bench/listener.py), or `python -m bench
+--only front-abuse [--engine E] [--n N]` for another tenant's warm calls while one attacks the
+HTTP fronts (bench/front_abuse.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from bench import (
     console_cost,
     e2b_front,
     egress,
+    front_abuse,
     listener,
     load,
     mcp_front,
@@ -69,12 +72,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only",
-        choices=["mcp", "snapshots", "e2b", "console", "listener"],
+        choices=["mcp", "snapshots", "e2b", "console", "listener", "front-abuse"],
         help="only one measurement: mcp, the MCP front against gRPC (bench/mcp_front.py); "
         "snapshots, pause/resume, snapshots, restore and forks (bench/sandbox_snapshots.py); "
         "e2b, the E2B front's commands.run against gRPC (bench/e2b_front.py); console, warm "
         "calls with the console on and off (bench/console_cost.py); listener, plain uvicorn "
-        "against the hardened HTTP listener, no engine (bench/listener.py)",
+        "against the hardened HTTP listener, no engine (bench/listener.py); front-abuse, another "
+        "tenant's warm calls while one attacks the HTTP fronts (bench/front_abuse.py)",
     )
     sandbox_snapshots.add_arguments(parser, "snap-")
     parser.add_argument(
@@ -203,6 +207,10 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
             f"{engine}: a quiet sandbox's latency while another abuses",
             lambda: abuse.neighbour_latency(client, ns.n, ns.warmup),
         )
+    results["front_abuse"] = guarded(
+        f"{engine}: another tenant's calls while one attacks the HTTP fronts",
+        lambda: front_abuse.measure_engine(engine, ns.n, ns.warmup),
+    )
     results["engine_cli"] = guarded(
         f"{engine}: {engine} exec CLI",
         lambda: peers.cli_exec(engine, image, run_id, ns.n, ns.warmup),
@@ -233,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                 return console_cost.run(engines, ns.n, ns.rounds, ns.warmup)
             if ns.only == "listener":
                 return listener.run(ns.listener_requests, ns.listener_rounds)
+            if ns.only == "front-abuse":
+                return front_abuse.run(engines, ns.n, ns.warmup)
             if ns.only == "e2b":
                 return e2b_front.run(engines, ns.n, ns.rounds, ns.warmup)
             return mcp_front.run(engines, ns.n, ns.rounds, ns.warmup)
@@ -283,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     for engine, results in by_engine.items():
         print(report.engine_section(engine, results), end="\n\n")
         print(abuse.section(engine, results["neighbour_abuse"]), end="\n\n")
+        print(front_abuse.section(engine, results["front_abuse"]), end="\n\n")
         print(mcp_front.section(engine, results["mcp"]), end="\n\n")
         print(e2b_front.section(engine, results["e2b"]), end="\n\n")
         print(console_cost.section(engine, results["console"]), end="\n\n")

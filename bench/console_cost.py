@@ -42,13 +42,21 @@ KEY = "bench-console"
 @contextlib.contextmanager
 def tokens_file() -> Iterator[tuple[Path, str]]:
     """A tokens file with one token (tenant "bench", an operator of the console)."""
+    with tenants_file("bench") as (path, tokens):
+        yield path, tokens["bench"]
+
+
+@contextlib.contextmanager
+def tenants_file(*tenants: str) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A private tokens file with one new token for each tenant: it and the tokens by
+    tenant; removed after."""
     folder = Path(tempfile.mkdtemp(prefix="stkb-tokens-", dir="/tmp"))
-    token = secrets.token_hex(20)
+    tokens = {tenant: secrets.token_hex(20) for tenant in tenants}
     path = folder / "tokens"
-    path.write_text(f"{token} bench\n")
+    path.write_text("".join(f"{token} {tenant}\n" for tenant, token in tokens.items()))
     path.chmod(0o600)
     try:
-        yield path, token
+        yield path, tokens
     finally:
         path.unlink(missing_ok=True)
         folder.rmdir()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import struct
 import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +18,8 @@ import httpx
 import pytest
 from e2b import Sandbox
 
+from bench import hostile
+from bench.hostile import CONNECT_JSON, DEEP_JSON, MiB, bomb, envd_client, start_envelope
 from stockade.supervisor.observe.refusals import BODY_TOOL
 from tests.integration.e2b_kit import E2bServed
 from tests.integration.harness import refused_rows
@@ -26,13 +27,6 @@ from tests.integration.harness import refused_rows
 pytestmark = pytest.mark.timeout(600)
 ORIGINAL = os.urandom(100 << 10)
 TARGET = "/home/user/kept.bin"
-MiB = 1 << 20
-
-
-def bomb() -> bytes:
-    """270 MiB of zeros as gzip (~270 KB)."""
-    z = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-    return b"".join(z.compress(bytes(MiB)) for _ in range(270)) + z.flush()
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +40,11 @@ def sbx(served: E2bServed) -> Iterator[Sandbox]:
 
 
 def envd(served: E2bServed, box: Sandbox) -> httpx.Client:
-    headers = {"E2b-Sandbox-Id": box.sandbox_id, "X-Access-Token": str(box._envd_access_token)}
-    return httpx.Client(base_url=served.url, headers=headers, timeout=120)
+    return envd_client(served.url, box)
 
 
 def upload(client: httpx.Client, body: bytes, encoding: str) -> httpx.Response:
-    headers = {"content-type": "application/octet-stream", "content-encoding": encoding}
-    return client.post("/files", params={"path": TARGET}, content=body, headers=headers)
+    return hostile.upload(client, TARGET, body, encoding)
 
 
 def spooled(pid: int) -> list[str]:
@@ -128,21 +120,15 @@ def test_deflate_is_decoded_and_br_is_refused_by_name(served: E2bServed, sbx: Sa
 
 def test_an_oversized_start_envelope_is_refused(served: E2bServed, sbx: Sandbox) -> None:
     start = rss_now(served)
-    payload = b'{"process":{"cmd":"/bin/true","args":["' + b"x" * (60_000_000) + b'"]}}'
-    headers = {"content-type": "application/connect+json", "connect-protocol-version": "1"}
     with envd(served, sbx) as client:
-        r = client.post(
-            "/process.Process/Start",
-            content=struct.pack(">BI", 0, len(payload)) + payload,
-            headers=headers,
-        )
+        r = client.post("/process.Process/Start", content=start_envelope(), headers=CONNECT_JSON)
     assert r.status_code == 200  # Connect streams answer errors in their end-of-stream
     assert b"resource_exhausted" in r.content
     assert_unharmed(served, sbx, start)
 
 
 def test_nested_json_is_400_everywhere(served: E2bServed, sbx: Sandbox) -> None:
-    deep = b"[" * 100_000 + b"]" * 100_000
+    deep = DEEP_JSON
     with envd(served, sbx) as client:
         r = client.post(
             "/filesystem.Filesystem/Stat",

@@ -7,10 +7,7 @@ supervisor's memory comes back within 50 MB once the connections close."""
 
 from __future__ import annotations
 
-import contextlib
 import http.client
-import resource
-import socket
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -21,12 +18,11 @@ import pytest
 from e2b import Sandbox
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.hostile import IDLE, SLOW, enough_open_files, held_connections
 from stockade.supervisor.fronts.console.sessions import COOKIE
 from tests.integration.e2b_kit import E2bServed, serving_e2b
 from tests.integration.harness import free_tcp_address
 
-IDLE, SLOW = 1000, 200
-SOURCES = [f"127.0.0.{i}" for i in range(2, 12)]
 MB = 1 << 20
 
 
@@ -49,31 +45,7 @@ def fronts(
 @pytest.fixture(autouse=True, scope="module")
 def _enough_open_files() -> None:
     """This process holds 3,600 sockets at once: its soft limit raised to the hard one."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= 3 * (IDLE + SLOW) + 500
-
-
-@contextlib.contextmanager
-def attack(addresses: dict[str, str]) -> Iterator[list[socket.socket]]:
-    """IDLE connections that send nothing and SLOW ones that send half a head, to every
-    port, spread over SOURCES; all closed after."""
-    held: list[socket.socket] = []
-    try:
-        for address in addresses.values():
-            host, port = address.rsplit(":", 1)
-            for i in range(IDLE + SLOW):
-                sock = socket.create_connection(
-                    (host, int(port)), timeout=10, source_address=(SOURCES[i % len(SOURCES)], 0)
-                )
-                held.append(sock)
-                if i >= IDLE:
-                    sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-        yield held
-    finally:
-        for sock in held:
-            sock.close()
+    enough_open_files(3 * (IDLE + SLOW) + 500)
 
 
 def sign_in(address: str, token: str) -> http.client.HTTPResponse:
@@ -127,7 +99,7 @@ def test_idle_and_slow_connections_never_lock_out_sign_in_or_the_sdk(
     assert sign_in(addresses["console"], served.token).status == 303
     start = served.sup.rss_bytes()
     for _round in range(2):
-        with attack(addresses) as held:
+        with held_connections(addresses) as held:
             assert len(held) == 3 * (IDLE + SLOW)
             answer = sign_in(addresses["console"], served.token)
             assert answer.status == 303
