@@ -13,7 +13,7 @@ import hashlib
 import os
 import secrets
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,28 +44,51 @@ async def receive(
 async def _receive_in(
     dir_fd: int, name: str, shown: str, mode: int, chunks: AsyncIterator[bytes]
 ) -> dict[str, Any]:
-    """Write the chunks to a temporary file in the folder `dir_fd`, then rename it to name."""
+    """Write the chunks to a temporary file in the folder `dir_fd`, then rename it to name.
+
+    Every step on a descriptor runs in a worker thread through `_in_thread`: a cancelled upload
+    (the supervisor refused its body, or its caller left) closes its file only once the step
+    under way has returned. Closing it under a running thread let that thread write into, or
+    a second close end, the descriptor another upload had been given the same number for
+    (seen as "Bad file descriptor" in a concurrent upload)."""
     temp = f".stockade-upload-{secrets.token_hex(8)}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(temp, flags, 0o600, dir_fd=dir_fd)
     except OSError as exc:
         raise from_os_error(exc, shown) from None
-    digest, size = hashlib.sha256(), 0
+    digest, size, closed = hashlib.sha256(), 0, False
     try:
         async for data in chunks:
-            await asyncio.to_thread(_write_all, fd, data, digest)
+            await _in_thread(_write_all, fd, data, digest)
             size += len(data)
-        await asyncio.to_thread(_finish, fd, dir_fd, temp, name, mode or 0o644)
+        await _in_thread(_seal, fd, mode or 0o644)
+        closed = True
+        os.close(fd)
+        await _in_thread(_rename, dir_fd, temp, name)
     except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.close(fd)
+        if not closed:
+            with contextlib.suppress(OSError):
+                os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(temp, dir_fd=dir_fd)
         if isinstance(exc, OSError):  # a full disk, a file past the size cap
             raise from_os_error(exc, shown) from None
         raise
     return {"path": shown, "size": size, "sha256": digest.hexdigest(), "tar": False}
+
+
+async def _in_thread(fn: Callable[..., None], *args: Any) -> None:
+    """fn(*args) in a worker thread; when the caller is cancelled meanwhile, it still waits
+    for fn to return before the cancellation goes on (so no descriptor fn uses is closed
+    under it)."""
+    step = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        await asyncio.shield(step)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):
+            await step
+        raise
 
 
 def _write_all(fd: int, data: bytes, digest: Any) -> None:
@@ -76,10 +99,12 @@ def _write_all(fd: int, data: bytes, digest: Any) -> None:
         view = view[written:]
 
 
-def _finish(fd: int, dir_fd: int, temp: str, name: str, mode: int) -> None:
+def _seal(fd: int, mode: int) -> None:
     os.fchmod(fd, mode & 0o777)
     os.fsync(fd)
-    os.close(fd)
+
+
+def _rename(dir_fd: int, temp: str, name: str) -> None:
     os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     os.fsync(dir_fd)
 
