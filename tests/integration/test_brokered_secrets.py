@@ -109,6 +109,37 @@ class Upstreams:
         self.loop.close()
 
 
+def api_secret_config(
+    upstreams: Upstreams, folder: Path, *, honeytokens: bool = False, intercept_all: bool = False
+) -> str:
+    """A supervisor's config with the one brokered secret `api` for api.test (its value in
+    `folder`/api); `intercept_all`: [network] intercept = "all", and localhost allowed too;
+    `honeytokens`: decoys on."""
+    value = folder / "api"
+    value.write_text(API_VALUE + "\n")
+    value.chmod(0o600)
+    hosts = ["api.test", "localhost"] if intercept_all else ["api.test"]
+    allow = ", ".join(f'"{h}"' for h in hosts)
+    mapped = "".join(f'"{h}" = "127.0.0.1"\n' for h in hosts)
+    intercept = 'intercept = "all"\n' if intercept_all else ""
+    decoys = "[honeytokens]\nenabled = true\n" if honeytokens else ""
+    return f"""
+[sandbox]
+network = "egress"
+[network]
+allow = [{allow}]
+ports = [{upstreams.api.port}]
+allow_private_addresses = true
+upstream_ca_file = "{upstreams.ca_file}"
+{intercept}[network.hosts]
+{mapped}[secrets.api]
+file = "{value}"
+hosts = ["api.test"]
+template = "Bearer {{secret}}"
+sandbox_env = "API_TOKEN"
+{decoys}"""
+
+
 @pytest.fixture(scope="module")
 def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstreams]:
     ups = Upstreams(tmp_path_factory.mktemp("upstreams"))
@@ -436,27 +467,7 @@ def test_a_decoy_read_then_sent_in_a_request_quarantines_the_sandbox(
     sends it in a header to an intercepted host, the command never naming it. The proxy's
     tripwire refuses the request (its upstream sees nothing of it), the alarm is a use, and
     the sandbox is quarantined within that one call; its files kept, release restores it."""
-    value = tmp_path / "api"
-    value.write_text(API_VALUE)
-    value.chmod(0o600)
-    config = f"""
-[sandbox]
-network = "egress"
-[network]
-allow = ["api.test"]
-ports = [{upstreams.api.port}]
-allow_private_addresses = true
-upstream_ca_file = "{upstreams.ca_file}"
-[network.hosts]
-"api.test" = "127.0.0.1"
-[secrets.api]
-file = "{value}"
-hosts = ["api.test"]
-template = "Bearer {{secret}}"
-sandbox_env = "API_TOKEN"
-[honeytokens]
-enabled = true
-"""
+    config = api_secret_config(upstreams, tmp_path, honeytokens=True)
     with running_supervisor(engine, config) as sup, sup.client() as client:
         key = f"honey-egress-{uuid.uuid4().hex[:8]}"
         decoy = derive(load_key(sup.state_dir), key).aws_secret
@@ -489,27 +500,7 @@ def test_intercept_all_sees_a_placeholder_on_its_way_to_any_allowed_host(
     terminates its TLS for a sandbox that holds placeholders (the sandbox trusts the egress
     CA: no --cacert needed, where a tunnel would show the upstream's own certificate), so a
     placeholder sent there is refused and never reaches it, and the sandbox quarantined."""
-    value = tmp_path / "api"
-    value.write_text(API_VALUE)
-    value.chmod(0o600)
-    config = f"""
-[sandbox]
-network = "egress"
-[network]
-allow = ["api.test", "localhost"]
-ports = [{upstreams.api.port}]
-allow_private_addresses = true
-upstream_ca_file = "{upstreams.ca_file}"
-intercept = "all"
-[network.hosts]
-"api.test" = "127.0.0.1"
-"localhost" = "127.0.0.1"
-[secrets.api]
-file = "{value}"
-hosts = ["api.test"]
-template = "Bearer {{secret}}"
-sandbox_env = "API_TOKEN"
-"""
+    config = api_secret_config(upstreams, tmp_path, intercept_all=True)
     with running_supervisor(engine, config) as sup, sup.client() as client:
         key = f"brk-all-{uuid.uuid4().hex[:8]}"
         api_ph = placeholder(installation_key(sup.state_dir), sandbox_id(key), "api")

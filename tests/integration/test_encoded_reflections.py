@@ -20,7 +20,7 @@ import pytest
 from stockade.client import FailedPrecondition
 from stockade.supervisor.policy.honeytokens import derive, load_key
 from tests.integration.harness import Supervisor, running_supervisor
-from tests.integration.test_brokered_secrets import API_VALUE, ROT13, Upstreams
+from tests.integration.test_brokered_secrets import API_VALUE, ROT13, Upstreams, api_secret_config
 from tests.unit.encoders import ENCODINGS
 from tests.upstream import Upstream
 
@@ -75,27 +75,7 @@ def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstreams]:
 def sup(
     engine: str, upstreams: Upstreams, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Supervisor]:
-    value = tmp_path_factory.mktemp("values") / "api"
-    value.write_text(API_VALUE + "\n")
-    value.chmod(0o600)
-    config = f"""
-[sandbox]
-network = "egress"
-[network]
-allow = ["api.test"]
-ports = [{upstreams.api.port}]
-allow_private_addresses = true
-upstream_ca_file = "{upstreams.ca_file}"
-[network.hosts]
-"api.test" = "127.0.0.1"
-[secrets.api]
-file = "{value}"
-hosts = ["api.test"]
-template = "Bearer {{secret}}"
-sandbox_env = "API_TOKEN"
-[honeytokens]
-enabled = true
-"""
+    config = api_secret_config(upstreams, tmp_path_factory.mktemp("values"), honeytokens=True)
     with running_supervisor(engine, config) as running:
         yield running
 
