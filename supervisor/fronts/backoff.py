@@ -5,9 +5,8 @@ answered 401 is a failure of its client address; past [http] auth_free_failures,
 further failure makes the address wait twice as long as the one before (1 s, 2 s, ...
 up to auth_backoff_max_s), and meanwhile every request from it presenting credentials is
 answered 429 with Retry-After without being checked, so that waiting is the only way on.
-The credentials themselves are never read here, nor logged. A refused authentication is
-handed to `on_failure` (the front, the client address, the path): the hook an audit record
-of it hangs on."""
+The credentials themselves are never read here, nor logged. The audit record of a refused
+authentication is each front's (observe/refusals.py), naming the same client (`client_of`)."""
 
 from __future__ import annotations
 
@@ -27,7 +26,6 @@ log = logging.getLogger("stockade.http")
 MAX_ADDRESSES = 65536
 """Addresses remembered at most (the longest-quiet forgotten first)."""
 Presented = Callable[[Scope], bool]
-OnFailure = Callable[[str, str, str], None]
 
 
 class Backoff:
@@ -80,6 +78,21 @@ def presents(*names: bytes) -> Presented:
     return lambda scope: any(header(scope, name) is not None for name in names)
 
 
+CLIENT = "stockade.client"
+"""The scope's key for the client's address as Throttled found it (the one the back-off, the
+refusals' audit and a console action's actor all name)."""
+
+
+def client_of(scope: Scope) -> str:
+    """The request's client address: the one Throttled found (a trusted proxy's client, an
+    IPv6 address's /64), else the peer's own."""
+    found = scope.get(CLIENT)
+    if found is not None:
+        return str(found)
+    peer = scope.get("client")
+    return str(peer[0]) if peer else ""
+
+
 def client_address(scope: Scope, trusted: frozenset[str]) -> str:
     """The client's address (an IPv6 one's /64): the peer, or when the peer is a trusted
     proxy, the last address its X-Forwarded-For names."""
@@ -103,20 +116,21 @@ class Throttled:
         config: HttpConfig,
         front: str,
         presented: Presented,
-        on_failure: OnFailure | None = None,
     ) -> None:
         self._app = app
         self._backoff = backoff
         self._trusted = frozenset(address_key(a) for a in config.trusted_proxies)
         self._front = front
         self._presented = presented
-        self._on_failure = on_failure
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self._presented(scope):
+        if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
-        address = client_address(scope, self._trusted)
+        address = scope[CLIENT] = client_address(scope, self._trusted)
+        if not self._presented(scope):
+            await self._app(scope, receive, send)
+            return
         wait = self._backoff.wait_s(address)
         if wait > 0:
             await _too_many(send, wait)
@@ -124,19 +138,17 @@ class Throttled:
 
         async def watched(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] == 401:
-                self._failed(address, str(scope.get("path", "")))
+                self._failed(address)
             await send(message)
 
         await self._app(scope, receive, watched)
 
-    def _failed(self, address: str, path: str) -> None:
+    def _failed(self, address: str) -> None:
         wait = self._backoff.failed(address)
         if wait:
             log.warning(
                 "%s: failed authentication from %s; it waits %g s", self._front, address, wait
             )
-        if self._on_failure is not None:
-            self._on_failure(self._front, address, path)
 
 
 async def _too_many(send: Send, wait: float) -> None:

@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from stockade.supervisor import errors
+from stockade.supervisor.fronts.backoff import client_of
 from stockade.supervisor.observe.refusals import Refusals
 
 CHUNK = 1 << 20
@@ -80,8 +81,7 @@ def tell(where: Scope | HTTPConnection, exc: BodyRefused) -> None:
     if found is None:
         return
     front, refusals = found
-    client = scope.get("client") or ("", 0)
-    refusals.body(front, str(client[0]), str(scope.get("path", "")), exc.status, exc.why)
+    refusals.body(front, client_of(scope), str(scope.get("path", "")), exc.status, exc.why)
 
 
 def too_large(limit: int) -> BodyRefused:

@@ -17,6 +17,7 @@ from stockade.supervisor.calls.pipeline import HostPolicy
 from stockade.supervisor.config import Config
 from stockade.supervisor.engines.isolation import IsolationReport
 from stockade.supervisor.errors import InvalidRequest, Unauthenticated
+from stockade.supervisor.fronts.backoff import client_of
 from stockade.supervisor.fronts.console.security import MAX_BODY_BYTES, csrf_ok, same_origin
 from stockade.supervisor.fronts.console.sessions import COOKIE, Session, Sessions
 from stockade.supervisor.keys import scope, split, validate_key, validate_tenant
@@ -159,14 +160,12 @@ class ConsoleContext:
 
     def actor(self, session: Session, request: Request) -> Actor:
         """The caller of a console action: the session's user and the client's address."""
-        peer = request.client.host if request.client else ""
-        return Actor(FRONT, f"{session.who}@{peer}")
+        return Actor(FRONT, f"{session.who}@{client_of(request.scope)}")
 
     def refused(self, request: Request, why: str) -> None:
         """A sign-in refused for its token: audited, bounded per address (refusals.py)."""
         if self.policy.refusals is not None:
-            peer = request.client.host if request.client else ""
-            self.policy.refusals.refused(FRONT, peer, why)
+            self.policy.refusals.refused(FRONT, client_of(request.scope), why)
 
 
 async def read_form(request: Request) -> dict[str, str]:

@@ -29,6 +29,7 @@ from stockade.supervisor.calls.lifecycle import (
     Actor,
     Lifecycle,
 )
+from stockade.supervisor.fronts.backoff import client_of
 from stockade.supervisor.fronts.e2b import listing
 from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
 from stockade.supervisor.fronts.e2b.metrics import Metrics
@@ -99,8 +100,7 @@ class Control:
         except ApiError as exc:
             refusals = self.ctx.policy.refusals
             if exc.status == 401 and refusals is not None:
-                client = request.client
-                refusals.refused(FRONT, client.host if client else "", exc.message)
+                refusals.refused(FRONT, client_of(request.scope), exc.message)
             raise
 
     def _own(self, request: Request) -> tuple[str, E2bSandbox]:

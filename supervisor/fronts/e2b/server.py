@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import Config
-from stockade.supervisor.fronts.backoff import presents
+from stockade.supervisor.fronts.backoff import client_of, presents
 from stockade.supervisor.fronts.bodies import BodyAudit
 from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
 from stockade.supervisor.fronts.e2b.control import Control
@@ -78,8 +78,7 @@ class Dispatch:
         if not token_matches(header(scope, TOKEN_HEADER), sandbox):
             refusals = self._ctx.policy.refusals
             if refusals is not None:
-                client = scope.get("client") or ("", 0)
-                refusals.refused(FRONT, str(client[0]), "invalid envd access token")
+                refusals.refused(FRONT, client_of(scope), "invalid envd access token")
             message = "unauthorized access, please provide a valid access token (X-Access-Token)"
             await _answer(scope, receive, send, 401, message)
             return

@@ -41,7 +41,7 @@ from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import Config, HttpConfig, split_host_port
 from stockade.supervisor.fronts import bodies
-from stockade.supervisor.fronts.backoff import presents
+from stockade.supervisor.fronts.backoff import client_of, presents
 from stockade.supervisor.fronts.bodies import BodyAudit, BodyRefused, PlainOnly
 from stockade.supervisor.fronts.http import http_server, listening_socket, serve
 from stockade.supervisor.fronts.mcp.convert import FRONT
@@ -90,7 +90,7 @@ class AuditedBearer(BearerAuthBackend):
         if found is None and self._refusals is not None and conn.scope["path"] == self._path:
             sent = any(name.lower() == "authorization" for name in conn.headers)
             why = "invalid bearer token" if sent else "missing credentials"
-            self._refusals.refused(FRONT, conn.client.host if conn.client else "", why)
+            self._refusals.refused(FRONT, client_of(conn.scope), why)
         return found
 
 
@@ -178,9 +178,9 @@ class SessionManager(JsonSessionManager):
             )
             log.warning("MCP session refused: %s has %d open", who, self.per_tenant)
             if self._refusals is not None:
-                client = scope.get("client")
-                address = str(client[0]) if client else ""
-                self._refusals.capped(FRONT, address, "mcp.max_sessions_per_tenant", message)
+                self._refusals.capped(
+                    FRONT, client_of(scope), "mcp.max_sessions_per_tenant", message
+                )
             await _too_many(message)(scope, receive, send)
             return
         opening = _Opening(tenant)  # its room held until admitted: no other opening takes it
