@@ -134,7 +134,7 @@ def build_policy(config: Config, state: SharedState | None = None) -> HostPolicy
     one with a shared board must be given on the event loop."""
     from stockade.supervisor.policy.approvals import ApprovalManager
     from stockade.supervisor.policy.guard import Guard, GuardConfigError, GuardRule
-    from stockade.supervisor.policy.limits import KeyLimiter, TenantSlots
+    from stockade.supervisor.policy.limits import FairShare, KeyLimiter, TenantSlots
     from stockade.supervisor.policy.scrub.scrubber import Scrubber
     from stockade.supervisor.policy.tool_policy import PolicyEngine
     from stockade.supervisor.sandboxes.manager import WORKSPACE
@@ -168,6 +168,7 @@ def build_policy(config: Config, state: SharedState | None = None) -> HostPolicy
         watches=TenantSlots(
             config.limits.max_watches_per_tenant, "watches", "limits.max_watches_per_tenant"
         ),
+        share=FairShare(config.limits.shared_transfer_mb_per_s * (1 << 20)),
         scrubber=scrubber if config.scrub.enabled else None,
         audit=audit,
         refusals=Refusals(audit),

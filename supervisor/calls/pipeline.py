@@ -41,7 +41,7 @@ from stockade.supervisor.observe.refusals import Refusals
 from stockade.supervisor.observe.telemetry import Observer
 from stockade.supervisor.policy.approvals import ApprovalManager, Ask, Pending
 from stockade.supervisor.policy.guard import Guard
-from stockade.supervisor.policy.limits import KeyLimiter, LimitExceeded, TenantSlots
+from stockade.supervisor.policy.limits import FairShare, KeyLimiter, LimitExceeded, TenantSlots
 from stockade.supervisor.policy.scrub.scrubber import Scrubber
 from stockade.supervisor.policy.tool_policy import PolicyEngine
 from stockade.supervisor.sandboxes.agent_link import AgentReply
@@ -74,6 +74,8 @@ class HostPolicy:
     """File watches open per tenant, every front together (limits.max_watches_per_tenant)."""
     refusals: Refusals | None = None
     """Where every front tells of a refused authentication (observe/refusals.py)."""
+    share: FairShare = field(default_factory=lambda: FairShare(0))
+    """Transfers paced while other tenants call (limits.shared_transfer_mb_per_s)."""
 
 
 class CallLease(Protocol):
@@ -206,6 +208,7 @@ class ToolPipeline:
     ) -> ToolResult:
         started = time.monotonic()
         validate_key(call.sandbox_key)
+        self._policy.share.busy(call.sandbox_key)
         call = replace(call, request_id=call.request_id or uuid.uuid4().hex)
         telemetry.request_id.set(call.request_id)  # this task's: a copy of the context
         trail = Trail(tool=call.tool)
