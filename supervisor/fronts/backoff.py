@@ -233,8 +233,9 @@ class Throttled:
 
 AUTH_WAIT = "too many failed authentications from this address: try again in {} s\n"
 REFUSED_WAIT = (
-    "too many refused requests with these credentials, and {} of them waiting already: "
-    "wait for their answers, then try again in {{}} s\n".format(REFUSAL_WAITING)
+    "too many refused requests with these credentials, and "
+    f"{REFUSAL_WAITING} of them waiting already: wait for their answers, then try again in "
+    "{} s\n"
 )
 
 
