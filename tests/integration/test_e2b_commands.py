@@ -242,3 +242,39 @@ def test_wrong_and_hostile_process_requests(served: E2bServed) -> None:
             assert sbx.commands.run("echo alive").stdout == "alive\n"
     finally:
         sbx.kill()
+
+
+def test_output_without_a_line_end_arrives_and_a_split_token_is_redacted(
+    served: E2bServed,
+) -> None:
+    """A prompt (`read -p`) and `printf abc` reach on_stdout while the command still waits
+    for its input (it would wait for ever if they did not: the test sends the input only
+    after it saw them); a token written in two pieces with a pause between comes out
+    redacted (issue 28)."""
+    token = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+    sbx = Sandbox.create(timeout=120, **served.opts())
+    try:
+        out: list[str] = []
+        script = (
+            'read -p "name? " n; printf abc; read m; '
+            f"printf 'token {token[:9]}'; sleep 0.5; printf '{token[9:]} done\\n'; echo \"$n$m\""
+        )
+        command = sbx.commands.run(script, background=True, stdin=True, on_stdout=out.append)
+
+        def seen(text: str) -> None:
+            deadline = time.monotonic() + 30
+            while text not in "".join(out):
+                assert time.monotonic() < deadline, f"{text!r} never arrived: {out}"
+                time.sleep(0.01)
+
+        seen("name? ")
+        sbx.commands.send_stdin(command.pid, "ann\n")
+        seen("name? abc")
+        sbx.commands.send_stdin(command.pid, "bob\n")
+        done = command.wait()
+        assert done.exit_code == 0
+        assert token not in done.stdout
+        assert token[:9] not in done.stdout
+        assert done.stdout == "name? abctoken [REDACTED] done\nannbob\n"
+    finally:
+        sbx.kill()
