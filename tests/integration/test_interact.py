@@ -55,10 +55,11 @@ def test_input_style_program_through_interact(client: Stockade, key: str) -> Non
 def test_a_partial_line_arrives_and_a_token_split_by_a_pause_is_redacted(
     client: Stockade, key: str
 ) -> None:
-    """Output without a line end (`printf abc`, a `read -p` prompt) arrives while the
-    command waits for input; a token written in two pieces, a pause between, is redacted."""
+    """Output without a line end (a prompt, `printf abc`) arrives while the command waits
+    for input (bash's `read -p` prints its prompt only to a terminal, on stderr: printf
+    stands in for it); a token written in two pieces, a pause between, is redacted."""
     script = (
-        f'read -p "name? " n; printf abc; read m; printf "token {GITHUB_TOKEN[:9]}"; '
+        f'printf "name? "; read n; printf abc; read m; printf "token {GITHUB_TOKEN[:9]}"; '
         f'sleep 0.5; printf "{GITHUB_TOKEN[9:]} done\\n"; echo "$n$m"'
     )
     with client.sandbox(key).interact(f"bash -c '{script}'") as session:
