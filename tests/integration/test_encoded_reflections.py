@@ -8,7 +8,6 @@ quarantines the sandbox (the default on_use), and reaches no upstream."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import codecs
 import uuid
@@ -21,45 +20,14 @@ from stockade.client import FailedPrecondition
 from stockade.supervisor.policy.honeytokens import derive, load_key
 from tests.integration.harness import Supervisor, running_supervisor
 from tests.integration.test_brokered_secrets import API_VALUE, ROT13, Upstreams, api_secret_config
-from tests.unit.encoders import ENCODINGS
-from tests.upstream import Upstream
+from tests.upstream import ReflectingUpstream, reflections
 
 pytestmark = pytest.mark.timeout(600)
 
-PREFIXES = [b"", b"x", b"xy"]
 JSON_ESCAPED = (
     'python3 -c \'import json, sys; print(json.dumps(sys.stdin.read()).replace("/", "\\\\/"))\''
 )
 """The input as a JSON string, slashes escaped as PHP does."""
-
-
-def reflections(value: bytes) -> list[bytes]:
-    """What the upstream sends back: each encoding of each alignment of value, a line each."""
-    return [ENCODINGS[name](p + value) for name in sorted(ENCODINGS) for p in PREFIXES]
-
-
-class ReflectingUpstream(Upstream):
-    """`/reflect`: the Authorization header received, reflected in every encoding (a line
-    each); `?chunked` sends it chunked, each line cut in two chunks inside its middle."""
-
-    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        request = await self._request_head(reader)
-        if request is None:
-            return False
-        got, _version = request
-        await self._read_body(reader, got)
-        lines = reflections((got.header("authorization") or "-").encode())
-        body = b"\n".join(lines) + b"\n"
-        if got.target.endswith("?chunked"):
-            out = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-            for line in lines:
-                for part in (line[: len(line) // 2], line[len(line) // 2 :] + b"\n"):
-                    out += b"%x\r\n%b\r\n" % (len(part), part)
-            writer.write(out + b"0\r\n\r\n")
-        else:
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
-        await writer.drain()
-        return True
 
 
 @pytest.fixture(scope="module")
