@@ -27,6 +27,7 @@ import gzip
 import hashlib
 import http.server
 import ipaddress
+import os
 import ssl
 import sys
 import tempfile
@@ -366,9 +367,10 @@ class ReflectingUpstream(Upstream):
     """`/reflect`: the Authorization header received, reflected in every encoding (a line
     each, `reflections`). Query words: `chunked` sends it chunked (uncompressed: each line cut
     in two chunks inside its middle; compressed: in 5-byte chunks); `close` until the
-    connection closes; `coding=NAME` compressed so and named in Content-Encoding;
-    `repeat=N` the lines N times; `cut=N` the (compressed) body cut N bytes short, its
-    Content-Length saying so. `/bomb?coding=NAME`: 64 MiB of zeros, compressed."""
+    connection closes; `coding=NAME` compressed so and named in Content-Encoding; `repeat=N`
+    the lines N times, each time after a line of noise (`#` and random hex); `cut=N` the
+    (compressed) body cut N bytes short, its Content-Length saying so. `/bomb?coding=NAME`:
+    64 MiB of zeros, compressed."""
 
     async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         request = await self._request_head(reader)
@@ -383,7 +385,10 @@ class ReflectingUpstream(Upstream):
             lines = [bytes(64 << 20)]
         else:
             lines = reflections((got.header("authorization") or "-").encode())
-            lines *= int(words.get("repeat", "1"))
+            once = lines
+            lines = []
+            for _ in range(int(words.get("repeat", "1"))):  # after a line of noise each time:
+                lines += [b"#" + os.urandom(384).hex().encode(), *once]  # not over 10-fold
         body = compressed(b"\n".join(lines) + b"\n", coding)
         body = body[: len(body) - int(words.get("cut", "0"))]
         head = b"HTTP/1.1 200 OK\r\n"
