@@ -385,10 +385,10 @@ class ReflectingUpstream(Upstream):
             lines = [bytes(64 << 20)]
         else:
             lines = reflections((got.header("authorization") or "-").encode())
-            once = lines
-            lines = []
-            for _ in range(int(words.get("repeat", "1"))):  # after a line of noise each time:
-                lines += [b"#" + os.urandom(384).hex().encode(), *once]  # not over 10-fold
+            if "repeat" in words:  # after a line of noise each time: not over 10-fold
+                once, lines = lines, []
+                for _ in range(int(words["repeat"])):
+                    lines += [b"#" + os.urandom(384).hex().encode(), *once]
         body = compressed(b"\n".join(lines) + b"\n", coding)
         body = body[: len(body) - int(words.get("cut", "0"))]
         head = b"HTTP/1.1 200 OK\r\n"

@@ -13,7 +13,9 @@ bytes before the request leaves, past that an overlap is held back and the upstr
 connection cut). The tripwire (honeytokens) sees heads and bodies the same way. Real values
 in responses are masked in every encoding policy/encodings.py knows (base64, hex, percent, JSON
 and HTML escapes...; same length, so framing holds); Accept-Encoding is replaced with
-identity so bodies come uncompressed and can be scanned. Upgrades are refused."""
+identity so bodies come uncompressed and can be scanned, and one compressed all the same
+(gzip, deflate, br) is decoded within policy/compression.py's limits, masked and passed on
+plain (any other coding: a 502, never a body passed on unmasked). Upgrades are refused."""
 
 from __future__ import annotations
 

@@ -10,9 +10,11 @@ configured), and connections past the per-sandbox cap. Every decision is reporte
 
 A CONNECT to a host some brokered secret may go to is not piped: intercept.py terminates its
 TLS and relays its requests, putting real secrets where their placeholders are configured.
-Everywhere the proxy can read (CONNECT targets, server names, plain http:// heads) a
-placeholder of the sandbox's, or a sign the tripwire knows, refuses the request (403) and
-sounds the alarm."""
+Everywhere the proxy can read (CONNECT targets, server names, plain http:// heads and
+bodies) a placeholder of the sandbox's, or a sign the tripwire knows, refuses the request
+(403) and sounds the alarm. A plain request's body is decoded from its framing (httpio.py,
+as intercepted requests are) and searched with an overlap, its first HOLD bytes before the
+upstream is dialled."""
 
 from __future__ import annotations
 
