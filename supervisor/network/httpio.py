@@ -307,15 +307,9 @@ class Watch:
     bytes held back before it, and only what is past the overlap goes on, so a sign cut
     across reads is seen whole before any of it leaves."""
 
-    def __init__(
-        self, overlap: int, check: Callable[[bytes], str | None], hold: bool = True
-    ) -> None:
-        """`hold` False: pass each read on whole once checked (for a stream whose end is
-        not known here, so held bytes might never be released); a sign cut across reads is
-        still found, though its first part has left."""
+    def __init__(self, overlap: int, check: Callable[[bytes], str | None]) -> None:
         self._overlap = max(overlap, 0)
         self._check = check
-        self._hold = hold
         self._held = b""
 
     def feed(self, data: bytes) -> tuple[bytes, str | None]:
@@ -324,9 +318,6 @@ class Watch:
         found = self._check(window)
         if found is not None:
             return b"", found
-        if not self._hold:
-            self._held = window[-self._overlap :] if self._overlap else b""
-            return data, None
         cut = len(window) - self._overlap
         if cut <= 0:
             self._held = window
@@ -336,7 +327,7 @@ class Watch:
 
     def flush(self) -> bytes:
         held, self._held = self._held, b""
-        return held if self._hold else b""
+        return held
 
     def check(self, data: bytes) -> str | None:
         """The sign in data that is not part of the stream (a chunked body's trailer)."""
