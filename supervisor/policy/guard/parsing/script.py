@@ -11,6 +11,7 @@ from stockade.supervisor.policy.guard.parsing.expansion import (
     GLOB,
     brace_expand,
 )
+from stockade.supervisor.policy.guard.parsing.repairs import parse_tree
 from stockade.supervisor.policy.guard.parsing.syntax import (
     MAX_BYTES,
     MAX_PIPES,
@@ -20,12 +21,7 @@ from stockade.supervisor.policy.guard.parsing.syntax import (
     TooComplex,
     Word,
 )
-from stockade.supervisor.policy.guard.parsing.trees import (
-    ASCII_ONLY,
-    Budget,
-    syntax_error,
-    tree_parse,
-)
+from stockade.supervisor.policy.guard.parsing.trees import Budget, syntax_error
 from stockade.supervisor.policy.guard.parsing.walker import Walker
 
 _FALLBACK_BYTES = 64 * 1024
@@ -56,7 +52,7 @@ def parse_script(
     if pipes > MAX_PIPES:
         return Script(error=f"command has {pipes} '|' (limit {MAX_PIPES})", too_complex=True)
     budget = budget or Budget()
-    tree = tree_parse(data.translate(ASCII_ONLY), budget)
+    tree = parse_tree(data, budget)
     if tree is None:
         return Script(error="command took too long to parse", too_complex=True)
     root = tree.root_node

@@ -23,6 +23,7 @@ from stockade.supervisor.policy.guard.parsing.expansion import (
     static_output,
     unescape_word,
 )
+from stockade.supervisor.policy.guard.parsing.repairs import parse_tree
 from stockade.supervisor.policy.guard.parsing.syntax import (
     MAX_NESTING,
     MAX_NODES,
@@ -32,12 +33,7 @@ from stockade.supervisor.policy.guard.parsing.syntax import (
     TooComplex,
     Word,
 )
-from stockade.supervisor.policy.guard.parsing.trees import (
-    ASCII_ONLY,
-    Budget,
-    syntax_error,
-    tree_parse,
-)
+from stockade.supervisor.policy.guard.parsing.trees import Budget, syntax_error
 
 STATEMENTS = frozenset({"program", "command", "pipeline", "list", "subshell"})
 STATEMENTS |= {"compound_statement", "redirected_statement", "variable_assignment"}
@@ -250,7 +246,7 @@ class WordWalker(abc.ABC):
             if self.depth > MAX_NESTING:
                 raise TooComplex(f"command nests deeper than {MAX_NESTING} levels")
             data = (": " + text).encode("utf-8", "replace")
-            tree = tree_parse(data.translate(ASCII_ONLY), self.budget)
+            tree = parse_tree(data, self.budget)
             if tree is None:
                 raise TooComplex("command took too long to parse")
             inner = type(self)(data, self.positional, self.budget)
