@@ -21,7 +21,7 @@ from stockade.supervisor.policy.guard.parsing.syntax import (
     TooComplex,
     Word,
 )
-from stockade.supervisor.policy.guard.parsing.trees import Budget, syntax_error
+from stockade.supervisor.policy.guard.parsing.trees import Budget
 from stockade.supervisor.policy.guard.parsing.walker import Walker
 
 _FALLBACK_BYTES = 64 * 1024
@@ -52,7 +52,7 @@ def parse_script(
     if pipes > MAX_PIPES:
         return Script(error=f"command has {pipes} '|' (limit {MAX_PIPES})", too_complex=True)
     budget = budget or Budget()
-    tree = parse_tree(data, budget)
+    tree, syntax = parse_tree(data, budget)
     if tree is None:
         return Script(error="command took too long to parse", too_complex=True)
     root = tree.root_node
@@ -62,9 +62,7 @@ def parse_script(
         walker.statement(root)
     except (TooComplex, RecursionError) as exc:
         return Script(tuple(_fallback(text)), error=str(exc) or "too deep", too_complex=True)
-    if error is None and root.has_error:
-        error = syntax_error(root, data)
-    error = error or walker.error
+    error = error or syntax or walker.error
     fallback = _fallback(text) if error else []
     return Script(
         tuple(walker.commands + fallback),

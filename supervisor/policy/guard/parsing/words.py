@@ -33,7 +33,7 @@ from stockade.supervisor.policy.guard.parsing.syntax import (
     TooComplex,
     Word,
 )
-from stockade.supervisor.policy.guard.parsing.trees import Budget, syntax_error
+from stockade.supervisor.policy.guard.parsing.trees import Budget
 
 STATEMENTS = frozenset({"program", "command", "pipeline", "list", "subshell"})
 STATEMENTS |= {"compound_statement", "redirected_statement", "variable_assignment"}
@@ -246,7 +246,7 @@ class WordWalker(abc.ABC):
             if self.depth > MAX_NESTING:
                 raise TooComplex(f"command nests deeper than {MAX_NESTING} levels")
             data = (": " + text).encode("utf-8", "replace")
-            tree = parse_tree(data, self.budget)
+            tree, syntax = parse_tree(data, self.budget)
             if tree is None:
                 raise TooComplex("command took too long to parse")
             inner = type(self)(data, self.positional, self.budget)
@@ -257,9 +257,7 @@ class WordWalker(abc.ABC):
         finally:
             self.depth -= 1
         self.nodes = inner.nodes
-        if tree.root_node.has_error:
-            self.error = self.error or syntax_error(tree.root_node, data)
-        self.error = self.error or inner.error
+        self.error = self.error or syntax or inner.error
         self.commands.extend(inner.commands)
         self.pipelines.extend(inner.pipelines)
         self.fork_bombs.extend(inner.fork_bombs)
