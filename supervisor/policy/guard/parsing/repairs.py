@@ -9,7 +9,8 @@ guard's corpora through ``bash -n``, tests/unit/test_guard_bash_valid.py):
 - ``==`` or ``=~`` as an ordinary word (``echo ==``), outside ``[[ ]]``;
 - ``$`` before a character that starts no expansion, which bash keeps as it is (``a:$%``);
 - a command word that starts with ``[`` but is no ``[`` command (``[a-z][3-9]``);
-- ``;&`` and ``;;&`` ending a ``case`` item on one line.
+- ``;&`` and ``;;&`` ending a ``case`` item on one line;
+- a backslash ending the text (``echo \\``), which bash keeps as a character.
 
 A repair rewrites bytes near the first syntax error into the same number of bytes that
 tree-sitter does parse, and the text is parsed again, up to ``MAX_REPAIRS`` times. Only a
@@ -48,9 +49,10 @@ _REPAIRS: tuple[tuple[re.Pattern[bytes], bytes], ...] = (
     (_SEPARATOR, b";"),
     (re.compile(rb"(?<![<>])(<>)(?![<>&(])"), b"> "),  # read-write: read as a write
     (_OPERATOR_WORD, b"xx"),
-    (re.compile(rb"(\$)(?=[%,/=+:.^\]}~\s]|$)"), b"\\"),  # a `$` bash keeps as it is
-    (re.compile(rb"(?:^|(?<=[\s;&|(]))(\[)(?=[^\s\]])"), b"?"),  # `[a-z]*` as a command
+    (re.compile(rb"(\$)(?=[%,/=+:.^~])"), b"\\"),  # a `$` bash keeps as it is (`a:$%`)
+    (re.compile(rb"(?:^|(?<=[\s;&|(]))(\[)(?=[^\s\[\]])"), b"?"),  # `[a-z]*` as a command
     (re.compile(rb"(;;&)"), b";; "),
+    (re.compile(rb"(?<!\\)(\\)\Z"), b" "),  # a backslash ending the text: bash keeps it
     (re.compile(rb"(?<!;)(;&)"), b";;"),
 )  # fmt: skip
 _OPERATORS = re.compile(rb"==|=~")
