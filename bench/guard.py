@@ -122,10 +122,17 @@ def run_guard_bench(guard: Guard | None = None) -> dict[str, Any]:
     }
 
 
-def _by_rule_lines(by_rule: dict[str, list[tuple[str, str]]], shown: int | None) -> list[str]:
+def _by_rule_lines(
+    by_rule: dict[str, list[tuple[str, str]]], shown: int | None, valid: int | None = None
+) -> list[str]:
+    """Each rule's refusals, the rule's reason first (``valid``: how many parse errors are of
+    commands bash accepts, when that was checked)."""
     lines = []
     for rule, found in sorted(by_rule.items(), key=lambda item: (-len(item[1]), item[0])):
-        lines.append(f"    {rule} ({len(found)}): {_WHY.get(rule, 'a configured rule')}")
+        why = _WHY.get(rule, "a configured rule")
+        if rule == "parse-error" and valid is not None:
+            why += f"; bash -n rejects {len(found) - valid} of these {len(found)} too"
+        lines.append(f"    {rule} ({len(found)}): {why}")
         lines += [f"      {command!r}: {reason}" for command, reason in found[:shown]]
         if shown is not None and len(found) > shown:
             lines.append(f"      ... and {len(found) - shown} more (python -m bench.guard --all)")
@@ -154,7 +161,7 @@ def section(r: dict[str, Any], shown: int | None = SHOWN) -> str:
     lines += [
         f"  tldr-pages examples refused   {tldr['refused']:>5} of {tldr['commands']:<6}"
         f"  {tldr['refused'] / tldr['commands']:6.1%}, by rule:",
-        *_by_rule_lines(tldr["by_rule"], shown),
+        *_by_rule_lines(tldr["by_rule"], shown, len(valid)),
         f"  tldr-pages parse errors of commands bash -n accepts  {len(valid)}  target 0  "
         + ("met" if not valid else "MISSED"),
         *(f"    {c!r}" for c in valid),
