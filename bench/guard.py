@@ -28,7 +28,7 @@ ORDINARY = CORPORA / "guard_ordinary.txt"
 DESTRUCTIVE = CORPORA / "guard_destructive.txt"
 DESTRUCTIVE_TARGET = 0.99
 SHOWN = 5
-"""Refusals of one rule shown by `section` (all of them with --all)."""
+"""Refusals of one rule of the tldr-pages examples kept and shown (all of them with --all)."""
 _WHY = {rule.name: rule.why for rule in RULES}
 
 
@@ -83,7 +83,9 @@ def _check_times(guard: Guard, commands: list[str]) -> list[int]:
     return times
 
 
-def _tldr(guard: Guard) -> dict[str, Any]:
+def _tldr(guard: Guard, kept: int | None) -> dict[str, Any]:
+    """The tldr-pages figures, with ``kept`` refusals of each rule (all: None; results.json
+    keeps a few, the counts say how many there were)."""
     pages = tldr_pages()
     if pages is None:
         return {"skipped": f"${TLDR_ENV} names no tldr-pages checkout"}
@@ -93,14 +95,17 @@ def _tldr(guard: Guard) -> dict[str, Any]:
     return {
         "commands": len(commands),
         "refused": sum(map(len, by_rule.values())),
-        "by_rule": by_rule,
+        "counts": {rule: len(found) for rule, found in by_rule.items()},
+        "by_rule": {rule: found[:kept] for rule, found in by_rule.items()},
         "parse_errors_bash_accepts": valid_parse_errors(by_rule),
         "check_median_us": median(times) / 1000,
         "check_max_us": max(times) / 1000,
     }
 
 
-def run_guard_bench(guard: Guard | None = None) -> dict[str, Any]:
+def run_guard_bench(guard: Guard | None = None, kept: int | None = SHOWN) -> dict[str, Any]:
+    """Both committed corpora, and the tldr-pages examples when $TLDR_PAGES is set (``kept``
+    refusals of each rule listed; None: all)."""
     guard = guard or Guard()
     ordinary, destructive = load_corpus(ORDINARY), load_corpus(DESTRUCTIVE)
     started = time.perf_counter()
@@ -118,28 +123,33 @@ def run_guard_bench(guard: Guard | None = None) -> dict[str, Any]:
         "check_median_us": median(times) / 1000,
         "check_max_us": max(times) / 1000,
         "seconds": seconds,
-        "tldr": _tldr(guard),
+        "tldr": _tldr(guard, kept),
     }
 
 
 def _by_rule_lines(
-    by_rule: dict[str, list[tuple[str, str]]], shown: int | None, valid: int | None = None
+    by_rule: dict[str, list[tuple[str, str]]],
+    counts: dict[str, int] | None = None,
+    valid: int | None = None,
 ) -> list[str]:
-    """Each rule's refusals, the rule's reason first (``valid``: how many parse errors are of
-    commands bash accepts, when that was checked)."""
+    """Each rule's refusals, the rule's reason first; ``counts``: how many each rule refused,
+    when ``by_rule`` lists only some; ``valid``: how many parse errors are of commands bash
+    accepts, when that was checked."""
+    counts = counts or {rule: len(found) for rule, found in by_rule.items()}
     lines = []
-    for rule, found in sorted(by_rule.items(), key=lambda item: (-len(item[1]), item[0])):
+    for rule, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
         why = _WHY.get(rule, "a configured rule")
         if rule == "parse-error" and valid is not None:
-            why += f"; bash -n rejects {len(found) - valid} of these {len(found)} too"
-        lines.append(f"    {rule} ({len(found)}): {why}")
-        lines += [f"      {command!r}: {reason}" for command, reason in found[:shown]]
-        if shown is not None and len(found) > shown:
-            lines.append(f"      ... and {len(found) - shown} more (python -m bench.guard --all)")
+            why += f"; bash -n rejects {count - valid} of these {count} too"
+        lines.append(f"    {rule} ({count}): {why}")
+        found = by_rule.get(rule, [])
+        lines += [f"      {command!r}: {reason}" for command, reason in found]
+        if count > len(found):
+            lines.append(f"      ... and {count - len(found)} more (python -m bench.guard --all)")
     return lines
 
 
-def section(r: dict[str, Any], shown: int | None = SHOWN) -> str:
+def section(r: dict[str, Any]) -> str:
     share = r["destructive_refused"] / r["destructive"]
     ordinary_ok = "met" if not r["ordinary_refused"] else "MISSED"
     destructive_ok = "met" if share >= DESTRUCTIVE_TARGET else "MISSED"
@@ -151,7 +161,7 @@ def section(r: dict[str, Any], shown: int | None = SHOWN) -> str:
         f"  {share:6.1%}  target >= {DESTRUCTIVE_TARGET:.0%}  {destructive_ok}",
         f"  one check: median {r['check_median_us']:.0f} us, max {r['check_max_us']:.0f} us",
     ]
-    lines += _by_rule_lines(r["ordinary_by_rule"], None)
+    lines += _by_rule_lines(r["ordinary_by_rule"])
     lines += [f"  not denied (destructive): {c!r}" for c in r["destructive_not_denied"]]
     tldr = r["tldr"]
     if "skipped" in tldr:
@@ -161,7 +171,7 @@ def section(r: dict[str, Any], shown: int | None = SHOWN) -> str:
     lines += [
         f"  tldr-pages examples refused   {tldr['refused']:>5} of {tldr['commands']:<6}"
         f"  {tldr['refused'] / tldr['commands']:6.1%}, by rule:",
-        *_by_rule_lines(tldr["by_rule"], shown, len(valid)),
+        *_by_rule_lines(tldr["by_rule"], tldr["counts"], len(valid)),
         f"  tldr-pages parse errors of commands bash -n accepts  {len(valid)}  target 0  "
         + ("met" if not valid else "MISSED"),
         *(f"    {c!r}" for c in valid),
@@ -172,7 +182,7 @@ def section(r: dict[str, Any], shown: int | None = SHOWN) -> str:
 
 
 if __name__ == "__main__":
-    results = run_guard_bench()
-    print(section(results, None if "--all" in sys.argv[1:] else SHOWN))
+    results = run_guard_bench(kept=None if "--all" in sys.argv[1:] else SHOWN)
+    print(section(results))
     if "--json" in sys.argv[1:]:
         print(json.dumps(results, indent=2))
