@@ -64,7 +64,18 @@ def parse_tree(data: bytes, budget: Budget) -> tuple[tree_sitter.Tree | None, st
     misses: the tree (None when the budget ran out; its offsets are ``data``'s) and the
     syntax error that stands, if any."""
     text = data.translate(ASCII_ONLY)
-    first = tree = tree_parse(text, budget)
+    tree = tree_parse(text, budget)
+    if tree is None:
+        return None, None
+    if not tree.root_node.has_error and b"==" not in text and b"=~" not in text:
+        return tree, None  # the usual case, kept cheap
+    return _repaired(tree, text, data, budget)
+
+
+def _repaired(
+    first: tree_sitter.Tree, text: bytes, data: bytes, budget: Budget
+) -> tuple[tree_sitter.Tree | None, str | None]:
+    tree: tree_sitter.Tree | None = first
     keywords: list[int] = []  # where a repair put a separator before a closing keyword
     for attempt in range(MAX_REPAIRS + 1):
         if tree is None:
@@ -80,7 +91,6 @@ def parse_tree(data: bytes, budget: Budget) -> tuple[tree_sitter.Tree | None, st
         text, at = repaired
         keywords += [at] if at is not None else []
         tree = tree_parse(text, budget)
-    assert first is not None
     return first, _error_of(first.root_node, data)
 
 
