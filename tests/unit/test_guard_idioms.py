@@ -181,3 +181,17 @@ def test_a_rule_word_as_an_argument_is_allowed(command: str) -> None:
 def test_a_rule_word_as_the_program_is_refused(command: str, rule: str) -> None:
     result = GUARD.check(command)
     assert (result.action, result.rule) == ("deny", rule)
+
+
+@pytest.mark.parametrize(
+    ("command", "action"),
+    [('eval "$(pyenv init -)" && rm -rf build', "allow"),
+     ('eval "$(ssh-agent -s)"; cd build && rm -rf *', "allow"),
+     ('eval "$(zoxide init --cmd cd bash)"; cd build && rm -rf *', "deny"),
+     ('eval "$X"; rm -rf build', "deny"),
+     ("eval 'cd /'; rm -rf etc", "deny")],
+)  # fmt: skip
+def test_an_idiom_leaves_the_directory_where_it_was(command: str, action: str) -> None:
+    """Any other eval may change directory (so a relative removal after it is refused);
+    zoxide's set-up may redefine `cd` itself."""
+    assert GUARD.check(command).action == action

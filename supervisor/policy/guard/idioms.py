@@ -74,6 +74,14 @@ def setup_idiom(args: Sequence[Word]) -> bool:
     return _idiom_command(sub.commands[0])
 
 
+def keeps_directory(args: Sequence[Word]) -> bool:
+    """Whether ``eval ARGS`` leaves the directory where it was: a set-up idiom, but not
+    zoxide's, which may redefine ``cd`` (``zoxide init --cmd cd``)."""
+    return setup_idiom(args) and not any(
+        c.words and basename(c.words[0].text) == "zoxide" for s in args[-1].subs for c in s.commands
+    )
+
+
 def _idiom_command(command: Command) -> bool:
     words = command.words
     if not words or any(w.dynamic or w.glob or w.subs for w in words):

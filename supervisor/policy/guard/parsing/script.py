@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from stockade.supervisor.policy.guard.parsing.expansion import (
     GLOB,
@@ -36,12 +36,15 @@ def parse_script(
     positional: Sequence[str] | None = (),
     budget: Budget | None = None,
     cdpath: bool = False,
+    keeps_dir: Callable[[Sequence[Word]], bool] | None = None,
 ) -> Script:
     """Parse shell text; never raises for any input string.
 
     ``positional`` holds ``$0 $1 ...`` (``$0`` first; default: a ``sh -c`` without operands,
     so ``$1``.. and ``$@`` are empty); None when they are unknown. ``cdpath``: CDPATH may
     be set, so ``cd NAME`` may go anywhere (also when the text mentions CDPATH).
+    ``keeps_dir``: whether an ``eval`` with these arguments leaves the directory as it is
+    (a shell set-up idiom; any other ``eval`` makes it unknown).
     """
     error = "command contains a NUL byte" if "\x00" in text else None
     text = text.replace("\x00", " ")
@@ -58,6 +61,7 @@ def parse_script(
     root = tree.root_node
     walker = Walker(data, positional, budget)
     walker.cdpath = cdpath or b"CDPATH" in data
+    walker.keeps_dir = keeps_dir
     try:
         walker.statement(root)
     except (TooComplex, RecursionError) as exc:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from tree_sitter import Node
 
@@ -70,6 +70,7 @@ class WordWalker(abc.ABC):
         self.cwds: Cwds = ("",)
         self.cd_done: Cwds = NO_CD  # the last command was a cd: where it went
         self.cdpath = False
+        self.keeps_dir: Callable[[Sequence[Word]], bool] | None = None  # an eval that does not cd
 
     def text(self, node: Node) -> str:
         return self.src[node.start_byte : node.end_byte].decode("utf-8", "replace")
@@ -253,6 +254,7 @@ class WordWalker(abc.ABC):
             inner.vars, inner.aliases, inner.ifs = self.vars, self.aliases, self.ifs
             inner.depth, inner.nodes, inner.cond = self.depth, self.nodes, self.cond + 1
             inner.background, inner.cwds, inner.cdpath = self.background, self.cwds, self.cdpath
+            inner.keeps_dir = self.keeps_dir
             inner.statement(tree.root_node)
         finally:
             self.depth -= 1
