@@ -28,8 +28,8 @@ from stockade.supervisor.keys import split
 from stockade.supervisor.network.brokered import Injected, InjectionRecorder
 from stockade.supervisor.network.egress import EgressHooks
 from stockade.supervisor.network.proxy import EgressDecision
-from stockade.supervisor.observe.alarms import AlarmHub, AlarmSink
 from stockade.supervisor.observe import chain
+from stockade.supervisor.observe.alarms import AlarmHub, AlarmSink
 from stockade.supervisor.observe.audit import AuditLog, AuditRecord
 from stockade.supervisor.observe.metrics import Metrics
 from stockade.supervisor.observe.refusals import Refusals

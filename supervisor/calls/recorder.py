@@ -182,7 +182,11 @@ def context_json(context: CallContext) -> str:
         for name in ("channel", "chat_id", "peer_kind", "subagent_depth")
         if (value := getattr(context, name))
     }
-    return wire_json({k: v[:256] if isinstance(v, str) else v for k, v in kept.items()}) if kept else ""
+    return (
+        wire_json({k: v[:256] if isinstance(v, str) else v for k, v in kept.items()})
+        if kept
+        else ""
+    )
 
 
 def _cut_ends_scrubbed(scrubber: Scrubber, data: dict[str, Any]) -> tuple[dict[str, Any], int]:

@@ -263,6 +263,10 @@ def _default_approver() -> str:
 
 
 def _audit(ns: argparse.Namespace) -> int:
+    if ns.action != "list":
+        from stockade.supervisor.cli import audit_chain
+
+        return audit_chain.run(ns)
     with _client(ns) as client:
         records = client.list_audit(
             sandbox_key=ns.key, tool=ns.tool, agent_id=ns.agent, since=_since(ns.since),

@@ -151,7 +151,9 @@ class AuditLog:
         from the chain's head on), the trimmer, what closes the writer's connection, and
         what signs the head."""
         db = database.connect(self._path)
-        insert = f"INSERT INTO audit ({', '.join(CHAINED)}) VALUES ({', '.join('?' * len(CHAINED))})"
+        insert = (
+            f"INSERT INTO audit ({', '.join(CHAINED)}) VALUES ({', '.join('?' * len(CHAINED))})"
+        )
 
         def write(rows: list[tuple[object, ...]]) -> None:
             with db:

@@ -77,9 +77,11 @@ class Signer:
 
     def sign(self, kind: str, last_id: int, last_hash: str) -> Checkpoint:
         unsigned = Checkpoint(self._clock(), kind, last_id, last_hash, self.public_key)
-        return Checkpoint(
-            **{**unsigned.__dict__, "signature": self._key.sign(unsigned.message()).hex()}
-        )
+        return Checkpoint(**{**unsigned.__dict__, "signature": self.sign_bytes(unsigned.message())})
+
+    def sign_bytes(self, message: bytes) -> str:
+        """An Ed25519 signature of `message`, hex."""
+        return self._key.sign(message).hex()
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,10 @@ def records(db: Any, mark: str, first: int = 0, last: int = 0, chunk: int = 5000
     read `chunk` at a time."""
     after, cur = first - 1, db.cursor()
     until = f" AND id <= {mark}" if last else ""
-    sql = f"SELECT {', '.join(ROW_COLUMNS)} FROM audit WHERE id > {mark}{until} ORDER BY id LIMIT {mark}"
+    sql = (
+        f"SELECT {', '.join(ROW_COLUMNS)} FROM audit "
+        f"WHERE id > {mark}{until} ORDER BY id LIMIT {mark}"
+    )
     while True:
         params = (after, last, chunk) if last else (after, chunk)
         rows = cur.execute(sql, params).fetchall()
@@ -212,9 +217,11 @@ def records(db: Any, mark: str, first: int = 0, last: int = 0, chunk: int = 5000
 
 def hash_before(db: Any, mark: str, first: int) -> tuple[int, str] | None:
     """The id and stored hash of the record just before id `first`, if there is one."""
-    row = db.cursor().execute(
-        f"SELECT id, hash FROM audit WHERE id < {mark} ORDER BY id DESC LIMIT 1", (first,)
-    ).fetchone()
+    row = (
+        db.cursor()
+        .execute(f"SELECT id, hash FROM audit WHERE id < {mark} ORDER BY id DESC LIMIT 1", (first,))
+        .fetchone()
+    )
     return (int(row[0]), str(row[1])) if row else None
 
 
@@ -259,6 +266,11 @@ class Verifier:
         self._heads = {c.last_id: c for c in signed if c.signed_by(self._trusted)}
         self.report = Report()
 
+    @property
+    def last_hash(self) -> str:
+        """The hash of the last record that verified (the start's before any)."""
+        return self._prev
+
     def feed(self, row: Sequence[Any]) -> bool:
         """One record; False once the chain is broken (at it or before)."""
         report = self.report
@@ -293,7 +305,8 @@ class Verifier:
             missing = [
                 c.last_id
                 for c in self._heads.values()
-                if c.last_id > report.last_id and (not last_id or c.last_id <= last_id)
+                if c.last_id > report.last_id
+                and (not last_id or c.last_id <= last_id)
                 and c.kind == "head"
             ]
             if missing:
@@ -309,7 +322,9 @@ class Verifier:
         return False
 
 
-def start_of(signed: Sequence[Checkpoint], trusted: Iterable[str], first_id: int) -> tuple[str, str]:
+def start_of(
+    signed: Sequence[Checkpoint], trusted: Iterable[str], first_id: int
+) -> tuple[str, str]:
     """The hash the first record of the log (id `first_id`) must follow, and what it is:
     the latest trusted anchor before it, else GENESIS."""
     keys = frozenset(trusted)
@@ -322,9 +337,7 @@ def start_of(signed: Sequence[Checkpoint], trusted: Iterable[str], first_id: int
     return latest.last_hash, f"record {latest.last_id} (removed by retention; a signed anchor)"
 
 
-def verify(
-    db: Any, mark: str, trusted: Iterable[str], first: int = 0, last: int = 0
-) -> Report:
+def verify(db: Any, mark: str, trusted: Iterable[str], first: int = 0, last: int = 0) -> Report:
     """Prove the records from id `first` to `last` (0: the whole log) against their chain
     and the checkpoints signed by a trusted key (public keys, hex)."""
     trusted = frozenset(trusted)

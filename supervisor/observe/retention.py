@@ -127,10 +127,14 @@ class Trimmer:
         if self._retention.export_dir is None:
             cur = db.cursor().execute(f"DELETE FROM audit WHERE id <= {mark}", (last,))
             return max(int(cur.rowcount), 0)
-        rows = db.cursor().execute(
-            f"SELECT {', '.join(self._columns)} FROM audit WHERE id <= {mark} ORDER BY id",
-            (last,),
-        ).fetchall()
+        rows = (
+            db.cursor()
+            .execute(
+                f"SELECT {', '.join(self._columns)} FROM audit WHERE id <= {mark} ORDER BY id",
+                (last,),
+            )
+            .fetchall()
+        )
         if rows:
             self._export(rows)
             db.cursor().execute(f"DELETE FROM audit WHERE id <= {mark}", (last,))

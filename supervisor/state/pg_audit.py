@@ -8,9 +8,9 @@ head (audit_chain, FOR UPDATE), so batches of several supervisors take their ids
 one after another.
 
 Retention by age applies (one chunk per step, a prefix of the chain under an advisory lock,
-so two supervisors trimming at once export a record once and leave one anchor per chunk). Retention by size does not: PostgreSQL does not hand
-freed pages back, and its operators size a database with its own tools (a warning says so
-when audit.max_size_mb is set)."""
+so two supervisors trimming at once export a record once and leave one anchor per chunk).
+Retention by size does not: PostgreSQL does not hand freed pages back, and its operators
+size a database with its own tools (a warning says so when audit.max_size_mb is set)."""
 
 from __future__ import annotations
 

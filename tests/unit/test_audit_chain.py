@@ -120,7 +120,9 @@ def signer() -> chain.Signer:
     return chain.Signer(Ed25519PrivateKey.generate(), clock=lambda: NOW)
 
 
-def test_an_untouched_chain_verifies_with_its_checkpoint(store: Store, signer: chain.Signer) -> None:
+def test_an_untouched_chain_verifies_with_its_checkpoint(
+    store: Store, signer: chain.Signer
+) -> None:
     store.write([record(i) for i in range(COUNT)], signer)
     report = store.verify([signer.public_key])
     assert report.ok, report.reason
@@ -173,7 +175,9 @@ def test_a_deleted_record_is_found(store: Store, signer: chain.Signer, target: i
 
 
 @pytest.mark.parametrize(("one", "two"), [(1, 2), (5, 30), (COUNT - 1, COUNT)])
-def test_reordered_records_are_found(store: Store, signer: chain.Signer, one: int, two: int) -> None:
+def test_reordered_records_are_found(
+    store: Store, signer: chain.Signer, one: int, two: int
+) -> None:
     store.write([record(i) for i in range(COUNT)], signer)
     spare = 10_000_000
     store.run("UPDATE audit SET id = ? WHERE id = ?", spare, one)
@@ -221,7 +225,8 @@ def test_a_checkpoint_of_another_key_proves_nothing(store: Store, signer: chain.
     assert report.notes == ["1 checkpoint(s) not signed by a trusted key: ignored"]
     store.write([record(i) for i in range(3)], signer)  # the supervisor writes on
     report = store.verify([signer.public_key])
-    assert report.broken_id == COUNT + 1 and "record 30" in report.reason
+    assert report.broken_id == COUNT + 1
+    assert "record 30" in report.reason
 
 
 def test_a_changed_signature_is_not_trusted(store: Store, signer: chain.Signer) -> None:
@@ -229,7 +234,9 @@ def test_a_changed_signature_is_not_trusted(store: Store, signer: chain.Signer) 
     store.run("DELETE FROM audit WHERE id = ?", COUNT)
     store.run("UPDATE audit_checkpoints SET last_id = ?", COUNT - 1)  # the signed id moved
     report = store.verify([signer.public_key])
-    assert report.ok and report.checkpoints == 0 and report.notes
+    assert report.ok
+    assert report.checkpoints == 0
+    assert report.notes
 
 
 def test_a_stretch_is_verified_from_the_record_before_it(
@@ -258,7 +265,8 @@ def test_retention_leaves_an_anchor_the_rest_verifies_from(
     assert (report.first_id, report.last_id) == (31, 50)
     store.run("DELETE FROM audit WHERE id = 31")  # one more from the start: no anchor for it
     report = store.verify([signer.public_key])
-    assert report.broken_id == 32 and "record 30" in report.reason
+    assert report.broken_id == 32
+    assert "record 30" in report.reason
 
 
 def test_without_a_signer_the_anchor_proves_nothing(store: Store) -> None:
@@ -268,7 +276,8 @@ def test_without_a_signer_the_anchor_proves_nothing(store: Store) -> None:
     assert log.trim()
     log.close()
     report = store.verify([])
-    assert report.broken_id == 11 and "start of the log" in report.reason
+    assert report.broken_id == 11
+    assert "start of the log" in report.reason
 
 
 def test_sqlite_retention_by_size_keeps_the_chain(tmp_path: Path, signer: chain.Signer) -> None:
@@ -282,7 +291,8 @@ def test_sqlite_retention_by_size_keeps_the_chain(tmp_path: Path, signer: chain.
     log.close()
     report = store.verify([signer.public_key])
     assert report.ok, report.reason
-    assert report.first_id > 1 and report.last_id == 3000
+    assert report.first_id > 1
+    assert report.last_id == 3000
 
 
 def test_an_older_versions_records_are_chained_at_the_upgrade(tmp_path: Path) -> None:
