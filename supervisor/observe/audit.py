@@ -13,14 +13,16 @@ size limits, never blocking a call."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from stockade.supervisor import database
 from stockade.supervisor.keys import split
@@ -273,9 +275,63 @@ class AuditLog:
         finally:
             db.close()
 
+    def scan(self, q: ScanQuery) -> list[AuditRecord]:
+        """Records in id order (oldest first), for replay; blocking: call it in a thread.
+        Waits for what is queued first."""
+        self.flush()
+        with self._reader() as (db, mark):
+            return list(scan_records(db, mark, q))
+
+    @contextlib.contextmanager
+    def _reader(self) -> Iterator[tuple[Any, str]]:
+        """A read-only connection to the store and its placeholder."""
+        db = database.reader(self._path)
+        try:
+            yield db, "?"
+        finally:
+            db.close()
+
     def close(self) -> None:
         self._put_marker(None)
         self._writer.join(30)
+
+
+@dataclass(frozen=True)
+class ScanQuery:
+    """Records for replay, in id order: since a time, of one tenant or all, of one key."""
+
+    since: float = 0.0
+    tenant: str | None = None
+    """None: every tenant's records."""
+    sandbox_key: str = ""
+    limit: int = 0
+    """At most this many, the oldest first (0: all)."""
+
+
+def scan_records(db: Any, mark: str, q: ScanQuery, chunk: int = 5000) -> Iterator[AuditRecord]:
+    """The records a ScanQuery selects, read `chunk` at a time in id order, through a DB-API
+    connection of either store."""
+    where, params = [f"id > {mark}", f"time >= {mark}"], list[object]([q.since])
+    if q.tenant is not None:
+        where.append(f"tenant = {mark}")
+        params.append(q.tenant)
+    if q.sandbox_key:
+        where.append(f"sandbox_key = {mark}")
+        params.append(q.sandbox_key)
+    sql = (
+        f"SELECT id, {', '.join(_COLUMNS)} FROM audit WHERE {' AND '.join(where)} "
+        f"ORDER BY id LIMIT {mark}"
+    )
+    after, left = 0, q.limit or -1
+    cur = db.cursor()
+    while left:
+        size = chunk if left < 0 else min(chunk, left)
+        rows = cur.execute(sql, (after, *params, size)).fetchall()
+        for row in rows:
+            yield _from_row(row)
+        if len(rows) < size:
+            return
+        after, left = int(rows[-1][0]), left - len(rows) if left > 0 else left
 
 
 INDEX_ORDER = (

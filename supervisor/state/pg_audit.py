@@ -14,9 +14,10 @@ size a database with its own tools (a warning says so when audit.max_size_mb is 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,11 @@ class PgAuditLog(AuditLog):
 
         trimmer = PgTrimmer(self._pool, self._retention, COLUMNS_READ, self._clock, self.signer)
         return write, trimmer, _nothing, seal
+
+    @contextlib.contextmanager
+    def _reader(self) -> Iterator[tuple[Any, str]]:
+        with self._pool.connection() as db:
+            yield db, "%s"
 
     def _rows(self, q: AuditQuery) -> list[tuple[object, ...]]:
         sql, params = query_sql(q, postgres=True)
