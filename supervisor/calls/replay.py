@@ -163,7 +163,7 @@ class Replayer:
         self._catalog = Catalog(config.custom_tools)
         self._tools = PolicyEngine(config, self._catalog)
         self._guard = _guard(config)
-        self._approvals = ApprovalManager(config.approvals, config.agents, always or _NoAlways())
+        self._approvals = ApprovalManager(config.approvals, config.agents, always or FixedAlways())
         self._now = 0.0
         self._limiter = KeyLimiter(config.limits, clock=lambda: self._now)
         self._verdicts: dict[tuple[str, str | None, str], tuple[str, str]] = {}
@@ -277,8 +277,9 @@ def _scoped(record: AuditRecord) -> str:
     return f"{record.tenant}\0{record.sandbox_key}" if record.tenant else record.sandbox_key
 
 
-class _NoAlways(AllowAlways):
-    """No command approved with allow-always (a replay that is not given the state's)."""
+class FixedAlways(AllowAlways):
+    """The commands approved with allow-always as a replay reads them from the store, once:
+    (tenant, command) pairs."""
 
-    def __init__(self) -> None:  # no database: nothing to read
-        self._commands: set[tuple[str, str]] = set()
+    def __init__(self, approved: Iterable[tuple[str, str]] = ()) -> None:  # no database
+        self._commands: set[tuple[str, str]] = {(str(t), str(c)) for t, c in approved}

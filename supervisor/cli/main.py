@@ -288,6 +288,12 @@ def _audit(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _policy(ns: argparse.Namespace) -> int:
+    from stockade.supervisor.cli import replay
+
+    return replay.run(ns)
+
+
 def _since(text: str | None) -> datetime | None:
     if not text:
         return None
@@ -428,6 +434,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "tools": _tools,
     "approvals": _approvals,
     "audit": _audit,
+    "policy": _policy,
     "mcp": _mcp,
 }
 

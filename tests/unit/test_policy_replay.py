@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from datetime import datetime
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -231,3 +232,37 @@ def test_the_context_policy_read_is_recorded_and_replayed(tmp_path: Path) -> Non
     report = replay([rec], candidate(tmp_path, text))
     assert report.changed_ids == {("allowed", "refused", "groups.*.tools.deny"): [0]}
     assert json.loads(rec.context_json) == {"chat_id": "team", "peer_kind": "group"}
+
+
+def test_the_command_reads_the_store_and_prints_the_changes(
+    day: list[AuditRecord], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`stockade policy replay`: the records from the candidate config's own store (here a
+    day written by the audit writer), one tenant's or all; text and --json."""
+    from stockade.supervisor.cli.main import main
+    from stockade.supervisor.observe.audit import AuditLog
+
+    log = AuditLog(tmp_path / "stockade.db")
+    for rec in day:
+        log.record(replace(rec, id=0, tenant="acme" if rec.id % 2 else "other"))
+    log.close()
+    path = tmp_path / "candidate.toml"
+    path.write_text(f'state_dir = "{tmp_path}"\n{STRICTER}')
+    args = ["policy", "replay", "--config", str(path), "--since", "2020-01-01"]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    want = expected("stricter", COUNT)
+    assert out["replayed"] == COUNT
+    assert sum(c["count"] for c in out["changes"]) == sum(len(v) for v in want.values())
+    assert main([*args, "--tenant", "acme", "--json"]) == 0
+    acme = json.loads(capsys.readouterr().out)
+    assert acme["replayed"] == (COUNT + 1) // 2
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert f"replayed {COUNT} call(s)" in text
+    assert "now refused (was allowed):" in text and "rule guard.no-push" in text
+    midnight = "2027-01-16T00:00:00+00:00"  # the day began at 08:00 UTC the day before
+    after = sum(r.time >= datetime.fromisoformat(midnight).timestamp() for r in day)
+    assert 0 < after < COUNT
+    assert main([*args[:-2], "--since", midnight]) == 0
+    assert f"replayed {after} call(s)" in capsys.readouterr().out
