@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from datetime import datetime
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
