@@ -260,7 +260,8 @@ def test_the_command_reads_the_store_and_prints_the_changes(
     assert main(args) == 0
     text = capsys.readouterr().out
     assert f"replayed {COUNT} call(s)" in text
-    assert "now refused (was allowed):" in text and "rule guard.no-push" in text
+    assert "now refused (was allowed):" in text
+    assert "rule guard.no-push" in text
     midnight = "2027-01-16T00:00:00+00:00"  # the day began at 08:00 UTC the day before
     after = sum(r.time >= datetime.fromisoformat(midnight).timestamp() for r in day)
     assert 0 < after < COUNT
