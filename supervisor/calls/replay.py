@@ -19,14 +19,15 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from stockade.supervisor import errors
 from stockade.supervisor.calls.pipeline import command_of, parse_arguments, where_of
-from stockade.supervisor.config import Config
+from stockade.supervisor.config import Config, config_from_toml
 from stockade.supervisor.errors import ConfigError
 from stockade.supervisor.models import CallContext, ErrorCode
-from stockade.supervisor.observe.audit import AuditRecord
+from stockade.supervisor.observe.audit import AuditLog, AuditRecord, ScanQuery
 from stockade.supervisor.policy.approvals import AllowAlways, ApprovalManager
 from stockade.supervisor.policy.guard import Guard, GuardConfigError, GuardRule
 from stockade.supervisor.policy.limits import KeyLimiter, LimitExceeded
@@ -241,6 +242,29 @@ def replay(records: Iterable[AuditRecord], candidate: Replayer) -> ReplayReport:
             continue
         report.add(record, was, now)
     return report
+
+
+MAX_CANDIDATE_BYTES = 1 << 20
+"""The largest candidate config a caller may send (ReplayPolicy)."""
+MAX_RECORDS = 1_000_000
+"""The most records one ReplayPolicy replays (about a minute of one core's time)."""
+
+
+def replay_candidate(
+    audit: AuditLog, candidate_toml: str, query: ScanQuery, always: AllowAlways | None = None
+) -> tuple[ReplayReport, bool]:
+    """ReplayPolicy's work, blocking (call it in a thread): the candidate's TOML checked and
+    loaded, the records read (at most query.limit, MAX_RECORDS), replayed; True when more
+    records were left."""
+    if len(candidate_toml.encode("utf-8", "surrogatepass")) > MAX_CANDIDATE_BYTES:
+        raise errors.InvalidRequest(f"the candidate config is over {MAX_CANDIDATE_BYTES >> 20} MiB")
+    try:
+        replayer = Replayer(config_from_toml(candidate_toml), always)
+    except errors.ConfigError as exc:
+        raise errors.InvalidRequest(str(exc)) from exc
+    limit = min(query.limit or MAX_RECORDS, MAX_RECORDS)
+    records = audit.scan(replace(query, limit=limit + 1))
+    return replay(records[:limit], replayer), len(records) > limit
 
 
 def _guard(config: Config) -> Guard | None:
