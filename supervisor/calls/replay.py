@@ -8,7 +8,7 @@ it was recorded is read from its record (`recorded`); what the candidate would d
 decided again from its tool, arguments and caller (`Replayer.decide`). A record the
 candidate cannot judge as the supervisor did is skipped, with its reason counted:
 arguments cut at audit.max_arguments_bytes, a honeytoken refusal, a stream cap, records that
-are no caller's call (egress, housekeeping, lifecycle).
+are no tool call (egress, housekeeping, lifecycle actions, transfers, watches, refusals).
 
 What replay cannot see: the secrets the scrubber took out of recorded arguments (the guard
 judges the command with them redacted), honeytokens, the calls-in-flight caps, and the
@@ -33,7 +33,7 @@ from stockade.supervisor.policy.guard import Guard, GuardConfigError, GuardRule
 from stockade.supervisor.policy.limits import KeyLimiter, LimitExceeded
 from stockade.supervisor.policy.tool_policy import ALLOWED, PolicyEngine
 from stockade.supervisor.sandboxes.manager import WORKSPACE
-from stockade.supervisor.tools.catalog import Catalog
+from stockade.supervisor.tools.catalog import ALIASES, Catalog
 from stockade.supervisor.tools.schemas import ArgumentError, validate_arguments
 
 Outcome = Literal["allowed", "refused", "approval"]
@@ -134,7 +134,7 @@ def recorded(record: AuditRecord) -> Decision | str:
     """What the call's record says was decided; a string: why it cannot be replayed."""
     code, step = record.error_code, record.policy_step
     if not record.front:
-        return "not a call"
+        return "not a tool call"
     if step == "honeytoken":
         return "honeytoken"
     if step.startswith("limits."):
@@ -159,15 +159,32 @@ class Replayer:
     """A candidate config's decisions over recorded calls, in their order (the rate limit
     counts by their recorded times)."""
 
-    def __init__(self, config: Config, always: AllowAlways | None = None) -> None:
-        """always: the allow-always commands in force (None: none)."""
+    def __init__(
+        self,
+        config: Config,
+        always: AllowAlways | None = None,
+        recorded_tools: Iterable[str] = (),
+    ) -> None:
+        """always: the allow-always commands in force (None: none). recorded_tools: the
+        custom tools of the config the calls were recorded under (a call of one the
+        candidate drops is replayed, as now unknown)."""
         self._catalog = Catalog(config.custom_tools)
+        self._tools_known = frozenset(
+            [*Catalog(()).tools, *ALIASES, *self._catalog.tools, *recorded_tools]
+        )
         self._tools = PolicyEngine(config, self._catalog)
         self._guard = _guard(config)
         self._approvals = ApprovalManager(config.approvals, config.agents, always or FixedAlways())
         self._now = 0.0
         self._limiter = KeyLimiter(config.limits, clock=lambda: self._now)
         self._verdicts: dict[tuple[str, str | None, str], tuple[str, str]] = {}
+
+    def is_call(self, record: AuditRecord) -> bool:
+        """Whether a record is a tool call's: a tool of either config, or a call of an unknown
+        tool refused as such (not a lifecycle action, transfer, watch, refusal or alarm)."""
+        if record.tool in self._tools_known:
+            return True
+        return record.error_code == ErrorCode.NOT_FOUND and not record.policy_step
 
     def decide(self, record: AuditRecord) -> Decision | str:
         """The candidate's decision on a recorded call; a string: why it cannot be judged."""
@@ -232,6 +249,9 @@ def replay(records: Iterable[AuditRecord], candidate: Replayer) -> ReplayReport:
     """Every record through the candidate, against what its record says was decided."""
     report = ReplayReport()
     for record in records:
+        if not candidate.is_call(record):
+            report.skipped["not a tool call"] += 1
+            continue
         was = recorded(record)
         if isinstance(was, str):
             report.skipped[was] += 1
@@ -251,7 +271,11 @@ MAX_RECORDS = 1_000_000
 
 
 def replay_candidate(
-    audit: AuditLog, candidate_toml: str, query: ScanQuery, always: AllowAlways | None = None
+    audit: AuditLog,
+    candidate_toml: str,
+    query: ScanQuery,
+    always: AllowAlways | None = None,
+    recorded_tools: Iterable[str] = (),
 ) -> tuple[ReplayReport, bool]:
     """ReplayPolicy's work, blocking (call it in a thread): the candidate's TOML checked and
     loaded, the records read (at most query.limit, MAX_RECORDS), replayed; True when more
@@ -259,7 +283,7 @@ def replay_candidate(
     if len(candidate_toml.encode("utf-8", "surrogatepass")) > MAX_CANDIDATE_BYTES:
         raise errors.InvalidRequest(f"the candidate config is over {MAX_CANDIDATE_BYTES >> 20} MiB")
     try:
-        replayer = Replayer(config_from_toml(candidate_toml), always)
+        replayer = Replayer(config_from_toml(candidate_toml), always, recorded_tools)
     except errors.ConfigError as exc:
         raise errors.InvalidRequest(str(exc)) from exc
     limit = min(query.limit or MAX_RECORDS, MAX_RECORDS)

@@ -51,7 +51,8 @@ def run(ns: argparse.Namespace) -> int:
         query = ScanQuery(since=_since(ns.since), tenant=ns.tenant, sandbox_key=ns.key)
         with open_store(source) as (db, mark):
             approved = db.cursor().execute("SELECT tenant, command FROM approved").fetchall()
-            replayer = Replayer(candidate, FixedAlways(approved))
+            recorded_tools = [tool.name for tool in source.custom_tools]
+            replayer = Replayer(candidate, FixedAlways(approved), recorded_tools)
             report = replay(scan_records(db, mark, query), replayer)
     except StockadeError as exc:
         print(f"stockade policy replay: {exc}", file=sys.stderr)

@@ -210,6 +210,8 @@ def test_the_rate_limit_counts_the_recorded_times(tmp_path: Path) -> None:
 def test_what_cannot_be_judged_is_skipped_with_its_reason(tmp_path: Path) -> None:
     records = [
         audit_record(front="", tool="network"),
+        audit_record(front="grpc", tool="create_sandbox", policy_step="grpc: create_sandbox"),
+        audit_record(front="mcp", tool="authenticate", policy_step="refused: bad token"),
         audit_record(front="grpc", policy_step="honeytoken", error_code="PERMISSION_DENIED"),
         audit_record(front="grpc", arguments_json='{"command": "ls -la ' + "x" * 50),
         audit_record(front="grpc", policy_step="limits.max_streams_per_tenant"),
@@ -217,7 +219,7 @@ def test_what_cannot_be_judged_is_skipped_with_its_reason(tmp_path: Path) -> Non
     report = replay(records, candidate(tmp_path, ""))
     assert report.replayed == 0
     assert dict(report.skipped) == {
-        "not a call": 1, "honeytoken": 1, "arguments not recorded whole": 1,
+        "not a tool call": 3, "honeytoken": 1, "arguments not recorded whole": 1,
         "stream or watch cap": 1,
     }  # fmt: skip
 
@@ -267,3 +269,12 @@ def test_the_command_reads_the_store_and_prints_the_changes(
     assert 0 < after < COUNT
     assert main([*args[:-2], "--since", midnight]) == 0
     assert f"replayed {after} call(s)" in capsys.readouterr().out
+
+
+def test_a_custom_tool_the_candidate_drops_is_now_unknown(tmp_path: Path) -> None:
+    recorded_under = [{"name": "deploy", "command": "make deploy", "description": "d"}]
+    rec = audit_record(front="grpc", tool="deploy", arguments_json="{}")
+    without = Replayer(config_from(tmp_path, ""), None, [t["name"] for t in recorded_under])
+    report = replay([rec], without)
+    assert report.changed_ids == {("allowed", "refused", "unknown-tool"): [0]}
+    assert replay([rec], candidate(tmp_path, "")).skipped == {"not a tool call": 1}

@@ -30,13 +30,16 @@ class AuditServicer(audit_pb2_grpc.AuditServiceServicer):
         scrubber: Scrubber | None = None,
         operators: frozenset[str] | None = None,
         always: AllowAlways | None = None,
+        custom_tools: tuple[str, ...] = (),
     ) -> None:
         """operators: the tenants who may replay (console.operators); None: anyone (auth
-        off). always: the allow-always commands in force, for replay."""
+        off). always: the allow-always commands in force, and custom_tools this server's
+        custom tools, for replay."""
         self._audit = audit
         self.scrubber = scrubber
         self._operators = operators
         self._always = always
+        self._custom_tools = custom_tools
 
     @mapped
     async def ListAudit(
@@ -78,7 +81,12 @@ class AuditServicer(audit_pb2_grpc.AuditServiceServicer):
             limit=request.max_records,
         )
         report, truncated = await asyncio.to_thread(
-            replay_candidate, self._audit, request.candidate_toml, query, self._always
+            replay_candidate,
+            self._audit,
+            request.candidate_toml,
+            query,
+            self._always,
+            self._custom_tools,
         )
         return _replay_to_pb(report, truncated)
 

@@ -212,6 +212,7 @@ class Server:
                 policy.scrubber,
                 frozenset(config.console.operators) if authenticator is not None else None,
                 policy.approvals.allow_always,
+                tuple(tool.name for tool in config.custom_tools),
             ),
             server,
         )
