@@ -315,3 +315,30 @@ def test_an_older_versions_records_are_chained_at_the_upgrade(tmp_path: Path) ->
     report = store.verify([])
     assert report.ok, report.reason
     assert report.checked == 501
+
+
+def test_two_supervisors_writing_at_once_make_one_chain(pg_server: PgServer) -> None:
+    """Two PostgreSQL audit logs (two supervisors of one shared state), each writing from
+    its own thread at the same time: their batches take their turn at the head."""
+    import threading
+
+    signer = chain.Signer(Ed25519PrivateKey.generate())
+    with pg_store(pg_server) as store:
+        logs = [store.make_log(sealing=chain.Sealing(signer)) for _ in range(2)]
+
+        def write(log: AuditLog, base: int) -> None:
+            for i in range(400):
+                log.record(record(base + i))
+
+        threads = [
+            threading.Thread(target=write, args=(log, n * 1000)) for n, log in enumerate(logs)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for log in logs:
+            log.close()
+        report = store.verify([signer.public_key])
+    assert report.ok, report.reason
+    assert (report.checked, report.last_id) == (800, 800)
