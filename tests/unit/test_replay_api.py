@@ -93,3 +93,17 @@ async def test_a_bad_candidate_is_invalid_argument(target: str, candidate: str, 
         await replay(target, OPERATOR, candidate_toml=candidate)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert said in (refused.value.details() or "")
+
+
+async def test_list_audit_gives_each_records_link(target: str) -> None:
+    """ListAudit's records carry the chain: each one's previous hash is the hash of the
+    record before it (one tenant's records, every one of them here, newest first)."""
+    async with AsyncStockade(target, token=TENANT) as client:
+        records = list(reversed(await client.list_audit(limit=100)))
+    ours = [r for r in records if r.tool == "exec"]
+    assert len(ours) == 3
+    assert all(len(r.hash) == 64 and len(r.prev_hash) == 64 for r in records)
+    by_id = {r.id: r for r in records}
+    linked = [r for r in records if r.id - 1 in by_id]
+    assert linked
+    assert all(r.prev_hash == by_id[r.id - 1].hash for r in linked)

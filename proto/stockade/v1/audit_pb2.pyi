@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AuditRecord(_message.Message):
-    __slots__ = ("id", "time", "request_id", "caller", "sandbox_key", "agent_id", "provider", "tool", "arguments_json", "policy_step", "guard_rule", "approval", "approver", "duration_ms", "exit_code", "output_bytes", "redactions", "error_code", "is_error", "tenant", "front")
+    __slots__ = ("id", "time", "request_id", "caller", "sandbox_key", "agent_id", "provider", "tool", "arguments_json", "policy_step", "guard_rule", "approval", "approver", "duration_ms", "exit_code", "output_bytes", "redactions", "error_code", "is_error", "tenant", "front", "context_json", "prev_hash", "hash")
     ID_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,9 @@ class AuditRecord(_message.Message):
     IS_ERROR_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     FRONT_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_JSON_FIELD_NUMBER: _ClassVar[int]
+    PREV_HASH_FIELD_NUMBER: _ClassVar[int]
+    HASH_FIELD_NUMBER: _ClassVar[int]
     id: int
     time: _timestamp_pb2.Timestamp
     request_id: str
@@ -54,7 +57,10 @@ class AuditRecord(_message.Message):
     is_error: bool
     tenant: str
     front: str
-    def __init__(self, id: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., request_id: _Optional[str] = ..., caller: _Optional[str] = ..., sandbox_key: _Optional[str] = ..., agent_id: _Optional[str] = ..., provider: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., policy_step: _Optional[str] = ..., guard_rule: _Optional[str] = ..., approval: _Optional[str] = ..., approver: _Optional[str] = ..., duration_ms: _Optional[int] = ..., exit_code: _Optional[int] = ..., output_bytes: _Optional[int] = ..., redactions: _Optional[int] = ..., error_code: _Optional[str] = ..., is_error: _Optional[bool] = ..., tenant: _Optional[str] = ..., front: _Optional[str] = ...) -> None: ...
+    context_json: str
+    prev_hash: str
+    hash: str
+    def __init__(self, id: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., request_id: _Optional[str] = ..., caller: _Optional[str] = ..., sandbox_key: _Optional[str] = ..., agent_id: _Optional[str] = ..., provider: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., policy_step: _Optional[str] = ..., guard_rule: _Optional[str] = ..., approval: _Optional[str] = ..., approver: _Optional[str] = ..., duration_ms: _Optional[int] = ..., exit_code: _Optional[int] = ..., output_bytes: _Optional[int] = ..., redactions: _Optional[int] = ..., error_code: _Optional[str] = ..., is_error: _Optional[bool] = ..., tenant: _Optional[str] = ..., front: _Optional[str] = ..., context_json: _Optional[str] = ..., prev_hash: _Optional[str] = ..., hash: _Optional[str] = ...) -> None: ...
 
 class ListAuditRequest(_message.Message):
     __slots__ = ("sandbox_key", "tool", "agent_id", "since", "limit", "errors_only")
