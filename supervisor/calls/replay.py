@@ -16,6 +16,7 @@ approvers' answers."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from collections.abc import Iterable
@@ -83,7 +84,8 @@ class ReplayReport:
     skipped: Counter[str] = field(default_factory=Counter)
     changes: dict[tuple[str, str, str], Change] = field(default_factory=dict)
     changed_ids: dict[tuple[str, str, str], list[int]] = field(default_factory=dict)
-    """Every changed record's id by change (the examples are a few of them)."""
+    """Every changed record's id by change (the examples are a few of them), if keep_ids."""
+    keep_ids: bool = True
 
     def add(self, record: AuditRecord, was: Decision, now: Decision) -> None:
         self.replayed += 1
@@ -94,7 +96,8 @@ class ReplayReport:
         key = (was.outcome, now.outcome, rule)
         change = self.changes.setdefault(key, Change(was.outcome, now.outcome, rule))
         change.count += 1
-        self.changed_ids.setdefault(key, []).append(record.id)
+        if self.keep_ids:
+            self.changed_ids.setdefault(key, []).append(record.id)
         if len(change.examples) < MAX_EXAMPLES:
             change.examples.append(
                 Example(
@@ -245,9 +248,11 @@ class Replayer:
         return found
 
 
-def replay(records: Iterable[AuditRecord], candidate: Replayer) -> ReplayReport:
+def replay(
+    records: Iterable[AuditRecord], candidate: Replayer, *, keep_ids: bool = True
+) -> ReplayReport:
     """Every record through the candidate, against what its record says was decided."""
-    report = ReplayReport()
+    report = ReplayReport(keep_ids=keep_ids)
     for record in records:
         if not candidate.is_call(record):
             report.skipped["not a tool call"] += 1
@@ -287,8 +292,9 @@ def replay_candidate(
     except errors.ConfigError as exc:
         raise errors.InvalidRequest(str(exc)) from exc
     limit = min(query.limit or MAX_RECORDS, MAX_RECORDS)
-    records = audit.scan(replace(query, limit=limit + 1))
-    return replay(records[:limit], replayer), len(records) > limit
+    with audit.scan(replace(query, limit=limit + 1)) as records:
+        report = replay(itertools.islice(records, limit), replayer, keep_ids=False)
+        return report, next(records, None) is not None
 
 
 def _guard(config: Config) -> Guard | None:

@@ -53,7 +53,7 @@ def run(ns: argparse.Namespace) -> int:
             approved = db.cursor().execute("SELECT tenant, command FROM approved").fetchall()
             recorded_tools = [tool.name for tool in source.custom_tools]
             replayer = Replayer(candidate, FixedAlways(approved), recorded_tools)
-            report = replay(scan_records(db, mark, query), replayer)
+            report = replay(scan_records(db, mark, query), replayer, keep_ids=False)
     except StockadeError as exc:
         print(f"stockade policy replay: {exc}", file=sys.stderr)
         return 2

@@ -275,12 +275,13 @@ class AuditLog:
         finally:
             db.close()
 
-    def scan(self, q: ScanQuery) -> list[AuditRecord]:
-        """Records in id order (oldest first), for replay; blocking: call it in a thread.
-        Waits for what is queued first."""
+    @contextlib.contextmanager
+    def scan(self, q: ScanQuery) -> Iterator[Iterator[AuditRecord]]:
+        """The records in id order (oldest first), read as they are iterated, for replay;
+        blocking: use it in a thread, from start to end. Waits for what is queued first."""
         self.flush()
         with self._reader() as (db, mark):
-            return list(scan_records(db, mark, q))
+            yield scan_records(db, mark, q)
 
     @contextlib.contextmanager
     def _reader(self) -> Iterator[tuple[Any, str]]:
