@@ -175,9 +175,11 @@ def seal_head(db: Any, mark: str, signer: Signer) -> Checkpoint | None:
 
 def write_anchor(db: Any, mark: str, signer: Signer | None, last_id: int) -> None:
     """The anchor of a retention chunk that removes the records up to `last_id` (called
-    before they go, in the same transaction). Unsigned without a signer: verify then cannot
-    prove what follows, and says so."""
+    before they go, in the same transaction), in place of the checkpoints of the records
+    before it (no longer of use: verify starts from the latest anchor). Unsigned without a
+    signer: verify then cannot prove what follows, and says so."""
     row = db.cursor().execute(f"SELECT hash FROM audit WHERE id = {mark}", (last_id,)).fetchone()
+    db.cursor().execute(f"DELETE FROM audit_checkpoints WHERE last_id <= {mark}", (last_id,))
     last_hash = str(row[0]) if row else ""
     if signer is not None:
         add_checkpoint(db, mark, signer.sign("anchor", last_id, last_hash))

@@ -263,6 +263,9 @@ def test_retention_leaves_an_anchor_the_rest_verifies_from(
     report = store.verify([signer.public_key])
     assert report.ok, report.reason
     assert (report.first_id, report.last_id) == (31, 50)
+    with store.raw() as db:  # the anchors of earlier chunks, the heads of removed records: gone
+        kept = [(c.kind, c.last_id) for c in chain.checkpoints(db)]
+    assert kept == [("head", 50), ("anchor", 30)]
     store.run("DELETE FROM audit WHERE id = 31")  # one more from the start: no anchor for it
     report = store.verify([signer.public_key])
     assert report.broken_id == 32
