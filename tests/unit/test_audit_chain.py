@@ -84,13 +84,18 @@ def sqlite_store(tmp_path: Path) -> Store:
 
 @contextmanager
 def pg_store(server: PgServer) -> Iterator[Store]:
+    with pg_store_at(server.create_database(f"t{uuid.uuid4().hex[:12]}")) as store:
+        yield store
+
+
+@contextmanager
+def pg_store_at(url: str) -> Iterator[Store]:
     import psycopg
     from psycopg_pool import ConnectionPool
 
     from stockade.supervisor.state.pg_audit import PgAuditLog
     from stockade.supervisor.state.pg_schema import migrate
 
-    url = server.create_database(f"t{uuid.uuid4().hex[:12]}")
     pool: ConnectionPool[Any] = ConnectionPool(url, min_size=1, max_size=4, open=True)
     with pool.connection() as db:
         migrate(db)
@@ -345,3 +350,34 @@ def test_two_supervisors_writing_at_once_make_one_chain(pg_server: PgServer) -> 
         report = store.verify([signer.public_key])
     assert report.ok, report.reason
     assert (report.checked, report.last_id) == (800, 800)
+
+
+def test_the_command_verifies_a_postgresql_store(
+    pg_server: PgServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`stockade audit verify` on a shared state (state.url), trusting a key given by file."""
+    from stockade.supervisor.cli.main import main
+
+    url = pg_server.create_database(f"t{uuid.uuid4().hex[:12]}")
+    key = Ed25519PrivateKey.generate()
+    signer = chain.Signer(key)
+    (tmp_path / "audit.pub").write_text(signer.public_key + "\n")
+    config = tmp_path / "stockade.toml"
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\n[state]\nurl = "{url}"\n')
+    with pg_store_at(url) as store:
+        store.write([record(i) for i in range(COUNT)], signer)
+        args = [
+            "audit",
+            "verify",
+            "--config",
+            str(config),
+            "--public-key",
+            str(tmp_path / "audit.pub"),
+        ]
+        assert main(args) == 0
+        assert f"ok: records 1 to {COUNT} ({COUNT}), 1 signed checkpoint" in capsys.readouterr().out
+        store.run("UPDATE audit SET id = 1000 WHERE id = 7")
+        store.run("UPDATE audit SET id = 7 WHERE id = 8")
+        store.run("UPDATE audit SET id = 8 WHERE id = 1000")
+        assert main(args) == 1
+        assert "BROKEN at record 7" in capsys.readouterr().out
