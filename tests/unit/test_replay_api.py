@@ -86,6 +86,7 @@ async def test_a_tenant_that_is_no_operator_is_refused(target: str) -> None:
         ("[guard\nrules = 1", "cannot read the candidate config"),
         ('[[guard.rules]]\nname = "bad"\npattern = "("\n', "bad"),
         ("[limits]\nburst = 'many'\n", "limits.burst"),
+        ("x = " + "[" * 100_000 + "]" * 100_000, "nests too deeply"),
     ],
 )
 async def test_a_bad_candidate_is_invalid_argument(target: str, candidate: str, said: str) -> None:
