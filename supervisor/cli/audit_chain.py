@@ -17,7 +17,7 @@ from typing import Any
 from stockade.supervisor.config import Config, load_config
 from stockade.supervisor.errors import StockadeError
 from stockade.supervisor.observe import chain
-from stockade.supervisor.observe.audit_export import ChainBroken, export
+from stockade.supervisor.observe.audit_export import ChainBroken, check_witness, export
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -75,17 +75,29 @@ def trusted_keys(config: Config, given: list[Path] | None) -> list[str]:
 
 
 def _verify(config: Config, ns: argparse.Namespace) -> int:
+    trusted = trusted_keys(config, ns.public_key)
     with open_store(config) as (db, mark):
-        report = chain.verify(db, mark, trusted_keys(config, ns.public_key), ns.first, ns.last)
+        report = chain.verify(db, mark, trusted, ns.first, ns.last)
+        witnessed = [
+            (path, check_witness(db, mark, path.read_bytes(), trusted)) for path in ns.witness or []
+        ]
+    failed = [(path, wrong) for path, wrong in witnessed if wrong is not None]
     for note in report.notes:
         print(f"note: {note}")
     if not report.ok:
         print(f"BROKEN at record {report.broken_id}: {report.reason}")
         if report.checked:
             print(f"(records {report.first_id} to {report.last_id} verified before it)")
+    for path, wrong in failed:
+        print(f"BROKEN against the witness {path}: {wrong}")
+    if not report.ok or failed:
         return 1
     span = f"records {report.first_id} to {report.last_id}" if report.checked else "no records"
-    print(f"ok: {span} ({report.checked}), {report.checkpoints} signed checkpoint(s) matched")
+    witnesses = f", {len(witnessed)} witness(es) held" if witnessed else ""
+    print(
+        f"ok: {span} ({report.checked}), {report.checkpoints} signed checkpoint(s) matched"
+        + witnesses
+    )
     return 0
 
 
@@ -133,6 +145,10 @@ def add_options(audit: argparse.ArgumentParser) -> None:
     audit.add_argument(
         "--public-key", type=Path, action="append",
         help="verify/export: a public key to trust (file), besides this host's signing key",
+    )  # fmt: skip
+    audit.add_argument(
+        "--witness", type=Path, action="append",
+        help="verify: an earlier signed export kept elsewhere; the record it ends at must be there",
     )  # fmt: skip
     audit.add_argument("--signed", action="store_true", help="export: seal it with the key")
     audit.add_argument("-o", "--output", type=Path, help="export: this file (default stdout)")

@@ -109,3 +109,42 @@ def export(
         seal["signature"] = signer.sign_bytes(seal_message(seal))
         out.write(line(seal))
     return report
+
+
+def check_witness(db: Any, mark: str, export_file: bytes, trusted: Iterable[str]) -> str | None:
+    """An earlier signed export as a witness kept off the host: the record its seal ends at
+    must still be in the log with the hash the seal signs, or have been removed by
+    retention (a trusted anchor at or after it). None when it holds, else what is wrong.
+    A log wiped whole and begun again verifies on its own; it fails this."""
+    lines = export_file.splitlines()
+    try:
+        seal = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        seal = None
+    if not isinstance(seal, dict) or seal.get("type") != "seal":
+        return "the witness does not end with a seal (not an export made with --signed)"
+    keys = frozenset(trusted)
+    if seal.get("public_key") not in keys or not _seal_signed(seal):
+        return "the witness's seal is not signed by a trusted key"
+    last_id, end_hash = int(seal["last_id"]), str(seal["end_hash"])
+    if not last_id:
+        return None
+    row = db.cursor().execute(f"SELECT hash FROM audit WHERE id = {mark}", (last_id,)).fetchone()
+    if row is not None:
+        if str(row[0]) == end_hash:
+            return None
+        return f"record {last_id} is not the one the witness sealed: it was changed"
+    anchors = [
+        c for c in chain.checkpoints(db)
+        if c.kind == "anchor" and c.last_id >= last_id and c.signed_by(keys)
+    ]  # fmt: skip
+    if anchors:
+        return None
+    return f"record {last_id}, which the witness sealed, is gone and no signed anchor covers it"
+
+
+def _seal_signed(seal: dict[str, Any]) -> bool:
+    unsigned = dict(seal)
+    signature = str(unsigned.pop("signature", ""))
+    check = chain.Checkpoint(0.0, "", 0, "", str(seal["public_key"]), signature)
+    return check.verifies(seal_message(unsigned))

@@ -60,11 +60,13 @@ class Checkpoint:
 
     def signed_by(self, trusted: Iterable[str]) -> bool:
         """Whether one of the trusted public keys (hex) made its signature."""
-        if self.public_key not in set(trusted):
-            return False
+        return self.public_key in set(trusted) and self.verifies(self.message())
+
+    def verifies(self, message: bytes) -> bool:
+        """Whether its signature is its public key's over `message`."""
         try:
             public = Ed25519PublicKey.from_public_bytes(bytes.fromhex(self.public_key))
-            public.verify(bytes.fromhex(self.signature), self.message())
+            public.verify(bytes.fromhex(self.signature), message)
         except (ValueError, InvalidSignature):
             return False
         return True
@@ -157,17 +159,15 @@ def add_checkpoint(db: Any, mark: str, checkpoint: Checkpoint) -> None:
 
 
 def seal_head(db: Any, mark: str, signer: Signer) -> Checkpoint | None:
-    """Sign the chain's head unless its last checkpoint signs it already (in the caller's
-    transaction); the checkpoint made."""
+    """Sign the chain's head unless the last checkpoint signs it already (a head, or the
+    anchor retention left for it), in the caller's transaction; the checkpoint made."""
     cur = db.cursor()
     head = cur.execute(HEAD).fetchone()
     if head is None or int(head[0]) == 0:
         return None
-    last = cur.execute(
-        "SELECT last_id FROM audit_checkpoints WHERE kind = 'head' ORDER BY id DESC LIMIT 1"
-    ).fetchone()
-    if last is not None and int(last[0]) == int(head[0]):
-        return None
+    signed = cur.execute("SELECT max(last_id) FROM audit_checkpoints").fetchone()
+    if signed is not None and signed[0] is not None and int(signed[0]) >= int(head[0]):
+        return None  # a head checkpoint, or the anchor of retention having removed it
     checkpoint = signer.sign("head", int(head[0]), str(head[1]))
     add_checkpoint(db, mark, checkpoint)
     return checkpoint
@@ -265,7 +265,10 @@ class Verifier:
         """start_id: the id of the record `start` is the hash of, when it is still there."""
         self._prev, self._prev_id, self._why = start, start_id, start_why
         self._trusted = frozenset(trusted)
-        self._heads = {c.last_id: c for c in signed if c.signed_by(self._trusted)}
+        trusted_signed = [c for c in signed if c.signed_by(self._trusted)]
+        self._heads = {c.last_id: c for c in trusted_signed if c.kind == "head"}
+        self._anchored = max((c.last_id for c in trusted_signed if c.kind == "anchor"), default=0)
+        """Records up to this id were removed by retention, as a trusted anchor says."""
         self.report = Report()
 
     @property
@@ -307,9 +310,8 @@ class Verifier:
             missing = [
                 c.last_id
                 for c in self._heads.values()
-                if c.last_id > report.last_id
+                if c.last_id > max(report.last_id, self._anchored)
                 and (not last_id or c.last_id <= last_id)
-                and c.kind == "head"
             ]
             if missing:
                 self._break(

@@ -219,3 +219,56 @@ def test_the_signing_key_is_made_private_and_a_shared_one_refused(tmp_path: Path
     given = tmp_path / "missing.key"  # a key given by file is never made
     with pytest.raises(ConfigError, match=r"missing\.key"):
         sealing(load_config(path, {"audit.signing_key": str(given)}))
+
+
+def test_a_witness_finds_a_log_wiped_and_begun_again(
+    config_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A chain deleted whole (records, checkpoints, head) and begun again verifies on its
+    own; an earlier signed export kept elsewhere (`--witness`) finds it. Retention removing
+    the witnessed record leaves an anchor, which satisfies the witness."""
+    import sqlite3
+
+    config = load_config(config_file)
+    witness = tmp_path / "witness.jsonl"
+    assert cli("export", "--signed", "--config", str(config_file), "-o", str(witness)) == 0
+    check = ("verify", "--config", str(config_file), "--witness", str(witness))
+    assert cli(*check) == 0
+    assert "1 witness(es) held" in capsys.readouterr().out
+    forged = tmp_path / "forged.jsonl"
+    forged.write_bytes(witness.read_bytes().replace(b'"records":40', b'"records":41'))
+    assert cli("verify", "--config", str(config_file), "--witness", str(forged)) == 1
+    assert "not signed by a trusted key" in capsys.readouterr().out
+    raw = sqlite3.connect(config.state_dir / "stockade.db")
+    for table in ("audit", "audit_checkpoints", "audit_chain"):
+        raw.execute(f"DELETE FROM {table}")
+    raw.execute("INSERT INTO audit_chain VALUES ('head', 0, ?)", ("0" * 64,))
+    raw.commit()
+    raw.close()
+    log = AuditLog(config.state_dir / "stockade.db", sealing=sealing(config))
+    for i in range(5):
+        log.record(record(i))
+    log.close()
+    assert cli("verify", "--config", str(config_file)) == 0  # on its own, it holds
+    capsys.readouterr()
+    assert cli(*check) == 1
+    assert "record 60, which the witness sealed, is gone" in capsys.readouterr().out
+
+
+def test_a_witness_holds_after_retention_removes_its_record(
+    config_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = load_config(config_file)
+    witness = tmp_path / "witness.jsonl"
+    assert cli("export", "--signed", "--config", str(config_file), "-o", str(witness)) == 0
+    later = AuditLog(
+        config.state_dir / "stockade.db", Retention(max_age_s=DAY, max_bytes=0),
+        clock=lambda: NOW + 5 * DAY, sealing=sealing(config),
+    )  # fmt: skip
+    assert later.trim()
+    later.close()
+    capsys.readouterr()
+    assert cli("verify", "--config", str(config_file), "--witness", str(witness)) == 0
+    assert "ok: no records (0), 0 signed checkpoint(s) matched, 1 witness(es) held" in (
+        capsys.readouterr().out
+    )
