@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from stockade.supervisor import database
 from stockade.supervisor.observe import chain
@@ -381,3 +383,62 @@ def test_the_command_verifies_a_postgresql_store(
         store.run("UPDATE audit SET id = 8 WHERE id = 1000")
         assert main(args) == 1
         assert "BROKEN at record 7" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def written_log(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A SQLite log of COUNT records and its signed head, to copy for each attack."""
+    folder = tmp_path_factory.mktemp("written")
+    signer = chain.Signer(Ed25519PrivateKey.generate(), clock=lambda: NOW)
+    sqlite_store(folder).write([record(i) for i in range(COUNT)], signer)
+    return folder / "stockade.db", signer.public_key
+
+
+EDITABLE = [name for name in chain.ROW_COLUMNS if name not in ("id", "prev_hash", "hash")]
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    attack=st.sampled_from(["edit", "delete", "swap"]),
+    first=st.integers(1, COUNT),
+    other=st.integers(1, COUNT),
+    column=st.sampled_from(EDITABLE),
+)
+def test_any_record_edited_deleted_or_swapped_is_named(
+    written_log: tuple[Path, str], tmp_path: Path, attack: str, first: int, other: int, column: str
+) -> None:
+    """Whichever record, whichever column: verify names the record the attack broke first."""
+    import shutil
+
+    source, key = written_log
+    folder = tmp_path / uuid.uuid4().hex
+    folder.mkdir()
+    shutil.copy(source, folder / "stockade.db")
+    store = sqlite_store(folder)
+    if attack == "edit":
+        changed = f"{column} = {column} + 1" if column != "is_error" else "is_error = 1 - is_error"
+        if column not in (
+            "time",
+            "duration_ms",
+            "exit_code",
+            "output_bytes",
+            "redactions",
+            "is_error",
+        ):
+            changed = f"{column} = {column} || 'x'"
+        store.run(f"UPDATE audit SET {changed} WHERE id = ?", first)
+        expected = first
+    elif attack == "delete":
+        store.run("DELETE FROM audit WHERE id = ?", first)
+        expected = first + 1 if first < COUNT else COUNT
+    else:
+        if first == other:
+            return
+        low, high = sorted((first, other))
+        store.run("UPDATE audit SET id = -1 WHERE id = ?", low)
+        store.run("UPDATE audit SET id = ? WHERE id = ?", low, high)
+        store.run("UPDATE audit SET id = ? WHERE id = -1", high)
+        expected = low
+    assert store.verify([key]).broken_id == expected
