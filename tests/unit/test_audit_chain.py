@@ -398,7 +398,7 @@ EDITABLE = [name for name in chain.ROW_COLUMNS if name not in ("id", "prev_hash"
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
     attack=st.sampled_from(["edit", "delete", "swap"]),
