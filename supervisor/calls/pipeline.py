@@ -241,7 +241,7 @@ class ToolPipeline:
             except _Stop:  # wrong arguments may still carry a decoy
                 self._decoys(call, spec, trail.arguments, None, trail)
                 raise
-        command = _command_of(spec, args)
+        command = command_of(spec, args)
         self._decoys(call, spec, args, command, trail)
         if command is not None:
             await self._check_command(call, spec, command, trail, events, args, ask)
@@ -314,7 +314,7 @@ class ToolPipeline:
         guard = self._policy.guard
         if guard is not None:
             with trail.stages.timed("guard"):
-                check = functools.partial(guard.check, command, **_where_of(spec, args or {}))
+                check = functools.partial(guard.check, command, **where_of(spec, args or {}))
                 # a hostile 256 KiB command takes ~0.4 s to parse: keep it off the event loop
                 long = len(command) > GUARD_INLINE_CHARS
                 verdict = await asyncio.to_thread(check) if long else check()
@@ -444,7 +444,7 @@ def _is_attach(spec: ToolSpec, args: dict[str, Any]) -> bool:
     return action == "attach" or (action == "start" and bool(args.get("follow")))
 
 
-def _command_of(spec: ToolSpec, args: dict[str, Any]) -> str | None:
+def command_of(spec: ToolSpec, args: dict[str, Any]) -> str | None:
     """The shell command a call would run, for the guard and approvals."""
     if spec.custom is not None:
         return render_command(spec.custom.command, args)
@@ -455,7 +455,7 @@ def _command_of(spec: ToolSpec, args: dict[str, Any]) -> str | None:
     return None
 
 
-def _where_of(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
+def where_of(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
     """The working directory and added environment the guard judges a command in."""
     if spec.custom is not None:
         return {"workdir": spec.custom.workdir, "env": dict(spec.custom.env)}
