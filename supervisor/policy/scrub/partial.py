@@ -15,9 +15,10 @@ A tail is kept back from the earliest of:
   alphabets appended): a keyword's value (`password: hun`), a bearer token, a URL password;
 - the start of a configured secret in any of its forms (given by the scrubber).
 What is not kept back: text that can only be the start of a prefix-less credential shorter
-than LONG_RUN, or a single character that begins a lead. A program that writes such a piece and pauses for the stream's quiet interval
-has that piece released before the rest is written; the rest, alone, may then not be
-recognised (docs/security.md#streamed-output)."""
+than LONG_RUN, or a single character that begins a lead. A program that writes such a piece
+and pauses for the stream's quiet interval has that piece released before the rest is
+written; the rest is then scrubbed with the released part as its context, which finds a
+format with a lead but not every prefix-less one (docs/security.md#streamed-output-issue-28)."""
 
 from __future__ import annotations
 

@@ -91,7 +91,6 @@ from urllib.parse import quote
 import hyperscan
 
 from stockade.supervisor.policy.scrub.context import alternation
-from stockade.supervisor.policy.scrub.partial import open_tail
 from stockade.supervisor.policy.scrub.engine import (
     as_bytes,
     compile_literals,
@@ -99,6 +98,7 @@ from stockade.supervisor.policy.scrub.engine import (
     hits,
     prepare,
 )
+from stockade.supervisor.policy.scrub.partial import open_tail
 from stockade.supervisor.text import wire_text
 
 __all__ = ["REDACTED", "Scrubber"]

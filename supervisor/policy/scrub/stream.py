@@ -10,8 +10,9 @@ next text (Scrubber.scrub_after), so a key body's lines released apart are still
 together. When the stream goes quiet, the open line is released but for a tail that may
 still be the start of a credential (Scrubber.open_tail: a partial token with a known lead, a
 long run of key characters, a keyword's value, the start of a configured secret), so that a
-prompt or a partial line arrives at once; flush() releases the rest at the end. A line longer than MAX_HOLD is released but for a
-tail that may still start a credential, and never in the middle of one it holds."""
+prompt or a partial line arrives at once; flush() releases the rest at the end. A line
+longer than MAX_HOLD is released but for a tail that may still start a credential, and never
+in the middle of one it holds."""
 
 from __future__ import annotations
 
