@@ -1,0 +1,394 @@
+"""Brokered secrets through a sandbox's life, and their reload (cli/reloading.py).
+
+- A sandbox's placeholders are its key's: the same after a re-creation (a heal, a restore, a
+  destroy and ensure) and after a supervisor restart (a new Brokering over the same state
+  directory); each fork (a new key) has its own, and a fork's placeholder, or any
+  placeholder not the sandbox's own, is refused by the source's or a sibling's proxy
+  wherever it goes, even in the configured header to the secret's own host.
+- A reload swaps the secrets in one assignment: a removed secret is retired in a running
+  sandbox's Broker (never injected, its placeholder refused), a changed value is injected
+  from then on, an added one waits for the next container; on a kept-alive intercepted
+  connection the next request gets the new Broker, the one under way finished with the old.
+- The Reloader: what changed by name (never a value), the settings it cannot reload named
+  and kept, a file that does not load changes nothing, each reload audited and answered in
+  STATE/reload.json for `stockade reload`, which finds the serving process by its lock."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from stockade.supervisor.cli import reloading
+from stockade.supervisor.cli.parsing import parse
+from stockade.supervisor.cli.reloading import (
+    Reloadable,
+    Reloader,
+    changed_settings,
+    serving_pid,
+)
+from stockade.supervisor.config import SecretConfig
+from stockade.supervisor.config.loading import load_config
+from stockade.supervisor.keys import sandbox_id
+from stockade.supervisor.network.brokered import (
+    NOT_OURS,
+    Broker,
+    BrokeredSecret,
+    find_placeholder,
+    inject,
+)
+from stockade.supervisor.observe.audit import AuditLog, AuditRecord
+from stockade.supervisor.policy.scrub.scrubber import Scrubber
+from stockade.supervisor.sandboxes.brokering import Brokering, SecretChanges
+from stockade.supervisor.sandboxes.owner import InstanceLock
+from tests.unit.intercept_harness import (
+    GH_PH,
+    GH_REAL,
+    SECRETS,
+    Harness,
+    get,
+    read_response,
+    tunnel,
+)
+
+VALUE = "ghp_RealSecretValue0123456789abcdefXYZ"
+NEW_VALUE = "ghp_NewSecretValue9876543210abcdefQRS"
+CA = b"-----BEGIN CERTIFICATE-----\nTESTCA\n-----END CERTIFICATE-----\n"
+SOURCE, FORKS = "src", ("fork-1", "fork-2", "fork-3")
+
+
+def write_config(tmp_path: Path, *, git: bool = True, value: str = VALUE, extra: str = "") -> Path:
+    token = tmp_path / "token"
+    token.write_text(value + "\n")
+    token.chmod(0o600)
+    path = tmp_path / "stockade.toml"
+    text = (
+        f'listen = "unix:{tmp_path / "api.sock"}"\nstate_dir = "{tmp_path / "state"}"\n'
+        '[sandbox]\nnetwork = "egress"\n'
+        f'[secrets.github]\nfile = "{token}"\nhosts = ["api.github.com"]\n'
+        'template = "Bearer {secret}"\nsandbox_env = "GITHUB_TOKEN"\n'
+    )
+    if git:
+        text += (
+            f'[secrets.git]\nfile = "{token}"\nhosts = ["git.example.com"]\n'
+            'basic_user = "x-access-token"\nsandbox_env = "GIT_TOKEN"\n'
+        )
+    path.write_text(text + extra)
+    return path
+
+
+def broker_of(brokering: Brokering, key: str) -> Broker:
+    return brokering.broker(key, sandbox_id(key), "")
+
+
+def held(broker: Broker, name: str) -> BrokeredSecret:
+    (found,) = [s for s in broker.secrets if s.name == name]
+    return found
+
+
+# placeholders per sandbox, per fork
+
+
+def test_a_sandbox_keeps_its_placeholders_through_re_creation_and_restart(tmp_path: Path) -> None:
+    cfg = load_config(write_config(tmp_path))
+    first = Brokering(cfg, lambda: CA)
+    before = first.container_parts(SOURCE, sandbox_id(SOURCE), "", "egress", tmp_path)
+    # a heal, a restore or a destroy and ensure: a new container of the same key
+    again = first.container_parts(SOURCE, sandbox_id(SOURCE), "", "egress", tmp_path)
+    # a restarted supervisor: a new Brokering over the same state directory
+    restarted = Brokering(load_config(write_config(tmp_path)), lambda: CA)
+    after = restarted.container_parts(SOURCE, sandbox_id(SOURCE), "", "egress", tmp_path)
+    assert before.environment["GITHUB_TOKEN"] == again.environment["GITHUB_TOKEN"]
+    assert before.environment == after.environment
+    assert (
+        held(broker_of(restarted, SOURCE), "github").placeholder
+        == (before.environment["GITHUB_TOKEN"])
+    )
+
+
+def test_each_fork_has_its_own_placeholders(tmp_path: Path) -> None:
+    brokering = Brokering(load_config(write_config(tmp_path)), lambda: CA)
+    keys = (SOURCE, *FORKS)
+    every = [s.placeholder for key in keys for s in broker_of(brokering, key).secrets]
+    assert len(set(every)) == len(every) == 2 * len(keys)
+
+
+@pytest.mark.parametrize("user", [*FORKS[1:], SOURCE])
+def test_a_forks_placeholder_is_refused_by_its_source_and_its_siblings(
+    tmp_path: Path, user: str
+) -> None:
+    brokering = Brokering(load_config(write_config(tmp_path)), lambda: CA)
+    fork_ph = held(broker_of(brokering, FORKS[0]), "github").placeholder
+    own = broker_of(brokering, user)
+    header = f"Bearer {fork_ph}"
+    # in the configured header, to the secret's own host: not injected, and found as foreign
+    assert inject(own, "Authorization", header, "api.github.com") is None
+    for data in (
+        f"Authorization: {header}",
+        f"?t={fork_ph}",
+        fork_ph.upper(),
+        f'{{"t":"{fork_ph}"}}',
+    ):
+        found = find_placeholder(own, data.encode())
+        assert found is not None, data
+        assert (found.name, found.placeholder, found.value) == (NOT_OURS, fork_ph, "")
+    # its own is injected, and the fork's own proxy injects the fork's
+    mine = held(own, "github").placeholder
+    assert inject(own, "Authorization", f"Bearer {mine}", "api.github.com") is not None
+    fork = broker_of(brokering, FORKS[0])
+    assert inject(fork, "Authorization", header, "api.github.com") == (
+        f"Bearer {VALUE}",
+        held(fork, "github"),
+    )
+
+
+def test_a_placeholder_lookalike_is_refused_only_where_secrets_are_held() -> None:
+    shaped = b"stk_ph_" + b"q" * 32
+    assert find_placeholder(Broker(), shaped) is None  # no secrets: nothing intercepted
+    found = find_placeholder(Broker(SECRETS), shaped)
+    assert found is not None
+    assert found.name == NOT_OURS
+    for near in (b"stk_ph_" + b"q" * 31, b"stk_ph_" + b"1" * 32, b"stk-ph-" + b"q" * 32):
+        assert find_placeholder(Broker(SECRETS), near) is None, near
+
+
+# the reload's swap
+
+
+def test_a_reload_retires_a_removed_secret_and_changes_a_value(tmp_path: Path) -> None:
+    brokering = Brokering(load_config(write_config(tmp_path)), lambda: CA)
+    old = broker_of(brokering, SOURCE)
+    reloaded = load_config(write_config(tmp_path, git=False, value=NEW_VALUE))
+    changes = brokering.reload(reloaded.secrets)
+    assert changes == SecretChanges(removed=("git",), changed=("github",))
+    new = brokering.rebroker(old, SOURCE, "")
+    github, git = held(new, "github"), held(new, "git")
+    assert github.placeholder == held(old, "github").placeholder
+    assert inject(new, "Authorization", f"Bearer {github.placeholder}", "api.github.com") == (
+        f"Bearer {NEW_VALUE}",
+        github,
+    )
+    # retired: its placeholder still intercepted and found, never injected, no value kept
+    assert (git.retired, git.value, git.placeholder) == (True, "", held(old, "git").placeholder)
+    assert new.intercepts("git.example.com")
+    basic = "Basic " + __import__("base64").b64encode(f"x:{git.placeholder}".encode()).decode()
+    assert inject(new, "Authorization", basic, "git.example.com") is None
+    assert find_placeholder(new, git.placeholder.encode()) is git
+    # the old Broker is untouched: a request under way finishes with it
+    assert held(old, "github").value == VALUE
+    assert not held(old, "git").retired
+    # a container made from now on gets no placeholder of the removed secret
+    parts = brokering.container_parts(SOURCE, sandbox_id(SOURCE), "", "egress", tmp_path)
+    assert "GIT_TOKEN" not in parts.environment
+    assert "GITHUB_TOKEN" in parts.environment
+
+
+def test_a_secret_added_at_reload_waits_for_the_next_container(tmp_path: Path) -> None:
+    brokering = Brokering(load_config(write_config(tmp_path, git=False)), lambda: CA)
+    old = broker_of(brokering, SOURCE)
+    changes = brokering.reload(load_config(write_config(tmp_path)).secrets)
+    assert changes == SecretChanges(added=("git",))
+    assert [s.name for s in brokering.rebroker(old, SOURCE, "").secrets] == ["github"]
+    assert [s.name for s in broker_of(brokering, SOURCE).secrets] == ["github", "git"]
+
+
+def test_a_secret_back_after_its_removal_stays_retired_in_the_running_sandbox(
+    tmp_path: Path,
+) -> None:
+    brokering = Brokering(load_config(write_config(tmp_path)), lambda: CA)
+    first = broker_of(brokering, SOURCE)
+    brokering.reload(load_config(write_config(tmp_path, git=False)).secrets)
+    second = brokering.rebroker(first, SOURCE, "")
+    brokering.reload(load_config(write_config(tmp_path)).secrets)
+    third = brokering.rebroker(second, SOURCE, "")
+    assert held(third, "git").retired  # as the audit said: removed for it, until re-created
+
+
+async def test_a_kept_alive_connection_takes_the_reloaded_broker_at_its_next_request(
+    h: Harness,
+) -> None:
+    reader, writer = await tunnel(h)
+    request = get("/echo", f"Authorization: Bearer {GH_PH}").replace(
+        b"{port}", str(h.up.port).encode()
+    )
+    writer.write(request)
+    assert (await read_response(reader)).status == 200
+    retired = tuple(
+        dataclasses.replace(s, value="", retired=True) if s.placeholder == GH_PH else s
+        for s in SECRETS
+    )
+    h.proxy.rebroker(Broker(retired))
+    writer.write(request)
+    reply = await read_response(reader)
+    writer.close()
+    assert reply.status == 403, reply.head
+    assert [r.header("authorization") for r in h.up.requests] == [f"Bearer {GH_REAL}"]
+    assert len(h.injected) == 1
+    assert [a.kind for a in h.alarms] == ["placeholder"]
+
+
+def test_a_proxy_without_the_ca_is_given_no_secrets() -> None:
+    from stockade.supervisor.config.allowlist import Allowlist
+    from stockade.supervisor.network.proxy import EgressProxy, ProxySettings
+
+    settings = ProxySettings(frozenset({443}), {}, False, 4, 1.0, 1.0)
+    bare = EgressProxy("k", Allowlist([], []), settings, lambda _d: None)
+    with pytest.raises(ValueError, match="egress CA"):
+        bare.rebroker(Broker(SECRETS))
+    assert bare.broker == Broker()
+
+
+def test_the_scrubber_learns_a_new_value_and_keeps_the_old() -> None:
+    scrubber = Scrubber([VALUE])
+    scrubber.learn([VALUE, NEW_VALUE])
+    text, count = scrubber.scrub(f"a {VALUE} b {NEW_VALUE} c")
+    assert (VALUE in text, NEW_VALUE in text, count) == (False, False, 2)
+
+
+# the Reloader
+
+
+class Audit:
+    def __init__(self) -> None:
+        self.records: list[AuditRecord] = []
+
+    def record(self, record: AuditRecord) -> None:
+        self.records.append(record)
+
+
+@dataclasses.dataclass
+class Parts:
+    """A Reloader's parts: a real Brokering, Scrubber and the records an audit log got."""
+
+    brokering: Brokering
+    scrubber: Scrubber = dataclasses.field(default_factory=lambda: Scrubber([VALUE]))
+    audit: Audit = dataclasses.field(default_factory=Audit)
+    given: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    @property
+    def records(self) -> list[AuditRecord]:
+        return self.audit.records
+
+    def reload_secrets(self, secrets: Mapping[str, SecretConfig]) -> SecretChanges:
+        self.given.append(dict(secrets))
+        return self.brokering.reload(secrets)
+
+
+def reloader(tmp_path: Path, path: Path) -> tuple[Reloader, Parts]:
+    cfg = load_config(path)
+    fake = Parts(Brokering(cfg, lambda: CA))
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    parts = Reloadable(fake.reload_secrets, fake.scrubber, cast(AuditLog, fake.audit))
+    return Reloader(parts, cfg, lambda: load_config(path)), fake
+
+
+async def test_a_reload_applies_secrets_keeps_the_rest_and_says_so(tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    reload, fake = reloader(tmp_path, path)
+    write_config(tmp_path, git=False, value=NEW_VALUE)
+    path.write_text(
+        path.read_text().replace("[sandbox]", '[engine]\nkind = "docker"\n[sandbox]')
+        + "[limits]\nrate_per_s = 3.0\n"
+    )
+    report = await reload.reload()
+    assert report.error == ""
+    assert report.secrets == SecretChanges(removed=("git",), changed=("github",))
+    assert report.not_reloaded == ("engine.kind", "limits.rate_per_s")
+    assert report.by == "SIGHUP"
+    assert list(fake.given[0]) == ["github"]
+    assert fake.scrubber.scrub(NEW_VALUE)[1] == 1  # learnt before any proxy had it
+    (record,) = fake.records
+    assert (record.tool, record.caller, record.is_error) == ("reload", "SIGHUP", False)
+    assert "removed: git" in record.policy_step
+    assert "engine.kind" in record.policy_step
+    for text in (record.arguments_json, record.policy_step):
+        assert VALUE not in text
+        assert NEW_VALUE not in text
+    answer = json.loads((tmp_path / "state" / reloading.RESULT).read_text())
+    assert answer["ok"] is True
+    assert answer["secrets"]["removed"] == ["git"]
+    # the kept settings stay kept: the next reload compares with what runs
+    again = await reload.reload()
+    assert again.not_reloaded == ("engine.kind", "limits.rate_per_s")
+    assert again.secrets == SecretChanges()
+
+
+async def test_a_file_that_does_not_load_changes_nothing(tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    reload, fake = reloader(tmp_path, path)
+    for broken, says in (
+        ("[secrets.github]\nhosts = [", "cannot read config"),
+        (path.read_text() + "[secrets.x]\nenv = \"NOT_SET_ANYWHERE_X\"\nhosts = [\"a.test\"]\n",
+         "secrets.x"),
+        (path.read_text().replace('network = "egress"', 'network = "none"'), "egress"),
+    ):  # fmt: skip
+        path.write_text(broken)
+        report = await reload.reload()
+        assert says in report.error
+        assert report.secrets == SecretChanges()
+    assert fake.given == []
+    assert all(r.is_error and r.error_code == "INVALID_ARGUMENT" for r in fake.records)
+    answer = json.loads((tmp_path / "state" / reloading.RESULT).read_text())
+    assert answer["ok"] is False
+    assert answer["summary"].startswith("nothing reloaded:")
+
+
+async def test_a_request_names_who_asked_and_is_taken_once(tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    reload, fake = reloader(tmp_path, path)
+    request = tmp_path / "state" / reloading.REQUEST
+    request.write_text(json.dumps({"request": "abc", "by": "stockade reload (ops\x1b[2J)"}))
+    report = await reload.reload()
+    assert (report.request, report.by) == ("abc", "stockade reload (ops\\x1b[2J)")
+    assert not request.exists()
+    assert fake.records[0].caller == report.by
+    assert json.loads((tmp_path / "state" / reloading.RESULT).read_text())["request"] == "abc"
+    request.write_text("[1, 2")  # not JSON: a bare signal
+    assert (await reload.reload()).by == "SIGHUP"
+    assert not request.exists()
+    (tmp_path / "elsewhere").write_text(json.dumps({"request": "x", "by": "forged"}))
+    request.symlink_to(tmp_path / "elsewhere")  # a link is not followed, but removed
+    assert (await reload.reload()).by == "SIGHUP"
+    assert not request.is_symlink()
+
+
+async def test_reloads_at_once_run_one_after_the_other(tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    reload, fake = reloader(tmp_path, path)
+    reports = await asyncio.gather(*(reload.reload() for _ in range(5)))
+    assert all(r.error == "" for r in reports)
+    assert len(fake.records) == 5
+
+
+def test_changed_settings_name_the_keys(tmp_path: Path) -> None:
+    old = load_config(write_config(tmp_path))
+    new = dataclasses.replace(old, listen="127.0.0.1:1")
+    assert changed_settings(old, new) == ["listen"]
+    assert changed_settings(old, old) == []
+
+
+def test_the_serving_process_is_found_by_its_lock(tmp_path: Path) -> None:
+    assert serving_pid(tmp_path) is None
+    lock = InstanceLock(tmp_path)
+    try:
+        assert serving_pid(tmp_path) == os.getpid()
+    finally:
+        lock.release()
+    assert serving_pid(tmp_path) is None
+
+
+def test_stockade_reload_without_a_supervisor_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stockade.supervisor.cli.main import main
+
+    assert main(["reload", "--state-dir", str(tmp_path), "--timeout", "1"]) == 1
+    assert "no `stockade serve` holds the state directory" in capsys.readouterr().err
+    ns = parse(["reload", "--config", "/etc/stockade.toml"])
+    assert (ns.command, ns.config, ns.timeout) == ("reload", Path("/etc/stockade.toml"), 60.0)
