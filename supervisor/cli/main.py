@@ -67,6 +67,9 @@ async def _serve_until_signal(config: Any, load: Callable[[], Any]) -> None:
     from stockade.supervisor import app
     from stockade.supervisor.cli.reloading import Reloadable, Reloader
 
+    loop = asyncio.get_running_loop()
+    early: list[bool] = []  # a SIGHUP while starting (the state directory is locked already)
+    loop.add_signal_handler(signal.SIGHUP, early.append, True)
     supervisor = await app.start(config)
     unix = config.listen.startswith("unix:")  # grpc reports port 1 for a unix socket
     port = supervisor.server.port
@@ -97,12 +100,12 @@ async def _serve_until_signal(config: Any, load: Callable[[], Any]) -> None:
         host = config.console.listen.rpartition(":")[0]
         print(f"stockade: console on http://{host}:{supervisor.console.port}/", flush=True)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(
-        signal.SIGHUP, Reloader(Reloadable.of(supervisor), config, load).on_signal
-    )
+    reloader = Reloader(Reloadable.of(supervisor), config, load)
+    loop.add_signal_handler(signal.SIGHUP, reloader.on_signal)
+    if early:
+        reloader.on_signal()
     await stop.wait()
     grace = config.housekeeping.shutdown_grace_s
     print(

@@ -156,7 +156,9 @@ class SandboxManager:
         self.quarantines = Quarantines(self.parts)
         self.inventory = Inventory(self.parts, self.quarantines)
         self.housekeeping = Housekeeping(self.parts, self.quarantines)
-        self.snapshots = Snapshots(self.parts, self.quarantines, self.inventory)
+        self.snapshots = Snapshots(
+            self.parts, self.quarantines, self.inventory, self.decoys.plant
+        )
 
     async def _replicas(self) -> frozenset[str] | None:
         return await self.state.replicas() if self.state is not None else None

@@ -392,3 +392,42 @@ def test_stockade_reload_without_a_supervisor_says_so(
     assert "no `stockade serve` holds the state directory" in capsys.readouterr().err
     ns = parse(["reload", "--config", "/etc/stockade.toml"])
     assert (ns.command, ns.config, ns.timeout) == ("reload", Path("/etc/stockade.toml"), 60.0)
+
+
+# decoys through a restore and a fork (with the in-memory engine, the real planting script)
+
+
+async def test_a_restored_sandbox_and_each_fork_have_their_decoys_planted(
+    tmp_path: Path,
+) -> None:
+    from stockade.supervisor.config import HoneytokensConfig
+    from tests.unit.fakes import FakeBackend
+    from tests.unit.test_honeytokens_planting import make, plants
+
+    backend = FakeBackend()
+    mgr, wire, agents = make(tmp_path, backend, HoneytokensConfig(enabled=True))
+    await mgr.start()
+    first = await mgr.ensure("k")
+    assert plants(agents) == 1
+    await mgr.snapshots.snapshot("k", "s", include_tmp=False, include_memory=False, reason="t")
+    await mgr.snapshots.restore("k", "s", "back")
+    restored = mgr.registry["k"]
+    assert restored.info.id != first.info.id
+    assert restored.decoys_planted  # before any call: planted with the container
+    assert plants(agents) == 2
+    forks = ["f1", "f2", "f3"]
+    await mgr.snapshots.fork("k", forks, include_tmp=False, include_memory=False, reason="r")
+    assert all(mgr.registry[f].decoys_planted for f in forks)
+    assert plants(agents) == 5
+    planted = [
+        args["env"]["STK_C0"]
+        for agent in agents
+        for _tool, args in agent.calls
+        if "STK_N" in args.get("env", {})
+    ]
+    assert planted[-3:] == [wire.decoys(f).aws_file() for f in forks]  # each its own
+    assert len(set(planted[-3:] + [wire.decoys("k").aws_file()])) == 4
+    for key in ("k", *forks):
+        await mgr.ensure(key)
+    assert plants(agents) == 5  # once per container
+    await mgr.close()
