@@ -28,7 +28,8 @@ def command_parser() -> argparse.ArgumentParser:
     reload = sub.add_parser(
         "reload",
         help="make the running supervisor re-read its configuration (as SIGHUP does)",
-        description="Re-read [secrets] (and say which other changed settings need a restart); "
+        description="Re-read [secrets], the tool policy and approvals (and name the other "
+        "changed settings, which need a restart); "
         "the running `stockade serve` of the state directory does it and answers.",
     )
     reload.add_argument("--config", type=Path, help="TOML config file (for its state_dir)")

@@ -9,6 +9,9 @@ began with):
   no longer for that sandbox) is retired there: its placeholder, still in the container's
   environment, is refused wherever it goes (sandboxes/brokering.py rebroker). The scrubber
   learns a new value before any request can carry it.
+- The tool policy (`[tools]`, `[agents.A]`, `[groups]`, `[subagents]`: policy/tool_policy.py,
+  its rules made anew and swapped whole) and approvals (`[approvals]`, the agents' modes; a
+  request already waiting keeps its deadline).
 - `auth.tokens_file`'s contents are re-read whenever the file changes, reload or not.
 
 Everything else is kept as `stockade serve` started with it: a reload that finds another
@@ -42,7 +45,9 @@ from typing import TYPE_CHECKING, Any
 from stockade.supervisor.config import Config, SecretConfig
 from stockade.supervisor.errors import ConfigError
 from stockade.supervisor.observe.audit import AuditLog, AuditRecord
+from stockade.supervisor.policy.approvals import ApprovalManager
 from stockade.supervisor.policy.scrub.scrubber import Scrubber
+from stockade.supervisor.policy.tool_policy import PolicyEngine
 from stockade.supervisor.sandboxes.brokering import SecretChanges
 from stockade.supervisor.sandboxes.owner import LOCK_FILE
 from stockade.supervisor.text import printable
@@ -52,7 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("stockade")
 
-RELOADED = ("secrets",)
+RELOADED = ("secrets", "tools", "agents", "groups", "subagents", "approvals")
 """The top-level settings a reload applies; every other one is kept."""
 RESULT = "reload.json"
 REQUEST = "reload-request.json"
@@ -69,6 +74,8 @@ class Report:
     by: str
     request: str = ""
     secrets: SecretChanges = field(default_factory=SecretChanges)
+    policy: tuple[str, ...] = ()
+    """The tool policy's and approvals' settings that changed (applied)."""
     not_reloaded: tuple[str, ...] = ()
     error: str = ""
 
@@ -78,6 +85,7 @@ class Report:
             "request": self.request,
             "ok": not self.error,
             "secrets": dataclasses.asdict(self.secrets),
+            "policy": list(self.policy),
             "not_reloaded": list(self.not_reloaded),
             "error": self.error,
         }
@@ -90,6 +98,8 @@ class Report:
             for what, names in dataclasses.asdict(self.secrets).items()
             if names
         ] or ["no secret changed"]
+        if self.policy:
+            parts.append(f"policy changed: {', '.join(self.policy)}")
         if self.not_reloaded:
             parts.append(
                 f"not reloaded (restart to apply; the old values stay): "
@@ -125,11 +135,19 @@ class Reloadable:
     scrubber: Scrubber | None
     """Told every value (learn) before any proxy may inject one."""
     audit: AuditLog | None
+    tools: PolicyEngine
+    approvals: ApprovalManager
 
     @classmethod
     def of(cls, supervisor: Supervisor) -> Reloadable:
         policy = supervisor.server.policy
-        return cls(supervisor.sandboxes.reload_secrets, policy.scrubber, policy.audit)
+        return cls(
+            supervisor.sandboxes.reload_secrets,
+            policy.scrubber,
+            policy.audit,
+            policy.tools,
+            policy.approvals,
+        )
 
 
 class Reloader:
@@ -163,16 +181,22 @@ class Reloader:
             return report
 
     async def _apply(self, new: Config, by: str, request: str) -> Report:
-        old = self._running
-        kept = [name for name in changed_settings(old, new) if name.split(".")[0] not in RELOADED]
-        merged = dataclasses.replace(old, secrets=new.secrets)  # checked whole (ConfigError)
-        scrubber = self._parts.scrubber
-        if scrubber is not None:  # before a proxy may put a new value anywhere
+        """Everything that can fail first (ConfigError: nothing changed), then the swaps."""
+        old, parts = self._running, self._parts
+        changed = changed_settings(old, new)
+        kept = tuple(name for name in changed if name.split(".")[0] not in RELOADED)
+        policy = tuple(name for name in changed if name.split(".")[0] in RELOADED[1:])
+        taken = {name: getattr(new, name) for name in RELOADED}
+        merged = dataclasses.replace(old, **taken)  # checked whole as at load
+        rules = parts.tools.rules_for(merged)  # the names checked against the catalog
+        if parts.scrubber is not None:  # before a proxy may put a new value anywhere
             values = [s.value for s in merged.secrets.values()]
-            await asyncio.to_thread(scrubber.learn, values)
-        changes = self._parts.reload_secrets(merged.secrets)
+            await asyncio.to_thread(parts.scrubber.learn, values)
+        parts.tools.reload(rules)
+        parts.approvals.reload(merged.approvals, merged.agents)
+        changes = parts.reload_secrets(merged.secrets)
         self._running = merged
-        return Report(by, request, changes, tuple(kept))
+        return Report(by, request, changes, policy, kept)
 
     def _record(self, report: Report) -> None:
         summary = report.summary()

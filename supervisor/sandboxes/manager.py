@@ -156,9 +156,7 @@ class SandboxManager:
         self.quarantines = Quarantines(self.parts)
         self.inventory = Inventory(self.parts, self.quarantines)
         self.housekeeping = Housekeeping(self.parts, self.quarantines)
-        self.snapshots = Snapshots(
-            self.parts, self.quarantines, self.inventory, self.decoys.plant
-        )
+        self.snapshots = Snapshots(self.parts, self.quarantines, self.inventory, self.decoys.plant)
 
     async def _replicas(self) -> frozenset[str] | None:
         return await self.state.replicas() if self.state is not None else None

@@ -36,6 +36,7 @@ from stockade.supervisor.cli.reloading import (
 from stockade.supervisor.config import SecretConfig
 from stockade.supervisor.config.loading import load_config
 from stockade.supervisor.keys import sandbox_id
+from stockade.supervisor.models import CallContext
 from stockade.supervisor.network.brokered import (
     NOT_OURS,
     Broker,
@@ -44,9 +45,12 @@ from stockade.supervisor.network.brokered import (
     inject,
 )
 from stockade.supervisor.observe.audit import AuditLog, AuditRecord
+from stockade.supervisor.policy.approvals import AllowAlways, ApprovalManager
 from stockade.supervisor.policy.scrub.scrubber import Scrubber
+from stockade.supervisor.policy.tool_policy import PolicyEngine
 from stockade.supervisor.sandboxes.brokering import Brokering, SecretChanges
 from stockade.supervisor.sandboxes.owner import InstanceLock
+from stockade.supervisor.tools.catalog import Catalog
 from tests.unit.intercept_harness import (
     GH_PH,
     GH_REAL,
@@ -267,6 +271,8 @@ class Parts:
     """A Reloader's parts: a real Brokering, Scrubber and the records an audit log got."""
 
     brokering: Brokering
+    tools: PolicyEngine
+    approvals: ApprovalManager
     scrubber: Scrubber = dataclasses.field(default_factory=lambda: Scrubber([VALUE]))
     audit: Audit = dataclasses.field(default_factory=Audit)
     given: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -282,9 +288,15 @@ class Parts:
 
 def reloader(tmp_path: Path, path: Path) -> tuple[Reloader, Parts]:
     cfg = load_config(path)
-    fake = Parts(Brokering(cfg, lambda: CA))
+    fake = Parts(
+        Brokering(cfg, lambda: CA),
+        tools=PolicyEngine(cfg, Catalog(cfg.custom_tools)),
+        approvals=ApprovalManager(cfg.approvals, cfg.agents, AllowAlways(tmp_path / "db")),
+    )
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
-    parts = Reloadable(fake.reload_secrets, fake.scrubber, cast(AuditLog, fake.audit))
+    parts = Reloadable(
+        fake.reload_secrets, fake.scrubber, cast(AuditLog, fake.audit), fake.tools, fake.approvals
+    )
     return Reloader(parts, cfg, lambda: load_config(path)), fake
 
 
@@ -317,6 +329,41 @@ async def test_a_reload_applies_secrets_keeps_the_rest_and_says_so(tmp_path: Pat
     again = await reload.reload()
     assert again.not_reloaded == ("engine.kind", "limits.rate_per_s")
     assert again.secrets == SecretChanges()
+
+
+async def test_a_reload_swaps_the_tool_policy_and_approvals(tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    reload, fake = reloader(tmp_path, path)
+    tools, approvals = fake.tools, fake.approvals
+    agent = CallContext(agent_id="bot")
+    assert tools.decide("exec", agent).allowed
+    assert approvals.reason_to_ask("bot", "ls") is None  # approvals off
+    before = tools._rules
+    path.write_text(
+        path.read_text()
+        + '[tools]\ndeny = ["glob"]\n[agents.bot]\napprovals = "always"\n'
+        + '[agents.bot.tools]\ndeny = ["exec"]\n[approvals]\ntimeout_s = 30.0\n'
+    )
+    report = await reload.reload()
+    assert report.error == ""
+    assert report.policy == ("tools.deny", "agents", "approvals.timeout_s")
+    assert report.not_reloaded == ()
+    assert not tools.decide("exec", agent).allowed
+    assert tools.decide("exec", agent).step == "agents.bot.tools.deny"
+    assert not tools.decide("glob", CallContext()).allowed
+    assert approvals.reason_to_ask("bot", "ls") == (
+        "approvals mode always: every command needs a decision"
+    )
+    assert before.decide("exec", agent).allowed  # a decision under way kept its rules
+    assert "policy changed: " in fake.records[-1].policy_step
+    # a name the catalog does not know: nothing changes, the secrets neither
+    path.write_text(path.read_text().replace('deny = ["glob"]', 'deny = ["no-such-tool"]'))
+    (tmp_path / "token").write_text(NEW_VALUE + "\n")
+    failed = await reload.reload()
+    assert "no-such-tool" in failed.error
+    assert not tools.decide("glob", CallContext()).allowed
+    assert fake.given[-1]["github"].value == VALUE
+    assert len(fake.given) == 1
 
 
 async def test_a_file_that_does_not_load_changes_nothing(tmp_path: Path) -> None:
@@ -426,7 +473,7 @@ async def test_a_restored_sandbox_and_each_fork_have_their_decoys_planted(
         if "STK_N" in args.get("env", {})
     ]
     assert planted[-3:] == [wire.decoys(f).aws_file() for f in forks]  # each its own
-    assert len(set(planted[-3:] + [wire.decoys("k").aws_file()])) == 4
+    assert len({*planted[-3:], wire.decoys("k").aws_file()}) == 4
     for key in ("k", *forks):
         await mgr.ensure(key)
     assert plants(agents) == 5  # once per container
