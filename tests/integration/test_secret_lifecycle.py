@@ -13,10 +13,12 @@ Upstreams and config: the secret `api` for api.test, decoys on).
 - `stockade reload`: a changed value is injected from the next request on; a secret removed
   from the file is no longer injected for the running sandbox (its placeholder refused,
   audited, quarantined); the reload is an audit record naming who asked and what changed,
-  never a value; a sandbox made after it has no placeholder."""
+  never a value; a sandbox made after it has no placeholder. A bare SIGHUP reloads the tool
+  policy (a tool denied from then on) and names a setting it cannot reload."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import uuid
@@ -36,6 +38,7 @@ from tests.integration.test_brokered_secrets import (
     api_secret_config,
     run,
 )
+from tests.integration.test_faults import wait_for
 
 pytestmark = pytest.mark.timeout(900)
 NEW_VALUE = "api_" + uuid.uuid4().hex + uuid.uuid4().hex[:8]
@@ -236,3 +239,20 @@ def test_stockade_reload_changes_a_value_then_stops_a_removed_secret(
         client.sandbox(later).ensure()
         code, out = run(client, later, 'printf %s "${API_TOKEN-none}"')
         assert (code, out) == (0, "none")
+
+        # the tool policy reloads too; a setting that cannot is named and kept; a bare SIGHUP
+        assert not client.call(key, "glob", {"pattern": "*"}).is_error
+        sup.extra_config = without + '[tools]\ndeny = ["glob"]\n[limits]\nburst = 7\n'
+        sup.config_file()
+        assert sup.process is not None
+        sup.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: len(client.list_audit(tool="reload", limit=10)) == 3, "the SIGHUP reload")
+        (latest, *_) = client.list_audit(tool="reload", limit=10)
+        assert latest.caller == "SIGHUP"
+        assert "policy changed: tools.deny" in latest.policy_step
+        assert "not reloaded (restart to apply; the old values stay): limits.burst" in (
+            latest.policy_step
+        )
+        refused = client.call(key, "glob", {"pattern": "*"})
+        assert refused.error_code == "PERMISSION_DENIED"
+        assert "tools.deny" in refused.error_message
