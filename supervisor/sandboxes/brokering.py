@@ -6,7 +6,13 @@ certificates for the hosts it intercepts.
 Placeholders are derived, not stored: HMAC-SHA256 under a key this installation keeps in its
 state directory (0600), over the sandbox id and the secret's name. A restarted supervisor
 therefore knows the placeholders of the containers it adopts, and a placeholder says nothing
-about the value or about another sandbox's.
+about the value or about another sandbox's. A sandbox keeps its placeholders for as long as its
+key (paused, healed, restored, re-created); a fork, a new key, has its own.
+
+A reload (cli/reloading.py) swaps the secrets whole: containers made from then on get them,
+and each running sandbox's proxy a Broker rebuilt from the one it holds (rebroker): the same
+placeholders with today's values and places, a removed secret retired (refused, never
+injected).
 
 The trust: a bundle (the host's CA certificates and the installation's egress CA) written to
 the sandbox's host folder and bind-mounted read-only over the image's
