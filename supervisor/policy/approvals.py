@@ -183,12 +183,6 @@ class ApprovalManager:
         if board is not None:
             board.attach(self)
 
-    def reload(self, config: ApprovalsConfig, agents: Mapping[str, AgentConfig]) -> None:
-        """A reload's [approvals] and agents' modes, for every decision from now on; a request
-        waiting keeps the deadline it was given (both swapped with no await between)."""
-        self._config = config
-        self._modes = {a: c.approvals for a, c in agents.items() if c.approvals}
-
     def reason_to_ask(self, agent_id: str, command: str, tenant: str = "") -> str | None:
         """Why this command needs a decision, or None when it may run as is."""
         mode = self._modes.get(agent_id, self._config.mode)
@@ -208,6 +202,12 @@ class ApprovalManager:
             return False
         script = parse_script(command)
         return script.error is None and len(script.commands) == 1
+
+    def reload(self, config: ApprovalsConfig, agents: Mapping[str, AgentConfig]) -> None:
+        """A reload's [approvals] and agents' modes, for every decision from now on; a request
+        waiting keeps the deadline it was given (both swapped with no await between)."""
+        self._config = config
+        self._modes = {a: c.approvals for a, c in agents.items() if c.approvals}
 
     async def check(
         self,
