@@ -122,6 +122,16 @@ def find_placeholder(broker: Broker, data: bytes) -> BrokeredSecret | None:
     return BrokeredSecret(NOT_OURS, "", other[0].decode(), (), Injection("header"), retired=True)
 
 
+def sent_nowhere(secret: BrokeredSecret) -> str:
+    """Why a retired placeholder (another sandbox's, or its secret removed) is refused."""
+    if secret.name == NOT_OURS:
+        return "a placeholder that is not this sandbox's is sent nowhere"
+    return (
+        f"secret {secret.name!r} was removed from the configuration: its placeholder is sent "
+        "nowhere"
+    )
+
+
 def inject(broker: Broker, header: str, value: str, host: str) -> tuple[str, BrokeredSecret] | None:
     """The header's value with the real secret in place of its placeholder, and the secret,
     when this header is the secret's configured place and the host may receive it; None when

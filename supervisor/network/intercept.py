@@ -34,6 +34,7 @@ from stockade.supervisor.network.brokered import (
     basic_decoded,
     find_placeholder,
     inject,
+    sent_nowhere,
 )
 from stockade.supervisor.network.httpio import (
     READ,
@@ -312,7 +313,7 @@ class _Relay:
                 found = find_placeholder(broker, decoded.encode()) if decoded else None
             if found is not None:
                 where = f"header {name[:64]}"
-                if not found.allows(self.job.name):
+                if not found.retired and not found.allows(self.job.name):
                     where += f" (secret {found.name!r} may not go to this host)"
                 raise self.misplaced(method, path, found, where)
             if name.lower() not in REQUEST_DROP:
@@ -335,8 +336,10 @@ class _Relay:
     def misplaced(self, method: str, path: str, secret: BrokeredSecret, where: str) -> Refusal:
         self.sound(secret, where, f"{method} https://{self.job.name}{path[:300]}")
         reason = (
-            f"the placeholder of secret {secret.name!r} is only sent in its configured place "
-            f"to its hosts, not in {where}"
+            f"{sent_nowhere(secret)} (it was in {where})"
+            if secret.retired
+            else f"the placeholder of secret {secret.name!r} is only sent in its configured "
+            f"place to its hosts, not in {where}"
         )
         return self.refused(method, 403, reason)
 

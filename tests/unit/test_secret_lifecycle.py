@@ -57,14 +57,18 @@ from tests.unit.intercept_harness import (
     SECRETS,
     Harness,
     get,
+    once,
     read_response,
     tunnel,
 )
+from tests.unit.intercept_harness import basic as basic_header
 
 VALUE = "ghp_RealSecretValue0123456789abcdefXYZ"
 NEW_VALUE = "ghp_NewSecretValue9876543210abcdefQRS"
 CA = b"-----BEGIN CERTIFICATE-----\nTESTCA\n-----END CERTIFICATE-----\n"
 SOURCE, FORKS = "src", ("fork-1", "fork-2", "fork-3")
+FOREIGN = "stk_ph_" + "x" * 32
+"""Shaped as a placeholder, none of the intercept harness's sandbox."""
 
 
 def write_config(tmp_path: Path, *, git: bool = True, value: str = VALUE, extra: str = "") -> Path:
@@ -232,9 +236,31 @@ async def test_a_kept_alive_connection_takes_the_reloaded_broker_at_its_next_req
     reply = await read_response(reader)
     writer.close()
     assert reply.status == 403, reply.head
+    assert b"secret 'gh' was removed from the configuration" in reply.body
     assert [r.header("authorization") for r in h.up.requests] == [f"Bearer {GH_REAL}"]
     assert len(h.injected) == 1
     assert [a.kind for a in h.alarms] == ["placeholder"]
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        f"Authorization: Bearer {FOREIGN}",
+        f"Authorization: Bearer {FOREIGN.upper()}",
+        basic_header("bot", FOREIGN),
+        f"X-Api-Key: {FOREIGN}",
+    ],
+)
+async def test_another_sandboxs_placeholder_never_reaches_the_upstream(
+    h: Harness, header: str
+) -> None:
+    reply = await once(h, get("/echo", header))
+    assert reply.status == 403, reply.head
+    assert b"a placeholder that is not this sandbox's is sent nowhere" in reply.body
+    assert b"may not go to this host" not in reply.body
+    assert h.up.requests == []
+    assert not h.injected
+    assert [(a.kind, a.where) for a in h.alarms] == [("placeholder", "egress")]
 
 
 def test_a_proxy_without_the_ca_is_given_no_secrets() -> None:
