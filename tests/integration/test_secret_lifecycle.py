@@ -21,6 +21,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -210,9 +211,19 @@ def test_stockade_reload_changes_a_value_then_stops_a_removed_secret(
         ph = own_placeholder(sup, key)
 
         (tmp_path / "api").write_text(NEW_VALUE + "\n")
+        in_flight: list[object] = []
+        call = threading.Thread(
+            target=lambda: in_flight.append(
+                client.sandbox(key).exec("sleep 3; echo finished", timeout=60)
+            )
+        )
+        call.start()  # a call under way when the reload comes is not dropped
         done = reload(sup)
+        call.join(120)
         assert done.returncode == 0, done.stderr
         assert "secrets changed: api" in done.stdout
+        (result,) = in_flight
+        assert getattr(result, "stdout", "") == "finished\n", result
         assert_injected(client, key, upstreams, NEW_VALUE)
 
         without = config[: config.index("[secrets.api]")]
