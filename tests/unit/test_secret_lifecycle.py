@@ -431,6 +431,23 @@ async def test_a_request_names_who_asked_and_is_taken_once(tmp_path: Path) -> No
     assert not request.is_symlink()
 
 
+async def test_an_oversized_or_special_request_file_is_a_bare_signal(tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    reload, _fake = reloader(tmp_path, path)
+    request = tmp_path / "state" / reloading.REQUEST
+    padded = {"request": "big", "by": "x" * (1 << 20)}  # past the 4096 bytes read: not JSON
+    request.write_text(json.dumps(padded))
+    assert ((await reload.reload()).request, request.exists()) == ("", False)
+    request.write_text(json.dumps({"request": "r" * 500, "by": "b" * 1000}))
+    report = await reload.reload()
+    assert (len(report.request), len(report.by)) == (64, reloading.MAX_BY)
+    os.mkfifo(request)  # never opened for a blocking read: no writer would ever come
+    assert (await reload.reload()).by == "SIGHUP"
+    assert not request.exists()
+    request.write_text(json.dumps(["a", "list"]))
+    assert (await reload.reload()).by == "SIGHUP"
+
+
 async def test_reloads_at_once_run_one_after_the_other(tmp_path: Path) -> None:
     path = write_config(tmp_path)
     reload, fake = reloader(tmp_path, path)
