@@ -56,16 +56,20 @@ def _serve(ns: argparse.Namespace) -> int:
     try:
         config = load_config(ns.config, chosen)
         setup_logging(config.observability.log_format)
-        asyncio.run(_serve_until_signal(config))
+        asyncio.run(_serve_until_signal(config, lambda: load_config(ns.config, chosen)))
     except ServerError as exc:
         print(f"stockade serve: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
-async def _serve_until_signal(config: Any) -> None:
+async def _serve_until_signal(config: Any, load: Callable[[], Any]) -> None:
     from stockade.supervisor import app
+    from stockade.supervisor.cli.reloading import Reloadable, Reloader
 
+    loop = asyncio.get_running_loop()
+    early: list[bool] = []  # a SIGHUP while starting (the state directory is locked already)
+    loop.add_signal_handler(signal.SIGHUP, early.append, True)
     supervisor = await app.start(config)
     unix = config.listen.startswith("unix:")  # grpc reports port 1 for a unix socket
     port = supervisor.server.port
@@ -96,9 +100,12 @@ async def _serve_until_signal(config: Any) -> None:
         host = config.console.listen.rpartition(":")[0]
         print(f"stockade: console on http://{host}:{supervisor.console.port}/", flush=True)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    reloader = Reloader(Reloadable.of(supervisor), config, load)
+    loop.add_signal_handler(signal.SIGHUP, reloader.on_signal)
+    if early:
+        reloader.on_signal()
     await stop.wait()
     grace = config.housekeeping.shutdown_grace_s
     print(
@@ -107,6 +114,25 @@ async def _serve_until_signal(config: Any) -> None:
         flush=True,
     )
     await supervisor.stop(grace)
+
+
+def _reload(ns: argparse.Namespace) -> int:
+    """Ask the supervisor serving the state directory to re-read its configuration
+    (cli/reloading.py) and print what it did."""
+    from pathlib import Path
+
+    from stockade.supervisor.cli.reloading import ask
+    from stockade.supervisor.config import load_config
+    from stockade.supervisor.errors import StockadeError as ServerError
+
+    try:
+        state_dir = Path(ns.state_dir) if ns.state_dir else load_config(ns.config).state_dir
+        answer = ask(state_dir, ns.timeout)
+    except ServerError as exc:
+        print(f"stockade reload: {exc}", file=sys.stderr)
+        return 1
+    print(f"stockade reload: {printable(str(answer.get('summary', '')))}")
+    return 0 if answer.get("ok") else 1
 
 
 def _with_port(listen: str, supervisor: Any) -> str:
@@ -413,6 +439,7 @@ def _tools(ns: argparse.Namespace) -> int:
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "serve": _serve,
+    "reload": _reload,
     "image": _image,
     "doctor": _doctor,
     "exec": _exec,

@@ -25,6 +25,17 @@ def command_parser() -> argparse.ArgumentParser:
         help="serve without authentication (auth.enabled = false; unix socket or loopback only)",
     )
 
+    reload = sub.add_parser(
+        "reload",
+        help="make the running supervisor re-read its configuration (as SIGHUP does)",
+        description="Re-read [secrets], the tool policy and approvals (and name the other "
+        "changed settings, which need a restart); "
+        "the running `stockade serve` of the state directory does it and answers.",
+    )
+    reload.add_argument("--config", type=Path, help="TOML config file (for its state_dir)")
+    reload.add_argument("--state-dir", help="the supervisor's state directory")
+    reload.add_argument("--timeout", type=float, default=60.0, help="seconds to wait")
+
     image = sub.add_parser("image", help="sandbox image")
     image_sub = image.add_subparsers(dest="image_command", required=True)
     build = image_sub.add_parser("build", help="build the sandbox image for an engine")

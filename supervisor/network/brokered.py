@@ -7,12 +7,22 @@ data here (no I/O), so the proxy and its tests share it."""
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
 
 from stockade.supervisor.policy.encodings import Forms
+
+PLACEHOLDER_PREFIX = "stk_ph_"
+PLACEHOLDER_CHARS = 32
+"""A placeholder is the prefix and 32 of a-z2-7 (sandboxes/brokering.py derives them)."""
+_ANY_PLACEHOLDER = re.compile(rb"stk_ph_[a-z2-7]{32}")
+"""Any sandbox's placeholder, in case-folded bytes: another sandbox's (a fork's source, a
+sibling: found in files a snapshot carried over) is refused as surely as a misplaced own."""
+NOT_OURS = "(not this sandbox's)"
+"""The name a refusal gives a placeholder that is none of this sandbox's."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,10 @@ class BrokeredSecret:
     hosts: tuple[str, ...]
     """Exact names and wildcards ("*.example.com": any name under it, not itself)."""
     injection: Injection
+    retired: bool = False
+    """Removed from the configuration at a reload while the sandbox ran (its container still
+    holds the placeholder): never injected, refused wherever the proxy sees it; `value` is
+    empty."""
 
     def allows(self, host: str) -> bool:
         """Whether the secret may be sent to this (canonical, lower-case) host name."""
@@ -93,14 +107,29 @@ def no_record(event: Injected) -> None:
 
 def find_placeholder(broker: Broker, data: bytes) -> BrokeredSecret | None:
     """The first secret whose placeholder is in data (case folded: an upper-cased placeholder
-    is as much a sign as the original)."""
+    is as much a sign as the original); for a sandbox that holds secrets, any other
+    placeholder as well (another sandbox's, or one no configuration knows), as a secret named
+    NOT_OURS that goes nowhere."""
     if not broker.secrets:
         return None
     folded = data.lower()
     for secret in broker.secrets:
         if secret.placeholder.encode() in folded:
             return secret
-    return None
+    other = _ANY_PLACEHOLDER.search(folded)
+    if other is None:
+        return None
+    return BrokeredSecret(NOT_OURS, "", other[0].decode(), (), Injection("header"), retired=True)
+
+
+def sent_nowhere(secret: BrokeredSecret) -> str:
+    """Why a retired placeholder (another sandbox's, or its secret removed) is refused."""
+    if secret.name == NOT_OURS:
+        return "a placeholder that is not this sandbox's is sent nowhere"
+    return (
+        f"secret {secret.name!r} was removed from the configuration: its placeholder is sent "
+        "nowhere"
+    )
 
 
 def inject(broker: Broker, header: str, value: str, host: str) -> tuple[str, BrokeredSecret] | None:
@@ -108,7 +137,7 @@ def inject(broker: Broker, header: str, value: str, host: str) -> tuple[str, Bro
     when this header is the secret's configured place and the host may receive it; None when
     the header is not such a place (a placeholder in it is then misplaced)."""
     for secret in broker.secrets:
-        if not secret.allows(host):
+        if secret.retired or not secret.allows(host):
             continue
         placement = secret.injection
         if placement.kind == "header" and header.lower() == placement.header.lower():

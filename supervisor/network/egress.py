@@ -169,6 +169,17 @@ class EgressNetwork:
             alarm=hooks.alarm,
         )
 
+    def broker_of(self, sid: str) -> Broker | None:
+        """The Broker the sandbox's proxy holds now (None: no proxy of its here)."""
+        proxy = self._proxies.get(sid)
+        return proxy.broker if proxy is not None else None
+
+    def rebroker(self, sid: str, broker: Broker) -> None:
+        """Give the sandbox's proxy a reloaded Broker (proxy.py rebroker)."""
+        proxy = self._proxies.get(sid)
+        if proxy is not None:
+            proxy.rebroker(broker)
+
     async def detach(self, sid: str) -> None:
         """Stop the proxy and remove the link (no error when there is none)."""
         proxy = self._proxies.pop(sid, None)

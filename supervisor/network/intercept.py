@@ -24,7 +24,7 @@ import contextlib
 import re
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import unquote_to_bytes
 
 from stockade.supervisor.config.allowlist import AllowlistError, canonical_host
@@ -36,6 +36,7 @@ from stockade.supervisor.network.brokered import (
     basic_decoded,
     find_placeholder,
     inject,
+    sent_nowhere,
 )
 from stockade.supervisor.network.httpio import (
     READ,
@@ -109,6 +110,8 @@ class Interception:
     connect_timeout_s: float
     idle_timeout_s: float
     decide: Decide
+    latest: Callable[[], Broker] | None = None
+    """The proxy's Broker now (a reload may swap it): read before each request."""
 
 
 class Refusal(Exception):
@@ -168,17 +171,27 @@ class _Relay:
         longest = max((len(s.placeholder) for s in job.broker.secrets), default=0)
         self.overlap = max(longest, job.tripwire.longest, 1) - 1
 
-    async def run(self) -> None:
-        broker = self.job.broker
+    async def take(self, broker: Broker) -> None:
+        """Relay with this Broker from the next request on (at the start, and after a reload
+        swapped the proxy's)."""
+        self.job = replace(self.job, broker=broker)
+        longest = max((len(s.placeholder) for s in broker.secrets), default=0)
+        self.overlap = max(longest, self.job.tripwire.longest, 1) - 1
         if "forms" in vars(broker):  # compiled by an earlier connection
             self.forms = broker.forms
         else:  # compiled once a broker, in a worker thread
             self.forms = await asyncio.to_thread(lambda: broker.forms)
+
+    async def run(self) -> None:
+        await self.take(self.job.broker)
         while True:
             try:
                 head = await asyncio.wait_for(self.client.head(MAX_HEAD), self.job.idle_timeout_s)
                 if head is None:
                     return
+                latest = self.job.latest() if self.job.latest is not None else self.job.broker
+                if latest is not self.job.broker:
+                    await self.take(latest)
                 if not await self.exchange(head):
                     return
             except HeadTooLarge:
@@ -294,7 +307,7 @@ class _Relay:
                 found = find_placeholder(broker, decoded.encode()) if decoded else None
             if found is not None:
                 where = f"header {name[:64]}"
-                if not found.allows(self.job.name):
+                if not found.retired and not found.allows(self.job.name):
                     where += f" (secret {found.name!r} may not go to this host)"
                 raise self.misplaced(method, path, found, where)
             if name.lower() not in REQUEST_DROP:
@@ -317,8 +330,10 @@ class _Relay:
     def misplaced(self, method: str, path: str, secret: BrokeredSecret, where: str) -> Refusal:
         self.sound(secret, where, f"{method} https://{self.job.name}{path[:300]}")
         reason = (
-            f"the placeholder of secret {secret.name!r} is only sent in its configured place "
-            f"to its hosts, not in {where}"
+            f"{sent_nowhere(secret)} (it was in {where})"
+            if secret.retired
+            else f"the placeholder of secret {secret.name!r} is only sent in its configured "
+            f"place to its hosts, not in {where}"
         )
         return self.refused(method, 403, reason)
 

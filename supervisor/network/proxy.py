@@ -154,6 +154,18 @@ class EgressProxy:
     def open_connections(self) -> int:
         return self._open
 
+    @property
+    def broker(self) -> Broker:
+        return self._broker
+
+    def rebroker(self, broker: Broker) -> None:
+        """A reload's Broker (the same placeholders, values and places as configured now),
+        swapped in one assignment: a request already on its way ends with the Broker it
+        began with; the next, on a new connection or a kept-alive one, gets this one."""
+        if broker.secrets and self._authority is None:
+            raise ValueError("brokered secrets need the egress CA (authority) to intercept")
+        self._broker = broker
+
     async def start(self, sock: socket.socket) -> None:
         self._server = await asyncio.start_server(self._accept, sock=sock, limit=MAX_HEAD)
 
@@ -332,6 +344,7 @@ class EgressProxy:
         context = self._upstream_context
         job = intercept.Interception(
             key=self.key, name=name, port=port, address=address, broker=self._broker,
+            latest=lambda: self._broker,
             tripwire=self._tripwire, alarm=self._alarm, record_injection=self._record_injection,
             authority=self._authority, upstream_context=context,
             connect_timeout_s=self._settings.connect_timeout_s,

@@ -208,6 +208,12 @@ class ApprovalManager:
         script = parse_script(command)
         return script.error is None and len(script.commands) == 1
 
+    def reload(self, config: ApprovalsConfig, agents: Mapping[str, AgentConfig]) -> None:
+        """A reload's [approvals] and agents' modes, for every decision from now on; a request
+        waiting keeps the deadline it was given (both swapped with no await between)."""
+        self._config = config
+        self._modes = {a: c.approvals for a, c in agents.items() if c.approvals}
+
     async def check(
         self,
         *,

@@ -51,8 +51,35 @@ class _Rules:
 
 
 class PolicyEngine:
+    """The tool policy of the running configuration: one immutable ToolRules, swapped whole
+    by reload() (`stockade reload`), so a decision is made over one configuration."""
+
     def __init__(self, config: Config, catalog: Catalog) -> None:
         self._catalog = catalog
+        self._rules = ToolRules(config, catalog)
+
+    def rules_for(self, config: Config) -> ToolRules:
+        """The rules of another configuration (of the same catalog): ConfigError for a name
+        it does not know. Nothing changes until reload() is given them."""
+        return ToolRules(config, self._catalog)
+
+    def reload(self, rules: ToolRules) -> None:
+        self._rules = rules
+
+    def decide(self, tool: str, ctx: CallContext) -> Decision:
+        """Whether `tool` (canonical name) may be called in this context; which step said so."""
+        return self._rules.decide(tool, ctx)
+
+    def allowed_tools(self, ctx: CallContext) -> list[ToolSpec]:
+        return self._rules.allowed_tools(ctx)
+
+
+class ToolRules:
+    """One configuration's tool policy, expanded once; never changed after it is made."""
+
+    def __init__(self, config: Config, catalog: Catalog) -> None:
+        self._catalog = catalog
+        self._decide = functools.lru_cache(maxsize=4096)(self._decided)
         tools = config.tools
         self._global = self._rules(tools, "tools", default_profile=tools.profile or "full")
         self._providers = {
@@ -100,8 +127,8 @@ class PolicyEngine:
         scope = self._scope(ctx)
         return [t for t in self._catalog.tools.values() if self._decide(t.name, scope).allowed]
 
-    @functools.lru_cache(maxsize=4096)  # noqa: B019 (the engine lives as long as the server)
-    def _decide(self, tool: str, scope: tuple[str, str, str, int]) -> Decision:
+    def _decided(self, tool: str, scope: tuple[str, str, str, int]) -> Decision:
+        """A decision (cached per rules by _decide: a reload's rules start empty)."""
         chain = list(self._chain(scope))
         removed = next((s for s, allow in _allow_steps(chain) if tool not in allow), None)
         denied = next((r.where + ".deny" for r in chain if tool in r.deny), None)

@@ -6,7 +6,13 @@ certificates for the hosts it intercepts.
 Placeholders are derived, not stored: HMAC-SHA256 under a key this installation keeps in its
 state directory (0600), over the sandbox id and the secret's name. A restarted supervisor
 therefore knows the placeholders of the containers it adopts, and a placeholder says nothing
-about the value or about another sandbox's.
+about the value or about another sandbox's. A sandbox keeps its placeholders for as long as its
+key (paused, healed, restored, re-created); a fork, a new key, has its own.
+
+A reload (cli/reloading.py) swaps the secrets whole: containers made from then on get them,
+and each running sandbox's proxy a Broker rebuilt from the one it holds (rebroker): the same
+placeholders with today's values and places, a removed secret retired (refused, never
+injected).
 
 The trust: a bundle (the host's CA certificates and the installation's egress CA) written to
 the sandbox's host folder and bind-mounted read-only over the image's
@@ -22,20 +28,25 @@ import logging
 import os
 import ssl
 import stat
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 
 from stockade.supervisor.config import Config, SecretConfig
 from stockade.supervisor.engines.backends.base import BindMount
 from stockade.supervisor.errors import ConfigError
 from stockade.supervisor.keys import shown, split
-from stockade.supervisor.network.brokered import Broker, BrokeredSecret, Injection
+from stockade.supervisor.network.brokered import (
+    PLACEHOLDER_CHARS,
+    PLACEHOLDER_PREFIX,
+    Broker,
+    BrokeredSecret,
+    Injection,
+)
 
 log = logging.getLogger("stockade")
 
-PLACEHOLDER_PREFIX = "stk_ph_"
-PLACEHOLDER_CHARS = 32
 KEY_FILE = "broker.key"
 """The installation's placeholder key, in the state directory."""
 TRUST_FOLDER = "trust"
@@ -83,6 +94,15 @@ def installation_key(state_dir: Path) -> bytes:
 
 
 @dataclass(frozen=True)
+class SecretChanges:
+    """What a reload changed in `[secrets]`, by name (never a value)."""
+
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ContainerParts:
     """What a container gets for its brokered secrets: variables and read-only mounts."""
 
@@ -96,7 +116,8 @@ class Brokering:
 
     def __init__(self, config: Config, ca_pem: Callable[[], bytes]) -> None:
         self._config = config
-        self._secrets = dict(config.secrets)
+        self._secrets: Mapping[str, SecretConfig] = MappingProxyType(dict(config.secrets))
+        """Swapped whole by reload(), never changed in place: a reader holds one snapshot."""
         self._ca_pem = ca_pem
         self._key: bytes | None = None
         self._told: set[str] = set()
@@ -119,6 +140,35 @@ class Brokering:
             if (not secret.tenants or tenant in secret.tenants)
             and (not secret.profiles or (profile or "base") in secret.profiles)
         ]
+
+    def reload(self, secrets: Mapping[str, SecretConfig]) -> SecretChanges:
+        """Take the reloaded `[secrets]` (checked at load) in one swap: containers made from
+        now on get them; running ones are given rebroker()'s. What changed, by name."""
+        old, new = self._secrets, MappingProxyType(dict(secrets))
+        self._secrets = new
+        return SecretChanges(
+            added=tuple(sorted(new.keys() - old.keys())),
+            removed=tuple(sorted(old.keys() - new.keys())),
+            changed=tuple(sorted(n for n in old.keys() & new.keys() if _differ(old[n], new[n]))),
+        )
+
+    def rebroker(self, old: Broker, key: str, profile: str) -> Broker:
+        """A running sandbox's Broker after a reload: each secret its container holds a
+        placeholder of, as configured now (a new value, hosts or place take effect), or
+        retired when it is gone or no longer applies to the sandbox (its placeholder then
+        refused); a secret added since is not given (the container has no variable for it:
+        it comes with the next container)."""
+        now = dict(self.applying(key, profile))
+        secrets = []
+        for held in old.secrets:
+            secret = now.get(held.name)
+            if secret is None or held.retired:
+                secrets.append(replace(held, value="", retired=True))
+            else:
+                secrets.append(replace(
+                    held, value=secret.value, hosts=secret.hosts, injection=_injection(secret)
+                ))  # fmt: skip
+        return Broker(tuple(secrets), everything=old.everything)
 
     def broker(self, key: str, sid: str, profile: str) -> Broker:
         """What the sandbox's egress proxy is given (empty: nothing intercepted)."""
@@ -192,6 +242,11 @@ class Brokering:
             os.chmod(partial, 0o644)
             partial.rename(path)
         return bundle, alone
+
+
+def _differ(old: SecretConfig, new: SecretConfig) -> bool:
+    """Whether a secret's settings or value changed (its value is left out of ==)."""
+    return old != new or not hmac.compare_digest(old.value.encode(), new.value.encode())
 
 
 def _injection(secret: SecretConfig) -> Injection:

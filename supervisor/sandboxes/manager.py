@@ -28,13 +28,13 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
-from stockade.supervisor.config import Config
+from stockade.supervisor.config import Config, SecretConfig
 from stockade.supervisor.engines import isolation, seccomp
 from stockade.supervisor.engines.backends.base import (
     LABEL_KEY,
@@ -51,6 +51,7 @@ from stockade.supervisor.observe.alarms import Alarm
 from stockade.supervisor.policy.honeytokens import Honeytokens
 from stockade.supervisor.sandboxes import adoption, owner, pressure, workspaces
 from stockade.supervisor.sandboxes.agent_link import AgentConnection
+from stockade.supervisor.sandboxes.brokering import SecretChanges
 from stockade.supervisor.sandboxes.containers import (
     WORKSPACE,
     AddressOf,
@@ -155,7 +156,7 @@ class SandboxManager:
         self.quarantines = Quarantines(self.parts)
         self.inventory = Inventory(self.parts, self.quarantines)
         self.housekeeping = Housekeeping(self.parts, self.quarantines)
-        self.snapshots = Snapshots(self.parts, self.quarantines, self.inventory)
+        self.snapshots = Snapshots(self.parts, self.quarantines, self.inventory, self.decoys.plant)
 
     async def _replicas(self) -> frozenset[str] | None:
         return await self.state.replicas() if self.state is not None else None
@@ -393,6 +394,12 @@ class SandboxManager:
             raise self.inventory.no_container(key)
         async with self.lease(key) as lease:
             return await isolation_report(lease, self.backend)
+
+    def reload_secrets(self, secrets: Mapping[str, SecretConfig]) -> SecretChanges:
+        """A reload's `[secrets]` (cli/reloading.py): containers made from now on get them,
+        running sandboxes' proxies their reloaded Brokers (network_modes.py)."""
+        running = [(s.key, s.container) for s in self.registry.values()]
+        return self.networks.reload_secrets(secrets, running)
 
     async def quarantine(self, key: str, alarm: Alarm) -> None:
         """The reaction to an alarm (observe/alarms.py): quarantine.py."""

@@ -11,10 +11,10 @@ import asyncio
 import json
 import logging
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from stockade.supervisor.config import NETWORK_MODES, Config
+from stockade.supervisor.config import NETWORK_MODES, Config, SecretConfig
 from stockade.supervisor.config.allowlist import Allowlist, AllowlistError
 from stockade.supervisor.config.checks import split_host_port
 from stockade.supervisor.engines import hosts
@@ -30,7 +30,7 @@ from stockade.supervisor.models import NetworkRequest
 from stockade.supervisor.network.egress import EgressHooks, EgressNetwork
 from stockade.supervisor.network.proxy import EgressDecision, EgressProxy
 from stockade.supervisor.network.shared_proxy import SharedEgressListener
-from stockade.supervisor.sandboxes.brokering import Brokering
+from stockade.supervisor.sandboxes.brokering import Brokering, SecretChanges
 from stockade.supervisor.sandboxes.pod_egress import ListPods, PodDirectory
 from stockade.supervisor.sandboxes.sandbox import Container, SandboxNetwork
 
@@ -155,6 +155,20 @@ class Networks:
             await self.egress.attach(
                 key, container.sid, container.info.pid, allowlist, broker=broker
             )
+
+    def reload_secrets(
+        self, secrets: Mapping[str, SecretConfig], running: Iterable[tuple[str, Container]]
+    ) -> SecretChanges:
+        """A reload's `[secrets]`: new containers get them (brokering.py reload), and each
+        running sandbox's proxy its reloaded Broker (brokering.py rebroker)."""
+        changes = self.brokering.reload(secrets)
+        for key, container in running:
+            old = self.egress.broker_of(container.sid) if container.sid else None
+            if old is None or not old.secrets:
+                continue
+            profile = container.info.labels.get(LABEL_PROFILE, "")
+            self.egress.rebroker(container.sid, self.brokering.rebroker(old, key, profile))
+        return changes
 
     async def detach(self, container: Container) -> None:
         if container.sid:

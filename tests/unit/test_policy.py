@@ -405,12 +405,12 @@ def test_decisions_cache_only_configured_names() -> None:
     """Agent ids, providers and chat ids come from callers: unknown ones share the rules of
     none, and the decision cache must not keep each made-up (possibly huge) name alive."""
     policy = engine('[agents.a.tools]\ndeny = ["exec"]\n[groups.g.tools]\ndeny = ["glob"]')
-    before = policy._decide.cache_info().currsize
+    before = policy._rules._decide.cache_info().currsize
     for i in range(2000):
         made_up = f"{i}-" + "x" * 100_000
         ctx = CallContext(agent_id=made_up, provider=made_up, chat_id=made_up, peer_kind="group")
         assert policy.decide("exec", ctx).allowed
         assert policy.decide("exec", CallContext(subagent_depth=10**9 + i)).allowed
-    assert policy._decide.cache_info().currsize - before <= 4
+    assert policy._rules._decide.cache_info().currsize - before <= 4
     assert not policy.decide("exec", CallContext(agent_id="a")).allowed
     assert not policy.decide("glob", CallContext(chat_id="g", peer_kind="group")).allowed

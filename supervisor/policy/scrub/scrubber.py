@@ -245,6 +245,8 @@ class _Literals:
     """Every secret as it is and its base64 forms, for a piece left at a cut."""
     found: tuple[str, ...] = ()
     database: hyperscan.Database | None = None
+    secrets: tuple[str, ...] = ()
+    """The values as configured (Scrubber.learn adds to them)."""
 
     @classmethod
     def of(cls, secrets: Iterable[str]) -> _Literals:
@@ -269,6 +271,7 @@ class _Literals:
             (*secrets, *encoded),
             found,
             database,
+            secrets,
         )
 
     def spans(self, text: str, data: bytes) -> Iterator[_Span]:
@@ -338,7 +341,8 @@ def _redact(text: str, spans: list[_Span]) -> tuple[str, int]:
 
 
 class Scrubber:
-    """Replaces credentials in text by `[REDACTED]`; immutable, safe to share."""
+    """Replaces credentials in text by `[REDACTED]`; safe to share: immutable but for learn(),
+    which only widens it."""
 
     __slots__ = ("_formats", "_literals")
 
@@ -366,6 +370,15 @@ class Scrubber:
         self._literals = _Literals.of(checked)
         self._formats = True
         prepare()
+
+    def learn(self, secrets: Iterable[str]) -> None:
+        """Also hide these values from now on (a reload's new brokered values), the known
+        ones kept: the values' database is rebuilt and swapped in one assignment, so a scrub
+        under way ends with the one it began with. The one change a Scrubber allows."""
+        known = self._literals.secrets
+        fresh = [s for s in secrets if s not in known]
+        if fresh:
+            self._literals = _Literals.of([*known, *fresh])
 
     def secrets_only(self) -> Scrubber | None:
         """A scrubber for the configured secrets alone, without the formats; None when no

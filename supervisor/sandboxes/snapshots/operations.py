@@ -32,7 +32,7 @@ import errno
 import hashlib
 import os
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -88,10 +88,27 @@ class Taken:
     frozen_s: float
 
 
+Plant = Callable[[Sandbox], Awaitable[None]]
+"""A new container's decoys planted (decoys.py Planter.plant; never raises)."""
+
+
+async def _no_plant(_sandbox: Sandbox) -> None:
+    pass
+
+
 class Snapshots:
-    def __init__(self, parts: Parts, quarantines: Quarantines, inventory: Inventory) -> None:
+    def __init__(
+        self,
+        parts: Parts,
+        quarantines: Quarantines,
+        inventory: Inventory,
+        plant: Plant = _no_plant,
+    ) -> None:
+        """`plant`: the decoys of a container a restore or a fork makes, planted before any
+        call reaches it (its own, derived from its key; a file /tmp's restore wrote is kept)."""
         self._parts = parts
         self._quarantines, self._inventory = quarantines, inventory
+        self._plant = plant
         config = parts.config
         root = (
             Path(config.snapshots.dir) if config.snapshots.dir else config.state_dir / "snapshots"
@@ -375,6 +392,7 @@ class Snapshots:
             sandbox = await parts.create(key, network, profile)
             if TMP in snap.parts:  # before any call can reach the new container
                 await self._restore_tmp(sandbox, owner, name, paths.tmp, ids)
+            await self._plant(sandbox)
         finally:
             if not counted:
                 parts.starting.discard(key)
