@@ -49,7 +49,10 @@ body = b"token=" + secret.encode() + b"&end"
 parts = [body[i : i + size] for i in range(0, len(body), size)]
 conn = http.client.HTTPConnection(proxy.hostname, proxy.port, timeout=20)
 headers = {"Transfer-Encoding": "chunked"}
-conn.request("POST", url, body=iter(parts), headers=headers, encode_chunked=True)
+try:
+    conn.request("POST", url, body=iter(parts), headers=headers, encode_chunked=True)
+except OSError as exc:  # the refusal's answer may still be there to read
+    print("sending:", type(exc).__name__, file=sys.stderr)
 print(conn.getresponse().status)
 """
 """Posts `token=SECRET&end` chunked in `size`-byte chunks (SECRET: the argument, or the
