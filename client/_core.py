@@ -805,9 +805,16 @@ def exec_op(
     workdir: str | None,
     env: dict[str, str] | None,
     stdin: str | None = None,
+    session: str | None = None,
 ) -> Op:
     args: dict[str, Any] = {"command": command}
-    given = (("timeout", timeout), ("workdir", workdir), ("env", env), ("stdin", stdin))
+    given = (
+        ("timeout", timeout),
+        ("workdir", workdir),
+        ("env", env),
+        ("stdin", stdin),
+        ("session", session),
+    )
     for name, value in given:
         if value is not None:
             args[name] = value

@@ -483,10 +483,12 @@ class AsyncSandbox:
         workdir: str | None = None,
         env: dict[str, str] | None = None,
         stdin: str | None = None,
+        session: str | None = None,
     ) -> ToolResult:
         """Run a shell command (`stdin`: its whole input, then closed); a non-zero exit is a
-        result (see .exit_code), not an error."""
-        return await self._do(_core.exec_op(command, timeout, workdir, env, stdin))  # type: ignore[no-any-return]
+        result (see .exit_code), not an error. `session`: a shell session's name, whose
+        folder, exported environment, options and aliases carry over between its calls."""
+        return await self._do(_core.exec_op(command, timeout, workdir, env, stdin, session))  # type: ignore[no-any-return]
 
     async def interact(self, command: str | None = None, **kw: Any) -> AsyncInteraction:
         """AsyncStockade.interact for this sandbox."""

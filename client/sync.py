@@ -478,10 +478,12 @@ class Sandbox:
         workdir: str | None = None,
         env: dict[str, str] | None = None,
         stdin: str | None = None,
+        session: str | None = None,
     ) -> ToolResult:
         """Run a shell command (`stdin`: its whole input, then closed); a non-zero exit is a
-        result (see .exit_code), not an error."""
-        return self._do(_core.exec_op(command, timeout, workdir, env, stdin))  # type: ignore[no-any-return]
+        result (see .exit_code), not an error. `session`: a shell session's name, whose
+        folder, exported environment, options and aliases carry over between its calls."""
+        return self._do(_core.exec_op(command, timeout, workdir, env, stdin, session))  # type: ignore[no-any-return]
 
     def interact(self, command: str | None = None, **kw: Any) -> Interaction:
         """Stockade.interact for this sandbox."""

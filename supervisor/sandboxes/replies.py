@@ -135,6 +135,15 @@ def _exec(data: dict[str, Any], limits: ReplyLimits) -> None:
     _exit(data)
     _flags(data, "timed_out", "oom_killed", "pids_crowded")
     _count(data, "duration_ms")
+    session = _field(data, "session", (dict,), required=False)
+    if session is not None:
+        _text(session, "name", 64, required=True)
+        _text(session, "cwd", MAX_SESSION_FOLDER)
+        _flags(session, "kept")
+
+
+MAX_SESSION_FOLDER = 4096
+"""The longest folder the agent tells for a session (its shells.MAX_FOLDER)."""
 
 
 def _process(data: dict[str, Any], limits: ReplyLimits) -> None:

@@ -191,7 +191,7 @@ class Server:
             ],
         )
         pipeline = self.pipeline = ToolPipeline(
-            config, sandboxes, policy, observers, alarm=self.alarms.sound
+            config, sandboxes, policy, observers, alarm=self.alarms.sound, shells=sandboxes.shell_of
         )
         """The one pipeline of this supervisor's calls: other fronts (fronts/mcp) use it too."""
         server = self._server
