@@ -19,6 +19,7 @@ from stockade.client._core import (
     FileInfo,
     IsolationReport,
     SandboxInfo,
+    ShellSession,
     StreamEvent,
     ToolResult,
     ToolSpec,
@@ -312,6 +313,16 @@ class AsyncStockade(AsyncSnapshotCalls, AsyncQuarantineCalls):
         reply = await self._rpc(self._sandboxes.DestroySandbox, request)
         return bool(reply.removed)
 
+    async def list_sessions(self, key: str) -> list[ShellSession]:
+        """The sandbox's shell sessions (exec's `session`); none when it has no container."""
+        request = sandbox_pb2.ListSessionsRequest(key=key)
+        return _core.sessions_from_pb(await self._rpc(self._sandboxes.ListSessions, request))
+
+    async def end_session(self, key: str, session: str) -> bool:
+        """End a shell session (a later call of that name starts afresh); False: none."""
+        request = sandbox_pb2.EndSessionRequest(key=key, session=session)
+        return bool((await self._rpc(self._sandboxes.EndSession, request)).ended)
+
     async def pause_sandbox(self, key: str) -> bool:
         """Stockade.pause_sandbox."""
         request = sandbox_pb2.PauseSandboxRequest(key=key)
@@ -450,6 +461,12 @@ class AsyncSandbox:
 
     async def destroy(self, *, delete_workspace: bool = False) -> bool:
         return await self.client.destroy_sandbox(self.key, delete_workspace=delete_workspace)
+
+    async def sessions(self) -> list[ShellSession]:
+        return await self.client.list_sessions(self.key)
+
+    async def end_session(self, session: str) -> bool:
+        return await self.client.end_session(self.key, session)
 
     async def pause(self) -> bool:
         return await self.client.pause_sandbox(self.key)

@@ -5,10 +5,14 @@ their own folder, and end clearly with their container."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from stockade.client import Sandbox, Stockade
+from stockade.client import InvalidArgument, Sandbox, Stockade
 from tests.integration.harness import Supervisor, engine_cli, process
+from tests.integration.test_cli import cli
+from tests.integration.test_mcp import connected, serving_mcp
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -76,7 +80,7 @@ def assert_session_kept(box: Sandbox, name: str) -> None:
     assert out(box, "pwd", session=name) == "/workspace/proj"
     assert out(box, 'echo "$GREETING $VIRTUAL_ENV"', session=name) == "hi /workspace/proj/.venv"
     assert out(box, "hello", session=name) == "hello from the venv"
-    assert out(box, "set -o | grep -E '^pipefail' | tr -s ' \t'", session=name) == "pipefail on"
+    assert out(box, "set -o | grep -E '^pipefail' | tr -d ' \t'", session=name) == "pipefailon"
     assert out(box, "shopt -q globstar && ll", session=name) == "aliased"
 
 
@@ -149,3 +153,39 @@ def test_a_session_survives_a_restart_and_ends_with_its_container(
         assert "its sandbox was re-created" in ended.error_message
         assert box.info().container_id != old
         assert out(box, 'pwd; echo "[${GREETING-}]"', session="dev") == "/workspace\n[]"
+
+
+def test_sessions_are_listed_and_ended_through_the_api_and_the_cli(
+    sup: Supervisor, c: Stockade, key: str
+) -> None:
+    assert c.list_sessions(key) == [], "no sandbox: none"
+    assert key not in {s.key for s in c.list_sandboxes()}, "and none is made"
+    box = c.sandbox(key)
+    out(box, "mkdir -p w && cd w", session="one")
+    done = cli(sup, "exec", "--session", "two", key, "--", "cd w && export X=cli")
+    assert done.returncode == 0, done.stderr
+    done = cli(sup, "exec", "--session", "two", key, "--", 'echo "$PWD $X"')
+    assert done.stdout == "/workspace/w cli\n"
+    listed = {s.name: (s.cwd, s.calls, s.busy) for s in box.sessions()}
+    assert listed == {"one": ("/workspace/w", 1, False), "two": ("/workspace/w", 2, False)}
+    assert box.end_session("one")
+    assert not box.end_session("one")
+    assert [s.name for s in box.sessions()] == ["two"]
+    assert out(box, "pwd", session="one") == "/workspace", "a new session of that name"
+    with pytest.raises(InvalidArgument, match="a session's name"):
+        box.end_session("../x")
+
+
+async def test_an_mcp_sessions_commands_share_its_shell_session(
+    engine: str, tmp_path: Path
+) -> None:
+    with serving_mcp(engine, tmp_path) as served:
+        async with connected(served.url, served.token) as client:
+            first = await client.call_tool("exec", {"command": "mkdir -p m && cd m"})
+            assert not first.is_error
+            here = await client.call_tool("exec", {"command": "pwd"})
+            assert here.structured_content is not None
+            assert here.structured_content["stdout"] == "/workspace/m\n"
+            named = await client.call_tool("exec", {"command": "pwd", "session": "mine"})
+            assert named.structured_content is not None
+            assert named.structured_content["stdout"] == "/workspace\n"

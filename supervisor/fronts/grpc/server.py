@@ -197,7 +197,7 @@ class Server:
         server = self._server
         lifecycle = Lifecycle(sandboxes, policy.audit, self.alarms.sound)
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(
-            SandboxServicer(lifecycle, policy.scrubber), server
+            SandboxServicer(lifecycle, policy.scrubber, pipeline.sessions), server
         )
         interaction = Interaction(pipeline, sandboxes, policy.scrubber)
         tool_pb2_grpc.add_ToolServiceServicer_to_server(
