@@ -45,6 +45,45 @@ def warm_exec(client: Stockade, n: int, warmup: int) -> Result:
         destroy(client, key)
 
 
+SESSION_ROUNDS = 10
+
+
+def session_exec(client: Stockade, n: int, warmup: int) -> Result:
+    """A warm `exec true` in a shell session beside a plain one on one sandbox (issue 29:
+    the session's capture and restore, target <= 0.5 ms more). The two alternate in rounds
+    (plain then session, then session then plain, ...) so drift falls on both alike. The
+    session's summary, the plain one's, and the difference of the medians."""
+    key = "bench-session"
+    box = client.sandbox(key)
+
+    def plain() -> None:
+        exec_true(client, key)
+
+    def in_session() -> None:
+        result = box.exec("true", session="bench")
+        if result.is_error or result.exit_code != 0:
+            raise RuntimeError(f"exec true in a session failed: {result.error_code}")
+
+    calls = {"plain": plain, "session": in_session}
+    samples: dict[str, list[float]] = {"plain": [], "session": []}
+    batch = max(n // SESSION_ROUNDS, 1)
+    try:
+        for call in calls.values():
+            for _ in range(max(warmup, 1)):
+                call()
+        for round_ in range(SESSION_ROUNDS):
+            for side in ("plain", "session") if round_ % 2 == 0 else ("session", "plain"):
+                for _ in range(batch):
+                    started = time.perf_counter()
+                    calls[side]()
+                    samples[side].append(time.perf_counter() - started)
+    finally:
+        destroy(client, key)
+    plain_r, session_r = summarize(samples["plain"]), summarize(samples["session"])
+    extra = round(session_r["median_ms"] - plain_r["median_ms"], 3)
+    return {**session_r, "plain": plain_r, "extra_median_ms": extra}
+
+
 def interact_line(client: Stockade, n: int, warmup: int) -> Result:
     """One line in, the same line out: `cat` behind Interact, from send to the echoed line
     read by the client (stdin write through the agent, output relayed and scrubbed)."""
