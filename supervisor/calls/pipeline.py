@@ -53,6 +53,9 @@ from stockade.supervisor.tools.catalog import Catalog, ToolSpec, render_command
 from stockade.supervisor.tools.schemas import ArgumentError, json_type_phrase, validate_arguments
 
 DEFAULT_CALL_TIMEOUT_S = 60.0
+_SESSION_LIST_S = 10.0
+SESSION_START = "/workspace"
+"""Where a new session's first call starts (the workspace root, as the guard knows it)."""
 STREAM_QUEUE = 64
 GUARD_INLINE_CHARS = 2048
 _GRACE_S = 10.0
@@ -256,7 +259,7 @@ class ToolPipeline:
         self._decoys(call, spec, args, command, trail)
         shell = self._shells(call.sandbox_key) if command is not None else SandboxShell()
         if command is not None:
-            where = self._where(call, spec, args)
+            where = await self._where(call, spec, args)
             await self._check_command(call, spec, command, trail, events, where, shell, ask)
         limiter = self._policy.limiter
         async with contextlib.AsyncExitStack() as hold:
@@ -368,14 +371,36 @@ class ToolPipeline:
         detail = f"guard rule {rule!r} (action quarantine) matched a command"
         self._alarm(Alarm(key, "guard", "guard", detail, shown[:MAX_EVIDENCE]))
 
-    def _where(self, call: ToolCall, spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
+    async def _where(self, call: ToolCall, spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
         """The working directory and added environment the guard judges a command in: a
         session's folder when the call names none."""
         where = _where_of(spec, args)
         session = _session_of(spec, args)
         if session is not None and "workdir" not in args:
-            where["workdir"] = self.sessions.folder(call.sandbox_key, session)
+            where["workdir"] = await self._session_folder(call, session)
         return where
+
+    async def _session_folder(self, call: ToolCall, name: str) -> str | None:
+        """The folder a session's next call starts in: the book's, else (a session this
+        supervisor has not seen: new, or from before a restart) its agent's, once; None when
+        that cannot be told (the guard then judges relative paths as unknown)."""
+        key, book = call.sandbox_key, self.sessions
+        if book.known(key, name):
+            return book.folder(key, name)
+        try:
+            async with self._sandboxes.lease(key) as lease:
+                reply = await lease.invoke(
+                    "session", {"action": "list"}, _SESSION_LIST_S, call.request_id
+                )
+                generation = lease.generation
+        except CALL_FAULTS:
+            return None
+        listed = (reply.result or {}).get("sessions") if not reply.error_code else None
+        if not isinstance(listed, list):
+            return None
+        folders = {s.get("name"): s.get("cwd") for s in listed if isinstance(s, dict)}
+        book.left(key, name, generation, {"cwd": folders.get(name) or SESSION_START})
+        return book.folder(key, name)
 
     def _agent_call(
         self,

@@ -7,10 +7,11 @@ and `rm -rf *` in the next is judged as `rm -rf /*`), and a session whose contai
 re-created (a heal, a prune, an image change) is refused once, saying so, instead of going
 on silently without its folder and environment; the next call of that name starts afresh.
 
-After a supervisor restart the book is empty while the sandbox and its sessions live on: a
-session's first call then runs with its folder unknown to the guard (which judges relative
-paths as unknown: `rm -rf build/*` asks to be run with a workdir), and its reply tells the
-folder again. Bounded: MAX_ENTRIES sessions, the least recently used forgotten first.
+A session the book has not seen (a new one, or one from before a supervisor restart, which
+the sandbox kept) is looked up once in its agent's list before the guard judges its call (the
+pipeline's _session_folder): a new session starts at the workspace root. When that cannot be
+told, the guard judges relative paths as unknown. Bounded: MAX_ENTRIES sessions, the least
+recently used forgotten first.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class SessionBook:
         """The absolute folder the session's next call starts in; None: not known."""
         known = self._known.get((key, name))
         return None if known is None else known.cwd
+
+    def known(self, key: str, name: str) -> bool:
+        return (key, name) in self._known
 
     def enter(self, key: str, name: str, generation: str) -> None:
         """Before a call in the session runs in container `generation`: SessionEnded (once)

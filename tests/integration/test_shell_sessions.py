@@ -141,10 +141,13 @@ def test_a_session_survives_a_restart_and_ends_with_its_container(
         box = c.sandbox("k")
         a_project(box)
         set_up_session(box, "dev")
+        out(box, "cd /", session="root")
     own_supervisor.stop()
     own_supervisor.start()
     with own_supervisor.client() as c:
         box = c.sandbox("k")
+        refused = box.exec("rm -rf *", session="root")
+        assert "(/*)" in refused.error_message, "judged from the folder its agent kept"
         assert_session_kept(box, "dev")
         old = box.info().container_id
         assert engine_cli(own_supervisor.engine, "kill", old).returncode == 0

@@ -33,12 +33,18 @@ class SessionSandboxes:
         self.generation = "c1"
         self.cwd: object = "/workspace"
         self.calls: list[dict[str, Any]] = []
+        self.listed: list[dict[str, Any]] = []
+        """What the agent's session list says (a supervisor asks when it has not seen one)."""
+        self.lists = 0
 
     @contextlib.asynccontextmanager
     async def lease(self, key: str) -> AsyncIterator[SessionSandboxes]:
         yield self
 
     async def invoke(self, tool: str, args: dict[str, Any], *_: object, **__: object) -> AgentReply:
+        if tool == "session":
+            self.lists += 1
+            return AgentReply("", "", {"sessions": self.listed})
         self.calls.append(args)
         session = {"name": args.get("session"), "cwd": self.cwd, "kept": True}
         data = {"exit_code": 0, "stdout": "", "stderr": "", "session": session}
@@ -105,7 +111,20 @@ async def test_the_guard_follows_the_sessions_folder() -> None:
     given = await pipe.call(exec_call("rm -rf *", session="s", workdir="src"))
     assert not given.is_error, "a call's own workdir is judged, not the session's"
     other = await pipe.call(exec_call("rm -rf *", key="other", session="s"))
-    assert other.error_code.value == "PERMISSION_DENIED", "another key's session is unknown"
+    assert other.error_code.value == "PERMISSION_DENIED", "another key's session is its own"
+
+
+async def test_a_session_new_to_the_supervisor_is_judged_from_the_agents_folder_once() -> None:
+    pipe, fake = pipeline()
+    assert not (await pipe.call(exec_call("rm -rf build/*", session="new"))).is_error
+    fake.listed = [{"name": "old", "cwd": "/", "calls": 3, "busy": False}]
+    refused = await pipe.call(exec_call("rm -rf *", session="old"))
+    assert "(/*)" in refused.error_message, "a session from before a restart: its agent's folder"
+    await pipe.call(exec_call("true", session="old"))
+    assert fake.lists == 2, "asked once per session"
+    fake.listed = "not a list"  # type: ignore[assignment]  # a lying agent
+    unknown = await pipe.call(exec_call("rm -rf build/*", session="third"))
+    assert unknown.error_code.value == "PERMISSION_DENIED", "no folder known: judged unknown"
 
 
 async def test_a_recreated_sandbox_ends_its_sessions_once() -> None:
