@@ -9,13 +9,15 @@ shell options (`set -o`, `shopt`), functions and aliases from one call to the ne
 state is captured after each command and restored before the next, not kept in a
 long-lived shell read through markers:
 
-- before: the agent starts bash with the session's saved environment (exactly: a variable
-  the session unset stays unset) in the workspace; a preamble `cd`s to the saved folder
-  (keeping OLDPWD), sources the saved functions and aliases, and evaluates the command
-  after the saved options (so `set -x` traces the command alone);
-- after: an EXIT trap (so it runs after `exit N` too, which keeps its status) writes the
-  options, the functions and aliases, the exported names and values (NUL-separated) and the
-  folder into a fresh folder of the call's; builtins only, no fork;
+- after: an EXIT trap (so it runs after `exit N` too, which keeps its status) writes
+  `export -p`, `declare -f` and `alias -p` into one file bash can source, and the folder,
+  HOME, whether CDPATH is set, SHELLOPTS and BASHOPTS (NUL-separated) into another; builtins
+  only, no fork, two files written;
+- before: the agent starts bash with no environment but the call's own `env` (so a variable
+  the session unset stays unset), and a preamble sources the saved file (the exported
+  variables, functions and aliases), puts the call's `env` back over it, `cd`s to the saved
+  folder (keeping OLDPWD) and evaluates the command after the saved options (so `set -x`
+  traces the command alone); a new session starts from the agent's environment;
 - the agent takes the new state only from a command that ended by itself: a command killed
   at its timeout, cancelled, or whose trailer did not finish leaves the session as it was
   before the call. Nothing lives in a process between calls: a supervisor restart changes
@@ -23,7 +25,7 @@ long-lived shell read through markers:
 
 What a command leaves here is its own sandbox's business: sandbox code may rewrite its
 sessions' files, as it may run anything as the sandbox user; the agent reads them with
-bounds, as regular files, never following a link.
+bounds, as regular files, never following a link, and takes only option names it knows.
 """
 
 from __future__ import annotations
@@ -46,44 +48,96 @@ DEFAULT_SHELL: Final = "bash"
 FOLDER: Final = Path("/tmp/.stockade-sessions")
 MAX_SESSIONS: Final = 32
 """Sessions a sandbox keeps at once; past it a new one is refused until one is ended."""
-MAX_ENV_BYTES: Final = 1024 * 1024
-"""The exported environment a session keeps; over it, the call's state is not kept."""
-MAX_DEFS_BYTES: Final = 4 * 1024 * 1024
-"""Functions and aliases (nvm's functions are ~150 KiB)."""
-MAX_OPTS_BYTES: Final = 64 * 1024
+MAX_STATE_BYTES: Final = 4 * 1024 * 1024
+"""Exported variables, functions and aliases a session keeps (nvm's functions are ~150 KiB);
+over it, the call's state is not kept."""
 MAX_FOLDER: Final = 4096
 """The longest folder a session keeps (bash's $PWD may grow past PATH_MAX)."""
-MAX_WHERE_BYTES: Final = 3 * MAX_FOLDER + 3
+MAX_WHERE_BYTES: Final = 3 * MAX_FOLDER + 4096
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_OPTION: Final = re.compile(r"[a-z0-9_-]{1,32}")
+_IDENTIFIER: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+SET_OPTIONS: Final = frozenset(
+    [
+        "allexport",
+        "braceexpand",
+        "errexit",
+        "errtrace",
+        "functrace",
+        "hashall",
+        "interactive-comments",
+        "keyword",
+        "noclobber",
+        "noglob",
+        "nolog",
+        "nounset",
+        "physical",
+        "pipefail",
+        "posix",
+        "verbose",
+        "xtrace",
+    ]
+)
+"""`set -o` options a session keeps: not noexec or onecmd (a session that set them would
+never run a command, nor its trailer, again), nor those of interactive shells."""
+SET_DEFAULTS: Final = frozenset({"braceexpand", "hashall", "interactive-comments"})
+SHOPT_DEFAULTS: Final = frozenset(
+    [
+        "checkwinsize",
+        "cmdhist",
+        "complete_fullquote",
+        "extquote",
+        "force_fignore",
+        "globasciiranges",
+        "globskipdots",
+        "hostcomplete",
+        "interactive_comments",
+        "patsub_replacement",
+        "progcomp",
+        "promptvars",
+        "sourcepath",
+        "expand_aliases",
+    ]
+)
+"""What a session's bash starts with on (bash 5.2's defaults, and expand_aliases, which the
+preamble sets): those the session turned off are turned off again."""
+SHOPT_FIXED: Final = frozenset({"login_shell", "restricted_shell"})
 
 _TRAILER: Final = r"""__stockade_save() {
   unset -f __stockade_save
-  { shopt -p; set +o; } >"$__stockade_out/opts"
+  __stockade_so=$SHELLOPTS __stockade_bo=$BASHOPTS
   set +aeuvx
-  { declare -f; alias -p; } >"$__stockade_out/defs"
-  compgen -e >"$__stockade_out/names"
-  mapfile -t __stockade_names <"$__stockade_out/names"
-  for __stockade_n in "${__stockade_names[@]}"; do
-    printf '%s=%s\0' "$__stockade_n" "${!__stockade_n}"
-  done >"$__stockade_out/env"
-  printf '%s\0%s\0%s\0' "$PWD" "${HOME-}" "${CDPATH+set}" >"$__stockade_out/where"
+  export -n __stockade_so __stockade_bo
+  { export -p; declare -f; alias -p; } >"$__stockade_out.state"
+  printf '%s\0%s\0%s\0%s\0%s\0' "$PWD" "${HOME-}" "${CDPATH+set}" "$__stockade_so" \
+    "$__stockade_bo" >"$__stockade_out.where"
 }
 trap '{ __stockade_save; } 2>/dev/null' EXIT
 """
 _PREAMBLE: Final = r"""__stockade_cmd=$1 __stockade_dir=$2 __stockade_out=$3 __stockade_opts=$4
-__stockade_defs=$5
-shift 5
+__stockade_state=$5 __stockade_keep=$6
+shift 6
+for __stockade_n in $__stockade_keep; do
+  printf -v "__stockade_v_$__stockade_n" %s "${!__stockade_n}"
+done
+shopt -s expand_aliases
+[ -n "$__stockade_state" ] && . "$__stockade_state" 2>/dev/null
+for __stockade_n in $__stockade_keep; do
+  __stockade_v=__stockade_v_$__stockade_n
+  export "$__stockade_n=${!__stockade_v}"
+  unset "$__stockade_v"
+done
 if [ -n "$__stockade_dir" ]; then
   __stockade_old=${OLDPWD-}
   if builtin cd -- "$__stockade_dir" 2>/dev/null; then OLDPWD=$__stockade_old
-  else printf 'stockade: the session'"'"'s folder %s is gone: in %s\n' "$__stockade_dir" "$PWD" >&2
+  else printf 'stockade: the session'"'"'s folder %s is gone: in %s\n' "$__stockade_dir" \
+    "$PWD" >&2
   fi
 fi
-shopt -s expand_aliases
-[ -f "$__stockade_defs" ] && . "$__stockade_defs" 2>/dev/null
 """
 _RUN: Final = r"""eval "unset __stockade_cmd __stockade_dir __stockade_old __stockade_opts \
-__stockade_defs
+__stockade_state __stockade_keep __stockade_n __stockade_v
 $__stockade_opts
 $__stockade_cmd"
 """
@@ -119,13 +173,12 @@ def shell_of(args: Args) -> Shell:
 @dataclass
 class Session:
     name: str
-    env: dict[str, str] | None = None
-    """The exported environment after its last call; None: the agent's (a new session)."""
     cwd: str = ""
-    """Its folder after its last call; "": the call's own."""
+    """Its folder after its last call; "": a new session (the call's own folder)."""
     home: str | None = None
     cdpath: bool = False
     opts: str = ""
+    """The shopt and set commands that bring back its options."""
     calls: int = 0
     busy: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -159,7 +212,7 @@ class Sessions:
         if session is None:
             return False
         with contextlib.suppress(OSError):
-            (self.folder / f"{session.name}.defs").unlink()
+            self._state(session).unlink()
         return True
 
     def open(self, name: str, shell: Shell) -> Session:
@@ -208,17 +261,15 @@ class Sessions:
         """argv and environment of a call in `session` (in `cwd` when the call names one,
         else the session's folder); `keep`: capture the state afterwards (exec, not start)."""
         self._make_folder()
-        base = dict(os.environ) if session.env is None else dict(session.env)
-        env = {**base, **call_env}
-        out = None
-        if keep:
-            out = self.folder / f"{session.name}.{secrets.token_hex(6)}"
-            os.mkdir(out, 0o700)
-        folder = "" if cwd is not None else session.cwd
-        defs = str(self.folder / f"{session.name}.defs")
+        state = self._state(session)
+        saved = session.cwd != "" and _is_file(state)
+        env = dict(call_env) if saved else {**os.environ, **call_env}
+        keep_names = " ".join(n for n in call_env if _IDENTIFIER.fullmatch(n)) if saved else ""
+        out = self.folder / f"{session.name}.{secrets.token_hex(6)}" if keep else None
+        folder = str(cwd) if cwd is not None else session.cwd
         script = _CALL_SCRIPT if keep else _START_SCRIPT
-        argv = [*shell.argv(script), "bash", command, folder, str(out or ""), session.opts, defs]
-        return Launch(argv, env, out)
+        args = [command, folder, str(out or ""), session.opts, str(state) if saved else ""]
+        return Launch([*shell.argv(script), "bash", *args, keep_names], env, out)
 
     def finish(self, session: Session, launch: Launch, ended: bool) -> dict[str, Any]:
         """Take the state the call's trailer left (when the command `ended` by itself) and
@@ -229,26 +280,32 @@ class Sessions:
         try:
             kept = ended and self._take(session, out)
         finally:
-            _remove(out)
+            for suffix in (".state", ".where"):
+                with contextlib.suppress(OSError):
+                    os.unlink(f"{out}{suffix}")
         session.calls += 1
         return {"name": session.name, "cwd": session.cwd, "kept": kept}
 
     def _take(self, session: Session, out: Path) -> bool:
+        state = Path(f"{out}.state")
         try:
-            where = _read(out / "where", MAX_WHERE_BYTES).split(b"\0")
-            env = _environment(_read(out / "env", MAX_ENV_BYTES))
-            opts = _read(out / "opts", MAX_OPTS_BYTES).decode("utf-8", "surrogateescape")
-            _read(out / "defs", MAX_DEFS_BYTES)  # its size only: bash sources it
+            where = _read(Path(f"{out}.where"), MAX_WHERE_BYTES).split(b"\0")
+            _regular(state, MAX_STATE_BYTES)
         except (OSError, ValueError):
             return False
-        if len(where) != 4 or not where[0].startswith(b"/") or len(where[0]) > MAX_FOLDER:
+        if len(where) != 6 or not where[0].startswith(b"/") or len(where[0]) > MAX_FOLDER:
             return False
-        os.replace(out / "defs", self.folder / f"{session.name}.defs")
-        cwd, home = (os.fsdecode(w) for w in where[:2])
-        _keep_level(env)
-        session.env, session.cwd, session.opts = env, cwd, opts
-        session.home, session.cdpath = (home or None), where[2] == b"set"
+        try:
+            os.replace(state, self._state(session))
+        except OSError:
+            return False
+        cwd, home, _, shellopts, bashopts = (os.fsdecode(w) for w in where[:5])
+        session.cwd, session.home, session.cdpath = cwd, home or None, where[2] == b"set"
+        session.opts = restoring(shellopts, bashopts)
         return True
+
+    def _state(self, session: Session) -> Path:
+        return self.folder / f"{session.name}.state"
 
     def _make_folder(self) -> None:
         try:
@@ -258,6 +315,24 @@ class Sessions:
                 raise ToolError(
                     "EXECUTION_FAILED", f"{self.folder} is not a folder: sessions cannot run"
                 ) from None
+
+
+def restoring(shellopts: str, bashopts: str) -> str:
+    """The commands that bring back these options (SHELLOPTS and BASHOPTS as saved) in a
+    session's new bash: shopt first, `set` last (so that xtrace traces the command alone).
+    Only option names a shell may take; the rest is dropped."""
+    on = {o for o in bashopts.split(":") if _OPTION.fullmatch(o)} - SHOPT_FIXED
+    sets = {o for o in shellopts.split(":") if o in SET_OPTIONS}
+    lines = []
+    if off := sorted(SHOPT_DEFAULTS - on):
+        lines.append("shopt -u " + " ".join(off))
+    if on:
+        lines.append("shopt -s " + " ".join(sorted(on)))
+    flags = [f"+o {o}" for o in sorted(SET_DEFAULTS - sets)]
+    flags += [f"-o {o}" for o in sorted(sets - SET_DEFAULTS)]
+    if flags:
+        lines.append("set " + " ".join(flags))
+    return "\n".join(lines)
 
 
 def _name(name: str) -> str:
@@ -283,30 +358,18 @@ def _read(path: Path, limit: int) -> bytes:
     return data
 
 
-def _environment(data: bytes) -> dict[str, str]:
-    env = {}
-    for item in data.split(b"\0")[:-1]:
-        name, sep, value = item.partition(b"=")
-        if sep and name and b"\0" not in value:
-            env[os.fsdecode(name)] = os.fsdecode(value)
-    return env
+def _regular(path: Path, limit: int) -> None:
+    """ValueError unless `path` is a regular file (not a link) of at most `limit` bytes."""
+    info = os.lstat(path)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+        raise ValueError(f"{path} is not a regular file within {limit} bytes")
 
 
-def _keep_level(env: dict[str, str]) -> None:
-    """SHLVL as the agent's: bash adds one at each start, which a session would pile up."""
-    level = os.environ.get("SHLVL")
-    if level is None:
-        env.pop("SHLVL", None)
-    else:
-        env["SHLVL"] = level
-
-
-def _remove(folder: Path) -> None:
-    with contextlib.suppress(OSError):
-        for name in os.listdir(folder):
-            with contextlib.suppress(OSError):
-                os.unlink(folder / name)
-        os.rmdir(folder)
+def _is_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 SESSIONS: Final = Sessions()

@@ -89,20 +89,23 @@ async def test_a_call_cut_short_leaves_the_session_as_it_was(
     with pytest.raises(asyncio.CancelledError):
         await cancelled
     assert await out(ws, table, "pwd", session="t") == f"{ws}/src\n"
-    assert [p.name for p in table.folder.iterdir()] == ["t.defs"], "no call's folder is left"
+    assert [p.name for p in table.folder.iterdir()] == ["t.state"], "no call's files are left"
 
 
 async def test_a_forged_or_missing_state_is_not_taken(ws: Path, table: shells.Sessions) -> None:
     await out(ws, table, "cd src", session="f")
-    forged = 'trap - EXIT; ln -s /etc/hostname "$__stockade_out/where"; cd /'
+    forged = 'trap - EXIT; ln -s /etc/hostname "$__stockade_out.where"; cd /'
     assert (await run(ws, table, forged, session="f"))["session"]["kept"] is False
-    fifo = 'trap - EXIT; mkfifo "$__stockade_out/env" "$__stockade_out/where"; cd /'
+    fifo = 'trap - EXIT; mkfifo "$__stockade_out.state" "$__stockade_out.where"; cd /'
     assert (await run(ws, table, fifo, session="f"))["session"]["kept"] is False
+    where = "printf '/\\0\\0\\0\\0\\0' >\"$__stockade_out.where\""
+    linked = f'trap - EXIT; {where}; ln -s /etc/passwd "$__stockade_out.state"'
+    assert (await run(ws, table, linked, session="f"))["session"]["kept"] is False
     assert await out(ws, table, "pwd", session="f") == f"{ws}/src\n"
 
 
 async def test_an_oversized_state_is_not_taken(ws: Path, table: shells.Sessions) -> None:
-    big = f"export BIG=$(head -c {shells.MAX_ENV_BYTES + 1} /dev/zero | tr '\\0' x); cd src"
+    big = f"export BIG=$(head -c {shells.MAX_STATE_BYTES + 1} /dev/zero | tr '\\0' x); cd src"
     assert (await run(ws, table, big, session="o"))["session"]["kept"] is False
     assert await out(ws, table, "pwd; echo ${#BIG}", session="o") == f"{ws}\n0\n"
     deep = "d=$(printf 'a%.0s' {1..250}); for i in $(seq 20); do mkdir $d; cd $d; done"
