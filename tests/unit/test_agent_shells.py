@@ -154,3 +154,22 @@ async def test_the_session_tool_lists_and_ends(ws: Path, table: shells.Sessions)
     assert await out(ws, table, "pwd", session="l") == f"{ws}\n", "a new session"
     with pytest.raises(ToolError, match="list or end"):
         await shells.session_tool(ws, {"action": "drop"}, table)
+
+
+def test_options_come_back_by_known_names_only() -> None:
+    restore = shells.restoring(
+        "braceexpand:interactive-comments:noexec:onecmd:pipefail:xtrace",
+        "extglob:login_shell:cmdhist:x;touch /tmp/p",
+    )
+    lines = restore.splitlines()
+    assert lines[-1] == "set +o hashall -o pipefail -o xtrace", "set last, known names only"
+    assert "shopt -s cmdhist extglob" in lines
+    assert "x;touch" not in restore
+    assert "login_shell" not in restore
+
+
+async def test_noexec_does_not_stop_a_session_for_good(ws: Path, table: shells.Sessions) -> None:
+    await run(ws, table, "set -o noexec", session="n")
+    assert await out(
+        ws, table, "echo alive; set -o | grep -c 'noexec *on' || true", session="n"
+    ) == ("alive\n0\n")
