@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import re
 import secrets
@@ -109,25 +110,16 @@ _TRAILER: Final = r"""__stockade_save() {
   __stockade_so=$SHELLOPTS __stockade_bo=$BASHOPTS
   set +aeuvx
   export -n __stockade_so __stockade_bo
-  { export -p; declare -f; alias -p; } >"$__stockade_out.state"
-  printf '%s\0%s\0%s\0%s\0%s\0' "$PWD" "${HOME-}" "${CDPATH+set}" "$__stockade_so" \
-    "$__stockade_bo" >"$__stockade_out.where"
+  { printf '%s\0%s\0%s\0%s\0%s\0' "$PWD" "${HOME-}" "${CDPATH+set}" "$__stockade_so" \
+      "$__stockade_bo"; export -p; printf '\0'; declare -f; alias -p; } >"$__stockade_out"
 }
 trap '{ __stockade_save; } 2>/dev/null' EXIT
 """
 _PREAMBLE: Final = r"""__stockade_cmd=$1 __stockade_dir=$2 __stockade_out=$3 __stockade_opts=$4
-__stockade_state=$5 __stockade_keep=$6
-shift 6
-for __stockade_n in $__stockade_keep; do
-  printf -v "__stockade_v_$__stockade_n" %s "${!__stockade_n}"
-done
+__stockade_state=$5
+shift 5
 shopt -s expand_aliases
 [ -n "$__stockade_state" ] && . "$__stockade_state" 2>/dev/null
-for __stockade_n in $__stockade_keep; do
-  __stockade_v=__stockade_v_$__stockade_n
-  export "$__stockade_n=${!__stockade_v}"
-  unset "$__stockade_v"
-done
 if [ -n "$__stockade_dir" ]; then
   __stockade_old=${OLDPWD-}
   if builtin cd -- "$__stockade_dir" 2>/dev/null; then OLDPWD=$__stockade_old
@@ -137,7 +129,7 @@ if [ -n "$__stockade_dir" ]; then
 fi
 """
 _RUN: Final = r"""eval "unset __stockade_cmd __stockade_dir __stockade_old __stockade_opts \
-__stockade_state __stockade_keep __stockade_n __stockade_v
+__stockade_state
 $__stockade_opts
 $__stockade_cmd"
 """
@@ -173,6 +165,10 @@ def shell_of(args: Args) -> Shell:
 @dataclass
 class Session:
     name: str
+    env: dict[str, str] | None = None
+    """Its exported environment after its last call; None: the agent's (a new session)."""
+    defs: bytes = b""
+    """The SHA-256 of the functions and aliases it keeps in its file to source; b"": none."""
     cwd: str = ""
     """Its folder after its last call; "": a new session (the call's own folder)."""
     home: str | None = None
@@ -261,15 +257,13 @@ class Sessions:
         """argv and environment of a call in `session` (in `cwd` when the call names one,
         else the session's folder); `keep`: capture the state afterwards (exec, not start)."""
         self._make_folder()
-        state = self._state(session)
-        saved = session.cwd != "" and _is_file(state)
-        env = dict(call_env) if saved else {**os.environ, **call_env}
-        keep_names = " ".join(n for n in call_env if _IDENTIFIER.fullmatch(n)) if saved else ""
+        env = {**(os.environ if session.env is None else session.env), **call_env}
         out = self.folder / f"{session.name}.{secrets.token_hex(6)}" if keep else None
         folder = str(cwd) if cwd is not None else session.cwd
+        state = str(self._state(session)) if session.defs and _is_file(self._state(session)) else ""
         script = _CALL_SCRIPT if keep else _START_SCRIPT
-        args = [command, folder, str(out or ""), session.opts, str(state) if saved else ""]
-        return Launch([*shell.argv(script), "bash", *args, keep_names], env, out)
+        args = [command, folder, str(out or ""), session.opts, state]
+        return Launch([*shell.argv(script), "bash", *args], env, out)
 
     def finish(self, session: Session, launch: Launch, ended: bool) -> dict[str, Any]:
         """Take the state the call's trailer left (when the command `ended` by itself) and
@@ -280,28 +274,55 @@ class Sessions:
         try:
             kept = ended and self._take(session, out)
         finally:
-            for suffix in (".state", ".where"):
-                with contextlib.suppress(OSError):
-                    os.unlink(f"{out}{suffix}")
+            with contextlib.suppress(OSError):
+                os.unlink(out)
         session.calls += 1
         return {"name": session.name, "cwd": session.cwd, "kept": kept}
 
     def _take(self, session: Session, out: Path) -> bool:
-        state = Path(f"{out}.state")
+        """The state the trailer wrote in one file: folder, HOME, CDPATH set, SHELLOPTS and
+        BASHOPTS (NUL-terminated), `export -p`, a NUL, then `declare -f` and `alias -p`."""
         try:
-            where = _read(Path(f"{out}.where"), MAX_WHERE_BYTES).split(b"\0")
-            _regular(state, MAX_STATE_BYTES)
+            record = _read(out, MAX_STATE_BYTES + MAX_WHERE_BYTES).split(b"\0", 5)
+            if len(record) != 6 or not record[0].startswith(b"/"):
+                return False
+            printed, _, defs = record[5].partition(b"\0")
+            env = exported(printed)
         except (OSError, ValueError):
             return False
-        if len(where) != 6 or not where[0].startswith(b"/") or len(where[0]) > MAX_FOLDER:
+        if len(record[0]) > MAX_FOLDER or len(printed) + len(defs) > MAX_STATE_BYTES:
             return False
-        try:
-            os.replace(state, self._state(session))
-        except OSError:
+        digest = hashlib.sha256(defs).digest() if defs else b""
+        if digest != session.defs and not self._keep_defs(session, defs):
             return False
-        cwd, home, _, shellopts, bashopts = (os.fsdecode(w) for w in where[:5])
-        session.cwd, session.home, session.cdpath = cwd, home or None, where[2] == b"set"
+        _keep_level(env)
+        cwd, home, _, shellopts, bashopts = (
+            w.decode("utf-8", "surrogateescape") for w in record[:5]
+        )
+        session.env, session.defs = env, digest
+        session.cwd, session.home, session.cdpath = cwd, home or None, record[2] == b"set"
         session.opts = restoring(shellopts, bashopts)
+        return True
+
+    def _keep_defs(self, session: Session, defs: bytes) -> bool:
+        """Its functions and aliases into its file to source (written aside, then renamed)."""
+        state = self._state(session)
+        if not defs:
+            with contextlib.suppress(FileNotFoundError):
+                state.unlink()
+            return True
+        aside = Path(f"{state}.{secrets.token_hex(6)}")
+        try:
+            fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                os.write(fd, defs)
+            finally:
+                os.close(fd)
+            os.replace(aside, state)
+        except OSError:
+            with contextlib.suppress(OSError):
+                aside.unlink()
+            return False
         return True
 
     def _state(self, session: Session) -> Path:
@@ -358,18 +379,77 @@ def _read(path: Path, limit: int) -> bytes:
     return data
 
 
-def _regular(path: Path, limit: int) -> None:
-    """ValueError unless `path` is a regular file (not a link) of at most `limit` bytes."""
-    info = os.lstat(path)
-    if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-        raise ValueError(f"{path} is not a regular file within {limit} bytes")
-
-
 def _is_file(path: Path) -> bool:
     try:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
         return False
+
+
+def _keep_level(env: dict[str, str]) -> None:
+    """SHLVL as the agent's: bash adds one at each start, which a session would pile up."""
+    level = os.environ.get("SHLVL")
+    if level is None:
+        env.pop("SHLVL", None)
+    else:
+        env["SHLVL"] = level
+
+
+_EXPORTED: Final = re.compile(
+    rb"(?:declare|export)(?: -([a-zA-Z-]+))? ([A-Za-z_][A-Za-z0-9_]*)(?:=(\$'.*'|\".*\"|\(.*\)))?"
+)
+_DOUBLE_QUOTED: Final = re.compile(rb'\\([\\"$`])')
+_ANSI_C: Final = re.compile(rb"\\(?:([0-7]{1,3})|x([0-9A-Fa-f]{1,2})|(.))", re.DOTALL)
+_ANSI_C_LETTERS: Final = {
+    b"a": b"\a", b"b": b"\b", b"e": b"\x1b", b"E": b"\x1b", b"f": b"\f", b"n": b"\n",
+    b"r": b"\r", b"t": b"\t", b"v": b"\v", b"\\": b"\\", b"'": b"'", b'"': b'"', b"?": b"?",
+}  # fmt: skip
+
+
+def exported(data: bytes) -> dict[str, str]:
+    """The environment `export -p` printed (bash 5.2: one line a variable, `declare -x NAME`
+    with a double-quoted value, or `$'...'` for one with characters that do not print;
+    `export NAME=...` in POSIX mode). Exported arrays are no environment and are left out;
+    ValueError on a line of another shape (then the state is not taken)."""
+    env: dict[str, str] = {}
+    for line in data.split(b"\n"):
+        if not line:
+            continue
+        match = _EXPORTED.fullmatch(line)
+        if match is None:
+            raise ValueError("export -p printed a line of an unknown shape")
+        flags, name, value = match.groups()
+        if value is None or value[:1] == b"(" or (flags and (b"a" in flags or b"A" in flags)):
+            continue
+        if value[:1] == b'"' and b"\\" not in value:
+            if b'"' in value[1:-1]:
+                raise ValueError("a double-quoted value with a bare quote")
+            text = value[1:-1]
+        else:
+            text = _unquoted(value)
+        env[name.decode()] = text.decode("utf-8", "surrogateescape")
+    return env
+
+
+def _unquoted(value: bytes) -> bytes:
+    if value.startswith(b'"'):
+        inner = value[1:-1]
+        if _DOUBLE_QUOTED.sub(b"", inner).count(b'"'):
+            raise ValueError("a double-quoted value with a bare quote")
+        return _DOUBLE_QUOTED.sub(rb"\1", inner)
+    return _ANSI_C.sub(_ansi_c_escape, value[2:-1])
+
+
+def _ansi_c_escape(match: re.Match[bytes]) -> bytes:
+    octal, hexa, letter = match.groups()
+    if octal is not None:
+        return bytes([int(octal, 8) & 0xFF])
+    if hexa is not None:
+        return bytes([int(hexa, 16)])
+    known = _ANSI_C_LETTERS.get(letter)
+    if known is None:
+        raise ValueError(f"an escape bash does not print: \\{letter!r}")
+    return known
 
 
 SESSIONS: Final = Sessions()

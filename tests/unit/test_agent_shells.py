@@ -89,18 +89,19 @@ async def test_a_call_cut_short_leaves_the_session_as_it_was(
     with pytest.raises(asyncio.CancelledError):
         await cancelled
     assert await out(ws, table, "pwd", session="t") == f"{ws}/src\n"
-    assert [p.name for p in table.folder.iterdir()] == ["t.state"], "no call's files are left"
+    assert list(table.folder.iterdir()) == [], "no call's files are left (nor a state: no defs)"
 
 
 async def test_a_forged_or_missing_state_is_not_taken(ws: Path, table: shells.Sessions) -> None:
     await out(ws, table, "cd src", session="f")
-    forged = 'trap - EXIT; ln -s /etc/hostname "$__stockade_out.where"; cd /'
+    forged = 'trap - EXIT; ln -s /etc/hostname "$__stockade_out"; cd /'
     assert (await run(ws, table, forged, session="f"))["session"]["kept"] is False
-    fifo = 'trap - EXIT; mkfifo "$__stockade_out.state" "$__stockade_out.where"; cd /'
+    fifo = 'trap - EXIT; mkfifo "$__stockade_out"; cd /'
     assert (await run(ws, table, fifo, session="f"))["session"]["kept"] is False
-    where = "printf '/\\0\\0\\0\\0\\0' >\"$__stockade_out.where\""
-    linked = f'trap - EXIT; {where}; ln -s /etc/passwd "$__stockade_out.state"'
-    assert (await run(ws, table, linked, session="f"))["session"]["kept"] is False
+    record = r'''printf '/\0\0\0\0\0declare -x A="x"y"\n' >"$__stockade_out"'''
+    assert (await run(ws, table, f"trap - EXIT; {record}", session="f"))["session"]["kept"] is False
+    short = r'''printf '/\0\0' >"$__stockade_out"'''
+    assert (await run(ws, table, f"trap - EXIT; {short}", session="f"))["session"]["kept"] is False
     assert await out(ws, table, "pwd", session="f") == f"{ws}/src\n"
 
 
@@ -173,3 +174,44 @@ async def test_noexec_does_not_stop_a_session_for_good(ws: Path, table: shells.S
     assert await out(
         ws, table, "echo alive; set -o | grep -c 'noexec *on' || true", session="n"
     ) == ("alive\n0\n")
+
+
+WEIRD = {
+    "NL": "a\nb",
+    "QUOTES": "q\"$`\\e'",
+    "BYTES": "\udcff\x01é\t",
+    "EMPTY": "",
+    "SPACES": " lead and trail ",
+}
+
+
+@pytest.mark.parametrize("posix", [False, True])
+async def test_the_environment_comes_back_byte_for_byte(
+    ws: Path, table: shells.Sessions, posix: bool
+) -> None:
+    """export -p's quoting (double quotes, $'...', POSIX mode's `export`) parsed back."""
+    mode = "set -o posix; " if posix else ""
+    await run(ws, table, mode + "declare -ax ARR=(1 2); export HALF", env=WEIRD, session="e")
+    session = table._table["e"]
+    assert session.env is not None
+    assert {k: session.env[k] for k in WEIRD} == WEIRD
+    assert "ARR" not in session.env
+    assert "HALF" not in session.env
+    script = 'for v in NL QUOTES BYTES EMPTY SPACES; do printf "%s=%s|" "$v" "${!v}"; done'
+    printed = (await run(ws, table, script, session="e"))["stdout"]
+    assert printed == "".join(f"{k}={v}|" for k, v in WEIRD.items()).encode(
+        "utf-8", "surrogateescape"
+    ).decode("utf-8", "replace")
+
+
+def test_a_line_export_p_would_not_print_is_refused() -> None:
+    for bad in (b'declare -x A="x"y"', b"rm -rf /", b"declare -x A=$'\\q'", b"declare -x 1A"):
+        with pytest.raises(ValueError, match=r"unknown shape|bare quote|does not print"):
+            shells.exported(bad + b"\n")
+    assert shells.exported(b"") == {}
+
+
+async def test_a_calls_env_wins_and_stays(ws: Path, table: shells.Sessions) -> None:
+    await out(ws, table, "export A=session B=kept", session="c")
+    assert await out(ws, table, "echo $A $B", session="c", env={"A": "call"}) == "call kept\n"
+    assert await out(ws, table, "echo $A", session="c") == "call\n"
