@@ -228,14 +228,18 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
     return results
 
 
+SH_PROFILE = '[profiles.dash]\nshell = "sh"\n'
+"""A profile whose commands run under sh (dash), for `--only session`'s third side."""
+
+
 def session_only(engines: tuple[str, ...], n: int, warmup: int) -> int:
     """`--only session`: a warm exec in a shell session beside a plain one, per engine."""
     for engine in engines:
         bring_up(engine)
-        with served(engine) as sup, Stockade(sup.target) as client:
+        with served(engine, SH_PROFILE) as sup, Stockade(sup.target) as client:
             result = guarded(
-                f"{engine}: exec true in a shell session beside a plain one",
-                lambda: stockade_runs.session_exec(client, n, warmup),
+                f"{engine}: exec true in a shell session beside a plain one, and under sh",
+                lambda: stockade_runs.session_exec(client, n, warmup, sh_profile="dash"),
             )
         print(report.session_section(engine, result))
     return 0

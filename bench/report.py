@@ -94,8 +94,9 @@ def session_section(engine: str, r: dict[str, Any]) -> str:
     return "\n".join(
         [
             f"== {engine}: exec true in a shell session beside a plain one ==",
-            _row("plain exec", r["plain"]),
+            _row("plain exec (bash)", r["plain"]),
             _row("in a session", r),
+            *([_row("plain exec under sh (dash)", r["sh"])] if "sh" in r else []),
             f"  session over plain (medians): {extra:+.2f} ms   target "
             f"<= {TARGET_SESSION_EXTRA_MS:g} ms {verdict}",
         ]
