@@ -107,7 +107,7 @@ async def exec_command(
         given = cwd if "workdir" in args else None
         launch = table.launch(session, shell, command, env, given, keep=True)
         try:
-            result = await _Run(launch.argv, cwd, launch.env, stdin, timeout).go(
+            result = await _Run(launch.argv, launch.cwd or cwd, launch.env, stdin, timeout).go(
                 max_output_bytes, sink
             )
         except BaseException:

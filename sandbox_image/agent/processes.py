@@ -406,7 +406,7 @@ class ProcessTable:
                 "INVALID_ARGS", "'follow' streams the output: start it through CallToolStream"
             )
         cwd = await resolve_workdir(self._root, workdir)
-        shell_argv = self._shell_argv(args, command, env, cwd if "workdir" in args else None)
+        shell_argv, cwd = self._shell_argv(args, command, env, cwd, "workdir" in args)
         async with self._start_lock:
             name = self._new_name(args)
             self._check_room()
@@ -568,17 +568,20 @@ class ProcessTable:
         return name
 
     def _shell_argv(
-        self, args: Args, command: str, env: dict[str, str], cwd: Path | None
-    ) -> tuple[list[str], dict[str, str] | None]:
-        """The shell's argv, and in a session (shells.py) its whole environment: the session's
-        folder, environment, options, functions and aliases, not updated by the process."""
+        self, args: Args, command: str, env: dict[str, str], cwd: Path, given: bool
+    ) -> tuple[tuple[list[str], dict[str, str] | None], Path]:
+        """The shell's argv and, in a session (shells.py), its whole environment, and the
+        folder to start in: the session's folder, environment, options, functions and
+        aliases, not updated by the process."""
         shell = shells.shell_of(args)
         name = opt_str(args, "session", None)
         if name is None:
-            return shell.argv(command), None
+            return (shell.argv(command), None), cwd
         session = self._sessions.open(name, shell)
-        launch = self._sessions.launch(session, shell, command, env, cwd, keep=False)
-        return launch.argv, launch.env
+        launch = self._sessions.launch(
+            session, shell, command, env, cwd if given else None, keep=False
+        )
+        return (launch.argv, launch.env), launch.cwd or cwd
 
     def _check_room(self) -> None:
         if self._closed:

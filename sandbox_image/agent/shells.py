@@ -118,7 +118,6 @@ trap '{ __stockade_save; } 2>/dev/null' EXIT
 _PREAMBLE: Final = r"""__stockade_cmd=$1 __stockade_dir=$2 __stockade_out=$3 __stockade_opts=$4
 __stockade_state=$5
 shift 5
-shopt -s expand_aliases
 [ -n "$__stockade_state" ] && . "$__stockade_state" 2>/dev/null
 if [ -n "$__stockade_dir" ]; then
   __stockade_old=${OLDPWD-}
@@ -173,8 +172,8 @@ class Session:
     """Its folder after its last call; "": a new session (the call's own folder)."""
     home: str | None = None
     cdpath: bool = False
-    opts: str = ""
-    """The shopt and set commands that bring back its options."""
+    opts: str = "shopt -s expand_aliases"
+    """The shopt and set commands that bring back its options (a new one: aliases on)."""
     calls: int = 0
     busy: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -190,6 +189,8 @@ class Launch:
     argv: list[str]
     env: dict[str, str]
     out: Path | None
+    cwd: Path | None
+    """The folder to start in; None: the call's default (the workspace root)."""
 
 
 class Sessions:
@@ -199,6 +200,7 @@ class Sessions:
         self.folder = folder
         self._max = max_sessions
         self._table: dict[str, Session] = {}
+        self._made = False
 
     def list(self) -> list[dict[str, Any]]:
         return [s.describe() for s in sorted(self._table.values(), key=lambda s: s.name)]
@@ -259,11 +261,11 @@ class Sessions:
         self._make_folder()
         env = {**(os.environ if session.env is None else session.env), **call_env}
         out = self.folder / f"{session.name}.{secrets.token_hex(6)}" if keep else None
-        folder = str(cwd) if cwd is not None else session.cwd
+        start, folder = _start_in(session, cwd)
         state = str(self._state(session)) if session.defs and _is_file(self._state(session)) else ""
         script = _CALL_SCRIPT if keep else _START_SCRIPT
         args = [command, folder, str(out or ""), session.opts, state]
-        return Launch([*shell.argv(script), "bash", *args], env, out)
+        return Launch([*shell.argv(script), "bash", *args], env, out, start)
 
     def finish(self, session: Session, launch: Launch, ended: bool) -> dict[str, Any]:
         """Take the state the call's trailer left (when the command `ended` by itself) and
@@ -329,6 +331,8 @@ class Sessions:
         return self.folder / f"{session.name}.state"
 
     def _make_folder(self) -> None:
+        if self._made:
+            return
         try:
             os.mkdir(self.folder, 0o700)
         except FileExistsError:
@@ -336,6 +340,7 @@ class Sessions:
                 raise ToolError(
                     "EXECUTION_FAILED", f"{self.folder} is not a folder: sessions cannot run"
                 ) from None
+        self._made = True
 
 
 def restoring(shellopts: str, bashopts: str) -> str:
@@ -377,6 +382,19 @@ def _read(path: Path, limit: int) -> bytes:
     if len(data) > limit:
         raise ValueError(f"{path} is over {limit} bytes")
     return data
+
+
+def _start_in(session: Session, cwd: Path | None) -> tuple[Path | None, str]:
+    """Where a session's call starts, and the folder its preamble `cd`s to: the call's own
+    folder, else the session's (started there: no `cd`, PWD and OLDPWD as they were), else
+    (a new session, or its folder gone or closed to the sandbox user) the default, with the
+    session's folder for the preamble to try and say it is gone."""
+    if cwd is not None:
+        return cwd, ""
+    usable = session.cwd and os.path.isdir(session.cwd)
+    if usable and os.access(session.cwd, os.X_OK, effective_ids=True):
+        return Path(session.cwd), ""
+    return None, session.cwd
 
 
 def _is_file(path: Path) -> bool:
