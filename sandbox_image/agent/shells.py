@@ -76,12 +76,12 @@ SET_OPTIONS: Final = frozenset(
         "physical",
         "pipefail",
         "posix",
-        "verbose",
         "xtrace",
     ]
 )
 """`set -o` options a session keeps: not noexec or onecmd (a session that set them would
-never run a command, nor its trailer, again), nor those of interactive shells."""
+never run a command, nor its trailer, again), not verbose (it would echo the trailer), nor
+those of interactive shells."""
 SET_DEFAULTS: Final = frozenset({"braceexpand", "hashall", "interactive-comments"})
 SHOPT_DEFAULTS: Final = frozenset(
     [
@@ -107,30 +107,18 @@ SHOPT_FIXED: Final = frozenset({"login_shell", "restricted_shell"})
 
 _TRAILER: Final = r"""__stockade_save() {
   unset -f __stockade_save
-  __stockade_so=$SHELLOPTS __stockade_bo=$BASHOPTS
-  set +aeuvx
-  export -n __stockade_so __stockade_bo
-  { printf '%s\0%s\0%s\0%s\0%s\0' "$PWD" "${HOME-}" "${CDPATH+set}" "$__stockade_so" \
-      "$__stockade_bo"; export -p; printf '\0'; declare -f; alias -p; } >"$__stockade_out"
+  { printf '%s\0%s\0%s\0%s\0%s\0' "$PWD" "${HOME-}" "${CDPATH+set}" "$SHELLOPTS" "$BASHOPTS"
+    export -p; printf '\0'; declare -f; alias -p; } >"$__stockade_out"
 }
 trap '{ __stockade_save; } 2>/dev/null' EXIT
 """
-_PREAMBLE: Final = r"""__stockade_cmd=$1 __stockade_dir=$2 __stockade_out=$3 __stockade_opts=$4
-__stockade_state=$5
-shift 5
-[ -n "$__stockade_state" ] && . "$__stockade_state" 2>/dev/null
-if [ -n "$__stockade_dir" ]; then
-  __stockade_old=${OLDPWD-}
-  if builtin cd -- "$__stockade_dir" 2>/dev/null; then OLDPWD=$__stockade_old
-  else printf 'stockade: the session'"'"'s folder %s is gone: in %s\n' "$__stockade_dir" \
-    "$PWD" >&2
-  fi
-fi
+_PREAMBLE: Final = r"""__stockade_out=$3
+[ -n "$5" ] && . "$5" 2>/dev/null
+[ -z "$2" ] || printf 'stockade: the session'"'"'s folder %s is gone: in %s\n' "$2" "$PWD" >&2
 """
-_RUN: Final = r"""eval "unset __stockade_cmd __stockade_dir __stockade_old __stockade_opts \
-__stockade_state
-$__stockade_opts
-$__stockade_cmd"
+_RUN: Final = r"""eval "shift 5
+$4
+$1"
 """
 _CALL_SCRIPT: Final = _PREAMBLE + _TRAILER + _RUN
 _START_SCRIPT: Final = _PREAMBLE + _RUN
@@ -385,10 +373,9 @@ def _read(path: Path, limit: int) -> bytes:
 
 
 def _start_in(session: Session, cwd: Path | None) -> tuple[Path | None, str]:
-    """Where a session's call starts, and the folder its preamble `cd`s to: the call's own
-    folder, else the session's (started there: no `cd`, PWD and OLDPWD as they were), else
-    (a new session, or its folder gone or closed to the sandbox user) the default, with the
-    session's folder for the preamble to try and say it is gone."""
+    """Where a session's call starts (the call's own folder, else the session's: no `cd`,
+    PWD and OLDPWD as they were), and a folder the preamble says is gone: for a new session
+    or one whose folder is gone or closed to the sandbox user, the call's default."""
     if cwd is not None:
         return cwd, ""
     usable = session.cwd and os.path.isdir(session.cwd)

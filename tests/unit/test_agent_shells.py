@@ -170,6 +170,8 @@ def test_options_come_back_by_known_names_only() -> None:
 
 
 async def test_noexec_does_not_stop_a_session_for_good(ws: Path, table: shells.Sessions) -> None:
+    await run(ws, table, "set -o verbose", session="n")
+    assert (await run(ws, table, "true", session="n"))["stderr"] == "", "verbose is not kept"
     await run(ws, table, "set -o noexec", session="n")
     assert await out(
         ws, table, "echo alive; set -o | grep -c 'noexec *on' || true", session="n"
