@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 from bench import (
     abuse,
     audit,
+    audit_chain,
     brokered,
     coldstart,
     compare,
@@ -293,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         f"audit log of {ns.audit_records:,} records",
         lambda: audit.run_audit_bench(ns.audit_records),
     )
+    host["audit_chain"] = guarded("audit hash chain and policy replay", audit_chain.run_chain_bench)
     host["listener"] = guarded(
         listener.what(ns.listener_requests, ns.listener_rounds),
         lambda: listener.measure(ns.listener_requests, ns.listener_rounds),
@@ -313,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     print(guard_section(host["guard"]), end="\n\n")
     print(brokered.section(host["brokered"]), end="\n\n")
     print(audit.printed(host["audit"]), end="\n\n")
+    print(audit_chain.section(host["audit_chain"]), end="\n\n")
     print(listener.section(host["listener"]), end="\n\n")
     for engine, results in by_engine.items():
         print(report.engine_section(engine, results), end="\n\n")

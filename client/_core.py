@@ -480,6 +480,10 @@ class AuditRecord:
     is_error: bool
     tenant: str = ""
     front: str = ""
+    context_json: str = ""
+    prev_hash: str = ""
+    """The hash chain: the previous record's hash and this one's (docs/audit.md)."""
+    hash: str = ""
 
 
 FORMATS = {

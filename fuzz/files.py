@@ -18,6 +18,7 @@ from stockade.supervisor.config import load_config
 from stockade.supervisor.fronts.e2b.envd import build_envd_app
 from stockade.supervisor.fronts.e2b.envd_files import SANDBOX_STATE
 from stockade.supervisor.fronts.e2b.records import E2bSandbox
+from stockade.supervisor.policy.limits import FairShare
 from stockade.supervisor.sandboxes.agent_link import AgentReply
 
 INSTRUMENT = ("stockade", "starlette", "python_multipart", "multipart", "email")
@@ -55,6 +56,7 @@ CTX = SimpleNamespace(
         honey=None,
         audit=None,
         scrubber=None,
+        share=FairShare(0),
     ),
     forgetters=[],
 )

@@ -28,6 +28,7 @@ from stockade.supervisor.keys import split
 from stockade.supervisor.network.brokered import Injected, InjectionRecorder
 from stockade.supervisor.network.egress import EgressHooks
 from stockade.supervisor.network.proxy import EgressDecision
+from stockade.supervisor.observe import chain
 from stockade.supervisor.observe.alarms import AlarmHub, AlarmSink
 from stockade.supervisor.observe.audit import AuditLog, AuditRecord
 from stockade.supervisor.observe.metrics import Metrics
@@ -134,7 +135,7 @@ def build_policy(config: Config, state: SharedState | None = None) -> HostPolicy
     one with a shared board must be given on the event loop."""
     from stockade.supervisor.policy.approvals import ApprovalManager
     from stockade.supervisor.policy.guard import Guard, GuardConfigError, GuardRule
-    from stockade.supervisor.policy.limits import KeyLimiter, TenantSlots
+    from stockade.supervisor.policy.limits import FairShare, KeyLimiter, TenantSlots
     from stockade.supervisor.policy.scrub.scrubber import Scrubber
     from stockade.supervisor.policy.tool_policy import PolicyEngine
     from stockade.supervisor.sandboxes.manager import WORKSPACE
@@ -153,7 +154,9 @@ def build_policy(config: Config, state: SharedState | None = None) -> HostPolicy
         scrubber = Scrubber(secrets)
     except (GuardConfigError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc
-    audit = state.audit_log(retention(config.audit)) if config.audit.enabled else None
+    audit = (
+        state.audit_log(retention(config.audit), sealing(config)) if config.audit.enabled else None
+    )
     return HostPolicy(
         catalog=catalog,
         tools=PolicyEngine(config, catalog),
@@ -168,6 +171,7 @@ def build_policy(config: Config, state: SharedState | None = None) -> HostPolicy
         watches=TenantSlots(
             config.limits.max_watches_per_tenant, "watches", "limits.max_watches_per_tenant"
         ),
+        share=FairShare(config.limits.shared_transfer_mb_per_s * (1 << 20)),
         scrubber=scrubber if config.scrub.enabled else None,
         audit=audit,
         refusals=Refusals(audit),
@@ -182,6 +186,21 @@ def retention(audit: AuditConfig) -> Retention:
         export_dir=Path(audit.export_dir) if audit.export_dir else None,
         interval_s=audit.trim_interval_s,
     )
+
+
+def signing_key_path(config: Config) -> Path:
+    """Where the audit chain's signing key is (audit.signing_key, else the state directory)."""
+    return Path(config.audit.signing_key or config.state_dir / chain.KEY_FILE)
+
+
+def sealing(config: Config) -> chain.Sealing:
+    """How the audit writer signs its chain; the key is made on first use unless given."""
+    path = signing_key_path(config)
+    try:
+        key = chain.load_signing_key(path, create=not config.audit.signing_key)
+    except chain.SigningKeyError as exc:
+        raise ConfigError(str(exc)) from exc
+    return chain.Sealing(chain.Signer(key), config.audit.checkpoint_interval_s)
 
 
 def egress_recorder(policy: HostPolicy) -> Callable[[EgressDecision], None]:

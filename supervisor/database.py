@@ -9,10 +9,13 @@ nothing of the supervisor."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sqlite3
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 Dialect = Literal["sqlite", "postgresql"]
 Kind = Literal["id", "time", "text", "count", "flag"]
@@ -65,6 +68,11 @@ AUDIT_COLUMNS = (
     AuditColumn("tenant", "text", "''"),
     # fronts: a call's record names the front it came in through (grpc, mcp)
     AuditColumn("front", "text", "''"),
+    # replay: what policy reads of a call's context beyond agent and provider (JSON; "" none)
+    AuditColumn("context_json", "text", "''"),
+    # the hash chain (observe/chain.py): the previous record's hash and this record's
+    AuditColumn("prev_hash", "text", "''"),
+    AuditColumn("hash", "text", "''"),
 )
 """The audit table's columns, in order (AuditRecord's fields in observe/audit.py, with id)."""
 
@@ -103,6 +111,30 @@ def create_audit_table(dialect: Dialect) -> str:
     return f"CREATE TABLE IF NOT EXISTS audit (\n{columns}\n);\n"
 
 
+CHAIN_TABLES: dict[Dialect, str] = {
+    dialect: f"""CREATE TABLE IF NOT EXISTS audit_chain (
+    name TEXT PRIMARY KEY,
+    last_id {COLUMN_TYPES["count"][dialect]},
+    last_hash TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS audit_checkpoints (
+    {AuditColumn("id", "id").ddl(dialect)},
+    time {COLUMN_TYPES["time"][dialect]},
+    kind TEXT NOT NULL,
+    last_id {COLUMN_TYPES["count"][dialect]},
+    last_hash TEXT NOT NULL,
+    public_key TEXT NOT NULL,
+    signature TEXT NOT NULL
+);
+"""
+    for dialect in ("sqlite", "postgresql")
+}
+"""The hash chain's head (one row, name 'head': the last record's id and hash, kept when
+retention removes that record; PostgreSQL's writers lock it FOR UPDATE, one batch at a time)
+and its signed checkpoints: `head` at an interval and at shutdown, `anchor` for the last
+record retention removed (observe/chain.py)."""
+
+
 def create_audit_indexes() -> str:
     """Every index, IF NOT EXISTS (run once the table has every column)."""
     return "".join(index.ddl() + "\n" for index in AUDIT_INDEXES)
@@ -115,6 +147,7 @@ def add_audit_column(column: AuditColumn, dialect: Dialect) -> str:
 
 SCHEMA = (
     create_audit_table("sqlite")
+    + CHAIN_TABLES["sqlite"]
     + """
 CREATE TABLE IF NOT EXISTS approved (
     tenant TEXT NOT NULL,
@@ -176,11 +209,106 @@ def _migrate(db: sqlite3.Connection) -> None:
     for column in AUDIT_COLUMNS:
         if have and column.name not in have:
             db.executescript(f"BEGIN; {add_audit_column(column, 'sqlite')}; COMMIT;")
+    if db.execute("SELECT 1 FROM audit_chain WHERE name = 'head'").fetchone() is None:
+        _start_chain(db)
     if _columns(db, "approved_commands"):
         db.executescript(f"BEGIN; {_APPROVED_COMMANDS}; COMMIT;")
     db.executescript(SQLITE_INDEXES)
 
 
+def _start_chain(db: sqlite3.Connection) -> None:
+    """The chain's head, once: the records an older version wrote are chained first, in id
+    order (a one-time cost at the upgrade: CHAIN_REHASH_RATE)."""
+    with db:
+        db.execute("BEGIN IMMEDIATE")
+        if db.execute("SELECT 1 FROM audit_chain WHERE name = 'head'").fetchone() is None:
+            chain_existing(db, "?")
+
+
 def _columns(db: sqlite3.Connection, table: str) -> set[str]:
     """The columns of `table`; none when there is no such table."""
     return {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+
+
+# The hash chain (docs/audit.md). Its rules are here, beside the table they cover, so that
+# both stores and the migrations of both apply the same ones; signing and verifying are
+# observe/chain.py's, and scripts/verify_audit.py restates these few lines for offline use.
+CHAIN_FORMAT = "stockade-audit-1"
+"""The first element of every record's canonical form: a later format names itself anew."""
+GENESIS = "0" * 64
+"""The previous hash of the first record of an installation."""
+HASHED = tuple(c.name for c in AUDIT_COLUMNS if c.name not in ("prev_hash", "hash"))
+"""The columns a record's hash covers, in this order: all but the two hashes (id first)."""
+CHAIN_REHASH_RATE = "about 100,000 records a second"
+"""What chaining an older version's records costs, once, at the upgrade."""
+HEAD = "SELECT last_id, last_hash FROM audit_chain WHERE name = 'head'"
+
+
+def head_of(db: Any) -> tuple[int, str]:
+    """The id and hash new records follow (in the writer's transaction): the head's, with
+    ids after any record inserted past it by other means (which verify then names)."""
+    cur = db.cursor()
+    head = cur.execute(HEAD).fetchone()
+    top = cur.execute("SELECT max(id) FROM audit").fetchone()
+    return max(int(head[0]), int(top[0] or 0)), str(head[1])
+
+
+def canonical(values: Sequence[object]) -> bytes:
+    """A record's canonical bytes: the UTF-8 of the compact JSON array [CHAIN_FORMAT, then
+    its HASHED values in order], text as stored (non-ASCII as is, not escaped), `time` as
+    the shortest decimal that reads back as the same double, is_error as 0 or 1."""
+    return json.dumps(
+        [CHAIN_FORMAT, *values], ensure_ascii=False, separators=(",", ":"), allow_nan=False
+    ).encode("utf-8", "surrogatepass")
+
+
+def link_hash(prev_hash: str, values: Sequence[object]) -> str:
+    """SHA-256 over the previous record's hash (32 bytes) and this record's canonical bytes,
+    as 64 hex digits."""
+    return hashlib.sha256(bytes.fromhex(prev_hash) + canonical(values)).hexdigest()
+
+
+def link(
+    rows: Iterable[Sequence[object]], head: tuple[int, str]
+) -> tuple[list[tuple[object, ...]], tuple[int, str]]:
+    """Rows in AUDIT_COLUMNS order without the id (their two hashes last, unset), given
+    the ids after the head's and chained from its hash; the new head."""
+    last_id, last_hash = head
+    linked = []
+    for row in rows:
+        last_id += 1
+        values = (last_id, *row[:-2])
+        last_hash = link_hash(prev := last_hash, values)
+        linked.append((*values, prev, last_hash))
+    return linked, (last_id, last_hash)
+
+
+def chain_existing(db: Any, mark: str, batch: int = 5000) -> None:
+    """Chain the records a table already holds (an older version's), in id order, and set
+    the head; in the caller's transaction. `db`: a DB-API connection (sqlite3 or psycopg)
+    whose placeholder is `mark`."""
+    cur = db.cursor()
+    head, after = (0, GENESIS), 0
+    select = f"SELECT {', '.join(HASHED)} FROM audit WHERE id > {mark} ORDER BY id LIMIT {mark}"
+    update = f"UPDATE audit SET prev_hash = {mark}, hash = {mark} WHERE id = {mark}"
+    while rows := cur.execute(select, (after, batch)).fetchall():
+        linked = []
+        for values in rows:
+            prev, digest = head[1], link_hash(head[1], values)
+            linked.append((prev, digest, values[0]))
+            head = (int(values[0]), digest)
+        cur.executemany(update, linked)
+        after = head[0]
+    if head[0] == 0:  # no records: ids go on from the highest ever given, where it is known
+        head = (_highest_id(db), GENESIS)
+    cur.execute(
+        f"INSERT INTO audit_chain (name, last_id, last_hash) VALUES ('head', {mark}, {mark})",
+        head,
+    )
+
+
+def _highest_id(db: Any) -> int:
+    if not isinstance(db, sqlite3.Connection):
+        return 0
+    row = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'audit'").fetchone()
+    return int(row[0]) if row else 0

@@ -23,12 +23,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import gzip
 import hashlib
 import http.server
 import ipaddress
+import os
 import ssl
 import sys
 import tempfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -334,6 +337,79 @@ class Upstream:
             writer.write(part)
             n -= len(part)
             await writer.drain()
+
+
+PREFIXES = [b"", b"x", b"xy"]
+
+
+def reflections(value: bytes) -> list[bytes]:
+    """What ReflectingUpstream sends back: each encoding of each alignment of value (each
+    base64 alignment), a line each."""
+    from tests.unit.encoders import ENCODINGS
+
+    return [ENCODINGS[name](p + value) for name in sorted(ENCODINGS) for p in PREFIXES]
+
+
+def compressed(data: bytes, coding: str) -> bytes:
+    """data in a Content-Encoding (an unknown one: as it is, only named so)."""
+    import brotli
+
+    if coding in ("gzip", "x-gzip"):
+        return gzip.compress(data, 6)
+    if coding == "deflate":
+        return zlib.compress(data)
+    if coding == "br":
+        return bytes(brotli.compress(data, quality=5))
+    return data
+
+
+class ReflectingUpstream(Upstream):
+    """`/reflect`: the Authorization header received, reflected in every encoding (a line
+    each, `reflections`). Query words: `chunked` sends it chunked (uncompressed: each line cut
+    in two chunks inside its middle; compressed: in 5-byte chunks); `close` until the
+    connection closes; `coding=NAME` compressed so and named in Content-Encoding; `repeat=N`
+    the lines N times, each time after a line of noise (`#` and random hex); `cut=N` the
+    (compressed) body cut N bytes short, its Content-Length saying so. `/bomb?coding=NAME`:
+    64 MiB of zeros, compressed."""
+
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        request = await self._request_head(reader)
+        if request is None:
+            return False
+        got, _version = request
+        await self._read_body(reader, got)
+        path, _, query = got.target.partition("?")
+        words = dict(w.partition("=")[::2] for w in query.split("&") if w)
+        coding = words.get("coding", "")
+        if path == "/bomb":
+            lines = [bytes(64 << 20)]
+        else:
+            lines = reflections((got.header("authorization") or "-").encode())
+            if "repeat" in words:  # after a line of noise each time: not over 10-fold
+                once, lines = lines, []
+                for _ in range(int(words["repeat"])):
+                    lines += [b"#" + os.urandom(384).hex().encode(), *once]
+        body = compressed(b"\n".join(lines) + b"\n", coding)
+        body = body[: len(body) - int(words.get("cut", "0"))]
+        head = b"HTTP/1.1 200 OK\r\n"
+        if coding:
+            head += b"Content-Encoding: %s\r\n" % coding.encode()
+        if "close" in words:
+            writer.write(head + b"Connection: close\r\n\r\n" + body)
+            await writer.drain()
+            return False
+        if "chunked" in words:
+            out = head + b"Transfer-Encoding: chunked\r\n\r\n"
+            parts = [body[i : i + 5] for i in range(0, len(body), 5)] if coding else [
+                half for line in lines
+                for half in (line[: len(line) // 2], line[len(line) // 2 :] + b"\n")
+            ]  # fmt: skip
+            out += b"".join(b"%x\r\n%b\r\n" % (len(part), part) for part in parts if part)
+            writer.write(out + b"0\r\n\r\n")
+        else:
+            writer.write(head + b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+        await writer.drain()
+        return True
 
 
 async def _main(directory: str) -> None:

@@ -43,7 +43,7 @@ from stockade.supervisor.observe.refusals import Refusals
 from stockade.supervisor.observe.telemetry import Observer
 from stockade.supervisor.policy.approvals import ApprovalManager, Ask, Pending
 from stockade.supervisor.policy.guard import Guard
-from stockade.supervisor.policy.limits import KeyLimiter, LimitExceeded, TenantSlots
+from stockade.supervisor.policy.limits import FairShare, KeyLimiter, LimitExceeded, TenantSlots
 from stockade.supervisor.policy.scrub.scrubber import Scrubber
 from stockade.supervisor.policy.tool_policy import PolicyEngine
 from stockade.supervisor.sandboxes.agent_link import AgentReply
@@ -80,6 +80,8 @@ class HostPolicy:
     """File watches open per tenant, every front together (limits.max_watches_per_tenant)."""
     refusals: Refusals | None = None
     """Where every front tells of a refused authentication (observe/refusals.py)."""
+    share: FairShare = field(default_factory=lambda: FairShare(0))
+    """Transfers paced while other tenants call (limits.shared_transfer_mb_per_s)."""
 
 
 class CallLease(Protocol):
@@ -223,6 +225,7 @@ class ToolPipeline:
     ) -> ToolResult:
         started = time.monotonic()
         validate_key(call.sandbox_key)
+        self._policy.share.busy(call.sandbox_key)
         call = replace(call, request_id=call.request_id or uuid.uuid4().hex)
         telemetry.request_id.set(call.request_id)  # this task's: a copy of the context
         trail = Trail(tool=call.tool)
@@ -255,7 +258,7 @@ class ToolPipeline:
             except _Stop:  # wrong arguments may still carry a decoy
                 self._decoys(call, spec, trail.arguments, None, trail)
                 raise
-        command = _command_of(spec, args)
+        command = command_of(spec, args)
         self._decoys(call, spec, args, command, trail)
         shell = self._shells(call.sandbox_key) if command is not None else SandboxShell()
         if command is not None:
@@ -374,7 +377,7 @@ class ToolPipeline:
     async def _where(self, call: ToolCall, spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
         """The working directory and added environment the guard judges a command in: a
         session's folder when the call names none."""
-        where = _where_of(spec, args)
+        where = where_of(spec, args)
         session = _session_of(spec, args)
         if session is not None and "workdir" not in args:
             where["workdir"] = await self._session_folder(call, session)
@@ -506,7 +509,7 @@ def _is_attach(spec: ToolSpec, args: dict[str, Any]) -> bool:
     return action == "attach" or (action == "start" and bool(args.get("follow")))
 
 
-def _command_of(spec: ToolSpec, args: dict[str, Any]) -> str | None:
+def command_of(spec: ToolSpec, args: dict[str, Any]) -> str | None:
     """The shell command a call would run, for the guard and approvals."""
     if spec.custom is not None:
         return render_command(spec.custom.command, args)
@@ -527,7 +530,7 @@ def _session_of(spec: ToolSpec, args: dict[str, Any]) -> str | None:
     return session if isinstance(session, str) else None
 
 
-def _where_of(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
+def where_of(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
     """The working directory and added environment the guard judges a command in."""
     if spec.custom is not None:
         return {"workdir": spec.custom.workdir, "env": dict(spec.custom.env)}

@@ -10,7 +10,7 @@ from typing import Any
 
 from stockade.supervisor.calls.outcome import failure
 from stockade.supervisor.config import Config
-from stockade.supervisor.models import ErrorCode, ToolCall, ToolResult
+from stockade.supervisor.models import CallContext, ErrorCode, ToolCall, ToolResult
 from stockade.supervisor.observe import telemetry
 from stockade.supervisor.observe.audit import AuditLog, AuditRecord
 from stockade.supervisor.observe.telemetry import Observer, Stages
@@ -105,6 +105,7 @@ class CallRecorder:
                 or ("" if result.error_code is ErrorCode.NONE else result.error_code.value),
                 is_error=result.is_error,
                 front=call.front,
+                context_json=self._scrubbed_text(context_json(call.context)),
             )
         )
 
@@ -157,6 +158,11 @@ class CallRecorder:
             redactions=max(count, streamed),
         )
 
+    def _scrubbed_text(self, text: str) -> str:
+        if self._scrubber is None or not text:
+            return text
+        return self._scrubber.scrub(text)[0]
+
     def _audit_arguments(self, args: dict[str, Any] | None, raw: str) -> str:
         limit = self._config.audit.max_arguments_bytes
         # scrubbed whole, then cut: a credential cut first would leave a piece no rule knows,
@@ -165,6 +171,22 @@ class CallRecorder:
         if self._scrubber is not None:
             text, _ = self._scrubber.scrub(text)
         return cap_text(text, limit)[0]
+
+
+def context_json(context: CallContext) -> str:
+    """What policy reads of a caller's context besides agent_id and provider (tool policy's
+    group and subagent scopes), as its audit record keeps it for replay: the fields that are
+    set, "" when none is. Cut like any caller's text, as the audit writer cuts a field."""
+    kept = {
+        name: value
+        for name in ("channel", "chat_id", "peer_kind", "subagent_depth")
+        if (value := getattr(context, name))
+    }
+    return (
+        wire_json({k: v[:256] if isinstance(v, str) else v for k, v in kept.items()})
+        if kept
+        else ""
+    )
 
 
 def _cut_ends_scrubbed(scrubber: Scrubber, data: dict[str, Any]) -> tuple[dict[str, Any], int]:

@@ -1,6 +1,7 @@
 """Relaying a streamed tool call from the agent to the caller: bytes become text (UTF-8 split
-across chunks is kept whole), every chunk is scrubbed across chunk boundaries, an open line that
-looks like a prompt is released after QUIET_FLUSH_S of silence, and a slow caller slows the
+across chunks is kept whole), every chunk is scrubbed across chunk boundaries, an open line is
+released after QUIET_FLUSH_S of silence but for a tail that may still begin a credential
+(policy/scrub/stream.py flush_open), and a slow caller slows the
 command down instead of growing memory (a bounded queue, then gRPC flow control, then the
 agent pauses its pipes)."""
 
@@ -18,7 +19,9 @@ from stockade.supervisor.policy.scrub.scrubber import Scrubber
 from stockade.supervisor.policy.scrub.stream import StreamScrubber
 from stockade.supervisor.sandboxes.agent_link import AgentOutput, AgentReply, AgentStarted
 
-QUIET_FLUSH_S = 0.1
+QUIET_FLUSH_S = 0.015
+"""Silence after which held output is released (a prompt, `printf abc`); the loop waits with
+this timeout only while a stream holds something."""
 STREAMS = {1: "stdout", 2: "stderr"}
 AgentEvent = AgentStarted | AgentOutput | AgentReply
 
@@ -34,7 +37,7 @@ class _Stream:
 
     def flush(self, final: bool) -> str:
         if not final:
-            return self.scrubber.flush_prompt()
+            return self.scrubber.flush_open()
         return self.scrubber.feed(self.decoder.decode(b"", final=True)) + self.scrubber.flush()
 
 
@@ -50,11 +53,17 @@ async def relay(
     streams = {fd: _Stream(name, scrubber) for fd, name in STREAMS.items()}
     reply: AgentReply | None = None
     step: asyncio.Future[AgentEvent] = asyncio.ensure_future(anext(source))
+    fresh = False
+    """Output came since the last quiet spell's release."""
     try:
         while True:
-            done, _ = await asyncio.wait({step}, timeout=QUIET_FLUSH_S)
+            # a quiet spell releases what it can once; what is still held then waits for
+            # more output or the end (no timer spinning while a partial token is held)
+            holding = fresh and any(s.scrubber.holding for s in streams.values())
+            done, _ = await asyncio.wait({step}, timeout=QUIET_FLUSH_S if holding else None)
             if not done:
                 await _flush(streams, events, final=False)
+                fresh = False
                 continue
             try:
                 event = step.result()
@@ -70,6 +79,7 @@ async def relay(
                 if watch is not None:
                     watch.feed(event.data, event.fd)
                 await _put(events, stream.name, stream.feed(event.data))
+                fresh = True
         await _flush(streams, events, final=True)
     finally:
         step.cancel()

@@ -97,6 +97,7 @@ class FileTransfers:
         honey = self._policy.honey
         said = f"upload_file {json.dumps({'path': t.path, 'tar': t.tar})}"
         watch = honey.stream(t.sandbox_key, "upload", said) if honey is not None else None
+        share = self._policy.share
 
         async def checked() -> AsyncIterator[bytes]:
             """The client's data; a stream that turns bad cancels the agent's upload (which
@@ -106,6 +107,7 @@ class FileTransfers:
                 async for data in chunks:
                     if watch is not None and watch.feed(data) and watch.refuse:
                         raise errors.PolicyDenied(REFUSED)
+                    await share.paced(t.sandbox_key, len(data))
                     yield data
             except errors.StockadeError as exc:
                 bad.append(exc)
@@ -138,7 +140,7 @@ class FileTransfers:
         stream = _Scrubbing(scrub)
         digest, size = hashlib.sha256(), 0
         reply: AgentReply | None = None
-        first, honey = True, self._policy.honey
+        first, honey, share = True, self._policy.honey, self._policy.share
         said = f"download_file {json.dumps({'path': t.path, 'tar': t.tar})}"
         watch = honey.stream(t.sandbox_key, "output", said) if honey is not None else None
         async with self._sandboxes.lease(t.sandbox_key) as lease:
@@ -154,6 +156,7 @@ class FileTransfers:
                 if out := stream.feed(item):
                     digest.update(out)
                     size += len(out)
+                    await share.paced(t.sandbox_key, len(out))
                     yield out
         if reply is None:
             raise errors.SandboxBroken("the sandbox ended the download without a result")
@@ -161,6 +164,7 @@ class FileTransfers:
         if rest := stream.flush():
             digest.update(rest)
             size += len(rest)
+            await share.paced(t.sandbox_key, len(rest))
             yield rest
         info = TransferInfo(
             path=str(sent.get("path", t.path)),

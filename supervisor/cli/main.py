@@ -264,6 +264,10 @@ def _default_approver() -> str:
 
 
 def _audit(ns: argparse.Namespace) -> int:
+    if ns.action != "list":
+        from stockade.supervisor.cli import audit_chain
+
+        return audit_chain.run(ns)
     with _client(ns) as client:
         records = client.list_audit(
             sandbox_key=ns.key, tool=ns.tool, agent_id=ns.agent, since=_since(ns.since),
@@ -283,6 +287,12 @@ def _audit(ns: argparse.Namespace) -> int:
             f"{r.duration_ms:>6} ms  {r.policy_step} {extra}".rstrip()
         )
     return 0
+
+
+def _policy(ns: argparse.Namespace) -> int:
+    from stockade.supervisor.cli import replay
+
+    return replay.run(ns)
 
 
 def _since(text: str | None) -> datetime | None:
@@ -425,6 +435,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "tools": _tools,
     "approvals": _approvals,
     "audit": _audit,
+    "policy": _policy,
     "mcp": _mcp,
 }
 

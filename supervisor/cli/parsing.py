@@ -115,6 +115,11 @@ def command_parser() -> argparse.ArgumentParser:
     audit.add_argument("--limit", type=int, default=50)
     audit.add_argument("--errors", action="store_true", help="only failed calls")
     audit.add_argument("--json", action="store_true", help="one JSON object per line")
+    from stockade.supervisor.cli.audit_chain import add_options
+    from stockade.supervisor.cli.replay import add_commands as add_policy
+
+    add_options(audit)
+    add_policy(sub)
     return parser
 
 

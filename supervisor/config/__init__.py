@@ -12,7 +12,7 @@ from stockade.supervisor.config.checks import check_seconds, split_host_port
 from stockade.supervisor.config.console import ConsoleConfig
 from stockade.supervisor.config.honey import HoneytokensConfig
 from stockade.supervisor.config.http import HttpConfig
-from stockade.supervisor.config.loading import _build, load_config
+from stockade.supervisor.config.loading import _build, config_from_toml, load_config
 from stockade.supervisor.config.policy import (
     AgentConfig,
     AgentTools,
@@ -88,6 +88,7 @@ __all__ = [
     "ToolsConfig",
     "_build",
     "check_seconds",
+    "config_from_toml",
     "load_config",
     "split_host_port",
 ]

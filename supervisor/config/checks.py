@@ -276,6 +276,13 @@ def check_audit(audit: AuditConfig) -> None:
         raise ConfigError(
             f"audit.trim_interval_s must be between 0.05 and 86400 s, got {audit.trim_interval_s}"
         )
+    if not 1 <= audit.checkpoint_interval_s <= 86400:
+        raise ConfigError(
+            "audit.checkpoint_interval_s must be between 1 and 86400 s, "
+            f"got {audit.checkpoint_interval_s}"
+        )
+    if audit.signing_key and not Path(audit.signing_key).is_absolute():
+        raise ConfigError(f"audit.signing_key must be an absolute path, got {audit.signing_key!r}")
     if audit.export_dir and not Path(audit.export_dir).is_absolute():
         raise ConfigError(f"audit.export_dir must be an absolute path, got {audit.export_dir!r}")
     if "\0" in audit.export_dir:

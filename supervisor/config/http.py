@@ -51,6 +51,13 @@ class HttpConfig:
     from it answered 429 with Retry-After meanwhile, never checked)."""
     auth_backoff_max_s: float = 300.0
     """The longest back-off; an address with no failure for twice this long starts over."""
+    refusal_free_count: int = 20
+    """Refused requests (400, 413, 414, 415, 422, 429, 431: a body too large or malformed, a
+    cap reached) one tenant's credentials may earn before each further request with them
+    waits: 10 ms, then twice as long each refusal (fronts/backoff.py; docs/security.md#fair-
+    share). No refusal for 10 s: it starts over."""
+    refusal_backoff_max_s: float = 1.0
+    """The longest such wait."""
     trusted_proxies: tuple[str, ...] = ()
     """Addresses of reverse proxies in front of the HTTP fronts: a request from one is the
     client's named last in its X-Forwarded-For for the back-off, and the proxy is not held
@@ -71,6 +78,7 @@ def check_http(http: HttpConfig) -> None:
         ("max_connections_per_address", http.max_connections_per_address, 1, 1 << 20),
         ("max_active_requests", http.max_active_requests, 1, 1 << 20),
         ("auth_free_failures", http.auth_free_failures, 0, 1000),
+        ("refusal_free_count", http.refusal_free_count, 0, 1 << 20),
     ):
         if not low <= value <= high:
             raise ConfigError(f"http.{name} must be between {low} and {high}, got {value}")
@@ -80,6 +88,7 @@ def check_http(http: HttpConfig) -> None:
         ("header_timeout_s", http.header_timeout_s),
         ("idle_timeout_s", http.idle_timeout_s),
         ("auth_backoff_max_s", http.auth_backoff_max_s),
+        ("refusal_backoff_max_s", http.refusal_backoff_max_s),
     ):
         if not (math.isfinite(seconds) and 0.1 <= seconds <= MAX_TIMEOUT_S):
             raise ConfigError(f"http.{name} must be in [0.1, {MAX_TIMEOUT_S:.0f}], got {seconds}")

@@ -92,6 +92,17 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
     return _build(Config, data, "")  # type: ignore[no-any-return]
 
 
+def config_from_toml(text: str, where: str = "the candidate config") -> Config:
+    """A config from TOML text alone (no file, no environment): a candidate a caller sends."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"cannot read {where}: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(f"cannot read {where}: it nests too deeply") from None
+    return _build(Config, data, "")  # type: ignore[no-any-return]
+
+
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     node = data

@@ -106,6 +106,10 @@ class LimitsConfig:
     max_watches_per_tenant: int = 64
     """File watches (gRPC WatchFiles, E2B WatchDir and watchers) a tenant may have open at
     once, every front together; past it a watch is refused (QUOTA_EXCEEDED). 0: no limit."""
+    shared_transfer_mb_per_s: float = 64.0
+    """While another tenant is calling, a tenant's file transfers (gRPC Upload/Download, E2B
+    /files) move at most this many MB (MiB) a second; alone on the supervisor they run at
+    full speed (policy/limits.py FairShare). 0: never paced."""
 
 
 @dataclass(frozen=True)

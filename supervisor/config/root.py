@@ -148,6 +148,7 @@ def _check(cfg: Config) -> None:
         "sandbox.max_file_size_mb": cfg.sandbox.max_file_size_mb,
         "limits.max_streams_per_tenant": cfg.limits.max_streams_per_tenant,
         "limits.max_watches_per_tenant": cfg.limits.max_watches_per_tenant,
+        "limits.shared_transfer_mb_per_s": cfg.limits.shared_transfer_mb_per_s,
         "mcp.max_sessions_per_tenant": cfg.mcp.max_sessions_per_tenant,
         "e2b.max_sandboxes_per_tenant": cfg.e2b.max_sandboxes_per_tenant,
     }.items():

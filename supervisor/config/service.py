@@ -51,6 +51,12 @@ class AuditConfig:
     audit-YYYY-MM-DD.jsonl (fsynced before the delete); empty: not kept."""
     trim_interval_s: float = 60.0
     """How often retention looks for records to remove."""
+    signing_key: str = ""
+    """Absolute path of the Ed25519 key (PKCS#8 PEM, mode 0600) that signs the hash chain's
+    checkpoints and anchors; empty: STATE_DIR/audit-signing.key, made on first use. Give
+    every replica sharing a PostgreSQL state the same key (docs/audit.md)."""
+    checkpoint_interval_s: float = 300.0
+    """How often the chain's head is signed (when records came since), besides at shutdown."""
 
 
 @dataclass(frozen=True)

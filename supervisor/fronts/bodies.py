@@ -3,11 +3,12 @@
 - Size: a declared Content-Length over the limit is refused before a byte is read, a body
   streamed past it as soon as it gets there; nothing is buffered beyond the limit.
 - Content-Encoding: `gzip` (`x-gzip`, members in sequence) and `deflate` (zlib-wrapped, or raw
-  as some clients send it) are decoded as they stream, never more than CHUNK bytes at a time,
-  within the size limit and at most RATIO times the bytes received (past RATIO_SLACK): a
-  bomb is refused after a few MiB of work. A truncated or invalid stream is refused (400),
-  and so is data after its end; any other encoding (`br`, `zstd`, a list of several) is 415
-  naming it. The E2B SDKs send gzip only, on `/files` uploads.
+  as some clients send it) are decoded as they stream (policy/compression.py, shared with the
+  egress proxy), never more than CHUNK bytes at a time, within the size limit and at most
+  RATIO times the bytes received (past RATIO_SLACK): a bomb is refused after a few MiB of
+  work. A truncated or invalid stream is refused (400), and so is data after its end; any
+  other encoding (`br`, `zstd`, a list of several) is 415 naming it. The E2B SDKs send gzip
+  only, on `/files` uploads.
 - JSON: an object nested deeper than MAX_DEPTH is refused (400), never a RecursionError.
 
 Every refusal is a BodyRefused (an InvalidRequest, so a file transfer fed from a refused body
@@ -19,7 +20,6 @@ and window with a count, observe/refusals.py; the path and status, never the bod
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -30,13 +30,19 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from stockade.supervisor import errors
 from stockade.supervisor.fronts.backoff import client_of
 from stockade.supervisor.observe.refusals import Refusals
+from stockade.supervisor.policy.compression import (
+    CHUNK,
+    RATIO,
+    RATIO_SLACK,
+    Inflater,
+    Undecodable,
+)
 
-CHUNK = 1 << 20
-"""The most bytes a decoder hands out at once."""
-RATIO = 100
-"""A compressed body may grow to at most this many times its size..."""
-RATIO_SLACK = 4 << 20
-"""...once past this many decoded bytes (small, repetitive bodies may compress better)."""
+__all__ = [
+    "AUDIT", "CHUNK", "ENCODINGS", "MAX_DEPTH", "RATIO", "RATIO_SLACK", "BodyAudit",
+    "BodyRefused", "Decoder", "PlainOnly", "body_stream", "declared_length", "loads",
+    "read_body", "tell", "too_large",
+]  # fmt: skip
 MAX_DEPTH = 64
 """The deepest nesting of arrays and objects a JSON body may have."""
 ENCODINGS = ("gzip", "x-gzip", "deflate", "identity")
@@ -98,79 +104,46 @@ def declared_length(request: Request) -> int | None:
 
 
 class Decoder:
-    """One request's Content-Encoding, decoded as it streams: `feed` each received chunk and
-    take the pieces it yields, then `finish` (which refuses a stream that did not end).
-    `limit`: the most decoded bytes (None: no cap but the ratio)."""
+    """One request's Content-Encoding, decoded as it streams (policy/compression.py's
+    Inflater, its refusals as a front answers them): `feed` each received chunk and take the
+    pieces it yields, then `finish` (which refuses a stream that did not end). `limit`: the
+    most decoded bytes (None: no cap but the ratio)."""
 
     def __init__(self, encoding: str, limit: int | None) -> None:
-        name = encoding.strip().lower() or "identity"
-        if name not in ENCODINGS:
+        try:
+            self._inflater = Inflater(encoding, limit, ENCODINGS)
+        except Undecodable:
             taken = ", ".join(ENCODINGS)
-            raise BodyRefused(415, f"Content-Encoding {encoding[:64]!r} is not taken ({taken})")
-        self.name = "gzip" if name == "x-gzip" else name
+            raise BodyRefused(
+                415, f"Content-Encoding {encoding[:64]!r} is not taken ({taken})"
+            ) from None
+        self.name = self._inflater.name
         self.limit = limit
-        self.received = 0
-        self.consumed = 0
-        """Compressed bytes the decoder has taken so far (the ratio's base)."""
-        self.decoded = 0
-        self._z: Any = None
-        self._head = b""
-        """deflate: the first bytes, until they tell zlib from raw."""
-        if self.name == "gzip":
-            self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)
+
+    @property
+    def received(self) -> int:
+        return self._inflater.received
+
+    @property
+    def decoded(self) -> int:
+        return self._inflater.decoded
 
     def feed(self, data: bytes) -> Iterator[bytes]:
-        self.received += len(data)
-        if self.name == "identity":
-            self._grow(len(data))
-            if data:
-                yield data
-            return
-        if self._z is None:
-            self._head += data
-            if len(self._head) < 2:
-                return
-            data, self._head = self._head, b""
-            wrapped = data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
-            self._z = zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
-        yield from self._inflate(data)
-
-    def _inflate(self, data: bytes) -> Iterator[bytes]:
-        while True:
-            if self._z.eof:
-                data = self._z.unused_data + data
-                if not data:
-                    return
-                if self.name != "gzip":
-                    raise BodyRefused(400, f"data after the end of the {self.name} stream")
-                self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)  # the next gzip member
-            try:
-                out = self._z.decompress(data, CHUNK)
-            except zlib.error as exc:
-                raise BodyRefused(400, f"the body is not valid {self.name}: {exc}") from None
-            left = len(self._z.unconsumed_tail) + len(self._z.unused_data)
-            self.consumed += len(data) - left
-            self._grow(len(out))
-            if out:
-                yield out
-            data = self._z.unconsumed_tail
-            if not data and len(out) < CHUNK and not (self._z.eof and self._z.unused_data):
-                return
-
-    def _grow(self, n: int) -> None:
-        self.decoded += n
-        if self.limit is not None and self.decoded > self.limit:
-            raise too_large(self.limit)
-        if self.name != "identity" and self.decoded > max(RATIO_SLACK, RATIO * self.consumed):
-            raise BodyRefused(
-                413, f"the {self.name} body expands more than {RATIO}-fold: refused as a bomb"
-            )
+        try:
+            yield from self._inflater.feed(data)
+        except Undecodable as exc:
+            raise self._refused(exc) from None
 
     def finish(self) -> None:
-        if self.name == "identity":
-            return
-        if self._z is None or not self._z.eof:
-            raise BodyRefused(400, f"the {self.name} stream is truncated")
+        try:
+            self._inflater.finish()
+        except Undecodable as exc:
+            raise self._refused(exc) from None
+
+    def _refused(self, exc: Undecodable) -> BodyRefused:
+        if exc.why == "too large" and self.limit is not None:
+            return too_large(self.limit)
+        return BodyRefused(413 if exc.why == "bomb" else 400, exc.message)
 
 
 async def body_stream(request: Request, limit: int | None) -> AsyncIterator[bytes]:

@@ -11,13 +11,16 @@ import asyncio
 import contextlib
 import re
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from stockade.supervisor.policy.encodings import Forms
 
 READ = 256 * 1024
 """Bytes asked for per read: big reads keep the per-call cost of Python small against TLS."""
 MAX_LINE = 8 * 1024
+MAX_TRAILER = 64 * 1024
+LINGER_S = 2.0
+LINGER_BYTES = 64 << 20
 CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 """Control characters a head may not carry (tab, CR and LF are checked by place)."""
 
@@ -88,6 +91,16 @@ class Buffered:
                 raise Malformed("the connection ended inside a body")
             out += data
         return bytes(out)
+
+
+async def linger(source: Buffered) -> None:
+    """Read and drop what the sandbox still sends of a refused request (up to LINGER_BYTES or
+    LINGER_S), so its writes are not reset before it reads the refusal."""
+    left = LINGER_BYTES
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(LINGER_S):
+            while left > 0 and (data := await source.some(READ)):
+                left -= len(data)
 
 
 class TLSServer:
@@ -223,16 +236,20 @@ def framing(headers: list[tuple[str, str]]) -> int | None:
     return int(text)
 
 
-async def chunk_size(source: Buffered) -> int:
-    """The next chunk's size (0: the last; its trailer fields are read and dropped)."""
+async def chunk_size(source: Buffered, trailer: bytearray | None = None) -> int:
+    """The next chunk's size (0: the last; its trailer fields are read and dropped, kept in
+    `trailer` when given, at most MAX_HEAD bytes of them)."""
     line = await source.line()
     text = line.split(b";", 1)[0].strip()
     if not text or len(text) > 15 or text.strip(b"0123456789abcdefABCDEF"):
         raise Malformed(f"bad chunk size {line[:20]!r}")
     size = int(text, 16)
     if size == 0:
-        while await source.line():
-            pass
+        while field_line := await source.line():
+            if trailer is not None:
+                if len(trailer) + len(field_line) > MAX_TRAILER:
+                    raise Malformed("the trailer fields are too large")
+                trailer += field_line + b"\r\n"
     return size
 
 
@@ -290,15 +307,9 @@ class Watch:
     bytes held back before it, and only what is past the overlap goes on, so a sign cut
     across reads is seen whole before any of it leaves."""
 
-    def __init__(
-        self, overlap: int, check: Callable[[bytes], str | None], hold: bool = True
-    ) -> None:
-        """`hold` False: pass each read on whole once checked (for a stream whose end is
-        not known here, so held bytes might never be released); a sign cut across reads is
-        still found, though its first part has left."""
+    def __init__(self, overlap: int, check: Callable[[bytes], str | None]) -> None:
         self._overlap = max(overlap, 0)
         self._check = check
-        self._hold = hold
         self._held = b""
 
     def feed(self, data: bytes) -> tuple[bytes, str | None]:
@@ -307,9 +318,6 @@ class Watch:
         found = self._check(window)
         if found is not None:
             return b"", found
-        if not self._hold:
-            self._held = window[-self._overlap :] if self._overlap else b""
-            return data, None
         cut = len(window) - self._overlap
         if cut <= 0:
             self._held = window
@@ -319,7 +327,53 @@ class Watch:
 
     def flush(self) -> bytes:
         held, self._held = self._held, b""
-        return held if self._hold else b""
+        return held
+
+    def check(self, data: bytes) -> str | None:
+        """The sign in data that is not part of the stream (a chunked body's trailer)."""
+        return self._check(data) if data else None
+
+
+class Signed(Exception):
+    """A sign found in a request body on its way out: the reason, as the watch said it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+async def hold(body: Body, watch: Watch, limit: int) -> tuple[bytes, bool]:
+    """The body's first `limit` bytes (about) checked through `watch` before any of it leaves,
+    and whether that was all of it (then its trailer is checked too); Signed when a sign is
+    found."""
+    held = bytearray()
+    while len(held) < limit:
+        piece = await body.next()
+        if piece is None:
+            if (found := watch.check(bytes(body.trailer))) is not None:
+                raise Signed(found)
+            return bytes(held + watch.flush()), True
+        passed, found = watch.feed(piece)
+        if found is not None:
+            raise Signed(found)
+        held += passed
+    return bytes(held), False
+
+
+async def send_rest(body: Body, watch: Watch, chunked: bool, writer: asyncio.StreamWriter) -> None:
+    """The rest of a body past what `hold` kept, checked through `watch` and written framed
+    (the last chunk too); Signed when a sign is found: the body then stays incomplete."""
+    while (piece := await body.next()) is not None:
+        passed, found = watch.feed(piece)
+        if found is not None:
+            raise Signed(found)
+        if passed:
+            writer.write(framed(passed, chunked, False))
+            await writer.drain()
+    if (found := watch.check(bytes(body.trailer))) is not None:
+        raise Signed(found)
+    writer.write(framed(watch.flush(), chunked, True))
+    await writer.drain()
 
 
 class Body:
@@ -331,6 +385,8 @@ class Body:
         self._chunk = 0
         self._idle = idle
         self._done = length == 0
+        self.trailer = bytearray()
+        """A chunked body's trailer fields, once it has ended (never sent on)."""
 
     async def next(self) -> bytes | None:
         if self._done:
@@ -343,7 +399,7 @@ class Body:
             self._done = self._left == 0
             return data
         if self._chunk == 0:
-            self._chunk = await asyncio.wait_for(chunk_size(self._source), self._idle)
+            self._chunk = await asyncio.wait_for(chunk_size(self._source, self.trailer), self._idle)
             if self._chunk == 0:
                 self._done = True
                 return None
@@ -354,6 +410,33 @@ class Body:
         if self._chunk == 0:
             await asyncio.wait_for(chunk_end(self._source), self._idle)
         return data
+
+
+async def response_pieces(
+    source: Buffered, length: int | None, idle: float
+) -> AsyncIterator[bytes]:
+    """A response body's bytes as they come (chunked decoded; `length` -1: until the peer
+    closes), each read within `idle` seconds."""
+    if length is None:
+        while size := await asyncio.wait_for(chunk_size(source), idle):
+            while size:
+                data = await asyncio.wait_for(source.some(min(size, READ)), idle)
+                if not data:
+                    raise Malformed("the response ended inside a chunk")
+                size -= len(data)
+                yield data
+            await asyncio.wait_for(chunk_end(source), idle)
+        return
+    left = length
+    while left:
+        data = await asyncio.wait_for(source.some(READ if left < 0 else min(left, READ)), idle)
+        if not data:
+            if left < 0:
+                return
+            raise Malformed("the response ended early")
+        if left > 0:
+            left -= len(data)
+        yield data
 
 
 def framed(data: bytes, chunked: bool, last: bool) -> bytes:

@@ -13,7 +13,9 @@ bytes before the request leaves, past that an overlap is held back and the upstr
 connection cut). The tripwire (honeytokens) sees heads and bodies the same way. Real values
 in responses are masked in every encoding policy/encodings.py knows (base64, hex, percent, JSON
 and HTML escapes...; same length, so framing holds); Accept-Encoding is replaced with
-identity so bodies come uncompressed and can be scanned. Upgrades are refused."""
+identity so bodies come uncompressed and can be scanned, and one compressed all the same
+(gzip, deflate, br) is decoded within policy/compression.py's limits, masked and passed on
+plain (any other coding: a 502, never a body passed on unmasked). Upgrades are refused."""
 
 from __future__ import annotations
 
@@ -42,19 +44,23 @@ from stockade.supervisor.network.httpio import (
     HeadTooLarge,
     Malformed,
     Masker,
+    Signed,
     TLSServer,
     Watch,
-    chunk_end,
-    chunk_size,
     field,
     framed,
     framing,
+    hold,
+    linger,
     masked,
     parse_head,
+    response_pieces,
+    send_rest,
     tokens,
 )
 from stockade.supervisor.network.mint import Authority
 from stockade.supervisor.observe.alarms import MAX_EVIDENCE, Alarm, AlarmSink, Tripwire
+from stockade.supervisor.policy.compression import Inflater, Undecodable
 from stockade.supervisor.policy.encodings import Forms
 
 MAX_HEAD = 64 * 1024
@@ -62,8 +68,6 @@ HOLD = 1 << 20
 """Body bytes checked whole before a request goes upstream (a refused request then leaves
 nothing there); a longer body is streamed behind an overlap."""
 HANDSHAKE_TIMEOUT_S = 10.0
-LINGER_S = 2.0
-LINGER_BYTES = 64 << 20
 REQUEST_DROP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "trailer",
      "upgrade", "accept-encoding", "expect", "transfer-encoding", "content-length"}
@@ -72,6 +76,13 @@ RESPONSE_DROP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade",
      "transfer-encoding"}
 )  # fmt: skip
+DECODED_DROP = RESPONSE_DROP | {"content-encoding", "content-length"}
+"""Not passed on with a response decoded here (its framing is written afresh)."""
+DECODED_HOLD = 8 << 20
+"""Decoded bytes of a compressed response held before its head goes on: past the ratio's
+slack (policy/compression.py RATIO_SLACK), so a bomb is a 502, not a cut response."""
+DECODED_LIMIT = 1 << 30
+"""The most bytes one compressed response may decode to."""
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 METHOD = re.compile(r"[A-Z][A-Z0-9_-]{0,31}")
 STATUS = re.compile(r"HTTP/1\.[01] [1-5][0-9][0-9](?: .*)?")
@@ -178,17 +189,8 @@ class _Relay:
                 return
             except Refusal as refusal:
                 await self.reply(refusal.status, refusal.reason)
-                await self.linger()
+                await linger(self.client)
                 return
-
-    async def linger(self) -> None:
-        """Read and drop what the sandbox still sends of a refused request (up to LINGER
-        bytes or seconds), so its writes are not reset before it reads the refusal."""
-        left = LINGER_BYTES
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(LINGER_S):
-                while left > 0 and (data := await self.client.some(READ)):
-                    left -= len(data)
 
     async def exchange(self, head: bytes) -> bool:
         """Relay one request and its response; whether the sandbox's connection stays open."""
@@ -211,22 +213,14 @@ class _Relay:
             self.tls.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         body = Body(self.client, length, self.job.idle_timeout_s)
         watch = Watch(self.overlap, lambda window: self.sign_in_body(window, evidence))
-        held = bytearray()
-        done = False
-        while len(held) < HOLD:
-            piece = await body.next()
-            if piece is None:
-                done = True
-                held += watch.flush()
-                break
-            passed, found = watch.feed(piece)
-            if found is not None:
-                raise self.refused(method, 403, found)
-            held += passed
+        try:
+            held, done = await hold(body, watch, HOLD)
+        except Signed as signed:
+            raise self.refused(method, 403, signed.reason) from None
         chunked = length is None
         out.append(("Transfer-Encoding", "chunked") if chunked else ("Content-Length", str(length)))
         lines = [f"{method} {path} HTTP/1.1", *(f"{k}: {v}" for k, v in out), "", ""]
-        first = "\r\n".join(lines).encode("latin-1") + framed(bytes(held), chunked, done)
+        first = "\r\n".join(lines).encode("latin-1") + framed(held, chunked, done)
         reused = self.up is not None
         await self.send_first(method, first)
         for secret in injected:
@@ -381,17 +375,11 @@ class _Relay:
 
     async def stream_rest(self, method: str, body: Body, watch: Watch, chunked: bool) -> None:
         assert self.up is not None
-        writer = self.up[1]
-        while (piece := await body.next()) is not None:
-            passed, found = watch.feed(piece)
-            if found is not None:
-                self.close_upstream()  # the request stays incomplete there
-                raise self.refused(method, 403, found)
-            if passed:
-                writer.write(framed(passed, chunked, False))
-                await writer.drain()
-        writer.write(framed(watch.flush(), chunked, True))
-        await writer.drain()
+        try:
+            await send_rest(body, watch, chunked, self.up[1])
+        except Signed as signed:
+            self.close_upstream()  # the request stays incomplete there
+            raise self.refused(method, 403, signed.reason) from None
 
     async def respond(self, method: str, client_keep: bool, stale_ok: bool = True) -> bool:
         assert self.up is not None
@@ -430,51 +418,106 @@ class _Relay:
         up_keep = version == "HTTP/1.1" and "close" not in tokens(headers, "connection")
         keep = client_keep and length != -1
         out = [f"{version} {code} {phrase}".rstrip()]
-        out += [f"{k}: {v}" for k, v in headers if k.lower() not in RESPONSE_DROP]
-        if length is None:
-            out.append("Transfer-Encoding: chunked")
-        if not keep:
-            out.append("Connection: close")
-        self.tls.write(masked("\r\n".join([*out, "", ""]).encode("latin-1"), self.forms))
-        try:
-            await self.stream_response(up, length, masker)
-        except (Malformed, TimeoutError, ConnectionError, ssl.SSLError) as exc:
-            self.close_upstream()
-            raise _Closed from exc
+        coding = ", ".join(field(headers, "content-encoding")).strip()
+        if length != 0 and coding.lower() not in ("", "identity") and self.forms.patterns:
+            out += [f"{k}: {v}" for k, v in headers if k.lower() not in DECODED_DROP]
+            keep = await self.respond_decoded(method, out, up, length, coding, client_keep)
+        else:
+            out += [f"{k}: {v}" for k, v in headers if k.lower() not in RESPONSE_DROP]
+            if length is None:
+                out.append("Transfer-Encoding: chunked")
+            if not keep:
+                out.append("Connection: close")
+            self.tls.write(masked("\r\n".join([*out, "", ""]).encode("latin-1"), self.forms))
+            try:
+                await self.stream_response(up, length, masker)
+            except (Malformed, TimeoutError, ConnectionError, ssl.SSLError) as exc:
+                self.close_upstream()
+                raise _Closed from exc
         if not up_keep or length == -1:
             self.close_upstream()
         return keep
 
     async def stream_response(self, up: Buffered, length: int | None, masker: Masker) -> None:
-        idle, tls = self.job.idle_timeout_s, self.tls
-        if length is None:
-            while size := await asyncio.wait_for(chunk_size(up), idle):
-                while size:
-                    data = await asyncio.wait_for(up.some(min(size, READ)), idle)
-                    if not data:
-                        raise Malformed("the response ended inside a chunk")
-                    size -= len(data)
-                    if passed := masker.feed(data):
-                        tls.write(b"%x\r\n%b\r\n" % (len(passed), passed))
-                        await tls.drain()
-                await asyncio.wait_for(chunk_end(up), idle)
-            rest = masker.flush()
-            tls.write((b"%x\r\n%b\r\n" % (len(rest), rest) if rest else b"") + b"0\r\n\r\n")
-        else:
-            left = length
-            while left:
-                data = await asyncio.wait_for(up.some(READ if left < 0 else min(left, READ)), idle)
-                if not data:
-                    if left < 0:
-                        break
-                    raise Malformed("the response ended early")
-                if left > 0:
-                    left -= len(data)
-                if passed := masker.feed(data):
-                    tls.write(passed)
-                    await tls.drain()
-            tls.write(masker.flush())
+        tls, chunked = self.tls, length is None
+        async for data in response_pieces(up, length, self.job.idle_timeout_s):
+            if passed := masker.feed(data):
+                tls.write(framed(passed, chunked, False))
+                await tls.drain()
+        tls.write(framed(masker.flush(), chunked, True))
         await tls.drain()
+
+    async def respond_decoded(
+        self,
+        method: str,
+        out: list[str],
+        up: Buffered,
+        length: int | None,
+        coding: str,
+        client_keep: bool,
+    ) -> bool:
+        """A compressed response, on a tunnel whose real values are masked: decoded within
+        DECODED_LIMIT bytes and policy/compression.py's ratio, masked and sent on plain; the
+        first DECODED_HOLD bytes decoded before the head goes (a body that ends within them
+        goes with its Content-Length, and a bomb or a stream that is not what it says is a
+        502 there); past them chunked, and cut without its last chunk at such a fault.
+        Whether the sandbox's connection stays open."""
+        name = self.job.name
+        try:
+            inflater = Inflater(coding, DECODED_LIMIT)
+        except Undecodable:
+            self.close_upstream()
+            reason = (
+                f"{name} sent its response with Content-Encoding {coding[:64]!r}, which the "
+                "proxy cannot decode to mask the brokered secrets (gzip, deflate and br are)"
+            )
+            raise self.refused(method, 502, reason) from None
+        masker = Masker(self.forms)
+        pieces = aiter(response_pieces(up, length, self.job.idle_timeout_s))
+        held = bytearray()
+        done = False
+        try:
+            while len(held) < DECODED_HOLD:
+                data = await anext(pieces, None)
+                if data is None:
+                    inflater.finish()
+                    held += masker.flush()
+                    done = True
+                    break
+                for plain in inflater.feed(data):
+                    held += masker.feed(plain)
+        except Undecodable as exc:
+            self.close_upstream()
+            raise self.refused(method, 502, f"{name}'s {coding[:64]} response: {exc}") from None
+        except (Malformed, TimeoutError, ConnectionError, ssl.SSLError) as exc:
+            self.close_upstream()
+            raise self.refused(method, 502, f"{name}: bad response ({exc})") from exc
+        out.append(f"Content-Length: {len(held)}" if done else "Transfer-Encoding: chunked")
+        keep = client_keep and (done or length != -1)
+        if not keep:
+            out.append("Connection: close")
+        head = masked("\r\n".join([*out, "", ""]).encode("latin-1"), self.forms)
+        self.tls.write(head + framed(bytes(held), not done, False))
+        await self.tls.drain()
+        if done:
+            return keep
+        try:
+            async for data in pieces:
+                for plain in inflater.feed(data):
+                    if passed := masker.feed(plain):
+                        self.tls.write(framed(passed, True, False))
+                        await self.tls.drain()
+            inflater.finish()
+        except Undecodable as exc:
+            self.close_upstream()
+            refusal = self.refused(method, 502, f"{name}'s {coding[:64]} response: {exc}")
+            raise _Closed from refusal
+        except (Malformed, TimeoutError, ConnectionError, ssl.SSLError) as exc:
+            self.close_upstream()
+            raise _Closed from exc
+        self.tls.write(framed(masker.flush(), True, True))
+        await self.tls.drain()
+        return keep
 
     async def reply(self, status: int, reason: str) -> None:
         body = f"stockade egress proxy: {reason}\n".encode()

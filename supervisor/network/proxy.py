@@ -10,19 +10,22 @@ configured), and connections past the per-sandbox cap. Every decision is reporte
 
 A CONNECT to a host some brokered secret may go to is not piped: intercept.py terminates its
 TLS and relays its requests, putting real secrets where their placeholders are configured.
-Everywhere the proxy can read (CONNECT targets, server names, plain http:// heads) a
-placeholder of the sandbox's, or a sign the tripwire knows, refuses the request (403) and
-sounds the alarm."""
+Everywhere the proxy can read (CONNECT targets, server names, plain http:// heads and
+bodies) a placeholder of the sandbox's, or a sign the tripwire knows, refuses the request
+(403) and sounds the alarm. A plain request's body is decoded from its framing (httpio.py,
+as intercepted requests are) and searched with an overlap, its first HOLD bytes before the
+upstream is dialled."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import re
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -41,7 +44,22 @@ from stockade.supervisor.network.brokered import (
     find_placeholder,
     no_record,
 )
-from stockade.supervisor.network.httpio import Watch
+from stockade.supervisor.network.httpio import (
+    Body,
+    Buffered,
+    Malformed,
+    Signed,
+    Watch,
+    field,
+    framed,
+    framing,
+    hold,
+    linger,
+    parse_head,
+    send_rest,
+    tokens,
+)
+from stockade.supervisor.network.intercept import HOLD
 from stockade.supervisor.network.mint import Authority
 from stockade.supervisor.network.proxyhttp import (
     Refused,
@@ -62,6 +80,11 @@ DROP_HEADERS = frozenset(
 )
 """Not passed on upstream (Host is written afresh from the URL)."""
 REWRITTEN_HEADERS = DROP_HEADERS | {"host"}
+BODY_FIELD = re.compile(rb"\r\n(?:content-length|transfer-encoding)[ \t]*:", re.IGNORECASE)
+"""A head that announces a body (then a refusal waits for it before closing)."""
+FRAMED_HEADERS = REWRITTEN_HEADERS | {"transfer-encoding", "content-length", "trailer", "expect"}
+"""Not passed on with a plain request either: its body is framed afresh (trailers dropped),
+and 100 Continue is answered here."""
 
 
 @dataclass(frozen=True)
@@ -195,13 +218,15 @@ class EgressProxy:
         method, target, version = parts
         try:
             self._check_signs(method, target, head)
-            headers = header_fields(lines[1:])
             if method.upper() == "CONNECT":
+                header_fields(lines[1:])
                 await self._connect(target, reader, writer)
             else:
-                await self._forward(method, target, version, headers, reader, writer)
+                await self._forward(method, target, version, head, reader, writer)
         except Refused as refused:
             await reply(writer, refused.status, refused.reason)
+            if method.upper() != "CONNECT" and BODY_FIELD.search(head):
+                await linger(Buffered(reader.read))  # the body: not reset before it is read
 
     def _check_signs(self, method: str, target: str, data: bytes | str, evidence: str = "") -> None:
         """Refused (403) when data carries a placeholder of this sandbox's (the alarm
@@ -258,7 +283,7 @@ class EgressProxy:
                 return
             self._decide("CONNECT", name, port, True, why, address)
             up_writer.write(hello)
-            await self._pipe(reader, writer, up_reader, up_writer)
+            await self._pipe(reader.read, writer, up_reader, up_writer)
         finally:
             up_writer.close()
 
@@ -322,17 +347,23 @@ class EgressProxy:
         method: str,
         target: str,
         version: str,
-        headers: list[tuple[str, str]],
+        head: bytes,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
+        """A plain http:// request: its head checked (whole, before any of it leaves), its
+        body decoded from its framing (Content-Length or chunked; none: no body, whatever the
+        sandbox sends after it is searched and dropped) and checked whole up to HOLD bytes
+        before the upstream is even dialled, past that behind an overlap (a sign then cuts the
+        upstream's request short); one request per connection."""
         url = urlsplit(target)
         if url.scheme.lower() != "http" or not url.netloc:
             reason = "only absolute http:// requests and CONNECT are proxied"
             self._decide(method, "", 0, False, reason)
             raise Refused(400, reason)
         host, port = split_authority(url.netloc, default_port=80)
-        given = [v for k, v in headers if k.lower() == "host"]
+        headers, length = self._framing(method, host, port, head)
+        given = field(headers, "host")
         if len(given) > 1 or (given and not same_authority(given[0], host, port)):
             reason = (
                 f"Host header {shown(', '.join(given))} does not match the request's host "
@@ -341,25 +372,70 @@ class EgressProxy:
             self._decide(method, host, port, False, reason)
             raise Refused(400, reason)
         name, address, why = await self._admit(method, host, port)
+        source = Buffered(reader.read)
+        if "100-continue" in tokens(headers, "expect") and length != 0:
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # held here: Expect is not sent on
+            await writer.drain()
+        body = Body(source, length, self._settings.idle_timeout_s)
+        evidence = f"{method[:32]} {target[:300]} (body)"
+        watch = Watch(self._overlap(), self._body_check(method, name, evidence))
+        try:
+            held, done = await hold(body, watch, HOLD)
+        except Signed as signed:
+            raise Refused(403, signed.reason) from None
+        except Malformed as exc:
+            self._decide(method, name, port, False, str(exc), address)
+            raise Refused(400, str(exc)) from None
         up_reader, up_writer = await self._open_upstream(method, name, port, address)
         try:
             self._decide(method, name, port, True, why, address)
             path = url.path or "/"
             if url.query:
                 path += "?" + url.query
-            kept = [(k, v) for k, v in headers if k.lower() not in REWRITTEN_HEADERS]
+            chunked = length is None
+            kept = [(k, v) for k, v in headers if k.lower() not in FRAMED_HEADERS]
+            kept.append(
+                ("Transfer-Encoding", "chunked") if chunked else ("Content-Length", f"{length}")
+            )
             out = [f"{method} {path} {version}", f"Host: {url.netloc}"]
             out += [f"{k}: {v}" for k, v in kept] + ["Connection: close", "", ""]
-            up_writer.write("\r\n".join(out).encode("latin-1"))
-            evidence = f"{method[:32]} {target[:300]} (body)"
-            overlap = max([len(s.placeholder) for s in self._broker.secrets] + [1])
-            overlap = max(overlap, self._tripwire.longest) - 1
-            watch = Watch(  # unframed: nothing held back, so a body ends when it ends
-                overlap, lambda window: self._sign_in_body(method, name, window, evidence), False
-            )
-            await self._pipe(reader, writer, up_reader, up_writer, watch)
+            up_writer.write("\r\n".join(out).encode("latin-1") + framed(held, chunked, done))
+            if not done:
+                try:
+                    await send_rest(body, watch, chunked, up_writer)
+                except (Signed, Malformed) as exc:
+                    up_writer.transport.abort()  # the request stays incomplete there
+                    raise Refused(403 if isinstance(exc, Signed) else 400, str(exc)) from None
+            await up_writer.drain()
+            evidence = f"{method[:32]} {target[:300]} (sent after the request's end)"
+            after = Watch(self._overlap(), self._body_check(method, name, evidence))
+            await self._pipe(source.some, writer, up_reader, up_writer, after, relay=False)
         finally:
             up_writer.close()
+
+    def _framing(
+        self, method: str, host: str, port: int, head: bytes
+    ) -> tuple[list[tuple[str, str]], int | None]:
+        """The head's header fields and the body's length (None: chunked); refused (400) as
+        the intercepting relay refuses them: control bytes, a bare CR, folded lines, both
+        Content-Length and Transfer-Encoding, codings other than chunked, chunked in
+        HTTP/1.0."""
+        try:
+            (_method, _target, version), headers = parse_head(head)
+            length = framing(headers)
+            if length is None and version != "HTTP/1.1":
+                raise Malformed(f"Transfer-Encoding in an {version[:20]} request")
+        except Malformed as exc:
+            self._decide(method, host, port, False, str(exc))
+            raise Refused(400, str(exc)) from None
+        return headers, length
+
+    def _overlap(self) -> int:
+        longest = max((len(s.placeholder) for s in self._broker.secrets), default=0)
+        return max(longest, self._tripwire.longest, 1) - 1
+
+    def _body_check(self, method: str, name: str, evidence: str) -> Callable[[bytes], str | None]:
+        return lambda window: self._sign_in_body(method, name, window, evidence)
 
     async def _admit(self, method: str, host: str, port: int) -> tuple[str, str, str]:
         """The canonical name, the address to connect to and why it is allowed, or Refused
@@ -403,23 +479,27 @@ class EgressProxy:
 
     async def _pipe(
         self,
-        reader: asyncio.StreamReader,
+        read: Callable[[int], Awaitable[bytes]],
         writer: asyncio.StreamWriter,
         up_reader: asyncio.StreamReader,
         up_writer: asyncio.StreamWriter,
         watch: Watch | None = None,
+        relay: bool = True,
     ) -> None:
         """Copy both ways until both sides are done or nothing moves for the idle timeout;
-        what the sandbox sends through `watch` when given (a sign found ends the tunnel)."""
+        what the sandbox sends (`read`) through `watch` when given (a sign found ends the
+        tunnel), and not relayed when `relay` is False (after a plain request's end)."""
         last = [time.monotonic()]
         idle = self._settings.idle_timeout_s
 
         async def copy(
-            src: asyncio.StreamReader, dst: asyncio.StreamWriter, watch: Watch | None = None
+            read: Callable[[int], Awaitable[bytes]],
+            dst: asyncio.StreamWriter | None,
+            watch: Watch | None = None,
         ) -> None:
             while True:
                 try:
-                    data = await asyncio.wait_for(src.read(CHUNK), idle)
+                    data = await asyncio.wait_for(read(CHUNK), idle)
                 except TimeoutError:
                     if time.monotonic() - last[0] < idle:
                         continue
@@ -430,19 +510,20 @@ class EgressProxy:
                         raise ConnectionAbortedError(found)
                     if not data:
                         continue  # all held back as overlap, for now
-                elif watch is not None:
+                elif watch is not None and dst is not None:
                     dst.write(watch.flush())
                 if not data:
-                    if dst.can_write_eof():
+                    if dst is not None and dst.can_write_eof():
                         dst.write_eof()
                     return
                 last[0] = time.monotonic()
-                dst.write(data)
-                await dst.drain()
+                if dst is not None:
+                    dst.write(data)
+                    await dst.drain()
 
         tasks = [
-            asyncio.ensure_future(copy(reader, up_writer, watch)),
-            asyncio.ensure_future(copy(up_reader, writer)),
+            asyncio.ensure_future(copy(read, up_writer if relay else None, watch)),
+            asyncio.ensure_future(copy(up_reader.read, writer)),
         ]
         try:  # a reset or an idle timeout on either side ends the tunnel
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)

@@ -13,17 +13,20 @@ size limits, never blocking a call."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from stockade.supervisor import database
 from stockade.supervisor.keys import split
+from stockade.supervisor.observe import chain
 from stockade.supervisor.observe.retention import Retention, Trimmer
 from stockade.supervisor.text import wire_text
 
@@ -61,6 +64,14 @@ class AuditRecord:
     """The front a tool call came in through: "grpc", "mcp" or "mcp-stdio" (the stdio bridge,
     a gRPC caller that names itself); "" for records that are no
     caller's call (egress decisions, housekeeping) and for records older than the field."""
+    context_json: str = ""
+    """What tool policy reads of the caller's context beyond agent_id and provider (channel,
+    chat_id, peer_kind, subagent_depth: a JSON object of those set), for policy replay; ""
+    when none is set."""
+    prev_hash: str = ""
+    """The previous record's hash (database.link), set by the writer."""
+    hash: str = ""
+    """This record's hash over its other columns and prev_hash, set by the writer."""
     id: int = 0
 
 
@@ -79,7 +90,12 @@ class AuditQuery:
 _COLUMNS = tuple(f.name for f in dataclasses.fields(AuditRecord) if f.name != "id")
 COLUMNS = _COLUMNS
 """The columns of a record, in the order of the rows written and read (but the id)."""
+CHAINED = ("id", *COLUMNS)
+"""The columns a batch inserts: the writer gives the ids, after the chain's head."""
+HEAD_UPDATE = "UPDATE audit_chain SET last_id = %s, last_hash = %s WHERE name = 'head'"
 Writer = Callable[[list[tuple[object, ...]]], None]
+Sealer = Callable[[chain.Signer], None]
+"""Signs the chain's head into the store (observe/chain.py seal_head, in a transaction)."""
 
 
 class _Flush:
@@ -97,11 +113,15 @@ class AuditLog:
         path: Path,
         retention: Retention | None = None,
         clock: Callable[[], float] = time.time,
+        sealing: chain.Sealing | None = None,
     ) -> None:
-        """retention: None keeps every record. clock: the time retention's ages count from."""
+        """retention: None keeps every record. clock: the time retention's ages count from.
+        sealing: how the chain is signed (None: chained, not signed)."""
         self._path = path
         self._retention = retention or Retention(max_age_s=0, max_bytes=0)
         self._clock = clock
+        self._sealing = sealing
+        self._sealed_at = time.monotonic()
         self.trimmer: Trimmer | None = None
         """The writer thread's, once it runs (its `removed` counts what retention took)."""
         self._prepare()
@@ -124,25 +144,61 @@ class AuditLog:
         store: a subclass's, supervisor/state/pg_audit.py)."""
         database.connect(self._path).close()
 
-    def _open_writer(self) -> tuple[Writer, Trimmer, Callable[[], None]]:
-        """On the writer thread: what writes a batch (one transaction), the trimmer, and
-        what closes the writer's connection."""
+    @property
+    def signer(self) -> chain.Signer | None:
+        return self._sealing.signer if self._sealing else None
+
+    def _open_writer(self) -> tuple[Writer, Trimmer, Callable[[], None], Sealer]:
+        """On the writer thread: what writes a batch (one transaction: ids and hashes
+        from the chain's head on), the trimmer, what closes the writer's connection, and
+        what signs the head."""
         db = database.connect(self._path)
-        placeholders = ", ".join("?" * len(_COLUMNS))
-        insert = f"INSERT INTO audit ({', '.join(_COLUMNS)}) VALUES ({placeholders})"
+        insert = (
+            f"INSERT INTO audit ({', '.join(CHAINED)}) VALUES ({', '.join('?' * len(CHAINED))})"
+        )
 
         def write(rows: list[tuple[object, ...]]) -> None:
             with db:
-                db.execute("BEGIN")
-                db.executemany(insert, rows)
+                db.execute("BEGIN IMMEDIATE")
+                linked, (last_id, last_hash) = database.link(rows, database.head_of(db))
+                db.executemany(insert, linked)
+                db.execute(HEAD_UPDATE.replace("%s", "?"), (last_id, last_hash))
 
-        return write, Trimmer(db, self._retention, _COLUMNS, self._clock), db.close
+        def seal(signer: chain.Signer) -> None:
+            with db:
+                db.execute("BEGIN IMMEDIATE")
+                chain.seal_head(db, "?", signer)
+
+        trimmer = Trimmer(db, self._retention, _COLUMNS, self._clock, signer=self.signer)
+        return write, trimmer, db.close, seal
+
+    def _seal(self, seal: Sealer, now: bool = False) -> None:
+        """A head checkpoint when one is due (or `now`, at close)."""
+        sealing = self._sealing
+        if sealing is None:
+            return
+        if not now and time.monotonic() - self._sealed_at < sealing.interval_s:
+            return
+        self._sealed_at = time.monotonic()
+        try:
+            seal(sealing.signer)
+        except Exception:  # the writer must outlive a failed checkpoint; the next one retries
+            log.exception("audit: the chain's head could not be signed")
+
+    def _wait_s(self, trimmer: Trimmer) -> float | None:
+        """How long the writer may wait for records: until retention's next step or the
+        next head checkpoint, whichever comes first (None: for ever)."""
+        wait = trimmer.wait_s()
+        if self._sealing is None:
+            return wait
+        due = max(0.0, self._sealing.interval_s - (time.monotonic() - self._sealed_at))
+        return due if wait is None else min(wait, due)
 
     def _write_loop(self) -> None:
-        write, trimmer, close = self._open_writer()
+        write, trimmer, close, seal = self._open_writer()
         self.trimmer = trimmer
         while True:
-            batch, flushes, stop = self._drain(trimmer.wait_s())
+            batch, flushes, stop = self._drain(self._wait_s(trimmer))
             if batch:
                 try:
                     write([_row(r) for r in batch])
@@ -154,8 +210,10 @@ class AuditLog:
                 else:
                     flush.done.set()
             if stop:
+                self._seal(seal, now=True)
                 close()
                 return
+            self._seal(seal)
             trimmer.step()
 
     def _drain(self, wait_s: float | None) -> tuple[list[AuditRecord], list[_Flush], bool]:
@@ -217,9 +275,64 @@ class AuditLog:
         finally:
             db.close()
 
+    @contextlib.contextmanager
+    def scan(self, q: ScanQuery) -> Iterator[Iterator[AuditRecord]]:
+        """The records in id order (oldest first), read as they are iterated, for replay;
+        blocking: use it in a thread, from start to end. Waits for what is queued first."""
+        self.flush()
+        with self._reader() as (db, mark):
+            yield scan_records(db, mark, q)
+
+    @contextlib.contextmanager
+    def _reader(self) -> Iterator[tuple[Any, str]]:
+        """A read-only connection to the store and its placeholder."""
+        db = database.reader(self._path)
+        try:
+            yield db, "?"
+        finally:
+            db.close()
+
     def close(self) -> None:
         self._put_marker(None)
         self._writer.join(30)
+
+
+@dataclass(frozen=True)
+class ScanQuery:
+    """Records for replay, in id order: since a time, of one tenant or all, of one key."""
+
+    since: float = 0.0
+    tenant: str | None = None
+    """None: every tenant's records."""
+    sandbox_key: str = ""
+    limit: int = 0
+    """At most this many, the oldest first (0: all)."""
+
+
+def scan_records(db: Any, mark: str, q: ScanQuery, chunk: int = 5000) -> Iterator[AuditRecord]:
+    """The records a ScanQuery selects, read `chunk` at a time in id order, through a DB-API
+    connection of either store."""
+    where, params = [f"id > {mark}", f"time >= {mark}"], list[object]([q.since])
+    if q.tenant is not None:
+        where.append(f"tenant = {mark}")
+        params.append(q.tenant)
+    if q.sandbox_key:
+        where.append(f"sandbox_key = {mark}")
+        params.append(q.sandbox_key)
+    sql = (
+        f"SELECT id, {', '.join(_COLUMNS)} FROM audit WHERE {' AND '.join(where)} "
+        f"ORDER BY id LIMIT {mark}"
+    )
+    after, left = 0, q.limit or -1
+    cur = db.cursor()
+    while left:
+        size = chunk if left < 0 else min(chunk, left)
+        rows = cur.execute(sql, (after, *params, size)).fetchall()
+        for row in rows:
+            yield _from_row(row)
+        if len(rows) < size:
+            return
+        after, left = int(rows[-1][0]), left - len(rows) if left > 0 else left
 
 
 INDEX_ORDER = (

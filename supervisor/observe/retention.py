@@ -18,15 +18,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from stockade.supervisor import database
+from stockade.supervisor.observe import chain
 
 log = logging.getLogger("stockade.audit")
 CHUNK_ROWS = 2000
 """Rows deleted (and exported) per transaction."""
-BY_AGE = "SELECT id FROM audit WHERE time < ? ORDER BY time, id LIMIT ?"
-OLDEST = "SELECT id FROM audit ORDER BY id LIMIT ?"
-DELETE_IDS = "DELETE FROM audit WHERE id IN (SELECT value FROM json_each(?))"
+OLDEST = "SELECT id, time FROM audit ORDER BY id LIMIT {mark}"
+"""The first records of the chain: retention removes a prefix of it, never a record from
+its middle, so that what stays still links up (to the anchor signed for the last one gone).
+By age: the oldest records up to the first one that is not too old (a record stamped a
+little later than the one after it, by another supervisor's clock, holds those after it
+back until it is old enough too)."""
 
 
 @dataclass(frozen=True)
@@ -56,9 +61,13 @@ class Trimmer:
         columns: tuple[str, ...],
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        signer: chain.Signer | None = None,
     ) -> None:
+        """signer: signs the anchor each chunk leaves (None: the anchor is unsigned, and
+        verify cannot prove the records after it)."""
         self._db, self._retention, self._columns = db, retention, ("id", *columns)
         self._clock, self._monotonic = clock, monotonic
+        self._signer = signer
         self._next = monotonic()
         """When the next pass starts (the first at once: a log may be over its limits)."""
         self._busy = False
@@ -102,26 +111,33 @@ class Trimmer:
         r = self._retention
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            removed = 0
+            last = None
             if r.max_age_s > 0:
-                removed = self._remove(BY_AGE, (self._clock() - r.max_age_s, r.chunk_rows))
-            if not removed and r.max_bytes > 0 and database.used_bytes(self._db) > r.max_bytes:
-                removed = self._remove(OLDEST, (r.chunk_rows,))
-        return removed
+                last = prefix_end(self._db, "?", r.chunk_rows, self._clock() - r.max_age_s)
+            if last is None and r.max_bytes > 0 and database.used_bytes(self._db) > r.max_bytes:
+                last = prefix_end(self._db, "?", r.chunk_rows)
+            return 0 if last is None else self._remove(self._db, "?", last)
 
-    def _remove(self, picked: str, params: tuple[object, ...]) -> int:
-        """Delete the records whose ids `picked` selects, exported first if asked. Without
-        export, one statement: the thread takes the interpreter lock back once, not once per
-        row (under a busy event loop, each time costs it up to the 5 ms switch interval)."""
+    def _remove(self, db: Any, mark: str, last: int) -> int:
+        """Delete the records up to id `last`, exported first if asked, after the anchor
+        that signs the last one's hash. Without export, one statement: the thread takes the
+        interpreter lock back once, not once per row (under a busy event loop, each time
+        costs it up to the 5 ms switch interval)."""
+        chain.write_anchor(db, mark, self._signer, last)
         if self._retention.export_dir is None:
-            return self._db.execute(f"DELETE FROM audit WHERE id IN ({picked})", params).rowcount
-        rows = self._db.execute(
-            f"SELECT {', '.join(self._columns)} FROM audit WHERE id IN ({picked}) ORDER BY id",
-            params,
-        ).fetchall()
+            cur = db.cursor().execute(f"DELETE FROM audit WHERE id <= {mark}", (last,))
+            return max(int(cur.rowcount), 0)
+        rows = (
+            db.cursor()
+            .execute(
+                f"SELECT {', '.join(self._columns)} FROM audit WHERE id <= {mark} ORDER BY id",
+                (last,),
+            )
+            .fetchall()
+        )
         if rows:
             self._export(rows)
-            self._db.execute(DELETE_IDS, (json.dumps([row[0] for row in rows]),))
+            db.cursor().execute(f"DELETE FROM audit WHERE id <= {mark}", (last,))
         return len(rows)
 
     def _export(self, rows: list[tuple[object, ...]]) -> None:
@@ -140,3 +156,15 @@ class Trimmer:
             out.write(lines)
             out.flush()
             os.fsync(out.fileno())
+
+
+def prefix_end(db: Any, mark: str, limit: int, older_than: float | None = None) -> int | None:
+    """The id of the last record of the chain's first `limit` that goes: all of them, or
+    (`older_than`) those up to the first one stamped at or after it. None: none goes."""
+    rows = db.cursor().execute(OLDEST.format(mark=mark), (limit,)).fetchall()
+    last = None
+    for record_id, stamp in rows:
+        if older_than is not None and stamp >= older_than:
+            break
+        last = int(record_id)
+    return last

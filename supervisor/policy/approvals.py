@@ -183,6 +183,11 @@ class ApprovalManager:
         if board is not None:
             board.attach(self)
 
+    @property
+    def allow_always(self) -> AllowAlways:
+        """The commands approved with allow-always (policy replay reads them)."""
+        return self._always
+
     def reason_to_ask(self, agent_id: str, command: str, tenant: str = "") -> str | None:
         """Why this command needs a decision, or None when it may run as is."""
         mode = self._modes.get(agent_id, self._config.mode)

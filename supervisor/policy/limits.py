@@ -156,3 +156,68 @@ class TenantSlots:
                 self._held[tenant] = left
             else:
                 del self._held[tenant]
+
+
+SHARED_WINDOW_S = 0.5
+"""A tenant counts as busy for this long after it last started a call or moved a piece of a
+transfer."""
+SHARED_BURST_S = 0.02
+"""How far ahead of its paced rate a transfer may run (its first bytes are never held)."""
+SHARED_TENANTS = 4096
+"""Tenants remembered at most (the longest-quiet forgotten first)."""
+
+
+class FairShare:
+    """Bulk transfers give way to other tenants' calls (limits.shared_transfer_mb_per_s):
+    while another tenant is busy (it started a call or moved part of a transfer within the
+    last SHARED_WINDOW_S), a tenant's file transfers move at most `bytes_per_s`, paced piece by
+    piece; alone on the supervisor they run at full speed. The supervisor is one event loop
+    on a few cores: a 300 MB upload streamed through it at full speed costs every other
+    tenant's call most of its time (docs/security.md#fair-share). `bytes_per_s` 0: never
+    paced. Tenants are told apart by the scoped sandbox key (keys.split)."""
+
+    def __init__(self, bytes_per_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.bytes_per_s = bytes_per_s
+        self._clock = clock
+        self._busy: dict[str, float] = {}
+        """Tenant -> when it was last busy, the most recent last (insertion order)."""
+        self._due: dict[str, float] = {}
+        """Tenant -> when its paced transfers will have caught up with their rate."""
+
+    def busy(self, scoped_key: str) -> None:
+        """The key's tenant started a call (or moved part of a transfer) now."""
+        tenant = split(scoped_key)[0]
+        self._busy.pop(tenant, None)
+        self._busy[tenant] = self._clock()
+        if len(self._busy) > SHARED_TENANTS:
+            del self._busy[next(iter(self._busy))]
+
+    def contended(self, tenant: str) -> bool:
+        """Another tenant than `tenant` was busy within the window."""
+        since = self._clock() - SHARED_WINDOW_S
+        for other, at in reversed(self._busy.items()):
+            if at < since:
+                return False
+            if other != tenant:
+                return True
+        return False
+
+    def wait_s(self, scoped_key: str, size: int) -> float:
+        """Count `size` bytes of the key's tenant's transfer; how long it should now wait (0
+        when it is alone or still within its rate)."""
+        tenant = split(scoped_key)[0]
+        self.busy(scoped_key)
+        if not self.bytes_per_s or not self.contended(tenant):
+            self._due.pop(tenant, None)
+            return 0.0
+        now = self._clock()
+        due = max(self._due.get(tenant, now), now) + size / self.bytes_per_s
+        self._due[tenant] = due
+        if len(self._due) > SHARED_TENANTS:
+            del self._due[next(iter(self._due))]
+        return max(0.0, due - now - SHARED_BURST_S)
+
+    async def paced(self, scoped_key: str, size: int) -> None:
+        """Wait as wait_s says."""
+        if wait := self.wait_s(scoped_key, size):
+            await asyncio.sleep(wait)

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 if TYPE_CHECKING:
     from stockade.supervisor.config import TenantConfig
     from stockade.supervisor.observe.audit import AuditLog
+    from stockade.supervisor.observe.chain import Sealing
     from stockade.supervisor.observe.retention import Retention
     from stockade.supervisor.policy.approvals import AllowAlways, ApprovalBoard
 
@@ -41,7 +42,9 @@ class SharedState(Protocol):
     description: str
     """Where the state is, for logs: never a password."""
 
-    def audit_log(self, retention: Retention | None = None) -> AuditLog: ...
+    def audit_log(
+        self, retention: Retention | None = None, sealing: Sealing | None = None
+    ) -> AuditLog: ...
 
     def allow_always(self) -> AllowAlways: ...
 

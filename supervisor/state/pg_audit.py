@@ -3,26 +3,42 @@ one (observe/audit.py), on a connection of the shared pool, into one table every
 writes; a query through any supervisor sees every supervisor's records (its own flushed
 first; another's as of that one's last batch, BATCH_WINDOW_S behind at most).
 
-Retention by age applies (one chunk per step, FOR UPDATE SKIP LOCKED so two supervisors
-trimming at once export a record once). Retention by size does not: PostgreSQL does not hand
-freed pages back, and its operators size a database with its own tools (a warning says so
-when audit.max_size_mb is set)."""
+Every supervisor's records are one hash chain (observe/chain.py): a batch locks the chain's
+head (audit_chain, FOR UPDATE), so batches of several supervisors take their ids and hashes
+one after another.
+
+Retention by age applies (one chunk per step, a prefix of the chain under an advisory lock,
+so two supervisors trimming at once export a record once and leave one anchor per chunk).
+Retention by size does not: PostgreSQL does not hand freed pages back, and its operators
+size a database with its own tools (a warning says so when audit.max_size_mb is set)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from psycopg_pool import ConnectionPool
 
-from stockade.supervisor.observe.audit import COLUMNS, AuditLog, AuditQuery, Writer, query_sql
-from stockade.supervisor.observe.retention import Retention, Trimmer
+from stockade.supervisor.database import HEAD, head_of, link
+from stockade.supervisor.observe import chain
+from stockade.supervisor.observe.audit import (
+    CHAINED,
+    HEAD_UPDATE,
+    AuditLog,
+    AuditQuery,
+    Sealer,
+    Writer,
+    query_sql,
+)
+from stockade.supervisor.observe.retention import Retention, Trimmer, prefix_end
 
 log = logging.getLogger("stockade.audit")
-BY_AGE = "SELECT id FROM audit WHERE time < %s ORDER BY time, id LIMIT %s FOR UPDATE SKIP LOCKED"
+COLUMNS_READ = CHAINED[1:]
+TRIM_LOCK = 0x53544B_5452494D  # "STK" "TRIM": one supervisor trims a chunk at a time
 
 
 class PgAuditLog(AuditLog):
@@ -31,6 +47,7 @@ class PgAuditLog(AuditLog):
         pool: ConnectionPool[Any],
         retention: Retention | None = None,
         clock: Callable[[], float] = time.time,
+        sealing: chain.Sealing | None = None,
     ) -> None:
         self._pool = pool
         if retention is not None and retention.max_bytes:
@@ -38,20 +55,35 @@ class PgAuditLog(AuditLog):
                 "audit.max_size_mb does not apply to a PostgreSQL state (records are kept by "
                 "age only, audit.max_age_days): size the database with PostgreSQL's tools"
             )
-        super().__init__(Path("/nonexistent"), retention, clock)
+        super().__init__(Path("/nonexistent"), retention, clock, sealing)
 
     def _prepare(self) -> None:
         """The schema is the state's (pg_schema.migrate, at open)."""
 
-    def _open_writer(self) -> tuple[Writer, Trimmer, Callable[[], None]]:
-        placeholders = ", ".join(["%s"] * len(COLUMNS))
-        insert = f"INSERT INTO audit ({', '.join(COLUMNS)}) VALUES ({placeholders})"
+    def _open_writer(self) -> tuple[Writer, Trimmer, Callable[[], None], Sealer]:
+        placeholders = ", ".join(["%s"] * len(CHAINED))
+        insert = f"INSERT INTO audit ({', '.join(CHAINED)}) VALUES ({placeholders})"
 
         def write(rows: list[tuple[object, ...]]) -> None:
-            with self._pool.connection() as db, db.cursor() as cur:
-                cur.executemany(insert, [tuple(map(storable, row)) for row in rows])
+            with self._pool.connection() as db, db.transaction(), db.cursor() as cur:
+                cur.execute(HEAD + " FOR UPDATE")  # one batch at a time, whoever writes
+                stored = [tuple(map(storable, row)) for row in rows]  # hashed as stored
+                linked, new_head = link(stored, head_of(db))
+                cur.executemany(insert, linked)
+                cur.execute(HEAD_UPDATE, new_head)
 
-        return write, PgTrimmer(self._pool, self._retention, COLUMNS, self._clock), _nothing
+        def seal(signer: chain.Signer) -> None:
+            with self._pool.connection() as db, db.transaction():
+                db.execute(HEAD + " FOR UPDATE")
+                chain.seal_head(db, "%s", signer)
+
+        trimmer = PgTrimmer(self._pool, self._retention, COLUMNS_READ, self._clock, self.signer)
+        return write, trimmer, _nothing, seal
+
+    @contextlib.contextmanager
+    def _reader(self) -> Iterator[tuple[Any, str]]:
+        with self._pool.connection() as db:
+            yield db, "%s"
 
     def _rows(self, q: AuditQuery) -> list[tuple[object, ...]]:
         sql, params = query_sql(q, postgres=True)
@@ -68,27 +100,23 @@ class PgTrimmer(Trimmer):
         retention: Retention,
         columns: tuple[str, ...],
         clock: Callable[[], float] = time.time,
+        signer: chain.Signer | None = None,
     ) -> None:
-        super().__init__(None, retention, columns, clock)  # type: ignore[arg-type]
+        super().__init__(None, retention, columns, clock, signer=signer)  # type: ignore[arg-type]
         self._pool = pool
 
     def _chunk(self) -> int:
+        """A prefix of the chain older than the age limit, while no other supervisor trims
+        (another's chunk under way: this pass ends, the other goes on)."""
         r = self._retention
         if r.max_age_s <= 0:
             return 0
-        params = (self._clock() - r.max_age_s, r.chunk_rows)
         with self._pool.connection() as db, db.transaction():
-            if r.export_dir is None:
-                cur = db.execute(f"DELETE FROM audit WHERE id IN ({BY_AGE})", params)
-                return max(int(cur.rowcount), 0)
-            rows = db.execute(
-                f"SELECT {', '.join(self._columns)} FROM audit WHERE id IN ({BY_AGE}) ORDER BY id",
-                params,
-            ).fetchall()
-            if rows:
-                self._export(rows)
-                db.execute("DELETE FROM audit WHERE id = ANY(%s)", ([row[0] for row in rows],))
-            return len(rows)
+            locked = db.execute("SELECT pg_try_advisory_xact_lock(%s)", (TRIM_LOCK,)).fetchone()
+            if not (locked and locked[0]):
+                return 0
+            last = prefix_end(db, "%s", r.chunk_rows, self._clock() - r.max_age_s)
+            return 0 if last is None else self._remove(db, "%s", last)
 
 
 def storable(value: object) -> object:

@@ -16,19 +16,23 @@ import psycopg
 
 from stockade.supervisor.database import (
     AUDIT_COLUMNS,
+    CHAIN_TABLES,
     add_audit_column,
+    chain_existing,
     create_audit_indexes,
     create_audit_table,
 )
 
 MIGRATION_LOCK = 0x53544B_4D494752  # "STK" "MIGR": one fixed advisory lock id for migrations
-VERSION = 1
-"""Bumped with each new step; a database of a newer version is refused (an older
+VERSION = 2
+"""2: the audit's hash chain (its columns, audit_chain, audit_checkpoints). Bumped with each
+new step; a database of a newer version is refused (an older
 supervisor would not know its tables)."""
 
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS stockade_schema (version INTEGER NOT NULL);\n"
     + create_audit_table("postgresql")
+    + CHAIN_TABLES["postgresql"]
     + """CREATE TABLE IF NOT EXISTS approved (
     tenant TEXT NOT NULL,
     command TEXT NOT NULL,
@@ -97,6 +101,8 @@ def migrate(db: psycopg.Connection[tuple[object, ...]]) -> None:
             if column.name not in have:  # a table made before the column was
                 db.execute(add_audit_column(column, "postgresql"))
         db.execute(INDEXES)
+        if db.execute("SELECT 1 FROM audit_chain WHERE name = 'head'").fetchone() is None:
+            chain_existing(db, "%s")  # the records of version 1, chained once
         row = db.execute("SELECT max(version) FROM stockade_schema").fetchone()
         found = row[0] if row else None
         if found is None:

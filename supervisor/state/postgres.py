@@ -27,6 +27,7 @@ from stockade.supervisor.config import TenantConfig
 from stockade.supervisor.errors import ConfigError, QuotaExceeded
 from stockade.supervisor.keys import split
 from stockade.supervisor.observe.audit import AuditLog
+from stockade.supervisor.observe.chain import Sealing
 from stockade.supervisor.observe.retention import Retention
 from stockade.supervisor.policy.approvals import AllowAlways
 from stockade.supervisor.state.base import redacted_url
@@ -98,8 +99,10 @@ class PostgresState:
         log.info("shared state: %s", where)
         return cls(url, instance, pools[0], pools[1])
 
-    def audit_log(self, retention: Retention | None = None) -> AuditLog:
-        return PgAuditLog(self._pool, retention)
+    def audit_log(
+        self, retention: Retention | None = None, sealing: Sealing | None = None
+    ) -> AuditLog:
+        return PgAuditLog(self._pool, retention, sealing=sealing)
 
     def allow_always(self) -> AllowAlways:
         if self._always is None:

@@ -16,6 +16,7 @@ from stockade.supervisor.state.base import TenantLedger
 if TYPE_CHECKING:
     from stockade.supervisor.config import Config
     from stockade.supervisor.observe.audit import AuditLog
+    from stockade.supervisor.observe.chain import Sealing
     from stockade.supervisor.observe.retention import Retention
     from stockade.supervisor.policy.approvals import AllowAlways, ApprovalBoard
 
@@ -30,10 +31,12 @@ class SqliteState:
         path = Path(config.audit.path) if config.audit.path else config.state_dir / "stockade.db"
         return cls(path)
 
-    def audit_log(self, retention: Retention | None = None) -> AuditLog:
+    def audit_log(
+        self, retention: Retention | None = None, sealing: Sealing | None = None
+    ) -> AuditLog:
         from stockade.supervisor.observe.audit import AuditLog
 
-        return AuditLog(self.path, retention)
+        return AuditLog(self.path, retention, sealing=sealing)
 
     def allow_always(self) -> AllowAlways:
         from stockade.supervisor.policy.approvals import AllowAlways

@@ -12,11 +12,19 @@ committed: files full of fake tokens would only trip secret scanners).
 
 Fake credentials are random characters from a seeded generator: random-looking, never real.
 `python -m tests.corpora.generate DIR` writes both to DIR for reading.
+
+- `tldr_commands(pages)`: the command guard's real-world corpus, the examples of tldr-pages
+  (https://github.com/tldr-pages/tldr, pages/common and pages/linux, CC BY 4.0, by the tldr-pages team
+  and contributors) with their `{{placeholders}}` filled by plausible workspace-relative
+  values (`_PLACEHOLDER_VALUES`). Generated from a tldr checkout named by $TLDR_PAGES (the
+  pages are not copied into this repository);
+  `python -m tests.corpora.generate tldr [FILE]` writes them one a line.
 """
 
 from __future__ import annotations
 
 import base64
+import os
 import random
 import re
 import sys
@@ -191,7 +199,75 @@ def ordinary(seed: int = SEED) -> list[str]:
     return ordinary_lines.lines(random.Random(seed))
 
 
+TLDR_ENV = "TLDR_PAGES"
+"""A tldr-pages checkout (its pages/common/*.md); unset: the tldr corpus is not available."""
+_TLDR_PLATFORMS = ("common", "linux")
+_EXAMPLE = re.compile(r"^`(.+)`$", re.MULTILINE)
+_PLACEHOLDER = re.compile(r"\{\{(.*?)\}\}(?!\})")
+_CHOICE = re.compile(r"\[([^\[\]]*\|[^\[\]]*)\]")
+_KEYSTROKE = re.compile(r"<(?:[A-Z][A-Za-z0-9]*|[a-z])(?: [^<>]+)?>")
+"""``<Ctrl c>``, ``<Space>``, ``<q>``: keys pressed in a program, not commands."""
+_PLACEHOLDER_VALUES = {
+    "command": "make", "command1": "make", "command2": "make test", "port": "8080",
+    "n": "3", "number": "3", "count": "3", "10": "10", "username": "dev", "user": "dev",
+    "password": "example-pass", "host": "example.com", "hostname": "example.com",
+    "domain": "example.com", "url": "https://example.com", "ip_address": "192.0.2.10",
+    "name": "demo", "package": "requests", "package_name": "requests", "value": "1",
+    "version": "1.2.3", "target": "build", "branch_name": "main", "pattern": "TODO",
+    "search_pattern": "TODO", "regex": "'^TODO'", "key": "color", "variable": "NAME",
+}  # fmt: skip
+"""Placeholders of tldr-pages and what fills them; any other keeps its own words."""
+
+
+def _fill(placeholder: str, pick: int) -> str:
+    """One placeholder's value: a choice (`[-v|--verbose]`, `f|d`) takes one alternative,
+    an absolute example path becomes a workspace-relative one, a `...` list ends."""
+    text = placeholder.replace(" ...", "").replace("...", "")
+    if text in _PLACEHOLDER_VALUES:
+        return _PLACEHOLDER_VALUES[text]
+    whole = re.fullmatch(r"\[([^\[\]]*)\]", text)
+    if whole and "|" in whole[1]:
+        choices = whole[1].split("|")
+        return choices[pick % len(choices)]
+    text = _CHOICE.sub(lambda m: m[1].split("|")[0], text)
+    if "|" in text and " " not in text:  # {{f|d}}
+        text = text.split("|")[0]
+    return text.replace("/path/to/", "path/to/")
+
+
+def tldr_commands(pages: Path) -> list[str]:
+    """Every example command of tldr-pages' common pages, placeholders filled, each once."""
+    commands: dict[str, None] = {}
+    for page in sorted(p for d in _TLDR_PLATFORMS for p in (pages / "pages" / d).glob("*.md")):
+        for number, line in enumerate(_EXAMPLE.findall(page.read_text(encoding="utf-8"))):
+            if not _KEYSTROKE.search(line):
+                commands[_filled(line, zlib.crc32(page.name.encode()) + number)] = None
+    return list(commands)
+
+
+def _filled(line: str, pick: int) -> str:
+    return _PLACEHOLDER.sub(lambda match: _fill(match[1], pick), line).strip()
+
+
+def tldr_pages() -> Path | None:
+    """The tldr checkout $TLDR_PAGES names, or None."""
+    value = os.environ.get(TLDR_ENV)
+    return Path(value) if value and (Path(value) / "pages" / "common").is_dir() else None
+
+
 def main(argv: list[str]) -> int:
+    if argv[1:2] == ["tldr"]:
+        pages = tldr_pages()
+        if pages is None:
+            print(f"set {TLDR_ENV} to a tldr-pages checkout", file=sys.stderr)
+            return 2
+        commands = tldr_commands(pages)
+        text = "".join(c.replace("\n", " ") + "\n" for c in commands)
+        if len(argv) > 2:
+            Path(argv[2]).write_text(text, encoding="utf-8")
+        else:
+            sys.stdout.write(text)
+        return 0
     out = Path(argv[1] if len(argv) > 1 else "corpora-out")
     out.mkdir(parents=True, exist_ok=True)
     cases = credentials()

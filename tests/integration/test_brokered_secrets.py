@@ -83,12 +83,16 @@ class Upstreams:
     """Both upstreams served on an event loop of their own (a thread), so the synchronous
     client's calls and the servers run at once."""
 
-    def __init__(self, directory: Path, api: type[Upstream] = Upstream) -> None:
+    def __init__(
+        self, directory: Path, api: type[Upstream] = Upstream, plain: bool = False
+    ) -> None:
+        """`plain`: a plain HTTP upstream too (`self.plain`, plain.test in api_secret_config)."""
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.api = self._run(api(directory / "api").start())
         self.git = self._run(GitUpstream(directory / "git").start())
+        self.plain = self._run(Upstream(directory / "plain", tls=False).start()) if plain else None
         self.ca_file = directory / "cas.pem"
         """Both test CAs: what the proxy trusts upstream ([network] upstream_ca_file)."""
         self.ca_file.write_bytes(
@@ -102,7 +106,7 @@ class Upstreams:
         return [*self.api.requests, *self.git.requests]
 
     def close(self) -> None:
-        for upstream in (self.api, self.git):
+        for upstream in (self.api, self.git, *([self.plain] if self.plain else [])):
             asyncio.run_coroutine_threadsafe(upstream.close(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
@@ -114,11 +118,15 @@ def api_secret_config(
 ) -> str:
     """A supervisor's config with the one brokered secret `api` for api.test (its value in
     `folder`/api); `intercept_all`: [network] intercept = "all", and localhost allowed too;
-    `honeytokens`: decoys on."""
+    `honeytokens`: decoys on; plain.test allowed when `upstreams` has a plain upstream."""
     value = folder / "api"
     value.write_text(API_VALUE + "\n")
     value.chmod(0o600)
     hosts = ["api.test", "localhost"] if intercept_all else ["api.test"]
+    ports = [upstreams.api.port]
+    if upstreams.plain is not None:
+        hosts.append("plain.test")
+        ports.append(upstreams.plain.port)
     allow = ", ".join(f'"{h}"' for h in hosts)
     mapped = "".join(f'"{h}" = "127.0.0.1"\n' for h in hosts)
     intercept = 'intercept = "all"\n' if intercept_all else ""
@@ -128,7 +136,7 @@ def api_secret_config(
 network = "egress"
 [network]
 allow = [{allow}]
-ports = [{upstreams.api.port}]
+ports = {ports}
 allow_private_addresses = true
 upstream_ca_file = "{upstreams.ca_file}"
 {intercept}[network.hosts]

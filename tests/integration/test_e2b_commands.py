@@ -7,6 +7,7 @@ refused user, wrong and hostile raw requests, and the audit record of each start
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import struct
@@ -242,3 +243,40 @@ def test_wrong_and_hostile_process_requests(served: E2bServed) -> None:
             assert sbx.commands.run("echo alive").stdout == "alive\n"
     finally:
         sbx.kill()
+
+
+async def test_output_without_a_line_end_arrives_and_a_split_token_is_redacted(
+    served: E2bServed,
+) -> None:
+    """A prompt (printed by printf: `read -p` prints to a terminal only) and `printf abc`
+    reach on_stdout while the command still waits for its input (it would wait for ever if
+    they did not: the test sends the input only after it saw them); a token written in two
+    pieces with a pause between comes out redacted (issue 28). The async SDK: its handle
+    reads the stream as it comes (the sync one, only in wait())."""
+    token = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+    sbx = await AsyncSandbox.create(timeout=120, **served.opts())
+    try:
+        out: list[str] = []
+        script = (
+            'printf "name? "; read n; printf abc; read m; '
+            f"printf 'token {token[:9]}'; sleep 0.5; printf '{token[9:]} done\\n'; echo \"$n$m\""
+        )
+        command = await sbx.commands.run(script, background=True, stdin=True, on_stdout=out.append)
+
+        async def seen(text: str) -> None:
+            deadline = time.monotonic() + 30
+            while text not in "".join(out):
+                assert time.monotonic() < deadline, f"{text!r} never arrived: {out}"
+                await asyncio.sleep(0.01)
+
+        await seen("name? ")
+        await sbx.commands.send_stdin(command.pid, "ann\n")
+        await seen("name? abc")
+        await sbx.commands.send_stdin(command.pid, "bob\n")
+        done = await command.wait()
+        assert done.exit_code == 0
+        assert token not in done.stdout
+        assert token[:9] not in done.stdout
+        assert done.stdout == "name? abctoken [REDACTED] done\nannbob\n"
+    finally:
+        await sbx.kill()

@@ -52,6 +52,27 @@ def test_input_style_program_through_interact(client: Stockade, key: str) -> Non
     assert (result.data["state"], result.data["exit_code"]) == ("exited", 0)
 
 
+def test_a_partial_line_arrives_and_a_token_split_by_a_pause_is_redacted(
+    client: Stockade, key: str
+) -> None:
+    """Output without a line end (a prompt, `printf abc`) arrives while the command waits
+    for input (bash's `read -p` prints its prompt only to a terminal, on stderr: printf
+    stands in for it); a token written in two pieces, a pause between, is redacted."""
+    script = (
+        f'printf "name? "; read n; printf abc; read m; printf "token {GITHUB_TOKEN[:9]}"; '
+        f'sleep 0.5; printf "{GITHUB_TOKEN[9:]} done\\n"; echo "$n$m"'
+    )
+    with client.sandbox(key).interact(f"bash -c '{script}'") as session:
+        assert session.read_until("name? ") == "name? "
+        session.send("ann\n")
+        assert session.read_until("abc") == "abc"
+        session.send("bob\n")
+        rest = session.read_until("annbob\n")
+        result = session.wait()
+    assert not result.is_error, result.error_message
+    assert rest == "token [REDACTED] done\nannbob\n"
+
+
 def test_input_style_program_through_exec_stdin(client: Stockade, key: str) -> None:
     result = client.sandbox(key).exec(GREETER, stdin="alice\n")
     assert result.stdout == "name? hello alice\n"

@@ -71,10 +71,14 @@ class Harness:
 
 
 async def make_harness(
-    tmp_path: Path, trust_upstream: bool = True, tripwire: Tripwire | None = None
+    tmp_path: Path,
+    trust_upstream: bool = True,
+    tripwire: Tripwire | None = None,
+    up: Upstream | None = None,
 ) -> Harness:
-    """`tripwire`: the proxy's (the tests' own Decoys when None)."""
-    up = await Upstream(tmp_path / "upstream").start()
+    """`tripwire`: the proxy's (the tests' own Decoys when None); `up`: the upstream, not yet
+    started (an HTTPS Upstream when None)."""
+    up = await (up or Upstream(tmp_path / "upstream")).start()
     authority = Authority.load_or_create(tmp_path / "egress-ca")
     settings = ProxySettings(
         ports=frozenset({up.port}),

@@ -1,5 +1,5 @@
 """The command guard against its two corpora (tests/corpora), with the default config:
-no ordinary command refused, at least 97% of the destructive ones denied."""
+no ordinary command refused, at least 99% of the destructive ones denied."""
 
 from __future__ import annotations
 
@@ -7,16 +7,24 @@ from pathlib import Path
 
 import pytest
 
-from bench.guard import DESTRUCTIVE, DESTRUCTIVE_TARGET, ORDINARY, load_corpus
+from bench.guard import (
+    DESTRUCTIVE,
+    DESTRUCTIVE_TARGET,
+    ORDINARY,
+    load_corpus,
+    run_guard_bench,
+    section,
+)
 from stockade.supervisor.policy.guard import Guard
+from tests.corpora.generate import TLDR_ENV
 
 GUARD = Guard()
 
 
 def test_the_corpora_are_as_large_as_promised() -> None:
     ordinary, destructive = load_corpus(ORDINARY), load_corpus(DESTRUCTIVE)
-    assert len(ordinary) >= 300
-    assert len(destructive) >= 150
+    assert len(ordinary) >= 450
+    assert len(destructive) >= 230
     assert len(set(ordinary)) == len(ordinary), "a command listed twice"
     assert len(set(destructive)) == len(destructive), "a command listed twice"
     assert not set(ordinary) & set(destructive)
@@ -51,3 +59,27 @@ def test_a_backslash_at_the_end_of_a_line_goes_on_with_the_next(tmp_path: Path) 
     corpus.write_text("ls \\\n", encoding="utf-8")
     with pytest.raises(ValueError, match="ends in a backslash"):
         load_corpus(corpus)
+
+
+def test_the_bench_section_lists_refusals_by_rule_with_a_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(TLDR_ENV, raising=False)
+    results = run_guard_bench()
+    text = section(results)
+    assert "tldr-pages examples: not measured" in text
+    results["ordinary_by_rule"] = {"privilege-escalation": [("sudo ls", "privilege escalation")]}
+    results["tldr"] = {
+        "commands": 3,
+        "refused": 2,
+        "counts": {"parse-error": 2},
+        "by_rule": {"parse-error": [("a (", "x")]},
+        "parse_errors_bash_accepts": ["echo =="],
+        "check_median_us": 1.0,
+        "check_max_us": 2.0,
+    }
+    text = section(results)
+    assert "    privilege-escalation (1): not the agent's to do" in text
+    assert "bash -n rejects 1 of these 2 too" in text
+    assert "... and 1 more" in text
+    assert "accepts  1  target 0  MISSED" in text

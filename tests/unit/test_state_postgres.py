@@ -124,12 +124,17 @@ def test_the_audit_table_has_the_sqlite_audit_logs_columns(url: str, tmp_path: P
 
 
 def test_an_older_audit_table_gets_the_columns_it_lacks(url: str) -> None:
-    """A table made before a column (here: before tenants and fronts) gets it, with its
-    default in the rows already there, as a new database has it."""
+    """A table made before a column (here: before tenants, fronts and the hash chain) gets
+    it, with its default in the rows already there, as a new database has it; the rows are
+    chained once."""
     asyncio.run(PostgresState.open(url, "a").close())
     with psycopg.connect(url) as db:
         made_new = db.execute(COLUMNS_OF_AUDIT).fetchall()
-        db.execute("ALTER TABLE audit DROP COLUMN front, DROP COLUMN tenant")
+        db.execute(
+            "ALTER TABLE audit DROP COLUMN front, DROP COLUMN tenant, DROP COLUMN context_json, "
+            "DROP COLUMN prev_hash, DROP COLUMN hash"
+        )
+        db.execute("DROP TABLE audit_chain")
         db.execute(
             "INSERT INTO audit (time, request_id, caller, sandbox_key, agent_id, provider, tool, "
             "arguments_json, policy_step, guard_rule, approval, approver, duration_ms, "
@@ -141,6 +146,8 @@ def test_an_older_audit_table_gets_the_columns_it_lacks(url: str) -> None:
     with psycopg.connect(url) as db:
         assert db.execute(COLUMNS_OF_AUDIT).fetchall() == made_new
         assert db.execute("SELECT tenant, front FROM audit").fetchall() == [("", "")]
+        chained = db.execute("SELECT prev_hash, length(hash) FROM audit").fetchall()
+        assert chained == [(database.GENESIS, 64)]
         indexes = db.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'audit'")
         names = {str(row[0]) for row in indexes.fetchall()}
     assert {index.name for index in database.AUDIT_INDEXES} <= names

@@ -21,7 +21,7 @@ from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.calls.pipeline import Sandboxes, ToolPipeline
 from stockade.supervisor.calls.streaming import AgentEvent
 from stockade.supervisor.calls.watching import FileWatches, Started, Watch, WatchSandboxes
-from stockade.supervisor.config import AuthConfig, Config, LimitsConfig, load_config
+from stockade.supervisor.config import AuthConfig, Config, HttpConfig, LimitsConfig, load_config
 from stockade.supervisor.fronts.e2b.context import E2bContext
 from stockade.supervisor.fronts.e2b.records import Records
 from stockade.supervisor.fronts.e2b.server import build_app as build_e2b
@@ -185,7 +185,7 @@ INIT = {
 
 @contextlib.asynccontextmanager
 async def mcp_front(
-    tmp_path: Path, cap: int, refusals: Refusals | None = None
+    tmp_path: Path, cap: int, refusals: Refusals | None = None, http: HttpConfig | None = None
 ) -> AsyncIterator[tuple[str, McpFront, Any]]:
     config = load_config(
         None,
@@ -196,7 +196,7 @@ async def mcp_front(
     if refusals is not None:
         policy = replace(policy, refusals=refusals)
     endpoint = build_mcp(config, idle_pipeline(config, policy), policy, tokens(tmp_path))
-    front = McpFront(endpoint, config.mcp.listen)
+    front = McpFront(endpoint, config.mcp.listen, http)
     await front.start()
     try:
         yield f"http://127.0.0.1:{front.port}/mcp", front, endpoint
@@ -257,7 +257,8 @@ async def test_mcp_sessions_opened_at_once_past_a_tenants_cap_get_429(tmp_path: 
     answer) instead of this cap's 429 until each opening held its room."""
     audit = Audited()
     refusals = Refusals(audit)
-    front = mcp_front(tmp_path, 3, refusals)
+    # the cap's race, not the back-off of a tenant refused again and again (test_fair_share)
+    front = mcp_front(tmp_path, 3, refusals, HttpConfig(refusal_free_count=1000))
     async with front as (url, _front, endpoint), httpx.AsyncClient() as c:
         answers = await asyncio.gather(
             *(c.post(url, json=INIT, headers=headers("acme")) for _ in range(40))

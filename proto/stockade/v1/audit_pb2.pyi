@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AuditRecord(_message.Message):
-    __slots__ = ("id", "time", "request_id", "caller", "sandbox_key", "agent_id", "provider", "tool", "arguments_json", "policy_step", "guard_rule", "approval", "approver", "duration_ms", "exit_code", "output_bytes", "redactions", "error_code", "is_error", "tenant", "front")
+    __slots__ = ("id", "time", "request_id", "caller", "sandbox_key", "agent_id", "provider", "tool", "arguments_json", "policy_step", "guard_rule", "approval", "approver", "duration_ms", "exit_code", "output_bytes", "redactions", "error_code", "is_error", "tenant", "front", "context_json", "prev_hash", "hash")
     ID_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,9 @@ class AuditRecord(_message.Message):
     IS_ERROR_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     FRONT_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_JSON_FIELD_NUMBER: _ClassVar[int]
+    PREV_HASH_FIELD_NUMBER: _ClassVar[int]
+    HASH_FIELD_NUMBER: _ClassVar[int]
     id: int
     time: _timestamp_pb2.Timestamp
     request_id: str
@@ -54,7 +57,10 @@ class AuditRecord(_message.Message):
     is_error: bool
     tenant: str
     front: str
-    def __init__(self, id: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., request_id: _Optional[str] = ..., caller: _Optional[str] = ..., sandbox_key: _Optional[str] = ..., agent_id: _Optional[str] = ..., provider: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., policy_step: _Optional[str] = ..., guard_rule: _Optional[str] = ..., approval: _Optional[str] = ..., approver: _Optional[str] = ..., duration_ms: _Optional[int] = ..., exit_code: _Optional[int] = ..., output_bytes: _Optional[int] = ..., redactions: _Optional[int] = ..., error_code: _Optional[str] = ..., is_error: _Optional[bool] = ..., tenant: _Optional[str] = ..., front: _Optional[str] = ...) -> None: ...
+    context_json: str
+    prev_hash: str
+    hash: str
+    def __init__(self, id: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., request_id: _Optional[str] = ..., caller: _Optional[str] = ..., sandbox_key: _Optional[str] = ..., agent_id: _Optional[str] = ..., provider: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., policy_step: _Optional[str] = ..., guard_rule: _Optional[str] = ..., approval: _Optional[str] = ..., approver: _Optional[str] = ..., duration_ms: _Optional[int] = ..., exit_code: _Optional[int] = ..., output_bytes: _Optional[int] = ..., redactions: _Optional[int] = ..., error_code: _Optional[str] = ..., is_error: _Optional[bool] = ..., tenant: _Optional[str] = ..., front: _Optional[str] = ..., context_json: _Optional[str] = ..., prev_hash: _Optional[str] = ..., hash: _Optional[str] = ...) -> None: ...
 
 class ListAuditRequest(_message.Message):
     __slots__ = ("sandbox_key", "tool", "agent_id", "since", "limit", "errors_only")
@@ -77,3 +83,72 @@ class ListAuditResponse(_message.Message):
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     records: _containers.RepeatedCompositeFieldContainer[AuditRecord]
     def __init__(self, records: _Optional[_Iterable[_Union[AuditRecord, _Mapping]]] = ...) -> None: ...
+
+class ReplayPolicyRequest(_message.Message):
+    __slots__ = ("candidate_toml", "since", "tenant", "all_tenants", "sandbox_key", "max_records")
+    CANDIDATE_TOML_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    ALL_TENANTS_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_KEY_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    candidate_toml: str
+    since: _timestamp_pb2.Timestamp
+    tenant: str
+    all_tenants: bool
+    sandbox_key: str
+    max_records: int
+    def __init__(self, candidate_toml: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tenant: _Optional[str] = ..., all_tenants: _Optional[bool] = ..., sandbox_key: _Optional[str] = ..., max_records: _Optional[int] = ...) -> None: ...
+
+class ReplayExample(_message.Message):
+    __slots__ = ("id", "time", "tenant", "sandbox_key", "tool", "arguments_json", "was_rule")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_KEY_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    WAS_RULE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    time: _timestamp_pb2.Timestamp
+    tenant: str
+    sandbox_key: str
+    tool: str
+    arguments_json: str
+    was_rule: str
+    def __init__(self, id: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tenant: _Optional[str] = ..., sandbox_key: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., was_rule: _Optional[str] = ...) -> None: ...
+
+class ReplayChange(_message.Message):
+    __slots__ = ("was", "now", "rule", "count", "examples")
+    WAS_FIELD_NUMBER: _ClassVar[int]
+    NOW_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    was: str
+    now: str
+    rule: str
+    count: int
+    examples: _containers.RepeatedCompositeFieldContainer[ReplayExample]
+    def __init__(self, was: _Optional[str] = ..., now: _Optional[str] = ..., rule: _Optional[str] = ..., count: _Optional[int] = ..., examples: _Optional[_Iterable[_Union[ReplayExample, _Mapping]]] = ...) -> None: ...
+
+class ReplayPolicyResponse(_message.Message):
+    __slots__ = ("replayed", "unchanged", "skipped", "changes", "truncated")
+    class SkippedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    replayed: int
+    unchanged: int
+    skipped: _containers.ScalarMap[str, int]
+    changes: _containers.RepeatedCompositeFieldContainer[ReplayChange]
+    truncated: bool
+    def __init__(self, replayed: _Optional[int] = ..., unchanged: _Optional[int] = ..., skipped: _Optional[_Mapping[str, int]] = ..., changes: _Optional[_Iterable[_Union[ReplayChange, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...

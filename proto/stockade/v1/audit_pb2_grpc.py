@@ -40,6 +40,11 @@ class AuditServiceStub:
                 request_serializer=stockade_dot_v1_dot_audit__pb2.ListAuditRequest.SerializeToString,
                 response_deserializer=stockade_dot_v1_dot_audit__pb2.ListAuditResponse.FromString,
                 _registered_method=True)
+        self.ReplayPolicy = channel.unary_unary(
+                '/stockade.v1.AuditService/ReplayPolicy',
+                request_serializer=stockade_dot_v1_dot_audit__pb2.ReplayPolicyRequest.SerializeToString,
+                response_deserializer=stockade_dot_v1_dot_audit__pb2.ReplayPolicyResponse.FromString,
+                _registered_method=True)
 
 
 class AuditServiceServicer:
@@ -52,6 +57,15 @@ class AuditServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplayPolicy(self, request, context):
+        """The recorded calls through a candidate config's policy (tool policy, arguments, guard,
+        approval rules, rate limit): what would change. No sandbox is touched. Operators only
+        (console.operators; anyone when auth is off): a candidate's guard patterns run here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AuditServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +73,11 @@ def add_AuditServiceServicer_to_server(servicer, server):
                     servicer.ListAudit,
                     request_deserializer=stockade_dot_v1_dot_audit__pb2.ListAuditRequest.FromString,
                     response_serializer=stockade_dot_v1_dot_audit__pb2.ListAuditResponse.SerializeToString,
+            ),
+            'ReplayPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplayPolicy,
+                    request_deserializer=stockade_dot_v1_dot_audit__pb2.ReplayPolicyRequest.FromString,
+                    response_serializer=stockade_dot_v1_dot_audit__pb2.ReplayPolicyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -88,6 +107,33 @@ class AuditService:
             '/stockade.v1.AuditService/ListAudit',
             stockade_dot_v1_dot_audit__pb2.ListAuditRequest.SerializeToString,
             stockade_dot_v1_dot_audit__pb2.ListAuditResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplayPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stockade.v1.AuditService/ReplayPolicy',
+            stockade_dot_v1_dot_audit__pb2.ReplayPolicyRequest.SerializeToString,
+            stockade_dot_v1_dot_audit__pb2.ReplayPolicyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -22,9 +22,10 @@ from stockade.supervisor.observe.metrics import Metrics
 log = logging.getLogger("stockade.console")
 
 
-def _signs_in(scope: Scope) -> bool:
-    """The console's credentials are presented by the sign-in form."""
-    return scope.get("method") == "POST" and scope.get("path") == "/login"
+def _signs_in(scope: Scope) -> bytes | None:
+    """The console's credentials are presented by the sign-in form (in its body: b"", whose
+    refusals the back-off does not count)."""
+    return b"" if scope.get("method") == "POST" and scope.get("path") == "/login" else None
 
 
 class ConsoleFront:

@@ -207,7 +207,14 @@ class Server:
             ApprovalServicer(policy.approvals, policy.scrubber), server
         )
         audit_pb2_grpc.add_AuditServiceServicer_to_server(
-            AuditServicer(policy.audit, policy.scrubber), server
+            AuditServicer(
+                policy.audit,
+                policy.scrubber,
+                frozenset(config.console.operators) if authenticator is not None else None,
+                policy.approvals.allow_always,
+                tuple(tool.name for tool in config.custom_tools),
+            ),
+            server,
         )
         transfers = FileTransfers(config, sandboxes, policy)
         file_pb2_grpc.add_FileServiceServicer_to_server(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import posixpath
 import re
 
+from stockade.supervisor.policy.guard.idioms import setup_idiom
 from stockade.supervisor.policy.guard.invocations import (
     Inv,
     find_root_words,
@@ -16,7 +17,13 @@ from stockade.supervisor.policy.guard.invocations import (
     shorten,
 )
 from stockade.supervisor.policy.guard.parsing import Command, Word
-from stockade.supervisor.policy.guard.paths import Place, find_narrowed, link_paths, removal_problem
+from stockade.supervisor.policy.guard.paths import (
+    Place,
+    find_narrowed,
+    image_problem,
+    link_paths,
+    removal_problem,
+)
 from stockade.supervisor.policy.guard.vocabulary import DEV_NET, NETCATS
 
 _PRIVILEGED = frozenset({"sudo", "su", "doas", "pkexec", "runuser", "sudoedit"})
@@ -28,7 +35,8 @@ _MINERS = frozenset({"xmrig", "minerd", "cpuminer", "ethminer", "cgminer", "bfgm
 _MINERS |= {"lolminer"}
 _DISK_WRITERS = frozenset({"tee", "cp", "mv", "install", "shred", "truncate", "ln", "rsync"})
 _DISK_WRITERS |= {"fdisk", "sfdisk", "gdisk", "sgdisk", "cfdisk", "parted", "blkdiscard"}
-_DISK_WRITERS |= {"hdparm", "badblocks", "pv"}
+_DISK_WRITERS |= {"hdparm", "badblocks", "pv", "mksquashfs", "mkisofs", "genisoimage", "xorriso"}
+_FS_MAKERS = frozenset({"mke2fs", "mkswap", "wipefs", "mkdosfs", "mkntfs", "mkexfatfs"})
 _CRITICAL = frozenset({"/", "~", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64"})
 _CRITICAL |= {"/opt", "/proc", "/root", "/sbin", "/srv", "/sys", "/usr", "/var"}
 _SYSTEM_TREES = (
@@ -135,8 +143,16 @@ def windows_format(inv: Inv) -> str | None:
 
 
 def mkfs(inv: Inv) -> str | None:
-    if inv.program.startswith("mkfs") or inv.program in ("mke2fs", "mkswap", "wipefs"):
-        return f"filesystem creation ({inv.name})"
+    """A filesystem made in (or a signature wiped from) a file below the workspace is
+    routine (``mkfs.erofs image.erofs root/``); every word but an option must name one."""
+    if not inv.program.startswith("mkfs") and inv.program not in _FS_MAKERS:
+        return None
+    if inv.place.fed:
+        return f"filesystem creation ({inv.name}) on paths read at run time (xargs)"
+    for word in operand_words(inv.args):
+        problem = image_problem(word, inv.place)
+        if problem:
+            return f"filesystem creation ({inv.name}) on {problem}"
     return None
 
 
@@ -263,7 +279,10 @@ def socat(inv: Inv) -> str | None:
 
 
 def eval_sub(inv: Inv) -> str | None:
-    if inv.program == "eval" and any(s.kind == "$(" for a in inv.args for s in a.subs):
+    """``eval $(..)``, but for the shell set-up idioms of ``idioms.SETUP_IDIOMS``."""
+    if inv.program != "eval" or setup_idiom(inv.args):
+        return None
+    if any(s.kind == "$(" for a in inv.args for s in a.subs):
         return "eval of a command substitution (eval $(...))"
     return None
 

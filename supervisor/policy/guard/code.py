@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from stockade.supervisor.policy.guard.idioms import setup_idiom
 from stockade.supervisor.policy.guard.invocations import (
     Inv,
     has_option,
@@ -71,8 +72,8 @@ def code_of(inv: Inv) -> Code | None:
     program, args = inv.program, inv.args
     if program in SHELLS:
         return _shell_code(args)
-    if program == "eval":
-        return Code("sh", _joined(args)) if args else None
+    if program == "eval":  # a set-up idiom's code is the tool's own: nothing to read
+        return Code("sh", _joined(args)) if args and not setup_idiom(args) else None
     if program in ("at", "batch"):
         return None if has_option(inv, "-f") else Code("sh", stdin=True)
     if program == "trap":

@@ -29,6 +29,7 @@ from stockade.supervisor.policy.guard.code import (
     producer_of,
     stdin_body,
 )
+from stockade.supervisor.policy.guard.idioms import keeps_directory
 from stockade.supervisor.policy.guard.invocations import (
     Inv,
     invocations_of,
@@ -154,7 +155,13 @@ class Evaluation:
         if _SETS_HOME.search(text):
             self.home = None
         self.cdpath |= "CDPATH" in text
-        return parse_script(text, positional=positional, budget=self.budget, cdpath=self.cdpath)
+        return parse_script(
+            text,
+            positional=positional,
+            budget=self.budget,
+            cdpath=self.cdpath,
+            keeps_dir=keeps_directory,
+        )
 
     def sub_invocations(self, sub: Sub) -> list[Inv]:
         return [inv for command in sub.commands for inv in self.invocations(command)]

@@ -115,6 +115,20 @@ def removal_problem(word: Word, place: Place, *, root_ok: bool = False) -> str |
     return None
 
 
+def image_problem(word: Word, place: Place) -> str | None:
+    """Why a filesystem maker may not write ``word``: only a file below the workspace is an
+    image it may make (not a device, nothing outside, not a run-time path or folder)."""
+    paths = _absolute_paths(word, place)
+    if isinstance(paths, str):
+        return paths
+    for path in paths:
+        if any(_through(path, link) for link in place.links):
+            return f"a path through a symlink the command makes ({path})"
+        if not _below(path, place.workspace):
+            return f"a path outside the workspace ({path})"
+    return None
+
+
 def find_root_may_match(argv: Sequence[str], root: str) -> bool:
     """Can ``find ROOT ... -exec`` hand the root itself to the command? Not with
     ``-mindepth 1`` or a ``-name`` test the root's name fails (and no ``-o``/``!``)."""

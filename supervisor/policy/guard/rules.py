@@ -108,7 +108,10 @@ RULES = (
         "mkfs",
         "disk-destruction",
         _DENY,
-        "`mkfs`, `mkfs.*`, `mke2fs`, `mkswap`, `wipefs`",
+        "`mkfs`, `mkfs.*`, `mke2fs`, `mkswap`, `wipefs` on anything but files below the "
+        "workspace: a device, a path outside the workspace or known only at run time (every "
+        "word but an option must name a file below the workspace: `mkfs.erofs image.erofs "
+        "root/` passes, `mkfs.ext4 /dev/sda1` does not)",
         "disk destruction",
         checks.mkfs,
     ),
@@ -116,8 +119,8 @@ RULES = (
         "raw-disk-write",
         "disk-destruction",
         _DENY,
-        "A redirect, `of=`, `tee`/`cp`/`shred`/`fdisk`/... onto `/dev/sd*`, `/dev/nvme*`, "
-        "`/dev/vd*`, `/dev/hd*`, `/dev/xvd*`, `/dev/mmcblk*` ...",
+        "A redirect, `of=`, `tee`/`cp`/`shred`/`fdisk`/`mksquashfs`/... onto `/dev/sd*`, "
+        "`/dev/nvme*`, `/dev/vd*`, `/dev/hd*`, `/dev/xvd*`, `/dev/mmcblk*` ...",
         "disk destruction",
         checks.disk_write,
         checks.disk_redirect,
@@ -214,7 +217,8 @@ RULES = (
         "eval-substitution",
         "eval-injection",
         _DENY,
-        "`eval` of a command substitution (`eval $(..)`)",
+        "`eval` of a command substitution (`eval $(..)`), but for the shell set-up idioms of "
+        '`idioms.SETUP_IDIOMS` (`eval "$(pyenv init -)"`, `eval "$(ssh-agent -s)"` ...)',
         "code nobody has read",
         checks.eval_sub,
     ),

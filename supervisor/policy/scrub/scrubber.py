@@ -98,6 +98,7 @@ from stockade.supervisor.policy.scrub.engine import (
     hits,
     prepare,
 )
+from stockade.supervisor.policy.scrub.partial import open_tail
 from stockade.supervisor.text import wire_text
 
 __all__ = ["REDACTED", "Scrubber"]
@@ -402,6 +403,11 @@ class Scrubber:
         size = len(before)
         spans = [(max(s - size, 0), e - size) for s, e in self.spans(before + text) if e > size]
         return _redact(text, spans)
+
+    def open_tail(self, text: str) -> int:
+        """Where the end of `text`'s open (last) line may still be the start of a credential,
+        which a quiet stream keeps back (len(text): nowhere; policy/scrub/partial.py)."""
+        return open_tail(text, self.spans, self._literals.forms, self._formats)
 
     def scrub_cut(self, text: str) -> tuple[str, int]:
         """`scrub` for a text cut short at its end (a truncated output): a configured secret

@@ -7,10 +7,12 @@ configured secrets in wrapped base64 (`env | base64`): with secrets configured, 
 looks like base64 is held until the next, and the cut never falls inside a credential found
 across it. A released last line that holds 40 base64 characters is kept as context for the
 next text (Scrubber.scrub_after), so a key body's lines released apart are still seen
-together. When the stream goes quiet, an open line is released only if it looks like a prompt
-(it ends in whitespace or one of `:>?$#]`), never in the middle of a word that may be half a
-token; flush() releases the rest at the end. A line longer than MAX_HOLD is released but for a
-tail that may still start a credential, and never in the middle of one it holds."""
+together. When the stream goes quiet, the open line is released but for a tail that may
+still be the start of a credential (Scrubber.open_tail: a partial token with a known lead, a
+long run of key characters, a keyword's value, the start of a configured secret), so that a
+prompt or a partial line arrives at once; flush() releases the rest at the end. A line
+longer than MAX_HOLD is released but for a tail that may still start a credential, and never
+in the middle of one it holds."""
 
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from stockade.supervisor.policy.scrub.scrubber import Scrubber
 MAX_HOLD = 64 * 1024
 TAIL = 4096
 MAX_KEY_HOLD = 1 << 20
-PROMPT_ENDS = frozenset(" \t:>?$#]")
+CONTEXT = 4096
+"""How much of an open line released by a pause is kept as the context of its rest."""
 KEY_BLOCKS = (
     ("-----BEGIN", "PRIVATE KEY", "-----END"),
     ("---- BEGIN SSH2", "PRIVATE KEY", "---- END"),
@@ -41,6 +44,8 @@ class StreamScrubber:
         self._parts: list[str] = []
         self._size = 0
         self._before = ""
+        self._open_line = ""
+        """The part of the open line released already (by a pause): the context of its rest."""
         self.redactions = 0
 
     def feed(self, text: str) -> str:
@@ -60,10 +65,26 @@ class StreamScrubber:
         """Everything held, scrubbed."""
         return self._scrub(self._take())
 
-    def flush_prompt(self) -> str:
-        """On a pause: release the open line if it ends like a prompt; else keep holding."""
-        last = next((part[-1] for part in reversed(self._parts) if part), "")
-        return self.flush() if last and last in PROMPT_ENDS else ""
+    def flush_open(self) -> str:
+        """On a pause: release what is held but for what must wait for more (a line or key
+        block that may go on across lines, the tail of the open line that may still begin a
+        credential); the cut never falls inside a credential found."""
+        if not self._size:
+            return ""
+        pending = self._take()
+        line = pending.rfind("\n") + 1
+        cut = self._safe_cut(pending) if line else 0
+        if cut == line:  # nothing before the open line waits
+            cut = len(pending)
+            for begin, marker, end in KEY_BLOCKS:
+                cut = min(cut, self._open_key_block(pending, cut, begin, marker, end))
+            if self._scrubber is not None and cut > line:
+                released = "" if line else self._open_line  # what the line began with
+                tail = self._scrubber.open_tail(released + pending) - len(released)
+                cut = max(line, min(cut, tail))
+                cut = self._outside_credentials(pending, cut, whole_lines=False)
+        self._keep(pending[cut:])
+        return self._scrub(pending[:cut])
 
     @property
     def holding(self) -> bool:
@@ -84,7 +105,8 @@ class StreamScrubber:
             cut = min(cut, self._open_key_block(text, cut, begin, marker, end))
         if cut and self._scrubber is not None and self._scrubber.spans_lines:
             line = text.rfind("\n", 0, cut - 1) + 1
-            if BASE64_LINE.fullmatch(text, line, cut):
+            begun = self._open_line if line == 0 else ""  # released by a pause
+            if BASE64_LINE.fullmatch(begun + text[line:cut]):
                 return self._outside_credentials(text, line, whole_lines=True)
         if cut == 0 and len(text) > MAX_HOLD:
             return self._outside_credentials(text, len(text) - TAIL, whole_lines=False)
@@ -116,8 +138,11 @@ class StreamScrubber:
     def _scrub(self, text: str) -> str:
         if not text or self._scrubber is None:
             return text
-        cleaned, count = self._scrubber.scrub_after(self._before, text)
+        cleaned, count = self._scrubber.scrub_after(self._before + self._open_line, text)
         last = KEY_LINE.search(text, max(len(text) - 4096, 0))
         self._before = last[1] if last else ""
+        line = text.rfind("\n")
+        opened = self._open_line + text if line == -1 else text[line + 1 :]
+        self._open_line = opened[-CONTEXT:]
         self.redactions += count
         return cleaned

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from stockade.supervisor.policy.guard.parsing.expansion import (
     GLOB,
     brace_expand,
 )
+from stockade.supervisor.policy.guard.parsing.repairs import parse_tree
 from stockade.supervisor.policy.guard.parsing.syntax import (
     MAX_BYTES,
     MAX_PIPES,
@@ -20,12 +21,7 @@ from stockade.supervisor.policy.guard.parsing.syntax import (
     TooComplex,
     Word,
 )
-from stockade.supervisor.policy.guard.parsing.trees import (
-    ASCII_ONLY,
-    Budget,
-    syntax_error,
-    tree_parse,
-)
+from stockade.supervisor.policy.guard.parsing.trees import Budget
 from stockade.supervisor.policy.guard.parsing.walker import Walker
 
 _FALLBACK_BYTES = 64 * 1024
@@ -40,12 +36,15 @@ def parse_script(
     positional: Sequence[str] | None = (),
     budget: Budget | None = None,
     cdpath: bool = False,
+    keeps_dir: Callable[[Sequence[Word]], bool] | None = None,
 ) -> Script:
     """Parse shell text; never raises for any input string.
 
     ``positional`` holds ``$0 $1 ...`` (``$0`` first; default: a ``sh -c`` without operands,
     so ``$1``.. and ``$@`` are empty); None when they are unknown. ``cdpath``: CDPATH may
     be set, so ``cd NAME`` may go anywhere (also when the text mentions CDPATH).
+    ``keeps_dir``: whether an ``eval`` with these arguments leaves the directory as it is
+    (a shell set-up idiom; any other ``eval`` makes it unknown).
     """
     error = "command contains a NUL byte" if "\x00" in text else None
     text = text.replace("\x00", " ")
@@ -56,19 +55,18 @@ def parse_script(
     if pipes > MAX_PIPES:
         return Script(error=f"command has {pipes} '|' (limit {MAX_PIPES})", too_complex=True)
     budget = budget or Budget()
-    tree = tree_parse(data.translate(ASCII_ONLY), budget)
+    tree, syntax = parse_tree(data, budget)
     if tree is None:
         return Script(error="command took too long to parse", too_complex=True)
     root = tree.root_node
     walker = Walker(data, positional, budget)
     walker.cdpath = cdpath or b"CDPATH" in data
+    walker.keeps_dir = keeps_dir
     try:
         walker.statement(root)
     except (TooComplex, RecursionError) as exc:
         return Script(tuple(_fallback(text)), error=str(exc) or "too deep", too_complex=True)
-    if error is None and root.has_error:
-        error = syntax_error(root, data)
-    error = error or walker.error
+    error = error or syntax or walker.error
     fallback = _fallback(text) if error else []
     return Script(
         tuple(walker.commands + fallback),

@@ -131,6 +131,8 @@ class Walker(WordWalker):
             self.cwds = None  # `trap 'cd /' DEBUG`: runs in this shell, before each command
         if not words or words[0].dynamic or program not in _CD | _CWD_UNKNOWN:
             return
+        if program == "eval" and self.keeps_dir is not None and self.keeps_dir(words[1:]):
+            return  # `eval "$(pyenv init -)"`: a set-up idiom, which changes no directory
         went = _cd(words[1:], self.cwds, cdpath=self.cdpath) if program in _CD else None
         self.cd_done = went
         self.cwds = _union(self.cwds, went)

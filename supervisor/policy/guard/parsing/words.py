@@ -6,7 +6,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from tree_sitter import Node
 
@@ -23,6 +23,7 @@ from stockade.supervisor.policy.guard.parsing.expansion import (
     static_output,
     unescape_word,
 )
+from stockade.supervisor.policy.guard.parsing.repairs import parse_tree
 from stockade.supervisor.policy.guard.parsing.syntax import (
     MAX_NESTING,
     MAX_NODES,
@@ -32,12 +33,7 @@ from stockade.supervisor.policy.guard.parsing.syntax import (
     TooComplex,
     Word,
 )
-from stockade.supervisor.policy.guard.parsing.trees import (
-    ASCII_ONLY,
-    Budget,
-    syntax_error,
-    tree_parse,
-)
+from stockade.supervisor.policy.guard.parsing.trees import Budget
 
 STATEMENTS = frozenset({"program", "command", "pipeline", "list", "subshell"})
 STATEMENTS |= {"compound_statement", "redirected_statement", "variable_assignment"}
@@ -74,6 +70,7 @@ class WordWalker(abc.ABC):
         self.cwds: Cwds = ("",)
         self.cd_done: Cwds = NO_CD  # the last command was a cd: where it went
         self.cdpath = False
+        self.keeps_dir: Callable[[Sequence[Word]], bool] | None = None  # an eval that does not cd
 
     def text(self, node: Node) -> str:
         return self.src[node.start_byte : node.end_byte].decode("utf-8", "replace")
@@ -250,20 +247,19 @@ class WordWalker(abc.ABC):
             if self.depth > MAX_NESTING:
                 raise TooComplex(f"command nests deeper than {MAX_NESTING} levels")
             data = (": " + text).encode("utf-8", "replace")
-            tree = tree_parse(data.translate(ASCII_ONLY), self.budget)
+            tree, syntax = parse_tree(data, self.budget)
             if tree is None:
                 raise TooComplex("command took too long to parse")
             inner = type(self)(data, self.positional, self.budget)
             inner.vars, inner.aliases, inner.ifs = self.vars, self.aliases, self.ifs
             inner.depth, inner.nodes, inner.cond = self.depth, self.nodes, self.cond + 1
             inner.background, inner.cwds, inner.cdpath = self.background, self.cwds, self.cdpath
+            inner.keeps_dir = self.keeps_dir
             inner.statement(tree.root_node)
         finally:
             self.depth -= 1
         self.nodes = inner.nodes
-        if tree.root_node.has_error:
-            self.error = self.error or syntax_error(tree.root_node, data)
-        self.error = self.error or inner.error
+        self.error = self.error or syntax or inner.error
         self.commands.extend(inner.commands)
         self.pipelines.extend(inner.pipelines)
         self.fork_bombs.extend(inner.fork_bombs)
