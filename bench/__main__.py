@@ -73,13 +73,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only",
-        choices=["mcp", "snapshots", "e2b", "console", "listener", "front-abuse"],
+        choices=["mcp", "snapshots", "e2b", "console", "listener", "front-abuse", "session"],
         help="only one measurement: mcp, the MCP front against gRPC (bench/mcp_front.py); "
         "snapshots, pause/resume, snapshots, restore and forks (bench/sandbox_snapshots.py); "
         "e2b, the E2B front's commands.run against gRPC (bench/e2b_front.py); console, warm "
         "calls with the console on and off (bench/console_cost.py); listener, plain uvicorn "
         "against the hardened HTTP listener, no engine (bench/listener.py); front-abuse, another "
-        "tenant's warm calls while one attacks the HTTP fronts (bench/front_abuse.py)",
+        "tenant's warm calls while one attacks the HTTP fronts (bench/front_abuse.py); session, "
+        "warm exec in a shell session beside a plain one (bench/stockade_runs.py)",
     )
     sandbox_snapshots.add_arguments(parser, "snap-")
     parser.add_argument(
@@ -160,6 +161,10 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
             f"{engine}: Stockade warm exec",
             lambda: stockade_runs.warm_exec(client, ns.n, ns.warmup),
         )
+        results["session_exec"] = guarded(
+            f"{engine}: exec true in a shell session beside a plain one",
+            lambda: stockade_runs.session_exec(client, ns.n, ns.warmup),
+        )
         results["load"] = guarded(
             f"{engine}: load, {ns.load_keys} keys x {ns.load_calls} mixed calls",
             lambda: load.run_load(sup.target, keys=ns.load_keys, calls=ns.load_calls),
@@ -224,6 +229,23 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
     return results
 
 
+SH_PROFILE = '[profiles.dash]\nshell = "sh"\n'
+"""A profile whose commands run under sh (dash), for `--only session`'s third side."""
+
+
+def session_only(engines: tuple[str, ...], n: int, warmup: int) -> int:
+    """`--only session`: a warm exec in a shell session beside a plain one, per engine."""
+    for engine in engines:
+        bring_up(engine)
+        with served(engine, SH_PROFILE) as sup, Stockade(sup.target) as client:
+            result = guarded(
+                f"{engine}: exec true in a shell session beside a plain one, and under sh",
+                lambda: stockade_runs.session_exec(client, n, warmup, sh_profile="dash"),
+            )
+        print(report.session_section(engine, result))
+    return 0
+
+
 def _terminate(signum: int, _frame: object) -> NoReturn:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -244,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
                 return listener.run(ns.listener_requests, ns.listener_rounds)
             if ns.only == "front-abuse":
                 return front_abuse.run(engines, ns.n, ns.warmup)
+            if ns.only == "session":
+                return session_only(engines, ns.n, ns.warmup)
             if ns.only == "e2b":
                 return e2b_front.run(engines, ns.n, ns.rounds, ns.warmup)
             return mcp_front.run(engines, ns.n, ns.rounds, ns.warmup)

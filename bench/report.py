@@ -8,10 +8,12 @@ from typing import Any
 TARGET_WARM_MS = 5.0
 TARGET_CLI_RATIO = 15.0
 TARGET_LLM_RATIO = 8.0
+TARGET_SESSION_EXTRA_MS = 0.5
 
 ROWS = (
     ("health", "gRPC health check (floor)"),
     ("stockade_warm", "Stockade exec true, warm"),
+    ("session_exec", "exec true in a shell session"),
     ("interact_line", "Stockade Interact, line echo"),
     ("engine_cli", "{engine} exec C true (CLI)"),
     ("llm_sandbox", "llm-sandbox execute_command"),
@@ -83,6 +85,24 @@ def _row(label: str, r: dict[str, Any]) -> str:
     return row
 
 
+def session_section(engine: str, r: dict[str, Any]) -> str:
+    """The shell session's cost: a warm exec in a session beside a plain one."""
+    if "error" in r:
+        return f"{engine}: exec in a shell session: n/a: {r['error']}"
+    extra = r["extra_median_ms"]
+    verdict = "met" if extra <= TARGET_SESSION_EXTRA_MS else "MISSED"
+    return "\n".join(
+        [
+            f"== {engine}: exec true in a shell session beside a plain one ==",
+            _row("plain exec (bash)", r["plain"]),
+            _row("in a session", r),
+            *([_row("plain exec under sh (dash)", r["sh"])] if "sh" in r else []),
+            f"  session over plain (medians): {extra:+.2f} ms   target "
+            f"<= {TARGET_SESSION_EXTRA_MS:g} ms {verdict}",
+        ]
+    )
+
+
 def _egress(e: dict[str, Any]) -> list[str]:
     if "error" in e:
         return [f"{'egress':34}  n/a: {e['error']}"]
@@ -128,11 +148,14 @@ def _load(r: dict[str, Any]) -> str:
 
 def _targets(engine: str, results: dict[str, Any]) -> list[str]:
     warm = results.get("stockade_warm", {}).get("median_ms")
+    extra = results.get("session_exec", {}).get("extra_median_ms")
     cli_ratio = results.get("ratios", {}).get("engine_cli_over_stockade")
     llm_ratio = results.get("ratios", {}).get("llm_sandbox_over_stockade")
     return [
         _target("Stockade warm median", _ms(warm), f"<= {TARGET_WARM_MS:g} ms",
                 None if warm is None else warm <= TARGET_WARM_MS),
+        _target("session over plain exec", _ms(extra), f"<= {TARGET_SESSION_EXTRA_MS:g} ms",
+                None if extra is None else extra <= TARGET_SESSION_EXTRA_MS),
         _target(f"{engine} exec CLI ÷ Stockade", _x(cli_ratio), f">= {TARGET_CLI_RATIO:g}x",
                 None if cli_ratio is None else cli_ratio >= TARGET_CLI_RATIO),
         _target("llm-sandbox ÷ Stockade", _x(llm_ratio), f">= {TARGET_LLM_RATIO:g}x",

@@ -45,6 +45,52 @@ def warm_exec(client: Stockade, n: int, warmup: int) -> Result:
         destroy(client, key)
 
 
+SESSION_ROUNDS = 10
+
+
+def session_exec(client: Stockade, n: int, warmup: int, sh_profile: str | None = None) -> Result:
+    """A warm `exec true` in a shell session beside a plain one on one sandbox (issue 29:
+    the session's capture and restore, target <= 0.5 ms more). The sides alternate in rounds
+    (plain then session, then session then plain, ...) so drift falls on all alike. The
+    session's summary, the plain one's, and the difference of the medians; with `sh_profile`
+    (a profile whose shell is sh) also a plain exec under sh, the shell before issue 29."""
+    key, sh_key = "bench-session", "bench-session-sh"
+    box = client.sandbox(key)
+
+    def in_session() -> None:
+        result = box.exec("true", session="bench")
+        if result.is_error or result.exit_code != 0:
+            raise RuntimeError(f"exec true in a session failed: {result.error_code}")
+
+    calls = {"plain": lambda: exec_true(client, key), "session": in_session}
+    if sh_profile is not None:
+        client.ensure_sandbox(sh_key, profile=sh_profile)
+        calls["sh"] = lambda: exec_true(client, sh_key)
+    samples: dict[str, list[float]] = {side: [] for side in calls}
+    batch = max(n // SESSION_ROUNDS, 1)
+    try:
+        for call in calls.values():
+            for _ in range(max(warmup, 1)):
+                call()
+        for round_ in range(SESSION_ROUNDS):
+            order = list(calls) if round_ % 2 == 0 else list(reversed(calls))
+            for side in order:
+                for _ in range(batch):
+                    started = time.perf_counter()
+                    calls[side]()
+                    samples[side].append(time.perf_counter() - started)
+    finally:
+        destroy(client, key)
+        if sh_profile is not None:
+            destroy(client, sh_key)
+    summaries = {side: summarize(taken) for side, taken in samples.items()}
+    extra = round(summaries["session"]["median_ms"] - summaries["plain"]["median_ms"], 3)
+    result = {**summaries["session"], "plain": summaries["plain"], "extra_median_ms": extra}
+    if "sh" in summaries:
+        result["sh"] = summaries["sh"]
+    return result
+
+
 def interact_line(client: Stockade, n: int, warmup: int) -> Result:
     """One line in, the same line out: `cat` behind Interact, from send to the echoed line
     read by the client (stdin write through the agent, output relayed and scrubbed)."""

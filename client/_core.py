@@ -318,6 +318,22 @@ class FileInfo:
 
 
 @dataclass(frozen=True)
+class ShellSession:
+    """A shell session of a sandbox (exec's `session`)."""
+
+    name: str
+    cwd: str
+    """The folder its next call starts in."""
+    calls: int
+    busy: bool
+    """A call runs in it now."""
+
+
+def sessions_from_pb(reply: Any) -> list[ShellSession]:
+    return [ShellSession(s.name, s.cwd, s.calls, s.busy) for s in reply.sessions]
+
+
+@dataclass(frozen=True)
 class SandboxInfo:
     key: str
     container_id: str
@@ -809,9 +825,16 @@ def exec_op(
     workdir: str | None,
     env: dict[str, str] | None,
     stdin: str | None = None,
+    session: str | None = None,
 ) -> Op:
     args: dict[str, Any] = {"command": command}
-    given = (("timeout", timeout), ("workdir", workdir), ("env", env), ("stdin", stdin))
+    given = (
+        ("timeout", timeout),
+        ("workdir", workdir),
+        ("env", env),
+        ("stdin", stdin),
+        ("session", session),
+    )
     for name, value in given:
         if value is not None:
             args[name] = value

@@ -19,6 +19,7 @@ from stockade.client._core import (
     FileInfo,
     IsolationReport,
     SandboxInfo,
+    ShellSession,
     StreamEvent,
     ToolResult,
     ToolSpec,
@@ -312,6 +313,16 @@ class AsyncStockade(AsyncSnapshotCalls, AsyncQuarantineCalls):
         reply = await self._rpc(self._sandboxes.DestroySandbox, request)
         return bool(reply.removed)
 
+    async def list_sessions(self, key: str) -> list[ShellSession]:
+        """The sandbox's shell sessions (exec's `session`); none when it has no container."""
+        request = sandbox_pb2.ListSessionsRequest(key=key)
+        return _core.sessions_from_pb(await self._rpc(self._sandboxes.ListSessions, request))
+
+    async def end_session(self, key: str, session: str) -> bool:
+        """End a shell session (a later call of that name starts afresh); False: none."""
+        request = sandbox_pb2.EndSessionRequest(key=key, session=session)
+        return bool((await self._rpc(self._sandboxes.EndSession, request)).ended)
+
     async def pause_sandbox(self, key: str) -> bool:
         """Stockade.pause_sandbox."""
         request = sandbox_pb2.PauseSandboxRequest(key=key)
@@ -451,6 +462,12 @@ class AsyncSandbox:
     async def destroy(self, *, delete_workspace: bool = False) -> bool:
         return await self.client.destroy_sandbox(self.key, delete_workspace=delete_workspace)
 
+    async def sessions(self) -> list[ShellSession]:
+        return await self.client.list_sessions(self.key)
+
+    async def end_session(self, session: str) -> bool:
+        return await self.client.end_session(self.key, session)
+
     async def pause(self) -> bool:
         return await self.client.pause_sandbox(self.key)
 
@@ -483,10 +500,12 @@ class AsyncSandbox:
         workdir: str | None = None,
         env: dict[str, str] | None = None,
         stdin: str | None = None,
+        session: str | None = None,
     ) -> ToolResult:
         """Run a shell command (`stdin`: its whole input, then closed); a non-zero exit is a
-        result (see .exit_code), not an error."""
-        return await self._do(_core.exec_op(command, timeout, workdir, env, stdin))  # type: ignore[no-any-return]
+        result (see .exit_code), not an error. `session`: a shell session's name, whose
+        folder, exported environment, options and aliases carry over between its calls."""
+        return await self._do(_core.exec_op(command, timeout, workdir, env, stdin, session))  # type: ignore[no-any-return]
 
     async def interact(self, command: str | None = None, **kw: Any) -> AsyncInteraction:
         """AsyncStockade.interact for this sandbox."""

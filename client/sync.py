@@ -20,6 +20,7 @@ from stockade.client._core import (
     FileInfo,
     IsolationReport,
     SandboxInfo,
+    ShellSession,
     StreamEvent,
     ToolResult,
     ToolSpec,
@@ -296,6 +297,16 @@ class Stockade(SnapshotCalls, QuarantineCalls):
         request = sandbox_pb2.DestroySandboxRequest(key=key, delete_workspace=delete_workspace)
         return bool(self._rpc(self._sandboxes.DestroySandbox, request).removed)
 
+    def list_sessions(self, key: str) -> list[ShellSession]:
+        """The sandbox's shell sessions (exec's `session`); none when it has no container."""
+        request = sandbox_pb2.ListSessionsRequest(key=key)
+        return _core.sessions_from_pb(self._rpc(self._sandboxes.ListSessions, request))
+
+    def end_session(self, key: str, session: str) -> bool:
+        """End a shell session (a later call of that name starts afresh); False: none."""
+        request = sandbox_pb2.EndSessionRequest(key=key, session=session)
+        return bool(self._rpc(self._sandboxes.EndSession, request).ended)
+
     def pause_sandbox(self, key: str) -> bool:
         """Freeze every process of the sandbox (no CPU, memory kept); False when it was
         paused already. NotFound when the key has no container."""
@@ -446,6 +457,12 @@ class Sandbox:
     def destroy(self, *, delete_workspace: bool = False) -> bool:
         return self.client.destroy_sandbox(self.key, delete_workspace=delete_workspace)
 
+    def sessions(self) -> list[ShellSession]:
+        return self.client.list_sessions(self.key)
+
+    def end_session(self, session: str) -> bool:
+        return self.client.end_session(self.key, session)
+
     def pause(self) -> bool:
         return self.client.pause_sandbox(self.key)
 
@@ -478,10 +495,12 @@ class Sandbox:
         workdir: str | None = None,
         env: dict[str, str] | None = None,
         stdin: str | None = None,
+        session: str | None = None,
     ) -> ToolResult:
         """Run a shell command (`stdin`: its whole input, then closed); a non-zero exit is a
-        result (see .exit_code), not an error."""
-        return self._do(_core.exec_op(command, timeout, workdir, env, stdin))  # type: ignore[no-any-return]
+        result (see .exit_code), not an error. `session`: a shell session's name, whose
+        folder, exported environment, options and aliases carry over between its calls."""
+        return self._do(_core.exec_op(command, timeout, workdir, env, stdin, session))  # type: ignore[no-any-return]
 
     def interact(self, command: str | None = None, **kw: Any) -> Interaction:
         """Stockade.interact for this sandbox."""

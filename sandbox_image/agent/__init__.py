@@ -4,4 +4,5 @@ It imports only the standard library, grpcio and protobuf.
 """
 
 __version__ = "0.1.0"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""2: exec and process start take shell, login and session; the session tool."""

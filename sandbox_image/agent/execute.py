@@ -1,7 +1,8 @@
 """The exec tool: run a shell command in its own process group, with a timeout.
 
 Life of one command:
-1. `/bin/sh -c COMMAND` starts in a new session (so its process group is its
+1. the shell (shells.py: `/bin/bash -c COMMAND` unless the call asks for sh, or a session's
+   preamble and trailer around it) starts in a new session (so its process group is its
    own), stdin from /dev/null, its OOM score raised so an OOM kills it first;
 2. stdout and stderr are read as they come; each keeps at most
    `max_output_bytes`, the rest is counted and dropped;
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from . import kernfiles, paths, spawn, strays
+from . import kernfiles, paths, shells, spawn, strays
 from .argcheck import Args, encoded, expect_only, opt_number, opt_str, opt_str_map, req_str
 from .errors import ToolError
 
@@ -88,32 +89,67 @@ async def exec_command(
     *,
     max_output_bytes: int = 10 * 1024 * 1024,
     sink: StreamSink | None = None,
+    sessions: shells.Sessions | None = None,
 ) -> dict[str, Any]:
-    """Run `command` with /bin/sh in `workdir` (default: the workspace root); with a sink,
-    stream the output to it as well."""
-    expect_only(args, ("command", "timeout", "workdir", "env", "stdin"))
+    """Run `command` with the call's shell (bash by default) in `workdir` (default: the
+    workspace root, or a session's folder); with a sink, stream the output to it as well."""
+    expect_only(args, ("command", "timeout", "workdir", "env", "stdin", *_SHELL_ARGS))
     command, timeout, env = _command(args), _timeout(args), _env(args)
-    stdin = _stdin(args)
+    stdin, shell = _stdin(args), shells.shell_of(args)
+    name = opt_str(args, "session", None)
     cwd = await resolve_workdir(root, opt_str(args, "workdir", "."))
-    started, oom_before = time.monotonic(), _oom_kills()
-    output = _Output(max_output_bytes, sink)
-    child = await _spawn(command, cwd, {**os.environ, **env}, output, stdin)
-    strays.LIVE.add(child.pid)
-    try:
-        timed_out = not await _within(output.exited, timeout)
-        if not timed_out:
-            await _within(output.eof, EOF_GRACE)
-    finally:
-        await _kill_group(child.pid)
-        await _within(output.exited, REAP_TIMEOUT)
-        child.close()
-        strays.LIVE.discard(child.pid)
-        crowded = await strays.sweep_if_crowded()
-    result = output.result(child.returncode, timed_out, time.monotonic() - started)
-    result["oom_killed"] = oom_before is not None and (_oom_kills() or 0) > oom_before
-    if crowded:
-        result["pids_crowded"] = True
+    if name is None:
+        run = _Run(shell.argv(command), cwd, {**os.environ, **env}, stdin, timeout)
+        return await run.go(max_output_bytes, sink)
+    table = shells.SESSIONS if sessions is None else sessions
+    session = table.open(name, shell)
+    async with table.hold(session):
+        given = cwd if "workdir" in args else None
+        launch = table.launch(session, shell, command, env, given, keep=True)
+        try:
+            result = await _Run(launch.argv, launch.cwd or cwd, launch.env, stdin, timeout).go(
+                max_output_bytes, sink
+            )
+        except BaseException:
+            table.finish(session, launch, ended=False)
+            raise
+        result["session"] = table.finish(session, launch, ended=not result["timed_out"])
     return result
+
+
+_SHELL_ARGS: Final = ("shell", "login", "session")
+
+
+@dataclass
+class _Run:
+    """One command's start, wait, kill and result."""
+
+    argv: list[str]
+    cwd: Path
+    env: dict[str, str]
+    stdin: bytes | None
+    timeout: float
+
+    async def go(self, max_output_bytes: int, sink: StreamSink | None) -> dict[str, Any]:
+        started, oom_before = time.monotonic(), _oom_kills()
+        output = _Output(max_output_bytes, sink)
+        child = await _spawn(self.argv, self.cwd, self.env, output, self.stdin)
+        strays.LIVE.add(child.pid)
+        try:
+            timed_out = not await _within(output.exited, self.timeout)
+            if not timed_out:
+                await _within(output.eof, EOF_GRACE)
+        finally:
+            await _kill_group(child.pid)
+            await _within(output.exited, REAP_TIMEOUT)
+            child.close()
+            strays.LIVE.discard(child.pid)
+            crowded = await strays.sweep_if_crowded()
+        result = output.result(child.returncode, timed_out, time.monotonic() - started)
+        result["oom_killed"] = oom_before is not None and (_oom_kills() or 0) > oom_before
+        if crowded:
+            result["pids_crowded"] = True
+        return result
 
 
 @dataclass
@@ -221,9 +257,9 @@ def _env(args: Args) -> dict[str, str]:
 
 
 async def _spawn(
-    command: str, cwd: Path, env: dict[str, str], output: _Output, stdin: bytes | None
+    shell_argv: list[str], cwd: Path, env: dict[str, str], output: _Output, stdin: bytes | None
 ) -> spawn.Child:
-    argv = spawn.shell_argv(command, cwd)
+    argv = spawn.command_argv(shell_argv, cwd)
 
     async def start() -> spawn.Child:
         return spawn.spawn(

@@ -5,11 +5,12 @@
     └── _Ring       the last `log_bytes` of that output, addressed by absolute offset
 
 Life of one process:
-1. `start` runs `/bin/sh -c COMMAND` in a new session (its process group is its own, so
-   no exec call's group kill reaches it), stdin a pipe kept open (or /dev/null with
-   `stdin: false`), stdout and stderr into one pipe and one log (or two pipes into the one
-   log, each byte's stream remembered, with `separate_stderr`: `follow` tells them apart),
-   its OOM score raised as for exec; a streamed `start` with `follow` goes on as `attach`;
+1. `start` runs `SHELL -c COMMAND` (shells.py: bash unless the call asks for sh) in a new
+   session (its process group is its own, so no exec call's group kill reaches it), stdin
+   a pipe kept open (or /dev/null with `stdin: false`), stdout and stderr into one pipe and
+   one log (or two pipes into the one log, each byte's stream remembered, with
+   `separate_stderr`: `follow` tells them apart), its OOM score raised as for exec; a
+   streamed `start` with `follow` goes on as `attach`;
 2. `write` feeds stdin through the transport's buffer, never blocking the agent; at most
    MAX_PENDING_STDIN bytes may wait unread; `kill` signals the whole group;
 3. when the shell exits, the pipe gets EOF_GRACE to drain, then what is left of its group
@@ -40,7 +41,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, cast
 
-from . import strays
+from . import shells, strays
 from .argcheck import Args, encoded, expect_only, opt_bool, opt_int, opt_str, req_int, req_str
 from .errors import ToolError
 from .execute import (
@@ -89,6 +90,9 @@ _ACTION_ARGS: Final[dict[str, tuple[str, ...]]] = {
         "stdin",
         "separate_stderr",
         "follow",
+        "shell",
+        "login",
+        "session",
     ),
     "list": (),
     "poll": ("id",),
@@ -295,9 +299,11 @@ class ProcessTable:
         max_running: int = 5,
         log_bytes: int = 1 << 20,
         max_exited: int = MAX_EXITED,
+        sessions: shells.Sessions | None = None,
     ) -> None:
         unignore_signals()
         self._root = root
+        self._sessions = shells.SESSIONS if sessions is None else sessions
         self._max_running = max_running
         self._log_bytes = log_bytes
         self._max_exited = max_exited
@@ -400,11 +406,14 @@ class ProcessTable:
                 "INVALID_ARGS", "'follow' streams the output: start it through CallToolStream"
             )
         cwd = await resolve_workdir(self._root, workdir)
+        shell_argv, cwd = self._shell_argv(args, command, env, cwd, "workdir" in args)
         async with self._start_lock:
             name = self._new_name(args)
             self._check_room()
             ident = f"p{self._started + 1}"
-            proc = await self._spawn(ident, name, command, cwd, env, window, (stdin, apart))
+            proc = await self._spawn(
+                ident, name, command, cwd, env, window, (stdin, apart), shell_argv
+            )
             self._started += 1
             self._entries[proc.id] = proc
             task = asyncio.create_task(self._reap(proc))
@@ -558,6 +567,22 @@ class ProcessTable:
             )
         return name
 
+    def _shell_argv(
+        self, args: Args, command: str, env: dict[str, str], cwd: Path, given: bool
+    ) -> tuple[tuple[list[str], dict[str, str] | None], Path]:
+        """The shell's argv and, in a session (shells.py), its whole environment, and the
+        folder to start in: the session's folder, environment, options, functions and
+        aliases, not updated by the process."""
+        shell = shells.shell_of(args)
+        name = opt_str(args, "session", None)
+        if name is None:
+            return (shell.argv(command), None), cwd
+        session = self._sessions.open(name, shell)
+        launch = self._sessions.launch(
+            session, shell, command, env, cwd if given else None, keep=False
+        )
+        return (launch.argv, launch.env), launch.cwd or cwd
+
     def _check_room(self) -> None:
         if self._closed:
             raise ToolError("EXECUTION_FAILED", "the agent is shutting down")
@@ -577,28 +602,31 @@ class ProcessTable:
         env: dict[str, str],
         window: tuple[int, int] | None,
         pipes: tuple[bool, bool] = (True, False),
+        shell_argv: tuple[list[str], dict[str, str] | None] | None = None,
     ) -> _Process:
         """Start `sh -c command` in a session of its own: on pipes, or with `window` on a new
         terminal. For a terminal, setsid(1) makes the child a session leader with the terminal
         as its controlling one and then execs the shell: the same pid, and no Python between
         fork and exec (a preexec_fn crashes now and then in a child of the gRPC threads).
-        `pipes`: (stdin a pipe, else /dev/null; stderr a pipe of its own, else into stdout)."""
+        `pipes`: (stdin a pipe, else /dev/null; stderr a pipe of its own, else into stdout).
+        `shell_argv`: the shell's argv and, for a session, the whole environment."""
         loop = asyncio.get_running_loop()
+        shell, whole = shell_argv or (["/bin/sh", "-c", command], None)
         pty = None if window is None else _Pty.open(*window)
         try:
             if pty is None:
-                argv: tuple[str, ...] = with_file_size_errors("/bin/sh", "-c", command)
+                argv: tuple[str, ...] = with_file_size_errors(*shell)
                 stdin, apart = pipes
                 stdio: dict[str, Any] = {
                     "stdin": PIPE if stdin else DEVNULL,
                     "stdout": PIPE,
                     "stderr": PIPE if apart else STDOUT,
                 }
-                env = {**os.environ, **env}
+                env = whole or {**os.environ, **env}
             else:
-                argv = with_file_size_errors(SETSID, "--ctty", "/bin/sh", "-c", command)
+                argv = with_file_size_errors(SETSID, "--ctty", *shell)
                 stdio = dict.fromkeys(("stdin", "stdout", "stderr"), pty.slave)
-                env = {**os.environ, "TERM": PTY_TERM, **env}
+                env = {**(whole or os.environ), "TERM": PTY_TERM, **env}
             _, proc = await start_or_sweep(
                 lambda: loop.subprocess_exec(
                     lambda: _Process(ident, name, command, self._log_bytes, 1 + pipes[1]),

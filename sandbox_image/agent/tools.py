@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
-from . import files, patch
+from . import files, patch, shells
 from .argcheck import json_type
 from .errors import ToolError
 from .execute import StreamSink, exec_command
@@ -24,6 +24,7 @@ TOOLS: Final[dict[str, Handler]] = {
     "glob": files.glob,
     "search": files.search,
     "process": lambda root, args: _no_table(),
+    "session": shells.session_tool,
 }
 
 

@@ -12,17 +12,22 @@ quarantine); what a front asked for is recorded here, never twice."""
 from __future__ import annotations
 
 import json
+import re
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from stockade.supervisor.calls.sessions import SessionBook
 from stockade.supervisor.errors import InvalidRequest, SandboxNotFound, StockadeError
 from stockade.supervisor.keys import shown
 from stockade.supervisor.models import NetworkRequest, SandboxInfo
 from stockade.supervisor.observe.alarms import Alarm
 from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.observe.refusals import Recording
+from stockade.supervisor.sandboxes.agent_link import AgentReply
 from stockade.supervisor.sandboxes.quarantine import MAX_REASON, Quarantine, Quarantines
 from stockade.supervisor.sandboxes.sandbox import Sandbox
 
@@ -31,8 +36,10 @@ ENSURE, CREATE, DESTROY = "ensure_sandbox", "create_sandbox", "destroy_sandbox"
 PAUSE, RESUME = "pause_sandbox", "resume_sandbox"
 QUARANTINE, RELEASE = "quarantine_sandbox", "release_quarantine"
 CONNECT, SET_TIMEOUT = "connect_sandbox", "set_timeout"
+END_SESSION = "end_session"
 LIFECYCLE_TOOLS = frozenset(
     {ENSURE, CREATE, DESTROY, PAUSE, RESUME, QUARANTINE, RELEASE, CONNECT, SET_TIMEOUT}
+    | {END_SESSION}
 )
 """The audit log's tool of each change (CONNECT and SET_TIMEOUT: E2B's, which change when a
 sandbox ends or make it run again)."""
@@ -48,6 +55,19 @@ class Actor:
 
     front: str
     caller: str
+
+
+SESSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""A shell session's name (the agent's shells.py checks it too)."""
+SESSION_CALL_S = 10.0
+
+
+class SessionLease(Protocol):
+    """What the session calls ask of a sandbox's lease (sandboxes/lease.py Lease)."""
+
+    async def invoke(
+        self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str, /
+    ) -> AgentReply: ...
 
 
 class LifecycleSandboxes(Protocol):
@@ -74,6 +94,8 @@ class LifecycleSandboxes(Protocol):
 
     async def destroy(self, key: str, *, delete_workspace: bool) -> tuple[bool, bool]: ...
 
+    def lease(self, key: str, /) -> AbstractAsyncContextManager[SessionLease]: ...
+
 
 S = TypeVar("S", bound=LifecycleSandboxes)
 """The sandboxes a Lifecycle holds, as its front knows them (`Lifecycle.sandboxes`)."""
@@ -91,6 +113,39 @@ class Lifecycle(Generic[S]):
         self.sandboxes = sandboxes
         self._audit = audit
         self._sound = sound
+
+    async def sessions(self, key: str) -> list[dict[str, Any]]:
+        """The shell sessions of the key's running sandbox (its agent's list); none without
+        one (no container is made for the question)."""
+        if key not in self.sandboxes.registry:
+            return []
+        sessions = (await self._session_tool(key, {"action": "list"})).get("sessions")
+        return sessions if isinstance(sessions, list) else []
+
+    async def end_session(self, actor: Actor, key: str, name: str, book: SessionBook) -> bool:
+        """End one shell session (audited): its agent drops its state and the book forgets
+        it. Whether there was one."""
+        if not SESSION_NAME.fullmatch(name):
+            raise InvalidRequest(
+                "a session's name is 1 to 64 letters, digits, '.', '_' or '-', starting with a "
+                "letter or digit"
+            )
+
+        async def act() -> bool:
+            book.forget(key, name)
+            if key not in self.sandboxes.registry:
+                return False
+            reply = await self._session_tool(key, {"action": "end", "session": name})
+            return reply.get("ended") is True
+
+        return await self._change(actor, key, END_SESSION, {"session": name}, act)
+
+    async def _session_tool(self, key: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        async with self.sandboxes.lease(key) as lease:
+            reply = await lease.invoke("session", arguments, SESSION_CALL_S, uuid.uuid4().hex)
+        if reply.error_code or reply.result is None:
+            raise InvalidRequest(f"the sandbox's agent refused: {reply.error_message}")
+        return reply.result
 
     async def ensure(
         self,

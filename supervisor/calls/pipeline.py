@@ -22,9 +22,11 @@ from typing import Any, Protocol
 from stockade.supervisor import errors
 from stockade.supervisor.calls.outcome import CALL_FAULTS, failure, no_result, outcome_of, result_of
 from stockade.supervisor.calls.recorder import CallRecorder, Trail
+from stockade.supervisor.calls.sessions import SessionBook, SessionEnded
 from stockade.supervisor.calls.streaming import AgentEvent, relay
 from stockade.supervisor.calls.tripwires import REFUSED, CallTripwire
 from stockade.supervisor.config import Config
+from stockade.supervisor.keys import split
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import (
     ApprovalPendingEvent,
@@ -46,10 +48,14 @@ from stockade.supervisor.policy.scrub.scrubber import Scrubber
 from stockade.supervisor.policy.tool_policy import PolicyEngine
 from stockade.supervisor.sandboxes.agent_link import AgentReply
 from stockade.supervisor.sandboxes.lease import Deadline
+from stockade.supervisor.sandboxes.profiles import SandboxShell, shell_of
 from stockade.supervisor.tools.catalog import Catalog, ToolSpec, render_command
 from stockade.supervisor.tools.schemas import ArgumentError, json_type_phrase, validate_arguments
 
 DEFAULT_CALL_TIMEOUT_S = 60.0
+_SESSION_LIST_S = 10.0
+SESSION_START = "/workspace"
+"""Where a new session's first call starts (the workspace root, as the guard knows it)."""
 STREAM_QUEUE = 64
 GUARD_INLINE_CHARS = 2048
 _GRACE_S = 10.0
@@ -81,6 +87,11 @@ class HostPolicy:
 class CallLease(Protocol):
     """What the pipeline calls on a sandbox's lease, its arguments given by position
     (sandboxes/lease.py Lease is the real one; tests put fakes in its place)."""
+
+    @property
+    def generation(self) -> str:
+        """Which container serves the key now (a shell session lives in one)."""
+        ...
 
     async def invoke(
         self,
@@ -127,9 +138,15 @@ class ToolPipeline:
         policy: HostPolicy,
         observers: tuple[Observer, ...] = (),
         alarm: AlarmSink | None = None,
+        shells: Callable[[str], SandboxShell] | None = None,
     ) -> None:
-        """alarm: where signs of an attack are told (observe/alarms.py AlarmHub.sound)."""
+        """alarm: where signs of an attack are told (observe/alarms.py AlarmHub.sound);
+        shells: the shell of a key's commands (SandboxManager.shell_of; default: its
+        tenant's or [sandbox]'s)."""
         self._config = config
+        self._shells = shells or (lambda key: shell_of(config, "", split(key)[0]))
+        self.sessions = SessionBook()
+        """The shell sessions' containers and folders (calls/sessions.py)."""
         self._sandboxes = sandboxes
         self._policy = policy
         self._alarm = alarm
@@ -243,8 +260,10 @@ class ToolPipeline:
                 raise
         command = command_of(spec, args)
         self._decoys(call, spec, args, command, trail)
+        shell = self._shells(call.sandbox_key) if command is not None else SandboxShell()
         if command is not None:
-            await self._check_command(call, spec, command, trail, events, args, ask)
+            where = await self._where(call, spec, args)
+            await self._check_command(call, spec, command, trail, events, where, shell, ask)
         limiter = self._policy.limiter
         async with contextlib.AsyncExitStack() as hold:
             try:
@@ -258,7 +277,7 @@ class ToolPipeline:
             streamed = command is not None or _is_attach(spec, args)
             with trail.stages.timed("agent"):
                 return await self._invoke(
-                    lease, call, spec, args, command, trail, events if streamed else None
+                    lease, call, spec, args, command, trail, events if streamed else None, shell
                 )
 
     def _resolve(self, call: ToolCall, trail: Trail) -> ToolSpec:
@@ -306,15 +325,16 @@ class ToolPipeline:
         spec: ToolSpec,
         command: str,
         trail: Trail,
-        events: asyncio.Queue[ToolEvent] | None = None,
-        args: dict[str, Any] | None = None,
+        events: asyncio.Queue[ToolEvent] | None,
+        where: dict[str, Any],
+        shell: SandboxShell,
         ask: Ask | None = None,
     ) -> None:
         must_ask = None
         guard = self._policy.guard
         if guard is not None:
             with trail.stages.timed("guard"):
-                check = functools.partial(guard.check, command, **where_of(spec, args or {}))
+                check = functools.partial(guard.check, command, shell=shell.name, **where)
                 # a hostile 256 KiB command takes ~0.4 s to parse: keep it off the event loop
                 long = len(command) > GUARD_INLINE_CHARS
                 verdict = await asyncio.to_thread(check) if long else check()
@@ -354,6 +374,37 @@ class ToolPipeline:
         detail = f"guard rule {rule!r} (action quarantine) matched a command"
         self._alarm(Alarm(key, "guard", "guard", detail, shown[:MAX_EVIDENCE]))
 
+    async def _where(self, call: ToolCall, spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
+        """The working directory and added environment the guard judges a command in: a
+        session's folder when the call names none."""
+        where = where_of(spec, args)
+        session = _session_of(spec, args)
+        if session is not None and "workdir" not in args:
+            where["workdir"] = await self._session_folder(call, session)
+        return where
+
+    async def _session_folder(self, call: ToolCall, name: str) -> str | None:
+        """The folder a session's next call starts in: the book's, else (a session this
+        supervisor has not seen: new, or from before a restart) its agent's, once; None when
+        that cannot be told (the guard then judges relative paths as unknown)."""
+        key, book = call.sandbox_key, self.sessions
+        if book.known(key, name):
+            return book.folder(key, name)
+        try:
+            async with self._sandboxes.lease(key) as lease:
+                reply = await lease.invoke(
+                    "session", {"action": "list"}, _SESSION_LIST_S, call.request_id
+                )
+                generation = lease.generation
+        except CALL_FAULTS:
+            return None
+        listed = (reply.result or {}).get("sessions") if not reply.error_code else None
+        if not isinstance(listed, list):
+            return None
+        folders = {s.get("name"): s.get("cwd") for s in listed if isinstance(s, dict)}
+        book.left(key, name, generation, {"cwd": folders.get(name) or SESSION_START})
+        return book.folder(key, name)
+
     def _agent_call(
         self,
         call: ToolCall,
@@ -361,11 +412,15 @@ class ToolPipeline:
         args: dict[str, Any],
         command: str | None,
         trail: Trail,
+        shell: SandboxShell,
     ) -> tuple[str, dict[str, Any], float]:
-        """The agent tool, its arguments and the RPC deadline (custom tools run as exec)."""
+        """The agent tool, its arguments and the RPC deadline (custom tools run as exec);
+        a command gets the sandbox's shell."""
         tool = trail.ran_as = "exec" if spec.custom else spec.name
         if spec.custom:
             args = self._custom_exec_args(spec, command)
+        if command is not None:
+            args = {**args, **shell.arguments()}
         args, timeout = self._deadline(tool, args, call.timeout_ms)
         return tool, args, timeout
 
@@ -378,11 +433,19 @@ class ToolPipeline:
         command: str | None,
         trail: Trail,
         events: asyncio.Queue[ToolEvent] | None,
+        shell: SandboxShell,
     ) -> ToolResult:
         """Run the call in the sandbox; with `events`, relay its output as it comes. exec
-        ends a command at its own timeout: a deadline it lets pass is the agent's fault."""
-        tool, args, timeout = self._agent_call(call, spec, args, command, trail)
+        ends a command at its own timeout: a deadline it lets pass is the agent's fault. A
+        call in a session whose container was re-created is refused (calls/sessions.py)."""
+        tool, args, timeout = self._agent_call(call, spec, args, command, trail, shell)
         request_id, honey, key = call.request_id, self._policy.honey, call.sandbox_key
+        session = _session_of(spec, args)
+        if session is not None:
+            try:
+                self.sessions.enter(key, session, lease.generation)
+            except SessionEnded as exc:
+                return failure(ErrorCode.SANDBOX_LOST, str(exc))
         deadline: Deadline = "agent" if tool == "exec" else "caller"
         said = f"{spec.name} {call.arguments_json}"
         watch = honey.stream(key, "output", said) if honey and events is not None else None
@@ -398,6 +461,8 @@ class ToolPipeline:
         except CALL_FAULTS as exc:
             return outcome_of(exc)
         result = no_result() if reply is None else result_of(tool, reply)
+        if session is not None and tool == "exec" and result.data is not None:
+            self.sessions.left(key, session, lease.generation, result.data.get("session"))
         if honey is not None and not (watch is not None and watch.hit):
             honey.output(key, spec.name, (result.data, result.error_message), said)
         return result
@@ -453,6 +518,16 @@ def command_of(spec: ToolSpec, args: dict[str, Any]) -> str | None:
     if spec.name == "process" and args.get("action") == "start":
         return str(args.get("command", ""))
     return None
+
+
+def _session_of(spec: ToolSpec, args: dict[str, Any]) -> str | None:
+    """The shell session an exec or process start names."""
+    if spec.custom is not None or spec.name not in ("exec", "process"):
+        return None
+    if spec.name == "process" and args.get("action") != "start":
+        return None
+    session = args.get("session")
+    return session if isinstance(session, str) else None
 
 
 def where_of(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:

@@ -221,7 +221,8 @@ def _exec(ns: argparse.Namespace) -> int:
         print("stockade exec: give a command after --", file=sys.stderr)
         return EXIT_CLIENT_ERROR
     args: dict[str, Any] = {"command": command}
-    args.update({k: v for k, v in (("timeout", ns.timeout), ("workdir", ns.workdir)) if v})
+    given = (("timeout", ns.timeout), ("workdir", ns.workdir), ("session", ns.session))
+    args.update({k: v for k, v in given if v})
     if ns.stdin:
         args["stdin"] = sys.stdin.read()
     with _client(ns) as client:

@@ -64,6 +64,9 @@ def command_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("exec", parents=[client], help="run a command in a sandbox")
     run.add_argument("--timeout", type=float, help="seconds")
     run.add_argument("--workdir")
+    run.add_argument(
+        "--session", help="a shell session: cd, export, source and set -o carry to its next call"
+    )
     run.add_argument("--stdin", action="store_true", help="send this command's stdin to CMD")
     run.add_argument("--no-stream", action="store_true", help="print the output at the end")
     run.add_argument("key")

@@ -13,6 +13,7 @@ WorkspaceVolume = Literal["pvc", "emptydir"]
 NetworkMode = Literal["none", "egress", "open"]
 PausedCall = Literal["resume", "refuse"]
 IdleAction = Literal["destroy", "pause"]
+ShellName = Literal["bash", "sh"]
 NETWORK_MODES: tuple[NetworkMode, ...] = ("none", "egress", "open")
 """Narrowest first: a request may only ask for a mode at or before the configured one."""
 MiB = 1024 * 1024
@@ -159,6 +160,13 @@ class SandboxConfig:
     secrets: Mapping[str, str] = field(default_factory=dict)
     """Environment variables injected into every sandbox whose values are redacted from
     every output (with scrub.secrets)."""
+    shell: ShellName = "bash"
+    """The shell of `exec` and `process start`: "bash" (`/bin/bash -c`) or "sh" (`/bin/sh
+    -c`, dash on the sandbox image: no `[[ ]]`, arrays, `{a,b}`, `$'..'`, `==` in `[`).
+    Sessions (exec's `session`) need bash. A profile or a tenant may choose another."""
+    login_shell: bool = False
+    """bash as a login shell (`bash -l -c`): /etc/profile and ~/.profile run before each
+    command, for code that expects them (E2B's envd does this; it costs a few ms a call)."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +183,10 @@ class ProfileConfig:
     """Memory limit; 0: [sandbox] memory_mb."""
     description: str = ""
     """What it is for (shown to E2B clients as the template's)."""
+    shell: Literal["", "bash", "sh"] = ""
+    """Its shell ([sandbox] shell); empty: the tenant's, else [sandbox]'s."""
+    login_shell: bool | None = None
+    """Its login_shell; unset: the tenant's, else [sandbox]'s."""
 
 
 @dataclass(frozen=True)

@@ -170,6 +170,10 @@ class TenantConfig:
     """MiB its snapshots may take after deduplication; -1: [snapshots] max_mb; 0: no limit."""
     snapshot_operations: tuple[str, ...] | None = None
     """What it may do with snapshots (see [snapshots] operations); unset: those."""
+    shell: Literal["", "bash", "sh"] = ""
+    """The shell of its sandboxes ([sandbox] shell); empty: [sandbox]'s. A profile's wins."""
+    login_shell: bool | None = None
+    """Its sandboxes' login_shell; unset: [sandbox]'s. A profile's wins."""
 
 
 @dataclass(frozen=True)

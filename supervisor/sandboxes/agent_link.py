@@ -37,7 +37,8 @@ from stockade.supervisor.sandboxes.replies import (
     parse_result,
 )
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""2: exec and process start take shell, login and session; the session tool."""
 MAX_SEND_BYTES = 128 * 1024 * 1024
 MAX_FACT_BYTES = 1 << 20
 _MESSAGE = "protobuf (UTF-8)"

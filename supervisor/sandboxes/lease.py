@@ -59,6 +59,11 @@ class Lease:
     def key(self) -> str:
         return self.sandbox.key
 
+    @property
+    def generation(self) -> str:
+        """Which container serves the key now (its id): a shell session lives in one."""
+        return self.sandbox.container.info.id
+
     async def invoke(
         self,
         tool: str,

@@ -70,7 +70,12 @@ from stockade.supervisor.sandboxes.network_modes import Networks
 from stockade.supervisor.sandboxes.parts import Parts
 from stockade.supervisor.sandboxes.pausing import Pausing
 from stockade.supervisor.sandboxes.pool import WarmPool
-from stockade.supervisor.sandboxes.profiles import Profiles, SandboxProfile
+from stockade.supervisor.sandboxes.profiles import (
+    Profiles,
+    SandboxProfile,
+    SandboxShell,
+    shell_of,
+)
 from stockade.supervisor.sandboxes.quarantine import Quarantines
 from stockade.supervisor.sandboxes.quotas import Quotas
 from stockade.supervisor.sandboxes.replies import ReplyLimits
@@ -274,6 +279,11 @@ class SandboxManager:
 
     def profile_of(self, sandbox: Sandbox) -> SandboxProfile:
         return self.parts.profile_of(sandbox)
+
+    def shell_of(self, key: str) -> SandboxShell:
+        """The shell of the key's commands: its profile's, its tenant's or [sandbox]'s."""
+        _, profile = self.inventory.settings_of(key)
+        return shell_of(self.config, profile.name, split(key)[0])
 
     async def ensure(
         self, key: str, network: NetworkRequest | None = None, profile: str | None = None

@@ -22,6 +22,29 @@ BASE = "base"
 
 
 @dataclass(frozen=True)
+class SandboxShell:
+    """The shell a sandbox's commands run in ([sandbox] shell and login_shell, a tenant's,
+    a profile's): carried to the agent in exec's and process start's arguments."""
+
+    name: str = "bash"
+    login: bool = False
+
+    def arguments(self) -> dict[str, object]:
+        return {"shell": self.name, "login": True} if self.login else {"shell": self.name}
+
+
+def shell_of(config: Config, profile: str, tenant: str) -> SandboxShell:
+    """The shell of a sandbox of that profile and tenant: the profile's choice, else the
+    tenant's, else [sandbox]'s; login applies to bash only."""
+    chosen = config.profiles.get(profile)
+    limits = config.tenant_limits(tenant)
+    name = (chosen.shell if chosen else "") or limits.shell or config.sandbox.shell
+    logins = (chosen.login_shell if chosen else None, limits.login_shell)
+    login = next((x for x in logins if x is not None), config.sandbox.login_shell)
+    return SandboxShell(name, login and name == "bash")
+
+
+@dataclass(frozen=True)
 class SandboxProfile:
     name: str
     """"" for the default ([sandbox])."""

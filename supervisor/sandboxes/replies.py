@@ -135,6 +135,15 @@ def _exec(data: dict[str, Any], limits: ReplyLimits) -> None:
     _exit(data)
     _flags(data, "timed_out", "oom_killed", "pids_crowded")
     _count(data, "duration_ms")
+    session = _field(data, "session", (dict,), required=False)
+    if session is not None:
+        _text(session, "name", 64, required=True)
+        _text(session, "cwd", MAX_SESSION_FOLDER)
+        _flags(session, "kept")
+
+
+MAX_SESSION_FOLDER = 4096
+"""The longest folder the agent tells for a session (its shells.MAX_FOLDER)."""
 
 
 def _process(data: dict[str, Any], limits: ReplyLimits) -> None:
@@ -160,9 +169,30 @@ def _transfer(data: dict[str, Any], limits: ReplyLimits) -> None:
     _flags(data, "tar")
 
 
+def _session(data: dict[str, Any], limits: ReplyLimits) -> None:
+    _flags(data, "ended")
+    sessions = _field(data, "sessions", (list,), required=False)
+    if sessions is None:
+        return
+    if len(sessions) > MAX_SESSIONS:
+        raise ReplyInvalid(f"'sessions' lists {len(sessions)}, over {MAX_SESSIONS}")
+    for session in sessions:
+        if not isinstance(session, dict):
+            raise ReplyInvalid("a session that is not an object")
+        _text(session, "name", 64, required=True)
+        _text(session, "cwd", MAX_SESSION_FOLDER)
+        _count(session, "calls")
+        _flags(session, "busy")
+
+
+MAX_SESSIONS = 1024
+"""The most sessions an agent may list (it keeps 32)."""
+
+
 _CHECKS: dict[str, Callable[[dict[str, Any], ReplyLimits], None]] = {
     "exec": _exec,
     "process": _process,
     "read_file": _read_file,
     "transfer": _transfer,
+    "session": _session,
 }

@@ -47,14 +47,21 @@ _PROCESS_ACTIONS = (
     "start", "list", "poll", "log", "write", "kill", "remove", "attach", "resize",
 )  # fmt: skip
 _WINDOW = {"type": "integer", "minimum": 1, "maximum": 1000}
+_SESSION = {
+    "type": "string",
+    "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+    "description": "A shell session's name: its folder, exported environment, shell options "
+    "and aliases carry over from one call to the next (bash).",
+}
 _SIGNALS = ("TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2")
 
 _TOOLS = [
     ToolSpec(
         "exec",
         "runtime",
-        "Run a shell command (sh -c) in /workspace inside the sandbox; returns exit code, "
-        "stdout and stderr. The whole process group is killed on timeout.",
+        "Run a shell command (bash -c) in /workspace inside the sandbox; returns exit code, "
+        "stdout and stderr. The whole process group is killed on timeout. With `session`, "
+        "cd, export, source and set -o carry over to the next call of that session.",
         _obj(
             ["command"],
             command={**_STR, "description": "Shell command line."},
@@ -70,6 +77,7 @@ _TOOLS = [
                 "description": "Extra environment variables.",
             },
             stdin={**_STR, "description": "Text for the command's standard input (then closed)."},
+            session=_SESSION,
         ),
         _CODING,
     ),
@@ -77,7 +85,8 @@ _TOOLS = [
         "process",
         "runtime",
         "Background processes (dev servers, watchers) that outlive the call. Actions: "
-        "start (command, workdir, env, name, pty, cols, rows) runs sh -c in /workspace and "
+        "start (command, workdir, env, name, pty, cols, rows, session) runs bash -c in /workspace "
+        "(in a session's folder and environment with session) and "
         "returns an id (pty: on a terminal, for programs that need one); "
         "list; poll (id); log (id, offset, limit) reads the combined stdout and stderr from a "
         "byte offset (continue from next_offset); write (id, data, eof) feeds stdin, eof "
@@ -100,6 +109,7 @@ _TOOLS = [
                 "description": "start: a name to use instead of the id.",
             },
             pty={"type": "boolean", "description": "start: run on a pseudo-terminal."},
+            session={**_SESSION, "description": "start: run in this shell session's state."},
             stdin={"type": "boolean", "description": "start: false gives it no input (EOF)."},
             separate_stderr={
                 "type": "boolean",

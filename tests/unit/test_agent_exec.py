@@ -311,7 +311,8 @@ def test_timeout_is_clamped() -> None:
         ({"command": "echo\0"}, "argument 'command' contains a NUL byte"),
         (
             {"command": "ls", "cwd": "."},
-            "unknown argument 'cwd'; allowed: command, env, stdin, timeout, workdir",
+            "unknown argument 'cwd'; allowed: command, env, login, session, shell, stdin, "
+            "timeout, workdir",
         ),
     ],
 )

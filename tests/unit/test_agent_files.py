@@ -103,6 +103,7 @@ async def test_run_dispatches_every_tool(ws: Path) -> None:
         "list_files",
         "glob",
         "search",
+        "session",
     }
     result = await tools.run("read_file", {"path": "sub/b.py"}, root=ws, max_output_bytes=10)
     assert result["content"] == "print('b')\n"

@@ -374,9 +374,8 @@ async def test_names(table: ProcessTable) -> None:
         (
             {"action": "start", "command": "true", "timeout": 5},
             "INVALID_ARGS",
-            "unknown argument 'timeout'; allowed: action, cols, command, env, follow, name, pty, "
-            "rows, separate_stderr, stdin, "
-            "workdir",
+            "unknown argument 'timeout'; allowed: action, cols, command, env, follow, login, name, "
+            "pty, rows, separate_stderr, session, shell, stdin, workdir",
         ),
         ({"action": "start"}, "INVALID_ARGS", "argument 'command' is required"),
         (

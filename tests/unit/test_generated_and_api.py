@@ -62,6 +62,7 @@ def test_public_client_api() -> None:
         "Restored",
         "Sandbox",
         "SandboxInfo",
+        "ShellSession",
         "SnapshotInfo",
         "SnapshotList",
         "Started",

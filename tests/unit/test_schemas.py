@@ -164,7 +164,7 @@ def test_json_format_is_the_catalog_schema(name: str) -> None:
 def test_gemini_exec_keeps_what_it_can_and_says_what_it_drops() -> None:
     params = adapt_schema(TOOLS["exec"].parameters, SchemaFormat.GEMINI)
     assert params["required"] == ["command"]
-    assert set(params["properties"]) == {"command", "timeout", "workdir", "stdin"}
+    assert set(params["properties"]) == {"command", "timeout", "workdir", "stdin", "session"}
     assert "'env'" in params["description"]
     timeout = params["properties"]["timeout"]
     assert (timeout["type"], timeout["minimum"]) == ("NUMBER", 0)

@@ -546,3 +546,41 @@ class RuntimeInfo(_message.Message):
     path: str
     cves: _containers.RepeatedCompositeFieldContainer[CveStatus]
     def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., package_version: _Optional[str] = ..., package_source: _Optional[str] = ..., path: _Optional[str] = ..., cves: _Optional[_Iterable[_Union[CveStatus, _Mapping]]] = ...) -> None: ...
+
+class ShellSession(_message.Message):
+    __slots__ = ("name", "cwd", "calls", "busy")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    cwd: str
+    calls: int
+    busy: bool
+    def __init__(self, name: _Optional[str] = ..., cwd: _Optional[str] = ..., calls: _Optional[int] = ..., busy: _Optional[bool] = ...) -> None: ...
+
+class ListSessionsRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class ListSessionsResponse(_message.Message):
+    __slots__ = ("sessions",)
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[ShellSession]
+    def __init__(self, sessions: _Optional[_Iterable[_Union[ShellSession, _Mapping]]] = ...) -> None: ...
+
+class EndSessionRequest(_message.Message):
+    __slots__ = ("key", "session")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    session: str
+    def __init__(self, key: _Optional[str] = ..., session: _Optional[str] = ...) -> None: ...
+
+class EndSessionResponse(_message.Message):
+    __slots__ = ("ended",)
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    ended: bool
+    def __init__(self, ended: _Optional[bool] = ...) -> None: ...

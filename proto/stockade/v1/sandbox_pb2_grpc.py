@@ -95,6 +95,16 @@ class SandboxServiceStub:
                 request_serializer=stockade_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
                 response_deserializer=stockade_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
                 _registered_method=True)
+        self.ListSessions = channel.unary_unary(
+                '/stockade.v1.SandboxService/ListSessions',
+                request_serializer=stockade_dot_v1_dot_sandbox__pb2.ListSessionsRequest.SerializeToString,
+                response_deserializer=stockade_dot_v1_dot_sandbox__pb2.ListSessionsResponse.FromString,
+                _registered_method=True)
+        self.EndSession = channel.unary_unary(
+                '/stockade.v1.SandboxService/EndSession',
+                request_serializer=stockade_dot_v1_dot_sandbox__pb2.EndSessionRequest.SerializeToString,
+                response_deserializer=stockade_dot_v1_dot_sandbox__pb2.EndSessionResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -205,6 +215,22 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSessions(self, request, context):
+        """The sandbox's shell sessions (exec's and process start's `session`), by name, with the
+        folder each is in. None when the key has no running sandbox; the call never creates one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndSession(self, request, context):
+        """Ends a shell session: its folder, environment, options and aliases are dropped, and a
+        later call of that name starts a new one. ended is false when there was none.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -267,6 +293,16 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.ForkSandbox,
                     request_deserializer=stockade_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.FromString,
                     response_serializer=stockade_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.SerializeToString,
+            ),
+            'ListSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSessions,
+                    request_deserializer=stockade_dot_v1_dot_sandbox__pb2.ListSessionsRequest.FromString,
+                    response_serializer=stockade_dot_v1_dot_sandbox__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'EndSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndSession,
+                    request_deserializer=stockade_dot_v1_dot_sandbox__pb2.EndSessionRequest.FromString,
+                    response_serializer=stockade_dot_v1_dot_sandbox__pb2.EndSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -593,6 +629,60 @@ class SandboxService:
             '/stockade.v1.SandboxService/ForkSandbox',
             stockade_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
             stockade_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stockade.v1.SandboxService/ListSessions',
+            stockade_dot_v1_dot_sandbox__pb2.ListSessionsRequest.SerializeToString,
+            stockade_dot_v1_dot_sandbox__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stockade.v1.SandboxService/EndSession',
+            stockade_dot_v1_dot_sandbox__pb2.EndSessionRequest.SerializeToString,
+            stockade_dot_v1_dot_sandbox__pb2.EndSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from stockade.supervisor.calls.lifecycle import Actor, Lifecycle
+from stockade.supervisor.calls.sessions import SessionBook
 from stockade.supervisor.fronts.grpc.convert import fill_pb, sandbox_to_pb, scoped
 from stockade.supervisor.fronts.grpc.interceptor import current_tenant
 from stockade.supervisor.fronts.grpc.snapshot_service import SnapshotCalls
@@ -29,11 +30,41 @@ def actor(context: Context) -> Actor:
 
 class SandboxServicer(SnapshotCalls, sandbox_pb2_grpc.SandboxServiceServicer):
     def __init__(
-        self, lifecycle: Lifecycle[SandboxManager], scrubber: Scrubber | None = None
+        self,
+        lifecycle: Lifecycle[SandboxManager],
+        scrubber: Scrubber | None = None,
+        sessions: SessionBook | None = None,
     ) -> None:
+        """sessions: the pipeline's book of shell sessions (EndSession makes it forget)."""
         self._lifecycle = lifecycle
         self._sandboxes: SandboxManager = lifecycle.sandboxes
         self.scrubber = scrubber
+        self._book = sessions or SessionBook()
+
+    @mapped
+    async def ListSessions(
+        self, request: sandbox_pb2.ListSessionsRequest, context: Context
+    ) -> sandbox_pb2.ListSessionsResponse:
+        sessions = await self._lifecycle.sessions(scoped(request.key))
+        return sandbox_pb2.ListSessionsResponse(
+            sessions=[
+                sandbox_pb2.ShellSession(
+                    name=s.get("name", ""),
+                    cwd=s.get("cwd", ""),
+                    calls=s.get("calls", 0),
+                    busy=s.get("busy", False),
+                )
+                for s in sessions
+            ]
+        )
+
+    @mapped
+    async def EndSession(
+        self, request: sandbox_pb2.EndSessionRequest, context: Context
+    ) -> sandbox_pb2.EndSessionResponse:
+        key = scoped(request.key)
+        ended = await self._lifecycle.end_session(actor(context), key, request.session, self._book)
+        return sandbox_pb2.EndSessionResponse(ended=ended)
 
     @mapped
     async def EnsureSandbox(

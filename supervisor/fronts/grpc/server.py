@@ -191,13 +191,13 @@ class Server:
             ],
         )
         pipeline = self.pipeline = ToolPipeline(
-            config, sandboxes, policy, observers, alarm=self.alarms.sound
+            config, sandboxes, policy, observers, alarm=self.alarms.sound, shells=sandboxes.shell_of
         )
         """The one pipeline of this supervisor's calls: other fronts (fronts/mcp) use it too."""
         server = self._server
         lifecycle = Lifecycle(sandboxes, policy.audit, self.alarms.sound)
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(
-            SandboxServicer(lifecycle, policy.scrubber), server
+            SandboxServicer(lifecycle, policy.scrubber, pipeline.sessions), server
         )
         interaction = Interaction(pipeline, sandboxes, policy.scrubber)
         tool_pb2_grpc.add_ToolServiceServicer_to_server(

@@ -150,6 +150,23 @@ def sandbox_key(caller: Caller, shared: str) -> str:
     return scope(caller.tenant, validate_key(key))
 
 
+SHELL_SESSION = "mcp"
+"""The shell session an MCP session's commands run in, in its own sandbox."""
+
+
+def with_shell_session(
+    tool: str, arguments: dict[str, Any] | None, own: str | None
+) -> dict[str, Any] | None:
+    """An MCP session's exec and process start, in its own sandbox (`own`: not a named or
+    shared key), run in its shell session, so `cd`, `export` and `source` carry over between
+    its calls as in the agents' bash tools; a call that names a session keeps its own."""
+    if own is None or not isinstance(arguments, dict) or "session" in arguments:
+        return arguments
+    if tool == "exec" or (tool == "process" and arguments.get("action") == "start"):
+        return {**arguments, "session": SHELL_SESSION}
+    return arguments
+
+
 def call_from_mcp(
     name: str, arguments: dict[str, Any] | None, caller: Caller, shared_key: str
 ) -> ToolCall:

@@ -31,6 +31,7 @@ from stockade.supervisor.fronts.mcp.convert import (
     result_to_mcp,
     sandbox_of,
     tool_to_mcp,
+    with_shell_session,
 )
 from stockade.supervisor.fronts.mcp.elicit import asker, supports_forms
 from stockade.supervisor.fronts.mcp.rounds import Progress, Rounds
@@ -265,8 +266,11 @@ class McpTools:
         try:
             caller = replace(caller, sandbox=sandbox_of(ctx.meta))
             shared = self._config.mcp.key
-            call = call_from_mcp(params.name, params.arguments, caller, shared)
             session = own_session(caller, shared)
+            spec = self._policy.catalog.resolve(params.name)
+            tool = spec.name if spec is not None else params.name
+            arguments = with_shell_session(tool, params.arguments, session)
+            call = call_from_mcp(params.name, arguments, caller, shared)
             if session is not None:
                 self._session_keys.setdefault(session, set()).add(call.sandbox_key)
                 self._session_peers[session] = caller.peer

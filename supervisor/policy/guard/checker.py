@@ -60,12 +60,19 @@ class Guard:
         return self._names
 
     def check(
-        self, command: str, *, workdir: str | None = ".", env: Mapping[str, str] | None = None
+        self,
+        command: str,
+        *,
+        workdir: str | None = ".",
+        env: Mapping[str, str] | None = None,
+        shell: str = "bash",
     ) -> GuardResult:
         """Allow, deny or ask for one shell command string, run in ``workdir`` (relative to
         the workspace, or absolute; None: not known) with ``env`` added to its environment
         (one that sets CDPATH makes ``cd NAME`` unknown; one that sets HOME makes ``~`` that
-        path when it is a literal one in the workspace or /tmp, else unknown)."""
+        path when it is a literal one in the workspace or /tmp, else unknown), by ``shell``
+        ("bash" or "sh": the parser reads bash's grammar, of which what dash accepts is
+        nearly all; the shell is here for a parse per shell)."""
         base = (
             None
             if workdir is None
