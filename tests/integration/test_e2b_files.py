@@ -8,7 +8,7 @@ import os
 
 import httpx
 import pytest
-from e2b import AsyncSandbox, Sandbox
+from e2b import AsyncSandbox, FileType, Sandbox
 
 from tests.integration.e2b_kit import E2bServed
 
@@ -85,11 +85,37 @@ def test_names_with_tabs_newlines_and_links(served: E2bServed) -> None:
         assert set(entries) == {"a\tb", "c\nd", "sp ace", "link", "sub"}
         assert entries["c\nd"].path == "/home/user/odd/c\nd"
         assert entries["link"].type is not None
-        assert entries["link"].type.value == "symlink"
+        assert entries["link"].type.value == "file"  # what it leads to, as envd reports
         assert entries["link"].symlink_target == "/etc/hostname"
         assert sbx.files.get_info("/home/user/odd/a\tb").name == "a\tb"
         deep = [e.path for e in sbx.files.list("/home/user/odd", depth=2)]
         assert deep == sorted(deep)
         assert "/home/user/odd/sub/inner" in deep
+    finally:
+        sbx.kill()
+
+
+def test_entries_as_envd_reports_them(served: E2bServed) -> None:
+    """As E2B's own SDK tests check them: the sandbox user is `user`, a folder's mode is its
+    permission bits, a symlink has its target's type and resolved absolute path."""
+    sbx = Sandbox.create(timeout=120, **served.opts())
+    try:
+        sbx.files.make_dir("ent")
+        sbx.files.write("ent/test.txt", "Hello")
+        sbx.commands.run("ln -s test.txt link && ln -s /nowhere dangling", cwd="/home/user/ent")
+        folder = sbx.files.get_info("ent")
+        assert (folder.mode, folder.permissions) == (0o755, "drwxr-xr-x")
+        assert (folder.owner, folder.group) == ("user", "user")
+        assert folder.path == "/home/user/ent"
+        file = sbx.files.get_info("ent/test.txt")
+        assert (file.mode, file.permissions, file.size) == (0o644, "-rw-r--r--", 5)
+        assert (file.owner, file.group, file.symlink_target) == ("user", "user", None)
+        link = sbx.files.get_info("ent/link")
+        assert link.type is FileType.FILE
+        assert link.symlink_target == "/home/user/ent/test.txt"
+        listed = {e.name: e for e in sbx.files.list("ent")}
+        assert listed["link"].symlink_target == "/home/user/ent/test.txt"
+        assert listed["dangling"].type is FileType.SYMLINK
+        assert listed["dangling"].symlink_target == "/nowhere"
     finally:
         sbx.kill()

@@ -26,13 +26,24 @@ from stockade.supervisor.models import CallContext, ErrorCode, ToolCall, ToolRes
 
 HOME = "/home/user"
 SANDBOX_STATE = "e2b_sandbox"
-_DIR_BIT = 1 << 31  # Go's fs.ModeDir, as envd sends it
-_LINK_BIT = 1 << 27  # fs.ModeSymlink
-_FIELDS = "%y\\0%s\\0%m\\0%M\\0%u\\0%g\\0%T@\\0%l\\0%P\\0"
+_FIELDS = "%y\\0%Y\\0%s\\0%m\\0%M\\0%u\\0%g\\0%T@\\0%P\\0"
 """find's fields of an entry, each ended by a NUL: no file name can hold one (a tab or a
-newline can)."""
-_FIELD_COUNT = 9
+newline can). %Y is the type a symlink leads to (N: to nothing, L: a loop); a symlink's
+entry then gets one field more, its resolved absolute path (`realpath -m`), any other an
+empty one: see _find's script."""
+_FIELD_COUNT = 10
+_PRINT = (
+    f"\\( -type l -printf '{_FIELDS}' \\( -exec realpath -z -m -- {{}} \\; -o -printf '\\0' \\) \\)"
+    f" -o -printf '{_FIELDS}\\0'"
+)
+"""find's action: a symlink's fields and its resolved path (an empty field where even
+`realpath -m` fails, a loop), any other entry's fields and an empty one."""
+_OWNERS = {"sandbox": "user"}
+"""The sandbox's one unprivileged user (`sandbox` in the image) is E2B's `user`: the SDK and
+E2B's templates name a file's owner and group so."""
 _TYPES = {"f": "FILE_TYPE_FILE", "d": "FILE_TYPE_DIRECTORY", "l": "FILE_TYPE_SYMLINK"}
+"""A link to a file or a folder has its type; one to nothing (or a loop) stays a symlink."""
+_OTHER = "FILE_TYPE_UNSPECIFIED"
 _CODES: dict[type[errors.StockadeError], str] = {
     errors.NotFound: "not_found",
     errors.AlreadyExists: "already_exists",
@@ -107,30 +118,40 @@ def _entries(out: str, base: str) -> list[Json]:
     """The entries of find's NUL-ended fields, sorted by path."""
     fields = out.split("\0")[:-1]
     records = [fields[i : i + _FIELD_COUNT] for i in range(0, len(fields), _FIELD_COUNT)]
-    found = [_entry(r, base) for r in sorted(records, key=lambda r: r[-1]) if len(r) == 9]
+    found = [_entry(r, base) for r in sorted(records, key=lambda r: r[-2]) if len(r) == 10]
     return [e for e in found if e is not None]
 
 
 def _entry(parts: list[str], base: str) -> Json | None:
-    kind, size, mode, perms, owner, group, mtime, target, rel = parts
+    """One entry as envd reports it: `mode` holds the permission bits only (no type bit); a
+    symlink has the type of what it leads to and, as `symlinkTarget`, the absolute path it
+    resolves to (its own mode, size and owner are the link's; one that leads nowhere stays a
+    symlink)."""
+    kind, leads_to, size, mode, perms, owner, group, mtime, rel, resolved = parts
     name = posixpath.basename(rel) if rel else posixpath.basename(base) or base
     path = posixpath.normpath(posixpath.join(base, rel)) if rel else base
-    bits = int(mode, 8) | (_DIR_BIT if kind == "d" else _LINK_BIT if kind == "l" else 0)
     stamp = datetime.fromtimestamp(float(mtime or 0), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     entry: Json = {
         "name": name,
-        "type": _TYPES.get(kind, "FILE_TYPE_UNSPECIFIED"),
+        "type": _TYPES.get(leads_to if kind == "l" and leads_to in ("f", "d") else kind, _OTHER),
         "path": path,
         "size": size,
-        "mode": bits,
+        "mode": int(mode, 8),
         "permissions": perms,
-        "owner": owner,
-        "group": group,
+        "owner": _OWNERS.get(owner, owner),
+        "group": _OWNERS.get(group, group),
         "modifiedTime": stamp,
     }
-    if kind == "l" and target:
-        entry["symlinkTarget"] = target
+    if kind == "l" and resolved:
+        entry["symlinkTarget"] = shown_path(resolved)
     return entry
+
+
+def shown_path(real: str) -> str:
+    """A path inside the sandbox as E2B shows it: /workspace is /home/user."""
+    if real == "/workspace" or real.startswith("/workspace/"):
+        return HOME + real[len("/workspace") :]
+    return real
 
 
 class Files:
@@ -179,7 +200,7 @@ class Files:
         script = (
             f"[ -e {q} ] || [ -L {q} ] || exit 3; "
             + ("" if depth is None else f"[ -d {q} ] || exit 4; ")
-            + f"find {q} {rng} -printf '{_FIELDS}'"
+            + f"find {q} {rng} {_PRINT}"
         )
         code, out, err = await self._sh(request, script)
         if code == 3:
