@@ -4,11 +4,12 @@ remove, rename, make_dir (already there: False), and a wrong X-Access-Token refu
 
 from __future__ import annotations
 
+import json
 import os
 
 import httpx
 import pytest
-from e2b import AsyncSandbox, FileType, Sandbox
+from e2b import AsyncSandbox, FileType, Sandbox, SandboxException
 
 from tests.integration.e2b_kit import E2bServed
 
@@ -119,3 +120,47 @@ def test_entries_as_envd_reports_them(served: E2bServed) -> None:
         assert listed["dangling"].symlink_target == "/nowhere"
     finally:
         sbx.kill()
+
+
+def test_paths_outside_the_home(served: E2bServed) -> None:
+    """As on E2B the container is the boundary: /tmp and any path the sandbox's user may
+    write are reached by every file call (commands see the same files), audited as any file
+    call; what the user may not write, /proc, /sys and /dev (also through a link), climbing
+    out of the home with a relative path, and another sandbox's files are not."""
+    sbx = Sandbox.create(timeout=120, **served.opts())
+    other = Sandbox.create(timeout=120, **served.opts())
+    try:
+        info = sbx.files.write("/tmp/e2b/x.txt", "outside")
+        assert info.path == "/tmp/e2b/x.txt"
+        assert sbx.files.read("/tmp/e2b/x.txt") == "outside"
+        assert sbx.commands.run("cat /tmp/e2b/x.txt").stdout == "outside"
+        entry = sbx.files.get_info("/tmp/e2b/x.txt")
+        assert (entry.path, entry.owner, entry.size) == ("/tmp/e2b/x.txt", "user", 7)
+        assert [e.path for e in sbx.files.list("/tmp/e2b")] == ["/tmp/e2b/x.txt"]
+        assert sbx.files.make_dir("/tmp/e2b/d") is True
+        moved = sbx.files.rename("/tmp/e2b/x.txt", "/tmp/e2b/d/y.txt")
+        assert moved.path == "/tmp/e2b/d/y.txt"
+        assert sbx.files.exists("/tmp/e2b/d/y.txt")
+        sbx.files.write("/tmp/e2b/d/y.txt", "replaced")
+        assert sbx.files.read("/tmp/e2b/d/y.txt") == "replaced"
+        assert sbx.files.read("/etc/hostname").strip()  # readable by the user: read
+        with pytest.raises(SandboxException):
+            sbx.files.write("/etc/passwd", "root::0:0::/:/bin/sh\n")
+        assert "root::0:0" not in sbx.files.read("/etc/passwd")
+        sbx.commands.run("ln -s /proc/self /tmp/e2b/me && ln -s /dev /tmp/e2b/devs")
+        for hostile in ("/proc/self/environ", "/dev/zero", "/sys/kernel/hostname",
+                        "/tmp/e2b/me/environ", "/tmp/e2b/devs/zero", "../../etc/hostname"):  # fmt: skip
+            with pytest.raises(SandboxException):
+                sbx.files.read(hostile)
+        with pytest.raises(SandboxException):
+            sbx.files.write("/tmp/e2b/devs/shm/planted", "x")
+        assert not other.files.exists("/tmp/e2b/d/y.txt")  # its own container, its own /tmp
+        sbx.files.remove("/tmp/e2b")
+        assert not sbx.files.exists("/tmp/e2b")
+        with served.sup.client(token=served.token) as client:
+            mine = [r for r in client.list_audit(limit=500) if sbx.sandbox_id in r.sandbox_key]
+        paths = {json.loads(r.arguments_json).get("path") for r in mine if r.tool == "upload_file"}
+        assert "/tmp/e2b/x.txt" in paths
+    finally:
+        sbx.kill()
+        other.kill()
