@@ -122,6 +122,16 @@ def test_entries_as_envd_reports_them(served: E2bServed) -> None:
         sbx.kill()
 
 
+HOSTILE_READS = (
+    "/proc/self/environ",
+    "/dev/zero",
+    "/sys/kernel/hostname",
+    "/tmp/e2b/me/environ",
+    "/tmp/e2b/devs/zero",
+    "../../etc/hostname",
+)
+
+
 def test_paths_outside_the_home(served: E2bServed) -> None:
     """As on E2B the container is the boundary: /tmp and any path the sandbox's user may
     write are reached by every file call (commands see the same files), audited as any file
@@ -148,8 +158,7 @@ def test_paths_outside_the_home(served: E2bServed) -> None:
             sbx.files.write("/etc/passwd", "root::0:0::/:/bin/sh\n")
         assert "root::0:0" not in sbx.files.read("/etc/passwd")
         sbx.commands.run("ln -s /proc/self /tmp/e2b/me && ln -s /dev /tmp/e2b/devs")
-        for hostile in ("/proc/self/environ", "/dev/zero", "/sys/kernel/hostname",
-                        "/tmp/e2b/me/environ", "/tmp/e2b/devs/zero", "../../etc/hostname"):  # fmt: skip
+        for hostile in HOSTILE_READS:
             with pytest.raises(SandboxException):
                 sbx.files.read(hostile)
         with pytest.raises(SandboxException):
