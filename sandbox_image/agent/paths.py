@@ -182,8 +182,11 @@ def open_in(root: Path, path: Path, flags: int, shown: str) -> int:
 
 
 def display(root: Path, path: Path | str) -> str:
-    """`path` relative to the workspace root ('.' for the root itself)."""
+    """`path` relative to the workspace root ('.' for the root itself); absolute with the
+    container as the root."""
     path = Path(path)
+    if Path(root) == CONTAINER:
+        return str(path)
     for base in (Path(os.path.realpath(root)), Path(os.path.abspath(root))):
         if is_inside(base, path):
             return str(path.relative_to(base))

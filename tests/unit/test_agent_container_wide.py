@@ -111,6 +111,7 @@ async def test_without_container_wide_the_workspace_is_the_boundary(tmp_path: Pa
     assert not done.error_code, done.error_message
     assert json.loads(done.result_json)["size"] == 4
     assert (outside / "x").read_bytes() == b"data"
+    assert json.loads(done.result_json)["path"] == f"{outside}/x"  # absolute, not "tmp/..."
     request = agent_pb2.DownloadRequest(path=f"{outside}/x")
     got = [c async for c in service.Download(request, None)]
     assert got[-1].result.error_code == agent_pb2.AGENT_ERROR_CODE_INVALID_PATH
