@@ -30,7 +30,7 @@ disk would be) rather than read on."""
 
 class _Lease:
     async def upload(
-        self, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes]
+        self, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes], wide: bool = False
     ) -> AgentReply:
         size = 0
         async for data in chunks:

@@ -10,6 +10,11 @@ Rules, in order:
   FIFOs, sockets and devices are never a valid target.
 
 The returned path is that realpath, so callers never act through a symlink.
+
+With CONTAINER as the root (the E2B front's file calls: the container is the boundary, as on
+E2B), a path may lead anywhere the sandbox's user can reach, except into the kernel's file
+systems (KERNEL_FILES: /proc, /sys, /dev), also not through a symlink: their files are not
+files (endless, or the agent's own state).
 A running command may still swap a folder on that path for a symlink after the
 check: `open_dir` and `open_in` close that race for the file tools and transfers.
 They open the folder, check where the descriptor really points (its
@@ -31,6 +36,8 @@ from .errors import ToolError, from_os_error
 
 Kind = Literal["file", "dir", "any"]
 MAX_PATH_BYTES: Final = 4096
+CONTAINER: Final = Path("/")
+KERNEL_FILES: Final = (Path("/proc"), Path("/sys"), Path("/dev"))
 
 
 def resolve(
@@ -55,8 +62,8 @@ def resolve(
         real = Path(os.path.realpath(root_real / relative))
     except OSError:  # a link swapped for something else while realpath read it: a race
         raise ToolError("INVALID_PATH", f"{label} changed while it was checked") from None
-    if not is_inside(root_real, real):
-        raise ToolError("INVALID_PATH", f"{label} leaves the workspace")
+    if not _within(root_real, real):
+        raise ToolError("INVALID_PATH", _outside(root_real, label))
     mode = _mode(real, user_path, arg)
     if mode is None:
         if must_exist:
@@ -86,12 +93,26 @@ def _checked_dir(root: Path, fd: int, shown: str) -> int:
     except OSError:
         os.close(fd)
         raise ToolError("EXECUTION_FAILED", "cannot check an open folder: no /proc") from None
-    if not is_inside(Path(os.path.realpath(root)), opened):
+    root_real = Path(os.path.realpath(root))
+    if not _within(root_real, opened):
         os.close(fd)
-        raise ToolError(
-            "INVALID_PATH", f"path '{shown}' leaves the workspace (a folder on it became a link)"
-        )
+        message = _outside(root_real, f"path '{shown}'")
+        raise ToolError("INVALID_PATH", f"{message} (a folder on it became a link)")
     return fd
+
+
+def _within(root_real: Path, path: Path) -> bool:
+    """Whether `path` (real) is inside `root_real`, and not in a kernel file system when the
+    root is the whole container."""
+    if root_real == CONTAINER:
+        return not any(is_inside(kernel, path) for kernel in KERNEL_FILES)
+    return is_inside(root_real, path)
+
+
+def _outside(root_real: Path, label: str) -> str:
+    if root_real == CONTAINER:
+        return f"{label} is in /proc, /sys or /dev, which file calls do not reach"
+    return f"{label} leaves the workspace"
 
 
 @contextlib.contextmanager
@@ -161,8 +182,11 @@ def open_in(root: Path, path: Path, flags: int, shown: str) -> int:
 
 
 def display(root: Path, path: Path | str) -> str:
-    """`path` relative to the workspace root ('.' for the root itself)."""
+    """`path` relative to the workspace root ('.' for the root itself); absolute with the
+    container as the root."""
     path = Path(path)
+    if Path(root) == CONTAINER:
+        return str(path)
     for base in (Path(os.path.realpath(root)), Path(os.path.abspath(root))):
         if is_inside(base, path):
             return str(path.relative_to(base))

@@ -18,7 +18,16 @@ from typing import Any
 
 import grpc
 
-from stockade.agent import PROTOCOL_VERSION, __version__, inspect, tls, tools, transfers, watch
+from stockade.agent import (
+    PROTOCOL_VERSION,
+    __version__,
+    inspect,
+    paths,
+    tls,
+    tools,
+    transfers,
+    watch,
+)
 from stockade.agent.errors import ToolError, from_os_error, wire_text
 from stockade.agent.execute import StreamSink, unignore_signals
 from stockade.agent.processes import ProcessTable
@@ -175,8 +184,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                     yield chunk.data
 
         try:
+            root = paths.CONTAINER if header.container_wide else self._workspace
             result = await transfers.receive(
-                self._workspace, header.path, tar=header.tar, mode=header.mode, chunks=chunks()
+                root, header.path, tar=header.tar, mode=header.mode, chunks=chunks()
             )
         except ToolError as exc:
             return _error(exc.code, exc.message)
@@ -194,7 +204,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 
     async def _download(self, request: Any) -> AsyncGenerator[Any, None]:
         try:
-            async for item in transfers.send(self._workspace, request.path, tar=request.tar):
+            root = paths.CONTAINER if request.container_wide else self._workspace
+            async for item in transfers.send(root, request.path, tar=request.tar):
                 if isinstance(item, bytes):
                     yield agent_pb2.DownloadChunk(data=item)
                 else:

@@ -1,6 +1,7 @@
 """Moving files in and out of the workspace, inside the container.
 
-Uploads land atomically (a temporary file in the same directory, fsync, rename) or, for a tar
+Uploads land atomically (a temporary file in the same directory, fsync, rename: a watch sees
+that as one write, see UPLOAD_PREFIX) or, for a tar
 stream, are unpacked by GNU tar (which refuses `..` members and delays symlinks, and runs as
 the sandbox user). Downloads stream a file, or a directory packed by tar. Paths follow the file
 tools' rules: nothing outside the workspace, also not through a symlink."""
@@ -23,6 +24,23 @@ from .execute import with_file_size_errors
 
 CHUNK = 1 << 20
 TAR = "/bin/tar"
+UPLOAD_PREFIX = ".stockade-upload-"
+"""An upload's temporary file: `.stockade-upload-<hex>-w` where it replaces a file, `-c` where
+it makes one. A watch (watch.py) hides these files and reports their rename into place as
+envd reports an in-place write: `write` of the replaced file, `create` and `write` of a new
+one."""
+
+
+def upload_name(replaces: bool) -> str:
+    return f"{UPLOAD_PREFIX}{secrets.token_hex(8)}-{'w' if replaces else 'c'}"
+
+
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
 
 
 async def receive(
@@ -51,7 +69,7 @@ async def _receive_in(
     under way has returned. Closing it under a running thread let that thread write into, or
     a second close end, the descriptor another upload had been given the same number for
     (seen as "Bad file descriptor" in a concurrent upload)."""
-    temp = f".stockade-upload-{secrets.token_hex(8)}"
+    temp = upload_name(replaces=_exists(name, dir_fd))
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(temp, flags, 0o600, dir_fd=dir_fd)

@@ -21,6 +21,12 @@ added is reported as create: a `mkdir -p a/b` is seen whole, at the price of a p
 repeat). The number of folders is capped (MAX_FOLDERS): past it the watch is refused, or
 ends, with "too many folders".
 
+An upload's temporary file (transfers.UPLOAD_PREFIX) is not reported, and its rename into
+place is reported as envd reports an in-place write (envd writes uploads in place, Stockade
+writes them whole to a temporary file first so that a failed upload leaves the old file as it
+was): `write` of the file it replaces, or `create` and `write` of a new one. A file of the
+sandbox's own named `.stockade-upload-*` is not reported either.
+
 Every folder is opened and checked to be inside the workspace (paths.open_dir) before its
 watch is added through /proc/self/fd: a folder swapped for a symlink is never followed out.
 """
@@ -41,6 +47,7 @@ from typing import Any, Final, Literal
 
 from . import paths
 from .errors import ToolError
+from .transfers import UPLOAD_PREFIX
 
 Kind = Literal["create", "write", "remove", "rename", "chmod", "overflow", "gone"]
 MAX_FOLDERS: Final = 10_000
@@ -80,6 +87,9 @@ _KINDS: Final[tuple[tuple[int, Kind], ...]] = (
     (IN_MOVED_FROM, "rename"),
     (IN_ATTRIB, "chmod"),
 )
+_LANDINGS: Final = 64
+"""Uploads' renames whose far end (IN_MOVED_TO) is awaited: the kernel queues both halves
+together, so this bounds only a hostile stream of lone halves."""
 _HEADER: Final = struct.Struct("iIII")
 _READ_BYTES: Final = 64 * 1024
 _active = 0
@@ -135,6 +145,8 @@ class Watch:
         self._dirs: dict[int, str] = {}
         """Watch descriptor -> its folder, relative to the watched one ("" for itself)."""
         self._counted = False
+        self._landing: dict[int, bool] = {}
+        """An upload's rename under way: its cookie -> whether it replaces a file."""
         self.folder = ""
         """The watched folder, relative to the workspace."""
 
@@ -191,7 +203,7 @@ class Watch:
     def _parse(self, data: bytes) -> Iterator[Change]:
         offset = 0
         while offset + _HEADER.size <= len(data):
-            wd, mask, _cookie, size = _HEADER.unpack_from(data, offset)
+            wd, mask, cookie, size = _HEADER.unpack_from(data, offset)
             raw = data[offset + _HEADER.size : offset + _HEADER.size + size]
             offset += _HEADER.size + size
             name = os.fsdecode(raw.split(b"\0", 1)[0])
@@ -206,11 +218,20 @@ class Watch:
                 if mask & IN_IGNORED:
                     self._dirs.pop(wd, None)
                 continue
-            yield from self._named(folder, name, mask)
+            yield from self._named(folder, name, mask, cookie)
 
-    def _named(self, folder: str, name: str, mask: int) -> Iterator[Change]:
+    def _named(self, folder: str, name: str, mask: int, cookie: int) -> Iterator[Change]:
         relative = f"{folder}/{name}" if folder else name
         is_dir = bool(mask & IN_ISDIR)
+        if name.startswith(UPLOAD_PREFIX):
+            if mask & IN_MOVED_FROM and not is_dir:
+                self._await_landing(cookie, name.endswith("-w"))
+            return
+        if mask & IN_MOVED_TO and cookie in self._landing:
+            if not self._landing.pop(cookie):
+                yield Change("create", relative)
+            yield Change("write", relative)
+            return
         for bit, kind in _KINDS:
             if mask & bit:
                 yield Change(kind, relative, is_dir)
@@ -220,6 +241,11 @@ class Watch:
             self._drop_below(relative)
         elif mask & (IN_CREATE | IN_MOVED_TO):
             yield from self._added(relative)
+
+    def _await_landing(self, cookie: int, replaces: bool) -> None:
+        if len(self._landing) >= _LANDINGS:
+            del self._landing[next(iter(self._landing))]
+        self._landing[cookie] = replaces
 
     def _added(self, relative: str) -> Iterator[Change]:
         """A folder made or moved in: watch it and what is below; what is already there is

@@ -54,6 +54,10 @@ class Transfer:
     mode: int = 0
     front: str = "grpc"
     """The front the transfer came in through, for its audit record."""
+    container_wide: bool = False
+    """The path may lead anywhere in the container, not only into the workspace (the E2B
+    front's, where the container is the boundary as on E2B); the agent still refuses /proc,
+    /sys and /dev."""
 
 
 @dataclass(frozen=True)
@@ -71,10 +75,12 @@ class TransferLease(Protocol):
     (sandboxes/lease.py Lease is the real one; tests put fakes in its place)."""
 
     async def upload(
-        self, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes], /
+        self, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes], wide: bool, /
     ) -> AgentReply: ...
 
-    def download(self, path: str, tar: bool, /) -> AsyncIterator[bytes | AgentReply]: ...
+    def download(
+        self, path: str, tar: bool, wide: bool, /
+    ) -> AsyncIterator[bytes | AgentReply]: ...
 
 
 class TransferSandboxes(Protocol):
@@ -118,7 +124,7 @@ class FileTransfers:
 
         async def send() -> AgentReply:
             async with self._sandboxes.lease(t.sandbox_key) as lease:
-                return await lease.upload(t.path, t.tar, t.mode, checked())
+                return await lease.upload(t.path, t.tar, t.mode, checked(), t.container_wide)
 
         work = asyncio.ensure_future(send())
         try:
@@ -144,7 +150,7 @@ class FileTransfers:
         said = f"download_file {json.dumps({'path': t.path, 'tar': t.tar})}"
         watch = honey.stream(t.sandbox_key, "output", said) if honey is not None else None
         async with self._sandboxes.lease(t.sandbox_key) as lease:
-            async for item in lease.download(t.path, t.tar):
+            async for item in lease.download(t.path, t.tar, t.container_wide):
                 if isinstance(item, AgentReply):
                     reply = item
                     break

@@ -152,11 +152,17 @@ class AgentLink(Protocol):
     ) -> AsyncIterator[AgentStarted | AgentOutput | AgentReply]: ...
 
     async def upload(
-        self, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes], timeout: float
+        self,
+        path: str,
+        tar: bool,
+        mode: int,
+        chunks: AsyncIterator[bytes],
+        timeout: float,
+        wide: bool = False,
     ) -> AgentReply: ...
 
     def download(
-        self, path: str, tar: bool, timeout: float
+        self, path: str, tar: bool, timeout: float, wide: bool = False
     ) -> AsyncIterator[bytes | AgentReply]: ...
 
     def watch_files(self, path: str, recursive: bool) -> AsyncIterator[AgentWatchEvent]: ...
@@ -262,10 +268,16 @@ class AgentConnection:
             call.cancel()
 
     async def upload(
-        self, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes], timeout: float
+        self,
+        path: str,
+        tar: bool,
+        mode: int,
+        chunks: AsyncIterator[bytes],
+        timeout: float,
+        wide: bool = False,
     ) -> AgentReply:
         async def requests() -> AsyncIterator[Any]:
-            header = agent_pb2.TransferHeader(path=path, tar=tar, mode=mode)
+            header = agent_pb2.TransferHeader(path=path, tar=tar, mode=mode, container_wide=wide)
             yield agent_pb2.UploadChunk(header=header)
             async for data in chunks:
                 yield agent_pb2.UploadChunk(data=data)
@@ -275,10 +287,11 @@ class AgentConnection:
         return self._reply("transfer", reply)
 
     async def download(
-        self, path: str, tar: bool, timeout: float
+        self, path: str, tar: bool, timeout: float, wide: bool = False
     ) -> AsyncIterator[bytes | AgentReply]:
         """Data chunks, then the reply."""
-        call = self._stub.Download(agent_pb2.DownloadRequest(path=path, tar=tar), timeout=timeout)
+        request = agent_pb2.DownloadRequest(path=path, tar=tar, container_wide=wide)
+        call = self._stub.Download(request, timeout=timeout)
         try:
             with self._failures():
                 async for chunk in call:

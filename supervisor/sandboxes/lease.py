@@ -112,16 +112,20 @@ class Lease:
             await self._heal()
 
     async def upload(
-        self, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes]
+        self, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes], wide: bool = False
     ) -> AgentReply:
+        """`wide`: the path may lead anywhere in the container (agent.proto container_wide)."""
         await self._awake()
         async with self._faults("fault"):
-            return await self.sandbox.agent.upload(path, tar, mode, chunks, TRANSFER_TIMEOUT_S)
+            agent = self.sandbox.agent
+            return await agent.upload(path, tar, mode, chunks, TRANSFER_TIMEOUT_S, wide)
 
-    async def download(self, path: str, tar: bool) -> AsyncIterator[bytes | AgentReply]:
+    async def download(
+        self, path: str, tar: bool, wide: bool = False
+    ) -> AsyncIterator[bytes | AgentReply]:
         await self._awake()
         async with self._faults("fault"):
-            async for item in self.sandbox.agent.download(path, tar, TRANSFER_TIMEOUT_S):
+            async for item in self.sandbox.agent.download(path, tar, TRANSFER_TIMEOUT_S, wide):
                 yield item
 
     async def watch_files(self, path: str, recursive: bool) -> AsyncIterator[AgentWatchEvent]:

@@ -4,11 +4,19 @@ remove, rename, make_dir (already there: False), and a wrong X-Access-Token refu
 
 from __future__ import annotations
 
+import json
 import os
 
 import httpx
 import pytest
-from e2b import AsyncSandbox, Sandbox
+from e2b import (
+    AsyncSandbox,
+    FileType,
+    InvalidArgumentException,
+    Sandbox,
+    SandboxException,
+    TimeoutException,
+)
 
 from tests.integration.e2b_kit import E2bServed
 
@@ -85,7 +93,7 @@ def test_names_with_tabs_newlines_and_links(served: E2bServed) -> None:
         assert set(entries) == {"a\tb", "c\nd", "sp ace", "link", "sub"}
         assert entries["c\nd"].path == "/home/user/odd/c\nd"
         assert entries["link"].type is not None
-        assert entries["link"].type.value == "symlink"
+        assert entries["link"].type.value == "file"  # what it leads to, as envd reports
         assert entries["link"].symlink_target == "/etc/hostname"
         assert sbx.files.get_info("/home/user/odd/a\tb").name == "a\tb"
         deep = [e.path for e in sbx.files.list("/home/user/odd", depth=2)]
@@ -93,3 +101,83 @@ def test_names_with_tabs_newlines_and_links(served: E2bServed) -> None:
         assert "/home/user/odd/sub/inner" in deep
     finally:
         sbx.kill()
+
+
+def test_entries_as_envd_reports_them(served: E2bServed) -> None:
+    """As E2B's own SDK tests check them: the sandbox user is `user`, a folder's mode is its
+    permission bits, a symlink has its target's type and resolved absolute path."""
+    sbx = Sandbox.create(timeout=120, **served.opts())
+    try:
+        sbx.files.make_dir("ent")
+        sbx.files.write("ent/test.txt", "Hello")
+        sbx.commands.run("ln -s test.txt link && ln -s /nowhere dangling", cwd="/home/user/ent")
+        folder = sbx.files.get_info("ent")
+        assert (folder.mode, folder.permissions) == (0o755, "drwxr-xr-x")
+        assert (folder.owner, folder.group) == ("user", "user")
+        assert folder.path == "/home/user/ent"
+        file = sbx.files.get_info("ent/test.txt")
+        assert (file.mode, file.permissions, file.size) == (0o644, "-rw-r--r--", 5)
+        assert (file.owner, file.group, file.symlink_target) == ("user", "user", None)
+        link = sbx.files.get_info("ent/link")
+        assert link.type is FileType.FILE
+        assert link.symlink_target == "/home/user/ent/test.txt"
+        listed = {e.name: e for e in sbx.files.list("ent")}
+        assert listed["link"].symlink_target == "/home/user/ent/test.txt"
+        assert listed["dangling"].type is FileType.SYMLINK
+        assert listed["dangling"].symlink_target == "/nowhere"
+    finally:
+        sbx.kill()
+
+
+HOSTILE_READS = (
+    "/proc/self/environ",
+    "/dev/zero",
+    "/sys/kernel/hostname",
+    "/tmp/e2b/me/environ",
+    "/tmp/e2b/devs/zero",
+    "../../etc/hostname",
+)
+
+
+def test_paths_outside_the_home(served: E2bServed) -> None:
+    """As on E2B the container is the boundary: /tmp and any path the sandbox's user may
+    write are reached by every file call (commands see the same files), audited as any file
+    call; what the user may not write, /proc, /sys and /dev (also through a link), climbing
+    out of the home with a relative path, and another sandbox's files are not."""
+    sbx = Sandbox.create(timeout=120, **served.opts())
+    other = Sandbox.create(timeout=120, **served.opts())
+    try:
+        info = sbx.files.write("/tmp/e2b/x.txt", "outside")
+        assert info.path == "/tmp/e2b/x.txt"
+        assert sbx.files.read("/tmp/e2b/x.txt") == "outside"
+        assert sbx.commands.run("cat /tmp/e2b/x.txt").stdout == "outside"
+        entry = sbx.files.get_info("/tmp/e2b/x.txt")
+        assert (entry.path, entry.owner, entry.size) == ("/tmp/e2b/x.txt", "user", 7)
+        assert [e.path for e in sbx.files.list("/tmp/e2b")] == ["/tmp/e2b/x.txt"]
+        assert sbx.files.make_dir("/tmp/e2b/d") is True
+        moved = sbx.files.rename("/tmp/e2b/x.txt", "/tmp/e2b/d/y.txt")
+        assert moved.path == "/tmp/e2b/d/y.txt"
+        assert sbx.files.exists("/tmp/e2b/d/y.txt")
+        sbx.files.write("/tmp/e2b/d/y.txt", "replaced")
+        assert sbx.files.read("/tmp/e2b/d/y.txt") == "replaced"
+        assert sbx.files.read("/etc/hostname").strip()  # readable by the user: read
+        with pytest.raises(SandboxException, match="/etc/passwd") as refused:
+            sbx.files.write("/etc/passwd", "root::0:0::/:/bin/sh\n")  # a read-only root
+        assert not isinstance(refused.value, TimeoutException)
+        assert "root::0:0" not in sbx.files.read("/etc/passwd")
+        sbx.commands.run("ln -s /proc/self /tmp/e2b/me && ln -s /dev /tmp/e2b/devs")
+        for hostile in HOSTILE_READS:
+            with pytest.raises(InvalidArgumentException):
+                sbx.files.read(hostile)
+        with pytest.raises(InvalidArgumentException):
+            sbx.files.write("/tmp/e2b/devs/shm/planted", "x")
+        assert not other.files.exists("/tmp/e2b/d/y.txt")  # its own container, its own /tmp
+        sbx.files.remove("/tmp/e2b")
+        assert not sbx.files.exists("/tmp/e2b")
+        with served.sup.client(token=served.token) as client:
+            mine = [r for r in client.list_audit(limit=500) if sbx.sandbox_id in r.sandbox_key]
+        paths = {json.loads(r.arguments_json).get("path") for r in mine if r.tool == "upload_file"}
+        assert "/tmp/e2b/x.txt" in paths
+    finally:
+        sbx.kill()
+        other.kill()

@@ -2,7 +2,8 @@
 `stockade serve`'s E2B front on both engines: examples/e2b-typescript, compiled by tsc and run
 as a subprocess with only E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set, creates a
 sandbox, runs a command with onStdout/onStderr streaming and one that fails, writes and reads
-files, watches a folder while a command makes a file in it, lists by metadata and kills the
+files, watches a folder while a command makes a file in it and files.write replaces another
+(one WRITE, as envd), lists by metadata and kills the
 sandbox. What it prints must be what the sandbox did, the sandbox must be gone, and the audit
 log must show its calls with the front "e2b"."""
 
@@ -63,6 +64,9 @@ def test_the_js_sdk_runs_unchanged(e2b_typescript: list[str], served: E2bServed)
     }
     watched = {(e["name"], e["type"]) for e in out["watched"]}
     assert ("new.txt", "create") in watched, out["watched"]
+    old = [e["type"] for e in out["watched"] if e["name"] == "old.txt"]
+    assert old == ["write"], out["watched"]  # files.write over a file: envd's one WRITE
+    assert not [e for e in out["watched"] if ".stockade-upload" in e["name"]]
     assert out["listed"] == [sandbox_id]
     assert out["killed"] is True
     with served.sup.client(token=served.token) as client:

@@ -104,3 +104,46 @@ async def test_watch_dir_async_streams_events(served: E2bServed) -> None:
             await sbx.files.watch_dir("/home/user/nope", on_event=seen.append)
     finally:
         await sbx.kill()
+
+
+def test_write_over_a_file_is_seen_as_envd_s_write(served: E2bServed) -> None:
+    """files.write over an existing file: a WRITE of that name, as E2B's SDK tests wait for;
+    a new file: CREATE then WRITE; never the upload's temporary file."""
+    sbx = Sandbox.create(timeout=120, **served.opts())
+    try:
+        sbx.files.write("/home/user/ww/old.txt", "old")
+        handle = sbx.files.watch_dir("/home/user/ww")
+        sbx.files.write("/home/user/ww/old.txt", "new content")
+        sbx.files.write("/home/user/ww/new.txt", "x")
+        seen: list[FilesystemEvent] = []
+        deadline = time.monotonic() + 30
+        while (FilesystemEventType.WRITE, "new.txt") not in pairs(seen):
+            assert time.monotonic() < deadline, pairs(seen)
+            seen += handle.get_new_events()
+            time.sleep(0.1)
+        handle.stop()
+        assert pairs(seen) == [
+            (FilesystemEventType.WRITE, "old.txt"),
+            (FilesystemEventType.CREATE, "new.txt"),
+            (FilesystemEventType.WRITE, "new.txt"),
+        ]
+        assert sbx.files.read("/home/user/ww/old.txt") == "new content"
+    finally:
+        sbx.kill()
+
+
+async def test_write_is_seen_by_an_async_watch(served: E2bServed) -> None:
+    sbx = await AsyncSandbox.create(timeout=120, **served.opts())
+    try:
+        await sbx.files.write("aw2/nested/f.txt", "one")
+        seen: list[FilesystemEvent] = []
+        handle = await sbx.files.watch_dir("aw2", on_event=seen.append, recursive=True)
+        await sbx.files.write("aw2/nested/f.txt", "two")
+        deadline = time.monotonic() + 30
+        while (FilesystemEventType.WRITE, "nested/f.txt") not in pairs(seen):
+            assert time.monotonic() < deadline, pairs(seen)
+            await asyncio.sleep(0.1)
+        await handle.stop()
+        assert pairs(seen) == [(FilesystemEventType.WRITE, "nested/f.txt")]
+    finally:
+        await sbx.kill()

@@ -271,12 +271,18 @@ class FakeAgent:
         yield await self.invoke(tool, arguments, timeout, request_id)
 
     async def upload(
-        self, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes], timeout: float
+        self,
+        path: str,
+        tar: bool,
+        mode: int,
+        chunks: AsyncIterator[bytes],
+        timeout: float,
+        wide: bool = False,
     ) -> AgentReply:
         raise NotImplementedError("the fake agent keeps no files")
 
     async def download(
-        self, path: str, tar: bool, timeout: float
+        self, path: str, tar: bool, timeout: float, wide: bool = False
     ) -> AsyncIterator[bytes | AgentReply]:
         raise NotImplementedError("the fake agent keeps no files")
         yield b""  # an async generator, as the real agent link's

@@ -271,12 +271,14 @@ class Lease:
         self.uploaded: list[bytes] = []
 
     async def upload(
-        self, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes], /
+        self, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes], wide: bool, /
     ) -> AgentReply:
         self.uploaded = [chunk async for chunk in chunks]
         return AgentReply("", "", {"path": "f", "size": 15})
 
-    async def download(self, path: str, tar: bool, /) -> AsyncIterator[bytes | AgentReply]:
+    async def download(
+        self, path: str, tar: bool, wide: bool, /
+    ) -> AsyncIterator[bytes | AgentReply]:
         for chunk in self._download:
             yield chunk
         yield AgentReply("", "", {"path": "f"})

@@ -58,13 +58,15 @@ class Sandboxes:
         yield self.reply
 
     async def upload(
-        self, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes]
+        self, path: str, tar: bool, mode: int, chunks: AsyncIterator[bytes], wide: bool = False
     ) -> AgentReply:
         async for data in chunks:
             self.uploaded += data
         return AgentReply("", "", {"path": path, "size": len(self.uploaded), "sha256": ""})
 
-    async def download(self, path: str, tar: bool) -> AsyncIterator[bytes | AgentReply]:
+    async def download(
+        self, path: str, tar: bool, wide: bool = False
+    ) -> AsyncIterator[bytes | AgentReply]:
         """No test here downloads."""
         raise NotImplementedError("the fake keeps no files")
         yield b""  # an async generator, as the real lease's

@@ -7,7 +7,8 @@
 //
 // Creates a sandbox with metadata and env vars, runs a command whose output streams through
 // onStdout and onStderr, one that fails (CommandExitError), writes a text file and a binary one
-// and reads them back, watches a folder while a command makes a file in it, lists the
+// and reads them back, watches a folder while a command makes a file in it and files.write
+// replaces another, lists the
 // sandboxes of its metadata, and kills the sandbox, printing one JSON object a line:
 //   {"sandbox": ID}
 //   {"run": {exitCode, stdout, stderr}, "chunks": {stdout: [...], stderr: [...]}}
@@ -63,12 +64,15 @@ async function main(): Promise<void> {
     print({ files: { text, binaryBytes: back.length, binarySame: same } });
 
     await sbx.files.makeDir("/home/user/watched");
+    await sbx.files.write("/home/user/watched/old.txt", "before");
     const seen: { name: string; type: string }[] = [];
     const watch = await sbx.files.watchDir("/home/user/watched", (event) => {
       seen.push({ name: event.name, type: String(event.type) });
     });
     await sbx.commands.run("echo made > /home/user/watched/new.txt");
-    for (let waited = 0; !seen.some((e) => e.name === "new.txt") && waited < 10_000; waited += 50) {
+    await sbx.files.write("/home/user/watched/old.txt", "after"); // envd's WRITE, as in place
+    const done = () => seen.some((e) => e.name === "old.txt" && String(e.type) === "write");
+    for (let waited = 0; !done() && waited < 10_000; waited += 50) {
       await new Promise((resolve) => setTimeout(resolve, 50));
     }
     await watch.stop();

@@ -4,7 +4,9 @@ Every operation goes through Stockade's one pipeline: /files through the file tr
 (write_file/read_file policy, download scrubbing, audit), the Filesystem RPCs through the
 `exec` tool with a fixed, quoted coreutils command (guard, policy, audit), all named "e2b"
 in audit and run on the sandbox's scoped key. E2B paths (/home/user/..., ~/..., relative)
-map onto /workspace; any other absolute path is refused as invalid."""
+map onto /workspace; any other absolute path is the container's own (the container is the
+boundary, as on E2B: what the sandbox's user may read or write), but for /proc, /sys and /dev
+(`target_of`)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import json
 import posixpath
 import shlex
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,13 +29,24 @@ from stockade.supervisor.models import CallContext, ErrorCode, ToolCall, ToolRes
 
 HOME = "/home/user"
 SANDBOX_STATE = "e2b_sandbox"
-_DIR_BIT = 1 << 31  # Go's fs.ModeDir, as envd sends it
-_LINK_BIT = 1 << 27  # fs.ModeSymlink
-_FIELDS = "%y\\0%s\\0%m\\0%M\\0%u\\0%g\\0%T@\\0%l\\0%P\\0"
+_FIELDS = "%y\\0%Y\\0%s\\0%m\\0%M\\0%u\\0%g\\0%T@\\0%P\\0"
 """find's fields of an entry, each ended by a NUL: no file name can hold one (a tab or a
-newline can)."""
-_FIELD_COUNT = 9
+newline can). %Y is the type a symlink leads to (N: to nothing, L: a loop); a symlink's
+entry then gets one field more, its resolved absolute path (`realpath -m`), any other an
+empty one: see _find's script."""
+_FIELD_COUNT = 10
+_PRINT = (
+    f"\\( -type l -printf '{_FIELDS}' \\( -exec realpath -z -m -- {{}} \\; -o -printf '\\0' \\) \\)"
+    f" -o -printf '{_FIELDS}\\0'"
+)
+"""find's action: a symlink's fields and its resolved path (an empty field where even
+`realpath -m` fails, a loop), any other entry's fields and an empty one."""
+_OWNERS = {"sandbox": "user"}
+"""The sandbox's one unprivileged user (`sandbox` in the image) is E2B's `user`: the SDK and
+E2B's templates name a file's owner and group so."""
 _TYPES = {"f": "FILE_TYPE_FILE", "d": "FILE_TYPE_DIRECTORY", "l": "FILE_TYPE_SYMLINK"}
+"""A link to a file or a folder has its type; one to nothing (or a loop) stays a symlink."""
+_OTHER = "FILE_TYPE_UNSPECIFIED"
 _CODES: dict[type[errors.StockadeError], str] = {
     errors.NotFound: "not_found",
     errors.AlreadyExists: "already_exists",
@@ -103,34 +117,85 @@ def e2b_path(rel: str) -> str:
     return HOME if rel == "." else f"{HOME}/{rel}"
 
 
+KERNEL_FILES = ("/proc", "/sys", "/dev")
+"""Not reached by file calls: their files are not files (endless, or the agent's own state).
+The agent refuses them after following symlinks too (agent paths.KERNEL_FILES)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where an E2B file call acts."""
+
+    path: str
+    """Relative to /workspace ("." for itself) when in the home, else absolute."""
+    shown: str
+    """As E2B shows it (/home/user/...)."""
+    wide: bool
+    """Outside the home: the agent's container_wide."""
+
+    @property
+    def quoted(self) -> str:
+        """For a command that runs in /workspace."""
+        relative = not self.wide and not self.path.startswith(".")
+        return shlex.quote("./" + self.path if relative else self.path)
+
+
+def target_of(path: str) -> Target:
+    """An E2B path: in the home (relative, ~, /home/user, /workspace) onto the workspace,
+    any other absolute one as itself, normalized; one in /proc, /sys or /dev is refused."""
+    if path.startswith("/"):
+        norm = "/" + posixpath.normpath(path).lstrip("/")
+        if not _in_home(norm):
+            if any(norm == k or norm.startswith(k + "/") for k in KERNEL_FILES):
+                raise ConnectError("invalid_argument", f"file calls do not reach {norm}")
+            return Target(norm, norm, True)
+        path = norm
+    rel = workspace_path(path)
+    return Target(rel, e2b_path(rel), False)
+
+
+def _in_home(norm: str) -> bool:
+    return any(norm == h or norm.startswith(h + "/") for h in (HOME, "/workspace"))
+
+
 def _entries(out: str, base: str) -> list[Json]:
     """The entries of find's NUL-ended fields, sorted by path."""
     fields = out.split("\0")[:-1]
     records = [fields[i : i + _FIELD_COUNT] for i in range(0, len(fields), _FIELD_COUNT)]
-    found = [_entry(r, base) for r in sorted(records, key=lambda r: r[-1]) if len(r) == 9]
+    found = [_entry(r, base) for r in sorted(records, key=lambda r: r[-2]) if len(r) == 10]
     return [e for e in found if e is not None]
 
 
 def _entry(parts: list[str], base: str) -> Json | None:
-    kind, size, mode, perms, owner, group, mtime, target, rel = parts
+    """One entry as envd reports it: `mode` holds the permission bits only (no type bit); a
+    symlink has the type of what it leads to and, as `symlinkTarget`, the absolute path it
+    resolves to (its own mode, size and owner are the link's; one that leads nowhere stays a
+    symlink)."""
+    kind, leads_to, size, mode, perms, owner, group, mtime, rel, resolved = parts
     name = posixpath.basename(rel) if rel else posixpath.basename(base) or base
     path = posixpath.normpath(posixpath.join(base, rel)) if rel else base
-    bits = int(mode, 8) | (_DIR_BIT if kind == "d" else _LINK_BIT if kind == "l" else 0)
     stamp = datetime.fromtimestamp(float(mtime or 0), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     entry: Json = {
         "name": name,
-        "type": _TYPES.get(kind, "FILE_TYPE_UNSPECIFIED"),
+        "type": _TYPES.get(leads_to if kind == "l" and leads_to in ("f", "d") else kind, _OTHER),
         "path": path,
         "size": size,
-        "mode": bits,
+        "mode": int(mode, 8),
         "permissions": perms,
-        "owner": owner,
-        "group": group,
+        "owner": _OWNERS.get(owner, owner),
+        "group": _OWNERS.get(group, group),
         "modifiedTime": stamp,
     }
-    if kind == "l" and target:
-        entry["symlinkTarget"] = target
+    if kind == "l" and resolved:
+        entry["symlinkTarget"] = shown_path(resolved)
     return entry
+
+
+def shown_path(real: str) -> str:
+    """A path inside the sandbox as E2B shows it: /workspace is /home/user."""
+    if real == "/workspace" or real.startswith("/workspace/"):
+        return HOME + real[len("/workspace") :]
+    return real
 
 
 class Files:
@@ -143,19 +208,27 @@ class Files:
         return FileTransfers(ctx.config, ctx.manager, ctx.policy)
 
     # /files
-    def transfer(self, request: Request, rel: str) -> Transfer:
+    def transfer(self, request: Request, target: Target) -> Transfer:
         record = sandbox_of(request)
-        return Transfer(record.key, rel, False, CallContext(), caller_of(request), front=FRONT)
+        return Transfer(
+            record.key,
+            target.path,
+            False,
+            CallContext(),
+            caller_of(request),
+            front=FRONT,
+            container_wide=target.wide,
+        )
 
     async def download(self, request: Request, path: str) -> AsyncIterator[bytes]:
-        async for item in self._transfers.download(self.transfer(request, workspace_path(path))):
+        async for item in self._transfers.download(self.transfer(request, target_of(path))):
             if isinstance(item, bytes):
                 yield item
 
     async def upload(self, request: Request, path: str, chunks: AsyncIterator[bytes]) -> Json:
-        rel = workspace_path(path)
-        await self._transfers.upload(self.transfer(request, rel), chunks)
-        return {"name": posixpath.basename(e2b_path(rel)), "type": "file", "path": e2b_path(rel)}
+        target = target_of(path)
+        await self._transfers.upload(self.transfer(request, target), chunks)
+        return {"name": posixpath.basename(target.shown), "type": "file", "path": target.shown}
 
     # Filesystem RPCs, as shell commands through the pipeline's exec tool
     async def _sh(self, request: Request, script: str) -> tuple[int, str, str]:
@@ -173,26 +246,25 @@ class Files:
             raise error_of(result)
         return code, str(data.get("stdout", "")), str(data.get("stderr", ""))
 
-    async def _find(self, request: Request, rel: str, depth: int | None) -> list[Json]:
-        q = shlex.quote(rel if rel.startswith(".") else "./" + rel)
+    async def _find(self, request: Request, target: Target, depth: int | None) -> list[Json]:
+        q = target.quoted
         rng = "-maxdepth 0" if depth is None else f"-mindepth 1 -maxdepth {depth}"
         script = (
             f"[ -e {q} ] || [ -L {q} ] || exit 3; "
             + ("" if depth is None else f"[ -d {q} ] || exit 4; ")
-            + f"find {q} {rng} -printf '{_FIELDS}'"
+            + f"find {q} {rng} {_PRINT}"
         )
         code, out, err = await self._sh(request, script)
         if code == 3:
-            raise ConnectError("not_found", f"no such file or directory: {e2b_path(rel)}")
+            raise ConnectError("not_found", f"no such file or directory: {target.shown}")
         if code == 4:
-            raise ConnectError("invalid_argument", f"not a directory: {e2b_path(rel)}")
+            raise ConnectError("invalid_argument", f"not a directory: {target.shown}")
         if code != 0:
             raise ConnectError("internal", err.strip() or f"exit {code}")
-        base = e2b_path(rel)
-        return _entries(out, base)
+        return _entries(out, target.shown)
 
     async def stat(self, request: Request, msg: Json) -> Json:
-        found = await self._find(request, workspace_path(str(msg.get("path", ""))), None)
+        found = await self._find(request, target_of(str(msg.get("path", ""))), None)
         if not found:
             raise ConnectError("not_found", f"no such file: {msg.get('path')}")
         return {"entry": found[0]}
@@ -204,43 +276,50 @@ class Files:
             raise ConnectError("invalid_argument", "depth must be a number, 1..64") from None
         if depth < 1 or depth > 64:
             raise ConnectError("invalid_argument", "depth must be 1..64")
-        rel = workspace_path(str(msg.get("path", "")))
-        return {"entries": await self._find(request, rel, depth)}
+        target = target_of(str(msg.get("path", "")))
+        return {"entries": await self._find(request, target, depth)}
 
     async def make_dir(self, request: Request, msg: Json) -> Json:
-        rel = workspace_path(str(msg.get("path", "")))
-        q = shlex.quote("./" + rel)
+        target = target_of(str(msg.get("path", "")))
+        q = target.quoted
         code, _, err = await self._sh(
             request, f"[ -d {q} ] && exit 5; [ -e {q} ] && exit 4; mkdir -p -- {q}"
         )
         if code == 5:
-            raise ConnectError("already_exists", f"directory already exists: {e2b_path(rel)}")
+            raise ConnectError("already_exists", f"directory already exists: {target.shown}")
         if code == 4:
-            raise ConnectError("invalid_argument", f"path is not a directory: {e2b_path(rel)}")
+            raise ConnectError("invalid_argument", f"path is not a directory: {target.shown}")
         if code != 0:
-            raise ConnectError("internal", err.strip() or f"exit {code}")
-        return await self.stat(request, {"path": e2b_path(rel)})
+            raise _failed(code, err)
+        return await self.stat(request, {"path": target.shown})
 
     async def move(self, request: Request, msg: Json) -> Json:
-        src = workspace_path(str(msg.get("source", "")))
-        dst = workspace_path(str(msg.get("destination", "")))
-        qs, qd = shlex.quote("./" + src), shlex.quote("./" + dst)
+        src = target_of(str(msg.get("source", "")))
+        dst = target_of(str(msg.get("destination", "")))
+        qs, qd = src.quoted, dst.quoted
         script = (
             f"[ -e {qs} ] || [ -L {qs} ] || exit 3; "
             f'mkdir -p -- "$(dirname {qd})"; mv -T -- {qs} {qd}'
         )
         code, _, err = await self._sh(request, script)
         if code == 3:
-            raise ConnectError("not_found", f"no such file or directory: {e2b_path(src)}")
+            raise ConnectError("not_found", f"no such file or directory: {src.shown}")
         if code != 0:
-            raise ConnectError("internal", err.strip() or f"exit {code}")
-        return await self.stat(request, {"path": e2b_path(dst)})
+            raise _failed(code, err)
+        return await self.stat(request, {"path": dst.shown})
 
     async def remove(self, request: Request, msg: Json) -> Json:
-        rel = workspace_path(str(msg.get("path", "")))
-        if rel == ".":
-            raise ConnectError("invalid_argument", f"{HOME} itself cannot be removed")
-        code, _, err = await self._sh(request, f"rm -rf -- {shlex.quote('./' + rel)}")
+        target = target_of(str(msg.get("path", "")))
+        if target.path in (".", "/"):
+            raise ConnectError("invalid_argument", f"{target.shown} itself cannot be removed")
+        code, _, err = await self._sh(request, f"rm -rf -- {target.quoted}")
         if code != 0:
-            raise ConnectError("internal", err.strip() or f"exit {code}")
+            raise _failed(code, err)
         return {}
+
+
+def _failed(code: int, err: str) -> ConnectError:
+    """A command's failure: permission_denied where the sandbox's user may not (a path
+    outside the home it cannot write, as E2B answers), else internal."""
+    text = err.strip() or f"exit {code}"
+    return ConnectError("permission_denied" if "Permission denied" in text else "internal", text)

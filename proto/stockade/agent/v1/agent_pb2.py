@@ -25,17 +25,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dstockade/agent/v1/agent.proto\x12\x11stockade.agent.v1\"\x0e\n\x0cHelloRequest\"~\n\rHelloResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x0b\n\x03uid\x18\x04 \x01(\r\x12\x11\n\tworkspace\x18\x05 \x01(\t\x12\x0f\n\x07idle_ms\x18\x06 \x01(\x04\"I\n\rInvokeRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"s\n\x0eInvokeResponse\x12\x35\n\nerror_code\x18\x01 \x01(\x0e\x32!.stockade.agent.v1.AgentErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x13\n\x0bresult_json\x18\x03 \x01(\t\"\x16\n\x07Started\x12\x0b\n\x03pid\x18\x01 \x01(\r\"\"\n\x06Output\x12\n\n\x02\x66\x64\x18\x01 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\xa7\x01\n\x0bInvokeEvent\x12-\n\x07started\x18\x01 \x01(\x0b\x32\x1a.stockade.agent.v1.StartedH\x00\x12+\n\x06output\x18\x02 \x01(\x0b\x32\x19.stockade.agent.v1.OutputH\x00\x12\x33\n\x06result\x18\x03 \x01(\x0b\x32!.stockade.agent.v1.InvokeResponseH\x00\x42\x07\n\x05\x65vent\"9\n\x0eTransferHeader\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0b\n\x03tar\x18\x02 \x01(\x08\x12\x0c\n\x04mode\x18\x03 \x01(\r\"Z\n\x0bUploadChunk\x12\x33\n\x06header\x18\x01 \x01(\x0b\x32!.stockade.agent.v1.TransferHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\",\n\x0f\x44ownloadRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0b\n\x03tar\x18\x02 \x01(\x08\"\\\n\rDownloadChunk\x12\x0e\n\x04\x64\x61ta\x18\x01 \x01(\x0cH\x00\x12\x33\n\x06result\x18\x02 \x01(\x0b\x32!.stockade.agent.v1.InvokeResponseH\x00\x42\x06\n\x04part\"[\n\x0eInspectRequest\x12\r\n\x05\x66iles\x18\x01 \x03(\t\x12\r\n\x05links\x18\x02 \x03(\t\x12\x13\n\x0bwrite_probe\x18\x03 \x01(\t\x12\x16\n\x0emax_file_bytes\x18\x04 \x01(\r\"8\n\x08\x46ileRead\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"7\n\x08LinkRead\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\xa4\x01\n\x0fInspectResponse\x12*\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x1b.stockade.agent.v1.FileRead\x12*\n\x05links\x18\x02 \x03(\x0b\x32\x1b.stockade.agent.v1.LinkRead\x12\x1e\n\x16root_statvfs_read_only\x18\x03 \x01(\x08\x12\x19\n\x11write_probe_error\x18\x04 \x01(\t\"4\n\x11WatchFilesRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x11\n\trecursive\x18\x02 \x01(\x08\"\x1c\n\x0cWatchStarted\x12\x0c\n\x04path\x18\x01 \x01(\t\"[\n\nFileChange\x12/\n\x04kind\x18\x01 \x01(\x0e\x32!.stockade.agent.v1.FileChangeKind\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06is_dir\x18\x03 \x01(\x08\"\xaf\x01\n\nWatchEvent\x12\x32\n\x07started\x18\x01 \x01(\x0b\x32\x1f.stockade.agent.v1.WatchStartedH\x00\x12/\n\x06\x63hange\x18\x02 \x01(\x0b\x32\x1d.stockade.agent.v1.FileChangeH\x00\x12\x33\n\x06result\x18\x03 \x01(\x0b\x32!.stockade.agent.v1.InvokeResponseH\x00\x42\x07\n\x05\x65vent*\xc3\x02\n\x0e\x41gentErrorCode\x12\x17\n\x13\x41GENT_ERROR_CODE_OK\x10\x00\x12!\n\x1d\x41GENT_ERROR_CODE_UNKNOWN_TOOL\x10\x01\x12!\n\x1d\x41GENT_ERROR_CODE_INVALID_ARGS\x10\x02\x12%\n!AGENT_ERROR_CODE_EXECUTION_FAILED\x10\x03\x12&\n\"AGENT_ERROR_CODE_PERMISSION_DENIED\x10\x04\x12#\n\x1f\x41GENT_ERROR_CODE_FILE_NOT_FOUND\x10\x05\x12!\n\x1d\x41GENT_ERROR_CODE_INVALID_PATH\x10\x06\x12\x1c\n\x18\x41GENT_ERROR_CODE_TIMEOUT\x10\x07\x12\x1d\n\x19\x41GENT_ERROR_CODE_INTERNAL\x10\x08*\xfb\x01\n\x0e\x46ileChangeKind\x12 \n\x1c\x46ILE_CHANGE_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x46ILE_CHANGE_KIND_CREATE\x10\x01\x12\x1a\n\x16\x46ILE_CHANGE_KIND_WRITE\x10\x02\x12\x1b\n\x17\x46ILE_CHANGE_KIND_REMOVE\x10\x03\x12\x1b\n\x17\x46ILE_CHANGE_KIND_RENAME\x10\x04\x12\x1a\n\x16\x46ILE_CHANGE_KIND_CHMOD\x10\x05\x12\x1d\n\x19\x46ILE_CHANGE_KIND_OVERFLOW\x10\x06\x12\x19\n\x15\x46ILE_CHANGE_KIND_GONE\x10\x07\x32\xc7\x04\n\x0c\x41gentService\x12J\n\x05Hello\x12\x1f.stockade.agent.v1.HelloRequest\x1a .stockade.agent.v1.HelloResponse\x12M\n\x06Invoke\x12 .stockade.agent.v1.InvokeRequest\x1a!.stockade.agent.v1.InvokeResponse\x12R\n\x0cInvokeStream\x12 .stockade.agent.v1.InvokeRequest\x1a\x1e.stockade.agent.v1.InvokeEvent0\x01\x12M\n\x06Upload\x12\x1e.stockade.agent.v1.UploadChunk\x1a!.stockade.agent.v1.InvokeResponse(\x01\x12R\n\x08\x44ownload\x12\".stockade.agent.v1.DownloadRequest\x1a .stockade.agent.v1.DownloadChunk0\x01\x12P\n\x07Inspect\x12!.stockade.agent.v1.InspectRequest\x1a\".stockade.agent.v1.InspectResponse\x12S\n\nWatchFiles\x12$.stockade.agent.v1.WatchFilesRequest\x1a\x1d.stockade.agent.v1.WatchEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dstockade/agent/v1/agent.proto\x12\x11stockade.agent.v1\"\x0e\n\x0cHelloRequest\"~\n\rHelloResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x0b\n\x03uid\x18\x04 \x01(\r\x12\x11\n\tworkspace\x18\x05 \x01(\t\x12\x0f\n\x07idle_ms\x18\x06 \x01(\x04\"I\n\rInvokeRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"s\n\x0eInvokeResponse\x12\x35\n\nerror_code\x18\x01 \x01(\x0e\x32!.stockade.agent.v1.AgentErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x13\n\x0bresult_json\x18\x03 \x01(\t\"\x16\n\x07Started\x12\x0b\n\x03pid\x18\x01 \x01(\r\"\"\n\x06Output\x12\n\n\x02\x66\x64\x18\x01 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\xa7\x01\n\x0bInvokeEvent\x12-\n\x07started\x18\x01 \x01(\x0b\x32\x1a.stockade.agent.v1.StartedH\x00\x12+\n\x06output\x18\x02 \x01(\x0b\x32\x19.stockade.agent.v1.OutputH\x00\x12\x33\n\x06result\x18\x03 \x01(\x0b\x32!.stockade.agent.v1.InvokeResponseH\x00\x42\x07\n\x05\x65vent\"Q\n\x0eTransferHeader\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0b\n\x03tar\x18\x02 \x01(\x08\x12\x0c\n\x04mode\x18\x03 \x01(\r\x12\x16\n\x0e\x63ontainer_wide\x18\x04 \x01(\x08\"Z\n\x0bUploadChunk\x12\x33\n\x06header\x18\x01 \x01(\x0b\x32!.stockade.agent.v1.TransferHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"D\n\x0f\x44ownloadRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0b\n\x03tar\x18\x02 \x01(\x08\x12\x16\n\x0e\x63ontainer_wide\x18\x03 \x01(\x08\"\\\n\rDownloadChunk\x12\x0e\n\x04\x64\x61ta\x18\x01 \x01(\x0cH\x00\x12\x33\n\x06result\x18\x02 \x01(\x0b\x32!.stockade.agent.v1.InvokeResponseH\x00\x42\x06\n\x04part\"[\n\x0eInspectRequest\x12\r\n\x05\x66iles\x18\x01 \x03(\t\x12\r\n\x05links\x18\x02 \x03(\t\x12\x13\n\x0bwrite_probe\x18\x03 \x01(\t\x12\x16\n\x0emax_file_bytes\x18\x04 \x01(\r\"8\n\x08\x46ileRead\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"7\n\x08LinkRead\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\xa4\x01\n\x0fInspectResponse\x12*\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x1b.stockade.agent.v1.FileRead\x12*\n\x05links\x18\x02 \x03(\x0b\x32\x1b.stockade.agent.v1.LinkRead\x12\x1e\n\x16root_statvfs_read_only\x18\x03 \x01(\x08\x12\x19\n\x11write_probe_error\x18\x04 \x01(\t\"4\n\x11WatchFilesRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x11\n\trecursive\x18\x02 \x01(\x08\"\x1c\n\x0cWatchStarted\x12\x0c\n\x04path\x18\x01 \x01(\t\"[\n\nFileChange\x12/\n\x04kind\x18\x01 \x01(\x0e\x32!.stockade.agent.v1.FileChangeKind\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06is_dir\x18\x03 \x01(\x08\"\xaf\x01\n\nWatchEvent\x12\x32\n\x07started\x18\x01 \x01(\x0b\x32\x1f.stockade.agent.v1.WatchStartedH\x00\x12/\n\x06\x63hange\x18\x02 \x01(\x0b\x32\x1d.stockade.agent.v1.FileChangeH\x00\x12\x33\n\x06result\x18\x03 \x01(\x0b\x32!.stockade.agent.v1.InvokeResponseH\x00\x42\x07\n\x05\x65vent*\xc3\x02\n\x0e\x41gentErrorCode\x12\x17\n\x13\x41GENT_ERROR_CODE_OK\x10\x00\x12!\n\x1d\x41GENT_ERROR_CODE_UNKNOWN_TOOL\x10\x01\x12!\n\x1d\x41GENT_ERROR_CODE_INVALID_ARGS\x10\x02\x12%\n!AGENT_ERROR_CODE_EXECUTION_FAILED\x10\x03\x12&\n\"AGENT_ERROR_CODE_PERMISSION_DENIED\x10\x04\x12#\n\x1f\x41GENT_ERROR_CODE_FILE_NOT_FOUND\x10\x05\x12!\n\x1d\x41GENT_ERROR_CODE_INVALID_PATH\x10\x06\x12\x1c\n\x18\x41GENT_ERROR_CODE_TIMEOUT\x10\x07\x12\x1d\n\x19\x41GENT_ERROR_CODE_INTERNAL\x10\x08*\xfb\x01\n\x0e\x46ileChangeKind\x12 \n\x1c\x46ILE_CHANGE_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x46ILE_CHANGE_KIND_CREATE\x10\x01\x12\x1a\n\x16\x46ILE_CHANGE_KIND_WRITE\x10\x02\x12\x1b\n\x17\x46ILE_CHANGE_KIND_REMOVE\x10\x03\x12\x1b\n\x17\x46ILE_CHANGE_KIND_RENAME\x10\x04\x12\x1a\n\x16\x46ILE_CHANGE_KIND_CHMOD\x10\x05\x12\x1d\n\x19\x46ILE_CHANGE_KIND_OVERFLOW\x10\x06\x12\x19\n\x15\x46ILE_CHANGE_KIND_GONE\x10\x07\x32\xc7\x04\n\x0c\x41gentService\x12J\n\x05Hello\x12\x1f.stockade.agent.v1.HelloRequest\x1a .stockade.agent.v1.HelloResponse\x12M\n\x06Invoke\x12 .stockade.agent.v1.InvokeRequest\x1a!.stockade.agent.v1.InvokeResponse\x12R\n\x0cInvokeStream\x12 .stockade.agent.v1.InvokeRequest\x1a\x1e.stockade.agent.v1.InvokeEvent0\x01\x12M\n\x06Upload\x12\x1e.stockade.agent.v1.UploadChunk\x1a!.stockade.agent.v1.InvokeResponse(\x01\x12R\n\x08\x44ownload\x12\".stockade.agent.v1.DownloadRequest\x1a .stockade.agent.v1.DownloadChunk0\x01\x12P\n\x07Inspect\x12!.stockade.agent.v1.InspectRequest\x1a\".stockade.agent.v1.InspectResponse\x12S\n\nWatchFiles\x12$.stockade.agent.v1.WatchFilesRequest\x1a\x1d.stockade.agent.v1.WatchEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stockade.agent.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_AGENTERRORCODE']._serialized_start=1640
-  _globals['_AGENTERRORCODE']._serialized_end=1963
-  _globals['_FILECHANGEKIND']._serialized_start=1966
-  _globals['_FILECHANGEKIND']._serialized_end=2217
+  _globals['_AGENTERRORCODE']._serialized_start=1688
+  _globals['_AGENTERRORCODE']._serialized_end=2011
+  _globals['_FILECHANGEKIND']._serialized_start=2014
+  _globals['_FILECHANGEKIND']._serialized_end=2265
   _globals['_HELLOREQUEST']._serialized_start=52
   _globals['_HELLOREQUEST']._serialized_end=66
   _globals['_HELLORESPONSE']._serialized_start=68
@@ -51,29 +51,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INVOKEEVENT']._serialized_start=449
   _globals['_INVOKEEVENT']._serialized_end=616
   _globals['_TRANSFERHEADER']._serialized_start=618
-  _globals['_TRANSFERHEADER']._serialized_end=675
-  _globals['_UPLOADCHUNK']._serialized_start=677
-  _globals['_UPLOADCHUNK']._serialized_end=767
-  _globals['_DOWNLOADREQUEST']._serialized_start=769
-  _globals['_DOWNLOADREQUEST']._serialized_end=813
-  _globals['_DOWNLOADCHUNK']._serialized_start=815
-  _globals['_DOWNLOADCHUNK']._serialized_end=907
-  _globals['_INSPECTREQUEST']._serialized_start=909
-  _globals['_INSPECTREQUEST']._serialized_end=1000
-  _globals['_FILEREAD']._serialized_start=1002
-  _globals['_FILEREAD']._serialized_end=1058
-  _globals['_LINKREAD']._serialized_start=1060
-  _globals['_LINKREAD']._serialized_end=1115
-  _globals['_INSPECTRESPONSE']._serialized_start=1118
-  _globals['_INSPECTRESPONSE']._serialized_end=1282
-  _globals['_WATCHFILESREQUEST']._serialized_start=1284
-  _globals['_WATCHFILESREQUEST']._serialized_end=1336
-  _globals['_WATCHSTARTED']._serialized_start=1338
-  _globals['_WATCHSTARTED']._serialized_end=1366
-  _globals['_FILECHANGE']._serialized_start=1368
-  _globals['_FILECHANGE']._serialized_end=1459
-  _globals['_WATCHEVENT']._serialized_start=1462
-  _globals['_WATCHEVENT']._serialized_end=1637
-  _globals['_AGENTSERVICE']._serialized_start=2220
-  _globals['_AGENTSERVICE']._serialized_end=2803
+  _globals['_TRANSFERHEADER']._serialized_end=699
+  _globals['_UPLOADCHUNK']._serialized_start=701
+  _globals['_UPLOADCHUNK']._serialized_end=791
+  _globals['_DOWNLOADREQUEST']._serialized_start=793
+  _globals['_DOWNLOADREQUEST']._serialized_end=861
+  _globals['_DOWNLOADCHUNK']._serialized_start=863
+  _globals['_DOWNLOADCHUNK']._serialized_end=955
+  _globals['_INSPECTREQUEST']._serialized_start=957
+  _globals['_INSPECTREQUEST']._serialized_end=1048
+  _globals['_FILEREAD']._serialized_start=1050
+  _globals['_FILEREAD']._serialized_end=1106
+  _globals['_LINKREAD']._serialized_start=1108
+  _globals['_LINKREAD']._serialized_end=1163
+  _globals['_INSPECTRESPONSE']._serialized_start=1166
+  _globals['_INSPECTRESPONSE']._serialized_end=1330
+  _globals['_WATCHFILESREQUEST']._serialized_start=1332
+  _globals['_WATCHFILESREQUEST']._serialized_end=1384
+  _globals['_WATCHSTARTED']._serialized_start=1386
+  _globals['_WATCHSTARTED']._serialized_end=1414
+  _globals['_FILECHANGE']._serialized_start=1416
+  _globals['_FILECHANGE']._serialized_end=1507
+  _globals['_WATCHEVENT']._serialized_start=1510
+  _globals['_WATCHEVENT']._serialized_end=1685
+  _globals['_AGENTSERVICE']._serialized_start=2268
+  _globals['_AGENTSERVICE']._serialized_end=2851
 # @@protoc_insertion_point(module_scope)

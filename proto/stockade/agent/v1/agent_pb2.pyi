@@ -113,14 +113,16 @@ class InvokeEvent(_message.Message):
     def __init__(self, started: _Optional[_Union[Started, _Mapping]] = ..., output: _Optional[_Union[Output, _Mapping]] = ..., result: _Optional[_Union[InvokeResponse, _Mapping]] = ...) -> None: ...
 
 class TransferHeader(_message.Message):
-    __slots__ = ("path", "tar", "mode")
+    __slots__ = ("path", "tar", "mode", "container_wide")
     PATH_FIELD_NUMBER: _ClassVar[int]
     TAR_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_WIDE_FIELD_NUMBER: _ClassVar[int]
     path: str
     tar: bool
     mode: int
-    def __init__(self, path: _Optional[str] = ..., tar: _Optional[bool] = ..., mode: _Optional[int] = ...) -> None: ...
+    container_wide: bool
+    def __init__(self, path: _Optional[str] = ..., tar: _Optional[bool] = ..., mode: _Optional[int] = ..., container_wide: _Optional[bool] = ...) -> None: ...
 
 class UploadChunk(_message.Message):
     __slots__ = ("header", "data")
@@ -131,12 +133,14 @@ class UploadChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[TransferHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class DownloadRequest(_message.Message):
-    __slots__ = ("path", "tar")
+    __slots__ = ("path", "tar", "container_wide")
     PATH_FIELD_NUMBER: _ClassVar[int]
     TAR_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_WIDE_FIELD_NUMBER: _ClassVar[int]
     path: str
     tar: bool
-    def __init__(self, path: _Optional[str] = ..., tar: _Optional[bool] = ...) -> None: ...
+    container_wide: bool
+    def __init__(self, path: _Optional[str] = ..., tar: _Optional[bool] = ..., container_wide: _Optional[bool] = ...) -> None: ...
 
 class DownloadChunk(_message.Message):
     __slots__ = ("data", "result")
