@@ -14,7 +14,7 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -25,6 +25,7 @@ from stockade.supervisor.calls.recorder import CallRecorder, Trail
 from stockade.supervisor.calls.streaming import AgentEvent, relay
 from stockade.supervisor.calls.tripwires import REFUSED, CallTripwire
 from stockade.supervisor.config import Config
+from stockade.supervisor.keys import split
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import (
     ApprovalPendingEvent,
@@ -105,6 +106,12 @@ class CallLease(Protocol):
     ) -> AsyncIterator[AgentEvent]: ...
 
 
+Checkpointer = Callable[[str, str, str], Awaitable[str]]
+"""Takes a checkpoint of a key's workspace before a call (key, call id, tool): its name, or ""
+when there was nothing to take (sandboxes/snapshots/checkpoints.py Checkpoints.before_call)."""
+OVERWRITES = frozenset({"write_file", "edit_file"})
+
+
 class Sandboxes(Protocol):
     """What the pipeline calls on the sandboxes (sandboxes/manager.py SandboxManager is the
     real one): a call's lease on its key's sandbox."""
@@ -127,9 +134,12 @@ class ToolPipeline:
         policy: HostPolicy,
         observers: tuple[Observer, ...] = (),
         alarm: AlarmSink | None = None,
+        checkpoint: Checkpointer | None = None,
     ) -> None:
-        """alarm: where signs of an attack are told (observe/alarms.py AlarmHub.sound)."""
+        """alarm: where signs of an attack are told (observe/alarms.py AlarmHub.sound);
+        checkpoint: what takes a checkpoint before a risky call ([checkpoints])."""
         self._config = config
+        self._checkpoint = checkpoint
         self._sandboxes = sandboxes
         self._policy = policy
         self._alarm = alarm
@@ -254,12 +264,40 @@ class ToolPipeline:
             except LimitExceeded as exc:
                 return failure(ErrorCode.RATE_LIMITED, str(exc))
             with trail.stages.timed("sandbox"):
+                why = self._risk(call, spec, trail)
+                if why and self._checkpoint is not None:
+                    try:
+                        trail.checkpoint = await self._checkpoint(
+                            call.sandbox_key, call.request_id, spec.name
+                        )
+                    except errors.StockadeError as exc:
+                        return failure(
+                            ErrorCode.EXECUTION_FAILED,
+                            f"no checkpoint could be taken before this call ({why}), so it "
+                            f"did not run: {exc}",
+                        )
                 lease = await hold.enter_async_context(self._sandboxes.lease(call.sandbox_key))
             streamed = command is not None or _is_attach(spec, args)
             with trail.stages.timed("agent"):
                 return await self._invoke(
                     lease, call, spec, args, command, trail, events if streamed else None
                 )
+
+    def _risk(self, call: ToolCall, spec: ToolSpec, trail: Trail) -> str:
+        """Why the call gets a checkpoint first ([checkpoints] before), or ""."""
+        points = self._config.checkpoints
+        tenant = split(call.sandbox_key)[0]
+        if self._checkpoint is None or not self._config.checkpoints_on(tenant):
+            return ""
+        if spec.name == "apply_patch":
+            found = "apply_patch"
+        elif spec.name in OVERWRITES:
+            found = "overwrite"
+        elif trail.risk:
+            found = trail.risk if trail.risk in points.before else "commands"
+        else:
+            found = "commands" if trail.guarded else ""
+        return found if found in points.before else ""
 
     def _resolve(self, call: ToolCall, trail: Trail) -> ToolSpec:
         spec = self._policy.catalog.resolve(call.tool)
@@ -311,6 +349,7 @@ class ToolPipeline:
         ask: Ask | None = None,
     ) -> None:
         must_ask = None
+        trail.guarded = True
         guard = self._policy.guard
         if guard is not None:
             with trail.stages.timed("guard"):
@@ -319,6 +358,9 @@ class ToolPipeline:
                 long = len(command) > GUARD_INLINE_CHARS
                 verdict = await asyncio.to_thread(check) if long else check()
             trail.guard_rule = verdict.rule or ""
+            trail.risk = (
+                "unparsed" if verdict.unparsed else "destructive" * (verdict.action == "ask")
+            )
             if verdict.action == "deny":
                 if verdict.rule in self._quarantine_rules:
                     self._guard_alarm(call.sandbox_key, verdict.rule or "", command)

@@ -226,8 +226,18 @@ class Snapshots:
     # --- capture -------------------------------------------------------------------------
 
     async def _capture(
-        self, key: str, name: str, include_tmp: bool, max_bytes: int, max_count: int = 0
+        self,
+        key: str,
+        name: str,
+        include_tmp: bool,
+        max_bytes: int,
+        max_count: int = 0,
+        *,
+        precopy: bool = True,
+        freeze: bool = True,
     ) -> Taken:
+        """precopy=False: one pass only (a checkpoint's: few files changed since the last);
+        freeze=False: not frozen for it either."""
         parts = self._parts
         paths = parts.layout.of(key)
         tenant, plain = split(key)
@@ -248,10 +258,14 @@ class Snapshots:
                             "max_count); delete one first"
                         )
                     session.budget = await asyncio.to_thread(self._budget, tenant, max_bytes)
-                    cached = await asyncio.to_thread(session.precopy, trees, lineage)
+                    if precopy:
+                        cached = await asyncio.to_thread(session.precopy, trees, lineage)
+                    else:
+                        cached = await asyncio.to_thread(session.cache, lineage)
                     chosen = name or _fresh_name(session)
                     session.check_free(chosen)
-                    async with self._parts.pausing.frozen(sandbox) as clock:  # the walk alone
+                    held = sandbox if freeze else None
+                    async with self._parts.pausing.frozen(held) as clock:  # the walk alone
                         got, stats = await asyncio.to_thread(session.walk, trees, cached)
                     snap = await asyncio.to_thread(
                         session.record, chosen, got, lineage, source=plain, max_bytes=max_bytes

@@ -244,6 +244,35 @@ class SnapshotStore:
             _restore.restore(target, root, entries, base / "objects", ids)
             return _snapshot(owner, head)
 
+    def tree(self, owner: str, name: str, part: str = MAIN) -> dict[str, Entry]:
+        """The snapshot's entries (its `part`) by path below the root, "a/b"."""
+        _check(owner, "owner")
+        _check(name, "snapshot name", transient=True)
+        try:
+            _, parts = _read_manifest(self.root / owner / "manifests" / f"{name}.json.gz")
+        except FileNotFoundError:
+            raise SnapshotNotFound(f"no snapshot {name!r}") from None
+        if part not in parts:
+            raise SnapshotNotFound(f"snapshot {name!r} holds no {part}")
+        out: dict[str, Entry] = {}
+        stack: list[str] = []
+        for entry in parts[part][1]:
+            del stack[entry.depth - 1 :]
+            stack.append(entry.name)
+            out["/".join(stack)] = entry
+        return out
+
+    def content(self, owner: str, digest: str, limit: int) -> bytes | None:
+        """A stored file's first `limit` bytes (None: not in the store)."""
+        _check(owner, "owner")
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise InvalidRequest(f"not a content digest: {digest!r}")
+        try:
+            with open(self.root / owner / "objects" / digest[:2] / digest, "rb") as f:
+                return f.read(limit)
+        except FileNotFoundError:
+            return None
+
     # --- helpers ---------------------------------------------------------------------------
 
     @contextlib.contextmanager
