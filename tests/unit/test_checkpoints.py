@@ -71,10 +71,11 @@ def test_a_thousand_checkpoints_stay_within_keep(store: SnapshotStore, tmp_path:
     for n in range(1000):
         (tree / "dir" / "changing.txt").write_text(f"version {n}\n")
         dropped = cp.add(store, OWNER, LINEAGE, take(store, tree, f"call-{n}"), keep, 0)
+        assert len(dropped) == (1 if n >= keep else 0)
+        assert cp.collect(store, OWNER, LINEAGE) == dropped
         ledger = cp.Ledger(store, OWNER, LINEAGE).load()
         assert len(ledger) == min(n + 1, keep)
         assert len(manifests(store)) == len(ledger)
-        assert len(dropped) == (1 if n >= keep else 0)
     assert [p.call_id for p in ledger] == [f"call-{n}" for n in range(1000 - keep, 1000)]
     objects = list((store.root / OWNER / "objects").rglob("*"))
     # the unchanged file once, each kept version of the changing one once: nothing leaks
@@ -88,6 +89,7 @@ def test_a_thousand_checkpoints_stay_within_max_bytes(store: SnapshotStore, tmp_
     for n in range(1000):
         (tree / "big.bin").write_bytes(n.to_bytes(4, "big") * 16384)  # 64 KiB, new each time
         cp.add(store, OWNER, LINEAGE, take(store, tree, f"call-{n}"), 1000, max_bytes)
+        cp.collect(store, OWNER, LINEAGE)
         ledger = cp.Ledger(store, OWNER, LINEAGE).load()
         assert sum(p.read_bytes for p in ledger) <= max_bytes
         assert len(manifests(store)) == len(ledger)
@@ -97,8 +99,24 @@ def test_a_thousand_checkpoints_stay_within_max_bytes(store: SnapshotStore, tmp_
 
 def test_a_forged_or_oversized_ledger_is_cut_to_its_bound(store: SnapshotStore) -> None:
     ledger = cp.Ledger(store, OWNER, LINEAGE)
-    ledger.save([point(str(n), 1) for n in range(cp.MAX_LEDGER + 500)])
-    assert len(ledger.load()) == cp.MAX_LEDGER
+    many = [point(f"n{n}", 1) for n in range(cp.MAX_LEDGER + 500)]
+    ledger.save(many, [p.name for p in many])
+    points, dropped = ledger.read()
+    assert len(points) == len(dropped) == cp.MAX_LEDGER
+
+
+def test_drops_a_crash_left_undeleted_are_deleted_by_the_next_collect(
+    store: SnapshotStore, tmp_path: Path
+) -> None:
+    tree = tmp_path / "ws"
+    tree.mkdir()
+    for n in range(3):
+        (tree / "f").write_text(str(n))
+        cp.add(store, OWNER, LINEAGE, take(store, tree, f"call-{n}"), 1, 0)  # no collect: a crash
+    assert len(manifests(store)) == 3
+    assert len(cp.collect(store, OWNER, LINEAGE)) == 2
+    assert len(manifests(store)) == 1
+    assert cp.Ledger(store, OWNER, LINEAGE).read()[1] == []
 
 
 def write_tree(root: Path) -> None:

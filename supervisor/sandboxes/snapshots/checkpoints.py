@@ -8,9 +8,11 @@ the same store, incremental against the key's newest capture: one pass (no pre-c
 reads only the files whose (inode, ctime, size, mtime) moved since, the sandbox frozen for
 that pass alone ([checkpoints] freeze). Each sandbox's checkpoints are kept in a ledger
 (`snapshots/<owner>/checkpoints/<sandbox id>.json`: name, call, tool, time, the bytes its
-pass read) and bounded: at most `keep`, and at most `max_mb` of content read by them, the
-oldest dropped first (its store content collected when no other capture uses it); the
-dropping runs after the call's capture, off its path.
+pass read; and the names dropped but not yet deleted) and bounded: at most `keep`, and at most
+`max_mb` of content read by them, the oldest dropped first. The ledger is written before the
+call runs; deleting what it dropped from the store (its content collected when no other
+capture uses it) runs after, off the call's path, and is retried by the next one when a
+crash cut it short.
 
 An undo restores the checkpoint as RestoreSandbox does (a workspace staged beside the old one
 and switched in, the container re-created): files, modes, links and empty folders come back
@@ -69,22 +71,28 @@ class Undo:
 
 
 class Ledger:
-    """A sandbox's checkpoints, oldest first, in one JSON file (blocking: through a thread)."""
+    """A sandbox's checkpoints, oldest first, and the names of those dropped but not yet
+    deleted from the store, in one JSON file (blocking: through a thread)."""
 
     def __init__(self, store: SnapshotStore, owner: str, lineage: str) -> None:
         self.path = store.root / owner / "checkpoints" / f"{lineage}.json"
 
-    def load(self) -> list[Checkpoint]:
+    def read(self) -> tuple[list[Checkpoint], list[str]]:
         try:
             raw = json.loads(self.path.read_bytes())
         except FileNotFoundError:
-            return []
-        return [Checkpoint(**one) for one in raw[-MAX_LEDGER:]]
+            return [], []
+        points = [Checkpoint(**one) for one in raw["points"][-MAX_LEDGER:]]
+        return points, [str(n) for n in raw["dropped"][:MAX_LEDGER]]
 
-    def save(self, points: list[Checkpoint]) -> None:
+    def load(self) -> list[Checkpoint]:
+        return self.read()[0]
+
+    def save(self, points: list[Checkpoint], dropped: list[str] | None = None) -> None:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps([asdict(p) for p in points]))
+        body = {"points": [asdict(p) for p in points], "dropped": dropped or []}
+        tmp.write_text(json.dumps(body))
         os.replace(tmp, self.path)
 
 
@@ -106,15 +114,27 @@ def bound(
 def add(
     store: SnapshotStore, owner: str, lineage: str, point: Checkpoint, keep: int, max_bytes: int
 ) -> list[str]:
-    """Put `point` in the sandbox's ledger, drop what the bounds say, delete those from the
-    store; the names dropped."""
+    """Put `point` in the sandbox's ledger and drop what the bounds say (quick: the call
+    waits for it); the names to delete from the store (collect)."""
     ledger = Ledger(store, owner, lineage)
-    kept, dropped = bound([*ledger.load(), point], keep, max_bytes)
-    ledger.save(kept)
-    for gone in dropped:
+    points, pending = ledger.read()
+    kept, dropped = bound([*points, point], keep, max_bytes)
+    pending = [*pending, *(g.name for g in dropped)]
+    ledger.save(kept, pending)
+    return pending
+
+
+def collect(store: SnapshotStore, owner: str, lineage: str) -> list[str]:
+    """Delete from the store the checkpoints the ledger dropped (content no other capture
+    uses goes with them); what a crash left undeleted is deleted by the next one."""
+    ledger = Ledger(store, owner, lineage)
+    _, pending = ledger.read()
+    for name in pending:
         with contextlib.suppress(NotFound):
-            store.delete(owner, gone.name)
-    return [g.name for g in dropped]
+            store.delete(owner, name)
+    points, _ = ledger.read()
+    ledger.save(points, [])
+    return pending
 
 
 class Checkpoints:
@@ -146,9 +166,15 @@ class Checkpoints:
         except SandboxNotFound:
             return ""
         point = Checkpoint(name, call_id, tool, time.time(), taken.stats.bytes_read)
-        task = asyncio.create_task(self._add(key, point))
-        self._pruning.add(task)
-        task.add_done_callback(self._pruning.discard)
+        owner, lineage = owner_of(tenant), sandbox_id(key)
+        async with self._ledger(key):
+            pending = await asyncio.to_thread(
+                add, self.store, owner, lineage, point, config.keep, config.max_mb * MiB
+            )
+        if pending:  # dropped ones leave the store off the call's path
+            task = asyncio.create_task(self._collect(key, owner, lineage))
+            self._pruning.add(task)
+            task.add_done_callback(self._pruning.discard)
         return name
 
     async def settled(self) -> None:
@@ -156,16 +182,12 @@ class Checkpoints:
         while self._pruning:
             await asyncio.gather(*list(self._pruning), return_exceptions=True)
 
-    async def _add(self, key: str, point: Checkpoint) -> None:
-        config = self._parts.config.checkpoints
-        owner = owner_of(split(key)[0])
+    async def _collect(self, key: str, owner: str, lineage: str) -> None:
         async with self._ledger(key):
             try:
-                await asyncio.to_thread(
-                    add, self.store, owner, sandbox_id(key), point, config.keep, config.max_mb * MiB
-                )
-            except Exception:  # the checkpoint stays in the store; the next add drops it
-                log.exception("checkpoint ledger of %s", shown(key))
+                await asyncio.to_thread(collect, self.store, owner, lineage)
+            except Exception:  # left in the ledger's dropped list: the next collect retries
+                log.exception("dropping old checkpoints of %s", shown(key))
 
     def _ledger(self, key: str) -> asyncio.Lock:
         return self._ledgers.setdefault(key, asyncio.Lock())
@@ -186,17 +208,16 @@ class Checkpoints:
         await self.settled()
         async with self._ledger(key):
             ledger = Ledger(self.store, owner, sandbox_id(key))
-            points = await asyncio.to_thread(ledger.load)
+            points, pending = await asyncio.to_thread(ledger.read)
             index = _find(points, to_call, key)
             point = points[index]
             diff = await self._diff(key, owner, point)
             if not apply:
                 return Undo(point, diff, False)
             await self._restore(key, owner, point)
-            await asyncio.to_thread(ledger.save, points[:index])
-            for later in points[index:]:
-                with contextlib.suppress(NotFound):
-                    await asyncio.to_thread(self.store.delete, owner, later.name)
+            gone = [*pending, *(p.name for p in points[index:])]
+            await asyncio.to_thread(ledger.save, points[:index], gone)
+            await asyncio.to_thread(collect, self.store, owner, sandbox_id(key))
         added, removed, changed = diff.counts
         self._parts.record(
             key, "undo",
