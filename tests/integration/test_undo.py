@@ -77,13 +77,14 @@ def test_undo_restores_the_workspace_byte_for_byte(sup: Supervisor, key: str) ->
 def test_undo_steps_back_one_checkpoint_at_a_time(sup: Supervisor, key: str) -> None:
     with sup.client() as c:
         box = c.sandbox(key)
-        box.exec("echo 1 > n.txt")
+        box.exec("echo 1 > n.txt")  # a new key: no workspace yet, no checkpoint
         box.write_file("n.txt", "2\n")
         box.exec("echo 3 > n.txt")
         assert cli(sup, "undo", key, "--yes").returncode == 0
-        assert box.exec("cat n.txt").stdout == "2\n"
+        assert box.read_file("n.txt") == "2\n"  # a read takes no checkpoint; exec would
         assert cli(sup, "undo", key, "--yes").returncode == 0
-        assert box.exec("cat n.txt").stdout == "1\n"
+        assert box.read_file("n.txt") == "1\n"
+        assert cli(sup, "undo", key, "--yes").returncode == 2  # none left: the first exec took none
         with pytest.raises(NotFound, match="no checkpoint before call 'nope'"):
             c.rollback_sandbox(key, "nope", apply=False)
 

@@ -143,6 +143,9 @@ class Checkpoints:
         self._snapshots = snapshots
         self._pruning: set[asyncio.Task[None]] = set()
         self._ledgers: dict[str, asyncio.Lock] = {}
+        self._caches: dict[str, tuple[str, dict[tuple[int, ...], str]]] = {}
+        """Per key: its newest checkpoint's name and file keys, so that the next one reads
+        no manifest (used only while that checkpoint is still in the store)."""
 
     @property
     def store(self) -> SnapshotStore:
@@ -159,14 +162,17 @@ class Checkpoints:
             return ""
         config = self._parts.config.checkpoints
         name = f"~ckpt-{secrets.token_hex(8)}"
+        owner, lineage = owner_of(tenant), sandbox_id(key)
+        cache = self._caches.get(key)
         try:
             taken = await self._snapshots._capture(
-                key, name, False, 0, precopy=False, freeze=config.freeze
-            )
+                key, name, False, 0, precopy=False, freeze=config.freeze, cache=cache,
+                want_keys=True, compresslevel=1,
+            )  # fmt: skip
         except SandboxNotFound:
             return ""
+        self._caches[key] = (name, taken.keys)
         point = Checkpoint(name, call_id, tool, time.time(), taken.stats.bytes_read)
-        owner, lineage = owner_of(tenant), sandbox_id(key)
         async with self._ledger(key):
             pending = await asyncio.to_thread(
                 add, self.store, owner, lineage, point, config.keep, config.max_mb * MiB
@@ -214,6 +220,7 @@ class Checkpoints:
             diff = await self._diff(key, owner, point)
             if not apply:
                 return Undo(point, diff, False)
+            self._caches.pop(key, None)
             await self._restore(key, owner, point)
             gone = [*pending, *(p.name for p in points[index:])]
             await asyncio.to_thread(ledger.save, points[:index], gone)

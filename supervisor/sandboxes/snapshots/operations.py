@@ -34,7 +34,7 @@ import os
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -71,6 +71,7 @@ from stockade.supervisor.sandboxes.snapshots.repository import (
     SnapshotExists,
     SnapshotStore,
     check_name,
+    keys_of,
 )
 
 TMP = "tmp"
@@ -86,6 +87,8 @@ class Taken:
     snapshot: Snapshot
     stats: CaptureStats
     frozen_s: float
+    keys: dict[tuple[int, ...], str] = field(default_factory=dict)
+    """With want_keys: the workspace's file keys and digests, the next capture's cache."""
 
 
 class Snapshots:
@@ -235,9 +238,14 @@ class Snapshots:
         *,
         precopy: bool = True,
         freeze: bool = True,
+        cache: tuple[str, dict[tuple[int, ...], str]] | None = None,
+        want_keys: bool = False,
+        compresslevel: int = 6,
     ) -> Taken:
         """precopy=False: one pass only (a checkpoint's: few files changed since the last);
-        freeze=False: not frozen for it either."""
+        freeze=False: not frozen for it either; `cache`: a capture's name and file keys, kept by
+        the caller, used instead of reading the lineage's newest manifest while that capture
+        is still in the store (checked under the store's lock: its content cannot go)."""
         parts = self._parts
         paths = parts.layout.of(key)
         tenant, plain = split(key)
@@ -260,6 +268,8 @@ class Snapshots:
                     session.budget = await asyncio.to_thread(self._budget, tenant, max_bytes)
                     if precopy:
                         cached = await asyncio.to_thread(session.precopy, trees, lineage)
+                    elif cache is not None and session.holds(cache[0]):
+                        cached = cache[1]
                     else:
                         cached = await asyncio.to_thread(session.cache, lineage)
                     chosen = name or _fresh_name(session)
@@ -268,9 +278,11 @@ class Snapshots:
                     async with self._parts.pausing.frozen(held) as clock:  # the walk alone
                         got, stats = await asyncio.to_thread(session.walk, trees, cached)
                     snap = await asyncio.to_thread(
-                        session.record, chosen, got, lineage, source=plain, max_bytes=max_bytes
-                    )
-                    return Taken(snap, stats, clock[0])
+                        session.record, chosen, got, lineage, source=plain,
+                        max_bytes=max_bytes, compresslevel=compresslevel,
+                    )  # fmt: skip
+                    keys = keys_of(got[MAIN].entries) if want_keys else {}
+                    return Taken(snap, stats, clock[0], keys)
                 finally:
                     await asyncio.to_thread(session.end)
 

@@ -362,6 +362,11 @@ class CaptureSession:
     def cache(self, lineage: str) -> dict[tuple[int, ...], str]:
         return self._store._cache(self.base, lineage)
 
+    def holds(self, name: str) -> bool:
+        """Whether the owner has a capture of that name (while the session holds the store,
+        its content stays)."""
+        return (self.base / "manifests" / f"{name}.json.gz").exists()
+
     def count(self) -> int:
         """The owner's listed snapshots (while the session holds the store, exact)."""
         return sum(not p.name.startswith("~") for p in (self.base / "manifests").glob("*.json.gz"))
@@ -420,9 +425,11 @@ class CaptureSession:
         *,
         source: str = "",
         max_bytes: int = 0,
+        compresslevel: int = 6,
     ) -> Snapshot:
-        """Write the walk's manifest as `name`. With max_bytes, a snapshot after which the
-        owner's store passes it is undone (QuotaExceeded)."""
+        """Write the walk's manifest as `name` (gzip at `compresslevel`: a checkpoint's 1,
+        quicker). With max_bytes, a snapshot after which the owner's store passes it is
+        undone (QuotaExceeded)."""
         self.check_free(name)
         main = got[MAIN].entries
         snap = Snapshot(
@@ -430,7 +437,7 @@ class CaptureSession:
             len(main), sum(e.size for e in main), tuple(got[MAIN].skipped), source,
             tuple(sorted(got)),
         )  # fmt: skip
-        _write_manifest(self.base / "manifests" / f"{name}.json.gz", snap, got)
+        _write_manifest(self.base / "manifests" / f"{name}.json.gz", snap, got, compresslevel)
         used = {e.digest for c in got.values() for e in c.entries if e.kind == "f"}
         self._drop(self._new - used)  # a pre-copy's copies of files changed since
         self._new.clear()
@@ -501,6 +508,11 @@ def _opener(tree: Path) -> Opener:
     return lambda: os.open(tree, DIR_FLAGS)
 
 
+def keys_of(entries: list[Entry]) -> dict[tuple[int, ...], str]:
+    """A capture's entries as the next capture's cache (file key to digest)."""
+    return _keys(entries)
+
+
 def _keys(entries: list[Entry]) -> dict[tuple[int, ...], str]:
     return {tuple(e.key): e.digest for e in entries if e.kind == "f" and e.key}
 
@@ -531,7 +543,9 @@ def _collect(base: Path) -> int:
     return freed
 
 
-def _write_manifest(path: Path, snap: Snapshot, got: Mapping[str, Captured]) -> None:
+def _write_manifest(
+    path: Path, snap: Snapshot, got: Mapping[str, Captured], compresslevel: int = 6
+) -> None:
     head = {
         "format": _FORMAT, "name": snap.name, "lineage": snap.lineage, "created": snap.created,
         "files": snap.files, "entries": snap.entries, "bytes": snap.bytes,
@@ -549,7 +563,7 @@ def _write_manifest(path: Path, snap: Snapshot, got: Mapping[str, Captured]) -> 
     }
     tmp = path.with_suffix(".tmp")
     text = json.dumps(body, ensure_ascii=True, separators=(",", ":"))  # the C encoder
-    tmp.write_bytes(gzip.compress(text.encode("ascii"), compresslevel=6))
+    tmp.write_bytes(gzip.compress(text.encode("ascii"), compresslevel=compresslevel))
     os.replace(tmp, path)
 
 
