@@ -167,7 +167,7 @@ class Checkpoints:
         try:
             taken = await self._snapshots._capture(
                 key, name, False, 0, precopy=False, freeze=config.freeze, cache=cache,
-                want_keys=True, compresslevel=1,
+                want_keys=True, compresslevel=1, later=self._pruning,
             )  # fmt: skip
         except SandboxNotFound:
             return ""
@@ -184,7 +184,7 @@ class Checkpoints:
         return name
 
     async def settled(self) -> None:
-        """Every ledger update begun has ended (tests; shutdown)."""
+        """Every manifest and deletion begun has ended (before an undo; tests)."""
         while self._pruning:
             await asyncio.gather(*list(self._pruning), return_exceptions=True)
 

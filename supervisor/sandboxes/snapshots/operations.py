@@ -29,10 +29,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import hashlib
+import logging
 import os
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -74,6 +76,7 @@ from stockade.supervisor.sandboxes.snapshots.repository import (
     keys_of,
 )
 
+log = logging.getLogger("stockade.snapshots")
 TMP = "tmp"
 MAX_FORKS = 64
 MiB = 1 << 20
@@ -241,11 +244,14 @@ class Snapshots:
         cache: tuple[str, dict[tuple[int, ...], str]] | None = None,
         want_keys: bool = False,
         compresslevel: int = 6,
+        later: set[asyncio.Task[None]] | None = None,
     ) -> Taken:
         """precopy=False: one pass only (a checkpoint's: few files changed since the last);
         freeze=False: not frozen for it either; `cache`: a capture's name and file keys, kept by
         the caller, used instead of reading the lineage's newest manifest while that capture
-        is still in the store (checked under the store's lock: its content cannot go)."""
+        is still in the store (checked under the store's lock: its content cannot go);
+        `later`: the manifest is written after this returns, by a task put in `later` (the
+        files' content is in the store already; the store stays held until it is written)."""
         parts = self._parts
         paths = parts.layout.of(key)
         tenant, plain = split(key)
@@ -259,6 +265,7 @@ class Snapshots:
             lineage = paths.root.name
             async with self._mounted(paths, sandbox):
                 session = await asyncio.to_thread(self.store.begin, owner_of(tenant))
+                handed = False
                 try:
                     if max_count and session.count() >= max_count:  # under the store's lock
                         raise QuotaExceeded(
@@ -277,14 +284,23 @@ class Snapshots:
                     held = sandbox if freeze else None
                     async with self._parts.pausing.frozen(held) as clock:  # the walk alone
                         got, stats = await asyncio.to_thread(session.walk, trees, cached)
-                    snap = await asyncio.to_thread(
+                    keys = keys_of(got[MAIN].entries) if want_keys else {}
+                    record = functools.partial(
                         session.record, chosen, got, lineage, source=plain,
                         max_bytes=max_bytes, compresslevel=compresslevel,
                     )  # fmt: skip
-                    keys = keys_of(got[MAIN].entries) if want_keys else {}
+                    if later is not None:
+                        task = asyncio.create_task(_record_later(record, session, key))
+                        handed = True
+                        later.add(task)
+                        task.add_done_callback(later.discard)
+                        snap = session.describe(chosen, got, lineage, plain)
+                    else:
+                        snap = await asyncio.to_thread(record)
                     return Taken(snap, stats, clock[0], keys)
                 finally:
-                    await asyncio.to_thread(session.end)
+                    if not handed:
+                        await asyncio.to_thread(session.end)
 
     def _budget(self, tenant: str, max_bytes: int) -> tuple[int, str] | None:
         """How much new content a capture may add: the tenant's quota left, and the disk
@@ -453,6 +469,17 @@ class Snapshots:
                     f"sandbox {shown(key)!r} exists (a container or a workspace): a fork makes "
                     "new sandboxes only (destroy it with its workspace first)"
                 )
+
+
+async def _record_later(record: Callable[[], Snapshot], session: CaptureSession, key: str) -> None:
+    """Write a capture's manifest and give the store back (a checkpoint's, after its call
+    began)."""
+    try:
+        await asyncio.to_thread(record)
+    except Exception:
+        log.exception("the capture of %s was not recorded", shown(key))
+    finally:
+        await asyncio.to_thread(session.end)
 
 
 def owner_of(tenant: str) -> str:

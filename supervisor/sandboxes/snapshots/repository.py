@@ -431,12 +431,7 @@ class CaptureSession:
         quicker). With max_bytes, a snapshot after which the owner's store passes it is
         undone (QuotaExceeded)."""
         self.check_free(name)
-        main = got[MAIN].entries
-        snap = Snapshot(
-            self.base.name, name, lineage, time.time(), sum(e.kind == "f" for e in main),
-            len(main), sum(e.size for e in main), tuple(got[MAIN].skipped), source,
-            tuple(sorted(got)),
-        )  # fmt: skip
+        snap = self.describe(name, got, lineage, source)
         _write_manifest(self.base / "manifests" / f"{name}.json.gz", snap, got, compresslevel)
         used = {e.digest for c in got.values() for e in c.entries if e.kind == "f"}
         self._drop(self._new - used)  # a pre-copy's copies of files changed since
@@ -448,6 +443,17 @@ class CaptureSession:
                 "after deduplication; it was not kept (delete snapshots or ask for more)"
             )
         return snap
+
+    def describe(
+        self, name: str, got: Mapping[str, Captured], lineage: str, source: str = ""
+    ) -> Snapshot:
+        """The snapshot a walk makes, as record() writes it."""
+        main = got[MAIN].entries
+        return Snapshot(
+            self.base.name, name, lineage, time.time(), sum(e.kind == "f" for e in main),
+            len(main), sum(e.size for e in main), tuple(got[MAIN].skipped), source,
+            tuple(sorted(got)),
+        )  # fmt: skip
 
     def _drop(self, digests: set[str]) -> None:
         for digest in digests:
