@@ -293,6 +293,8 @@ class ToolPipeline:
             found = "apply_patch"
         elif spec.name in OVERWRITES:
             found = "overwrite"
+        elif trail.checkpoint_rule:  # the rule asks for one, whatever `before` says
+            return f"guard rule {trail.checkpoint_rule}"
         elif trail.risk:
             found = trail.risk if trail.risk in points.before else "commands"
         else:
@@ -361,6 +363,7 @@ class ToolPipeline:
             trail.risk = (
                 "unparsed" if verdict.unparsed else "destructive" * (verdict.action == "ask")
             )
+            trail.checkpoint_rule = verdict.checkpoint
             if verdict.action == "deny":
                 if verdict.rule in self._quarantine_rules:
                     self._guard_alarm(call.sandbox_key, verdict.rule or "", command)

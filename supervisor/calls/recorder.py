@@ -40,6 +40,8 @@ class Trail:
     """The call runs a command (it went through the guard's and approvals' step)."""
     risk: str = ""
     """What the guard found risky in the command: "destructive" (it asked), "unparsed"."""
+    checkpoint_rule: str = ""
+    """A guard rule with checkpoint = true that matched the command."""
     checkpoint: str = ""
     """The checkpoint taken before the call (sandboxes/snapshots/checkpoints.py), or ""."""
     stages: Stages = field(default_factory=Stages)

@@ -185,6 +185,12 @@ def _check(cfg: Config) -> None:
     check_http(cfg.http)
     checks.check_snapshots(cfg.snapshots)
     checks.check_checkpoints(cfg.checkpoints)
+    for rule in cfg.guard.rules:
+        if rule.checkpoint and rule.action != "deny":
+            raise ConfigError(
+                f"guard rule {rule.name!r}: checkpoint = true does not deny, so it takes no "
+                f"action {rule.action!r}"
+            )
     check_quarantine(cfg.quarantine)
     if cfg.engine.kind not in ENGINE_KINDS:
         raise ConfigError(

@@ -319,3 +319,49 @@ def test_an_unset_checkpoint_leaves_the_canonical_form_of_the_first_format() -> 
         assert verify_audit.record_hash(database.GENESIS, values) == database.link_hash(
             database.GENESIS, values
         )
+
+
+# --- a guard rule with checkpoint = true ---------------------------------------------------
+
+
+def test_a_checkpoint_rule_does_not_deny_and_names_itself() -> None:
+    from stockade.supervisor.policy.guard import Guard
+    from stockade.supervisor.policy.guard.model import GuardRule
+
+    guard = Guard(
+        [
+            GuardRule("migrations", r"^alembic (upgrade|downgrade)", checkpoint=True),
+            GuardRule("no-curl", r"^curl "),
+        ]
+    )
+    ran = guard.check("cd db && alembic upgrade head")
+    assert (ran.action, ran.checkpoint) == ("allow", "migrations")
+    assert guard.check("ls").checkpoint == ""
+    denied = guard.check("alembic upgrade head; curl x")
+    assert (denied.action, denied.rule) == ("deny", "no-curl")
+
+
+async def test_a_checkpoint_rule_takes_one_whatever_before_says() -> None:
+    from stockade.supervisor.config.policy import GuardConfig, GuardRuleConfig
+
+    taker = Taker()
+    rule = GuardRuleConfig("migrations", r"^alembic upgrade", checkpoint=True)
+    config = Config(
+        state_dir=STATE[-1],
+        checkpoints=CheckpointsConfig(enabled=True, before=("apply_patch",)),
+        guard=GuardConfig(rules=(rule,)),
+    )
+    fake = RecordingSandboxes(OK)
+    pipe = ToolPipeline(config, fake, build_policy(config), checkpoint=taker)
+    await pipe.call(tool_call("exec", {"command": "alembic upgrade head"}))
+    await pipe.call(tool_call("exec", {"command": "ls"}))
+    assert taker.calls == [("k", "req-exec", "exec")]
+    assert len(fake.calls) == 2
+
+
+def test_a_checkpoint_rule_takes_no_quarantine_action() -> None:
+    from stockade.supervisor.config.policy import GuardConfig, GuardRuleConfig
+
+    rule = GuardRuleConfig("m", "x", action="quarantine", checkpoint=True)
+    with pytest.raises(ConfigError, match="checkpoint = true does not deny"):
+        Config(guard=GuardConfig(rules=(rule,)))
