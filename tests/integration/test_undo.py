@@ -9,7 +9,7 @@ import pytest
 
 from stockade.client import NotFound
 from tests.integration.harness import Supervisor
-from tests.integration.snapshot_kit import differences, listing
+from tests.integration.snapshot_kit import differences, listing, tenants_supervisor
 from tests.integration.test_cli import cli
 
 pytestmark = pytest.mark.timeout(300)
@@ -92,3 +92,21 @@ def test_undo_steps_back_one_checkpoint_at_a_time(sup: Supervisor, key: str) -> 
 def test_a_key_without_checkpoints_has_nothing_to_undo(sup: Supervisor, key: str) -> None:
     with sup.client() as c, pytest.raises(NotFound, match="has no checkpoint"):
         c.rollback_sandbox(f"{key}-never", apply=False)
+
+
+def test_another_tenant_can_neither_see_nor_undo_a_checkpoint(engine: str, key: str) -> None:
+    with (
+        tenants_supervisor(engine, ("alice", "mallory"), CONFIG) as (sup, tokens),
+        sup.client(tokens["alice"]) as alice,
+        sup.client(tokens["mallory"]) as mallory,
+    ):
+        box = alice.sandbox(key)
+        box.exec("echo mine > secret.txt")
+        box.exec("echo changed > secret.txt")
+        shown = alice.rollback_sandbox(key, apply=False)
+        assert shown.counts == (0, 0, 1)
+        with pytest.raises(NotFound, match="has no checkpoint"):
+            mallory.rollback_sandbox(key, apply=False)
+        with pytest.raises(NotFound, match="has no checkpoint"):
+            mallory.rollback_sandbox(key, shown.call_id, apply=True)
+        assert box.read_file("secret.txt") == "changed\n"
