@@ -80,13 +80,13 @@ def test_undo_steps_back_one_checkpoint_at_a_time(sup: Supervisor, key: str) -> 
         box.exec("echo 1 > n.txt")  # a new key: no workspace yet, no checkpoint
         box.write_file("n.txt", "2\n")
         box.exec("echo 3 > n.txt")
+        with pytest.raises(NotFound, match="no checkpoint before call 'nope'"):
+            c.rollback_sandbox(key, "nope", apply=False)
         assert cli(sup, "undo", key, "--yes").returncode == 0
         assert box.read_file("n.txt") == "2\n"  # a read takes no checkpoint; exec would
         assert cli(sup, "undo", key, "--yes").returncode == 0
         assert box.read_file("n.txt") == "1\n"
         assert cli(sup, "undo", key, "--yes").returncode == 2  # none left: the first exec took none
-        with pytest.raises(NotFound, match="no checkpoint before call 'nope'"):
-            c.rollback_sandbox(key, "nope", apply=False)
 
 
 def test_a_key_without_checkpoints_has_nothing_to_undo(sup: Supervisor, key: str) -> None:
