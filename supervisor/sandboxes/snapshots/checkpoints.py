@@ -47,6 +47,11 @@ MAX_LEDGER: Final = 1000
 """Entries a ledger holds at most whatever the config says ([checkpoints] keep's bound)."""
 
 
+MAX_CACHED: Final = 64
+"""Sandboxes whose last checkpoint's file keys are kept in memory (about 150 bytes a file);
+others read their newest manifest instead."""
+
+
 class CheckpointNotFound(NotFound):
     pass
 
@@ -171,7 +176,10 @@ class Checkpoints:
             )  # fmt: skip
         except SandboxNotFound:
             return ""
+        self._caches.pop(key, None)
         self._caches[key] = (name, taken.keys)
+        while len(self._caches) > MAX_CACHED:  # the least recently checkpointed go
+            del self._caches[next(iter(self._caches))]
         point = Checkpoint(name, call_id, tool, time.time(), taken.stats.bytes_read)
         async with self._ledger(key):
             pending = await asyncio.to_thread(
@@ -197,12 +205,6 @@ class Checkpoints:
 
     def _ledger(self, key: str) -> asyncio.Lock:
         return self._ledgers.setdefault(key, asyncio.Lock())
-
-    async def listed(self, key: str) -> list[Checkpoint]:
-        validate_key(key)
-        await self.settled()
-        owner = owner_of(split(key)[0])
-        return await asyncio.to_thread(Ledger(self.store, owner, sandbox_id(key)).load)
 
     async def undo(self, key: str, to_call: str, *, apply: bool, reason: str = "") -> Undo:
         """Show (apply=False) or do the undo of the key's files to the checkpoint before the
