@@ -80,12 +80,16 @@ def timed_write(client: Stockade, n: int) -> float:
     return time.perf_counter() - started
 
 
-def measure_engine(engine: str, files: int, mib: int, rounds: int) -> dict[str, Any]:
+def measure_engine(
+    engine: str, files: int, mib: int, rounds: int, freeze: bool = True
+) -> dict[str, Any]:
+    """freeze=False: [checkpoints] freeze = false (no engine pause around the pass)."""
     bring_up(engine)
     started = datetime.now(UTC).isoformat(timespec="seconds")
+    config = CONFIG + ("" if freeze else "freeze = false\n") + TENANTS
     with (
         two_tenants() as (auth, tokens),
-        served(engine, CONFIG + TENANTS, auth=auth) as sup,
+        served(engine, config, auth=auth) as sup,
         Stockade(sup.target, token=tokens["on"]) as on,
         Stockade(sup.target, token=tokens["off"]) as off,
     ):
@@ -108,7 +112,10 @@ def measure_engine(engine: str, files: int, mib: int, rounds: int) -> dict[str, 
             destroy(on, KEY)
             destroy(off, KEY)
     progress(f"{engine}: {out}")
-    return {"started_at": started, "files": files, "mib": mib, "first_s": round(first, 3), **out}
+    return {
+        "started_at": started, "files": files, "mib": mib, "freeze": freeze,
+        "first_s": round(first, 3), **out,
+    }  # fmt: skip
 
 
 def section(engine: str, result: dict[str, Any]) -> str:
@@ -119,7 +126,9 @@ def section(engine: str, result: dict[str, Any]) -> str:
     return "\n".join(
         [
             f"== {engine}: write_file with and without a checkpoint, {result['files']:,} files "
-            f"({result['mib']} MiB), 1% changed before each ==",
+            f"({result['mib']} MiB), 1% changed before each"
+            + ("" if result.get("freeze", True) else ", no freeze")
+            + " ==",
             f"  {'':36}{'median':>9}{'p90':>9}   ({result['rounds']} rounds, ms)",
             f"  {'with a checkpoint':36}{result['with_median_ms']:>9.2f}"
             f"{result['with_p90_ms']:>9.2f}",
@@ -145,11 +154,11 @@ def write(by_engine: dict[str, dict[str, Any]], path: Path = RESULTS) -> None:
     progress(f'checkpoint figures written to {path} ("engines.<engine>.checkpoints")')
 
 
-def run(engines: Sequence[str], files: int, mib: int, rounds: int) -> int:
+def run(engines: Sequence[str], files: int, mib: int, rounds: int, freeze: bool = True) -> int:
     by_engine: dict[str, dict[str, Any]] = {}
     for engine in engines:
         try:
-            by_engine[engine] = measure_engine(engine, files, mib, rounds)
+            by_engine[engine] = measure_engine(engine, files, mib, rounds, freeze)
         except Exception as exc:  # the other engine is still measured
             progress(f"{engine}: checkpoint measurement failed: {type(exc).__name__}: {exc}")
             by_engine[engine] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -165,13 +174,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", type=int, help=f"files in each workspace ({FULL['files']})")
     parser.add_argument("--mib", type=int, help=f"MiB in them ({FULL['mib']})")
     parser.add_argument("--rounds", type=int, help=f"timed calls per tenant ({FULL['rounds']})")
+    parser.add_argument(
+        "--no-freeze", action="store_true", help="[checkpoints] freeze = false: no engine pause"
+    )
     ns = parser.parse_args(argv)
     defaults = QUICK if ns.quick else FULL
     chosen = {k: defaults[k] if getattr(ns, k) is None else getattr(ns, k) for k in defaults}
     if min(chosen.values()) < 1:
         parser.error("sizes must be at least 1")
     engines = ENGINES if ns.engine == "both" else (ns.engine,)
-    return run(engines, **chosen)
+    return run(engines, **chosen, freeze=not ns.no_freeze)
 
 
 if __name__ == "__main__":
