@@ -11,7 +11,8 @@ supervisor with the console on (nobody on it) against one without (bench/console
 `python -m bench --only listener [--listener-requests N] [--listener-rounds R]` for plain
 uvicorn against the hardened HTTP listener, no engine (bench/listener.py), or `python -m bench
 --only front-abuse [--engine E] [--n N]` for another tenant's warm calls while one attacks the
-HTTP fronts (bench/front_abuse.py)."""
+HTTP fronts (bench/front_abuse.py), or `python -m bench --only checkpoints [--engine E]` for
+what a checkpoint adds to a call (bench/checkpoints.py)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from bench import (
     audit,
     audit_chain,
     brokered,
+    checkpoints,
     coldstart,
     compare,
     console_cost,
@@ -73,14 +75,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only",
-        choices=["mcp", "snapshots", "e2b", "console", "listener", "front-abuse", "session"],
+        choices=[
+            "mcp",
+            "snapshots",
+            "e2b",
+            "console",
+            "listener",
+            "front-abuse",
+            "session",
+            "checkpoints",
+        ],
         help="only one measurement: mcp, the MCP front against gRPC (bench/mcp_front.py); "
         "snapshots, pause/resume, snapshots, restore and forks (bench/sandbox_snapshots.py); "
         "e2b, the E2B front's commands.run against gRPC (bench/e2b_front.py); console, warm "
         "calls with the console on and off (bench/console_cost.py); listener, plain uvicorn "
         "against the hardened HTTP listener, no engine (bench/listener.py); front-abuse, another "
         "tenant's warm calls while one attacks the HTTP fronts (bench/front_abuse.py); session, "
-        "warm exec in a shell session beside a plain one (bench/stockade_runs.py)",
+        "warm exec in a shell session beside a plain one (bench/stockade_runs.py); "
+        "checkpoints, a call with a checkpoint against one without (bench/checkpoints.py)",
     )
     sandbox_snapshots.add_arguments(parser, "snap-")
     parser.add_argument(
@@ -130,6 +142,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ns.warmup = min(max(ns.n // 10, 5), 30)
     sizes = sandbox_snapshots.QUICK if ns.quick else sandbox_snapshots.FULL
     ns.snap = sandbox_snapshots.sizes(ns, sizes, "snap_")
+    ns.checkpoints = checkpoints.QUICK if ns.quick else checkpoints.FULL
     if min(ns.snap.values()) < 1 or ns.snap["forks"] > 64:
         parser.error("--snap-* sizes must be at least 1, and --snap-forks at most 64")
     if ns.compare is not None:
@@ -189,6 +202,10 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
     results["snapshots"] = guarded(
         f"{engine}: sandbox snapshots ({ns.snap['files']:,} files, {ns.snap['mib']} MiB)",
         lambda: sandbox_snapshots.measure_engine(engine, **ns.snap),
+    )
+    results["checkpoints"] = guarded(
+        f"{engine}: a checkpoint before a call ({ns.checkpoints['files']:,} files)",
+        lambda: checkpoints.measure_engine(engine, **ns.checkpoints),
     )
     if engine == "podman":  # the default gives each sandbox a user namespace: its cost
         with served(engine, NO_USERNS) as sup, Stockade(sup.target) as client:
@@ -260,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
                 return compare.run(ns.compare, engines, ns.n, ns.rounds, ns.warmup)
             if ns.only == "snapshots":
                 return sandbox_snapshots.run(engines, **ns.snap)
+            if ns.only == "checkpoints":
+                return checkpoints.run(engines, **ns.checkpoints)
             if ns.only == "console":
                 return console_cost.run(engines, ns.n, ns.rounds, ns.warmup)
             if ns.only == "listener":
@@ -279,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {
         "n": ns.n, "warmup": ns.warmup, "cold": ns.cold, "idle": ns.idle, "quick": ns.quick,
         "load_keys": ns.load_keys, "load_calls": ns.load_calls, "audit_records": ns.audit_records,
-        "rounds": ns.rounds, "snapshots": ns.snap,
+        "rounds": ns.rounds, "snapshots": ns.snap, "checkpoints": ns.checkpoints,
         "listener_requests": ns.listener_requests, "listener_rounds": ns.listener_rounds,
     }  # fmt: skip
     by_engine: dict[str, Any] = {}
@@ -325,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         print(e2b_front.section(engine, results["e2b"]), end="\n\n")
         print(console_cost.section(engine, results["console"]), end="\n\n")
         print(sandbox_snapshots.section(engine, results["snapshots"]), end="\n\n")
+        print(checkpoints.section(engine, results["checkpoints"]), end="\n\n")
     print(report.summary(by_engine))
     record = {
         "started_at": started,

@@ -36,7 +36,7 @@ from stockade.client._core import (
     Unimplemented,
 )
 from stockade.client._quarantine_calls import Alarm, QuarantineEvidence, QuarantineInfo
-from stockade.client._snapshots import Forked, Restored, SnapshotInfo, SnapshotList
+from stockade.client._snapshots import Forked, Restored, Rollback, SnapshotInfo, SnapshotList
 from stockade.client._watch import AsyncFileWatch, FileEvent, FileWatch
 from stockade.client.aio import AsyncInteraction, AsyncSandbox, AsyncStockade
 from stockade.client.sync import Interaction, Sandbox, Stockade
@@ -71,6 +71,7 @@ __all__ = [
     "QuarantineInfo",
     "ResourceExhausted",
     "Restored",
+    "Rollback",
     "Sandbox",
     "SandboxInfo",
     "ShellSession",

@@ -484,6 +484,8 @@ class AuditRecord:
     prev_hash: str = ""
     """The hash chain: the previous record's hash and this one's (docs/audit.md)."""
     hash: str = ""
+    checkpoint: str = ""
+    """The checkpoint taken before the call, "" when none was (docs/undo.md)."""
 
 
 FORMATS = {

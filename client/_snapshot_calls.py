@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from stockade.client import _snapshots
-from stockade.client._snapshots import Forked, Restored, SnapshotInfo, SnapshotList
+from stockade.client._snapshots import Forked, Restored, Rollback, SnapshotInfo, SnapshotList
 
 
 class SnapshotCalls:
@@ -56,6 +56,13 @@ class SnapshotCalls:
         request = _snapshots.restore_request(key, snapshot)
         return _snapshots.restored_from_pb(self._rpc(self._sandboxes.RestoreSandbox, request))
 
+    def rollback_sandbox(self, key: str, to_call_id: str = "", *, apply: bool) -> Rollback:
+        """Undo: with apply=False, what going back to the checkpoint before `to_call_id`
+        (empty: the newest checkpoint) would take back; with apply=True, do it (the container
+        is re-created: processes are not rolled back). NotFound when there is no checkpoint."""
+        request = _snapshots.rollback_request(key, to_call_id, apply)
+        return _snapshots.rollback_from_pb(self._rpc(self._sandboxes.RollbackSandbox, request))
+
     def fork_sandbox(
         self,
         source_key: str,
@@ -97,6 +104,12 @@ class AsyncSnapshotCalls:
         """The same as Stockade.delete_snapshot."""
         request = _snapshots.delete_request(name)
         return int((await self._rpc(self._sandboxes.DeleteSnapshot, request)).freed_bytes)
+
+    async def rollback_sandbox(self, key: str, to_call_id: str = "", *, apply: bool) -> Rollback:
+        """The same as Stockade.rollback_sandbox."""
+        request = _snapshots.rollback_request(key, to_call_id, apply)
+        reply = await self._rpc(self._sandboxes.RollbackSandbox, request)
+        return _snapshots.rollback_from_pb(reply)
 
     async def restore_sandbox(self, key: str, snapshot: str) -> Restored:
         """The same as Stockade.restore_sandbox."""

@@ -64,6 +64,24 @@ class Restored:
 
 
 @dataclass(frozen=True)
+class Rollback:
+    """An undo (RollbackSandbox), shown or done: the call whose checkpoint it goes back to,
+    and what changed since, which it takes back."""
+
+    call_id: str
+    tool: str
+    checkpoint_time: datetime | None
+    added: list[str]
+    removed: list[str]
+    changed: list[str]
+    counts: tuple[int, int, int]
+    """(added, removed, changed): exact, the lists may be cut."""
+    diff: str
+    """A unified diff from the checkpoint (a/) to now (b/)."""
+    applied: bool
+
+
+@dataclass(frozen=True)
 class Forked:
     """A fork: the new sandboxes in the order their keys were given, and the one capture of
     the source they were all made from (not kept: it is not listed)."""
@@ -104,6 +122,20 @@ def restored_from_pb(msg: Any) -> Restored:
         snapshot=snapshot_from_pb(msg.snapshot),
         replaced=msg.replaced,
     )
+
+
+def rollback_from_pb(msg: Any) -> Rollback:
+    when = msg.checkpoint_time.ToDatetime(tzinfo=UTC) if msg.HasField("checkpoint_time") else None
+    return Rollback(
+        call_id=msg.call_id, tool=msg.tool, checkpoint_time=when,
+        added=list(msg.added), removed=list(msg.removed), changed=list(msg.changed),
+        counts=(msg.added_count, msg.removed_count, msg.changed_count),
+        diff=msg.diff, applied=msg.applied,
+    )  # fmt: skip
+
+
+def rollback_request(key: str, to_call_id: str, apply: bool) -> Any:
+    return sandbox_pb2.RollbackSandboxRequest(key=key, to_call_id=to_call_id, apply=apply)
 
 
 def forked_from_pb(msg: Any) -> Forked:

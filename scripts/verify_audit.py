@@ -40,7 +40,15 @@ def canonical_line(obj: dict) -> bytes:
     return text.encode("utf-8", "surrogatepass") + b"\n"
 
 
+CHAIN_BASE = 22
+"""The columns of the chain's first format; later ones, when unset ("") at the end, are left
+out of the canonical form."""
+
+
 def record_hash(prev_hash: str, values: list) -> str:
+    values = list(values)
+    while len(values) > CHAIN_BASE and values[-1] == "":
+        values.pop()
     body = json.dumps(
         [CHAIN_FORMAT, *values], ensure_ascii=False, separators=(",", ":"), allow_nan=False
     ).encode("utf-8", "surrogatepass")

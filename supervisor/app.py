@@ -143,7 +143,7 @@ def build_policy(config: Config, state: SharedState | None = None) -> HostPolicy
 
     catalog = Catalog(config.custom_tools)
     state = state or SqliteState.from_config(config)
-    rules = [GuardRule(r.name, r.pattern, r.reason) for r in config.guard.rules]
+    rules = [GuardRule(r.name, r.pattern, r.reason, r.checkpoint) for r in config.guard.rules]
     secrets = [
         *config.scrub.secrets,
         *config.sandbox.secrets.values(),

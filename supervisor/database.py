@@ -70,6 +70,8 @@ AUDIT_COLUMNS = (
     AuditColumn("front", "text", "''"),
     # replay: what policy reads of a call's context beyond agent and provider (JSON; "" none)
     AuditColumn("context_json", "text", "''"),
+    # undo: the checkpoint taken before the call (docs/undo.md); hashed only when set
+    AuditColumn("checkpoint", "text", "''"),
     # the hash chain (observe/chain.py): the previous record's hash and this record's
     AuditColumn("prev_hash", "text", "''"),
     AuditColumn("hash", "text", "''"),
@@ -239,6 +241,11 @@ GENESIS = "0" * 64
 """The previous hash of the first record of an installation."""
 HASHED = tuple(c.name for c in AUDIT_COLUMNS if c.name not in ("prev_hash", "hash"))
 """The columns a record's hash covers, in this order: all but the two hashes (id first)."""
+CHAIN_BASE = HASHED.index("context_json") + 1
+"""The columns of the chain's first format. A column added after them (each with the default
+'') enters a record's canonical form only when it, or one after it, is set: trailing unset
+ones are left out, so records written before the column existed hash as they did, and a new
+column needs no new format (docs/audit.md)."""
 CHAIN_REHASH_RATE = "about 100,000 records a second"
 """What chaining an older version's records costs, once, at the upgrade."""
 HEAD = "SELECT last_id, last_hash FROM audit_chain WHERE name = 'head'"
@@ -255,8 +262,12 @@ def head_of(db: Any) -> tuple[int, str]:
 
 def canonical(values: Sequence[object]) -> bytes:
     """A record's canonical bytes: the UTF-8 of the compact JSON array [CHAIN_FORMAT, then
-    its HASHED values in order], text as stored (non-ASCII as is, not escaped), `time` as
-    the shortest decimal that reads back as the same double, is_error as 0 or 1."""
+    its HASHED values in order, trailing unset later columns left out (CHAIN_BASE)], text
+    as stored (non-ASCII as is, not escaped), `time` as the shortest decimal that reads back
+    as the same double, is_error as 0 or 1."""
+    values = list(values)
+    while len(values) > CHAIN_BASE and values[-1] == "":
+        values.pop()
     return json.dumps(
         [CHAIN_FORMAT, *values], ensure_ascii=False, separators=(",", ":"), allow_nan=False
     ).encode("utf-8", "surrogatepass")

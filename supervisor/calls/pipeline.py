@@ -14,7 +14,7 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -116,6 +116,12 @@ class CallLease(Protocol):
     ) -> AsyncIterator[AgentEvent]: ...
 
 
+Checkpointer = Callable[[str, str, str], Awaitable[str]]
+"""Takes a checkpoint of a key's workspace before a call (key, call id, tool): its name, or ""
+when there was nothing to take (sandboxes/snapshots/checkpoints.py Checkpoints.before_call)."""
+OVERWRITES = frozenset({"write_file", "edit_file"})
+
+
 class Sandboxes(Protocol):
     """What the pipeline calls on the sandboxes (sandboxes/manager.py SandboxManager is the
     real one): a call's lease on its key's sandbox."""
@@ -139,14 +145,17 @@ class ToolPipeline:
         observers: tuple[Observer, ...] = (),
         alarm: AlarmSink | None = None,
         shells: Callable[[str], SandboxShell] | None = None,
+        checkpoint: Checkpointer | None = None,
     ) -> None:
         """alarm: where signs of an attack are told (observe/alarms.py AlarmHub.sound);
         shells: the shell of a key's commands (SandboxManager.shell_of; default: its
-        tenant's or [sandbox]'s)."""
+        tenant's or [sandbox]'s); checkpoint: what takes a checkpoint before a risky call
+        ([checkpoints])."""
         self._config = config
         self._shells = shells or (lambda key: shell_of(config, "", split(key)[0]))
         self.sessions = SessionBook()
         """The shell sessions' containers and folders (calls/sessions.py)."""
+        self._checkpoint = checkpoint
         self._sandboxes = sandboxes
         self._policy = policy
         self._alarm = alarm
@@ -273,12 +282,42 @@ class ToolPipeline:
             except LimitExceeded as exc:
                 return failure(ErrorCode.RATE_LIMITED, str(exc))
             with trail.stages.timed("sandbox"):
+                why = self._risk(call, spec, trail)
+                if why and self._checkpoint is not None:
+                    try:
+                        trail.checkpoint = await self._checkpoint(
+                            call.sandbox_key, call.request_id, spec.name
+                        )
+                    except errors.StockadeError as exc:
+                        return failure(
+                            ErrorCode.EXECUTION_FAILED,
+                            f"no checkpoint could be taken before this call ({why}), so it "
+                            f"did not run: {exc}",
+                        )
                 lease = await hold.enter_async_context(self._sandboxes.lease(call.sandbox_key))
             streamed = command is not None or _is_attach(spec, args)
             with trail.stages.timed("agent"):
                 return await self._invoke(
                     lease, call, spec, args, command, trail, events if streamed else None, shell
                 )
+
+    def _risk(self, call: ToolCall, spec: ToolSpec, trail: Trail) -> str:
+        """Why the call gets a checkpoint first ([checkpoints] before), or ""."""
+        points = self._config.checkpoints
+        tenant = split(call.sandbox_key)[0]
+        if self._checkpoint is None or not self._config.checkpoints_on(tenant):
+            return ""
+        if spec.name == "apply_patch":
+            found = "apply_patch"
+        elif spec.name in OVERWRITES:
+            found = "overwrite"
+        elif trail.checkpoint_rule:  # the rule asks for one, whatever `before` says
+            return f"guard rule {trail.checkpoint_rule}"
+        elif trail.risk:
+            found = trail.risk if trail.risk in points.before else "commands"
+        else:
+            found = "commands" if trail.guarded else ""
+        return found if found in points.before else ""
 
     def _resolve(self, call: ToolCall, trail: Trail) -> ToolSpec:
         spec = self._policy.catalog.resolve(call.tool)
@@ -331,6 +370,7 @@ class ToolPipeline:
         ask: Ask | None = None,
     ) -> None:
         must_ask = None
+        trail.guarded = True
         guard = self._policy.guard
         if guard is not None:
             with trail.stages.timed("guard"):
@@ -339,6 +379,10 @@ class ToolPipeline:
                 long = len(command) > GUARD_INLINE_CHARS
                 verdict = await asyncio.to_thread(check) if long else check()
             trail.guard_rule = verdict.rule or ""
+            trail.risk = (
+                "unparsed" if verdict.unparsed else "destructive" * (verdict.action == "ask")
+            )
+            trail.checkpoint_rule = verdict.checkpoint
             if verdict.action == "deny":
                 if verdict.rule in self._quarantine_rules:
                     self._guard_alarm(call.sandbox_key, verdict.rule or "", command)

@@ -36,6 +36,14 @@ class Trail:
     ran_as: str = ""
     """The agent tool that produced the data (custom tools run as exec); picks the renderer."""
     stream_redactions: int = 0
+    guarded: bool = False
+    """The call runs a command (it went through the guard's and approvals' step)."""
+    risk: str = ""
+    """What the guard found risky in the command: "destructive" (it asked), "unparsed"."""
+    checkpoint_rule: str = ""
+    """A guard rule with checkpoint = true that matched the command."""
+    checkpoint: str = ""
+    """The checkpoint taken before the call (sandboxes/snapshots/checkpoints.py), or ""."""
     stages: Stages = field(default_factory=Stages)
     start_ns: int = field(default_factory=time.time_ns)
     """Wall clock when the call arrived, for its span (the stages' times are wall clock)."""
@@ -106,6 +114,7 @@ class CallRecorder:
                 is_error=result.is_error,
                 front=call.front,
                 context_json=self._scrubbed_text(context_json(call.context)),
+                checkpoint=trail.checkpoint,
             )
         )
 

@@ -300,7 +300,7 @@ def replay_candidate(
 def _guard(config: Config) -> Guard | None:
     if not config.guard.enabled:
         return None
-    rules = [GuardRule(r.name, r.pattern, r.reason) for r in config.guard.rules]
+    rules = [GuardRule(r.name, r.pattern, r.reason, r.checkpoint) for r in config.guard.rules]
     try:
         return Guard(rules, on_parse_error=config.guard.on_parse_error, workspace=WORKSPACE)
     except GuardConfigError as exc:

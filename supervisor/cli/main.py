@@ -457,6 +457,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "snapshot-rm": _snapshots,
     "restore": _snapshots,
     "fork": _snapshots,
+    "undo": _snapshots,
     "quarantine": _quarantine,
     "alarms": _quarantine,
     "tools": _tools,

@@ -137,7 +137,8 @@ def command_parser() -> argparse.ArgumentParser:
 def _snapshot_commands(
     sub: argparse._SubParsersAction[Any], client: argparse.ArgumentParser
 ) -> None:
-    """snapshot, snapshots, snapshot-rm, restore and fork (docs/sandboxes.md#snapshots)."""
+    """snapshot, snapshots, snapshot-rm, restore, fork (docs/sandboxes.md#snapshots) and undo
+    (docs/undo.md)."""
     tmp_help = "capture the sandbox's /tmp as well (needs its container)"
     snapshot = sub.add_parser("snapshot", parents=[client], help="snapshot a sandbox's files")
     snapshot.add_argument("--tmp", action="store_true", help=tmp_help)
@@ -155,6 +156,13 @@ def _snapshot_commands(
     )
     restore.add_argument("key")
     restore.add_argument("snapshot")
+    undo = sub.add_parser(
+        "undo", parents=[client],
+        help="put a sandbox's files back as they were before a call (docs/undo.md)",
+    )  # fmt: skip
+    undo.add_argument("key")
+    undo.add_argument("--to", default="", metavar="CALL_ID", help="default: the newest checkpoint")
+    undo.add_argument("--yes", action="store_true", help="apply without asking")
     fork = sub.add_parser(
         "fork", parents=[client], help="new sandboxes with a sandbox's files as they are now"
     )

@@ -1,15 +1,17 @@
 """The snapshot commands: `snapshot`, `snapshots`, `snapshot-rm`, `restore` and `fork`
-(docs/sandboxes.md#snapshots). Errors are the client's: main prints them and exits 2."""
+(docs/sandboxes.md#snapshots), and `undo` (docs/undo.md). Errors are the client's: main
+prints them and exits 2."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from stockade.client import SnapshotInfo, SnapshotList, Stockade
+from stockade.client import Rollback, SnapshotInfo, SnapshotList, Stockade
 from stockade.supervisor.text import printable
 
 SKIPPED_SHOWN = 10
@@ -68,12 +70,41 @@ def _fork(client: Stockade, ns: argparse.Namespace) -> int:
     return 0
 
 
+def _undo(client: Stockade, ns: argparse.Namespace) -> int:
+    """Show what the undo takes back, ask (unless --yes), then apply it."""
+    shown = client.rollback_sandbox(ns.key, ns.to, apply=False)
+    print(undo_summary(shown))
+    if shown.diff:
+        print("\n".join(printable(line) for line in shown.diff.splitlines()))
+    if not ns.yes:
+        if not sys.stdin.isatty():
+            print("not applied: run again with --yes to apply", file=sys.stderr)
+            return 1
+        answer = input("apply this undo? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            print("not applied")
+            return 1
+    done = client.rollback_sandbox(ns.key, shown.call_id, apply=True)
+    print(f"{printable(ns.key)}: undone to before call {printable(done.call_id)}")
+    return 0
+
+
+def undo_summary(undo: Rollback) -> str:
+    added, removed, changed = undo.counts
+    when = undo.checkpoint_time.isoformat(timespec="seconds") if undo.checkpoint_time else "?"
+    return (
+        f"checkpoint before call {printable(undo.call_id)} ({printable(undo.tool)}, {when}); "
+        f"the undo takes back: {added} added, {removed} removed, {changed} changed"
+    )
+
+
 _HANDLERS: dict[str, Callable[[Stockade, argparse.Namespace], int]] = {
     "snapshot": _snapshot,
     "snapshots": _snapshots,
     "snapshot-rm": _remove,
     "restore": _restore,
     "fork": _fork,
+    "undo": _undo,
 }
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from stockade.supervisor.config.allowlist import AllowlistError, check_pattern
 from stockade.supervisor.config.console import MAX_SESSION_S, ConsoleConfig
 from stockade.supervisor.config.sandbox import AGENT_UID, KubernetesConfig, ProfileConfig
-from stockade.supervisor.config.service import SNAPSHOT_OPERATIONS
+from stockade.supervisor.config.service import CHECKPOINT_TRIGGERS, SNAPSHOT_OPERATIONS
 from stockade.supervisor.errors import ConfigError, InvalidRequest
 from stockade.supervisor.keys import validate_key, validate_tenant
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from stockade.supervisor.config.service import (
         AuditConfig,
         AuthConfig,
+        CheckpointsConfig,
         E2bConfig,
         McpConfig,
         ObservabilityConfig,
@@ -358,6 +359,21 @@ def check_snapshots(snaps: SnapshotsConfig) -> None:
         raise ConfigError("snapshots.max_count and max_mb must not be negative (0: no limit)")
     if snaps.dir and not snaps.dir.startswith("/"):
         raise ConfigError(f"snapshots.dir must be an absolute path, got {snaps.dir!r}")
+
+
+MAX_CHECKPOINTS = 1000
+
+
+def check_checkpoints(points: CheckpointsConfig) -> None:
+    unknown = sorted(set(points.before) - set(CHECKPOINT_TRIGGERS))
+    if unknown:
+        raise ConfigError(
+            f"checkpoints.before: unknown {unknown}; known: {list(CHECKPOINT_TRIGGERS)}"
+        )
+    if not 1 <= points.keep <= MAX_CHECKPOINTS:
+        raise ConfigError(f"checkpoints.keep must be 1 to {MAX_CHECKPOINTS}, got {points.keep}")
+    if points.max_mb < 0:
+        raise ConfigError("checkpoints.max_mb must not be negative (0: bounded by keep alone)")
 
 
 def _check_snapshot_operations(operations: tuple[str, ...], where: str) -> None:

@@ -58,6 +58,10 @@ class GuardRuleConfig:
     action: Literal["deny", "quarantine"] = "deny"
     """quarantine: the call is denied as with deny, and an alarm of kind "guard" sounds
     (which quarantines the sandbox while "guard" is in [quarantine] on)."""
+    checkpoint: bool = False
+    """The rule does not deny: a command it matches runs (when nothing else stops it) with a
+    checkpoint of the workspace first, while [checkpoints] is on for the tenant (docs/undo.md).
+    Not with action = "quarantine"."""
 
 
 @dataclass(frozen=True)

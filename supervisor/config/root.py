@@ -41,6 +41,7 @@ from stockade.supervisor.config.secrets import SecretConfig, check_secrets
 from stockade.supervisor.config.service import (
     AuditConfig,
     AuthConfig,
+    CheckpointsConfig,
     E2bConfig,
     FilesConfig,
     McpConfig,
@@ -88,6 +89,7 @@ class Config:
     """The limits of every HTTP front's listener (MCP, E2B, the console)."""
     housekeeping: HousekeepingConfig = field(default_factory=HousekeepingConfig)
     snapshots: SnapshotsConfig = field(default_factory=SnapshotsConfig)
+    checkpoints: CheckpointsConfig = field(default_factory=CheckpointsConfig)
     state: StateConfig = field(default_factory=StateConfig)
     quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
     honeytokens: HoneytokensConfig = field(default_factory=HoneytokensConfig)
@@ -113,6 +115,11 @@ class Config:
         count = snaps.max_count if own.max_snapshots < 0 else own.max_snapshots
         mb = snaps.max_mb if own.max_snapshot_mb < 0 else own.max_snapshot_mb
         return operations, count, mb * 1024 * 1024
+
+    def checkpoints_on(self, tenant: str) -> bool:
+        """Whether the tenant's risky calls get a checkpoint ([checkpoints], tenants.NAME)."""
+        own = self.tenant_limits(tenant).checkpoints
+        return self.checkpoints.enabled if own is None else own
 
 
 def _check(cfg: Config) -> None:
@@ -177,6 +184,13 @@ def _check(cfg: Config) -> None:
     checks.check_console(cfg.console)
     check_http(cfg.http)
     checks.check_snapshots(cfg.snapshots)
+    checks.check_checkpoints(cfg.checkpoints)
+    for rule in cfg.guard.rules:
+        if rule.checkpoint and rule.action != "deny":
+            raise ConfigError(
+                f"guard rule {rule.name!r}: checkpoint = true does not deny, so it takes no "
+                f"action {rule.action!r}"
+            )
     check_quarantine(cfg.quarantine)
     if cfg.engine.kind not in ENGINE_KINDS:
         raise ConfigError(

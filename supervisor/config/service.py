@@ -155,6 +155,30 @@ class SnapshotsConfig:
     """Where the store lives (absolute); empty: STATE_DIR/snapshots."""
 
 
+CHECKPOINT_TRIGGERS = ("destructive", "unparsed", "commands", "apply_patch", "overwrite")
+
+
+@dataclass(frozen=True)
+class CheckpointsConfig:
+    """Checkpoints: a snapshot of the workspace taken before a risky call, for `stockade undo`
+    (docs/undo.md)."""
+
+    enabled: bool = False
+    """Take them ([tenants.NAME] checkpoints overrides it per tenant)."""
+    before: tuple[str, ...] = ("destructive", "unparsed", "apply_patch", "overwrite")
+    """Which calls get one: "destructive" (a command the guard asked an approval for, once
+    allowed), "unparsed" (a command the guard could not parse, once allowed), "commands"
+    (every command), "apply_patch", "overwrite" (write_file and edit_file calls)."""
+    keep: int = 20
+    """Checkpoints kept per sandbox, the oldest dropped first (1 to 1000)."""
+    max_mb: int = 1024
+    """MiB of new content a sandbox's checkpoints may add to the store, the oldest dropped
+    first (0: no bound but keep)."""
+    freeze: bool = True
+    """Freeze the sandbox for the checkpoint's walk (its background processes cannot change a
+    file half read); off: a file written during the walk may be kept torn."""
+
+
 @dataclass(frozen=True)
 class TenantConfig:
     """Limits of one tenant (`[tenants.NAME]`; `[tenants."*"]` for tenants without a table)."""
@@ -174,6 +198,8 @@ class TenantConfig:
     """The shell of its sandboxes ([sandbox] shell); empty: [sandbox]'s. A profile's wins."""
     login_shell: bool | None = None
     """Its sandboxes' login_shell; unset: [sandbox]'s. A profile's wins."""
+    checkpoints: bool | None = None
+    """Checkpoints before risky calls ([checkpoints] enabled); unset: as [checkpoints] says."""
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,8 @@ class AuditRecord:
     """What tool policy reads of the caller's context beyond agent_id and provider (channel,
     chat_id, peer_kind, subagent_depth: a JSON object of those set), for policy replay; ""
     when none is set."""
+    checkpoint: str = ""
+    """The checkpoint taken of the sandbox's workspace before the call (docs/undo.md), or ""."""
     prev_hash: str = ""
     """The previous record's hash (database.link), set by the writer."""
     hash: str = ""

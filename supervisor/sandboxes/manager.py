@@ -19,7 +19,8 @@ the manager: none of them imports this module.
     ├── inventory     Get, List and Destroy; a key's settings
     ├── housekeeping  idle/age prune, workspace retention, orphan reaping
     ├── quarantine    an alarm's reaction: frozen, cut off, calls refused until released
-    └── snapshots/operations  snapshots of files (two-pass capture, brief freeze), restore, fork
+    ├── snapshots/operations  snapshots of files (two-pass capture, brief freeze), restore, fork
+    └── snapshots/checkpoints  a capture before a risky call; undo
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ from stockade.supervisor.sandboxes.sandbox import (
     SandboxNetwork,
     born,
 )
+from stockade.supervisor.sandboxes.snapshots.checkpoints import Checkpoints
 from stockade.supervisor.sandboxes.snapshots.operations import Snapshots
 from stockade.supervisor.state.base import SharedState
 
@@ -162,6 +164,7 @@ class SandboxManager:
         self.inventory = Inventory(self.parts, self.quarantines)
         self.housekeeping = Housekeeping(self.parts, self.quarantines)
         self.snapshots = Snapshots(self.parts, self.quarantines, self.inventory, self.decoys.plant)
+        self.checkpoints = Checkpoints(self.parts, self.snapshots)
 
     async def _replicas(self) -> frozenset[str] | None:
         return await self.state.replicas() if self.state is not None else None

@@ -188,7 +188,7 @@ async def test_a_database_of_an_older_version_is_migrated_and_trimmed(tmp_path: 
     path = tmp_path / "stockade.db"
     old = sqlite3.connect(path)
     old.executescript(OLD_SCHEMA)
-    later = ("tenant", "front", "context_json", "prev_hash", "hash")
+    later = ("tenant", "front", "context_json", "checkpoint", "prev_hash", "hash")
     columns = [c for c in _COLUMNS if c not in later]
     for i, when in enumerate([NOW - 40 * DAY, NOW - 35 * DAY, NOW - DAY, NOW - 60]):
         values = _row(rec(when, i, sandbox_key="k"))[: len(columns)]

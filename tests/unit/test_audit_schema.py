@@ -83,6 +83,6 @@ def test_every_column_an_older_table_lacks_has_a_default() -> None:
     first = re.findall(r"(\w+) (?:INTEGER|REAL|TEXT)", OLDEST)
     later = [column for column in database.AUDIT_COLUMNS if column.name not in first]
     assert [column.name for column in later] == [
-        "tenant", "front", "context_json", "prev_hash", "hash",
+        "tenant", "front", "context_json", "checkpoint", "prev_hash", "hash",
     ]  # fmt: skip
     assert all(column.default for column in later)

@@ -60,6 +60,7 @@ def test_public_client_api() -> None:
         "QuarantineInfo",
         "ResourceExhausted",
         "Restored",
+        "Rollback",
         "Sandbox",
         "SandboxInfo",
         "ShellSession",

@@ -124,15 +124,15 @@ def test_the_audit_table_has_the_sqlite_audit_logs_columns(url: str, tmp_path: P
 
 
 def test_an_older_audit_table_gets_the_columns_it_lacks(url: str) -> None:
-    """A table made before a column (here: before tenants, fronts and the hash chain) gets
-    it, with its default in the rows already there, as a new database has it; the rows are
-    chained once."""
+    """A table made before a column (here: before tenants, fronts, checkpoints and the hash
+    chain) gets it, with its default in the rows already there, as a new database has it;
+    the rows are chained once."""
     asyncio.run(PostgresState.open(url, "a").close())
     with psycopg.connect(url) as db:
         made_new = db.execute(COLUMNS_OF_AUDIT).fetchall()
         db.execute(
             "ALTER TABLE audit DROP COLUMN front, DROP COLUMN tenant, DROP COLUMN context_json, "
-            "DROP COLUMN prev_hash, DROP COLUMN hash"
+            "DROP COLUMN checkpoint, DROP COLUMN prev_hash, DROP COLUMN hash"
         )
         db.execute("DROP TABLE audit_chain")
         db.execute(

@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17stockade/v1/audit.proto\x12\x0bstockade.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe1\x03\n\x0b\x41uditRecord\x12\n\n\x02id\x18\x01 \x01(\x03\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06\x63\x61ller\x18\x04 \x01(\t\x12\x13\n\x0bsandbox_key\x18\x05 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x06 \x01(\t\x12\x10\n\x08provider\x18\x07 \x01(\t\x12\x0c\n\x04tool\x18\x08 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\t \x01(\t\x12\x13\n\x0bpolicy_step\x18\n \x01(\t\x12\x12\n\nguard_rule\x18\x0b \x01(\t\x12\x10\n\x08\x61pproval\x18\x0c \x01(\t\x12\x10\n\x08\x61pprover\x18\r \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x0e \x01(\x04\x12\x11\n\texit_code\x18\x0f \x01(\x05\x12\x14\n\x0coutput_bytes\x18\x10 \x01(\x04\x12\x12\n\nredactions\x18\x11 \x01(\r\x12\x12\n\nerror_code\x18\x12 \x01(\t\x12\x10\n\x08is_error\x18\x13 \x01(\x08\x12\x0e\n\x06tenant\x18\x14 \x01(\t\x12\r\n\x05\x66ront\x18\x15 \x01(\t\x12\x14\n\x0c\x63ontext_json\x18\x16 \x01(\t\x12\x11\n\tprev_hash\x18\x17 \x01(\t\x12\x0c\n\x04hash\x18\x18 \x01(\t\"\x96\x01\n\x10ListAuditRequest\x12\x13\n\x0bsandbox_key\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12)\n\x05since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05limit\x18\x05 \x01(\r\x12\x13\n\x0b\x65rrors_only\x18\x06 \x01(\x08\">\n\x11ListAuditResponse\x12)\n\x07records\x18\x01 \x03(\x0b\x32\x18.stockade.v1.AuditRecord\"\xa7\x01\n\x13ReplayPolicyRequest\x12\x16\n\x0e\x63\x61ndidate_toml\x18\x01 \x01(\t\x12)\n\x05since\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x13\n\x0b\x61ll_tenants\x18\x04 \x01(\x08\x12\x13\n\x0bsandbox_key\x18\x05 \x01(\t\x12\x13\n\x0bmax_records\x18\x06 \x01(\r\"\xa2\x01\n\rReplayExample\x12\n\n\x02id\x18\x01 \x01(\x03\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x13\n\x0bsandbox_key\x18\x04 \x01(\t\x12\x0c\n\x04tool\x18\x05 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x06 \x01(\t\x12\x10\n\x08was_rule\x18\x07 \x01(\t\"s\n\x0cReplayChange\x12\x0b\n\x03was\x18\x01 \x01(\t\x12\x0b\n\x03now\x18\x02 \x01(\t\x12\x0c\n\x04rule\x18\x03 \x01(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\x12,\n\x08\x65xamples\x18\x05 \x03(\x0b\x32\x1a.stockade.v1.ReplayExample\"\xeb\x01\n\x14ReplayPolicyResponse\x12\x10\n\x08replayed\x18\x01 \x01(\x04\x12\x11\n\tunchanged\x18\x02 \x01(\x04\x12?\n\x07skipped\x18\x03 \x03(\x0b\x32..stockade.v1.ReplayPolicyResponse.SkippedEntry\x12*\n\x07\x63hanges\x18\x04 \x03(\x0b\x32\x19.stockade.v1.ReplayChange\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x1a.\n\x0cSkippedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xaf\x01\n\x0c\x41uditService\x12J\n\tListAudit\x12\x1d.stockade.v1.ListAuditRequest\x1a\x1e.stockade.v1.ListAuditResponse\x12S\n\x0cReplayPolicy\x12 .stockade.v1.ReplayPolicyRequest\x1a!.stockade.v1.ReplayPolicyResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17stockade/v1/audit.proto\x12\x0bstockade.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf5\x03\n\x0b\x41uditRecord\x12\n\n\x02id\x18\x01 \x01(\x03\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06\x63\x61ller\x18\x04 \x01(\t\x12\x13\n\x0bsandbox_key\x18\x05 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x06 \x01(\t\x12\x10\n\x08provider\x18\x07 \x01(\t\x12\x0c\n\x04tool\x18\x08 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\t \x01(\t\x12\x13\n\x0bpolicy_step\x18\n \x01(\t\x12\x12\n\nguard_rule\x18\x0b \x01(\t\x12\x10\n\x08\x61pproval\x18\x0c \x01(\t\x12\x10\n\x08\x61pprover\x18\r \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x0e \x01(\x04\x12\x11\n\texit_code\x18\x0f \x01(\x05\x12\x14\n\x0coutput_bytes\x18\x10 \x01(\x04\x12\x12\n\nredactions\x18\x11 \x01(\r\x12\x12\n\nerror_code\x18\x12 \x01(\t\x12\x10\n\x08is_error\x18\x13 \x01(\x08\x12\x0e\n\x06tenant\x18\x14 \x01(\t\x12\r\n\x05\x66ront\x18\x15 \x01(\t\x12\x14\n\x0c\x63ontext_json\x18\x16 \x01(\t\x12\x11\n\tprev_hash\x18\x17 \x01(\t\x12\x0c\n\x04hash\x18\x18 \x01(\t\x12\x12\n\ncheckpoint\x18\x19 \x01(\t\"\x96\x01\n\x10ListAuditRequest\x12\x13\n\x0bsandbox_key\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12)\n\x05since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05limit\x18\x05 \x01(\r\x12\x13\n\x0b\x65rrors_only\x18\x06 \x01(\x08\">\n\x11ListAuditResponse\x12)\n\x07records\x18\x01 \x03(\x0b\x32\x18.stockade.v1.AuditRecord\"\xa7\x01\n\x13ReplayPolicyRequest\x12\x16\n\x0e\x63\x61ndidate_toml\x18\x01 \x01(\t\x12)\n\x05since\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x13\n\x0b\x61ll_tenants\x18\x04 \x01(\x08\x12\x13\n\x0bsandbox_key\x18\x05 \x01(\t\x12\x13\n\x0bmax_records\x18\x06 \x01(\r\"\xa2\x01\n\rReplayExample\x12\n\n\x02id\x18\x01 \x01(\x03\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x13\n\x0bsandbox_key\x18\x04 \x01(\t\x12\x0c\n\x04tool\x18\x05 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x06 \x01(\t\x12\x10\n\x08was_rule\x18\x07 \x01(\t\"s\n\x0cReplayChange\x12\x0b\n\x03was\x18\x01 \x01(\t\x12\x0b\n\x03now\x18\x02 \x01(\t\x12\x0c\n\x04rule\x18\x03 \x01(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\x12,\n\x08\x65xamples\x18\x05 \x03(\x0b\x32\x1a.stockade.v1.ReplayExample\"\xeb\x01\n\x14ReplayPolicyResponse\x12\x10\n\x08replayed\x18\x01 \x01(\x04\x12\x11\n\tunchanged\x18\x02 \x01(\x04\x12?\n\x07skipped\x18\x03 \x03(\x0b\x32..stockade.v1.ReplayPolicyResponse.SkippedEntry\x12*\n\x07\x63hanges\x18\x04 \x03(\x0b\x32\x19.stockade.v1.ReplayChange\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x1a.\n\x0cSkippedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xaf\x01\n\x0c\x41uditService\x12J\n\tListAudit\x12\x1d.stockade.v1.ListAuditRequest\x1a\x1e.stockade.v1.ListAuditResponse\x12S\n\x0cReplayPolicy\x12 .stockade.v1.ReplayPolicyRequest\x1a!.stockade.v1.ReplayPolicyResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,21 +36,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REPLAYPOLICYRESPONSE_SKIPPEDENTRY']._loaded_options = None
   _globals['_REPLAYPOLICYRESPONSE_SKIPPEDENTRY']._serialized_options = b'8\001'
   _globals['_AUDITRECORD']._serialized_start=74
-  _globals['_AUDITRECORD']._serialized_end=555
-  _globals['_LISTAUDITREQUEST']._serialized_start=558
-  _globals['_LISTAUDITREQUEST']._serialized_end=708
-  _globals['_LISTAUDITRESPONSE']._serialized_start=710
-  _globals['_LISTAUDITRESPONSE']._serialized_end=772
-  _globals['_REPLAYPOLICYREQUEST']._serialized_start=775
-  _globals['_REPLAYPOLICYREQUEST']._serialized_end=942
-  _globals['_REPLAYEXAMPLE']._serialized_start=945
-  _globals['_REPLAYEXAMPLE']._serialized_end=1107
-  _globals['_REPLAYCHANGE']._serialized_start=1109
-  _globals['_REPLAYCHANGE']._serialized_end=1224
-  _globals['_REPLAYPOLICYRESPONSE']._serialized_start=1227
-  _globals['_REPLAYPOLICYRESPONSE']._serialized_end=1462
-  _globals['_REPLAYPOLICYRESPONSE_SKIPPEDENTRY']._serialized_start=1416
-  _globals['_REPLAYPOLICYRESPONSE_SKIPPEDENTRY']._serialized_end=1462
-  _globals['_AUDITSERVICE']._serialized_start=1465
-  _globals['_AUDITSERVICE']._serialized_end=1640
+  _globals['_AUDITRECORD']._serialized_end=575
+  _globals['_LISTAUDITREQUEST']._serialized_start=578
+  _globals['_LISTAUDITREQUEST']._serialized_end=728
+  _globals['_LISTAUDITRESPONSE']._serialized_start=730
+  _globals['_LISTAUDITRESPONSE']._serialized_end=792
+  _globals['_REPLAYPOLICYREQUEST']._serialized_start=795
+  _globals['_REPLAYPOLICYREQUEST']._serialized_end=962
+  _globals['_REPLAYEXAMPLE']._serialized_start=965
+  _globals['_REPLAYEXAMPLE']._serialized_end=1127
+  _globals['_REPLAYCHANGE']._serialized_start=1129
+  _globals['_REPLAYCHANGE']._serialized_end=1244
+  _globals['_REPLAYPOLICYRESPONSE']._serialized_start=1247
+  _globals['_REPLAYPOLICYRESPONSE']._serialized_end=1482
+  _globals['_REPLAYPOLICYRESPONSE_SKIPPEDENTRY']._serialized_start=1436
+  _globals['_REPLAYPOLICYRESPONSE_SKIPPEDENTRY']._serialized_end=1482
+  _globals['_AUDITSERVICE']._serialized_start=1485
+  _globals['_AUDITSERVICE']._serialized_end=1660
 # @@protoc_insertion_point(module_scope)

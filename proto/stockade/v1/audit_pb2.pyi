@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AuditRecord(_message.Message):
-    __slots__ = ("id", "time", "request_id", "caller", "sandbox_key", "agent_id", "provider", "tool", "arguments_json", "policy_step", "guard_rule", "approval", "approver", "duration_ms", "exit_code", "output_bytes", "redactions", "error_code", "is_error", "tenant", "front", "context_json", "prev_hash", "hash")
+    __slots__ = ("id", "time", "request_id", "caller", "sandbox_key", "agent_id", "provider", "tool", "arguments_json", "policy_step", "guard_rule", "approval", "approver", "duration_ms", "exit_code", "output_bytes", "redactions", "error_code", "is_error", "tenant", "front", "context_json", "prev_hash", "hash", "checkpoint")
     ID_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class AuditRecord(_message.Message):
     CONTEXT_JSON_FIELD_NUMBER: _ClassVar[int]
     PREV_HASH_FIELD_NUMBER: _ClassVar[int]
     HASH_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     id: int
     time: _timestamp_pb2.Timestamp
     request_id: str
@@ -60,7 +61,8 @@ class AuditRecord(_message.Message):
     context_json: str
     prev_hash: str
     hash: str
-    def __init__(self, id: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., request_id: _Optional[str] = ..., caller: _Optional[str] = ..., sandbox_key: _Optional[str] = ..., agent_id: _Optional[str] = ..., provider: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., policy_step: _Optional[str] = ..., guard_rule: _Optional[str] = ..., approval: _Optional[str] = ..., approver: _Optional[str] = ..., duration_ms: _Optional[int] = ..., exit_code: _Optional[int] = ..., output_bytes: _Optional[int] = ..., redactions: _Optional[int] = ..., error_code: _Optional[str] = ..., is_error: _Optional[bool] = ..., tenant: _Optional[str] = ..., front: _Optional[str] = ..., context_json: _Optional[str] = ..., prev_hash: _Optional[str] = ..., hash: _Optional[str] = ...) -> None: ...
+    checkpoint: str
+    def __init__(self, id: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., request_id: _Optional[str] = ..., caller: _Optional[str] = ..., sandbox_key: _Optional[str] = ..., agent_id: _Optional[str] = ..., provider: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., policy_step: _Optional[str] = ..., guard_rule: _Optional[str] = ..., approval: _Optional[str] = ..., approver: _Optional[str] = ..., duration_ms: _Optional[int] = ..., exit_code: _Optional[int] = ..., output_bytes: _Optional[int] = ..., redactions: _Optional[int] = ..., error_code: _Optional[str] = ..., is_error: _Optional[bool] = ..., tenant: _Optional[str] = ..., front: _Optional[str] = ..., context_json: _Optional[str] = ..., prev_hash: _Optional[str] = ..., hash: _Optional[str] = ..., checkpoint: _Optional[str] = ...) -> None: ...
 
 class ListAuditRequest(_message.Message):
     __slots__ = ("sandbox_key", "tool", "agent_id", "since", "limit", "errors_only")

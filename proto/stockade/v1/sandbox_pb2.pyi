@@ -249,6 +249,42 @@ class RestoreSandboxResponse(_message.Message):
     replaced: bool
     def __init__(self, sandbox: _Optional[_Union[SandboxInfo, _Mapping]] = ..., snapshot: _Optional[_Union[SnapshotInfo, _Mapping]] = ..., replaced: _Optional[bool] = ...) -> None: ...
 
+class RollbackSandboxRequest(_message.Message):
+    __slots__ = ("key", "to_call_id", "apply")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TO_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    APPLY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    to_call_id: str
+    apply: bool
+    def __init__(self, key: _Optional[str] = ..., to_call_id: _Optional[str] = ..., apply: _Optional[bool] = ...) -> None: ...
+
+class RollbackSandboxResponse(_message.Message):
+    __slots__ = ("call_id", "tool", "checkpoint_time", "added", "removed", "changed", "added_count", "removed_count", "changed_count", "diff", "applied")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_TIME_FIELD_NUMBER: _ClassVar[int]
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    ADDED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DIFF_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    tool: str
+    checkpoint_time: _timestamp_pb2.Timestamp
+    added: _containers.RepeatedScalarFieldContainer[str]
+    removed: _containers.RepeatedScalarFieldContainer[str]
+    changed: _containers.RepeatedScalarFieldContainer[str]
+    added_count: int
+    removed_count: int
+    changed_count: int
+    diff: str
+    applied: bool
+    def __init__(self, call_id: _Optional[str] = ..., tool: _Optional[str] = ..., checkpoint_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., added: _Optional[_Iterable[str]] = ..., removed: _Optional[_Iterable[str]] = ..., changed: _Optional[_Iterable[str]] = ..., added_count: _Optional[int] = ..., removed_count: _Optional[int] = ..., changed_count: _Optional[int] = ..., diff: _Optional[str] = ..., applied: _Optional[bool] = ...) -> None: ...
+
 class ForkSandboxRequest(_message.Message):
     __slots__ = ("source_key", "new_keys", "include_tmp", "include_memory")
     SOURCE_KEY_FIELD_NUMBER: _ClassVar[int]

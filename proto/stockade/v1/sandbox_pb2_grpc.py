@@ -105,6 +105,11 @@ class SandboxServiceStub:
                 request_serializer=stockade_dot_v1_dot_sandbox__pb2.EndSessionRequest.SerializeToString,
                 response_deserializer=stockade_dot_v1_dot_sandbox__pb2.EndSessionResponse.FromString,
                 _registered_method=True)
+        self.RollbackSandbox = channel.unary_unary(
+                '/stockade.v1.SandboxService/RollbackSandbox',
+                request_serializer=stockade_dot_v1_dot_sandbox__pb2.RollbackSandboxRequest.SerializeToString,
+                response_deserializer=stockade_dot_v1_dot_sandbox__pb2.RollbackSandboxResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -231,6 +236,18 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RollbackSandbox(self, request, context):
+        """Undo: the key's workspace goes back to the checkpoint taken before a call ([checkpoints],
+        docs/undo.md): the newest one, or the one before `to_call_id`. With `apply` false it only
+        shows what the undo would take back (files added, removed, changed since, and a unified
+        diff of text files); with `apply` the workspace is restored (its container re-created:
+        processes are not rolled back) and the undo is audited. NOT_FOUND when there is no such
+        checkpoint (none taken, or dropped by [checkpoints] keep and max_mb).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -303,6 +320,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.EndSession,
                     request_deserializer=stockade_dot_v1_dot_sandbox__pb2.EndSessionRequest.FromString,
                     response_serializer=stockade_dot_v1_dot_sandbox__pb2.EndSessionResponse.SerializeToString,
+            ),
+            'RollbackSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.RollbackSandbox,
+                    request_deserializer=stockade_dot_v1_dot_sandbox__pb2.RollbackSandboxRequest.FromString,
+                    response_serializer=stockade_dot_v1_dot_sandbox__pb2.RollbackSandboxResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -683,6 +705,33 @@ class SandboxService:
             '/stockade.v1.SandboxService/EndSession',
             stockade_dot_v1_dot_sandbox__pb2.EndSessionRequest.SerializeToString,
             stockade_dot_v1_dot_sandbox__pb2.EndSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RollbackSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stockade.v1.SandboxService/RollbackSandbox',
+            stockade_dot_v1_dot_sandbox__pb2.RollbackSandboxRequest.SerializeToString,
+            stockade_dot_v1_dot_sandbox__pb2.RollbackSandboxResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -191,8 +191,9 @@ class Server:
             ],
         )
         pipeline = self.pipeline = ToolPipeline(
-            config, sandboxes, policy, observers, alarm=self.alarms.sound, shells=sandboxes.shell_of
-        )
+            config, sandboxes, policy, observers, alarm=self.alarms.sound,
+            shells=sandboxes.shell_of, checkpoint=sandboxes.checkpoints.before_call,
+        )  # fmt: skip
         """The one pipeline of this supervisor's calls: other fronts (fronts/mcp) use it too."""
         server = self._server
         lifecycle = Lifecycle(sandboxes, policy.audit, self.alarms.sound)

@@ -12,8 +12,10 @@ from stockade.supervisor.fronts.grpc.interceptor import current_tenant
 from stockade.supervisor.fronts.grpc.status import Context, mapped
 from stockade.supervisor.policy.scrub.scrubber import Scrubber
 from stockade.supervisor.sandboxes.manager import SandboxManager
+from stockade.supervisor.sandboxes.snapshots.checkpoints import Undo
 from stockade.supervisor.sandboxes.snapshots.operations import Taken
 from stockade.supervisor.sandboxes.snapshots.repository import Snapshot
+from stockade.supervisor.text import wire_text
 from stockade.v1 import sandbox_pb2
 
 
@@ -68,6 +70,16 @@ class SnapshotCalls:
         )
 
     @mapped
+    async def RollbackSandbox(
+        self, request: sandbox_pb2.RollbackSandboxRequest, context: Context
+    ) -> sandbox_pb2.RollbackSandboxResponse:
+        undo = await self._sandboxes.checkpoints.undo(
+            scoped(request.key), request.to_call_id, apply=request.apply,
+            reason=f"RollbackSandbox from {context.peer()}",
+        )  # fmt: skip
+        return undo_to_pb(undo, self.scrubber)
+
+    @mapped
     async def ForkSandbox(
         self, request: sandbox_pb2.ForkSandboxRequest, context: Context
     ) -> sandbox_pb2.ForkSandboxResponse:
@@ -100,3 +112,19 @@ def snapshot_to_pb(snap: Snapshot, taken: Taken | None = None) -> sandbox_pb2.Sn
         out.frozen_seconds = taken.frozen_s
         out.files_read_frozen = taken.stats.files_read
     return out
+
+
+def undo_to_pb(undo: Undo, scrubber: Scrubber | None) -> sandbox_pb2.RollbackSandboxResponse:
+    point, diff = undo.checkpoint, undo.diff
+    when = Timestamp()
+    when.FromDatetime(datetime.fromtimestamp(point.created, UTC))
+    text = diff.text if scrubber is None else scrubber.scrub(diff.text)[0]
+    added, removed, changed = diff.counts
+    return sandbox_pb2.RollbackSandboxResponse(
+        call_id=point.call_id, tool=point.tool, checkpoint_time=when,
+        added=[wire_text(p) for p in diff.added],
+        removed=[wire_text(p) for p in diff.removed],
+        changed=[wire_text(p) for p in diff.changed],
+        added_count=added, removed_count=removed, changed_count=changed,
+        diff=wire_text(text), applied=undo.applied,
+    )  # fmt: skip

@@ -118,6 +118,7 @@ class Evaluation:
         self.cache: dict[int, tuple[Command, list[Inv]]] = {}
         self.budget = Budget()
         self.written: dict[str, tuple[str, str] | str] = {}  # file -> (rule, what) or content
+        self.checkpoint = ""  # the first checkpoint rule that matched
 
     def deny(self, rule: str, what: str) -> NoReturn:
         reason = f"{what} is blocked by rule {rule}"
@@ -133,7 +134,8 @@ class Evaluation:
 
     def finish(self) -> GuardResult:
         if self.unparsed is None:
-            return self.asked or GuardResult("allow", None, "no rule matched")
+            found = self.asked or GuardResult("allow", None, "no rule matched")
+            return replace(found, checkpoint=self.checkpoint) if self.checkpoint else found
         rule, why = self.unparsed
         action = self.settings.on_parse_error
         outcome = "blocked" if action == "deny" else "held for approval"
@@ -296,6 +298,10 @@ class Evaluation:
             return
         text = " ".join([inv.name, *inv.argv])
         for rule, regex in self.settings.extra:
+            if rule.checkpoint:
+                if not self.checkpoint and regex.search(text):
+                    self.checkpoint = rule.name
+                continue
             if regex.search(text):
                 self.deny(rule.name, rule.reason or f"{shorten(text)!r} matches {rule.pattern!r}")
 

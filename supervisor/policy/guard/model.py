@@ -15,6 +15,9 @@ class GuardRule:
     name: str
     pattern: str  # Python regex over "program-basename arg1 arg2 ..." (single spaces)
     reason: str = ""
+    checkpoint: bool = False
+    """A rule that does not deny: a command it matches runs (when nothing else stops it) with
+    a checkpoint of the workspace taken first ([checkpoints], docs/undo.md)."""
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,7 @@ class GuardResult:
     rule: str | None  # the rule that decided; None when allowed
     reason: str
     unparsed: bool = False  # the command (or code nested in it) could not be parsed
+    checkpoint: str = ""  # a checkpoint rule (GuardRule.checkpoint) that matched, if any
 
 
 class GuardConfigError(ValueError):

@@ -29,12 +29,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import hashlib
+import logging
 import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -71,8 +73,10 @@ from stockade.supervisor.sandboxes.snapshots.repository import (
     SnapshotExists,
     SnapshotStore,
     check_name,
+    keys_of,
 )
 
+log = logging.getLogger("stockade.snapshots")
 TMP = "tmp"
 MAX_FORKS = 64
 MiB = 1 << 20
@@ -86,6 +90,8 @@ class Taken:
     snapshot: Snapshot
     stats: CaptureStats
     frozen_s: float
+    keys: dict[tuple[int, ...], str] = field(default_factory=dict)
+    """With want_keys: the workspace's file keys and digests, the next capture's cache."""
 
 
 Plant = Callable[[Sandbox], Awaitable[None]]
@@ -243,8 +249,26 @@ class Snapshots:
     # --- capture -------------------------------------------------------------------------
 
     async def _capture(
-        self, key: str, name: str, include_tmp: bool, max_bytes: int, max_count: int = 0
+        self,
+        key: str,
+        name: str,
+        include_tmp: bool,
+        max_bytes: int,
+        max_count: int = 0,
+        *,
+        precopy: bool = True,
+        freeze: bool = True,
+        cache: tuple[str, dict[tuple[int, ...], str]] | None = None,
+        want_keys: bool = False,
+        compresslevel: int = 6,
+        later: set[asyncio.Task[None]] | None = None,
     ) -> Taken:
+        """precopy=False: one pass only (a checkpoint's: few files changed since the last);
+        freeze=False: not frozen for it either; `cache`: a capture's name and file keys, kept by
+        the caller, used instead of reading the lineage's newest manifest while that capture
+        is still in the store (checked under the store's lock: its content cannot go);
+        `later`: the manifest is written after this returns, by a task put in `later` (the
+        files' content is in the store already; the store stays held until it is written)."""
         parts = self._parts
         paths = parts.layout.of(key)
         tenant, plain = split(key)
@@ -258,6 +282,7 @@ class Snapshots:
             lineage = paths.root.name
             async with self._mounted(paths, sandbox):
                 session = await asyncio.to_thread(self.store.begin, owner_of(tenant))
+                handed = False
                 try:
                     if max_count and session.count() >= max_count:  # under the store's lock
                         raise QuotaExceeded(
@@ -265,17 +290,34 @@ class Snapshots:
                             "max_count); delete one first"
                         )
                     session.budget = await asyncio.to_thread(self._budget, tenant, max_bytes)
-                    cached = await asyncio.to_thread(session.precopy, trees, lineage)
+                    if precopy:
+                        cached = await asyncio.to_thread(session.precopy, trees, lineage)
+                    elif cache is not None and session.holds(cache[0]):
+                        cached = cache[1]
+                    else:
+                        cached = await asyncio.to_thread(session.cache, lineage)
                     chosen = name or _fresh_name(session)
                     session.check_free(chosen)
-                    async with self._parts.pausing.frozen(sandbox) as clock:  # the walk alone
+                    held = sandbox if freeze else None
+                    async with self._parts.pausing.frozen(held) as clock:  # the walk alone
                         got, stats = await asyncio.to_thread(session.walk, trees, cached)
-                    snap = await asyncio.to_thread(
-                        session.record, chosen, got, lineage, source=plain, max_bytes=max_bytes
-                    )
-                    return Taken(snap, stats, clock[0])
+                    keys = keys_of(got[MAIN].entries) if want_keys else {}
+                    record = functools.partial(
+                        session.record, chosen, got, lineage, source=plain,
+                        max_bytes=max_bytes, compresslevel=compresslevel,
+                    )  # fmt: skip
+                    if later is not None:
+                        task = asyncio.create_task(_record_later(record, session, key))
+                        handed = True
+                        later.add(task)
+                        task.add_done_callback(later.discard)
+                        snap = session.describe(chosen, got, lineage, plain)
+                    else:
+                        snap = await asyncio.to_thread(record)
+                    return Taken(snap, stats, clock[0], keys)
                 finally:
-                    await asyncio.to_thread(session.end)
+                    if not handed:
+                        await asyncio.to_thread(session.end)
 
     def _budget(self, tenant: str, max_bytes: int) -> tuple[int, str] | None:
         """How much new content a capture may add: the tenant's quota left, and the disk
@@ -445,6 +487,17 @@ class Snapshots:
                     f"sandbox {shown(key)!r} exists (a container or a workspace): a fork makes "
                     "new sandboxes only (destroy it with its workspace first)"
                 )
+
+
+async def _record_later(record: Callable[[], Snapshot], session: CaptureSession, key: str) -> None:
+    """Write a capture's manifest and give the store back (a checkpoint's, after its call
+    began)."""
+    try:
+        await asyncio.to_thread(record)
+    except Exception:
+        log.exception("the capture of %s was not recorded", shown(key))
+    finally:
+        await asyncio.to_thread(session.end)
 
 
 def owner_of(tenant: str) -> str:

@@ -244,6 +244,35 @@ class SnapshotStore:
             _restore.restore(target, root, entries, base / "objects", ids)
             return _snapshot(owner, head)
 
+    def tree(self, owner: str, name: str, part: str = MAIN) -> dict[str, Entry]:
+        """The snapshot's entries (its `part`) by path below the root, "a/b"."""
+        _check(owner, "owner")
+        _check(name, "snapshot name", transient=True)
+        try:
+            _, parts = _read_manifest(self.root / owner / "manifests" / f"{name}.json.gz")
+        except FileNotFoundError:
+            raise SnapshotNotFound(f"no snapshot {name!r}") from None
+        if part not in parts:
+            raise SnapshotNotFound(f"snapshot {name!r} holds no {part}")
+        out: dict[str, Entry] = {}
+        stack: list[str] = []
+        for entry in parts[part][1]:
+            del stack[entry.depth - 1 :]
+            stack.append(entry.name)
+            out["/".join(stack)] = entry
+        return out
+
+    def content(self, owner: str, digest: str, limit: int) -> bytes | None:
+        """A stored file's first `limit` bytes (None: not in the store)."""
+        _check(owner, "owner")
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise InvalidRequest(f"not a content digest: {digest!r}")
+        try:
+            with open(self.root / owner / "objects" / digest[:2] / digest, "rb") as f:
+                return f.read(limit)
+        except FileNotFoundError:
+            return None
+
     # --- helpers ---------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -333,6 +362,11 @@ class CaptureSession:
     def cache(self, lineage: str) -> dict[tuple[int, ...], str]:
         return self._store._cache(self.base, lineage)
 
+    def holds(self, name: str) -> bool:
+        """Whether the owner has a capture of that name (while the session holds the store,
+        its content stays)."""
+        return (self.base / "manifests" / f"{name}.json.gz").exists()
+
     def count(self) -> int:
         """The owner's listed snapshots (while the session holds the store, exact)."""
         return sum(not p.name.startswith("~") for p in (self.base / "manifests").glob("*.json.gz"))
@@ -391,17 +425,14 @@ class CaptureSession:
         *,
         source: str = "",
         max_bytes: int = 0,
+        compresslevel: int = 6,
     ) -> Snapshot:
-        """Write the walk's manifest as `name`. With max_bytes, a snapshot after which the
-        owner's store passes it is undone (QuotaExceeded)."""
+        """Write the walk's manifest as `name` (gzip at `compresslevel`: a checkpoint's 1,
+        quicker). With max_bytes, a snapshot after which the owner's store passes it is
+        undone (QuotaExceeded)."""
         self.check_free(name)
-        main = got[MAIN].entries
-        snap = Snapshot(
-            self.base.name, name, lineage, time.time(), sum(e.kind == "f" for e in main),
-            len(main), sum(e.size for e in main), tuple(got[MAIN].skipped), source,
-            tuple(sorted(got)),
-        )  # fmt: skip
-        _write_manifest(self.base / "manifests" / f"{name}.json.gz", snap, got)
+        snap = self.describe(name, got, lineage, source)
+        _write_manifest(self.base / "manifests" / f"{name}.json.gz", snap, got, compresslevel)
         used = {e.digest for c in got.values() for e in c.entries if e.kind == "f"}
         self._drop(self._new - used)  # a pre-copy's copies of files changed since
         self._new.clear()
@@ -412,6 +443,17 @@ class CaptureSession:
                 "after deduplication; it was not kept (delete snapshots or ask for more)"
             )
         return snap
+
+    def describe(
+        self, name: str, got: Mapping[str, Captured], lineage: str, source: str = ""
+    ) -> Snapshot:
+        """The snapshot a walk makes, as record() writes it."""
+        main = got[MAIN].entries
+        return Snapshot(
+            self.base.name, name, lineage, time.time(), sum(e.kind == "f" for e in main),
+            len(main), sum(e.size for e in main), tuple(got[MAIN].skipped), source,
+            tuple(sorted(got)),
+        )  # fmt: skip
 
     def _drop(self, digests: set[str]) -> None:
         for digest in digests:
@@ -472,6 +514,11 @@ def _opener(tree: Path) -> Opener:
     return lambda: os.open(tree, DIR_FLAGS)
 
 
+def keys_of(entries: list[Entry]) -> dict[tuple[int, ...], str]:
+    """A capture's entries as the next capture's cache (file key to digest)."""
+    return _keys(entries)
+
+
 def _keys(entries: list[Entry]) -> dict[tuple[int, ...], str]:
     return {tuple(e.key): e.digest for e in entries if e.kind == "f" and e.key}
 
@@ -502,7 +549,9 @@ def _collect(base: Path) -> int:
     return freed
 
 
-def _write_manifest(path: Path, snap: Snapshot, got: Mapping[str, Captured]) -> None:
+def _write_manifest(
+    path: Path, snap: Snapshot, got: Mapping[str, Captured], compresslevel: int = 6
+) -> None:
     head = {
         "format": _FORMAT, "name": snap.name, "lineage": snap.lineage, "created": snap.created,
         "files": snap.files, "entries": snap.entries, "bytes": snap.bytes,
@@ -520,7 +569,7 @@ def _write_manifest(path: Path, snap: Snapshot, got: Mapping[str, Captured]) -> 
     }
     tmp = path.with_suffix(".tmp")
     text = json.dumps(body, ensure_ascii=True, separators=(",", ":"))  # the C encoder
-    tmp.write_bytes(gzip.compress(text.encode("ascii"), compresslevel=6))
+    tmp.write_bytes(gzip.compress(text.encode("ascii"), compresslevel=compresslevel))
     os.replace(tmp, path)
 
 
