@@ -196,8 +196,6 @@ def test_unknown_template_and_options_refused(served: E2bServed) -> None:
         Sandbox.create(
             network={"deny_out": ["0.0.0.0/0"], "allow_out": ["example.com"]}, **served.opts()
         )
-    with pytest.raises(SandboxException, match="autoPause"):
-        Sandbox.create(lifecycle={"on_timeout": "pause"}, **served.opts())
     with pytest.raises(SandboxException, match="allow_internet_access"):
         Sandbox.create(allow_internet_access=True, **served.opts())  # network mode "none"
     with served.sup.client(token=served.token) as client:  # nothing was made

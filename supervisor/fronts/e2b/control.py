@@ -66,6 +66,30 @@ UNSUPPORTED_CREATE = {
 """Create options refused with 400 rather than silently ignored."""
 
 
+def lifecycle_of(body: dict[str, Any]) -> tuple[bool, bool]:
+    """(auto_pause, auto_resume) of a create: E2B's `autoPause` (lifecycle.on_timeout
+    "pause"), `autoPauseMemory` (False: mode "filesystem"; both are Stockade's pause, which
+    keeps the memory) and `autoResume.enabled`. 400 for a value of the wrong type and for
+    auto-resume without auto-pause (as E2B's SDK refuses it)."""
+    auto_pause = body.get("autoPause")
+    if auto_pause is not None and not isinstance(auto_pause, bool):
+        raise ApiError(400, "autoPause must be a boolean")
+    memory = body.get("autoPauseMemory")
+    if memory is not None and not isinstance(memory, bool):
+        raise ApiError(400, "autoPauseMemory must be a boolean")
+    resume = body.get("autoResume")
+    if resume is not None and not isinstance(resume, dict):
+        raise ApiError(400, "autoResume must be an object")
+    enabled = (resume or {}).get("enabled", False)
+    if not isinstance(enabled, bool):
+        raise ApiError(400, "autoResume.enabled must be a boolean")
+    if enabled and not auto_pause:
+        raise ApiError(400, "autoResume: auto-resume needs lifecycle.on_timeout 'pause'")
+    if enabled and memory is False:
+        raise ApiError(400, "autoResume: a filesystem-only pause cannot be auto-resumed")
+    return bool(auto_pause), enabled
+
+
 def caller_of(request: Request) -> str:
     client = request.client
     return f"{client.host}:{client.port}" if client is not None else ""
@@ -109,7 +133,7 @@ class Control:
         tenant = self._tenant(request)
         sandbox_id = str(request.path_params["sandbox_id"])
         sandbox = self.ctx.records.get(tenant, sandbox_id)
-        if sandbox is None or sandbox.end_at <= time.time():
+        if sandbox is None or sandbox.ended(time.time()):
             raise not_found(sandbox_id)
         return tenant, sandbox
 
@@ -149,6 +173,10 @@ class Control:
             "state": self.state_of(sandbox),
             "envdVersion": ENVD_VERSION,
             "metadata": dict(sandbox.metadata),
+            "lifecycle": {
+                "onTimeout": "pause" if sandbox.auto_pause else "kill",
+                "autoResume": sandbox.auto_resume,
+            },
         }
 
     def _profile(self, template: str) -> SandboxProfile:
@@ -210,11 +238,7 @@ class Control:
         for option, what in UNSUPPORTED_CREATE.items():
             if body.get(option) not in (None, {}, []):
                 raise ApiError(400, f"{option}: {what} are not supported by Stockade yet")
-        if body.get("autoPause"):
-            raise ApiError(400, "autoPause: pausing on timeout is not supported by Stockade yet")
-        resume = body.get("autoResume")
-        if isinstance(resume, dict) and resume.get("enabled"):
-            raise ApiError(400, "autoResume: auto-resume is not supported by Stockade yet")
+        auto_pause, auto_resume = lifecycle_of(body)
         network = network_request(body, self.ctx.config)
         timeout = self.default_timeout
         if body.get("timeout") is not None:
@@ -234,12 +258,16 @@ class Control:
             end_at=now + timeout,
             metadata=metadata,
             env_vars=env_vars,
+            auto_pause=auto_pause,
+            auto_resume=auto_resume,
         )
         arguments = {
             "template": template,
             "timeout": timeout,
             "metadata": metadata,
             "env_vars": sorted(env_vars),  # names only: values may be secrets
+            "on_timeout": "pause" if auto_pause else "kill",
+            "auto_resume": auto_resume,
         }
         arguments = {"sandbox_id": sandbox_id, **arguments}
         try:
@@ -328,7 +356,7 @@ class Control:
         found = [
             s
             for s in self.ctx.records.of_tenant(tenant)
-            if s.end_at > now and listing.matches(s, self.state_of(s), query)
+            if not s.ended(now) and listing.matches(s, self.state_of(s), query)
         ]
         chosen, token = listing.page(found, query)
         headers = {listing.NEXT_TOKEN_HEADER: token} if token else None
@@ -343,7 +371,7 @@ class Control:
         found = [
             self.listed_json(s)
             for s in self.ctx.records.of_tenant(tenant)
-            if s.end_at > now
+            if not s.ended(now)
             and self.state_of(s) == RUNNING
             and all(s.metadata.get(k) == v for k, v in wanted.items())
         ]
@@ -423,10 +451,51 @@ class Control:
         sample = self.metrics.now(sandbox.sandbox_id, held.info.pid, held.born, workspace)
         return JSONResponse([sample])
 
+    async def wake(self, request: Request, sandbox: E2bSandbox) -> bool:
+        """Whether an envd request may reach this sandbox: a sandbox paused through E2B
+        (its pause or the timeout's) answers nothing (E2B's edge: 502) unless it was created
+        with auto_resume, which resumes it here (one resume record, "as": "auto_resume").
+        A sandbox housekeeping paused for idleness is resumed by the call itself, as on
+        every front."""
+        if sandbox.state != PAUSED:
+            return True
+        if not sandbox.auto_resume:
+            return False
+        await self._resume(request, sandbox, {"as": "auto_resume"})
+        sandbox.end_at = max(sandbox.end_at, time.time() + self.default_timeout)
+        await self.ctx.records.save(sandbox)
+        return True
+
+    async def pause_at_timeout(self, sandbox: E2bSandbox) -> None:
+        """lifecycle.on_timeout "pause": Stockade's pause at the end instead of a kill (one
+        pause record, caller "supervisor", "as": "timeout"); the paused sandbox is kept
+        e2b.max_timeout_s more, then removed as any other at its end."""
+        asked = {"sandbox_id": sandbox.sandbox_id, "as": "timeout",
+                 "end_at": rfc3339(sandbox.end_at)}  # fmt: skip
+        if sandbox.key in self.ctx.manager.registry:
+            await self.lifecycle.pause(actor(None), sandbox.key, asked)
+        else:  # its container was removed (idle): nothing runs; a connect makes it again
+            self.lifecycle.record(actor(None), sandbox.key, PAUSE, asked)
+        sandbox.state = PAUSED
+        sandbox.end_at = time.time() + self.max_timeout
+        await self.ctx.records.save(sandbox)
+        log.info("E2B sandbox %s paused: its timeout passed (on_timeout pause)",
+                 sandbox.sandbox_id)  # fmt: skip
+
     async def expire(self) -> int:
-        """Remove the sandboxes whose timeout has passed; how many."""
+        """Remove the sandboxes whose timeout has passed (pause those created with
+        on_timeout "pause"); how many were removed."""
         count = 0
         for sandbox in self.ctx.records.expired():
+            if sandbox.auto_pause and sandbox.state == RUNNING:
+                try:
+                    await self.pause_at_timeout(sandbox)
+                except errors.StockadeError as exc:  # tried again at the next sweep
+                    if sandbox.sandbox_id not in self._failed:
+                        log.warning("E2B sandbox %s: timeout passed, pause failed: %s",
+                                    sandbox.sandbox_id, exc)  # fmt: skip
+                        self._failed.add(sandbox.sandbox_id)
+                continue
             try:
                 await self.remove(sandbox, audit_failure=sandbox.sandbox_id not in self._failed)
             except ApiError as exc:
