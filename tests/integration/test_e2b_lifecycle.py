@@ -144,7 +144,7 @@ async def test_killing_a_sandbox_drops_its_running_command_async(served: E2bServ
 def test_sudo_is_refused_with_its_reason(served: E2bServed) -> None:
     sbx = Sandbox.create(**served.opts())
     try:
-        with pytest.raises(SandboxException, match="PERMISSION_DENIED.*sudo"):
+        with pytest.raises(SandboxException, match=r"PERMISSION_DENIED.*sudo"):
             sbx.commands.run("sudo id")
         with pytest.raises(SandboxException, match="user 'root' is not available"):
             sbx.commands.run("id", user="root")

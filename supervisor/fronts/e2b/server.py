@@ -61,9 +61,7 @@ class Dispatch:
     """Requests with an E2b-Sandbox-Id header to envd (after the token check), the rest to
     the control plane."""
 
-    def __init__(
-        self, ctx: E2bContext, control: ASGIApp, envd: ASGIApp, handlers: Control
-    ) -> None:
+    def __init__(self, ctx: E2bContext, control: ASGIApp, envd: ASGIApp, handlers: Control) -> None:
         self._ctx = ctx
         self._control = control
         self._envd = envd
@@ -152,6 +150,10 @@ def control_routes(control: Control) -> list[Route]:
         Route(sid + "/timeout", c.set_timeout, methods=["POST"]),
         Route(sid + "/metrics", c.metrics_of, methods=["GET"]),
         Route(sid + "/pause", c.pause, methods=["POST"]),
+        Route(sid + "/fork", c.snapshots.fork, methods=["POST"]),
+        Route(sid + "/snapshots", c.snapshots.create_snapshot, methods=["POST"]),
+        Route("/snapshots", c.snapshots.list_snapshots, methods=["GET"]),
+        Route("/templates/{template_id}", c.snapshots.delete_template, methods=["DELETE"]),
     ]
 
 
