@@ -141,6 +141,20 @@ async def test_killing_a_sandbox_drops_its_running_command_async(served: E2bServ
     assert "sandbox was killed or reached its end of life" in str(dropped.value)
 
 
+def test_a_pause_drops_the_stream_and_the_process_lives_on(served: E2bServed) -> None:
+    sbx = Sandbox.create(**served.opts())
+    try:
+        cmd = sbx.commands.run("sleep 60", background=True)
+        assert sbx.pause() is True
+        with pytest.raises(SandboxNotRunningException):  # the SDK probes: 502, paused
+            cmd.wait()
+        Sandbox.connect(sbx.sandbox_id, **served.opts())
+        assert cmd.pid in [p.pid for p in sbx.commands.list()]  # frozen, not ended
+        assert sbx.commands.kill(cmd.pid) is True
+    finally:
+        sbx.kill()
+
+
 def test_sudo_is_refused_with_its_reason(served: E2bServed) -> None:
     sbx = Sandbox.create(**served.opts())
     try:

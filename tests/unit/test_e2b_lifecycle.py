@@ -189,3 +189,16 @@ async def test_a_stream_that_ends_first_ends_cleanly() -> None:
         yield 1
 
     assert [e async for e in until_gone(events(), asyncio.Event(), "sbx0")] == [1]
+
+
+async def test_a_pause_at_the_timeout_ends_the_open_streams(tmp_path: Path) -> None:
+    """The front's pause tells envd (Processes.drop, tested with the real SDK in
+    tests/integration/test_e2b_lifecycle.py): the sandbox's open streams end."""
+    control, records, _kept = _control(tmp_path)
+    one = sandbox(started=time.time())
+    await records.add(one)
+    dropped: list[str] = []
+    control.ctx.pausers.append(dropped.append)
+    await control.ctx.manager.ensure(one.key)
+    await control.pause_at_timeout(one)
+    assert dropped == [one.sandbox_id]

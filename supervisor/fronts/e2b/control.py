@@ -476,6 +476,7 @@ class Control:
             raise from_domain(exc) from None
         sandbox.state = PAUSED
         await self.ctx.records.save(sandbox)
+        self._dropped(sandbox)
         if not changed:
             raise ApiError(409, f"sandbox {sandbox.sandbox_id} is already paused")
         return Response(status_code=204)
@@ -506,6 +507,12 @@ class Control:
         await self.ctx.records.save(sandbox)
         return True
 
+    def _dropped(self, sandbox: E2bSandbox) -> None:
+        """A pause ends the sandbox's open envd streams (E2B drops them: the SDK then finds
+        the sandbox paused)."""
+        for drop in self.ctx.pausers:
+            drop(sandbox.sandbox_id)
+
     async def pause_at_timeout(self, sandbox: E2bSandbox) -> None:
         """lifecycle.on_timeout "pause": Stockade's pause at the end instead of a kill (one
         pause record, caller "supervisor", "as": "timeout"); the paused sandbox is kept
@@ -519,6 +526,7 @@ class Control:
         sandbox.state = PAUSED
         sandbox.end_at = time.time() + self.max_timeout
         await self.ctx.records.save(sandbox)
+        self._dropped(sandbox)
         log.info("E2B sandbox %s paused: its timeout passed (on_timeout pause)",
                  sandbox.sandbox_id)  # fmt: skip
 

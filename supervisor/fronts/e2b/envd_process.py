@@ -87,7 +87,7 @@ class _Sandbox:
     """The processes started or found here, until they are seen to exit (at most
     MAX_KNOWN: the oldest go; `process list` finds a running one again)."""
     gone: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set when the sandbox is killed or ends: its open streams end at once."""
+    """Set when the sandbox is killed, ends or is paused: its open streams end at once."""
 
     def remember(self, pid: int, proc: _Proc) -> None:
         self.by_pid.pop(pid, None)
@@ -230,6 +230,14 @@ class Processes:
         for proc in box.by_pid.values() if box else ():
             if proc.deadline is not None:
                 proc.deadline.cancel()
+
+    def drop(self, sandbox_id: str) -> None:
+        """The sandbox is paused: its open streams end as E2B's do when it pauses (its
+        processes live on, frozen; after a resume `commands.connect(pid)` follows one again)."""
+        box = self._sandboxes.get(sandbox_id)
+        if box is not None:
+            box.gone.set()
+            box.gone = asyncio.Event()  # the streams opened after the resume
 
     async def close(self) -> None:
         for sandbox_id in list(self._sandboxes):
