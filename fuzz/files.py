@@ -57,6 +57,7 @@ CTX = SimpleNamespace(
         scrubber=None,
     ),
     forgetters=[],
+    pausers=[],
 )
 APP = build_envd_app(CTX)  # type: ignore[arg-type]
 SANDBOX = E2bSandbox(
