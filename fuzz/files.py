@@ -59,6 +59,7 @@ CTX = SimpleNamespace(
         share=FairShare(0),
     ),
     forgetters=[],
+    pausers=[],
 )
 APP = build_envd_app(CTX)  # type: ignore[arg-type]
 SANDBOX = E2bSandbox(

@@ -5,6 +5,9 @@ connection options for it."""
 from __future__ import annotations
 
 import contextlib
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,3 +37,19 @@ def serving_e2b(engine: str, folder: Path, extra: str = "", e2b: str = "") -> It
     with serving_front(engine, folder, "e2b", f"{e2b}{extra}") as (sup, address, tokens):
         token, other = tokens
         yield E2bServed(sup, f"http://{address}", token, other)
+
+
+def rest(
+    served: E2bServed, method: str, path: str, body: Any = None, token: str | None = None
+) -> tuple[int, Any]:
+    """A control-plane request over plain HTTP, as an older SDK sends it (tenant acme's
+    unless `token`): (status, the parsed body or None)."""
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"X-API-KEY": token or served.token, "Content-Type": "application/json"}
+    request = urllib.request.Request(served.url + path, data, headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            raw = response.read()
+            return int(response.status), json.loads(raw) if raw else None
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), json.loads(exc.read())

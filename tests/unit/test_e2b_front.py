@@ -18,6 +18,7 @@ from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.config import AuthConfig, Config, load_config
 from stockade.supervisor.errors import ConfigError, QuotaExceeded, SandboxNotFound
 from stockade.supervisor.fronts.e2b import listing
+from stockade.supervisor.fronts.e2b.control import Control
 from stockade.supervisor.fronts.e2b.records import (
     PAUSED,
     RUNNING,
@@ -313,7 +314,7 @@ async def test_dispatch_checks_the_access_token(tmp_path: Path) -> None:
     control, envd = Recorder(), Recorder()
     audit = Audited()
     ctx = e2b_context(Config(state_dir=tmp_path), records, refusals=Refusals(audit))
-    app = Dispatch(ctx, control, envd)
+    app = Dispatch(ctx, control, envd, Control(ctx))
     sid = {"E2b-Sandbox-Id": live.sandbox_id}
     assert (await call(app, {}))[0] == 204  # no sandbox header: the control plane's
     assert len(control.scopes) == 1

@@ -27,3 +27,5 @@ class E2bContext:
     records: Records
     forgetters: list[Callable[[str], None]] = field(default_factory=list)
     """Called with a sandbox id when the front removes that sandbox (envd's state of it)."""
+    pausers: list[Callable[[str], None]] = field(default_factory=list)
+    """Called with a sandbox id when the front pauses that sandbox (its open streams end)."""

@@ -45,6 +45,7 @@ from stockade.supervisor.fronts.e2b.records import (
     new_sandbox_id,
     rfc3339,
 )
+from stockade.supervisor.fronts.e2b.snapshots import SnapshotHandlers
 from stockade.supervisor.fronts.e2b.wire import (
     ApiError,
     from_domain,
@@ -56,6 +57,7 @@ from stockade.supervisor.fronts.e2b.wire import (
 )
 from stockade.supervisor.keys import scope
 from stockade.supervisor.sandboxes.profiles import SandboxProfile
+from stockade.supervisor.sandboxes.snapshots.repository import Snapshot
 
 log = logging.getLogger("stockade.e2b")
 UNSUPPORTED_CREATE = {
@@ -64,6 +66,30 @@ UNSUPPORTED_CREATE = {
     "iam": "IAM tokens",
 }
 """Create options refused with 400 rather than silently ignored."""
+
+
+def lifecycle_of(body: dict[str, Any]) -> tuple[bool, bool]:
+    """(auto_pause, auto_resume) of a create: E2B's `autoPause` (lifecycle.on_timeout
+    "pause"), `autoPauseMemory` (False: mode "filesystem"; both are Stockade's pause, which
+    keeps the memory) and `autoResume.enabled`. 400 for a value of the wrong type and for
+    auto-resume without auto-pause (as E2B's SDK refuses it)."""
+    auto_pause = body.get("autoPause")
+    if auto_pause is not None and not isinstance(auto_pause, bool):
+        raise ApiError(400, "autoPause must be a boolean")
+    memory = body.get("autoPauseMemory")
+    if memory is not None and not isinstance(memory, bool):
+        raise ApiError(400, "autoPauseMemory must be a boolean")
+    resume = body.get("autoResume")
+    if resume is not None and not isinstance(resume, dict):
+        raise ApiError(400, "autoResume must be an object")
+    enabled = (resume or {}).get("enabled", False)
+    if not isinstance(enabled, bool):
+        raise ApiError(400, "autoResume.enabled must be a boolean")
+    if enabled and not auto_pause:
+        raise ApiError(400, "autoResume: auto-resume needs lifecycle.on_timeout 'pause'")
+    if enabled and memory is False:
+        raise ApiError(400, "autoResume: a filesystem-only pause cannot be auto-resumed")
+    return bool(auto_pause), enabled
 
 
 def caller_of(request: Request) -> str:
@@ -84,6 +110,8 @@ class Control:
         self.ctx = ctx
         self.lifecycle = Lifecycle(ctx.manager, ctx.policy.audit)
         self.metrics = Metrics(ctx.config)
+        self.snapshots = SnapshotHandlers(self)
+        self.caller_of = caller_of
         e2b = ctx.config.e2b
         self.default_timeout = e2b.default_timeout_s
         self.max_timeout = e2b.max_timeout_s
@@ -94,7 +122,7 @@ class Control:
 
     # lookups and answers
 
-    def _tenant(self, request: Request) -> str:
+    def tenant(self, request: Request) -> str:
         try:
             return tenant_of(self.ctx.authenticator, request.headers)
         except ApiError as exc:
@@ -103,13 +131,13 @@ class Control:
                 refusals.refused(FRONT, client_of(request.scope), exc.message)
             raise
 
-    def _own(self, request: Request) -> tuple[str, E2bSandbox]:
+    def own(self, request: Request) -> tuple[str, E2bSandbox]:
         """(tenant, the caller's live sandbox named in the path); 404 for an unknown id, one
         of another tenant and one whose timeout has passed (its removal may be pending)."""
-        tenant = self._tenant(request)
+        tenant = self.tenant(request)
         sandbox_id = str(request.path_params["sandbox_id"])
         sandbox = self.ctx.records.get(tenant, sandbox_id)
-        if sandbox is None or sandbox.end_at <= time.time():
+        if sandbox is None or sandbox.ended(time.time()):
             raise not_found(sandbox_id)
         return tenant, sandbox
 
@@ -149,6 +177,10 @@ class Control:
             "state": self.state_of(sandbox),
             "envdVersion": ENVD_VERSION,
             "metadata": dict(sandbox.metadata),
+            "lifecycle": {
+                "onTimeout": "pause" if sandbox.auto_pause else "kill",
+                "autoResume": sandbox.auto_resume,
+            },
         }
 
     def _profile(self, template: str) -> SandboxProfile:
@@ -168,27 +200,29 @@ class Control:
         self.lifecycle.record(actor(request), sandbox.key, tool, asked, error=error or None)
 
     @contextlib.contextmanager
-    def _creating(
-        self, tenant: str, request: Request, sandbox: E2bSandbox, arguments: dict[str, Any]
-    ) -> Iterator[None]:
-        """One of the tenant's sandboxes while it is made: QuotaExceeded (429) when the
-        tenant has e2b.max_sandboxes_per_tenant on record or being made already, recorded
-        through the lifecycle path as the create's one record. Counted per tenant: one at its
-        cap never refuses another's create."""
+    def creating(
+        self, tenant: str, request: Request, sandbox: E2bSandbox, arguments: dict[str, Any],
+        count: int = 1,
+    ) -> Iterator[None]:  # fmt: skip
+        """`count` of the tenant's sandboxes while they are made (a create's one, a fork's
+        several): QuotaExceeded (429) when the tenant would have more than
+        e2b.max_sandboxes_per_tenant on record or being made, recorded through the lifecycle
+        path as the create's one record. Counted per tenant: one at its cap never refuses
+        another's create."""
         cap = self.ctx.config.e2b.max_sandboxes_per_tenant
         pending = self._pending.get(tenant, 0)
-        if cap and self.ctx.records.count(tenant) + pending >= cap:
+        if cap and self.ctx.records.count(tenant) + pending + count > cap:
             refused = errors.QuotaExceeded(
                 f"this tenant has {cap} E2B sandboxes already, its limit "
                 f"(e2b.max_sandboxes_per_tenant): kill one first"
             )
             self.lifecycle.record(actor(request), sandbox.key, CREATE, arguments, error=refused)
             raise refused
-        self._pending[tenant] = pending + 1
+        self._pending[tenant] = pending + count
         try:
             yield
         finally:
-            left = self._pending[tenant] - 1
+            left = self._pending[tenant] - count
             if left:
                 self._pending[tenant] = left
             else:
@@ -198,24 +232,25 @@ class Control:
 
     async def create(self, request: Request) -> Response:
         """POST /v2/sandboxes (and /sandboxes): a running sandbox when it answers, 201."""
-        tenant = self._tenant(request)
+        tenant = self.tenant(request)
         body = await read_json(request, self.ctx.config.max_request_bytes)
         template = body.get("templateID", DEFAULT_TEMPLATE)
         if not isinstance(template, str):
             raise ApiError(400, "templateID must be a string")
+        snapshot = None
         try:
             self.ctx.manager.profiles.get(template)  # a template is a sandbox profile
         except errors.NotFound as exc:
-            raise ApiError(404, f"template {template[:64]!r} not found: {exc}") from None
+            snapshot = await self.snapshots.named(tenant, template)  # or a snapshot
+            if snapshot is None:
+                raise ApiError(404, f"template {template[:64]!r} not found: {exc}") from None
         for option, what in UNSUPPORTED_CREATE.items():
             if body.get(option) not in (None, {}, []):
                 raise ApiError(400, f"{option}: {what} are not supported by Stockade yet")
-        if body.get("autoPause"):
-            raise ApiError(400, "autoPause: pausing on timeout is not supported by Stockade yet")
-        resume = body.get("autoResume")
-        if isinstance(resume, dict) and resume.get("enabled"):
-            raise ApiError(400, "autoResume: auto-resume is not supported by Stockade yet")
+        auto_pause, auto_resume = lifecycle_of(body)
         network = network_request(body, self.ctx.config)
+        if snapshot is not None and network is not None:
+            raise ApiError(400, "network options with a snapshot as the template: not supported")
         timeout = self.default_timeout
         if body.get("timeout") is not None:
             timeout = seconds(body["timeout"], "timeout", self.max_timeout)
@@ -234,19 +269,27 @@ class Control:
             end_at=now + timeout,
             metadata=metadata,
             env_vars=env_vars,
+            auto_pause=auto_pause,
+            auto_resume=auto_resume,
         )
         arguments = {
             "template": template,
             "timeout": timeout,
             "metadata": metadata,
             "env_vars": sorted(env_vars),  # names only: values may be secrets
+            "on_timeout": "pause" if auto_pause else "kill",
+            "auto_resume": auto_resume,
         }
         arguments = {"sandbox_id": sandbox_id, **arguments}
         try:
-            with self._creating(tenant, request, sandbox, arguments):
-                await self.lifecycle.ensure(
-                    actor(request), sandbox.key, network, template, tool=CREATE, arguments=arguments
-                )
+            with self.creating(tenant, request, sandbox, arguments):
+                if snapshot is None:
+                    await self.lifecycle.ensure(
+                        actor(request), sandbox.key, network, template, tool=CREATE,
+                        arguments=arguments,
+                    )  # fmt: skip
+                else:
+                    await self._from_snapshot(request, sandbox, snapshot, arguments)
         except errors.StockadeError as exc:
             raise from_domain(exc) from None
         sandbox.started_at = time.time()
@@ -255,10 +298,35 @@ class Control:
         log.info("E2B sandbox %s created (timeout %d s)", sandbox_id, timeout)
         return JSONResponse(self.sandbox_json(sandbox), status_code=201)
 
+    async def _from_snapshot(
+        self, request: Request, sandbox: E2bSandbox, snapshot: Snapshot, arguments: dict[str, Any]
+    ) -> None:
+        """A create whose template is a snapshot: the store's restore into the new key (its
+        own record, as for every front), and the create's one lifecycle record."""
+        asked = {**arguments, "snapshot": snapshot.name}
+        try:
+            await self.snapshots.restore_into(request, sandbox, snapshot)
+        except errors.StockadeError as exc:
+            self.lifecycle.record(actor(request), sandbox.key, CREATE, asked, error=exc)
+            raise
+        self.lifecycle.record(actor(request), sandbox.key, CREATE, asked)
+
+    def is_template(self, name: str) -> bool:
+        """Whether a configured profile (an E2B template) has that name."""
+        try:
+            self.ctx.manager.profiles.get(name)
+        except errors.NotFound:
+            return False
+        return True
+
+    def seconds_of(self, value: Any) -> int:
+        """A request's `timeout` within e2b.max_timeout_s (400 otherwise)."""
+        return seconds(value, "timeout", self.max_timeout)
+
     async def connect(self, request: Request) -> Response:
         """POST /v2/sandboxes/{id}/connect (and /sandboxes/{id}/connect): a running sandbox
         gets a later end if `timeout` asks for one (200); a paused one is resumed (201)."""
-        _tenant, sandbox = self._own(request)
+        _tenant, sandbox = self.own(request)
         body = await read_json(request, self.ctx.config.max_request_bytes)
         timeout = None
         if body.get("timeout") is not None:
@@ -274,7 +342,7 @@ class Control:
 
     async def resume(self, request: Request) -> Response:
         """POST /sandboxes/{id}/resume (older SDKs): 201, or 409 when it is not paused."""
-        _tenant, sandbox = self._own(request)
+        _tenant, sandbox = self.own(request)
         body = await read_json(request, self.ctx.config.max_request_bytes)
         if self.state_of(sandbox) != PAUSED:
             raise ApiError(409, f"sandbox {sandbox.sandbox_id} is not paused")
@@ -311,7 +379,7 @@ class Control:
 
     async def info(self, request: Request) -> Response:
         """GET /sandboxes/{id}: SandboxDetail."""
-        _tenant, sandbox = self._own(request)
+        _tenant, sandbox = self.own(request)
         detail = self.listed_json(sandbox)
         detail["envdAccessToken"] = sandbox.access_token
         return JSONResponse(detail)
@@ -319,7 +387,7 @@ class Control:
     async def list_v2(self, request: Request) -> Response:
         """GET /v2/sandboxes: one page of the caller's sandboxes, the next page's token in
         x-next-token."""
-        tenant = self._tenant(request)
+        tenant = self.tenant(request)
         params: dict[str, list[str]] = {}
         for name, value in request.query_params.multi_items():
             params.setdefault(name, []).append(value)
@@ -328,7 +396,7 @@ class Control:
         found = [
             s
             for s in self.ctx.records.of_tenant(tenant)
-            if s.end_at > now and listing.matches(s, self.state_of(s), query)
+            if not s.ended(now) and listing.matches(s, self.state_of(s), query)
         ]
         chosen, token = listing.page(found, query)
         headers = {listing.NEXT_TOKEN_HEADER: token} if token else None
@@ -336,14 +404,14 @@ class Control:
 
     async def list_v1(self, request: Request) -> Response:
         """GET /sandboxes (older SDKs): the caller's running sandboxes, `metadata` filter."""
-        tenant = self._tenant(request)
+        tenant = self.tenant(request)
         raw = request.query_params.get("metadata", "")
         wanted = listing.parse_metadata(raw) if raw else {}
         now = time.time()
         found = [
             self.listed_json(s)
             for s in self.ctx.records.of_tenant(tenant)
-            if s.end_at > now
+            if not s.ended(now)
             and self.state_of(s) == RUNNING
             and all(s.metadata.get(k) == v for k, v in wanted.items())
         ]
@@ -351,7 +419,7 @@ class Control:
 
     async def set_timeout(self, request: Request) -> Response:
         """POST /sandboxes/{id}/timeout: the sandbox ends `timeout` seconds from now; 204."""
-        _tenant, sandbox = self._own(request)
+        _tenant, sandbox = self.own(request)
         body = await read_json(request, self.ctx.config.max_request_bytes, required=True)
         timeout = seconds(body.get("timeout"), "timeout", self.max_timeout)
         sandbox.end_at = time.time() + timeout
@@ -361,7 +429,7 @@ class Control:
 
     async def kill(self, request: Request) -> Response:
         """DELETE /sandboxes/{id}: container and workspace removed; 204 (404: SDKs -> False)."""
-        _tenant, sandbox = self._own(request)
+        _tenant, sandbox = self.own(request)
         await self.remove(sandbox, request)
         return Response(status_code=204)
 
@@ -391,7 +459,7 @@ class Control:
     async def pause(self, request: Request) -> Response:
         """POST /sandboxes/{id}/pause: every process frozen (the engine's pause), memory
         kept; 204, or 409 when it is paused already (SDKs -> False)."""
-        _tenant, sandbox = self._own(request)
+        _tenant, sandbox = self.own(request)
         await read_json(request, self.ctx.config.max_request_bytes)
         if self.state_of(sandbox) == PAUSED:
             raise ApiError(409, f"sandbox {sandbox.sandbox_id} is already paused")
@@ -408,6 +476,7 @@ class Control:
             raise from_domain(exc) from None
         sandbox.state = PAUSED
         await self.ctx.records.save(sandbox)
+        self._dropped(sandbox)
         if not changed:
             raise ApiError(409, f"sandbox {sandbox.sandbox_id} is already paused")
         return Response(status_code=204)
@@ -415,7 +484,7 @@ class Control:
     async def metrics_of(self, request: Request) -> Response:
         """GET /sandboxes/{id}/metrics: one sample of now (metrics.py), [] when its
         container is not running."""
-        _tenant, sandbox = self._own(request)
+        _tenant, sandbox = self.own(request)
         held = self.ctx.manager.registry.get(sandbox.key)
         if held is None or not held.info.running:
             return JSONResponse([])
@@ -423,10 +492,58 @@ class Control:
         sample = self.metrics.now(sandbox.sandbox_id, held.info.pid, held.born, workspace)
         return JSONResponse([sample])
 
+    async def wake(self, request: Request, sandbox: E2bSandbox) -> bool:
+        """Whether an envd request may reach this sandbox: a sandbox paused through E2B
+        (its pause or the timeout's) answers nothing (E2B's edge: 502) unless it was created
+        with auto_resume, which resumes it here (one resume record, "as": "auto_resume").
+        A sandbox housekeeping paused for idleness is resumed by the call itself, as on
+        every front."""
+        if sandbox.state != PAUSED:
+            return True
+        if not sandbox.auto_resume:
+            return False
+        await self._resume(request, sandbox, {"as": "auto_resume"})
+        sandbox.end_at = max(sandbox.end_at, time.time() + self.default_timeout)
+        await self.ctx.records.save(sandbox)
+        return True
+
+    def _dropped(self, sandbox: E2bSandbox) -> None:
+        """A pause ends the sandbox's open envd streams (E2B drops them: the SDK then finds
+        the sandbox paused)."""
+        for drop in self.ctx.pausers:
+            drop(sandbox.sandbox_id)
+
+    async def pause_at_timeout(self, sandbox: E2bSandbox) -> None:
+        """lifecycle.on_timeout "pause": Stockade's pause at the end instead of a kill (one
+        pause record, caller "supervisor", "as": "timeout"); the paused sandbox is kept
+        e2b.max_timeout_s more, then removed as any other at its end."""
+        asked = {"sandbox_id": sandbox.sandbox_id, "as": "timeout",
+                 "end_at": rfc3339(sandbox.end_at)}  # fmt: skip
+        if sandbox.key in self.ctx.manager.registry:
+            await self.lifecycle.pause(actor(None), sandbox.key, asked)
+        else:  # its container was removed (idle): nothing runs; a connect makes it again
+            self.lifecycle.record(actor(None), sandbox.key, PAUSE, asked)
+        sandbox.state = PAUSED
+        sandbox.end_at = time.time() + self.max_timeout
+        await self.ctx.records.save(sandbox)
+        self._dropped(sandbox)
+        log.info("E2B sandbox %s paused: its timeout passed (on_timeout pause)",
+                 sandbox.sandbox_id)  # fmt: skip
+
     async def expire(self) -> int:
-        """Remove the sandboxes whose timeout has passed; how many."""
+        """Remove the sandboxes whose timeout has passed (pause those created with
+        on_timeout "pause"); how many were removed."""
         count = 0
         for sandbox in self.ctx.records.expired():
+            if sandbox.auto_pause and sandbox.state == RUNNING:
+                try:
+                    await self.pause_at_timeout(sandbox)
+                except errors.StockadeError as exc:  # tried again at the next sweep
+                    if sandbox.sandbox_id not in self._failed:
+                        log.warning("E2B sandbox %s: timeout passed, pause failed: %s",
+                                    sandbox.sandbox_id, exc)  # fmt: skip
+                        self._failed.add(sandbox.sandbox_id)
+                continue
             try:
                 await self.remove(sandbox, audit_failure=sandbox.sandbox_id not in self._failed)
             except ApiError as exc:

@@ -83,6 +83,7 @@ def build_envd_app(ctx: E2bContext) -> Starlette:
     files = Files(ctx)
     processes = Processes(ctx)
     ctx.forgetters.append(processes.forget)
+    ctx.pausers.append(processes.drop)
     watches = Watches(ctx)
     ctx.forgetters.append(watches.forget)
     limit = ctx.config.max_request_bytes

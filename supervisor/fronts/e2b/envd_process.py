@@ -86,6 +86,8 @@ class _Sandbox:
     by_pid: dict[int, _Proc] = field(default_factory=dict)
     """The processes started or found here, until they are seen to exit (at most
     MAX_KNOWN: the oldest go; `process list` finds a running one again)."""
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the sandbox is killed, ends or is paused: its open streams end at once."""
 
     def remember(self, pid: int, proc: _Proc) -> None:
         self.by_pid.pop(pid, None)
@@ -223,9 +225,19 @@ class Processes:
     def forget(self, sandbox_id: str) -> None:
         """The sandbox is gone: its processes' deadlines with it."""
         box = self._sandboxes.pop(sandbox_id, None)
+        if box is not None:
+            box.gone.set()
         for proc in box.by_pid.values() if box else ():
             if proc.deadline is not None:
                 proc.deadline.cancel()
+
+    def drop(self, sandbox_id: str) -> None:
+        """The sandbox is paused: its open streams end as E2B's do when it pauses (its
+        processes live on, frozen; after a resume `commands.connect(pid)` follows one again)."""
+        box = self._sandboxes.get(sandbox_id)
+        if box is not None:
+            box.gone.set()
+            box.gone = asyncio.Event()  # the streams opened after the resume
 
     async def close(self) -> None:
         for sandbox_id in list(self._sandboxes):
@@ -305,8 +317,9 @@ class Processes:
         """envd's events for a streamed `process` call: start, data, keepalive, end (`pid`:
         the process's, when the call is an attach, which says no start of its own)."""
         stream = self._ctx.pipeline.call_stream(call, caller_of(request))
+        events = until_gone(stream, box.gone, sandbox_of(request).sandbox_id)
         try:  # a client gone: the call detaches at once (the stream is closed)
-            async for event in with_keepalive(stream, keepalive_interval(request)):
+            async for event in with_keepalive(events, keepalive_interval(request)):
                 if event is None:
                     if pid:
                         yield {"event": {"keepalive": {}}}
@@ -445,6 +458,35 @@ class Processes:
             args = {"action": "resize", "id": proc.name, "cols": window[0], "rows": window[1]}
             await self._action(request, args)
         return {}
+
+
+async def until_gone(
+    events: AsyncIterator[Any], gone: asyncio.Event, sandbox_id: str
+) -> AsyncIterator[Any]:
+    """The events until the sandbox is killed (or ends): then the stream ends as E2B's does
+    when a sandbox goes mid-command, an `unavailable` that names no cause (the SDKs then
+    probe /health, find the sandbox gone and report it killed or at its end of life), not
+    the pipeline's later error. The source is not closed here: its owner does that."""
+    ended = asyncio.ensure_future(gone.wait())
+    try:
+        while True:
+            step = asyncio.ensure_future(anext(events))
+            await asyncio.wait({step, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
+                step.cancel()
+                with contextlib.suppress(BaseException):
+                    await step
+                raise ConnectError(
+                    "unavailable",
+                    f"the connection to sandbox {sandbox_id} ended before the stream completed",
+                )
+            try:
+                item = step.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        ended.cancel()
 
 
 def _selector_text(selector: int | str) -> str:

@@ -82,6 +82,17 @@ class E2bSandbox:
     """Default environment of every process in the sandbox (applied by envd's process service)."""
     state: str = RUNNING
     """"running" or "paused"."""
+    auto_pause: bool = False
+    """`lifecycle.on_timeout` "pause" (E2B's autoPause): at end_at the sandbox is paused
+    (Stockade's pause) and kept `e2b.max_timeout_s` more, not removed."""
+    auto_resume: bool = False
+    """`lifecycle.auto_resume` (autoResume.enabled): an envd request to the paused sandbox
+    resumes it; without it such a request is answered 502, as E2B's edge does."""
+
+    def ended(self, now: float) -> bool:
+        """Past its end and not waiting for the sweep to pause it (an auto-pause sandbox
+        stays reachable until the sweep has paused it)."""
+        return self.end_at <= now and not (self.auto_pause and self.state == RUNNING)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,6 +110,8 @@ class E2bSandbox:
             metadata={str(k): str(v) for k, v in dict(data.get("metadata") or {}).items()},
             env_vars={str(k): str(v) for k, v in dict(data.get("env_vars") or {}).items()},
             state=PAUSED if data.get("state") == PAUSED else RUNNING,
+            auto_pause=data.get("auto_pause") is True,
+            auto_resume=data.get("auto_resume") is True,
         )
 
 

@@ -61,10 +61,11 @@ class Dispatch:
     """Requests with an E2b-Sandbox-Id header to envd (after the token check), the rest to
     the control plane."""
 
-    def __init__(self, ctx: E2bContext, control: ASGIApp, envd: ASGIApp) -> None:
+    def __init__(self, ctx: E2bContext, control: ASGIApp, envd: ASGIApp, handlers: Control) -> None:
         self._ctx = ctx
         self._control = control
         self._envd = envd
+        self._handlers = handlers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sandbox_id = header(scope, SANDBOX_HEADER) if scope["type"] == "http" else None
@@ -82,15 +83,28 @@ class Dispatch:
             message = "unauthorized access, please provide a valid access token (X-Access-Token)"
             await _answer(scope, receive, send, 401, message)
             return
+        if not await self._awake(scope, sandbox):
+            message = f"The sandbox {sandbox_id} was not found: it is paused (connect resumes it)"
+            await _answer(scope, receive, send, 502, message)
+            return
         scope = dict(scope)
         scope["state"] = {**scope.get("state", {}), SANDBOX_STATE: sandbox}
         await self._envd(scope, receive, send)
+
+    async def _awake(self, scope: Scope, sandbox: E2bSandbox) -> bool:
+        """Whether the sandbox runs for this request (Control.wake: a paused one answers 502
+        unless created with auto_resume). A resume that fails is a 502 too."""
+        try:
+            return await self._handlers.wake(Request(scope), sandbox)
+        except ApiError as exc:
+            log.warning("E2B sandbox %s: auto-resume failed: %s", sandbox.sandbox_id, exc.message)
+            return False
 
     def sandbox_for(self, sandbox_id: str) -> E2bSandbox | None:
         """The live sandbox of that id (any tenant: its token decides), None when unknown or
         its timeout has passed."""
         sandbox = self._ctx.records.by_id(sandbox_id)
-        if sandbox is None or sandbox.end_at <= time.time():
+        if sandbox is None or sandbox.ended(time.time()):
             return None
         return sandbox
 
@@ -136,6 +150,10 @@ def control_routes(control: Control) -> list[Route]:
         Route(sid + "/timeout", c.set_timeout, methods=["POST"]),
         Route(sid + "/metrics", c.metrics_of, methods=["GET"]),
         Route(sid + "/pause", c.pause, methods=["POST"]),
+        Route(sid + "/fork", c.snapshots.fork, methods=["POST"]),
+        Route(sid + "/snapshots", c.snapshots.create_snapshot, methods=["POST"]),
+        Route("/snapshots", c.snapshots.list_snapshots, methods=["GET"]),
+        Route("/templates/{template_id}", c.snapshots.delete_template, methods=["DELETE"]),
     ]
 
 
@@ -155,7 +173,7 @@ def build_app(ctx: E2bContext) -> tuple[ASGIApp, Control]:
 
     handlers: dict[Any, Any] = {ApiError: _api_error, HTTPException: _http_error, Exception: _crash}
     app = Starlette(routes=control_routes(control), exception_handlers=handlers, lifespan=lifespan)
-    return BodyAudit(Dispatch(ctx, app, envd), FRONT, ctx.policy.refusals), control
+    return BodyAudit(Dispatch(ctx, app, envd, control), FRONT, ctx.policy.refusals), control
 
 
 class E2bFront:
