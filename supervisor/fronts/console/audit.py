@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
 
 from stockade.supervisor.fronts.console.context import ConsoleContext, query
-from stockade.supervisor.fronts.console.html import columns, e, page, table, url, when
+from stockade.supervisor.fronts.console.html import columns, e, page, short, table, url, when
 from stockade.supervisor.fronts.console.sessions import Session
 from stockade.supervisor.observe.audit import MAX_LIMIT, AuditLog, AuditQuery, AuditRecord
 from stockade.supervisor.tools.catalog import ALIASES
@@ -147,9 +147,9 @@ async def audit_page(ctx: ConsoleContext, request: Request) -> Response:
     rows = (
         [
             f'<a href="{e(url("/audit/record", tenant=f.tenant, id=r.id))}">{e(when(r.time))}</a>',
-            e(r.sandbox_key),
-            e(r.tool),
-            e(r.agent_id),
+            short(r.sandbox_key),
+            short(r.tool),
+            short(r.agent_id),
             e(r.front or "-"),
             e(r.error_code or "ok"),
             e(r.policy_step),

@@ -25,8 +25,10 @@ from stockade.supervisor.fronts.console.html import (
     e,
     message,
     page,
+    short,
     table,
     url,
+    visible,
     when,
 )
 from stockade.supervisor.keys import split
@@ -106,8 +108,8 @@ def state_text(r: dict[str, Any]) -> tuple[str, str]:
 def cells(r: dict[str, Any]) -> list[str]:
     state, kind = state_text(r)
     return [
-        e(r["tenant"]),
-        f'<a href="{e(r["href"])}">{e(r["key"])}</a>',
+        short(r["tenant"]),
+        f'<a href="{e(r["href"])}">{short(r["key"])}</a>',
         f'<span class="state {e(kind)}">{e(state)}</span>',
         e(r["engine"]),
         e(r["network"] or "-"),
@@ -140,7 +142,7 @@ async def sandbox_page(ctx: ConsoleContext, request: Request) -> Response:
     except StockadeError as exc:
         raise HTTPException(404, str(exc)) from None
     r = row(ctx, info, time.time())
-    facts = table(("Field", "Value"), ([e(k), e(v)] for k, v in r.items() if k != "href"))
+    facts = table(("Field", "Value"), ([e(k), visible(v)] for k, v in r.items() if k != "href"))
     quarantined = quarantines.held(ctx, key) is not None
     offered = [a for a in ACTIONS if (a in WHEN_QUARANTINED) == quarantined or a == "destroy"]
     confirm = {a: url("/sandbox/confirm", action=a, tenant=tenant, key=shown_key) for a in offered}
@@ -194,8 +196,8 @@ async def recent_calls(ctx: ConsoleContext, tenant: str, key: str) -> str:
         (
             [
                 link(url("/audit/record", tenant=tenant, id=r.id), when(r.time)),
-                e(r.tool),
-                e(r.agent_id),
+                short(r.tool),
+                short(r.agent_id),
                 e(r.error_code or "ok"),
                 e(r.duration_ms),
             ]
@@ -231,7 +233,8 @@ async def confirm_page(ctx: ConsoleContext, request: Request) -> Response:
         f'<input type="hidden" name="tenant" value="{e(tenant)}">'
         f'<input type="hidden" name="key" value="{e(shown_key)}">'
         + (quarantines.reason_field() if action == "quarantine" else "")
-        + f'<button type="submit" id="confirm">{e(action.capitalize())} {e(shown_key)}</button> '
+        + f'<button type="submit" id="confirm">{e(action.capitalize())} '
+        f"{short(shown_key)}</button> "
         f'<a href="{e(url("/sandbox", tenant=tenant, key=shown_key))}">Cancel</a></form>'
     )
     return HTMLResponse(page(f"{action.capitalize()} {shown_key}?", body, session))

@@ -8,15 +8,61 @@
   const csrf = body.dataset.csrf || "";
   const refreshMs = Math.max(200, 1000 * Number(body.dataset.refresh || "2"));
 
+  // as html.visible and html.short on the server: every character that is not printable
+  // (controls, bidi overrides and isolates, zero-width marks) shown as its escape in a marked
+  // span; a long value cut, the whole on hover
+  const HIDDEN = /(?! )[\p{C}\p{Z}]/gu; // what Python's str.isprintable refuses
+  const SHORT = 64;
+
+  function escaped(c) {
+    const code = c.codePointAt(0);
+    if (c === "\n") return "\\n";
+    if (c === "\t") return "\\t";
+    if (c === "\r") return "\\r";
+    const hex = code.toString(16);
+    if (code < 0x100) return "\\x" + hex.padStart(2, "0");
+    return code < 0x10000 ? "\\u" + hex.padStart(4, "0") : "\\U" + hex.padStart(8, "0");
+  }
+
+  function visibleInto(parent, text) {
+    let last = 0;
+    for (const m of text.matchAll(HIDDEN)) {
+      parent.appendChild(document.createTextNode(text.slice(last, m.index)));
+      const span = document.createElement("span");
+      span.className = "ctl";
+      span.textContent = escaped(m[0]);
+      parent.appendChild(span);
+      last = m.index + m[0].length;
+    }
+    parent.appendChild(document.createTextNode(text.slice(last)));
+  }
+
+  function shortInto(parent, text) {
+    const span = document.createElement("span");
+    span.className = "val";
+    const chars = Array.from(text);
+    const cut = chars.length > SHORT ? chars.slice(0, SHORT - 1).join("") : text;
+    HIDDEN.lastIndex = 0;
+    if (cut !== text || HIDDEN.test(text)) span.title = text.replace(HIDDEN, escaped);
+    visibleInto(span, cut);
+    if (cut !== text) {
+      const more = document.createElement("span");
+      more.className = "more";
+      more.textContent = "…";
+      span.appendChild(more);
+    }
+    parent.appendChild(span);
+  }
+
   function cell(row, text, href) {
     const td = document.createElement("td");
     if (href) {
       const a = document.createElement("a");
       a.href = href;
-      a.textContent = text;
+      shortInto(a, text);
       td.appendChild(a);
     } else {
-      td.textContent = text;
+      shortInto(td, text);
     }
     row.appendChild(td);
     return td;
@@ -108,12 +154,35 @@
     tidy();
   }
 
+  function askAlways(form, ask) {
+    const confirm = form.querySelector(".confirm-always");
+    if (!confirm) return;
+    confirm.hidden = !ask;
+    if (ask) confirm.querySelector("button[type=submit]").focus();
+    else form.querySelector("button[value=allow-always]").focus();
+  }
+
   function hook(form) {
     if (!form || form.dataset.hooked) return;
     form.dataset.hooked = "1";
+    const row = form.closest("tr");
+    if (row) {
+      row.tabIndex = 0; // the keys act on the row that has the focus, never on another
+      row.classList.add("request");
+      row.addEventListener("click", (event) => {
+        if (event.target === row || !event.target.closest("button, a, input")) row.focus();
+      });
+    }
+    const cancel = form.querySelector("button.always-no");
+    if (cancel) cancel.addEventListener("click", () => askAlways(form, false));
     form.addEventListener("submit", async (event) => {
       event.preventDefault();
-      const data = new FormData(form, event.submitter);
+      const by = event.submitter;
+      if (by && by.name === "decision" && by.value === "allow-always") {
+        askAlways(form, true); // Always is asked twice: the row's confirming button decides
+        return;
+      }
+      const data = new FormData(form, by);
       const answer = await fetch(form.action, {
         method: "POST",
         credentials: "same-origin",
@@ -142,12 +211,19 @@
     window.setInterval(tick, 1000);
     tick();
     document.addEventListener("keydown", (event) => {
+      if (event.ctrlKey || event.metaKey || event.altKey || event.repeat) return;
       const target = event.target;
       if (target && (target.tagName === "INPUT" || target.tagName === "SELECT")) return;
       const wanted = { o: "allow-once", a: "allow-always", d: "deny" }[event.key];
       const tbody = pendingBody();
       if (!wanted || !tbody) return;
-      const button = tbody.querySelector("button[value=" + wanted + "]");
+      // only the request whose row has the (visible) focus: a key pressed with the focus
+      // elsewhere does nothing
+      const row = document.activeElement && document.activeElement.closest("tr.request");
+      if (!row || !tbody.contains(row)) return;
+      const form = row.querySelector("form.decision");
+      if (wanted === "allow-always") { askAlways(form, true); return; }
+      const button = row.querySelector("button[name=decision][value=" + wanted + "]");
       if (button) button.click();
     });
   }

