@@ -159,7 +159,7 @@
     if (!confirm) return;
     confirm.hidden = !ask;
     if (ask) confirm.querySelector("button[type=submit]").focus();
-    else form.querySelector("button[value=allow-always]").focus();
+    else form.querySelector("button[name=decision][value=allow-always]").focus();
   }
 
   function hook(form) {
