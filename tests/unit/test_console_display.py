@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -16,9 +18,11 @@ from starlette.testclient import TestClient
 
 from stockade.supervisor.fronts.console import approvals as page
 from stockade.supervisor.fronts.console.app import build_app
+from stockade.supervisor.fronts.console.audit import decision_of
 from stockade.supervisor.fronts.console.context import ConsoleContext
 from stockade.supervisor.fronts.console.html import SHORT, TITLE_CHARS, folded, short, visible
 from stockade.supervisor.keys import scope
+from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.policy.approvals import EVERY, Outcome
 from tests.unit.test_console import ALICE, OPS, ORIGIN, info, login, stand_in
 from tests.unit.test_console import client as client  # the fixtures
@@ -207,3 +211,136 @@ def test_a_forged_confirmation_is_still_refused(client: TestClient) -> None:
     login(client, ALICE)
     form = {"id": "x", "confirmed": "allow-always", "csrf": "forged"}
     assert client.post("/approvals/decide", data=form, headers=ORIGIN).status_code == 403
+
+
+# the audit list: what ran, what became of it and why; every tenant; the viewer's zone
+
+
+def _record(tenant: str, key: str, when: float = 0.0, **fields: Any) -> AuditRecord:
+    base: dict[str, Any] = {
+        "time": when or time.time(), "request_id": "r", "caller": "c",
+        "sandbox_key": scope(tenant, key), "agent_id": "agent", "provider": "", "tool": "exec",
+        "arguments_json": json.dumps({"command": f"run {key}"}), "policy_step": "allowed",
+        "tenant": tenant, "front": "grpc",
+    }  # fmt: skip
+    base.update(fields)
+    base["is_error"] = bool(base.get("error_code"))
+    return AuditRecord(**base)
+
+
+CASES = {
+    # key: (the record's fields, the decision, its reason)
+    "guarded": (
+        {"error_code": "PERMISSION_DENIED", "guard_rule": "rm-root", "approval": "withdrawn"},
+        "refused", "guard: rm-root",
+    ),
+    "approved": (
+        {"approval": "allow-once", "approver": "console:operator:ops"},
+        "allowed", "approval: allow-once by console:operator:ops",
+    ),
+    "denied": (
+        {"error_code": "APPROVAL_DENIED", "approval": "deny", "approver": "carol"},
+        "refused", "approval: deny by carol",
+    ),
+    "nobody": (
+        {"error_code": "APPROVAL_DENIED", "approval": "no-approver"},
+        "refused", "approval: no-approver",
+    ),
+    "limited": (
+        {"error_code": "RATE_LIMITED", "policy_step": "limits.max_streams_per_tenant"},
+        "refused", "limit: limits.max_streams_per_tenant",
+    ),
+    "policed": (
+        {"error_code": "PERMISSION_DENIED", "policy_step": "deny: exec for agent x"},
+        "refused", "policy: deny: exec for agent x",
+    ),
+    "failed": ({"error_code": "TIMEOUT"}, "failed", "error: TIMEOUT"),
+    "plain": ({}, "allowed", "-"),
+    "listed": ({"approval": "allowlist"}, "allowed", "approval: allowlist"),
+}  # fmt: skip
+
+
+def test_audit_rows_say_what_ran_and_why(client: TestClient, ctx: ConsoleContext) -> None:
+    audit = ctx.policy.audit
+    assert audit is not None
+    for key, (fields, _decision, _reason) in CASES.items():
+        audit.record(_record("alice", key, **fields))
+    audit.flush()
+    login(client, ALICE)
+    page = client.get("/audit").text
+    rows = {
+        key: shown_text(row)
+        for row in page.split('id="records"', 1)[1].split("<tr>")[2:]
+        for key in CASES
+        if f"run {key}<" in row
+    }
+    assert set(rows) == set(CASES)
+    for key, (_fields, decision, reason) in CASES.items():
+        assert decision in rows[key], key
+        assert reason in rows[key], key
+        assert f"run {key}" in rows[key], key  # the command, in the list
+    assert "allowed" not in rows["guarded"]  # a guard refusal is not "allowed"
+    assert "PERMISSION_DENIED" in rows["guarded"]
+    for key, (fields, decision, reason) in CASES.items():
+        assert decision_of(_record("alice", key, **fields)) == (decision, reason), key
+
+
+def test_a_sandboxs_recent_calls_say_what_ran_and_why(
+    client: TestClient, ctx: ConsoleContext
+) -> None:
+    audit = ctx.policy.audit
+    assert audit is not None
+    audit.record(_record("alice", "a1", **CASES["guarded"][0]))
+    audit.flush()
+    login(client, ALICE)
+    recent = client.get("/sandbox?key=a1").text.split('id="recent"', 1)[1]
+    assert "guard: rm-root" in recent
+    assert "run a1" in recent
+    assert "/audit/record?tenant=alice&amp;id=" in recent
+
+
+def test_an_operator_reads_every_tenants_audit(client: TestClient, ctx: ConsoleContext) -> None:
+    audit = ctx.policy.audit
+    assert audit is not None
+    for tenant in ("alice", "bob"):
+        audit.record(_record(tenant, f"{tenant}-key"))
+    audit.flush()
+    login(client, OPS)
+    page = client.get("/audit").text
+    assert "alice-key" in page
+    assert "bob-key" in page  # all tenants by default
+    assert '<option value="*" selected>all tenants</option>' in page
+    only = client.get("/audit?tenant=bob").text
+    assert "bob-key" in only
+    assert "alice-key" not in only
+    assert '<option value="bob" selected>bob</option>' in only
+    lines = client.get("/audit/export.jsonl?tenant=*").text.splitlines()
+    assert {json.loads(x)["tenant"] for x in lines} == {"alice", "bob"}
+    login(client, ALICE)  # a tenant user: its own, whatever it asks
+    for asked in ("", "*", "bob"):
+        mine = client.get(f"/audit?tenant={asked}").text
+        assert "alice-key" in mine
+        assert "bob-key" not in mine
+        assert "all tenants" not in mine
+
+
+def test_since_is_read_in_the_viewers_zone(client: TestClient, ctx: ConsoleContext) -> None:
+    audit = ctx.policy.audit
+    assert audit is not None
+    six = datetime(2026, 11, 26, 6, 0, tzinfo=UTC).timestamp()
+    audit.record(_record("alice", "early", six - 1800))  # 05:30 UTC
+    audit.record(_record("alice", "later", six + 1800))  # 06:30 UTC
+    audit.flush()
+    login(client, ALICE)
+    # 08:00 at UTC+2 is 06:00 UTC
+    page = client.get("/audit?since=2026-11-26T08:00&tz=120").text
+    assert "later" in page
+    assert "early" not in page
+    assert 'value="2026-11-26T08:00"' in page  # shown back in the viewer's zone
+    in_utc = client.get("/audit?since=2026-11-26T06:00").text
+    assert "later" in in_utc
+    assert "early" not in in_utc
+    assert "(UTC)" in in_utc  # without console.js the form says the zone it reads
+    assert '<time datetime="2026-11-26T06:30:00Z" title="2026-11-26 06:30:00Z UTC">' in in_utc
+    for bad in ("tz=841", "tz=-841", "tz=abc", "tz=" + "9" * 9):
+        assert client.get(f"/audit?{bad}").status_code == 400, bad

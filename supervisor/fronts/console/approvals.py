@@ -27,6 +27,7 @@ from stockade.supervisor.fronts.console.html import (
     csrf_field,
     e,
     folded,
+    moment,
     page,
     short,
     table,
@@ -150,7 +151,7 @@ async def decided(ctx: ConsoleContext, tenants: list[str]) -> str:
         ("Time", "Tenant", "Key", "Command", "Decision", "Decided by"),
         (
             [
-                e(when(r.time)),
+                moment(r.time),
                 short(r.tenant),
                 short(r.sandbox_key),
                 folded(command_of(r.arguments_json)),

@@ -150,6 +150,16 @@ def when(moment: datetime | float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(stamp)) + "Z"
 
 
+def moment(stamp: float | None) -> str:
+    """A time for a table: UTC in the page (`2026-11-26 06:00:00Z`, one line), turned into
+    the viewer's own zone by console.js, the UTC time on hover."""
+    if stamp is None:
+        return "-"
+    utc = when(stamp)
+    iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stamp))
+    return f'<time datetime="{iso}" title="{e(utc)} UTC">{e(utc)}</time>'
+
+
 def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"

@@ -17,13 +17,14 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 
 from stockade.supervisor.engines.cgroups import sample
 from stockade.supervisor.errors import StockadeError
-from stockade.supervisor.fronts.console import quarantines
+from stockade.supervisor.fronts.console import audit, quarantines
 from stockade.supervisor.fronts.console.context import ConsoleContext, query
 from stockade.supervisor.fronts.console.html import (
     csrf_field,
     duration,
     e,
     message,
+    moment,
     page,
     short,
     table,
@@ -191,20 +192,19 @@ async def recent_calls(ctx: ConsoleContext, tenant: str, key: str) -> str:
     if ctx.policy.audit is None:
         return message("The audit log is off.")
     records = await ctx.policy.audit.query(AuditQuery(tenant=tenant, sandbox_key=key, limit=20))
-    return table(
-        ("Time", "Tool", "Agent", "Outcome", "ms"),
-        (
+    rows = []
+    for r in records:
+        rows.append(
             [
-                link(url("/audit/record", tenant=tenant, id=r.id), when(r.time)),
+                f'<a href="{e(url("/audit/record", tenant=tenant, id=r.id))}">{moment(r.time)}</a>',
                 short(r.tool),
+                *audit.what_and_why(ctx, r),
                 short(r.agent_id),
-                e(r.error_code or "ok"),
                 e(r.duration_ms),
             ]
-            for r in records
-        ),
-        empty="No calls on record.",
-    )
+        )
+    headers = ("Time", "Tool", "Command", "Decision", "Reason", "Agent", "ms")
+    return table(headers, rows, id="recent", empty="No calls on record.")
 
 
 async def isolation_page(ctx: ConsoleContext, request: Request) -> Response:

@@ -247,6 +247,40 @@
     } catch (_e) { /* the next refresh tries again */ }
   }
 
+  // Times: the page says UTC (<time datetime>); shown in the viewer's zone, UTC on hover
+  const pad = (n) => String(n).padStart(2, "0");
+  function zoneName(minutes) {
+    const sign = minutes < 0 ? "-" : "+";
+    const a = Math.abs(minutes);
+    return "UTC" + sign + pad(Math.floor(a / 60)) + ":" + pad(a % 60);
+  }
+  function localTimes(root) {
+    for (const t of root.querySelectorAll("time[datetime]")) {
+      const d = new Date(t.getAttribute("datetime"));
+      if (isNaN(d)) continue;
+      t.textContent = d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " "
+        + pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+    }
+  }
+  function sinceInZone() {
+    // the audit filter's `since` is read in the viewer's zone: tz carries it to the server
+    const tz = document.getElementById("tz");
+    if (!tz) return;
+    const here = -new Date().getTimezoneOffset();
+    const was = Number(tz.value || "0");
+    const since = tz.form.querySelector("input[name=since]");
+    if (since && since.value && was !== here) { // shown in another zone: the same moment here
+      const d = new Date(since.value + ":00Z");
+      d.setUTCMinutes(d.getUTCMinutes() + here - was);
+      since.value = d.toISOString().slice(0, 16);
+    }
+    tz.value = String(here);
+    const label = document.getElementById("since-zone");
+    if (label) label.textContent = "(your time, " + zoneName(here) + ")";
+  }
+  localTimes(document);
+  sinceInZone();
+
   function every(fn, source) {
     fn(source);
     window.setInterval(() => fn(source), refreshMs);
