@@ -178,23 +178,39 @@ try {
     "the decided list names who decided: " + decided);
   await shot(page, "approvals-decided");
 
-  // 6. the audit log, filtered
+  // 6. the audit log, filtered: each row says what ran, what became of it and why
   step("audit filter");
+  const guarded = await cli(cfg.tokens.alice, ["exec", cfg.key, "--", "rm", "-rf", "/"]).done;
+  check(guarded.code !== 0, "the guard refused rm -rf /: " + guarded.out + guarded.err);
   await page.goto(base + "/audit");
+  check(!(await page.isVisible("select[name=tenant]")), "a tenant user has no tenant selector");
   await page.fill("input[name=key]", cfg.key);
   await page.selectOption("select[name=outcome]", "refused");
   await Promise.all([page.waitForNavigation(), page.click("#filter")]);
-  const outcomes = () => page.locator("#records tbody tr td:nth-child(6)").allTextContents();
-  const tools = () => page.locator("#records tbody tr td:nth-child(3)").allTextContents();
-  const refused = await outcomes();
-  check(refused.length >= 1 && refused.every((o) => o !== "ok"), "only refusals: " + refused);
+  const column = (n) => page.locator(`#records tbody tr td:nth-child(${n})`).allTextContents();
+  const TOOL = 4, DECISION = 6;
+  const refused = await column(DECISION);
+  check(refused.length >= 1 && refused.every((o) => /^(refused|failed)/.test(o)), "only refusals: " + refused);
+  const rowOfText = async (text) => (await page.locator("#records tbody tr", { hasText: text }).first().innerText());
+  const guardRow = await rowOfText("rm -rf /");
+  check(/refused/.test(guardRow) && /guard: /.test(guardRow) && !/\ballowed\b/.test(guardRow),
+    "a guard refusal: its command, decision and rule: " + guardRow);
+  const deniedRow = await rowOfText("denied-from-cli");
+  check(deniedRow.includes("approval: deny by carol-at-the-cli"), "a denial and who denied: " + deniedRow);
+  const utc = await page.locator("#records tbody tr time").first().getAttribute("title");
+  check(/UTC$/.test(utc), "UTC on hover: " + utc);
+  check((await page.textContent("#since-zone")).includes("your time"), "since is read in the viewer's zone");
   await shot(page, "audit");
   await page.selectOption("select[name=outcome]", "ok");
   await page.fill("input[name=tool]", "exec");
   await Promise.all([page.waitForNavigation(), page.click("#filter")]);
-  const fine = await outcomes();
-  check(fine.length >= 2 && fine.every((o) => o === "ok"), "successful calls only: " + fine);
-  check((await tools()).every((t) => t === "exec"), "exec calls only: " + (await tools()));
+  const fine = await column(DECISION);
+  check(fine.length >= 2 && fine.every((o) => o === "allowed"), "successful calls only: " + fine);
+  check((await column(TOOL)).every((t) => t === "exec"), "exec calls only: " + (await column(TOOL)));
+  const approvedRow = await rowOfText("approved-in-browser");
+  check(approvedRow.includes("approval: allow-once by console:tenant:alice"), "an approval: " + approvedRow);
+  const height = await page.locator("#records tbody tr time").first().evaluate((t) => t.getBoundingClientRect().height);
+  check(height < 30, "a time on one line: " + height + " px");
   await Promise.all([page.waitForNavigation(), page.locator("#records tbody tr a").first().click()]);
   check((await page.textContent("main")).includes("arguments_json"), "a record's page");
   await shot(page, "audit-record");
@@ -311,6 +327,15 @@ try {
   const daveDone = await dave.done;
   check(daveDone.code === 0, "the new tenant's first call, approved: " + daveDone.code + " " + daveDone.err);
   await daveRow.waitFor({ state: "detached", timeout: WAIT });
+  let tenantsShown = new Set();
+  for (let tries = 0; tries < 120 && !(tenantsShown.has("alice") && tenantsShown.has("dave")); tries++) {
+    await opsPage.goto(base + "/audit"); // (dave's record reaches the log through its writer)
+    tenantsShown = new Set(await opsPage.locator("#records tbody tr td:nth-child(2)").allTextContents());
+  }
+  check((await opsPage.locator("select[name=tenant] option:checked").textContent()) === "all tenants",
+    "an operator's audit opens on every tenant");
+  check(tenantsShown.has("alice") && tenantsShown.has("dave"), "alice's and dave's records: " + [...tenantsShown]);
+  await shot(opsPage, "operator-audit");
 
   // 10b. a key with a right-to-left override shows the override, in the list and on its page
   step("a bidi key is shown as it is");

@@ -256,7 +256,7 @@ CASES = {
     ),
     "failed": ({"error_code": "TIMEOUT"}, "failed", "error: TIMEOUT"),
     "plain": ({}, "allowed", "-"),
-    "listed": ({"approval": "allowlist"}, "allowed", "approval: allowlist"),
+    "listed": ({"approval": "allowlist"}, "allowed", "allowlisted"),
 }  # fmt: skip
 
 

@@ -180,7 +180,9 @@ def decision_of(r: AuditRecord) -> tuple[str, str]:
         return "refused", f"policy: {step}" if step not in ("", "allowed") else f"error: {code}"
     if code and code != ErrorCode.NONE:
         return "failed", f"error: {code}"
-    reasons = [f"approval: {approval}"] if r.approval and r.approval != "withdrawn" else []
+    reasons = [f"approval: {approval}"] if r.approval not in ("", "withdrawn", "allowlist") else []
+    if r.approval == "allowlist":
+        reasons.append("allowlisted")
     if r.guard_rule:
         reasons.insert(0, f"guard asked: {r.guard_rule}")
     if step and step != "allowed":
@@ -195,7 +197,7 @@ def what_and_why(ctx: ConsoleContext, r: AuditRecord) -> list[str]:
     decision, reason = decision_of(r)
     code = r.error_code if r.error_code not in ("", ErrorCode.NONE) else ""
     shown = f'<span class="decision {decision}">{decision}</span>'
-    if code:
+    if code and decision != "alarm":
         shown += f' <span class="code">{e(code)}</span>'
     scrubber = ctx.policy.scrubber
     return [command_cell(r, scrubber), shown, visible(scrubbed(reason, scrubber))]
@@ -203,11 +205,11 @@ def what_and_why(ctx: ConsoleContext, r: AuditRecord) -> list[str]:
 
 def command_cell(r: AuditRecord, scrubber: Scrubber | None = None) -> str:
     """A record's command (exec's; a file call's path), folded; "-" without one."""
+    found = ""
     try:
         arguments = json.loads(r.arguments_json) if r.arguments_json else {}
-    except ValueError:
-        arguments = {}
-    found = ""
+    except ValueError:  # cut when it was recorded: as it is
+        arguments, found = {}, r.arguments_json
     if isinstance(arguments, dict):
         for name in ("command", "path", "cmd", "url"):
             if isinstance(arguments.get(name), str):
