@@ -219,10 +219,19 @@ try {
   step("pause and resume");
   const sandboxUrl = `${base}/sandbox?tenant=alice&key=${encodeURIComponent(cfg.key)}`;
   await page.goto(sandboxUrl);
+  check(!(await page.isVisible("#resume")), "a running sandbox is not offered Resume");
   await Promise.all([page.waitForNavigation(), page.click("#pause")]);
   await shot(page, "confirm-pause");
   await Promise.all([page.waitForNavigation(), page.click("#confirm")]);
   check((await page.textContent("main")).includes("PAUSED"), "paused");
+  check((await page.textContent("main")).includes("Pause: done."), "the page says it was done");
+  check(!(await page.isVisible("#pause")), "a paused sandbox is not offered Pause");
+  const noop = await page.evaluate(async ([key, csrf]) => (await fetch("/sandbox/action", {
+    method: "POST",
+    headers: { "x-csrf-token": csrf, "content-type": "application/x-www-form-urlencoded" },
+    body: "action=pause&tenant=alice&key=" + encodeURIComponent(key),
+  })).status, [cfg.key, await page.getAttribute("body", "data-csrf")]);
+  check(noop === 409, "a second Pause is refused, nothing done: " + noop);
   await shot(page, "sandbox-paused");
   const listed = await cli(cfg.tokens.alice, ["ls"]).done;
   check(listed.out.includes("PAUSED"), "the gRPC API sees it paused: " + listed.out);

@@ -7,6 +7,7 @@ fixtures are test_console.py's; the same in a real browser: test_console_browser
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import time
@@ -22,7 +23,8 @@ from stockade.supervisor.fronts.console.audit import decision_of
 from stockade.supervisor.fronts.console.context import ConsoleContext
 from stockade.supervisor.fronts.console.html import SHORT, TITLE_CHARS, folded, short, visible
 from stockade.supervisor.keys import scope
-from stockade.supervisor.observe.audit import AuditRecord
+from stockade.supervisor.models import SandboxState
+from stockade.supervisor.observe.audit import AuditQuery, AuditRecord
 from stockade.supervisor.policy.approvals import EVERY, Outcome
 from tests.unit.test_console import ALICE, OPS, ORIGIN, info, login, stand_in
 from tests.unit.test_console import client as client  # the fixtures
@@ -344,3 +346,56 @@ def test_since_is_read_in_the_viewers_zone(client: TestClient, ctx: ConsoleConte
     assert '<time datetime="2026-11-26T06:30:00Z" title="2026-11-26 06:30:00Z UTC">' in in_utc
     for bad in ("tz=841", "tz=-841", "tz=abc", "tz=" + "9" * 9):
         assert client.get(f"/audit?{bad}").status_code == 400, bad
+
+
+# actions that follow state
+
+
+def _offered(page: str) -> set[str]:
+    return set(re.findall(r'class="button" id="(\w+)"', page))
+
+
+def test_only_the_actions_that_apply_are_offered(client: TestClient, ctx: ConsoleContext) -> None:
+    manager = stand_in(ctx)
+    for state in SandboxState:
+        key = scope("alice", f"s-{state.value.lower()}")
+        manager.infos[key] = dataclasses.replace(info(key), state=state)
+    login(client, ALICE)
+    offered = {
+        state: _offered(client.get(f"/sandbox?key=s-{state.value.lower()}").text)
+        for state in SandboxState
+    }
+    assert offered[SandboxState.RUNNING] == {"pause", "quarantine", "destroy"}
+    assert offered[SandboxState.PAUSED] == {"resume", "quarantine", "destroy"}
+    assert offered[SandboxState.BROKEN] == {"destroy"}
+    assert offered[SandboxState.EXITED] == {"destroy"}
+    assert offered[SandboxState.ABSENT] == set()
+    absent = shown_text(client.get("/sandbox?key=s-absent").text)
+    assert "no container: destroyed, or not made yet" in absent  # the state explained
+    listed = client.get("/sandboxes.json").json()["sandboxes"]
+    gone = next(s for s in listed if s["key"] == "s-absent")
+    assert gone["state_text"].startswith("ABSENT: no container")
+
+
+def test_a_no_op_is_neither_done_nor_audited(client: TestClient, ctx: ConsoleContext) -> None:
+    audit = ctx.policy.audit
+    assert audit is not None
+    manager = stand_in(ctx)
+    csrf = login(client, ALICE)
+    for action in ("resume", "release"):  # a1 runs, and is not quarantined
+        data = {"action": action, "key": "a1", "csrf": csrf}
+        answer = client.post("/sandbox/action", data=data, headers=ORIGIN)
+        assert answer.status_code == 409, action
+        assert "nothing was done" in answer.text
+        assert client.get(f"/sandbox/confirm?action={action}&key=a1").status_code == 409
+    assert manager.asked == []
+    audit.flush()
+    recorded = asyncio.run(audit.query(AuditQuery(tenant="alice")))
+    assert not [r for r in recorded if r.front == "console"]
+    done = client.post(
+        "/sandbox/action", data={"action": "pause", "key": "a1", "csrf": csrf}, headers=ORIGIN
+    )
+    assert done.status_code == 303
+    assert "done=pause" in done.headers["location"]
+    assert "Pause: done." in client.get(done.headers["location"]).text
+    assert manager.asked == [("pause", scope("alice", "a1"))]

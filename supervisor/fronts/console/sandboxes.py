@@ -33,7 +33,7 @@ from stockade.supervisor.fronts.console.html import (
     when,
 )
 from stockade.supervisor.keys import split
-from stockade.supervisor.models import SandboxInfo
+from stockade.supervisor.models import SandboxInfo, SandboxState
 from stockade.supervisor.observe.audit import AuditQuery
 
 ACTIONS = {
@@ -48,6 +48,25 @@ ACTIONS = {
 }
 WHEN_QUARANTINED = ("release", "destroy")
 """The actions a quarantined sandbox's page offers (pause and resume are refused)."""
+BY_STATE = {
+    SandboxState.RUNNING: ("pause", "quarantine", "destroy"),
+    SandboxState.PAUSED: ("resume", "quarantine", "destroy"),
+    SandboxState.BROKEN: ("destroy",),
+    SandboxState.EXITED: ("destroy",),
+    SandboxState.ABSENT: (),
+}
+"""What applies in each state: nothing that would do nothing (Resume on a running sandbox)."""
+ABSENT_TEXT = (
+    "no container: destroyed, or not made yet (the workspace is kept; the next call makes "
+    "a new container)"
+)
+
+
+def applicable(info: SandboxInfo, quarantined: bool) -> tuple[str, ...]:
+    """The actions that apply to a sandbox now, in the order the page offers them."""
+    if quarantined:
+        return WHEN_QUARANTINED
+    return BY_STATE.get(SandboxState(info.state), ("destroy",))
 MAX_PROCESSES = 50
 
 
@@ -87,11 +106,14 @@ async def rows(ctx: ConsoleContext, request: Request) -> list[dict[str, Any]]:
     tenant = ctx.tenant_for(session, query(request, "tenant"))
     infos = await ctx.manager.list()
     now = time.time()
-    return [
+    found = [
         row(ctx, i, now)
         for i in infos
         if ctx.visible(session, i.key) and (not tenant or split(i.key)[0] == tenant)
     ]
+    for r in found:  # console.js shows these as they are
+        r["state_text"], r["state_class"] = state_text(r)
+    return found
 
 
 HEADERS = ("Tenant", "Key", "State", "Engine", "Network", "Age", "Idle", "CPU s", "Memory MiB")
@@ -103,6 +125,8 @@ def state_text(r: dict[str, Any]) -> tuple[str, str]:
         text = f"QUARANTINED since {r['quarantined_since']}: {r['quarantine_reason']}"
         return text, "quarantined"
     since = f" since {r['paused_since']}" if r["paused_since"] else ""
+    if r["state"] == SandboxState.ABSENT:
+        return f"ABSENT: {ABSENT_TEXT}", "absent"
     return r["state"] + since, r["state"].lower()
 
 
@@ -145,14 +169,17 @@ async def sandbox_page(ctx: ConsoleContext, request: Request) -> Response:
     r = row(ctx, info, time.time())
     facts = table(("Field", "Value"), ([e(k), visible(v)] for k, v in r.items() if k != "href"))
     quarantined = quarantines.held(ctx, key) is not None
-    offered = [a for a in ACTIONS if (a in WHEN_QUARANTINED) == quarantined or a == "destroy"]
+    offered = applicable(info, quarantined)
     confirm = {a: url("/sandbox/confirm", action=a, tenant=tenant, key=shown_key) for a in offered}
     actions = "".join(
         f'<a class="button" id="{a}" href="{e(href)}">{e(a.capitalize())}</a>'
         for a, href in confirm.items()
     )
     isolation = url("/sandbox/isolation", tenant=tenant, key=shown_key)
+    done = query(request, "done", 16)
     parts = [
+        message(f"{done.capitalize()}: done.") if done in ACTIONS else "",
+        message(f"This sandbox has {ABSENT_TEXT}.") if info.state == SandboxState.ABSENT else "",
         facts,
         f'<p class="actions">{actions} <a href="{e(isolation)}">Isolation report</a></p>',
         await quarantines.evidence_section(ctx, key),
@@ -225,6 +252,7 @@ async def confirm_page(ctx: ConsoleContext, request: Request) -> Response:
     if action not in ACTIONS:
         raise HTTPException(400, f"action must be one of {', '.join(ACTIONS)}")
     key = ctx.scoped(session, query(request, "tenant"), query(request, "key"))
+    await applies(ctx, key, action)
     tenant, shown_key = split(key)
     body = (
         f"<p>{e(ACTIONS[action])}</p>"
@@ -247,6 +275,7 @@ async def act(ctx: ConsoleContext, request: Request) -> Response:
         raise HTTPException(400, f"action must be one of {', '.join(ACTIONS)}")
     key = ctx.scoped(session, form.get("tenant"), form.get("key", ""))
     who = ctx.actor(session, request)
+    await applies(ctx, key, action)
     try:  # one audit record each, through the lifecycle path
         if action == "pause":
             await ctx.lifecycle.pause(who, key)
@@ -259,5 +288,25 @@ async def act(ctx: ConsoleContext, request: Request) -> Response:
     except StockadeError as exc:
         raise HTTPException(409, str(exc)) from None
     tenant, shown_key = split(key)
-    target = "/sandboxes" if action == "destroy" else url("/sandbox", tenant=tenant, key=shown_key)
+    target = (
+        "/sandboxes"
+        if action == "destroy"
+        else url("/sandbox", tenant=tenant, key=shown_key, done=action)
+    )
     return RedirectResponse(target, status_code=303)
+
+
+async def applies(ctx: ConsoleContext, key: str, action: str) -> None:
+    """409, with nothing done and nothing audited, for an action that does not apply to the
+    sandbox's state now (a no-op such as Resume on a running sandbox). A sandbox that cannot
+    be read is left to the lifecycle path, which refuses it as every front does."""
+    try:
+        info = await ctx.manager.get(key)
+    except StockadeError:
+        return
+    offered = applicable(info, quarantines.held(ctx, key) is not None)
+    if action not in offered:
+        state = "QUARANTINED" if offered == WHEN_QUARANTINED else str(info.state)
+        raise HTTPException(
+            409, f"{action} does not apply to a sandbox that is {state}: nothing was done"
+        )

@@ -91,11 +91,8 @@
         tr.dataset.key = s.key;
         cell(tr, s.tenant);
         cell(tr, s.key, s.href);
-        // as sandboxes.state_text on the server
-        const state = s.quarantined_since
-          ? cell(tr, "QUARANTINED since " + s.quarantined_since + ": " + s.quarantine_reason)
-          : cell(tr, s.state + (s.paused_since ? " since " + s.paused_since : ""));
-        state.className = "state " + (s.quarantined_since ? "quarantined" : s.state.toLowerCase());
+        const state = cell(tr, s.state_text); // sandboxes.state_text on the server
+        state.className = "state " + s.state_class;
         cell(tr, s.engine);
         cell(tr, s.network || "-");
         cell(tr, s.age);
