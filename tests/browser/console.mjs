@@ -253,7 +253,7 @@ try {
   await page.fill("#reason", "odd <traffic> seen by the browser test");
   await shot(page, "confirm-quarantine");
   await Promise.all([page.waitForNavigation(), page.click("#confirm")]);
-  check(page.url() === sandboxUrl, "back on the sandbox's page: " + page.url());
+  check(page.url() === sandboxUrl + "&done=quarantine", "back on the sandbox's page: " + page.url());
   const held = await page.textContent("main");
   check(held.includes("Quarantined") && held.includes("odd <traffic> seen by the browser test"),
     "the page shows the quarantine and its reason");

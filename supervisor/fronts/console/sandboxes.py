@@ -67,6 +67,8 @@ def applicable(info: SandboxInfo, quarantined: bool) -> tuple[str, ...]:
     if quarantined:
         return WHEN_QUARANTINED
     return BY_STATE.get(SandboxState(info.state), ("destroy",))
+
+
 MAX_PROCESSES = 50
 
 
