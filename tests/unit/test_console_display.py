@@ -218,9 +218,9 @@ def test_a_forged_confirmation_is_still_refused(client: TestClient) -> None:
 # the audit list: what ran, what became of it and why; every tenant; the viewer's zone
 
 
-def _record(tenant: str, key: str, when: float = 0.0, **fields: Any) -> AuditRecord:
+def _record(tenant: str, key: str, *, at: float = 0.0, **fields: Any) -> AuditRecord:
     base: dict[str, Any] = {
-        "time": when or time.time(), "request_id": "r", "caller": "c",
+        "time": at or time.time(), "request_id": "r", "caller": "c",
         "sandbox_key": scope(tenant, key), "agent_id": "agent", "provider": "", "tool": "exec",
         "arguments_json": json.dumps({"command": f"run {key}"}), "policy_step": "allowed",
         "tenant": tenant, "front": "grpc",
@@ -330,8 +330,8 @@ def test_since_is_read_in_the_viewers_zone(client: TestClient, ctx: ConsoleConte
     audit = ctx.policy.audit
     assert audit is not None
     six = datetime(2026, 11, 26, 6, 0, tzinfo=UTC).timestamp()
-    audit.record(_record("alice", "early", six - 1800))  # 05:30 UTC
-    audit.record(_record("alice", "later", six + 1800))  # 06:30 UTC
+    audit.record(_record("alice", "early", at=six - 1800))  # 05:30 UTC
+    audit.record(_record("alice", "later", at=six + 1800))  # 06:30 UTC
     audit.flush()
     login(client, ALICE)
     # 08:00 at UTC+2 is 06:00 UTC
