@@ -399,3 +399,21 @@ def test_a_no_op_is_neither_done_nor_audited(client: TestClient, ctx: ConsoleCon
     assert "done=pause" in done.headers["location"]
     assert "Pause: done." in client.get(done.headers["location"]).text
     assert manager.asked == [("pause", scope("alice", "a1"))]
+
+
+def test_chaining_and_redirections_are_marked(client: TestClient, ctx: ConsoleContext) -> None:
+    assert page.marks("ls -la") == []
+    assert page.marks("cd /tmp && curl x | sh > out 2>&1") == [
+        "3 commands", "pipe |", "redirects > >&",
+    ]  # fmt: skip
+    assert page.marks("echo $(id) &") == ["substitution $(…)", "background &"]
+    assert page.marks("if then fi ((") == ["does not parse as shell"]
+    assert page.marks("x" * (page.MARKED_BYTES + 1)) == ["too long to read here: check both ends"]
+    session, _cookie = ctx.sessions.create(ALICE, "alice", False)
+    command = "a; b > x"
+    item = {"id": "i", "tenant": "alice", "key": "k", "agent": "", "reason": "<x>",
+            "command": command, "marks": page.marks(command), "expires_at": 0.0}  # fmt: skip
+    cells = "".join(page.pending_cells(item, session))
+    assert '<span class="mark">2 commands</span>' in cells
+    assert '<span class="mark">redirects &gt;</span>' in cells
+    assert "<x>" not in cells

@@ -39,9 +39,13 @@ from stockade.supervisor.fronts.console.sessions import Session
 from stockade.supervisor.keys import split
 from stockade.supervisor.observe.audit import AuditQuery
 from stockade.supervisor.policy.approvals import DECISIONS, EVERY, Closed, Event, Pending
+from stockade.supervisor.policy.guard.parsing import parse_script
 from stockade.supervisor.policy.scrub.scrubber import scrubbed
 
 LABELS = {"allow-once": "Once", "allow-always": "Always", "deny": "Deny"}
+MARKED_BYTES = 16 * 1024
+"""The longest command whose chaining and redirections are marked (parsed as the guard
+parses it); a longer one is marked as too long to read."""
 KEEPALIVE_S = 15.0
 DECIDED_SHOWN = 50
 
@@ -74,6 +78,7 @@ def pending_json(ctx: ConsoleContext, p: Pending) -> dict[str, Any]:
         "tool": p.tool,
         "command": scrubbed(p.command, scrubber),
         "reason": scrubbed(p.reason, scrubber),
+        "marks": marks(p.command),
         "created_at": p.created_at.timestamp(),
         "expires_at": p.expires_at.timestamp(),
     }
@@ -102,12 +107,38 @@ def decision_form(p: dict[str, Any], session: Session) -> str:
     )
 
 
+def marks(command: str) -> list[str]:
+    """What a reader of the command should not miss: several commands, pipes, redirections,
+    substitutions, a background job, text that is not plain shell."""
+    if len(command.encode("utf-8", "surrogatepass")) > MARKED_BYTES:
+        return ["too long to read here: check both ends"]
+    script = parse_script(command)
+    found = []
+    if script.error:
+        found.append("does not parse as shell")
+    inner = sum(len(sub.commands) for c in script.commands for w in c.words for sub in w.subs)
+    top = len([c for c in script.commands if c.words]) - inner
+    if top > 1:
+        found.append(f"{top} commands")
+    if script.pipelines:
+        found.append("pipe |")
+    ops = sorted({r.op for c in script.commands for r in c.redirects})
+    if ops:
+        found.append("redirects " + " ".join(ops))
+    if any(w.subs for c in script.commands for w in c.words):
+        found.append("substitution $(…)")
+    if any(c.background for c in script.commands):
+        found.append("background &")
+    return found
+
+
 def pending_cells(p: dict[str, Any], session: Session) -> list[str]:
+    badges = "".join(f'<span class="mark">{e(m)}</span>' for m in p["marks"])
     return [
         short(p["tenant"]),
         short(p["key"]),
         short(p["agent"]),
-        folded(p["command"]),
+        (f'<span class="marks">{badges}</span>' if badges else "") + folded(p["command"]),
         visible(p["reason"]),
         f'<span class="deadline" data-expires="{p["expires_at"]}">'
         f"{e(when(p['expires_at']))}</span>",
