@@ -306,11 +306,11 @@ def _audit(ns: argparse.Namespace) -> int:
         when = r.time.astimezone().strftime("%Y-%m-%d %H:%M:%S") if r.time else "?"
         outcome = r.error_code or "ok"
         via = f"via {r.front}" if r.front not in ("", "grpc") else ""
-        extra = " ".join(x for x in (r.guard_rule, r.approval, via) if x)
-        print(
+        extra = " ".join(printable(x) for x in (r.guard_rule, r.approval, via) if x)
+        print(  # every text as printable: an alarm's detail cannot repaint the terminal
             f"{when} {printable(r.sandbox_key):<16} {printable(r.agent_id or '-'):<10} "
-            f"{printable(r.tool):<10} {outcome:<17} "
-            f"{r.duration_ms:>6} ms  {r.policy_step} {extra}".rstrip()
+            f"{printable(r.tool):<10} {printable(outcome):<17} "
+            f"{r.duration_ms:>6} ms  {printable(r.policy_step)} {extra}".rstrip()
         )
     return 0
 

@@ -349,7 +349,11 @@ class ApprovalManager:
     def _publish(self, event: Event, tenant: str | None = None) -> None:
         if tenant is None and isinstance(event, Pending):
             tenant = _tenant(event)
-        watchers = self._watchers.get(tenant or "", set())
+        tenant = tenant or ""
+        for watchers in (self._watchers.get(tenant, set()), self._watchers.get(EVERY, set())):
+            self._deliver(event, watchers)
+
+    def _deliver(self, event: Event, watchers: set[asyncio.Queue[Event | None]]) -> None:
         for queue in list(watchers):
             if not queue.full():
                 queue.put_nowait(event)
@@ -360,9 +364,11 @@ class ApprovalManager:
             queue.put_nowait(None)
 
     def pending(self, tenant: str = "") -> list[Pending]:
-        """The tenant's pending requests: this supervisor's, then other supervisors'."""
-        own = [w.request for w in self._waiting.values() if _tenant(w.request) == tenant]
-        return own + [r for r in self._remote.values() if _tenant(r) == tenant]
+        """The tenant's pending requests (EVERY: every tenant's): this supervisor's, then
+        other supervisors'."""
+        mine = [w.request for w in self._waiting.values()]
+        found = [*mine, *self._remote.values()]
+        return [r for r in found if tenant == EVERY or _tenant(r) == tenant]
 
     def always_allowed(self, tenant: str = "") -> list[str]:
         return self._always.commands(tenant)
@@ -372,8 +378,12 @@ class ApprovalManager:
         return self.watchers_of("")
 
     def watchers_of(self, tenant: str) -> int:
-        """The tenant's approvers connected here and, with a shared board, to the others."""
-        return len(self._watchers.get(tenant, ())) + self._remote_approvers.get(tenant, 0)
+        """The tenant's approvers connected here and, with a shared board, to the others
+        (those of EVERY count for every tenant)."""
+        count = 0
+        for name in {tenant, EVERY}:
+            count += len(self._watchers.get(name, ())) + self._remote_approvers.get(name, 0)
+        return count
 
     async def watch(self, tenant: str = "") -> AsyncIterator[Event]:
         """The tenant's pending requests, then every new request and close of that tenant,
@@ -401,6 +411,12 @@ class ApprovalManager:
     def _count_approvers(self, tenant: str) -> None:
         if self._board is not None:
             self._board.set_approvers(tenant, len(self._watchers.get(tenant, ())))
+
+
+EVERY = "*"
+"""The tenant an operator's approver watches to see, and count as an approver of, every
+tenant's requests, tenants that appear after it connected included (not a tenant name:
+validate_tenant refuses it)."""
 
 
 def _tenant(request: Pending) -> str:

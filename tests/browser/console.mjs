@@ -6,11 +6,14 @@
 // written to the folder named by `artifacts` (git-ignored).
 import { spawn } from "node:child_process";
 import { mkdirSync } from "node:fs";
+import { createRequire } from "node:module";
 import { chromium } from "playwright-core";
 
 const cfg = JSON.parse(process.env.CONSOLE_TEST);
 const base = cfg.console;
 const WAIT = 60_000;
+const AXE = createRequire(import.meta.url).resolve("axe-core/axe.min.js");
+const BIDI_KEY = cfg.key + "-invoice-\u202egpj.exe";
 mkdirSync(cfg.artifacts, { recursive: true });
 
 function step(text) { console.log("step: " + text); }
@@ -102,26 +105,61 @@ try {
   check(answered.code === 0, "the call proceeded once allowed: " + answered.code + " " + answered.err);
   await row.waitFor({ state: "detached", timeout: WAIT });
 
-  // 4a. Always: the command is allowed from then on, without asking
-  step("an approval answered Always");
+  // 4a. Always: asked twice; the command is allowed from then on, without asking
+  step("an approval answered Always, confirmed");
   const always = cli(cfg.tokens.alice, ["exec", cfg.key, "--", "touch", "always-allowed"]);
   const alwaysRow = page.locator("#pending tr", { hasText: "always-allowed" });
   await alwaysRow.waitFor({ timeout: WAIT });
-  await alwaysRow.locator("button[value=allow-always]").click();
+  const confirmAlways = alwaysRow.locator("button[name=confirmed][value=allow-always]");
+  check(!(await confirmAlways.isVisible()), "the confirming button shows only once Always is pressed");
+  await alwaysRow.locator("button[name=decision][value=allow-always]").click();
+  await confirmAlways.waitFor({ state: "visible", timeout: WAIT });
+  check(await alwaysRow.isVisible(), "Always alone decided nothing: the row waits for the confirmation");
+  await shot(page, "approvals-confirm-always");
+  await confirmAlways.click();
   check((await always.done).code === 0, "the call allowed always proceeded");
+  await alwaysRow.waitFor({ state: "detached", timeout: WAIT });
   const again = await cli(cfg.tokens.alice, ["exec", cfg.key, "--", "touch", "always-allowed"]).done;
   check(again.code === 0, "the same command again, without a decision: " + again.err);
 
-  // 4b. the keyboard: `d` denies the first request in the queue
-  step("an approval denied with a key");
-  const keyed = cli(cfg.tokens.alice, ["exec", cfg.key, "--", "touch", "denied-by-key"]);
-  const keyedRow = page.locator("#pending tr", { hasText: "denied-by-key" });
+  // 4b. the keyboard acts on the focused request only: `d` without a focus does nothing,
+  // `o` on the focused row (its focus drawn) allows that one
+  step("the keys act on the focused request only");
+  const keyed = cli(cfg.tokens.alice, ["exec", cfg.key, "--", "touch", "allowed-by-key"]);
+  const keyedRow = page.locator("#pending tr", { hasText: "allowed-by-key" });
   await keyedRow.waitFor({ timeout: WAIT });
-  await page.keyboard.press("d");
-  await keyedRow.waitFor({ state: "detached", timeout: WAIT });
+  await page.evaluate(() => document.activeElement && document.activeElement.blur());
+  await page.keyboard.press("d"); // no row has the focus: not a deny
+  await page.keyboard.press("a"); // nor an Always
+  check(!(await keyedRow.locator(".confirm-always").isVisible()), "a bare `a` asked nothing");
+  await keyedRow.focus();
+  const outline = await keyedRow.evaluate((tr) => getComputedStyle(tr).outlineStyle);
+  check(outline === "solid", "the focused request shows its focus: " + outline);
+  await page.keyboard.press("o");
   const keyedDone = await keyed.done;
-  check(keyedDone.code !== 0 && /denied|approv/i.test(keyedDone.out + keyedDone.err),
-    "the call denied by key failed: " + keyedDone.code + " " + keyedDone.out + keyedDone.err);
+  check(keyedDone.code === 0, "allowed with `o` on its row, not denied by the bare `d`: "
+    + keyedDone.code + " " + keyedDone.out + keyedDone.err);
+  await keyedRow.waitFor({ state: "detached", timeout: WAIT });
+
+  // 4c. a 250 KB command: its size, its start and its end beside the buttons, the middle folded
+  step("a 250 KB command folded");
+  const chunk = "x".repeat(50_000);
+  const big = cli(cfg.tokens.alice,
+    ["exec", cfg.key, "--", "printf", "%s", "big-start", chunk, chunk, chunk, chunk, chunk, "big-end"]);
+  const bigRow = page.locator("#pending tr", { hasText: "big-start" });
+  await bigRow.waitFor({ timeout: WAIT });
+  const bigText = await bigRow.textContent();
+  check(bigText.includes("big-end") && /24\d\.\d KiB/.test(bigText) && bigText.includes("folded"),
+    "the size and both ends: " + bigText.slice(0, 300));
+  const box = await bigRow.boundingBox();
+  check(box.height < 600, "the row stays short: " + box.height + " px");
+  const end = await bigRow.locator("code.cmd").last().boundingBox();
+  const buttons = await bigRow.locator("button[value=deny]").boundingBox();
+  check(Math.abs(end.y - buttons.y) < 600, "the command's end beside its buttons");
+  await shot(page, "approvals-big-command");
+  await bigRow.locator("button[value=deny]").click();
+  check((await big.done).code !== 0, "the big command denied");
+  await bigRow.waitFor({ state: "detached", timeout: WAIT });
 
   // 5. the same approval answered from the CLI disappears from the page
   step("an approval answered from the CLI disappears");
@@ -140,23 +178,39 @@ try {
     "the decided list names who decided: " + decided);
   await shot(page, "approvals-decided");
 
-  // 6. the audit log, filtered
+  // 6. the audit log, filtered: each row says what ran, what became of it and why
   step("audit filter");
+  const guarded = await cli(cfg.tokens.alice, ["exec", cfg.key, "--", "rm", "-rf", "/"]).done;
+  check(guarded.code !== 0, "the guard refused rm -rf /: " + guarded.out + guarded.err);
   await page.goto(base + "/audit");
+  check(!(await page.isVisible("select[name=tenant]")), "a tenant user has no tenant selector");
   await page.fill("input[name=key]", cfg.key);
   await page.selectOption("select[name=outcome]", "refused");
   await Promise.all([page.waitForNavigation(), page.click("#filter")]);
-  const outcomes = () => page.locator("#records tbody tr td:nth-child(6)").allTextContents();
-  const tools = () => page.locator("#records tbody tr td:nth-child(3)").allTextContents();
-  const refused = await outcomes();
-  check(refused.length >= 1 && refused.every((o) => o !== "ok"), "only refusals: " + refused);
+  const column = (n) => page.locator(`#records tbody tr td:nth-child(${n})`).allTextContents();
+  const TOOL = 4, DECISION = 6;
+  const refused = await column(DECISION);
+  check(refused.length >= 1 && refused.every((o) => /^(refused|failed)/.test(o)), "only refusals: " + refused);
+  const rowOfText = async (text) => (await page.locator("#records tbody tr", { hasText: text }).first().innerText());
+  const guardRow = await rowOfText("rm -rf /");
+  check(/refused/.test(guardRow) && /guard: /.test(guardRow) && !/\ballowed\b/.test(guardRow),
+    "a guard refusal: its command, decision and rule: " + guardRow);
+  const deniedRow = await rowOfText("denied-from-cli");
+  check(deniedRow.includes("approval: deny by carol-at-the-cli"), "a denial and who denied: " + deniedRow);
+  const utc = await page.locator("#records tbody tr time").first().getAttribute("title");
+  check(/UTC$/.test(utc), "UTC on hover: " + utc);
+  check((await page.textContent("#since-zone")).includes("your time"), "since is read in the viewer's zone");
   await shot(page, "audit");
   await page.selectOption("select[name=outcome]", "ok");
   await page.fill("input[name=tool]", "exec");
   await Promise.all([page.waitForNavigation(), page.click("#filter")]);
-  const fine = await outcomes();
-  check(fine.length >= 2 && fine.every((o) => o === "ok"), "successful calls only: " + fine);
-  check((await tools()).every((t) => t === "exec"), "exec calls only: " + (await tools()));
+  const fine = await column(DECISION);
+  check(fine.length >= 2 && fine.every((o) => o === "allowed"), "successful calls only: " + fine);
+  check((await column(TOOL)).every((t) => t === "exec"), "exec calls only: " + (await column(TOOL)));
+  const approvedRow = await rowOfText("approved-in-browser");
+  check(approvedRow.includes("approval: allow-once by console:tenant:alice"), "an approval: " + approvedRow);
+  const height = await page.locator("#records tbody tr time").first().evaluate((t) => t.getBoundingClientRect().height);
+  check(height < 30, "a time on one line: " + height + " px");
   await Promise.all([page.waitForNavigation(), page.locator("#records tbody tr a").first().click()]);
   check((await page.textContent("main")).includes("arguments_json"), "a record's page");
   await shot(page, "audit-record");
@@ -165,10 +219,19 @@ try {
   step("pause and resume");
   const sandboxUrl = `${base}/sandbox?tenant=alice&key=${encodeURIComponent(cfg.key)}`;
   await page.goto(sandboxUrl);
+  check(!(await page.isVisible("#resume")), "a running sandbox is not offered Resume");
   await Promise.all([page.waitForNavigation(), page.click("#pause")]);
   await shot(page, "confirm-pause");
   await Promise.all([page.waitForNavigation(), page.click("#confirm")]);
   check((await page.textContent("main")).includes("PAUSED"), "paused");
+  check((await page.textContent("main")).includes("Pause: done."), "the page says it was done");
+  check(!(await page.isVisible("#pause")), "a paused sandbox is not offered Pause");
+  const noop = await page.evaluate(async ([key, csrf]) => (await fetch("/sandbox/action", {
+    method: "POST",
+    headers: { "x-csrf-token": csrf, "content-type": "application/x-www-form-urlencoded" },
+    body: "action=pause&tenant=alice&key=" + encodeURIComponent(key),
+  })).status, [cfg.key, await page.getAttribute("body", "data-csrf")]);
+  check(noop === 409, "a second Pause is refused, nothing done: " + noop);
   await shot(page, "sandbox-paused");
   const listed = await cli(cfg.tokens.alice, ["ls"]).done;
   check(listed.out.includes("PAUSED"), "the gRPC API sees it paused: " + listed.out);
@@ -190,7 +253,7 @@ try {
   await page.fill("#reason", "odd <traffic> seen by the browser test");
   await shot(page, "confirm-quarantine");
   await Promise.all([page.waitForNavigation(), page.click("#confirm")]);
-  check(page.url() === sandboxUrl, "back on the sandbox's page: " + page.url());
+  check(page.url() === sandboxUrl + "&done=quarantine", "back on the sandbox's page: " + page.url());
   const held = await page.textContent("main");
   check(held.includes("Quarantined") && held.includes("odd <traffic> seen by the browser test"),
     "the page shows the quarantine and its reason");
@@ -258,6 +321,79 @@ try {
   await opsPage.goto(base + "/sandboxes");
   await opsPage.waitForSelector(`#sandboxes tr[data-key="${cfg.key}"]`, { timeout: WAIT });
   await shot(opsPage, "operator-sandboxes");
+
+  // 10a. a tenant that did not exist when the operator's page opened: its first call waits
+  // for that page, and is approved from it
+  step("a new tenant's first call approved from an open operator page");
+  await opsPage.goto(base + "/approvals");
+  await opsPage.waitForSelector("body[data-stream=open]", { timeout: WAIT });
+  const daveKey = "first-" + cfg.key;
+  const dave = cli(cfg.tokens.dave, ["exec", daveKey, "--", "touch", "dave-first-call"]);
+  const daveRow = opsPage.locator("#pending tr", { hasText: "dave-first-call" });
+  await daveRow.waitFor({ timeout: WAIT });
+  check((await daveRow.locator("td").first().textContent()) === "dave", "the row names the tenant");
+  await daveRow.locator("button[value=allow-once]").click();
+  const daveDone = await dave.done;
+  check(daveDone.code === 0, "the new tenant's first call, approved: " + daveDone.code + " " + daveDone.err);
+  await daveRow.waitFor({ state: "detached", timeout: WAIT });
+  let tenantsShown = new Set();
+  for (let tries = 0; tries < 120 && !(tenantsShown.has("alice") && tenantsShown.has("dave")); tries++) {
+    await opsPage.goto(base + "/audit"); // (dave's record reaches the log through its writer)
+    tenantsShown = new Set(await opsPage.locator("#records tbody tr td:nth-child(2)").allTextContents());
+  }
+  check((await opsPage.locator("select[name=tenant] option:checked").textContent()) === "all tenants",
+    "an operator's audit opens on every tenant");
+  check(tenantsShown.has("alice") && tenantsShown.has("dave"), "alice's and dave's records: " + [...tenantsShown]);
+  await shot(opsPage, "operator-audit");
+
+  // 10b. a key with a right-to-left override shows the override, in the list and on its page
+  step("a bidi key is shown as it is");
+  const bidiCall = await cli(cfg.tokens.alice, ["exec", BIDI_KEY, "--", "echo", "bidi"]).done;
+  check(bidiCall.code === 0, "a call in the bidi key: " + bidiCall.err);
+  await opsPage.goto(base + "/sandboxes?tenant=alice");
+  const bidiRow = opsPage.locator(`#sandboxes tr[data-key="${BIDI_KEY}"]`);
+  await bidiRow.waitFor({ timeout: WAIT });
+  const bidiText = await bidiRow.locator("td").nth(1).innerText();
+  check(bidiText.includes("invoice-\\u202egpj.exe") && !bidiText.includes("\u202e"),
+    "the override shown, not obeyed: " + JSON.stringify(bidiText));
+  await opsPage.goto(`${base}/sandbox?tenant=alice&key=${encodeURIComponent(BIDI_KEY)}`);
+  const heading = await opsPage.innerText("h1");
+  check(heading.includes("\\u202e") && !heading.includes("\u202e"), "its page's title: " + heading);
+  await shot(opsPage, "bidi-key");
+
+  // 11. every page in both themes at 1440 and 900 px, and axe-core finds no serious or
+  // critical violation (a context that lets axe's script in; the pages are the same)
+  step("accessibility and screenshots in both themes");
+  const pages = {
+    overview: "/overview",
+    sandboxes: "/sandboxes",
+    sandbox: `/sandbox?tenant=alice&key=${encodeURIComponent(cfg.key)}`,
+    approvals: "/approvals",
+    audit: "/audit?tenant=alice",
+    quarantines: "/quarantines",
+  };
+  const violations = [];
+  for (const theme of ["light", "dark"]) {
+    const checked = await browser.newContext({ bypassCSP: true, colorScheme: theme });
+    const anonymous = await checked.newPage();
+    await anonymous.goto(base + "/login");
+    const signed = await signIn(checked, cfg.tokens.ops);
+    for (const [name, path] of [["login", null], ...Object.entries(pages)]) {
+      const p = path === null ? anonymous : signed;
+      if (path !== null) await p.goto(base + path);
+      for (const width of [1440, 900]) {
+        await p.setViewportSize({ width, height: 900 });
+        await shot(p, `${name}-${theme}-${width}`);
+      }
+      await p.addScriptTag({ path: AXE });
+      const found = await p.evaluate(async () => (await window.axe.run(document)).violations
+        .filter((v) => v.impact === "serious" || v.impact === "critical")
+        .map((v) => v.id + " (" + v.impact + "): " + v.nodes.slice(0, 3).map((n) => n.target.join(" ")).join(", ")));
+      for (const v of found) violations.push(`${name} ${theme}: ${v}`);
+    }
+    await checked.close();
+  }
+  check(violations.length === 0, "axe-core: " + violations.join("\n"));
 
   check(cspErrors.length === 0, "no Content-Security-Policy violation: " + cspErrors.join("; "));
   step("done");

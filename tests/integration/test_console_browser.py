@@ -1,10 +1,14 @@
 """The console end to end in headless Chromium against a real `stockade serve` on a real
 engine: tests/browser/console.mjs (playwright-core driving Debian's /usr/bin/chromium) signs
 in with tokens, watches a sandbox appear after a call, answers an approval that a waiting
-gRPC call (the CLI) then passes, sees one answered from the CLI leave the page, filters the
+gRPC call (the CLI) then passes (Always only once confirmed, the keys only on the focused
+request, a 250 KB command folded beside its buttons), sees one answered from the CLI leave the
+page, approves a brand-new tenant's first call from an operator's page opened before it,
+shows a key's right-to-left override, filters the
 audit log, pauses and resumes, quarantines (a gRPC call then refused) and releases, and is
 refused without a session, with a forged CSRF token and across tenants. Screenshots of each
-page go to test-artifacts/console/ (git-ignored).
+page go to test-artifacts/console/ (git-ignored), and each page in both themes at 1440 and
+900 px, where axe-core (npm) finds no serious or critical violation.
 
 On both engines (about 15 s each): the pages show what the engine reports (state, cgroup
 figures, processes, the isolation report)."""
@@ -42,12 +46,15 @@ class Console:
 
 @pytest.fixture(scope="module")
 def console(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
-    if not CHROMIUM.exists() or not (BROWSER_TESTS / "node_modules" / "playwright-core").is_dir():
+    modules = BROWSER_TESTS / "node_modules"
+    if not CHROMIUM.exists() or not all(
+        (modules / name).is_dir() for name in ("playwright-core", "axe-core")
+    ):
         pytest.fail(
             "the browser tests need Debian's chromium and tests/browser/node_modules: "
             "run scripts/setup.sh (or apt-get install chromium; cd tests/browser && npm ci)"
         )
-    tokens = {name: secrets.token_hex(20) for name in ("alice", "bob", "ops")}
+    tokens = {name: secrets.token_hex(20) for name in ("alice", "bob", "ops", "dave")}
     path = tmp_path_factory.mktemp("console") / "tokens"
     path.write_text("".join(f"{t} {name}\n" for name, t in tokens.items()))
     path.chmod(0o600)
@@ -90,8 +97,14 @@ def test_the_console_in_a_browser(console: Console) -> None:
     )
     assert "step: done" in run.stdout
     pages = ("login", "sandboxes", "approvals", "audit", "audit-record", "sandbox", "overview")
-    for name in (*pages, "confirm-quarantine", "sandbox-quarantined", "quarantines"):
+    shown = ("approvals-confirm-always", "approvals-big-command", "bidi-key")
+    for name in (*pages, "confirm-quarantine", "sandbox-quarantined", "quarantines", *shown):
         assert (artifacts / f"{name}.png").stat().st_size > 1000, name
+    themed = ("login", "overview", "sandboxes", "sandbox", "approvals", "audit", "quarantines")
+    for name in themed:
+        for theme in ("light", "dark"):
+            for width in (1440, 900):
+                assert (artifacts / f"{name}-{theme}-{width}.png").stat().st_size > 1000
     # what the browser did, seen through the gRPC API and its audit log
     with console.sup.client(token=console.tokens["alice"]) as client:
         assert client.get_sandbox(key).state == "RUNNING"

@@ -51,9 +51,9 @@ def test_an_operator_sees_every_tenant(client: TestClient, ctx: ConsoleContext) 
     only = client.get("/sandboxes.json?tenant=bob").json()["sandboxes"]
     assert [s["key"] for s in only] == ["b1"]
     assert client.get("/sandbox?tenant=bob&key=b1").status_code == 200
-    data = {"action": "resume", "tenant": "bob", "key": "b1", "csrf": csrf}
+    data = {"action": "pause", "tenant": "bob", "key": "b1", "csrf": csrf}  # b1 runs
     assert client.post("/sandbox/action", data=data, headers=ORIGIN).status_code == 303
-    assert stand_in(ctx).asked == [("resume", scope("bob", "b1"))]
+    assert stand_in(ctx).asked == [("pause", scope("bob", "b1"))]
     assert client.get("/overview").status_code == 200
 
 

@@ -23,23 +23,48 @@ from starlette.responses import (
 
 from stockade.supervisor.errors import StockadeError
 from stockade.supervisor.fronts.console.context import ConsoleContext, query
-from stockade.supervisor.fronts.console.html import csrf_field, e, page, table, url, when
+from stockade.supervisor.fronts.console.html import (
+    csrf_field,
+    e,
+    folded,
+    moment,
+    page,
+    short,
+    table,
+    url,
+    visible,
+    when,
+)
 from stockade.supervisor.fronts.console.sessions import Session
 from stockade.supervisor.keys import split
 from stockade.supervisor.observe.audit import AuditQuery
-from stockade.supervisor.policy.approvals import DECISIONS, Closed, Event, Pending
+from stockade.supervisor.policy.approvals import DECISIONS, EVERY, Closed, Event, Pending
+from stockade.supervisor.policy.guard.parsing import parse_script
 from stockade.supervisor.policy.scrub.scrubber import scrubbed
 
 LABELS = {"allow-once": "Once", "allow-always": "Always", "deny": "Deny"}
+MARKED_BYTES = 16 * 1024
+"""The longest command whose chaining and redirections are marked (parsed as the guard
+parses it); a longer one is marked as too long to read."""
 KEEPALIVE_S = 15.0
 DECIDED_SHOWN = 50
 
 
 def watched(ctx: ConsoleContext, session: Session, asked: str) -> list[str]:
-    """The tenants whose requests the page shows: a tenant user's own; an operator's chosen
-    one, or every tenant the console knows of (operators, [tenants.*] tables, sandboxes)."""
+    """The tenants whose decided requests the page shows: a tenant user's own; an
+    operator's chosen one, or every tenant the console knows of (operators, [tenants.*]
+    tables, sandboxes)."""
     tenant = ctx.tenant_for(session, asked)
     return [tenant] if tenant else ctx.known_tenants(session)
+
+
+def followed(ctx: ConsoleContext, session: Session, asked: str) -> list[str]:
+    """The tenants whose pending requests the page follows live: as `watched`, but an
+    operator who picked none follows EVERY tenant, those that appear later included (a
+    new tenant's first call waits for the open page instead of finding no approver)."""
+    if session.operator and not ctx.tenant_for(session, asked):
+        return [EVERY]
+    return watched(ctx, session, asked)
 
 
 def pending_json(ctx: ConsoleContext, p: Pending) -> dict[str, Any]:
@@ -53,30 +78,71 @@ def pending_json(ctx: ConsoleContext, p: Pending) -> dict[str, Any]:
         "tool": p.tool,
         "command": scrubbed(p.command, scrubber),
         "reason": scrubbed(p.reason, scrubber),
+        "marks": marks(p.command),
         "created_at": p.created_at.timestamp(),
         "expires_at": p.expires_at.timestamp(),
     }
 
 
-def pending_cells(p: dict[str, Any], session: Session) -> list[str]:
+ALWAYS = "allow-always"
+CONFIRMED = "confirmed"
+"""The form field an Always decision must carry (its value: allow-always): the Always button
+only asks (console.js shows the confirming button in the row; without script, a page)."""
+
+
+def decision_form(p: dict[str, Any], session: Session) -> str:
     buttons = "".join(
         f'<button type="submit" name="decision" value="{d}" class="decide {d}">{LABELS[d]}</button>'
         for d in DECISIONS
     )
-    form = (
+    confirm = (
+        f'<span class="confirm-always" hidden>Allow this command always, for the tenant? '
+        f'<button type="submit" name="{CONFIRMED}" value="{ALWAYS}" class="decide always-yes">'
+        'Yes, always</button> <button type="button" class="always-no">Cancel</button></span>'
+    )
+    return (
         f'<form method="post" action="/approvals/decide" class="decision">{csrf_field(session)}'
         f'<input type="hidden" name="id" value="{e(p["id"])}">'
-        f'<input type="hidden" name="tenant" value="{e(p["tenant"])}">{buttons}</form>'
+        f'<input type="hidden" name="tenant" value="{e(p["tenant"])}">{buttons}{confirm}</form>'
     )
+
+
+def marks(command: str) -> list[str]:
+    """What a reader of the command should not miss: several commands, pipes, redirections,
+    substitutions, a background job, text that is not plain shell."""
+    if len(command.encode("utf-8", "surrogatepass")) > MARKED_BYTES:
+        return ["too long to read here: check both ends"]
+    script = parse_script(command)
+    found = []
+    if script.error:
+        found.append("does not parse as shell")
+    inner = sum(len(sub.commands) for c in script.commands for w in c.words for sub in w.subs)
+    top = len([c for c in script.commands if c.words]) - inner
+    if top > 1:
+        found.append(f"{top} commands")
+    if script.pipelines:
+        found.append("pipe |")
+    ops = sorted({r.op for c in script.commands for r in c.redirects})
+    if ops:
+        found.append("redirects " + " ".join(ops))
+    if any(w.subs for c in script.commands for w in c.words):
+        found.append("substitution $(…)")
+    if any(c.background for c in script.commands):
+        found.append("background &")
+    return found
+
+
+def pending_cells(p: dict[str, Any], session: Session) -> list[str]:
+    badges = "".join(f'<span class="mark">{e(m)}</span>' for m in p["marks"])
     return [
-        e(p["tenant"]),
-        e(p["key"]),
-        e(p["agent"]),
-        f"<code>{e(p['command'])}</code>",
-        e(p["reason"]),
+        short(p["tenant"]),
+        short(p["key"]),
+        short(p["agent"]),
+        (f'<span class="marks">{badges}</span>' if badges else "") + folded(p["command"]),
+        visible(p["reason"]),
         f'<span class="deadline" data-expires="{p["expires_at"]}">'
         f"{e(when(p['expires_at']))}</span>",
-        form,
+        decision_form(p, session),
     ]
 
 
@@ -87,11 +153,13 @@ async def approvals_page(ctx: ConsoleContext, request: Request) -> Response:
     session = ctx.session(request)
     asked = query(request, "tenant")
     tenants = watched(ctx, session, asked)
-    pending = [pending_json(ctx, p) for t in tenants for p in ctx.policy.approvals.pending(t)]
+    followed_now = followed(ctx, session, asked)
+    pending = [pending_json(ctx, p) for t in followed_now for p in ctx.policy.approvals.pending(t)]
     rows = [{"id": p["id"], "cells": pending_cells(p, session)} for p in pending]
     body = (
-        '<p class="hint">Keys: <kbd>o</kbd> once, <kbd>a</kbd> always, <kbd>d</kbd> deny '
-        "(the first request in the queue).</p>"
+        '<p class="hint">Keys, on the request that has the focus (<kbd>Tab</kbd> to it, or '
+        "click its row): <kbd>o</kbd> once, <kbd>a</kbd> always (then confirm), <kbd>d</kbd> "
+        "deny.</p>"
         + table(PENDING_HEADERS, [r["cells"] for r in rows], id="pending", empty="Nothing waits.")
         + "<h2>Decided</h2>"
         + await decided(ctx, tenants)
@@ -114,12 +182,12 @@ async def decided(ctx: ConsoleContext, tenants: list[str]) -> str:
         ("Time", "Tenant", "Key", "Command", "Decision", "Decided by"),
         (
             [
-                e(when(r.time)),
-                e(r.tenant),
-                e(r.sandbox_key),
-                f"<code>{e(command_of(r.arguments_json))}</code>",
+                moment(r.time),
+                short(r.tenant),
+                short(r.sandbox_key),
+                folded(command_of(r.arguments_json)),
                 e(r.approval),
-                e(r.approver or "-"),
+                short(r.approver or "-"),
             ]
             for r in found[:DECIDED_SHOWN]
         ),
@@ -142,7 +210,7 @@ async def events(ctx: ConsoleContext, request: Request) -> Response:
     """Server-sent events: `pending` (a request, as JSON, with its cells' HTML) and `closed`
     (its id, outcome and approver), for the watched tenants, until the browser leaves."""
     session = ctx.session(request)
-    tenants = watched(ctx, session, query(request, "tenant"))
+    tenants = followed(ctx, session, query(request, "tenant"))
     return StreamingResponse(
         _stream(ctx, session, tenants),
         media_type="text/event-stream",
@@ -188,11 +256,14 @@ async def _stream(ctx: ConsoleContext, session: Session, tenants: list[str]) -> 
 
 async def decide(ctx: ConsoleContext, request: Request) -> Response:
     session, form = await ctx.changing(request)
-    decision = form.get("decision", "")
+    confirmed = form.get(CONFIRMED) == ALWAYS
+    decision = ALWAYS if confirmed else form.get("decision", "")
     if decision not in DECISIONS:
         raise HTTPException(400, f"decision must be one of {', '.join(DECISIONS)}")
     tenant = ctx.tenant_for(session, form.get("tenant")) or session.tenant
     request_id = form.get("id", "")[:64]
+    if decision == ALWAYS and not confirmed:
+        return confirm_always(ctx, request, session, tenant, request_id)
     try:
         await ctx.policy.approvals.decide(request_id, decision, session.who, tenant=tenant)
     except StockadeError as exc:
@@ -200,3 +271,27 @@ async def decide(ctx: ConsoleContext, request: Request) -> Response:
     if request.headers.get("x-csrf-token"):  # console.js: no page to load
         return JSONResponse({"decided": request_id, "decision": decision})
     return RedirectResponse("/approvals", status_code=303)
+
+
+def confirm_always(
+    ctx: ConsoleContext, request: Request, session: Session, tenant: str, request_id: str
+) -> Response:
+    """Always without its confirmation: nothing decided. console.js is told so (428); a
+    browser without it gets a page that shows the command and asks again."""
+    if request.headers.get("x-csrf-token"):
+        return JSONResponse({"confirm": ALWAYS, "id": request_id}, status_code=428)
+    found = next((p for p in ctx.policy.approvals.pending(tenant) if p.id == request_id), None)
+    if found is None:
+        raise HTTPException(404, f"no pending approval {request_id!r}")
+    p = pending_json(ctx, found)
+    body = (
+        "<p>Allow this command <strong>always</strong>, for every sandbox of the tenant "
+        f"{short(p['tenant'])}? It will run from now on without asking.</p>"
+        f"<p>{folded(p['command'])}</p>"
+        f'<form method="post" action="/approvals/decide">{csrf_field(session)}'
+        f'<input type="hidden" name="id" value="{e(p["id"])}">'
+        f'<input type="hidden" name="tenant" value="{e(p["tenant"])}">'
+        f'<button type="submit" name="{CONFIRMED}" value="{ALWAYS}" id="confirm">'
+        'Yes, allow always</button> <a href="/approvals" class="button">Back</a></form>'
+    )
+    return HTMLResponse(page("Allow always?", body, session))

@@ -17,14 +17,33 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
 
 from stockade.supervisor.fronts.console.context import ConsoleContext, query
-from stockade.supervisor.fronts.console.html import columns, e, page, table, url, when
+from stockade.supervisor.fronts.console.html import (
+    columns,
+    e,
+    folded,
+    moment,
+    page,
+    short,
+    table,
+    url,
+    visible,
+    when,
+)
 from stockade.supervisor.fronts.console.sessions import Session
+from stockade.supervisor.models import ErrorCode
 from stockade.supervisor.observe.audit import MAX_LIMIT, AuditLog, AuditQuery, AuditRecord
+from stockade.supervisor.policy.scrub.scrubber import Scrubber, scrubbed
 from stockade.supervisor.tools.catalog import ALIASES
 
 FILTERS = ("tenant", "key", "tool", "agent", "front", "outcome", "since", "limit")
+ALL = "*"
+"""The tenant filter's value for every tenant (an operator's default)."""
+MAX_TZ_MINUTES = 14 * 60
+COMMAND_HEAD, COMMAND_TAIL = 120, 60
+"""How much of a command an audit row shows (the record's page has all of it)."""
 OUTCOMES = ("", "ok", "refused")
 SHOWN = 200
+HEADERS = ("Time", "Tenant", "Key", "Tool", "Command", "Decision", "Reason", "Agent", "Front", "ms")
 BUCKETS = 30
 
 
@@ -38,14 +57,29 @@ class Filter:
     outcome: str = ""
     since: float = 0.0
     limit: int = SHOWN
+    tz: int = 0
+    """The viewer's zone, minutes east of UTC (console.js sets it): `since` is read and
+    shown in it."""
 
     def params(self) -> dict[str, object]:
-        since = time.strftime("%Y-%m-%dT%H:%M", time.gmtime(self.since)) if self.since else ""
+        shifted = time.gmtime(self.since + 60 * self.tz)
+        since = time.strftime("%Y-%m-%dT%H:%M", shifted) if self.since else ""
         return {**dataclasses.asdict(self), "since": since, "limit": self.limit}
 
 
 def parse(ctx: ConsoleContext, session: Session, request: Request) -> Filter:
-    tenant = ctx.tenant_for(session, query(request, "tenant")) or session.tenant
+    asked = query(request, "tenant")
+    if session.operator and asked in ("", ALL):
+        tenant = ALL  # an operator sees every tenant unless it picks one
+    else:
+        tenant = ctx.tenant_for(session, asked) or session.tenant
+    tz_text = query(request, "tz", 8) or "0"
+    try:
+        tz = int(tz_text)
+    except ValueError:
+        raise HTTPException(400, "tz must be the zone's offset in minutes") from None
+    if abs(tz) > MAX_TZ_MINUTES:
+        raise HTTPException(400, f"tz must be within {MAX_TZ_MINUTES} minutes of UTC")
     outcome = query(request, "outcome")
     if outcome not in OUTCOMES:
         raise HTTPException(400, "outcome must be ok or refused")
@@ -56,8 +90,8 @@ def parse(ctx: ConsoleContext, session: Session, request: Request) -> Filter:
             moment = datetime.fromisoformat(since_text)
         except ValueError:
             raise HTTPException(400, "since must be a time like 2026-11-26T06:00") from None
-        if moment.tzinfo is None:
-            since = moment.replace(tzinfo=UTC).timestamp()
+        if moment.tzinfo is None:  # the viewer's zone (tz), UTC without it
+            since = moment.replace(tzinfo=UTC).timestamp() - 60 * tz
         else:
             since = moment.timestamp()
     limit_text = query(request, "limit", 8) or str(SHOWN)
@@ -72,6 +106,7 @@ def parse(ctx: ConsoleContext, session: Session, request: Request) -> Filter:
         outcome=outcome,
         since=since,
         limit=int(limit_text),
+        tz=tz,
     )
 
 
@@ -81,20 +116,30 @@ def audit_log(ctx: ConsoleContext) -> AuditLog:
     return ctx.policy.audit
 
 
-async def records(ctx: ConsoleContext, f: Filter) -> list[AuditRecord]:
+async def records(
+    ctx: ConsoleContext, f: Filter, session: Session | None = None
+) -> list[AuditRecord]:
     """The records of a filter, newest first: the indexed filters in the query, front and
-    a successful outcome applied to what it returns."""
-    found = await audit_log(ctx).query(
-        AuditQuery(
-            tenant=f.tenant,
-            sandbox_key=f.key,
-            tool=ALIASES.get(f.tool, f.tool),
-            agent_id=f.agent,
-            since=f.since,
-            limit=f.limit,
-            errors_only=f.outcome == "refused",
+    a successful outcome applied to what it returns. Every tenant (ALL, an operator's): one
+    query per tenant the console knows of and the records of none, merged."""
+    tenants = [f.tenant]
+    if f.tenant == ALL:
+        tenants = [*ctx.known_tenants(session), ""] if session is not None else []
+    found = []
+    for tenant in tenants:
+        found += await audit_log(ctx).query(
+            AuditQuery(
+                tenant=tenant,
+                sandbox_key=f.key,
+                tool=ALIASES.get(f.tool, f.tool),
+                agent_id=f.agent,
+                since=f.since,
+                limit=f.limit,
+                errors_only=f.outcome == "refused",
+            )
         )
-    )
+    if len(tenants) > 1:
+        found = sorted(found, key=lambda r: (-r.time, -r.id))[: f.limit]
     if f.front:
         found = [r for r in found if r.front == f.front]
     if f.outcome == "ok":
@@ -115,11 +160,82 @@ def histogram(found: list[AuditRecord]) -> list[tuple[str, int, int]]:
     return [(when(first + i * width), c, x) for i, (c, x) in enumerate(counts)]
 
 
-def form(f: Filter, session: Session) -> str:
+def decision_of(r: AuditRecord) -> tuple[str, str]:
+    """What became of a call, and why, from its record: the guard rule, the approval (and
+    who gave it), the limit, the tool policy's step, the error. Not policy_step alone: a
+    command the guard refused had passed the tool policy ("allowed")."""
+    code, step = r.error_code, r.policy_step
+    approval = r.approval + (f" by {r.approver}" if r.approver else "")
+    if r.tool == "alarm":
+        return "alarm", step
+    if code == ErrorCode.APPROVAL_DENIED:
+        return "refused", f"approval: {approval or 'denied'}"
+    if code == ErrorCode.RATE_LIMITED:
+        return "refused", f"limit: {step}" if step.startswith("limits.") else "limit: rate"
+    if code == ErrorCode.PERMISSION_DENIED:
+        if r.guard_rule and r.approval in ("", "withdrawn"):
+            return "refused", f"guard: {r.guard_rule}"
+        if step == "honeytoken":
+            return "refused", "honeytoken"
+        return "refused", f"policy: {step}" if step not in ("", "allowed") else f"error: {code}"
+    if code and code != ErrorCode.NONE:
+        return "failed", f"error: {code}"
+    reasons = [f"approval: {approval}"] if r.approval not in ("", "withdrawn", "allowlist") else []
+    if r.approval == "allowlist":
+        reasons.append("allowlisted")
+    if r.guard_rule:
+        reasons.insert(0, f"guard asked: {r.guard_rule}")
+    if step and step != "allowed":
+        reasons.append(step)
+    return "allowed", "; ".join(reasons) or "-"
+
+
+def what_and_why(ctx: ConsoleContext, r: AuditRecord) -> list[str]:
+    """A record's Command, Decision and Reason cells: the command folded, the decision with
+    its error code, the reason; what could hold a credential scrubbed once more (an alarm's
+    detail, a command) before it is shown."""
+    decision, reason = decision_of(r)
+    code = r.error_code if r.error_code not in ("", ErrorCode.NONE) else ""
+    shown = f'<span class="decision {decision}">{decision}</span>'
+    if code and decision != "alarm":
+        shown += f' <span class="code">{e(code)}</span>'
+    scrubber = ctx.policy.scrubber
+    return [command_cell(r, scrubber), shown, visible(scrubbed(reason, scrubber))]
+
+
+def command_cell(r: AuditRecord, scrubber: Scrubber | None = None) -> str:
+    """A record's command (exec's; a file call's path), folded; "-" without one."""
+    found = ""
+    try:
+        arguments = json.loads(r.arguments_json) if r.arguments_json else {}
+    except ValueError:  # cut when it was recorded: as it is
+        arguments, found = {}, r.arguments_json
+    if isinstance(arguments, dict):
+        for name in ("command", "path", "cmd", "url"):
+            if isinstance(arguments.get(name), str):
+                found = str(arguments[name])
+                break
+    return folded(scrubbed(found, scrubber), COMMAND_HEAD, COMMAND_TAIL) if found else "-"
+
+
+def tenant_select(ctx: ConsoleContext, f: Filter, session: Session) -> str:
+    choices = [(ALL, "all tenants"), *((t, t) for t in ctx.known_tenants(session))]
+    if f.tenant not in {c for c, _ in choices}:
+        choices.append((f.tenant, f.tenant))
+    options = "".join(
+        f'<option value="{e(v)}"{" selected" if v == f.tenant else ""}>{e(label)}</option>'
+        for v, label in choices
+    )
+    return f'<label>tenant <select name="tenant">{options}</select></label>'
+
+
+def form(f: Filter, session: Session, ctx: ConsoleContext | None = None) -> str:
     values = f.params()
-    fields = []
+    fields = [f'<input type="hidden" name="tz" value="{f.tz}" id="tz">']
     for name in FILTERS:
-        if name == "tenant" and not session.operator:
+        if name == "tenant":
+            if session.operator and ctx is not None:
+                fields.append(tenant_select(ctx, f, session))
             continue
         if name == "outcome":
             options = "".join(
@@ -129,10 +245,15 @@ def form(f: Filter, session: Session) -> str:
             fields.append(f'<label>outcome <select name="outcome">{options}</select></label>')
             continue
         kind = "datetime-local" if name == "since" else "text"
+        label = name
+        if name == "since":  # console.js names the viewer's zone
+            label = (
+                f'since <span id="since-zone">({"UTC" if not f.tz else f"UTC{f.tz:+d} min"})</span>'
+            )
         fields.append(
-            f'<label>{name} <input type="{kind}" name="{name}" value="{e(values[name])}"></label>'
+            f'<label>{label} <input type="{kind}" name="{name}" value="{e(values[name])}"></label>'
         )
-    export = url("/audit/export.jsonl", **values)
+    export = url("/audit/export.jsonl", **{k: v for k, v in values.items() if k != "tz" or v})
     return (
         f'<form method="get" action="/audit" class="filters">{"".join(fields)}'
         f'<button type="submit" id="filter">Filter</button></form>'
@@ -143,25 +264,27 @@ def form(f: Filter, session: Session) -> str:
 async def audit_page(ctx: ConsoleContext, request: Request) -> Response:
     session = ctx.session(request)
     f = parse(ctx, session, request)
-    found = await records(ctx, f)
-    rows = (
-        [
-            f'<a href="{e(url("/audit/record", tenant=f.tenant, id=r.id))}">{e(when(r.time))}</a>',
-            e(r.sandbox_key),
-            e(r.tool),
-            e(r.agent_id),
-            e(r.front or "-"),
-            e(r.error_code or "ok"),
-            e(r.policy_step),
-            e(r.duration_ms),
-        ]
-        for r in found
-    )
+    found = await records(ctx, f, session)
+    rows = []
+    for r in found:
+        rows.append(
+            [
+                f'<a href="{e(url("/audit/record", tenant=r.tenant, id=r.id))}">'
+                f"{moment(r.time)}</a>",
+                short(r.tenant or "-"),
+                short(r.sandbox_key),
+                short(r.tool),
+                *what_and_why(ctx, r),
+                short(r.agent_id),
+                e(r.front or "-"),
+                e(r.duration_ms),
+            ]
+        )
     body = (
-        form(f, session)
+        form(f, session, ctx)
         + columns("Calls (and refusals) over time", histogram(found), id="histogram")
         + table(
-            ("Time", "Key", "Tool", "Agent", "Front", "Outcome", "Policy", "ms"),
+            HEADERS,
             rows,
             id="records",
             empty="No records match.",
@@ -194,13 +317,13 @@ async def record_page(ctx: ConsoleContext, request: Request) -> Response:
 async def export(ctx: ConsoleContext, request: Request) -> Response:
     session = ctx.session(request)
     f = parse(ctx, session, request)
-    found = await records(ctx, f)
+    found = await records(ctx, f, session)
 
     def lines() -> Iterator[str]:
         for r in found:
             yield json.dumps(dataclasses.asdict(r), ensure_ascii=False) + "\n"
 
-    name = f"stockade-audit-{f.tenant}-{int(time.time())}.jsonl"
+    name = f"stockade-audit-{'all' if f.tenant == ALL else f.tenant}-{int(time.time())}.jsonl"
     return StreamingResponse(
         lines(),
         media_type="application/x-ndjson",

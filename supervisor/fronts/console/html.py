@@ -5,12 +5,15 @@ lives in static/console.js, looks in static/console.css."""
 from __future__ import annotations
 
 import html
+import re
 import time
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from urllib.parse import urlencode
 
 from stockade.supervisor.fronts.console.sessions import Session
+from stockade.supervisor.text import printable
 
 NAV = (
     ("/overview", "Overview", True),
@@ -24,6 +27,68 @@ NAV = (
 def e(value: object) -> str:
     """Text for HTML, attribute-safe (quotes escaped)."""
     return html.escape(str(value), quote=True)
+
+
+_NOT_ASCII = re.compile(r"[^\x20-\x7e]")
+SHORT = 64
+"""Characters of a key, tenant or name shown in a table cell; the whole text on hover."""
+TITLE_CHARS = 4096
+"""The most of a text a hover shows."""
+
+
+def _control(match: re.Match[str]) -> str:
+    c = match.group()
+    if c.isprintable():
+        return c
+    name = unicodedata.name(c, "") or f"U+{ord(c):04X}"
+    return f'<span class="ctl" title="{e(name)}">{e(ascii(c)[1:-1])}</span>'
+
+
+def visible(value: object, *, lines: bool = False) -> str:
+    """Text as HTML with every character that is not printable (controls, bidi overrides
+    and isolates, zero-width marks) shown as its escape in a marked span: what the page
+    says is what the text holds (`invoice-\u202egpj.exe` cannot read "invoice-exe.jpg")."""
+    shown = _NOT_ASCII.sub(_control, e(value))
+    return shown.replace(">\\n</span>", ">\\n</span>\n") if lines else shown
+
+
+def short(value: object, limit: int = SHORT) -> str:
+    """A value for a table cell: visible, at most `limit` characters with the whole
+    (printable, up to TITLE_CHARS) on hover."""
+    text = str(value)
+    if len(text) <= limit and text.isprintable():
+        return e(text)
+    whole = printable(text)
+    if len(whole) > TITLE_CHARS:
+        whole = whole[:TITLE_CHARS] + f"… ({len(text):,} characters)"
+    cut = text if len(text) <= limit else text[: limit - 1]
+    more = "" if cut is text else '<span class="more">…</span>'
+    return f'<span class="val" title="{e(whole)}">{visible(cut)}{more}</span>'
+
+
+FOLD_HEAD = 400
+FOLD_TAIL = 200
+
+
+def size_of(text: str) -> str:
+    n = len(text.encode("utf-8", "surrogatepass"))
+    lines = text.count("\n") + 1
+    amount = f"{n} B" if n < 1024 else f"{n / 1024:,.1f} KiB"
+    return f"{amount}, {lines:,} line{'s' if lines != 1 else ''}"
+
+
+def folded(text: str, head: int = FOLD_HEAD, tail: int = FOLD_TAIL) -> str:
+    """A command for a table: its size, then its start and end with the middle folded, so
+    a 250 KB command is a few lines beside its buttons (every character visible)."""
+    size = f'<span class="size">{e(size_of(text))}</span>'
+    if len(text) <= head + tail + 80:
+        return f'{size}<code class="cmd">{visible(text, lines=True)}</code>'
+    middle = len(text) - head - tail
+    return (
+        f'{size}<code class="cmd">{visible(text[:head], lines=True)}</code>'
+        f'<span class="fold">… {middle:,} characters folded …</span>'
+        f'<code class="cmd">{visible(text[-tail:], lines=True)}</code>'
+    )
 
 
 def url(path: str, **params: object) -> str:
@@ -55,10 +120,10 @@ def page(
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{e(title)} · Stockade</title>"
+        f"<title>{e(printable(title))} · Stockade</title>"
         '<link rel="stylesheet" href="/static/console.css">'
         '<script src="/static/console.js" defer></script></head>'
-        f"<body{attrs}>{nav}<main><h1>{e(title)}</h1>{body}</main></body></html>"
+        f"<body{attrs}>{nav}<main><h1>{visible(title)}</h1>{body}</main></body></html>"
     )
 
 
@@ -83,6 +148,16 @@ def when(moment: datetime | float | None) -> str:
         return "-"
     stamp = moment.timestamp() if isinstance(moment, datetime) else moment
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(stamp)) + "Z"
+
+
+def moment(stamp: float | None) -> str:
+    """A time for a table: UTC in the page (`2026-11-26 06:00:00Z`, one line), turned into
+    the viewer's own zone by console.js, the UTC time on hover."""
+    if stamp is None:
+        return "-"
+    utc = when(stamp)
+    iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stamp))
+    return f'<time datetime="{iso}" title="{e(utc)} UTC">{e(utc)}</time>'
 
 
 def duration(seconds: float | None) -> str:

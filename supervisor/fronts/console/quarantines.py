@@ -13,7 +13,16 @@ from starlette.responses import HTMLResponse, Response
 
 from stockade.supervisor.calls.lifecycle import Actor
 from stockade.supervisor.fronts.console.context import ConsoleContext, query
-from stockade.supervisor.fronts.console.html import e, message, page, table, url, when
+from stockade.supervisor.fronts.console.html import (
+    e,
+    message,
+    page,
+    short,
+    table,
+    url,
+    visible,
+    when,
+)
 from stockade.supervisor.keys import split
 from stockade.supervisor.observe.alarms import MAX_EVIDENCE
 from stockade.supervisor.sandboxes.quarantine import MAX_REASON, Quarantine, evidence
@@ -53,10 +62,10 @@ async def list_page(ctx: ConsoleContext, request: Request) -> Response:
         href = url("/sandbox", tenant=owner, key=key)
         rows.append(
             [
-                e(owner),
-                f'<a href="{e(href)}">{e(key)}</a>',
+                short(owner),
+                f'<a href="{e(href)}">{short(key)}</a>',
                 e(when(r.since)),
-                e(reason(ctx, r)),
+                visible(reason(ctx, r)),
                 e("yes" if r.frozen else "no"),
                 e(r.network_cut or "-"),
                 e(len(r.alarms)),
@@ -109,8 +118,8 @@ async def evidence_section(ctx: ConsoleContext, key: str) -> str:
             [
                 f'<a href="{e(url("/audit/record", tenant=tenant, id=r.id))}">'
                 f"{e(when(r.time))}</a>",
-                e(r.tool),
-                e(r.agent_id),
+                short(r.tool),
+                short(r.agent_id),
                 e(clean(ctx, r.policy_step)),
                 e(r.error_code or "ok"),
             ]

@@ -17,20 +17,23 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 
 from stockade.supervisor.engines.cgroups import sample
 from stockade.supervisor.errors import StockadeError
-from stockade.supervisor.fronts.console import quarantines
+from stockade.supervisor.fronts.console import audit, quarantines
 from stockade.supervisor.fronts.console.context import ConsoleContext, query
 from stockade.supervisor.fronts.console.html import (
     csrf_field,
     duration,
     e,
     message,
+    moment,
     page,
+    short,
     table,
     url,
+    visible,
     when,
 )
 from stockade.supervisor.keys import split
-from stockade.supervisor.models import SandboxInfo
+from stockade.supervisor.models import SandboxInfo, SandboxState
 from stockade.supervisor.observe.audit import AuditQuery
 
 ACTIONS = {
@@ -45,6 +48,27 @@ ACTIONS = {
 }
 WHEN_QUARANTINED = ("release", "destroy")
 """The actions a quarantined sandbox's page offers (pause and resume are refused)."""
+BY_STATE = {
+    SandboxState.RUNNING: ("pause", "quarantine", "destroy"),
+    SandboxState.PAUSED: ("resume", "quarantine", "destroy"),
+    SandboxState.BROKEN: ("destroy",),
+    SandboxState.EXITED: ("destroy",),
+    SandboxState.ABSENT: (),
+}
+"""What applies in each state: nothing that would do nothing (Resume on a running sandbox)."""
+ABSENT_TEXT = (
+    "no container: destroyed, or not made yet (the workspace is kept; the next call makes "
+    "a new container)"
+)
+
+
+def applicable(info: SandboxInfo, quarantined: bool) -> tuple[str, ...]:
+    """The actions that apply to a sandbox now, in the order the page offers them."""
+    if quarantined:
+        return WHEN_QUARANTINED
+    return BY_STATE.get(SandboxState(info.state), ("destroy",))
+
+
 MAX_PROCESSES = 50
 
 
@@ -84,11 +108,14 @@ async def rows(ctx: ConsoleContext, request: Request) -> list[dict[str, Any]]:
     tenant = ctx.tenant_for(session, query(request, "tenant"))
     infos = await ctx.manager.list()
     now = time.time()
-    return [
+    found = [
         row(ctx, i, now)
         for i in infos
         if ctx.visible(session, i.key) and (not tenant or split(i.key)[0] == tenant)
     ]
+    for r in found:  # console.js shows these as they are
+        r["state_text"], r["state_class"] = state_text(r)
+    return found
 
 
 HEADERS = ("Tenant", "Key", "State", "Engine", "Network", "Age", "Idle", "CPU s", "Memory MiB")
@@ -100,14 +127,16 @@ def state_text(r: dict[str, Any]) -> tuple[str, str]:
         text = f"QUARANTINED since {r['quarantined_since']}: {r['quarantine_reason']}"
         return text, "quarantined"
     since = f" since {r['paused_since']}" if r["paused_since"] else ""
+    if r["state"] == SandboxState.ABSENT:
+        return f"ABSENT: {ABSENT_TEXT}", "absent"
     return r["state"] + since, r["state"].lower()
 
 
 def cells(r: dict[str, Any]) -> list[str]:
     state, kind = state_text(r)
     return [
-        e(r["tenant"]),
-        f'<a href="{e(r["href"])}">{e(r["key"])}</a>',
+        short(r["tenant"]),
+        f'<a href="{e(r["href"])}">{short(r["key"])}</a>',
         f'<span class="state {e(kind)}">{e(state)}</span>',
         e(r["engine"]),
         e(r["network"] or "-"),
@@ -140,16 +169,19 @@ async def sandbox_page(ctx: ConsoleContext, request: Request) -> Response:
     except StockadeError as exc:
         raise HTTPException(404, str(exc)) from None
     r = row(ctx, info, time.time())
-    facts = table(("Field", "Value"), ([e(k), e(v)] for k, v in r.items() if k != "href"))
+    facts = table(("Field", "Value"), ([e(k), visible(v)] for k, v in r.items() if k != "href"))
     quarantined = quarantines.held(ctx, key) is not None
-    offered = [a for a in ACTIONS if (a in WHEN_QUARANTINED) == quarantined or a == "destroy"]
+    offered = applicable(info, quarantined)
     confirm = {a: url("/sandbox/confirm", action=a, tenant=tenant, key=shown_key) for a in offered}
     actions = "".join(
         f'<a class="button" id="{a}" href="{e(href)}">{e(a.capitalize())}</a>'
         for a, href in confirm.items()
     )
     isolation = url("/sandbox/isolation", tenant=tenant, key=shown_key)
+    done = query(request, "done", 16)
     parts = [
+        message(f"{done.capitalize()}: done.") if done in ACTIONS else "",
+        message(f"This sandbox has {ABSENT_TEXT}.") if info.state == SandboxState.ABSENT else "",
         facts,
         f'<p class="actions">{actions} <a href="{e(isolation)}">Isolation report</a></p>',
         await quarantines.evidence_section(ctx, key),
@@ -189,20 +221,19 @@ async def recent_calls(ctx: ConsoleContext, tenant: str, key: str) -> str:
     if ctx.policy.audit is None:
         return message("The audit log is off.")
     records = await ctx.policy.audit.query(AuditQuery(tenant=tenant, sandbox_key=key, limit=20))
-    return table(
-        ("Time", "Tool", "Agent", "Outcome", "ms"),
-        (
+    rows = []
+    for r in records:
+        rows.append(
             [
-                link(url("/audit/record", tenant=tenant, id=r.id), when(r.time)),
-                e(r.tool),
-                e(r.agent_id),
-                e(r.error_code or "ok"),
+                f'<a href="{e(url("/audit/record", tenant=tenant, id=r.id))}">{moment(r.time)}</a>',
+                short(r.tool),
+                *audit.what_and_why(ctx, r),
+                short(r.agent_id),
                 e(r.duration_ms),
             ]
-            for r in records
-        ),
-        empty="No calls on record.",
-    )
+        )
+    headers = ("Time", "Tool", "Command", "Decision", "Reason", "Agent", "ms")
+    return table(headers, rows, id="recent", empty="No calls on record.")
 
 
 async def isolation_page(ctx: ConsoleContext, request: Request) -> Response:
@@ -223,6 +254,7 @@ async def confirm_page(ctx: ConsoleContext, request: Request) -> Response:
     if action not in ACTIONS:
         raise HTTPException(400, f"action must be one of {', '.join(ACTIONS)}")
     key = ctx.scoped(session, query(request, "tenant"), query(request, "key"))
+    await applies(ctx, key, action)
     tenant, shown_key = split(key)
     body = (
         f"<p>{e(ACTIONS[action])}</p>"
@@ -231,7 +263,8 @@ async def confirm_page(ctx: ConsoleContext, request: Request) -> Response:
         f'<input type="hidden" name="tenant" value="{e(tenant)}">'
         f'<input type="hidden" name="key" value="{e(shown_key)}">'
         + (quarantines.reason_field() if action == "quarantine" else "")
-        + f'<button type="submit" id="confirm">{e(action.capitalize())} {e(shown_key)}</button> '
+        + f'<button type="submit" id="confirm">{e(action.capitalize())} '
+        f"{short(shown_key)}</button> "
         f'<a href="{e(url("/sandbox", tenant=tenant, key=shown_key))}">Cancel</a></form>'
     )
     return HTMLResponse(page(f"{action.capitalize()} {shown_key}?", body, session))
@@ -244,6 +277,7 @@ async def act(ctx: ConsoleContext, request: Request) -> Response:
         raise HTTPException(400, f"action must be one of {', '.join(ACTIONS)}")
     key = ctx.scoped(session, form.get("tenant"), form.get("key", ""))
     who = ctx.actor(session, request)
+    await applies(ctx, key, action)
     try:  # one audit record each, through the lifecycle path
         if action == "pause":
             await ctx.lifecycle.pause(who, key)
@@ -256,5 +290,25 @@ async def act(ctx: ConsoleContext, request: Request) -> Response:
     except StockadeError as exc:
         raise HTTPException(409, str(exc)) from None
     tenant, shown_key = split(key)
-    target = "/sandboxes" if action == "destroy" else url("/sandbox", tenant=tenant, key=shown_key)
+    target = (
+        "/sandboxes"
+        if action == "destroy"
+        else url("/sandbox", tenant=tenant, key=shown_key, done=action)
+    )
     return RedirectResponse(target, status_code=303)
+
+
+async def applies(ctx: ConsoleContext, key: str, action: str) -> None:
+    """409, with nothing done and nothing audited, for an action that does not apply to the
+    sandbox's state now (a no-op such as Resume on a running sandbox). A sandbox that cannot
+    be read is left to the lifecycle path, which refuses it as every front does."""
+    try:
+        info = await ctx.manager.get(key)
+    except StockadeError:
+        return
+    offered = applicable(info, quarantines.held(ctx, key) is not None)
+    if action not in offered:
+        state = "QUARANTINED" if offered == WHEN_QUARANTINED else str(info.state)
+        raise HTTPException(
+            409, f"{action} does not apply to a sandbox that is {state}: nothing was done"
+        )

@@ -8,15 +8,61 @@
   const csrf = body.dataset.csrf || "";
   const refreshMs = Math.max(200, 1000 * Number(body.dataset.refresh || "2"));
 
+  // as html.visible and html.short on the server: every character that is not printable
+  // (controls, bidi overrides and isolates, zero-width marks) shown as its escape in a marked
+  // span; a long value cut, the whole on hover
+  const HIDDEN = /(?! )[\p{C}\p{Z}]/gu; // what Python's str.isprintable refuses
+  const SHORT = 64;
+
+  function escaped(c) {
+    const code = c.codePointAt(0);
+    if (c === "\n") return "\\n";
+    if (c === "\t") return "\\t";
+    if (c === "\r") return "\\r";
+    const hex = code.toString(16);
+    if (code < 0x100) return "\\x" + hex.padStart(2, "0");
+    return code < 0x10000 ? "\\u" + hex.padStart(4, "0") : "\\U" + hex.padStart(8, "0");
+  }
+
+  function visibleInto(parent, text) {
+    let last = 0;
+    for (const m of text.matchAll(HIDDEN)) {
+      parent.appendChild(document.createTextNode(text.slice(last, m.index)));
+      const span = document.createElement("span");
+      span.className = "ctl";
+      span.textContent = escaped(m[0]);
+      parent.appendChild(span);
+      last = m.index + m[0].length;
+    }
+    parent.appendChild(document.createTextNode(text.slice(last)));
+  }
+
+  function shortInto(parent, text) {
+    const span = document.createElement("span");
+    span.className = "val";
+    const chars = Array.from(text);
+    const cut = chars.length > SHORT ? chars.slice(0, SHORT - 1).join("") : text;
+    HIDDEN.lastIndex = 0;
+    if (cut !== text || HIDDEN.test(text)) span.title = text.replace(HIDDEN, escaped);
+    visibleInto(span, cut);
+    if (cut !== text) {
+      const more = document.createElement("span");
+      more.className = "more";
+      more.textContent = "…";
+      span.appendChild(more);
+    }
+    parent.appendChild(span);
+  }
+
   function cell(row, text, href) {
     const td = document.createElement("td");
     if (href) {
       const a = document.createElement("a");
       a.href = href;
-      a.textContent = text;
+      shortInto(a, text);
       td.appendChild(a);
     } else {
-      td.textContent = text;
+      shortInto(td, text);
     }
     row.appendChild(td);
     return td;
@@ -45,11 +91,8 @@
         tr.dataset.key = s.key;
         cell(tr, s.tenant);
         cell(tr, s.key, s.href);
-        // as sandboxes.state_text on the server
-        const state = s.quarantined_since
-          ? cell(tr, "QUARANTINED since " + s.quarantined_since + ": " + s.quarantine_reason)
-          : cell(tr, s.state + (s.paused_since ? " since " + s.paused_since : ""));
-        state.className = "state " + (s.quarantined_since ? "quarantined" : s.state.toLowerCase());
+        const state = cell(tr, s.state_text); // sandboxes.state_text on the server
+        state.className = "state " + s.state_class;
         cell(tr, s.engine);
         cell(tr, s.network || "-");
         cell(tr, s.age);
@@ -108,12 +151,35 @@
     tidy();
   }
 
+  function askAlways(form, ask) {
+    const confirm = form.querySelector(".confirm-always");
+    if (!confirm) return;
+    confirm.hidden = !ask;
+    if (ask) confirm.querySelector("button[type=submit]").focus();
+    else form.querySelector("button[name=decision][value=allow-always]").focus();
+  }
+
   function hook(form) {
     if (!form || form.dataset.hooked) return;
     form.dataset.hooked = "1";
+    const row = form.closest("tr");
+    if (row) {
+      row.tabIndex = 0; // the keys act on the row that has the focus, never on another
+      row.classList.add("request");
+      row.addEventListener("click", (event) => {
+        if (event.target === row || !event.target.closest("button, a, input")) row.focus();
+      });
+    }
+    const cancel = form.querySelector("button.always-no");
+    if (cancel) cancel.addEventListener("click", () => askAlways(form, false));
     form.addEventListener("submit", async (event) => {
       event.preventDefault();
-      const data = new FormData(form, event.submitter);
+      const by = event.submitter;
+      if (by && by.name === "decision" && by.value === "allow-always") {
+        askAlways(form, true); // Always is asked twice: the row's confirming button decides
+        return;
+      }
+      const data = new FormData(form, by);
       const answer = await fetch(form.action, {
         method: "POST",
         credentials: "same-origin",
@@ -142,12 +208,19 @@
     window.setInterval(tick, 1000);
     tick();
     document.addEventListener("keydown", (event) => {
+      if (event.ctrlKey || event.metaKey || event.altKey || event.repeat) return;
       const target = event.target;
       if (target && (target.tagName === "INPUT" || target.tagName === "SELECT")) return;
       const wanted = { o: "allow-once", a: "allow-always", d: "deny" }[event.key];
       const tbody = pendingBody();
       if (!wanted || !tbody) return;
-      const button = tbody.querySelector("button[value=" + wanted + "]");
+      // only the request whose row has the (visible) focus: a key pressed with the focus
+      // elsewhere does nothing
+      const row = document.activeElement && document.activeElement.closest("tr.request");
+      if (!row || !tbody.contains(row)) return;
+      const form = row.querySelector("form.decision");
+      if (wanted === "allow-always") { askAlways(form, true); return; }
+      const button = row.querySelector("button[name=decision][value=" + wanted + "]");
       if (button) button.click();
     });
   }
@@ -170,6 +243,40 @@
       set("p95", shown(data.p95_ms, " ms"));
     } catch (_e) { /* the next refresh tries again */ }
   }
+
+  // Times: the page says UTC (<time datetime>); shown in the viewer's zone, UTC on hover
+  const pad = (n) => String(n).padStart(2, "0");
+  function zoneName(minutes) {
+    const sign = minutes < 0 ? "-" : "+";
+    const a = Math.abs(minutes);
+    return "UTC" + sign + pad(Math.floor(a / 60)) + ":" + pad(a % 60);
+  }
+  function localTimes(root) {
+    for (const t of root.querySelectorAll("time[datetime]")) {
+      const d = new Date(t.getAttribute("datetime"));
+      if (isNaN(d)) continue;
+      t.textContent = d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " "
+        + pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+    }
+  }
+  function sinceInZone() {
+    // the audit filter's `since` is read in the viewer's zone: tz carries it to the server
+    const tz = document.getElementById("tz");
+    if (!tz) return;
+    const here = -new Date().getTimezoneOffset();
+    const was = Number(tz.value || "0");
+    const since = tz.form.querySelector("input[name=since]");
+    if (since && since.value && was !== here) { // shown in another zone: the same moment here
+      const d = new Date(since.value + ":00Z");
+      d.setUTCMinutes(d.getUTCMinutes() + here - was);
+      since.value = d.toISOString().slice(0, 16);
+    }
+    tz.value = String(here);
+    const label = document.getElementById("since-zone");
+    if (label) label.textContent = "(your time, " + zoneName(here) + ")";
+  }
+  localTimes(document);
+  sinceInZone();
 
   function every(fn, source) {
     fn(source);
