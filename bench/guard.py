@@ -1,5 +1,6 @@
 """`python -m bench.guard`: the command guard's corpora (tests/corpora) with the default
-guard: how many ordinary commands it refuses (target 0) and how many destructive or
+guard: how many ordinary commands it refuses (target 0; guard_ordinary.txt and
+guard_manuals.txt) and how many destructive or
 obfuscated ones it refuses (target >= 99%), and what a check costs. No engine needed.
 
 With $TLDR_PAGES naming a tldr-pages checkout, also the ~29,000 example commands of its
@@ -25,6 +26,9 @@ from tests.corpora.generate import TLDR_ENV, tldr_commands, tldr_pages
 
 CORPORA = Path(__file__).resolve().parent.parent / "tests" / "corpora"
 ORDINARY = CORPORA / "guard_ordinary.txt"
+MANUALS = CORPORA / "guard_manuals.txt"
+"""More ordinary commands: common tools' documented usages, written for the corpus."""
+ORDINARY_CORPORA = (ORDINARY, MANUALS)
 DESTRUCTIVE = CORPORA / "guard_destructive.txt"
 DESTRUCTIVE_TARGET = 0.99
 SHOWN = 5
@@ -48,6 +52,11 @@ def load_corpus(path: Path) -> list[str]:
     if pending:
         raise ValueError(f"{path.name}: the last command ends in a backslash")
     return commands
+
+
+def load_ordinary() -> list[str]:
+    """Every ordinary command: guard_ordinary.txt, then guard_manuals.txt."""
+    return [command for path in ORDINARY_CORPORA for command in load_corpus(path)]
 
 
 def refusals(guard: Guard, commands: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
@@ -107,7 +116,7 @@ def run_guard_bench(guard: Guard | None = None, kept: int | None = SHOWN) -> dic
     """Both committed corpora, and the tldr-pages examples when $TLDR_PAGES is set (``kept``
     refusals of each rule listed; None: all)."""
     guard = guard or Guard()
-    ordinary, destructive = load_corpus(ORDINARY), load_corpus(DESTRUCTIVE)
+    ordinary, destructive = load_ordinary(), load_corpus(DESTRUCTIVE)
     started = time.perf_counter()
     by_rule = refusals(guard, ordinary)
     passed = [c for c in destructive if guard.check(c).action != "deny"]

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from bench.guard import ORDINARY, bash_accepts, load_corpus, refusals, valid_parse_errors
+from bench.guard import bash_accepts, load_ordinary, refusals, valid_parse_errors
 from stockade.supervisor.policy.guard import Guard
 from stockade.supervisor.policy.guard.parsing import parse_script
 from stockade.supervisor.policy.guard.parsing.repairs import MAX_REPAIRS
@@ -138,8 +138,14 @@ def test_repairs_stop_after_their_limit() -> None:
 
 
 def test_no_parse_error_refusal_of_valid_bash_in_the_ordinary_corpus() -> None:
-    by_rule = refusals(Guard(on_parse_error="ask"), load_corpus(ORDINARY))
+    by_rule = refusals(Guard(on_parse_error="ask"), load_ordinary())
     assert valid_parse_errors(by_rule) == []
+
+
+def test_every_ordinary_command_is_valid_bash() -> None:
+    """Both ordinary corpora (guard_ordinary.txt, guard_manuals.txt) hold only commands
+    `bash -n` accepts: a refusal of one could never be excused as invalid bash."""
+    assert [c for c in load_ordinary() if not bash_accepts(c)] == []
 
 
 def _tldr() -> list[str]:
