@@ -34,6 +34,7 @@ import pytest
 from stockade.agent.v1 import agent_pb2
 from stockade.client import Output, Sandbox, Stockade, StockadeError, ToolResult
 from stockade.supervisor.keys import sandbox_id
+from stockade.supervisor.sandboxes.agent_link import PROTOCOL_VERSION
 from tests.integration.harness import Supervisor, running_supervisor
 
 pytestmark = pytest.mark.timeout(600)
@@ -413,7 +414,8 @@ class Attacker:
 
     def _hello(self, _request: bytes, _context: grpc.ServicerContext) -> bytes:
         self.calls.append("Hello")
-        version = 2 if self.case.call == "hello" else 1
+        right = PROTOCOL_VERSION  # the supervisor's; the "hello" case answers another
+        version = right + 1 if self.case.call == "hello" else right
         return bytes(agent_pb2.HelloResponse(protocol_version=version).SerializeToString())
 
     def _unary(self, name: str) -> Callable[[bytes, grpc.ServicerContext], bytes]:
