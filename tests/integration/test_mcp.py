@@ -159,7 +159,9 @@ async def test_tools_calls_and_the_audit(mcp_sup: McpSupervisor) -> None:
     ).stdout
     assert "write_file" in shown
     assert "via mcp" in shown
-    echo = next(r for r in records if json.loads(r.arguments_json) == {"command": "echo hi"})
+    # the MCP session's commands run in its shell session "mcp" (docs/mcp.md)
+    echo = next(r for r in records if json.loads(r.arguments_json).get("command") == "echo hi")
+    assert json.loads(echo.arguments_json).get("session") == "mcp", echo.arguments_json
     assert (echo.front, echo.exit_code, echo.caller.startswith("ipv4:127.0.0.1:")) == (
         "mcp",
         0,
