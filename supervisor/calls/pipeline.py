@@ -282,8 +282,7 @@ class ToolPipeline:
             except LimitExceeded as exc:
                 return failure(ErrorCode.RATE_LIMITED, str(exc))
             with trail.stages.timed("sandbox"):
-                why = self._risk(call, spec, trail)
-                if why and self._checkpoint is not None:
+                if self._checkpoint is not None and (why := self._risk(call, spec, trail)):
                     try:
                         trail.checkpoint = await self._checkpoint(
                             call.sandbox_key, call.request_id, spec.name
@@ -302,11 +301,11 @@ class ToolPipeline:
                 )
 
     def _risk(self, call: ToolCall, spec: ToolSpec, trail: Trail) -> str:
-        """Why the call gets a checkpoint first ([checkpoints] before), or ""."""
-        points = self._config.checkpoints
-        tenant = split(call.sandbox_key)[0]
-        if self._checkpoint is None or not self._config.checkpoints_on(tenant):
+        """Why the call gets a checkpoint first ([checkpoints] before), or "" (asked only
+        when a checkpointer is given)."""
+        if not self._config.checkpoints_on(split(call.sandbox_key)[0]):
             return ""
+        points = self._config.checkpoints
         if spec.name == "apply_patch":
             found = "apply_patch"
         elif spec.name in OVERWRITES:
