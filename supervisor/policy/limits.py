@@ -186,7 +186,9 @@ class FairShare:
 
     def busy(self, scoped_key: str) -> None:
         """The key's tenant started a call (or moved part of a transfer) now."""
-        tenant = split(scoped_key)[0]
+        self._mark(split(scoped_key)[0])
+
+    def _mark(self, tenant: str) -> None:
         self._busy.pop(tenant, None)
         self._busy[tenant] = self._clock()
         if len(self._busy) > SHARED_TENANTS:
@@ -206,7 +208,7 @@ class FairShare:
         """Count `size` bytes of the key's tenant's transfer; how long it should now wait (0
         when it is alone or still within its rate)."""
         tenant = split(scoped_key)[0]
-        self.busy(scoped_key)
+        self._mark(tenant)
         if not self.bytes_per_s or not self.contended(tenant):
             self._due.pop(tenant, None)
             return 0.0
