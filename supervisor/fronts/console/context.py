@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import parse_qs
 
 from starlette.exceptions import HTTPException
@@ -24,6 +24,9 @@ from stockade.supervisor.keys import scope, split, validate_key, validate_tenant
 from stockade.supervisor.models import SandboxInfo
 from stockade.supervisor.observe.alarms import AlarmHub
 from stockade.supervisor.observe.metrics import Metrics
+
+if TYPE_CHECKING:
+    from stockade.supervisor.fronts.console.trends import Trends
 
 FRONT = "console"
 
@@ -82,6 +85,8 @@ class ConsoleContext:
     rates: Rates = field(init=False)
     lifecycle: Lifecycle[ConsoleSandboxes] = field(init=False)
     """The one lifecycle path (calls/lifecycle.py): every action is one audit record."""
+    trends: Trends | None = field(init=False, default=None)
+    """The overview's trends, made at its first read or at the console's start (overview.py)."""
 
     def __post_init__(self) -> None:
         self.sessions = Sessions(self.config.console.session_ttl_s)

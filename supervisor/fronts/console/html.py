@@ -227,5 +227,54 @@ def columns(title: str, counts: Sequence[tuple[str, int, int]], *, id: str = "")
     return "".join(parts)
 
 
+def lines(
+    title: str,
+    series: Mapping[str, Sequence[float | None]],
+    ends: tuple[str, str],
+    *,
+    id: str = "",
+) -> str:
+    """A small line chart as inline SVG: one polyline per series (class `line N`), a gap
+    where a point has no value (a lone point a dot), the top value, the legend and the
+    end (`ends[1]`) labelled."""
+    width, height, left, top_pad = 420, 120, 36, 8
+    length = max((len(v) for v in series.values()), default=0)
+    top = max((x for v in series.values() for x in v if x is not None), default=0) or 1
+    step = (width - left - 4) / max(length - 1, 1)
+
+    def y(value: float) -> float:
+        return round(top_pad + (height - top_pad - 20) * (1 - value / top), 1)
+
+    parts = [
+        f'<figure class="chart"{_ident(id)}><figcaption>{e(title)}</figcaption>'
+        f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+        f'aria-label="{e(title)}">'
+        f'<text x="0" y="{top_pad + 6}" class="label">{e(f"{top:g}")}</text>'
+        f'<text x="0" y="{height - 20}" class="label">0</text>'
+    ]
+    for n, values in enumerate(series.values()):
+        runs: list[list[str]] = [[]]
+        for i, value in enumerate(values):
+            if value is None:
+                runs.append([])
+                continue
+            runs[-1].append(f"{round(left + i * step, 1)},{y(value)}")
+        for run in runs:
+            if len(run) == 1:
+                x, at = run[0].split(",")
+                parts.append(f'<circle cx="{x}" cy="{at}" r="2" class="dot line{n}"></circle>')
+            elif run:
+                parts.append(f'<polyline points="{" ".join(run)}" class="line line{n}"></polyline>')
+    for n, name in enumerate(series):
+        parts.append(
+            f'<text x="{left + 90 * n}" y="{height - 4}" class="legend line{n}">{e(name)}</text>'
+        )
+    parts.append(
+        f'<text x="{width - 4}" y="{height - 4}" class="label end">{e(ends[1])}</text>'
+        "</svg></figure>"
+    )
+    return "".join(parts)
+
+
 def message(text: str, kind: str = "note") -> str:
     return f'<p class="{e(kind)}" role="status">{e(text)}</p>'

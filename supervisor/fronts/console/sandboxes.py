@@ -103,9 +103,30 @@ def row(ctx: ConsoleContext, info: SandboxInfo, now: float) -> dict[str, Any]:
     }
 
 
+STATES = (*(s.value for s in SandboxState), "QUARANTINED")
+"""The list's state filter (?state=, the overview's counts link to it): a quarantined
+sandbox is QUARANTINED, never the state its freeze puts it in."""
+
+
+def state_asked(request: Request) -> str:
+    state = query(request, "state", 16)
+    if state and state not in STATES:
+        raise HTTPException(400, f"state must be one of {', '.join(STATES)}")
+    return state
+
+
+def in_state(r: dict[str, Any], state: str) -> bool:
+    if not state:
+        return True
+    if r["quarantined_since"]:
+        return state == "QUARANTINED"
+    return bool(r["state"] == state)
+
+
 async def rows(ctx: ConsoleContext, request: Request) -> list[dict[str, Any]]:
     session = ctx.session(request)
     tenant = ctx.tenant_for(session, query(request, "tenant"))
+    state = state_asked(request)
     infos = await ctx.manager.list()
     now = time.time()
     found = [
@@ -113,6 +134,7 @@ async def rows(ctx: ConsoleContext, request: Request) -> list[dict[str, Any]]:
         for i in infos
         if ctx.visible(session, i.key) and (not tenant or split(i.key)[0] == tenant)
     ]
+    found = [r for r in found if in_state(r, state)]
     for r in found:  # console.js shows these as they are
         r["state_text"], r["state_class"] = state_text(r)
     return found
@@ -150,9 +172,12 @@ def cells(r: dict[str, Any]) -> list[str]:
 async def list_page(ctx: ConsoleContext, request: Request) -> Response:
     session = ctx.session(request)
     found = await rows(ctx, request)
-    tenant = query(request, "tenant")
+    tenant, state = query(request, "tenant"), state_asked(request)
     body = table(HEADERS, (cells(r) for r in found), id="sandboxes", empty="No sandboxes.")
-    live = {"live-sandboxes": url("/sandboxes.json", tenant=tenant), "refresh": ctx.refresh}
+    if state:
+        body = message(f"Only the sandboxes that are {state}.") + body
+    source = url("/sandboxes.json", tenant=tenant, state=state)
+    live = {"live-sandboxes": source, "refresh": ctx.refresh}
     return HTMLResponse(page("Sandboxes", body, session, data=live))
 
 

@@ -15,6 +15,7 @@ from stockade.supervisor.calls.pipeline import HostPolicy
 from stockade.supervisor.config import Config
 from stockade.supervisor.fronts.console.app import build_app
 from stockade.supervisor.fronts.console.context import ConsoleContext, ConsoleSandboxes
+from stockade.supervisor.fronts.console.overview import trends_of
 from stockade.supervisor.fronts.http import http_server, listening_socket, serve
 from stockade.supervisor.observe.alarms import AlarmHub
 from stockade.supervisor.observe.metrics import Metrics
@@ -42,9 +43,14 @@ class ConsoleFront:
 
     async def start(self) -> None:
         self._task = await serve(self._server, self._socket, "the console")
+        trends = trends_of(self.ctx)
+        if trends is not None:  # the overview's first read finds the last week folded
+            trends.catch_up()
 
     async def stop(self, grace: float) -> None:
         """Stop taking requests; open pages' streams end (the browser retries)."""
+        if self.ctx.trends is not None:
+            await asyncio.to_thread(self.ctx.trends.stop)
         if self._task is None:
             self._socket.close()
             return

@@ -241,6 +241,10 @@
       set("redactions", shown(data.redactions));
       set("p50", shown(data.p50_ms, " ms"));
       set("p95", shown(data.p95_ms, " ms"));
+      for (const c of data.counts || []) { // overview.counts: each a link to its list
+        const n = document.querySelector("#" + CSS.escape(c.id) + " .n");
+        if (n) n.textContent = String(c.value);
+      }
     } catch (_e) { /* the next refresh tries again */ }
   }
 
