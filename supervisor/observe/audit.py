@@ -288,11 +288,11 @@ class AuditLog:
         once. `after` 0: from the first record at or after `since` (audit_time finds it),
         then forward along the primary key, whatever the size of the log. Blocking; no
         flush (the trends may be a batch window late)."""
-        with self._reader() as (db, _mark):
+        with self._reader() as (db, mark):
             if after <= 0:
+                indexed = " INDEXED BY audit_time" if mark == "?" else ""  # SQLite's own
                 first = db.execute(
-                    "SELECT id FROM audit INDEXED BY audit_time WHERE time >= ? "
-                    "ORDER BY time LIMIT 1",
+                    f"SELECT id FROM audit{indexed} WHERE time >= {mark} ORDER BY time LIMIT 1",
                     (since,),
                 ).fetchone()
                 if first is None:
@@ -300,7 +300,7 @@ class AuditLog:
                 after = int(first[0]) - 1
             sql = (
                 f"SELECT id, {', '.join(SUMMARY_COLUMNS)} FROM audit "
-                "WHERE id > ? AND time >= ? ORDER BY id LIMIT ?"
+                f"WHERE id > {mark} AND time >= {mark} ORDER BY id LIMIT {mark}"
             )
             return list(db.execute(sql, (after, since, limit)).fetchall())
 

@@ -115,29 +115,48 @@ def state_asked(request: Request) -> str:
     return state
 
 
-def in_state(r: dict[str, Any], state: str) -> bool:
+def in_state(ctx: ConsoleContext, i: SandboxInfo, state: str) -> bool:
     if not state:
         return True
-    if r["quarantined_since"]:
+    if quarantines.held(ctx, i.key) is not None:
         return state == "QUARANTINED"
-    return bool(r["state"] == state)
+    return bool(i.state == state)
+
+
+PAGE_ROWS = 200
+"""Sandboxes a list page shows (and reads the cgroup figures of), from ?offset=."""
+
+
+def offset_asked(request: Request) -> int:
+    text = query(request, "offset", 8) or "0"
+    if not text.isdigit():
+        raise HTTPException(400, "offset must be a number of rows")
+    return int(text)
+
+
+async def listed(ctx: ConsoleContext, request: Request) -> tuple[list[dict[str, Any]], int]:
+    """The rows of the list's page (at most PAGE_ROWS from ?offset=, of the ?tenant= and
+    ?state= asked) and how many sandboxes match in all."""
+    session = ctx.session(request)
+    tenant = ctx.tenant_for(session, query(request, "tenant"))
+    state, offset = state_asked(request), offset_asked(request)
+    infos = await ctx.manager.list()
+    now = time.time()
+    matching = [
+        i
+        for i in infos
+        if ctx.visible(session, i.key)
+        and (not tenant or split(i.key)[0] == tenant)
+        and in_state(ctx, i, state)
+    ]
+    found = [row(ctx, i, now) for i in matching[offset : offset + PAGE_ROWS]]
+    for r in found:  # console.js shows these as they are
+        r["state_text"], r["state_class"] = state_text(r)
+    return found, len(matching)
 
 
 async def rows(ctx: ConsoleContext, request: Request) -> list[dict[str, Any]]:
-    session = ctx.session(request)
-    tenant = ctx.tenant_for(session, query(request, "tenant"))
-    state = state_asked(request)
-    infos = await ctx.manager.list()
-    now = time.time()
-    found = [
-        row(ctx, i, now)
-        for i in infos
-        if ctx.visible(session, i.key) and (not tenant or split(i.key)[0] == tenant)
-    ]
-    found = [r for r in found if in_state(r, state)]
-    for r in found:  # console.js shows these as they are
-        r["state_text"], r["state_class"] = state_text(r)
-    return found
+    return (await listed(ctx, request))[0]
 
 
 HEADERS = ("Tenant", "Key", "State", "Engine", "Network", "Age", "Idle", "CPU s", "Memory MiB")
@@ -171,18 +190,29 @@ def cells(r: dict[str, Any]) -> list[str]:
 
 async def list_page(ctx: ConsoleContext, request: Request) -> Response:
     session = ctx.session(request)
-    found = await rows(ctx, request)
-    tenant, state = query(request, "tenant"), state_asked(request)
+    found, total = await listed(ctx, request)
+    tenant, state, offset = query(request, "tenant"), state_asked(request), offset_asked(request)
     body = table(HEADERS, (cells(r) for r in found), id="sandboxes", empty="No sandboxes.")
     if state:
         body = message(f"Only the sandboxes that are {state}.") + body
-    source = url("/sandboxes.json", tenant=tenant, state=state)
+    if total > PAGE_ROWS or offset:
+        pages = []
+        if offset:
+            back = url("/sandboxes", tenant=tenant, state=state, offset=max(offset - PAGE_ROWS, 0))
+            pages.append(f'<a href="{e(back)}" id="previous">Previous {PAGE_ROWS}</a>')
+        if offset + PAGE_ROWS < total:
+            more = url("/sandboxes", tenant=tenant, state=state, offset=offset + PAGE_ROWS)
+            pages.append(f'<a href="{e(more)}" id="next">Next {PAGE_ROWS}</a>')
+        shown = f"{offset + 1:,}-{offset + len(found):,}" if found else "none"
+        body += f'<p class="pages">Sandboxes {shown} of {total:,}. {" ".join(pages)}</p>'
+    source = url("/sandboxes.json", tenant=tenant, state=state, offset=offset or "")
     live = {"live-sandboxes": source, "refresh": ctx.refresh}
     return HTMLResponse(page("Sandboxes", body, session, data=live))
 
 
 async def list_json(ctx: ConsoleContext, request: Request) -> Response:
-    return JSONResponse({"sandboxes": await rows(ctx, request)})
+    found, total = await listed(ctx, request)
+    return JSONResponse({"sandboxes": found, "total": total, "offset": offset_asked(request)})
 
 
 async def sandbox_page(ctx: ConsoleContext, request: Request) -> Response:
