@@ -91,7 +91,7 @@ def folded(text: str, head: int = FOLD_HEAD, tail: int = FOLD_TAIL) -> str:
     )
 
 
-def url(path: str, **params: object) -> str:
+def url(path: str, /, **params: object) -> str:
     """A link with its query string (empty values left out)."""
     query = urlencode({k: str(v) for k, v in params.items() if v not in ("", None)})
     return f"{path}?{query}" if query else path

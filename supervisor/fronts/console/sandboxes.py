@@ -17,7 +17,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 
 from stockade.supervisor.engines.cgroups import sample
 from stockade.supervisor.errors import StockadeError
-from stockade.supervisor.fronts.console import audit, quarantines
+from stockade.supervisor.fronts.console import audit, quarantines, workspace
 from stockade.supervisor.fronts.console.context import ConsoleContext, query
 from stockade.supervisor.fronts.console.html import (
     csrf_field,
@@ -234,18 +234,33 @@ async def sandbox_page(ctx: ConsoleContext, request: Request) -> Response:
     )
     isolation = url("/sandbox/isolation", tenant=tenant, key=shown_key)
     done = query(request, "done", 16)
+    reads = f'<a href="{e(isolation)}" id="isolation">Isolation report</a>'
+    if info.state == SandboxState.RUNNING and not quarantined and ctx.pipeline is not None:
+        files = url("/sandbox/files", tenant=tenant, key=shown_key)
+        agent = url("/sandbox/processes", tenant=tenant, key=shown_key)
+        reads += (
+            f' <a href="{e(files)}" id="files-link">Files</a>'
+            f' <a href="{e(agent)}" id="processes-link">Background processes</a>'
+        )
+    workspace.record_sample(ctx, key)
     parts = [
         message(f"{done.capitalize()}: done.") if done in ACTIONS else "",
         message(f"This sandbox has {ABSENT_TEXT}.") if info.state == SandboxState.ABSENT else "",
         facts,
-        f'<p class="actions">{actions} <a href="{e(isolation)}">Isolation report</a></p>',
+        f'<p class="actions">{actions} {reads}</p>',
+        "<h2>CPU and memory</h2>",
+        workspace.usage_chart(ctx, key),
         await quarantines.evidence_section(ctx, key),
         "<h2>Processes</h2>",
         processes(ctx, key),
         "<h2>Recent calls</h2>",
         await recent_calls(ctx, tenant, shown_key),
     ]
-    return HTMLResponse(page(f"Sandbox {shown_key}", "".join(parts), session))
+    live = {
+        "live-usage": url("/sandbox/usage.json", tenant=tenant, key=shown_key),
+        "refresh": ctx.refresh,
+    }
+    return HTMLResponse(page(f"Sandbox {shown_key}", "".join(parts), session, data=live))
 
 
 def link(href: str, text: str) -> str:
@@ -299,8 +314,70 @@ async def isolation_page(ctx: ConsoleContext, request: Request) -> Response:
     except StockadeError as exc:
         raise HTTPException(404, str(exc)) from None
     data = dataclasses.asdict(dataclasses.replace(report, key=split(report.key)[1]))
-    body = f"<pre>{e(json.dumps(data, indent=2, default=str))}</pre>"
+    raw = e(json.dumps(data, indent=2, default=str))
+    body = (
+        report_tables(data)
+        + f'<details id="raw"><summary>Raw JSON</summary><pre>{raw}</pre></details>'
+    )
     return HTMLResponse(page(f"Isolation of {split(key)[1]}", body, session))
+
+
+MAX_REPORT_ROWS = 100
+"""Rows of one list in the isolation report's tables (the raw JSON has them all)."""
+
+
+def _scalar(value: Any) -> bool:
+    return not isinstance(value, dict | list | tuple)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple):
+        if all(_scalar(v) for v in value):
+            return short(", ".join(str(v) for v in value) or "-", 160)
+        return short(json.dumps(value, default=str), 160)
+    if isinstance(value, dict):
+        return short(json.dumps(value, default=str), 160)
+    return short("-" if value in ("", None) else value, 160)
+
+
+def _fields(value: dict[str, Any], prefix: str = "") -> list[list[str]]:
+    """A mapping's scalar fields as rows, nested mappings' with dotted names."""
+    rows = []
+    for name, item in value.items():
+        label = f"{prefix}{name}"
+        if isinstance(item, dict):
+            rows += _fields(item, f"{label}.")
+        elif not (isinstance(item, list | tuple) and item and isinstance(item[0], dict)):
+            rows.append([e(label), _cell(item)])
+    return rows
+
+
+def _lists(value: dict[str, Any], prefix: str = "") -> list[tuple[str, list[dict[str, Any]]]]:
+    """A mapping's lists of records (mounts, routes, namespaces...), nested ones too."""
+    found = []
+    for name, item in value.items():
+        if isinstance(item, dict):
+            found += _lists(item, f"{prefix}{name}.")
+        elif isinstance(item, list | tuple) and item and isinstance(item[0], dict):
+            found.append((f"{prefix}{name}", list(item)))
+    return found
+
+
+def report_tables(data: dict[str, Any]) -> str:
+    """The isolation report as tables: its fields (name, value), then each list of records
+    (mounts, namespaces, interfaces...) as a table of its own, MAX_REPORT_ROWS at most."""
+    parts = [table(("Field", "Value"), _fields(data), id="isolation-fields")]
+    for name, records in _lists(data):
+        headers = list(records[0])
+        rows = [[_cell(r.get(h)) for h in headers] for r in records[:MAX_REPORT_ROWS]]
+        more = len(records) - MAX_REPORT_ROWS
+        parts.append(f"<h2>{e(name)} ({len(records)})</h2>")
+        parts.append(table(headers, rows, id=f"isolation-{name.replace('.', '-')}"))
+        if more > 0:
+            parts.append(message(f"{more} more in the raw JSON."))
+    return "".join(parts)
 
 
 async def confirm_page(ctx: ConsoleContext, request: Request) -> Response:

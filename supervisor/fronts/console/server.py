@@ -11,7 +11,7 @@ from starlette.types import Scope
 
 from stockade.supervisor import errors
 from stockade.supervisor.auth import Authenticator
-from stockade.supervisor.calls.pipeline import HostPolicy
+from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import Config
 from stockade.supervisor.fronts.console.app import build_app
 from stockade.supervisor.fronts.console.context import ConsoleContext, ConsoleSandboxes
@@ -69,6 +69,7 @@ async def start_console(
     manager: ConsoleSandboxes,
     metrics: Metrics | None,
     alarms: AlarmHub | None = None,
+    pipeline: ToolPipeline | None = None,
 ) -> ConsoleFront | None:
     """The console when [console] listen is set (None otherwise), serving already."""
     if not config.console.listen:
@@ -78,7 +79,8 @@ async def start_console(
             "the console signs in with the API's bearer tokens: set [auth] tokens_file "
             "(or leave [console] listen unset)"
         )
-    front = ConsoleFront(ConsoleContext(config, policy, authenticator, manager, metrics, alarms))
+    ctx = ConsoleContext(config, policy, authenticator, manager, metrics, alarms, pipeline)
+    front = ConsoleFront(ctx)
     await front.start()
     log.info("console on http://%s/ (operators: %s)", config.console.listen,
              ", ".join(config.console.operators) or "none")  # fmt: skip

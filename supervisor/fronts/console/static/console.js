@@ -248,6 +248,20 @@
     } catch (_e) { /* the next refresh tries again */ }
   }
 
+  // A sandbox's CPU and memory: the server draws the charts (escaped SVG), swapped in here.
+  async function refreshUsage(source) {
+    try {
+      const answer = await fetch(source, { credentials: "same-origin" });
+      if (!answer.ok) return;
+      const data = await answer.json();
+      const old = document.getElementById("usage");
+      if (!old) return;
+      const box = document.createElement("div");
+      box.innerHTML = data.chart; // workspace.usage_chart: every value escaped on the server
+      if (box.firstElementChild) old.replaceWith(box.firstElementChild);
+    } catch (_e) { /* the next refresh tries again */ }
+  }
+
   // Times: the page says UTC (<time datetime>); shown in the viewer's zone, UTC on hover
   const pad = (n) => String(n).padStart(2, "0");
   function zoneName(minutes) {
@@ -289,5 +303,6 @@
 
   if (body.dataset.liveSandboxes) every(refreshSandboxes, body.dataset.liveSandboxes);
   if (body.dataset.liveOverview) every(refreshOverview, body.dataset.liveOverview);
+  if (body.dataset.liveUsage) every(refreshUsage, body.dataset.liveUsage);
   if (body.dataset.liveApprovals) followApprovals(body.dataset.liveApprovals);
 })();
