@@ -223,3 +223,26 @@ def test_partial_trends_say_so(
     login(client, OPS)
     page = client.get("/overview").text
     assert re.search(r'id="partial">Still reading the audit log', page)
+
+
+def test_the_sandbox_list_is_read_a_page_at_a_time(client: TestClient, ctx: ConsoleContext) -> None:
+    from stockade.supervisor.fronts.console.sandboxes import PAGE_ROWS
+
+    manager = stand_in(ctx)
+    for i in range(PAGE_ROWS + 48):
+        key = scope("bob", f"many-{i:03d}")
+        manager.infos[key] = info(key)
+    total = len(manager.infos)
+    login(client, OPS)
+    first = client.get("/sandboxes.json").json()
+    assert (len(first["sandboxes"]), first["total"], first["offset"]) == (PAGE_ROWS, total, 0)
+    rest = client.get(f"/sandboxes.json?offset={PAGE_ROWS}").json()["sandboxes"]
+    assert len(rest) == total - PAGE_ROWS
+    seen = {s["key"] for s in first["sandboxes"]} | {s["key"] for s in rest}
+    assert len(seen) == total  # every sandbox on one page or the other
+    page = client.get("/sandboxes").text
+    assert f'href="/sandboxes?offset={PAGE_ROWS}" id="next"' in page
+    assert f"Sandboxes 1-{PAGE_ROWS} of {total}." in page
+    assert client.get("/sandboxes.json?offset=99999").json()["sandboxes"] == []
+    for hostile in ("-1", "1e3", "abc", "9" * 9):
+        assert client.get(f"/sandboxes.json?offset={hostile}").status_code == 400, hostile

@@ -77,17 +77,40 @@ def size_of(text: str) -> str:
     return f"{amount}, {lines:,} line{'s' if lines != 1 else ''}"
 
 
-def folded(text: str, head: int = FOLD_HEAD, tail: int = FOLD_TAIL) -> str:
+Span = tuple[int, int]
+
+
+def marked(text: str, spans: Sequence[Span] = (), offset: int = 0) -> str:
+    """`text` as `visible` shows it, the parts within `spans` (positions in the whole of
+    which `text` starts at `offset`) in <mark class="hit">: what the guard or a rule matched."""
+    cuts, at = [], 0
+    for start, end in sorted(spans):
+        start, end = max(start - offset, at), min(end - offset, len(text))
+        if start >= end:
+            continue
+        cuts.append(visible(text[at:start], lines=True))
+        cuts.append(f'<mark class="hit">{visible(text[start:end], lines=True)}</mark>')
+        at = end
+    cuts.append(visible(text[at:], lines=True))
+    return "".join(cuts)
+
+
+def folded(
+    text: str, head: int = FOLD_HEAD, tail: int = FOLD_TAIL, spans: Sequence[Span] = ()
+) -> str:
     """A command for a table: its size, then its start and end with the middle folded, so
-    a 250 KB command is a few lines beside its buttons (every character visible)."""
+    a 250 KB command is a few lines beside its buttons (every character visible; `spans`
+    marked, and said when they lie in the folded middle)."""
     size = f'<span class="size">{e(size_of(text))}</span>'
     if len(text) <= head + tail + 80:
-        return f'{size}<code class="cmd">{visible(text, lines=True)}</code>'
+        return f'{size}<code class="cmd">{marked(text, spans)}</code>'
     middle = len(text) - head - tail
+    hidden = sum(1 for a, b in spans if a >= head and b <= len(text) - tail)
+    note = f", {hidden} match{'es' if hidden != 1 else ''} among them" if hidden else ""
     return (
-        f'{size}<code class="cmd">{visible(text[:head], lines=True)}</code>'
-        f'<span class="fold">… {middle:,} characters folded …</span>'
-        f'<code class="cmd">{visible(text[-tail:], lines=True)}</code>'
+        f'{size}<code class="cmd">{marked(text[:head], spans)}</code>'
+        f'<span class="fold">… {middle:,} characters folded{note} …</span>'
+        f'<code class="cmd">{marked(text[-tail:], spans, len(text) - tail)}</code>'
     )
 
 
