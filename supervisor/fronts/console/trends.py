@@ -154,6 +154,7 @@ class Trends:
         record of the last 7 days, False while the background thread still reads."""
         if self._catching_up is not None and self._catching_up.is_alive():
             return False
+        self._audit.flush()  # what was queued before the page asked, as a query does
         with self._lock:
             if self._fold(FOLD_ROWS) < FOLD_ROWS:
                 return True
