@@ -237,7 +237,7 @@ def test_the_isolation_report_is_a_table_with_its_raw_json_behind_a_toggle(
     assert "CAP_CHOWN, CAP_KILL" in fields
     assert "<td>key</td><td>a1</td>" in fields  # the tenant's own key, not the scoped one
     assert '<h2>namespaces (2)</h2><table id="isolation-namespaces">' in text
-    assert "<h2>mounts (150)</h2>" in text
+    assert '<details class="list"><summary><h2>mounts (150)</h2></summary>' in text  # folded
     assert "50 more in the raw JSON." in text
     assert text.count("<td>/m") == 100
     assert '<details id="raw"><summary>Raw JSON</summary><pre>' in text

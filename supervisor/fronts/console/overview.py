@@ -165,6 +165,7 @@ def counts(
     found = [
         {"id": f"state-{s.lower()}", "label": s.lower(), "value": n, "href": state_list(s)}
         for s, n in held.items()
+        if s != SandboxState.BROKEN.name  # its own count, below
     ]
     found.append(
         {

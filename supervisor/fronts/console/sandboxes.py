@@ -322,6 +322,8 @@ async def isolation_page(ctx: ConsoleContext, request: Request) -> Response:
     return HTMLResponse(page(f"Isolation of {split(key)[1]}", body, session))
 
 
+OPEN_ROWS = 12
+"""A list of the isolation report longer than this is folded (a click shows it)."""
 MAX_REPORT_ROWS = 100
 """Rows of one list in the isolation report's tables (the raw JSON has them all)."""
 
@@ -373,10 +375,16 @@ def report_tables(data: dict[str, Any]) -> str:
         headers = list(records[0])
         rows = [[_cell(r.get(h)) for h in headers] for r in records[:MAX_REPORT_ROWS]]
         more = len(records) - MAX_REPORT_ROWS
-        parts.append(f"<h2>{e(name)} ({len(records)})</h2>")
-        parts.append(table(headers, rows, id=f"isolation-{name.replace('.', '-')}"))
+        listed = table(headers, rows, id=f"isolation-{name.replace('.', '-')}")
         if more > 0:
-            parts.append(message(f"{more} more in the raw JSON."))
+            listed += message(f"{more} more in the raw JSON.")
+        if len(records) <= OPEN_ROWS:
+            parts.append(f"<h2>{e(name)} ({len(records)})</h2>{listed}")
+        else:  # a long list (the mounts) folded under its heading
+            parts.append(
+                f'<details class="list"><summary><h2>{e(name)} ({len(records)})</h2></summary>'
+                f"{listed}</details>"
+            )
     return "".join(parts)
 
 
