@@ -10,21 +10,28 @@ import dataclasses
 import json
 import re
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
+from stockade.supervisor.app import build_policy
+from stockade.supervisor.auth import Authenticator
+from stockade.supervisor.config import load_config
 from stockade.supervisor.fronts.console import trends as trends_module
+from stockade.supervisor.fronts.console.app import build_app
 from stockade.supervisor.fronts.console.audit import decision_of
 from stockade.supervisor.fronts.console.context import ConsoleContext
 from stockade.supervisor.fronts.console.trends import LATENCY_MS, Trends, quantile
 from stockade.supervisor.keys import scope
 from stockade.supervisor.models import ErrorCode, SandboxState
 from stockade.supervisor.observe.audit import AuditLog, AuditRecord
+from stockade.supervisor.observe.metrics import Metrics
 from stockade.supervisor.sandboxes.quarantine import Quarantine
-from tests.unit.test_console import ALICE, OPS, info, login, stand_in
+from tests.unit.fakes import tokens_file
+from tests.unit.test_console import ALICE, OPS, Manager, info, login, stand_in
 from tests.unit.test_console import client as client  # the fixtures
 from tests.unit.test_console import ctx as ctx
 
@@ -246,3 +253,27 @@ def test_the_sandbox_list_is_read_a_page_at_a_time(client: TestClient, ctx: Cons
     assert client.get("/sandboxes.json?offset=99999").json()["sandboxes"] == []
     for hostile in ("-1", "1e3", "abc", "9" * 9):
         assert client.get(f"/sandboxes.json?offset={hostile}").status_code == 400, hostile
+
+
+def test_without_an_audit_log_the_overview_has_no_trends(tmp_path: Path) -> None:
+    tokens = tokens_file(tmp_path, f"{OPS} ops\n")
+    config = load_config(
+        None,
+        {
+            "state_dir": str(tmp_path / "state"),
+            "auth.tokens_file": str(tokens),
+            "console.listen": "127.0.0.1:0",
+            "console.operators": ["ops"],
+            "audit.enabled": False,
+        },
+    )
+    policy = build_policy(config)
+    assert policy.audit is None
+    manager = Manager(config, [scope("ops", "o1")])
+    context = ConsoleContext(config, policy, Authenticator(config.auth), manager, Metrics())
+    client = TestClient(build_app(context), follow_redirects=False)
+    login(client, OPS)
+    data = client.get("/overview.json").json()
+    assert data["trends"] == {}
+    assert not [c for c in data["counts"] if c["id"].startswith("window-")]
+    assert "No trends: the audit log is off." in client.get("/overview").text

@@ -16,6 +16,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from stockade.supervisor.engines.cgroups import CgroupSample
+from stockade.supervisor.errors import InvalidRequest
 from stockade.supervisor.fronts.console import workspace
 from stockade.supervisor.fronts.console.context import ConsoleContext
 from stockade.supervisor.keys import scope
@@ -37,6 +38,8 @@ class Pipeline:
 
     async def call(self, call: ToolCall, caller: str = "") -> ToolResult:
         self.calls.append((call, caller))
+        if call.tool not in self.results:
+            raise InvalidRequest(f"no {call.tool} here")
         return self.results[call.tool]
 
 
@@ -132,6 +135,13 @@ def test_hostile_reads_are_refused_before_any_call(
     manager.quarantines.held[a1] = Quarantine(a1, 0.0)
     assert client.get("/sandbox/processes?key=a1").status_code == 409
     assert pipeline.calls == []  # nothing asked, nothing audited
+
+
+def test_a_call_the_pipeline_refuses_is_a_refusal(client: TestClient, pipeline: Pipeline) -> None:
+    login(client, ALICE)
+    answer = client.get("/sandbox/files?key=a1")
+    assert answer.status_code == 409
+    assert "no list_files here" in answer.text
 
 
 def test_without_a_pipeline_nothing_is_offered(client: TestClient, ctx: ConsoleContext) -> None:

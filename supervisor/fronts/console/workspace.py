@@ -83,7 +83,10 @@ async def _call(
         timeout_ms=CALL_TIMEOUT_MS,
         front=FRONT,
     )
-    return await ctx.pipeline.call(call, caller=ctx.actor(session, request).caller)
+    try:
+        return await ctx.pipeline.call(call, caller=ctx.actor(session, request).caller)
+    except StockadeError as exc:  # a request the pipeline refuses outright (a bad key)
+        raise HTTPException(409, str(exc)) from None
 
 
 def _path(request: Request) -> str:
