@@ -370,6 +370,14 @@ try {
     const listed = await opsPage.evaluate(async (href) => (await (await fetch(href.replace("/sandboxes", "/sandboxes.json"))).json()), c.href);
     check(listed.total === c.value, `${c.id}: ${c.value} counted, ${listed.total} listed`);
   }
+  let runningByApi = 0; // the gRPC API's view, tenant by tenant (`stockade ls`)
+  for (const token of Object.values(cfg.tokens)) {
+    const ls = await cli(token, ["ls"]).done;
+    check(ls.code === 0, "stockade ls: " + ls.err);
+    runningByApi += ls.out.split("\n").slice(1).filter((l) => /^\S+\s+RUNNING\s/.test(l)).length;
+  }
+  check(runningByApi === counted["state-running"].value,
+    `running: ${counted["state-running"].value} counted, ${runningByApi} through the gRPC API`);
   check(counted["state-quarantined"].href === "/quarantines", "quarantined: the quarantine list");
   check(counted["state-quarantined"].value === 0 && counted["state-running"].value >= 2,
     "released: none quarantined, and not counted as paused: " + JSON.stringify(overview.sandboxes));

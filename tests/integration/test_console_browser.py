@@ -6,7 +6,10 @@ request, a 250 KB command folded beside its buttons), sees one answered from the
 page, approves a brand-new tenant's first call from an operator's page opened before it,
 shows a key's right-to-left override, filters the
 audit log, pauses and resumes, quarantines (a gRPC call then refused) and releases, and is
-refused without a session, with a forged CSRF token and across tenants. Screenshots of each
+refused without a session, with a forged CSRF token and across tenants; checks the
+overview's counts against the lists they link to and the gRPC API, reads a sandbox's files
+and background processes through the agent, opens the isolation table's raw JSON and sees
+the guard's match marked in a pending command. Screenshots of each
 page go to test-artifacts/console/ (git-ignored), and each page in both themes at 1440 and
 900 px, where axe-core (npm) finds no serious or critical violation.
 
