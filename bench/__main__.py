@@ -20,6 +20,7 @@ import argparse
 import secrets
 import signal
 import sys
+import time
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
@@ -41,6 +42,7 @@ from bench import (
     peers,
     report,
     sandbox_snapshots,
+    smoke,
     stockade_runs,
 )
 from bench.compare_stats import batches
@@ -119,8 +121,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="a short run: n=30, cold=3, idle=2, load 10x50, audit log of 100,000, "
         "snapshots of 1,000 files in 32 MiB",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every section with tiny sizes, asserting each produced figures, not their targets "
+        "(bench/smoke.py; tests/integration/test_bench_smoke.py runs it in `make test`)",
+    )
     ns = parser.parse_args(argv)
-    quick = (
+    if ns.smoke and (ns.quick or ns.compare is not None or ns.only is not None):
+        parser.error("--smoke is a run of its own: not with --quick, --compare or --only")
+    quick = smoke.SIZES if ns.smoke else (
         {"n": 30, "cold": 3, "idle": 2, "load_keys": 10, "load_calls": 50, "audit_records": 10**5}
         if ns.quick
         else {"n": 300, "cold": 10, "idle": 5, "load_keys": 50, "load_calls": 200,
@@ -139,10 +149,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             setattr(ns, name, default)
         if getattr(ns, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    ns.warmup = min(max(ns.n // 10, 5), 30)
+    ns.warmup = smoke.WARMUP if ns.smoke else min(max(ns.n // 10, 5), 30)
     sizes = sandbox_snapshots.QUICK if ns.quick else sandbox_snapshots.FULL
-    ns.snap = sandbox_snapshots.sizes(ns, sizes, "snap_")
+    ns.snap = sandbox_snapshots.sizes(ns, smoke.SNAPSHOTS if ns.smoke else sizes, "snap_")
     ns.checkpoints = checkpoints.QUICK if ns.quick else checkpoints.FULL
+    if ns.smoke:
+        ns.checkpoints = smoke.CHECKPOINTS
+        ns.rounds = smoke.ROUNDS
+        ns.listener_requests = smoke.LISTENER["requests"]
+        ns.listener_rounds = smoke.LISTENER["rounds"]
     if min(ns.snap.values()) < 1 or ns.snap["forks"] > 64:
         parser.error("--snap-* sizes must be at least 1, and --snap-forks at most 64")
     if ns.compare is not None:
@@ -223,16 +238,21 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
             lambda: coldstart.cold_starts(client, ns.cold, pooled=True),
         )
     results["egress"] = guarded(
-        f"{engine}: egress bandwidth cap and proxy", lambda: egress.egress(engine, ns.n)
+        f"{engine}: egress bandwidth cap and proxy",
+        lambda: egress.egress(engine, ns.n, smoke.EGRESS_BYTES if ns.smoke else egress.SIZE),
     )
     with served(engine, abuse.CONFIG) as sup, Stockade(sup.target) as client:
         results["neighbour_abuse"] = guarded(
             f"{engine}: a quiet sandbox's latency while another abuses",
-            lambda: abuse.neighbour_latency(client, ns.n, ns.warmup),
+            lambda: abuse.neighbour_latency(
+                client, ns.n, ns.warmup, [smoke.ABUSE] if ns.smoke else tuple(abuse.ABUSES)
+            ),
         )
     results["front_abuse"] = guarded(
         f"{engine}: another tenant's calls while one attacks the HTTP fronts",
-        lambda: front_abuse.measure_engine(engine, ns.n, ns.warmup),
+        lambda: front_abuse.measure_engine(
+            engine, ns.n, ns.warmup, [smoke.ATTACK] if ns.smoke else tuple(front_abuse.ATTACKS)
+        ),
     )
     results["engine_cli"] = guarded(
         f"{engine}: {engine} exec CLI",
@@ -261,6 +281,13 @@ def session_only(engines: tuple[str, ...], n: int, warmup: int) -> int:
             )
         print(report.session_section(engine, result))
     return 0
+
+
+def brokered_sizes(ns: argparse.Namespace) -> tuple[int, int]:
+    """Requests each way and the download's MB of the brokered-credentials measurement."""
+    if ns.smoke:
+        return smoke.BROKERED["n"], smoke.BROKERED["mb"]
+    return ns.n, 50 if ns.quick else 200
 
 
 def _terminate(signum: int, _frame: object) -> NoReturn:
@@ -295,10 +322,12 @@ def main(argv: list[str] | None = None) -> int:
             return 130
     run_id = secrets.token_hex(6)
     started = datetime.now(UTC).isoformat(timespec="seconds")
+    clock = time.monotonic()
     settings = {
         "n": ns.n, "warmup": ns.warmup, "cold": ns.cold, "idle": ns.idle, "quick": ns.quick,
         "load_keys": ns.load_keys, "load_calls": ns.load_calls, "audit_records": ns.audit_records,
         "rounds": ns.rounds, "snapshots": ns.snap, "checkpoints": ns.checkpoints,
+        "smoke": ns.smoke,
         "listener_requests": ns.listener_requests, "listener_rounds": ns.listener_rounds,
     }  # fmt: skip
     by_engine: dict[str, Any] = {}
@@ -307,13 +336,16 @@ def main(argv: list[str] | None = None) -> int:
     host["guard"] = run_guard_bench()
     host["brokered"] = guarded(
         "brokered credentials: the intercepting egress proxy",
-        lambda: brokered.run_brokered_bench(ns.n, 50 if ns.quick else 200),
+        lambda: brokered.run_brokered_bench(*brokered_sizes(ns)),
     )
     host["audit"] = guarded(
         f"audit log of {ns.audit_records:,} records",
-        lambda: audit.run_audit_bench(ns.audit_records),
+        lambda: audit.run_audit_bench(ns.audit_records, **(smoke.AUDIT if ns.smoke else {})),
     )
-    host["audit_chain"] = guarded("audit hash chain and policy replay", audit_chain.run_chain_bench)
+    host["audit_chain"] = guarded(
+        "audit hash chain and policy replay",
+        lambda: audit_chain.run_chain_bench(**(smoke.CHAIN if ns.smoke else {})),
+    )
     host["listener"] = guarded(
         listener.what(ns.listener_requests, ns.listener_rounds),
         lambda: listener.measure(ns.listener_requests, ns.listener_rounds),
@@ -353,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         "host": host,
         "engines": by_engine,
     }
+    if ns.smoke:
+        return smoke.verdict(record, time.monotonic() - clock)
     compare.write_full_run(record)  # --compare's figures stay
     return 0
 
