@@ -183,7 +183,8 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
             lambda: stockade_runs.idle_memory(client, ns.idle),
         )
         results["cold_start"] = guarded(
-            f"{engine}: {ns.cold} cold starts", lambda: stockade_runs.cold_start(client, ns.cold)
+            f"{engine}: {ns.cold} cold starts",
+            lambda: coldstart.cold_starts(client, ns.cold, pooled=False, log=sup.log),
         )
         results["stockade_warm"] = guarded(
             f"{engine}: Stockade warm exec",
@@ -226,7 +227,7 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
         with served(engine, NO_USERNS) as sup, Stockade(sup.target) as client:
             results["cold_start_no_userns"] = guarded(
                 f"{engine}: {ns.cold} cold starts without a user namespace",
-                lambda: stockade_runs.cold_start(client, ns.cold),
+                lambda: coldstart.cold_starts(client, ns.cold, pooled=False, log=sup.log),
             )
             results["stockade_warm_no_userns"] = guarded(
                 f"{engine}: Stockade warm exec without a user namespace",
@@ -370,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     print(listener.section(host["listener"]), end="\n\n")
     for engine, results in by_engine.items():
         print(report.engine_section(engine, results), end="\n\n")
+        print(coldstart.stages_section(engine, results), end="\n\n")
         print(abuse.section(engine, results["neighbour_abuse"]), end="\n\n")
         print(front_abuse.section(engine, results["front_abuse"]), end="\n\n")
         print(mcp_front.section(engine, results["mcp"]), end="\n\n")

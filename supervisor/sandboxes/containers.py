@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
@@ -23,6 +24,7 @@ from stockade.supervisor.engines.backends.base import (
     ContainerInfo,
     ContainerSpec,
 )
+from stockade.supervisor.engines.userns import IdMaps
 from stockade.supervisor.errors import SandboxBroken
 from stockade.supervisor.keys import shown
 from stockade.supervisor.sandboxes import layout
@@ -51,6 +53,38 @@ its own and start commands as another; identity.py)."""
 Connect = Callable[[AgentAddress], AgentLink]
 AddressOf = Callable[[ContainerInfo, Paths], AgentAddress]
 """Where a container's agent is reached: the host kind's choice (see agent_link)."""
+
+
+class StageClock:
+    """The times of a container's start by stage, in ms: prepare (its spec, the old
+    container's removal, the workspace's mount), create (the engine makes the container),
+    start (the engine starts it; id maps handed over before), agent ready (id map check,
+    network, the agent's first answer). Logged as `up in T ms: prepare a, create b, ...`."""
+
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+        self._started = self._last
+        self.stages: dict[str, float] = {}
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.stages[stage] = self.stages.get(stage, 0.0) + (now - self._last) * 1000
+        self._last = now
+
+    def around(self, call: Callable[[IdMaps], None], before: str) -> Callable[[IdMaps], None]:
+        """`call` (run between the engine's create and start) with the time until it counted
+        as `before`; its own time goes to the next stage."""
+
+        def timed(maps: IdMaps) -> None:
+            self.lap(before)
+            call(maps)
+
+        return timed
+
+    def __str__(self) -> str:
+        total = (self._last - self._started) * 1000
+        parts = ", ".join(f"{stage} {ms:.1f}" for stage, ms in self.stages.items())
+        return f"up in {total:.1f} ms: {parts}"
 
 
 def socket_address(info: ContainerInfo, paths: Paths) -> AgentAddress:
@@ -116,7 +150,9 @@ class Containers:
         """Make and start a container on `paths`, wait for its agent, seal its socket folder.
         With a key (and its sandbox id), the container of its own name is replaced and its
         network attached; a warm-pool container gets both when a key takes it. Anything that
-        fails undoes what was done and raises (SandboxBroken when the agent never answered)."""
+        fails undoes what was done and raises (SandboxBroken when the agent never answered).
+        Its stages' times are logged (StageClock: what bench/coldstart.py reads)."""
+        clock = StageClock()
         spec = await asyncio.to_thread(self.spec, name, labels, paths, network, profile, key, sid)
         if key and self._decoy_env is not None and (decoy := self._decoy_env(key, profile)):
             spec = replace(spec, environment={**decoy, **spec.environment})
@@ -124,9 +160,11 @@ class Containers:
             await asyncio.to_thread(self.remove_own, name)
         await asyncio.to_thread(self._layout.mount, paths)
         handed: list[tuple[int, int]] = []
+        clock.lap("prepare")
         try:
-            hand_over = partial(self._layout.hand_over, paths, handed)
+            hand_over = clock.around(partial(self._layout.hand_over, paths, handed), "create")
             info = await asyncio.to_thread(self._backend.run, spec, hand_over)
+            clock.lap("start")
         except Exception:
             self.start_failures += 1
             await asyncio.to_thread(layout.unmount, paths, workspace=not key)
@@ -142,6 +180,8 @@ class Containers:
             raise SandboxBroken(f"sandbox {shown(key)!r} did not start: {exc}") from exc
         self.starts += 1
         layout.seal_run_dir(paths)
+        clock.lap("agent ready")
+        log.info("container %s %s", name, clock)
         return container
 
     async def ready(
