@@ -33,6 +33,7 @@ from bench import (
     coldstart,
     compare,
     console_cost,
+    density,
     e2b_front,
     egress,
     front_abuse,
@@ -67,6 +68,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--idle", type=int, help="idle sandboxes for memory (default 5)")
     parser.add_argument("--load-keys", type=int, help="keys in the load run (default 50)")
     parser.add_argument("--load-calls", type=int, help="mixed calls per key (default 200)")
+    parser.add_argument(
+        "--load-wide",
+        type=int,
+        default=0,
+        metavar="KEYS",
+        help="also a load run over this many keys, e.g. 500 (default 0: none)",
+    )
+    parser.add_argument(
+        "--load-wide-calls", type=int, default=20, help="mixed calls per key of it (default 20)"
+    )
+    parser.add_argument(
+        "--density",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also N idle sandboxes, then warm calls on random ones, e.g. 300 (default 0: none)",
+    )
+    parser.add_argument(
+        "--density-calls",
+        type=int,
+        default=density.CALLS,
+        help=f"warm calls of the density run (default {density.CALLS})",
+    )
     parser.add_argument(
         "--audit-records", type=int, help="records in the full audit log (default 1,000,000)"
     )
@@ -144,6 +168,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ns.listener_requests = listener.QUICK_REQUESTS if ns.quick else listener.REQUESTS
     if ns.listener_requests < 1:
         parser.error("--listener-requests must be at least 1")
+    if min(ns.load_wide, ns.density) < 0 or min(ns.load_wide_calls, ns.density_calls) < 1:
+        parser.error("--load-wide and --density must be 0 (none) or more, their calls at least 1")
     for name, default in quick.items():
         if getattr(ns, name) is None:
             setattr(ns, name, default)
@@ -154,6 +180,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ns.snap = sandbox_snapshots.sizes(ns, smoke.SNAPSHOTS if ns.smoke else sizes, "snap_")
     ns.checkpoints = checkpoints.QUICK if ns.quick else checkpoints.FULL
     if ns.smoke:
+        ns.load_wide, ns.load_wide_calls = smoke.LOAD_WIDE["keys"], smoke.LOAD_WIDE["calls"]
+        ns.density, ns.density_calls = smoke.DENSITY["sandboxes"], smoke.DENSITY["calls"]
         ns.checkpoints = smoke.CHECKPOINTS
         ns.rounds = smoke.ROUNDS
         ns.listener_requests = smoke.LISTENER["requests"]
@@ -198,6 +226,16 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
             f"{engine}: load, {ns.load_keys} keys x {ns.load_calls} mixed calls",
             lambda: load.run_load(sup.target, keys=ns.load_keys, calls=ns.load_calls),
         )
+        if ns.load_wide:
+            results["load_wide"] = guarded(
+                f"{engine}: load, {ns.load_wide} keys x {ns.load_wide_calls} mixed calls",
+                lambda: load.run_load(sup.target, keys=ns.load_wide, calls=ns.load_wide_calls),
+            )
+        if ns.density:
+            results["density"] = guarded(
+                f"{engine}: density, {ns.density} idle sandboxes and {ns.density_calls} calls",
+                lambda: density.run_density(client, sup.target, ns.density, ns.density_calls),
+            )
         results["interact_line"] = guarded(
             f"{engine}: Stockade Interact line echo",
             lambda: stockade_runs.interact_line(client, ns.n, ns.warmup),
@@ -328,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         "n": ns.n, "warmup": ns.warmup, "cold": ns.cold, "idle": ns.idle, "quick": ns.quick,
         "load_keys": ns.load_keys, "load_calls": ns.load_calls, "audit_records": ns.audit_records,
         "rounds": ns.rounds, "snapshots": ns.snap, "checkpoints": ns.checkpoints,
-        "smoke": ns.smoke,
+        "smoke": ns.smoke, "load_wide": ns.load_wide, "load_wide_calls": ns.load_wide_calls,
+        "density": ns.density, "density_calls": ns.density_calls,
         "listener_requests": ns.listener_requests, "listener_rounds": ns.listener_rounds,
     }  # fmt: skip
     by_engine: dict[str, Any] = {}
@@ -372,6 +411,10 @@ def main(argv: list[str] | None = None) -> int:
     for engine, results in by_engine.items():
         print(report.engine_section(engine, results), end="\n\n")
         print(coldstart.stages_section(engine, results), end="\n\n")
+        if "load_wide" in results:
+            print(report.load_section(engine, results["load_wide"]), end="\n\n")
+        if "density" in results:
+            print(density.section(engine, results["density"]), end="\n\n")
         print(abuse.section(engine, results["neighbour_abuse"]), end="\n\n")
         print(front_abuse.section(engine, results["front_abuse"]), end="\n\n")
         print(mcp_front.section(engine, results["mcp"]), end="\n\n")

@@ -130,6 +130,12 @@ def _memory(engine: str, m: dict[str, Any]) -> str:
     )
 
 
+def load_section(engine: str, r: dict[str, Any]) -> str:
+    """A load run of its own (`--load-wide KEYS`): its lines under a heading."""
+    keys = f"over {r['keys']} keys" if "keys" in r else "over many keys"
+    return f"== {engine}: load {keys} ==\n{_load(r)}"
+
+
 def _load(r: dict[str, Any]) -> str:
     if "error" in r:
         return f"{'load (mixed calls, many keys)':34}  n/a: {r['error']}"

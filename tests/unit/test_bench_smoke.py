@@ -19,6 +19,25 @@ def test_smoke_sizes_are_tiny_everywhere() -> None:
     assert (ns.listener_requests, ns.listener_rounds) == (20, 1)
     assert brokered_sizes(ns) == (10, 1)
     assert brokered_sizes(parse_args(["--quick"])) == (30, 50)
+    assert (ns.load_wide, ns.load_wide_calls, ns.density, ns.density_calls) == (3, 2, 3, 10)
+
+
+def test_the_wide_load_and_density_are_opt_in() -> None:
+    ns = parse_args([])
+    assert (ns.load_wide, ns.density, ns.density_calls) == (0, 0, 1000)
+    ns = parse_args(["--load-wide", "500", "--density", "300"])
+    assert (ns.load_wide, ns.load_wide_calls, ns.density) == (500, 20, 300)
+
+
+@pytest.mark.parametrize(
+    "wrong", [["--density", "-1"], ["--load-wide", "-5"], ["--density-calls", "0"]]
+)
+def test_wrong_wide_load_and_density_sizes_are_refused(
+    wrong: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(wrong)
+    assert "must be 0 (none) or more" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("other", [["--quick"], ["--only", "mcp"], ["--compare", "HEAD"]])
