@@ -293,6 +293,10 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
             engine, ns.n, ns.warmup, [smoke.ATTACK] if ns.smoke else tuple(front_abuse.ATTACKS)
         ),
     )
+    results["python_floor"] = guarded(
+        f"{engine}: memory of an idle python3 in a container (the agent's floor)",
+        lambda: peers.python_floor(engine, image, run_id),
+    )
     results["engine_cli"] = guarded(
         f"{engine}: {engine} exec CLI",
         lambda: peers.cli_exec(engine, image, run_id, ns.n, ns.warmup),

@@ -68,6 +68,7 @@ def engine_section(engine: str, results: dict[str, Any]) -> str:
             continue
         lines.append(_row(label.format(engine=engine), results.get(name, {"error": "not run"})))
     lines.append(_memory(engine, results.get("idle_memory", {"error": "not run"})))
+    lines.append(_floor(results.get("python_floor", {"error": "not run"})))
     lines += _egress(results.get("egress", {"error": "not run"}))
     lines.append(_load(results.get("load", {"error": "not run"})))
     lines += _targets(engine, results)
@@ -113,6 +114,20 @@ def _egress(e: dict[str, Any]) -> list[str]:
         f"({e['download_over_cap']:.2f} of the cap), upload {e['upload_bytes_per_s'] / 1e6:.2f} "
         f"MB/s ({e['upload_over_cap']:.2f})",
     ]
+
+
+TARGET_IDLE_MIB = 10.0
+"""Issue 30: agent + init of an idle sandbox, PSS."""
+
+
+def _floor(f: dict[str, Any]) -> str:
+    label = "floor: an idle python3 alone"
+    if "error" in f:
+        return f"{label:34}  n/a: {f['error']}"
+    return (
+        f"{label:34}  {f['pss_mib']:.1f} MiB PSS, USS {f['uss_mib']:.1f}, RSS {f['rss_mib']:.1f} "
+        f"(target for agent+init: <= {TARGET_IDLE_MIB:g} MiB PSS)"
+    )
 
 
 def _memory(engine: str, m: dict[str, Any]) -> str:

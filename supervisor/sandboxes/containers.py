@@ -58,8 +58,8 @@ AddressOf = Callable[[ContainerInfo, Paths], AgentAddress]
 class StageClock:
     """The times of a container's start by stage, in ms: prepare (its spec, the old
     container's removal, the workspace's mount), create (the engine makes the container),
-    start (the engine starts it; id maps handed over before), agent ready (id map check,
-    network, the agent's first answer). Logged as `up in T ms: prepare a, create b, ...`."""
+    hand over (its folders given to its ids), start (the engine starts it), agent ready (id
+    map check, network, the agent's first answer). Logged as `up in T ms: prepare a, ...`."""
 
     def __init__(self) -> None:
         self._last = time.perf_counter()
@@ -73,11 +73,12 @@ class StageClock:
 
     def around(self, call: Callable[[IdMaps], None], before: str) -> Callable[[IdMaps], None]:
         """`call` (run between the engine's create and start) with the time until it counted
-        as `before`; its own time goes to the next stage."""
+        as `before`, its own as "hand over"."""
 
         def timed(maps: IdMaps) -> None:
             self.lap(before)
             call(maps)
+            self.lap("hand over")
 
         return timed
 
