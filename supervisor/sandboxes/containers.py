@@ -44,11 +44,12 @@ CONTAINER_USER = "0:0"
 makes tini and the agent the image's stockade-agent (config.AGENT_UID) with the three
 capabilities below; the agent takes the sandbox user as effective ids and drops them all."""
 AGENT_CAPABILITIES = ("SETUID", "SETGID", "SETPCAP")
-GVISOR_ENTRYPOINT = ("/usr/bin/tini", "--", "python3", "-m", "stockade.agent")
+GVISOR_ENTRYPOINT = ("/usr/bin/tini", "--", "python3", "-P", "-m", "stockade.agent")
 """gVisor has no ambient capabilities, so setpriv cannot pass the three on: there tini stays
 root (gVisor's own, inside its kernel) and the agent starts as root and becomes the sandbox
 user itself (`--agent-user`: gVisor resets effective ids on exec, so it cannot keep a user of
-its own and start commands as another; identity.py)."""
+its own and start commands as another; identity.py). `-P` as in the image's entry point: the
+working folder (the workspace) is never on the agent's sys.path."""
 
 Connect = Callable[[AgentAddress], AgentLink]
 AddressOf = Callable[[ContainerInfo, Paths], AgentAddress]
