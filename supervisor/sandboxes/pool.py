@@ -126,13 +126,16 @@ class WarmPool:
         request's choices in it) with the default network; None when there is none to take
         (the caller then makes a container)."""
         paths, sid = self._layout.of(key), sandbox_id(key)
-        pooled = next((c for c in self.ready if profile_of(c) == profile.name), None)
-        if pooled is None or network != self._networks.choose(None):
+        if not self._has(profile) or network != self._networks.choose(None):
             return None
         if not await asyncio.to_thread(is_new, paths.root):
             return None
         if self._shared and await asyncio.to_thread(self._backend.has_workspace, sid):
             return None  # the key's claim is its workspace: its pod is made on it
+        # chosen after the awaits: the filler may have dropped one meanwhile
+        pooled = next((c for c in self.ready if profile_of(c) == profile.name), None)
+        if pooled is None:
+            return None
         self.ready.remove(pooled)
         self._wanted.set()
         if not await pooled.agent.answers(POOL_PROBE_S):
@@ -157,6 +160,9 @@ class WarmPool:
         sandbox = Sandbox(key, sid, container, network)
         sandbox.born = born(pooled.info)
         return sandbox
+
+    def _has(self, profile: SandboxProfile) -> bool:
+        return any(profile_of(c) == profile.name for c in self.ready)
 
     async def _claim(
         self, pooled: Container, key: str, network: SandboxNetwork
