@@ -88,8 +88,16 @@ def section(engine: str, plain: Result, pooled: Result) -> str:
     return "\n".join(lines)
 
 
+TODAY_MS = {"podman": 177.5, "docker": 282.1}
+"""Issue 30's "today": the median cold start (no pool) of main before it (a26b36b), measured
+on the 2-core VM of docs/benchmarks.md on 2026-11-29; the target is 60% of it."""
+TARGET_OF_TODAY = 0.6
+TARGET_POOL_OVER_WARM = 2.0
+
+
 def stages_section(engine: str, results: dict[str, Any]) -> str:
-    """The breakdown `make bench` prints: median ms per stage of a cold start (no pool)."""
+    """The breakdown `make bench` prints: median ms per stage of a cold start (no pool), and
+    issue 30's two cold-start targets with met or not."""
     lines = [f"== {engine}: cold start by stage, median ms (no pool) =="]
     for name, label in (("cold_start", "user namespace"), ("cold_start_no_userns", "none")):
         stages = results.get(name, {}).get("stages_median_ms")
@@ -97,7 +105,26 @@ def stages_section(engine: str, results: dict[str, Any]) -> str:
             continue
         row = "   ".join(f"{stage} {ms:.1f}" for stage, ms in stages.items())
         lines.append(f"{label if engine == 'podman' else '':16}{row}")
+    cold = results.get("cold_start", {}).get("median_ms")
+    if cold is not None and engine in TODAY_MS:
+        limit = TODAY_MS[engine] * TARGET_OF_TODAY
+        lines.append(
+            f"  cold start {cold:.1f} ms   target <= {limit:.0f} ms (60% of {TODAY_MS[engine]:.0f},"
+            f" this VM before issue 30)   {_met(cold <= limit)}"
+        )
+    pooled = results.get("cold_start_pool", {}).get("median_ms")
+    warm = results.get("stockade_warm", {}).get("median_ms")
+    if pooled is not None and warm:
+        over = pooled / warm
+        lines.append(
+            f"  from the pool {pooled:.1f} ms = {over:.1f}x a warm call   target <= "
+            f"{TARGET_POOL_OVER_WARM:g}x   {_met(over <= TARGET_POOL_OVER_WARM)}"
+        )
     return "\n".join(lines)
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
 
 
 def main() -> None:

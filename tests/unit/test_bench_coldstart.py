@@ -55,3 +55,15 @@ def test_none_or_two_starts_in_one_sample_is_an_error(tmp_path: Path) -> None:
     log.write_text(line * 2)
     with pytest.raises(RuntimeError, match="2 container starts"):
         stages_of(log, 0, 10.0)
+
+
+def test_the_targets_are_judged_against_today_and_a_warm_call() -> None:
+    results = {
+        "cold_start": {"median_ms": 100.0},
+        "cold_start_pool": {"median_ms": 12.0},
+        "stockade_warm": {"median_ms": 4.0},
+    }
+    text = stages_section("podman", results)
+    assert "cold start 100.0 ms   target <= 106 ms" in text
+    assert "this VM before issue 30)   met" in text
+    assert "from the pool 12.0 ms = 3.0x a warm call   target <= 2x   NOT met" in text
