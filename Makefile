@@ -20,7 +20,7 @@ test: setup-test lint
 lint: setup-test
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
-	.venv/bin/mypy -p stockade
+	.venv/bin/mypy -p stockade -p bench
 	.venv/bin/lint-imports --no-cache
 
 proto:

@@ -20,6 +20,7 @@ import argparse
 import secrets
 import signal
 import sys
+import time
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
@@ -32,6 +33,7 @@ from bench import (
     coldstart,
     compare,
     console_cost,
+    density,
     e2b_front,
     egress,
     front_abuse,
@@ -41,6 +43,7 @@ from bench import (
     peers,
     report,
     sandbox_snapshots,
+    smoke,
     stockade_runs,
 )
 from bench.compare_stats import batches
@@ -65,6 +68,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--idle", type=int, help="idle sandboxes for memory (default 5)")
     parser.add_argument("--load-keys", type=int, help="keys in the load run (default 50)")
     parser.add_argument("--load-calls", type=int, help="mixed calls per key (default 200)")
+    parser.add_argument(
+        "--load-wide",
+        type=int,
+        default=0,
+        metavar="KEYS",
+        help="also a load run over this many keys, e.g. 500 (default 0: none)",
+    )
+    parser.add_argument(
+        "--load-wide-calls", type=int, default=20, help="mixed calls per key of it (default 20)"
+    )
+    parser.add_argument(
+        "--density",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also N idle sandboxes, then warm calls on random ones, e.g. 300 (default 0: none)",
+    )
+    parser.add_argument(
+        "--density-calls",
+        type=int,
+        default=density.CALLS,
+        help=f"warm calls of the density run (default {density.CALLS})",
+    )
     parser.add_argument(
         "--audit-records", type=int, help="records in the full audit log (default 1,000,000)"
     )
@@ -122,8 +148,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="a short run: n=30, cold=3, idle=2, load 10x50, audit log of 100,000, "
         "snapshots of 1,000 files in 32 MiB",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every section with tiny sizes, asserting each produced figures, not their targets "
+        "(bench/smoke.py; tests/integration/test_bench_smoke.py runs it in `make test`)",
+    )
     ns = parser.parse_args(argv)
-    quick = (
+    if ns.smoke and (ns.quick or ns.compare is not None or ns.only is not None):
+        parser.error("--smoke is a run of its own: not with --quick, --compare or --only")
+    quick = smoke.SIZES if ns.smoke else (
         {"n": 30, "cold": 3, "idle": 2, "load_keys": 10, "load_calls": 50, "audit_records": 10**5}
         if ns.quick
         else {"n": 300, "cold": 10, "idle": 5, "load_keys": 50, "load_calls": 200,
@@ -137,15 +171,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ns.listener_requests = listener.QUICK_REQUESTS if ns.quick else listener.REQUESTS
     if ns.listener_requests < 1:
         parser.error("--listener-requests must be at least 1")
+    if min(ns.load_wide, ns.density) < 0 or min(ns.load_wide_calls, ns.density_calls) < 1:
+        parser.error("--load-wide and --density must be 0 (none) or more, their calls at least 1")
     for name, default in quick.items():
         if getattr(ns, name) is None:
             setattr(ns, name, default)
         if getattr(ns, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    ns.warmup = min(max(ns.n // 10, 5), 30)
+    ns.warmup = smoke.WARMUP if ns.smoke else min(max(ns.n // 10, 5), 30)
     sizes = sandbox_snapshots.QUICK if ns.quick else sandbox_snapshots.FULL
-    ns.snap = sandbox_snapshots.sizes(ns, sizes, "snap_")
+    ns.snap = sandbox_snapshots.sizes(ns, smoke.SNAPSHOTS if ns.smoke else sizes, "snap_")
     ns.checkpoints = checkpoints.QUICK if ns.quick else checkpoints.FULL
+    if ns.smoke:
+        ns.load_wide, ns.load_wide_calls = smoke.LOAD_WIDE["keys"], smoke.LOAD_WIDE["calls"]
+        ns.density, ns.density_calls = smoke.DENSITY["sandboxes"], smoke.DENSITY["calls"]
+        ns.checkpoints = smoke.CHECKPOINTS
+        ns.rounds = smoke.ROUNDS
+        ns.listener_requests = smoke.LISTENER["requests"]
+        ns.listener_rounds = smoke.LISTENER["rounds"]
     if min(ns.snap.values()) < 1 or ns.snap["forks"] > 64:
         parser.error("--snap-* sizes must be at least 1, and --snap-forks at most 64")
     if ns.compare is not None:
@@ -171,7 +214,8 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
             lambda: stockade_runs.idle_memory(client, ns.idle),
         )
         results["cold_start"] = guarded(
-            f"{engine}: {ns.cold} cold starts", lambda: stockade_runs.cold_start(client, ns.cold)
+            f"{engine}: {ns.cold} cold starts",
+            lambda: coldstart.cold_starts(client, ns.cold, pooled=False, log=sup.log),
         )
         results["stockade_warm"] = guarded(
             f"{engine}: Stockade warm exec",
@@ -185,6 +229,16 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
             f"{engine}: load, {ns.load_keys} keys x {ns.load_calls} mixed calls",
             lambda: load.run_load(sup.target, keys=ns.load_keys, calls=ns.load_calls),
         )
+        if ns.load_wide:
+            results["load_wide"] = guarded(
+                f"{engine}: load, {ns.load_wide} keys x {ns.load_wide_calls} mixed calls",
+                lambda: load.run_load(sup.target, keys=ns.load_wide, calls=ns.load_wide_calls),
+            )
+        if ns.density:
+            results["density"] = guarded(
+                f"{engine}: density, {ns.density} idle sandboxes and {ns.density_calls} calls",
+                lambda: density.run_density(client, sup.target, ns.density, ns.density_calls),
+            )
         results["interact_line"] = guarded(
             f"{engine}: Stockade Interact line echo",
             lambda: stockade_runs.interact_line(client, ns.n, ns.warmup),
@@ -214,7 +268,7 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
         with served(engine, NO_USERNS) as sup, Stockade(sup.target) as client:
             results["cold_start_no_userns"] = guarded(
                 f"{engine}: {ns.cold} cold starts without a user namespace",
-                lambda: stockade_runs.cold_start(client, ns.cold),
+                lambda: coldstart.cold_starts(client, ns.cold, pooled=False, log=sup.log),
             )
             results["stockade_warm_no_userns"] = guarded(
                 f"{engine}: Stockade warm exec without a user namespace",
@@ -226,16 +280,25 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
             lambda: coldstart.cold_starts(client, ns.cold, pooled=True),
         )
     results["egress"] = guarded(
-        f"{engine}: egress bandwidth cap and proxy", lambda: egress.egress(engine, ns.n)
+        f"{engine}: egress bandwidth cap and proxy",
+        lambda: egress.egress(engine, ns.n, smoke.EGRESS_BYTES if ns.smoke else egress.SIZE),
     )
     with served(engine, abuse.CONFIG) as sup, Stockade(sup.target) as client:
         results["neighbour_abuse"] = guarded(
             f"{engine}: a quiet sandbox's latency while another abuses",
-            lambda: abuse.neighbour_latency(client, ns.n, ns.warmup),
+            lambda: abuse.neighbour_latency(
+                client, ns.n, ns.warmup, [smoke.ABUSE] if ns.smoke else tuple(abuse.ABUSES)
+            ),
         )
     results["front_abuse"] = guarded(
         f"{engine}: another tenant's calls while one attacks the HTTP fronts",
-        lambda: front_abuse.measure_engine(engine, ns.n, ns.warmup),
+        lambda: front_abuse.measure_engine(
+            engine, ns.n, ns.warmup, [smoke.ATTACK] if ns.smoke else tuple(front_abuse.ATTACKS)
+        ),
+    )
+    results["python_floor"] = guarded(
+        f"{engine}: memory of an idle python3 in a container (the agent's floor)",
+        lambda: peers.python_floor(engine, image, run_id),
     )
     results["engine_cli"] = guarded(
         f"{engine}: {engine} exec CLI",
@@ -264,6 +327,13 @@ def session_only(engines: tuple[str, ...], n: int, warmup: int) -> int:
             )
         print(report.session_section(engine, result))
     return 0
+
+
+def brokered_sizes(ns: argparse.Namespace) -> tuple[int, int]:
+    """Requests each way and the download's MB of the brokered-credentials measurement."""
+    if ns.smoke:
+        return smoke.BROKERED["n"], smoke.BROKERED["mb"]
+    return ns.n, 50 if ns.quick else 200
 
 
 def _terminate(signum: int, _frame: object) -> NoReturn:
@@ -301,10 +371,13 @@ def main(argv: list[str] | None = None) -> int:
             return 130
     run_id = secrets.token_hex(6)
     started = datetime.now(UTC).isoformat(timespec="seconds")
+    clock = time.monotonic()
     settings = {
         "n": ns.n, "warmup": ns.warmup, "cold": ns.cold, "idle": ns.idle, "quick": ns.quick,
         "load_keys": ns.load_keys, "load_calls": ns.load_calls, "audit_records": ns.audit_records,
         "rounds": ns.rounds, "snapshots": ns.snap, "checkpoints": ns.checkpoints,
+        "smoke": ns.smoke, "load_wide": ns.load_wide, "load_wide_calls": ns.load_wide_calls,
+        "density": ns.density, "density_calls": ns.density_calls,
         "listener_requests": ns.listener_requests, "listener_rounds": ns.listener_rounds,
     }  # fmt: skip
     by_engine: dict[str, Any] = {}
@@ -313,17 +386,22 @@ def main(argv: list[str] | None = None) -> int:
     host["guard"] = run_guard_bench()
     host["brokered"] = guarded(
         "brokered credentials: the intercepting egress proxy",
-        lambda: brokered.run_brokered_bench(ns.n, 50 if ns.quick else 200),
+        lambda: brokered.run_brokered_bench(*brokered_sizes(ns)),
     )
     host["audit"] = guarded(
         f"audit log of {ns.audit_records:,} records",
-        lambda: audit.run_audit_bench(ns.audit_records),
+        lambda: audit.run_audit_bench(ns.audit_records, **(smoke.AUDIT if ns.smoke else {})),
     )
-    host["audit_chain"] = guarded("audit hash chain and policy replay", audit_chain.run_chain_bench)
+    host["audit_chain"] = guarded(
+        "audit hash chain and policy replay",
+        lambda: audit_chain.run_chain_bench(**(smoke.CHAIN if ns.smoke else {})),
+    )
     host["console_pages"] = guarded(
         f"the console's pages, {console_cost.PAGE_SANDBOXES:,} sandboxes and "
         f"{ns.audit_records:,} audit records",
-        lambda: console_cost.measure_pages(ns.audit_records),
+        lambda: console_cost.measure_pages(
+            ns.audit_records, **(smoke.CONSOLE_PAGES if ns.smoke else {})
+        ),
     )
     host["listener"] = guarded(
         listener.what(ns.listener_requests, ns.listener_rounds),
@@ -350,6 +428,11 @@ def main(argv: list[str] | None = None) -> int:
     print(listener.section(host["listener"]), end="\n\n")
     for engine, results in by_engine.items():
         print(report.engine_section(engine, results), end="\n\n")
+        print(coldstart.stages_section(engine, results), end="\n\n")
+        if "load_wide" in results:
+            print(report.load_section(engine, results["load_wide"]), end="\n\n")
+        if "density" in results:
+            print(density.section(engine, results["density"]), end="\n\n")
         print(abuse.section(engine, results["neighbour_abuse"]), end="\n\n")
         print(front_abuse.section(engine, results["front_abuse"]), end="\n\n")
         print(mcp_front.section(engine, results["mcp"]), end="\n\n")
@@ -365,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         "host": host,
         "engines": by_engine,
     }
+    if ns.smoke:
+        return smoke.verdict(record, time.monotonic() - clock)
     compare.write_full_run(record)  # --compare's figures stay
     return 0
 

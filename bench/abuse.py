@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from bench.stockade_runs import destroy, exec_true
@@ -45,14 +46,15 @@ ABUSES = {
 }
 
 
-def neighbour_latency(client: Stockade, n: int, warmup: int) -> dict[str, Any]:
-    """{"alone": Result, "abuses": {name: {"during": Result, "ratio": float, ...}}}."""
+def neighbour_latency(
+    client: Stockade, n: int, warmup: int, names: Sequence[str] = tuple(ABUSES)
+) -> dict[str, Any]:
+    """{"alone": Result, "abuses": {name: {"during": Result, "ratio": float, ...}}}, for the
+    abuses `names` (all of ABUSES by default)."""
     quiet = "bench-quiet"
     try:
         alone = time_calls(lambda: exec_true(client, quiet), n, max(warmup, 1))
-        abuses = {
-            name: _during(client, quiet, command, alone, n) for name, command in ABUSES.items()
-        }
+        abuses = {name: _during(client, quiet, ABUSES[name], alone, n) for name in names}
         return {"alone": alone, "abuses": abuses}
     finally:
         destroy(client, quiet)

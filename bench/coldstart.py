@@ -2,11 +2,19 @@
 until its result, on a supervisor without a pool, then on one with `warm_pool = 2`. Between
 samples the pooled run waits for the pool to refill, so each sample measures taking a pooled
 container; how many samples the pool actually served is reported (a sample it did not serve
-is an ordinary cold start)."""
+is an ordinary cold start).
+
+Without a pool, each sample's time is broken down by stage from the supervisor's log (the
+line containers.py's StageClock writes when a container is up): prepare (spec, mount),
+create, start, agent ready; "first call" is the rest of the sample (the call's way through
+the supervisor and the agent, the client's round trip, the sandbox's registration)."""
 
 from __future__ import annotations
 
+import re
+import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.stockade_runs import destroy, exec_true
@@ -18,12 +26,18 @@ REFILL_S = 3.0
 """Pause between pooled samples: the pool refills in the background meanwhile."""
 
 
-def cold_starts(client: Stockade, n: int, *, pooled: bool) -> Result:
-    samples, from_pool = [], 0
+UP_LINE = re.compile(r"container \S+ up in ([\d.]+) ms: (.*)$")
+FIRST_CALL = "first call"
+
+
+def cold_starts(client: Stockade, n: int, *, pooled: bool, log: Path | None = None) -> Result:
+    """n first calls on new keys; with the supervisor's `log` (no pool) their stages too."""
+    samples, from_pool, stages = [], 0, []
     for i in range(n):
         key = f"bench-cold-{'pool' if pooled else 'plain'}-{i}"
         if pooled:
             time.sleep(REFILL_S)
+        seen = log.stat().st_size if log is not None else 0
         started = time.perf_counter()
         try:
             exec_true(client, key)
@@ -31,10 +45,33 @@ def cold_starts(client: Stockade, n: int, *, pooled: bool) -> Result:
             from_pool += "-pool-" in client.get_sandbox(key).container_name
         finally:
             destroy(client, key)
+        if log is not None:
+            stages.append(stages_of(log, seen, samples[-1] * 1000))
     result: dict[str, Any] = summarize(samples)
     if pooled:
         result["from_pool"] = from_pool
+    if stages:
+        result["stages_median_ms"] = {
+            stage: round(statistics.median(s[stage] for s in stages), 1) for stage in stages[0]
+        }
     return result
+
+
+def stages_of(log: Path, offset: int, total_ms: float) -> dict[str, float]:
+    """The stages of the one container started since `offset` in the supervisor's log, and
+    the rest of the sample (`total_ms`) as the first call."""
+    with log.open("rb") as f:
+        f.seek(offset)
+        found = [m for line in f.read().decode(errors="replace").splitlines()
+                 if (m := UP_LINE.search(line))]  # fmt: skip
+    if len(found) != 1:
+        raise RuntimeError(f"{len(found)} container starts logged during one cold start, not 1")
+    stages = {}
+    for part in found[0][2].split(", "):
+        stage, _, ms = part.rpartition(" ")
+        stages[stage] = float(ms)
+    stages[FIRST_CALL] = total_ms - float(found[0][1])
+    return stages
 
 
 def section(engine: str, plain: Result, pooled: Result) -> str:
@@ -49,6 +86,45 @@ def section(engine: str, plain: Result, pooled: Result) -> str:
             line += f"   ({r['from_pool']} of {r['n']} served by the pool)"
         lines.append(line)
     return "\n".join(lines)
+
+
+TODAY_MS = {"podman": 177.5, "docker": 282.1}
+"""Issue 30's "today": the median cold start (no pool) of main before it (a26b36b), measured
+on the 2-core VM of docs/benchmarks.md on 2026-11-29; the target is 60% of it."""
+TARGET_OF_TODAY = 0.6
+TARGET_POOL_OVER_WARM = 2.0
+
+
+def stages_section(engine: str, results: dict[str, Any]) -> str:
+    """The breakdown `make bench` prints: median ms per stage of a cold start (no pool), and
+    issue 30's two cold-start targets with met or not."""
+    lines = [f"== {engine}: cold start by stage, median ms (no pool) =="]
+    for name, label in (("cold_start", "user namespace"), ("cold_start_no_userns", "none")):
+        stages = results.get(name, {}).get("stages_median_ms")
+        if stages is None:
+            continue
+        row = "   ".join(f"{stage} {ms:.1f}" for stage, ms in stages.items())
+        lines.append(f"{label if engine == 'podman' else '':16}{row}")
+    cold = results.get("cold_start", {}).get("median_ms")
+    if cold is not None and engine in TODAY_MS:
+        limit = TODAY_MS[engine] * TARGET_OF_TODAY
+        lines.append(
+            f"  cold start {cold:.1f} ms   target <= {limit:.0f} ms (60% of {TODAY_MS[engine]:.0f},"
+            f" this VM before issue 30)   {_met(cold <= limit)}"
+        )
+    pooled = results.get("cold_start_pool", {}).get("median_ms")
+    warm = results.get("stockade_warm", {}).get("median_ms")
+    if pooled is not None and warm:
+        over = pooled / warm
+        lines.append(
+            f"  from the pool {pooled:.1f} ms = {over:.1f}x a warm call   target <= "
+            f"{TARGET_POOL_OVER_WARM:g}x   {_met(over <= TARGET_POOL_OVER_WARM)}"
+        )
+    return "\n".join(lines)
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
 
 
 def main() -> None:
@@ -66,7 +142,7 @@ def main() -> None:
     for engine in ENGINES if ns.engine == "both" else (ns.engine,):
         bring_up(engine)
         with served(engine) as sup, Stockade(sup.target) as client:
-            plain = cold_starts(client, n, pooled=False)
+            plain = cold_starts(client, n, pooled=False, log=sup.log)
         with served(engine, POOL_CONFIG) as sup, Stockade(sup.target) as client:
             pooled = cold_starts(client, n, pooled=True)
         print(section(engine, plain, pooled))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,7 +122,7 @@ def compare(old: Sequence[Round], new: Sequence[Round], tick_hz: int) -> dict[st
     if len(old) != len(new) or not old:
         raise ValueError(f"rounds differ: old {len(old)}, new {len(new)}")
     summary = {"old": side_summary(old, tick_hz), "new": side_summary(new, tick_hz)}
-    per_round = {
+    per_round: dict[str, Callable[[Round], float]] = {
         "median_ms": lambda r: statistics.median(r.seconds),
         "p90_ms": lambda r: nearest_rank(r.seconds, 0.9),
         "cpu_us_per_call": lambda r: r.thread_ns / len(r.seconds),

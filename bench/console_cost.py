@@ -37,6 +37,12 @@ from bench.mcp_front import run_alone
 from bench.served import Served, free_port, served
 from bench.timing import progress, summarize
 from stockade.client import Stockade
+from stockade.supervisor.calls.lifecycle import SessionLease
+from stockade.supervisor.engines.isolation import IsolationReport
+from stockade.supervisor.fronts.console.context import ConsoleSandboxes
+from stockade.supervisor.models import NetworkRequest, SandboxInfo
+from stockade.supervisor.sandboxes.sandbox import Sandbox
+from tests.unit.fakes import FakeBackend, fake_manager
 
 KEY = "bench-console"
 
@@ -255,9 +261,9 @@ class Inventory:
             if state != "ABSENT":  # a held sandbox: its state, its container's pid
                 container = SimpleNamespace(running=running, pid=os.getpid() if running else 0)
                 self.registry[key] = SimpleNamespace(state=SandboxState(state), info=container)
-        self.quarantines = SimpleNamespace(
-            held={}, list=lambda: list(self.quarantines.held.values())
-        )
+        # a real Quarantines (of a manager over a fake engine), as tests/unit/test_console.py's
+        # stand-in holds: the console reads its `held` and `list()`
+        self.quarantines = fake_manager(config, FakeBackend()).quarantines
         for key in [k for k, i in self.infos.items() if i.state == "PAUSED"][:PAGE_QUARANTINED]:
             self.quarantines.held[key] = Quarantine(key, time.time(), frozen=True)
 
@@ -277,8 +283,36 @@ class Inventory:
             raise SandboxNotFound(f"no sandbox for key {key!r}")
         return self.infos[key]
 
-    async def inspect_isolation(self, key: str) -> Any:
+    async def inspect_isolation(self, key: str) -> IsolationReport:
         raise NotImplementedError("records, not containers")
+
+    # The lifecycle path's part of ConsoleSandboxes: the pages read, they change nothing here.
+    async def ensure(
+        self, key: str, network: NetworkRequest | None = None, profile: str | None = None
+    ) -> Sandbox:
+        raise NotImplementedError("the bench's inventory makes no sandbox")
+
+    async def pause(
+        self, key: str, reason: str, *, recorded: bool = True
+    ) -> tuple[SandboxInfo, bool]:
+        raise NotImplementedError("the bench's inventory pauses nothing")
+
+    async def resume(
+        self, key: str, reason: str, *, recorded: bool = True
+    ) -> tuple[SandboxInfo, bool]:
+        raise NotImplementedError("the bench's inventory resumes nothing")
+
+    async def destroy(self, key: str, *, delete_workspace: bool) -> tuple[bool, bool]:
+        raise NotImplementedError("the bench's inventory destroys nothing")
+
+    def lease(self, key: str, /) -> contextlib.AbstractAsyncContextManager[SessionLease]:
+        raise NotImplementedError("the bench's inventory leases nothing: no call reaches it")
+
+
+def _is_console_sandboxes(inventory: Inventory) -> ConsoleSandboxes:
+    """Type-checked only: mypy says here when the inventory no longer satisfies
+    ConsoleSandboxes (as the console's own tests' stand-in is checked)."""
+    return inventory
 
 
 def measure_pages(

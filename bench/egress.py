@@ -21,8 +21,9 @@ SIZE = 8 * 1024 * 1024
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
-    def do_GET(self) -> None:
-        body = b"x" * (SIZE if self.path == "/blob" else 2)
+    def do_GET(self) -> None:  # /blob/N: N bytes; anything else: 2
+        _, blob, size = self.path.partition("/blob/")
+        body = b"x" * (int(size) if blob else 2)
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -50,9 +51,10 @@ def upstream() -> Iterator[int]:
         server.server_close()
 
 
-def egress(engine: str, n: int) -> dict[str, Any]:
-    """Download and upload rates through a capped link (and their ratio to the cap), and
-    the latency of a small GET through the proxy, measured inside the sandbox by curl."""
+def egress(engine: str, n: int, size: int = SIZE) -> dict[str, Any]:
+    """Download and upload rates of `size` bytes through a capped link (and their ratio to
+    the cap), and the latency of a small GET through the proxy, measured inside the sandbox
+    by curl."""
     with upstream() as port:
         config = (
             f'[sandbox]\nnetwork = "egress"\n[network]\nallow = ["upstream.test"]\n'
@@ -62,14 +64,14 @@ def egress(engine: str, n: int) -> dict[str, Any]:
         with served(engine, config) as sup, Stockade(sup.target) as client:
             box = client.sandbox("bench-egress")
             url = f"http://upstream.test:{port}"
-            down = _curl(box, f"-o /dev/null -w '%{{speed_download}}' {url}/blob")
-            box.exec(f"head -c {SIZE} /dev/zero > /tmp/blob")
+            down = _curl(box, f"-o /dev/null -w '%{{speed_download}}' {url}/blob/{size}")
+            box.exec(f"head -c {size} /dev/zero > /tmp/blob")
             up = _curl(box, f"-o /dev/null -w '%{{speed_upload}}' --data-binary @/tmp/blob {url}/")
             small = _small_gets(box, url, n)
     cap = CAP_KBIT * 1000 / 8
     return {
         "cap_kbit": CAP_KBIT,
-        "bytes": SIZE,
+        "bytes": size,
         "download_bytes_per_s": down,
         "upload_bytes_per_s": up,
         "download_over_cap": down / cap,

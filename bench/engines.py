@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Literal
 
 from stockade.supervisor.engines.image import build_image, default_cache_dir, image_ref
 from stockade.supervisor.engines.services import ensure_dockerd, ensure_podman_service
@@ -33,7 +34,8 @@ def bring_up(engine: str) -> str:
         ensure_podman_service(PODMAN_SOCKET, RUN_DIR / "podman-service.log")
     else:
         ensure_dockerd(RUN_DIR / "dockerd.log")
-    build_image(engine, cache_dir=default_cache_dir(), log=lambda _line: None)
+    kind: Literal["podman", "docker"] = "podman" if engine == "podman" else "docker"
+    build_image(kind, cache_dir=default_cache_dir(), log=lambda _line: None)
     return image_ref(engine)
 
 

@@ -38,7 +38,11 @@ def _text(i: int, key: str) -> str:
     return f"key {key} step {i}\nmarker tok{i}x here\n" + "filler line\n" * (i % 9)
 
 
-def _expect_ok(check: Callable[[dict[str, Any]], bool]) -> Callable[[ToolResult], str | None]:
+Check = Callable[[dict[str, Any]], bool]
+"""Whether a call's data is what the script expects."""
+
+
+def _expect_ok(check: Check) -> Callable[[ToolResult], str | None]:
     def run(result: ToolResult) -> str | None:
         if result.is_error:
             return f"{result.error_code}: {result.error_message[:200]}"
@@ -64,13 +68,11 @@ def script(key: str, n: int) -> list[Step]:
             size = len(content.encode())
             steps.append(
                 Step("write_file", {"path": last, "content": content},
-                     _expect_ok(lambda d, s=size: d["bytes_written"] == s))
+                     _expect_ok(_equal("bytes_written", size)))
             )  # fmt: skip
         elif kind == 1:
             want = files[last]
-            steps.append(
-                Step("read_file", {"path": last}, _expect_ok(lambda d, w=want: d["content"] == w))
-            )
+            steps.append(Step("read_file", {"path": last}, _expect_ok(_equal("content", want))))
         elif kind == 2:
             token = re.search(r"tok\d+x", files[last])
             if token is None:  # edited before: write it afresh next time
@@ -87,7 +89,7 @@ def script(key: str, n: int) -> list[Step]:
             names = sorted(p.split("/")[1] for p in files if p.startswith(folder + "/"))
             steps.append(
                 Step("list_files", {"path": folder},
-                     _expect_ok(lambda d, w=names: [e["name"] for e in d["entries"]] == w))
+                     _expect_ok(_names(names)))
             )  # fmt: skip
         elif kind == 4:
             steps.append(Step("glob", {"pattern": "**/*.txt"}, _glob_check(files)))
@@ -95,22 +97,38 @@ def script(key: str, n: int) -> list[Step]:
             hits = sorted(p for p, text in files.items() if re.search(r"TOK\d+X", text))
             steps.append(
                 Step("search", {"pattern": r"TOK\d+X", "max_results": 100},
-                     _expect_ok(lambda d, w=hits: sorted(m["file"] for m in d["matches"]) == w))
+                     _expect_ok(_hit_files(hits)))
             )  # fmt: skip
         elif kind == 6:
             size = len(files[last].encode())
             steps.append(
                 Step("exec", {"command": f"wc -c < {last}"},
-                     _expect_ok(lambda d, s=size: d["exit_code"] == 0 and d["stdout"] == f"{s}\n"))
+                     _expect_ok(_printed(f"{size}\n")))
             )  # fmt: skip
         else:
             word = f"in-{key}-{i}"
             upper = word.upper()
             steps.append(
                 Step("exec", {"command": "tr a-z A-Z", "stdin": word},
-                     _expect_ok(lambda d, w=upper: d["stdout"] == w))
+                     _expect_ok(_equal("stdout", upper)))
             )  # fmt: skip
     return steps
+
+
+def _equal(field: str, want: object) -> Check:
+    return lambda d: bool(d[field] == want)
+
+
+def _names(want: list[str]) -> Check:
+    return lambda d: [e["name"] for e in d["entries"]] == want
+
+
+def _hit_files(want: list[str]) -> Check:
+    return lambda d: sorted(m["file"] for m in d["matches"]) == want
+
+
+def _printed(stdout: str) -> Check:
+    return lambda d: d["exit_code"] == 0 and bool(d["stdout"] == stdout)
 
 
 def _glob_check(files: dict[str, str]) -> Callable[[ToolResult], str | None]:

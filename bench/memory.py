@@ -91,8 +91,9 @@ def container_memory(container_id: str, procs: list[Proc]) -> dict[str, Any]:
 
 
 def _group(procs: list[Proc]) -> dict[str, Any]:
-    listed = [{"pid": p.pid, "comm": p.comm, **memory_kib(p.pid)} for p in procs]
-    totals = {f"{kind}_kib": sum(p[kind] for p in listed) for kind in KINDS}
+    figures = [memory_kib(p.pid) for p in procs]
+    totals = {f"{kind}_kib": sum(f[kind] for f in figures) for kind in KINDS}
+    listed = [{"pid": p.pid, "comm": p.comm, **f} for p, f in zip(procs, figures, strict=True)]
     return {**totals, "processes": listed}
 
 
@@ -100,7 +101,7 @@ def average(per_sandbox: list[dict[str, Any]]) -> dict[str, Any]:
     """Average MiB per sandbox: total, inside (agent + init) and helper, for each KINDS."""
 
     def mean_mib(part: str, kind: str) -> float:
-        total = sum(s[part][f"{kind}_kib"] for s in per_sandbox)
+        total: int = sum(s[part][f"{kind}_kib"] for s in per_sandbox)
         return round(total / len(per_sandbox) / 1024, 2)
 
     figures: dict[str, Any] = {"sandboxes": len(per_sandbox)}

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from bench import memory
 from bench.engines import (
     BENCH_LABEL,
     cli,
@@ -17,6 +19,7 @@ from bench.engines import (
     remove_container,
 )
 from bench.memory import processes
+from bench.stockade_runs import SETTLE_S
 from bench.timing import Result, time_calls
 
 SLEEPER = ["sleep", "infinity"]
@@ -24,11 +27,14 @@ SLEEPER = ["sleep", "infinity"]
 
 
 @contextlib.contextmanager
-def plain_container(engine: str, image: str, run_id: str) -> Iterator[str]:
-    """A container of the image running `sleep infinity`, no network; removed on exit."""
+def plain_container(
+    engine: str, image: str, run_id: str, command: Sequence[str] = SLEEPER
+) -> Iterator[str]:
+    """A container of the image running `command` (`sleep infinity`), no network; removed on
+    exit."""
     started = cli(
         engine, "run", "-d", "--pull", "never", "--network", "none",
-        "--label", f"{BENCH_LABEL}={run_id}", "--entrypoint", SLEEPER[0], image, *SLEEPER[1:],
+        "--label", f"{BENCH_LABEL}={run_id}", "--entrypoint", command[0], image, *command[1:],
     )  # fmt: skip
     cid = started.stdout.strip().splitlines()[-1]
     try:
@@ -115,3 +121,16 @@ def _exec_conmons(container_id: str) -> int:
         for p in processes()
         if p.comm == "conmon" and container_id in p.cmdline and "--exec" in p.cmdline
     )
+
+
+PYTHON_FLOOR = ["python3", "-c", "import time; time.sleep(3600)"]
+"""The least a Python process of the image costs: the floor under the agent's memory."""
+
+
+def python_floor(engine: str, image: str, run_id: str) -> dict[str, Any]:
+    """PSS, USS and RSS (MiB) of an idle `python3` in a container of the image, no agent, no
+    tini (issue 30: what the agent's memory cannot go under while it is Python)."""
+    with plain_container(engine, image, run_id, PYTHON_FLOOR) as cid:
+        time.sleep(SETTLE_S)
+        found = memory.container_memory(cid, memory.processes())
+    return {f"{kind}_mib": round(found["inside"][f"{kind}_kib"] / 1024, 2) for kind in memory.KINDS}

@@ -30,6 +30,9 @@ OUTPUT = ("tests/unit/test_app.py ....................................... [ 42%]
 class _InstantLease:
     """Answers like the agent, with 4 KiB of stdout, without any container."""
 
+    generation = "instant"
+    """Which container serves the key (CallLease): always the one."""
+
     def __init__(self) -> None:
         self.reply = AgentReply(
             "", "", {"exit_code": 0, "stdout": OUTPUT, "stderr": "", "duration_ms": 5}

@@ -68,6 +68,7 @@ def engine_section(engine: str, results: dict[str, Any]) -> str:
             continue
         lines.append(_row(label.format(engine=engine), results.get(name, {"error": "not run"})))
     lines.append(_memory(engine, results.get("idle_memory", {"error": "not run"})))
+    lines.append(_floor(results.get("python_floor", {"error": "not run"}), results))
     lines += _egress(results.get("egress", {"error": "not run"}))
     lines.append(_load(results.get("load", {"error": "not run"})))
     lines += _targets(engine, results)
@@ -115,6 +116,28 @@ def _egress(e: dict[str, Any]) -> list[str]:
     ]
 
 
+TARGET_IDLE_MIB = 10.0
+"""Issue 30: agent + init of an idle sandbox, PSS."""
+
+
+def _floor(f: dict[str, Any], results: dict[str, Any]) -> str:
+    """The Python floor, and the idle sandbox's agent + init against issue 30's target."""
+    inside = results.get("idle_memory", {}).get("pss_inside_mib")
+    verdict = "n/a" if inside is None else "met" if inside <= TARGET_IDLE_MIB else "NOT met"
+    target = f"agent+init {_mib(inside)}   target <= {TARGET_IDLE_MIB:g} MiB PSS   {verdict}"
+    label = "floor: an idle python3 alone"
+    if "error" in f:
+        return f"{label:34}  n/a: {f['error']}\n  {target}"
+    return (
+        f"{label:34}  {f['pss_mib']:.1f} MiB PSS, USS {f['uss_mib']:.1f}, RSS {f['rss_mib']:.1f}"
+        f"\n  {target}"
+    )
+
+
+def _mib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f} MiB"
+
+
 def _memory(engine: str, m: dict[str, Any]) -> str:
     if "error" in m:
         return f"{'memory per idle sandbox':34}  n/a: {m['error']}"
@@ -128,6 +151,12 @@ def _memory(engine: str, m: dict[str, Any]) -> str:
         f"agent+init {m['pss_inside_mib']:.1f} + {helper} {m['pss_helper_mib']:.1f}\n"
         f"{'':31}USS {m['uss_mib']:.1f} = {split('uss')}, RSS {m['rss_mib']:.1f} = {split('rss')}"
     )
+
+
+def load_section(engine: str, r: dict[str, Any]) -> str:
+    """A load run of its own (`--load-wide KEYS`): its lines under a heading."""
+    keys = f"over {r['keys']} keys" if "keys" in r else "over many keys"
+    return f"== {engine}: load {keys} ==\n{_load(r)}"
 
 
 def _load(r: dict[str, Any]) -> str:

@@ -33,6 +33,11 @@ class Served:
     state_dir: Path
     pid: int
 
+    @property
+    def log(self) -> Path:
+        """The supervisor's log (stdout and stderr)."""
+        return self.state_dir / "serve.log"
+
 
 @contextlib.contextmanager
 def served(

@@ -1,4 +1,4 @@
-"""What is measured through Stockade itself: the health floor, warm exec, cold start and
+"""What is measured through Stockade itself: the health floor, warm exec and
 memory per idle sandbox. All calls go through the public sync client over TCP."""
 
 from __future__ import annotations
@@ -108,20 +108,6 @@ def interact_line(client: Stockade, n: int, warmup: int) -> Result:
             return time_calls(one_line, n, max(warmup, 1))
     finally:
         destroy(client, key)
-
-
-def cold_start(client: Stockade, n: int) -> Result:
-    """The first call on a new key, until its result; each sandbox is destroyed after."""
-    samples = []
-    for i in range(n):
-        key = f"bench-cold-{i}"
-        started = time.perf_counter()
-        try:
-            exec_true(client, key)
-            samples.append(time.perf_counter() - started)
-        finally:
-            destroy(client, key)
-    return summarize(samples)
 
 
 def idle_memory(client: Stockade, m: int) -> Result:

@@ -48,8 +48,11 @@ def progress(message: str) -> None:
 def guarded(what: str, measure: Callable[[], Result]) -> Result:
     """Run one measurement; an exception becomes {"error": ...} so the others still run."""
     progress(what)
+    started = time.monotonic()
     try:
-        return measure()
+        result = measure()
     except Exception as exc:
         progress(f"{what} failed: {type(exc).__name__}: {exc}")
         return {"error": f"{type(exc).__name__}: {exc}"}
+    progress(f"  ({time.monotonic() - started:.1f} s)")
+    return result

@@ -185,6 +185,20 @@ def check_profiles(profiles: Mapping[str, ProfileConfig]) -> None:
             raise ConfigError(f"{where}.memory_mb must be 0 ([sandbox] memory_mb) or 16 to 4194304")
         if profile.image != profile.image.strip() or any(c.isspace() for c in profile.image):
             raise ConfigError(f"{where}.image must be an image reference without spaces")
+        if not 0 <= profile.warm_pool <= MAX_WARM_POOL:
+            raise ConfigError(
+                f"{where}.warm_pool must be between 0 and {MAX_WARM_POOL}, got {profile.warm_pool}"
+            )
+
+
+def check_warm_pools(hk: HousekeepingConfig, profiles: Mapping[str, ProfileConfig]) -> None:
+    """The pools of every profile together keep at most MAX_WARM_POOL containers."""
+    total = hk.warm_pool + sum(p.warm_pool for p in profiles.values())
+    if total > MAX_WARM_POOL:
+        raise ConfigError(
+            f"the warm pools keep {total} containers together (housekeeping.warm_pool and "
+            f"each [profiles.NAME] warm_pool): at most {MAX_WARM_POOL}"
+        )
 
 
 def check_observability(obs: ObservabilityConfig) -> None:

@@ -176,6 +176,7 @@ def _check(cfg: Config) -> None:
     checks.check_network(cfg.network)
     _check_policy(cfg)
     checks.check_housekeeping(cfg.housekeeping)
+    checks.check_warm_pools(cfg.housekeeping, cfg.profiles)
     checks.check_audit(cfg.audit)
     checks.check_observability(cfg.observability)
     checks.check_auth(cfg.auth, cfg.tenants)

@@ -187,6 +187,9 @@ class ProfileConfig:
     """Its shell ([sandbox] shell); empty: the tenant's, else [sandbox]'s."""
     login_shell: bool | None = None
     """Its login_shell; unset: the tenant's, else [sandbox]'s."""
+    warm_pool: int = 0
+    """Started containers of this profile kept with no key (housekeeping.warm_pool is the
+    default profile's), taken by a new key that asks for this profile. 0: no pool."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
@@ -23,6 +24,7 @@ from stockade.supervisor.engines.backends.base import (
     ContainerInfo,
     ContainerSpec,
 )
+from stockade.supervisor.engines.userns import IdMaps
 from stockade.supervisor.errors import SandboxBroken
 from stockade.supervisor.keys import shown
 from stockade.supervisor.sandboxes import layout
@@ -42,15 +44,49 @@ CONTAINER_USER = "0:0"
 makes tini and the agent the image's stockade-agent (config.AGENT_UID) with the three
 capabilities below; the agent takes the sandbox user as effective ids and drops them all."""
 AGENT_CAPABILITIES = ("SETUID", "SETGID", "SETPCAP")
-GVISOR_ENTRYPOINT = ("/usr/bin/tini", "--", "python3", "-m", "stockade.agent")
+GVISOR_ENTRYPOINT = ("/usr/bin/tini", "--", "python3", "-P", "-m", "stockade.agent")
 """gVisor has no ambient capabilities, so setpriv cannot pass the three on: there tini stays
 root (gVisor's own, inside its kernel) and the agent starts as root and becomes the sandbox
 user itself (`--agent-user`: gVisor resets effective ids on exec, so it cannot keep a user of
-its own and start commands as another; identity.py)."""
+its own and start commands as another; identity.py). `-P` as in the image's entry point: the
+working folder (the workspace) is never on the agent's sys.path."""
 
 Connect = Callable[[AgentAddress], AgentLink]
 AddressOf = Callable[[ContainerInfo, Paths], AgentAddress]
 """Where a container's agent is reached: the host kind's choice (see agent_link)."""
+
+
+class StageClock:
+    """The times of a container's start by stage, in ms: prepare (its spec, the old
+    container's removal, the workspace's mount), create (the engine makes the container),
+    hand over (its folders given to its ids), start (the engine starts it), agent ready (id
+    map check, network, the agent's first answer). Logged as `up in T ms: prepare a, ...`."""
+
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+        self._started = self._last
+        self.stages: dict[str, float] = {}
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.stages[stage] = self.stages.get(stage, 0.0) + (now - self._last) * 1000
+        self._last = now
+
+    def around(self, call: Callable[[IdMaps], None], before: str) -> Callable[[IdMaps], None]:
+        """`call` (run between the engine's create and start) with the time until it counted
+        as `before`, its own as "hand over"."""
+
+        def timed(maps: IdMaps) -> None:
+            self.lap(before)
+            call(maps)
+            self.lap("hand over")
+
+        return timed
+
+    def __str__(self) -> str:
+        total = (self._last - self._started) * 1000
+        parts = ", ".join(f"{stage} {ms:.1f}" for stage, ms in self.stages.items())
+        return f"up in {total:.1f} ms: {parts}"
 
 
 def socket_address(info: ContainerInfo, paths: Paths) -> AgentAddress:
@@ -116,7 +152,9 @@ class Containers:
         """Make and start a container on `paths`, wait for its agent, seal its socket folder.
         With a key (and its sandbox id), the container of its own name is replaced and its
         network attached; a warm-pool container gets both when a key takes it. Anything that
-        fails undoes what was done and raises (SandboxBroken when the agent never answered)."""
+        fails undoes what was done and raises (SandboxBroken when the agent never answered).
+        Its stages' times are logged (StageClock: what bench/coldstart.py reads)."""
+        clock = StageClock()
         spec = await asyncio.to_thread(self.spec, name, labels, paths, network, profile, key, sid)
         if key and self._decoy_env is not None and (decoy := self._decoy_env(key, profile)):
             spec = replace(spec, environment={**decoy, **spec.environment})
@@ -124,9 +162,11 @@ class Containers:
             await asyncio.to_thread(self.remove_own, name)
         await asyncio.to_thread(self._layout.mount, paths)
         handed: list[tuple[int, int]] = []
+        clock.lap("prepare")
         try:
-            hand_over = partial(self._layout.hand_over, paths, handed)
+            hand_over = clock.around(partial(self._layout.hand_over, paths, handed), "create")
             info = await asyncio.to_thread(self._backend.run, spec, hand_over)
+            clock.lap("start")
         except Exception:
             self.start_failures += 1
             await asyncio.to_thread(layout.unmount, paths, workspace=not key)
@@ -142,6 +182,8 @@ class Containers:
             raise SandboxBroken(f"sandbox {shown(key)!r} did not start: {exc}") from exc
         self.starts += 1
         layout.seal_run_dir(paths)
+        clock.lap("agent ready")
+        log.info("container %s %s", name, clock)
         return container
 
     async def ready(

@@ -80,10 +80,11 @@ class Planter:
         decoys = self.decoys_of(key, profile)
         return {} if decoys is None else {self._config.env_var: decoys.env}
 
-    def poolable(self, key: str, profile: SandboxProfile, default: SandboxProfile) -> bool:
-        """Whether the key's container may come from the warm pool: made with the default
-        profile, and without a decoy variable (a pooled container was made without one)."""
-        return profile == default and not self.environment(key, profile)
+    def poolable(self, key: str, profile: SandboxProfile, *pooled: SandboxProfile) -> bool:
+        """Whether the key's container may come from the warm pool: made with a profile the
+        pool keeps (`pooled`), and without a decoy variable (a pooled container was made
+        without one)."""
+        return profile in pooled and not self.environment(key, profile)
 
     def files(self, decoys: Decoys) -> list[tuple[str, str]]:
         """(path, content) of every file to plant: `~/...`, absolute or workspace-relative."""

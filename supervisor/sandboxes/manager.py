@@ -152,7 +152,7 @@ class SandboxManager:
         refuse = config.sandbox.paused_call == "refuse"
         self.pausing = Pausing(backend, record, refuse)
         self.pool = WarmPool(
-            config, self.containers, self.layout, self.networks,
+            config, self.containers, self.layout, self.networks, self.profiles,
             backend=backend, replica=replica, replicas=self._replicas,
         )  # fmt: skip
         self.parts = Parts(
@@ -352,9 +352,9 @@ class SandboxManager:
                     await self.quotas.admit_shared(key, made.memory_mb)
                     # a pool container has no placeholders of a key's brokered secrets
                     pooled = self.decoys.poolable(
-                        key, made, self.profiles.default
+                        key, made, *self.pool.profiles
                     ) and not self.networks.brokering.applying(key, made.name)
-                    sandbox = await self.pool.take(key, chosen) if pooled else None
+                    sandbox = await self.pool.take(key, chosen, made) if pooled else None
                     if sandbox is not None:
                         sandbox.profile = made
                     else:

@@ -1,7 +1,9 @@
-"""The warm pool: started containers with no key yet (housekeeping.warm_pool). A new key (no
-folder yet) with the default network takes one: its folder is renamed to the key's (the bind
-mounts follow the folder) and the key is written there, with the pool id, so that adoption
-after a restart finds the key.
+"""The warm pool: started containers with no key yet, for each profile that keeps some
+(housekeeping.warm_pool for the default one, [profiles.NAME] warm_pool for the others). A new
+key (no folder yet, or one holding only its request's choices) with the default network takes
+one of its profile's: its folder is renamed to the key's (the bind mounts follow the folder,
+the choices are carried over) and the key is written there, with the pool id, so that
+adoption after a restart finds the key.
 
 Pods (a shared host kind) are claimed by relabeling instead: the pod and its claim get the
 key's labels (backend.relabel), so any replica finds the key's pod by its sandbox-id label.
@@ -18,11 +20,13 @@ import logging
 import os
 import secrets
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from stockade.supervisor.config import Config
 from stockade.supervisor.engines.backends.base import (
     LABEL_KEY,
     LABEL_POOL,
+    LABEL_PROFILE,
     LABEL_REPLICA,
     LABEL_SANDBOX_ID,
     LABEL_TENANT,
@@ -31,10 +35,12 @@ from stockade.supervisor.engines.backends.base import (
 )
 from stockade.supervisor.errors import SandboxBroken, StockadeError
 from stockade.supervisor.keys import sandbox_id, shown, split
-from stockade.supervisor.sandboxes import hostfs, pressure
+from stockade.supervisor.sandboxes import hostfs, network_modes, pressure
 from stockade.supervisor.sandboxes.containers import Containers
 from stockade.supervisor.sandboxes.layout import POOL_PREFIX, Layout, write_key
 from stockade.supervisor.sandboxes.network_modes import Networks
+from stockade.supervisor.sandboxes.profiles import KEPT as PROFILE_KEPT
+from stockade.supervisor.sandboxes.profiles import Profiles, SandboxProfile
 from stockade.supervisor.sandboxes.sandbox import Container, Sandbox, SandboxNetwork, born
 
 log = logging.getLogger("stockade")
@@ -43,6 +49,9 @@ POOL_CLOSE_S = 30.0
 """At close, how long a pool container being made may take beyond start_timeout_s."""
 POOL_PROBE_S = 2.0
 """How long a pool container's agent may take to answer before it is replaced."""
+CHOICES = (network_modes.KEPT, PROFILE_KEPT)
+"""What a request's choices leave in a new key's folder before its container is made
+(manager._keep): a folder holding only these is still a new key's."""
 
 
 Replicas = Callable[[], Awaitable[frozenset[str] | None]]
@@ -60,6 +69,7 @@ class WarmPool:
         containers: Containers,
         layout: Layout,
         networks: Networks,
+        profiles: Profiles,
         *,
         backend: ContainerBackend,
         replica: str = "",
@@ -74,19 +84,26 @@ class WarmPool:
         self._host_room = backend.host.host_room
         self.replica = replica or containers.instance_id
         self._replicas = replicas
+        self.sizes = sizes(config, profiles)
+        """How many containers are kept for each profile that keeps any."""
         self.ready: list[Container] = []
         self._wanted = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
+    @property
+    def profiles(self) -> tuple[SandboxProfile, ...]:
+        """The profiles the pool keeps containers for."""
+        return tuple(self.sizes)
+
     def start(self) -> None:
-        if self._config.housekeeping.warm_pool:
+        if self.sizes:
             self._task = asyncio.create_task(self._fill(), name="stockade-pool")
             self._wanted.set()
 
     def want(self) -> None:
         """Ask the filler to top the pool up (and replace what failed or died)."""
-        if self._config.housekeeping.warm_pool:
+        if self.sizes:
             self._wanted.set()
 
     async def close(self) -> None:
@@ -102,15 +119,24 @@ class WarmPool:
         while self.ready:
             await self._drop(self.ready.pop())
 
-    async def take(self, key: str, network: SandboxNetwork) -> Sandbox | None:
-        """A pool container for a new key (no folder yet) with the default network; None
-        when there is none to take (the caller then makes a container)."""
+    async def take(
+        self, key: str, network: SandboxNetwork, profile: SandboxProfile
+    ) -> Sandbox | None:
+        """A pool container of `profile` for a new key (no folder yet, or only its
+        request's choices in it) with the default network; None when there is none to take
+        (the caller then makes a container)."""
         paths, sid = self._layout.of(key), sandbox_id(key)
-        if not self.ready or network != self._networks.choose(None) or paths.root.exists():
+        if not self._has(profile) or network != self._networks.choose(None):
+            return None
+        if not await asyncio.to_thread(is_new, paths.root):
             return None
         if self._shared and await asyncio.to_thread(self._backend.has_workspace, sid):
             return None  # the key's claim is its workspace: its pod is made on it
-        pooled = self.ready.pop(0)
+        # chosen after the awaits: the filler may have dropped one meanwhile
+        pooled = next((c for c in self.ready if profile_of(c) == profile.name), None)
+        if pooled is None:
+            return None
+        self.ready.remove(pooled)
         self._wanted.set()
         if not await pooled.agent.answers(POOL_PROBE_S):
             log.warning("warm pool: container %s does not answer; dropped", pooled.info.name)
@@ -120,6 +146,7 @@ class WarmPool:
         if info is None:
             return None
         write_key(pooled.paths.key_file, key)
+        await asyncio.to_thread(carry_choices, paths.root, pooled.paths.root)
         os.rename(pooled.paths.root, paths.root)
         await pooled.agent.close()
         container = Container(info, self._containers.link(info, paths), paths, sid)
@@ -133,6 +160,9 @@ class WarmPool:
         sandbox = Sandbox(key, sid, container, network)
         sandbox.born = born(pooled.info)
         return sandbox
+
+    def _has(self, profile: SandboxProfile) -> bool:
+        return any(profile_of(c) == profile.name for c in self.ready)
 
     async def _claim(
         self, pooled: Container, key: str, network: SandboxNetwork
@@ -183,7 +213,6 @@ class WarmPool:
         return reaped
 
     async def _fill(self) -> None:
-        size = self._config.housekeeping.warm_pool
         while not self._closing:
             await self._wanted.wait()
             self._wanted.clear()
@@ -191,19 +220,28 @@ class WarmPool:
                 if not await pooled.agent.answers(POOL_PROBE_S) and pooled in self.ready:
                     self.ready.remove(pooled)
                     await self._drop(pooled)
-            while len(self.ready) < size and not self._closing:
-                try:
-                    hk, state_dir = self._config.housekeeping, self._config.state_dir
-                    if self._host_room:  # a pod's room is its node's: the scheduler's
-                        await asyncio.to_thread(pressure.check, hk, state_dir)
-                    pooled = await self._make()
-                    self.ready.append(pooled)
-                    log.info("warm pool: container %s ready", pooled.info.name)
-                except (StockadeError, OSError) as exc:
-                    log.warning("warm pool: no container added: %s", exc)
+            for profile, size in self.sizes.items():
+                if not await self._top_up(profile, size):
                     break  # the next sweep asks again
 
-    async def _make(self) -> Container:
+    async def _top_up(self, profile: SandboxProfile, size: int) -> bool:
+        """Make containers of `profile` until it has `size`; False when one failed."""
+        while sum(profile_of(c) == profile.name for c in self.ready) < size:
+            if self._closing:
+                return False
+            try:
+                hk, state_dir = self._config.housekeeping, self._config.state_dir
+                if self._host_room:  # a pod's room is its node's: the scheduler's
+                    await asyncio.to_thread(pressure.check, hk, state_dir)
+                pooled = await self._make(profile)
+                self.ready.append(pooled)
+                log.info("warm pool: container %s (%s) ready", pooled.info.name, profile.shown)
+            except (StockadeError, OSError) as exc:
+                log.warning("warm pool: no container added (%s): %s", profile.shown, exc)
+                return False
+        return True
+
+    async def _make(self, profile: SandboxProfile) -> Container:
         pool_id = secrets.token_hex(8)
         paths = self._layout.prepare_pool(pool_id)
         name = self._containers.name(f"{POOL_PREFIX}{pool_id}")
@@ -212,7 +250,8 @@ class WarmPool:
         if self._shared:
             labels[LABEL_REPLICA] = self.replica
         try:
-            return await self._containers.start(name, labels, paths, network)
+            shape = profile if profile.name else None  # the default: [sandbox]'s, as a key's
+            return await self._containers.start(name, labels, paths, network, profile=shape)
         except SandboxBroken:
             with contextlib.suppress(FileNotFoundError):
                 await asyncio.to_thread(hostfs.remove_tree, paths.root)
@@ -222,3 +261,35 @@ class WarmPool:
         await self._containers.stop(pooled)
         with contextlib.suppress(FileNotFoundError):
             await asyncio.to_thread(hostfs.remove_tree, pooled.paths.root)
+
+
+def sizes(config: Config, profiles: Profiles) -> dict[SandboxProfile, int]:
+    """The pool's size for each profile that keeps containers (the default one first)."""
+    wanted = {profiles.default: config.housekeeping.warm_pool}
+    wanted |= {profiles.get(name): p.warm_pool for name, p in config.profiles.items()}
+    return {profile: size for profile, size in wanted.items() if size}
+
+
+def profile_of(pooled: Container) -> str:
+    """The name of the profile a pool container was made with ("" for the default)."""
+    return pooled.info.labels.get(LABEL_PROFILE, "")
+
+
+def is_new(root: Path) -> bool:
+    """Whether a key's folder is a new key's: absent, or holding only CHOICES."""
+    try:
+        with os.scandir(root) as entries:
+            return all(entry.name in CHOICES for entry in entries)
+    except FileNotFoundError:
+        return True
+
+
+def carry_choices(root: Path, pooled_root: Path) -> None:
+    """Move a new key's kept choices into its pool container's folder, and remove the key's
+    folder (the pool's is then renamed to it)."""
+    if not root.exists():
+        return
+    for name in CHOICES:
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(root / name, pooled_root / name)
+    root.rmdir()

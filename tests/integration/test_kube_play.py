@@ -327,7 +327,7 @@ async def test_the_agent_and_tools_hold_no_privilege(agent: AgentConnection) -> 
         assert fields["NoNewPrivs"].strip() == "1", who
         assert fields["Seccomp"].strip() == "2", who
     agent_cmd = (await _exec(agent, "tr '\\0' ' ' < /proc/$PPID/cmdline"))["stdout"]
-    assert agent_cmd.startswith("python3 -m stockade.agent --listen 0.0.0.0:7443 --tls-dir")
+    assert agent_cmd.startswith("python3 -P -m stockade.agent --listen 0.0.0.0:7443 --tls-dir")
 
 
 async def test_the_root_is_read_only_and_tmp_is_capped(agent: AgentConnection) -> None:

@@ -51,7 +51,7 @@ AGENT_PID = """
 import os
 agent = next(
     int(pid) for pid in os.listdir("/proc") if pid.isdigit()
-    and open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"python3\\0-m\\0stockade.agent")
+    and open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"python3\\0-P\\0-m\\0stockade.agent")
 )
 """
 

@@ -23,7 +23,7 @@ from tests.security.test_escapes import python, run
 
 pytestmark = pytest.mark.timeout(300)
 
-PIDS = "AGENT=$(pgrep -U 65533 -f 'python3 -m stockade.agent' | grep -vx 1)"
+PIDS = "AGENT=$(pgrep -U 65533 -f 'python3 -P -m stockade.agent' | grep -vx 1)"
 """The agent's pid (tini's command line names the agent too: PID 1 is left out)."""
 
 

@@ -251,7 +251,8 @@ class Kubelet:
             (tls / file).write_bytes(base64.b64decode(data))
         command = list(container["command"])
         module = command.index("stockade.agent")
-        assert command[: module + 1] == ["/usr/bin/tini", "--", "python3", "-m", "stockade.agent"]
+        agent_start = ["/usr/bin/tini", "--", "python3", "-P", "-m", "stockade.agent"]
+        assert command[: module + 1] == agent_start
         local = {
             "--listen": f"{ip}:{self._port}",
             "--tls-dir": str(tls),

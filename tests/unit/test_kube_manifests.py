@@ -186,6 +186,7 @@ def test_the_agent_command() -> None:
         "/usr/bin/tini",
         "--",
         "python3",
+        "-P",
         "-m",
         "stockade.agent",
         "--listen",

@@ -63,6 +63,9 @@ class Gated:
     """A sandbox manager whose streamed calls and watches stay open until `gate` is set; its
     lease is itself (as the pipeline and the watches see a lease: CallLease, WatchLease)."""
 
+    generation = "gated"
+    """Which container serves the key (CallLease): always the one."""
+
     def __init__(self) -> None:
         self.gate = asyncio.Event()
 

@@ -98,14 +98,15 @@ class PodmanBackend(HostFolderWorkspaces):
         return None
 
     def run(self, spec: ContainerSpec, prepare: Callable[[IdMaps], None]) -> ContainerInfo:
-        if not self.image_exists(spec.image):
-            raise EngineUnavailable(
-                f"Podman has no image {spec.image}; build it with "
-                "`stockade image build --engine podman`"
-            )
         try:
             container = self._client.containers.create(**_create_kwargs(spec))
         except _ENGINE_ERRORS as exc:
+            # the image is looked up only when the create failed: a round trip less a start
+            if not self.image_exists(spec.image):
+                raise EngineUnavailable(
+                    f"Podman has no image {spec.image}; build it with "
+                    "`stockade image build --engine podman`"
+                ) from exc
             raise EngineUnavailable(f"Podman could not create {spec.name}: {exc}") from exc
         try:
             attrs = self._client.containers.get(container.id).attrs

@@ -36,7 +36,9 @@ WORKSPACE = "/workspace"
 SANDBOX_UID = 65532
 """The image's `sandbox` user: in a pod, the agent's uid and the tools' (no second one)."""
 TINI = "/usr/bin/tini"
-AGENT_MODULE = ("python3", "-m", "stockade.agent")
+AGENT_MODULE = ("python3", "-P", "-m", "stockade.agent")
+"""`-P`: the working folder (the workspace) is never on the agent's sys.path (the image's
+entry point does the same)."""
 TLS_FILES = ("ca.crt", "tls.crt", "tls.key")
 """What the agent's Secret volume holds (agent/tls.py reads these)."""
 ENV_KEY_PREFIX = "env."
