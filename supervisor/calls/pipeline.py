@@ -20,12 +20,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from stockade.supervisor import errors
+from stockade.supervisor.calls import previews
 from stockade.supervisor.calls.outcome import CALL_FAULTS, failure, no_result, outcome_of, result_of
 from stockade.supervisor.calls.recorder import CallRecorder, Trail
 from stockade.supervisor.calls.sessions import SessionBook, SessionEnded
 from stockade.supervisor.calls.streaming import AgentEvent, relay
 from stockade.supervisor.calls.tripwires import REFUSED, CallTripwire
 from stockade.supervisor.config import Config
+from stockade.supervisor.config.policy import FILE_APPROVAL_TOOLS
 from stockade.supervisor.keys import split
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import (
@@ -41,7 +43,7 @@ from stockade.supervisor.observe.alarms import MAX_EVIDENCE, Alarm, AlarmSink
 from stockade.supervisor.observe.audit import AuditLog
 from stockade.supervisor.observe.refusals import Refusals
 from stockade.supervisor.observe.telemetry import Observer
-from stockade.supervisor.policy.approvals import ApprovalManager, Ask, Pending
+from stockade.supervisor.policy.approvals import ApprovalManager, Ask, Outcome, Pending
 from stockade.supervisor.policy.guard import Guard
 from stockade.supervisor.policy.limits import FairShare, KeyLimiter, LimitExceeded, TenantSlots
 from stockade.supervisor.policy.scrub.scrubber import Scrubber
@@ -273,6 +275,8 @@ class ToolPipeline:
         if command is not None:
             where = await self._where(call, spec, args)
             await self._check_command(call, spec, command, trail, events, where, shell, ask)
+        elif spec.custom is None and spec.name in FILE_APPROVAL_TOOLS:
+            await self._check_change(call, spec, args, trail, events, ask)
         limiter = self._policy.limiter
         async with contextlib.AsyncExitStack() as hold:
             try:
@@ -401,11 +405,42 @@ class ToolPipeline:
                 on_pending=_announce(events),
                 ask=ask,
             )
-        trail.approval, trail.approver = outcome.how, outcome.approver
-        if not outcome.allowed:
-            why = {"timeout": "no decision in time", "no-approver": "no approver is connected"}
-            reason = why.get(outcome.how, f"denied by {outcome.approver or 'an approver'}")
-            raise _Stop(failure(ErrorCode.APPROVAL_DENIED, f"command not approved: {reason}"))
+        _approved(outcome, trail, "command")
+
+    async def _check_change(
+        self,
+        call: ToolCall,
+        spec: ToolSpec,
+        args: dict[str, Any],
+        trail: Trail,
+        events: asyncio.Queue[ToolEvent] | None,
+        ask: Ask | None = None,
+    ) -> None:
+        """A file change approvals.files names is asked about, with the diff it will make
+        (calls/previews.py) made only once an approver is sure to be asked."""
+        approvals, key = self._policy.approvals, call.sandbox_key
+        change = previews.change_of(spec.name, args)
+        reason = approvals.reason_to_ask_file(spec.name, change, split(key)[0])
+        if reason is None:
+            return
+        preview = functools.partial(
+            previews.preview, self._sandboxes.lease, key, call.request_id, spec.name, args,
+            self._policy.scrubber,
+        )  # fmt: skip
+        trail.approval = "withdrawn"  # unless the check below returns
+        with trail.stages.timed("approval"):
+            outcome = await approvals.check(
+                sandbox_key=key,
+                agent_id=call.context.agent_id,
+                tool=spec.name,
+                command=change,
+                request_id=call.request_id,
+                must_ask=reason,
+                on_pending=_announce(events),
+                ask=ask,
+                preview=preview,
+            )
+        _approved(outcome, trail, "file change")
 
     def _guard_alarm(self, key: str, rule: str, command: str) -> None:
         """A guard rule marked quarantine matched: the alarm (and, as configured, the
@@ -535,6 +570,15 @@ class ToolPipeline:
             wanted = min(wanted, tools.exec_max_timeout_s, limit or wanted)
             return {**args, "timeout": wanted}, (limit or wanted) + _GRACE_S
         return args, (limit or tools.exec_max_timeout_s) + _GRACE_S
+
+
+def _approved(outcome: Outcome, trail: Trail, what: str) -> None:
+    """The approval's outcome on the trail; the call stopped when it is not allowed."""
+    trail.approval, trail.approver = outcome.how, outcome.approver
+    if not outcome.allowed:
+        why = {"timeout": "no decision in time", "no-approver": "no approver is connected"}
+        reason = why.get(outcome.how, f"denied by {outcome.approver or 'an approver'}")
+        raise _Stop(failure(ErrorCode.APPROVAL_DENIED, f"{what} not approved: {reason}"))
 
 
 def _announce(events: asyncio.Queue[ToolEvent] | None) -> Callable[[Pending], None] | None:

@@ -25,6 +25,7 @@ from stockade.supervisor.errors import StockadeError
 from stockade.supervisor.fronts.console.context import ConsoleContext, query
 from stockade.supervisor.fronts.console.html import (
     csrf_field,
+    diff_block,
     e,
     folded,
     moment,
@@ -78,7 +79,8 @@ def pending_json(ctx: ConsoleContext, p: Pending) -> dict[str, Any]:
         "tool": p.tool,
         "command": scrubbed(p.command, scrubber),
         "reason": scrubbed(p.reason, scrubber),
-        "marks": marks(p.command),
+        "marks": [] if p.diff else marks(p.command),
+        "diff": scrubbed(p.diff, scrubber),
         "created_at": p.created_at.timestamp(),
         "expires_at": p.expires_at.timestamp(),
     }
@@ -138,7 +140,9 @@ def pending_cells(p: dict[str, Any], session: Session) -> list[str]:
         short(p["tenant"]),
         short(p["key"]),
         short(p["agent"]),
-        (f'<span class="marks">{badges}</span>' if badges else "") + folded(p["command"]),
+        (f'<span class="marks">{badges}</span>' if badges else "")
+        + folded(p["command"])
+        + diff_block(p.get("diff", "")),
         visible(p["reason"]),
         f'<span class="deadline" data-expires="{p["expires_at"]}">'
         f"{e(when(p['expires_at']))}</span>",
