@@ -480,7 +480,13 @@ async def _start(
             from stockade.supervisor.fronts.console.server import start_console
 
             console = await start_console(
-                config, policy, authenticator, manager, telemetry.metrics, alarms
+                config,
+                policy,
+                authenticator,
+                manager,
+                telemetry.metrics,
+                alarms,
+                manager.checkpoints.undo,
             )
         await server.start()  # once the gRPC API serves, so do MCP and E2B (the launcher waits)
     except BaseException:

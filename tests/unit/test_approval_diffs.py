@@ -14,6 +14,7 @@ import pytest
 from stockade.supervisor.app import build_policy
 from stockade.supervisor.calls import previews
 from stockade.supervisor.calls.pipeline import ToolPipeline
+from stockade.supervisor.calls.streaming import AgentEvent
 from stockade.supervisor.cli import approver
 from stockade.supervisor.config import ApprovalsConfig, Config, ScrubConfig
 from stockade.supervisor.errors import ConfigError
@@ -24,6 +25,7 @@ from stockade.supervisor.models import CallContext, ErrorCode, ToolCall, ToolRes
 from stockade.supervisor.policy.approvals import Decision, Pending
 from stockade.supervisor.policy.scrub.scrubber import Scrubber
 from stockade.supervisor.sandboxes.agent_link import AgentReply
+from stockade.supervisor.sandboxes.lease import Deadline
 from tests.unit.fakes import STATE
 
 pytestmark = pytest.mark.usefixtures("state_dir")
@@ -42,12 +44,21 @@ class Workspace:
         self.truncated = truncated
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
+    generation = "g1"
+
     @contextlib.asynccontextmanager
-    async def lease(self, key: str) -> AsyncIterator[Workspace]:
+    async def lease(self, key: str, /) -> AsyncIterator[Workspace]:
         yield self
 
     async def invoke(
-        self, tool: str, args: dict[str, Any], timeout: float, request_id: str, **_: object
+        self,
+        tool: str,
+        args: dict[str, Any],
+        timeout: float,
+        request_id: str,
+        /,
+        *,
+        deadline: Deadline = "caller",
     ) -> AgentReply:
         self.calls.append((tool, args))
         if tool != "read_file":
@@ -58,7 +69,17 @@ class Workspace:
         result = {"content": text, "truncated": self.truncated, "binary": "\0" in text}
         return AgentReply("", "", result)
 
-    async def stream(self, *args: object, **kwargs: object) -> AsyncIterator[Any]:
+    async def stream(
+        self,
+        tool: str,
+        args: dict[str, Any],
+        timeout: float,
+        request_id: str,
+        /,
+        *,
+        deadline: Deadline = "caller",
+    ) -> AsyncIterator[AgentEvent]:
+        """No file call streams."""
         raise NotImplementedError
         yield
 

@@ -24,6 +24,7 @@ from stockade.supervisor.keys import scope, split, validate_key, validate_tenant
 from stockade.supervisor.models import SandboxInfo
 from stockade.supervisor.observe.alarms import AlarmHub
 from stockade.supervisor.observe.metrics import Metrics
+from stockade.supervisor.sandboxes.snapshots.checkpoints import Undo
 
 FRONT = "console"
 
@@ -65,6 +66,14 @@ class ConsoleSandboxes(LifecycleSandboxes, Protocol):
     async def inspect_isolation(self, key: str) -> IsolationReport: ...
 
 
+class Undoing(Protocol):
+    """The undo of a key's files to the checkpoint before a call, shown (apply=False) or
+    done and audited: the one RollbackSandbox path (sandboxes/snapshots/checkpoints.py
+    Checkpoints.undo is the real one)."""
+
+    async def __call__(self, key: str, to_call: str, *, apply: bool, reason: str = "") -> Undo: ...
+
+
 class NeedLogin(Exception):
     """No live session: a page redirects to /login, anything else answers 401."""
 
@@ -78,6 +87,8 @@ class ConsoleContext:
     metrics: Metrics | None
     alarms: AlarmHub | None = None
     """The supervisor's alarms: a quarantine by hand is told everywhere, as the RPC's is."""
+    undo: Undoing | None = None
+    """Undo from a call's audit record (None: no checkpoints on this host)."""
     sessions: Sessions = field(init=False)
     rates: Rates = field(init=False)
     lifecycle: Lifecycle[ConsoleSandboxes] = field(init=False)

@@ -14,7 +14,7 @@ from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy
 from stockade.supervisor.config import Config
 from stockade.supervisor.fronts.console.app import build_app
-from stockade.supervisor.fronts.console.context import ConsoleContext, ConsoleSandboxes
+from stockade.supervisor.fronts.console.context import ConsoleContext, ConsoleSandboxes, Undoing
 from stockade.supervisor.fronts.http import http_server, listening_socket, serve
 from stockade.supervisor.observe.alarms import AlarmHub
 from stockade.supervisor.observe.metrics import Metrics
@@ -63,6 +63,7 @@ async def start_console(
     manager: ConsoleSandboxes,
     metrics: Metrics | None,
     alarms: AlarmHub | None = None,
+    undo: Undoing | None = None,
 ) -> ConsoleFront | None:
     """The console when [console] listen is set (None otherwise), serving already."""
     if not config.console.listen:
@@ -72,7 +73,9 @@ async def start_console(
             "the console signs in with the API's bearer tokens: set [auth] tokens_file "
             "(or leave [console] listen unset)"
         )
-    front = ConsoleFront(ConsoleContext(config, policy, authenticator, manager, metrics, alarms))
+    front = ConsoleFront(
+        ConsoleContext(config, policy, authenticator, manager, metrics, alarms, undo)
+    )
     await front.start()
     log.info("console on http://%s/ (operators: %s)", config.console.listen,
              ", ".join(config.console.operators) or "none")  # fmt: skip
