@@ -260,3 +260,12 @@ def test_approvals_watch_prints_the_diff_line_by_line_cut() -> None:
     many = approver._diff_lines("".join(f"+{n}\n" for n in range(approver.DIFF_LINES + 5)))
     assert many.splitlines()[-1] == "  | ... 5 more lines of the diff not shown"
     assert approver._diff_lines("") == ""
+
+
+def test_an_mcp_client_asked_about_its_own_change_sees_the_diff() -> None:
+    from stockade.supervisor.fronts.mcp.elicit import message_of
+
+    message = message_of(request(f"-old\n+{SECRET}\n"), Scrubber((SECRET,)))
+    assert "What it changes:\n-old\n+[REDACTED]\n" in message
+    assert SECRET not in message
+    assert "What it changes" not in message_of(request(""), None)
