@@ -12,6 +12,7 @@ import json
 import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx2
@@ -118,11 +119,13 @@ def test_a_write_shows_its_diff_to_a_grpc_approver(fronts: Fronts) -> None:
     assert SECRET not in request.diff
 
 
-def signed_in(fronts: Fronts) -> httpx2.Client:
-    http = httpx2.Client(base_url=fronts.console, headers={"origin": fronts.console})
-    answer = http.post("/login", data={"token": fronts.token})
-    assert answer.status_code == 303, answer.text
-    return http
+@contextmanager
+def signed_in(fronts: Fronts) -> Iterator[httpx2.Client]:
+    """An HTTP client of the console signed in as tenant acme, sending the console's Origin."""
+    with httpx2.Client(base_url=fronts.console, headers={"origin": fronts.console}) as http:
+        answer = http.post("/login", data={"token": fronts.token})
+        assert answer.status_code == 303, answer.text
+        yield http
 
 
 def csrf_of(page: str) -> str:
