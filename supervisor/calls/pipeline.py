@@ -43,7 +43,7 @@ from stockade.supervisor.observe.alarms import MAX_EVIDENCE, Alarm, AlarmSink
 from stockade.supervisor.observe.audit import AuditLog
 from stockade.supervisor.observe.refusals import Refusals
 from stockade.supervisor.observe.telemetry import Observer
-from stockade.supervisor.policy.approvals import ApprovalManager, Ask, Outcome, Pending
+from stockade.supervisor.policy.approvals import ApprovalManager, Ask, Pending, Preview
 from stockade.supervisor.policy.guard import Guard
 from stockade.supervisor.policy.limits import FairShare, KeyLimiter, LimitExceeded, TenantSlots
 from stockade.supervisor.policy.scrub.scrubber import Scrubber
@@ -393,19 +393,7 @@ class ToolPipeline:
                 raise _Stop(failure(ErrorCode.PERMISSION_DENIED, message))
             if verdict.action == "ask":
                 must_ask = f"the guard asks: {verdict.reason}"
-        trail.approval = "withdrawn"  # unless the check below returns
-        with trail.stages.timed("approval"):
-            outcome = await self._policy.approvals.check(
-                sandbox_key=call.sandbox_key,
-                agent_id=call.context.agent_id,
-                tool=spec.name,
-                command=command,
-                request_id=call.request_id,
-                must_ask=must_ask,
-                on_pending=_announce(events),
-                ask=ask,
-            )
-        _approved(outcome, trail, "command")
+        await self._approval(call, spec, command, trail, events, ask, must_ask)
 
     async def _check_change(
         self,
@@ -427,20 +415,40 @@ class ToolPipeline:
             previews.preview, self._sandboxes.lease, key, call.request_id, spec.name, args,
             self._policy.scrubber,
         )  # fmt: skip
+        await self._approval(call, spec, change, trail, events, ask, reason, preview)
+
+    async def _approval(
+        self,
+        call: ToolCall,
+        spec: ToolSpec,
+        command: str,
+        trail: Trail,
+        events: asyncio.Queue[ToolEvent] | None,
+        ask: Ask | None,
+        must_ask: str | None,
+        preview: Preview | None = None,
+    ) -> None:
+        """The approval step of a command or a file change (`command`: what is asked about,
+        and what allow-always keeps); the call stopped when it is not allowed."""
         trail.approval = "withdrawn"  # unless the check below returns
         with trail.stages.timed("approval"):
-            outcome = await approvals.check(
-                sandbox_key=key,
+            outcome = await self._policy.approvals.check(
+                sandbox_key=call.sandbox_key,
                 agent_id=call.context.agent_id,
                 tool=spec.name,
-                command=change,
+                command=command,
                 request_id=call.request_id,
-                must_ask=reason,
+                must_ask=must_ask,
                 on_pending=_announce(events),
                 ask=ask,
                 preview=preview,
             )
-        _approved(outcome, trail, "file change")
+        trail.approval, trail.approver = outcome.how, outcome.approver
+        if not outcome.allowed:
+            why = {"timeout": "no decision in time", "no-approver": "no approver is connected"}
+            reason = why.get(outcome.how, f"denied by {outcome.approver or 'an approver'}")
+            what = "file change" if preview is not None else "command"
+            raise _Stop(failure(ErrorCode.APPROVAL_DENIED, f"{what} not approved: {reason}"))
 
     def _guard_alarm(self, key: str, rule: str, command: str) -> None:
         """A guard rule marked quarantine matched: the alarm (and, as configured, the
@@ -570,15 +578,6 @@ class ToolPipeline:
             wanted = min(wanted, tools.exec_max_timeout_s, limit or wanted)
             return {**args, "timeout": wanted}, (limit or wanted) + _GRACE_S
         return args, (limit or tools.exec_max_timeout_s) + _GRACE_S
-
-
-def _approved(outcome: Outcome, trail: Trail, what: str) -> None:
-    """The approval's outcome on the trail; the call stopped when it is not allowed."""
-    trail.approval, trail.approver = outcome.how, outcome.approver
-    if not outcome.allowed:
-        why = {"timeout": "no decision in time", "no-approver": "no approver is connected"}
-        reason = why.get(outcome.how, f"denied by {outcome.approver or 'an approver'}")
-        raise _Stop(failure(ErrorCode.APPROVAL_DENIED, f"{what} not approved: {reason}"))
 
 
 def _announce(events: asyncio.Queue[ToolEvent] | None) -> Callable[[Pending], None] | None:

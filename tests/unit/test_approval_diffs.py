@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +23,7 @@ from stockade.supervisor.errors import ConfigError
 from stockade.supervisor.fronts.console import approvals as console
 from stockade.supervisor.fronts.console.html import diff_block
 from stockade.supervisor.fronts.grpc.convert import pending_to_pb
+from stockade.supervisor.fronts.mcp.elicit import message_of
 from stockade.supervisor.models import CallContext, ErrorCode, ToolCall, ToolResult
 from stockade.supervisor.policy.approvals import Decision, Pending
 from stockade.supervisor.policy.scrub.scrubber import Scrubber
@@ -216,8 +219,6 @@ def test_config_refuses_an_unknown_file_tool() -> None:
 
 
 def request(diff: str) -> Pending:
-    from datetime import UTC, datetime
-
     now = datetime.now(UTC)
     return Pending("id1", "t1/k", "", "write_file", "write_file a", "asked", now, now, "r", diff)
 
@@ -249,8 +250,6 @@ def test_the_console_shows_the_diff_folded_with_its_size() -> None:
 
 
 def _session() -> Any:
-    from types import SimpleNamespace
-
     return SimpleNamespace(csrf="c", who="w", operator=False, tenant="t")
 
 
@@ -263,8 +262,6 @@ def test_approvals_watch_prints_the_diff_line_by_line_cut() -> None:
 
 
 def test_an_mcp_client_asked_about_its_own_change_sees_the_diff() -> None:
-    from stockade.supervisor.fronts.mcp.elicit import message_of
-
     message = message_of(request(f"-old\n+{SECRET}\n"), Scrubber((SECRET,)))
     assert "What it changes:\n-old\n+[REDACTED]\n" in message
     assert SECRET not in message

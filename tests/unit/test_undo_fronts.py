@@ -5,6 +5,7 @@ and engine: tests/integration/test_undo_fronts.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from stockade.supervisor.fronts.console.context import ConsoleContext
 from stockade.supervisor.fronts.mcp.handlers import McpTools
 from stockade.supervisor.fronts.mcp.undo import MAX_CALL_ID, UNDO_TOOL
 from stockade.supervisor.keys import scope
-from stockade.supervisor.observe.audit import AuditRecord
+from stockade.supervisor.observe.audit import AuditQuery, AuditRecord
 from stockade.supervisor.sandboxes.snapshots.checkpoints import Checkpoint, CheckpointNotFound, Undo
 from stockade.supervisor.sandboxes.snapshots.diffs import TreeDiff
 from tests.unit.fakes import idle_pipeline
@@ -176,10 +177,6 @@ def write(ctx: ConsoleContext, tenant: str, key: str, checkpoint: str, request_i
 
 
 def _records(ctx: ConsoleContext, tenant: str) -> list[dict[str, Any]]:
-    import asyncio
-
-    from stockade.supervisor.observe.audit import AuditQuery
-
     assert ctx.policy.audit is not None
     found = asyncio.run(ctx.policy.audit.query(AuditQuery(tenant=tenant, limit=100)))
     return [{"id": r.id, "request_id": r.request_id} for r in found]
