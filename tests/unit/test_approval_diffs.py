@@ -19,7 +19,7 @@ from stockade.supervisor.calls.pipeline import ToolPipeline
 from stockade.supervisor.calls.streaming import AgentEvent
 from stockade.supervisor.cli import approver
 from stockade.supervisor.config import ApprovalsConfig, Config, ScrubConfig
-from stockade.supervisor.errors import ConfigError
+from stockade.supervisor.errors import CallTimedOut, ConfigError
 from stockade.supervisor.fronts.console import approvals as console
 from stockade.supervisor.fronts.console.html import diff_block
 from stockade.supervisor.fronts.grpc.convert import pending_to_pb
@@ -266,3 +266,36 @@ def test_an_mcp_client_asked_about_its_own_change_sees_the_diff() -> None:
     assert "What it changes:\n-old\n+[REDACTED]\n" in message
     assert SECRET not in message
     assert "What it changes" not in message_of(request(""), None)
+
+
+def test_the_change_is_named_within_its_bound() -> None:
+    named = previews.change_of("write_file", {"path": "p" * 5000, "content": ""})
+    assert len(named) == previews.MAX_CHANGE_CHARS + 3
+    assert named.endswith("...")
+
+
+class Stuck(Workspace):
+    """An agent whose read never answers in time: the lease raises the call's fault."""
+
+    async def invoke(
+        self,
+        tool: str,
+        args: dict[str, Any],
+        timeout: float,
+        request_id: str,
+        /,
+        *,
+        deadline: Deadline = "caller",
+    ) -> AgentReply:
+        self.calls.append((tool, args))
+        if tool == "read_file":
+            assert timeout == previews.READ_TIMEOUT_S
+            raise CallTimedOut("the agent did not answer in time")
+        return WRITTEN
+
+
+async def test_a_file_that_cannot_be_read_in_time_is_said_so_and_still_asked() -> None:
+    ws = Stuck()
+    seen, result = await asked(pipeline(ws), "write_file", {"path": "app.toml", "content": "x"})
+    assert seen[0].diff == "app.toml: the file could not be read (CallTimedOut); no diff is shown\n"
+    assert result.error_code == ErrorCode.NONE
