@@ -11,8 +11,10 @@ setup-test:
 run: setup-run
 	STOCKADE_ENGINE=$$(cat .venv/.stockade-engine) .venv/bin/stockade serve --no-auth
 
+# Three pytest processes side by side: the unit tests, and the integration tests on Podman and
+# on Docker (scripts/run_tests.py; arguments through TEST_ARGS). One process: `.venv/bin/pytest`.
 test: setup-test lint
-	.venv/bin/python -m pytest
+	.venv/bin/python scripts/run_tests.py $(TEST_ARGS)
 
 # Run by `make test` before the tests: CI enforces them.
 lint: setup-test

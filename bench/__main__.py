@@ -80,6 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "snapshots",
             "e2b",
             "console",
+            "console-pages",
             "listener",
             "front-abuse",
             "session",
@@ -88,7 +89,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="only one measurement: mcp, the MCP front against gRPC (bench/mcp_front.py); "
         "snapshots, pause/resume, snapshots, restore and forks (bench/sandbox_snapshots.py); "
         "e2b, the E2B front's commands.run against gRPC (bench/e2b_front.py); console, warm "
-        "calls with the console on and off (bench/console_cost.py); listener, plain uvicorn "
+        "calls with the console on and off (bench/console_cost.py); console-pages, the console's "
+        "pages with 1,000 sandboxes and --audit-records records, no engine "
+        "(bench/console_cost.py); listener, plain uvicorn "
         "against the hardened HTTP listener, no engine (bench/listener.py); front-abuse, another "
         "tenant's warm calls while one attacks the HTTP fronts (bench/front_abuse.py); session, "
         "warm exec in a shell session beside a plain one (bench/stockade_runs.py); "
@@ -281,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
                 return checkpoints.run(engines, **ns.checkpoints)
             if ns.only == "console":
                 return console_cost.run(engines, ns.n, ns.rounds, ns.warmup)
+            if ns.only == "console-pages":
+                print(console_cost.pages_section(console_cost.measure_pages(ns.audit_records)))
+                return 0
             if ns.only == "listener":
                 return listener.run(ns.listener_requests, ns.listener_rounds)
             if ns.only == "front-abuse":
@@ -314,6 +320,11 @@ def main(argv: list[str] | None = None) -> int:
         lambda: audit.run_audit_bench(ns.audit_records),
     )
     host["audit_chain"] = guarded("audit hash chain and policy replay", audit_chain.run_chain_bench)
+    host["console_pages"] = guarded(
+        f"the console's pages, {console_cost.PAGE_SANDBOXES:,} sandboxes and "
+        f"{ns.audit_records:,} audit records",
+        lambda: console_cost.measure_pages(ns.audit_records),
+    )
     host["listener"] = guarded(
         listener.what(ns.listener_requests, ns.listener_rounds),
         lambda: listener.measure(ns.listener_requests, ns.listener_rounds),
@@ -335,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     print(brokered.section(host["brokered"]), end="\n\n")
     print(audit.printed(host["audit"]), end="\n\n")
     print(audit_chain.section(host["audit_chain"]), end="\n\n")
+    print(console_cost.pages_section(host["console_pages"]), end="\n\n")
     print(listener.section(host["listener"]), end="\n\n")
     for engine, results in by_engine.items():
         print(report.engine_section(engine, results), end="\n\n")

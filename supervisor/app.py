@@ -486,6 +486,7 @@ async def _start(
                 manager,
                 telemetry.metrics,
                 alarms,
+                server.pipeline,
                 manager.checkpoints.undo,
             )
         await server.start()  # once the gRPC API serves, so do MCP and E2B (the launcher waits)

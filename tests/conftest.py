@@ -18,10 +18,36 @@ settings.load_profile(os.environ.get("STOCKADE_HYPOTHESIS_PROFILE", "stockade"))
 timing limit on a busy machine); STOCKADE_HYPOTHESIS_PROFILE=thorough searches further."""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+SHARDS = ("unit", "podman", "docker")
+"""What `make test` runs side by side (scripts/run_tests.py), named in STOCKADE_TEST_SHARD:
+`podman` and `docker` are the integration and security tests on that engine; `unit` is the
+rest, with the few integration tests that take no engine (Kubernetes, PostgreSQL, both
+engines at once). Unset: every test, in one process."""
+
+
+def shard_of(item: pytest.Item) -> str:
+    """The shard a test belongs to: its engine parameter's, else `unit`."""
+    callspec = getattr(item, "callspec", None)
+    engine = callspec.params.get("engine") if callspec is not None else None
+    if item.get_closest_marker("integration") is not None and engine in ("podman", "docker"):
+        return str(engine)
+    return "unit"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if "/integration/" in str(item.fspath) or "/security/" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
+    shard = os.environ.get("STOCKADE_TEST_SHARD", "")
+    if not shard:
+        return
+    if shard not in SHARDS:
+        raise pytest.UsageError(f"STOCKADE_TEST_SHARD={shard!r}: one of {', '.join(SHARDS)}")
+    kept = [item for item in items if shard_of(item) == shard]
+    dropped = [item for item in items if shard_of(item) != shard]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

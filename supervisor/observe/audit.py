@@ -93,6 +93,11 @@ _COLUMNS = tuple(f.name for f in dataclasses.fields(AuditRecord) if f.name != "i
 COLUMNS = _COLUMNS
 """The columns of a record, in the order of the rows written and read (but the id)."""
 CHAINED = ("id", *COLUMNS)
+SUMMARY_COLUMNS = (
+    "time", "tool", "is_error", "error_code", "policy_step", "guard_rule", "approval",
+    "duration_ms", "redactions",
+)  # fmt: skip
+"""What AuditLog.summaries reads of each record: enough to count and classify a call."""
 """The columns a batch inserts: the writer gives the ids, after the chain's head."""
 HEAD_UPDATE = "UPDATE audit_chain SET last_id = %s, last_hash = %s WHERE name = 'head'"
 Writer = Callable[[list[tuple[object, ...]]], None]
@@ -276,6 +281,28 @@ class AuditLog:
             return db.execute(sql, params).fetchall()
         finally:
             db.close()
+
+    def summaries(self, after: int, since: float, limit: int) -> list[tuple[Any, ...]]:
+        """(id, *SUMMARY_COLUMNS) of at most `limit` records with an id above `after`, in id
+        order, for the console's trends (fronts/console/trends.py), which fold each record
+        once. `after` 0: from the first record at or after `since` (audit_time finds it),
+        then forward along the primary key, whatever the size of the log. Blocking; no
+        flush (the trends may be a batch window late)."""
+        with self._reader() as (db, mark):
+            if after <= 0:
+                indexed = " INDEXED BY audit_time" if mark == "?" else ""  # SQLite's own
+                first = db.execute(
+                    f"SELECT id FROM audit{indexed} WHERE time >= {mark} ORDER BY time LIMIT 1",
+                    (since,),
+                ).fetchone()
+                if first is None:
+                    return []
+                after = int(first[0]) - 1
+            sql = (
+                f"SELECT id, {', '.join(SUMMARY_COLUMNS)} FROM audit "
+                f"WHERE id > {mark} AND time >= {mark} ORDER BY id LIMIT {mark}"
+            )
+            return list(db.execute(sql, (after, since, limit)).fetchall())
 
     @contextlib.contextmanager
     def scan(self, q: ScanQuery) -> Iterator[Iterator[AuditRecord]]:

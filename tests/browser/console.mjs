@@ -393,6 +393,95 @@ try {
   check(heading.includes("\\u202e") && !heading.includes("\u202e"), "its page's title: " + heading);
   await shot(opsPage, "bidi-key");
 
+  // 12. the overview's counts match what they link to; its trends and their JSON
+  step("overview counts link to their lists");
+  const overview = await opsPage.evaluate(async () => (await (await fetch("/overview.json?window=1h")).json()));
+  const counted = Object.fromEntries(overview.counts.map((c) => [c.id, c]));
+  for (const c of overview.counts.filter((c) => c.id.startsWith("state-") && c.id !== "state-quarantined")) {
+    check(c.href === "/sandboxes?state=" + c.id.slice(6).toUpperCase(), "a state's list: " + c.href);
+    const listed = await opsPage.evaluate(async (href) => (await (await fetch(href.replace("/sandboxes", "/sandboxes.json"))).json()), c.href);
+    check(listed.total === c.value, `${c.id}: ${c.value} counted, ${listed.total} listed`);
+  }
+  let runningByApi = 0; // the gRPC API's view, tenant by tenant (`stockade ls`)
+  for (const token of Object.values(cfg.tokens)) {
+    const ls = await cli(token, ["ls"]).done;
+    check(ls.code === 0, "stockade ls: " + ls.err);
+    runningByApi += ls.out.split("\n").slice(1).filter((l) => /^\S+\s+RUNNING\s/.test(l)).length;
+  }
+  check(runningByApi === counted["state-running"].value,
+    `running: ${counted["state-running"].value} counted, ${runningByApi} through the gRPC API`);
+  check(counted["state-quarantined"].href === "/quarantines", "quarantined: the quarantine list");
+  check(counted["state-quarantined"].value === 0 && counted["state-running"].value >= 2,
+    "released: none quarantined, and not counted as paused: " + JSON.stringify(overview.sandboxes));
+  check(counted["pending-approvals"].value === 0 && counted["pending-approvals"].href === "/approvals", "none pending");
+  const trend = overview.trends["1h"];
+  check(trend.calls >= 10 && trend.refused >= 2 && trend.alarms === 1, "the hour's trend: " + JSON.stringify(trend).slice(0, 300));
+  check(Object.keys(trend.refusals).some((r) => r.startsWith("guard: ")) && trend.refusals["approval: deny"] >= 1,
+    "refusals by reason: " + JSON.stringify(trend.refusals));
+  check(trend.p50_ms !== null && trend.p50_ms <= trend.p95_ms, "p50 and p95: " + trend.p50_ms + " " + trend.p95_ms);
+  const decisions = async (href) => {
+    await opsPage.goto(base + href);
+    return opsPage.locator("#records tbody tr td:nth-child(6)").allTextContents();
+  };
+  const alarmRows = await decisions(counted["window-alarms"].href);
+  check(alarmRows.length === 1 && alarmRows[0].startsWith("alarm"), "the alarms' list: " + alarmRows);
+  const refusedRows = (await decisions(counted["window-refused"].href)).filter((d) => d.startsWith("refused"));
+  check(refusedRows.length === counted["window-refused"].value,
+    `refusals: ${counted["window-refused"].value} counted, ${refusedRows.length} listed`);
+  await opsPage.goto(base + "/overview");
+  await opsPage.click("#state-running");
+  await opsPage.waitForURL(base + "/sandboxes?state=RUNNING");
+  await opsPage.goto(base + "/overview");
+  check(await opsPage.isVisible("#trend-calls svg") && await opsPage.isVisible("#trend-latency svg"), "the trends' charts");
+  await shot(opsPage, "overview-counts");
+  await opsPage.click("#window-7d");
+  await opsPage.waitForURL(base + "/overview?window=7d");
+  await shot(opsPage, "overview-7d");
+
+  // 13. a sandbox's files, background processes and CPU/memory, through the agent
+  step("a sandbox's files, processes and usage");
+  const wrote = await cli(cfg.tokens.alice, ["exec", cfg.key, "--", 'echo "hello <b>console</b>" > note.txt']).done;
+  check(wrote.code === 0, "a file written: " + wrote.err);
+  const started = await cli(cfg.tokens.alice, ["call", cfg.key, "process",
+    JSON.stringify({ action: "start", command: "sleep 300", name: "sleeper" })]).done;
+  check(started.code === 0, "a background process: " + started.out + started.err);
+  await page.goto(sandboxUrl);
+  await page.waitForSelector("#usage-memory svg", { timeout: WAIT }); // the live trend, a sample or two
+  await Promise.all([page.waitForNavigation(), page.click("#files-link")]);
+  const names = await page.locator("#files tbody tr td:first-child").allTextContents();
+  check(names.includes("note.txt") && names.includes("approved-in-browser"), "the workspace's files: " + names);
+  await shot(page, "files");
+  await Promise.all([page.waitForNavigation(), page.click("#files a:text-is('note.txt')")]);
+  const content = await page.textContent("#content");
+  check(content.includes("hello <b>console</b>"), "a file's text, as text: " + content);
+  await shot(page, "file");
+  await page.goto(sandboxUrl);
+  await Promise.all([page.waitForNavigation(), page.click("#processes-link")]);
+  const agentProcs = await page.textContent("#agent-processes");
+  check(agentProcs.includes("sleeper") && agentProcs.includes("sleep 300"), "its background processes: " + agentProcs);
+  await shot(page, "processes");
+  const readCalls = await cli(cfg.tokens.alice, ["audit", "--key", cfg.key, "--limit", "30"]).done;
+  check(/list_files/.test(readCalls.out) && /read_file/.test(readCalls.out), "the reads are audited: " + readCalls.out.slice(0, 500));
+  await page.goto(`${base}/sandbox/isolation?tenant=alice&key=${encodeURIComponent(cfg.key)}`);
+  check((await page.textContent("#isolation-fields")).includes("no_new_privs"), "the isolation report's table");
+  check(!(await page.isVisible("#raw pre")), "the raw JSON folded away");
+  await page.click("#raw summary");
+  check(await page.isVisible("#raw pre"), "the raw JSON behind its toggle");
+  await shot(page, "isolation-table");
+
+  // 14. approvals: what the guard matched is marked in the command
+  step("what the guard matched is marked");
+  await page.goto(base + "/approvals");
+  await page.waitForSelector("body[data-stream=open]", { timeout: WAIT });
+  const dynamic = cli(cfg.tokens.alice, ["exec", cfg.key, "--", "$TOOLNAME --version"]);
+  const dynamicRow = page.locator("#pending tr", { hasText: "TOOLNAME" });
+  await dynamicRow.waitFor({ timeout: WAIT });
+  const marks = await dynamicRow.locator("mark.hit").allTextContents();
+  check(marks.length >= 1 && marks.every((m) => m === "$TOOLNAME"), "the matched part marked: " + marks);
+  await shot(page, "approvals-marked");
+  await dynamicRow.locator("button[value=deny]").click();
+  check((await dynamic.done).code !== 0, "denied");
+
   // 11. every page in both themes at 1440 and 900 px, and axe-core finds no serious or
   // critical violation (a context that lets axe's script in; the pages are the same)
   step("accessibility and screenshots in both themes");
@@ -403,6 +492,9 @@ try {
     approvals: "/approvals",
     audit: "/audit?tenant=alice",
     quarantines: "/quarantines",
+    files: `/sandbox/files?tenant=alice&key=${encodeURIComponent(cfg.key)}`,
+    processes: `/sandbox/processes?tenant=alice&key=${encodeURIComponent(cfg.key)}`,
+    isolation: `/sandbox/isolation?tenant=alice&key=${encodeURIComponent(cfg.key)}`,
   };
   const violations = [];
   for (const theme of ["light", "dark"]) {

@@ -7,7 +7,10 @@ file masked), sees one answered from the CLI leave the
 page, approves a brand-new tenant's first call from an operator's page opened before it,
 shows a key's right-to-left override, filters the
 audit log, pauses and resumes, quarantines (a gRPC call then refused) and releases, and is
-refused without a session, with a forged CSRF token and across tenants. Screenshots of each
+refused without a session, with a forged CSRF token and across tenants; checks the
+overview's counts against the lists they link to and the gRPC API, reads a sandbox's files
+and background processes through the agent, opens the isolation table's raw JSON and sees
+the guard's match marked in a pending command. Screenshots of each
 page go to test-artifacts/console/ (git-ignored), and each page in both themes at 1440 and
 900 px, where axe-core (npm) finds no serious or critical violation.
 
@@ -62,7 +65,7 @@ def console(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
     address = free_tcp_address()
     config = (
         f'[console]\nlisten = "{address}"\noperators = ["ops"]\nrefresh_s = 0.5\n'
-        '[approvals]\nmode = "on-miss"\nallowlist = ["echo *"]\ntimeout_s = 120\n'
+        '[approvals]\nmode = "on-miss"\nallowlist = ["echo *", "sleep *"]\ntimeout_s = 120\n'
         'files = ["write_file"]\n'
     )
     with running_supervisor(
@@ -99,10 +102,13 @@ def test_the_console_in_a_browser(console: Console) -> None:
     )
     assert "step: done" in run.stdout
     pages = ("login", "sandboxes", "approvals", "audit", "audit-record", "sandbox", "overview")
-    shown = ("approvals-confirm-always", "approvals-big-command", "approvals-diff", "bidi-key")
+    shown = ("approvals-confirm-always", "approvals-big-command", "bidi-key", "approvals-marked")
+    shown += ("overview-counts", "overview-7d", "files", "file", "processes", "isolation-table")
+    shown += ("approvals-diff",)
     for name in (*pages, "confirm-quarantine", "sandbox-quarantined", "quarantines", *shown):
         assert (artifacts / f"{name}.png").stat().st_size > 1000, name
     themed = ("login", "overview", "sandboxes", "sandbox", "approvals", "audit", "quarantines")
+    themed += ("files", "processes", "isolation")
     for name in themed:
         for theme in ("light", "dark"):
             for width in (1440, 900):
@@ -121,6 +127,11 @@ def test_the_console_in_a_browser(console: Console) -> None:
         "resume_sandbox",
     ]
     assert not [r for r in records if r.tool == "housekeeping"]  # each action once
+    reads = [r for r in records if r.front == "console" and r.tool in ("list_files", "read_file")]
+    assert reads
+    readers = {r.caller.split("@")[0] for r in reads}
+    assert readers <= {"console:tenant:alice", "console:operator:ops"}
+    assert any(r.caller.startswith("console:tenant:alice@") for r in reads)
     alarms = [r for r in records if r.tool == "alarm"]
     assert len(alarms) == 1
     assert "odd <traffic> seen by the browser test" in alarms[0].arguments_json

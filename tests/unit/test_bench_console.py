@@ -5,10 +5,11 @@ supervisor, no clock."""
 from __future__ import annotations
 
 import stat
+from pathlib import Path
 
 from bench.__main__ import parse_args
 from bench.compare_stats import compare
-from bench.console_cost import section, tokens_file
+from bench.console_cost import PAGES, fill_audit, measure_pages, pages_section, section, tokens_file
 from tests.unit.test_bench_mcp import rounds_of
 
 HZ = 100
@@ -53,3 +54,57 @@ def test_the_tokens_file_is_private_and_removed() -> None:
 
 def test_only_console_is_a_choice() -> None:
     assert parse_args(["--only", "console"]).only == "console"
+
+
+def test_only_console_pages_is_a_choice() -> None:
+    assert parse_args(["--only", "console-pages"]).only == "console-pages"
+
+
+def test_the_pages_bench_runs_small() -> None:
+    """The page bench end to end at tiny sizes (no engine: the sandboxes are records): each
+    page answers, the trends hold every call and alarm it wrote, the table says met or not."""
+    result = measure_pages(records=500, sandboxes=40, reads=1)
+    assert set(result["pages"]) == {name for name, _ in PAGES}
+    assert all(r["n"] == 1 for r in result["pages"].values())
+    assert result["first_fold_s"] >= 0
+    text = pages_section(result)
+    assert text.startswith("== console pages: 40 sandboxes, 500 audit records")
+    assert text.splitlines()[-1].startswith("  every page's median <= 100 ms: ")
+    assert len(text.splitlines()) == 2 + len(PAGES) + 1
+
+
+def test_the_filled_log_has_its_mix(tmp_path: Path) -> None:
+    from stockade.supervisor import database
+
+    path = tmp_path / "audit.db"
+    database.connect(path).close()
+    fill_audit(path, 2000)
+    db = database.reader(path)
+    try:
+        tools = dict(db.execute("SELECT tool, count(*) FROM audit GROUP BY tool").fetchall())
+        tenants = db.execute("SELECT count(DISTINCT tenant) FROM audit").fetchone()[0]
+        errors = db.execute("SELECT count(*) FROM audit WHERE is_error = 1").fetchone()[0]
+        ordered = db.execute(
+            "SELECT count(*) FROM audit a JOIN audit b ON b.id = a.id + 1 WHERE b.time < a.time"
+        ).fetchone()[0]
+    finally:
+        db.close()
+    assert sum(tools.values()) == 2000
+    assert tools["exec"] > tools["alarm"] > 0
+    assert tenants == 10
+    assert 0 < errors < 400
+    assert ordered == 0  # oldest first, as a log is written
+
+
+def test_the_pages_table_names_what_is_not_met() -> None:
+    page = {"n": 3, "median_ms": 150.0, "p95_ms": 180.0, "bytes": 2048}
+    fast = {**page, "median_ms": 5.0, "p95_ms": 9.0}
+    result = {
+        "records": 10, "sandboxes": 2, "reads": 3, "fill_s": 0.1, "first_fold_s": 0.0,
+        "budget_ms": 100.0, "pages": {"overview, 1 h": fast, "audit record": page},
+        "not_met": ["audit record"],
+    }  # fmt: skip
+    lines = pages_section(result).splitlines()
+    assert lines[2].split()[-1] == "met"
+    assert lines[3].endswith("not met")
+    assert lines[-1] == "  every page's median <= 100 ms: not met (audit record)"

@@ -220,7 +220,7 @@ def test_the_overview_reads_the_metrics(client: TestClient, ctx: ConsoleContext)
     assert data["calls"] == 3
     assert data["refusals"] == {"PERMISSION_DENIED": 3 - 2}
     assert data["redactions"] == 6
-    assert data["sandboxes"] == {"RUNNING": 2}
+    assert data["sandboxes"] == {"RUNNING": 2, "QUARANTINED": 0}
     assert 1 <= data["p50_ms"] <= 5
     assert data["p50_ms"] <= data["p95_ms"] <= 5
 

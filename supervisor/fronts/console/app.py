@@ -17,7 +17,14 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from stockade.supervisor.errors import Unauthenticated
-from stockade.supervisor.fronts.console import approvals, audit, overview, quarantines, sandboxes
+from stockade.supervisor.fronts.console import (
+    approvals,
+    audit,
+    overview,
+    quarantines,
+    sandboxes,
+    workspace,
+)
 from stockade.supervisor.fronts.console.context import ConsoleContext, NeedLogin, read_form
 from stockade.supervisor.fronts.console.html import message, page
 from stockade.supervisor.fronts.console.security import Guard, same_origin
@@ -123,6 +130,10 @@ def build_app(ctx: ConsoleContext) -> ASGIApp:
         ("/sandboxes.json", sandboxes.list_json, get),
         ("/sandbox", sandboxes.sandbox_page, get),
         ("/sandbox/isolation", sandboxes.isolation_page, get),
+        ("/sandbox/usage.json", workspace.usage_json, get),
+        ("/sandbox/files", workspace.files_page, get),
+        ("/sandbox/file", workspace.file_page, get),
+        ("/sandbox/processes", workspace.processes_page, get),
         ("/sandbox/confirm", sandboxes.confirm_page, get),
         ("/sandbox/action", sandboxes.act, post),
         ("/quarantines", quarantines.list_page, get),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -77,9 +78,10 @@ def pending_json(ctx: ConsoleContext, p: Pending) -> dict[str, Any]:
         "key": key,
         "agent": p.agent_id,
         "tool": p.tool,
-        "command": scrubbed(p.command, scrubber),
-        "reason": scrubbed(p.reason, scrubber),
+        "command": (command := scrubbed(p.command, scrubber)),
+        "reason": (reason := scrubbed(p.reason, scrubber)),
         "marks": [] if p.diff else marks(p.command),
+        "matched": matched(ctx, command, reason),
         "diff": scrubbed(p.diff, scrubber),
         "created_at": p.created_at.timestamp(),
         "expires_at": p.expires_at.timestamp(),
@@ -134,6 +136,46 @@ def marks(command: str) -> list[str]:
     return found
 
 
+RULE_NAMED = re.compile(r"\(rule ([\w.:-]+)\)|blocked by rule ([\w.:-]+)")
+QUOTED = re.compile(r"'((?:[^'\\]|\\.){2,200})'|`([^`]{2,200})`")
+MAX_MATCHES = 50
+
+
+def matched(ctx: ConsoleContext, command: str, reason: str) -> list[tuple[int, int]]:
+    """The parts of the command the guard or a rule matched, as (start, end) spans: a
+    configured guard rule named by the reason (its pattern searched in the command), and
+    the command's words the guard's reason quotes ('…' or `…`). The guard's verdict gives
+    its rule and a reason, not a position: these are found again here, in the command as it
+    is shown (scrubbed). None for a command over MARKED_BYTES."""
+    if len(command.encode("utf-8", "surrogatepass")) > MARKED_BYTES:
+        return []
+    spans: list[tuple[int, int]] = []
+    named = RULE_NAMED.search(reason)
+    rule = next((g for g in named.groups() if g), "") if named else ""
+    for configured in ctx.config.guard.rules:
+        if configured.name == rule:
+            with contextlib.suppress(re.error):
+                spans += [
+                    m.span()
+                    for m in re.finditer(configured.pattern, command)
+                    if m.end() > m.start()
+                ]
+    for quote in QUOTED.finditer(reason):
+        part = quote.group(1) or quote.group(2) or ""
+        at = command.find(part)
+        while at >= 0 and len(spans) < MAX_MATCHES:
+            spans.append((at, at + len(part)))
+            at = command.find(part, at + len(part))
+    spans = sorted(set(spans))[:MAX_MATCHES]
+    merged: list[tuple[int, int]] = []
+    for start, end in spans:  # overlapping matches as one
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
+
+
 def pending_cells(p: dict[str, Any], session: Session) -> list[str]:
     badges = "".join(f'<span class="mark">{e(m)}</span>' for m in p["marks"])
     return [
@@ -141,7 +183,7 @@ def pending_cells(p: dict[str, Any], session: Session) -> list[str]:
         short(p["key"]),
         short(p["agent"]),
         (f'<span class="marks">{badges}</span>' if badges else "")
-        + folded(p["command"])
+        + folded(p["command"], spans=p.get("matched", ()))
         + diff_block(p.get("diff", "")),
         visible(p["reason"]),
         f'<span class="deadline" data-expires="{p["expires_at"]}">'

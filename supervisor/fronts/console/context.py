@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import parse_qs
 
 from starlette.exceptions import HTTPException
@@ -21,10 +21,13 @@ from stockade.supervisor.fronts.backoff import client_of
 from stockade.supervisor.fronts.console.security import MAX_BODY_BYTES, csrf_ok, same_origin
 from stockade.supervisor.fronts.console.sessions import COOKIE, Session, Sessions
 from stockade.supervisor.keys import scope, split, validate_key, validate_tenant
-from stockade.supervisor.models import SandboxInfo
+from stockade.supervisor.models import SandboxInfo, ToolCall, ToolResult
 from stockade.supervisor.observe.alarms import AlarmHub
 from stockade.supervisor.observe.metrics import Metrics
 from stockade.supervisor.sandboxes.snapshots.checkpoints import Undo
+
+if TYPE_CHECKING:
+    from stockade.supervisor.fronts.console.trends import Trends
 
 FRONT = "console"
 
@@ -74,6 +77,13 @@ class Undoing(Protocol):
     async def __call__(self, key: str, to_call: str, *, apply: bool, reason: str = "") -> Undo: ...
 
 
+class ConsoleCalls(Protocol):
+    """The one thing the console asks of the tool pipeline (calls/pipeline.py ToolPipeline):
+    a call, run as every front's is."""
+
+    async def call(self, call: ToolCall, caller: str = "") -> ToolResult: ...
+
+
 class NeedLogin(Exception):
     """No live session: a page redirects to /login, anything else answers 401."""
 
@@ -87,12 +97,19 @@ class ConsoleContext:
     metrics: Metrics | None
     alarms: AlarmHub | None = None
     """The supervisor's alarms: a quarantine by hand is told everywhere, as the RPC's is."""
+    pipeline: ConsoleCalls | None = None
+    """The tool pipeline of the other fronts: a sandbox's files and background processes
+    are read through it, as calls (workspace.py); None: not offered."""
     undo: Undoing | None = None
     """Undo from a call's audit record (None: no checkpoints on this host)."""
+    usage: dict[str, deque[tuple[float, int, int]]] = field(default_factory=dict)
+    """Each running sandbox's recent (time, CPU ns, memory bytes) samples (workspace.py)."""
     sessions: Sessions = field(init=False)
     rates: Rates = field(init=False)
     lifecycle: Lifecycle[ConsoleSandboxes] = field(init=False)
     """The one lifecycle path (calls/lifecycle.py): every action is one audit record."""
+    trends: Trends | None = field(init=False, default=None)
+    """The overview's trends, made at its first read or at the console's start (overview.py)."""
 
     def __post_init__(self) -> None:
         self.sessions = Sessions(self.config.console.session_ttl_s)

@@ -77,21 +77,44 @@ def size_of(text: str) -> str:
     return f"{amount}, {lines:,} line{'s' if lines != 1 else ''}"
 
 
-def folded(text: str, head: int = FOLD_HEAD, tail: int = FOLD_TAIL) -> str:
+Span = tuple[int, int]
+
+
+def marked(text: str, spans: Sequence[Span] = (), offset: int = 0) -> str:
+    """`text` as `visible` shows it, the parts within `spans` (positions in the whole of
+    which `text` starts at `offset`) in <mark class="hit">: what the guard or a rule matched."""
+    cuts, at = [], 0
+    for start, end in sorted(spans):
+        start, end = max(start - offset, at), min(end - offset, len(text))
+        if start >= end:
+            continue
+        cuts.append(visible(text[at:start], lines=True))
+        cuts.append(f'<mark class="hit">{visible(text[start:end], lines=True)}</mark>')
+        at = end
+    cuts.append(visible(text[at:], lines=True))
+    return "".join(cuts)
+
+
+def folded(
+    text: str, head: int = FOLD_HEAD, tail: int = FOLD_TAIL, spans: Sequence[Span] = ()
+) -> str:
     """A command for a table: its size, then its start and end with the middle folded, so
-    a 250 KB command is a few lines beside its buttons (every character visible)."""
+    a 250 KB command is a few lines beside its buttons (every character visible; `spans`
+    marked, and said when they lie in the folded middle)."""
     size = f'<span class="size">{e(size_of(text))}</span>'
     if len(text) <= head + tail + 80:
-        return f'{size}<code class="cmd">{visible(text, lines=True)}</code>'
+        return f'{size}<code class="cmd">{marked(text, spans)}</code>'
     middle = len(text) - head - tail
+    hidden = sum(1 for a, b in spans if a >= head and b <= len(text) - tail)
+    note = f", {hidden} match{'es' if hidden != 1 else ''} among them" if hidden else ""
     return (
-        f'{size}<code class="cmd">{visible(text[:head], lines=True)}</code>'
-        f'<span class="fold">… {middle:,} characters folded …</span>'
-        f'<code class="cmd">{visible(text[-tail:], lines=True)}</code>'
+        f'{size}<code class="cmd">{marked(text[:head], spans)}</code>'
+        f'<span class="fold">… {middle:,} characters folded{note} …</span>'
+        f'<code class="cmd">{marked(text[-tail:], spans, len(text) - tail)}</code>'
     )
 
 
-def url(path: str, **params: object) -> str:
+def url(path: str, /, **params: object) -> str:
     """A link with its query string (empty values left out)."""
     query = urlencode({k: str(v) for k, v in params.items() if v not in ("", None)})
     return f"{path}?{query}" if query else path
@@ -224,6 +247,55 @@ def columns(title: str, counts: Sequence[tuple[str, int, int]], *, id: str = "")
         parts.append(f'<text x="30" y="126" class="label">{e(counts[0][0])}</text>')
         parts.append(f'<text x="0" y="12" class="label">{top}</text>')
     parts.append("</svg></figure>")
+    return "".join(parts)
+
+
+def lines(
+    title: str,
+    series: Mapping[str, Sequence[float | None]],
+    ends: tuple[str, str],
+    *,
+    id: str = "",
+) -> str:
+    """A small line chart as inline SVG: one polyline per series (class `line N`), a gap
+    where a point has no value (a lone point a dot), the top value, the legend and the
+    end (`ends[1]`) labelled."""
+    width, height, left, top_pad = 420, 120, 36, 8
+    length = max((len(v) for v in series.values()), default=0)
+    top = max((x for v in series.values() for x in v if x is not None), default=0) or 1
+    step = (width - left - 4) / max(length - 1, 1)
+
+    def y(value: float) -> float:
+        return round(top_pad + (height - top_pad - 20) * (1 - value / top), 1)
+
+    parts = [
+        f'<figure class="chart"{_ident(id)}><figcaption>{e(title)}</figcaption>'
+        f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+        f'aria-label="{e(title)}">'
+        f'<text x="0" y="{top_pad + 6}" class="label">{e(f"{top:g}")}</text>'
+        f'<text x="0" y="{height - 20}" class="label">0</text>'
+    ]
+    for n, values in enumerate(series.values()):
+        runs: list[list[str]] = [[]]
+        for i, value in enumerate(values):
+            if value is None:
+                runs.append([])
+                continue
+            runs[-1].append(f"{round(left + i * step, 1)},{y(value)}")
+        for run in runs:
+            if len(run) == 1:
+                x, at = run[0].split(",")
+                parts.append(f'<circle cx="{x}" cy="{at}" r="2" class="dot line{n}"></circle>')
+            elif run:
+                parts.append(f'<polyline points="{" ".join(run)}" class="line line{n}"></polyline>')
+    for n, name in enumerate(series):
+        parts.append(
+            f'<text x="{left + 90 * n}" y="{height - 4}" class="legend line{n}">{e(name)}</text>'
+        )
+    parts.append(
+        f'<text x="{width - 4}" y="{height - 4}" class="label end">{e(ends[1])}</text>'
+        "</svg></figure>"
+    )
     return "".join(parts)
 
 

@@ -17,7 +17,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 
 from stockade.supervisor.engines.cgroups import sample
 from stockade.supervisor.errors import StockadeError
-from stockade.supervisor.fronts.console import audit, quarantines
+from stockade.supervisor.fronts.console import audit, quarantines, workspace
 from stockade.supervisor.fronts.console.context import ConsoleContext, query
 from stockade.supervisor.fronts.console.html import (
     csrf_field,
@@ -103,19 +103,60 @@ def row(ctx: ConsoleContext, info: SandboxInfo, now: float) -> dict[str, Any]:
     }
 
 
-async def rows(ctx: ConsoleContext, request: Request) -> list[dict[str, Any]]:
+STATES = (*(s.value for s in SandboxState), "QUARANTINED")
+"""The list's state filter (?state=, the overview's counts link to it): a quarantined
+sandbox is QUARANTINED, never the state its freeze puts it in."""
+
+
+def state_asked(request: Request) -> str:
+    state = query(request, "state", 16)
+    if state and state not in STATES:
+        raise HTTPException(400, f"state must be one of {', '.join(STATES)}")
+    return state
+
+
+def in_state(ctx: ConsoleContext, i: SandboxInfo, state: str) -> bool:
+    if not state:
+        return True
+    if quarantines.held(ctx, i.key) is not None:
+        return state == "QUARANTINED"
+    return bool(i.state == state)
+
+
+PAGE_ROWS = 200
+"""Sandboxes a list page shows (and reads the cgroup figures of), from ?offset=."""
+
+
+def offset_asked(request: Request) -> int:
+    text = query(request, "offset", 8) or "0"
+    if not text.isdigit():
+        raise HTTPException(400, "offset must be a number of rows")
+    return int(text)
+
+
+async def listed(ctx: ConsoleContext, request: Request) -> tuple[list[dict[str, Any]], int]:
+    """The rows of the list's page (at most PAGE_ROWS from ?offset=, of the ?tenant= and
+    ?state= asked) and how many sandboxes match in all."""
     session = ctx.session(request)
     tenant = ctx.tenant_for(session, query(request, "tenant"))
+    state, offset = state_asked(request), offset_asked(request)
     infos = await ctx.manager.list()
     now = time.time()
-    found = [
-        row(ctx, i, now)
+    matching = [
+        i
         for i in infos
-        if ctx.visible(session, i.key) and (not tenant or split(i.key)[0] == tenant)
+        if ctx.visible(session, i.key)
+        and (not tenant or split(i.key)[0] == tenant)
+        and in_state(ctx, i, state)
     ]
+    found = [row(ctx, i, now) for i in matching[offset : offset + PAGE_ROWS]]
     for r in found:  # console.js shows these as they are
         r["state_text"], r["state_class"] = state_text(r)
-    return found
+    return found, len(matching)
+
+
+async def rows(ctx: ConsoleContext, request: Request) -> list[dict[str, Any]]:
+    return (await listed(ctx, request))[0]
 
 
 HEADERS = ("Tenant", "Key", "State", "Engine", "Network", "Age", "Idle", "CPU s", "Memory MiB")
@@ -149,15 +190,29 @@ def cells(r: dict[str, Any]) -> list[str]:
 
 async def list_page(ctx: ConsoleContext, request: Request) -> Response:
     session = ctx.session(request)
-    found = await rows(ctx, request)
-    tenant = query(request, "tenant")
+    found, total = await listed(ctx, request)
+    tenant, state, offset = query(request, "tenant"), state_asked(request), offset_asked(request)
     body = table(HEADERS, (cells(r) for r in found), id="sandboxes", empty="No sandboxes.")
-    live = {"live-sandboxes": url("/sandboxes.json", tenant=tenant), "refresh": ctx.refresh}
+    if state:
+        body = message(f"Only the sandboxes that are {state}.") + body
+    if total > PAGE_ROWS or offset:
+        pages = []
+        if offset:
+            back = url("/sandboxes", tenant=tenant, state=state, offset=max(offset - PAGE_ROWS, 0))
+            pages.append(f'<a href="{e(back)}" id="previous">Previous {PAGE_ROWS}</a>')
+        if offset + PAGE_ROWS < total:
+            more = url("/sandboxes", tenant=tenant, state=state, offset=offset + PAGE_ROWS)
+            pages.append(f'<a href="{e(more)}" id="next">Next {PAGE_ROWS}</a>')
+        shown = f"{offset + 1:,}-{offset + len(found):,}" if found else "none"
+        body += f'<p class="pages">Sandboxes {shown} of {total:,}. {" ".join(pages)}</p>'
+    source = url("/sandboxes.json", tenant=tenant, state=state, offset=offset or "")
+    live = {"live-sandboxes": source, "refresh": ctx.refresh}
     return HTMLResponse(page("Sandboxes", body, session, data=live))
 
 
 async def list_json(ctx: ConsoleContext, request: Request) -> Response:
-    return JSONResponse({"sandboxes": await rows(ctx, request)})
+    found, total = await listed(ctx, request)
+    return JSONResponse({"sandboxes": found, "total": total, "offset": offset_asked(request)})
 
 
 async def sandbox_page(ctx: ConsoleContext, request: Request) -> Response:
@@ -179,18 +234,33 @@ async def sandbox_page(ctx: ConsoleContext, request: Request) -> Response:
     )
     isolation = url("/sandbox/isolation", tenant=tenant, key=shown_key)
     done = query(request, "done", 16)
+    reads = f'<a href="{e(isolation)}" id="isolation">Isolation report</a>'
+    if info.state == SandboxState.RUNNING and not quarantined and ctx.pipeline is not None:
+        files = url("/sandbox/files", tenant=tenant, key=shown_key)
+        agent = url("/sandbox/processes", tenant=tenant, key=shown_key)
+        reads += (
+            f' <a href="{e(files)}" id="files-link">Files</a>'
+            f' <a href="{e(agent)}" id="processes-link">Background processes</a>'
+        )
+    workspace.record_sample(ctx, key)
     parts = [
         message(f"{done.capitalize()}: done.") if done in ACTIONS else "",
         message(f"This sandbox has {ABSENT_TEXT}.") if info.state == SandboxState.ABSENT else "",
         facts,
-        f'<p class="actions">{actions} <a href="{e(isolation)}">Isolation report</a></p>',
+        f'<p class="actions">{actions} {reads}</p>',
+        "<h2>CPU and memory</h2>",
+        workspace.usage_chart(ctx, key),
         await quarantines.evidence_section(ctx, key),
         "<h2>Processes</h2>",
         processes(ctx, key),
         "<h2>Recent calls</h2>",
         await recent_calls(ctx, tenant, shown_key),
     ]
-    return HTMLResponse(page(f"Sandbox {shown_key}", "".join(parts), session))
+    live = {
+        "live-usage": url("/sandbox/usage.json", tenant=tenant, key=shown_key),
+        "refresh": ctx.refresh,
+    }
+    return HTMLResponse(page(f"Sandbox {shown_key}", "".join(parts), session, data=live))
 
 
 def link(href: str, text: str) -> str:
@@ -244,8 +314,78 @@ async def isolation_page(ctx: ConsoleContext, request: Request) -> Response:
     except StockadeError as exc:
         raise HTTPException(404, str(exc)) from None
     data = dataclasses.asdict(dataclasses.replace(report, key=split(report.key)[1]))
-    body = f"<pre>{e(json.dumps(data, indent=2, default=str))}</pre>"
+    raw = e(json.dumps(data, indent=2, default=str))
+    body = (
+        report_tables(data)
+        + f'<details id="raw"><summary>Raw JSON</summary><pre>{raw}</pre></details>'
+    )
     return HTMLResponse(page(f"Isolation of {split(key)[1]}", body, session))
+
+
+OPEN_ROWS = 12
+"""A list of the isolation report longer than this is folded (a click shows it)."""
+MAX_REPORT_ROWS = 100
+"""Rows of one list in the isolation report's tables (the raw JSON has them all)."""
+
+
+def _scalar(value: Any) -> bool:
+    return not isinstance(value, dict | list | tuple)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple):
+        if all(_scalar(v) for v in value):
+            return short(", ".join(str(v) for v in value) or "-", 160)
+        return short(json.dumps(value, default=str), 160)
+    if isinstance(value, dict):
+        return short(json.dumps(value, default=str), 160)
+    return short("-" if value in ("", None) else value, 160)
+
+
+def _fields(value: dict[str, Any], prefix: str = "") -> list[list[str]]:
+    """A mapping's scalar fields as rows, nested mappings' with dotted names."""
+    rows = []
+    for name, item in value.items():
+        label = f"{prefix}{name}"
+        if isinstance(item, dict):
+            rows += _fields(item, f"{label}.")
+        elif not (isinstance(item, list | tuple) and item and isinstance(item[0], dict)):
+            rows.append([e(label), _cell(item)])
+    return rows
+
+
+def _lists(value: dict[str, Any], prefix: str = "") -> list[tuple[str, list[dict[str, Any]]]]:
+    """A mapping's lists of records (mounts, routes, namespaces...), nested ones too."""
+    found = []
+    for name, item in value.items():
+        if isinstance(item, dict):
+            found += _lists(item, f"{prefix}{name}.")
+        elif isinstance(item, list | tuple) and item and isinstance(item[0], dict):
+            found.append((f"{prefix}{name}", list(item)))
+    return found
+
+
+def report_tables(data: dict[str, Any]) -> str:
+    """The isolation report as tables: its fields (name, value), then each list of records
+    (mounts, namespaces, interfaces...) as a table of its own, MAX_REPORT_ROWS at most."""
+    parts = [table(("Field", "Value"), _fields(data), id="isolation-fields")]
+    for name, records in _lists(data):
+        headers = list(records[0])
+        rows = [[_cell(r.get(h)) for h in headers] for r in records[:MAX_REPORT_ROWS]]
+        more = len(records) - MAX_REPORT_ROWS
+        listed = table(headers, rows, id=f"isolation-{name.replace('.', '-')}")
+        if more > 0:
+            listed += message(f"{more} more in the raw JSON.")
+        if len(records) <= OPEN_ROWS:
+            parts.append(f"<h2>{e(name)} ({len(records)})</h2>{listed}")
+        else:  # a long list (the mounts) folded under its heading
+            parts.append(
+                f'<details class="list"><summary><h2>{e(name)} ({len(records)})</h2></summary>'
+                f"{listed}</details>"
+            )
+    return "".join(parts)
 
 
 async def confirm_page(ctx: ConsoleContext, request: Request) -> Response:

@@ -11,10 +11,11 @@ from starlette.types import Scope
 
 from stockade.supervisor import errors
 from stockade.supervisor.auth import Authenticator
-from stockade.supervisor.calls.pipeline import HostPolicy
+from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import Config
 from stockade.supervisor.fronts.console.app import build_app
 from stockade.supervisor.fronts.console.context import ConsoleContext, ConsoleSandboxes, Undoing
+from stockade.supervisor.fronts.console.overview import trends_of
 from stockade.supervisor.fronts.http import http_server, listening_socket, serve
 from stockade.supervisor.observe.alarms import AlarmHub
 from stockade.supervisor.observe.metrics import Metrics
@@ -42,9 +43,14 @@ class ConsoleFront:
 
     async def start(self) -> None:
         self._task = await serve(self._server, self._socket, "the console")
+        trends = trends_of(self.ctx)
+        if trends is not None:  # the overview's first read finds the last week folded
+            trends.catch_up()
 
     async def stop(self, grace: float) -> None:
         """Stop taking requests; open pages' streams end (the browser retries)."""
+        if self.ctx.trends is not None:
+            await asyncio.to_thread(self.ctx.trends.stop)
         if self._task is None:
             self._socket.close()
             return
@@ -63,6 +69,7 @@ async def start_console(
     manager: ConsoleSandboxes,
     metrics: Metrics | None,
     alarms: AlarmHub | None = None,
+    pipeline: ToolPipeline | None = None,
     undo: Undoing | None = None,
 ) -> ConsoleFront | None:
     """The console when [console] listen is set (None otherwise), serving already."""
@@ -73,9 +80,8 @@ async def start_console(
             "the console signs in with the API's bearer tokens: set [auth] tokens_file "
             "(or leave [console] listen unset)"
         )
-    front = ConsoleFront(
-        ConsoleContext(config, policy, authenticator, manager, metrics, alarms, undo)
-    )
+    ctx = ConsoleContext(config, policy, authenticator, manager, metrics, alarms, pipeline, undo)
+    front = ConsoleFront(ctx)
     await front.start()
     log.info("console on http://%s/ (operators: %s)", config.console.listen,
              ", ".join(config.console.operators) or "none")  # fmt: skip

@@ -81,8 +81,9 @@ def _trie_char(c: str) -> str:
     return f"[{c.upper()}{c}]" if c.isalpha() else re.escape(c)
 
 
-_PROSE = r"[A-Za-z]+[,.;:!?]?[ \t]+[A-Za-z]"
-"""A word followed by more words: `auth: fix the login`, `--password option, or...`."""
+_PROSE = r"[A-Za-z]+(?:-[A-Za-z]+)*[,.;:!?]?[ \t]+[A-Za-z]"
+"""A word followed by more words: `auth: fix the login`, `--password option, or...`,
+`/etc/passwd': Read-only file system` (an error message, not a password)."""
 _SCHEMES = r"(?i:bearer|basic|token|bot|digest|negotiate|ntlm|apikey|aws4-hmac-sha256)"
 _ALL_KEYWORDS = (*_KEYWORDS, *_SHORT_KEYWORDS, *_EQUALS_KEYWORDS)
 _ANY_KEYWORD = "(?:" + "|".join(re.escape(word) for word in _ALL_KEYWORDS) + ")"

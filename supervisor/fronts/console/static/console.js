@@ -241,6 +241,24 @@
       set("redactions", shown(data.redactions));
       set("p50", shown(data.p50_ms, " ms"));
       set("p95", shown(data.p95_ms, " ms"));
+      for (const c of data.counts || []) { // overview.counts: each a link to its list
+        const n = document.querySelector("#" + CSS.escape(c.id) + " .n");
+        if (n) n.textContent = String(c.value);
+      }
+    } catch (_e) { /* the next refresh tries again */ }
+  }
+
+  // A sandbox's CPU and memory: the server draws the charts (escaped SVG), swapped in here.
+  async function refreshUsage(source) {
+    try {
+      const answer = await fetch(source, { credentials: "same-origin" });
+      if (!answer.ok) return;
+      const data = await answer.json();
+      const old = document.getElementById("usage");
+      if (!old) return;
+      const box = document.createElement("div");
+      box.innerHTML = data.chart; // workspace.usage_chart: every value escaped on the server
+      if (box.firstElementChild) old.replaceWith(box.firstElementChild);
     } catch (_e) { /* the next refresh tries again */ }
   }
 
@@ -285,5 +303,6 @@
 
   if (body.dataset.liveSandboxes) every(refreshSandboxes, body.dataset.liveSandboxes);
   if (body.dataset.liveOverview) every(refreshOverview, body.dataset.liveOverview);
+  if (body.dataset.liveUsage) every(refreshUsage, body.dataset.liveUsage);
   if (body.dataset.liveApprovals) followApprovals(body.dataset.liveApprovals);
 })();
