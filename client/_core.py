@@ -438,6 +438,8 @@ class ApprovalRequest:
     created_at: datetime | None
     expires_at: datetime | None
     request_id: str
+    diff: str = ""
+    """For a file change: what it will change (a unified diff, scrubbed, at most 64 KiB)."""
 
 
 @dataclass(frozen=True)
@@ -641,6 +643,7 @@ def approval_from_pb(msg: Any) -> ApprovalRequest:
         created_at=_time(msg, "created_at"),
         expires_at=_time(msg, "expires_at"),
         request_id=msg.request_id,
+        diff=msg.diff,
     )
 
 

@@ -480,7 +480,14 @@ async def _start(
             from stockade.supervisor.fronts.console.server import start_console
 
             console = await start_console(
-                config, policy, authenticator, manager, telemetry.metrics, alarms, server.pipeline
+                config,
+                policy,
+                authenticator,
+                manager,
+                telemetry.metrics,
+                alarms,
+                server.pipeline,
+                manager.checkpoints.undo,
             )
         await server.start()  # once the gRPC API serves, so do MCP and E2B (the launcher waits)
     except BaseException:

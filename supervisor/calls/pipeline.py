@@ -20,12 +20,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from stockade.supervisor import errors
+from stockade.supervisor.calls import previews
 from stockade.supervisor.calls.outcome import CALL_FAULTS, failure, no_result, outcome_of, result_of
 from stockade.supervisor.calls.recorder import CallRecorder, Trail
 from stockade.supervisor.calls.sessions import SessionBook, SessionEnded
 from stockade.supervisor.calls.streaming import AgentEvent, relay
 from stockade.supervisor.calls.tripwires import REFUSED, CallTripwire
 from stockade.supervisor.config import Config
+from stockade.supervisor.config.policy import FILE_APPROVAL_TOOLS
 from stockade.supervisor.keys import split
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import (
@@ -41,7 +43,7 @@ from stockade.supervisor.observe.alarms import MAX_EVIDENCE, Alarm, AlarmSink
 from stockade.supervisor.observe.audit import AuditLog
 from stockade.supervisor.observe.refusals import Refusals
 from stockade.supervisor.observe.telemetry import Observer
-from stockade.supervisor.policy.approvals import ApprovalManager, Ask, Pending
+from stockade.supervisor.policy.approvals import ApprovalManager, Ask, Pending, Preview
 from stockade.supervisor.policy.guard import Guard
 from stockade.supervisor.policy.limits import FairShare, KeyLimiter, LimitExceeded, TenantSlots
 from stockade.supervisor.policy.scrub.scrubber import Scrubber
@@ -273,6 +275,8 @@ class ToolPipeline:
         if command is not None:
             where = await self._where(call, spec, args)
             await self._check_command(call, spec, command, trail, events, where, shell, ask)
+        elif spec.custom is None and spec.name in FILE_APPROVAL_TOOLS:
+            await self._check_change(call, spec, args, trail, events, ask)
         limiter = self._policy.limiter
         async with contextlib.AsyncExitStack() as hold:
             try:
@@ -389,6 +393,43 @@ class ToolPipeline:
                 raise _Stop(failure(ErrorCode.PERMISSION_DENIED, message))
             if verdict.action == "ask":
                 must_ask = f"the guard asks: {verdict.reason}"
+        await self._approval(call, spec, command, trail, events, ask, must_ask)
+
+    async def _check_change(
+        self,
+        call: ToolCall,
+        spec: ToolSpec,
+        args: dict[str, Any],
+        trail: Trail,
+        events: asyncio.Queue[ToolEvent] | None,
+        ask: Ask | None = None,
+    ) -> None:
+        """A file change approvals.files names is asked about, with the diff it will make
+        (calls/previews.py) made only once an approver is sure to be asked."""
+        approvals, key = self._policy.approvals, call.sandbox_key
+        change = previews.change_of(spec.name, args)
+        reason = approvals.reason_to_ask_file(spec.name, change, split(key)[0])
+        if reason is None:
+            return
+        preview = functools.partial(
+            previews.preview, self._sandboxes.lease, key, call.request_id, spec.name, args,
+            self._policy.scrubber,
+        )  # fmt: skip
+        await self._approval(call, spec, change, trail, events, ask, reason, preview)
+
+    async def _approval(
+        self,
+        call: ToolCall,
+        spec: ToolSpec,
+        command: str,
+        trail: Trail,
+        events: asyncio.Queue[ToolEvent] | None,
+        ask: Ask | None,
+        must_ask: str | None,
+        preview: Preview | None = None,
+    ) -> None:
+        """The approval step of a command or a file change (`command`: what is asked about,
+        and what allow-always keeps); the call stopped when it is not allowed."""
         trail.approval = "withdrawn"  # unless the check below returns
         with trail.stages.timed("approval"):
             outcome = await self._policy.approvals.check(
@@ -400,12 +441,14 @@ class ToolPipeline:
                 must_ask=must_ask,
                 on_pending=_announce(events),
                 ask=ask,
+                preview=preview,
             )
         trail.approval, trail.approver = outcome.how, outcome.approver
         if not outcome.allowed:
             why = {"timeout": "no decision in time", "no-approver": "no approver is connected"}
             reason = why.get(outcome.how, f"denied by {outcome.approver or 'an approver'}")
-            raise _Stop(failure(ErrorCode.APPROVAL_DENIED, f"command not approved: {reason}"))
+            what = "file change" if preview is not None else "command"
+            raise _Stop(failure(ErrorCode.APPROVAL_DENIED, f"{what} not approved: {reason}"))
 
     def _guard_alarm(self, key: str, rule: str, command: str) -> None:
         """A guard rule marked quarantine matched: the alarm (and, as configured, the

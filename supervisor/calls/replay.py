@@ -24,8 +24,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from stockade.supervisor import errors
+from stockade.supervisor.calls import previews
 from stockade.supervisor.calls.pipeline import command_of, parse_arguments, where_of
 from stockade.supervisor.config import Config, config_from_toml
+from stockade.supervisor.config.policy import FILE_APPROVAL_TOOLS
 from stockade.supervisor.errors import ConfigError
 from stockade.supervisor.models import CallContext, ErrorCode
 from stockade.supervisor.observe.audit import AuditLog, AuditRecord, ScanQuery
@@ -152,6 +154,8 @@ def recorded(record: AuditRecord) -> Decision | str:
         return Decision("refused", f"guard.{record.guard_rule}")
     if record.approval in ASKED:
         rule = f"guard.{record.guard_rule}" if record.guard_rule else "approvals"
+        if record.tool in FILE_APPROVAL_TOOLS:
+            rule = "approvals.files"
         return Decision("approval", rule)
     if code == ErrorCode.RATE_LIMITED:
         return Decision("refused", "limits.rate")
@@ -212,6 +216,10 @@ class Replayer:
             asked = self._check_command(record, command, where_of(spec, args))
             if asked is not None and asked.outcome == "refused":
                 return asked
+        elif spec.custom is None and spec.name in FILE_APPROVAL_TOOLS:
+            change = previews.change_of(spec.name, args)
+            reason = self._approvals.reason_to_ask_file(spec.name, change, record.tenant)
+            asked = None if reason is None else Decision("approval", "approvals.files")
         else:
             asked = None
         self._now = record.time

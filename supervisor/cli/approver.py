@@ -1,6 +1,7 @@
 """`stockade approvals watch`: an approver in the terminal.
 
-Requests appear as they come (sandbox, agent, tool, command, why, time left); one key decides
+Requests appear as they come (sandbox, agent, tool, command, why, time left; for a file
+change, the diff it will make: at most DIFF_LINES lines, each made printable); one key decides
 the one shown: o = allow once, a = allow always, d = deny, s = skip (ask again later),
 q = quit. On a terminal a single key press is enough; otherwise one letter per line."""
 
@@ -20,6 +21,8 @@ from datetime import UTC, datetime
 from stockade.client import ApprovalClosed, ApprovalRequest, Stockade, StockadeError
 from stockade.supervisor.text import printable
 
+DIFF_LINES = 200
+"""Lines of a file change's diff shown (the supervisor cuts it at 64 KiB already)."""
 KEYS = {"o": "allow-once", "a": "allow-always", "d": "deny"}
 HELP = "o = allow once, a = allow always, d = deny, s = skip, q = quit"
 Event = ApprovalRequest | ApprovalClosed | StockadeError
@@ -87,10 +90,23 @@ def _show_next(pending: dict[str, ApprovalRequest]) -> str | None:
         f"\n[{request.id}] sandbox {request.sandbox_key!r}, "
         f"agent {printable(request.agent_id or '-')}, tool {request.tool}{left}\n"
         f"  $ {printable(request.command)}\n  ({printable(request.reason)})\n"
+        f"{_diff_lines(request.diff)}"
         f"  decide: {HELP}",
         flush=True,
     )
     return request.id
+
+
+def _diff_lines(diff: str) -> str:
+    """The diff indented under the request, one terminal line per line, cut at DIFF_LINES
+    with a line saying how many more there are."""
+    if not diff:
+        return ""
+    lines = diff.splitlines()
+    shown = "".join(f"  | {printable(line)}\n" for line in lines[:DIFF_LINES])
+    if len(lines) > DIFF_LINES:
+        shown += f"  | ... {len(lines) - DIFF_LINES} more lines of the diff not shown\n"
+    return shown
 
 
 def _decide(client: Stockade, request_id: str, decision: str, approver: str) -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from stockade.supervisor.config.allowlist import AllowlistError, check_pattern
 from stockade.supervisor.config.console import MAX_SESSION_S, ConsoleConfig
+from stockade.supervisor.config.policy import FILE_APPROVAL_TOOLS
 from stockade.supervisor.config.sandbox import AGENT_UID, KubernetesConfig, ProfileConfig
 from stockade.supervisor.config.service import CHECKPOINT_TRIGGERS, SNAPSHOT_OPERATIONS
 from stockade.supervisor.errors import ConfigError, InvalidRequest
@@ -388,6 +389,12 @@ def check_checkpoints(points: CheckpointsConfig) -> None:
         raise ConfigError(f"checkpoints.keep must be 1 to {MAX_CHECKPOINTS}, got {points.keep}")
     if points.max_mb < 0:
         raise ConfigError("checkpoints.max_mb must not be negative (0: bounded by keep alone)")
+
+
+def check_approval_files(tools: tuple[str, ...]) -> None:
+    unknown = sorted(set(tools) - set(FILE_APPROVAL_TOOLS))
+    if unknown:
+        raise ConfigError(f"approvals.files: unknown {unknown}; known: {list(FILE_APPROVAL_TOOLS)}")
 
 
 def _check_snapshot_operations(operations: tuple[str, ...], where: str) -> None:

@@ -84,6 +84,13 @@ class ApprovalsConfig:
     """No decision in time is a deny."""
     no_approver: Literal["deny", "allow"] = "deny"
     """What happens at once when no approver is connected."""
+    files: tuple[str, ...] = ()
+    """File tools whose every call is asked about, whatever the mode ("write_file",
+    "edit_file", "apply_patch"): the approver sees the diff the call would make
+    (docs/undo.md)."""
+
+
+FILE_APPROVAL_TOOLS = ("write_file", "edit_file", "apply_patch")
 
 
 @dataclass(frozen=True)

@@ -266,6 +266,11 @@ def _check_policy(cfg: Config) -> None:
     if not math.isfinite(cfg.limits.rate_per_s):  # any finite rate; 1e9 means "no limit"
         raise ConfigError(f"limits.rate_per_s must be a finite number, got {cfg.limits.rate_per_s}")
     checks.check_seconds("approvals.timeout_s", cfg.approvals.timeout_s)
+    checks.check_approval_files(cfg.approvals.files)
+    if cfg.mcp.undo != "off" and any(t.name == "undo" for t in cfg.custom_tools):
+        raise ConfigError(
+            '[mcp] undo lists a tool "undo": a custom tool of that name would be hidden'
+        )
     if cfg.subagents.max_depth < 1:
         raise ConfigError(f"subagents.max_depth must be at least 1, got {cfg.subagents.max_depth}")
     tables: dict[str, Mapping[str, Any]] = {

@@ -107,6 +107,9 @@ class McpConfig:
     (the others' sessions are not touched). 0: no limit."""
     max_sessions: int = 10000
     """MCP sessions open at once, every tenant together (the SDK's own cap: 503 past it)."""
+    undo: Literal["off", "show", "apply"] = "off"
+    """The `undo` tool (docs/undo.md): "off" does not list it; "show" lists it to show what
+    an undo of the caller's sandbox takes back; "apply" lets it undo too."""
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,9 @@ class Pending:
     created_at: datetime
     expires_at: datetime
     request_id: str
+    diff: str = ""
+    """What a file change will change (calls/previews.py), scrubbed and bounded; "" for a
+    command."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,9 @@ class Closed:
 
 
 Event = Pending | Closed
+
+Preview = Callable[[], Awaitable[str]]
+"""Makes the diff a request carries; awaited only when an approver will be asked."""
 
 Ask = Callable[[Pending], Awaitable[tuple[Decision, str] | None]]
 """Asks the caller itself about its own pending request (an MCP client's elicitation): a
@@ -199,6 +205,13 @@ class ApprovalManager:
             return None
         return "approvals mode on-miss: the command is not in the allowlist"
 
+    def reason_to_ask_file(self, tool: str, change: str, tenant: str = "") -> str | None:
+        """Why a file change (`change`: the tool and its paths, as allow-always keeps it)
+        needs a decision, or None: only the tools approvals.files names, whatever the mode."""
+        if tool not in self._config.files or self._always.has(tenant, change):
+            return None
+        return f"approvals.files: every {tool} is asked about"
+
     def _allowlisted(self, command: str) -> bool:
         """A pattern matches the command, and it is one simple command: `*` must not let
         "git status; curl x | sh" pass as "git *" (nor a pipe, `&&`, a new line or a
@@ -225,10 +238,12 @@ class ApprovalManager:
         must_ask: str | None = None,
         on_pending: Callable[[Pending], None] | None = None,
         ask: Ask | None = None,
+        preview: Preview | None = None,
     ) -> Outcome:
         """Decide whether the command may run, asking an approver when policy says so
         (or when `must_ask` gives a reason, e.g. the guard could not parse the command).
-        With `ask`, the caller is asked too (and counts as a connected approver)."""
+        With `ask`, the caller is asked too (and counts as a connected approver).
+        `preview` makes the request's diff, once it is sure an approver will be asked."""
         tenant = split(sandbox_key)[0]
         reason = must_ask or self.reason_to_ask(agent_id, command, tenant)
         if reason is None:
@@ -236,6 +251,7 @@ class ApprovalManager:
             return Outcome(True, "" if mode == "off" else "allowlist")
         if not self.watchers_of(tenant) and ask is None:
             return Outcome(self._config.no_approver == "allow", "no-approver")
+        diff = "" if preview is None else await preview()
         now = datetime.now(UTC)
         request = Pending(
             id=secrets.token_hex(6),
@@ -247,6 +263,7 @@ class ApprovalManager:
             created_at=now,
             expires_at=now + timedelta(seconds=self._config.timeout_s),
             request_id=request_id,
+            diff=diff,
         )
         if on_pending is not None:
             on_pending(request)

@@ -87,13 +87,16 @@ def _pending(row: tuple[Any, ...]) -> Pending:
     return Pending(
         id=row[0], sandbox_key=scope(row[9], row[1]), agent_id=row[2], tool=row[3], command=row[4],
         reason=row[5], created_at=datetime.fromtimestamp(row[6], UTC),
-        expires_at=datetime.fromtimestamp(row[7], UTC), request_id=row[8],
+        expires_at=datetime.fromtimestamp(row[7], UTC), request_id=row[8], diff=row[10],
     )  # fmt: skip
 
 
 PENDING_COLUMNS = (
-    "id, sandbox_key, agent_id, tool, command, reason, created_at, expires_at, request_id, tenant"
+    "id, sandbox_key, agent_id, tool, command, reason, created_at, expires_at, request_id, tenant, "
+    "diff"
 )
+"""A file change's diff (calls/previews.py, at most 64 KiB) travels with its request, so an
+approver connected to another supervisor sees it too."""
 
 
 class PgBoard:
@@ -125,7 +128,7 @@ class PgBoard:
         row = (
             request.id, self._instance, tenant, key, request.agent_id,
             request.tool, request.command, request.reason, request.created_at.timestamp(),
-            request.expires_at.timestamp(), request.request_id,
+            request.expires_at.timestamp(), request.request_id, request.diff,
         )  # fmt: skip
         values = tuple(storable(v) for v in row)
 
@@ -133,8 +136,8 @@ class PgBoard:
             with self._pool.connection() as db, db.transaction():
                 db.execute(
                     "INSERT INTO approval_requests (id, instance, tenant, sandbox_key, "
-                    "agent_id, tool, command, reason, created_at, expires_at, request_id) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                    "agent_id, tool, command, reason, created_at, expires_at, request_id, diff) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
                     "ON CONFLICT (id) DO NOTHING",
                     values,
                 )

@@ -59,6 +59,7 @@ CREATE TABLE IF NOT EXISTS approval_requests (
     decision TEXT,
     approver TEXT
 );
+ALTER TABLE approval_requests ADD COLUMN IF NOT EXISTS diff TEXT NOT NULL DEFAULT '';
 CREATE TABLE IF NOT EXISTS approvers (
     instance TEXT NOT NULL,
     tenant TEXT NOT NULL,

@@ -161,6 +161,38 @@ try {
   check((await big.done).code !== 0, "the big command denied");
   await bigRow.waitFor({ state: "detached", timeout: WAIT });
 
+  // 4d. a write_file asked about (approvals.files) shows the diff it will make, folded with
+  // its size, a secret of the file masked; allowed, the write happens
+  step("a write's diff shown before it is allowed");
+  const secret = "AKIA" + "Q3EXAMPLE7ZXCVB2";  // an AWS key id's shape: the scrubber masks it
+  const writeFile = (content) => cli(cfg.tokens.alice,
+    ["call", cfg.key, "write_file", JSON.stringify({ path: "diff-shown.toml", content })]);
+  const created = writeFile(`key = "${secret}"\nport = 8080\n`);
+  const createdRow = page.locator("#pending tr", { hasText: "write_file diff-shown.toml" });
+  await createdRow.waitFor({ timeout: WAIT });
+  check((await createdRow.textContent()).includes("+port = 8080"), "a new file's diff");
+  await createdRow.locator("button[value=allow-once]").click();
+  check((await created.done).code === 0, "the file written once allowed");
+  await createdRow.waitFor({ state: "detached", timeout: WAIT });
+  const changed = writeFile(`key = "${secret}"\nport = 9090\n`);
+  const diffRow = page.locator("#pending tr", { hasText: "write_file diff-shown.toml" });
+  await diffRow.waitFor({ timeout: WAIT });
+  const diff = diffRow.locator("details.diff");
+  check(await diff.evaluate((d) => d.open), "a short diff is shown open");
+  const diffText = await diff.locator("pre.diff").innerText();
+  check(diffText.includes("-port = 8080") && diffText.includes("+port = 9090"),
+    "the lines it changes: " + diffText);
+  check(diffText.includes("[REDACTED]") && !(await page.content()).includes(secret),
+    "the old file's secret masked: " + diffText);
+  check(/\d+ B, \d+ lines/.test(await diff.locator("summary").innerText()), "the diff's size");
+  const removed = await diffRow.locator("pre.diff .del").first().evaluate((s) => getComputedStyle(s).color);
+  const added = await diffRow.locator("pre.diff .add").first().evaluate((s) => getComputedStyle(s).color);
+  check(removed !== added, "removed and added lines told apart: " + removed + " " + added);
+  await shot(page, "approvals-diff");
+  await diffRow.locator("button[value=allow-once]").click();
+  check((await changed.done).code === 0, "the change written once allowed");
+  await diffRow.waitFor({ state: "detached", timeout: WAIT });
+
   // 5. the same approval answered from the CLI disappears from the page
   step("an approval answered from the CLI disappears");
   const denied = cli(cfg.tokens.alice, ["exec", cfg.key, "--", "touch", "denied-from-cli"]);

@@ -2,7 +2,8 @@
 engine: tests/browser/console.mjs (playwright-core driving Debian's /usr/bin/chromium) signs
 in with tokens, watches a sandbox appear after a call, answers an approval that a waiting
 gRPC call (the CLI) then passes (Always only once confirmed, the keys only on the focused
-request, a 250 KB command folded beside its buttons), sees one answered from the CLI leave the
+request, a 250 KB command folded beside its buttons, a write_file's diff with a secret of the
+file masked), sees one answered from the CLI leave the
 page, approves a brand-new tenant's first call from an operator's page opened before it,
 shows a key's right-to-left override, filters the
 audit log, pauses and resumes, quarantines (a gRPC call then refused) and releases, and is
@@ -65,6 +66,7 @@ def console(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
     config = (
         f'[console]\nlisten = "{address}"\noperators = ["ops"]\nrefresh_s = 0.5\n'
         '[approvals]\nmode = "on-miss"\nallowlist = ["echo *", "sleep *"]\ntimeout_s = 120\n'
+        'files = ["write_file"]\n'
     )
     with running_supervisor(
         engine,
@@ -102,6 +104,7 @@ def test_the_console_in_a_browser(console: Console) -> None:
     pages = ("login", "sandboxes", "approvals", "audit", "audit-record", "sandbox", "overview")
     shown = ("approvals-confirm-always", "approvals-big-command", "bidi-key", "approvals-marked")
     shown += ("overview-counts", "overview-7d", "files", "file", "processes", "isolation-table")
+    shown += ("approvals-diff",)
     for name in (*pages, "confirm-quarantine", "sandbox-quarantined", "quarantines", *shown):
         assert (artifacts / f"{name}.png").stat().st_size > 1000, name
     themed = ("login", "overview", "sandboxes", "sandbox", "approvals", "audit", "quarantines")

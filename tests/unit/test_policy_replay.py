@@ -19,7 +19,7 @@ import pytest
 
 from stockade.supervisor.app import build_policy
 from stockade.supervisor.calls.pipeline import ToolPipeline
-from stockade.supervisor.calls.replay import Replayer, recorded, replay
+from stockade.supervisor.calls.replay import Decision, Replayer, recorded, replay
 from stockade.supervisor.models import CallContext, ToolCall
 from stockade.supervisor.observe.audit import AuditRecord
 from tests.unit.fakes import Audited, audit_record, config_from
@@ -222,6 +222,20 @@ def test_what_cannot_be_judged_is_skipped_with_its_reason(tmp_path: Path) -> Non
         "not a tool call": 3, "honeytoken": 1, "arguments not recorded whole": 1,
         "stream or watch cap": 1,
     }  # fmt: skip
+
+
+def test_file_changes_asked_about_are_replayed(tmp_path: Path) -> None:
+    """approvals.files (an approval that carries the diff): a write recorded as allowed is
+    sent to approval by a candidate that names write_file, and back."""
+    write = {"path": "a.txt", "content": "x"}
+    plain = audit_record(id=1, front="grpc", tool="write_file", arguments_json=json.dumps(write))
+    asked = replace(plain, id=2, approval="allow-once", approver="alice")
+    assert recorded(asked) == Decision("approval", "approvals.files")
+    stricter = candidate(tmp_path, '[approvals]\nfiles = ["write_file"]\n')
+    report = replay([plain, asked], stricter)
+    assert report.changed_ids == {("allowed", "approval", "approvals.files"): [1]}
+    looser = replay([plain, asked], candidate(tmp_path, ""))
+    assert looser.changed_ids == {("approval", "allowed", "approvals.files"): [2]}
 
 
 def test_the_context_policy_read_is_recorded_and_replayed(tmp_path: Path) -> None:

@@ -246,7 +246,12 @@ async def watch_into(mgr: ApprovalManager, tenant: str, events: list[Event]) -> 
     return task
 
 
-async def ask(mgr: ApprovalManager, command: str = "make deploy") -> asyncio.Task[object]:
+async def ask(
+    mgr: ApprovalManager, command: str = "make deploy", diff: str = ""
+) -> asyncio.Task[object]:
+    async def preview() -> str:
+        return diff
+
     return asyncio.create_task(
         mgr.check(
             sandbox_key=scope("acme", "k"),
@@ -254,6 +259,7 @@ async def ask(mgr: ApprovalManager, command: str = "make deploy") -> asyncio.Tas
             tool="exec",
             command=command,
             request_id="r",
+            preview=preview if diff else None,
         )
     )
 
@@ -270,11 +276,13 @@ async def test_asked_through_one_decided_through_the_other(
         # no approver on `one` itself: the one connected to `two` counts (else: no-approver)
         await eventually(lambda: asking.watchers_of("acme") == 1)
         assert asking.watchers_of("other") == 0
-        waiting = await ask(asking)
+        diff = "--- a/app.toml\n+++ b/app.toml\n@@ -1 +1 @@\n-port = 8080\n+port = 9090\n"
+        waiting = await ask(asking, diff=diff)
         await eventually(lambda: any(isinstance(e, Pending) for e in events))
         request = events[0]
         assert isinstance(request, Pending)
         assert request.command == "make deploy"
+        assert request.diff == diff  # a file change's diff reaches the other's approvers
         assert [p.id for p in answering.pending("acme")] == [request.id]
         assert answering.pending("other") == []
         with pytest.raises(ApprovalNotFound):  # another tenant's approver cannot decide it

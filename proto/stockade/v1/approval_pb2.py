@@ -26,31 +26,31 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1astockade/v1/approval.proto\x12\x0bstockade.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe7\x01\n\x0f\x41pprovalRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0bsandbox_key\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x0c\n\x04tool\x18\x04 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nrequest_id\x18\t \x01(\t\"?\n\x0e\x41pprovalClosed\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07outcome\x18\x02 \x01(\t\x12\x10\n\x08\x61pprover\x18\x03 \x01(\t\"x\n\rApprovalEvent\x12/\n\x07pending\x18\x01 \x01(\x0b\x32\x1c.stockade.v1.ApprovalRequestH\x00\x12-\n\x06\x63losed\x18\x02 \x01(\x0b\x32\x1b.stockade.v1.ApprovalClosedH\x00\x42\x07\n\x05\x65vent\")\n\x15WatchApprovalsRequest\x12\x10\n\x08\x61pprover\x18\x01 \x01(\t\"g\n\x16ResolveApprovalRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12/\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0e\x32\x1d.stockade.v1.ApprovalDecision\x12\x10\n\x08\x61pprover\x18\x03 \x01(\t\"\x19\n\x17ResolveApprovalResponse\"\x16\n\x14ListApprovalsRequest\"q\n\x15ListApprovalsResponse\x12-\n\x07pending\x18\x01 \x03(\x0b\x32\x1c.stockade.v1.ApprovalRequest\x12\x16\n\x0e\x61lways_allowed\x18\x02 \x03(\t\x12\x11\n\tapprovers\x18\x03 \x01(\r*\x97\x01\n\x10\x41pprovalDecision\x12!\n\x1d\x41PPROVAL_DECISION_UNSPECIFIED\x10\x00\x12 \n\x1c\x41PPROVAL_DECISION_ALLOW_ONCE\x10\x01\x12\"\n\x1e\x41PPROVAL_DECISION_ALLOW_ALWAYS\x10\x02\x12\x1a\n\x16\x41PPROVAL_DECISION_DENY\x10\x03\x32\x9b\x02\n\x0f\x41pprovalService\x12R\n\x0eWatchApprovals\x12\".stockade.v1.WatchApprovalsRequest\x1a\x1a.stockade.v1.ApprovalEvent0\x01\x12\\\n\x0fResolveApproval\x12#.stockade.v1.ResolveApprovalRequest\x1a$.stockade.v1.ResolveApprovalResponse\x12V\n\rListApprovals\x12!.stockade.v1.ListApprovalsRequest\x1a\".stockade.v1.ListApprovalsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1astockade/v1/approval.proto\x12\x0bstockade.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf5\x01\n\x0f\x41pprovalRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0bsandbox_key\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x0c\n\x04tool\x18\x04 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nrequest_id\x18\t \x01(\t\x12\x0c\n\x04\x64iff\x18\n \x01(\t\"?\n\x0e\x41pprovalClosed\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07outcome\x18\x02 \x01(\t\x12\x10\n\x08\x61pprover\x18\x03 \x01(\t\"x\n\rApprovalEvent\x12/\n\x07pending\x18\x01 \x01(\x0b\x32\x1c.stockade.v1.ApprovalRequestH\x00\x12-\n\x06\x63losed\x18\x02 \x01(\x0b\x32\x1b.stockade.v1.ApprovalClosedH\x00\x42\x07\n\x05\x65vent\")\n\x15WatchApprovalsRequest\x12\x10\n\x08\x61pprover\x18\x01 \x01(\t\"g\n\x16ResolveApprovalRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12/\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0e\x32\x1d.stockade.v1.ApprovalDecision\x12\x10\n\x08\x61pprover\x18\x03 \x01(\t\"\x19\n\x17ResolveApprovalResponse\"\x16\n\x14ListApprovalsRequest\"q\n\x15ListApprovalsResponse\x12-\n\x07pending\x18\x01 \x03(\x0b\x32\x1c.stockade.v1.ApprovalRequest\x12\x16\n\x0e\x61lways_allowed\x18\x02 \x03(\t\x12\x11\n\tapprovers\x18\x03 \x01(\r*\x97\x01\n\x10\x41pprovalDecision\x12!\n\x1d\x41PPROVAL_DECISION_UNSPECIFIED\x10\x00\x12 \n\x1c\x41PPROVAL_DECISION_ALLOW_ONCE\x10\x01\x12\"\n\x1e\x41PPROVAL_DECISION_ALLOW_ALWAYS\x10\x02\x12\x1a\n\x16\x41PPROVAL_DECISION_DENY\x10\x03\x32\x9b\x02\n\x0f\x41pprovalService\x12R\n\x0eWatchApprovals\x12\".stockade.v1.WatchApprovalsRequest\x1a\x1a.stockade.v1.ApprovalEvent0\x01\x12\\\n\x0fResolveApproval\x12#.stockade.v1.ResolveApprovalRequest\x1a$.stockade.v1.ResolveApprovalResponse\x12V\n\rListApprovals\x12!.stockade.v1.ListApprovalsRequest\x1a\".stockade.v1.ListApprovalsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stockade.v1.approval_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_APPROVALDECISION']._serialized_start=812
-  _globals['_APPROVALDECISION']._serialized_end=963
+  _globals['_APPROVALDECISION']._serialized_start=826
+  _globals['_APPROVALDECISION']._serialized_end=977
   _globals['_APPROVALREQUEST']._serialized_start=77
-  _globals['_APPROVALREQUEST']._serialized_end=308
-  _globals['_APPROVALCLOSED']._serialized_start=310
-  _globals['_APPROVALCLOSED']._serialized_end=373
-  _globals['_APPROVALEVENT']._serialized_start=375
-  _globals['_APPROVALEVENT']._serialized_end=495
-  _globals['_WATCHAPPROVALSREQUEST']._serialized_start=497
-  _globals['_WATCHAPPROVALSREQUEST']._serialized_end=538
-  _globals['_RESOLVEAPPROVALREQUEST']._serialized_start=540
-  _globals['_RESOLVEAPPROVALREQUEST']._serialized_end=643
-  _globals['_RESOLVEAPPROVALRESPONSE']._serialized_start=645
-  _globals['_RESOLVEAPPROVALRESPONSE']._serialized_end=670
-  _globals['_LISTAPPROVALSREQUEST']._serialized_start=672
-  _globals['_LISTAPPROVALSREQUEST']._serialized_end=694
-  _globals['_LISTAPPROVALSRESPONSE']._serialized_start=696
-  _globals['_LISTAPPROVALSRESPONSE']._serialized_end=809
-  _globals['_APPROVALSERVICE']._serialized_start=966
-  _globals['_APPROVALSERVICE']._serialized_end=1249
+  _globals['_APPROVALREQUEST']._serialized_end=322
+  _globals['_APPROVALCLOSED']._serialized_start=324
+  _globals['_APPROVALCLOSED']._serialized_end=387
+  _globals['_APPROVALEVENT']._serialized_start=389
+  _globals['_APPROVALEVENT']._serialized_end=509
+  _globals['_WATCHAPPROVALSREQUEST']._serialized_start=511
+  _globals['_WATCHAPPROVALSREQUEST']._serialized_end=552
+  _globals['_RESOLVEAPPROVALREQUEST']._serialized_start=554
+  _globals['_RESOLVEAPPROVALREQUEST']._serialized_end=657
+  _globals['_RESOLVEAPPROVALRESPONSE']._serialized_start=659
+  _globals['_RESOLVEAPPROVALRESPONSE']._serialized_end=684
+  _globals['_LISTAPPROVALSREQUEST']._serialized_start=686
+  _globals['_LISTAPPROVALSREQUEST']._serialized_end=708
+  _globals['_LISTAPPROVALSRESPONSE']._serialized_start=710
+  _globals['_LISTAPPROVALSRESPONSE']._serialized_end=823
+  _globals['_APPROVALSERVICE']._serialized_start=980
+  _globals['_APPROVALSERVICE']._serialized_end=1263
 # @@protoc_insertion_point(module_scope)

@@ -23,7 +23,7 @@ APPROVAL_DECISION_ALLOW_ALWAYS: ApprovalDecision
 APPROVAL_DECISION_DENY: ApprovalDecision
 
 class ApprovalRequest(_message.Message):
-    __slots__ = ("id", "sandbox_key", "agent_id", "tool", "command", "reason", "created_at", "expires_at", "request_id")
+    __slots__ = ("id", "sandbox_key", "agent_id", "tool", "command", "reason", "created_at", "expires_at", "request_id", "diff")
     ID_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_KEY_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class ApprovalRequest(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DIFF_FIELD_NUMBER: _ClassVar[int]
     id: str
     sandbox_key: str
     agent_id: str
@@ -42,7 +43,8 @@ class ApprovalRequest(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     expires_at: _timestamp_pb2.Timestamp
     request_id: str
-    def __init__(self, id: _Optional[str] = ..., sandbox_key: _Optional[str] = ..., agent_id: _Optional[str] = ..., tool: _Optional[str] = ..., command: _Optional[str] = ..., reason: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    diff: str
+    def __init__(self, id: _Optional[str] = ..., sandbox_key: _Optional[str] = ..., agent_id: _Optional[str] = ..., tool: _Optional[str] = ..., command: _Optional[str] = ..., reason: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., request_id: _Optional[str] = ..., diff: _Optional[str] = ...) -> None: ...
 
 class ApprovalClosed(_message.Message):
     __slots__ = ("id", "outcome", "approver")

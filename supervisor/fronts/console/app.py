@@ -142,6 +142,7 @@ def build_app(ctx: ConsoleContext) -> ASGIApp:
         ("/approvals/decide", approvals.decide, post),
         ("/audit", audit.audit_page, get),
         ("/audit/record", audit.record_page, get),
+        ("/audit/undo", audit.undo, post),
         ("/audit/export.jsonl", audit.export, get),
     ]
     routes = [Route(path, bind(h), methods=m) for path, h, m in table]

@@ -26,6 +26,7 @@ from stockade.supervisor.errors import StockadeError
 from stockade.supervisor.fronts.console.context import ConsoleContext, query
 from stockade.supervisor.fronts.console.html import (
     csrf_field,
+    diff_block,
     e,
     folded,
     moment,
@@ -79,8 +80,9 @@ def pending_json(ctx: ConsoleContext, p: Pending) -> dict[str, Any]:
         "tool": p.tool,
         "command": (command := scrubbed(p.command, scrubber)),
         "reason": (reason := scrubbed(p.reason, scrubber)),
-        "marks": marks(p.command),
+        "marks": [] if p.diff else marks(p.command),
         "matched": matched(ctx, command, reason),
+        "diff": scrubbed(p.diff, scrubber),
         "created_at": p.created_at.timestamp(),
         "expires_at": p.expires_at.timestamp(),
     }
@@ -181,7 +183,8 @@ def pending_cells(p: dict[str, Any], session: Session) -> list[str]:
         short(p["key"]),
         short(p["agent"]),
         (f'<span class="marks">{badges}</span>' if badges else "")
-        + folded(p["command"], spans=p.get("matched", ())),
+        + folded(p["command"], spans=p.get("matched", ()))
+        + diff_block(p.get("diff", "")),
         visible(p["reason"]),
         f'<span class="deadline" data-expires="{p["expires_at"]}">'
         f"{e(when(p['expires_at']))}</span>",

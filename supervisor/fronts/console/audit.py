@@ -16,9 +16,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
 
+from stockade.supervisor.errors import NotFound, PolicyDenied, StockadeError
 from stockade.supervisor.fronts.console.context import ConsoleContext, query
 from stockade.supervisor.fronts.console.html import (
     columns,
+    csrf_field,
+    diff_block,
     e,
     folded,
     moment,
@@ -30,6 +33,7 @@ from stockade.supervisor.fronts.console.html import (
     when,
 )
 from stockade.supervisor.fronts.console.sessions import Session
+from stockade.supervisor.keys import scope
 from stockade.supervisor.models import ErrorCode
 from stockade.supervisor.observe.audit import MAX_LIMIT, AuditLog, AuditQuery, AuditRecord
 from stockade.supervisor.policy.scrub.scrubber import Scrubber, scrubbed
@@ -293,17 +297,24 @@ async def audit_page(ctx: ConsoleContext, request: Request) -> Response:
     return HTMLResponse(page("Audit", body, session))
 
 
-async def record_page(ctx: ConsoleContext, request: Request) -> Response:
-    """One record, looked up among its tenant's latest MAX_LIMIT."""
-    session = ctx.session(request)
-    tenant = ctx.tenant_for(session, query(request, "tenant")) or session.tenant
-    wanted = query(request, "id", 20)
-    if not wanted.isdigit():
+async def find_record(ctx: ConsoleContext, tenant: str, wanted: str) -> AuditRecord:
+    """Record `wanted` among the tenant's latest MAX_LIMIT (400 for a bad id, 404 if none)."""
+    if not wanted.isdigit() or len(wanted) > 20:
         raise HTTPException(400, "id must be a record number")
     found = await audit_log(ctx).query(AuditQuery(tenant=tenant, limit=MAX_LIMIT))
     record = next((r for r in found if r.id == int(wanted)), None)
     if record is None:
         raise HTTPException(404, f"no record {wanted} among the latest {MAX_LIMIT} of the tenant")
+    return record
+
+
+async def record_page(ctx: ConsoleContext, request: Request) -> Response:
+    """One record, looked up among its tenant's latest MAX_LIMIT; with the undo's button
+    when the call took a checkpoint."""
+    session = ctx.session(request)
+    tenant = ctx.tenant_for(session, query(request, "tenant")) or session.tenant
+    wanted = query(request, "id", 20)
+    record = await find_record(ctx, tenant, wanted)
     fields = dataclasses.asdict(record)
     fields["time"] = f"{when(record.time)} ({record.time})"
     with contextlib.suppress(ValueError):
@@ -311,7 +322,79 @@ async def record_page(ctx: ConsoleContext, request: Request) -> Response:
     rows = (
         [e(k), f"<pre>{e(v)}</pre>" if k == "arguments_json" else e(v)] for k, v in fields.items()
     )
-    return HTMLResponse(page(f"Audit record {wanted}", table(("Field", "Value"), rows), session))
+    body = table(("Field", "Value"), rows) + undo_button(ctx, session, record, tenant)
+    return HTMLResponse(page(f"Audit record {wanted}", body, session))
+
+
+UNDO_CONFIRMED = "undo"
+"""The form field `confirmed`'s value that applies an undo; without it the undo is shown."""
+
+
+def undo_form(session: Session, record: AuditRecord, tenant: str, label: str, sure: bool) -> str:
+    confirmed = f'<input type="hidden" name="confirmed" value="{UNDO_CONFIRMED}">' * sure
+    return (
+        f'<form method="post" action="/audit/undo" class="undo">{csrf_field(session)}'
+        f'<input type="hidden" name="id" value="{record.id}">'
+        f'<input type="hidden" name="tenant" value="{e(tenant)}">{confirmed}'
+        f'<button type="submit" id="{"undo-confirm" if sure else "undo-show"}">{e(label)}'
+        "</button></form>"
+    )
+
+
+def undo_button(ctx: ConsoleContext, session: Session, record: AuditRecord, tenant: str) -> str:
+    """For a call that took a checkpoint: the button that shows what its undo takes back."""
+    if not record.checkpoint or ctx.undo is None:
+        return ""
+    return (
+        "<h2>Undo</h2><p>A checkpoint of the workspace was taken before this call. The undo "
+        "shows what it takes back first (every change since the checkpoint), then asks.</p>"
+        + undo_form(session, record, tenant, "Show the undo…", False)
+    )
+
+
+async def undo(ctx: ConsoleContext, request: Request) -> Response:
+    """POST /audit/undo (same origin, the session's CSRF token): without `confirmed`, the
+    diff the undo of the record's call takes back and a confirming button; with it, the
+    undo, through the RollbackSandbox path (one audit record naming the console user)."""
+    session, form = await ctx.changing(request)
+    if ctx.undo is None:
+        raise HTTPException(404, "undo needs checkpoints, which this host does not take")
+    tenant = ctx.tenant_for(session, form.get("tenant")) or session.tenant
+    record = await find_record(ctx, tenant, form.get("id", "")[:21])
+    if not record.checkpoint:
+        raise HTTPException(404, f"call {record.request_id} took no checkpoint")
+    key = scope(tenant, record.sandbox_key)
+    apply = form.get("confirmed") == UNDO_CONFIRMED
+    actor = ctx.actor(session, request)
+    try:
+        done = await ctx.undo(
+            key, record.request_id, apply=apply, reason=f"from the console by {actor.caller}"
+        )
+    except (NotFound, PolicyDenied) as exc:
+        raise HTTPException(404 if isinstance(exc, NotFound) else 403, str(exc)) from None
+    except StockadeError as exc:
+        raise HTTPException(409, str(exc)) from None
+    diff = done.diff
+    added, removed, changed = diff.counts
+    summary = (
+        f"<p>To before call <code>{e(record.request_id)}</code> ({e(done.checkpoint.tool)}, "
+        f"checkpoint of {e(when(done.checkpoint.created))}): {added} added, {removed} removed, "
+        f"{changed} changed {'taken back' if apply else 'to take back'}.</p>"
+    )
+    text = scrubbed(diff.text, ctx.policy.scrubber)
+    if apply:
+        body = f"<p>Undone.</p>{summary}" + diff_block(text, "What was taken back")
+        return HTMLResponse(page("Undone", body, session))
+    body = (
+        summary
+        + diff_block(text, "What the undo takes back")
+        + "<p>The sandbox's container is re-created: every process in it ends. Files only "
+        "come back; what a command did outside the workspace stays done.</p>"
+        + undo_form(session, record, tenant, "Yes, undo", True)
+        + f' <a href="{e(url("/audit/record", id=record.id, tenant=tenant))}" class="button">'
+        "Back</a>"
+    )
+    return HTMLResponse(page("Undo?", body, session))
 
 
 async def export(ctx: ConsoleContext, request: Request) -> Response:

@@ -24,6 +24,7 @@ from stockade.supervisor.keys import scope, split, validate_key, validate_tenant
 from stockade.supervisor.models import SandboxInfo, ToolCall, ToolResult
 from stockade.supervisor.observe.alarms import AlarmHub
 from stockade.supervisor.observe.metrics import Metrics
+from stockade.supervisor.sandboxes.snapshots.checkpoints import Undo
 
 if TYPE_CHECKING:
     from stockade.supervisor.fronts.console.trends import Trends
@@ -68,6 +69,14 @@ class ConsoleSandboxes(LifecycleSandboxes, Protocol):
     async def inspect_isolation(self, key: str) -> IsolationReport: ...
 
 
+class Undoing(Protocol):
+    """The undo of a key's files to the checkpoint before a call, shown (apply=False) or
+    done and audited: the one RollbackSandbox path (sandboxes/snapshots/checkpoints.py
+    Checkpoints.undo is the real one)."""
+
+    async def __call__(self, key: str, to_call: str, *, apply: bool, reason: str = "") -> Undo: ...
+
+
 class ConsoleCalls(Protocol):
     """The one thing the console asks of the tool pipeline (calls/pipeline.py ToolPipeline):
     a call, run as every front's is."""
@@ -91,6 +100,8 @@ class ConsoleContext:
     pipeline: ConsoleCalls | None = None
     """The tool pipeline of the other fronts: a sandbox's files and background processes
     are read through it, as calls (workspace.py); None: not offered."""
+    undo: Undoing | None = None
+    """Undo from a call's audit record (None: no checkpoints on this host)."""
     usage: dict[str, deque[tuple[float, int, int]]] = field(default_factory=dict)
     """Each running sandbox's recent (time, CPU ns, memory bytes) samples (workspace.py)."""
     sessions: Sessions = field(init=False)

@@ -301,3 +301,25 @@ def lines(
 
 def message(text: str, kind: str = "note") -> str:
     return f'<p class="{e(kind)}" role="status">{e(text)}</p>'
+
+
+DIFF_OPEN_LINES = 40
+"""A diff of at most this many lines is shown open; a longer one folded (click to open)."""
+
+
+def diff_block(text: str, title: str = "What it changes") -> str:
+    """A unified diff: its size, folded when long, each line marked added, removed or a
+    hunk's head (every character visible, as for a command)."""
+    if not text:
+        return ""
+    kinds = {"+": "add", "-": "del", "@": "hunk"}
+    rows = []
+    for line in text.splitlines():
+        kind = "head" if line.startswith(("+++ ", "--- ")) else kinds.get(line[:1], "ctx")
+        rows.append(f'<span class="{kind}">{visible(line)}</span>')
+    shown = " open" if text.count("\n") <= DIFF_OPEN_LINES else ""
+    return (
+        f'<details class="diff"{shown}><summary>{e(title)} '
+        f'<span class="size">{e(size_of(text))}</span></summary>'
+        f'<pre class="diff">{"".join(rows)}</pre></details>'
+    )

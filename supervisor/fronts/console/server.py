@@ -14,7 +14,7 @@ from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import Config
 from stockade.supervisor.fronts.console.app import build_app
-from stockade.supervisor.fronts.console.context import ConsoleContext, ConsoleSandboxes
+from stockade.supervisor.fronts.console.context import ConsoleContext, ConsoleSandboxes, Undoing
 from stockade.supervisor.fronts.console.overview import trends_of
 from stockade.supervisor.fronts.http import http_server, listening_socket, serve
 from stockade.supervisor.observe.alarms import AlarmHub
@@ -70,6 +70,7 @@ async def start_console(
     metrics: Metrics | None,
     alarms: AlarmHub | None = None,
     pipeline: ToolPipeline | None = None,
+    undo: Undoing | None = None,
 ) -> ConsoleFront | None:
     """The console when [console] listen is set (None otherwise), serving already."""
     if not config.console.listen:
@@ -79,7 +80,7 @@ async def start_console(
             "the console signs in with the API's bearer tokens: set [auth] tokens_file "
             "(or leave [console] listen unset)"
         )
-    ctx = ConsoleContext(config, policy, authenticator, manager, metrics, alarms, pipeline)
+    ctx = ConsoleContext(config, policy, authenticator, manager, metrics, alarms, pipeline, undo)
     front = ConsoleFront(ctx)
     await front.start()
     log.info("console on http://%s/ (operators: %s)", config.console.listen,

@@ -300,6 +300,7 @@ def pending_to_pb(p: Pending, scrubber: Scrubber | None = None) -> approval_pb2.
         created_at=_timestamp(p.created_at),
         expires_at=_timestamp(p.expires_at),
         request_id=p.request_id,
+        diff=wire_text(scrubbed(p.diff, scrubber)),
     )
 
 

@@ -41,11 +41,13 @@ def supports_forms(capabilities: types.ClientCapabilities | None) -> bool:
 
 def message_of(pending: Pending, scrubber: Scrubber | None) -> str:
     """What the user reads: the tool, the sandbox, the command (a credential in it shown as
-    `[REDACTED]`, as the approvers see it) and why a decision is needed."""
+    `[REDACTED]`, as the approvers see it) and why a decision is needed; for a file change,
+    the diff it will make (scrubbed and bounded already, calls/previews.py)."""
     command = scrubbed(pending.command, scrubber)
+    diff = f"What it changes:\n{scrubbed(pending.diff, scrubber)}\n" if pending.diff else ""
     return (
         f"Stockade asks before running this command ({pending.tool}, sandbox "
-        f"{shown(pending.sandbox_key)!r}):\n\n{command}\n\nReason: {pending.reason}\n"
+        f"{shown(pending.sandbox_key)!r}):\n\n{command}\n\n{diff}Reason: {pending.reason}\n"
         f"Approval id: {pending.id}"
     )
 

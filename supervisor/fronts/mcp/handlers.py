@@ -35,6 +35,8 @@ from stockade.supervisor.fronts.mcp.convert import (
 )
 from stockade.supervisor.fronts.mcp.elicit import asker, supports_forms
 from stockade.supervisor.fronts.mcp.rounds import Progress, Rounds
+from stockade.supervisor.fronts.mcp.undo import SCHEMA as UNDO_SCHEMA
+from stockade.supervisor.fronts.mcp.undo import UNDO_TOOL, Undoing, undo_call, undo_tool
 from stockade.supervisor.models import (
     ApprovalPendingEvent,
     CallContext,
@@ -45,6 +47,7 @@ from stockade.supervisor.models import (
     ToolResult,
 )
 from stockade.supervisor.policy.approvals import Ask
+from stockade.supervisor.policy.limits import LimitExceeded
 from stockade.supervisor.policy.scrub.scrubber import Scrubber
 from stockade.supervisor.sandboxes.manager import SandboxManager
 from stockade.supervisor.text import wire_text
@@ -198,6 +201,8 @@ class McpTools:
         self._authenticated = authenticated
         self._sandboxes = sandboxes
         self._lifecycle = Lifecycle(sandboxes, policy.audit) if sandboxes is not None else None
+        self.undoing: Undoing | None = sandboxes.checkpoints.undo if sandboxes is not None else None
+        """The RollbackSandbox path the undo tool takes (None: no sandboxes here)."""
         self.draining = False
         """Set when the supervisor stops: new calls are refused, calls in flight finish."""
         self._active = 0
@@ -244,12 +249,22 @@ class McpTools:
     ) -> types.ListToolsResult:
         self.caller(ctx)
         allowed = self._policy.tools.allowed_tools(CallContext())
-        return types.ListToolsResult(tools=[tool_to_mcp(spec) for spec in allowed])
+        tools = [tool_to_mcp(spec) for spec in allowed]
+        if self._undo_on:
+            tools.append(undo_tool(self._config.mcp.undo))
+        return types.ListToolsResult(tools=tools)
+
+    @property
+    def _undo_on(self) -> bool:
+        """[mcp] undo lists the undo tool (and there are sandboxes to undo in)."""
+        return self._config.mcp.undo != "off" and self.undoing is not None
 
     def input_schema(self, name: str) -> Mapping[str, Any] | None:
         """The inputSchema tools/list gives the tool `name` (None when it lists none of that
         name): the SDK checks a sessionless call's `Mcp-Param-*` headers against it. Without
         this lookup the SDK ran a whole tools/list for every sessionless call to find it."""
+        if name == UNDO_TOOL and self._undo_on:
+            return UNDO_SCHEMA
         spec = self._policy.catalog.tools.get(name)
         if spec is None or not self._policy.tools.decide(spec.name, CallContext()).allowed:
             return None
@@ -266,6 +281,8 @@ class McpTools:
         try:
             caller = replace(caller, sandbox=sandbox_of(ctx.meta))
             shared = self._config.mcp.key
+            if params.name == UNDO_TOOL and self._undo_on:
+                return await self._undo(caller, params.arguments)
             session = own_session(caller, shared)
             spec = self._policy.catalog.resolve(params.name)
             tool = spec.name if spec is not None else params.name
@@ -292,6 +309,20 @@ class McpTools:
         if isinstance(result, types.InputRequiredResult):
             return result
         return result_to_mcp(result)
+
+    async def _undo(self, caller: Caller, arguments: dict[str, Any] | None) -> types.CallToolResult:
+        """The undo tool on the caller's sandbox (the key its calls use), paced by the key's
+        rate limit as any call is."""
+        assert self.undoing is not None
+        key = call_from_mcp(UNDO_TOOL, {}, caller, self._config.mcp.key).sandbox_key
+        try:
+            self._policy.limiter.take(key)
+        except LimitExceeded as exc:
+            return refusal_to_mcp(errors.QuotaExceeded(str(exc)))
+        return await undo_call(
+            self.undoing, key, arguments, self._config.mcp.undo,
+            caller.peer, self._policy.scrubber, self._config.tools.llm_max_bytes,
+        )  # fmt: skip
 
     def _is_attach(self, name: str, arguments: dict[str, Any] | None) -> bool:
         """`process` attach, which only a streamed call can run."""
