@@ -87,6 +87,9 @@ class AuditQuery:
     since: float = 0.0
     limit: int = 100
     errors_only: bool = False
+    record_id: int = 0
+    """Only the record of this id (its primary key: one row read, however long the log);
+    0: any."""
 
 
 _COLUMNS = tuple(f.name for f in dataclasses.fields(AuditRecord) if f.name != "id")
@@ -390,8 +393,11 @@ def query_sql(q: AuditQuery, postgres: bool = False) -> tuple[str, tuple[object,
     if q.errors_only:
         where.append("is_error = 1")  # a literal, so the partial index audit_tenant_errors fits
     index = next((name for field, name in INDEX_ORDER if getattr(q, field)), "audit_tenant_time")
+    if q.record_id:
+        where.append(f"id = {mark}")
+        params.append(q.record_id)
     params.append(min(q.limit or 100, MAX_LIMIT))
-    indexed = "" if postgres else f" INDEXED BY {index}"
+    indexed = "" if postgres or q.record_id else f" INDEXED BY {index}"
     sql = (
         f"SELECT id, {', '.join(_COLUMNS)} FROM audit{indexed} "
         f"WHERE {' AND '.join(where)} ORDER BY time DESC, id DESC LIMIT {mark}"

@@ -71,6 +71,8 @@ def test_hostile_keys_and_tenants_are_refused(client: TestClient) -> None:
         "/audit?limit=0",
         "/audit?limit=99999999",
         "/audit/record?id=abc",
+        "/audit/record?id=0",
+        "/audit/record?id=99999999999999999999",  # past SQLite's integers
     ):
         assert client.get(path).status_code == 400, path
 

@@ -298,19 +298,18 @@ async def audit_page(ctx: ConsoleContext, request: Request) -> Response:
 
 
 async def find_record(ctx: ConsoleContext, tenant: str, wanted: str) -> AuditRecord:
-    """Record `wanted` among the tenant's latest MAX_LIMIT (400 for a bad id, 404 if none)."""
-    if not wanted.isdigit() or len(wanted) > 20:
+    """The tenant's record `wanted`, read by its id (400 for a bad id, 404 if the tenant has
+    none of that id)."""
+    if not wanted.isdigit() or len(wanted) > 20 or not 0 < int(wanted) < 2**63:
         raise HTTPException(400, "id must be a record number")
-    found = await audit_log(ctx).query(AuditQuery(tenant=tenant, limit=MAX_LIMIT))
-    record = next((r for r in found if r.id == int(wanted)), None)
-    if record is None:
-        raise HTTPException(404, f"no record {wanted} among the latest {MAX_LIMIT} of the tenant")
-    return record
+    found = await audit_log(ctx).query(AuditQuery(tenant=tenant, record_id=int(wanted), limit=1))
+    if not found:
+        raise HTTPException(404, f"the tenant has no audit record {wanted}")
+    return found[0]
 
 
 async def record_page(ctx: ConsoleContext, request: Request) -> Response:
-    """One record, looked up among its tenant's latest MAX_LIMIT; with the undo's button
-    when the call took a checkpoint."""
+    """One record, read by its id; with the undo's button when the call took a checkpoint."""
     session = ctx.session(request)
     tenant = ctx.tenant_for(session, query(request, "tenant")) or session.tenant
     wanted = query(request, "id", 20)
