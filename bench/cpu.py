@@ -21,10 +21,11 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from bench import stockade_runs
 from bench.engines import bring_up, cli
-from bench.served import served
+from bench.served import Served, served
 from bench.timing import summarize
 from stockade.client import Stockade
 
@@ -72,6 +73,18 @@ def agent_pid(engine: str, state_dir: Path) -> int:
     if len(children) != 1:
         raise RuntimeError(f"tini ({tini}) has children {children}, expected the agent alone")
     return int(children[0])
+
+
+def supervisor_cpu(sup: Served, client: Stockade, n: int, warmup: int) -> dict[str, Any]:
+    """`make bench`'s figure: the supervisor's CPU time per warm `exec true` (all its
+    threads, from /proc, over n calls after `warmup`; its target: report.TARGET_CPU_US)."""
+    for _ in range(warmup):
+        stockade_runs.exec_true(client, KEY)
+    before = cpu_ticks(sup.pid)[0]
+    samples = _timed_calls(client, n)
+    used = cpu_ticks(sup.pid)[0] - before
+    stockade_runs.destroy(client, KEY)
+    return {"n": n, "cpu_us_per_call": round(used / TICK / n * 1e6, 1), **summarize(samples)}
 
 
 def measure(engine: str, n: int, hold: float) -> dict[str, object]:
