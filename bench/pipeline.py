@@ -36,6 +36,9 @@ GUARD_TARGET_MS = 0.06
 class _InstantLease:
     """Answers like the agent, with 4 KiB of stdout, without any container."""
 
+    generation = "instant"
+    """The container serving the key (CallLease.generation: a shell session lives in one)."""
+
     def __init__(self) -> None:
         self.reply = AgentReply(
             "", "", {"exit_code": 0, "stdout": OUTPUT, "stderr": "", "duration_ms": 5}
