@@ -30,6 +30,7 @@ from bench.timing import summarize
 from stockade.client import Stockade
 
 KEY = "bench-cpu"
+IDLE_S = 5.0
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -93,6 +94,7 @@ def measure(engine: str, n: int, hold: float) -> dict[str, object]:
         for _ in range(50):
             stockade_runs.exec_true(client, KEY)
         agent = agent_pid(engine, sup.state_dir)
+        idle = _idle_us_per_s(sup.pid, IDLE_S)
         sup_before, agent_before = cpu_ticks(sup.pid)[0], cpu_ticks(agent)
         threads_before = {"supervisor": thread_ticks(sup.pid), "agent": thread_ticks(agent)}
         client_before = time.process_time()
@@ -122,12 +124,21 @@ def measure(engine: str, n: int, hold: float) -> dict[str, object]:
             "commands_reaped_by_agent": per_call_us(agent_after[1] - agent_before[1]),
             "client": round(client_s / n * 1e6, 1),
         },
+        "supervisor_idle_us_per_s": idle,
         "threads_us_per_call": {
             who: {name: per_call_us(t) for name, t in sorted(ticks.items(), key=lambda i: -i[1])}
             for who, ticks in threads.items()
         },
         "wall": summarize(samples),
     }
+
+
+def _idle_us_per_s(pid: int, seconds: float) -> float:
+    """CPU time the process spends per second with no call in flight (its timers and
+    background tasks: part of every figure per call, in proportion to the call's wall time)."""
+    before = cpu_ticks(pid)[0]
+    time.sleep(seconds)
+    return round((cpu_ticks(pid)[0] - before) / TICK / seconds * 1e6, 1)
 
 
 def _timed_calls(client: Stockade, n: int) -> list[float]:
