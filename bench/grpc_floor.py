@@ -5,7 +5,9 @@ A server process like the supervisor (grpc.aio on asyncio, TCP on 127.0.0.1) ans
 sync client's unary calls with handlers that do nothing of Stockade's:
 - `empty`: the handler returns its request at once;
 - `relay`: the handler makes one unary grpc.aio call to a second such server on a unix
-  socket (the agent link's shape: the supervisor is a gRPC server and a gRPC client per call).
+  socket (the agent link's shape: the supervisor is a gRPC server and a gRPC client per call);
+- `framed`: the same relay over a plain unix socket instead, each message a 4-byte length and
+  its bytes, read with asyncio streams (what an agent link without gRPC would cost).
 
 Reported per handler: the server process's CPU time per call (all its threads, from /proc),
 of the relay's second server apart. No engine, no container."""
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -31,6 +34,7 @@ from bench.served import free_port
 METHOD = "/floor.Floor/Call"
 _IDENTITY = (lambda b: b, lambda b: b)
 PAYLOAD = b"x" * 64
+KINDS = ("empty", "relay", "framed")
 
 
 def _handler(relay_to: str | None) -> grpc.GenericRpcHandler:
@@ -39,6 +43,13 @@ def _handler(relay_to: str | None) -> grpc.GenericRpcHandler:
     async def call(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         if relay_to is None:
             return request
+        if relay_to.startswith("framed:"):
+            if not stub:
+                stub.append(await asyncio.open_unix_connection(relay_to.removeprefix("framed:")))
+            reader, writer = stub[0]
+            writer.write(len(request).to_bytes(4, "big") + request)
+            size = int.from_bytes(await reader.readexactly(4), "big")
+            return bytes(await reader.readexactly(size))
         if not stub:
             channel = grpc.aio.insecure_channel(relay_to)
             stub.append(channel.unary_unary(METHOD, *_IDENTITY))
@@ -51,7 +62,20 @@ def _handler(relay_to: str | None) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler("floor.Floor", {"Call": handler})
 
 
+async def _echo_frames(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+        while True:
+            size = int.from_bytes(await reader.readexactly(4), "big")
+            message = await reader.readexactly(size)
+            writer.write(size.to_bytes(4, "big") + message)
+
+
 async def _serve(listen: str, relay_to: str | None) -> None:
+    if listen.startswith("framed:"):
+        framed = await asyncio.start_unix_server(_echo_frames, listen.removeprefix("framed:"))
+        print("ready", flush=True)
+        async with framed:
+            await framed.serve_forever()
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((_handler(relay_to),))
     server.add_insecure_port(listen)
@@ -73,12 +97,14 @@ def _start(listen: str, relay_to: str | None) -> subprocess.Popen[str]:
 
 
 def measure(kind: str, n: int) -> dict[str, Any]:
-    """Server CPU per call (µs) with the `empty` or `relay` handler, n calls after a warm-up."""
+    """Server CPU per call (µs) with the `empty`, `relay` or `framed` handler, n calls after
+    a warm-up."""
     with tempfile.TemporaryDirectory(prefix="stkf") as folder:
         inner = None
         relay_to = None
-        if kind == "relay":
-            relay_to = f"unix:{Path(folder) / 'agent.sock'}"
+        if kind != "empty":
+            scheme = "unix" if kind == "relay" else "framed"
+            relay_to = f"{scheme}:{Path(folder) / 'agent.sock'}"
             inner = _start(relay_to, None)
         target = f"127.0.0.1:{free_port()}"
         outer = _start(target, relay_to)
@@ -120,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.serve:
         asyncio.run(_serve(ns.serve, ns.relay_to))
         return 0
-    print(json.dumps([measure(kind, ns.n) for kind in ("empty", "relay")], indent=1))
+    print(json.dumps([measure(kind, ns.n) for kind in KINDS], indent=1))
     return 0
 
 
