@@ -92,6 +92,8 @@ def _start(listen: str, relay_to: str | None) -> subprocess.Popen[str]:
     assert process.stdout is not None
     if process.stdout.readline().strip() != "ready":
         process.kill()
+        process.wait()
+        process.stdout.close()
         raise RuntimeError(f"the floor server {listen} did not start")
     return process
 
@@ -124,6 +126,8 @@ def measure(kind: str, n: int) -> dict[str, Any]:
                 if process is not None:
                     process.kill()
                     process.wait()
+                    if process.stdout is not None:
+                        process.stdout.close()
 
     def per_call_us(ticks: int) -> float:
         return round(ticks / TICK / n * 1e6, 1)
