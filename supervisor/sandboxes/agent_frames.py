@@ -103,6 +103,11 @@ class FramedInvoke:
         except OSError as exc:  # refused (nobody listens), or too long a path
             raise FramesAbsent(str(exc)) from exc
 
+    def connected(self) -> bool:
+        """Whether a connection is open and idle (the agent answered on it, and has not
+        closed it since): as a gRPC channel's READY."""
+        return any(not r.at_eof() and not w.is_closing() for r, w in self._idle)
+
     def close(self) -> None:
         """Close every connection: calls on them end with FrameLost."""
         self._closed = True

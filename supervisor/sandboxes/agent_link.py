@@ -202,6 +202,10 @@ class AgentConnection:
             )
 
     def is_ready(self) -> bool:
+        """The channel is connected, or a framed connection is (calls that go framed leave
+        the channel without RPCs: gRPC lets it go idle after 30 minutes)."""
+        if self._frames is not None and not self._closed and self._frames.connected():
+            return True
         return bool(self._channel.get_state() == grpc.ChannelConnectivity.READY)
 
     async def wait_ready(self, timeout: float) -> None:

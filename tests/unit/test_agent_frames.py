@@ -395,3 +395,19 @@ async def test_a_socket_in_a_folder_not_sealed_to_root_is_not_used(tmp_path: Pat
             await _frames(sock).call(_request(), 5)
     finally:
         server.close()
+
+
+async def test_a_kept_framed_connection_is_ready_as_a_connected_channel(
+    agent: tuple[Agent, Path],
+) -> None:
+    """The lease's fast path asks is_ready(): calls that all go framed must not make it
+    false when gRPC lets its unused channel go idle."""
+    _, sock = agent
+    link = AgentConnection(sock)  # no gRPC server: its channel never becomes READY
+    try:
+        assert not link.is_ready()
+        await link.invoke("exec", {}, 5, "rid")
+        assert link.is_ready()
+    finally:
+        await link.close()
+    assert not link.is_ready()
