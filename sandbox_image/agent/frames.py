@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
@@ -32,26 +30,22 @@ log = logging.getLogger("stockade.agent")
 FRAMES_SUFFIX = ".frames"
 """The framed socket's path is the gRPC socket's with this added."""
 HEADER_BYTES = 4
-SOCKET_MODE = 0o600
-"""Connecting to a unix socket needs write permission on it: the sandbox's code (another
-uid) cannot."""
 
 Invoke = Callable[[Any], Awaitable[Any]]
 """An InvokeRequest to its InvokeResponse (the gRPC servicer's Invoke without its context)."""
 
 
 async def serve_frames(path: Path, invoke: Invoke, max_bytes: int) -> asyncio.Server | None:
-    """Listen on `path` (replacing what is there), a socket only the agent's user may connect
-    to (and root: the supervisor), made so before it listens; None, logged, when it cannot be
-    made (the supervisor then uses gRPC for every call)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    """Listen on `path` (replacing what is there); None, logged, when it cannot be made (the
+    supervisor then uses gRPC for every call). Like the gRPC socket it belongs to the sandbox
+    user (the agent's effective ids: identity.py), so code in the sandbox can call through
+    either; each only runs tools as that user, which such code is already."""
     try:
         path.unlink(missing_ok=True)
-        sock.bind(str(path))
-        os.chmod(path, SOCKET_MODE)
-        return await asyncio.start_unix_server(partial(_connection, invoke, max_bytes), sock=sock)
+        return await asyncio.start_unix_server(
+            partial(_connection, invoke, max_bytes), path=str(path)
+        )
     except OSError as exc:
-        sock.close()
         log.warning("no framed socket at %s (calls go through gRPC): %s", path, exc)
         return None
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -412,12 +411,3 @@ async def test_a_kept_framed_connection_is_ready_as_a_connected_channel(
     finally:
         await link.close()
     assert not link.is_ready()
-
-
-async def test_only_the_agents_user_may_connect(agent: tuple[Agent, Path]) -> None:
-    """Mode 0600 from before it listens: the sandbox's code, another uid, cannot call
-    through it (tests/security/test_hostile_agent.py tries from inside)."""
-    _, sock = agent
-    framed = sock.with_name(sock.name + FRAMES_SUFFIX)
-    assert stat.S_IMODE(os.lstat(framed).st_mode) == 0o600
-    assert stat.S_ISSOCK(os.lstat(framed).st_mode)
