@@ -2,7 +2,9 @@
 
 Per engine (Podman, Docker), on the same image and machine:
 - the floor: a gRPC health check round trip to the supervisor;
-- a warm `exec true` through Stockade's gRPC API (sync client, TCP 127.0.0.1);
+- a warm `exec true` through Stockade's gRPC API (sync client, TCP 127.0.0.1), over the
+  floor, and the supervisor's CPU time per such call (bench/cpu.py; its floor, grpc.aio's
+  own cost per call: `python -m bench.grpc_floor`);
 - the engine CLI's `exec C true` on a plain container of the same image;
 - llm-sandbox's `execute_command("true")` on the same engine and image;
 - cold start: the first call on a new key until its result;

@@ -33,6 +33,7 @@ from bench import (
     coldstart,
     compare,
     console_cost,
+    cpu,
     density,
     e2b_front,
     egress,
@@ -220,6 +221,10 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
         results["stockade_warm"] = guarded(
             f"{engine}: Stockade warm exec",
             lambda: stockade_runs.warm_exec(client, ns.n, ns.warmup),
+        )
+        results["supervisor_cpu"] = guarded(
+            f"{engine}: supervisor CPU per warm exec true",
+            lambda: cpu.supervisor_cpu(sup, client, max(ns.n, 200), ns.warmup),
         )
         results["session_exec"] = guarded(
             f"{engine}: exec true in a shell session beside a plain one",

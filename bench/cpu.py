@@ -21,14 +21,16 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from bench import stockade_runs
 from bench.engines import bring_up, cli
-from bench.served import served
+from bench.served import Served, served
 from bench.timing import summarize
 from stockade.client import Stockade
 
 KEY = "bench-cpu"
+IDLE_S = 5.0
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -74,12 +76,25 @@ def agent_pid(engine: str, state_dir: Path) -> int:
     return int(children[0])
 
 
+def supervisor_cpu(sup: Served, client: Stockade, n: int, warmup: int) -> dict[str, Any]:
+    """`make bench`'s figure: the supervisor's CPU time per warm `exec true` (all its
+    threads, from /proc, over n calls after `warmup`; its target: report.TARGET_CPU_US)."""
+    for _ in range(warmup):
+        stockade_runs.exec_true(client, KEY)
+    before = cpu_ticks(sup.pid)[0]
+    samples = _timed_calls(client, n)
+    used = cpu_ticks(sup.pid)[0] - before
+    stockade_runs.destroy(client, KEY)
+    return {"n": n, "cpu_us_per_call": round(used / TICK / n * 1e6, 1), **summarize(samples)}
+
+
 def measure(engine: str, n: int, hold: float) -> dict[str, object]:
     bring_up(engine)
     with served(engine) as sup, Stockade(sup.target) as client:
         for _ in range(50):
             stockade_runs.exec_true(client, KEY)
         agent = agent_pid(engine, sup.state_dir)
+        idle = _idle_us_per_s(sup.pid, IDLE_S)
         sup_before, agent_before = cpu_ticks(sup.pid)[0], cpu_ticks(agent)
         threads_before = {"supervisor": thread_ticks(sup.pid), "agent": thread_ticks(agent)}
         client_before = time.process_time()
@@ -109,12 +124,21 @@ def measure(engine: str, n: int, hold: float) -> dict[str, object]:
             "commands_reaped_by_agent": per_call_us(agent_after[1] - agent_before[1]),
             "client": round(client_s / n * 1e6, 1),
         },
+        "supervisor_idle_us_per_s": idle,
         "threads_us_per_call": {
             who: {name: per_call_us(t) for name, t in sorted(ticks.items(), key=lambda i: -i[1])}
             for who, ticks in threads.items()
         },
         "wall": summarize(samples),
     }
+
+
+def _idle_us_per_s(pid: int, seconds: float) -> float:
+    """CPU time the process spends per second with no call in flight (its timers and
+    background tasks: part of every figure per call, in proportion to the call's wall time)."""
+    before = cpu_ticks(pid)[0]
+    time.sleep(seconds)
+    return round((cpu_ticks(pid)[0] - before) / TICK / seconds * 1e6, 1)
 
 
 def _timed_calls(client: Stockade, n: int) -> list[float]:

@@ -92,15 +92,15 @@ def _check_times(guard: Guard, commands: list[str]) -> list[int]:
     return times
 
 
-def _tldr(guard: Guard, kept: int | None) -> dict[str, Any]:
+def _tldr(guard: Guard, timer: Guard, kept: int | None) -> dict[str, Any]:
     """The tldr-pages figures, with ``kept`` refusals of each rule (all: None; results.json
-    keeps a few, the counts say how many there were)."""
+    keeps a few, the counts say how many there were); ``timer`` times the checks."""
     pages = tldr_pages()
     if pages is None:
         return {"skipped": f"${TLDR_ENV} names no tldr-pages checkout"}
     commands = tldr_commands(pages)
     by_rule = refusals(guard, commands)
-    times = _check_times(guard, commands)
+    times = _check_times(timer, commands)
     return {
         "commands": len(commands),
         "refused": sum(map(len, by_rule.values())),
@@ -115,13 +115,15 @@ def _tldr(guard: Guard, kept: int | None) -> dict[str, Any]:
 def run_guard_bench(guard: Guard | None = None, kept: int | None = SHOWN) -> dict[str, Any]:
     """Both committed corpora, and the tldr-pages examples when $TLDR_PAGES is set (``kept``
     refusals of each rule listed; None: all)."""
-    guard = guard or Guard()
+    given, guard = guard, guard or Guard()
     ordinary, destructive = load_ordinary(), load_corpus(DESTRUCTIVE)
     started = time.perf_counter()
     by_rule = refusals(guard, ordinary)
     passed = [c for c in destructive if guard.check(c).action != "deny"]
     seconds = time.perf_counter() - started
-    times = _check_times(guard, ordinary + destructive)
+    # what a check costs when its verdict is not remembered: the default guard without a cache
+    timer = Guard(cache_entries=0) if given is None else given
+    times = _check_times(timer, ordinary + destructive)
     return {
         "ordinary": len(ordinary),
         "ordinary_refused": [c for found in by_rule.values() for c, _ in found],
@@ -132,7 +134,7 @@ def run_guard_bench(guard: Guard | None = None, kept: int | None = SHOWN) -> dic
         "check_median_us": median(times) / 1000,
         "check_max_us": max(times) / 1000,
         "seconds": seconds,
-        "tldr": _tldr(guard, kept),
+        "tldr": _tldr(guard, timer, kept),
     }
 
 

@@ -9,6 +9,10 @@ TARGET_WARM_MS = 5.0
 TARGET_CLI_RATIO = 15.0
 TARGET_LLM_RATIO = 8.0
 TARGET_SESSION_EXTRA_MS = 0.5
+TARGET_CPU_US = 500.0
+TARGET_WARM_OVER_HEALTH = 3.0
+"""Issue 30: the supervisor's CPU per warm `exec true`, and that call over the health round
+trip of the same run."""
 
 ROWS = (
     ("health", "gRPC health check (floor)"),
@@ -180,9 +184,16 @@ def _targets(engine: str, results: dict[str, Any]) -> list[str]:
     extra = results.get("session_exec", {}).get("extra_median_ms")
     cli_ratio = results.get("ratios", {}).get("engine_cli_over_stockade")
     llm_ratio = results.get("ratios", {}).get("llm_sandbox_over_stockade")
+    health = results.get("health", {}).get("median_ms")
+    over = round(warm / health, 2) if warm and health else None
+    cpu = results.get("supervisor_cpu", {}).get("cpu_us_per_call")
     return [
         _target("Stockade warm median", _ms(warm), f"<= {TARGET_WARM_MS:g} ms",
                 None if warm is None else warm <= TARGET_WARM_MS),
+        _target("warm ÷ health round trip", _x(over), f"<= {TARGET_WARM_OVER_HEALTH:g}x",
+                None if over is None else over <= TARGET_WARM_OVER_HEALTH),
+        _target("supervisor CPU per warm call", _us(cpu), f"<= {TARGET_CPU_US:g} us",
+                None if cpu is None else cpu <= TARGET_CPU_US),
         _target("session over plain exec", _ms(extra), f"<= {TARGET_SESSION_EXTRA_MS:g} ms",
                 None if extra is None else extra <= TARGET_SESSION_EXTRA_MS),
         _target(f"{engine} exec CLI ÷ Stockade", _x(cli_ratio), f">= {TARGET_CLI_RATIO:g}x",
@@ -194,6 +205,10 @@ def _targets(engine: str, results: dict[str, Any]) -> list[str]:
 
 def _ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f} ms"
+
+
+def _us(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f} us"
 
 
 def _x(value: float | None) -> str:
@@ -222,6 +237,8 @@ def summary(engines: dict[str, dict[str, Any]]) -> str:
     ):
         extra = [_mcp_extra(engines[e].get("mcp", {}), front) for e in names]
         lines.append(f"{label:34}" + "".join(_cell(c, ".2f") for c in extra))
+    cpu = [engines[e].get("supervisor_cpu", {}).get("cpu_us_per_call") for e in names]
+    lines.append(f"{'supervisor CPU per warm call, us':34}" + "".join(_cell(c, ".0f") for c in cpu))
     pss = [engines[e].get("idle_memory", {}).get("pss_mib") for e in names]
     lines.append(f"{'idle sandbox, MiB PSS':34}" + "".join(_cell(c, ".1f") for c in pss))
     for key, label in (

@@ -30,6 +30,7 @@ from stockade.agent import (
 )
 from stockade.agent.errors import ToolError, from_os_error, wire_text
 from stockade.agent.execute import StreamSink, unignore_signals
+from stockade.agent.frames import FRAMES_SUFFIX, serve_frames
 from stockade.agent.processes import ProcessTable
 from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
 
@@ -98,6 +99,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         )
 
     async def Invoke(self, request: Any, context: Any) -> Any:
+        return await self.invoke(request)
+
+    async def invoke(self, request: Any) -> Any:
+        """Invoke's reply, for gRPC and for the framed socket (frames.py) alike."""
         with self.activity.call():
             return await self._respond(request, None)
 
@@ -375,12 +380,16 @@ async def serve(
         ],
     )
     processes = ProcessTable(workspace, max_running=max_processes, log_bytes=process_log_bytes)
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(
-        AgentService(workspace, max_output_bytes, processes), server
-    )
+    service = AgentService(workspace, max_output_bytes, processes)
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(service, server)
+    framed = None
     if isinstance(endpoint, Listen):
         server.add_secure_port(str(endpoint), endpoint.credentials)
     else:
+        # before the gRPC socket: a supervisor that got an answer to Hello finds this one
+        framed = await serve_frames(
+            endpoint.with_name(endpoint.name + FRAMES_SUFFIX), service.invoke, MAX_MESSAGE_BYTES
+        )
         endpoint.unlink(missing_ok=True)
         server.add_insecure_port(f"unix:{endpoint}")
     await server.start()
@@ -390,5 +399,7 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if framed is not None:
+        framed.close()
     await server.stop(grace=2)
     await processes.close()

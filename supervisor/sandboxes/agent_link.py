@@ -23,10 +23,19 @@ from pathlib import Path
 from typing import Any, Protocol, TypeAlias
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
 from stockade.supervisor.engines.addresses import AgentAddress, UnixAddress
 from stockade.supervisor.errors import AgentMisbehaved, SandboxBroken, SandboxLost
+from stockade.supervisor.sandboxes.agent_frames import (
+    FRAMES_SUFFIX,
+    FrameDeadline,
+    FramedInvoke,
+    FrameLost,
+    FramesAbsent,
+    FrameTooLarge,
+)
 from stockade.supervisor.sandboxes.replies import (
     MAX_CHUNK_BYTES,
     MAX_ERROR_MESSAGE,
@@ -183,8 +192,20 @@ class AgentConnection:
         self._channel = self.address.channel(options)
         self._stub = agent_pb2_grpc.AgentServiceStub(self._channel)
         self._closed = False
+        self._frames: FramedInvoke | None = None
+        """Unary Invoke over the agent's framed socket, on this host (agent_frames.py);
+        None over TCP, and once the agent turned out to have none."""
+        if isinstance(self.address, UnixAddress):
+            path = self.address.path
+            self._frames = FramedInvoke(
+                path.with_name(path.name + FRAMES_SUFFIX), self.limits.max_message_bytes
+            )
 
     def is_ready(self) -> bool:
+        """The channel is connected, or a framed connection is (calls that go framed leave
+        the channel without RPCs: gRPC lets it go idle after 30 minutes)."""
+        if self._frames is not None and not self._closed and self._frames.connected():
+            return True
         return bool(self._channel.get_state() == grpc.ChannelConnectivity.READY)
 
     async def wait_ready(self, timeout: float) -> None:
@@ -243,9 +264,35 @@ class AgentConnection:
         request = agent_pb2.InvokeRequest(
             tool=tool, arguments_json=json.dumps(arguments), request_id=request_id
         )
+        if self._frames is not None and not self._closed:
+            try:
+                return self._reply(tool, await self._framed(self._frames, request, timeout))
+            except FramesAbsent:
+                self._frames = None  # an agent older than its framed socket: gRPC from now on
         with self._failures():
             reply = await self._stub.Invoke(request, timeout=timeout)
         return self._reply(tool, reply)
+
+    async def _framed(self, frames: FramedInvoke, request: Any, timeout: float) -> Any | None:
+        """The reply over the framed socket (None: bytes that are not an InvokeResponse, as
+        grpc.aio hands on such a message); its failures as a gRPC call's would be."""
+        try:
+            with self._closing():
+                data = await frames.call(request.SerializeToString(), timeout)
+        except FrameDeadline as exc:
+            raise AgentCallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from exc
+        except FrameTooLarge as exc:
+            raise AgentCallFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from exc
+        except FrameLost as exc:
+            if self._closed:
+                raise SandboxLost(_CLOSED) from exc
+            raise AgentCallFailed(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
+        reply = agent_pb2.InvokeResponse()
+        try:
+            reply.ParseFromString(data)
+        except DecodeError:
+            return None
+        return reply
 
     async def invoke_stream(
         self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
@@ -364,8 +411,11 @@ class AgentConnection:
         )
 
     async def close(self) -> None:
-        """Close the channel; calls still in flight end with SandboxLost."""
+        """Close the channel and the framed connections; calls still in flight end with
+        SandboxLost."""
         self._closed = True
+        if self._frames is not None:
+            self._frames.close()
         await self._channel.close()
 
     @contextlib.contextmanager

@@ -8,10 +8,11 @@ sandbox (tests/security/test_identity.py); still, that code tries to kill it, re
    supervisor stays up, reports it, and the next call recreates it with its workspace; no
    listener of the sandbox's ever hears from the supervisor.
 2. An attacker speaking the agent protocol: the real `stockade serve` adopts a sandbox whose
-   agent socket the test (root) replaced with a gRPC server of its own, which answers oversized,
-   malformed and out-of-order messages. Each: a clear error, the supervisor alive with bounded
-   memory, the sandbox BROKEN, then recreated by the next call with the workspace intact, and
-   the attacker never asked again."""
+   agent socket the test (root) replaced with a gRPC server of its own (the framed socket
+   removed: calls go over gRPC to it), which answers oversized, malformed and out-of-order
+   messages. Each: a clear error, the supervisor alive with bounded memory, the sandbox
+   BROKEN, then recreated by the next call with the workspace intact, and the attacker never
+   asked again."""
 
 from __future__ import annotations
 
@@ -156,6 +157,9 @@ attempt("rename the agent socket", lambda: os.rename(f"{RUN}/agent.sock", f"{RUN
 attempt("move the agent socket out", lambda: os.rename(f"{RUN}/agent.sock", "/tmp/old.sock"))
 attempt("symlink in the run dir", lambda: os.symlink("/tmp/evil.sock", f"{RUN}/evil.sock"))
 attempt("listen on the agent socket", lambda: listen(f"{RUN}/agent.sock"))
+attempt("remove the framed socket", lambda: os.unlink(f"{RUN}/agent.sock.frames"))
+attempt("rename the framed socket", lambda: os.rename(f"{RUN}/agent.sock.frames", f"{RUN}/f"))
+attempt("listen on the framed socket", lambda: listen(f"{RUN}/agent.sock.frames"))
 attempt("listen in the run dir", lambda: listen(f"{RUN}/new.sock"))
 attempt("chmod the run dir", lambda: os.chmod(RUN, 0o777))
 attempt("move the run dir", lambda: os.rename(RUN, "/tmp/run"))
@@ -185,12 +189,12 @@ def test_the_agent_socket_cannot_be_taken_over(
     before = box.ensure().container_id
     result = python(box, AGENT_PID + TAKEOVER)
     lines = result.stdout.splitlines()
-    assert len(lines) == 12, result.for_llm
-    assert all(" denied" in line for line in lines), lines
+    assert len(lines) == 15, result.for_llm
+    assert all(" denied" in line for line in lines), [x for x in lines if " denied" not in x]
     assert box.exec("echo fine").stdout == "fine\n"
     assert box.info().container_id == before
     run = supervisor.state_dir / "sandboxes" / sandbox_id(key) / "run"
-    assert sorted(p.name for p in run.iterdir()) == ["agent.sock"]
+    assert sorted(p.name for p in run.iterdir()) == ["agent.sock", "agent.sock.frames"]
 
 
 LISTENER = """
@@ -464,6 +468,9 @@ def hostile(engine: str) -> Iterator[Hostile]:
         for name, attacker in attackers.items():
             socket_path = sup.state_dir / "sandboxes" / sandbox_id(keys[name][0]) / "run"
             (socket_path / "agent.sock").unlink()
+            # the real agent's framed socket goes too: the attacker is all the supervisor
+            # reaches, over gRPC (a hostile framed socket: tests/unit/test_agent_frames.py)
+            (socket_path / "agent.sock.frames").unlink()
             attacker.serve(socket_path / "agent.sock")
         try:
             sup.start()

@@ -1,0 +1,117 @@
+"""The supervisor's end of the agent's framed socket (stockade/agent/frames.py): unary Invoke
+as a 4-byte length and a protobuf message each way, over unix-socket connections kept for
+call after call, instead of a gRPC call (most of a warm call's CPU on both sides:
+docs/benchmarks.md, the supervisor's CPU per call).
+
+Nothing here is trusted more than on gRPC: a reply's length is checked before it is read
+(over the limit: FrameTooLarge, the connection closed), the caller's timeout bounds the
+whole call (FrameDeadline), a connection that ends mid-call is FrameLost, and the bytes go
+to the same parsing and checks as a gRPC reply (agent_link.py, replies.py). A call that is
+cancelled or fails closes its connection, which cancels it in the agent (its command is
+killed); only a connection whose call ended well is used again. An agent without the socket
+(an image older than it, or one that could not make it), or a path that is not a socket in
+the run folder sealed to root (a symlink the agent made before the seal), is FramesAbsent:
+its calls go through gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+from pathlib import Path
+
+FRAMES_SUFFIX = ".frames"
+"""As stockade/agent/frames.py (which this layer does not import)."""
+HEADER_BYTES = 4
+MAX_IDLE = 4
+"""Connections kept for later calls; more calls at once open more, closed after."""
+
+_Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class FramesAbsent(Exception):
+    """No framed socket answers: use gRPC."""
+
+
+class FrameDeadline(Exception):
+    """The call did not end within its timeout."""
+
+
+class FrameLost(Exception):
+    """The connection ended or failed during the call."""
+
+
+class FrameTooLarge(Exception):
+    """The reply is longer than the limit."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"Received message larger than max ({size} vs. {limit})")
+
+
+class FramedInvoke:
+    def __init__(self, path: Path, max_reply_bytes: int) -> None:
+        self.path = path
+        self._max = max_reply_bytes
+        self._idle: list[_Connection] = []
+        self._busy: set[_Connection] = set()
+        self._closed = False
+
+    async def call(self, request: bytes, timeout: float) -> bytes:
+        """The reply's bytes to `request`'s, within `timeout` seconds."""
+        connection = await self._connection()
+        reader, writer = connection
+        self._busy.add(connection)
+        ended = False
+        try:
+            async with asyncio.timeout(timeout):
+                writer.write(len(request).to_bytes(HEADER_BYTES, "big") + request)
+                await writer.drain()
+                size = int.from_bytes(await reader.readexactly(HEADER_BYTES), "big")
+                if size > self._max:
+                    raise FrameTooLarge(size, self._max)
+                reply = await reader.readexactly(size)
+            ended = True
+            return reply
+        except TimeoutError:
+            raise FrameDeadline("Deadline Exceeded") from None
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+            raise FrameLost(f"the agent's framed socket closed during the call: {exc}") from exc
+        finally:
+            self._busy.discard(connection)
+            if ended and not self._closed and len(self._idle) < MAX_IDLE:
+                self._idle.append(connection)
+            else:
+                writer.close()
+
+    async def _connection(self) -> _Connection:
+        while self._idle:
+            reader, writer = self._idle.pop()
+            if not reader.at_eof() and not writer.is_closing():
+                return reader, writer
+            writer.close()  # the agent ended it meanwhile
+        try:
+            here, folder = os.lstat(self.path), os.lstat(self.path.parent)
+        except OSError as exc:  # none there: an older agent
+            raise FramesAbsent(str(exc)) from exc
+        # as the gRPC socket (layout.seal_run_dir): a socket itself, not a link the agent made
+        # to steer the supervisor elsewhere, in a folder only root can change any more
+        if not stat.S_ISSOCK(here.st_mode) or folder.st_uid != 0:
+            raise FramesAbsent(f"{self.path} is not a socket in a folder sealed to root")
+        try:
+            return await asyncio.open_unix_connection(str(self.path))
+        except OSError as exc:  # refused (nobody listens), or too long a path
+            raise FramesAbsent(str(exc)) from exc
+
+    def connected(self) -> bool:
+        """Whether a connection is open and idle (the agent answered on it, and has not
+        closed it since): as a gRPC channel's READY."""
+        return any(not r.at_eof() and not w.is_closing() for r, w in self._idle)
+
+    def close(self) -> None:
+        """Close every connection: calls on them end with FrameLost."""
+        self._closed = True
+        for _, writer in [*self._idle, *self._busy]:
+            with contextlib.suppress(Exception):
+                writer.close()
+        self._idle.clear()
