@@ -296,3 +296,24 @@ def test_a_crashed_capture_leaves_nothing_counted(store: SnapshotStore, tree: Pa
     store.delete("tenant", "one")
     assert not stale.exists()
     assert store.usage("tenant").bytes == 0
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["plain", 'quote"back\\slash', "tab\tnew\nline\x00\x1f", "é中😀", os.fsdecode(NON_UTF8), ""],
+)
+def test_an_entry_s_manifest_text_is_json_dumps_own(name: str) -> None:
+    """Entry.json_text (a manifest's writer: quicker) writes what json.dumps wrote, for every
+    kind and for names and link targets that JSON must escape."""
+    import json
+
+    entries = [
+        capture_mod.Entry(3, name, "f", 0o1755, -5, "ab" * 32, 7, key=(1, 2, 3, 7, -5)),
+        capture_mod.Entry(1, name, "f", 0o644, 10**19, "cd" * 32, 0, key=()),
+        capture_mod.Entry(2, name, "l", 0o777, 1, target=name + "/../x"),
+        capture_mod.Entry(256, name, "d", 0o700, 0),
+    ]
+    for entry in entries:
+        want = json.dumps(entry.to_json(), ensure_ascii=True, separators=(",", ":"))
+        assert entry.json_text() == want
+        assert capture_mod.Entry.from_json(json.loads(entry.json_text())) == entry

@@ -63,6 +63,7 @@ from stockade.supervisor.sandboxes.snapshots.capture import (
     Limits,
     capture,
     hash_copy,
+    json_quoted,
 )
 
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}")
@@ -557,18 +558,17 @@ def _write_manifest(
         "files": snap.files, "entries": snap.entries, "bytes": snap.bytes,
         "skipped": list(snap.skipped), "source": snap.source, "parts": list(snap.parts),
     }  # fmt: skip
-    body = {
-        "head": head,
-        "parts": {
-            part: {
-                "root": [one.root_mode, one.root_mtime_ns],
-                "entries": [e.to_json() for e in one.entries],
-            }
-            for part, one in got.items()
-        },
-    }
+    # As json.dumps(ensure_ascii=True, separators=(",", ":")) writes it, each entry's text
+    # made by Entry.json_text (json.dumps of 10,000 entries' lists took about 45 ms).
+    parts = ",".join(
+        f'{json_quoted(part)}:{{"root":[{one.root_mode},{one.root_mtime_ns}],"entries":['
+        + ",".join([e.json_text() for e in one.entries])
+        + "]}"
+        for part, one in got.items()
+    )
+    head_text = json.dumps(head, ensure_ascii=True, separators=(",", ":"))
+    text = f'{{"head":{head_text},"parts":{{{parts}}}}}'
     tmp = path.with_suffix(".tmp")
-    text = json.dumps(body, ensure_ascii=True, separators=(",", ":"))  # the C encoder
     tmp.write_bytes(gzip.compress(text.encode("ascii"), compresslevel=compresslevel))
     os.replace(tmp, path)
 
