@@ -19,7 +19,7 @@ import json.encoder
 import os
 import stat
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from stat import S_ISREG
 from typing import Any, Final
 
@@ -65,6 +65,9 @@ class Entry:
     size: int = 0
     target: str = ""
     key: tuple[int, ...] = ()  # (dev, ino, ctime_ns, size, mtime_ns): the next capture's cache
+    text: str = field(default="", compare=False, repr=False)
+    """json_text once made: an entry the next capture takes over unchanged is not written
+    again (entries are not changed once made, except by capture before it returns)."""
 
     def to_json(self) -> list[Any]:
         tail: list[Any] = []
@@ -76,7 +79,12 @@ class Entry:
 
     def json_text(self) -> str:
         """json.dumps(self.to_json(), ensure_ascii=True, separators=(",", ":")), the same
-        text at about a fifth of the cost (a manifest writes one per entry)."""
+        text at about a fifth of the cost (a manifest writes one per entry), kept."""
+        if not self.text:
+            self.text = self._json_text()
+        return self.text
+
+    def _json_text(self) -> str:
         head = f'[{self.depth},{json_quoted(self.name)},"{self.kind}",{self.mode},{self.mtime_ns}'
         if self.kind == "f":
             key = ",".join(map(str, self.key))
@@ -112,6 +120,10 @@ class Captured:
     bytes_read: int = 0
 
 
+Cache = dict[tuple[int, ...], Entry]
+"""File keys (Entry.key) of an earlier capture and their entries: a file whose key is there
+is not read again, and its entry is taken over as it is when its depth and name are the same."""
+
 Store = Callable[[int], tuple[str, int]]
 """Given an open regular file, copy it into the store and return (digest, size)."""
 
@@ -119,7 +131,7 @@ Store = Callable[[int], tuple[str, int]]
 def capture(
     root_fd: int,
     limits: Limits,
-    cached: dict[tuple[int, ...], str],
+    cached: Cache,
     store: Store,
     racy_after_ns: int = 0,
 ) -> Captured:
@@ -154,17 +166,18 @@ def capture(
                 continue
             child = None
             key = (info.st_dev, info.st_ino, info.st_ctime_ns, info.st_size, info.st_mtime_ns)
-            digest = cached.get(key) if S_ISREG(info.st_mode) else None
-            if digest is not None:  # unchanged since it was stored: not even opened
-                mode = info.st_mode & MODE_BITS
-                entry = Entry(len(stack), name, "f", mode, key[4], digest, key[3], "", key)
+            known = cached.get(key) if S_ISREG(info.st_mode) else None
+            if known is not None:  # unchanged since it was stored: not even opened
+                if known.depth != len(stack) or known.name != name:  # moved with its folder
+                    known = _hit(len(stack), name, info, known.digest, key)
+                entry = known
             else:  # a folder, a link, a file to read, or what a snapshot skips
                 found, child = _one(fd, name, len(stack), cached, store, out, path, limits, info)
                 if found is None:
                     continue
                 entry = found
             if racy_after_ns and entry.key and entry.key[2] >= racy_after_ns:
-                entry.key = ()
+                entry = replace(entry, key=(), text="")  # a copy: `entry` may be the cache's
             entries.append(entry)
             if entry.kind == "f":
                 total += entry.size
@@ -194,7 +207,7 @@ def _one(
     fd: int,
     name: str,
     depth: int,
-    cached: dict[tuple[int, ...], str],
+    cached: Cache,
     store: Store,
     out: Captured,
     parent: str,
@@ -227,12 +240,9 @@ def _one(
                 return Entry(depth, name, "l", 0o777, again.st_mtime_ns, target=target), None
             if stat.S_ISREG(mode):
                 key = _key(info)
-                digest = cached.get(key)
-                if digest is not None:  # unchanged since it was stored: not even opened
-                    bits = stat.S_IMODE(mode) & MODE_BITS
-                    hit = Entry(depth, name, "f", bits, info.st_mtime_ns, digest, info.st_size)
-                    hit.key = key
-                    return hit, None
+                known = cached.get(key)
+                if known is not None:  # unchanged since it was stored: not even opened
+                    return _hit(depth, name, info, known.digest, key), None
                 return _file(fd, name, depth, store, out), None
         except OSError as exc:
             if exc.errno == errno.ENOENT:
@@ -243,6 +253,12 @@ def _one(
         out.skipped.append(path)
         return None, None
     raise TreeChanged(f"{path!r} kept changing while the snapshot was taken")
+
+
+def _hit(depth: int, name: str, info: os.stat_result, digest: str, key: tuple[int, ...]) -> Entry:
+    """The entry of a file the cache knows (by `info`'s key), with `key` kept."""
+    mode = stat.S_IMODE(info.st_mode) & MODE_BITS
+    return Entry(depth, name, "f", mode, info.st_mtime_ns, digest, info.st_size, key=key)
 
 
 _WRONG_KIND: Final = -1  # raised by _file when the descriptor is not a regular file
