@@ -139,6 +139,7 @@ class Pausing:
         """A container found paused at start stays paused: since the stamp's time (when this
         supervisor's predecessor paused it), or now when there is none."""
         if not info.paused:
+            _thaw_leftover(sandbox, info)
             return
         try:
             since = sandbox.container.paths.paused.stat().st_mtime
@@ -152,3 +153,19 @@ def _frozen_cgroup(sandbox: Sandbox) -> freezer.Cgroup | None:
     """The sandbox frozen through its cgroup (freezer.py), or None: not reachable so."""
     found = freezer.find(sandbox.info.pid, sandbox.info.id)
     return found if found is not None and found.freeze() else None
+
+
+def _thaw_leftover(sandbox: Sandbox, info: ContainerInfo) -> None:
+    """A container the engine says runs but whose cgroup is frozen: a capture's freeze that a
+    supervisor killed during it left (freezer.py); thawed (quick: a few sysfs files)."""
+    found = freezer.find(info.pid, info.id)
+    try:
+        if found is None or not found.frozen():
+            return
+    except OSError:
+        return
+    thawed = found.thaw()
+    log.warning(
+        "sandbox %r was left frozen by an interrupted capture: %s",
+        shown(sandbox.key), "thawed" if thawed else "could not thaw it",
+    )  # fmt: skip

@@ -5,10 +5,14 @@ integration tests, which freeze through it on both engines."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from stockade.supervisor.engines.backends.base import ContainerInfo
 from stockade.supervisor.sandboxes import freezer
+from stockade.supervisor.sandboxes.pausing import Pausing
 
 ID = "93648e7e651c06de3dc40136d20cd982f2869cfb69ecbf951963ec75fc6ff983"
 
@@ -107,3 +111,32 @@ def test_a_freeze_that_cannot_be_written_says_so(tmp_path: Path) -> None:
     gone = freezer.Cgroup(tmp_path / "gone", True)
     assert not gone.freeze()
     assert not gone.thaw()
+
+
+def info(paused: bool) -> ContainerInfo:
+    return ContainerInfo(ID, "c", True, "running", {}, "img", pid=4242, paused=paused)
+
+
+def test_a_freeze_a_killed_supervisor_left_is_thawed_when_the_sandbox_is_adopted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine says it runs, its cgroup says frozen: an interrupted capture's freeze."""
+    cgroup = freezer.Cgroup(folder(tmp_path, "c", "cgroup.freeze"), True)
+    (cgroup.folder / "cgroup.events").write_text("frozen 1\n")
+    monkeypatch.setattr(freezer, "find", lambda pid, cid: cgroup if pid == 4242 else None)
+    sandbox: Any = SimpleNamespace(key="k")
+    Pausing.adopted(sandbox, info(paused=False))
+    assert (cgroup.folder / "cgroup.freeze").read_text() == "0"
+
+
+def test_a_running_cgroup_or_none_is_left_alone_at_adoption(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cgroup = freezer.Cgroup(folder(tmp_path, "c", "cgroup.freeze"), True)
+    (cgroup.folder / "cgroup.events").write_text("frozen 0\n")
+    monkeypatch.setattr(freezer, "find", lambda pid, cid: cgroup)
+    sandbox: Any = SimpleNamespace(key="k")
+    Pausing.adopted(sandbox, info(paused=False))
+    assert (cgroup.folder / "cgroup.freeze").read_text() == "", "not written"
+    monkeypatch.setattr(freezer, "find", lambda pid, cid: None)
+    Pausing.adopted(sandbox, info(paused=False))  # no cgroup within reach: nothing to do
