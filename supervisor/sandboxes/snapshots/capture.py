@@ -146,49 +146,51 @@ def capture(
     entries = out.entries
     max_entries, max_name = limits.max_entries, limits.max_name_bytes
     short_name = max_name // 4  # a name of this many characters or fewer fits in any case
+    max_bytes, stat_of, get = limits.max_bytes, os.stat, cached.get
     try:
         while stack:
             fd, names, path = stack[-1]
-            name = next(names, None)
-            if name is None:
+            depth = len(stack)
+            for name in names:  # left for a folder's (its iterator goes on when it is done)
+                if len(name) > short_name and len(os.fsencode(name)) > max_name:
+                    raise SnapshotTooLarge(f"{_join(path, name)!r}: a name longer than the limit")
+                if len(entries) >= max_entries:
+                    raise SnapshotTooLarge(f"more than {max_entries} entries")
+                # The common case first, in line: a regular file the cache knows (one lstat).
+                try:
+                    info = stat_of(name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                child = None
+                key = (info.st_dev, info.st_ino, info.st_ctime_ns, info.st_size, info.st_mtime_ns)
+                known = get(key) if S_ISREG(info.st_mode) else None
+                if known is not None:  # unchanged since it was stored: not even opened
+                    if known.depth != depth or known.name != name:  # moved with its folder
+                        known = _hit(depth, name, info, known.digest, key)
+                    entry = known
+                else:  # a folder, a link, a file to read, or what a snapshot skips
+                    found, child = _one(fd, name, depth, cached, store, out, path, limits, info)
+                    if found is None:
+                        continue
+                    entry = found
+                if racy_after_ns and entry.key and entry.key[2] >= racy_after_ns:
+                    entry = replace(entry, key=(), text="")  # a copy: it may be the cache's
+                entries.append(entry)
+                if entry.kind == "f":
+                    total += entry.size
+                    if total > max_bytes:
+                        raise SnapshotTooLarge(f"more than {max_bytes} bytes of files")
+                if child is not None:
+                    entry_path = _join(path, name)
+                    if depth >= limits.max_depth:
+                        os.close(child)
+                        raise SnapshotTooLarge(f"{entry_path!r}: deeper than {limits.max_depth}")
+                    stack.append((child, iter(_names(child)), entry_path))
+                    break
+            else:  # this folder is done
                 stack.pop()
                 if stack:
                     os.close(fd)
-                continue
-            if len(name) > short_name and len(os.fsencode(name)) > max_name:
-                raise SnapshotTooLarge(f"{_join(path, name)!r}: a name longer than the limit")
-            if len(entries) >= max_entries:
-                raise SnapshotTooLarge(f"more than {max_entries} entries")
-            # The common case first, in line: a regular file the cache knows (one lstat).
-            try:
-                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            child = None
-            key = (info.st_dev, info.st_ino, info.st_ctime_ns, info.st_size, info.st_mtime_ns)
-            known = cached.get(key) if S_ISREG(info.st_mode) else None
-            if known is not None:  # unchanged since it was stored: not even opened
-                if known.depth != len(stack) or known.name != name:  # moved with its folder
-                    known = _hit(len(stack), name, info, known.digest, key)
-                entry = known
-            else:  # a folder, a link, a file to read, or what a snapshot skips
-                found, child = _one(fd, name, len(stack), cached, store, out, path, limits, info)
-                if found is None:
-                    continue
-                entry = found
-            if racy_after_ns and entry.key and entry.key[2] >= racy_after_ns:
-                entry = replace(entry, key=(), text="")  # a copy: `entry` may be the cache's
-            entries.append(entry)
-            if entry.kind == "f":
-                total += entry.size
-                if total > limits.max_bytes:
-                    raise SnapshotTooLarge(f"more than {limits.max_bytes} bytes of files")
-            if child is not None:
-                entry_path = _join(path, name)
-                if len(stack) >= limits.max_depth:
-                    os.close(child)
-                    raise SnapshotTooLarge(f"{entry_path!r}: deeper than {limits.max_depth}")
-                stack.append((child, iter(_names(child)), entry_path))
     finally:
         for fd, _, _ in stack[1:]:
             os.close(fd)
