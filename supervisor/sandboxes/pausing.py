@@ -90,8 +90,8 @@ class Pausing:
         """Freeze the sandbox for the block, as a pause does but with no record nor stamp (a
         snapshot's final pass), through its cgroup's freezer where the supervisor can reach
         it (freezer.py), else the engine's pause; not one already paused or whose container
-        is gone. Yields
-        [seconds frozen], filled in when the block ends. The caller holds the key's lock."""
+        is gone. Yields [seconds frozen], filled in when the block ends. The caller holds the
+        key's lock."""
         clock = [0.0]
         if sandbox is None or sandbox.paused or sandbox.lost:
             yield clock
