@@ -10,7 +10,7 @@ from pathlib import Path
 
 from stockade.client import Stockade
 from stockade.supervisor.sandboxes import freezer
-from tests.integration.harness import inspected
+from tests.integration.harness import inspected, process
 from tests.integration.snapshot_kit import Snaps
 
 
@@ -43,13 +43,13 @@ def test_the_freeze_holds_every_process_of_the_sandbox(
     engine: str, client: Stockade, snaps: Snaps, key: str
 ) -> None:
     box = client.sandbox(key)
-    assert box.exec("sleep 600 > /dev/null 2>&1 &").exit_code == 0  # a child left running
+    process(box, "start", command="sleep 600", name="sleeper")  # a background process
     container = box.info().container_id
     info = inspected(engine, container)
     cgroup = freezer.find(info.pid, info.id)
     assert cgroup is not None, f"{engine}: the sandbox's cgroup, from its init's"
     ours = pids_of(info.id)
-    assert len(ours) >= 3, "init, the agent and the background sleep"
+    assert len(ours) >= 3, "init, the agent and the background process"
     assert ours <= pids_in(cgroup.folder), "the frozen folder holds each of them"
     assert not cgroup.frozen()
     try:
