@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from stockade.supervisor.engines.backends.base import ContainerBackend, ContainerInfo
 from stockade.supervisor.errors import SandboxPaused, SandboxStateConflict
 from stockade.supervisor.keys import shown
-from stockade.supervisor.sandboxes import layout
+from stockade.supervisor.sandboxes import freezer, layout
 from stockade.supervisor.sandboxes.health import Recorder
 from stockade.supervisor.sandboxes.sandbox import Sandbox
 
@@ -88,8 +88,10 @@ class Pausing:
     @contextlib.asynccontextmanager
     async def frozen(self, sandbox: Sandbox | None) -> AsyncIterator[list[float]]:
         """Freeze the sandbox for the block, as a pause does but with no record nor stamp (a
-        snapshot's final pass); not one already paused or whose container is gone. Yields
-        [seconds frozen], filled in when the block ends. The caller holds the key's lock."""
+        snapshot's final pass), through its cgroup's freezer where the supervisor can reach
+        it (freezer.py), else the engine's pause; not one already paused or whose container
+        is gone. Yields [seconds frozen], filled in when the block ends. The caller holds the
+        key's lock."""
         clock = [0.0]
         if sandbox is None or sandbox.paused or sandbox.lost:
             yield clock
@@ -98,14 +100,21 @@ class Pausing:
         sandbox.paused_at = datetime.now(UTC)  # new calls wait for the key's lock
         started = time.monotonic()
         try:
-            frozen = await asyncio.to_thread(self._backend.pause, sandbox.info.id)
+            cgroup = await asyncio.to_thread(_frozen_cgroup, sandbox)  # freezer.py: quicker
+            frozen = cgroup is not None
+            if cgroup is None:
+                frozen = await asyncio.to_thread(self._backend.pause, sandbox.info.id)
             if not frozen:
                 sandbox.lost = True
             try:
                 yield clock
             finally:
-                if frozen:
-                    await asyncio.to_thread(self._backend.unpause, sandbox.info.id)
+                if cgroup is None:
+                    if frozen:
+                        await asyncio.to_thread(self._backend.unpause, sandbox.info.id)
+                elif not await asyncio.to_thread(cgroup.thaw):  # its next call re-creates it
+                    log.error("sandbox %r: its cgroup could not be thawed", shown(sandbox.key))
+                    sandbox.lost = True
                 clock[0] = time.monotonic() - started
         finally:
             sandbox.paused_at = None
@@ -130,6 +139,7 @@ class Pausing:
         """A container found paused at start stays paused: since the stamp's time (when this
         supervisor's predecessor paused it), or now when there is none."""
         if not info.paused:
+            _thaw_leftover(sandbox, info)
             return
         try:
             since = sandbox.container.paths.paused.stat().st_mtime
@@ -137,3 +147,25 @@ class Pausing:
             since = time.time()
         sandbox.pauses += 1
         sandbox.paused_at = datetime.fromtimestamp(since, UTC)
+
+
+def _frozen_cgroup(sandbox: Sandbox) -> freezer.Cgroup | None:
+    """The sandbox frozen through its cgroup (freezer.py), or None: not reachable so."""
+    found = freezer.find(sandbox.info.pid, sandbox.info.id)
+    return found if found is not None and found.freeze() else None
+
+
+def _thaw_leftover(sandbox: Sandbox, info: ContainerInfo) -> None:
+    """A container the engine says runs but whose cgroup is frozen: a capture's freeze that a
+    supervisor killed during it left (freezer.py); thawed (quick: a few sysfs files)."""
+    found = freezer.find(info.pid, info.id)
+    try:
+        if found is None or not found.frozen():
+            return
+    except OSError:
+        return
+    thawed = found.thaw()
+    log.warning(
+        "sandbox %r was left frozen by an interrupted capture: %s",
+        shown(sandbox.key), "thawed" if thawed else "could not thaw it",
+    )  # fmt: skip

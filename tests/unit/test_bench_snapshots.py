@@ -102,6 +102,20 @@ def test_the_section_shows_every_figure_and_the_store_target() -> None:
     assert section("podman", {"error": "RuntimeError: x"}).endswith("n/a: RuntimeError: x")
 
 
+def test_the_section_prints_the_fork_and_restore_targets_met_or_missed() -> None:
+    """Issue 30: a fork of one key <= 0.15 s, ten in one call <= 1 s, a restore <= 0.3 s."""
+    slow = [line.strip() for line in section("podman", measured()).splitlines()]
+    assert [line for line in slow if line.startswith("target:")] == [
+        "target: a fork of 1 new key <= 0.15 s: 7.00 s   MISSED",
+        "target: ten forks in one call <= 1 s: 60.00 s   MISSED",
+        "target: a restore <= 0.3 s: 6.25 s   MISSED",
+    ]
+    quick = measured()
+    quick["fork_1"]["seconds"], quick["fork_10"]["seconds"], quick["restore_s"] = 0.15, 1.0, 0.3
+    lines = section("podman", quick).splitlines()
+    assert [line.split()[-1] for line in lines if "target:" in line] == ["met"] * 3
+
+
 def test_write_keeps_the_rest_of_the_record(tmp_path: Path) -> None:
     path = tmp_path / "results.json"
     record = {"settings": {"n": 300}, "engines": {"docker": {"mcp": {"met": True}}}}

@@ -296,3 +296,60 @@ def test_a_crashed_capture_leaves_nothing_counted(store: SnapshotStore, tree: Pa
     store.delete("tenant", "one")
     assert not stale.exists()
     assert store.usage("tenant").bytes == 0
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["plain", 'quote"back\\slash', "tab\tnew\nline\x00\x1f", "é中😀", os.fsdecode(NON_UTF8), ""],
+)
+def test_an_entry_s_manifest_text_is_json_dumps_own(name: str) -> None:
+    """Entry.json_text (a manifest's writer: quicker) writes what json.dumps wrote, for every
+    kind and for names and link targets that JSON must escape."""
+    import json
+
+    entries = [
+        capture_mod.Entry(3, name, "f", 0o1755, -5, "ab" * 32, 7, key=(1, 2, 3, 7, -5)),
+        capture_mod.Entry(1, name, "f", 0o644, 10**19, "cd" * 32, 0, key=()),
+        capture_mod.Entry(2, name, "l", 0o777, 1, target=name + "/../x"),
+        capture_mod.Entry(256, name, "d", 0o700, 0),
+    ]
+    for entry in entries:
+        want = json.dumps(entry.to_json(), ensure_ascii=True, separators=(",", ":"))
+        assert entry.json_text() == want
+        assert capture_mod.Entry.from_json(json.loads(entry.json_text())) == entry
+
+
+def test_an_unchanged_file_s_entry_is_taken_over_and_a_moved_one_is_not(
+    store: SnapshotStore, tree: Path, tmp_path: Path
+) -> None:
+    """The next capture takes over the cache's entry of a file whose key, depth and name are
+    the same (its manifest text is not made again); a file that moved with its folder to
+    another depth keeps its digest but gets its own entry, and the restore is exact."""
+    from stockade.supervisor.sandboxes.snapshots.repository import MAIN, keys_of
+
+    (tree / "deep" / "er").mkdir(parents=True)
+    (tree / "deep" / "er" / "moved.txt").write_text("moves up")
+    session = store.begin("t")
+    try:
+        opener = lambda: os.open(tree, capture_mod.DIR_FLAGS)  # noqa: E731
+        first, _ = session.walk({MAIN: opener}, {})
+        session.record("one", first, "box")
+        cache = keys_of(first[MAIN].entries)
+        os.rename(tree / "deep" / "er", tree / "er")
+        second, stats = session.walk({MAIN: opener}, cache)
+        session.record("two", second, "box")
+    finally:
+        session.end()
+    assert stats.files_read == 0
+    before = {id(e) for e in first[MAIN].entries}
+    moved = [e for e in second[MAIN].entries if e.name == "moved.txt"]
+    assert len(moved) == 1
+    assert id(moved[0]) not in before
+    assert moved[0].depth == 2
+    taken_over = [e for e in second[MAIN].entries if e.kind == "f" and id(e) in before]
+    assert len(taken_over) == sum(e.kind == "f" for e in second[MAIN].entries) - 1
+    assert all(e.text for e in taken_over), "their manifest text was made once"
+    want = tree_of(tree)
+    target = tmp_path / "restored"
+    store.restore("t", "two", target, IDS)
+    assert tree_of(target) == owned(want, IDS)

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json.encoder
 import os
 import stat
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from stat import S_ISREG
 from typing import Any, Final
 
 from stockade.supervisor.errors import InvalidRequest, StockadeError
@@ -50,7 +52,7 @@ class Limits:
     max_bytes: int = 64 << 30
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     """One entry below the root, in depth-first preorder; `depth` 1 is a child of the root."""
 
@@ -63,6 +65,9 @@ class Entry:
     size: int = 0
     target: str = ""
     key: tuple[int, ...] = ()  # (dev, ino, ctime_ns, size, mtime_ns): the next capture's cache
+    text: str = field(default="", compare=False, repr=False)
+    """json_text once made: an entry the next capture takes over unchanged is not written
+    again (entries are not changed once made, except by capture before it returns)."""
 
     def to_json(self) -> list[Any]:
         tail: list[Any] = []
@@ -71,6 +76,22 @@ class Entry:
         elif self.kind == "l":
             tail = [self.target]
         return [self.depth, self.name, self.kind, self.mode, self.mtime_ns, *tail]
+
+    def json_text(self) -> str:
+        """json.dumps(self.to_json(), ensure_ascii=True, separators=(",", ":")), the same
+        text at about a fifth of the cost (a manifest writes one per entry), kept."""
+        if not self.text:
+            self.text = self._json_text()
+        return self.text
+
+    def _json_text(self) -> str:
+        head = f'[{self.depth},{json_quoted(self.name)},"{self.kind}",{self.mode},{self.mtime_ns}'
+        if self.kind == "f":
+            key = ",".join(map(str, self.key))
+            return f'{head},"{self.digest}",{self.size},[{key}]]'
+        if self.kind == "l":
+            return f"{head},{json_quoted(self.target)}]"
+        return f"{head}]"
 
     @classmethod
     def from_json(cls, raw: list[Any]) -> Entry:
@@ -85,6 +106,10 @@ class Entry:
         return entry
 
 
+json_quoted: Final = json.encoder.encode_basestring_ascii
+"""A string as json.dumps(ensure_ascii=True) writes it (the C function it calls)."""
+
+
 @dataclass
 class Captured:
     root_mode: int
@@ -95,6 +120,10 @@ class Captured:
     bytes_read: int = 0
 
 
+Cache = dict[tuple[int, ...], Entry]
+"""File keys (Entry.key) of an earlier capture and their entries: a file whose key is there
+is not read again, and its entry is taken over as it is when its depth and name are the same."""
+
 Store = Callable[[int], tuple[str, int]]
 """Given an open regular file, copy it into the store and return (digest, size)."""
 
@@ -102,7 +131,7 @@ Store = Callable[[int], tuple[str, int]]
 def capture(
     root_fd: int,
     limits: Limits,
-    cached: dict[tuple[int, ...], str],
+    cached: Cache,
     store: Store,
     racy_after_ns: int = 0,
 ) -> Captured:
@@ -114,39 +143,62 @@ def capture(
     out = Captured(stat.S_IMODE(info.st_mode) & MODE_BITS, info.st_mtime_ns, [])
     stack: list[tuple[int, Iterator[str], str]] = [(root_fd, iter(_names(root_fd)), "")]
     total = 0
+    entries = out.entries
+    max_entries, max_name = limits.max_entries, limits.max_name_bytes
+    short_name = max_name // 4  # a name of this many characters or fewer fits in any case
+    max_bytes, stat_of, get = limits.max_bytes, os.stat, cached.get
     try:
         while stack:
             fd, names, path = stack[-1]
-            name = next(names, None)
-            if name is None:
+            depth = len(stack)
+            for name in names:  # left for a folder's (its iterator goes on when it is done)
+                if len(name) > short_name and len(os.fsencode(name)) > max_name:
+                    raise SnapshotTooLarge(f"{_join(path, name)!r}: a name longer than the limit")
+                if len(entries) >= max_entries:
+                    raise SnapshotTooLarge(f"more than {max_entries} entries")
+                # The common case first, in line: a regular file the cache knows (one lstat).
+                try:
+                    info = stat_of(name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                child = None
+                key = (info.st_dev, info.st_ino, info.st_ctime_ns, info.st_size, info.st_mtime_ns)
+                known = get(key) if S_ISREG(info.st_mode) else None
+                if known is not None:  # unchanged since it was stored: not even opened
+                    if known.depth != depth or known.name != name:  # moved with its folder
+                        known = _hit(depth, name, info, known.digest, key)
+                    entry = known
+                else:  # a folder, a link, a file to read, or what a snapshot skips
+                    found, child = _one(fd, name, depth, cached, store, out, path, limits, info)
+                    if found is None:
+                        continue
+                    entry = found
+                if racy_after_ns and entry.key and entry.key[2] >= racy_after_ns:
+                    entry = replace(entry, key=(), text="")  # a copy: it may be the cache's
+                entries.append(entry)
+                if entry.kind == "f":
+                    total += entry.size
+                    if total > max_bytes:
+                        raise SnapshotTooLarge(f"more than {max_bytes} bytes of files")
+                if child is not None:
+                    entry_path = _join(path, name)
+                    if depth >= limits.max_depth:
+                        os.close(child)
+                        raise SnapshotTooLarge(f"{entry_path!r}: deeper than {limits.max_depth}")
+                    stack.append((child, iter(_names(child)), entry_path))
+                    break
+            else:  # this folder is done
                 stack.pop()
                 if stack:
                     os.close(fd)
-                continue
-            entry_path = f"{path}/{name}" if path else name
-            if len(os.fsencode(name)) > limits.max_name_bytes:
-                raise SnapshotTooLarge(f"{entry_path!r}: a name longer than the limit")
-            if len(out.entries) >= limits.max_entries:
-                raise SnapshotTooLarge(f"more than {limits.max_entries} entries")
-            entry, child = _one(fd, name, len(stack), cached, store, out, entry_path, limits)
-            if entry is not None and racy_after_ns and entry.key and entry.key[2] >= racy_after_ns:
-                entry.key = ()
-            if entry is None:
-                continue
-            out.entries.append(entry)
-            if entry.kind == "f":
-                total += entry.size
-                if total > limits.max_bytes:
-                    raise SnapshotTooLarge(f"more than {limits.max_bytes} bytes of files")
-            if child is not None:
-                if len(stack) >= limits.max_depth:
-                    os.close(child)
-                    raise SnapshotTooLarge(f"{entry_path!r}: deeper than {limits.max_depth}")
-                stack.append((child, iter(_names(child)), entry_path))
     finally:
         for fd, _, _ in stack[1:]:
             os.close(fd)
     return out
+
+
+def _join(parent: str, name: str) -> str:
+    return f"{parent}/{name}" if parent else name
 
 
 def _names(fd: int) -> list[str]:
@@ -157,19 +209,23 @@ def _one(
     fd: int,
     name: str,
     depth: int,
-    cached: dict[tuple[int, ...], str],
+    cached: Cache,
     store: Store,
     out: Captured,
-    path: str,
+    parent: str,
     limits: Limits,
+    first: os.stat_result | None = None,
 ) -> tuple[Entry | None, int | None]:
-    """The entry `name` of `fd` (and, for a folder, its open descriptor); None if it is gone
-    or is a kind a snapshot skips. Kind changes between lstat and open are retried once."""
+    """The entry `name` of `fd` in the folder `parent` (and, for a folder, its open
+    descriptor); None if it is gone or is a kind a snapshot skips. Kind changes between
+    lstat and open are retried once. `first`: the entry's lstat, already taken."""
+    path = _join(parent, name)
     for _attempt in range(2):
         try:
-            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            info = first or os.stat(name, dir_fd=fd, follow_symlinks=False)
         except FileNotFoundError:
             return None, None
+        first = None
         mode = info.st_mode
         try:
             if stat.S_ISDIR(mode):
@@ -186,12 +242,9 @@ def _one(
                 return Entry(depth, name, "l", 0o777, again.st_mtime_ns, target=target), None
             if stat.S_ISREG(mode):
                 key = _key(info)
-                digest = cached.get(key)
-                if digest is not None:  # unchanged since it was stored: not even opened
-                    bits = stat.S_IMODE(mode) & MODE_BITS
-                    hit = Entry(depth, name, "f", bits, info.st_mtime_ns, digest, info.st_size)
-                    hit.key = key
-                    return hit, None
+                known = cached.get(key)
+                if known is not None:  # unchanged since it was stored: not even opened
+                    return _hit(depth, name, info, known.digest, key), None
                 return _file(fd, name, depth, store, out), None
         except OSError as exc:
             if exc.errno == errno.ENOENT:
@@ -202,6 +255,12 @@ def _one(
         out.skipped.append(path)
         return None, None
     raise TreeChanged(f"{path!r} kept changing while the snapshot was taken")
+
+
+def _hit(depth: int, name: str, info: os.stat_result, digest: str, key: tuple[int, ...]) -> Entry:
+    """The entry of a file the cache knows (by `info`'s key), with `key` kept."""
+    mode = stat.S_IMODE(info.st_mode) & MODE_BITS
+    return Entry(depth, name, "f", mode, info.st_mtime_ns, digest, info.st_size, key=key)
 
 
 _WRONG_KIND: Final = -1  # raised by _file when the descriptor is not a regular file

@@ -37,6 +37,7 @@ from stockade.supervisor.errors import NotFound, SandboxNotFound
 from stockade.supervisor.keys import sandbox_id, shown, split
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.sandboxes.parts import Parts
+from stockade.supervisor.sandboxes.snapshots.capture import Cache
 from stockade.supervisor.sandboxes.snapshots.diffs import TreeDiff, diff_trees
 from stockade.supervisor.sandboxes.snapshots.operations import Snapshots, owner_of
 from stockade.supervisor.sandboxes.snapshots.repository import SnapshotStore
@@ -148,7 +149,7 @@ class Checkpoints:
         self._snapshots = snapshots
         self._pruning: set[asyncio.Task[None]] = set()
         self._ledgers: dict[str, asyncio.Lock] = {}
-        self._caches: dict[str, tuple[str, dict[tuple[int, ...], str]]] = {}
+        self._caches: dict[str, tuple[str, Cache]] = {}
         """Per key: its newest checkpoint's name and file keys, so that the next one reads
         no manifest (used only while that checkpoint is still in the store)."""
 
@@ -169,22 +170,26 @@ class Checkpoints:
         name = f"~ckpt-{secrets.token_hex(8)}"
         owner, lineage = owner_of(tenant), sandbox_id(key)
         cache = self._caches.get(key)
+        ledger_written = asyncio.Event()  # the manifest is written after the ledger
         try:
-            taken = await self._snapshots._capture(
-                key, name, False, 0, precopy=False, freeze=config.freeze, cache=cache,
-                want_keys=True, compresslevel=1, later=self._pruning,
-            )  # fmt: skip
-        except SandboxNotFound:
-            return ""
-        self._caches.pop(key, None)
-        self._caches[key] = (name, taken.keys)
-        while len(self._caches) > MAX_CACHED:  # the least recently checkpointed go
-            del self._caches[next(iter(self._caches))]
-        point = Checkpoint(name, call_id, tool, time.time(), taken.stats.bytes_read)
-        async with self._ledger(key):
-            pending = await asyncio.to_thread(
-                add, self.store, owner, lineage, point, config.keep, config.max_mb * MiB
-            )
+            try:
+                taken = await self._snapshots._capture(
+                    key, name, False, 0, precopy=False, freeze=config.freeze, cache=cache,
+                    want_keys=True, compresslevel=1, later=self._pruning, gate=ledger_written,
+                )  # fmt: skip
+            except SandboxNotFound:
+                return ""
+            self._caches.pop(key, None)
+            self._caches[key] = (name, taken.keys)
+            while len(self._caches) > MAX_CACHED:  # the least recently checkpointed go
+                del self._caches[next(iter(self._caches))]
+            point = Checkpoint(name, call_id, tool, time.time(), taken.stats.bytes_read)
+            async with self._ledger(key):
+                pending = await asyncio.to_thread(
+                    add, self.store, owner, lineage, point, config.keep, config.max_mb * MiB
+                )
+        finally:
+            ledger_written.set()
         if pending:  # dropped ones leave the store off the call's path
             task = asyncio.create_task(self._collect(key, owner, lineage))
             self._pruning.add(task)

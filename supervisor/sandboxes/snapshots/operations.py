@@ -63,7 +63,7 @@ from stockade.supervisor.sandboxes.profiles import SandboxProfile
 from stockade.supervisor.sandboxes.quarantine import Quarantines
 from stockade.supervisor.sandboxes.sandbox import Sandbox, SandboxNetwork
 from stockade.supervisor.sandboxes.snapshots import staging
-from stockade.supervisor.sandboxes.snapshots.capture import DIR_FLAGS
+from stockade.supervisor.sandboxes.snapshots.capture import DIR_FLAGS, Cache
 from stockade.supervisor.sandboxes.snapshots.repository import (
     MAIN,
     CaptureSession,
@@ -90,7 +90,7 @@ class Taken:
     snapshot: Snapshot
     stats: CaptureStats
     frozen_s: float
-    keys: dict[tuple[int, ...], str] = field(default_factory=dict)
+    keys: Cache = field(default_factory=dict)
     """With want_keys: the workspace's file keys and digests, the next capture's cache."""
 
 
@@ -258,17 +258,19 @@ class Snapshots:
         *,
         precopy: bool = True,
         freeze: bool = True,
-        cache: tuple[str, dict[tuple[int, ...], str]] | None = None,
+        cache: tuple[str, Cache] | None = None,
         want_keys: bool = False,
         compresslevel: int = 6,
         later: set[asyncio.Task[None]] | None = None,
+        gate: asyncio.Event | None = None,
     ) -> Taken:
         """precopy=False: one pass only (a checkpoint's: few files changed since the last);
         freeze=False: not frozen for it either; `cache`: a capture's name and file keys, kept by
         the caller, used instead of reading the lineage's newest manifest while that capture
         is still in the store (checked under the store's lock: its content cannot go);
         `later`: the manifest is written after this returns, by a task put in `later` (the
-        files' content is in the store already; the store stays held until it is written)."""
+        files' content is in the store already; the store stays held until it is written),
+        once `gate` is set (the caller's own quick writes first: they share the interpreter)."""
         parts = self._parts
         paths = parts.layout.of(key)
         tenant, plain = split(key)
@@ -307,7 +309,7 @@ class Snapshots:
                         max_bytes=max_bytes, compresslevel=compresslevel,
                     )  # fmt: skip
                     if later is not None:
-                        task = asyncio.create_task(_record_later(record, session, key))
+                        task = asyncio.create_task(_record_later(record, session, key, gate))
                         handed = True
                         later.add(task)
                         task.add_done_callback(later.discard)
@@ -489,10 +491,17 @@ class Snapshots:
                 )
 
 
-async def _record_later(record: Callable[[], Snapshot], session: CaptureSession, key: str) -> None:
-    """Write a capture's manifest and give the store back (a checkpoint's, after its call
-    began)."""
+async def _record_later(
+    record: Callable[[], Snapshot],
+    session: CaptureSession,
+    key: str,
+    gate: asyncio.Event | None = None,
+) -> None:
+    """Write a capture's manifest, once `gate` is set, and give the store back (a
+    checkpoint's, after its call began)."""
     try:
+        if gate is not None:
+            await gate.wait()
         await asyncio.to_thread(record)
     except Exception:
         log.exception("the capture of %s was not recorded", shown(key))

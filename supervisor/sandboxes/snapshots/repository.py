@@ -58,11 +58,13 @@ from stockade.supervisor.errors import AlreadyExists, InvalidRequest, NotFound, 
 from stockade.supervisor.sandboxes.snapshots import restore as _restore
 from stockade.supervisor.sandboxes.snapshots.capture import (
     DIR_FLAGS,
+    Cache,
     Captured,
     Entry,
     Limits,
     capture,
     hash_copy,
+    json_quoted,
 )
 
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}")
@@ -159,7 +161,7 @@ class SnapshotStore:
             raise
         return CaptureSession(self, base, fd, lock)
 
-    def _cache(self, base: Path, lineage: str) -> dict[tuple[int, ...], str]:
+    def _cache(self, base: Path, lineage: str) -> Cache:
         """The newest snapshot of `lineage`'s file keys and digests."""
         if not lineage:
             return {}
@@ -171,7 +173,7 @@ class SnapshotStore:
             return {}
         _, parts = _read_manifest(newest[1])
         return {
-            tuple(e.key): e.digest
+            tuple(e.key): e
             for _, entries in parts.values()
             for e in entries
             if e.kind == "f" and e.key
@@ -347,9 +349,7 @@ class CaptureSession:
                 raise QuotaExceeded(self.budget[1])
         return digest, size
 
-    def _walk(
-        self, opener: Opener, cached: dict[tuple[int, ...], str], racy_after_ns: int
-    ) -> Captured:
+    def _walk(self, opener: Opener, cached: Cache, racy_after_ns: int) -> Captured:
         root_fd = opener()
         try:
             return capture(root_fd, self._store.limits, cached, self._write, racy_after_ns)
@@ -359,7 +359,7 @@ class CaptureSession:
         finally:
             os.close(root_fd)
 
-    def cache(self, lineage: str) -> dict[tuple[int, ...], str]:
+    def cache(self, lineage: str) -> Cache:
         return self._store._cache(self.base, lineage)
 
     def holds(self, name: str) -> bool:
@@ -371,7 +371,7 @@ class CaptureSession:
         """The owner's listed snapshots (while the session holds the store, exact)."""
         return sum(not p.name.startswith("~") for p in (self.base / "manifests").glob("*.json.gz"))
 
-    def precopy(self, trees: Mapping[str, Opener], lineage: str) -> dict[tuple[int, ...], str]:
+    def precopy(self, trees: Mapping[str, Opener], lineage: str) -> Cache:
         """Copy the trees while they may still change (the sandbox runs): the cache of a
         capture that follows while they are frozen, which then reads only the files changed
         since. A file whose ctime is within a second of this pass's start is left out of the
@@ -389,7 +389,7 @@ class CaptureSession:
         name: str,
         trees: Mapping[str, Opener],
         lineage: str,
-        cached: dict[tuple[int, ...], str],
+        cached: Cache,
         *,
         source: str = "",
         max_bytes: int = 0,
@@ -407,7 +407,7 @@ class CaptureSession:
             raise SnapshotExists(f"snapshot {name!r} already exists")
 
     def walk(
-        self, trees: Mapping[str, Opener], cached: dict[tuple[int, ...], str]
+        self, trees: Mapping[str, Opener], cached: Cache
     ) -> tuple[dict[str, Captured], CaptureStats]:
         """Read `trees` (MAIN and optional other parts) into the store; files whose key is
         in `cached` are not read again. This is all that needs the trees frozen."""
@@ -514,13 +514,13 @@ def _opener(tree: Path) -> Opener:
     return lambda: os.open(tree, DIR_FLAGS)
 
 
-def keys_of(entries: list[Entry]) -> dict[tuple[int, ...], str]:
+def keys_of(entries: list[Entry]) -> Cache:
     """A capture's entries as the next capture's cache (file key to digest)."""
     return _keys(entries)
 
 
-def _keys(entries: list[Entry]) -> dict[tuple[int, ...], str]:
-    return {tuple(e.key): e.digest for e in entries if e.kind == "f" and e.key}
+def _keys(entries: list[Entry]) -> Cache:
+    return {e.key: e for e in entries if e.kind == "f" and e.key}
 
 
 def _delete(base: Path, name: str) -> int:
@@ -557,18 +557,17 @@ def _write_manifest(
         "files": snap.files, "entries": snap.entries, "bytes": snap.bytes,
         "skipped": list(snap.skipped), "source": snap.source, "parts": list(snap.parts),
     }  # fmt: skip
-    body = {
-        "head": head,
-        "parts": {
-            part: {
-                "root": [one.root_mode, one.root_mtime_ns],
-                "entries": [e.to_json() for e in one.entries],
-            }
-            for part, one in got.items()
-        },
-    }
+    # As json.dumps(ensure_ascii=True, separators=(",", ":")) writes it, each entry's text
+    # made by Entry.json_text (json.dumps of 10,000 entries' lists took about 45 ms).
+    parts = ",".join(
+        f'{json_quoted(part)}:{{"root":[{one.root_mode},{one.root_mtime_ns}],"entries":['
+        + ",".join([e.json_text() for e in one.entries])
+        + "]}"
+        for part, one in got.items()
+    )
+    head_text = json.dumps(head, ensure_ascii=True, separators=(",", ":"))
+    text = f'{{"head":{head_text},"parts":{{{parts}}}}}'
     tmp = path.with_suffix(".tmp")
-    text = json.dumps(body, ensure_ascii=True, separators=(",", ":"))  # the C encoder
     tmp.write_bytes(gzip.compress(text.encode("ascii"), compresslevel=compresslevel))
     os.replace(tmp, path)
 
