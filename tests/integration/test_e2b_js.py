@@ -3,9 +3,10 @@
 as a subprocess with only E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set, creates a
 sandbox, runs a command with onStdout/onStderr streaming and one that fails, writes and reads
 files, watches a folder while a command makes a file in it and files.write replaces another
-(one WRITE, as envd), answers a prompt without a line end once it has arrived (held back, the
-run would never end), forks the sandbox twice, lists by metadata and kills the sandbox. What it prints must be what the sandbox did, the sandbox must be gone, and the audit
-log must show its calls with the front "e2b"."""
+(one WRITE, as envd), answers a prompt without a line end once it has arrived (held back,
+the run would never end), forks the sandbox twice, lists by metadata and kills the sandbox.
+What it prints must be what the sandbox did, the sandbox must be gone, and the audit log
+must show its calls with the front "e2b"."""
 
 from __future__ import annotations
 

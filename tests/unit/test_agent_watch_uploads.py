@@ -1,7 +1,7 @@
 """An upload seen by a watch as E2B's envd shows a write: `write` of the file it replaces,
-`create`, `chmod` and `write` of a new one (envd's open, chown and write), never the temporary file or a create of the final name;
-a failed upload shows nothing and leaves the old file; lone renames of files named like an
-upload's do not grow the watch's memory."""
+`create`, `chmod` and `write` of a new one (envd's open, chown and write), never the
+temporary file or a create of the final name; a failed upload shows nothing and leaves the
+old file; lone renames of files named like an upload's do not grow the watch's memory."""
 
 from __future__ import annotations
 
