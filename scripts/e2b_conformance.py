@@ -120,9 +120,8 @@ def run_variant(
 def parse_junit(path: Path) -> dict[str, tuple[str, str]]:
     results: dict[str, tuple[str, str]] = {}
     for case in ElementTree.parse(path).iter("testcase"):
-        test_file = (
-            case.get("file") or "tests/" + case.get("classname", "").replace(".", "/") + ".py"
-        )
+        # xunit1 names the file; else the class name is the module's path from the rootdir
+        test_file = case.get("file") or case.get("classname", "").replace(".", "/") + ".py"
         test_id = f"{test_file}::{case.get('name')}"
         outcome, why = "passed", ""
         for child in case:
