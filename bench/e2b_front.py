@@ -1,17 +1,19 @@
 """E2B against gRPC: what a warm `commands.run("true")` through the unmodified e2b SDK costs,
-beside a warm gRPC `exec true`, on one supervisor.
+beside a warm gRPC `exec "/bin/bash -l -c true"` (the same login shell the SDK asks for), on
+one supervisor.
 
 One `stockade serve` serves the gRPC API and `[e2b] listen` on 127.0.0.1. The E2B side is
 the e2b Python SDK's sync `Sandbox` (one sandbox, created once, held for the whole run as
 an agent would hold it); the gRPC side the sync client on a sandbox of its own. After a
 warm-up on each they take turns in rounds (each round's order rotated by one), and each
-round reads the supervisor's CPU time from /proc. They do different work: `exec true` is one
-`exec` call, `commands.run("true")` a `process start` that follows its process (`bash -l -c
-true`: a login shell reads its profile) over E2B's Connect stream.
+round reads the supervisor's CPU time from /proc. Both run `bash -l -c true` (a login shell
+reads its profile: ~1.6 ms that no front can save); the gRPC side as one `exec` call, the E2B
+side as a `process start` that follows its process over E2B's Connect stream.
 
 Reported: median and p90 of each, the supervisor's and this process's CPU per call, E2B -
-gRPC pooled and per pair of rounds, and the issue's target: `commands.run("true")` through
-the SDK costs at most 3 ms, median, warm.
+gRPC pooled and per pair of rounds, and the issue's target (issue 28, replacing issue 17's
+absolute 3 ms, which the login shell alone makes unreachable): the E2B front adds at most
+1 ms, judged on the median over pairs of rounds of E2B's median minus gRPC's.
 
 Alone: `python -m bench --only e2b [--engine E] [--n N] [--rounds R]`, which puts its figures
 under engines.<engine>.e2b in bench/results.json and keeps the rest of the record.
@@ -30,7 +32,7 @@ from typing import Any
 from e2b import Sandbox
 
 from bench import stockade_runs
-from bench.compare import one_round, thread_ns
+from bench.compare import thread_ns
 from bench.compare_stats import Round, nearest_rank, side_summary
 from bench.cpu import TICK, cpu_ticks
 from bench.engines import bring_up
@@ -41,13 +43,32 @@ from stockade.client import Stockade
 
 KEY = "bench-e2b-grpc"
 FRONTS = ("grpc", "e2b")
-TARGET_MS = 3.0
-"""Issue 17: commands.run("true") through the SDK, median, warm."""
+GRPC_COMMAND = "/bin/bash -l -c true"
+"""What the gRPC side runs: the command line the SDK's commands.run("true") runs."""
+TARGET_MS = 1.0
+"""Issue 28: what the E2B front adds to the same command, median of the pairs, warm."""
 DEFAULT_ROUNDS = 10
 
 
 def config(listen: str) -> str:
     return f'[e2b]\nlisten = "{listen}"\n'
+
+
+def grpc_bash_true(client: Stockade) -> None:
+    result = client.sandbox(KEY).exec(GRPC_COMMAND)
+    if result.is_error or result.exit_code != 0:
+        raise RuntimeError(f"gRPC exec {GRPC_COMMAND!r} failed: {result.for_llm}")
+
+
+def grpc_round(client: Stockade, pid: int, calls: int) -> Round:
+    """`calls` warm gRPC `exec "/bin/bash -l -c true"`, like compare.one_round."""
+    samples = []
+    ticks, ns = cpu_ticks(pid)[0], thread_ns(pid)
+    for _ in range(calls):
+        started = time.perf_counter()
+        grpc_bash_true(client)
+        samples.append(time.perf_counter() - started)
+    return Round(tuple(samples), cpu_ticks(pid)[0] - ticks, thread_ns(pid) - ns)
 
 
 def e2b_round(sbx: Sandbox, pid: int, calls: int) -> Round:
@@ -73,11 +94,11 @@ def measure(
         with Stockade(sup.target) as grpc_client:
             try:
                 runs: dict[str, Callable[[], Round]] = {
-                    "grpc": lambda: one_round(grpc_client, sup.pid, calls, KEY),
+                    "grpc": lambda: grpc_round(grpc_client, sup.pid, calls),
                     "e2b": lambda: e2b_round(sbx, sup.pid, calls),
                 }
                 for _ in range(warmup):
-                    stockade_runs.exec_true(grpc_client, KEY)
+                    grpc_bash_true(grpc_client)
                     sbx.commands.run("true")
                 for _, front in rotation(rounds, FRONTS):
                     before = time.process_time()
@@ -97,11 +118,15 @@ def compared(measured: Mapping[str, Sequence[Round]], tick_hz: int) -> dict[str,
         "e2b": side_summary(e2b, tick_hz),
     }
     result["e2b_minus_grpc"] = pairwise(grpc, e2b, result["grpc"], result["e2b"])
-    median = result["e2b"]["median_ms"]
-    per_round = [statistics.median(r.seconds) * 1e3 for r in e2b]
+    added = result["e2b_minus_grpc"]["median_ms"]["pairs_median"]
+    per_pair = [
+        statistics.median(o.seconds) * 1e3 - statistics.median(b.seconds) * 1e3
+        for b, o in zip(grpc, e2b, strict=True)
+    ]
     result["target_ms"] = TARGET_MS
-    result["met"] = median <= TARGET_MS
-    result["rounds_met"] = sum(m <= TARGET_MS for m in per_round)
+    result["added_ms"] = added
+    result["met"] = added <= TARGET_MS
+    result["rounds_met"] = sum(d <= TARGET_MS for d in per_pair)
     result["e2b"]["p99_ms"] = round(
         nearest_rank([s for r in e2b for s in r.seconds], 0.99) * 1e3, 3
     )
@@ -130,7 +155,7 @@ ROWS = (
 
 def section(engine: str, result: dict[str, Any]) -> str:
     """The table `make bench` prints for one engine."""
-    head = f"== {engine}: E2B commands.run('true') against gRPC exec true"
+    head = f"== {engine}: E2B commands.run('true') against gRPC exec {GRPC_COMMAND!r}"
     if "error" in result:
         return f"{head} ==\n  n/a: {result['error']}"
     lines = [
@@ -150,10 +175,14 @@ def section(engine: str, result: dict[str, Any]) -> str:
         f"  {'client CPU per call (µs)':30}{grpc['client_cpu_us_per_call']:>9.0f}"
         f"{e2b['client_cpu_us_per_call']:>9.0f}   (this process: the SDK's own share)"
     )
-    word = "met" if result["met"] else "MISSED"
+    word = "met" if result["met"] else "not met"
     lines.append(
-        f"  E2B median {e2b['median_ms']:.2f} ms   target <= {result['target_ms']:g} ms   "
-        f"{word} ({result['rounds_met']} of {result['rounds']} rounds within it)"
+        f"  E2B front adds {result['added_ms']:.2f} ms (median of the pairs; E2B median "
+        f"{e2b['median_ms']:.2f} ms, gRPC {grpc['median_ms']:.2f} ms)"
+    )
+    lines.append(
+        f"  E2B front adds <= {result['target_ms']:g} ms: {word} "
+        f"({result['rounds_met']} of {result['rounds']} pairs of rounds within it)"
     )
     return "\n".join(lines)
 

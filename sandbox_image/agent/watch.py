@@ -24,8 +24,9 @@ ends, with "too many folders".
 An upload's temporary file (transfers.UPLOAD_PREFIX) is not reported, and its rename into
 place is reported as envd reports an in-place write (envd writes uploads in place, Stockade
 writes them whole to a temporary file first so that a failed upload leaves the old file as it
-was): `write` of the file it replaces, or `create` and `write` of a new one. A file of the
-sandbox's own named `.stockade-upload-*` is not reported either.
+was): `write` of the file it replaces, or `create`, `chmod` and `write` of a new one (envd
+creates it, gives it to the user, then writes; E2B's SDK tests count the three). A file of
+the sandbox's own named `.stockade-upload-*` is not reported either.
 
 Every folder is opened and checked to be inside the workspace (paths.open_dir) before its
 watch is added through /proc/self/fd: a folder swapped for a symlink is never followed out.
@@ -228,8 +229,9 @@ class Watch:
                 self._await_landing(cookie, name.endswith("-w"))
             return
         if mask & IN_MOVED_TO and cookie in self._landing:
-            if not self._landing.pop(cookie):
+            if not self._landing.pop(cookie):  # envd: open(O_CREAT), chown, write
                 yield Change("create", relative)
+                yield Change("chmod", relative)
             yield Change("write", relative)
             return
         for bit, kind in _KINDS:

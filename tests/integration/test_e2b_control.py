@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from e2b import AsyncSandbox, Sandbox, SandboxQuery, SandboxState
@@ -86,6 +87,15 @@ def test_create_info_list_timeout_kill(served: E2bServed) -> None:
         assert metrics[0].mem_total > 0
         assert metrics[0].mem_used > 0  # from the container's cgroup
         assert metrics[0].mem_used <= metrics[0].mem_total
+        # a range: the sample of now only when the range reaches into the sandbox's life
+        born = later.started_at
+        assert len(sbx.get_metrics(start=born, end=datetime.now(UTC))) == 1
+        before = born - timedelta(hours=1)
+        assert sbx.get_metrics(start=before, end=born - timedelta(minutes=30)) == []
+        assert sbx.get_metrics(start=datetime.now(UTC) + timedelta(hours=1)) == []
+        status, body = rest(served, "GET", f"/sandboxes/{sbx.sandbox_id}/metrics?start=soon")
+        assert status == 400
+        assert "unix seconds" in body["message"]
     finally:
         assert sbx.kill() is True
     assert Sandbox.kill(sbx.sandbox_id, **served.opts()) is False  # unknown now

@@ -181,3 +181,43 @@ def test_paths_outside_the_home(served: E2bServed) -> None:
     finally:
         sbx.kill()
         other.kill()
+
+
+def test_signed_urls(served: E2bServed) -> None:
+    """download_url/upload_url as the SDK signs them (no header, no token): a download and a
+    multipart upload work, and the upload is audited as any file write; an expired one is
+    envd's 401, an altered one 401, another tenant's signature reaches only its own
+    sandbox."""
+    sbx = Sandbox.create(timeout=120, secure=True, **served.opts())
+    theirs = Sandbox.create(timeout=120, **served.opts(served.other))
+    try:
+        sbx.files.write("signed.txt", "for a signed url\n")
+        with httpx.Client() as http:
+            got = http.get(sbx.download_url("signed.txt", "user", 120))
+            assert (got.status_code, got.text) == (200, "for a signed url\n")
+            assert http.get(sbx.download_url("/home/user/signed.txt")).text == got.text
+            up = http.post(sbx.upload_url("/tmp/up.txt"), files={"file": ("up.txt", b"up\n")})
+            assert up.status_code == 200, up.text
+            assert up.json()[0]["path"] == "/tmp/up.txt"
+            assert sbx.files.read("/tmp/up.txt") == "up\n"
+            expired = http.get(sbx.download_url("signed.txt", use_signature_expiration=-60))
+            assert expired.status_code == 401
+            assert expired.json() == {"code": 401, "message": "signature is already expired"}
+            altered = sbx.download_url("signed.txt").replace("signed.txt", "other.txt")
+            assert http.get(altered).json() == {"code": 401, "message": "invalid signature"}
+            read_for_write = sbx.download_url("/tmp/up.txt")
+            refused = http.post(read_for_write, files={"file": ("up.txt", b"evil\n")})
+            assert refused.status_code == 401
+            assert sbx.files.read("/tmp/up.txt") == "up\n"
+            theirs.files.write("signed.txt", "theirs\n")
+            assert http.get(theirs.download_url("signed.txt")).text == "theirs\n"
+    finally:
+        sbx.kill()
+        theirs.kill()
+    with served.sup.client(token=served.token) as client:
+        uploads = [
+            r
+            for r in client.list_audit(tool="upload_file", limit=500)
+            if sbx.sandbox_id in r.sandbox_key and r.front == "e2b"
+        ]
+    assert len(uploads) == 2  # files.write, then the signed upload

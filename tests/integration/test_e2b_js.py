@@ -3,9 +3,10 @@
 as a subprocess with only E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set, creates a
 sandbox, runs a command with onStdout/onStderr streaming and one that fails, writes and reads
 files, watches a folder while a command makes a file in it and files.write replaces another
-(one WRITE, as envd), lists by metadata and kills the
-sandbox. What it prints must be what the sandbox did, the sandbox must be gone, and the audit
-log must show its calls with the front "e2b"."""
+(one WRITE, as envd), answers a prompt without a line end once it has arrived (held back,
+the run would never end), forks the sandbox twice, lists by metadata and kills the sandbox.
+What it prints must be what the sandbox did, the sandbox must be gone, and the audit log
+must show its calls with the front "e2b"."""
 
 from __future__ import annotations
 
@@ -67,6 +68,10 @@ def test_the_js_sdk_runs_unchanged(e2b_typescript: list[str], served: E2bServed)
     old = [e["type"] for e in out["watched"] if e["name"] == "old.txt"]
     assert old == ["write"], out["watched"]  # files.write over a file: envd's one WRITE
     assert not [e for e in out["watched"] if ".stockade-upload" in e["name"]]
+    assert out["prompt"]["beforeAnswer"] == "name? "  # no line end, yet there before the answer
+    assert out["prompt"]["stdout"] == "name? hi js\n"
+    assert [f["text"] for f in out["forked"]] == ["from the source"] * 2
+    assert len({f["id"] for f in out["forked"]} | {sandbox_id}) == 3
     assert out["listed"] == [sandbox_id]
     assert out["killed"] is True
     with served.sup.client(token=served.token) as client:

@@ -108,7 +108,8 @@ async def test_watch_dir_async_streams_events(served: E2bServed) -> None:
 
 def test_write_over_a_file_is_seen_as_envd_s_write(served: E2bServed) -> None:
     """files.write over an existing file: a WRITE of that name, as E2B's SDK tests wait for;
-    a new file: CREATE then WRITE; never the upload's temporary file."""
+    a new file: CREATE, CHMOD, WRITE (envd's open, chown, write: E2B's sync tests count three);
+    never the upload's temporary file."""
     sbx = Sandbox.create(timeout=120, **served.opts())
     try:
         sbx.files.write("/home/user/ww/old.txt", "old")
@@ -125,6 +126,7 @@ def test_write_over_a_file_is_seen_as_envd_s_write(served: E2bServed) -> None:
         assert pairs(seen) == [
             (FilesystemEventType.WRITE, "old.txt"),
             (FilesystemEventType.CREATE, "new.txt"),
+            (FilesystemEventType.CHMOD, "new.txt"),
             (FilesystemEventType.WRITE, "new.txt"),
         ]
         assert sbx.files.read("/home/user/ww/old.txt") == "new content"

@@ -1,7 +1,7 @@
 """An upload seen by a watch as E2B's envd shows a write: `write` of the file it replaces,
-`create` and `write` of a new one, never the temporary file or a create of the final name;
-a failed upload shows nothing and leaves the old file; lone renames of files named like an
-upload's do not grow the watch's memory."""
+`create`, `chmod` and `write` of a new one (envd's open, chown and write), never the
+temporary file or a create of the final name; a failed upload shows nothing and leaves the
+old file; lone renames of files named like an upload's do not grow the watch's memory."""
 
 from __future__ import annotations
 
@@ -46,11 +46,15 @@ async def test_an_upload_over_a_file_is_one_write(ws: Path) -> None:
     assert (ws / "old.txt").read_text() == "new content"
 
 
-async def test_an_upload_of_a_new_file_is_create_then_write(ws: Path) -> None:
+async def test_an_upload_of_a_new_file_is_create_chmod_then_write(ws: Path) -> None:
     async with watching(ws, ".", recursive=True) as seen:
         await upload(ws, "sub/new.txt", b"x")
         await seen.until("write", "sub/new.txt")
-    assert seen.pairs() == [("create", "sub/new.txt"), ("write", "sub/new.txt")]
+    assert seen.pairs() == [
+        ("create", "sub/new.txt"),
+        ("chmod", "sub/new.txt"),
+        ("write", "sub/new.txt"),
+    ]
     assert not any(transfers.UPLOAD_PREFIX in name for _, name in seen.pairs())
 
 

@@ -275,7 +275,7 @@ class Recorder:
 
 
 async def call(
-    app: Any, headers: dict[str, str], method: str = "GET", path: str = "/health"
+    app: Any, headers: dict[str, str], method: str = "GET", path: str = "/health", query: str = ""
 ) -> tuple[int, dict[str, Any] | None]:
     scope = {
         "type": "http",
@@ -288,7 +288,7 @@ async def call(
         "path": path,
         "raw_path": path.encode(),
         "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
-        "query_string": b"",
+        "query_string": query.encode(),
         "state": {},
     }
     sent: list[dict[str, Any]] = []

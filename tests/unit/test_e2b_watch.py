@@ -160,3 +160,54 @@ async def test_watchers_per_sandbox_are_capped(
     assert info.value.code == "resource_exhausted"
     await w.close()
     assert script.closed == 1
+
+
+async def test_a_poll_waits_for_the_fronts_own_writes(script: Script) -> None:
+    """E2B's sync tests write, then poll at once: the poll answers once the write's events
+    are in (not before), and does not wait for writes it cannot see."""
+    w = watches()
+    wid = (await w.create_watcher(request(), {"path": "/home/user/x"}))["watcherId"]
+    w.wrote("sb1", "x/f.txt")
+    w.wrote("sb1", "x/sub/deep.txt")  # not recursive: not seen, not awaited
+    w.wrote("sb1", "y/f.txt")  # another folder
+    w.wrote("sb2", "x/g.txt")  # another sandbox
+    poll = asyncio.create_task(w.get_watcher_events(request(), {"watcherId": wid}))
+    await script.queue.put(Change("create", "f.txt", False))
+    await script.queue.put(Change("chmod", "f.txt", False))
+    await settle()
+    assert not poll.done()
+    await script.queue.put(Change("write", "f.txt", False))
+    got = await asyncio.wait_for(poll, 10)
+    assert [e["type"] for e in got["events"]] == [
+        "EVENT_TYPE_CREATE",
+        "EVENT_TYPE_CHMOD",
+        "EVENT_TYPE_WRITE",
+    ]
+    assert await w.get_watcher_events(request(), {"watcherId": wid}) == {"events": []}
+
+
+async def test_a_recursive_watcher_awaits_deeper_writes(script: Script) -> None:
+    w = watches()
+    wid = (await w.create_watcher(request(), {"path": "x", "recursive": True}))["watcherId"]
+    w.wrote("sb1", "x/sub/deep.txt")
+    poll = asyncio.create_task(w.get_watcher_events(request(), {"watcherId": wid}))
+    await settle()
+    assert not poll.done()
+    await script.queue.put(Change("write", "sub/deep.txt", False))
+    got = await asyncio.wait_for(poll, 10)
+    assert got["events"] == [{"name": "sub/deep.txt", "type": "EVENT_TYPE_WRITE"}]
+
+
+async def test_a_write_that_never_shows_does_not_hold_the_poll(
+    script: Script, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(envd_watch, "SETTLE_S", 0.05)
+    w = watches()
+    wid = (await w.create_watcher(request(), {"path": "."}))["watcherId"]
+    w.wrote("sb1", "hidden.txt")
+    assert await w.get_watcher_events(request(), {"watcherId": wid}) == {"events": []}
+    w.wrote("sb1", "other.txt")  # the watch ends meanwhile: the poll answers at once
+    await script.queue.put(Change("gone", "", False))
+    monkeypatch.setattr(envd_watch, "SETTLE_S", 3600.0)
+    got = await asyncio.wait_for(w.get_watcher_events(request(), {"watcherId": wid}), 10)
+    assert got == {"events": []}

@@ -8,13 +8,16 @@
 // Creates a sandbox with metadata and env vars, runs a command whose output streams through
 // onStdout and onStderr, one that fails (CommandExitError), writes a text file and a binary one
 // and reads them back, watches a folder while a command makes a file in it and files.write
-// replaces another, lists the
-// sandboxes of its metadata, and kills the sandbox, printing one JSON object a line:
+// replaces another, answers a prompt that has no line end once it arrives, forks the sandbox
+// twice and reads a file in each fork, lists the sandboxes of its metadata, and kills the
+// sandbox, printing one JSON object a line:
 //   {"sandbox": ID}
 //   {"run": {exitCode, stdout, stderr}, "chunks": {stdout: [...], stderr: [...]}}
 //   {"failed": {exitCode, stdout, stderr, error}}
 //   {"files": {text, binaryBytes, binarySame}}
 //   {"watched": [{name, type}, ...]}
+//   {"prompt": {beforeAnswer, stdout}}
+//   {"forked": [{id, text}, ...]}
 //   {"listed": [ID, ...]}
 //   {"killed": true}
 // Exits 1 on any error, with `error: NAME: message` on stderr.
@@ -77,6 +80,36 @@ async function main(): Promise<void> {
     }
     await watch.stop();
     print({ watched: seen });
+
+    // A prompt without a line end reaches onStdout while its command waits for the answer:
+    // the answer is sent only once the prompt has arrived (held back, this would never end).
+    const prompted: string[] = [];
+    let promptArrived = (): void => undefined;
+    const arrived = new Promise<void>((resolve) => (promptArrived = resolve));
+    const asking = await sbx.commands.run('printf "name? "; read -r name; echo "hi $name"', {
+      background: true,
+      stdin: true,
+      onStdout: (data) => {
+        prompted.push(data);
+        if (prompted.join("").includes("name? ")) promptArrived();
+      },
+    });
+    await arrived;
+    const before = prompted.join("");
+    await asking.sendStdin("js\n");
+    const answered = await asking.wait();
+    print({ prompt: { beforeAnswer: before, stdout: answered.stdout } });
+
+    // A fork of the sandbox with the files it had: two sandboxes, each its own.
+    await sbx.files.write("/home/user/forked.txt", "from the source");
+    const forks = await sbx.fork({ count: 2, timeoutMs: 60_000 });
+    const forked: { id: string; text: string }[] = [];
+    for (const fork of forks) {
+      if (fork instanceof Error) throw fork;
+      forked.push({ id: fork.sandboxId, text: await fork.files.read("/home/user/forked.txt") });
+      await fork.kill();
+    }
+    print({ forked });
 
     const paginator = Sandbox.list({ query: { metadata: { example: tag } } });
     const listed = (await paginator.nextItems()).map((s) => s.sandboxId);

@@ -482,11 +482,18 @@ class Control:
         return Response(status_code=204)
 
     async def metrics_of(self, request: Request) -> Response:
-        """GET /sandboxes/{id}/metrics: one sample of now (metrics.py), [] when its
-        container is not running."""
+        """GET /sandboxes/{id}/metrics?start=&end=: one sample of now (metrics.py), [] when
+        its container is not running or the range (unix seconds, E2B's `start` and `end`)
+        lies wholly before the sandbox's start or after now: there is no history to give."""
         _tenant, sandbox = self.own(request)
         held = self.ctx.manager.registry.get(sandbox.key)
         if held is None or not held.info.running:
+            return JSONResponse([])
+        start = _unix_seconds(request.query_params.get("start"), "start")
+        end = _unix_seconds(request.query_params.get("end"), "end")
+        if (end is not None and end < int(sandbox.started_at)) or (
+            start is not None and start > time.time()
+        ):
             return JSONResponse([])
         workspace = self.ctx.manager.layout.of(sandbox.key).workspace
         sample = self.metrics.now(sandbox.sandbox_id, held.info.pid, held.born, workspace)
@@ -557,3 +564,12 @@ class Control:
             log.info("E2B sandbox %s removed: its timeout passed", sandbox.sandbox_id)
             count += 1
         return count
+
+
+def _unix_seconds(text: str | None, name: str) -> int | None:
+    """A query's time in unix seconds (None: not given); 400 unless a whole number."""
+    if text is None:
+        return None
+    if not text.isdigit() or len(text) > 12:
+        raise ApiError(400, f"{name} must be a time in whole unix seconds")
+    return int(text)

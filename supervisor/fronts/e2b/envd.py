@@ -86,6 +86,7 @@ def build_envd_app(ctx: E2bContext) -> Starlette:
     ctx.pausers.append(processes.drop)
     watches = Watches(ctx)
     ctx.forgetters.append(watches.forget)
+    files.wrote = watches.wrote
     limit = ctx.config.max_request_bytes
     quota_mb = ctx.config.sandbox.workspace_size_mb
     upload_limit = quota_mb << 20 if quota_mb else None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import posixpath
 import shlex
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -201,6 +201,8 @@ def shown_path(real: str) -> str:
 class Files:
     def __init__(self, ctx: E2bContext) -> None:
         self._ctx = ctx
+        self.wrote: Callable[[str, str], None] | None = None
+        """Told (E2B sandbox id, workspace path) of each file an upload wrote in the home."""
 
     @property
     def _transfers(self) -> FileTransfers:
@@ -228,6 +230,8 @@ class Files:
     async def upload(self, request: Request, path: str, chunks: AsyncIterator[bytes]) -> Json:
         target = target_of(path)
         await self._transfers.upload(self.transfer(request, target), chunks)
+        if self.wrote is not None and not target.wide:
+            self.wrote(sandbox_of(request).sandbox_id, target.path)
         return {"name": posixpath.basename(target.shown), "type": "file", "path": target.shown}
 
     # Filesystem RPCs, as shell commands through the pipeline's exec tool

@@ -10,11 +10,19 @@ A polling watcher runs its watch in a task of its own and buffers the events bet
 (at most MAX_BUFFERED; past that it stops with data_loss rather than grow without bound or
 drop events silently). Watchers are dropped when RemoveWatcher comes, when their sandbox is
 killed (the front's forgetters), and when nobody polled them for IDLE_S: each holds its
-sandbox's lease, which would otherwise keep an abandoned sandbox busy for ever."""
+sandbox's lease, which would otherwise keep an abandoned sandbox busy for ever.
+
+A poll sees the front's own writes: after a `files.write` into a polling watcher's folder,
+its events travel from the agent's inotify to the buffer while the SDK may already poll
+(E2B's sync tests write, then poll at once, and count the events). So the upload tells the
+watchers (`wrote`), and the next poll waits, at most SETTLE_S, until each such file's
+`write` has arrived; a poll with nothing awaited answers at once."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import posixpath
 import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -46,6 +54,8 @@ MAX_WATCHERS: Final = 16
 IDLE_S: Final = 600.0
 """A watcher nobody polled for this long is dropped."""
 SWEEP_S: Final = 30.0
+SETTLE_S: Final = 2.0
+"""The longest a poll waits for the events of the front's own writes into the folder."""
 _TYPES: Final = {
     "create": "EVENT_TYPE_CREATE",
     "write": "EVENT_TYPE_WRITE",
@@ -64,6 +74,24 @@ class _Watcher:
     error: ConnectError | None = None
     ended: bool = False
     polled_at: float = field(default_factory=time.monotonic)
+    folder: str = "."
+    """The watched folder, relative to the workspace."""
+    recursive: bool = False
+    awaited: set[str] = field(default_factory=set)
+    """Names the front wrote since the last poll whose `write` has not arrived yet."""
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def name_of(self, rel: str) -> str | None:
+        """A workspace path's name as this watcher reports it; None when outside its view."""
+        if self.folder == ".":
+            name = rel
+        elif rel.startswith(self.folder + "/"):
+            name = rel[len(self.folder) + 1 :]
+        else:
+            return None
+        if not name or name.startswith("../") or ("/" in name and not self.recursive):
+            return None
+        return name
 
 
 class Watches:
@@ -108,7 +136,10 @@ class Watches:
             raise ConnectError(
                 "resource_exhausted", f"too many watchers in this sandbox (at most {MAX_WATCHERS})"
             )
-        watcher = _Watcher(secrets.token_hex(8))
+        folder = posixpath.normpath(workspace_path(str(msg.get("path", ""))))
+        watcher = _Watcher(
+            secrets.token_hex(8), folder=folder, recursive=bool(msg.get("recursive"))
+        )
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         watcher.task = asyncio.create_task(self._pump(watcher, self._watch(request, msg), started))
         mine[watcher.watcher_id] = watcher
@@ -124,6 +155,7 @@ class Watches:
         sandbox_id = sandbox_of(request).sandbox_id
         watcher = self._find(sandbox_id, msg)
         watcher.polled_at = time.monotonic()
+        await _settled(watcher)
         events, watcher.events = watcher.events, []
         if not events and watcher.error is not None:
             self._drop(sandbox_id, watcher.watcher_id)
@@ -135,6 +167,14 @@ class Watches:
         watcher = self._find(sandbox_id, msg)
         self._drop(sandbox_id, watcher.watcher_id)
         return {}
+
+    def wrote(self, sandbox_id: str, rel: str) -> None:
+        """The front wrote this file (relative to the workspace): the next poll of a watcher
+        that sees it waits for its `write`."""
+        for watcher in self._watchers.get(sandbox_id, {}).values():
+            name = watcher.name_of(rel)
+            if name is not None and not watcher.ended and len(watcher.awaited) < MAX_BUFFERED:
+                watcher.awaited.add(name)
 
     def forget(self, sandbox_id: str) -> None:
         """The sandbox is gone: its watchers with it."""
@@ -188,6 +228,9 @@ class Watches:
                     )
                 else:
                     watcher.events.append(_event(item))
+                    if item.kind == "write" and item.name in watcher.awaited:
+                        watcher.awaited.discard(item.name)
+                        watcher.arrived.set()
             if not started.done():
                 raise ConnectError("internal", "the watch ended before it started")
         except Exception as exc:
@@ -202,6 +245,7 @@ class Watches:
             raise
         finally:
             watcher.ended = True
+            watcher.arrived.set()
             await events.aclose()
 
     def _start_sweeper(self) -> None:
@@ -217,6 +261,19 @@ class Watches:
                 for watcher_id, watcher in list(mine.items()):
                     if now - watcher.polled_at > IDLE_S:
                         self._drop(sandbox_id, watcher_id)
+
+
+async def _settled(watcher: _Watcher) -> None:
+    """Wait (at most SETTLE_S) until the writes the front made have reached the buffer."""
+    deadline = time.monotonic() + SETTLE_S
+    while watcher.awaited and not watcher.ended:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        watcher.arrived.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(watcher.arrived.wait(), left)
+    watcher.awaited.clear()
 
 
 def _connect_error(exc: Exception) -> ConnectError:

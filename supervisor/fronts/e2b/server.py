@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import parse_qsl
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -28,8 +29,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from stockade.supervisor.auth import Authenticator
 from stockade.supervisor.calls.pipeline import HostPolicy, ToolPipeline
 from stockade.supervisor.config import Config
-from stockade.supervisor.fronts.backoff import client_of, presents
+from stockade.supervisor.fronts.backoff import Presented, client_of, presents
 from stockade.supervisor.fronts.bodies import BodyAudit
+from stockade.supervisor.fronts.e2b import signed
 from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
 from stockade.supervisor.fronts.e2b.control import Control
 from stockade.supervisor.fronts.e2b.envd import build_envd_app
@@ -70,6 +72,8 @@ class Dispatch:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sandbox_id = header(scope, SANDBOX_HEADER) if scope["type"] == "http" else None
         if sandbox_id is None:
+            if scope["type"] == "http" and await self._signed(scope, receive, send):
+                return
             await self._control(scope, receive, send)
             return
         sandbox = self.sandbox_for(sandbox_id)
@@ -77,14 +81,39 @@ class Dispatch:
             await _answer(scope, receive, send, 502, f"The sandbox {sandbox_id[:64]} was not found")
             return
         if not token_matches(header(scope, TOKEN_HEADER), sandbox):
-            refusals = self._ctx.policy.refusals
-            if refusals is not None:
-                refusals.refused(FRONT, client_of(scope), "invalid envd access token")
+            self._refused(scope, "invalid envd access token")
             message = "unauthorized access, please provide a valid access token (X-Access-Token)"
             await _answer(scope, receive, send, 401, message)
             return
+        await self._to_envd(scope, receive, send, sandbox)
+
+    async def _signed(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """A signed `/files` URL (signed.py) goes to envd as its sandbox's: True when the
+        request was one (answered here or by envd)."""
+        query = Request(scope).query_params
+        if not signed.is_signed(scope["method"], scope["path"], query):
+            return False
+        try:
+            sandbox = signed.signed_sandbox(scope["method"], query, self._ctx.records, time.time())
+        except signed.SignatureRefused as exc:
+            self._refused(scope, f"signed URL: {exc.message}")
+            await _answer(scope, receive, send, 401, exc.message)
+            return True
+        await self._to_envd(scope, receive, send, sandbox)
+        return True
+
+    def _refused(self, scope: Scope, why: str) -> None:
+        refusals = self._ctx.policy.refusals
+        if refusals is not None:
+            refusals.refused(FRONT, client_of(scope), why)
+
+    async def _to_envd(
+        self, scope: Scope, receive: Receive, send: Send, sandbox: E2bSandbox
+    ) -> None:
         if not await self._awake(scope, sandbox):
-            message = f"The sandbox {sandbox_id} was not found: it is paused (connect resumes it)"
+            message = (
+                f"The sandbox {sandbox.sandbox_id} was not found: it is paused (connect resumes it)"
+            )
             await _answer(scope, receive, send, 502, message)
             return
         scope = dict(scope)
@@ -113,6 +142,22 @@ def token_matches(given: str | None, sandbox: E2bSandbox) -> bool:
     if not given:
         return False
     return hmac.compare_digest(given.encode("utf-8", "replace"), sandbox.access_token.encode())
+
+
+def _credentials(headers: Presented) -> Presented:
+    """Credentials are presented by those headers or, on `/files`, a signed URL's signature:
+    a refused one earns the back-off as a wrong token does."""
+
+    def presented(scope: Scope) -> bytes | None:
+        found = headers(scope)
+        if found is None and scope.get("path") == "/files":
+            query = bytes(scope.get("query_string", b"")).decode("latin-1")
+            for name, value in parse_qsl(query):
+                if name == "signature":
+                    return b"signature=" + value.encode("latin-1", "replace")
+        return found
+
+    return presented
 
 
 async def _api_error(_request: Request, exc: Exception) -> Response:
@@ -185,7 +230,7 @@ class E2bFront:
         app, self.control = build_app(ctx)
         self._socket = listening_socket(listen, "e2b.listen", "E2B", 512)
         self.port: int = self._socket.getsockname()[1]
-        credentials = presents(b"x-api-key", TOKEN_HEADER)
+        credentials = _credentials(presents(b"x-api-key", TOKEN_HEADER))
         self._server = http_server(app, ctx.config.http, "e2b", credentials)
         self._task: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
