@@ -205,7 +205,7 @@ def test_warm_pool_serves_a_new_key_refills_and_is_adopted(engine: str) -> None:
             found = instance_containers(engine, url, sup)
             return [i.id for i in found if LABEL_POOL in i.labels and i.id != taken and i.running]
 
-        ready = re.compile(r"warm pool: container \S+ ready")
+        ready = re.compile(r"warm pool: container \S+ \(base\) ready")  # the profile it is for
         wait_for(lambda: ready.search(sup.log()), "the pool's first container")
         pooled = unassigned()[0]
         with sup.client() as c:
