@@ -106,9 +106,12 @@ def test_lifecycle_options_the_sdk_lets_through_are_checked(served: E2bServed) -
 
 
 def test_on_timeout_pause_pauses_instead_of_killing(served: E2bServed) -> None:
-    sbx = Sandbox.create(timeout=2, lifecycle={"on_timeout": "pause"}, **served.opts())
+    sbx = Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause"}, **served.opts())
     try:
         sbx.files.write("/home/user/kept.txt", "kept")
+        # the short timeout only once the file is there: a create's `timeout=2` could pass
+        # before the write on a loaded machine (seen under make test's parallel shards)
+        sbx.set_timeout(2)
         deadline = time.monotonic() + 30
         while sbx.get_info().state != SandboxState.PAUSED:  # the sweep pauses it
             assert time.monotonic() < deadline, "not paused at its timeout"
