@@ -1,4 +1,4 @@
-"""Entry point: python3 -m stockade.agent --socket PATH --workspace DIR (a container on the
+"""Entry point: python3 -P -m stockade.agent --socket PATH --workspace DIR (a container on the
 supervisor's host), or --listen HOST:PORT --tls-dir DIR (a pod: mutual TLS, tls.py)."""
 
 from __future__ import annotations

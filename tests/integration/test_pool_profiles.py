@@ -5,6 +5,8 @@ new key in the base one."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from stockade.supervisor.engines.backends.base import LABEL_POOL, LABEL_PROFILE
@@ -25,7 +27,11 @@ def test_each_profile_takes_from_its_own_pool(engine: str) -> None:
                     found[info.labels.get(LABEL_PROFILE, "")].add(info.id)
             return found
 
-        wait_for(lambda: all(pools().values()), "a pool container of each profile")
+        # ready as the supervisor says (its agent answered), not only running as the engine
+        # says: a container that runs but is not ready yet is not taken (seen under load)
+        for profile in ("base", "big"):
+            line = re.compile(rf"warm pool: container \S+ \({profile}\) ready")
+            wait_for(lambda line=line: line.search(sup.log()), f"a ready {profile} pool container")
         ready = pools()
         with sup.client() as c:
             big = c.ensure_sandbox("b", profile="big")

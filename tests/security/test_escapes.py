@@ -133,7 +133,8 @@ def test_the_agent_cannot_be_traced_or_read(client: Stockade, key: str) -> None:
         + """
     agent = next(
         int(pid) for pid in os.listdir("/proc") if pid.isdigit()
-        and open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"python3\\0-m\\0stockade.agent")
+        and open(f"/proc/{pid}/cmdline", "rb").read()
+        .startswith(b"python3\\0-P\\0-m\\0stockade.agent")
     )
     attempt("ptrace", 16, agent, None, None)  # PTRACE_ATTACH
     attempt("ptrace", 0x4206, agent, None, None)  # PTRACE_SEIZE
