@@ -108,7 +108,7 @@ def main(args: list[str]) -> int:
             shard.start(args)
         print(f"tests: {len(shards)} shards side by side, logs in {LOGS}", flush=True)
         next_beat = time.monotonic() + HEARTBEAT_S
-        while any(shard.poll() is None for shard in shards):
+        while any([shard.poll() is None for shard in shards]):  # a list: every shard polled
             time.sleep(1.0)
             if time.monotonic() >= next_beat:
                 next_beat += HEARTBEAT_S
