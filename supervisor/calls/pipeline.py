@@ -27,7 +27,6 @@ from stockade.supervisor.calls.sessions import SessionBook, SessionEnded
 from stockade.supervisor.calls.streaming import AgentEvent, relay
 from stockade.supervisor.calls.tripwires import REFUSED, CallTripwire
 from stockade.supervisor.config import Config
-from stockade.supervisor.config.policy import FILE_APPROVAL_TOOLS
 from stockade.supervisor.keys import split
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.models import (
@@ -275,7 +274,7 @@ class ToolPipeline:
         if command is not None:
             where = await self._where(call, spec, args)
             await self._check_command(call, spec, command, trail, events, where, shell, ask)
-        elif spec.custom is None and spec.name in FILE_APPROVAL_TOOLS:
+        elif spec.custom is None and self._policy.approvals.asks_files(spec.name):
             await self._check_change(call, spec, args, trail, events, ask)
         limiter = self._policy.limiter
         async with contextlib.AsyncExitStack() as hold:

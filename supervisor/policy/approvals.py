@@ -205,6 +205,11 @@ class ApprovalManager:
             return None
         return "approvals mode on-miss: the command is not in the allowlist"
 
+    def asks_files(self, tool: str) -> bool:
+        """approvals.files names `tool`: its calls are asked about (checked before anything of
+        the call is looked at, so a write is not slowed while approvals.files is empty)."""
+        return tool in self._config.files
+
     def reason_to_ask_file(self, tool: str, change: str, tenant: str = "") -> str | None:
         """Why a file change (`change`: the tool and its paths, as allow-always keeps it)
         needs a decision, or None: only the tools approvals.files names, whatever the mode."""
