@@ -1,7 +1,8 @@
 """Relaying a streamed tool call from the agent to the caller: bytes become text (UTF-8 split
-across chunks is kept whole), every chunk is scrubbed across chunk boundaries, an open line is
-released after QUIET_FLUSH_S of silence but for a tail that may still begin a credential
-(policy/scrub/stream.py flush_open), and a slow caller slows the
+across chunks is kept whole), every chunk is scrubbed across chunk boundaries, a read that
+ends mid-line is held whole (one write of the process is one chunk: StreamScrubber's
+whole_reads), an open line is released after QUIET_FLUSH_S of silence but for a tail that may
+still begin a credential (policy/scrub/stream.py flush_open), and a slow caller slows the
 command down instead of growing memory (a bounded queue, then gRPC flow control, then the
 agent pauses its pipes)."""
 
@@ -30,7 +31,7 @@ class _Stream:
     def __init__(self, name: str, scrubber: Scrubber | None) -> None:
         self.name = name
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self.scrubber = StreamScrubber(scrubber)
+        self.scrubber = StreamScrubber(scrubber, whole_reads=True)
 
     def feed(self, data: bytes) -> str:
         return self.scrubber.feed(self.decoder.decode(data))

@@ -17,12 +17,13 @@ KEY = (
 )
 
 
-def stream(text: str, size: int) -> tuple[str, int]:
-    s = StreamScrubber(Scrubber([SECRET]))
+def stream(text: str, size: int, whole_reads: bool = False) -> tuple[str, int]:
+    s = StreamScrubber(Scrubber([SECRET]), whole_reads)
     out = "".join(s.feed(text[i : i + size]) for i in range(0, len(text), size)) + s.flush()
     return out, s.redactions
 
 
+@pytest.mark.parametrize("whole_reads", [False, True])
 @pytest.mark.parametrize("size", [1, 2, 3, 7, 16, 1000])
 @pytest.mark.parametrize(
     "text",
@@ -34,8 +35,8 @@ def stream(text: str, size: int) -> tuple[str, int]:
         f"GITHUB_TOKEN={TOKEN}\nAPI={SECRET}\n",
     ],
 )
-def test_secret_split_anywhere_is_scrubbed(text: str, size: int) -> None:
-    out, count = stream(text, size)
+def test_secret_split_anywhere_is_scrubbed(text: str, size: int, whole_reads: bool) -> None:
+    out, count = stream(text, size, whole_reads)
     assert SECRET not in out
     assert TOKEN not in out
     assert "MIIEpAIBAAKCAQEA0Z3VS5JJcds3" not in out
@@ -82,15 +83,18 @@ def feed_all(s: StreamScrubber, chunks: list[str]) -> str:
     return "".join(s.feed(chunk) for chunk in chunks) + s.flush()
 
 
+@pytest.mark.parametrize("whole_reads", [False, True])
 @pytest.mark.parametrize("offset", [-1, 0, 1, 10, 20])
 @pytest.mark.parametrize("secret", [SECRET, TOKEN], ids=["configured", "format"])
-def test_a_long_line_is_not_cut_inside_a_credential(secret: str, offset: int) -> None:
+def test_a_long_line_is_not_cut_inside_a_credential(
+    secret: str, offset: int, whole_reads: bool
+) -> None:
     """A line longer than MAX_HOLD is released but for a tail: the cut must not fall inside
     a credential, whose halves would then each be scrubbed alone."""
     head = "x " * ((MAX_HOLD - TAIL) // 2)
     text = head + secret + " " + "y" * (TAIL - offset - 1)  # no newline: one open line
     assert len(text) > MAX_HOLD
-    out = feed_all(StreamScrubber(Scrubber([SECRET])), [text])
+    out = feed_all(StreamScrubber(Scrubber([SECRET]), whole_reads), [text])
     assert secret[:12] not in out
     assert secret[-8:] not in out
     assert out.count("[REDACTED]") == 1
@@ -99,14 +103,17 @@ def test_a_long_line_is_not_cut_inside_a_credential(secret: str, offset: int) ->
 B64_SECRET = "Zq7-hunter2-s3cr3t-9fX-and-more"
 
 
+@pytest.mark.parametrize("whole_reads", [False, True])
 @pytest.mark.parametrize("size", [1, 7, 76, 77, 200])
 @pytest.mark.parametrize("prefix", ["", "X" * 40, "X" * 41, "X" * 42, "X" * 55])
-def test_a_configured_secret_in_wrapped_base64_split_across_chunks(prefix: str, size: int) -> None:
+def test_a_configured_secret_in_wrapped_base64_split_across_chunks(
+    prefix: str, size: int, whole_reads: bool
+) -> None:
     """`env | base64`: the secret's base64 may straddle a line break (76 columns: a prefix of
     28 to 56 bytes puts it across the first), and the stream may be split at that break."""
     encoded = base64.encodebytes(f"{prefix}{B64_SECRET}\nPATH=/usr/bin\n".encode()).decode()
     chunks = [encoded[i : i + size] for i in range(0, len(encoded), size)]
-    s = StreamScrubber(Scrubber([B64_SECRET]))
+    s = StreamScrubber(Scrubber([B64_SECRET]), whole_reads)
     out = feed_all(s, chunks)
     assert s.redactions >= 1
     flat = out.replace("\n", "")
@@ -127,6 +134,7 @@ PUTTY = (
 NETRC = "machine api.example.com\n  login me\n  password Zq7hunter2s3cr3t\n"
 
 
+@pytest.mark.parametrize("whole_reads", [False, True])
 @pytest.mark.parametrize("size", [1, 5, 16, 40])
 @pytest.mark.parametrize(
     ("text", "hidden"),
@@ -137,8 +145,10 @@ NETRC = "machine api.example.com\n  login me\n  password Zq7hunter2s3cr3t\n"
     ],
     ids=["ssh2", "putty", "netrc"],
 )
-def test_multi_line_credentials_split_across_chunks(text: str, hidden: str, size: int) -> None:
-    s = StreamScrubber(Scrubber())
+def test_multi_line_credentials_split_across_chunks(
+    text: str, hidden: str, size: int, whole_reads: bool
+) -> None:
+    s = StreamScrubber(Scrubber(), whole_reads)
     out = feed_all(s, [text[i : i + size] for i in range(0, len(text), size)])
     assert hidden not in out
     assert "[REDACTED]" in out
@@ -257,3 +267,89 @@ def test_keyword_values_and_configured_secrets_split_by_a_pause_are_redacted(
         out = _split_with_a_pause(scrubber, before, secret, at)
         assert secret not in out, (at, out)
         assert "[REDACTED]" in out, (at, out)
+
+
+# ---- whole_reads (a command's output): one write of the process is one chunk ----
+
+
+def test_a_read_that_ends_mid_line_is_held_whole_until_a_pause() -> None:
+    s = StreamScrubber(Scrubber([SECRET]), whole_reads=True)
+    assert s.feed("Hello,\nWorld!") == ""  # E2B's send_stdin test: `cat` echoes one write
+    assert s.flush_open() == "Hello,\nWorld!"
+    assert not s.holding
+
+
+def test_a_read_that_ends_a_line_is_released_at_once_with_what_was_held() -> None:
+    s = StreamScrubber(Scrubber([SECRET]), whole_reads=True)
+    assert s.feed("one\ntwo\n") == "one\ntwo\n"
+    assert not s.holding
+    assert s.feed("Hello,\nWor") == ""
+    assert s.feed("ld!\n") == "Hello,\nWorld!\n"
+    assert not s.holding
+
+
+def test_the_next_read_that_ends_mid_line_releases_the_lines_held_before_it() -> None:
+    s = StreamScrubber(Scrubber([SECRET]), whole_reads=True)
+    assert s.feed("one\ntw") == ""
+    assert s.feed("o\nthr") == "one\n"  # this read is held whole in turn
+    assert s.feed("ee") == "two\n"
+    assert s.flush_open() == "three"
+    assert s.feed("a prompt? ") == ""  # no line held: nothing to release, no rescan
+    assert s.flush() == "a prompt? "
+
+
+def test_a_block_buffered_flood_of_lines_is_held_one_read_at_most() -> None:
+    """A program whose output is a pipe writes 4 KiB blocks that end mid-line: each block
+    releases the lines of the one before; nothing is held past the read after it."""
+    text = "".join(f"line {n} of a long build log\n" for n in range(20_000))
+    s = StreamScrubber(Scrubber([SECRET]), whole_reads=True)
+    out, fed, most = [], 0, 0
+    for i in range(0, len(text), 4096):
+        out.append(s.feed(text[i : i + 4096]))
+        fed += len(text[i : i + 4096])
+        most = max(most, fed - sum(map(len, out)))
+        assert not out[-1] or out[-1].endswith("\n")
+    assert most <= 2 * 4096
+    assert "".join(out) + s.flush() == text
+
+
+@pytest.mark.parametrize("read", [1, 4096, MAX_HOLD + 1])
+def test_a_flood_without_line_ends_is_released_in_bounded_pieces(read: int) -> None:
+    text = "progress 45% ......\r" * (4 * MAX_HOLD // 20)
+    s = StreamScrubber(Scrubber([SECRET]), whole_reads=True)
+    released, fed, most = 0, 0, 0
+    for i in range(0, len(text), read):
+        piece = s.feed(text[i : i + read])
+        released += len(piece)
+        fed += len(text[i : i + read])
+        most = max(most, fed - released)
+        assert len(piece) <= MAX_HOLD + read
+    assert most <= MAX_HOLD + read
+    assert released > len(text) - MAX_HOLD - read
+    assert released + len(s.flush()) == len(text)
+
+
+def _two_reads(text: str, at: int, pause: bool) -> str:
+    s = StreamScrubber(Scrubber([SECRET]), whole_reads=True)
+    out = s.feed(text[:at])
+    if pause:
+        out += s.flush_open()
+    out += s.feed(text[at:])
+    return out + s.flush_open() + s.flush()
+
+
+@pytest.mark.parametrize("pause", [False, True], ids=["no-pause", "pause"])
+@pytest.mark.parametrize("end", ["\n", " and on"], ids=["line-end", "mid-line"])
+def test_a_credential_straddling_a_held_read_and_the_next_is_redacted(
+    pause: bool, end: str
+) -> None:
+    """A read held whole (it ends mid-line), cut at every point of the credentials in it,
+    the next read ending a line or not, a quiet spell between the two or none."""
+    text = f"build ok\nGITHUB_TOKEN={TOKEN} and {SECRET} x\nnext{end}"
+    for at in range(1, len(text)):
+        out = _two_reads(text, at, pause)
+        assert TOKEN not in out, (at, out)
+        assert SECRET not in out, (at, out)
+        assert out.startswith("build ok\n"), (at, out)
+        assert out.endswith(f" x\nnext{end}"), (at, out)
+        assert out.count("[REDACTED]") == 2, (at, out)

@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import pytest
+
+from stockade.supervisor.calls import streaming
 from stockade.supervisor.calls.streaming import AgentEvent, relay
 from stockade.supervisor.models import OutputEvent, ToolEvent
 from stockade.supervisor.policy.scrub.scrubber import Scrubber
@@ -96,5 +99,40 @@ async def test_a_held_tail_waits_for_more_output_without_a_timer() -> None:
     assert await next_text(events) == "token "
     await asyncio.sleep(0.3)  # twenty quiet intervals
     assert scrubber.asked == 1
+    agent.pieces.put_nowait(None)
+    await task
+
+
+async def test_one_write_with_lines_and_an_open_tail_is_one_chunk() -> None:
+    """E2B's send_stdin test: `cat` echoes `Hello,\\nWorld!` in one write; it arrives as
+    one chunk, and a token after lines in one write is still kept back at the pause."""
+    agent, events = Agent(), asyncio.Queue[ToolEvent]()
+    task = asyncio.create_task(relay(agent.source(), Scrubber(), events))
+    agent.pieces.put_nowait(b"Hello,\nWorld!")
+    assert await next_text(events) == "Hello,\nWorld!"
+    agent.pieces.put_nowait(b"ok\ntoken " + TOKEN[:9].encode())
+    assert await next_text(events) == "ok\ntoken "
+    agent.pieces.put_nowait(TOKEN[9:].encode() + b" done\n")
+    assert await next_text(events) == "[REDACTED] done\n"
+    agent.pieces.put_nowait(None)
+    _reply, redactions = await task
+    assert redactions == 1
+
+
+async def test_reads_release_lines_without_waiting_for_a_quiet_spell(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a quiet interval no test outlives, lines still arrive: a read that ends a line
+    is released at once, and a read that ends mid-line releases the lines held before it."""
+    monkeypatch.setattr(streaming, "QUIET_FLUSH_S", 3600.0)
+    agent, events = Agent(), asyncio.Queue[ToolEvent]()
+    task = asyncio.create_task(relay(agent.source(), Scrubber(), events))
+    agent.pieces.put_nowait(b"one\ntwo\n")
+    assert await next_text(events) == "one\ntwo\n"
+    agent.pieces.put_nowait(b"three\nfo")
+    agent.pieces.put_nowait(b"ur\nfi")
+    assert await next_text(events) == "three\n"
+    agent.pieces.put_nowait(b"ve\n")
+    assert await next_text(events) == "four\nfive\n"
     agent.pieces.put_nowait(None)
     await task

@@ -12,7 +12,13 @@ still be the start of a credential (Scrubber.open_tail: a partial token with a k
 long run of key characters, a keyword's value, the start of a configured secret), so that a
 prompt or a partial line arrives at once; flush() releases the rest at the end. A line
 longer than MAX_HOLD is released but for a tail that may still start a credential, and never
-in the middle of one it holds."""
+in the middle of one it holds.
+
+With `whole_reads` (a command's output: calls/streaming.py), a read that ends mid-line is held
+whole, its whole lines too, until the quiet spell (flush_open) or a read that ends a line, so
+that one write of the process (`Hello,\nWorld!`) arrives as one chunk; the next read that
+ends mid-line releases the lines held before it (a block-buffered flood is delayed by one read
+at most), and MAX_HOLD bounds what is held as without it."""
 
 from __future__ import annotations
 
@@ -39,8 +45,11 @@ so that the base64 lines after it (the short last line of a key) are seen next t
 
 
 class StreamScrubber:
-    def __init__(self, scrubber: Scrubber | None) -> None:
+    def __init__(self, scrubber: Scrubber | None, whole_reads: bool = False) -> None:
         self._scrubber = scrubber
+        self._whole_reads = whole_reads
+        self._lines = 0
+        """With whole_reads: where the whole lines of what is held end (0: none held)."""
         self._parts: list[str] = []
         self._size = 0
         self._before = ""
@@ -51,13 +60,22 @@ class StreamScrubber:
     def feed(self, text: str) -> str:
         """Scrubbed text that is safe to send now (may be empty). Without a line end, and
         short of MAX_HOLD, nothing new can be released: the chunk is only kept (so that a
-        line that comes a character at a time costs no rescans)."""
+        line that comes a character at a time costs no rescans). With whole_reads, a chunk
+        that ends mid-line is kept whole and releases only the lines held before it."""
+        held = self._size
         self._parts.append(text)
         self._size += len(text)
-        if "\n" not in text and self._size <= MAX_HOLD:
-            return ""
+        limit = None
+        if self._size <= MAX_HOLD:
+            if self._whole_reads and not text.endswith("\n"):
+                if not self._lines:
+                    self._lines = held + text.rfind("\n") + 1 if "\n" in text else 0
+                    return ""
+                limit = self._lines  # the lines of the reads before this one
+            elif "\n" not in text:
+                return ""
         pending = self._take()
-        cut = self._safe_cut(pending)
+        cut = self._safe_cut(pending, limit)
         self._keep(pending[cut:])
         return self._scrub(pending[:cut])
 
@@ -98,9 +116,12 @@ class StreamScrubber:
     def _keep(self, text: str) -> None:
         if text:
             self._parts, self._size = [text], len(text)
+        self._lines = text.rfind("\n") + 1 if self._whole_reads else 0
 
-    def _safe_cut(self, text: str) -> int:
-        cut = text.rfind("\n") + 1
+    def _safe_cut(self, text: str, limit: int | None = None) -> int:
+        """Where `text` may be cut: after its last line end (before `limit`) but for what must
+        wait for more."""
+        cut = text.rfind("\n", 0, limit) + 1
         for begin, marker, end in KEY_BLOCKS:
             cut = min(cut, self._open_key_block(text, cut, begin, marker, end))
         if cut and self._scrubber is not None and self._scrubber.spans_lines:
@@ -114,12 +135,12 @@ class StreamScrubber:
 
     @staticmethod
     def _open_key_block(text: str, cut: int, begin: str, marker: str, end: str) -> int:
-        """Where a private key block that has not ended starts (and is not absurdly long);
-        else `cut`."""
+        """Where a private key block that has not ended before `cut` starts (and is not
+        absurdly long); else `cut`."""
         start = text.rfind(begin, 0, cut)
         if start == -1 or marker not in text[start : start + 80]:
             return cut
-        if text.find(end, start) != -1 or len(text) - start >= MAX_KEY_HOLD:
+        if text.find(end, start, cut) != -1 or len(text) - start >= MAX_KEY_HOLD:
             return cut
         return start
 
