@@ -2,8 +2,9 @@
 by the unmodified e2b SDK (sync and async): commands.run in the foreground with on_stdout and
 on_stderr streaming, env vars from create and from the call, cwd, a non-zero exit raising the
 SDK's CommandExitException, a timeout, a background command killed, stdin through send_stdin
-and close_stdin, commands.list and connect, stream_input, a PTY (input, resize, exit), a
-refused user, wrong and hostile raw requests, and the audit record of each start."""
+and close_stdin (one write echoed is one chunk), commands.list and connect, stream_input, a
+PTY (input, resize, exit), a refused user, wrong and hostile raw requests, and the audit
+record of each start."""
 
 from __future__ import annotations
 
@@ -113,6 +114,23 @@ def test_background_stdin_list_connect_and_kill(served: E2bServed) -> None:
         time.sleep(0.5)
         assert left.pid in {p.pid for p in sbx.commands.list()}
         assert sbx.commands.kill(left.pid) is True
+    finally:
+        sbx.kill()
+
+
+def test_one_write_of_the_process_is_one_chunk(served: E2bServed) -> None:
+    """E2B's test_send_multiline_string_to_process: `cat` echoes `Hello,\nWorld!` in one
+    write, which reaches the handle as one chunk (its line and its open end together); a
+    write of whole lines after it is one chunk too (issue 28)."""
+    sbx = Sandbox.create(timeout=120, **served.opts())
+    try:
+        cat = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.send_stdin(cat.pid, "Hello,\nWorld!")
+        chunks = iter(cat)
+        assert next(chunks) == ("Hello,\nWorld!", None, None)
+        sbx.commands.send_stdin(cat.pid, "\none\ntwo\n")
+        assert next(chunks) == ("\none\ntwo\n", None, None)
+        assert sbx.commands.kill(cat.pid) is True
     finally:
         sbx.kill()
 

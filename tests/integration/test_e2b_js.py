@@ -4,9 +4,9 @@ as a subprocess with only E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set, crea
 sandbox, runs a command with onStdout/onStderr streaming and one that fails, writes and reads
 files, watches a folder while a command makes a file in it and files.write replaces another
 (one WRITE, as envd), answers a prompt without a line end once it has arrived (held back,
-the run would never end), forks the sandbox twice, lists by metadata and kills the sandbox.
-What it prints must be what the sandbox did, the sandbox must be gone, and the audit log
-must show its calls with the front "e2b"."""
+the run would never end), reads one write echoed by `cat` as one chunk, forks the sandbox
+twice, lists by metadata and kills the sandbox. What it prints must be what the sandbox did,
+the sandbox must be gone, and the audit log must show its calls with the front "e2b"."""
 
 from __future__ import annotations
 
@@ -70,6 +70,7 @@ def test_the_js_sdk_runs_unchanged(e2b_typescript: list[str], served: E2bServed)
     assert not [e for e in out["watched"] if ".stockade-upload" in e["name"]]
     assert out["prompt"]["beforeAnswer"] == "name? "  # no line end, yet there before the answer
     assert out["prompt"]["stdout"] == "name? hi js\n"
+    assert out["echoed"] == "Hello,\nWorld!"  # one write of `cat`, one chunk
     assert [f["text"] for f in out["forked"]] == ["from the source"] * 2
     assert len({f["id"] for f in out["forked"]} | {sandbox_id}) == 3
     assert out["listed"] == [sandbox_id]

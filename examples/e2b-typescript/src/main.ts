@@ -8,15 +8,16 @@
 // Creates a sandbox with metadata and env vars, runs a command whose output streams through
 // onStdout and onStderr, one that fails (CommandExitError), writes a text file and a binary one
 // and reads them back, watches a folder while a command makes a file in it and files.write
-// replaces another, answers a prompt that has no line end once it arrives, forks the sandbox
-// twice and reads a file in each fork, lists the sandboxes of its metadata, and kills the
-// sandbox, printing one JSON object a line:
+// replaces another, answers a prompt that has no line end once it arrives, reads what `cat`
+// echoes of one write as one chunk, forks the sandbox twice and reads a file in each fork,
+// lists the sandboxes of its metadata, and kills the sandbox, printing one JSON object a line:
 //   {"sandbox": ID}
 //   {"run": {exitCode, stdout, stderr}, "chunks": {stdout: [...], stderr: [...]}}
 //   {"failed": {exitCode, stdout, stderr, error}}
 //   {"files": {text, binaryBytes, binarySame}}
 //   {"watched": [{name, type}, ...]}
 //   {"prompt": {beforeAnswer, stdout}}
+//   {"echoed": FIRST_CHUNK}
 //   {"forked": [{id, text}, ...]}
 //   {"listed": [ID, ...]}
 //   {"killed": true}
@@ -99,6 +100,18 @@ async function main(): Promise<void> {
     await asking.sendStdin("js\n");
     const answered = await asking.wait();
     print({ prompt: { beforeAnswer: before, stdout: answered.stdout } });
+
+    // One write of the process is one chunk: `cat` echoes a line and an open end together.
+    let echoed = (_: string): void => undefined;
+    const first = new Promise<string>((resolve) => (echoed = resolve));
+    const echo = await sbx.commands.run("cat", {
+      background: true,
+      stdin: true,
+      onStdout: (data) => echoed(data),
+    });
+    await echo.sendStdin("Hello,\nWorld!");
+    print({ echoed: await first });
+    await echo.kill();
 
     // A fork of the sandbox with the files it had: two sandboxes, each its own.
     await sbx.files.write("/home/user/forked.txt", "from the source");
