@@ -15,6 +15,7 @@ import pytest
 from stockade.client import (
     AsyncStockade,
     InvalidArgument,
+    Output,
     Sandbox,
     Started,
     Stockade,
@@ -71,6 +72,21 @@ def test_a_partial_line_arrives_and_a_token_split_by_a_pause_is_redacted(
         result = session.wait()
     assert not result.is_error, result.error_message
     assert rest == "token [REDACTED] done\nannbob\n"
+
+
+def test_one_write_of_the_process_is_one_chunk(client: Stockade, key: str) -> None:
+    """`cat` echoes one write of a line and an open end: one Output chunk (issue 28; whole
+    lines alone used to go first), and a write of whole lines after it one chunk too."""
+    with client.sandbox(key).interact("cat") as session:
+        assert session.started.pid > 0
+        chunks = (e.text for e in session.events() if isinstance(e, Output))
+        session.send("Hello,\nWorld!")
+        assert next(chunks) == "Hello,\nWorld!"
+        session.send("\none\ntwo\n")
+        assert next(chunks) == "\none\ntwo\n"
+        session.eof()
+        result = session.wait()
+    assert not result.is_error, result.error_message
 
 
 def test_input_style_program_through_exec_stdin(client: Stockade, key: str) -> None:

@@ -1,8 +1,8 @@
 """The MCP endpoint's protocol features through the real `stockade serve` on both engines and
 the official MCP SDK's own client: a streamed `exec` as progress notifications (and process
-attach), the sessionless 2026-07-28 protocol (the sandbox a call names in its `_meta`), a
-session's own sandbox released when the session ends, a rate-limit refusal, and each built-in
-tool called once."""
+attach; a prompt without a line end arriving while the command waits), the sessionless
+2026-07-28 protocol (the sandbox a call names in its `_meta`), a session's own sandbox
+released when the session ends, a rate-limit refusal, and each built-in tool called once."""
 
 from __future__ import annotations
 
@@ -110,6 +110,46 @@ async def test_a_streamed_exec_as_progress_notifications(mcp: Mcp, mode: str) ->
     assert streamed.startswith("line1\nline2\nline3\nkey=")
     assert FAKE_AWS_KEY not in streamed
     assert "quiet" not in streamed  # no token, no notifications
+
+
+GITHUB_TOKEN = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+
+
+async def test_a_prompt_and_one_write_arrive_as_written(mcp: Mcp) -> None:
+    """A prompt without a line end reaches the client as a notification while the command
+    still waits (the test lets it go on only once it has seen the prompt: held back, the
+    command would give up waiting and exit 9); one write of a line and an open end is one
+    notification; a token written in two pieces, a pause between, is redacted (issue 28)."""
+    script = (
+        'printf "name? "; i=0; while [ ! -e go ] && [ $i -lt 1200 ]; do sleep 0.05; '
+        'i=$((i+1)); done; [ -e go ] || exit 9; printf "Hello,\\nWorld!"; sleep 0.5; '
+        f'printf "token {GITHUB_TOKEN[:9]}"; sleep 0.5; printf "{GITHUB_TOKEN[9:]} done\\n"'
+    )
+    messages: list[str] = []
+    prompted = asyncio.Event()
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+        if "name? " in "".join(messages):
+            prompted.set()
+
+    meta = {SANDBOX: fresh("prompt")}
+    async with connected(mcp.url, mcp.token, MODERN) as client:
+        call = asyncio.create_task(
+            client.call_tool(
+                "exec", {"command": f"sh -c '{script}'"}, progress_callback=progress, meta=meta
+            )
+        )
+        await asyncio.wait_for(prompted.wait(), 60)
+        assert not call.done()
+        go = await client.call_tool("exec", {"command": "sh -c 'touch go'"}, meta=meta)
+        assert not go.is_error, text_of(go)
+        result = await call
+    assert not result.is_error, text_of(result)
+    assert messages[0] == "name? "
+    assert messages[1] == "Hello,\nWorld!", messages
+    assert "".join(messages[2:]) == "token [REDACTED] done\n", messages
+    assert GITHUB_TOKEN[:9] not in text_of(result)
 
 
 # 3. the sessionless protocol

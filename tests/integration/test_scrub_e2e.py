@@ -174,6 +174,11 @@ def test_error_messages_of_file_transfers(c: Stockade, key: str) -> None:
 
 
 def streamed(c: Stockade, key: str, command: str) -> tuple[str, ToolResult]:
+    chunks, result = streamed_chunks(c, key, command)
+    return "".join(chunks), result
+
+
+def streamed_chunks(c: Stockade, key: str, command: str) -> tuple[list[str], ToolResult]:
     chunks: list[str] = []
     final: list[ToolResult] = []
     for event in c.call_stream(key, "exec", {"command": command}):
@@ -181,7 +186,24 @@ def streamed(c: Stockade, key: str, command: str) -> tuple[str, ToolResult]:
             chunks.append(event.text)
         elif isinstance(event, ToolResult):
             final.append(event)
-    return "".join(chunks), final[0]
+    return chunks, final[0]
+
+
+def test_streamed_one_write_is_one_chunk_and_a_token_split_by_a_pause_redacted(
+    c: Stockade, key: str
+) -> None:
+    """StreamExec: one write of a line and an open end is one chunk (issue 28), whole lines
+    written at once are one chunk, and a token written in two pieces with a pause between
+    (the first piece after whole lines, in one write) comes out redacted."""
+    token = FORMATS["github"]
+    command = (
+        f"printf 'Hello,\\nWorld!'; sleep 0.5; printf '\\none\\ntwo\\n'; sleep 0.5; "
+        f"printf 'ok\\ntoken {token[:9]}'; sleep 0.5; printf '{token[9:]} done\\n'"
+    )
+    chunks, result = streamed_chunks(c, key, command)
+    assert chunks[:2] == ["Hello,\nWorld!", "\none\ntwo\n"], chunks
+    assert "".join(chunks[2:]) == "ok\ntoken [REDACTED] done\n", chunks
+    assert_clean(result, token, token[:9])
 
 
 SLOW = 'import os, sys, time\nfor ch in os.environ["{name}"]:\n'
