@@ -4,7 +4,10 @@ against real engines."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
+from types import FrameType
 
 import pytest
 from hypothesis import settings
@@ -48,6 +51,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A run ended by SIGTERM (`timeout 600 pytest ...`, a shard stopped) ends as an
+    interrupted one (^C) does: the fixtures in use tear down, so the supervisors it started
+    are stopped and their containers and state directories removed. Under SIGTERM's default
+    action the process died at once and left them running (a hostile-agent run killed so at
+    10:38 left its containers and /tmp/stk... behind). A second SIGTERM kills as before."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, _frame: FrameType | None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise KeyboardInterrupt(f"stopped by signal {signum}")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
