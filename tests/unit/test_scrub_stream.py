@@ -353,3 +353,31 @@ def test_a_credential_straddling_a_held_read_and_the_next_is_redacted(
         assert out.startswith("build ok\n"), (at, out)
         assert out.endswith(f" x\nnext{end}"), (at, out)
         assert out.count("[REDACTED]") == 2, (at, out)
+
+
+class CountingCuts(StreamScrubber):
+    """Counts the rescans of what is held."""
+
+    def __init__(self, scrubber: Scrubber) -> None:
+        super().__init__(scrubber, whole_reads=True)
+        self.cuts = 0
+
+    def _safe_cut(self, text: str, limit: int | None = None) -> int:
+        self.cuts += 1
+        return super()._safe_cut(text, limit)
+
+
+def test_lines_the_scrubber_holds_back_cost_no_rescan_per_read() -> None:
+    """An open key block is held whatever comes; reads that end mid-line after it (a key
+    written a character at a time) do not rescan it each time."""
+    s = CountingCuts(Scrubber())
+    assert s.feed("-----BEGIN RSA PRIVATE KEY-----\n") == ""
+    assert s.feed("MIIEpAIBAAKCAQEA0Z3VS5JJcds3\nxHn") == ""
+    assert s.feed("/ygWep4\n") == ""
+    cuts = s.cuts
+    for char in "MIIEpAIBAAKCAQEA0Z3VS5JJcds3" * 40:
+        assert s.feed(char) == ""
+    assert s.cuts == cuts
+    out = s.feed("\n-----END RSA PRIVATE KEY-----\nafter\n")
+    assert out.endswith("after\n")
+    assert "MIIEpAIBAAKCAQEA0Z3VS5JJcds3" not in out

@@ -49,7 +49,9 @@ class StreamScrubber:
         self._scrubber = scrubber
         self._whole_reads = whole_reads
         self._lines = 0
-        """With whole_reads: where the whole lines of what is held end (0: none held)."""
+        """With whole_reads: where the whole lines held only because their read ended mid-line
+        end (0: none; lines the scrubber holds back are not counted, so that they cost no
+        rescan per read)."""
         self._parts: list[str] = []
         self._size = 0
         self._before = ""
@@ -77,6 +79,10 @@ class StreamScrubber:
         pending = self._take()
         cut = self._safe_cut(pending, limit)
         self._keep(pending[cut:])
+        if limit is not None and cut == limit:  # this read's own lines wait for the next
+            self._lines = (
+                len(pending) - cut - len(text) + text.rfind("\n") + 1 if "\n" in text else 0
+            )
         return self._scrub(pending[:cut])
 
     def flush(self) -> str:
@@ -116,7 +122,7 @@ class StreamScrubber:
     def _keep(self, text: str) -> None:
         if text:
             self._parts, self._size = [text], len(text)
-        self._lines = text.rfind("\n") + 1 if self._whole_reads else 0
+        self._lines = 0
 
     def _safe_cut(self, text: str, limit: int | None = None) -> int:
         """Where `text` may be cut: after its last line end (before `limit`) but for what must
