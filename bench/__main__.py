@@ -237,7 +237,9 @@ def bench_engine(engine: str, ns: argparse.Namespace, run_id: str) -> dict[str, 
         if ns.load_wide:
             results["load_wide"] = guarded(
                 f"{engine}: load, {ns.load_wide} keys x {ns.load_wide_calls} mixed calls",
-                lambda: load.run_load(sup.target, keys=ns.load_wide, calls=ns.load_wide_calls),
+                lambda: load.run_load(
+                    sup.target, keys=ns.load_wide, calls=ns.load_wide_calls, prefix="wide"
+                ),
             )
         if ns.density:
             results["density"] = guarded(

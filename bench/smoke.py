@@ -36,14 +36,19 @@ ATTACK = "JSON nested 100,000 deep"
 
 
 def failures(record: Mapping[str, Any], path: str = "") -> Iterator[str]:
-    """Where a result holds an "error" (a section that failed), as dotted paths with the
-    error: `podman.cold_start: RuntimeError: ...`."""
+    """Where a result holds an "error" (a section that failed) or a count of failed calls
+    ("errors" above 0: a load or density run), as dotted paths with the error:
+    `podman.cold_start: RuntimeError: ...`."""
     for name, value in record.items():
         if not isinstance(value, Mapping):
             continue
         where = f"{path}.{name}" if path else str(name)
         if "error" in value and isinstance(value["error"], str):
             yield f"{where}: {value['error']}"
+        elif isinstance(value.get("errors"), int) and value["errors"] > 0:
+            # a load or density run whose calls failed: figures, but not of working calls
+            first = value.get("first_errors") or []
+            yield f"{where}: {value['errors']} call(s) failed, first: {first[:1]}"
         else:
             yield from failures(value, where)
 

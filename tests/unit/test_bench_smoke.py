@@ -68,3 +68,15 @@ def test_an_error_anywhere_fails_the_smoke_named(capsys: pytest.CaptureFixture[s
 def test_a_clean_record_passes() -> None:
     record = {"host": {"pipeline": {"median_ms": 0.3}}, "engines": {"docker": {"load": {}}}}
     assert smoke.verdict(record, 1.0) == 0
+
+
+def test_failed_calls_in_a_load_run_fail_the_smoke() -> None:
+    # the wide load run once reused the first run's keys, whose leftover files made 350 of
+    # its calls fail: figures were printed, but of failing calls
+    load = {"calls_per_s": 255.0, "errors": 350, "first_errors": ["load-002#3 list_files: x"]}
+    record = {"engines": {"podman": {"load": {"errors": 0}, "load_wide": load}}}
+    assert list(smoke.failures(record)) == [
+        "engines.podman.load_wide: 350 call(s) failed, first: ['load-002#3 list_files: x']"
+    ]
+    assert smoke.verdict(record, 1.0) == 1
+
