@@ -419,7 +419,10 @@ class Snapshots:
             await asyncio.to_thread(self._inventory.copy_settings, settings_from, key)
         ids = parts.layout.workspace_ids(paths)
         cap = staging.cap_of(paths, parts.config.sandbox.workspace_size_mb)
-        staged = await asyncio.to_thread(staging.stage, self.store, owner, name, paths, ids, cap)
+        link = not settings_from and snap.lineage == paths.root.name  # never a fork's
+        staged = await asyncio.to_thread(
+            functools.partial(staging.stage, self.store, owner, name, paths, ids, cap, link=link)
+        )
         try:
             if old is not None:
                 parts.registry.pop(key, None)
@@ -430,6 +433,11 @@ class Snapshots:
         except BaseException:
             await asyncio.to_thread(staged.discard)
             raise
+        if staged.reuse is not None:
+            log.info(
+                "%s restored from %s: %d files linked, %d copied", shown(key), name,
+                staged.reuse.linked, staged.reuse.copied,
+            )  # fmt: skip
         counted = key in parts.starting  # a fork's keys are the fork's to discard
         parts.starting.add(key)
         try:
