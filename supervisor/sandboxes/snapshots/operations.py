@@ -429,10 +429,13 @@ class Snapshots:
                 await parts.containers.stop(old.container)
             else:
                 await asyncio.to_thread(layout.unmount, paths)
-            await asyncio.to_thread(staged.switch)
+            await asyncio.to_thread(functools.partial(staged.switch, remove=False))
         except BaseException:
             await asyncio.to_thread(staged.discard)
             raise
+        # The old files go while the new container starts (their own folder; what a failure
+        # leaves there, the next restore's stage removes); done before this returns.
+        removing = asyncio.ensure_future(asyncio.to_thread(staged.remove_old))
         if staged.reuse is not None:
             log.info(
                 "%s restored from %s: %d files linked, %d copied", shown(key), name,
@@ -448,6 +451,9 @@ class Snapshots:
         finally:
             if not counted:
                 parts.starting.discard(key)
+            for failed in await asyncio.gather(removing, return_exceptions=True):
+                if isinstance(failed, BaseException):
+                    log.warning("the old workspace of %s was not removed: %s", shown(key), failed)
         parts.registry[key] = sandbox
 
     async def _restore_tmp(

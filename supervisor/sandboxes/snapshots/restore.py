@@ -10,16 +10,20 @@ sandboxes must not share an inode) hard-links instead, from the live workspace, 
 the manifest still describes exactly, so that it copies only what changed since:
 
 1. `restore` (the old container still runs): a file whose live twin at the same path has the
-   manifest's (device, inode, ctime, size, mtime), the new ids as owner and the snapshot's
-   mode is left out (deferred), and every other file copied;
+   manifest's (device, inode, ctime, size, mtime), the new ids as owner, the snapshot's
+   mode and no extended attribute (a copy has none) is left out (deferred), and every other
+   file copied;
 2. `relink` (the old container stopped: nothing can write the live files any more) looks
-   at each deferred file again and links it if it still matches and has no extended
-   attribute (a copy would have none), else copies it; then sets the folders' mtimes again.
+   at each deferred file again and links it if its key still matches, else copies it;
+   then sets the folders' mtimes again.
 
 What makes the match trustworthy: ctime cannot be set back by the sandbox, and a file whose
 recorded ctime is within a second of the capture's walk (`Snapshot.walked_ns`) is never
 linked: a write in the same tick of the kernel's coarse clock as the capture could leave
-ctime, size and mtime unchanged. Each inode is linked once: a hard-linked pair in the
+ctime, size and mtime unchanged. Any later change to the file (content, mode, owner,
+extended attributes, links) moves its ctime past the recorded one, so a key that still
+matches after the stop means nothing changed since the capture; the check before the stop
+only spares the stop the copies. Each inode is linked once: a hard-linked pair in the
 manifest comes back as two files, as a copy would give. A link never crosses file systems:
 a size-capped workspace (a file system of its own, new for each restore) copies everything.
 """
@@ -186,7 +190,7 @@ def _link(src: int, dst: int, entry: Entry, ids: tuple[int, int]) -> bool:
         info = os.stat(entry.name, dir_fd=src, follow_symlinks=False)
     except OSError:
         return False
-    if not _same(info, entry, ids) or _has_xattrs(src, entry.name):
+    if not _same(info, entry, ids):  # the extended attributes were looked at before
         return False
     try:
         os.link(entry.name, entry.name, src_dir_fd=src, dst_dir_fd=dst, follow_symlinks=False)
@@ -247,7 +251,11 @@ class _Live:
         except OSError:
             return False
         inode = (info.st_dev, info.st_ino)
-        if not _same(info, entry, self.ids) or inode in reuse.claimed:
+        if (
+            not _same(info, entry, self.ids)
+            or inode in reuse.claimed
+            or _has_xattrs(fd, entry.name)
+        ):
             return False
         reuse.claimed.add(inode)
         path = tuple(self.names)

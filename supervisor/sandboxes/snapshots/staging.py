@@ -53,9 +53,10 @@ class Staged:
     reuse: Reuse | None = None
     """The files left for switch() to link (stage with link=True), and how many were."""
 
-    def switch(self) -> None:
+    def switch(self, *, remove: bool = True) -> None:
         """Put the staged workspace in place of the current one (no container may use it:
-        the files left out are linked from it first)."""
+        the files left out are linked from it first). remove=False: the old one is left in
+        the staged folder's place for remove_old() (a new container may start meanwhile)."""
         paths = self.paths
         if self.reuse is not None and self.store is not None:
             self.store.relink(self.owner, self.folder, self.ids, self.reuse)
@@ -66,7 +67,13 @@ class Staged:
                 self.folder.rmdir()
             return
         _exchange(self.folder, paths.workspace)  # atomic: a crash leaves one or the other
-        _remove(self.folder)  # the old workspace now
+        if remove:
+            self.remove_old()
+
+    def remove_old(self) -> None:
+        """Remove the workspace a switch replaced (what a crash leaves, the next stage does)."""
+        if self.image is None:
+            _remove(self.folder)
 
     def discard(self) -> None:
         discard(self.paths)
