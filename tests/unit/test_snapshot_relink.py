@@ -18,7 +18,7 @@ import pytest
 
 from stockade.supervisor.sandboxes.layout import Paths, paths_at
 from stockade.supervisor.sandboxes.snapshots import staging
-from stockade.supervisor.sandboxes.snapshots.repository import SnapshotStore
+from stockade.supervisor.sandboxes.snapshots.repository import SnapshotNotFound, SnapshotStore
 from tests.unit.snapshot_trees import IDS, make_tree, tree_of
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="owners are set: needs root")
@@ -207,7 +207,7 @@ def test_a_staged_folder_left_by_a_crash_is_removed_without_touching_the_live_fi
     want = taken(store, box)
     staged = staging.stage(store, "t", "s", box, IDS, 0, link=True)
     assert staged.reuse is not None
-    store.relink("t", staged.folder, IDS, staged.reuse)  # linked, then the supervisor died
+    store.relink("t", "s", staged.folder, IDS, staged.reuse)  # linked, then the supervisor died
     assert staged.reuse.linked > FILES
     live = tree_of(box.workspace)
     staging.stage(store, "t", "s", box, IDS, 0, link=True)  # the next restore, after a restart
@@ -242,3 +242,17 @@ def test_a_capped_workspace_copies(store: SnapshotStore, box: Paths) -> None:
         assert {k: v for k, v in tree_of(box.workspace).items() if k != b"lost+found"} == want
     finally:
         staging.workspaces.unmount(box.workspace)
+
+
+def test_a_snapshot_deleted_between_staging_and_the_switch_is_a_clear_error(
+    store: SnapshotStore, box: Paths
+) -> None:
+    taken(store, box)
+    staged = staging.stage(store, "t", "s", box, IDS, 0, link=True)
+    (box.workspace / "many" / "f012").write_bytes(b"changed: its stored copy is needed")
+    live = tree_of(box.workspace)
+    store.delete("t", "s")  # its content collected
+    with pytest.raises(SnapshotNotFound, match="deleted while it was restored"):
+        staged.switch()
+    staged.discard()
+    assert tree_of(box.workspace) == live

@@ -30,10 +30,12 @@ it changed is always read again; the sandbox is frozen for the walk plus the cha
 copy (0.10 s above).
 
 Restore copies each file out of the store (FICLONE where the file system has reflinks,
-else copy_file_range): never a hard link, so nothing the sandbox does to its files reaches
-the store. Restored entries belong to the ids the caller gives; modes keep permissions and
-the sticky bit (never set-user-ID or set-group-ID); mtimes are restored (atime = mtime);
-links keep their target text. Hard links inside the tree come back as separate files.
+else copy_file_range): never a hard link to the store, so nothing the sandbox does to its
+files reaches the store. A restore into the sandbox the snapshot was taken of (`reuse`, then
+`relink`) links instead the files its live workspace still holds unchanged (restore.py).
+Restored entries belong to the ids the caller gives; modes keep permissions and the sticky
+bit (never set-user-ID or set-group-ID); mtimes are restored (atime = mtime); links keep
+their target text. Hard links inside the tree come back as separate files.
 Fifos, sockets and devices are skipped and reported (`Snapshot.skipped`).
 
 Blocking: the manager calls these through asyncio.to_thread.
@@ -256,12 +258,18 @@ class SnapshotStore:
             _restore.restore(target, root, entries, base / "objects", ids, reuse)
             return _snapshot(owner, head)
 
-    def relink(self, owner: str, target: Path, ids: tuple[int, int], reuse: _restore.Reuse) -> None:
+    def relink(
+        self, owner: str, name: str, target: Path, ids: tuple[int, int], reuse: _restore.Reuse
+    ) -> None:
         """The second step of a restore with `reuse` (restore.relink): the files left out
         linked, or copied if they changed since; with the store held, so that what is
-        copied cannot be collected meanwhile."""
+        copied cannot be collected meanwhile (SnapshotNotFound if the snapshot was deleted
+        since the first step)."""
         _check(owner, "owner")
+        _check(name, "snapshot name", transient=True)
         with self._owner(owner) as base:
+            if not (base / "manifests" / f"{name}.json.gz").exists():
+                raise SnapshotNotFound(f"snapshot {name!r} was deleted while it was restored")
             _restore.relink(target, base / "objects", ids, reuse)
 
     def tree(self, owner: str, name: str, part: str = MAIN) -> dict[str, Entry]:

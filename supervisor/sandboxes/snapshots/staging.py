@@ -49,6 +49,7 @@ class Staged:
     image: Path | None
     store: SnapshotStore | None = None
     owner: str = ""
+    name: str = ""
     ids: tuple[int, int] = (-1, -1)
     reuse: Reuse | None = None
     """The files left for switch() to link (stage with link=True), and how many were."""
@@ -59,7 +60,7 @@ class Staged:
         the staged folder's place for remove_old() (a new container may start meanwhile)."""
         paths = self.paths
         if self.reuse is not None and self.store is not None:
-            self.store.relink(self.owner, self.folder, self.ids, self.reuse)
+            self.store.relink(self.owner, self.name, self.folder, self.ids, self.reuse)
         if self.image is not None:
             workspaces.unmount(paths.workspace)
             os.replace(self.image, paths.image)
@@ -111,7 +112,7 @@ def stage(
             where = f"the workspace's size cap ({cap_mb} MiB)" if cap_mb else "the disk"
             raise SnapshotTooBig(f"snapshot {name!r} does not fit in {where}") from None
         raise
-    return Staged(paths, folder, image, store, owner, ids, reuse)
+    return Staged(paths, folder, image, store, owner, name, ids, reuse)
 
 
 def discard(paths: Paths) -> None:
