@@ -75,6 +75,7 @@ from stockade.supervisor.sandboxes.snapshots.repository import (
     check_name,
     keys_of,
 )
+from stockade.supervisor.sandboxes.snapshots.restore import Reuse
 
 log = logging.getLogger("stockade.snapshots")
 TMP = "tmp"
@@ -173,9 +174,10 @@ class Snapshots:
             old = parts.registry.get(key)
             replaced = old is not None or parts.layout.of(key).root.is_dir()
             network, profile = self._inventory.settings_of(key)
-            await self._into(key, owner, name, snap, old, network, profile)
+            reuse = await self._into(key, owner, name, snap, old, network, profile)
         info = await self._inventory.get(key)
-        self._parts.record(key, "restore", f"{name}: {reason}")
+        how = f"; {reuse.linked} files linked, {reuse.copied} copied" if reuse else ""
+        self._parts.record(key, "restore", f"{name}: {reason}{how}")
         return info, snap, replaced
 
     async def fork(
@@ -407,10 +409,11 @@ class Snapshots:
         network: SandboxNetwork,
         profile: SandboxProfile,
         settings_from: str = "",
-    ) -> None:
+    ) -> Reuse | None:
         """Under the key's lock: stage the snapshot's workspace, stop the old container,
         switch, start the new container (on `network`, with `profile`; a fork's key keeps
-        what `settings_from`, its source, keeps), write /tmp back."""
+        what `settings_from`, its source, keeps), write /tmp back. What was linked rather
+        than copied, when the snapshot is of this sandbox and the workspace uncapped."""
         parts = self._parts
         parts.quotas.admit(key, profile.memory_mb)
         await parts.quotas.admit_shared(key, profile.memory_mb)
@@ -455,6 +458,7 @@ class Snapshots:
                 if isinstance(failed, BaseException):
                     log.warning("the old workspace of %s was not removed: %s", shown(key), failed)
         parts.registry[key] = sandbox
+        return staged.reuse
 
     async def _restore_tmp(
         self, sandbox: Sandbox, owner: str, name: str, host_tmp: Path, ids: tuple[int, int]
