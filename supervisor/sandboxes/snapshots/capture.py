@@ -118,6 +118,7 @@ class Captured:
     skipped: list[str] = field(default_factory=list)  # paths of fifos, sockets, devices
     files_read: int = 0
     bytes_read: int = 0
+    walked_ns: int = 0  # when the walk that recorded it began (time.time_ns)
 
 
 Cache = dict[tuple[int, ...], Entry]

@@ -75,6 +75,7 @@ from stockade.supervisor.sandboxes.snapshots.repository import (
     check_name,
     keys_of,
 )
+from stockade.supervisor.sandboxes.snapshots.restore import Reuse
 
 log = logging.getLogger("stockade.snapshots")
 TMP = "tmp"
@@ -173,9 +174,10 @@ class Snapshots:
             old = parts.registry.get(key)
             replaced = old is not None or parts.layout.of(key).root.is_dir()
             network, profile = self._inventory.settings_of(key)
-            await self._into(key, owner, name, snap, old, network, profile)
+            reuse = await self._into(key, owner, name, snap, old, network, profile)
         info = await self._inventory.get(key)
-        self._parts.record(key, "restore", f"{name}: {reason}")
+        how = f"; {reuse.linked} files linked, {reuse.copied} copied" if reuse else ""
+        self._parts.record(key, "restore", f"{name}: {reason}{how}")
         return info, snap, replaced
 
     async def fork(
@@ -407,10 +409,11 @@ class Snapshots:
         network: SandboxNetwork,
         profile: SandboxProfile,
         settings_from: str = "",
-    ) -> None:
+    ) -> Reuse | None:
         """Under the key's lock: stage the snapshot's workspace, stop the old container,
         switch, start the new container (on `network`, with `profile`; a fork's key keeps
-        what `settings_from`, its source, keeps), write /tmp back."""
+        what `settings_from`, its source, keeps), write /tmp back. What was linked rather
+        than copied, when the snapshot is of this sandbox and the workspace uncapped."""
         parts = self._parts
         parts.quotas.admit(key, profile.memory_mb)
         await parts.quotas.admit_shared(key, profile.memory_mb)
@@ -419,17 +422,28 @@ class Snapshots:
             await asyncio.to_thread(self._inventory.copy_settings, settings_from, key)
         ids = parts.layout.workspace_ids(paths)
         cap = staging.cap_of(paths, parts.config.sandbox.workspace_size_mb)
-        staged = await asyncio.to_thread(staging.stage, self.store, owner, name, paths, ids, cap)
+        link = not settings_from and snap.lineage == paths.root.name  # never a fork's
+        staged = await asyncio.to_thread(
+            functools.partial(staging.stage, self.store, owner, name, paths, ids, cap, link=link)
+        )
         try:
             if old is not None:
                 parts.registry.pop(key, None)
                 await parts.containers.stop(old.container)
             else:
                 await asyncio.to_thread(layout.unmount, paths)
-            await asyncio.to_thread(staged.switch)
+            await asyncio.to_thread(functools.partial(staged.switch, remove=False))
         except BaseException:
             await asyncio.to_thread(staged.discard)
             raise
+        # The old files go while the new container starts (their own folder; what a failure
+        # leaves there, the next restore's stage removes); done before this returns.
+        removing = asyncio.ensure_future(asyncio.to_thread(staged.remove_old))
+        if staged.reuse is not None:
+            log.info(
+                "%s restored from %s: %d files linked, %d copied", shown(key), name,
+                staged.reuse.linked, staged.reuse.copied,
+            )  # fmt: skip
         counted = key in parts.starting  # a fork's keys are the fork's to discard
         parts.starting.add(key)
         try:
@@ -440,7 +454,11 @@ class Snapshots:
         finally:
             if not counted:
                 parts.starting.discard(key)
+            for failed in await asyncio.gather(removing, return_exceptions=True):
+                if isinstance(failed, BaseException):
+                    log.warning("the old workspace of %s was not removed: %s", shown(key), failed)
         parts.registry[key] = sandbox
+        return staged.reuse
 
     async def _restore_tmp(
         self, sandbox: Sandbox, owner: str, name: str, host_tmp: Path, ids: tuple[int, int]

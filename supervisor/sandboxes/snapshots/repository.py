@@ -30,10 +30,12 @@ it changed is always read again; the sandbox is frozen for the walk plus the cha
 copy (0.10 s above).
 
 Restore copies each file out of the store (FICLONE where the file system has reflinks,
-else copy_file_range): never a hard link, so nothing the sandbox does to its files reaches
-the store. Restored entries belong to the ids the caller gives; modes keep permissions and
-the sticky bit (never set-user-ID or set-group-ID); mtimes are restored (atime = mtime);
-links keep their target text. Hard links inside the tree come back as separate files.
+else copy_file_range): never a hard link to the store, so nothing the sandbox does to its
+files reaches the store. A restore into the sandbox the snapshot was taken of (`reuse`, then
+`relink`) links instead the files its live workspace still holds unchanged (restore.py).
+Restored entries belong to the ids the caller gives; modes keep permissions and the sticky
+bit (never set-user-ID or set-group-ID); mtimes are restored (atime = mtime); links keep
+their target text. Hard links inside the tree come back as separate files.
 Fifos, sockets and devices are skipped and reported (`Snapshot.skipped`).
 
 Blocking: the manager calls these through asyncio.to_thread.
@@ -97,6 +99,9 @@ class Snapshot:
     skipped: tuple[str, ...] = ()
     source: str = ""  # what the caller calls the tree (the key, as its tenant sees it)
     parts: tuple[str, ...] = (MAIN,)
+    walked_ns: int = 0
+    """When the walk that recorded it began (0: not recorded, a manifest made before this
+    was): a restore links no file whose ctime is within a second of it (restore.py)."""
 
     @property
     def transient(self) -> bool:
@@ -228,10 +233,14 @@ class SnapshotStore:
         target: Path | Opener,
         ids: tuple[int, int],
         part: str = MAIN,
+        reuse: _restore.Reuse | None = None,
     ) -> Snapshot:
         """Make the empty folder `target` hold exactly the snapshot's files (its `part`),
         owned by `ids`; a folder given by an opener keeps its own owner (a /tmp). A restore
-        that fails part way leaves `target` partly filled: the caller removes it."""
+        that fails part way leaves `target` partly filled: the caller removes it. With
+        `reuse` (a restore into the sandbox the snapshot is of), the files its live workspace
+        still holds unchanged are left out, for relink to link them once nothing writes
+        there any more."""
         _check(owner, "owner")
         _check(name, "snapshot name", transient=True)
         with self._owner(owner) as base:  # a delete's collection waits for the copy
@@ -243,8 +252,25 @@ class SnapshotStore:
             if part not in parts:
                 raise SnapshotNotFound(f"snapshot {name!r} holds no {part}")
             root, entries = parts[part]
-            _restore.restore(target, root, entries, base / "objects", ids)
+            if reuse is not None:
+                walked = int(head.get("walked_ns", 0))
+                reuse.trusted_before_ns = max(0, walked - _restore.RACY_NS) if walked else 0
+            _restore.restore(target, root, entries, base / "objects", ids, reuse)
             return _snapshot(owner, head)
+
+    def relink(
+        self, owner: str, name: str, target: Path, ids: tuple[int, int], reuse: _restore.Reuse
+    ) -> None:
+        """The second step of a restore with `reuse` (restore.relink): the files left out
+        linked, or copied if they changed since; with the store held, so that what is
+        copied cannot be collected meanwhile (SnapshotNotFound if the snapshot was deleted
+        since the first step)."""
+        _check(owner, "owner")
+        _check(name, "snapshot name", transient=True)
+        with self._owner(owner) as base:
+            if not (base / "manifests" / f"{name}.json.gz").exists():
+                raise SnapshotNotFound(f"snapshot {name!r} was deleted while it was restored")
+            _restore.relink(target, base / "objects", ids, reuse)
 
     def tree(self, owner: str, name: str, part: str = MAIN) -> dict[str, Entry]:
         """The snapshot's entries (its `part`) by path below the root, "a/b"."""
@@ -412,7 +438,10 @@ class CaptureSession:
         """Read `trees` (MAIN and optional other parts) into the store; files whose key is
         in `cached` are not read again. This is all that needs the trees frozen."""
         started = time.monotonic()
+        walked_ns = time.time_ns()
         got = {part: self._walk(opener, cached, 0) for part, opener in trees.items()}
+        for one in got.values():
+            one.walked_ns = walked_ns
         seconds = time.monotonic() - started
         read = sum(c.files_read for c in got.values()), sum(c.bytes_read for c in got.values())
         return got, CaptureStats(*read, seconds)
@@ -452,7 +481,7 @@ class CaptureSession:
         return Snapshot(
             self.base.name, name, lineage, time.time(), sum(e.kind == "f" for e in main),
             len(main), sum(e.size for e in main), tuple(got[MAIN].skipped), source,
-            tuple(sorted(got)),
+            tuple(sorted(got)), min(c.walked_ns for c in got.values()),
         )  # fmt: skip
 
     def _drop(self, digests: set[str]) -> None:
@@ -556,6 +585,7 @@ def _write_manifest(
         "format": _FORMAT, "name": snap.name, "lineage": snap.lineage, "created": snap.created,
         "files": snap.files, "entries": snap.entries, "bytes": snap.bytes,
         "skipped": list(snap.skipped), "source": snap.source, "parts": list(snap.parts),
+        "walked_ns": snap.walked_ns,
     }  # fmt: skip
     # As json.dumps(ensure_ascii=True, separators=(",", ":")) writes it, each entry's text
     # made by Entry.json_text (json.dumps of 10,000 entries' lists took about 45 ms).
@@ -593,5 +623,5 @@ def _snapshot(owner: str, head: dict[str, Any]) -> Snapshot:
     return Snapshot(
         owner, head["name"], head["lineage"], head["created"], head["files"],
         head["entries"], head["bytes"], tuple(head["skipped"]), head.get("source", ""),
-        tuple(head.get("parts", [MAIN])),
+        tuple(head.get("parts", [MAIN])), int(head.get("walked_ns", 0)),
     )  # fmt: skip

@@ -9,6 +9,13 @@ was.
               workspace.restoring/ and filled, unmounted, then renamed over workspace.img;
               the next container start mounts it at workspace/
 
+A restore into the sandbox the snapshot was taken of (stage(..., link=True), uncapped)
+copies only the files changed since: the others are left out of the staged folder, and
+switch() hard-links them from the workspace it replaces first (snapshots/restore.py says
+when a file may be linked). A crash before the switch leaves the staged folder with links
+to the live files, which the next stage() removes (removing a link changes no content); a
+crash after the exchange leaves the old folder there, removed the same way.
+
 Blocking (copies, mkfs, mount): the caller runs these through asyncio.to_thread, with the
 key's lock held; switch() only while no container uses the workspace.
 """
@@ -26,6 +33,7 @@ from stockade.supervisor.errors import InvalidRequest
 from stockade.supervisor.sandboxes import hostfs, workspaces
 from stockade.supervisor.sandboxes.layout import Paths
 from stockade.supervisor.sandboxes.snapshots.repository import SnapshotStore
+from stockade.supervisor.sandboxes.snapshots.restore import Reuse
 
 MiB = 1 << 20
 
@@ -39,10 +47,20 @@ class Staged:
     paths: Paths
     folder: Path
     image: Path | None
+    store: SnapshotStore | None = None
+    owner: str = ""
+    name: str = ""
+    ids: tuple[int, int] = (-1, -1)
+    reuse: Reuse | None = None
+    """The files left for switch() to link (stage with link=True), and how many were."""
 
-    def switch(self) -> None:
-        """Put the staged workspace in place of the current one (no container may use it)."""
+    def switch(self, *, remove: bool = True) -> None:
+        """Put the staged workspace in place of the current one (no container may use it:
+        the files left out are linked from it first). remove=False: the old one is left in
+        the staged folder's place for remove_old() (a new container may start meanwhile)."""
         paths = self.paths
+        if self.reuse is not None and self.store is not None:
+            self.store.relink(self.owner, self.name, self.folder, self.ids, self.reuse)
         if self.image is not None:
             workspaces.unmount(paths.workspace)
             os.replace(self.image, paths.image)
@@ -50,7 +68,13 @@ class Staged:
                 self.folder.rmdir()
             return
         _exchange(self.folder, paths.workspace)  # atomic: a crash leaves one or the other
-        _remove(self.folder)  # the old workspace now
+        if remove:
+            self.remove_old()
+
+    def remove_old(self) -> None:
+        """Remove the workspace a switch replaced (what a crash leaves, the next stage does)."""
+        if self.image is None:
+            _remove(self.folder)
 
     def discard(self) -> None:
         discard(self.paths)
@@ -63,18 +87,23 @@ def stage(
     paths: Paths,
     ids: tuple[int, int],
     cap_mb: int,
+    *,
+    link: bool = False,
 ) -> Staged:
     """Fill a new workspace from the snapshot, owned by `ids`; with cap_mb, in a new file
-    system of that size. Anything that fails removes what was made and raises."""
+    system of that size. `link`: the snapshot is of this sandbox (its lineage), whose
+    unchanged files switch() may link rather than copy (never with cap_mb: a link cannot
+    cross file systems). Anything that fails removes what was made and raises."""
     discard(paths)  # what a crash left
     folder = paths.root / "workspace.restoring"
     image = paths.root / "workspace.img.restoring" if cap_mb else None
+    reuse = Reuse(paths.workspace) if link and image is None else None
     try:
         if image is not None:
             folder.mkdir(mode=0o700)
             workspaces.make_image(image, cap_mb, *ids)
             workspaces.mount_image(image, folder)
-        store.restore(owner, name, folder, ids)
+        store.restore(owner, name, folder, ids, reuse=reuse)
         if image is not None:
             workspaces.unmount(folder)
     except BaseException as exc:
@@ -83,7 +112,7 @@ def stage(
             where = f"the workspace's size cap ({cap_mb} MiB)" if cap_mb else "the disk"
             raise SnapshotTooBig(f"snapshot {name!r} does not fit in {where}") from None
         raise
-    return Staged(paths, folder, image)
+    return Staged(paths, folder, image, store, owner, name, ids, reuse)
 
 
 def discard(paths: Paths) -> None:
