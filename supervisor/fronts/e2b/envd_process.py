@@ -37,6 +37,7 @@ from stockade.supervisor.calls.streaming import close_source
 from stockade.supervisor.fronts.e2b.connect import (
     ConnectError,
     Json,
+    Last,
     keepalive_interval,
     timeout_of,
     with_keepalive,
@@ -341,7 +342,7 @@ class Processes:
                         del box.by_pid[pid]  # exited: its pid is free for the kernel to reuse
                     if result.is_error and (not pid or "exit_code" not in (result.data or {})):
                         raise error_of(result)
-                    yield {"event": end_event(dict(result.data or {}))}
+                    yield Last(event=end_event(dict(result.data or {})))
         finally:
             await close_source(stream)
 
