@@ -9,11 +9,13 @@ for a message the codec could not read) is a crash too."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
+from starlette.types import Message
 
 from fuzz import run
 from stockade.supervisor.fronts.e2b import connect
@@ -42,7 +44,11 @@ ENDPOINTS = (
 )
 
 
-def request_of(body: bytes, content_type: str, chunk: int) -> Request:
+def request_of(
+    body: bytes, content_type: str, chunk: int, answered: asyncio.Event | None = None
+) -> Request:
+    """The request; once its body is read, its receive waits for `answered` (the response
+    complete, as uvicorn's does) and then says the client went."""
     scope: dict[str, Any] = {
         "type": "http",
         "method": "POST",
@@ -54,6 +60,8 @@ def request_of(body: bytes, content_type: str, chunk: int) -> Request:
 
     async def receive() -> dict[str, Any]:
         if not parts:
+            if answered is not None:
+                await answered.wait()
             return {"type": "http.disconnect"}
         return {"type": "http.request", "body": parts.pop(0), "more_body": bool(parts)}
 
@@ -61,16 +69,27 @@ def request_of(body: bytes, content_type: str, chunk: int) -> Request:
 
 
 async def _answer(data: bytes) -> tuple[int, bytes]:
+    """The endpoint's answer, its response run as uvicorn runs it (an ASGI app)."""
     kind, chunk = (data[0], data[1]) if len(data) >= 2 else (0, 0)
     endpoint, media = ENDPOINTS[kind % 3]
     if kind & 4:
         media = connect.STREAM_TYPE if media == connect.UNARY_TYPE else connect.UNARY_TYPE
-    response: Response = await endpoint(request_of(data[2:], media, 1 + chunk))
-    if isinstance(response, StreamingResponse):
-        chunks = [c async for c in response.body_iterator]
-        body = b"".join(c if isinstance(c, bytes) else c.encode() for c in chunks)
-        return response.status_code, body
-    return response.status_code, bytes(response.body)
+    answered = asyncio.Event()
+    request = request_of(data[2:], media, 1 + chunk, answered)
+    response: Response = await endpoint(request)
+    status, body = 0, []
+
+    async def send(message: Message) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        else:
+            body.append(bytes(message.get("body", b"")))
+            if not message.get("more_body", False):
+                answered.set()
+
+    await response(request.scope, request.receive, send)
+    return status, b"".join(body)
 
 
 def one(data: bytes) -> None:

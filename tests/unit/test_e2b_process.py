@@ -139,7 +139,7 @@ async def test_keepalives_fill_silences_only() -> None:
         await asyncio.sleep(0.35)
         yield "b"
 
-    got = [item async for item in connect.with_keepalive(events(), 0.1)]
+    got = [item async for item in ep.until_gone(events(), asyncio.Event(), "sbx0", 0.1)]
     assert got[0] == "a"
     assert got[-1] == "b"
     assert 2 <= got.count(None) <= 4

@@ -28,7 +28,7 @@ import secrets
 import shlex
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from starlette.requests import Request
 
@@ -37,9 +37,9 @@ from stockade.supervisor.calls.streaming import close_source
 from stockade.supervisor.fronts.e2b.connect import (
     ConnectError,
     Json,
+    Last,
     keepalive_interval,
     timeout_of,
-    with_keepalive,
 )
 from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
 from stockade.supervisor.fronts.e2b.envd_files import (
@@ -58,6 +58,7 @@ from stockade.supervisor.models import (
     ToolResult,
 )
 
+T = TypeVar("T")
 FOLLOW_MAX_S: Final = SESSION_MAX_S
 """The pipeline deadline of a stream without Connect-Timeout-Ms (envd: no limit): as long as
 an Interact session's."""
@@ -317,9 +318,10 @@ class Processes:
         """envd's events for a streamed `process` call: start, data, keepalive, end (`pid`:
         the process's, when the call is an attach, which says no start of its own)."""
         stream = self._ctx.pipeline.call_stream(call, caller_of(request))
-        events = until_gone(stream, box.gone, sandbox_of(request).sandbox_id)
+        sandbox_id, every_s = sandbox_of(request).sandbox_id, keepalive_interval(request)
+        events = until_gone(stream, box.gone, sandbox_id, every_s)
         try:  # a client gone: the call detaches at once (the stream is closed)
-            async for event in with_keepalive(events, keepalive_interval(request)):
+            async for event in events:
                 if event is None:
                     if pid:
                         yield {"event": {"keepalive": {}}}
@@ -341,8 +343,9 @@ class Processes:
                         del box.by_pid[pid]  # exited: its pid is free for the kernel to reuse
                     if result.is_error and (not pid or "exit_code" not in (result.data or {})):
                         raise error_of(result)
-                    yield {"event": end_event(dict(result.data or {}))}
+                    yield Last(event=end_event(dict(result.data or {})))
         finally:
+            await close_source(events)
             await close_source(stream)
 
     def _kill_at(self, request: Request, proc: _Proc, after_s: float) -> asyncio.TimerHandle:
@@ -461,21 +464,26 @@ class Processes:
 
 
 async def until_gone(
-    events: AsyncIterator[Any], gone: asyncio.Event, sandbox_id: str
-) -> AsyncIterator[Any]:
+    events: AsyncIterator[T], gone: asyncio.Event, sandbox_id: str, every_s: float | None = None
+) -> AsyncIterator[T | None]:
     """The events until the sandbox is killed (or ends): then the stream ends as E2B's does
     when a sandbox goes mid-command, an `unavailable` that names no cause (the SDKs then
     probe /health, find the sandbox gone and report it killed or at its end of life), not
-    the pipeline's later error. The source is not closed here: its owner does that."""
+    the pipeline's later error. With `every_s`, None whenever that passes without an event
+    (envd's keepalives), in the same wait (one task an event). The source is not closed
+    here: its owner does that."""
     ended = asyncio.ensure_future(gone.wait())
+    step: asyncio.Future[T] | None = None
     try:
         while True:
-            step = asyncio.ensure_future(anext(events))
-            await asyncio.wait({step, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if step is None:
+                step = asyncio.ensure_future(anext(events))
+            waiting: set[asyncio.Future[Any]] = {step, ended}
+            await asyncio.wait(waiting, timeout=every_s, return_when=asyncio.FIRST_COMPLETED)
             if not step.done():
-                step.cancel()
-                with contextlib.suppress(BaseException):
-                    await step
+                if not ended.done():
+                    yield None
+                    continue
                 raise ConnectError(
                     "unavailable",
                     f"the connection to sandbox {sandbox_id} ended before the stream completed",
@@ -484,9 +492,14 @@ async def until_gone(
                 item = step.result()
             except StopAsyncIteration:
                 return
+            step = None
             yield item
     finally:
         ended.cancel()
+        if step is not None and not step.done():
+            step.cancel()
+            with contextlib.suppress(BaseException):
+                await step
 
 
 def _selector_text(selector: int | str) -> str:
