@@ -142,9 +142,12 @@ def test_read_cuts_what_a_process_set_past_the_budget(xattrs: Path) -> None:
 
 
 def test_output_without_a_metadata_line_is_taken_as_it_is() -> None:
+    mark = file_metadata.MARK
     assert file_metadata.split_output("f\0f\0") == ({}, "f\0f\0")
-    assert file_metadata.split_output('{"cut\nf\0') == ({}, "f\0")
-    assert file_metadata.split_output("[1]\nf\0") == ({}, "[1]\nf\0")
+    assert file_metadata.split_output(mark + "\nf\0") == ({}, "f\0")
+    # a record cut short, or bytes that are not ASCII (not from the script): left out
+    cut = mark + "./a\tk\v./b\tk\tv\v./c\tk\t\u00e9\n"
+    assert file_metadata.split_output(cut + "f\0") == ({"./b": {"k": "v"}}, "f\0")
 
 
 class LocalFiles(Files):
