@@ -257,3 +257,15 @@ def test_the_reported_envd_version_is_the_one_these_features_need() -> None:
     assert Version(ENVD_VERSION) >= versions.ENVD_VERSION_WATCH_NETWORK_MOUNTS
     gates = [v for k, v in vars(versions).items() if k.startswith("ENVD_") and "DEBUG" not in k]
     assert Version(ENVD_VERSION) == max(gates)  # nothing the SDK gates on lies above it
+
+
+def test_many_long_paths_go_in_several_commands() -> None:
+    from stockade.supervisor.fronts.e2b.envd_files import BATCH_CHARS, _batches
+
+    paths = [f"./{'d' * 250}/{i:04}" + "/x" * 1000 for i in range(300)]  # 2.3 KB each
+    groups = _batches(paths)
+    assert [p for g in groups for p in g] == paths
+    assert all(sum(len(p) + 3 for p in g) <= BATCH_CHARS + 3 for g in groups)
+    assert len(groups) > 1
+    assert _batches([]) == []
+    assert _batches(["x" * (BATCH_CHARS * 2)]) == [["x" * (BATCH_CHARS * 2)]]

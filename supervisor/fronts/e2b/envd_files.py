@@ -262,14 +262,14 @@ class Files:
     ) -> None:
         """Give the files just uploaded (E2B paths) this metadata, as `user.e2b.*` extended
         attributes (file_metadata): one command through the pipeline for all of them."""
-        targets = [target_of(p).arg for p in paths]
-        code, _, err = await self._sh(request, file_metadata.set_command(metadata, targets))
-        if code != 0:
-            raise ConnectError(
-                "permission_denied" if "Permission denied" in err else "internal",
-                "the file was written, but its metadata could not be stored: "
-                + (err.strip().splitlines() or [f"exit {code}"])[-1],
-            )
+        for targets in _batches([target_of(p).arg for p in paths]):
+            code, _, err = await self._sh(request, file_metadata.set_command(metadata, targets))
+            if code != 0:
+                raise ConnectError(
+                    "permission_denied" if "Permission denied" in err else "internal",
+                    "the file was written, but its metadata could not be stored: "
+                    + (err.strip().splitlines() or [f"exit {code}"])[-1],
+                )
 
     # Filesystem RPCs, as shell commands through the pipeline's exec tool
     async def _sh(self, request: Request, script: str) -> tuple[int, str, str]:
@@ -313,21 +313,20 @@ class Files:
         """The entries of these E2B paths (each as Stat reports it, metadata too) in one
         command through the pipeline, by path; one that is not there is left out."""
         args = {target_of(p).arg: p for p in paths}
-        if not args:
-            return {}
-        given = " ".join(shlex.quote(a) for a in args)
-        script = (
-            f"{file_metadata.read_command(f'{given} -maxdepth 0')} 2>/dev/null; "
-            f"find {given} -maxdepth 0 {_PRINT_GIVEN} 2>/dev/null; exit 0"
-        )
-        _, out, _ = await self._sh(request, script)
-        found, out = file_metadata.split_output(out)
         by_arg: dict[str, Json] = {}
-        fields = out.split("\0")[:-1]
-        for i in range(0, len(fields) - _FIELD_COUNT + 1, _FIELD_COUNT):
-            record = fields[i : i + _FIELD_COUNT]
-            entry = _entry(record, HOME)
-            by_arg[record[-2]] = file_metadata.attach(entry, found.get(record[-2]))
+        for batch in _batches(list(args)):
+            given = " ".join(shlex.quote(a) for a in batch)
+            script = (
+                f"{file_metadata.read_command(f'{given} -maxdepth 0')} 2>/dev/null; "
+                f"find {given} -maxdepth 0 {_PRINT_GIVEN} 2>/dev/null; exit 0"
+            )
+            _, out, _ = await self._sh(request, script)
+            found, out = file_metadata.split_output(out)
+            fields = out.split("\0")[:-1]
+            for i in range(0, len(fields) - _FIELD_COUNT + 1, _FIELD_COUNT):
+                record = fields[i : i + _FIELD_COUNT]
+                entry = _entry(record, HOME)
+                by_arg[record[-2]] = file_metadata.attach(entry, found.get(record[-2]))
         return {args[a]: e for a, e in by_arg.items() if a in args}
 
     async def stat(self, request: Request, msg: Json) -> Json:
@@ -383,6 +382,24 @@ class Files:
         if code != 0:
             raise _failed(code, err)
         return {}
+
+
+BATCH_CHARS = 32 << 10
+"""The most characters of paths one command names (the guard parses at most 256 KiB of a
+command; a path may be 4 KiB long): more paths go in more commands."""
+
+
+def _batches(args: list[str]) -> list[list[str]]:
+    """The paths in groups of at most BATCH_CHARS characters (one at least)."""
+    out: list[list[str]] = []
+    size = 0
+    for arg in args:
+        if not out or size + len(arg) > BATCH_CHARS:
+            out.append([])
+            size = 0
+        out[-1].append(arg)
+        size += len(arg) + 3
+    return out
 
 
 def _failed(code: int, err: str) -> ConnectError:
