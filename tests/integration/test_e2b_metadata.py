@@ -87,14 +87,14 @@ async def test_metadata_async(served: E2bServed) -> None:
         await sbx.kill()
 
 
-def upload(served: E2bServed, sbx: Sandbox, path: str, headers: dict[str, str]) -> httpx.Response:
+def upload(
+    served: E2bServed, sbx: Sandbox, path: str, headers: dict[str, str | bytes]
+) -> httpx.Response:
     envd = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": str(sbx._envd_access_token)}
+    every = {"Content-Type": "application/octet-stream", **envd, **headers}
+    raw = [(k.encode(), v if isinstance(v, bytes) else v.encode()) for k, v in every.items()]
     return httpx.post(
-        f"{served.url}/files",
-        params={"path": path},
-        content=b"data",
-        headers={"Content-Type": "application/octet-stream", **envd, **headers},
-        timeout=60,
+        f"{served.url}/files", params={"path": path}, content=b"data", headers=raw, timeout=60
     )
 
 
@@ -102,11 +102,12 @@ def test_limits_refuse_before_anything_is_written(served: E2bServed) -> None:
     sbx = Sandbox.create(timeout=180, **served.opts())
     other = Sandbox.create(timeout=180, **served.opts(served.other))
     try:
-        attacks = {
+        attacks: dict[str, dict[str, str | bytes]] = {
             "long key": {"X-Metadata-" + "k" * 247: "v"},
             "big map": {"X-Metadata-k": "v" * 4096},
             "many keys": {f"X-Metadata-k{i:02}": "v" * 40 for i in range(80)},
-            "latin-1 value": {"X-Metadata-k": "caf\xe9"},
+            "latin-1 value": {"X-Metadata-k": "caf\xe9".encode("latin-1")},
+            "utf-8 value": {"X-Metadata-k": "caf\xe9".encode()},
         }
         for name, headers in attacks.items():
             r = upload(served, sbx, f"{name}.txt", headers)
@@ -168,19 +169,20 @@ def test_watch_entries_sync(served: E2bServed) -> None:
         sbx.files.write("w/f.txt", "one")
         handle = sbx.files.watch_dir("w", include_entry=True)
         sbx.files.write("w/f.txt", "two", metadata={"v": "2"})
-        sbx.commands.run("rm /home/user/w/f.txt")
         events: list[FilesystemEvent] = handle.get_new_events()
         write = next(e for e in events if e.type == FilesystemEventType.WRITE)
         assert write.entry is not None
         assert (write.entry.name, write.entry.path) == ("f.txt", "/home/user/w/f.txt")
         assert write.entry.type == FileType.FILE
         assert write.entry.metadata == {"v": "2"}
+        sbx.commands.run("rm /home/user/w/f.txt")  # gone by the poll: its events have none
         for _ in range(100):
             if any(e.type == FilesystemEventType.REMOVE for e in events):
                 break
             events += handle.get_new_events()
         removed = next(e for e in events if e.type == FilesystemEventType.REMOVE)
         assert removed.entry is None
+        assert all(e.entry is None for e in events[events.index(write) + 1 :] if e.name == "f.txt")
         handle.stop()
         plain = sbx.files.watch_dir("w", allow_network_mounts=True)
         sbx.files.write("w/g.txt", "x")
