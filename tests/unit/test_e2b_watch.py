@@ -5,7 +5,7 @@ idle sweep, and a killed sandbox's watchers ending their watch."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -211,3 +211,98 @@ async def test_a_write_that_never_shows_does_not_hold_the_poll(
     monkeypatch.setattr(envd_watch, "SETTLE_S", 3600.0)
     got = await asyncio.wait_for(w.get_watcher_events(request(), {"watcherId": wid}), 10)
     assert got == {"events": []}
+
+
+async def aclose(stream: AsyncIterator[Any]) -> None:
+    """Close a WatchDir stream (an async generator) as its client's leaving does."""
+    assert isinstance(stream, AsyncGenerator)
+    await stream.aclose()
+
+
+class Lookups:
+    """Stands in for Files.entries: the entry of every path asked for but `missing`, and
+    each lookup's paths in `asked`."""
+
+    def __init__(self, missing: tuple[str, ...] = (), fail: bool = False) -> None:
+        self.asked: list[list[str]] = []
+        self.missing, self.fail = missing, fail
+
+    async def __call__(self, _request: Any, paths: list[str]) -> dict[str, Any]:
+        self.asked.append(paths)
+        if self.fail:
+            raise errors.PolicyDenied("exec is not allowed")
+        return {
+            p: {"name": p.rsplit("/", 1)[-1], "path": p} for p in paths if p not in self.missing
+        }
+
+
+async def test_include_entry_streams_events_with_entries_looked_up_together(
+    script: Script,
+) -> None:
+    w = watches()
+    w.entries = lookups = Lookups(missing=("/home/user/d/gone",))
+    stream = w.watch_dir(request(), {"path": "/home/user/d", "includeEntry": True})
+    assert await anext(stream) == {"start": {}}
+    for change in [
+        Change("write", "a", False),
+        Change("remove", "b", False),
+        Change("create", "gone", False),
+        Change("chmod", "a", False),
+    ]:
+        await script.queue.put(change)
+    await settle()
+    got = [await anext(stream) for _ in range(4)]
+    a = {"name": "a", "path": "/home/user/d/a"}
+    assert [g["filesystem"].get("entry") for g in got] == [a, None, None, a]
+    assert lookups.asked == [["/home/user/d/a", "/home/user/d/gone"]]  # one lookup, no removal
+    await aclose(stream)
+    assert script.closed == 1
+
+
+async def test_include_entry_is_best_effort_and_ends_with_the_watch(script: Script) -> None:
+    w = watches()
+    w.entries = Lookups(fail=True)
+    stream = w.watch_dir(request(), {"path": "d", "includeEntry": True})
+    assert await anext(stream) == {"start": {}}
+    await script.queue.put(Change("write", "a", False))
+    assert await anext(stream) == {"filesystem": {"name": "a", "type": "EVENT_TYPE_WRITE"}}
+    await script.queue.put(Change("overflow", "", False))
+    with pytest.raises(ConnectError) as info:
+        await anext(stream)
+    assert info.value.code == "data_loss"
+    assert script.closed == 1
+
+
+async def test_a_stream_batch_is_capped(script: Script, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(envd_watch, "MAX_BATCH", 2)
+    w = watches()
+    w.entries = lookups = Lookups()
+    stream = w.watch_dir(request(), {"path": "d", "includeEntry": True})
+    await anext(stream)
+    for name in "abcde":
+        await script.queue.put(Change("create", name, False))
+    await settle()
+    assert len([await anext(stream) for _ in range(5)]) == 5
+    assert max(len(a) for a in lookups.asked) <= 2
+    await aclose(stream)
+
+
+async def test_a_poll_with_include_entry_looks_up_once(script: Script) -> None:
+    w = watches()
+    w.entries = lookups = Lookups()
+    plain = (await w.create_watcher(request(), {"path": "x"}))["watcherId"]
+    await script.queue.put(Change("create", "f", False))
+    await settle()
+    (event,) = (await w.get_watcher_events(request(), {"watcherId": plain}))["events"]
+    assert "entry" not in event
+    assert lookups.asked == []  # not asked for: nothing looked up
+    await w.remove_watcher(request(), {"watcherId": plain})
+    wid = (await w.create_watcher(request(), {"path": "x", "includeEntry": True}))["watcherId"]
+    for change in [Change("create", "f", False), Change("write", "f", False)]:
+        await script.queue.put(change)
+    await script.queue.put(Change("remove", "g", False))
+    await settle()
+    events = (await w.get_watcher_events(request(), {"watcherId": wid}))["events"]
+    f = {"name": "f", "path": "/home/user/x/f"}
+    assert [e.get("entry") for e in events] == [f, f, None]
+    assert lookups.asked == [["/home/user/x/f"]]

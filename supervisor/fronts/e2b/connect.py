@@ -341,7 +341,9 @@ def keepalive_interval(request: Request) -> float:
     return float(min(max(wanted, 1), KEEPALIVE_S))
 
 
-async def with_keepalive(events: AsyncIterator[T], every_s: float) -> AsyncIterator[T | None]:
+async def with_keepalive(
+    events: AsyncIterator[T], every_s: float
+) -> AsyncGenerator[T | None, None]:
     """The events, with None whenever `every_s` passes without one. The source is not
     closed here: its owner does that."""
     step: asyncio.Future[T] = asyncio.ensure_future(anext(events))

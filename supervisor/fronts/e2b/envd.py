@@ -7,7 +7,9 @@ configured max_request_bytes; a `/files` upload is decoded as it streams (gzip, 
 bomb refused by its ratio), held to the workspace's size cap when one is set, and each file,
 octet-stream or multipart part, goes straight to the sandbox's transfer as it arrives
 (nothing spooled on the host). A body that ends short, does not decode or is refused cancels
-that file's transfer: the file it would have replaced is left as it was."""
+that file's transfer: the file it would have replaced is left as it was. An upload's
+`X-Metadata-*` headers are checked before its body is read, and kept on the files written
+(file_metadata.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from starlette.routing import Route
 
 from stockade.supervisor import errors
 from stockade.supervisor.fronts import bodies, multipart
-from stockade.supervisor.fronts.e2b import connect
+from stockade.supervisor.fronts.e2b import connect, file_metadata
 from stockade.supervisor.fronts.e2b.connect import (
     ClientStream,
     ConnectError,
@@ -87,6 +89,7 @@ def build_envd_app(ctx: E2bContext) -> Starlette:
     watches = Watches(ctx)
     ctx.forgetters.append(watches.forget)
     files.wrote = watches.wrote
+    watches.entries = files.entries
     limit = ctx.config.max_request_bytes
     quota_mb = ctx.config.sandbox.workspace_size_mb
     upload_limit = quota_mb << 20 if quota_mb else None
@@ -131,6 +134,13 @@ def build_envd_app(ctx: E2bContext) -> Starlette:
             return _http_error(connect_error(exc))
 
     async def _upload(request: Request) -> list[Json]:
+        metadata = file_metadata.from_headers(request.scope["headers"])
+        written = await _write(request)
+        if metadata:
+            await files.set_metadata(request, [str(e["path"]) for e in written], metadata)
+        return [file_metadata.attach(e, metadata) for e in written]
+
+    async def _write(request: Request) -> list[Json]:
         query_path = request.query_params.get("path")
         content_type = request.headers.get("content-type", "")
         body = bodies.body_stream(request, upload_limit)

@@ -22,6 +22,7 @@ from starlette.requests import Request
 
 from stockade.supervisor import errors
 from stockade.supervisor.calls.transfers import FileTransfers, Transfer
+from stockade.supervisor.fronts.e2b import file_metadata
 from stockade.supervisor.fronts.e2b.connect import ConnectError, Json
 from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
 from stockade.supervisor.fronts.e2b.records import E2bSandbox
@@ -29,18 +30,28 @@ from stockade.supervisor.models import CallContext, ErrorCode, ToolCall, ToolRes
 
 HOME = "/home/user"
 SANDBOX_STATE = "e2b_sandbox"
-_FIELDS = "%y\\0%Y\\0%s\\0%m\\0%M\\0%u\\0%g\\0%T@\\0%P\\0"
+_FIELDS = "%y\\0%Y\\0%s\\0%m\\0%M\\0%u\\0%g\\0%T@\\0{path}\\0"
 """find's fields of an entry, each ended by a NUL: no file name can hold one (a tab or a
 newline can). %Y is the type a symlink leads to (N: to nothing, L: a loop); a symlink's
 entry then gets one field more, its resolved absolute path (`realpath -m`), any other an
 empty one: see _find's script."""
 _FIELD_COUNT = 10
-_PRINT = (
-    f"\\( -type l -printf '{_FIELDS}' \\( -exec realpath -z -m -- {{}} \\; -o -printf '\\0' \\) \\)"
-    f" -o -printf '{_FIELDS}\\0'"
-)
-"""find's action: a symlink's fields and its resolved path (an empty field where even
-`realpath -m` fails, a loop), any other entry's fields and an empty one."""
+
+
+def _print(path: str) -> str:
+    """find's action: a symlink's fields and its resolved path (an empty field where even
+    `realpath -m` fails, a loop), any other entry's fields and an empty one; `path` is find's
+    field for the entry's path: %P (from the starting point) or %p (as given)."""
+    fields = _FIELDS.format(path=path)
+    return (
+        f"\\( -type l -printf '{fields}' "
+        f"\\( -exec realpath -z -m -- {{}} \\; -o -printf '\\0' \\) \\)"
+        f" -o -printf '{fields}\\0'"
+    )
+
+
+_PRINT = _print("%P")
+_PRINT_GIVEN = _print("%p")
 _OWNERS = {"sandbox": "user"}
 """The sandbox's one unprivileged user (`sandbox` in the image) is E2B's `user`: the SDK and
 E2B's templates name a file's owner and group so."""
@@ -134,10 +145,15 @@ class Target:
     """Outside the home: the agent's container_wide."""
 
     @property
+    def arg(self) -> str:
+        """As a command that runs in /workspace names it (never starting with "-")."""
+        relative = not self.wide and not self.path.startswith(".")
+        return "./" + self.path if relative else self.path
+
+    @property
     def quoted(self) -> str:
         """For a command that runs in /workspace."""
-        relative = not self.wide and not self.path.startswith(".")
-        return shlex.quote("./" + self.path if relative else self.path)
+        return shlex.quote(self.arg)
 
 
 def target_of(path: str) -> Target:
@@ -158,15 +174,22 @@ def _in_home(norm: str) -> bool:
     return any(norm == h or norm.startswith(h + "/") for h in (HOME, "/workspace"))
 
 
-def _entries(out: str, base: str) -> list[Json]:
-    """The entries of find's NUL-ended fields, sorted by path."""
+def _entries(
+    out: str, base: str, metadata: Callable[[str], dict[str, str] | None] | None = None
+) -> list[Json]:
+    """The entries of find's NUL-ended fields, sorted by path; `metadata` gives an entry's
+    from find's path field."""
     fields = out.split("\0")[:-1]
     records = [fields[i : i + _FIELD_COUNT] for i in range(0, len(fields), _FIELD_COUNT)]
-    found = [_entry(r, base) for r in sorted(records, key=lambda r: r[-2]) if len(r) == 10]
-    return [e for e in found if e is not None]
+    found = [
+        file_metadata.attach(_entry(r, base), metadata(r[-2]) if metadata else None)
+        for r in sorted(records, key=lambda r: r[-2])
+        if len(r) == _FIELD_COUNT
+    ]
+    return found
 
 
-def _entry(parts: list[str], base: str) -> Json | None:
+def _entry(parts: list[str], base: str) -> Json:
     """One entry as envd reports it: `mode` holds the permission bits only (no type bit); a
     symlink has the type of what it leads to and, as `symlinkTarget`, the absolute path it
     resolves to (its own mode, size and owner are the link's; one that leads nowhere stays a
@@ -234,6 +257,20 @@ class Files:
             self.wrote(sandbox_of(request).sandbox_id, target.path)
         return {"name": posixpath.basename(target.shown), "type": "file", "path": target.shown}
 
+    async def set_metadata(
+        self, request: Request, paths: list[str], metadata: dict[str, str]
+    ) -> None:
+        """Give the files just uploaded (E2B paths) this metadata, as `user.e2b.*` extended
+        attributes (file_metadata): one command through the pipeline for all of them."""
+        for targets in _batches([target_of(p).arg for p in paths]):
+            code, _, err = await self._sh(request, file_metadata.set_command(metadata, targets))
+            if code != 0:
+                raise ConnectError(
+                    "permission_denied" if "Permission denied" in err else "internal",
+                    "the file was written, but its metadata could not be stored: "
+                    + (err.strip().splitlines() or [f"exit {code}"])[-1],
+                )
+
     # Filesystem RPCs, as shell commands through the pipeline's exec tool
     async def _sh(self, request: Request, script: str) -> tuple[int, str, str]:
         record = sandbox_of(request)
@@ -256,6 +293,7 @@ class Files:
         script = (
             f"[ -e {q} ] || [ -L {q} ] || exit 3; "
             + ("" if depth is None else f"[ -d {q} ] || exit 4; ")
+            + f"{file_metadata.read_command(f'{q} {rng}')}; "
             + f"find {q} {rng} {_PRINT}"
         )
         code, out, err = await self._sh(request, script)
@@ -265,7 +303,31 @@ class Files:
             raise ConnectError("invalid_argument", f"not a directory: {target.shown}")
         if code != 0:
             raise ConnectError("internal", err.strip() or f"exit {code}")
-        return _entries(out, target.shown)
+        found, out = file_metadata.split_output(out)
+        start = target.arg.rstrip("/") + "/"
+        return _entries(
+            out, target.shown, lambda rel: found.get(start + rel if rel else target.arg)
+        )
+
+    async def entries(self, request: Request, paths: list[str]) -> dict[str, Json]:
+        """The entries of these E2B paths (each as Stat reports it, metadata too) in one
+        command through the pipeline, by path; one that is not there is left out."""
+        args = {target_of(p).arg: p for p in paths}
+        by_arg: dict[str, Json] = {}
+        for batch in _batches(list(args)):
+            given = " ".join(shlex.quote(a) for a in batch)
+            script = (
+                f"{file_metadata.read_command(f'{given} -maxdepth 0')} 2>/dev/null; "
+                f"find {given} -maxdepth 0 {_PRINT_GIVEN} 2>/dev/null; exit 0"
+            )
+            _, out, _ = await self._sh(request, script)
+            found, out = file_metadata.split_output(out)
+            fields = out.split("\0")[:-1]
+            for i in range(0, len(fields) - _FIELD_COUNT + 1, _FIELD_COUNT):
+                record = fields[i : i + _FIELD_COUNT]
+                entry = _entry(record, HOME)
+                by_arg[record[-2]] = file_metadata.attach(entry, found.get(record[-2]))
+        return {args[a]: e for a, e in by_arg.items() if a in args}
 
     async def stat(self, request: Request, msg: Json) -> Json:
         found = await self._find(request, target_of(str(msg.get("path", ""))), None)
@@ -320,6 +382,24 @@ class Files:
         if code != 0:
             raise _failed(code, err)
         return {}
+
+
+BATCH_CHARS = 32 << 10
+"""The most characters of paths one command names (the guard parses at most 256 KiB of a
+command; a path may be 4 KiB long): more paths go in more commands."""
+
+
+def _batches(args: list[str]) -> list[list[str]]:
+    """The paths in groups of at most BATCH_CHARS characters (one at least)."""
+    out: list[list[str]] = []
+    size = 0
+    for arg in args:
+        if not out or size + len(arg) > BATCH_CHARS:
+            out.append([])
+            size = 0
+        out[-1].append(arg)
+        size += len(arg) + 3
+    return out
 
 
 def _failed(code: int, err: str) -> ConnectError:

@@ -16,7 +16,14 @@ A poll sees the front's own writes: after a `files.write` into a polling watcher
 its events travel from the agent's inotify to the buffer while the SDK may already poll
 (E2B's sync tests write, then poll at once, and count the events). So the upload tells the
 watchers (`wrote`), and the next poll waits, at most SETTLE_S, until each such file's
-`write` has arrived; a poll with nothing awaited answers at once."""
+`write` has arrived; a poll with nothing awaited answers at once.
+
+`include_entry` (envd 0.6.3): each event but a removal carries the entry of its path as Stat
+reports it (metadata too), when it is still there. The entries of many events are looked up
+together, in one command through the pipeline (envd_files.Files.entries): a polling watcher's
+at the poll, a stream's for the events that queued while the previous lookup ran (at most
+MAX_BATCH). `allow_network_mounts` (envd 0.6.4) changes nothing: a sandbox has no network
+mounts (its workspace is a local folder)."""
 
 from __future__ import annotations
 
@@ -25,7 +32,7 @@ import contextlib
 import posixpath
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -43,6 +50,7 @@ from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
 from stockade.supervisor.fronts.e2b.envd_files import (
     caller_of,
     connect_error,
+    e2b_path,
     sandbox_of,
     workspace_path,
 )
@@ -56,6 +64,10 @@ IDLE_S: Final = 600.0
 SWEEP_S: Final = 30.0
 SETTLE_S: Final = 2.0
 """The longest a poll waits for the events of the front's own writes into the folder."""
+MAX_BATCH: Final = 256
+"""The most events of a WatchDir stream whose entries one lookup fetches."""
+Entries = Callable[[Request, list[str]], Awaitable[dict[str, Json]]]
+"""E2B paths -> their entries (envd_files.Files.entries)."""
 _TYPES: Final = {
     "create": "EVENT_TYPE_CREATE",
     "write": "EVENT_TYPE_WRITE",
@@ -80,6 +92,7 @@ class _Watcher:
     awaited: set[str] = field(default_factory=set)
     """Names the front wrote since the last poll whose `write` has not arrived yet."""
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    include_entry: bool = False
 
     def name_of(self, rel: str) -> str | None:
         """A workspace path's name as this watcher reports it; None when outside its view."""
@@ -100,6 +113,8 @@ class Watches:
         self._watchers: dict[str, dict[str, _Watcher]] = {}
         """E2B sandbox id -> watcher id -> watcher."""
         self._sweeper: asyncio.Task[None] | None = None
+        self.entries: Entries | None = None
+        """Looks up the entries of events (include_entry); set by the envd app."""
 
     def _watch(self, request: Request, msg: Json) -> AsyncGenerator[Started | Change, None]:
         rel = workspace_path(str(msg.get("path", "")))
@@ -111,22 +126,90 @@ class Watches:
     async def watch_dir(self, request: Request, msg: Json) -> AsyncIterator[Json]:
         """{"start":{}} once the watch is in place, then events, keepalives in silence."""
         events = self._watch(request, msg)
+        described: AsyncGenerator[Change | Json, None] | None = None
         try:
             first = await anext(events, None)
             if not isinstance(first, Started):
                 raise ConnectError("internal", "the watch ended before it started")
             yield {"start": {}}
-            async for item in with_keepalive(events, keepalive_interval(request)):
-                if item is None:
-                    yield {"keepalive": {}}
-                elif isinstance(item, Change):
-                    if item.kind == "overflow":
-                        raise ConnectError("data_loss", _OVERFLOW)
-                    if item.kind == "gone":
-                        return
-                    yield {"filesystem": _event(item)}
+            if msg.get("includeEntry") or msg.get("include_entry"):
+                folder = e2b_path(workspace_path(str(msg.get("path", ""))))
+                described = self._described(request, folder, events)
+            ticking = with_keepalive(described or events, keepalive_interval(request))
+            try:
+                async for item in ticking:
+                    if item is None:
+                        yield {"keepalive": {}}
+                    elif isinstance(item, Change):
+                        if item.kind == "overflow":
+                            raise ConnectError("data_loss", _OVERFLOW)
+                        if item.kind == "gone":
+                            return
+                        yield {"filesystem": _event(item)}
+                    elif isinstance(item, dict):
+                        yield {"filesystem": item}
+            finally:
+                if described is not None:
+                    await ticking.aclose()
         finally:
+            if described is not None:
+                await described.aclose()
             await events.aclose()
+
+    async def _described(
+        self, request: Request, folder: str, events: AsyncIterator[Started | Change]
+    ) -> AsyncGenerator[Change | Json, None]:
+        """The watch's changes as events with their entries (an overflow or the folder's end
+        as the Change itself); the changes that queued while a lookup ran are looked up
+        together."""
+        queue: asyncio.Queue[Change | Exception | None] = asyncio.Queue(MAX_BATCH)
+
+        async def pump() -> None:
+            try:
+                async for item in events:
+                    if isinstance(item, Change):
+                        await queue.put(item)
+                await queue.put(None)
+            except Exception as exc:
+                await queue.put(exc)
+
+        task = asyncio.create_task(pump())
+        try:
+            while True:
+                batch = [await queue.get()]
+                while not queue.empty() and len(batch) < MAX_BATCH:
+                    batch.append(queue.get_nowait())
+                changes = [c for c in batch if isinstance(c, Change)]
+                found = await self._entries_of(request, folder, [(c.kind, c.name) for c in changes])
+                for change in changes:
+                    if change.kind in ("overflow", "gone"):
+                        yield change
+                    else:
+                        yield _event(change, found.get(_joined(folder, change.name)))
+                end = batch[-1]
+                if isinstance(end, Exception):
+                    raise end
+                if end is None:
+                    return
+        finally:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+    async def _entries_of(
+        self, request: Request, folder: str, changes: list[tuple[str, str]]
+    ) -> dict[str, Json]:
+        """The entries of these changes' (kind, name) paths (removals have none), best
+        effort: a lookup that fails leaves the events without."""
+        paths = sorted(
+            {_joined(folder, name) for kind, name in changes if kind in _TYPES and kind != "remove"}
+        )
+        if not paths or self.entries is None:
+            return {}
+        try:
+            return await self.entries(request, paths)
+        except (ConnectError, errors.StockadeError):
+            return {}
 
     # polling watchers
     async def create_watcher(self, request: Request, msg: Json) -> Json:
@@ -138,7 +221,10 @@ class Watches:
             )
         folder = posixpath.normpath(workspace_path(str(msg.get("path", ""))))
         watcher = _Watcher(
-            secrets.token_hex(8), folder=folder, recursive=bool(msg.get("recursive"))
+            secrets.token_hex(8),
+            folder=folder,
+            recursive=bool(msg.get("recursive")),
+            include_entry=bool(msg.get("includeEntry") or msg.get("include_entry")),
         )
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         watcher.task = asyncio.create_task(self._pump(watcher, self._watch(request, msg), started))
@@ -160,7 +246,20 @@ class Watches:
         if not events and watcher.error is not None:
             self._drop(sandbox_id, watcher.watcher_id)
             raise watcher.error
+        if watcher.include_entry and events:
+            await self._describe(request, watcher, events)
         return {"events": events}
+
+    async def _describe(self, request: Request, watcher: _Watcher, events: list[Json]) -> None:
+        """A poll's events with their entries: one lookup for all of them."""
+        folder = e2b_path(watcher.folder)
+        kinds = {wire: kind for kind, wire in _TYPES.items()}
+        changes = [(kinds.get(str(e["type"]), ""), str(e["name"])) for e in events]
+        found = await self._entries_of(request, folder, changes)
+        for event in events:
+            entry = found.get(_joined(folder, str(event["name"])))
+            if entry is not None and event["type"] != _TYPES["remove"]:
+                event["entry"] = entry
 
     async def remove_watcher(self, request: Request, msg: Json) -> Json:
         sandbox_id = sandbox_of(request).sandbox_id
@@ -284,5 +383,12 @@ def _connect_error(exc: Exception) -> ConnectError:
     return ConnectError("internal", f"the watch failed: {type(exc).__name__}: {exc}")
 
 
-def _event(change: Change) -> Json:
-    return {"name": change.name, "type": _TYPES[change.kind]}
+def _event(change: Change, entry: Json | None = None) -> Json:
+    event: Json = {"name": change.name, "type": _TYPES[change.kind]}
+    if entry is not None:
+        event["entry"] = entry
+    return event
+
+
+def _joined(folder: str, name: str) -> str:
+    return posixpath.join(folder, name)

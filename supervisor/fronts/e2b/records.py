@@ -34,10 +34,13 @@ ID_ALPHABET = string.ascii_lowercase + string.digits
 ID_LENGTH = 20
 KEY_PREFIX = "e2b-"
 """The Stockade key of an E2B sandbox is this plus its id, within the caller's tenant."""
-ENVD_VERSION = "0.5.7"
+ENVD_VERSION = "0.6.4"
 """The envd version reported to the SDKs, which gate features on it (see
 WIRE.md 3.1): >= 0.4.0, the server picks the default user; 0.5.7, plain
-and octet-stream uploads; below 0.6.2, no file metadata, below 0.6.3 no watch entries."""
+and octet-stream uploads; 0.6.2, file metadata (file_metadata.py); 0.6.3, watch events
+with their entries (`include_entry`); 0.6.4, `allow_network_mounts` on watches (a
+sandbox has no network mounts: the flag changes nothing). Nothing the pinned SDKs gate
+on lies above it (python e2b 2.63.0, JS e2b 2.51.0)."""
 CLIENT_ID = "stockade"
 DEFAULT_TEMPLATE = "base"
 """The only template for now: the configured sandbox image."""

@@ -9,6 +9,10 @@ when it was stored) is not opened at all. An entry that changes kind between lis
 opening (a folder replaced by a link to /etc, say) is looked at again once and stored as
 what it is then; a second change is an error. The walk holds one descriptor per level, and
 the depth is bounded (`Limits.max_depth`).
+
+A file's or folder's extended attributes in the `user.e2b.` namespace (E2B's file metadata,
+fronts/e2b/file_metadata.py) are kept with its entry, read from its open descriptor, at most
+XATTR_BYTES of them (names and values, in name order); no other attribute is kept.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ from stockade.supervisor.errors import InvalidRequest, StockadeError
 DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 CHUNK: Final = 1 << 20
+XATTR_PREFIX: Final = "user.e2b."
+"""The extended attributes a snapshot keeps (E2B's file metadata)."""
+XATTR_BYTES: Final = 4096
+"""The most of them kept per entry (names and values): what an E2B upload may give a file."""
 MODE_BITS: Final = 0o1777
 """The mode bits a snapshot keeps: permissions and the sticky bit. Set-user-ID and
 set-group-ID are dropped: a restore never makes a setuid file."""
@@ -65,6 +73,9 @@ class Entry:
     size: int = 0
     target: str = ""
     key: tuple[int, ...] = ()  # (dev, ino, ctime_ns, size, mtime_ns): the next capture's cache
+    xattrs: tuple[tuple[str, str], ...] = ()
+    """(name, value) of its user.e2b.* attributes; a value's bytes decoded with
+    surrogateescape (they survive exactly)."""
     text: str = field(default="", compare=False, repr=False)
     """json_text once made: an entry the next capture takes over unchanged is not written
     again (entries are not changed once made, except by capture before it returns)."""
@@ -75,6 +86,8 @@ class Entry:
             tail = [self.digest, self.size, list(self.key)]
         elif self.kind == "l":
             tail = [self.target]
+        if self.xattrs and self.kind != "l":
+            tail.append([list(pair) for pair in self.xattrs])
         return [self.depth, self.name, self.kind, self.mode, self.mtime_ns, *tail]
 
     def json_text(self) -> str:
@@ -86,12 +99,16 @@ class Entry:
 
     def _json_text(self) -> str:
         head = f'[{self.depth},{json_quoted(self.name)},"{self.kind}",{self.mode},{self.mtime_ns}'
-        if self.kind == "f":
-            key = ",".join(map(str, self.key))
-            return f'{head},"{self.digest}",{self.size},[{key}]]'
         if self.kind == "l":
             return f"{head},{json_quoted(self.target)}]"
-        return f"{head}]"
+        extra = ""
+        if self.xattrs:
+            pairs = ",".join(f"[{json_quoted(n)},{json_quoted(v)}]" for n, v in self.xattrs)
+            extra = f",[{pairs}]"
+        if self.kind == "f":
+            key = ",".join(map(str, self.key))
+            return f'{head},"{self.digest}",{self.size},[{key}]{extra}]'
+        return f"{head}{extra}]"
 
     @classmethod
     def from_json(cls, raw: list[Any]) -> Entry:
@@ -99,10 +116,16 @@ class Entry:
         entry = cls(int(depth), str(name), str(kind), int(mode), int(mtime_ns))
         if kind == "f":
             entry.digest, entry.size, entry.key = str(tail[0]), int(tail[1]), tuple(tail[2])
+            tail = tail[3:]
         elif kind == "l":
             entry.target = str(tail[0])
+            tail = []
         elif kind != "d":
             raise ValueError(f"unknown entry kind {kind!r}")
+        if tail:  # user.e2b.* attributes (manifests before them have none)
+            entry.xattrs = tuple((str(n), str(v)) for n, v in tail[0])
+            if any(not n.startswith(XATTR_PREFIX) for n, _ in entry.xattrs):
+                raise ValueError("an attribute outside user.e2b.: damaged manifest")
         return entry
 
 
@@ -167,7 +190,7 @@ def capture(
                 known = get(key) if S_ISREG(info.st_mode) else None
                 if known is not None:  # unchanged since it was stored: not even opened
                     if known.depth != depth or known.name != name:  # moved with its folder
-                        known = _hit(depth, name, info, known.digest, key)
+                        known = _hit(depth, name, info, known.digest, key, known.xattrs)
                     entry = known
                 else:  # a folder, a link, a file to read, or what a snapshot skips
                     found, child = _one(fd, name, depth, cached, store, out, path, limits, info)
@@ -234,6 +257,7 @@ def _one(
                 got = os.fstat(child)
                 entry = Entry(depth, name, "d", stat.S_IMODE(got.st_mode) & MODE_BITS)
                 entry.mtime_ns = got.st_mtime_ns  # folders' mtimes: finalised by restore
+                entry.xattrs = xattrs_of(child)
                 return entry, child
             if stat.S_ISLNK(mode):
                 target = os.readlink(name, dir_fd=fd)
@@ -245,7 +269,7 @@ def _one(
                 key = _key(info)
                 known = cached.get(key)
                 if known is not None:  # unchanged since it was stored: not even opened
-                    return _hit(depth, name, info, known.digest, key), None
+                    return _hit(depth, name, info, known.digest, key, known.xattrs), None
                 return _file(fd, name, depth, store, out), None
         except OSError as exc:
             if exc.errno == errno.ENOENT:
@@ -258,10 +282,41 @@ def _one(
     raise TreeChanged(f"{path!r} kept changing while the snapshot was taken")
 
 
-def _hit(depth: int, name: str, info: os.stat_result, digest: str, key: tuple[int, ...]) -> Entry:
-    """The entry of a file the cache knows (by `info`'s key), with `key` kept."""
+def _hit(
+    depth: int,
+    name: str,
+    info: os.stat_result,
+    digest: str,
+    key: tuple[int, ...],
+    xattrs: tuple[tuple[str, str], ...],
+) -> Entry:
+    """The entry of a file the cache knows (by `info`'s key, which an attribute's change
+    changes too: its ctime), with `key` and its attributes kept."""
     mode = stat.S_IMODE(info.st_mode) & MODE_BITS
-    return Entry(depth, name, "f", mode, info.st_mtime_ns, digest, info.st_size, key=key)
+    entry = Entry(depth, name, "f", mode, info.st_mtime_ns, digest, info.st_size, key=key)
+    entry.xattrs = xattrs
+    return entry
+
+
+def xattrs_of(fd: int) -> tuple[tuple[str, str], ...]:
+    """The user.e2b.* attributes of an open file or folder, in name order, at most
+    XATTR_BYTES of them; none where the file system keeps none."""
+    try:
+        names = sorted(n for n in os.listxattr(fd) if n.startswith(XATTR_PREFIX))
+    except OSError:
+        return ()
+    found: list[tuple[str, str]] = []
+    used = 0
+    for name in names:
+        try:
+            value = os.getxattr(fd, name)
+        except OSError:
+            continue
+        used += len(name) + len(value)
+        if used > XATTR_BYTES:
+            break
+        found.append((name, value.decode("utf-8", "surrogateescape")))
+    return tuple(found)
 
 
 _WRONG_KIND: Final = -1  # raised by _file when the descriptor is not a regular file
@@ -282,7 +337,9 @@ def _file(fd: int, name: str, depth: int, store: Store, out: Captured) -> Entry:
         if (after.st_ctime_ns, after.st_size) != (info.st_ctime_ns, size):
             key = ()  # changed while read: what was read is stored, never cached
         mode = stat.S_IMODE(info.st_mode) & MODE_BITS
-        return Entry(depth, name, "f", mode, info.st_mtime_ns, digest, size, key=key)
+        entry = Entry(depth, name, "f", mode, info.st_mtime_ns, digest, size, key=key)
+        entry.xattrs = xattrs_of(file_fd)
+        return entry
     finally:
         os.close(file_fd)
 

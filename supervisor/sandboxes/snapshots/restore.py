@@ -3,7 +3,8 @@ opened with O_NOFOLLOW|O_DIRECTORY relative to its parent, every file created wi
 O_CREAT|O_EXCL|O_NOFOLLOW, so nothing already there (the target must be empty) nor anything
 the snapshot holds (links are made as links, never followed) can steer a write elsewhere.
 File contents are copied from the store (FICLONE, else copy_file_range): never hard-linked
-to the store.
+to the store. A file's or folder's user.e2b.* attributes (E2B's file metadata) are set on its
+descriptor; a target file system that keeps none leaves them out.
 
 A restore into the sandbox the snapshot was taken of (`Reuse`; never a fork: two live
 sandboxes must not share an inode) hard-links instead, from the live workspace, each file
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Final
 
 from stockade.supervisor.errors import InvalidRequest
-from stockade.supervisor.sandboxes.snapshots.capture import DIR_FLAGS, Entry
+from stockade.supervisor.sandboxes.snapshots.capture import DIR_FLAGS, XATTR_PREFIX, Entry
 
 _FICLONE: Final = 0x40049409
 _NEW_FILE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -119,6 +120,7 @@ def restore(
                 os.mkdir(entry.name, 0o700, dir_fd=fd)
                 child = os.open(entry.name, DIR_FLAGS, dir_fd=fd)
                 os.fchown(child, *ids)
+                _set_xattrs(child, entry)
                 stack.append((child, entry.mode, entry.mtime_ns))
                 if live is not None:
                     live.enter(entry)
@@ -317,12 +319,25 @@ def _file(dir_fd: int, entry: Entry, objects: Path, ids: tuple[int, int]) -> Non
         try:
             _copy(src, dst, entry.size)
             os.fchown(dst, *ids)
+            _set_xattrs(dst, entry)
             os.fchmod(dst, entry.mode)
             os.utime(dst, ns=(entry.mtime_ns, entry.mtime_ns))
         finally:
             os.close(dst)
     finally:
         os.close(src)
+
+
+def _set_xattrs(fd: int, entry: Entry) -> None:
+    for name, value in entry.xattrs:
+        if not name.startswith(XATTR_PREFIX):
+            raise ValueError(f"snapshot entry {entry.name!r}: damaged manifest")
+        try:
+            os.setxattr(fd, name, value.encode("utf-8", "surrogateescape"))
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP):
+                raise
+            return
 
 
 def _copy(src: int, dst: int, size: int) -> None:
