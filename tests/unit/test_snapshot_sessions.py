@@ -49,7 +49,7 @@ def test_precopy_then_frozen_pass_reads_only_what_changed(
     age(tree, 1.2)
     session = store.begin("t")
     try:
-        cached = session.precopy({MAIN: opener(tree)}, "box")
+        cached, _ = session.precopy({MAIN: opener(tree)}, "box")
         (tree / "f3").write_bytes(b"changed after the pre-copy")
         (tree / "new").write_bytes(b"new file")
         snap, stats = session.capture("one", {MAIN: opener(tree)}, "box", cached, source="k")
@@ -63,6 +63,28 @@ def test_precopy_then_frozen_pass_reads_only_what_changed(
     assert tree_of(target) == owned(tree_of(tree), IDS)
 
 
+def test_precopy_s_records_stand_for_the_unchanged_entries_while_frozen(
+    store: SnapshotStore, tree: Path, tmp_path: Path
+) -> None:
+    """The frozen pass given the pre-copy's records (capture.Known) takes over every entry
+    whose record is the same, reads f3 and new, and the restore is exact."""
+    age(tree, 1.2)
+    session = store.begin("t")
+    try:
+        cached, known = session.precopy({MAIN: opener(tree)}, "box")
+        assert known
+        (tree / "f3").write_bytes(b"changed after the pre-copy")
+        (tree / "new").write_bytes(b"new file")
+        got, stats = session.walk({MAIN: opener(tree)}, cached, known)
+        session.record("one", got, "box")
+    finally:
+        session.end()
+    assert stats.files_read == 2
+    target = tmp_path / "r"
+    store.restore("t", "one", target, IDS)
+    assert tree_of(target) == owned(tree_of(tree), IDS)
+
+
 def test_precopy_leaves_recently_changed_files_out_of_its_cache(
     store: SnapshotStore, tree: Path
 ) -> None:
@@ -70,7 +92,7 @@ def test_precopy_leaves_recently_changed_files_out_of_its_cache(
     its ctime unchanged (the kernel's coarse clock): the frozen pass reads it again."""
     session = store.begin("t")
     try:
-        cached = session.precopy({MAIN: opener(tree)}, "box")
+        cached, _ = session.precopy({MAIN: opener(tree)}, "box")
         _, stats = session.capture("one", {MAIN: opener(tree)}, "box", cached)
     finally:
         session.end()
@@ -224,7 +246,7 @@ def test_a_pre_copy_of_a_file_changed_since_is_not_kept(store: SnapshotStore, tr
     age(tree, 1.2)
     session = store.begin("t")
     try:
-        cached = session.precopy({MAIN: opener(tree)}, "box")
+        cached, _ = session.precopy({MAIN: opener(tree)}, "box")
         (tree / "f3").write_bytes(b"changed after the pre-copy")
         (tree / "f4").unlink()
         session.capture("one", {MAIN: opener(tree)}, "box", cached)

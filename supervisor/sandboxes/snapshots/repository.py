@@ -61,6 +61,7 @@ from stockade.supervisor.sandboxes.snapshots.capture import (
     Cache,
     Captured,
     Entry,
+    Known,
     Limits,
     capture,
     hash_copy,
@@ -73,6 +74,20 @@ _TRANSIENT: Final = re.compile(r"~[a-z]{1,16}-[0-9a-f]{1,32}")
 listed nor counted; callers cannot make or name them."""
 MiB: Final = 1 << 20
 MAIN: Final = "workspace"
+
+
+def _coarse_tick_ns() -> int:
+    """The step of the kernel's coarse clock (CLOCK_REALTIME_COARSE, 5 on Linux), which files'
+    ctimes are taken from: 4 ms at HZ=250; 10 ms when it cannot be read."""
+    try:
+        return max(int(time.clock_getres(5) * 1e9), 1_000_000)
+    except OSError:
+        return 10_000_000
+
+
+RACY_NS: Final = 2 * _coarse_tick_ns()
+"""A file whose ctime is within this of a frozen walk's start gets no key: a write just after
+the thaw could leave its ctime, size and mtime as the walk saw them."""
 """The part every snapshot has; others (e.g. "tmp") are optional."""
 _FORMAT: Final = 2
 
@@ -124,9 +139,11 @@ checks there that the folder is the one it means (a container's /tmp through its
 
 
 class SnapshotStore:
-    def __init__(self, root: Path, limits: Limits | None = None) -> None:
+    def __init__(self, root: Path, limits: Limits | None = None, *, native: bool = True) -> None:
+        """native=False: every walk stats in Python, never through statdir (tests)."""
         self.root = root
         self.limits = limits or Limits()
+        self.native = native
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
         self._head_cache: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
@@ -349,10 +366,15 @@ class CaptureSession:
                 raise QuotaExceeded(self.budget[1])
         return digest, size
 
-    def _walk(self, opener: Opener, cached: Cache, racy_after_ns: int) -> Captured:
+    def _walk(
+        self, opener: Opener, cached: Cache, racy_after_ns: int, known: Known | None = None
+    ) -> Captured:
         root_fd = opener()
         try:
-            return capture(root_fd, self._store.limits, cached, self._write, racy_after_ns)
+            return capture(
+                root_fd, self._store.limits, cached, self._write, racy_after_ns, known,
+                native=self._store.native,
+            )  # fmt: skip
         except QuotaExceeded:
             _collect(self.base)  # what this session added and no snapshot uses
             raise
@@ -371,18 +393,22 @@ class CaptureSession:
         """The owner's listed snapshots (while the session holds the store, exact)."""
         return sum(not p.name.startswith("~") for p in (self.base / "manifests").glob("*.json.gz"))
 
-    def precopy(self, trees: Mapping[str, Opener], lineage: str) -> Cache:
+    def precopy(self, trees: Mapping[str, Opener], lineage: str) -> tuple[Cache, Known]:
         """Copy the trees while they may still change (the sandbox runs): the cache of a
         capture that follows while they are frozen, which then reads only the files changed
-        since. A file whose ctime is within a second of this pass's start is left out of the
-        cache: a write during the copy could leave its ctime unchanged (the kernel's coarse
-        clock) while the content read is torn."""
+        since, and MAIN's walk's records (capture.Known), which it takes over unread. A file
+        whose ctime is within a second of this pass's start is left out of both: a write
+        during the copy could leave its ctime unchanged (the kernel's coarse clock) while the
+        content read is torn."""
         cached = self.cache(lineage)
+        known: Known = {}
         racy_after = time.time_ns() - 1_000_000_000
-        for opener in trees.values():
+        for part, opener in trees.items():
             got = self._walk(opener, cached, racy_after)
             cached.update(_keys(got.entries))
-        return cached
+            if part == MAIN:
+                known = got.known
+        return cached, known
 
     def capture(
         self,
@@ -407,12 +433,19 @@ class CaptureSession:
             raise SnapshotExists(f"snapshot {name!r} already exists")
 
     def walk(
-        self, trees: Mapping[str, Opener], cached: Cache
+        self, trees: Mapping[str, Opener], cached: Cache, known: Known | None = None
     ) -> tuple[dict[str, Captured], CaptureStats]:
         """Read `trees` (MAIN and optional other parts) into the store; files whose key is
-        in `cached` are not read again. This is all that needs the trees frozen."""
+        in `cached` are not read again; `known`: MAIN's last walk's records (capture.Known).
+        This is all that needs the trees frozen. A file whose ctime is within RACY_NS of the
+        walk's start gets no key: the kernel's coarse clock may give a write just after the
+        thaw the same ctime (tests/unit/test_snapshot_walk.py)."""
         started = time.monotonic()
-        got = {part: self._walk(opener, cached, 0) for part, opener in trees.items()}
+        racy_after = time.time_ns() - RACY_NS
+        got = {
+            part: self._walk(opener, cached, racy_after, known if part == MAIN else None)
+            for part, opener in trees.items()
+        }
         seconds = time.monotonic() - started
         read = sum(c.files_read for c in got.values()), sum(c.bytes_read for c in got.values())
         return got, CaptureStats(*read, seconds)
