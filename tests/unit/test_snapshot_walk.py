@@ -148,6 +148,8 @@ def test_both_walks_give_the_same_entries(tmp_path: Path, root_fd: int, native: 
     assert kinds[b"loop-a"] == kinds[b"self"] == "l"
     assert kinds[b"\xff\xfe\n/" + NON_UTF8 + b" 5 6 7"] == "f"
     assert not native or got.known, "the native walk keeps its records"
+    assert got.files == sum(e.kind == "f" for e in got.entries)
+    assert got.bytes == sum(e.size for e in got.entries)
 
 
 def test_a_known_record_is_its_entry_again_and_nothing_is_read(

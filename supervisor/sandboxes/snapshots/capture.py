@@ -121,6 +121,9 @@ class Captured:
     skipped: list[str] = field(default_factory=list)  # paths of fifos, sockets, devices
     files_read: int = 0
     bytes_read: int = 0
+    files: int = 0
+    bytes: int = 0
+    """Its files and their bytes (counted by the walk: a snapshot's description sums no list)."""
     known: Known = field(default_factory=dict)
     """With statdir: this walk's records (statdir.c) and their entries, the next walk's
     `known`."""
@@ -162,7 +165,7 @@ def capture(
         _walk_native(root_fd, limits, cached, store, racy_after_ns, known or {}, out)
         return out
     stack: list[tuple[int, Iterator[str], str]] = [(root_fd, iter(_names(root_fd)), "")]
-    total = 0
+    total = files = 0
     entries = out.entries
     max_entries, max_name = limits.max_entries, limits.max_name_bytes
     short_name = max_name // 4  # a name of this many characters or fewer fits in any case
@@ -197,6 +200,7 @@ def capture(
                     entry = replace(entry, key=(), text="")  # a copy: it may be the cache's
                 entries.append(entry)
                 if entry.kind == "f":
+                    files += 1
                     total += entry.size
                     if total > max_bytes:
                         raise SnapshotTooLarge(f"more than {max_bytes} bytes of files")
@@ -208,6 +212,7 @@ def capture(
                 _done(stack)
     finally:
         _done(stack, all_of_it=True)
+    out.files, out.bytes = files, total
     return out
 
 
@@ -229,7 +234,7 @@ def _walk_native(
     stack: list[tuple[int, Iterator[bytes], str]] = [
         (root_fd, iter(_records(read, root_fd, 1)), "")
     ]
-    total = 0
+    total = files = 0
     entries, seen = out.entries, out.known
     max_entries, max_bytes, get_known = limits.max_entries, limits.max_bytes, known.get
     if not racy_after_ns:  # its entries could be racy: none is kept as known
@@ -269,6 +274,7 @@ def _walk_native(
                     seen[record] = entry
                 entries.append(entry)
                 if entry.kind == "f":
+                    files += 1
                     total += entry.size
                     if total > max_bytes:
                         raise SnapshotTooLarge(f"more than {max_bytes} bytes of files")
@@ -280,6 +286,7 @@ def _walk_native(
                 _done(stack)
     finally:
         _done(stack, all_of_it=True)
+    out.files, out.bytes = files, total
 
 
 def _deeper(child: int, parent: str, name: str, depth: int, limits: Limits) -> str:

@@ -481,11 +481,10 @@ class CaptureSession:
         self, name: str, got: Mapping[str, Captured], lineage: str, source: str = ""
     ) -> Snapshot:
         """The snapshot a walk makes, as record() writes it."""
-        main = got[MAIN].entries
+        main = got[MAIN]
         return Snapshot(
-            self.base.name, name, lineage, time.time(), sum(e.kind == "f" for e in main),
-            len(main), sum(e.size for e in main), tuple(got[MAIN].skipped), source,
-            tuple(sorted(got)),
+            self.base.name, name, lineage, time.time(), main.files, len(main.entries),
+            main.bytes, tuple(main.skipped), source, tuple(sorted(got)),
         )  # fmt: skip
 
     def _drop(self, digests: set[str]) -> None:
