@@ -269,3 +269,53 @@ def test_a_session_that_records_nothing_leaves_nothing(store: SnapshotStore, tre
     finally:
         session.end()
     assert _object_names(store) == before
+
+
+def test_a_deferred_walk_writes_its_content_with_the_manifest(
+    store: SnapshotStore, tree: Path, tmp_path: Path
+) -> None:
+    """A checkpoint's walk (session.defer) keeps new small files in memory and writes them
+    into the store with the manifest, not before: the restore is exact; a file over
+    DEFER_FILE_BYTES is stored at once; a session that records nothing leaves nothing."""
+    from stockade.supervisor.sandboxes.snapshots.repository import DEFER_FILE_BYTES
+
+    (tree / "big").write_bytes(os.urandom(DEFER_FILE_BYTES + 1))
+    (tree / "twin-a").write_bytes(b"same content")
+    (tree / "twin-b").write_bytes(b"same content")
+    session = store.begin("t")
+    try:
+        session.defer = True
+        got, stats = session.walk({MAIN: opener(tree)}, {})
+        assert len(_object_names(store)) == 1, "only the big file is in the store yet"
+        session.record("one", got, "box")
+    finally:
+        session.end()
+    files = [p for p in tree.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert stats.files_read == len(files)
+    assert len(_object_names(store)) == len({p.read_bytes() for p in files})
+    target = tmp_path / "r"
+    store.restore("t", "one", target, IDS)
+    assert tree_of(target) == owned(tree_of(tree), IDS)
+    (tree / "unrecorded").write_bytes(b"never kept")
+    before = _object_names(store)
+    session = store.begin("t")
+    try:
+        session.defer = True
+        session.walk({MAIN: opener(tree)}, {})
+    finally:
+        session.end()
+    assert _object_names(store) == before
+
+
+def test_a_deferred_walk_meets_the_quota_while_it_walks(store: SnapshotStore, tree: Path) -> None:
+    """The content kept in memory counts against the session's budget as it is read: the
+    walk (before the call) fails, not the write after it."""
+    session = store.begin("t")
+    try:
+        session.defer = True
+        session.budget = (100, "over the tenant's bytes")
+        with pytest.raises(QuotaExceeded, match="over the tenant's bytes"):
+            session.walk({MAIN: opener(tree)}, {})
+    finally:
+        session.end()
+    assert _object_names(store) == set()

@@ -287,6 +287,7 @@ class Snapshots:
             lineage = paths.root.name
             async with self._mounted(paths, sandbox):
                 session = await asyncio.to_thread(self.store.begin, owner_of(tenant))
+                session.defer = later is not None  # new content written beside the call
                 handed = False
                 try:
                     if max_count and session.count() >= max_count:  # under the store's lock

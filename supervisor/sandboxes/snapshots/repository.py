@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import gzip
+import hashlib
 import json
 import os
 import re
@@ -74,6 +75,11 @@ _TRANSIENT: Final = re.compile(r"~[a-z]{1,16}-[0-9a-f]{1,32}")
 listed nor counted; callers cannot make or name them."""
 MiB: Final = 1 << 20
 MAIN: Final = "workspace"
+DEFER_BYTES: Final = 64 << 20
+"""What a deferred walk (CaptureSession.defer) keeps in memory at most; past it, files are
+stored as they are read."""
+DEFER_FILE_BYTES: Final = 1 << 20
+"""A file larger than this is stored as it is read, never kept in memory."""
 
 
 def _coarse_tick_ns() -> int:
@@ -356,15 +362,58 @@ class CaptureSession:
         self._added = 0
         self._new: set[str] = set()
         """Content this session added: what no manifest uses when it ends goes again."""
+        self.defer = False
+        """Whether new content a walk reads is kept in memory (up to DEFER_BYTES, files up
+        to DEFER_FILE_BYTES) and written to the store by record(), before the manifest: a
+        checkpoint's, whose call waits for the walk but not for record()."""
+        self._deferred: dict[str, bytes] = {}
+        self._deferred_bytes = 0
 
     def _write(self, fd: int) -> tuple[str, int]:
+        if self.defer:
+            kept = self._keep(fd)
+            if kept is not None:
+                return kept
         digest, size, new = _store(self.base / "objects", fd)
         if new:
-            self._new.add(digest)
-            self._added += size
-            if self.budget is not None and self._added > self.budget[0]:
-                raise QuotaExceeded(self.budget[1])
+            self._added_new(digest, size)
         return digest, size
+
+    def _added_new(self, digest: str, size: int) -> None:
+        self._new.add(digest)
+        self._added += size
+        if self.budget is not None and self._added > self.budget[0]:
+            raise QuotaExceeded(self.budget[1])
+
+    def _keep(self, fd: int) -> tuple[str, int] | None:
+        """Read a small file whole and keep it for flush() (its digest and size), or None
+        (too large, or the memory's bound reached: it is stored now)."""
+        size = os.fstat(fd).st_size
+        if size > DEFER_FILE_BYTES or self._deferred_bytes + size > DEFER_BYTES:
+            return None
+        chunks, got = [], 0
+        while chunk := os.pread(fd, DEFER_FILE_BYTES + 1 - got, got):
+            chunks.append(chunk)
+            got += len(chunk)
+            if got > DEFER_FILE_BYTES:  # it grew: stored the usual way, from its start
+                return None
+        data = b"".join(chunks)
+        digest = hashlib.sha256(data).hexdigest()
+        if digest in self._deferred or (self.base / "objects" / digest[:2] / digest).exists():
+            return digest, len(data)
+        self._added_new(digest, len(data))
+        self._deferred[digest] = data
+        self._deferred_bytes += len(data)
+        return digest, len(data)
+
+    def flush(self) -> None:
+        """Write the content kept by a deferred walk into the store (before a manifest names
+        it)."""
+        objects = self.base / "objects"
+        for digest, data in self._deferred.items():
+            _store_bytes(objects, digest, data)
+        self._deferred.clear()
+        self._deferred_bytes = 0
 
     def _walk(
         self, opener: Opener, cached: Cache, racy_after_ns: int, known: Known | None = None
@@ -464,6 +513,7 @@ class CaptureSession:
         quicker). With max_bytes, a snapshot after which the owner's store passes it is
         undone (QuotaExceeded)."""
         self.check_free(name)
+        self.flush()
         snap = self.describe(name, got, lineage, source)
         _write_manifest(self.base / "manifests" / f"{name}.json.gz", snap, got, compresslevel)
         used = {e.digest for c in got.values() for e in c.entries if e.kind == "f"}
@@ -534,6 +584,24 @@ def _store(objects: Path, src_fd: int) -> tuple[str, int, bool]:
     final.parent.mkdir(mode=0o700, exist_ok=True)
     os.replace(tmp, final)
     return digest, size, True
+
+
+def _store_bytes(objects: Path, digest: str, data: bytes) -> None:
+    """Put `data`, whose sha256 is `digest`, into `objects` (as _store does: a temporary
+    file renamed into place, so a crash never leaves a partial object under its digest)."""
+    final = objects / digest[:2] / digest
+    if final.exists():
+        return
+    tmp = objects / f"tmp.{os.getpid()}.{threading.get_ident()}"
+    dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(dst, view) :]
+    finally:
+        os.close(dst)
+    final.parent.mkdir(mode=0o700, exist_ok=True)
+    os.replace(tmp, final)
 
 
 def _objects(objects: Path) -> Iterator[Path]:
