@@ -319,3 +319,31 @@ def test_a_deferred_walk_meets_the_quota_while_it_walks(store: SnapshotStore, tr
     finally:
         session.end()
     assert _object_names(store) == set()
+
+
+def test_a_deferred_walk_keeps_at_most_its_bound_in_memory(
+    store: SnapshotStore, tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past DEFER_BYTES of kept content, the rest is stored as it is read; all of it is in
+    the store once recorded."""
+    from stockade.supervisor.sandboxes.snapshots import repository
+
+    monkeypatch.setattr(repository, "DEFER_BYTES", 2500)  # two or three of the 1000-byte files
+    session = store.begin("t")
+    try:
+        session.defer = True
+        got, _ = session.walk({MAIN: opener(tree)}, {})
+        kept = len(session._deferred)
+        assert kept >= 1
+        assert session._deferred_bytes <= 2500
+        assert len(_object_names(store)) == len({p.read_bytes() for p in _files(tree)}) - kept
+        session.record("one", got, "box")
+    finally:
+        session.end()
+    assert len(_object_names(store)) == len({p.read_bytes() for p in _files(tree)})
+    store.restore("t", "one", tmp_path / "r", IDS)
+    assert tree_of(tmp_path / "r") == owned(tree_of(tree), IDS)
+
+
+def _files(tree: Path) -> list[Path]:
+    return [p for p in tree.rglob("*") if p.is_file() and not p.is_symlink()]
