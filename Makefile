@@ -1,6 +1,6 @@
 # Stockade: `make run` serves, `make test` runs every test; each sets the machine up first
 # (scripts/setup.sh: quick when nothing is missing).
-.PHONY: setup-run setup-test run test lint proto bench bench-compare fuzz
+.PHONY: setup-run setup-test run test lint proto bench bench-compare fuzz statdir
 
 setup-run:
 	scripts/setup.sh run
@@ -22,6 +22,12 @@ lint: setup-test
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy -p stockade -p bench
 	.venv/bin/lint-imports --no-cache
+
+# The capture's stat loop in C (supervisor/sandboxes/snapshots/statdir.py loads it; without
+# it, captures stat in Python). scripts/setup.sh runs this when the source is newer.
+STATDIR = supervisor/sandboxes/snapshots
+statdir:
+	cc -O2 -Wall -Wextra -Werror -shared -fPIC -o $(STATDIR)/_statdir.so $(STATDIR)/statdir.c
 
 proto:
 	.venv/bin/python scripts/gen_proto.py

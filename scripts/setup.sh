@@ -121,6 +121,24 @@ ensure_venv() {
     echo "$stamp" >"$VENV/.stockade-setup"
 }
 
+# The capture's stat loop in C (supervisor/sandboxes/snapshots/statdir.c, loaded by statdir.py
+# through ctypes): built when the source is newer than the library. Without a compiler the
+# captures stat in Python (slower, the same entries).
+build_statdir() {
+    local dir=supervisor/sandboxes/snapshots
+    if [ "$dir/_statdir.so" -nt "$dir/statdir.c" ]; then
+        step statdir "$dir/_statdir.so up to date"
+        return
+    fi
+    if ! command -v cc >/dev/null; then
+        step statdir "no C compiler: captures stat each entry in Python"
+        return
+    fi
+    make --no-print-directory statdir >>"$LOG_DIR/statdir.log" 2>&1 \
+        || fail "building $dir/_statdir.so failed; see $LOG_DIR/statdir.log"
+    step statdir "built $dir/_statdir.so"
+}
+
 # `stockade` on PATH, pointing at this checkout's venv (replaces only an earlier such link).
 link_cli() {
     local link=/usr/local/bin/stockade target
@@ -182,6 +200,7 @@ setup_run() {
     configure_podman
     ensure_subids
     ensure_venv
+    build_statdir
     case "$engine" in
         podman) podman_ok || fail "podman does not work: run 'podman info' to see why" ;;
         docker) docker_ok || fail "docker does not answer: start dockerd, or STOCKADE_ENGINE=podman" ;;
@@ -231,6 +250,7 @@ setup_test() {
     configure_podman
     ensure_subids
     ensure_venv
+    build_statdir
     start_dockerd
     build_image podman
     build_image docker

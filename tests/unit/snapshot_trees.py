@@ -6,11 +6,20 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
+from stockade.supervisor.sandboxes.snapshots.repository import RACY_NS
+
 IDS = (4321, 8765)
 NON_UTF8 = b"caf\xe9-\xff"
+
+
+def settle() -> None:
+    """Let the files written so far age past a walk's racy window (repository.RACY_NS), so
+    that the next walk keeps their keys (one written within it is read again next time)."""
+    time.sleep(RACY_NS / 1e9)
 
 
 def tree_of(root: Path) -> dict[bytes, tuple[Any, ...]]:

@@ -49,7 +49,7 @@ def test_precopy_then_frozen_pass_reads_only_what_changed(
     age(tree, 1.2)
     session = store.begin("t")
     try:
-        cached = session.precopy({MAIN: opener(tree)}, "box")
+        cached, _ = session.precopy({MAIN: opener(tree)}, "box")
         (tree / "f3").write_bytes(b"changed after the pre-copy")
         (tree / "new").write_bytes(b"new file")
         snap, stats = session.capture("one", {MAIN: opener(tree)}, "box", cached, source="k")
@@ -63,6 +63,28 @@ def test_precopy_then_frozen_pass_reads_only_what_changed(
     assert tree_of(target) == owned(tree_of(tree), IDS)
 
 
+def test_precopy_s_records_stand_for_the_unchanged_entries_while_frozen(
+    store: SnapshotStore, tree: Path, tmp_path: Path
+) -> None:
+    """The frozen pass given the pre-copy's records (capture.Known) takes over every entry
+    whose record is the same, reads f3 and new, and the restore is exact."""
+    age(tree, 1.2)
+    session = store.begin("t")
+    try:
+        cached, known = session.precopy({MAIN: opener(tree)}, "box")
+        assert known
+        (tree / "f3").write_bytes(b"changed after the pre-copy")
+        (tree / "new").write_bytes(b"new file")
+        got, stats = session.walk({MAIN: opener(tree)}, cached, known)
+        session.record("one", got, "box")
+    finally:
+        session.end()
+    assert stats.files_read == 2
+    target = tmp_path / "r"
+    store.restore("t", "one", target, IDS)
+    assert tree_of(target) == owned(tree_of(tree), IDS)
+
+
 def test_precopy_leaves_recently_changed_files_out_of_its_cache(
     store: SnapshotStore, tree: Path
 ) -> None:
@@ -70,7 +92,7 @@ def test_precopy_leaves_recently_changed_files_out_of_its_cache(
     its ctime unchanged (the kernel's coarse clock): the frozen pass reads it again."""
     session = store.begin("t")
     try:
-        cached = session.precopy({MAIN: opener(tree)}, "box")
+        cached, _ = session.precopy({MAIN: opener(tree)}, "box")
         _, stats = session.capture("one", {MAIN: opener(tree)}, "box", cached)
     finally:
         session.end()
@@ -224,7 +246,7 @@ def test_a_pre_copy_of_a_file_changed_since_is_not_kept(store: SnapshotStore, tr
     age(tree, 1.2)
     session = store.begin("t")
     try:
-        cached = session.precopy({MAIN: opener(tree)}, "box")
+        cached, _ = session.precopy({MAIN: opener(tree)}, "box")
         (tree / "f3").write_bytes(b"changed after the pre-copy")
         (tree / "f4").unlink()
         session.capture("one", {MAIN: opener(tree)}, "box", cached)
@@ -247,3 +269,81 @@ def test_a_session_that_records_nothing_leaves_nothing(store: SnapshotStore, tre
     finally:
         session.end()
     assert _object_names(store) == before
+
+
+def test_a_deferred_walk_writes_its_content_with_the_manifest(
+    store: SnapshotStore, tree: Path, tmp_path: Path
+) -> None:
+    """A checkpoint's walk (session.defer) keeps new small files in memory and writes them
+    into the store with the manifest, not before: the restore is exact; a file over
+    DEFER_FILE_BYTES is stored at once; a session that records nothing leaves nothing."""
+    from stockade.supervisor.sandboxes.snapshots.repository import DEFER_FILE_BYTES
+
+    (tree / "big").write_bytes(os.urandom(DEFER_FILE_BYTES + 1))
+    (tree / "twin-a").write_bytes(b"same content")
+    (tree / "twin-b").write_bytes(b"same content")
+    session = store.begin("t")
+    try:
+        session.defer = True
+        got, stats = session.walk({MAIN: opener(tree)}, {})
+        assert len(_object_names(store)) == 1, "only the big file is in the store yet"
+        session.record("one", got, "box")
+    finally:
+        session.end()
+    files = [p for p in tree.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert stats.files_read == len(files)
+    assert len(_object_names(store)) == len({p.read_bytes() for p in files})
+    target = tmp_path / "r"
+    store.restore("t", "one", target, IDS)
+    assert tree_of(target) == owned(tree_of(tree), IDS)
+    (tree / "unrecorded").write_bytes(b"never kept")
+    before = _object_names(store)
+    session = store.begin("t")
+    try:
+        session.defer = True
+        session.walk({MAIN: opener(tree)}, {})
+    finally:
+        session.end()
+    assert _object_names(store) == before
+
+
+def test_a_deferred_walk_meets_the_quota_while_it_walks(store: SnapshotStore, tree: Path) -> None:
+    """The content kept in memory counts against the session's budget as it is read: the
+    walk (before the call) fails, not the write after it."""
+    session = store.begin("t")
+    try:
+        session.defer = True
+        session.budget = (100, "over the tenant's bytes")
+        with pytest.raises(QuotaExceeded, match="over the tenant's bytes"):
+            session.walk({MAIN: opener(tree)}, {})
+    finally:
+        session.end()
+    assert _object_names(store) == set()
+
+
+def test_a_deferred_walk_keeps_at_most_its_bound_in_memory(
+    store: SnapshotStore, tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past DEFER_BYTES of kept content, the rest is stored as it is read; all of it is in
+    the store once recorded."""
+    from stockade.supervisor.sandboxes.snapshots import repository
+
+    monkeypatch.setattr(repository, "DEFER_BYTES", 2500)  # two or three of the 1000-byte files
+    session = store.begin("t")
+    try:
+        session.defer = True
+        got, _ = session.walk({MAIN: opener(tree)}, {})
+        kept = len(session._deferred)
+        assert kept >= 1
+        assert session._deferred_bytes <= 2500
+        assert len(_object_names(store)) == len({p.read_bytes() for p in _files(tree)}) - kept
+        session.record("one", got, "box")
+    finally:
+        session.end()
+    assert len(_object_names(store)) == len({p.read_bytes() for p in _files(tree)})
+    store.restore("t", "one", tmp_path / "r", IDS)
+    assert tree_of(tmp_path / "r") == owned(tree_of(tree), IDS)
+
+
+def _files(tree: Path) -> list[Path]:
+    return [p for p in tree.rglob("*") if p.is_file() and not p.is_symlink()]

@@ -20,7 +20,7 @@ from stockade.supervisor.sandboxes.snapshots.repository import (
     SnapshotStore,
 )
 from stockade.supervisor.sandboxes.snapshots.restore import TargetNotEmpty
-from tests.unit.snapshot_trees import IDS, NON_UTF8, owned, tree_of
+from tests.unit.snapshot_trees import IDS, NON_UTF8, owned, settle, tree_of
 
 
 def test_round_trip_is_exact(store: SnapshotStore, tree: Path, tmp_path: Path) -> None:
@@ -193,6 +193,7 @@ def test_ten_snapshots_of_one_percent_changes_dedup(store: SnapshotStore, tmp_pa
         if n:
             for path in files[n * 2 : n * 2 + 2]:  # 1% of the files
                 path.write_bytes(os.urandom(path.stat().st_size))
+        settle()  # else the next capture reads these again (written within its racy window)
         _, stats = store.capture("tenant", f"s{n}", tree, lineage="box")
         assert stats.files_read == (200 if n == 0 else 2)
     usage = store.usage("tenant")
@@ -329,6 +330,7 @@ def test_an_unchanged_file_s_entry_is_taken_over_and_a_moved_one_is_not(
 
     (tree / "deep" / "er").mkdir(parents=True)
     (tree / "deep" / "er" / "moved.txt").write_text("moves up")
+    settle()
     session = store.begin("t")
     try:
         opener = lambda: os.open(tree, capture_mod.DIR_FLAGS)  # noqa: E731

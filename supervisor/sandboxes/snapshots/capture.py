@@ -25,9 +25,10 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from stat import S_ISREG
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from stockade.supervisor.errors import InvalidRequest, StockadeError
+from stockade.supervisor.sandboxes.snapshots import statdir
 
 DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -129,6 +130,8 @@ class Entry:
         return entry
 
 
+_Items = TypeVar("_Items")
+
 json_quoted: Final = json.encoder.encode_basestring_ascii
 """A string as json.dumps(ensure_ascii=True) writes it (the C function it calls)."""
 
@@ -142,11 +145,23 @@ class Captured:
     files_read: int = 0
     bytes_read: int = 0
     walked_ns: int = 0  # when the walk that recorded it began (time.time_ns)
+    files: int = 0
+    bytes: int = 0
+    """Its files and their bytes (counted by the walk: a snapshot's description sums no list)."""
+    known: Known = field(default_factory=dict)
+    """With statdir: this walk's records (statdir.c) and their entries, the next walk's
+    `known`."""
 
 
 Cache = dict[tuple[int, ...], Entry]
 """File keys (Entry.key) of an earlier capture and their entries: a file whose key is there
 is not read again, and its entry is taken over as it is when its depth and name are the same."""
+
+Known = dict[bytes, Entry]
+"""A walk's lstat records (statdir.c: depth, mode, dev, ino, ctime, size, mtime and name) and
+the entries made of them: a record the next walk finds again, byte for byte, is that entry
+again with no Python per field. Only files with a key (clean, not racy) and folders whose
+entry is their record's are in it; a link never is (its target is read each time)."""
 
 Store = Callable[[int], tuple[str, int]]
 """Given an open regular file, copy it into the store and return (digest, size)."""
@@ -158,15 +173,23 @@ def capture(
     cached: Cache,
     store: Store,
     racy_after_ns: int = 0,
+    known: Known | None = None,
+    native: bool = True,
 ) -> Captured:
     """Walk the folder `root_fd`. A file whose (dev, ino, ctime, size, mtime) is in `cached`
     is not read again (its ctime cannot be set back by the sandbox); others go to `store`.
     With racy_after_ns, a file whose ctime is at or after it gets no key (it may be written
-    while it is read, within one tick of the kernel's clock: it is never taken from a cache)."""
+    while it is read, within one tick of the kernel's clock: it is never taken from a cache).
+    `known`: an earlier walk's `Captured.known` of the same tree; with statdir's library
+    (and `native`), each folder's lstats are taken in C, and an entry whose record is known
+    is taken over without a field looked at in Python."""
     info = os.fstat(root_fd)
     out = Captured(stat.S_IMODE(info.st_mode) & MODE_BITS, info.st_mtime_ns, [])
+    if native and statdir.available():
+        _walk_native(root_fd, limits, cached, store, racy_after_ns, known or {}, out)
+        return out
     stack: list[tuple[int, Iterator[str], str]] = [(root_fd, iter(_names(root_fd)), "")]
-    total = 0
+    total = files = 0
     entries = out.entries
     max_entries, max_name = limits.max_entries, limits.max_name_bytes
     short_name = max_name // 4  # a name of this many characters or fewer fits in any case
@@ -187,11 +210,11 @@ def capture(
                     continue
                 child = None
                 key = (info.st_dev, info.st_ino, info.st_ctime_ns, info.st_size, info.st_mtime_ns)
-                known = get(key) if S_ISREG(info.st_mode) else None
-                if known is not None:  # unchanged since it was stored: not even opened
-                    if known.depth != depth or known.name != name:  # moved with its folder
-                        known = _hit(depth, name, info, known.digest, key, known.xattrs)
-                    entry = known
+                hit = get(key) if S_ISREG(info.st_mode) else None
+                if hit is not None:  # unchanged since it was stored: not even opened
+                    if hit.depth != depth or hit.name != name:  # moved with its folder
+                        hit = _hit(depth, name, info, hit.digest, key, hit.xattrs)
+                    entry = hit
                 else:  # a folder, a link, a file to read, or what a snapshot skips
                     found, child = _one(fd, name, depth, cached, store, out, path, limits, info)
                     if found is None:
@@ -201,24 +224,199 @@ def capture(
                     entry = replace(entry, key=(), text="")  # a copy: it may be the cache's
                 entries.append(entry)
                 if entry.kind == "f":
+                    files += 1
                     total += entry.size
                     if total > max_bytes:
                         raise SnapshotTooLarge(f"more than {max_bytes} bytes of files")
                 if child is not None:
-                    entry_path = _join(path, name)
-                    if depth >= limits.max_depth:
-                        os.close(child)
-                        raise SnapshotTooLarge(f"{entry_path!r}: deeper than {limits.max_depth}")
+                    entry_path = _deeper(child, path, name, depth, limits)
                     stack.append((child, iter(_names(child)), entry_path))
                     break
             else:  # this folder is done
-                stack.pop()
-                if stack:
-                    os.close(fd)
+                _done(stack)
     finally:
+        _done(stack, all_of_it=True)
+    out.files, out.bytes = files, total
+    return out
+
+
+def _walk_native(
+    root_fd: int,
+    limits: Limits,
+    cached: Cache,
+    store: Store,
+    racy_after_ns: int,
+    known: Known,
+    out: Captured,
+) -> None:
+    """capture's walk with each folder's lstats taken by statdir (the same entries as the
+    walk by names). A record (an entry's lstat, name and depth) in `known` is that entry
+    again: a file with the same inode, ctime, size and mtime as when it was stored, or a
+    folder, opened and checked by fstat to be the one listed. Anything else goes the way
+    of the walk by names (`_one`: looked at again, read, retried once on a change of kind)."""
+    read = statdir.Reader()
+    stack: list[tuple[int, Iterator[bytes], str]] = [
+        (root_fd, iter(_records(read, root_fd, 1)), "")
+    ]
+    total = files = 0
+    entries, seen = out.entries, out.known
+    max_entries, max_bytes, get_known = limits.max_entries, limits.max_bytes, known.get
+    if not racy_after_ns:  # its entries could be racy: none is kept as known
+        seen = {}
+    try:
+        while stack:
+            fd, records, path = stack[-1]
+            depth = len(stack)
+            for record in records:  # left for a folder's (its iterator goes on when it is done)
+                if len(entries) >= max_entries:
+                    raise SnapshotTooLarge(f"more than {max_entries} entries")
+                entry = get_known(record)
+                child = None
+                if entry is None or entry.kind == "d":
+                    name, (mode, *key) = statdir.parse(record)
+                    if entry is not None:  # a folder as listed last time: the same one?
+                        child = _open_dir(fd, name, key)
+                        if child is None:
+                            entry = None
+                    if entry is None:
+                        if len(os.fsencode(name)) > limits.max_name_bytes:
+                            raise SnapshotTooLarge(
+                                f"{_join(path, name)!r}: a name longer than the limit"
+                            )
+                        entry, child = _new(
+                            fd, name, depth, cached, store, out, path, limits, mode, key
+                        )
+                        if entry is None:
+                            continue
+                        if racy_after_ns and entry.key and entry.key[2] >= racy_after_ns:
+                            entry = replace(entry, key=(), text="")
+                        if _clean(entry, mode, key):
+                            seen[record] = entry
+                    else:
+                        seen[record] = entry
+                else:
+                    seen[record] = entry
+                entries.append(entry)
+                if entry.kind == "f":
+                    files += 1
+                    total += entry.size
+                    if total > max_bytes:
+                        raise SnapshotTooLarge(f"more than {max_bytes} bytes of files")
+                if child is not None:
+                    entry_path = _deeper(child, path, entry.name, depth, limits)
+                    stack.append((child, iter(_records(read, child, depth + 1)), entry_path))
+                    break
+            else:  # this folder is done
+                _done(stack)
+    finally:
+        _done(stack, all_of_it=True)
+    out.files, out.bytes = files, total
+
+
+def _deeper(child: int, parent: str, name: str, depth: int, limits: Limits) -> str:
+    """The path of the folder `child` (opened, a child of `parent` at `depth`); too deep, it
+    is closed and SnapshotTooLarge raised."""
+    path = _join(parent, name)
+    if depth >= limits.max_depth:
+        os.close(child)
+        raise SnapshotTooLarge(f"{path!r}: deeper than {limits.max_depth}")
+    return path
+
+
+def _done(stack: list[tuple[int, _Items, str]], all_of_it: bool = False) -> None:
+    """The innermost folder of a walk's `stack` is done: it leaves, closed (the root's
+    descriptor is the caller's); all_of_it: every folder still open is closed (the walk ended
+    or failed)."""
+    if all_of_it:
         for fd, _, _ in stack[1:]:
             os.close(fd)
-    return out
+        stack.clear()
+        return
+    fd = stack.pop()[0]
+    if stack:
+        os.close(fd)
+
+
+def _records(read: statdir.Reader, fd: int, depth: int) -> list[bytes]:
+    """The folder's records by statdir, or made here the same way when the C side failed
+    (the error it met, if it lasts, is then raised here)."""
+    got = read(fd, depth)
+    if got is not None:
+        return got
+    made = []
+    for name in os.listdir(fd):
+        try:
+            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        made.append(statdir.record(depth, info, os.fsencode(name)))
+    return sorted(made, key=lambda r: r.partition(b"/")[2])
+
+
+def _open_dir(fd: int, name: str, key: list[int]) -> int | None:
+    """The folder `name`, opened, when it is still the one listed (same inode, ctime, mtime);
+    None (nothing left open) otherwise."""
+    try:
+        child = os.open(name, DIR_FLAGS, dir_fd=fd)
+    except OSError:
+        return None
+    got = os.fstat(child)
+    if [got.st_dev, got.st_ino, got.st_ctime_ns, got.st_mtime_ns] != [
+        key[0],
+        key[1],
+        key[2],
+        key[4],
+    ]:
+        os.close(child)
+        return None
+    return child
+
+
+def _new(
+    fd: int,
+    name: str,
+    depth: int,
+    cached: Cache,
+    store: Store,
+    out: Captured,
+    path: str,
+    limits: Limits,
+    mode: int,
+    key: list[int],
+) -> tuple[Entry | None, int | None]:
+    """An entry whose record no earlier walk made: from the cache by its file key, or by _one."""
+    if S_ISREG(mode):
+        file_key = tuple(key)
+        known = cached.get(file_key)
+        if known is not None:
+            if known.depth == depth and known.name == name:
+                return known, None
+            return Entry(
+                depth,
+                name,
+                "f",
+                stat.S_IMODE(mode) & MODE_BITS,
+                key[4],
+                known.digest,
+                key[3],
+                key=file_key,
+            ), None
+    return _one(fd, name, depth, cached, store, out, path, limits)
+
+
+def _clean(entry: Entry, mode: int, key: list[int]) -> bool:
+    """Whether `entry` is what its record says (so that the record alone may stand for it
+    next time): a file with its key (read whole, not racy) equal to the record's, or a folder
+    with the record's mode and mtime. Never a link."""
+    if entry.kind == "f":
+        return S_ISREG(mode) and list(entry.key) == key
+    if entry.kind == "d":
+        return (
+            stat.S_ISDIR(mode)
+            and entry.mode == stat.S_IMODE(mode) & MODE_BITS
+            and entry.mtime_ns == key[4]
+        )
+    return False
 
 
 def _join(parent: str, name: str) -> str:

@@ -37,7 +37,7 @@ from stockade.supervisor.errors import NotFound, SandboxNotFound
 from stockade.supervisor.keys import sandbox_id, shown, split
 from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.sandboxes.parts import Parts
-from stockade.supervisor.sandboxes.snapshots.capture import Cache
+from stockade.supervisor.sandboxes.snapshots.capture import Cache, Known
 from stockade.supervisor.sandboxes.snapshots.diffs import TreeDiff, diff_trees
 from stockade.supervisor.sandboxes.snapshots.operations import Snapshots, owner_of
 from stockade.supervisor.sandboxes.snapshots.repository import SnapshotStore
@@ -49,8 +49,9 @@ MAX_LEDGER: Final = 1000
 
 
 MAX_CACHED: Final = 64
-"""Sandboxes whose last checkpoint's file keys are kept in memory (about 150 bytes a file);
-others read their newest manifest instead."""
+"""Sandboxes whose last checkpoint's file keys and walk's records are kept in memory (about
+300 bytes a file, half of it the records: 3 MiB for 10,000 files); others read their newest
+manifest instead (and their next walk looks at each entry in Python)."""
 
 
 class CheckpointNotFound(NotFound):
@@ -149,9 +150,9 @@ class Checkpoints:
         self._snapshots = snapshots
         self._pruning: set[asyncio.Task[None]] = set()
         self._ledgers: dict[str, asyncio.Lock] = {}
-        self._caches: dict[str, tuple[str, Cache]] = {}
-        """Per key: its newest checkpoint's name and file keys, so that the next one reads
-        no manifest (used only while that checkpoint is still in the store)."""
+        self._caches: dict[str, tuple[str, Cache, Known]] = {}
+        """Per key: its newest checkpoint's name, file keys and walk's records, so that the
+        next one reads no manifest (used only while that checkpoint is still in the store)."""
 
     @property
     def store(self) -> SnapshotStore:
@@ -180,7 +181,7 @@ class Checkpoints:
             except SandboxNotFound:
                 return ""
             self._caches.pop(key, None)
-            self._caches[key] = (name, taken.keys)
+            self._caches[key] = (name, taken.keys, taken.known)
             while len(self._caches) > MAX_CACHED:  # the least recently checkpointed go
                 del self._caches[next(iter(self._caches))]
             point = Checkpoint(name, call_id, tool, time.time(), taken.stats.bytes_read)

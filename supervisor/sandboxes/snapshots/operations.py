@@ -63,7 +63,7 @@ from stockade.supervisor.sandboxes.profiles import SandboxProfile
 from stockade.supervisor.sandboxes.quarantine import Quarantines
 from stockade.supervisor.sandboxes.sandbox import Sandbox, SandboxNetwork
 from stockade.supervisor.sandboxes.snapshots import staging
-from stockade.supervisor.sandboxes.snapshots.capture import DIR_FLAGS, Cache
+from stockade.supervisor.sandboxes.snapshots.capture import DIR_FLAGS, Cache, Known
 from stockade.supervisor.sandboxes.snapshots.repository import (
     MAIN,
     CaptureSession,
@@ -93,6 +93,8 @@ class Taken:
     frozen_s: float
     keys: Cache = field(default_factory=dict)
     """With want_keys: the workspace's file keys and digests, the next capture's cache."""
+    known: Known = field(default_factory=dict)
+    """With want_keys: the walk's records and entries (capture.Known), the next walk's."""
 
 
 Plant = Callable[[Sandbox], Awaitable[None]]
@@ -260,16 +262,17 @@ class Snapshots:
         *,
         precopy: bool = True,
         freeze: bool = True,
-        cache: tuple[str, Cache] | None = None,
+        cache: tuple[str, Cache, Known] | None = None,
         want_keys: bool = False,
         compresslevel: int = 6,
         later: set[asyncio.Task[None]] | None = None,
         gate: asyncio.Event | None = None,
     ) -> Taken:
         """precopy=False: one pass only (a checkpoint's: few files changed since the last);
-        freeze=False: not frozen for it either; `cache`: a capture's name and file keys, kept by
-        the caller, used instead of reading the lineage's newest manifest while that capture
-        is still in the store (checked under the store's lock: its content cannot go);
+        freeze=False: not frozen for it either; `cache`: a capture's name, file keys and walk's
+        records (capture.Known), kept by the caller, used instead of reading the lineage's
+        newest manifest while that capture is still in the store (checked under the store's
+        lock: its content cannot go);
         `later`: the manifest is written after this returns, by a task put in `later` (the
         files' content is in the store already; the store stays held until it is written),
         once `gate` is set (the caller's own quick writes first: they share the interpreter)."""
@@ -286,6 +289,7 @@ class Snapshots:
             lineage = paths.root.name
             async with self._mounted(paths, sandbox):
                 session = await asyncio.to_thread(self.store.begin, owner_of(tenant))
+                session.defer = later is not None  # new content written beside the call
                 handed = False
                 try:
                     if max_count and session.count() >= max_count:  # under the store's lock
@@ -294,18 +298,20 @@ class Snapshots:
                             "max_count); delete one first"
                         )
                     session.budget = await asyncio.to_thread(self._budget, tenant, max_bytes)
+                    known: Known | None = None
                     if precopy:
-                        cached = await asyncio.to_thread(session.precopy, trees, lineage)
+                        cached, known = await asyncio.to_thread(session.precopy, trees, lineage)
                     elif cache is not None and session.holds(cache[0]):
-                        cached = cache[1]
+                        cached, known = cache[1], cache[2]
                     else:
                         cached = await asyncio.to_thread(session.cache, lineage)
                     chosen = name or _fresh_name(session)
                     session.check_free(chosen)
                     held = sandbox if freeze else None
                     async with self._parts.pausing.frozen(held) as clock:  # the walk alone
-                        got, stats = await asyncio.to_thread(session.walk, trees, cached)
+                        got, stats = await asyncio.to_thread(session.walk, trees, cached, known)
                     keys = keys_of(got[MAIN].entries) if want_keys else {}
+                    known = got[MAIN].known if want_keys else {}
                     record = functools.partial(
                         session.record, chosen, got, lineage, source=plain,
                         max_bytes=max_bytes, compresslevel=compresslevel,
@@ -318,7 +324,7 @@ class Snapshots:
                         snap = session.describe(chosen, got, lineage, plain)
                     else:
                         snap = await asyncio.to_thread(record)
-                    return Taken(snap, stats, clock[0], keys)
+                    return Taken(snap, stats, clock[0], keys, known)
                 finally:
                     if not handed:
                         await asyncio.to_thread(session.end)

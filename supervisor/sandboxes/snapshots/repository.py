@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import gzip
+import hashlib
 import json
 import os
 import re
@@ -63,6 +64,7 @@ from stockade.supervisor.sandboxes.snapshots.capture import (
     Cache,
     Captured,
     Entry,
+    Known,
     Limits,
     capture,
     hash_copy,
@@ -75,6 +77,25 @@ _TRANSIENT: Final = re.compile(r"~[a-z]{1,16}-[0-9a-f]{1,32}")
 listed nor counted; callers cannot make or name them."""
 MiB: Final = 1 << 20
 MAIN: Final = "workspace"
+DEFER_BYTES: Final = 64 << 20
+"""What a deferred walk (CaptureSession.defer) keeps in memory at most; past it, files are
+stored as they are read."""
+DEFER_FILE_BYTES: Final = 1 << 20
+"""A file larger than this is stored as it is read, never kept in memory."""
+
+
+def _coarse_tick_ns() -> int:
+    """The step of the kernel's coarse clock (CLOCK_REALTIME_COARSE, 5 on Linux), which files'
+    ctimes are taken from: 4 ms at HZ=250; 10 ms when it cannot be read."""
+    try:
+        return max(int(time.clock_getres(5) * 1e9), 1_000_000)
+    except OSError:
+        return 10_000_000
+
+
+RACY_NS: Final = 2 * _coarse_tick_ns()
+"""A file whose ctime is within this of a frozen walk's start gets no key: a write just after
+the thaw could leave its ctime, size and mtime as the walk saw them."""
 """The part every snapshot has; others (e.g. "tmp") are optional."""
 _FORMAT: Final = 2
 
@@ -129,9 +150,11 @@ checks there that the folder is the one it means (a container's /tmp through its
 
 
 class SnapshotStore:
-    def __init__(self, root: Path, limits: Limits | None = None) -> None:
+    def __init__(self, root: Path, limits: Limits | None = None, *, native: bool = True) -> None:
+        """native=False: every walk stats in Python, never through statdir (tests)."""
         self.root = root
         self.limits = limits or Limits()
+        self.native = native
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
         self._head_cache: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
@@ -365,20 +388,68 @@ class CaptureSession:
         self._added = 0
         self._new: set[str] = set()
         """Content this session added: what no manifest uses when it ends goes again."""
+        self.defer = False
+        """Whether new content a walk reads is kept in memory (up to DEFER_BYTES, files up
+        to DEFER_FILE_BYTES) and written to the store by record(), before the manifest: a
+        checkpoint's, whose call waits for the walk but not for record()."""
+        self._deferred: dict[str, bytes] = {}
+        self._deferred_bytes = 0
 
     def _write(self, fd: int) -> tuple[str, int]:
+        if self.defer:
+            kept = self._keep(fd)
+            if kept is not None:
+                return kept
         digest, size, new = _store(self.base / "objects", fd)
         if new:
-            self._new.add(digest)
-            self._added += size
-            if self.budget is not None and self._added > self.budget[0]:
-                raise QuotaExceeded(self.budget[1])
+            self._added_new(digest, size)
         return digest, size
 
-    def _walk(self, opener: Opener, cached: Cache, racy_after_ns: int) -> Captured:
+    def _added_new(self, digest: str, size: int) -> None:
+        self._new.add(digest)
+        self._added += size
+        if self.budget is not None and self._added > self.budget[0]:
+            raise QuotaExceeded(self.budget[1])
+
+    def _keep(self, fd: int) -> tuple[str, int] | None:
+        """Read a small file whole and keep it for flush() (its digest and size), or None
+        (too large, or the memory's bound reached: it is stored now)."""
+        size = os.fstat(fd).st_size
+        if size > DEFER_FILE_BYTES or self._deferred_bytes + size > DEFER_BYTES:
+            return None
+        chunks, got = [], 0
+        while chunk := os.pread(fd, DEFER_FILE_BYTES + 1 - got, got):
+            chunks.append(chunk)
+            got += len(chunk)
+            if got > DEFER_FILE_BYTES:  # it grew: stored the usual way, from its start
+                return None
+        data = b"".join(chunks)
+        digest = hashlib.sha256(data).hexdigest()
+        if digest in self._deferred or (self.base / "objects" / digest[:2] / digest).exists():
+            return digest, len(data)
+        self._added_new(digest, len(data))
+        self._deferred[digest] = data
+        self._deferred_bytes += len(data)
+        return digest, len(data)
+
+    def flush(self) -> None:
+        """Write the content kept by a deferred walk into the store (before a manifest names
+        it)."""
+        objects = self.base / "objects"
+        for digest, data in self._deferred.items():
+            _store_bytes(objects, digest, data)
+        self._deferred.clear()
+        self._deferred_bytes = 0
+
+    def _walk(
+        self, opener: Opener, cached: Cache, racy_after_ns: int, known: Known | None = None
+    ) -> Captured:
         root_fd = opener()
         try:
-            return capture(root_fd, self._store.limits, cached, self._write, racy_after_ns)
+            return capture(
+                root_fd, self._store.limits, cached, self._write, racy_after_ns, known,
+                native=self._store.native,
+            )  # fmt: skip
         except QuotaExceeded:
             _collect(self.base)  # what this session added and no snapshot uses
             raise
@@ -397,18 +468,22 @@ class CaptureSession:
         """The owner's listed snapshots (while the session holds the store, exact)."""
         return sum(not p.name.startswith("~") for p in (self.base / "manifests").glob("*.json.gz"))
 
-    def precopy(self, trees: Mapping[str, Opener], lineage: str) -> Cache:
+    def precopy(self, trees: Mapping[str, Opener], lineage: str) -> tuple[Cache, Known]:
         """Copy the trees while they may still change (the sandbox runs): the cache of a
         capture that follows while they are frozen, which then reads only the files changed
-        since. A file whose ctime is within a second of this pass's start is left out of the
-        cache: a write during the copy could leave its ctime unchanged (the kernel's coarse
-        clock) while the content read is torn."""
+        since, and MAIN's walk's records (capture.Known), which it takes over unread. A file
+        whose ctime is within a second of this pass's start is left out of both: a write
+        during the copy could leave its ctime unchanged (the kernel's coarse clock) while the
+        content read is torn."""
         cached = self.cache(lineage)
+        known: Known = {}
         racy_after = time.time_ns() - 1_000_000_000
-        for opener in trees.values():
+        for part, opener in trees.items():
             got = self._walk(opener, cached, racy_after)
             cached.update(_keys(got.entries))
-        return cached
+            if part == MAIN:
+                known = got.known
+        return cached, known
 
     def capture(
         self,
@@ -433,13 +508,20 @@ class CaptureSession:
             raise SnapshotExists(f"snapshot {name!r} already exists")
 
     def walk(
-        self, trees: Mapping[str, Opener], cached: Cache
+        self, trees: Mapping[str, Opener], cached: Cache, known: Known | None = None
     ) -> tuple[dict[str, Captured], CaptureStats]:
         """Read `trees` (MAIN and optional other parts) into the store; files whose key is
-        in `cached` are not read again. This is all that needs the trees frozen."""
+        in `cached` are not read again; `known`: MAIN's last walk's records (capture.Known).
+        This is all that needs the trees frozen. A file whose ctime is within RACY_NS of the
+        walk's start gets no key: the kernel's coarse clock may give a write just after the
+        thaw the same ctime (tests/unit/test_snapshot_walk.py)."""
         started = time.monotonic()
         walked_ns = time.time_ns()
-        got = {part: self._walk(opener, cached, 0) for part, opener in trees.items()}
+        racy_after = walked_ns - RACY_NS
+        got = {
+            part: self._walk(opener, cached, racy_after, known if part == MAIN else None)
+            for part, opener in trees.items()
+        }
         for one in got.values():
             one.walked_ns = walked_ns
         seconds = time.monotonic() - started
@@ -460,6 +542,7 @@ class CaptureSession:
         quicker). With max_bytes, a snapshot after which the owner's store passes it is
         undone (QuotaExceeded)."""
         self.check_free(name)
+        self.flush()
         snap = self.describe(name, got, lineage, source)
         _write_manifest(self.base / "manifests" / f"{name}.json.gz", snap, got, compresslevel)
         used = {e.digest for c in got.values() for e in c.entries if e.kind == "f"}
@@ -477,11 +560,11 @@ class CaptureSession:
         self, name: str, got: Mapping[str, Captured], lineage: str, source: str = ""
     ) -> Snapshot:
         """The snapshot a walk makes, as record() writes it."""
-        main = got[MAIN].entries
+        main = got[MAIN]
         return Snapshot(
-            self.base.name, name, lineage, time.time(), sum(e.kind == "f" for e in main),
-            len(main), sum(e.size for e in main), tuple(got[MAIN].skipped), source,
-            tuple(sorted(got)), min(c.walked_ns for c in got.values()),
+            self.base.name, name, lineage, time.time(), main.files, len(main.entries),
+            main.bytes, tuple(main.skipped), source, tuple(sorted(got)),
+            min(c.walked_ns for c in got.values()),
         )  # fmt: skip
 
     def _drop(self, digests: set[str]) -> None:
@@ -531,6 +614,24 @@ def _store(objects: Path, src_fd: int) -> tuple[str, int, bool]:
     final.parent.mkdir(mode=0o700, exist_ok=True)
     os.replace(tmp, final)
     return digest, size, True
+
+
+def _store_bytes(objects: Path, digest: str, data: bytes) -> None:
+    """Put `data`, whose sha256 is `digest`, into `objects` (as _store does: a temporary
+    file renamed into place, so a crash never leaves a partial object under its digest)."""
+    final = objects / digest[:2] / digest
+    if final.exists():
+        return
+    tmp = objects / f"tmp.{os.getpid()}.{threading.get_ident()}"
+    dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(dst, view) :]
+    finally:
+        os.close(dst)
+    final.parent.mkdir(mode=0o700, exist_ok=True)
+    os.replace(tmp, final)
 
 
 def _objects(objects: Path) -> Iterator[Path]:
