@@ -423,7 +423,11 @@ async def _start(
         problems = incontainer.config_problems(config)
         if problems:
             raise ConfigError("in a container: " + "; ".join(problems))
+    scrubber = policy.scrubber
+    warming = asyncio.create_task(asyncio.to_thread(scrubber.warm)) if scrubber else None
     url, process = await asyncio.to_thread(engine_url, config)
+    if warming is not None:
+        await warming
     backend = await asyncio.to_thread(create_backend, config.engine.kind, url, config.kubernetes)
     try:
         # pods are on other machines: no mount the supervisor makes reaches them

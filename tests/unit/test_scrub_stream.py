@@ -381,3 +381,17 @@ def test_lines_the_scrubber_holds_back_cost_no_rescan_per_read() -> None:
     out = s.feed("\n-----END RSA PRIVATE KEY-----\nafter\n")
     assert out.endswith("after\n")
     assert "MIIEpAIBAAKCAQEA0Z3VS5JJcds3" not in out
+
+
+def test_warm_compiles_what_the_first_quiet_stream_needs() -> None:
+    """`serve` warms the scrubber at start: the formats with a lead are compiled before the
+    first stream goes quiet mid-line (a prompt of the first streamed call came ~40 ms late)."""
+    from stockade.supervisor.policy.scrub import partial
+
+    partial._lead_formats.cache_clear()
+    Scrubber(secrets=["hunter2-very-secret"]).warm()
+    assert partial._lead_formats.cache_info().currsize == 1
+    stream = StreamScrubber(Scrubber())
+    assert stream.feed("name? ") == ""
+    assert stream.flush_open() == "name? "
+    assert partial._lead_formats.cache_info().misses == 1  # compiled once, by warm()

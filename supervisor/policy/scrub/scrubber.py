@@ -99,6 +99,7 @@ from stockade.supervisor.policy.scrub.engine import (
     prepare,
 )
 from stockade.supervisor.policy.scrub.partial import open_tail
+from stockade.supervisor.policy.scrub.partial import warm as warm_partial
 from stockade.supervisor.text import wire_text
 
 __all__ = ["REDACTED", "Scrubber"]
@@ -416,6 +417,11 @@ class Scrubber:
         size = len(before)
         spans = [(max(s - size, 0), e - size) for s, e in self.spans(before + text) if e > size]
         return _redact(text, spans)
+
+    def warm(self) -> None:
+        """What open_tail compiles on first use, compiled now (policy/scrub/partial.py)."""
+        if self._formats:
+            warm_partial()
 
     def open_tail(self, text: str) -> int:
         """Where the end of `text`'s open (last) line may still be the start of a credential,
