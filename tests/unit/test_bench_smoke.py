@@ -79,4 +79,3 @@ def test_failed_calls_in_a_load_run_fail_the_smoke() -> None:
         "engines.podman.load_wide: 350 call(s) failed, first: ['load-002#3 list_files: x']"
     ]
     assert smoke.verdict(record, 1.0) == 1
-
