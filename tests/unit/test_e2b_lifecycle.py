@@ -202,3 +202,48 @@ async def test_a_pause_at_the_timeout_ends_the_open_streams(tmp_path: Path) -> N
     await control.ctx.manager.ensure(one.key)
     await control.pause_at_timeout(one)
     assert dropped == [one.sandbox_id]
+
+
+async def test_paused_on_record_before_the_freeze(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An envd call that comes while the container is being frozen is answered 502 (paused),
+    not let through to a container that the call would then resume: get_info (the
+    container's state) said paused while /health still answered 204 (seen under load)."""
+    control, records, _kept = _control(tmp_path)
+    one = sandbox(started=time.time())
+    await records.add(one)
+    manager = control.ctx.manager
+    await manager.ensure(one.key)
+    app = Dispatch(control.ctx, Recorder(), Recorder(), control)
+    headers = {"E2b-Sandbox-Id": one.sandbox_id, "X-Access-Token": one.access_token}
+    during: list[int] = []
+    freeze = manager.pause
+
+    async def pause_watched(*args: Any, **kwargs: Any) -> Any:
+        during.append((await call(app, headers, path="/health"))[0])
+        return await freeze(*args, **kwargs)
+
+    monkeypatch.setattr(manager, "pause", pause_watched)
+    await control.pause_at_timeout(one)
+    assert during == [502]
+    assert one.state == PAUSED
+    assert manager.registry[one.key].paused
+
+
+async def test_a_failed_freeze_leaves_the_record_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    control, records, _kept = _control(tmp_path)
+    one = sandbox(started=time.time())
+    await records.add(one)
+    manager = control.ctx.manager
+    await manager.ensure(one.key)
+
+    async def pause_fails(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the engine said no")
+
+    monkeypatch.setattr(manager, "pause", pause_fails)
+    with pytest.raises(RuntimeError):
+        await control.pause_at_timeout(one)
+    assert one.state == RUNNING

@@ -464,6 +464,7 @@ class Control:
         if self.state_of(sandbox) == PAUSED:
             raise ApiError(409, f"sandbox {sandbox.sandbox_id} is already paused")
         manager, asked = self.ctx.manager, {"sandbox_id": sandbox.sandbox_id}
+        before, sandbox.state = sandbox.state, PAUSED  # before the freeze: pause_at_timeout
         try:
             if sandbox.key not in manager.registry:  # its container was removed (idle)
                 try:
@@ -473,8 +474,11 @@ class Control:
                     raise
             _info, changed = await self.lifecycle.pause(actor(request), sandbox.key, asked)
         except errors.StockadeError as exc:
+            sandbox.state = before
             raise from_domain(exc) from None
-        sandbox.state = PAUSED
+        except BaseException:
+            sandbox.state = before
+            raise
         await self.ctx.records.save(sandbox)
         self._dropped(sandbox)
         if not changed:
@@ -526,11 +530,19 @@ class Control:
         e2b.max_timeout_s more, then removed as any other at its end."""
         asked = {"sandbox_id": sandbox.sandbox_id, "as": "timeout",
                  "end_at": rfc3339(sandbox.end_at)}  # fmt: skip
-        if sandbox.key in self.ctx.manager.registry:
-            await self.lifecycle.pause(actor(None), sandbox.key, asked)
-        else:  # its container was removed (idle): nothing runs; a connect makes it again
-            self.lifecycle.record(actor(None), sandbox.key, PAUSE, asked)
-        sandbox.state = PAUSED
+        # Paused on record before the freeze, so that no envd call in between finds the
+        # container frozen but the record running: it would be let through (wake), and a
+        # call to a frozen container resumes it (seen as is_running() True just after
+        # get_info() said paused).
+        before, sandbox.state = sandbox.state, PAUSED
+        try:
+            if sandbox.key in self.ctx.manager.registry:
+                await self.lifecycle.pause(actor(None), sandbox.key, asked)
+            else:  # its container was removed (idle): nothing runs; a connect makes it again
+                self.lifecycle.record(actor(None), sandbox.key, PAUSE, asked)
+        except BaseException:
+            sandbox.state = before
+            raise
         sandbox.end_at = time.time() + self.max_timeout
         await self.ctx.records.save(sandbox)
         self._dropped(sandbox)
