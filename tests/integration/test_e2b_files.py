@@ -13,6 +13,7 @@ from e2b import (
     AsyncSandbox,
     FileType,
     InvalidArgumentException,
+    NotFoundException,
     Sandbox,
     SandboxException,
     TimeoutException,
@@ -130,20 +131,21 @@ def test_entries_as_envd_reports_them(served: E2bServed) -> None:
 
 
 HOSTILE_READS = (
-    "/proc/self/environ",
-    "/dev/zero",
-    "/sys/kernel/hostname",
     "/tmp/e2b/me/environ",
     "/tmp/e2b/devs/zero",
     "../../etc/hostname",
 )
+"""Refused: a link into /proc or /dev (the agent would open it: its own state), climbing out
+of the home. A kernel file named as itself is read as a command (below)."""
 
 
 def test_paths_outside_the_home(served: E2bServed) -> None:
     """As on E2B the container is the boundary: /tmp and any path the sandbox's user may
     write are reached by every file call (commands see the same files), audited as any file
-    call; what the user may not write, /proc, /sys and /dev (also through a link), climbing
-    out of the home with a relative path, and another sandbox's files are not."""
+    call; what the user may not write, /proc, /sys and /dev but for a read (also not through
+    a link), climbing out of the home with a relative path, and another sandbox's files are
+    not. A read of a kernel file gives what a command of the sandbox's user reads there
+    (its own /proc/self, never the agent's), bounded (/dev/zero)."""
     sbx = Sandbox.create(timeout=120, **served.opts())
     other = Sandbox.create(timeout=120, **served.opts())
     try:
@@ -171,6 +173,26 @@ def test_paths_outside_the_home(served: E2bServed) -> None:
                 sbx.files.read(hostile)
         with pytest.raises(InvalidArgumentException):
             sbx.files.write("/tmp/e2b/devs/shm/planted", "x")
+        for kernel in ("/proc/sys/kernel/hostname", "/dev/shm/planted", "/sys/kernel/x"):
+            with pytest.raises(InvalidArgumentException):
+                sbx.files.write(kernel, "x")
+        boot_id = sbx.files.read("/proc/sys/kernel/random/boot_id")
+        assert boot_id == sbx.commands.run("cat /proc/sys/kernel/random/boot_id").stdout
+        assert (
+            sbx.files.read("/sys/kernel/hostname")
+            == sbx.commands.run("cat /sys/kernel/hostname").stdout
+        )
+        own = {v.split("=", 1)[0] for v in sbx.files.read("/proc/self/environ").split("\0")}
+        seen = sbx.commands.run("tr '\\0' '\\n' < /proc/self/environ").stdout.split()
+        # the reading command's own environment (the user's, never the agent's): nothing in
+        # it that the user's own command does not see too
+        assert "PATH" in own
+        assert own - {""} <= {v.split("=", 1)[0] for v in seen}
+        assert sbx.files.read("/dev/zero") == "\0" * 65536  # endless: its first 64 KiB
+        with pytest.raises(NotFoundException):
+            sbx.files.read("/proc/no-such-file")
+        with pytest.raises(InvalidArgumentException):
+            sbx.files.read("/proc/self")  # a folder
         assert not other.files.exists("/tmp/e2b/d/y.txt")  # its own container, its own /tmp
         sbx.files.remove("/tmp/e2b")
         assert not sbx.files.exists("/tmp/e2b")

@@ -71,6 +71,22 @@ def test_kernel_file_systems_are_refused(hostile: str) -> None:
     assert raised.value.code == "invalid_argument"
 
 
+@pytest.mark.parametrize(
+    ("given", "path"),
+    [("/proc/sys/kernel/random/boot_id", "/proc/sys/kernel/random/boot_id"),
+     ("/tmp/../proc/1/root", "/proc/1/root"), ("//proc/self/mem", "/proc/self/mem"),
+     ("/dev/../dev/shm/x", "/dev/shm/x"), ("/sys", "/sys")],
+)  # fmt: skip
+def test_only_a_read_takes_a_kernel_file_as_a_command(given: str, path: str) -> None:
+    """GET /files of a kernel file is read by a command as the sandbox's user
+    (Files.kernel_read), never by the agent; every other call still refuses it."""
+    target = target_of(given, kernel=True)
+    assert (target.path, target.wide, target.kernel) == (path, True, True)
+    assert target.quoted == path  # absolute: never taken for an option
+    assert not target_of("/tmp/x", kernel=True).kernel
+    assert not target_of("proc/self", kernel=True).kernel  # the home's own proc/
+
+
 @pytest.mark.parametrize("climbing", ["../x", "~/../../etc", "a/../../b"])
 def test_relative_paths_still_may_not_climb_out_of_the_home(climbing: str) -> None:
     """A relative path is the home's: `..` past it is refused, not taken as the root's."""

@@ -6,7 +6,7 @@ Every operation goes through Stockade's one pipeline: /files through the file tr
 in audit and run on the sandbox's scoped key. E2B paths (/home/user/..., ~/..., relative)
 map onto /workspace; any other absolute path is the container's own (the container is the
 boundary, as on E2B: what the sandbox's user may read or write), but for /proc, /sys and /dev
-(`target_of`)."""
+(`target_of`), which only a read reaches, as a command (`Files.kernel_read`)."""
 
 from __future__ import annotations
 
@@ -129,8 +129,12 @@ def e2b_path(rel: str) -> str:
 
 
 KERNEL_FILES = ("/proc", "/sys", "/dev")
-"""Not reached by file calls: their files are not files (endless, or the agent's own state).
-The agent refuses them after following symlinks too (agent paths.KERNEL_FILES)."""
+"""Not reached by the agent's file calls: their files are not files (endless, or the agent's
+own state); the agent refuses them after following symlinks too (agent paths.KERNEL_FILES).
+A read (GET /files) of one is a command instead (`kernel_read`), as the sandbox's user."""
+KERNEL_READ_MAX = 64 * 1024
+"""What a read of a kernel file gives at most (`/proc/...` files are small; `/dev/zero` is
+endless): its first KERNEL_READ_MAX bytes."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,8 @@ class Target:
     """As E2B shows it (/home/user/...)."""
     wide: bool
     """Outside the home: the agent's container_wide."""
+    kernel: bool = False
+    """In /proc, /sys or /dev (target_of with kernel=True only)."""
 
     @property
     def arg(self) -> str:
@@ -156,14 +162,17 @@ class Target:
         return shlex.quote(self.arg)
 
 
-def target_of(path: str) -> Target:
+def target_of(path: str, kernel: bool = False) -> Target:
     """An E2B path: in the home (relative, ~, /home/user, /workspace) onto the workspace,
-    any other absolute one as itself, normalized; one in /proc, /sys or /dev is refused."""
+    any other absolute one as itself, normalized; one in /proc, /sys or /dev is refused
+    (with `kernel`: a Target marked `kernel`, for a read)."""
     if path.startswith("/"):
         norm = "/" + posixpath.normpath(path).lstrip("/")
         if not _in_home(norm):
             if any(norm == k or norm.startswith(k + "/") for k in KERNEL_FILES):
-                raise ConnectError("invalid_argument", f"file calls do not reach {norm}")
+                if not kernel:
+                    raise ConnectError("invalid_argument", f"file calls do not reach {norm}")
+                return Target(norm, norm, True, kernel=True)
             return Target(norm, norm, True)
         path = norm
     rel = workspace_path(path)
@@ -246,9 +255,34 @@ class Files:
         )
 
     async def download(self, request: Request, path: str) -> AsyncIterator[bytes]:
-        async for item in self._transfers.download(self.transfer(request, target_of(path))):
+        target = target_of(path, kernel=True)
+        if target.kernel:
+            yield await self.kernel_read(request, target)
+            return
+        async for item in self._transfers.download(self.transfer(request, target)):
             if isinstance(item, bytes):
                 yield item
+
+    async def kernel_read(self, request: Request, target: Target) -> bytes:
+        """A file in /proc, /sys or /dev, read as `commands.run("head -c ...")` would read it:
+        the exec tool as the sandbox's user through the pipeline (guard, policy, audit, the
+        output scrubbed: /proc/self/environ is the command's own environment, its secrets
+        redacted), never the agent's own open. Its first KERNEL_READ_MAX bytes, as text
+        (UTF-8; what is not becomes U+FFFD, as any command's output)."""
+        script = (
+            f"[ -e {target.quoted} ] || exit 3; [ -d {target.quoted} ] && exit 4; "
+            f"exec head -c {KERNEL_READ_MAX} -- {target.quoted}"
+        )
+        code, out, err = await self._sh(request, script)
+        if code == 3:
+            raise ConnectError("not_found", f"no such file: {target.shown}")
+        if code == 4:
+            raise ConnectError("invalid_argument", f"{target.shown} is a directory")
+        if code != 0:
+            denied = "Permission denied" in err
+            last = (err.strip().splitlines() or [f"exit {code}"])[-1]
+            raise ConnectError("permission_denied" if denied else "internal", last)
+        return out.encode()
 
     async def upload(self, request: Request, path: str, chunks: AsyncIterator[bytes]) -> Json:
         target = target_of(path)
