@@ -279,9 +279,7 @@ class Files:
         if code == 4:
             raise ConnectError("invalid_argument", f"{target.shown} is a directory")
         if code != 0:
-            denied = "Permission denied" in err
-            last = (err.strip().splitlines() or [f"exit {code}"])[-1]
-            raise ConnectError("permission_denied" if denied else "internal", last)
+            raise _failed(code, err)
         return out.encode()
 
     async def upload(self, request: Request, path: str, chunks: AsyncIterator[bytes]) -> Json:
