@@ -194,10 +194,13 @@ def test_streamed_one_write_is_one_chunk_and_a_token_split_by_a_pause_redacted(
 ) -> None:
     """StreamExec: one write of a line and an open end is one chunk (issue 28), whole lines
     written at once are one chunk, and a token written in two pieces with a pause between
-    (the first piece after whole lines, in one write) comes out redacted."""
+    (the first piece after whole lines, in one write) comes out redacted. Coreutils' printf:
+    bash's builtin writes line by line (stdout line-buffered: `Hello,\n` and `World!` are
+    two writes, read as one or two as the machine's load has it)."""
     token = FORMATS["github"]
     command = (
-        f"printf 'Hello,\\nWorld!'; sleep 0.5; printf '\\none\\ntwo\\n'; sleep 0.5; "
+        f"/usr/bin/printf 'Hello,\\nWorld!'; sleep 0.5; "
+        f"/usr/bin/printf '\\none\\ntwo\\n'; sleep 0.5; "
         f"printf 'ok\\ntoken {token[:9]}'; sleep 0.5; printf '{token[9:]} done\\n'"
     )
     chunks, result = streamed_chunks(c, key, command)
