@@ -612,11 +612,12 @@ def test_an_attacker_answering_for_the_agent(hostile: Hostile, name: str) -> Non
         assert box.info().state == "BROKEN"
         heard = list(attacker.calls)
         assert heard[0] == "Hello"
-        # a framed flood past its deadline: the wedge check's one Hello, which over gRPC the
-        # flood clogging the channel kept from the attacker (lease.py, health.unresponsive)
-        probes = ["Hello"] if name == "framed-flood-and-never-end" else []
+        # a framed flood past its deadline may meet the wedge check's Hello (lease.py,
+        # health.unresponsive: whether it runs depends on which deadline passed first), which
+        # over gRPC the flood clogging the channel keeps from the attacker; no call but Hello
+        probes = heard[2:] if name == "framed-flood-and-never-end" else []
+        assert probes in ([], ["Hello"]), heard
         assert len(heard) == 2 + len(probes), heard
         assert (heard[1] == "FramedStream") == case.framed, heard
-        assert heard[2:] == probes, heard
         recreated_with_workspace(box, before)
         assert attacker.calls == heard, "the attacker was asked again"
