@@ -612,9 +612,9 @@ def test_an_attacker_answering_for_the_agent(hostile: Hostile, name: str) -> Non
         assert box.info().state == "BROKEN"
         heard = list(attacker.calls)
         assert heard[0] == "Hello"
-        # a framed flood past its deadline may meet the wedge check's Hello (lease.py,
-        # health.unresponsive: whether it runs depends on which deadline passed first), which
-        # over gRPC the flood clogging the channel keeps from the attacker; no call but Hello
+        # the framed flood's slow reader (4 s) may meet the periodic health probe's Hello
+        # (health.py), which over gRPC the flood clogging the channel keeps from the attacker:
+        # no call but that one Hello
         probes = heard[2:] if name == "framed-flood-and-never-end" else []
         assert probes in ([], ["Hello"]), heard
         assert len(heard) == 2 + len(probes), heard
