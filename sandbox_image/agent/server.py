@@ -107,6 +107,12 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             return await self._respond(request, None)
 
     async def InvokeStream(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        async with contextlib.aclosing(self.invoke_stream(request)) as events:
+            async for event in events:
+                yield event
+
+    async def invoke_stream(self, request: Any) -> AsyncGenerator[Any, None]:
+        """InvokeStream's events, for gRPC and for the framed socket (frames.py) alike."""
         # closed here, not left to the collector: closing it ends what it started
         async with contextlib.aclosing(self._invoke_stream(request)) as inner:
             with self.activity.call():
@@ -388,7 +394,10 @@ async def serve(
     else:
         # before the gRPC socket: a supervisor that got an answer to Hello finds this one
         framed = await serve_frames(
-            endpoint.with_name(endpoint.name + FRAMES_SUFFIX), service.invoke, MAX_MESSAGE_BYTES
+            endpoint.with_name(endpoint.name + FRAMES_SUFFIX),
+            service.invoke,
+            MAX_MESSAGE_BYTES,
+            service.invoke_stream,
         )
         endpoint.unlink(missing_ok=True)
         server.add_insecure_port(f"unix:{endpoint}")

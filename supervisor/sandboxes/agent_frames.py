@@ -1,17 +1,20 @@
 """The supervisor's end of the agent's framed socket (stockade/agent/frames.py): unary Invoke
 as a 4-byte length and a protobuf message each way, over unix-socket connections kept for
 call after call, instead of a gRPC call (most of a warm call's CPU on both sides:
-docs/benchmarks.md, the supervisor's CPU per call).
+docs/benchmarks.md, the supervisor's CPU per call); and InvokeStream (an agent of protocol 3
+or later), a request with STREAM_FLAG in its length answered by event frames, the result last.
 
 Nothing here is trusted more than on gRPC: a reply's length is checked before it is read
 (over the limit: FrameTooLarge, the connection closed), the caller's timeout bounds the
 whole call (FrameDeadline), a connection that ends mid-call is FrameLost, and the bytes go
 to the same parsing and checks as a gRPC reply (agent_link.py, replies.py). A call that is
 cancelled or fails closes its connection, which cancels it in the agent (its command is
-killed); only a connection whose call ended well is used again. An agent without the socket
-(an image older than it, or one that could not make it), or a path that is not a socket in
-the run folder sealed to root (a symlink the agent made before the seal), is FramesAbsent:
-its calls go through gRPC."""
+killed); only a connection whose call ended well is used again (a stream: one whose caller
+read it to its result, FramedStream.end). A stream's timeout bounds it whole, reads and the
+time its caller spends between them: at the deadline its connection is closed. An agent
+without the socket (an image older than it, or one that could not make it), or a path that is
+not a socket in the run folder sealed to root (a symlink the agent made before the seal), is
+FramesAbsent: its calls go through gRPC."""
 
 from __future__ import annotations
 
@@ -19,11 +22,14 @@ import asyncio
 import contextlib
 import os
 import stat
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 FRAMES_SUFFIX = ".frames"
 """As stockade/agent/frames.py (which this layer does not import)."""
 HEADER_BYTES = 4
+STREAM_FLAG = 1 << 31
+"""As stockade/agent/frames.py: set in a request's length, an InvokeStream."""
 MAX_IDLE = 4
 """Connections kept for later calls; more calls at once open more, closed after."""
 
@@ -78,11 +84,29 @@ class FramedInvoke:
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
             raise FrameLost(f"the agent's framed socket closed during the call: {exc}") from exc
         finally:
-            self._busy.discard(connection)
-            if ended and not self._closed and len(self._idle) < MAX_IDLE:
-                self._idle.append(connection)
-            else:
-                writer.close()
+            self._done(connection, ended)
+
+    async def stream(self, request: bytes, timeout: float) -> FramedStream:
+        """Send `request` as an InvokeStream; its frames are read from what this returns."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        connection = await self._connection()
+        self._busy.add(connection)
+        stream = FramedStream(self, connection, deadline, self._max)
+        try:
+            await stream.send(len(request) | STREAM_FLAG, request)
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+
+    def _done(self, connection: _Connection, ended: bool) -> None:
+        """Keep a connection whose call ended well for the next; close any other."""
+        self._busy.discard(connection)
+        if ended and not self._closed and len(self._idle) < MAX_IDLE:
+            self._idle.append(connection)
+        else:
+            connection[1].close()
 
     async def _connection(self) -> _Connection:
         while self._idle:
@@ -115,3 +139,63 @@ class FramedInvoke:
             with contextlib.suppress(Exception):
                 writer.close()
         self._idle.clear()
+
+
+class FramedStream:
+    """One InvokeStream's frames: `next` each, `end` once the caller read the result (the
+    connection is then kept), `close` always (any other connection is closed, which cancels
+    the call in the agent)."""
+
+    def __init__(
+        self, owner: FramedInvoke, connection: _Connection, deadline: float, limit: int
+    ) -> None:
+        self._owner = owner
+        self._reader, self._writer = connection
+        self._connection = connection
+        self._deadline = deadline
+        self._max = limit
+        self._open = True
+        loop = asyncio.get_running_loop()
+        # a caller that stops reading (a client no longer following) is bound too
+        self._timer = loop.call_at(deadline, self._writer.close)
+
+    async def send(self, size: int, request: bytes) -> None:
+        async with self._failures():
+            self._writer.write(size.to_bytes(HEADER_BYTES, "big") + request)
+            await self._writer.drain()
+
+    async def next(self) -> bytes:
+        """The next frame's bytes."""
+        async with self._failures():
+            size = int.from_bytes(await self._reader.readexactly(HEADER_BYTES), "big")
+            if size > self._max:
+                raise FrameTooLarge(size, self._max)
+            return await self._reader.readexactly(size)
+
+    def end(self) -> None:
+        """The caller read the stream's result: the connection may serve another call."""
+        if self._open:
+            self._open = False
+            self._timer.cancel()
+            self._owner._done(self._connection, not self._writer.is_closing())
+
+    def close(self) -> None:
+        """Close the connection unless the stream ended (`end`): the agent cancels the call."""
+        if self._open:
+            self._open = False
+            self._timer.cancel()
+            self._owner._done(self._connection, False)
+
+    @contextlib.asynccontextmanager
+    async def _failures(self) -> AsyncIterator[None]:
+        try:
+            if asyncio.get_running_loop().time() >= self._deadline:
+                raise TimeoutError
+            async with asyncio.timeout_at(self._deadline):
+                yield
+        except TimeoutError:
+            raise FrameDeadline("Deadline Exceeded") from None
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+            if asyncio.get_running_loop().time() >= self._deadline:
+                raise FrameDeadline("Deadline Exceeded") from None
+            raise FrameLost(f"the agent's framed socket closed during the call: {exc}") from exc

@@ -32,6 +32,7 @@ from stockade.supervisor.sandboxes.agent_frames import (
     FRAMES_SUFFIX,
     FrameDeadline,
     FramedInvoke,
+    FramedStream,
     FrameLost,
     FramesAbsent,
     FrameTooLarge,
@@ -46,8 +47,14 @@ from stockade.supervisor.sandboxes.replies import (
     parse_result,
 )
 
-PROTOCOL_VERSION = 2
-"""2: exec and process start take shell, login and session; the session tool."""
+PROTOCOL_VERSION = 3
+"""2: exec and process start take shell, login and session; the session tool. 3: InvokeStream
+over the framed socket too."""
+OLDEST_PROTOCOL = 2
+"""Agents from here to PROTOCOL_VERSION are served (an older image's, adopted after a restart,
+streams over gRPC)."""
+FRAMED_STREAMS = 3
+"""The first protocol whose agent takes InvokeStream on its framed socket."""
 MAX_SEND_BYTES = 128 * 1024 * 1024
 MAX_FACT_BYTES = 1 << 20
 _MESSAGE = "protobuf (UTF-8)"
@@ -195,6 +202,9 @@ class AgentConnection:
         self._frames: FramedInvoke | None = None
         """Unary Invoke over the agent's framed socket, on this host (agent_frames.py);
         None over TCP, and once the agent turned out to have none."""
+        self._framed_streams = False
+        """Whether the agent's Hello said it takes InvokeStream framed too (FRAMED_STREAMS):
+        decided before any stream, never by trying one (a retry could run it twice)."""
         if isinstance(self.address, UnixAddress):
             path = self.address.path
             self._frames = FramedInvoke(
@@ -228,11 +238,12 @@ class AgentConnection:
             raise SandboxBroken(f"agent does not answer: {exc}") from exc
         if hello is None:
             raise SandboxBroken(f"agent answered Hello with no valid {_MESSAGE} message")
-        if hello.protocol_version != PROTOCOL_VERSION:
+        if not OLDEST_PROTOCOL <= hello.protocol_version <= PROTOCOL_VERSION:
             raise SandboxBroken(
                 f"agent speaks protocol {hello.protocol_version}, supervisor {PROTOCOL_VERSION}; "
                 "rebuild the sandbox image with `stockade image build`"
             )
+        self._framed_streams = hello.protocol_version >= FRAMED_STREAMS
 
     async def answers(self, timeout: float = 0.5) -> bool:
         """True if the agent answers Hello now (the container and its agent live); False
@@ -276,17 +287,8 @@ class AgentConnection:
     async def _framed(self, frames: FramedInvoke, request: Any, timeout: float) -> Any | None:
         """The reply over the framed socket (None: bytes that are not an InvokeResponse, as
         grpc.aio hands on such a message); its failures as a gRPC call's would be."""
-        try:
-            with self._closing():
-                data = await frames.call(request.SerializeToString(), timeout)
-        except FrameDeadline as exc:
-            raise AgentCallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from exc
-        except FrameTooLarge as exc:
-            raise AgentCallFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from exc
-        except FrameLost as exc:
-            if self._closed:
-                raise SandboxLost(_CLOSED) from exc
-            raise AgentCallFailed(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
+        with self._frame_failures():
+            data = await frames.call(request.SerializeToString(), timeout)
         reply = agent_pb2.InvokeResponse()
         try:
             reply.ParseFromString(data)
@@ -301,6 +303,16 @@ class AgentConnection:
         request = agent_pb2.InvokeRequest(
             tool=tool, arguments_json=json.dumps(arguments), request_id=request_id
         )
+        if self._frames is not None and self._framed_streams and not self._closed:
+            try:
+                with self._frame_failures():
+                    stream = await self._frames.stream(request.SerializeToString(), timeout)
+            except FramesAbsent:  # nothing was sent: gRPC from now on
+                self._frames = None
+            else:
+                async for parsed in self._framed_stream(tool, stream):
+                    yield parsed
+                return
         call = self._stub.InvokeStream(request, timeout=timeout)
         order = _StreamOrder()
         try:
@@ -313,6 +325,30 @@ class AgentConnection:
             raise _misbehaved("its stream ended without a result")
         finally:
             call.cancel()
+
+    async def _framed_stream(
+        self, tool: str, stream: FramedStream
+    ) -> AsyncIterator[AgentStarted | AgentOutput | AgentReply]:
+        """InvokeStream's events over the framed socket, through the same checks as over
+        gRPC; the connection is kept only once the result was read and passed them."""
+        order = _StreamOrder()
+        try:
+            while True:
+                with self._frame_failures():
+                    data = await stream.next()
+                event: Any = agent_pb2.InvokeEvent()
+                try:
+                    event.ParseFromString(data)
+                except DecodeError:
+                    event = None
+                parsed = self._event(tool, event, order)
+                if isinstance(parsed, AgentReply):
+                    stream.end()
+                yield parsed
+                if isinstance(parsed, AgentReply):
+                    return
+        finally:
+            stream.close()
 
     async def upload(
         self,
@@ -432,6 +468,21 @@ class AgentConnection:
             if self._closed:
                 raise SandboxLost(_CLOSED) from exc
             raise AgentCallFailed(exc.code(), exc.details() or "") from exc
+
+    @contextlib.contextmanager
+    def _frame_failures(self) -> Iterator[None]:
+        """A framed call's failures as a gRPC call's would be."""
+        try:
+            with self._closing():
+                yield
+        except FrameDeadline as exc:
+            raise AgentCallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from exc
+        except FrameTooLarge as exc:
+            raise AgentCallFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from exc
+        except FrameLost as exc:
+            if self._closed:
+                raise SandboxLost(_CLOSED) from exc
+            raise AgentCallFailed(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
 
     @contextlib.contextmanager
     def _closing(self) -> Iterator[None]:
