@@ -71,12 +71,8 @@ class FramedInvoke:
         ended = False
         try:
             async with asyncio.timeout(timeout):
-                writer.write(len(request).to_bytes(HEADER_BYTES, "big") + request)
-                await writer.drain()
-                size = int.from_bytes(await reader.readexactly(HEADER_BYTES), "big")
-                if size > self._max:
-                    raise FrameTooLarge(size, self._max)
-                reply = await reader.readexactly(size)
+                await _send(writer, len(request), request)
+                reply = await _receive(reader, self._max)
             ended = True
             return reply
         except TimeoutError:
@@ -161,16 +157,12 @@ class FramedStream:
 
     async def send(self, size: int, request: bytes) -> None:
         async with self._failures():
-            self._writer.write(size.to_bytes(HEADER_BYTES, "big") + request)
-            await self._writer.drain()
+            await _send(self._writer, size, request)
 
     async def next(self) -> bytes:
         """The next frame's bytes."""
         async with self._failures():
-            size = int.from_bytes(await self._reader.readexactly(HEADER_BYTES), "big")
-            if size > self._max:
-                raise FrameTooLarge(size, self._max)
-            return await self._reader.readexactly(size)
+            return await _receive(self._reader, self._max)
 
     def end(self) -> None:
         """The caller read the stream's result: the connection may serve another call."""
@@ -199,3 +191,17 @@ class FramedStream:
             if asyncio.get_running_loop().time() >= self._deadline:
                 raise FrameDeadline("Deadline Exceeded") from None
             raise FrameLost(f"the agent's framed socket closed during the call: {exc}") from exc
+
+
+async def _send(writer: asyncio.StreamWriter, header: int, body: bytes) -> None:
+    """One frame: `header` (the length, maybe with STREAM_FLAG) and `body`."""
+    writer.write(header.to_bytes(HEADER_BYTES, "big") + body)
+    await writer.drain()
+
+
+async def _receive(reader: asyncio.StreamReader, limit: int) -> bytes:
+    """One frame's bytes; its length is checked against `limit` before they are read."""
+    size = int.from_bytes(await reader.readexactly(HEADER_BYTES), "big")
+    if size > limit:
+        raise FrameTooLarge(size, limit)
+    return await reader.readexactly(size)

@@ -342,24 +342,37 @@ def keepalive_interval(request: Request) -> float:
 
 
 async def with_keepalive(
-    events: AsyncIterator[T], every_s: float
+    events: AsyncIterator[T],
+    every_s: float | None,
+    gone: asyncio.Event | None = None,
+    gone_error: ConnectError | None = None,
 ) -> AsyncGenerator[T | None, None]:
-    """The events, with None whenever `every_s` passes without one. The source is not
-    closed here: its owner does that."""
-    step: asyncio.Future[T] = asyncio.ensure_future(anext(events))
+    """The events, with None whenever `every_s` passes without one (None: no keepalives);
+    with `gone`, `gone_error` is raised once it is set before the stream ends, in the same
+    wait (one task an event). The source is not closed here: its owner does that."""
+    ended = asyncio.ensure_future(gone.wait()) if gone is not None else None
+    step: asyncio.Future[T] | None = None
     try:
         while True:
-            done, _ = await asyncio.wait({step}, timeout=every_s)
-            if not done:
-                yield None
-                continue
+            if step is None:
+                step = asyncio.ensure_future(anext(events))
+            waiting: set[asyncio.Future[Any]] = {step} if ended is None else {step, ended}
+            await asyncio.wait(waiting, timeout=every_s, return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
+                if ended is None or not ended.done():
+                    yield None
+                    continue
+                raise gone_error or ConnectError("unavailable", "the stream's source went")
             try:
                 item = step.result()
             except StopAsyncIteration:
                 return
-            step = asyncio.ensure_future(anext(events))
+            step = None
             yield item
     finally:
-        step.cancel()
-        with contextlib.suppress(BaseException):
-            await step
+        if ended is not None:
+            ended.cancel()
+        if step is not None and not step.done():
+            step.cancel()
+            with contextlib.suppress(BaseException):
+                await step

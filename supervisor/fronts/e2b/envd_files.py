@@ -190,12 +190,11 @@ def _entries(
     from find's path field."""
     fields = out.split("\0")[:-1]
     records = [fields[i : i + _FIELD_COUNT] for i in range(0, len(fields), _FIELD_COUNT)]
-    found = [
+    return [
         file_metadata.attach(_entry(r, base), metadata(r[-2]) if metadata else None)
         for r in sorted(records, key=lambda r: r[-2])
         if len(r) == _FIELD_COUNT
     ]
-    return found
 
 
 def _entry(parts: list[str], base: str) -> Json:

@@ -26,7 +26,7 @@ import contextlib
 import json
 import secrets
 import shlex
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -40,6 +40,7 @@ from stockade.supervisor.fronts.e2b.connect import (
     Last,
     keepalive_interval,
     timeout_of,
+    with_keepalive,
 )
 from stockade.supervisor.fronts.e2b.context import FRONT, E2bContext
 from stockade.supervisor.fronts.e2b.envd_files import (
@@ -463,43 +464,20 @@ class Processes:
         return {}
 
 
-async def until_gone(
+def until_gone(
     events: AsyncIterator[T], gone: asyncio.Event, sandbox_id: str, every_s: float | None = None
-) -> AsyncIterator[T | None]:
+) -> AsyncGenerator[T | None, None]:
     """The events until the sandbox is killed (or ends): then the stream ends as E2B's does
     when a sandbox goes mid-command, an `unavailable` that names no cause (the SDKs then
     probe /health, find the sandbox gone and report it killed or at its end of life), not
     the pipeline's later error. With `every_s`, None whenever that passes without an event
     (envd's keepalives), in the same wait (one task an event). The source is not closed
     here: its owner does that."""
-    ended = asyncio.ensure_future(gone.wait())
-    step: asyncio.Future[T] | None = None
-    try:
-        while True:
-            if step is None:
-                step = asyncio.ensure_future(anext(events))
-            waiting: set[asyncio.Future[Any]] = {step, ended}
-            await asyncio.wait(waiting, timeout=every_s, return_when=asyncio.FIRST_COMPLETED)
-            if not step.done():
-                if not ended.done():
-                    yield None
-                    continue
-                raise ConnectError(
-                    "unavailable",
-                    f"the connection to sandbox {sandbox_id} ended before the stream completed",
-                )
-            try:
-                item = step.result()
-            except StopAsyncIteration:
-                return
-            step = None
-            yield item
-    finally:
-        ended.cancel()
-        if step is not None and not step.done():
-            step.cancel()
-            with contextlib.suppress(BaseException):
-                await step
+    error = ConnectError(
+        "unavailable",
+        f"the connection to sandbox {sandbox_id} ended before the stream completed",
+    )
+    return with_keepalive(events, every_s, gone, error)
 
 
 def _selector_text(selector: int | str) -> str:

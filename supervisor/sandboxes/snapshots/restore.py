@@ -12,8 +12,8 @@ the manifest still describes exactly, so that it copies only what changed since:
 
 1. `restore` (the old container still runs): a file whose live twin at the same path has the
    manifest's (device, inode, ctime, size, mtime), the new ids as owner, the snapshot's
-   mode and no extended attribute (a copy has none) is left out (deferred), and every other
-   file copied;
+   mode and no extended attribute at all (a file with any, E2B's metadata too, is copied and
+   its user.e2b.* set from the manifest) is left out (deferred), and every other file copied;
 2. `relink` (the old container stopped: nothing can write the live files any more) looks
    at each deferred file again and links it if its key still matches, else copies it;
    then sets the folders' mtimes again.
