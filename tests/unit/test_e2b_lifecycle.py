@@ -211,22 +211,26 @@ async def test_paused_on_record_before_the_freeze(
     not let through to a container that the call would then resume: get_info (the
     container's state) said paused while /health still answered 204 (seen under load)."""
     control, records, _kept = _control(tmp_path)
-    one = sandbox(started=time.time())
+    now = time.time()
+    one = sandbox(started=now, end_at=now - 1, auto_pause=True)  # the sweep's case
     await records.add(one)
     manager = control.ctx.manager
     await manager.ensure(one.key)
     app = Dispatch(control.ctx, Recorder(), Recorder(), control)
     headers = {"E2b-Sandbox-Id": one.sandbox_id, "X-Access-Token": one.access_token}
     during: list[int] = []
+    ended: list[bool] = []
     freeze = manager.pause
 
     async def pause_watched(*args: Any, **kwargs: Any) -> Any:
         during.append((await call(app, headers, path="/health"))[0])
+        ended.append(one.ended(time.time()))  # get_info then: 404 if it were
         return await freeze(*args, **kwargs)
 
     monkeypatch.setattr(manager, "pause", pause_watched)
     await control.pause_at_timeout(one)
     assert during == [502]
+    assert ended == [False]  # paused on record, with its new end: still found
     assert one.state == PAUSED
     assert manager.registry[one.key].paused
 
@@ -235,7 +239,8 @@ async def test_a_failed_freeze_leaves_the_record_as_it_was(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     control, records, _kept = _control(tmp_path)
-    one = sandbox(started=time.time())
+    now = time.time()
+    one = sandbox(started=now, end_at=now - 1, auto_pause=True)
     await records.add(one)
     manager = control.ctx.manager
     await manager.ensure(one.key)
@@ -246,4 +251,4 @@ async def test_a_failed_freeze_leaves_the_record_as_it_was(
     monkeypatch.setattr(manager, "pause", pause_fails)
     with pytest.raises(RuntimeError):
         await control.pause_at_timeout(one)
-    assert one.state == RUNNING
+    assert (one.state, one.end_at) == (RUNNING, now - 1)  # tried again at the next sweep

@@ -534,16 +534,17 @@ class Control:
         # container frozen but the record running: it would be let through (wake), and a
         # call to a frozen container resumes it (seen as is_running() True just after
         # get_info() said paused).
-        before, sandbox.state = sandbox.state, PAUSED
+        # Its new end goes with the state: a paused record past its end is gone (`ended`).
+        before = sandbox.state, sandbox.end_at
+        sandbox.state, sandbox.end_at = PAUSED, time.time() + self.max_timeout
         try:
             if sandbox.key in self.ctx.manager.registry:
                 await self.lifecycle.pause(actor(None), sandbox.key, asked)
             else:  # its container was removed (idle): nothing runs; a connect makes it again
                 self.lifecycle.record(actor(None), sandbox.key, PAUSE, asked)
         except BaseException:
-            sandbox.state = before
+            sandbox.state, sandbox.end_at = before
             raise
-        sandbox.end_at = time.time() + self.max_timeout
         await self.ctx.records.save(sandbox)
         self._dropped(sandbox)
         log.info("E2B sandbox %s paused: its timeout passed (on_timeout pause)",
