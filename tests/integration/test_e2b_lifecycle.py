@@ -117,7 +117,10 @@ def test_on_timeout_pause_pauses_instead_of_killing(served: E2bServed) -> None:
             assert time.monotonic() < deadline, "not paused at its timeout"
             time.sleep(0.3)
         assert not sbx.is_running()
-        paused = audited(served, sbx.sandbox_id, "pause_sandbox")
+        # the record says paused before the freeze; the audit says so once the freeze is done
+        while not (paused := audited(served, sbx.sandbox_id, "pause_sandbox")):
+            assert time.monotonic() < deadline, "the timeout's pause was never audited"
+            time.sleep(0.3)
         assert [p["as"] for p in paused] == ["timeout"]
         assert not audited(served, sbx.sandbox_id, "destroy_sandbox")
         Sandbox.connect(sbx.sandbox_id, timeout=60, **served.opts())

@@ -205,7 +205,7 @@ class Checkpoints:
     async def _collect(self, key: str, owner: str, lineage: str) -> None:
         async with self._ledger(key):
             try:
-                await asyncio.to_thread(collect, self.store, owner, lineage)
+                await self._snapshots.held.run(owner, collect, self.store, owner, lineage)
             except Exception:  # left in the ledger's dropped list: the next collect retries
                 log.exception("dropping old checkpoints of %s", shown(key))
 
@@ -232,7 +232,7 @@ class Checkpoints:
             await self._restore(key, owner, point)
             gone = [*pending, *(p.name for p in points[index:])]
             await asyncio.to_thread(ledger.save, points[:index], gone)
-            await asyncio.to_thread(collect, self.store, owner, sandbox_id(key))
+            await self._snapshots.held.run(owner, collect, self.store, owner, sandbox_id(key))
         added, removed, changed = diff.counts
         self._parts.record(
             key, "undo",
@@ -253,7 +253,7 @@ class Checkpoints:
                 diff_trees, before, after, lambda d, n: self.store.content(owner, d, n)
             )
         finally:
-            await asyncio.to_thread(self.store.delete, owner, now)
+            await self._snapshots.held.run(owner, self.store.delete, owner, now)
 
     async def _restore(self, key: str, owner: str, point: Checkpoint) -> None:
         snaps, parts = self._snapshots, self._parts

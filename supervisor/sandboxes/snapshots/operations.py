@@ -64,6 +64,7 @@ from stockade.supervisor.sandboxes.quarantine import Quarantines
 from stockade.supervisor.sandboxes.sandbox import Sandbox, SandboxNetwork
 from stockade.supervisor.sandboxes.snapshots import staging
 from stockade.supervisor.sandboxes.snapshots.capture import DIR_FLAGS, Cache, Known
+from stockade.supervisor.sandboxes.snapshots.held import Held, opened, whole
 from stockade.supervisor.sandboxes.snapshots.repository import (
     MAIN,
     CaptureSession,
@@ -123,6 +124,8 @@ class Snapshots:
             Path(config.snapshots.dir) if config.snapshots.dir else config.state_dir / "snapshots"
         )
         self.store = SnapshotStore(root)
+        self.held = Held()
+        """Every call that takes an owner's store lock waits for it here first (held.py)."""
 
     # --- the operations ------------------------------------------------------------------
 
@@ -157,7 +160,8 @@ class Snapshots:
     async def delete(self, tenant: str, name: str, reason: str) -> int:
         self._allowed(tenant, "delete")
         check_name(name)
-        freed = await asyncio.to_thread(self.store.delete, owner_of(tenant), name)
+        owner = owner_of(tenant)
+        freed = await self.held.run(owner, self.store.delete, owner, name)
         self._parts.record(_tenant_key(tenant), "snapshot-delete", f"{name}: {reason}")
         return freed
 
@@ -217,7 +221,7 @@ class Snapshots:
                     return_exceptions=True,
                 )
             finally:
-                await asyncio.to_thread(self.store.delete, owner, name)
+                await self.held.run(owner, self.store.delete, owner, name)
             failed = [e for e in done if isinstance(e, BaseException)]
             if failed:
                 raise failed[0]
@@ -288,7 +292,13 @@ class Snapshots:
                 trees[TMP] = self._tmp(sandbox, paths.tmp)
             lineage = paths.root.name
             async with self._mounted(paths, sandbox):
-                session = await asyncio.to_thread(self.store.begin, owner_of(tenant))
+                held_by = self.held.lock(owner_of(tenant))  # released once the session ends
+                await held_by.acquire()
+                try:
+                    session = await opened(functools.partial(self.store.begin, owner_of(tenant)))
+                except BaseException:
+                    held_by.release()
+                    raise
                 session.defer = later is not None  # new content written beside the call
                 handed = False
                 try:
@@ -297,19 +307,19 @@ class Snapshots:
                             f"the tenant may keep at most {max_count} snapshot(s) ([snapshots] "
                             "max_count); delete one first"
                         )
-                    session.budget = await asyncio.to_thread(self._budget, tenant, max_bytes)
+                    session.budget = await whole(self._budget, tenant, max_bytes)
                     known: Known | None = None
                     if precopy:
-                        cached, known = await asyncio.to_thread(session.precopy, trees, lineage)
+                        cached, known = await whole(session.precopy, trees, lineage)
                     elif cache is not None and session.holds(cache[0]):
                         cached, known = cache[1], cache[2]
                     else:
-                        cached = await asyncio.to_thread(session.cache, lineage)
+                        cached = await whole(session.cache, lineage)
                     chosen = name or _fresh_name(session)
                     session.check_free(chosen)
                     held = sandbox if freeze else None
                     async with self._parts.pausing.frozen(held) as clock:  # the walk alone
-                        got, stats = await asyncio.to_thread(session.walk, trees, cached, known)
+                        got, stats = await whole(session.walk, trees, cached, known)
                     keys = keys_of(got[MAIN].entries) if want_keys else {}
                     known = got[MAIN].known if want_keys else {}
                     record = functools.partial(
@@ -317,17 +327,22 @@ class Snapshots:
                         max_bytes=max_bytes, compresslevel=compresslevel,
                     )  # fmt: skip
                     if later is not None:
-                        task = asyncio.create_task(_record_later(record, session, key, gate))
+                        task = asyncio.create_task(
+                            _record_later(record, session, key, held_by, gate)
+                        )
                         handed = True
                         later.add(task)
                         task.add_done_callback(later.discard)
                         snap = session.describe(chosen, got, lineage, plain)
                     else:
-                        snap = await asyncio.to_thread(record)
+                        snap = await whole(record)
                     return Taken(snap, stats, clock[0], keys, known)
                 finally:
                     if not handed:
-                        await asyncio.to_thread(session.end)
+                        try:
+                            await asyncio.to_thread(session.end)
+                        finally:
+                            held_by.release()
 
     def _budget(self, tenant: str, max_bytes: int) -> tuple[int, str] | None:
         """How much new content a capture may add: the tenant's quota left, and the disk
@@ -429,8 +444,9 @@ class Snapshots:
         ids = parts.layout.workspace_ids(paths)
         cap = staging.cap_of(paths, parts.config.sandbox.workspace_size_mb)
         link = not settings_from and snap.lineage == paths.root.name  # never a fork's
-        staged = await asyncio.to_thread(
-            functools.partial(staging.stage, self.store, owner, name, paths, ids, cap, link=link)
+        staged = await self.held.run(
+            owner,
+            functools.partial(staging.stage, self.store, owner, name, paths, ids, cap, link=link),
         )
         try:
             if old is not None:
@@ -438,7 +454,7 @@ class Snapshots:
                 await parts.containers.stop(old.container)
             else:
                 await asyncio.to_thread(layout.unmount, paths)
-            await asyncio.to_thread(functools.partial(staged.switch, remove=False))
+            await self.held.run(owner, functools.partial(staged.switch, remove=False))
         except BaseException:
             await asyncio.to_thread(staged.discard)
             raise
@@ -471,7 +487,7 @@ class Snapshots:
     ) -> None:
         target = _folder(host_tmp) if self._parts.layout.host_tmp else self._container_tmp(sandbox)
         try:
-            await asyncio.to_thread(self.store.restore, owner, name, target, ids, TMP)
+            await self.held.run(owner, self.store.restore, owner, name, target, ids, TMP)
         except OSError as exc:
             await self._parts.containers.stop(sandbox.container, keep_workspace_mounted=True)
             if exc.errno == errno.ENOSPC:
@@ -519,6 +535,7 @@ async def _record_later(
     record: Callable[[], Snapshot],
     session: CaptureSession,
     key: str,
+    held_by: asyncio.Lock,
     gate: asyncio.Event | None = None,
 ) -> None:
     """Write a capture's manifest, once `gate` is set, and give the store back (a
@@ -526,11 +543,14 @@ async def _record_later(
     try:
         if gate is not None:
             await gate.wait()
-        await asyncio.to_thread(record)
+        await whole(record)
     except Exception:
         log.exception("the capture of %s was not recorded", shown(key))
     finally:
-        await asyncio.to_thread(session.end)
+        try:
+            await asyncio.to_thread(session.end)
+        finally:
+            held_by.release()
 
 
 def owner_of(tenant: str) -> str:
