@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from stockade.supervisor.sandboxes.snapshots.capture import DIR_FLAGS
+from stockade.supervisor.sandboxes.snapshots.checkpoints import acquired
 from stockade.supervisor.sandboxes.snapshots.held import Held, opened, whole
 from stockade.supervisor.sandboxes.snapshots.repository import (
     MAIN,
@@ -164,3 +165,73 @@ async def test_a_run_cancelled_keeps_the_owner_until_its_thread_ends(store: Snap
     with pytest.raises(asyncio.CancelledError):
         await running
     assert not held.lock("t").locked()
+
+
+async def test_a_ledger_taken_at_once_leaves_the_gate_shut() -> None:
+    """A checkpoint's manifest waits for its ledger entry (the call's quick write first)
+    unless the ledger cannot be had at once: its holder may be waiting for the store the
+    manifest holds (an undo's capture, a collect), a circle seen as calls and undos of one
+    key that never answered."""
+    lock, opened_gate = asyncio.Lock(), asyncio.Event()
+    async with acquired(lock, opened_gate.set):
+        assert lock.locked()
+    assert not lock.locked()
+    assert not opened_gate.is_set()
+
+
+async def test_a_ledger_held_opens_the_gate_before_the_wait() -> None:
+    lock, gate = asyncio.Lock(), asyncio.Event()
+    await lock.acquire()
+    entered = asyncio.Event()
+
+    async def enter() -> None:
+        async with acquired(lock, gate.set):
+            entered.set()
+
+    waiting = asyncio.create_task(enter())
+    await asyncio.wait_for(gate.wait(), 5)  # opened while the lock is still held
+    assert not entered.is_set()
+    lock.release()
+    await asyncio.wait_for(waiting, 5)
+    assert entered.is_set()
+    assert not lock.locked()
+
+
+async def test_a_ledger_just_given_back_to_a_queued_waiter_opens_the_gate() -> None:
+    """Free but promised to a waiter queued first: `async with lock` would wait there too."""
+    lock, gate, order = asyncio.Lock(), asyncio.Event(), []
+    await lock.acquire()
+
+    async def first() -> None:
+        async with lock:
+            order.append("first")
+            await asyncio.sleep(0.01)
+
+    queued = asyncio.create_task(first())
+    await asyncio.sleep(0)
+    lock.release()  # not locked now, but `first` is woken to take it
+    assert not lock.locked()
+    async with acquired(lock, gate.set):
+        order.append("second")
+    await queued
+    assert gate.is_set()
+    assert order == ["first", "second"]
+
+
+async def test_a_ledger_wait_cancelled_takes_nothing() -> None:
+    lock, gate = asyncio.Lock(), asyncio.Event()
+    await lock.acquire()
+
+    async def enter() -> None:
+        async with acquired(lock, gate.set):
+            raise AssertionError("never entered")
+
+    waiting = asyncio.create_task(enter())
+    await gate.wait()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    lock.release()
+    assert not lock.locked()
+    async with acquired(lock, gate.set):
+        assert lock.locked()

@@ -30,6 +30,8 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from typing import Final
 
@@ -131,6 +133,27 @@ def add(
     return pending
 
 
+@asynccontextmanager
+async def acquired(lock: asyncio.Lock, if_waiting: Callable[[], None]) -> AsyncIterator[None]:
+    """Hold `lock`; `if_waiting` is called before waiting for it when it cannot be had at
+    once (held, or just given back with others queued before this)."""
+    taking = asyncio.ensure_future(lock.acquire())
+    try:
+        await asyncio.sleep(0)  # the acquire's first step runs before this resumes
+        if not taking.done():
+            if_waiting()
+        await taking
+    except BaseException:
+        if taking.done() and not taking.cancelled() and taking.exception() is None:
+            lock.release()
+        taking.cancel()
+        raise
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def collect(store: SnapshotStore, owner: str, lineage: str) -> list[str]:
     """Delete from the store the checkpoints the ledger dropped (content no other capture
     uses goes with them); what a crash left undeleted is deleted by the next one."""
@@ -185,7 +208,10 @@ class Checkpoints:
             while len(self._caches) > MAX_CACHED:  # the least recently checkpointed go
                 del self._caches[next(iter(self._caches))]
             point = Checkpoint(name, call_id, tool, time.time(), taken.stats.bytes_read)
-            async with self._ledger(key):
+            # The ledger's holder (an undo, a collect) may wait for the store, which this
+            # capture's manifest holds until the gate opens: opened when the ledger is not
+            # free at once, so that nothing waits in a circle.
+            async with acquired(self._ledger(key), ledger_written.set):
                 pending = await asyncio.to_thread(
                     add, self.store, owner, lineage, point, config.keep, config.max_mb * MiB
                 )
