@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Generator
 from types import FrameType
 
 import pytest
@@ -71,3 +72,25 @@ def _interrupt(signum: int, _frame: FrameType | None) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if "tests.integration.harness" in sys.modules:
         sys.modules["tests.integration.harness"].stop_started_services()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A test that timed out (or whose call's deadline passed) reports where each supervisor
+    it left running waits (observe/waits.py): a hang in CI is read from its output."""
+    report = yield
+    if report.when == "call" and report.failed and call.excinfo is not None:
+        text = str(call.excinfo.value)
+        if (
+            "Timeout" in text
+            or "DEADLINE_EXCEEDED" in text
+            or call.excinfo.errisinstance(TimeoutError)
+        ):
+            harness = sys.modules.get("tests.integration.harness")
+            for sup in list(getattr(harness, "RUNNING", {}).values()):
+                report.sections.append(
+                    (f"suspended awaits of the supervisor at {sup.target}", sup.waits())
+                )
+    return report

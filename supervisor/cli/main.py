@@ -66,6 +66,7 @@ def _serve(ns: argparse.Namespace) -> int:
 async def _serve_until_signal(config: Any, load: Callable[[], Any]) -> None:
     from stockade.supervisor import app
     from stockade.supervisor.cli.reloading import Reloadable, Reloader
+    from stockade.supervisor.observe import waits
 
     loop = asyncio.get_running_loop()
     early: list[bool] = []  # a SIGHUP while starting (the state directory is locked already)
@@ -104,6 +105,7 @@ async def _serve_until_signal(config: Any, load: Callable[[], Any]) -> None:
         loop.add_signal_handler(sig, stop.set)
     reloader = Reloader(Reloadable.of(supervisor), config, load)
     loop.add_signal_handler(signal.SIGHUP, reloader.on_signal)
+    loop.add_signal_handler(signal.SIGUSR2, waits.log_report)  # what a hang waits on
     if early:
         reloader.on_signal()
     await stop.wait()

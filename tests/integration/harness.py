@@ -79,6 +79,11 @@ def stop_started_services() -> None:
             service.wait(10)
 
 
+RUNNING: dict[int, Supervisor] = {}
+"""The supervisors started and not stopped (tests/conftest.py asks them where they wait when
+a test times out)."""
+
+
 @dataclass
 class Supervisor:
     """A `stockade serve` subprocess on a unix socket (or `listen`), with its own state
@@ -124,6 +129,7 @@ class Supervisor:
 
     def start(self) -> None:
         self.process = launcher.spawn(self.config_file(), self.log_path)
+        RUNNING[id(self)] = self
         tls = (self.tls.credentials(), self.tls.options()) if self.tls else None
         launcher.wait_serving(self.target, self.process, self.log_path, tls=tls)
 
@@ -131,6 +137,28 @@ class Supervisor:
         if self.process is not None:
             launcher.stop(self.process, sig)
         self.process = None
+        RUNNING.pop(id(self), None)
+
+    def waits(self, within: float = 3.0) -> str:
+        """What the running supervisor's suspended awaits wait on (SIGUSR2, observe/waits.py),
+        as its log says it: for a test that timed out. "" when it is not running."""
+        if self.process is None or self.process.poll() is not None:
+            return ""
+        mark = self.log_path.stat().st_size if self.log_path.exists() else 0
+        os.kill(self.process.pid, signal.SIGUSR2)
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            with open(self.log_path, "rb") as f:
+                f.seek(mark)
+                text = f.read(64 * 1024).decode(errors="replace")
+            at = text.find("chain(s) of suspended awaits")
+            if at >= 0:
+                time.sleep(0.2)  # the rest of the record
+                with open(self.log_path, "rb") as f:
+                    f.seek(mark)
+                    return f.read(64 * 1024).decode(errors="replace")
+            time.sleep(0.05)
+        return f"(no report of its suspended awaits within {within:g} s)"
 
     def client(self, token: str | None = None, tls: TLS | None = None) -> Stockade:
         return Stockade(self.target, token=token or self.token, tls=tls or self.tls)

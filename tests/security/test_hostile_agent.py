@@ -612,12 +612,16 @@ def test_an_attacker_answering_for_the_agent(hostile: Hostile, name: str) -> Non
         assert box.info().state == "BROKEN"
         heard = list(attacker.calls)
         assert heard[0] == "Hello"
-        # the framed flood's slow reader (4 s) may meet the periodic health probe's Hello
-        # (health.py), which over gRPC the flood clogging the channel keeps from the attacker:
-        # no call but that one Hello
-        probes = heard[2:] if name == "framed-flood-and-never-end" else []
-        assert probes in ([], ["Hello"]), heard
-        assert len(heard) == 2 + len(probes), heard
-        assert (heard[1] == "FramedStream") == case.framed, heard
+        # One call, never retried; besides it only Hello: the call's own readiness check may
+        # greet once more before it (seen once on Podman, the channel to the agent gone
+        # idle), and the framed flood's slow reader (4 s) may meet the health probe's Hello
+        # after it (health.py), which over gRPC the flood clogging the channel keeps from
+        # the attacker.
+        [called] = [c for c in heard if c != "Hello"]
+        at = heard.index(called)
+        assert at in (1, 2), heard
+        after = [[], ["Hello"]] if name == "framed-flood-and-never-end" else [[]]
+        assert heard[at + 1 :] in after, heard
+        assert (called == "FramedStream") == case.framed, heard
         recreated_with_workspace(box, before)
         assert attacker.calls == heard, "the attacker was asked again"
