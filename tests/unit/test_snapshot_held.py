@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from stockade.supervisor.sandboxes.snapshots.capture import DIR_FLAGS
-from stockade.supervisor.sandboxes.snapshots.checkpoints import acquired
-from stockade.supervisor.sandboxes.snapshots.held import Held, opened, whole
+from stockade.supervisor.sandboxes.snapshots.held import Held, acquired, opened, whole
 from stockade.supervisor.sandboxes.snapshots.repository import (
     MAIN,
     CaptureSession,

@@ -30,8 +30,6 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from typing import Final
 
@@ -41,6 +39,7 @@ from stockade.supervisor.keys import validate_scoped as validate_key
 from stockade.supervisor.sandboxes.parts import Parts
 from stockade.supervisor.sandboxes.snapshots.capture import Cache, Known
 from stockade.supervisor.sandboxes.snapshots.diffs import TreeDiff, diff_trees
+from stockade.supervisor.sandboxes.snapshots.held import acquired
 from stockade.supervisor.sandboxes.snapshots.operations import Snapshots, owner_of
 from stockade.supervisor.sandboxes.snapshots.repository import SnapshotStore
 
@@ -131,27 +130,6 @@ def add(
     pending = [*pending, *(g.name for g in dropped)]
     ledger.save(kept, pending)
     return pending
-
-
-@asynccontextmanager
-async def acquired(lock: asyncio.Lock, if_waiting: Callable[[], None]) -> AsyncIterator[None]:
-    """Hold `lock`; `if_waiting` is called before waiting for it when it cannot be had at
-    once (held, or just given back with others queued before this)."""
-    taking = asyncio.ensure_future(lock.acquire())
-    try:
-        await asyncio.sleep(0)  # the acquire's first step runs before this resumes
-        if not taking.done():
-            if_waiting()
-        await taking
-    except BaseException:
-        if taking.done() and not taking.cancelled() and taking.exception() is None:
-            lock.release()
-        taking.cancel()
-        raise
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def collect(store: SnapshotStore, owner: str, lineage: str) -> list[str]:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, Protocol, TypeVar
 
 P = ParamSpec("P")
@@ -82,3 +83,24 @@ async def _finished(running: asyncio.Future[Any]) -> None:
             await asyncio.wait({running})
     if not running.cancelled():
         running.exception()
+
+
+@asynccontextmanager
+async def acquired(lock: asyncio.Lock, if_waiting: Callable[[], None]) -> AsyncIterator[None]:
+    """Hold `lock`; `if_waiting` is called before waiting for it when it cannot be had at
+    once (held, or just given back with others queued before this)."""
+    taking = asyncio.ensure_future(lock.acquire())
+    try:
+        await asyncio.sleep(0)  # the acquire's first step runs before this resumes
+        if not taking.done():
+            if_waiting()
+        await taking
+    except BaseException:
+        if taking.done() and not taking.cancelled() and taking.exception() is None:
+            lock.release()
+        taking.cancel()
+        raise
+    try:
+        yield
+    finally:
+        lock.release()
