@@ -8,7 +8,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from stockade.agent import identity, strays, tls
+from stockade.agent import identity, strays
 from stockade.agent.server import Listen, serve
 
 
@@ -43,6 +43,8 @@ def main() -> None:
     if ns.listen is not None:
         if ns.tls_dir is None:
             parser.error("--listen needs --tls-dir: the agent never serves TCP without mutual TLS")
+        from stockade.agent import tls  # grpc: loaded only for TCP
+
         try:
             host, port = tls.parse_listen(ns.listen)
         except ValueError as exc:

@@ -24,12 +24,17 @@ class UnixAddress:
     path: Path
 
     def channel(self, options: list[tuple[str, Any]]) -> grpc.aio.Channel:
-        if len(str(self.path)) > MAX_SOCKET_PATH:
-            raise SandboxBroken(
-                f"agent socket path {self.path} is longer than {MAX_SOCKET_PATH} bytes; "
-                "use a shorter state_dir"
-            )
+        self.check()
         return grpc.aio.insecure_channel(f"unix:{self.path}", options=options)
+
+    def check(self, suffix: int = 0) -> None:
+        """SandboxBroken when the path, with `suffix` more bytes (the framed socket's), is
+        longer than a unix socket's path may be."""
+        if len(str(self.path)) + suffix > MAX_SOCKET_PATH:
+            raise SandboxBroken(
+                f"agent socket path {self.path} is longer than {MAX_SOCKET_PATH - suffix} "
+                "bytes; use a shorter state_dir"
+            )
 
     def present(self) -> bool:
         """Whether there is anything to connect to yet (the agent makes its socket)."""

@@ -1,8 +1,11 @@
 """The supervisor's end of the agent's framed socket (stockade/agent/frames.py): unary Invoke
 as a 4-byte length and a protobuf message each way, over unix-socket connections kept for
 call after call, instead of a gRPC call (most of a warm call's CPU on both sides:
-docs/benchmarks.md, the supervisor's CPU per call); and InvokeStream (an agent of protocol 3
-or later), a request with STREAM_FLAG in its length answered by event frames, the result last.
+docs/benchmarks.md, the supervisor's CPU per call); InvokeStream (an agent of protocol 3
+or later), a request with STREAM_FLAG in its length answered by event frames, the result last;
+and from protocol 4 every other call as a typed frame (TYPED_FLAG, its first byte the call):
+Hello and Inspect (`call`), Download and WatchFiles (`stream`), Upload (`upload`: its chunks,
+then an empty frame, then the reply).
 
 Nothing here is trusted more than on gRPC: a reply's length is checked before it is read
 (over the limit: FrameTooLarge, the connection closed), the caller's timeout bounds the
@@ -22,18 +25,24 @@ import asyncio
 import contextlib
 import os
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 FRAMES_SUFFIX = ".frames"
 """As stockade/agent/frames.py (which this layer does not import)."""
 HEADER_BYTES = 4
 STREAM_FLAG = 1 << 31
 """As stockade/agent/frames.py: set in a request's length, an InvokeStream."""
+TYPED_FLAG = 1 << 30
+"""As stockade/agent/frames.py: set in a request's length, a typed call (its first byte)."""
+HELLO, INSPECT, UPLOAD, DOWNLOAD, WATCH = 1, 2, 3, 4, 5
+"""The typed calls, as stockade/agent/frames.py."""
 MAX_IDLE = 4
 """Connections kept for later calls; more calls at once open more, closed after."""
 
 _Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+_T = TypeVar("_T")
 
 
 class FramesAbsent(Exception):
@@ -63,15 +72,20 @@ class FramedInvoke:
         self._busy: set[_Connection] = set()
         self._closed = False
 
-    async def call(self, request: bytes, timeout: float) -> bytes:
-        """The reply's bytes to `request`'s, within `timeout` seconds."""
-        connection = await self._connection()
+    async def call(
+        self, request: bytes, timeout: float, typed: int = 0, sealed: bool = True
+    ) -> bytes:
+        """The reply's bytes to `request`'s (an Invoke, or the `typed` call's), within
+        `timeout` seconds. `sealed` False: the folder need not be root's yet (the greeting
+        of an agent that just started, before layout.seal_run_dir; the socket must still be
+        a socket)."""
+        connection = await self._connection(sealed)
         reader, writer = connection
         self._busy.add(connection)
         ended = False
         try:
             async with asyncio.timeout(timeout):
-                await _send(writer, len(request), request)
+                await _send(writer, *_framed(request, typed))
                 reply = await _receive(reader, self._max)
             ended = True
             return reply
@@ -82,19 +96,47 @@ class FramedInvoke:
         finally:
             self._done(connection, ended)
 
-    async def stream(self, request: bytes, timeout: float) -> FramedStream:
-        """Send `request` as an InvokeStream; its frames are read from what this returns."""
+    async def stream(self, request: bytes, timeout: float | None, typed: int = 0) -> FramedStream:
+        """Send `request` as an InvokeStream (or the `typed` call: Download, WatchFiles); its
+        frames are read from what this returns. No timeout: until the caller closes it."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = None if timeout is None else loop.time() + timeout
         connection = await self._connection()
         self._busy.add(connection)
         stream = FramedStream(self, connection, deadline, self._max)
         try:
-            await stream.send(len(request) | STREAM_FLAG, request)
+            if typed:
+                await stream.send(*_framed(request, typed))
+            else:
+                await stream.send(len(request) | STREAM_FLAG, request)
         except BaseException:
             stream.close()
             raise
         return stream
+
+    async def upload(self, header: bytes, chunks: AsyncIterator[bytes], timeout: float) -> bytes:
+        """An Upload: the `header` chunk, each of `chunks` (serialized UploadChunks), the empty
+        frame that ends them; the reply's bytes, all within `timeout` seconds. A failure of
+        `chunks` (the client's stream) closes the connection, which ends the upload in the
+        agent without a file."""
+        connection = await self._connection()
+        reader, writer = connection
+        self._busy.add(connection)
+        ended = False
+        try:
+            async with asyncio.timeout(timeout):
+                await _io(_send(writer, *_framed(header, UPLOAD)))
+                # what `chunks` raises is its caller's, passed on as it is: not the agent's
+                async for chunk in chunks:
+                    await _io(_send(writer, len(chunk), chunk))
+                await _io(_send(writer, 0, b""))
+                reply = await _io(_receive(reader, self._max))
+            ended = True
+            return reply
+        except TimeoutError:
+            raise FrameDeadline("Deadline Exceeded") from None
+        finally:
+            self._done(connection, ended)
 
     def _done(self, connection: _Connection, ended: bool) -> None:
         """Keep a connection whose call ended well for the next; close any other."""
@@ -104,7 +146,7 @@ class FramedInvoke:
         else:
             connection[1].close()
 
-    async def _connection(self) -> _Connection:
+    async def _connection(self, sealed: bool = True) -> _Connection:
         while self._idle:
             reader, writer = self._idle.pop()
             if not reader.at_eof() and not writer.is_closing():
@@ -116,7 +158,7 @@ class FramedInvoke:
             raise FramesAbsent(str(exc)) from exc
         # as the gRPC socket (layout.seal_run_dir): a socket itself, not a link the agent made
         # to steer the supervisor elsewhere, in a folder only root can change any more
-        if not stat.S_ISSOCK(here.st_mode) or folder.st_uid != 0:
+        if not stat.S_ISSOCK(here.st_mode) or (sealed and folder.st_uid != 0):
             raise FramesAbsent(f"{self.path} is not a socket in a folder sealed to root")
         try:
             return await asyncio.open_unix_connection(str(self.path))
@@ -143,7 +185,7 @@ class FramedStream:
     the call in the agent)."""
 
     def __init__(
-        self, owner: FramedInvoke, connection: _Connection, deadline: float, limit: int
+        self, owner: FramedInvoke, connection: _Connection, deadline: float | None, limit: int
     ) -> None:
         self._owner = owner
         self._reader, self._writer = connection
@@ -153,7 +195,7 @@ class FramedStream:
         self._open = True
         loop = asyncio.get_running_loop()
         # a caller that stops reading (a client no longer following) is bound too
-        self._timer = loop.call_at(deadline, self._writer.close)
+        self._timer = None if deadline is None else loop.call_at(deadline, self._writer.close)
 
     async def send(self, size: int, request: bytes) -> None:
         async with self._failures():
@@ -168,29 +210,49 @@ class FramedStream:
         """The caller read the stream's result: the connection may serve another call."""
         if self._open:
             self._open = False
-            self._timer.cancel()
+            if self._timer is not None:
+                self._timer.cancel()
             self._owner._done(self._connection, not self._writer.is_closing())
 
     def close(self) -> None:
         """Close the connection unless the stream ended (`end`): the agent cancels the call."""
         if self._open:
             self._open = False
-            self._timer.cancel()
+            if self._timer is not None:
+                self._timer.cancel()
             self._owner._done(self._connection, False)
+
+    def _past(self) -> bool:
+        return self._deadline is not None and asyncio.get_running_loop().time() >= self._deadline
 
     @contextlib.asynccontextmanager
     async def _failures(self) -> AsyncIterator[None]:
         try:
-            if asyncio.get_running_loop().time() >= self._deadline:
+            if self._past():
                 raise TimeoutError
             async with asyncio.timeout_at(self._deadline):
                 yield
         except TimeoutError:
             raise FrameDeadline("Deadline Exceeded") from None
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
-            if asyncio.get_running_loop().time() >= self._deadline:
+            if self._past():
                 raise FrameDeadline("Deadline Exceeded") from None
             raise FrameLost(f"the agent's framed socket closed during the call: {exc}") from exc
+
+
+async def _io(step: Awaitable[_T]) -> _T:
+    """A step on the socket; its failure as FrameLost."""
+    try:
+        return await step
+    except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+        raise FrameLost(f"the agent's framed socket closed during the call: {exc}") from exc
+
+
+def _framed(request: bytes, typed: int) -> tuple[int, bytes]:
+    """The header and body of `request`: as it is, or as the `typed` call's."""
+    if not typed:
+        return len(request), request
+    return (len(request) + 1) | TYPED_FLAG, bytes([typed]) + request
 
 
 async def _send(writer: asyncio.StreamWriter, header: int, body: bytes) -> None:

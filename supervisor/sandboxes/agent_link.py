@@ -1,7 +1,9 @@
-"""The supervisor's end of the agent protocol: one gRPC channel per sandbox, to an address the
-host kind chooses: a unix socket in a bind-mounted folder (containers on this host), or TCP with
-mutual TLS (an agent reached over the network, such as a pod's IP). Everything above the channel
-is the same code for both.
+"""The supervisor's end of the agent protocol, to an address the host kind chooses: a unix
+socket in a bind-mounted folder (containers on this host), spoken as frames (agent_frames.py;
+from protocol 4 every call, and no gRPC channel is ever made), or gRPC over TCP with mutual TLS
+(an agent reached over the network, such as a pod's IP). An agent of protocol 3 or older on a
+unix socket is greeted over gRPC and takes Invoke (and from 3 InvokeStream) framed, the rest
+over gRPC. Everything above the link is the same code for all of them.
 
 Nothing the agent sends is trusted (it runs as the same uid as the code in the sandbox): the
 channel refuses messages over ReplyLimits.max_message_bytes, every reply is checked
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -29,7 +32,11 @@ from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
 from stockade.supervisor.engines.addresses import AgentAddress, UnixAddress
 from stockade.supervisor.errors import AgentMisbehaved, SandboxBroken, SandboxLost
 from stockade.supervisor.sandboxes.agent_frames import (
+    DOWNLOAD,
     FRAMES_SUFFIX,
+    HELLO,
+    INSPECT,
+    WATCH,
     FrameDeadline,
     FramedInvoke,
     FramedStream,
@@ -47,14 +54,16 @@ from stockade.supervisor.sandboxes.replies import (
     parse_result,
 )
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """2: exec and process start take shell, login and session; the session tool. 3: InvokeStream
-over the framed socket too."""
+over the framed socket too. 4: every call framed (Hello first), no gRPC on a unix socket."""
 OLDEST_PROTOCOL = 2
 """Agents from here to PROTOCOL_VERSION are served (an older image's, adopted after a restart,
 streams over gRPC)."""
 FRAMED_STREAMS = 3
 """The first protocol whose agent takes InvokeStream on its framed socket."""
+ALL_FRAMED = 4
+"""The first protocol whose agent takes every call on its framed socket (greeted there)."""
 MAX_SEND_BYTES = 128 * 1024 * 1024
 MAX_FACT_BYTES = 1 << 20
 _MESSAGE = "protobuf (UTF-8)"
@@ -195,9 +204,16 @@ class AgentConnection:
         """A Path is a unix socket (UnixAddress)."""
         self.address = UnixAddress(address) if isinstance(address, Path) else address
         self.limits = limits or ReplyLimits()
-        options = [*_OPTIONS, ("grpc.max_receive_message_length", self.limits.max_message_bytes)]
-        self._channel = self.address.channel(options)
-        self._stub = agent_pb2_grpc.AgentServiceStub(self._channel)
+        self._options = [
+            *_OPTIONS,
+            ("grpc.max_receive_message_length", self.limits.max_message_bytes),
+        ]
+        self._channel: grpc.aio.Channel | None = None
+        """Made at the first gRPC call: never for an agent that takes every call framed."""
+        self._grpc_stub: Any = None
+        self._all_framed = False
+        """Whether the agent answered Hello on its framed socket (ALL_FRAMED): every call goes
+        there, and a framed socket gone is an agent gone, not a reason to try gRPC."""
         self._closed = False
         self._frames: FramedInvoke | None = None
         """Unary Invoke over the agent's framed socket, on this host (agent_frames.py);
@@ -207,20 +223,42 @@ class AgentConnection:
         decided before any stream, never by trying one (a retry could run it twice)."""
         if isinstance(self.address, UnixAddress):
             path = self.address.path
+            self.address.check(len(FRAMES_SUFFIX))
             self._frames = FramedInvoke(
                 path.with_name(path.name + FRAMES_SUFFIX), self.limits.max_message_bytes
             )
+
+    @property
+    def _stub(self) -> Any:
+        """The gRPC stub, its channel made at the first use."""
+        if self._grpc_stub is None:
+            self._channel = self.address.channel(self._options)
+            self._grpc_stub = agent_pb2_grpc.AgentServiceStub(self._channel)
+        return self._grpc_stub
 
     def is_ready(self) -> bool:
         """The channel is connected, or a framed connection is (calls that go framed leave
         the channel without RPCs: gRPC lets it go idle after 30 minutes)."""
         if self._frames is not None and not self._closed and self._frames.connected():
             return True
+        if self._channel is None:
+            return False
         return bool(self._channel.get_state() == grpc.ChannelConnectivity.READY)
 
     async def wait_ready(self, timeout: float) -> None:
-        """Wait for the agent to answer Hello with our protocol version."""
+        """Wait for the agent to answer Hello with our protocol version: on its framed socket
+        (ALL_FRAMED), else, for an older agent or one over TCP, over gRPC."""
         deadline = time.monotonic() + timeout
+        if self._frames is not None and not self._closed:
+            hello = await self._framed_greeting(self._frames, deadline, timeout)
+            if hello is not None:
+                self._check_protocol(hello)
+                if hello.protocol_version < ALL_FRAMED:
+                    raise SandboxBroken(
+                        f"agent answered a framed Hello with protocol {hello.protocol_version}"
+                    )
+                self._all_framed = self._framed_streams = True
+                return
         while not self.address.present():
             if time.monotonic() > deadline:
                 raise SandboxBroken(f"agent did not create its socket within {timeout:.0f} s")
@@ -236,6 +274,10 @@ class AgentConnection:
             raise SandboxBroken(f"agent does not answer: {exc.details()}") from exc
         except SandboxLost as exc:
             raise SandboxBroken(f"agent does not answer: {exc}") from exc
+        self._check_protocol(hello)
+        self._framed_streams = hello.protocol_version >= FRAMED_STREAMS
+
+    def _check_protocol(self, hello: Any) -> None:
         if hello is None:
             raise SandboxBroken(f"agent answered Hello with no valid {_MESSAGE} message")
         if not OLDEST_PROTOCOL <= hello.protocol_version <= PROTOCOL_VERSION:
@@ -243,13 +285,60 @@ class AgentConnection:
                 f"agent speaks protocol {hello.protocol_version}, supervisor {PROTOCOL_VERSION}; "
                 "rebuild the sandbox image with `stockade image build`"
             )
-        self._framed_streams = hello.protocol_version >= FRAMED_STREAMS
+
+    async def _framed_greeting(
+        self, frames: FramedInvoke, deadline: float, timeout: float
+    ) -> Any | None:
+        """Hello on the framed socket once the agent made it; None when the agent is older
+        (it closed the connection on the typed frame, or made only a gRPC socket)."""
+        while True:
+            if os.path.lexists(frames.path):
+                try:
+                    left = max(deadline - time.monotonic(), 0.1)
+                    hello = await self._framed_hello(left, sealed=False)
+                    if hello is None:
+                        raise SandboxBroken(
+                            f"agent answered Hello with no valid {_MESSAGE} message"
+                        )
+                    return hello
+                except FramesAbsent:  # made, not yet listening; or not a socket to trust
+                    pass
+                except AgentCallFailed as exc:
+                    if exc.code == grpc.StatusCode.UNAVAILABLE:
+                        return None  # closed on the typed frame: protocol 3 or older
+                    raise SandboxBroken(f"agent does not answer: {exc.details}") from exc
+                except SandboxLost as exc:
+                    raise SandboxBroken(f"agent does not answer: {exc}") from exc
+            if self.address.present():
+                return None  # a gRPC socket, and no framed one to use
+            if time.monotonic() > deadline:
+                raise SandboxBroken(f"agent did not create its socket within {timeout:.0f} s")
+            await asyncio.sleep(0.003)
+
+    async def _framed_hello(self, timeout: float, sealed: bool = True) -> Any | None:
+        """The agent's HelloResponse over the framed socket (None: bytes that are not one).
+        `sealed` False at the greeting: the agent's folder is sealed once it answered."""
+        assert self._frames is not None
+        with self._frame_failures():
+            data = await self._frames.call(b"", timeout, HELLO, sealed)
+        return _parsed(agent_pb2.HelloResponse(), data)
+
+    async def _hello(self, timeout: float) -> Any | None:
+        """A probe's Hello, framed or over gRPC as the agent was greeted."""
+        if self._all_framed:
+            return await self._framed_hello(timeout)
+        return await self._stub.Hello(agent_pb2.HelloRequest(), timeout=timeout)
 
     async def answers(self, timeout: float = 0.5) -> bool:
         """True if the agent answers Hello now (the container and its agent live); False
         too once this connection is closed (the sandbox was discarded meanwhile)."""
         if self._closed:
             return False
+        if self._all_framed:
+            try:
+                return await self._framed_hello(timeout) is not None
+            except (AgentCallFailed, FramesAbsent, SandboxLost):
+                return False
         try:
             with self._closing():
                 await self._stub.Hello(agent_pb2.HelloRequest(), timeout=timeout)
@@ -264,8 +353,10 @@ class AgentConnection:
             return None
         try:
             with self._closing():
-                hello = await self._stub.Hello(agent_pb2.HelloRequest(), timeout=timeout)
+                hello = await self._hello(timeout)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, SandboxLost):
+            return None
+        except (AgentCallFailed, FramesAbsent):
             return None
         return hello.idle_ms / 1000.0 if hello is not None else None
 
@@ -278,8 +369,8 @@ class AgentConnection:
         if self._frames is not None and not self._closed:
             try:
                 return self._reply(tool, await self._framed(self._frames, request, timeout))
-            except FramesAbsent:
-                self._frames = None  # an agent older than its framed socket: gRPC from now on
+            except FramesAbsent as exc:
+                self._absent(exc)  # an agent older than its framed socket: gRPC from now on
         with self._failures():
             reply = await self._stub.Invoke(request, timeout=timeout)
         return self._reply(tool, reply)
@@ -289,12 +380,14 @@ class AgentConnection:
         grpc.aio hands on such a message); its failures as a gRPC call's would be."""
         with self._frame_failures():
             data = await frames.call(request.SerializeToString(), timeout)
-        reply = agent_pb2.InvokeResponse()
-        try:
-            reply.ParseFromString(data)
-        except DecodeError:
-            return None
-        return reply
+        return _parsed(agent_pb2.InvokeResponse(), data)
+
+    def _absent(self, exc: FramesAbsent) -> None:
+        """The framed socket is not there: an older agent's calls go through gRPC from now
+        on; for one greeted framed (which has no gRPC socket) the call failed."""
+        if self._all_framed:
+            raise AgentCallFailed(grpc.StatusCode.UNAVAILABLE, f"the agent's socket: {exc}")
+        self._frames = None
 
     async def invoke_stream(
         self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
@@ -307,8 +400,8 @@ class AgentConnection:
             try:
                 with self._frame_failures():
                     stream = await self._frames.stream(request.SerializeToString(), timeout)
-            except FramesAbsent:  # nothing was sent: gRPC from now on
-                self._frames = None
+            except FramesAbsent as exc:  # nothing was sent: gRPC from now on
+                self._absent(exc)
             else:
                 async for parsed in self._framed_stream(tool, stream):
                     yield parsed
@@ -359,8 +452,23 @@ class AgentConnection:
         timeout: float,
         wide: bool = False,
     ) -> AgentReply:
+        header = agent_pb2.TransferHeader(path=path, tar=tar, mode=mode, container_wide=wide)
+        if self._all_framed and self._frames is not None:
+
+            async def serialized() -> AsyncIterator[bytes]:
+                async for data in chunks:
+                    yield agent_pb2.UploadChunk(data=data).SerializeToString()
+
+            first = agent_pb2.UploadChunk(header=header).SerializeToString()
+            try:
+                with self._frame_failures():
+                    data = await self._frames.upload(first, serialized(), timeout)
+            except FramesAbsent as exc:
+                self._absent(exc)
+                raise
+            return self._reply("transfer", _parsed(agent_pb2.InvokeResponse(), data))
+
         async def requests() -> AsyncIterator[Any]:
-            header = agent_pb2.TransferHeader(path=path, tar=tar, mode=mode, container_wide=wide)
             yield agent_pb2.UploadChunk(header=header)
             async for data in chunks:
                 yield agent_pb2.UploadChunk(data=data)
@@ -374,7 +482,9 @@ class AgentConnection:
     ) -> AsyncIterator[bytes | AgentReply]:
         """Data chunks, then the reply."""
         request = agent_pb2.DownloadRequest(path=path, tar=tar, container_wide=wide)
-        call = self._stub.Download(request, timeout=timeout)
+        call = self._typed_stream(request, timeout, DOWNLOAD, agent_pb2.DownloadChunk)
+        if call is None:
+            call = self._stub.Download(request, timeout=timeout)
         try:
             with self._failures():
                 async for chunk in call:
@@ -386,7 +496,10 @@ class AgentConnection:
                     if part == "data":
                         yield _chunk(chunk.data)
                     elif part == "result":
-                        yield self._reply("transfer", chunk.result)
+                        reply = self._reply("transfer", chunk.result)
+                        if isinstance(call, _TypedStream):
+                            call.end()
+                        yield reply
                         return
                     else:
                         raise _misbehaved("it sent an empty download chunk")
@@ -398,7 +511,9 @@ class AgentConnection:
         """Started, changes, then the reply; no deadline: the watch lasts until the caller
         stops iterating (which cancels the call, and the agent closes its inotify fd)."""
         request = agent_pb2.WatchFilesRequest(path=path, recursive=recursive)
-        call = self._stub.WatchFiles(request)
+        call = self._typed_stream(request, None, WATCH, agent_pb2.WatchEvent)
+        if call is None:
+            call = self._stub.WatchFiles(request)
         started = False
         try:
             with self._failures():
@@ -406,7 +521,10 @@ class AgentConnection:
                     async for event in call:
                         kind = event.WhichOneof("event") if event is not None else None
                         if kind == "result":
-                            yield self._reply("watch_files", event.result)
+                            reply = self._reply("watch_files", event.result)
+                            if isinstance(call, _TypedStream):
+                                call.end()
+                            yield reply
                             return
                         if kind == "started" and not started:
                             started = True
@@ -430,12 +548,23 @@ class AgentConnection:
         request = agent_pb2.InspectRequest(
             files=files, links=links, write_probe=write_probe, max_file_bytes=MAX_FACT_BYTES
         )
-        with self._failures():
+        if self._all_framed and self._frames is not None:
             try:
-                reply = await self._stub.Inspect(request, timeout=timeout)
-            except grpc.aio.AioRpcError as exc:
-                _unless_unknown(exc, "Inspect")
+                with self._frame_failures():
+                    data = await self._frames.call(request.SerializeToString(), timeout, INSPECT)
+            except FramesAbsent as exc:
+                self._absent(exc)
                 raise
+            reply = _parsed(agent_pb2.InspectResponse(), data)
+            if reply is None:
+                raise _misbehaved(f"Inspect: a reply that is not a valid {_MESSAGE} message")
+        else:
+            with self._failures():
+                try:
+                    reply = await self._stub.Inspect(request, timeout=timeout)
+                except grpc.aio.AioRpcError as exc:
+                    _unless_unknown(exc, "Inspect")
+                    raise
         wanted_files, wanted_links = set(files), set(links)
         read: dict[str, bytes | str] = {}
         for f in reply.files:
@@ -446,13 +575,25 @@ class AgentConnection:
             read, targets, bool(reply.root_statvfs_read_only), reply.write_probe_error[:64]
         )
 
+    def _typed_stream(
+        self, request: Any, timeout: float | None, typed: int, message: Any
+    ) -> _TypedStream | None:
+        """A Download's or WatchFiles' frames when the agent takes every call framed, else
+        None (the caller uses gRPC)."""
+        if not self._all_framed or self._frames is None:
+            return None
+        return _TypedStream(
+            self, self._frames, request.SerializeToString(), timeout, typed, message
+        )
+
     async def close(self) -> None:
         """Close the channel and the framed connections; calls still in flight end with
         SandboxLost."""
         self._closed = True
         if self._frames is not None:
             self._frames.close()
-        await self._channel.close()
+        if self._channel is not None:
+            await self._channel.close()
 
     @contextlib.contextmanager
     def _failures(self) -> Iterator[None]:
@@ -520,6 +661,59 @@ class AgentConnection:
         if kind == "output":
             return order.output(int(event.output.fd), event.output.data)
         raise _misbehaved("it sent an empty event")
+
+
+class _TypedStream:
+    """A typed stream's messages (None: bytes that are not one), iterated and cancelled as
+    grpc.aio's stream call is; `end` once its result was read (the connection is kept)."""
+
+    def __init__(
+        self,
+        link: AgentConnection,
+        frames: FramedInvoke,
+        request: bytes,
+        timeout: float | None,
+        typed: int,
+        message: Any,
+    ) -> None:
+        self._link, self._frames = link, frames
+        self._request, self._timeout, self._typed = request, timeout, typed
+        self._message = message
+        self._stream: FramedStream | None = None
+
+    def __aiter__(self) -> _TypedStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        with self._link._frame_failures():
+            if self._stream is None:
+                try:
+                    self._stream = await self._frames.stream(
+                        self._request, self._timeout, self._typed
+                    )
+                except FramesAbsent as exc:
+                    self._link._absent(exc)
+                    raise
+            data = await self._stream.next()
+        return _parsed(self._message(), data)
+
+    def end(self) -> None:
+        if self._stream is not None:
+            self._stream.end()
+
+    def cancel(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+
+
+def _parsed(message: Any, data: bytes) -> Any | None:
+    """`message` parsed from `data`; None when they are not one (as grpc.aio hands on a
+    message it cannot decode)."""
+    try:
+        message.ParseFromString(data)
+    except DecodeError:
+        return None
+    return message
 
 
 @dataclass

@@ -6,7 +6,8 @@ on the host.
     ├── key             the (tenant-scoped) key the folder serves
     ├── workspace/      /workspace in the container (a file system of its own when capped)
     ├── workspace.img   that file system's sparse image (sandbox.workspace_size_mb)
-    ├── run/            /run/stockade: the agent's socket; root's once the agent listens
+    ├── run/            /run/stockade: the agent's framed socket (agent.sock.frames; an
+    │                   agent of protocol 3 or older: agent.sock too); root's once it listens
     ├── tmp/            /tmp's tmpfs when the supervisor mounts it (an inode cap)
     ├── owner           the host uid:gid the workspace was last handed to
     ├── retired-at      written when the container is removed: starts the retention
@@ -28,6 +29,7 @@ from stockade.supervisor.engines.backends.base import ContainerInfo
 from stockade.supervisor.errors import ConfigError, SandboxBroken
 from stockade.supervisor.keys import sandbox_id
 from stockade.supervisor.sandboxes import hostfs, workspaces
+from stockade.supervisor.sandboxes.agent_frames import FRAMES_SUFFIX
 
 log = logging.getLogger("stockade")
 
@@ -131,7 +133,8 @@ class Layout:
                     continue
             os.chown(directory, self.uid, self.gid, follow_symlinks=False)
         os.chmod(paths.run, 0o700)
-        paths.socket.unlink(missing_ok=True)
+        for socket in _sockets(paths):
+            socket.unlink(missing_ok=True)
 
     def mount(self, paths: Paths) -> None:
         """The file systems the supervisor makes for a new container: the size-capped
@@ -228,11 +231,26 @@ def seal_run_dir(paths: Paths) -> None:
 
 
 def run_dir_is_sealed(paths: Paths) -> bool:
+    """The folder is root's and holds the agent's socket, framed or (protocol 3 or older)
+    gRPC, as a socket."""
     try:
-        run, sock = os.lstat(paths.run), os.lstat(paths.socket)
+        run = os.lstat(paths.run)
     except OSError:
         return False
-    return run.st_uid == 0 and stat.S_ISDIR(run.st_mode) and stat.S_ISSOCK(sock.st_mode)
+    if run.st_uid != 0 or not stat.S_ISDIR(run.st_mode):
+        return False
+    for socket in _sockets(paths):
+        try:
+            if stat.S_ISSOCK(os.lstat(socket).st_mode):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _sockets(paths: Paths) -> tuple[Path, Path]:
+    """The agent's sockets: gRPC (protocol 3 or older) and framed."""
+    return paths.socket, paths.socket.with_name(paths.socket.name + FRAMES_SUFFIX)
 
 
 def unmount(paths: Paths, *, workspace: bool = True) -> None:

@@ -12,12 +12,15 @@ sandbox (tests/security/test_identity.py); still, that code tries to kill it, re
    removed: calls go over gRPC to it), which answers oversized, malformed and out-of-order
    messages; the "framed-" cases put a framed socket of the attacker's beside it, which
    answers the streamed calls with the same messages as frames (and one of a length over
-   the limit). Each: a clear error, the supervisor alive with bounded memory, the sandbox
-   BROKEN, then recreated by the next call with the workspace intact, and the attacker never
-   asked again."""
+   the limit), as an agent of protocol 3 would; the "typed-" cases are an attacker that
+   speaks protocol 4 (framed only, no gRPC socket: greeted on its framed socket, every call
+   there) and answers each call with the same messages. Each: a clear error, the supervisor
+   alive with bounded memory, the sandbox BROKEN, then recreated by the next call with the
+   workspace intact, and the attacker never asked again."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -40,6 +43,19 @@ import pytest
 from stockade.agent.v1 import agent_pb2
 from stockade.client import Output, Sandbox, Stockade, StockadeError, ToolResult
 from stockade.supervisor.keys import sandbox_id
+from stockade.supervisor.sandboxes.agent_frames import (
+    DOWNLOAD,
+    HELLO,
+    INSPECT,
+    UPLOAD,
+    WATCH,
+)
+from stockade.supervisor.sandboxes.agent_frames import (
+    STREAM_FLAG as STREAM,
+)
+from stockade.supervisor.sandboxes.agent_frames import (
+    TYPED_FLAG as TYPED,
+)
 from stockade.supervisor.sandboxes.agent_link import PROTOCOL_VERSION
 from tests.integration.harness import Supervisor, running_supervisor
 
@@ -47,8 +63,10 @@ pytestmark = pytest.mark.timeout(600)
 
 MiB = 1024 * 1024
 MAX_OUTPUT = MiB
-CONFIG = f"[tools]\nmax_output_bytes = {MAX_OUTPUT}\n"
-"""Caps the attacker's cases are measured against: agent messages over 64 MiB are refused."""
+CONFIG = f"[tools]\nmax_output_bytes = {MAX_OUTPUT}\n[housekeeping]\nsweep_interval_s = 3600\n"
+"""Caps the attacker's cases are measured against: agent messages over 64 MiB are refused.
+No sweep while the cases run: its health probes (Hello, Inspect) would add to what each
+attacker hears, more the later its case runs."""
 MESSAGE_LIMIT = 64 * MiB
 MEMORY_SLACK = 48 * MiB
 FLOOD_SLACK = 200 * MiB
@@ -199,7 +217,7 @@ def test_the_agent_socket_cannot_be_taken_over(
     assert box.exec("echo fine").stdout == "fine\n"
     assert box.info().container_id == before
     run = supervisor.state_dir / "sandboxes" / sandbox_id(key) / "run"
-    assert sorted(p.name for p in run.iterdir()) == ["agent.sock", "agent.sock.frames"]
+    assert sorted(p.name for p in run.iterdir()) == ["agent.sock.frames"]
 
 
 LISTENER = """
@@ -333,6 +351,7 @@ def flood_then_silence(context: Active) -> Iterator[bytes]:
 
 
 UNDECODABLE = "not a valid protobuf (UTF-8) message"
+TYPED_NAMES = {UPLOAD: "Upload", DOWNLOAD: "Download", WATCH: "WatchFiles"}
 
 
 @dataclass(frozen=True)
@@ -344,6 +363,8 @@ class Case:
     """In the error; "" for a Hello refused, after which the call succeeds on a new container."""
     framed: bool = False
     """The stream goes to the attacker's framed socket (its Hello says protocol 3)."""
+    typed: bool = False
+    """The attacker speaks protocol 4: every call, Hello first, on its framed socket."""
 
 
 # fmt: off
@@ -407,6 +428,19 @@ CASES.update({
 CASES["framed-oversized-event"] = Case(
     "stream", seq(started(), output(b"x" * (MESSAGE_LIMIT + MiB))), "RESOURCE_EXHAUSTED", True
 )
+CASES.update({
+    f"typed-{name}": Case(case.call, case.answer, case.expect, typed=True)
+    for name, case in list(CASES.items())
+    # a framed stream that just ends is a connection lost, and a watch that says nothing
+    # more is one without changes yet (above)
+    if not name.startswith("framed-") and not name.endswith("no-result")
+})
+CASES["typed-hello-not-protobuf"] = Case("hello", once(b"\xff\xff\xff\xff"), "", typed=True)
+CASES["typed-hello-oversized"] = Case("hello", once(b"x" * (MESSAGE_LIMIT + MiB)), "", typed=True)
+CASES["typed-oversized-event"] = Case(
+    "stream", seq(started(), output(b"x" * (MESSAGE_LIMIT + MiB))), "RESOURCE_EXHAUSTED",
+    typed=True,
+)
 # fmt: on
 
 
@@ -447,18 +481,51 @@ class Attacker:
             threading.Thread(target=self._frames, args=(conn,), daemon=True).start()
 
     def _frames(self, conn: socket.socket) -> None:
-        with conn:
+        with conn, contextlib.suppress(OSError):  # the supervisor closed or reset it
+            self._frame_calls(conn)
+
+    def _frame_calls(self, conn: socket.socket) -> None:
+        while True:
             header = conn.recv(4, socket.MSG_WAITALL)
-            size = int.from_bytes(header, "big") if len(header) == 4 else 0
-            self.calls.append("FramedStream" if size & (1 << 31) else "FramedInvoke")
-            conn.recv(size & ~(1 << 31), socket.MSG_WAITALL)
+            if len(header) < 4:
+                return
+            size = int.from_bytes(header, "big")
+            if size & TYPED and not self.case.typed:
+                return  # as an agent of protocol 3: a length over its limit, closed
+            body = conn.recv(size & ~(STREAM | TYPED), socket.MSG_WAITALL)
+            if size & TYPED and body[:1] == bytes([HELLO]):
+                try:
+                    conn.sendall(self._framed_hello(conn))
+                except OSError:  # the supervisor gave up on an oversized one
+                    return
+                continue  # the connection serves the next call, as the agent's does
+            if size & TYPED and body[:1] == bytes([INSPECT]):
+                return  # the health probe's facts: unanswered, as over gRPC (no Inspect)
+            name = "FramedStream" if size & STREAM else "FramedInvoke"
+            if size & TYPED:
+                name = f"Framed{TYPED_NAMES[body[0]]}"
+            self.calls.append(name)
             try:
+                if name == "FramedUpload":  # its chunks, to the empty frame
+                    while chunk := int.from_bytes(conn.recv(4, socket.MSG_WAITALL), "big"):
+                        conn.recv(chunk, socket.MSG_WAITALL)
                 for message in self.case.answer(FramedConnection(conn)):
                     conn.sendall(len(message).to_bytes(4, "big") + message)
                 while conn.recv(65536):
                     pass
             except OSError:
-                return
+                pass
+            return
+
+    def _framed_hello(self, conn: socket.socket) -> bytes:
+        """Hello's answer, as a frame (recorded as Hello, by _hello or here)."""
+        if self.case.call == "hello" and self.case.typed:
+            message = next(self.case.answer(FramedConnection(conn)))
+            if message != b"":
+                self.calls.append("Hello")
+                return len(message).to_bytes(4, "big") + message
+        message = self._hello(b"", None)
+        return len(message).to_bytes(4, "big") + message
 
     def serve(self, socket_path: Path) -> None:
         unary = grpc.unary_unary_rpc_method_handler
@@ -482,7 +549,7 @@ class Attacker:
         self.server.add_insecure_port(f"unix:{socket_path}")
         self.server.start()
 
-    def _hello(self, _request: bytes, _context: grpc.ServicerContext) -> bytes:
+    def _hello(self, _request: bytes, _context: grpc.ServicerContext | None) -> bytes:
         self.calls.append("Hello")
         right = PROTOCOL_VERSION  # the supervisor's; the "hello" case answers another
         version = right + 1 if self.case.call == "hello" else right
@@ -533,20 +600,19 @@ def hostile(engine: str) -> Iterator[Hostile]:
         attackers = {name: Attacker(case) for name, case in CASES.items()}
         for name, attacker in attackers.items():
             socket_path = sup.state_dir / "sandboxes" / sandbox_id(keys[name][0]) / "run"
-            (socket_path / "agent.sock").unlink()
-            # the real agent's framed socket goes too: the attacker is all the supervisor
-            # reaches, over gRPC (a hostile framed socket: tests/unit/test_agent_frames.py)
+            # the real agent's framed socket goes: the attacker is all the supervisor reaches
             (socket_path / "agent.sock.frames").unlink()
-            if attacker.case.framed:
+            if attacker.case.framed or attacker.case.typed:
                 attacker.serve_frames(socket_path / "agent.sock.frames")
-            attacker.serve(socket_path / "agent.sock")
+            if not attacker.case.typed:  # protocol 4 has no gRPC socket
+                attacker.serve(socket_path / "agent.sock")
         try:
             sup.start()
             yield Hostile(sup, keys, attackers)
         finally:
             for attacker in attackers.values():
-                assert attacker.server is not None
-                attacker.server.stop(None)
+                if attacker.server is not None:
+                    attacker.server.stop(None)
                 if attacker.framed is not None:
                     attacker.framed.close()
 
@@ -620,8 +686,11 @@ def test_an_attacker_answering_for_the_agent(hostile: Hostile, name: str) -> Non
         [called] = [c for c in heard if c != "Hello"]
         at = heard.index(called)
         assert at in (1, 2), heard
-        after = [[], ["Hello"]] if name == "framed-flood-and-never-end" else [[]]
+        framed_flood = name in ("framed-flood-and-never-end", "typed-flood-and-never-end")
+        after = [[], ["Hello"]] if framed_flood else [[]]
         assert heard[at + 1 :] in after, heard
-        assert (called == "FramedStream") == case.framed, heard
+        streamed = case.framed or (case.typed and case.call == "stream")
+        assert (called == "FramedStream") == streamed, heard
+        assert called.startswith("Framed") == (case.framed or case.typed), heard
         recreated_with_workspace(box, before)
         assert attacker.calls == heard, "the attacker was asked again"

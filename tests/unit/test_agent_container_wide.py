@@ -14,7 +14,7 @@ import pytest
 
 from stockade.agent import paths, transfers
 from stockade.agent.errors import ToolError
-from stockade.agent.server import AgentService
+from stockade.agent.service import AgentService
 from stockade.agent.v1 import agent_pb2
 from tests.unit.fakes import make_folder
 
@@ -98,7 +98,7 @@ async def upload(service: AgentService, path: str, wide: bool) -> Any:
         yield agent_pb2.UploadChunk(header=header)
         yield agent_pb2.UploadChunk(data=b"data")
 
-    return await service.Upload(requests(), None)
+    return await service.upload(requests())
 
 
 async def test_without_container_wide_the_workspace_is_the_boundary(tmp_path: Path) -> None:
@@ -113,8 +113,8 @@ async def test_without_container_wide_the_workspace_is_the_boundary(tmp_path: Pa
     assert (outside / "x").read_bytes() == b"data"
     assert json.loads(done.result_json)["path"] == f"{outside}/x"  # absolute, not "tmp/..."
     request = agent_pb2.DownloadRequest(path=f"{outside}/x")
-    got = [c async for c in service.Download(request, None)]
+    got = [c async for c in service.download(request)]
     assert got[-1].result.error_code == agent_pb2.AGENT_ERROR_CODE_INVALID_PATH
     request = agent_pb2.DownloadRequest(path=f"{outside}/x", container_wide=True)
-    got = [c async for c in service.Download(request, None)]
+    got = [c async for c in service.download(request)]
     assert b"".join(c.data for c in got if c.HasField("data")) == b"data"

@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from stockade.agent.server import AgentService
+from stockade.agent.service import AgentService
 from stockade.agent.v1 import agent_pb2
 
 
 async def idle_ms(service: AgentService) -> int:
-    hello = await service.Hello(agent_pb2.HelloRequest(), None)
+    hello = await service.hello()
     return int(hello.idle_ms)
 
 
@@ -21,7 +21,7 @@ async def test_idle_grows_and_probes_do_not_reset_it(tmp_path: Path) -> None:
     await asyncio.sleep(0.05)
     first = await idle_ms(service)
     assert first >= 40
-    await service.Inspect(agent_pb2.InspectRequest(), None)
+    await service.inspect(agent_pb2.InspectRequest())
     await asyncio.sleep(0.02)
     assert await idle_ms(service) > first
 
@@ -31,7 +31,7 @@ async def test_a_call_in_flight_is_not_idle_and_its_end_resets(tmp_path: Path) -
     (tmp_path / "sub").mkdir()
     await asyncio.sleep(0.3)
     before = await idle_ms(service)
-    stream = service.WatchFiles(agent_pb2.WatchFilesRequest(path="sub"), None)
+    stream = service.watch_files(agent_pb2.WatchFilesRequest(path="sub"))
     await anext(stream)  # the watch is in place: a call in flight
     await asyncio.sleep(0.05)
     assert await idle_ms(service) == 0
@@ -44,5 +44,5 @@ async def test_an_invoke_resets_it(tmp_path: Path) -> None:
     await asyncio.sleep(0.3)
     before = await idle_ms(service)
     request = agent_pb2.InvokeRequest(tool="list", arguments_json='{"path": "."}')
-    await service.Invoke(request, None)
+    await service.invoke(request)
     assert await idle_ms(service) < before

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import resource
 import shutil
@@ -625,39 +624,38 @@ def test_partial_tail() -> None:
         assert processes._partial_tail(data) == tail, data
 
 
-def test_agent_flags_and_shutdown_reach_the_table(ws: Path) -> None:
-    """The real agent: --max-processes caps, SIGTERM kills its processes."""
-    import grpc
-
-    from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
+async def test_agent_flags_and_shutdown_reach_the_table(ws: Path) -> None:
+    """The real agent, through the supervisor's link: --max-processes caps, SIGTERM kills
+    its processes."""
+    from stockade.supervisor.sandboxes.agent_link import AgentConnection
 
     run_dir = Path(tempfile.mkdtemp(dir="/tmp"))  # a unix socket path must stay short
     socket = run_dir / "agent.sock"
     flags = ["--socket", str(socket), "--workspace", str(ws)]
     flags += ["--max-processes", "1", "--process-log-bytes", "10"]
-    agent = subprocess.Popen([sys.executable, "-m", "stockade.agent", *flags])
+    agent = subprocess.Popen([sys.executable, "-P", "-m", "stockade.agent", *flags])
+    link = AgentConnection(socket)
     try:
-        with grpc.insecure_channel(f"unix:{socket}") as channel:
-            grpc.channel_ready_future(channel).result(timeout=20)
-            stub = agent_pb2_grpc.AgentServiceStub(channel)
+        await link.wait_ready(20)
 
-            def invoke(**args: Any) -> Any:
-                request = agent_pb2.InvokeRequest(tool="process", arguments_json=json.dumps(args))
-                return stub.Invoke(request, timeout=20)
+        async def invoke(**args: Any) -> Any:
+            return await link.invoke("process", args, 20, "r")
 
-            first = json.loads(invoke(action="start", command="seq 100; sleep 100").result_json)
-            second = invoke(action="start", command="true")
-            assert "1 processes are running, the limit" in second.error_message
-            deadline = time.monotonic() + 5
-            while json.loads(invoke(action="poll", id="p1").result_json)["output_bytes"] < 292:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
-            log = json.loads(invoke(action="log", id="p1").result_json)
-            assert (log["data"], log["dropped"]) == ("98\n99\n100\n", 282)
+        first = (await invoke(action="start", command="seq 100; sleep 100")).result
+        second = await invoke(action="start", command="true")
+        assert "1 processes are running, the limit" in second.error_message
+        deadline = time.monotonic() + 5
+        while (await invoke(action="poll", id="p1")).result["output_bytes"] < 292:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        log = (await invoke(action="log", id="p1")).result
+        assert (log["data"], log["dropped"]) == ("98\n99\n100\n", 282)
+        await link.close()
         agent.send_signal(signal.SIGTERM)
-        assert agent.wait(timeout=20) == 0
+        assert await asyncio.to_thread(agent.wait, 20) == 0
         assert not alive(first["pid"])
     finally:
+        await link.close()
         agent.kill()
         agent.wait()
         shutil.rmtree(run_dir, ignore_errors=True)

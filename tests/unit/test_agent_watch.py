@@ -15,7 +15,7 @@ import pytest
 
 from stockade.agent import watch
 from stockade.agent.errors import ToolError
-from stockade.agent.server import AgentService
+from stockade.agent.service import AgentService
 from stockade.agent.v1 import agent_pb2
 from tests.unit.fakes import make_folder
 
@@ -190,7 +190,7 @@ def inotify_fds() -> int:
 async def test_service_stream_and_cancel_frees_the_descriptor(ws: Path) -> None:
     service = AgentService(ws, max_output_bytes=1 << 20)
     before = inotify_fds()
-    stream = service.WatchFiles(agent_pb2.WatchFilesRequest(path="sub", recursive=True), None)
+    stream = service.watch_files(agent_pb2.WatchFilesRequest(path="sub", recursive=True))
     first = await anext(stream)
     assert first.started.path == "sub"
     assert inotify_fds() == before + 1
@@ -206,14 +206,14 @@ async def test_service_stream_and_cancel_frees_the_descriptor(ws: Path) -> None:
 async def test_service_refusal_is_a_result_alone(ws: Path) -> None:
     service = AgentService(ws, max_output_bytes=1 << 20)
     request = agent_pb2.WatchFilesRequest(path="nope")
-    events: list[Any] = [e async for e in service.WatchFiles(request, None)]
+    events: list[Any] = [e async for e in service.watch_files(request)]
     assert len(events) == 1
     assert events[0].result.error_code == agent_pb2.AGENT_ERROR_CODE_FILE_NOT_FOUND
 
 
 async def test_service_gone_ends_with_a_result(ws: Path) -> None:
     service = AgentService(ws, max_output_bytes=1 << 20)
-    stream = service.WatchFiles(agent_pb2.WatchFilesRequest(path="sub"), None)
+    stream = service.watch_files(agent_pb2.WatchFilesRequest(path="sub"))
     await anext(stream)
     shutil.rmtree(ws / "sub")
     events = [e async for e in stream]

@@ -210,5 +210,5 @@ async def test_a_closed_agent_connection_does_not_answer(tmp_path: Path) -> None
     await agent.close()
     assert await agent.answers(0.1) is False
     agent._closed = False  # as if close() ran between the check and the call
-    agent._stub = stub
+    agent._grpc_stub = stub
     assert await agent.answers(0.1) is False
