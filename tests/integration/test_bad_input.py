@@ -102,11 +102,11 @@ def test_symlink_to_a_host_file_never_touches_the_host(
 
 def test_sandbox_cannot_replace_its_agent_socket(client: Stockade, key: str) -> None:
     result = client.sandbox(key).exec(
-        "rm -f /run/stockade/agent.sock; ln -sf /var/run/docker.sock /run/stockade/x; "
-        "ls -ld /run/stockade /run/stockade/agent.sock"
+        "rm -f /run/stockade/agent.sock.frames; ln -sf /var/run/docker.sock /run/stockade/x; "
+        "ls -ld /run/stockade /run/stockade/agent.sock.frames"
     )
     assert "Permission denied" in result.stderr
-    assert "agent.sock" in result.stdout
+    assert "agent.sock.frames" in result.stdout
     assert client.sandbox(key).exec("echo ok").stdout == "ok\n"
 
 

@@ -317,7 +317,7 @@ def test_apply_patch_never_writes_through_a_folder_swapped_for_a_link(
 
 def test_hardlinks_cannot_reach_outside_the_workspace(client: Stockade, key: str) -> None:
     box = client.sandbox(key)
-    for source in ("/etc/passwd", "/run/stockade/agent.sock", "/usr/bin/python3", "/tmp/x"):
+    for source in ("/etc/passwd", "/run/stockade/agent.sock.frames", "/usr/bin/python3", "/tmp/x"):
         result = box.exec(f"touch /tmp/x; ln '{source}' linked")
         assert result.exit_code != 0
         assert "cross-device" in result.stderr or "not permitted" in result.stderr, result.stderr
@@ -336,7 +336,7 @@ def test_delete_workspace_never_follows_planted_links(
         box,
         f"ln -s '{host}/canary.txt' file-link; ln -s '{host}' dir-link; ln -s / root; "
         f"mkdir -p locked/sub; ln -s '{host}' locked/sub/link; chmod 000 locked/sub locked; "
-        "mkfifo fifo; ln -s /run/stockade/agent.sock sock; ln -s ../.. up",
+        "mkfifo fifo; ln -s /run/stockade/agent.sock.frames sock; ln -s ../.. up",
     )
     workspace = supervisor.workspace(key)
     assert (workspace / "dir-link").is_symlink()

@@ -88,7 +88,7 @@ ROUTES = {
     "renice_and_ionice_agent": f"{AGENT} renice -n 19 -p $agent; ionice -c 3 -p $agent",
     # the agent's socket
     "replace_agent_socket": (
-        "rm -f /run/stockade/agent.sock; mv /run/stockade/agent.sock /tmp/x; "
+        "S=/run/stockade/agent.sock.frames; rm -f $S; mv $S /tmp/x; ln -sf /tmp/x $S; "
         "ln -sf /tmp/x /run/stockade/agent.sock; ls -la /run/stockade"
     ),
     # pids

@@ -360,7 +360,7 @@ async def test_a_hostile_greeting_is_a_broken_sandbox(
 # -- the real agent process -----------------------------------------------------------------------
 
 
-async def test_the_agent_on_a_unix_socket_never_loads_grpc() -> None:
+async def test_the_agent_on_a_unix_socket_never_loads_grpc_or_ssl() -> None:
     run_dir = Path(tempfile.mkdtemp(dir="/tmp"))
     ws = Path(tempfile.mkdtemp())
     sock = run_dir / "agent.sock"
@@ -384,10 +384,18 @@ async def test_the_agent_on_a_unix_socket_never_loads_grpc() -> None:
             assert [c async for c in link.download(".", True, 10)][-1].error_code == ""
         maps = Path(f"/proc/{agent.pid}/maps").read_text()
         assert "grpc" not in maps
+        assert "_ssl." not in maps, "nor Python's ssl (nothing there speaks TLS)"
         assert sorted(p.name for p in run_dir.iterdir()) == ["agent.sock.frames"]
     finally:
         agent.terminate()
         await asyncio.to_thread(agent.wait, 20)
+
+
+def test_the_entry_point_names_the_agent_user_as_identity_does() -> None:
+    """__main__ names it before importing identity.py (which loads asyncio, and with it ssl)."""
+    from stockade.agent import __main__, identity
+
+    assert f"{identity.AGENT_UID}:{identity.AGENT_UID}" == __main__.AGENT_IDS
 
 
 async def until(condition: Callable[[], bool], within: float = 5.0) -> None:
