@@ -45,7 +45,7 @@ bench-compare: setup-test
 	.venv/bin/python -m bench --compare $(BASE) $(BENCH_ARGS)
 
 # Coverage-guided fuzzing of every parser that takes hostile input (fuzz/, docs/security.md
-# "Fuzzing"): FUZZ_SECONDS per target (7 targets: 90 s each is 10.5 minutes), niced; what adds
+# "Fuzzing"): FUZZ_SECONDS per target (8 targets: 90 s each is 12 minutes), niced; what adds
 # coverage is merged into fuzz/corpus/, a crash saved in fuzz/crashes/ and the exit non-zero.
 # e.g. `make fuzz FUZZ_SECONDS=300 FUZZ_TARGETS="connect files"`.
 FUZZ_SECONDS ?= 90

@@ -28,7 +28,16 @@ T = TypeVar("T")
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "corpus"
-TARGETS = ("connect", "mcp_jsonrpc", "files", "guard", "patch", "untar", "config")
+TARGETS = (
+    "connect",
+    "mcp_jsonrpc",
+    "files",
+    "guard",
+    "patch",
+    "untar",
+    "config",
+    "agent_frames",
+)
 """Each a module of this package and a folder of fuzz/corpus/."""
 
 
