@@ -22,6 +22,8 @@ from stockade.agent.v1 import agent_pb2, agent_pb2_grpc
 from stockade.supervisor.errors import AgentMisbehaved, SandboxLost
 from stockade.supervisor.sandboxes import agent_frames
 from stockade.supervisor.sandboxes.agent_frames import (
+    STREAM_FLAG,
+    TYPED_FLAG,
     FrameDeadline,
     FramedInvoke,
     FrameLost,
@@ -193,7 +195,8 @@ Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 @contextlib.asynccontextmanager
 async def hostile(tmp_path: Path, answer: Answer) -> AsyncIterator[Path]:
-    """A framed socket that reads one request and answers with `answer`; the gRPC path."""
+    """A framed socket that reads one request (of any kind: test_agent_frames_typed.py uses
+    it too) and answers with `answer`."""
     sock = tmp_path / "agent.sock"
     handlers: set[asyncio.Task[None]] = set()
 
@@ -203,7 +206,7 @@ async def hostile(tmp_path: Path, answer: Answer) -> AsyncIterator[Path]:
         handlers.add(task)
         try:
             size = int.from_bytes(await reader.readexactly(4), "big")
-            await reader.readexactly(size)
+            await reader.readexactly(size & ~(STREAM_FLAG | TYPED_FLAG))  # of any kind
             with contextlib.suppress(ConnectionError):
                 await answer(reader, writer)
                 await writer.drain()

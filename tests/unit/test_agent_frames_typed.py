@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from stockade.supervisor.sandboxes.agent_link import (
     AgentCallFailed,
     AgentConnection,
 )
+from tests.unit.test_agent_frames import Answer, hostile
 
 LIMIT = 8 << 20
 
@@ -287,38 +288,6 @@ async def test_an_agent_without_typed_calls_closes_on_them(tmp_path: Path) -> No
 
 
 # -- the supervisor's end against a hostile framed agent ----------------------------------------
-
-
-Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-@contextlib.asynccontextmanager
-async def hostile(tmp_path: Path, answer: Answer) -> AsyncIterator[Path]:
-    """A framed socket whose every connection reads a request and answers with `answer`."""
-    sock = tmp_path / "agent.sock"
-    handlers: set[asyncio.Task[None]] = set()
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        handlers.add(task)
-        try:
-            size = int.from_bytes(await reader.readexactly(4), "big")
-            await reader.readexactly(size & ~TYPED_FLAG)
-            with contextlib.suppress(ConnectionError):
-                await answer(reader, writer)
-                await writer.drain()
-        finally:
-            writer.close()
-
-    server = await asyncio.start_unix_server(serve, str(sock.with_name(sock.name + FRAMES_SUFFIX)))
-    try:
-        yield sock
-    finally:
-        server.close()
-        for task in handlers:
-            task.cancel()
-        await asyncio.gather(*handlers, return_exceptions=True)
 
 
 def answering(data: bytes, then_wait: bool = True) -> Answer:
