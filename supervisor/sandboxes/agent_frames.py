@@ -166,9 +166,10 @@ class FramedInvoke:
             raise FramesAbsent(str(exc)) from exc
 
     def connected(self) -> bool:
-        """Whether a connection is open and idle (the agent answered on it, and has not
-        closed it since): as a gRPC channel's READY."""
-        return any(not r.at_eof() and not w.is_closing() for r, w in self._idle)
+        """Whether a connection is open, idle or serving a call (the agent answered on it,
+        and has not closed it since): as a gRPC channel's READY, which calls in flight keep
+        so too (a channel multiplexes them; here each takes a connection of its own)."""
+        return any(not r.at_eof() and not w.is_closing() for r, w in [*self._idle, *self._busy])
 
     def close(self) -> None:
         """Close every connection: calls on them end with FrameLost."""

@@ -102,6 +102,11 @@ class Clinic:
             return healing.Trouble(healing.CONTAINER_EXITED, "the container stopped or vanished")
         if sandbox.greeted and sandbox.agent.is_ready():
             return None
+        # a greeted agent whose link has no open connection (its calls' connections all
+        # closed: cancelled or failed ones) is asked before the engine is: a sandbox that
+        # runs is reached without the engine, which may be down (restarting) meanwhile
+        if sandbox.greeted and await sandbox.agent.answers(PROBE_S):
+            return None
         info = await asyncio.to_thread(self._backend.inspect, sandbox.info.id)
         if info is None or not info.running:
             return healing.Trouble(healing.CONTAINER_EXITED, death_note(info))

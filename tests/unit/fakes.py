@@ -35,7 +35,7 @@ from stockade.supervisor.engines.backends.base import (
 )
 from stockade.supervisor.engines.hosts import LOCAL, HostKind
 from stockade.supervisor.engines.userns import NO_USERNS, IdMaps
-from stockade.supervisor.errors import ConfigError, SandboxBroken
+from stockade.supervisor.errors import ConfigError, EngineUnavailable, SandboxBroken
 from stockade.supervisor.fronts.e2b.context import E2bContext
 from stockade.supervisor.fronts.e2b.records import Records
 from stockade.supervisor.fronts.mcp.server import Endpoint, McpFront, build_app
@@ -84,6 +84,8 @@ class FakeBackend(HostFolderWorkspaces):
         """What the agents' Inspect reads: path -> content, or an errno name (default ENOENT)."""
         self.agent_frozen = False
         self.hello_refused = False
+        self.engine_down = False
+        """Inspect raises EngineUnavailable (the engine's service restarting)."""
         self.agent_idle_s: float | None = 0.0
         """What agents say of their idle time (0: some replica just called)."""
         self.run_dirs: dict[str, str] = {}
@@ -125,6 +127,8 @@ class FakeBackend(HostFolderWorkspaces):
         return info
 
     def inspect(self, name_or_id: str) -> ContainerInfo | None:
+        if self.engine_down:
+            raise EngineUnavailable("the fake engine is down")
         for info in self.containers.values():
             if name_or_id in (info.id, info.name):
                 if self.stale_inspects > 0:  # an engine that has not noticed a death yet

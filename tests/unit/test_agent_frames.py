@@ -142,6 +142,23 @@ async def test_close_ends_a_call_in_flight(agent: tuple[Agent, Path]) -> None:
     await _until(lambda: stand_in.cancelled == 1)
 
 
+async def test_a_connection_serving_a_call_counts_as_connected(agent: tuple[Agent, Path]) -> None:
+    """As a gRPC channel is READY while calls are in flight on it: a link whose every
+    connection is busy still reaches its agent (health.py asks no engine then)."""
+    stand_in, sock = agent
+    stand_in.hang = True
+    frames = _frames(sock)
+    assert not frames.connected()
+    task = asyncio.create_task(frames.call(_request(), 30))
+    await stand_in.started.wait()
+    assert not frames._idle
+    assert frames.connected()
+    frames.close()
+    with pytest.raises(FrameLost):
+        await task
+    assert not frames.connected()
+
+
 async def test_no_socket_is_absent(tmp_path: Path) -> None:
     with pytest.raises(FramesAbsent):
         await _frames(tmp_path / "agent.sock").call(_request(), 5)

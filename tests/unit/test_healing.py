@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from stockade.supervisor.config import Config
-from stockade.supervisor.errors import AgentMisbehaved
+from stockade.supervisor.errors import AgentMisbehaved, EngineUnavailable
 from stockade.supervisor.sandboxes import healing
 from stockade.supervisor.sandboxes.manager import SandboxManager
-from tests.unit.fakes import FakeBackend, fake_manager, invoke
+from tests.unit.fakes import FakeAgent, FakeBackend, fake_manager, invoke
 
 EXPECTED = healing.Expected(nofile=1024, nproc=16384, fsize=None)
 LIMITS = (
@@ -177,6 +177,26 @@ async def test_a_call_past_its_deadline_on_a_silent_agent_marks_the_sandbox(
     backend.agent_frozen = False
     assert (await invoke(mgr, "k", "read_file", {}, 5, "r2")).result is not None
     assert (await mgr.get("k")).last_heal_reason.startswith("agent_unresponsive:")
+
+
+async def test_a_running_sandbox_whose_link_has_no_connection_is_asked_not_the_engine(
+    tmp_path: Path, backend: FakeBackend
+) -> None:
+    """A link with no open connection (its calls' connections all closed) is not a dead
+    agent: the agent is asked first, so a call is served while the engine is down (the
+    engine restart test on Podman found it after every call went framed)."""
+    mgr = manager(tmp_path, backend, [])
+    await invoke(mgr, "k", "exec", {}, 5, "r0")
+    (sandbox,) = mgr.registry.values()
+    assert isinstance(sandbox.agent, FakeAgent)
+    sandbox.agent.ready = False
+    backend.engine_down = True
+    assert (await invoke(mgr, "k", "exec", {}, 5, "r1")).result is not None
+    assert backend.runs == 1
+    for cid in list(backend.containers):
+        backend.kill(cid)
+    with pytest.raises(EngineUnavailable):  # a dead one still needs the engine
+        await invoke(mgr, "k", "exec", {}, 5, "r2")
 
 
 async def test_a_dead_container_recreated_counts_as_a_heal(
