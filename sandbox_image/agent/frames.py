@@ -218,19 +218,18 @@ async def _request(
     except asyncio.IncompleteReadError:
         return None
     size = int.from_bytes(header, "big")
-    kind: int | None = None
-    message: Any = agent_pb2.InvokeRequest
-    if invoke_stream is not None and size & STREAM_FLAG:
-        size &= ~STREAM_FLAG
-        kind = STREAM_FLAG
-    elif typed is not None and size & TYPED_FLAG:
-        size &= ~TYPED_FLAG
-        kind = -1
+    # a flag this agent does not take is left in the length, which is then over the limit
+    flag = STREAM_FLAG if invoke_stream is not None and size & STREAM_FLAG else 0
+    if not flag and typed is not None and size & TYPED_FLAG:
+        flag = TYPED_FLAG
+    size &= ~flag
     if size > max_bytes:
         log.warning("framed socket: a request of %d bytes (at most %d): closed", size, max_bytes)
         return None
     body = await reader.readexactly(size)
-    if kind == -1:
+    kind: int | None = STREAM_FLAG if flag == STREAM_FLAG else None
+    message: Any = agent_pb2.InvokeRequest
+    if flag == TYPED_FLAG:
         kind = body[0] if body else 0
         message = _REQUESTS.get(kind)
         if message is None:

@@ -148,10 +148,10 @@ class FramedInvoke:
 
     async def _connection(self, sealed: bool = True) -> _Connection:
         while self._idle:
-            reader, writer = self._idle.pop()
-            if not reader.at_eof() and not writer.is_closing():
-                return reader, writer
-            writer.close()  # the agent ended it meanwhile
+            connection = self._idle.pop()
+            if _open(connection):
+                return connection
+            connection[1].close()  # the agent ended it meanwhile
         try:
             here, folder = os.lstat(self.path), os.lstat(self.path.parent)
         except OSError as exc:  # none there: an older agent
@@ -169,7 +169,7 @@ class FramedInvoke:
         """Whether a connection is open, idle or serving a call (the agent answered on it,
         and has not closed it since): as a gRPC channel's READY, which calls in flight keep
         so too (a channel multiplexes them; here each takes a connection of its own)."""
-        return any(not r.at_eof() and not w.is_closing() for r, w in [*self._idle, *self._busy])
+        return any(map(_open, self._idle)) or any(map(_open, self._busy))
 
     def close(self) -> None:
         """Close every connection: calls on them end with FrameLost."""
@@ -239,6 +239,11 @@ class FramedStream:
             if self._past():
                 raise FrameDeadline("Deadline Exceeded") from None
             raise FrameLost(f"the agent's framed socket closed during the call: {exc}") from exc
+
+
+def _open(connection: _Connection) -> bool:
+    reader, writer = connection
+    return not reader.at_eof() and not writer.is_closing()
 
 
 async def _io(step: Awaitable[_T]) -> _T:

@@ -109,6 +109,16 @@ class AgentCallFailed(Exception):
         self.details = details
 
 
+_PROBE_FAILURES = (
+    grpc.aio.AioRpcError,
+    grpc.aio.UsageError,
+    SandboxLost,
+    AgentCallFailed,
+    FramesAbsent,
+)
+"""What leaves a probe's Hello unanswered (AgentCallFailed: a framed one's failure)."""
+
+
 @dataclass(frozen=True)
 class AgentStarted:
     pid: int
@@ -252,7 +262,6 @@ class AgentConnection:
         if self._frames is not None and not self._closed:
             hello = await self._framed_greeting(self._frames, deadline, timeout)
             if hello is not None:
-                self._check_protocol(hello)
                 if hello.protocol_version < ALL_FRAMED:
                     raise SandboxBroken(
                         f"agent answered a framed Hello with protocol {hello.protocol_version}"
@@ -289,17 +298,15 @@ class AgentConnection:
     async def _framed_greeting(
         self, frames: FramedInvoke, deadline: float, timeout: float
     ) -> Any | None:
-        """Hello on the framed socket once the agent made it; None when the agent is older
-        (it closed the connection on the typed frame, or made only a gRPC socket)."""
+        """Hello on the framed socket once the agent made it, its protocol checked; None when
+        the agent is older (it closed the connection on the typed frame, or made only a gRPC
+        socket)."""
         while True:
             if os.path.lexists(frames.path):
                 try:
                     left = max(deadline - time.monotonic(), 0.1)
                     hello = await self._framed_hello(left, sealed=False)
-                    if hello is None:
-                        raise SandboxBroken(
-                            f"agent answered Hello with no valid {_MESSAGE} message"
-                        )
+                    self._check_protocol(hello)
                     return hello
                 except FramesAbsent:  # made, not yet listening; or not a socket to trust
                     pass
@@ -334,17 +341,13 @@ class AgentConnection:
         too once this connection is closed (the sandbox was discarded meanwhile)."""
         if self._closed:
             return False
-        if self._all_framed:
-            try:
-                return await self._framed_hello(timeout) is not None
-            except (AgentCallFailed, FramesAbsent, SandboxLost):
-                return False
         try:
             with self._closing():
-                await self._stub.Hello(agent_pb2.HelloRequest(), timeout=timeout)
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError, SandboxLost):  # closed meanwhile
+                hello = await self._hello(timeout)
+        except _PROBE_FAILURES:  # SandboxLost: closed meanwhile
             return False
-        return True
+        # grpc.aio hands on a message it cannot decode as None, an answer all the same
+        return hello is not None or not self._all_framed
 
     async def idle_s(self, timeout: float = 2.0) -> float | None:
         """Seconds since the agent last served any supervisor a call (0 while one is in
@@ -354,9 +357,7 @@ class AgentConnection:
         try:
             with self._closing():
                 hello = await self._hello(timeout)
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError, SandboxLost):
-            return None
-        except (AgentCallFailed, FramesAbsent):
+        except _PROBE_FAILURES:
             return None
         return hello.idle_ms / 1000.0 if hello is not None else None
 
@@ -369,8 +370,8 @@ class AgentConnection:
         if self._frames is not None and not self._closed:
             try:
                 return self._reply(tool, await self._framed(self._frames, request, timeout))
-            except FramesAbsent as exc:
-                self._absent(exc)  # an agent older than its framed socket: gRPC from now on
+            except FramesAbsent:
+                self._frames = None  # an agent older than its framed socket: gRPC from now on
         with self._failures():
             reply = await self._stub.Invoke(request, timeout=timeout)
         return self._reply(tool, reply)
@@ -381,13 +382,6 @@ class AgentConnection:
         with self._frame_failures():
             data = await frames.call(request.SerializeToString(), timeout)
         return _parsed(agent_pb2.InvokeResponse(), data)
-
-    def _absent(self, exc: FramesAbsent) -> None:
-        """The framed socket is not there: an older agent's calls go through gRPC from now
-        on; for one greeted framed (which has no gRPC socket) the call failed."""
-        if self._all_framed:
-            raise AgentCallFailed(grpc.StatusCode.UNAVAILABLE, f"the agent's socket: {exc}")
-        self._frames = None
 
     async def invoke_stream(
         self, tool: str, arguments: dict[str, Any], timeout: float, request_id: str
@@ -400,8 +394,8 @@ class AgentConnection:
             try:
                 with self._frame_failures():
                     stream = await self._frames.stream(request.SerializeToString(), timeout)
-            except FramesAbsent as exc:  # nothing was sent: gRPC from now on
-                self._absent(exc)
+            except FramesAbsent:  # nothing was sent: gRPC from now on
+                self._frames = None
             else:
                 async for parsed in self._framed_stream(tool, stream):
                     yield parsed
@@ -460,12 +454,8 @@ class AgentConnection:
                     yield agent_pb2.UploadChunk(data=data).SerializeToString()
 
             first = agent_pb2.UploadChunk(header=header).SerializeToString()
-            try:
-                with self._frame_failures():
-                    data = await self._frames.upload(first, serialized(), timeout)
-            except FramesAbsent as exc:
-                self._absent(exc)
-                raise
+            with self._frame_failures():
+                data = await self._frames.upload(first, serialized(), timeout)
             return self._reply("transfer", _parsed(agent_pb2.InvokeResponse(), data))
 
         async def requests() -> AsyncIterator[Any]:
@@ -549,12 +539,8 @@ class AgentConnection:
             files=files, links=links, write_probe=write_probe, max_file_bytes=MAX_FACT_BYTES
         )
         if self._all_framed and self._frames is not None:
-            try:
-                with self._frame_failures():
-                    data = await self._frames.call(request.SerializeToString(), timeout, INSPECT)
-            except FramesAbsent as exc:
-                self._absent(exc)
-                raise
+            with self._frame_failures():
+                data = await self._frames.call(request.SerializeToString(), timeout, INSPECT)
             reply = _parsed(agent_pb2.InspectResponse(), data)
             if reply is None:
                 raise _misbehaved(f"Inspect: a reply that is not a valid {_MESSAGE} message")
@@ -624,6 +610,14 @@ class AgentConnection:
             if self._closed:
                 raise SandboxLost(_CLOSED) from exc
             raise AgentCallFailed(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
+        except FramesAbsent as exc:
+            # an agent greeted framed has no gRPC socket: its socket gone is the call failed;
+            # an older one's calls go through gRPC from now on (the callers' fallback)
+            if self._all_framed:
+                raise AgentCallFailed(
+                    grpc.StatusCode.UNAVAILABLE, f"the agent's socket: {exc}"
+                ) from exc
+            raise
 
     @contextlib.contextmanager
     def _closing(self) -> Iterator[None]:
@@ -687,13 +681,7 @@ class _TypedStream:
     async def __anext__(self) -> Any:
         with self._link._frame_failures():
             if self._stream is None:
-                try:
-                    self._stream = await self._frames.stream(
-                        self._request, self._timeout, self._typed
-                    )
-                except FramesAbsent as exc:
-                    self._link._absent(exc)
-                    raise
+                self._stream = await self._frames.stream(self._request, self._timeout, self._typed)
             data = await self._stream.next()
         return _parsed(self._message(), data)
 
