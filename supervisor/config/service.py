@@ -156,6 +156,11 @@ class SnapshotsConfig:
     (tenants.NAME.max_snapshot_mb overrides). A capture that would pass it is undone."""
     dir: str = ""
     """Where the store lives (absolute); empty: STATE_DIR/snapshots."""
+    copy_on_write: bool = True
+    """A fork's new sandboxes, and a restore into another sandbox than the snapshot's, get a
+    layered workspace: an overlay over the snapshot's files, made without copying their
+    bytes (docs/sandboxes.md#layered-workspaces). Used where the host can (overlayfs with a
+    data-only layer: Linux 6.5 or later, root); false: every file is copied."""
 
 
 CHECKPOINT_TRIGGERS = ("destructive", "unparsed", "commands", "apply_patch", "overwrite")

@@ -6,6 +6,7 @@ on the host.
     ├── key             the (tenant-scoped) key the folder serves
     ├── workspace/      /workspace in the container (a file system of its own when capped)
     ├── workspace.img   that file system's sparse image (sandbox.workspace_size_mb)
+    ├── layers/         a layered workspace's layers, mounted at workspace/ (layers.py)
     ├── run/            /run/stockade: the agent's framed socket (agent.sock.frames; an
     │                   agent of protocol 3 or older: agent.sock too); root's once it listens
     ├── tmp/            /tmp's tmpfs when the supervisor mounts it (an inode cap)
@@ -28,7 +29,7 @@ from stockade.supervisor.engines import userns
 from stockade.supervisor.engines.backends.base import ContainerInfo
 from stockade.supervisor.errors import ConfigError, SandboxBroken
 from stockade.supervisor.keys import sandbox_id
-from stockade.supervisor.sandboxes import hostfs, workspaces
+from stockade.supervisor.sandboxes import hostfs, layers, workspaces
 from stockade.supervisor.sandboxes.agent_frames import FRAMES_SUFFIX
 
 log = logging.getLogger("stockade")
@@ -54,6 +55,11 @@ class Paths:
     owners: Path
     """The host uid:gid the workspace was last handed to, one per line (two while a hand-over
     to new ids is under way): the ids the sandbox user had, to be translated."""
+
+    @property
+    def layers(self) -> Path:
+        """A layered workspace's layers (layers.py): its folder's presence makes it one."""
+        return self.root / "layers"
 
     @property
     def retired(self) -> Path:
@@ -101,6 +107,8 @@ class Layout:
         self.uid, self.gid = int(uid), int(gid or uid)
         self.host_tmp = False
         """Whether /tmp is a tmpfs the supervisor mounts (decided at start, see manager)."""
+        self.layered = False
+        """Whether workspaces made from snapshots are layered (decided at start: layers.py)."""
 
     def of(self, key: str) -> Paths:
         return paths_at(self.root / sandbox_id(key))
@@ -142,9 +150,30 @@ class Layout:
         when the engine cannot cap its inodes (a fresh tmpfs per container)."""
         sb = self._config.sandbox
         if self.capped(paths):
+            if paths.layers.is_dir() and not paths.image.exists():
+                _layers_into_image(paths, sb.workspace_size_mb, (self.uid, self.gid))
             workspaces.mount(paths.image, paths.workspace, sb.workspace_size_mb, self.uid, self.gid)
+        elif paths.layers.is_dir():
+            layers.mount(paths.layers, paths.workspace)
         if self.host_tmp:
             workspaces.mount_tmp(paths.tmp, sb.tmp_size_mb * 1024 * 1024, sb.tmp_inodes)
+
+    def mount_existing(self, paths: Paths) -> bool:
+        """Mount the workspace's own file system or layers when it has one and it is not
+        mounted (a capture of a sandbox without a container); whether this mounted it."""
+        if paths.workspace.is_mount():
+            return False
+        if self.capped(paths) and paths.image.exists():
+            workspaces.mount_image(paths.image, paths.workspace, fresh=False)
+            return True
+        if not self.capped(paths) and paths.layers.is_dir():
+            layers.mount(paths.layers, paths.workspace)
+            return True
+        return False
+
+    def needs_mount(self, paths: Paths) -> bool:
+        """Whether the workspace should be a mount point (capped, or layered)."""
+        return self.capped(paths) or paths.layers.is_dir()
 
     def capped(self, paths: Paths) -> bool:
         """Whether the workspace is a file system of its own: capped now, or before."""
@@ -259,6 +288,29 @@ def unmount(paths: Paths, *, workspace: bool = True) -> None:
     if workspace:
         workspaces.unmount(paths.workspace)
     workspaces.unmount(paths.tmp)
+
+
+def _layers_into_image(paths: Paths, size_mb: int, ids: tuple[int, int]) -> None:
+    """A layered workspace about to be capped: its merged files become the content of the
+    new file system, and the layers then go."""
+    workspaces.unmount(paths.workspace)
+    layers.mount(paths.layers, paths.workspace)
+    try:
+        workspaces.make_image_from(paths.image, paths.workspace, size_mb, *ids)
+    finally:
+        workspaces.unmount(paths.workspace)
+    drop_layers(paths)
+
+
+def drop_layers(paths: Paths) -> None:
+    """Remove a layered workspace's layers (renamed away first: one step unmarks it)."""
+    if not paths.layers.is_dir():
+        return
+    old = paths.root / "layers.old"
+    if old.exists():
+        hostfs.remove_tree(old)
+    os.rename(paths.layers, old)
+    hostfs.remove_tree(old)
 
 
 def stamp(path: Path) -> None:

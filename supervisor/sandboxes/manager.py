@@ -50,7 +50,7 @@ from stockade.supervisor.network.egress import EgressHooks
 from stockade.supervisor.network.proxy import EgressDecision
 from stockade.supervisor.observe.alarms import Alarm
 from stockade.supervisor.policy.honeytokens import Honeytokens
-from stockade.supervisor.sandboxes import adoption, owner, pressure, workspaces
+from stockade.supervisor.sandboxes import adoption, layers, owner, pressure, workspaces
 from stockade.supervisor.sandboxes.agent_link import AgentConnection
 from stockade.supervisor.sandboxes.brokering import SecretChanges
 from stockade.supervisor.sandboxes.containers import (
@@ -234,6 +234,7 @@ class SandboxManager:
             await asyncio.to_thread(workspaces.check_support)
         self.layout.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.layout.root, 0o700)
+        await self._decide_layers()
         target = self.config.state_dir / "seccomp.json"
         profile = seccomp.write_profile(target, gvisor=self.containers.runtime.gvisor)
         self.containers.runtime.seccomp = str(profile) if profile else ""
@@ -249,6 +250,17 @@ class SandboxManager:
         await self.networks.egress.prune({s.sid for s in self.registry.values()})
         await self.networks.serve_pods(self.backend.list, self.containers.labels())
         return adopted
+
+    async def _decide_layers(self) -> None:
+        """Layered workspaces where configured and this host can mount them (layers.py)."""
+        self.layout.layered = False
+        if not (self.config.snapshots.copy_on_write and self.parts.host.snapshots):
+            return
+        why = await asyncio.to_thread(layers.probe, self.layout.root)
+        if why:
+            log.warning("forks and restores copy every file: %s", why)
+            return
+        self.layout.layered = True
 
     def start_housekeeping(self) -> None:
         """The sweeper (health, idle and age prune, workspace retention, orphan reaping) and

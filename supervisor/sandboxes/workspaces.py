@@ -63,12 +63,20 @@ def mount(image: Path, target: Path, size_mb: int, uid: int, gid: int) -> None:
 
 
 def _make(image: Path, target: Path, size_mb: int, uid: int, gid: int) -> None:
+    has_files = any(target.iterdir())
+    make_image_from(image, target if has_files else None, size_mb, uid, gid)
+    if has_files:  # now in the image; the mount would only hide them
+        for child in list(target.iterdir()):
+            _remove(child)
+
+
+def make_image_from(image: Path, source: Path | None, size_mb: int, uid: int, gid: int) -> None:
+    """A file system image of size_mb at `image` holding a copy of what `source` holds."""
     partial = image.with_name(image.name + ".partial")
     partial.unlink(missing_ok=True)
-    has_files = any(target.iterdir())
     with partial.open("wb") as file:
         file.truncate(size_mb * 1024 * 1024)
-    populate = ("-d", str(target)) if has_files else ()
+    populate = ("-d", str(source)) if source is not None else ()
     try:
         _run(
             "mkfs.ext4", "-q", "-F", "-m", "0", "-E", f"root_owner={uid}:{gid}",
@@ -79,9 +87,6 @@ def _make(image: Path, target: Path, size_mb: int, uid: int, gid: int) -> None:
         raise SandboxBroken(f"cannot make the workspace's file system: {exc}") from None
     os.chmod(partial, 0o600)
     partial.rename(image)
-    if has_files:  # now in the image; the mount would only hide them
-        for child in list(target.iterdir()):
-            _remove(child)
 
 
 def make_image(image: Path, size_mb: int, uid: int, gid: int) -> None:

@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from stockade.client import AsyncStockade, NotFound, Stockade
+from stockade.supervisor.sandboxes import layers
 from stockade.v1 import sandbox_pb2
 from tests.integration.harness import Supervisor, backend
 from tests.integration.snapshot_kit import Node, Snaps, differences, listing, tenants_supervisor
@@ -33,6 +34,24 @@ def supervisor(engine: str) -> Iterator[Supervisor]:
         yield sup
 
 
+LAYERED = not layers.probe(Path("/var/tmp"))
+"""Whether this host makes a fork's workspace layered (layers.py), as the supervisor does."""
+
+
+def fs_type(path: str) -> str:
+    """The file system `path` is on: its mount's, from /proc/self/mountinfo's longest match."""
+    best, kind = "", ""
+    with open("/proc/self/mountinfo") as mounts:
+        for line in mounts:
+            fields = line.split()
+            point = fields[4].replace("\\040", " ")
+            after = fields[fields.index("-") + 1]
+            below = path == point or path.startswith(point.rstrip("/") + "/")
+            if below and len(point) >= len(best):
+                best, kind = point, after
+    return kind
+
+
 def files_only(tree: dict[bytes, Node]) -> dict[bytes, Node]:
     """A listing without owners: each sandbox's files belong to its own sandbox user's host
     ids (Podman gives each sandbox a user namespace of its own)."""
@@ -46,6 +65,7 @@ def check_forks(supervisor: Supervisor, source: str, forks: list[str]) -> None:
         origin = files_only(listing(c.sandbox(source).info().workspace_path))
         infos = [c.sandbox(k).info() for k in forks]
         for info in infos:
+            assert (fs_type(info.workspace_path) == "overlay") == LAYERED, info
             tree = listing(info.workspace_path)
             assert not differences(origin, files_only(tree)), (info.key, tree)
             root = Path(info.workspace_path).stat()

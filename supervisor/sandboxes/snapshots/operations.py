@@ -369,22 +369,16 @@ class Snapshots:
 
     @asynccontextmanager
     async def _mounted(self, paths: layout.Paths, sandbox: Sandbox | None) -> AsyncIterator[None]:
-        """A capped workspace whose container is gone may be unmounted: its files are in the
-        image. Mount it for the capture, and unmount it after."""
-        mount = (
-            sandbox is None
-            and self._parts.layout.capped(paths)
-            and paths.image.exists()
-            and not paths.workspace.is_mount()
+        """A capped or layered workspace whose container is gone may be unmounted: its
+        files are in the image or the layers. Mount it for the capture, and unmount it
+        after."""
+        mounted = sandbox is None and await asyncio.to_thread(
+            self._parts.layout.mount_existing, paths
         )
-        if mount:
-            await asyncio.to_thread(
-                workspaces.mount_image, paths.image, paths.workspace, fresh=False
-            )
         try:
             yield
         finally:
-            if mount:
+            if mounted:
                 await asyncio.to_thread(workspaces.unmount, paths.workspace)
 
     def _tmp(self, sandbox: Sandbox | None, host_tmp: Path) -> Opener:
@@ -444,10 +438,14 @@ class Snapshots:
         ids = parts.layout.workspace_ids(paths)
         cap = staging.cap_of(paths, parts.config.sandbox.workspace_size_mb)
         link = not settings_from and snap.lineage == paths.root.name  # never a fork's
+        layered = parts.layout.layered and not cap and (not link or paths.layers.is_dir())
         staged = await self.held.run(
             owner,
-            functools.partial(staging.stage, self.store, owner, name, paths, ids, cap, link=link),
-        )
+            functools.partial(
+                staging.stage, self.store, owner, name, paths, ids, cap,
+                link=link and not layered, layered=layered,
+            ),
+        )  # fmt: skip
         try:
             if old is not None:
                 parts.registry.pop(key, None)

@@ -257,13 +257,15 @@ class SnapshotStore:
         ids: tuple[int, int],
         part: str = MAIN,
         reuse: _restore.Reuse | None = None,
+        data: Path | None = None,
     ) -> Snapshot:
         """Make the empty folder `target` hold exactly the snapshot's files (its `part`),
         owned by `ids`; a folder given by an opener keeps its own owner (a /tmp). A restore
         that fails part way leaves `target` partly filled: the caller removes it. With
         `reuse` (a restore into the sandbox the snapshot is of), the files its live workspace
         still holds unchanged are left out, for relink to link them once nothing writes
-        there any more."""
+        there any more. With `data`, `target` is made a layered workspace's metadata layer,
+        its content linked into `data` (layers.py)."""
         _check(owner, "owner")
         _check(name, "snapshot name", transient=True)
         with self._owner(owner) as base:  # a delete's collection waits for the copy
@@ -278,7 +280,7 @@ class SnapshotStore:
             if reuse is not None:
                 walked = int(head.get("walked_ns", 0))
                 reuse.trusted_before_ns = max(0, walked - _restore.RACY_NS) if walked else 0
-            _restore.restore(target, root, entries, base / "objects", ids, reuse)
+            _restore.restore(target, root, entries, base / "objects", ids, reuse, data)
             return _snapshot(owner, head)
 
     def relink(

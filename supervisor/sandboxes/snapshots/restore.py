@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Final
 
 from stockade.supervisor.errors import InvalidRequest
+from stockade.supervisor.sandboxes import layers
 from stockade.supervisor.sandboxes.snapshots.capture import DIR_FLAGS, XATTR_PREFIX, Entry
 
 _FICLONE: Final = 0x40049409
@@ -85,10 +86,14 @@ def restore(
     objects: Path,
     ids: tuple[int, int],
     reuse: Reuse | None = None,
+    data: Path | None = None,
 ) -> None:
     """Fill the empty folder `target` (made if missing) with `entries`, owned by `ids`. A
     target given as an opener (a descriptor of an existing folder, e.g. a container's /tmp)
-    keeps its owner and mode. With `reuse`, files that may be linked are left for relink."""
+    keeps its owner and mode. With `reuse`, files that may be linked are left for relink.
+    With `data` (a layered workspace's, see layers.py), `target` becomes its metadata layer:
+    each file with content is an empty file of its size naming its object in `data`, where
+    the object is hard-linked from the store (copied where it cannot be), never written."""
     if isinstance(target, Path):
         with contextlib.suppress(FileExistsError):
             os.mkdir(target, 0o700)
@@ -129,6 +134,8 @@ def restore(
                 os.chown(entry.name, *ids, dir_fd=fd, follow_symlinks=False)
                 times = (entry.mtime_ns, entry.mtime_ns)
                 os.utime(entry.name, ns=times, dir_fd=fd, follow_symlinks=False)
+            elif data is not None and entry.size:
+                _layered_file(fd, entry, objects, data, ids)
             elif live is None or not live.defer(entry):
                 _file(fd, entry, objects, ids)
                 if reuse is not None:
@@ -326,6 +333,30 @@ def _file(dir_fd: int, entry: Entry, objects: Path, ids: tuple[int, int]) -> Non
             os.close(dst)
     finally:
         os.close(src)
+
+
+def _layered_file(
+    dir_fd: int, entry: Entry, objects: Path, data: Path, ids: tuple[int, int]
+) -> None:
+    """The file as overlayfs's metacopy: its attributes here, its content the object in
+    `data` its redirect names (layers.py)."""
+    _check_digest(entry)
+    layers.link_object(objects, data, entry.digest)
+    dst = os.open(entry.name, _NEW_FILE, 0o600, dir_fd=dir_fd)
+    try:
+        os.ftruncate(dst, entry.size)  # sparse: no block is written
+        os.fchown(dst, *ids)
+        _set_xattrs(dst, entry)
+        layers.name_object(dst, entry.digest)
+        os.fchmod(dst, entry.mode)
+        os.utime(dst, ns=(entry.mtime_ns, entry.mtime_ns))
+    finally:
+        os.close(dst)
+
+
+def _check_digest(entry: Entry) -> None:
+    if len(entry.digest) != 64 or entry.digest.strip("0123456789abcdef"):
+        raise ValueError(f"snapshot entry {entry.name!r}: damaged manifest")
 
 
 def _set_xattrs(fd: int, entry: Entry) -> None:

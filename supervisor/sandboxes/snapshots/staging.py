@@ -8,6 +8,15 @@ was.
     capped    a new file system image (workspace.img.restoring) is made, mounted at
               workspace.restoring/ and filled, unmounted, then renamed over workspace.img;
               the next container start mounts it at workspace/
+    layered   layers.restoring/ is filled (layers.py: the files' metadata, their content
+              linked from the store), put in place of layers/ in one step (renamed, or
+              exchanged with the old layers), then an empty workspace.restoring/ swapped
+              with workspace/; the next container start mounts the layers there
+
+Switching to a layered workspace is the step that puts its layers in place: a crash after
+it finds the new layers (whatever workspace/ holds below the mount point is never seen, and
+the next restore removes it). Switching away from one, its layers are renamed away after the
+folders are exchanged: a crash between finds the old layers, the restore not done.
 
 A restore into the sandbox the snapshot was taken of (stage(..., link=True), uncapped)
 copies only the files changed since: the others are left out of the staged folder, and
@@ -30,12 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stockade.supervisor.errors import InvalidRequest
-from stockade.supervisor.sandboxes import hostfs, workspaces
+from stockade.supervisor.sandboxes import hostfs, layers, workspaces
 from stockade.supervisor.sandboxes.layout import Paths
 from stockade.supervisor.sandboxes.snapshots.repository import SnapshotStore
 from stockade.supervisor.sandboxes.snapshots.restore import Reuse
 
 MiB = 1 << 20
+STAGED_LAYERS = "layers.restoring"
+OLD_LAYERS = "layers.old"
 
 
 class SnapshotTooBig(InvalidRequest):
@@ -53,6 +64,8 @@ class Staged:
     ids: tuple[int, int] = (-1, -1)
     reuse: Reuse | None = None
     """The files left for switch() to link (stage with link=True), and how many were."""
+    layers: Path | None = None
+    """The staged layers of a layered workspace (stage with layered=True)."""
 
     def switch(self, *, remove: bool = True) -> None:
         """Put the staged workspace in place of the current one (no container may use it:
@@ -61,13 +74,21 @@ class Staged:
         paths = self.paths
         if self.reuse is not None and self.store is not None:
             self.store.relink(self.owner, self.name, self.folder, self.ids, self.reuse)
-        if self.image is not None:
-            workspaces.unmount(paths.workspace)
+        workspaces.unmount(paths.workspace)  # layers or an image a new container mounts
+        if self.layers is not None:
+            if paths.layers.is_dir():
+                _exchange(self.layers, paths.layers)  # the old ones: removed by remove_old
+            else:
+                os.rename(self.layers, paths.layers)
+            _exchange(self.folder, paths.workspace)  # below the mount point: never seen
+        elif self.image is not None:
             os.replace(self.image, paths.image)
             with contextlib.suppress(OSError):
                 self.folder.rmdir()
-            return
-        _exchange(self.folder, paths.workspace)  # atomic: a crash leaves one or the other
+        else:
+            _exchange(self.folder, paths.workspace)  # atomic: a crash leaves one or the other
+        if self.layers is None and paths.layers.is_dir():
+            os.rename(paths.layers, paths.root / OLD_LAYERS)  # no longer layered
         if remove:
             self.remove_old()
 
@@ -75,6 +96,8 @@ class Staged:
         """Remove the workspace a switch replaced (what a crash leaves, the next stage does)."""
         if self.image is None:
             _remove(self.folder)
+        _remove(self.paths.root / STAGED_LAYERS)
+        _remove(self.paths.root / OLD_LAYERS)
 
     def discard(self) -> None:
         discard(self.paths)
@@ -89,13 +112,28 @@ def stage(
     cap_mb: int,
     *,
     link: bool = False,
+    layered: bool = False,
 ) -> Staged:
     """Fill a new workspace from the snapshot, owned by `ids`; with cap_mb, in a new file
     system of that size. `link`: the snapshot is of this sandbox (its lineage), whose
     unchanged files switch() may link rather than copy (never with cap_mb: a link cannot
-    cross file systems). Anything that fails removes what was made and raises."""
+    cross file systems). `layered` (never with cap_mb or link): a layered workspace
+    (layers.py). Anything that fails removes what was made and raises."""
     discard(paths)  # what a crash left
     folder = paths.root / "workspace.restoring"
+    if layered:
+        if cap_mb or link:
+            raise ValueError("a layered workspace is neither capped nor linked")
+        staged = paths.root / STAGED_LAYERS
+        try:
+            folder.mkdir(mode=0o700)
+            meta, data = layers.make(staged)
+            store.restore(owner, name, meta, ids, data=data)
+            layers.finish(staged)
+        except BaseException:
+            discard(paths)
+            raise
+        return Staged(paths, folder, None, store, owner, name, ids, layers=staged)
     image = paths.root / "workspace.img.restoring" if cap_mb else None
     reuse = Reuse(paths.workspace) if link and image is None else None
     try:
@@ -121,6 +159,8 @@ def discard(paths: Paths) -> None:
     workspaces.unmount(folder)
     _remove(folder)
     (paths.root / "workspace.img.restoring").unlink(missing_ok=True)
+    _remove(paths.root / STAGED_LAYERS)
+    _remove(paths.root / OLD_LAYERS)
 
 
 def cap_of(paths: Paths, configured_mb: int) -> int:
