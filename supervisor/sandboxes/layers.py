@@ -6,8 +6,9 @@ metadata entry per file, not its bytes (issue 30).
     ├── meta/    the snapshot's tree: folders, links, and each file with content as an empty
     │            sparse file of its size, mode, owner, mtime and E2B attributes, whose
     │            trusted.overlay.metacopy and .redirect attributes name its object in data/
-    ├── data/    <ab>/<sha256>: the snapshot's objects, hard links to the store's (a copy
-    │            where a link cannot be made: another file system, too many links)
+    ├── data/    the snapshot's objects, each once under a short name (hex, in the order
+    │            first met), hard links to the store's (a copy where a link cannot be made:
+    │            another file system, too many links to one object)
     ├── upper/   what the sandbox wrote since: overlayfs copies a file up on its first write
     └── work/    overlayfs's own
 
@@ -59,46 +60,42 @@ _TIMEOUT_S: Final = 60.0
 _NOT_LINKED: Final = (errno.EXDEV, errno.EMLINK, errno.EPERM)
 
 
-def link_object(objects: Path, data: Path, digest: str) -> None:
-    """data/<ab>/<digest>: the store's object, linked (once: a second file of the same
-    content finds it there), else copied."""
-    src = objects / digest[:2] / digest
-    dst = data / digest[:2] / digest
+class DataLayer:
+    """A layered workspace's data layer as it is filled: each object of the store linked
+    into it once, under a short name (a redirect of a few bytes fits in the metadata file's
+    inode, where a 64-digit one would take a block of its own per file)."""
+
+    def __init__(self, objects: Path, folder: Path) -> None:
+        self.objects, self.folder = objects, folder
+        self._names: dict[str, str] = {}
+
+    def redirect(self, digest: str) -> bytes:
+        """The redirect naming the object `digest` in this layer (linked on first use)."""
+        name = self._names.get(digest)
+        if name is None:
+            name = f"{len(self._names):x}"
+            _link_or_copy(self.objects / digest[:2] / digest, self.folder / name)
+            self._names[digest] = name
+        return f"/{name}".encode("ascii")
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
     try:
         os.link(src, dst, follow_symlinks=False)
-        return
-    except FileExistsError:
-        return
-    except FileNotFoundError:
-        if not src.exists():
-            raise
-        dst.parent.mkdir(mode=0o700, exist_ok=True)
-    except OSError as exc:
+    except OSError as exc:  # another file system, too many links to the object
         if exc.errno not in _NOT_LINKED:
             raise
-        _copy_object(src, dst)
-        return
-    try:
-        os.link(src, dst, follow_symlinks=False)
-    except FileExistsError:
-        return
-    except OSError as exc:
-        if exc.errno not in _NOT_LINKED:
-            raise
-        _copy_object(src, dst)
+        partial = dst.with_name(dst.name + ".partial")
+        shutil.copyfile(src, partial, follow_symlinks=False)
+        os.chmod(partial, 0o600)
+        os.replace(partial, dst)
 
 
-def _copy_object(src: Path, dst: Path) -> None:
-    partial = dst.with_name(dst.name + ".partial")
-    shutil.copyfile(src, partial, follow_symlinks=False)
-    os.chmod(partial, 0o600)
-    os.replace(partial, dst)
-
-
-def name_object(fd: int, digest: str) -> None:
-    """Mark the open metadata-layer file as overlayfs's metacopy of data/<ab>/<digest>."""
+def name_object(fd: int, redirect: bytes) -> None:
+    """Mark the open metadata-layer file as overlayfs's metacopy of the data layer's
+    `redirect`."""
     os.setxattr(fd, METACOPY, b"")
-    os.setxattr(fd, REDIRECT, f"/{digest[:2]}/{digest}".encode("ascii"))
+    os.setxattr(fd, REDIRECT, redirect)
 
 
 def make(folder: Path) -> tuple[Path, Path]:
@@ -154,13 +151,12 @@ def probe(under: Path) -> str:
     target = scratch / "mounted"
     try:
         meta, data = make(scratch / "layers")
-        (data / "ab").mkdir()
-        (data / "ab" / "ab").write_bytes(b"layered\n")
+        (data / "0").write_bytes(b"layered\n")
         fd = os.open(meta / "file", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, 8)
             os.setxattr(fd, METACOPY, b"")
-            os.setxattr(fd, REDIRECT, b"/ab/ab")
+            os.setxattr(fd, REDIRECT, b"/0")
         finally:
             os.close(fd)
         target.mkdir()

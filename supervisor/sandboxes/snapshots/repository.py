@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from stockade.supervisor.errors import AlreadyExists, InvalidRequest, NotFound, QuotaExceeded
+from stockade.supervisor.sandboxes import layers
 from stockade.supervisor.sandboxes.snapshots import restore as _restore
 from stockade.supervisor.sandboxes.snapshots.capture import (
     DIR_FLAGS,
@@ -280,7 +281,8 @@ class SnapshotStore:
             if reuse is not None:
                 walked = int(head.get("walked_ns", 0))
                 reuse.trusted_before_ns = max(0, walked - _restore.RACY_NS) if walked else 0
-            _restore.restore(target, root, entries, base / "objects", ids, reuse, data)
+            layer = None if data is None else layers.DataLayer(base / "objects", data)
+            _restore.restore(target, root, entries, base / "objects", ids, reuse, layer)
             return _snapshot(owner, head)
 
     def relink(

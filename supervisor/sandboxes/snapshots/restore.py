@@ -86,7 +86,7 @@ def restore(
     objects: Path,
     ids: tuple[int, int],
     reuse: Reuse | None = None,
-    data: Path | None = None,
+    data: layers.DataLayer | None = None,
 ) -> None:
     """Fill the empty folder `target` (made if missing) with `entries`, owned by `ids`. A
     target given as an opener (a descriptor of an existing folder, e.g. a container's /tmp)
@@ -135,7 +135,7 @@ def restore(
                 times = (entry.mtime_ns, entry.mtime_ns)
                 os.utime(entry.name, ns=times, dir_fd=fd, follow_symlinks=False)
             elif data is not None and entry.size:
-                _layered_file(fd, entry, objects, data, ids)
+                _layered_file(fd, entry, data, ids)
             elif live is None or not live.defer(entry):
                 _file(fd, entry, objects, ids)
                 if reuse is not None:
@@ -335,19 +335,17 @@ def _file(dir_fd: int, entry: Entry, objects: Path, ids: tuple[int, int]) -> Non
         os.close(src)
 
 
-def _layered_file(
-    dir_fd: int, entry: Entry, objects: Path, data: Path, ids: tuple[int, int]
-) -> None:
+def _layered_file(dir_fd: int, entry: Entry, data: layers.DataLayer, ids: tuple[int, int]) -> None:
     """The file as overlayfs's metacopy: its attributes here, its content the object in
     `data` its redirect names (layers.py)."""
     _check_digest(entry)
-    layers.link_object(objects, data, entry.digest)
+    redirect = data.redirect(entry.digest)
     dst = os.open(entry.name, _NEW_FILE, 0o600, dir_fd=dir_fd)
     try:
         os.ftruncate(dst, entry.size)  # sparse: no block is written
         os.fchown(dst, *ids)
         _set_xattrs(dst, entry)
-        layers.name_object(dst, entry.digest)
+        layers.name_object(dst, redirect)
         os.fchmod(dst, entry.mode)
         os.utime(dst, ns=(entry.mtime_ns, entry.mtime_ns))
     finally:
