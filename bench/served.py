@@ -39,6 +39,11 @@ class Served:
         return self.state_dir / "serve.log"
 
 
+STATE_PARENT = "STOCKADE_BENCH_DIR"
+"""The folder the served supervisors' state directories are made in (default /tmp): its file
+system is what snapshots, restores and forks write to."""
+
+
 @contextlib.contextmanager
 def served(
     engine: str,
@@ -49,7 +54,7 @@ def served(
 ) -> Iterator[Served]:
     """`auth`: the [auth] table (none by default; bench/console_cost.py gives a tokens file,
     which the console needs)."""
-    state_dir = Path(tempfile.mkdtemp(prefix="stkb", dir="/tmp"))
+    state_dir = Path(tempfile.mkdtemp(prefix="stkb", dir=os.environ.get(STATE_PARENT, "/tmp")))
     target = f"127.0.0.1:{free_port()}"
     config = state_dir / "stockade.toml"
     config.write_text(

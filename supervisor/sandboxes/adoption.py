@@ -143,9 +143,10 @@ async def _adopt(
 def _adoptable(parts: Parts, paths: layout.Paths, info: ContainerInfo) -> bool:
     """A running container is adopted when its agent's directory is sealed (an agent on a
     unix socket; one reached over the network proves itself by its certificate) and, if its
-    workspace should be a file system of its own (or layered), that is mounted (else the container was
-    made on the plain directory, and is made again); with sandbox.user_namespace on, a
-    container without a user namespace (made before it was turned on) is made again."""
+    workspace should be a file system of its own (or layered), that is mounted (else the
+    container was made on the plain directory, and is made again); with
+    sandbox.user_namespace on, a container without a user namespace (made before it was
+    turned on) is made again."""
     if parts.layout.needs_mount(paths) and not paths.workspace.is_mount():
         return False
     if parts.containers.runtime.userns and not (info.own_userns or parts.daemon_maps):

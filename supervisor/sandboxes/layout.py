@@ -147,14 +147,13 @@ class Layout:
     def mount(self, paths: Paths) -> None:
         """The file systems the supervisor makes for a new container: the size-capped
         workspace when configured (or capped before: its files live in the image), and /tmp
-        when the engine cannot cap its inodes (a fresh tmpfs per container)."""
+        when the engine cannot cap its inodes (a fresh tmpfs per container). A layered
+        workspace is mounted by hand_over, once its layers have the container's ids."""
         sb = self._config.sandbox
         if self.capped(paths):
             if paths.layers.is_dir() and not paths.image.exists():
                 _layers_into_image(paths, sb.workspace_size_mb, (self.uid, self.gid))
             workspaces.mount(paths.image, paths.workspace, sb.workspace_size_mb, self.uid, self.gid)
-        elif paths.layers.is_dir():
-            layers.mount(paths.layers, paths.workspace)
         if self.host_tmp:
             workspaces.mount_tmp(paths.tmp, sb.tmp_size_mb * 1024 * 1024, sb.tmp_inodes)
 
@@ -183,23 +182,30 @@ class Layout:
         """Before the container starts: give its workspace and agent directory to the host
         ids its user has (itself without a user namespace). A workspace made for other ids
         (an earlier container had another range, or none) is walked, and what the sandbox
-        user owned there changes hands; with unchanged ids nothing is walked."""
+        user owned there changes hands; with unchanged ids nothing is walked. A layered
+        workspace's layers change hands where they lie, and are then mounted."""
         try:
             ids = maps.host_ids(self.uid, self.gid)
         except ConfigError as exc:
             raise SandboxBroken(str(exc)) from None
         handed.append(ids)
-        previous = _read_owners(paths.owners) or [_owner_of(paths.workspace, ids)]
+        layered = not self.capped(paths) and paths.layers.is_dir()
+        root = paths.layers / layers.UPPER if layered else paths.workspace  # its root's owner
+        previous = _read_owners(paths.owners) or [_owner_of(root, ids)]
         try:
             if previous != [ids]:
                 _write_owners(paths.owners, [*previous, ids])
-                changed = hostfs.chown_tree(
-                    paths.workspace, ids, {u for u, _ in previous}, {g for _, g in previous}
-                )
+                uids, gids = {u for u, _ in previous}, {g for _, g in previous}
+                if layered:
+                    changed = _chown_layers(paths, ids, uids, gids)
+                else:
+                    changed = hostfs.chown_tree(paths.workspace, ids, uids, gids)
                 _write_owners(paths.owners, [ids])
                 log.info(
                     "workspace %s handed to %s:%s (%d entries)", paths.workspace, *ids, changed
                 )
+            if layered:
+                layers.mount(paths.layers, paths.workspace)
             os.chown(paths.workspace, *ids, follow_symlinks=False)
             os.chown(paths.run, *ids, follow_symlinks=False)
         except OSError as exc:
@@ -288,6 +294,17 @@ def unmount(paths: Paths, *, workspace: bool = True) -> None:
     if workspace:
         workspaces.unmount(paths.workspace)
     workspaces.unmount(paths.tmp)
+
+
+def _chown_layers(paths: Paths, ids: tuple[int, int], uids: set[int], gids: set[int]) -> int:
+    """A layered workspace handed to new ids: its metadata and upper layers, each changed
+    where it lies, unmounted (through the mount, overlayfs would copy every file's metadata
+    up into the upper layer first); what the mount shows is the same."""
+    workspaces.unmount(paths.workspace)  # mounted only when kept for a container made again
+    return sum(
+        hostfs.chown_tree(paths.layers / name, ids, uids, gids)
+        for name in (layers.META, layers.UPPER)
+    )
 
 
 def _layers_into_image(paths: Paths, size_mb: int, ids: tuple[int, int]) -> None:

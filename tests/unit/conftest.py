@@ -6,6 +6,7 @@ shipped deploy config (`config`, module-scoped). Plain factories are in fakes.py
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -13,12 +14,22 @@ import pytest
 import pytest_asyncio
 
 from stockade.supervisor.config import Config
+from stockade.supervisor.sandboxes import workspaces
 from stockade.supervisor.sandboxes.snapshots.repository import SnapshotStore
 from tests.unit.deploy_files import shipped_config
 from tests.unit.fakes import STATE, FakeBackend, free_port
 from tests.unit.intercept_harness import Harness, started
 from tests.unit.kube_mock import Kubelet, KubeMock, ca_secret, serving
 from tests.unit.snapshot_trees import make_tree
+
+
+@pytest.fixture(autouse=True)
+def _no_mount_left(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A test whose supervisor made a layered workspace (a restore, a fork: as root, the
+    default) leaves it mounted, as a supervisor does when it stops: unmounted after it."""
+    yield
+    if os.geteuid() == 0:
+        workspaces.unmount_all(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture

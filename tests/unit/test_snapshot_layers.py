@@ -7,12 +7,12 @@ through the mount, planting a metacopy file or a redirect, a damaged manifest's 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gzip
 import json
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +22,7 @@ from stockade.supervisor.sandboxes import layers, workspaces
 from stockade.supervisor.sandboxes.layout import Paths, drop_layers, paths_at
 from stockade.supervisor.sandboxes.snapshots import staging
 from stockade.supervisor.sandboxes.snapshots.repository import SnapshotStore
-from tests.unit.snapshot_trees import IDS, make_tree, owned, tree_of
+from tests.unit.snapshot_trees import make_tree, owned, tree_of
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts overlayfs: needs root")
 
@@ -170,7 +170,7 @@ def test_a_failed_stage_leaves_the_workspace_as_it_was(
 
     layers_name = layers.name_object
     monkeypatch.setattr(layers, "name_object", failing)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="full"):
         staging.stage(store, "t", "s", box, OTHER_IDS, 0, layered=True)
     assert tree_of(box.workspace) == want
     assert sorted(p.name for p in box.root.iterdir()) == ["workspace"]
@@ -191,7 +191,7 @@ def test_a_crash_after_the_layers_are_in_place_shows_the_new_files(
         raise OSError(errno.EIO, "crash")
 
     monkeypatch.setattr(staging, "_exchange", crash)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="crash"):
         staged.switch()
     monkeypatch.undo()
     layers.mount(box.layers, box.workspace)
@@ -215,17 +215,16 @@ def test_overlayfs_attributes_set_through_the_mount_steer_nothing(
         with open(path, "r+b") as f:
             f.truncate(10)
         for attr, value in ((layers.METACOPY, b""), (layers.REDIRECT, redirect)):
-            try:
+            with contextlib.suppress(PermissionError):  # refused, or kept escaped: below
                 os.setxattr(path, attr, value)
-            except OSError as exc:
-                assert exc.errno in (errno.EPERM, errno.EOPNOTSUPP, errno.EACCES)
     for _ in range(2):
         for name in forged:
             assert (box.workspace / name).read_bytes() == bytes(10)
         workspaces.unmount(box.workspace)
         for name in forged:
             names = os.listxattr(box.layers / layers.UPPER / name)
-            assert layers.REDIRECT not in names and layers.METACOPY not in names
+            assert layers.REDIRECT not in names
+            assert layers.METACOPY not in names
         layers.mount(box.layers, box.workspace)
 
 
