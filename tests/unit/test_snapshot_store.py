@@ -4,6 +4,7 @@ by hostile sandbox code (links planted or swapped in mid-capture, hard links, bo
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -13,11 +14,12 @@ import pytest
 
 from stockade.supervisor.errors import InvalidRequest
 from stockade.supervisor.sandboxes.snapshots import capture as capture_mod
-from stockade.supervisor.sandboxes.snapshots.capture import Limits, SnapshotTooLarge
+from stockade.supervisor.sandboxes.snapshots.capture import DIR_FLAGS, Limits, SnapshotTooLarge
 from stockade.supervisor.sandboxes.snapshots.repository import (
     SnapshotExists,
     SnapshotNotFound,
     SnapshotStore,
+    _collect,
 )
 from stockade.supervisor.sandboxes.snapshots.restore import TargetNotEmpty
 from tests.unit.snapshot_trees import IDS, NON_UTF8, owned, settle, tree_of
@@ -355,3 +357,44 @@ def test_an_unchanged_file_s_entry_is_taken_over_and_a_moved_one_is_not(
     target = tmp_path / "restored"
     store.restore("t", "two", target, IDS)
     assert tree_of(target) == owned(want, IDS)
+
+
+def _objects_in(store: SnapshotStore) -> set[str]:
+    return {p.name for p in (store.root / "t" / "objects").rglob("*") if p.is_file()}
+
+
+def _transient(store: SnapshotStore, tree: Path, name: str) -> set[str]:
+    """Capture `tree` as the transient `name` (a fork's); the content it added."""
+    session = store.begin("t")
+    try:
+        session.capture(name, {"workspace": lambda: os.open(tree, DIR_FLAGS)}, "l", {})
+        return set(session.added)
+    finally:
+        session.end()
+
+
+def test_a_transient_capture_deleted_by_what_it_added_leaves_what_a_collection_would(
+    store: SnapshotStore, tmp_path: Path
+) -> None:
+    """A fork's capture is deleted reading only the manifests written since it: what it
+    added and nothing uses goes, what a later snapshot took over stays, older content is
+    not looked at; a full collection afterwards finds nothing more to remove."""
+    tree = tmp_path / "w"
+    tree.mkdir()
+    (tree / "old").write_text("old content")
+    store.capture("t", "before", tree)
+    (tree / "new-a").write_text("only the transient capture has this")
+    (tree / "new-b").write_text("a later snapshot takes this over")
+    added = _transient(store, tree, "~fork-00aa")
+    assert len(added) == 2
+    (tree / "new-a").unlink()
+    store.capture("t", "after", tree)
+    store.delete("t", "~fork-00aa", added=added)
+    digest = hashlib.sha256
+    kept = _objects_in(store)
+    assert digest(b"only the transient capture has this").hexdigest() not in kept
+    assert digest(b"a later snapshot takes this over").hexdigest() in kept
+    assert digest(b"old content").hexdigest() in kept
+    assert _collect(store.root / "t") == 0
+    with pytest.raises(SnapshotNotFound):
+        store.delete("t", "~fork-00aa", added=added)

@@ -96,6 +96,8 @@ class Taken:
     """With want_keys: the workspace's file keys and digests, the next capture's cache."""
     known: Known = field(default_factory=dict)
     """With want_keys: the walk's records and entries (capture.Known), the next walk's."""
+    added: frozenset[str] = frozenset()
+    """The content the capture added to the store (recorded at once: not a deferred one)."""
 
 
 Plant = Callable[[Sandbox], Awaitable[None]]
@@ -220,8 +222,9 @@ class Snapshots:
                     ),
                     return_exceptions=True,
                 )
-            finally:
-                await self.held.run(owner, self.store.delete, owner, name)
+            finally:  # what it added, left unused, goes; nothing else can have been
+                drop = functools.partial(self.store.delete, added=taken.added)
+                await self.held.run(owner, drop, owner, name)
             failed = [e for e in done if isinstance(e, BaseException)]
             if failed:
                 raise failed[0]
@@ -336,7 +339,8 @@ class Snapshots:
                         snap = session.describe(chosen, got, lineage, plain)
                     else:
                         snap = await whole(record)
-                    return Taken(snap, stats, clock[0], keys, known)
+                    added = frozenset(session.added if later is None else ())
+                    return Taken(snap, stats, clock[0], keys, known, added)
                 finally:
                     if not handed:
                         try:

@@ -52,7 +52,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -229,13 +229,17 @@ class SnapshotStore:
             raise SnapshotNotFound(f"no snapshot {name!r}") from None
         return _snapshot(owner, head)
 
-    def delete(self, owner: str, name: str) -> int:
+    def delete(self, owner: str, name: str, *, added: Collection[str] | None = None) -> int:
         """Delete the snapshot and the content no other snapshot of the owner uses; returns
-        the bytes freed."""
+        the bytes freed. `added`: the content the snapshot's own capture added to the store
+        (CaptureSession.added, a fork's transient capture's): only that can have been left
+        unused, and only a manifest written since can use it, so only those are read."""
         _check(owner, "owner")
         _check(name, "snapshot name", transient=True)
         with self._owner(owner) as base:
-            return _delete(base, name)
+            if added is None:
+                return _delete(base, name)
+            return _delete_added(base, name, set(added))
 
     def usage(self, owner: str) -> Usage:
         """Snapshots listed, and bytes on disk (transient captures' included while held)."""
@@ -398,6 +402,8 @@ class CaptureSession:
         checkpoint's, whose call waits for the walk but not for record()."""
         self._deferred: dict[str, bytes] = {}
         self._deferred_bytes = 0
+        self.added: set[str] = set()
+        """Once recorded: the content the manifest names that this session added."""
 
     def _write(self, fd: int) -> tuple[str, int]:
         if self.defer:
@@ -551,6 +557,7 @@ class CaptureSession:
         _write_manifest(self.base / "manifests" / f"{name}.json.gz", snap, got, compresslevel)
         used = {e.digest for c in got.values() for e in c.entries if e.kind == "f"}
         self._drop(self._new - used)  # a pre-copy's copies of files changed since
+        self.added = self._new & used
         self._new.clear()
         if max_bytes and self._store.usage(self.base.name).bytes > max_bytes:
             _delete(self.base, name)
@@ -665,6 +672,33 @@ def _delete(base: Path, name: str) -> int:
     except FileNotFoundError:
         raise SnapshotNotFound(f"no snapshot {name!r}") from None
     return freed + _collect(base)
+
+
+def _delete_added(base: Path, name: str, added: set[str]) -> int:
+    """_delete of a snapshot whose capture added `added` to the store: no manifest older than
+    it can name content that was new then (a capture holds the store; a collection removes
+    only what no manifest names), so only the manifests written since are read."""
+    manifest = base / "manifests" / f"{name}.json.gz"
+    try:
+        info = manifest.stat()
+        manifest.unlink()
+    except FileNotFoundError:
+        raise SnapshotNotFound(f"no snapshot {name!r}") from None
+    for path in (base / "manifests").glob("*.json.gz"):
+        if not added:
+            break
+        with contextlib.suppress(FileNotFoundError):
+            if path.stat().st_mtime_ns < info.st_mtime_ns:
+                continue
+            _, parts = _read_manifest(path)
+            added.difference_update(e.digest for _, es in parts.values() for e in es)
+    freed = info.st_size
+    for digest in added:
+        obj = base / "objects" / digest[:2] / digest
+        with contextlib.suppress(FileNotFoundError):
+            freed += obj.stat().st_size
+            obj.unlink()
+    return freed
 
 
 def _collect(base: Path) -> int:
