@@ -69,14 +69,21 @@ class DataLayer:
         self.objects, self.folder = objects, folder
         self._names: dict[str, str] = {}
 
+    def link(self, digest: str) -> None:
+        """Link the store's object `digest` into the layer (once: a second file of the same
+        content finds it there). Only with the store held."""
+        if digest in self._names:
+            return
+        if len(digest) != 64 or digest.strip("0123456789abcdef"):
+            raise ValueError(f"object {digest!r}: damaged manifest")
+        name = f"{len(self._names):x}"
+        _link_or_copy(self.objects / digest[:2] / digest, self.folder / name)
+        self._names[digest] = name
+
     def redirect(self, digest: str) -> bytes:
-        """The redirect naming the object `digest` in this layer (linked on first use)."""
-        name = self._names.get(digest)
-        if name is None:
-            name = f"{len(self._names):x}"
-            _link_or_copy(self.objects / digest[:2] / digest, self.folder / name)
-            self._names[digest] = name
-        return f"/{name}".encode("ascii")
+        """The redirect naming the object `digest`, linked before (KeyError otherwise: the
+        metadata layer is made without the store)."""
+        return f"/{self._names[digest]}".encode("ascii")
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

@@ -282,3 +282,17 @@ def test_drop_layers_unmarks_first(box: Paths, store: SnapshotStore) -> None:
 def test_the_probe_says_why_not(tmp_path: Path) -> None:
     assert "option separators" in layers.probe(tmp_path / "a,b")
     assert "option separators" in layers.probe(tmp_path / "a:b")
+
+
+def test_the_metadata_layer_needs_the_store_no_more(store: SnapshotStore, box: Paths) -> None:
+    """A fork's keys make their metadata layers with the store let go (stage_meta): the
+    snapshot deleted and its content collected between the two halves, the workspace still
+    reads back whole, empty files included."""
+    want = owned(tree_of(box.workspace), OTHER_IDS)
+    store.capture("t", "s", box.workspace, "box")
+    planned = staging.stage_data(store, "t", "s", box)
+    store.delete("t", "s")
+    assert not [p for p in objects_of(store).rglob("*") if p.is_file()]
+    staging.stage_meta(planned, OTHER_IDS).switch()
+    layers.mount(box.layers, box.workspace)
+    assert tree_of(box.workspace) == want

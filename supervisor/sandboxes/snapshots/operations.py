@@ -443,13 +443,16 @@ class Snapshots:
         cap = staging.cap_of(paths, parts.config.sandbox.workspace_size_mb)
         link = not settings_from and snap.lineage == paths.root.name  # never a fork's
         layered = parts.layout.layered and not cap and (not link or paths.layers.is_dir())
-        staged = await self.held.run(
-            owner,
-            functools.partial(
-                staging.stage, self.store, owner, name, paths, ids, cap,
-                link=link and not layered, layered=layered,
-            ),
-        )  # fmt: skip
+        if layered:  # the store held for the links alone: a fork's keys make the rest at once
+            planned = await self.held.run(owner, staging.stage_data, self.store, owner, name, paths)
+            staged = await whole(staging.stage_meta, planned, ids)
+        else:
+            staged = await self.held.run(
+                owner,
+                functools.partial(
+                    staging.stage, self.store, owner, name, paths, ids, cap, link=link
+                ),
+            )
         try:
             if old is not None:
                 parts.registry.pop(key, None)

@@ -131,6 +131,16 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class Layer:
+    """What SnapshotStore.layer_data gives: the snapshot's root (mode, mtime), its entries,
+    and its data layer, every object linked."""
+
+    root: tuple[int, int]
+    entries: list[Entry]
+    data: layers.DataLayer
+
+
+@dataclass(frozen=True)
 class Usage:
     """What an owner's snapshots take: `count` snapshots, `bytes` on disk after dedup."""
 
@@ -262,15 +272,13 @@ class SnapshotStore:
         ids: tuple[int, int],
         part: str = MAIN,
         reuse: _restore.Reuse | None = None,
-        data: Path | None = None,
     ) -> Snapshot:
         """Make the empty folder `target` hold exactly the snapshot's files (its `part`),
         owned by `ids`; a folder given by an opener keeps its own owner (a /tmp). A restore
         that fails part way leaves `target` partly filled: the caller removes it. With
         `reuse` (a restore into the sandbox the snapshot is of), the files its live workspace
         still holds unchanged are left out, for relink to link them once nothing writes
-        there any more. With `data`, `target` is made a layered workspace's metadata layer,
-        its content linked into `data` (layers.py)."""
+        there any more."""
         _check(owner, "owner")
         _check(name, "snapshot name", transient=True)
         with self._owner(owner) as base:  # a delete's collection waits for the copy
@@ -285,9 +293,27 @@ class SnapshotStore:
             if reuse is not None:
                 walked = int(head.get("walked_ns", 0))
                 reuse.trusted_before_ns = max(0, walked - _restore.RACY_NS) if walked else 0
-            layer = None if data is None else layers.DataLayer(base / "objects", data)
-            _restore.restore(target, root, entries, base / "objects", ids, reuse, layer)
+            _restore.restore(target, root, entries, base / "objects", ids, reuse)
             return _snapshot(owner, head)
+
+    def layer_data(self, owner: str, name: str, data: Path) -> Layer:
+        """A layered workspace's data layer (layers.py) for snapshot `name`: each object its
+        files name, hard-linked into the empty folder `data` with the store held (so that a
+        collection cannot remove one meanwhile); then what makes its metadata layer, which
+        needs the store no more (restore.restore with the Layer's `data`)."""
+        _check(owner, "owner")
+        _check(name, "snapshot name", transient=True)
+        with self._owner(owner) as base:
+            try:
+                _, parts = _read_manifest(base / "manifests" / f"{name}.json.gz")
+            except FileNotFoundError:
+                raise SnapshotNotFound(f"no snapshot {name!r}") from None
+            root, entries = parts[MAIN]
+            layer = layers.DataLayer(base / "objects", data)
+            for entry in entries:
+                if entry.kind == "f" and entry.size:
+                    layer.link(entry.digest)
+            return Layer(root, entries, layer)
 
     def relink(
         self, owner: str, name: str, target: Path, ids: tuple[int, int], reuse: _restore.Reuse

@@ -91,9 +91,9 @@ def restore(
     """Fill the empty folder `target` (made if missing) with `entries`, owned by `ids`. A
     target given as an opener (a descriptor of an existing folder, e.g. a container's /tmp)
     keeps its owner and mode. With `reuse`, files that may be linked are left for relink.
-    With `data` (a layered workspace's, see layers.py), `target` becomes its metadata layer:
-    each file with content is an empty file of its size naming its object in `data`, where
-    the object is hard-linked from the store (copied where it cannot be), never written."""
+    With `data` (a layered workspace's data layer, its objects linked: layers.py), `target`
+    becomes its metadata layer: each file with content an empty file of its size naming its
+    object in `data`; `objects` is then not read."""
     if isinstance(target, Path):
         with contextlib.suppress(FileExistsError):
             os.mkdir(target, 0o700)
@@ -134,7 +134,7 @@ def restore(
                 os.chown(entry.name, *ids, dir_fd=fd, follow_symlinks=False)
                 times = (entry.mtime_ns, entry.mtime_ns)
                 os.utime(entry.name, ns=times, dir_fd=fd, follow_symlinks=False)
-            elif data is not None and entry.size:
+            elif data is not None:
                 _layered_file(fd, entry, data, ids)
             elif live is None or not live.defer(entry):
                 _file(fd, entry, objects, ids)
@@ -338,23 +338,18 @@ def _file(dir_fd: int, entry: Entry, objects: Path, ids: tuple[int, int]) -> Non
 def _layered_file(dir_fd: int, entry: Entry, data: layers.DataLayer, ids: tuple[int, int]) -> None:
     """The file as overlayfs's metacopy: its attributes here, its content the object in
     `data` its redirect names (layers.py)."""
-    _check_digest(entry)
-    redirect = data.redirect(entry.digest)
+    redirect = data.redirect(entry.digest) if entry.size else b""
     dst = os.open(entry.name, _NEW_FILE, 0o600, dir_fd=dir_fd)
     try:
         os.ftruncate(dst, entry.size)  # sparse: no block is written
         os.fchown(dst, *ids)
         _set_xattrs(dst, entry)
-        layers.name_object(dst, redirect)
+        if redirect:  # an empty file is itself
+            layers.name_object(dst, redirect)
         os.fchmod(dst, entry.mode)
         os.utime(dst, ns=(entry.mtime_ns, entry.mtime_ns))
     finally:
         os.close(dst)
-
-
-def _check_digest(entry: Entry) -> None:
-    if len(entry.digest) != 64 or entry.digest.strip("0123456789abcdef"):
-        raise ValueError(f"snapshot entry {entry.name!r}: damaged manifest")
 
 
 def _set_xattrs(fd: int, entry: Entry) -> None:

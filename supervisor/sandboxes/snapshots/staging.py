@@ -41,8 +41,8 @@ from pathlib import Path
 from stockade.supervisor.errors import InvalidRequest
 from stockade.supervisor.sandboxes import hostfs, layers, workspaces
 from stockade.supervisor.sandboxes.layout import Paths
-from stockade.supervisor.sandboxes.snapshots.repository import SnapshotStore
-from stockade.supervisor.sandboxes.snapshots.restore import Reuse
+from stockade.supervisor.sandboxes.snapshots.repository import Layer, SnapshotStore
+from stockade.supervisor.sandboxes.snapshots.restore import Reuse, restore
 
 MiB = 1 << 20
 STAGED_LAYERS = "layers.restoring"
@@ -124,16 +124,7 @@ def stage(
     if layered:
         if cap_mb or link:
             raise ValueError("a layered workspace is neither capped nor linked")
-        staged = paths.root / STAGED_LAYERS
-        try:
-            folder.mkdir(mode=0o700)
-            meta, data = layers.make(staged)
-            store.restore(owner, name, meta, ids, data=data)
-            layers.finish(staged)
-        except BaseException:
-            discard(paths)
-            raise
-        return Staged(paths, folder, None, store, owner, name, ids, layers=staged)
+        return stage_meta(stage_data(store, owner, name, paths), ids)
     image = paths.root / "workspace.img.restoring" if cap_mb else None
     reuse = Reuse(paths.workspace) if link and image is None else None
     try:
@@ -151,6 +142,50 @@ def stage(
             raise SnapshotTooBig(f"snapshot {name!r} does not fit in {where}") from None
         raise
     return Staged(paths, folder, image, store, owner, name, ids, reuse)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A layered workspace half staged (stage_data): its data layer made, with the store."""
+
+    paths: Paths
+    layer: Layer
+    store: SnapshotStore
+    owner: str
+    name: str
+
+
+def stage_data(store: SnapshotStore, owner: str, name: str, paths: Paths) -> Planned:
+    """The first half of a layered stage: the staged layers' folders, and the data layer's
+    links to the store's objects, which need the owner's store held (a restore's, a fork's
+    caller holds it for this half only: see stage_meta)."""
+    discard(paths)  # what a crash left
+    try:
+        (paths.root / "workspace.restoring").mkdir(mode=0o700)
+        _, data = layers.make(paths.root / STAGED_LAYERS)
+        layer = store.layer_data(owner, name, data)
+    except BaseException:
+        discard(paths)
+        raise
+    return Planned(paths, layer, store, owner, name)
+
+
+def stage_meta(planned: Planned, ids: tuple[int, int]) -> Staged:
+    """The second half: the metadata layer, owned by `ids`, made from the entries alone
+    (without the store: forks of one call make theirs side by side)."""
+    paths, staged = planned.paths, planned.paths.root / STAGED_LAYERS
+    layer = planned.layer
+    try:
+        meta = staged / layers.META
+        restore(meta, layer.root, layer.entries, layer.data.objects, ids, data=layer.data)
+        layers.finish(staged)
+    except BaseException:
+        discard(paths)
+        raise
+    folder = paths.root / "workspace.restoring"
+    return Staged(
+        paths, folder, None, planned.store, planned.owner, planned.name, ids, layers=staged
+    )
 
 
 def discard(paths: Paths) -> None:
