@@ -41,12 +41,12 @@ import errno
 import logging
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Final
 
 from stockade.supervisor.errors import SandboxBroken
+from stockade.supervisor.sandboxes import workspaces
 
 log = logging.getLogger("stockade")
 
@@ -56,7 +56,6 @@ REDIRECT: Final = "trusted.overlay.redirect"
 OPTIONS: Final = "metacopy=on,redirect_dir=on,nosuid,nodev,noatime"
 _UNSAFE: Final = frozenset(",:\\=\n")
 """Characters that would change the meaning of overlayfs's option string."""
-_TIMEOUT_S: Final = 60.0
 _NOT_LINKED: Final = (errno.EXDEV, errno.EMLINK, errno.EPERM)
 
 
@@ -136,7 +135,9 @@ def mount(folder: Path, target: Path) -> None:
     """Mount the layers in `folder` at `target` (already a mount point: nothing)."""
     if target.is_mount():
         return
-    _run("mount", "-t", "overlay", "-o", options(folder), "stockade-layers", str(target))
+    workspaces.run_tool(
+        "mount", "-t", "overlay", "-o", options(folder), "stockade-layers", str(target)
+    )
 
 
 def usable(path: Path) -> bool:
@@ -172,20 +173,10 @@ def probe(under: Path) -> str:
             if (target / "file").read_bytes() != b"layered\n":
                 return "overlayfs did not read a metacopy file's content from its data layer"
         finally:
-            _run("umount", str(target))
+            workspaces.run_tool("umount", str(target))
         return ""
     except (OSError, SandboxBroken) as exc:
         return f"overlayfs with a data-only layer and metacopy (Linux 6.5 or later): {exc}"
     finally:
         with contextlib.suppress(OSError):
             shutil.rmtree(scratch)
-
-
-def _run(*argv: str) -> None:
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SandboxBroken(f"{argv[0]} failed: {exc}") from None
-    if done.returncode != 0:
-        said = (done.stderr or done.stdout).strip()
-        raise SandboxBroken(f"{argv[0]} failed (exit {done.returncode}): {said}")

@@ -57,7 +57,7 @@ def mount(image: Path, target: Path, size_mb: int, uid: int, gid: int) -> None:
     made = not image.exists()
     if made:
         _make(image, target, size_mb, uid, gid)
-    _run("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(target))
+    run_tool("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(target))
     if made:
         (target / "lost+found").rmdir()  # e2fsck makes it again should it need one
 
@@ -78,7 +78,7 @@ def make_image_from(image: Path, source: Path | None, size_mb: int, uid: int, gi
         file.truncate(size_mb * 1024 * 1024)
     populate = ("-d", str(source)) if source is not None else ()
     try:
-        _run(
+        run_tool(
             "mkfs.ext4", "-q", "-F", "-m", "0", "-E", f"root_owner={uid}:{gid}",
             *populate, str(partial),
         )  # fmt: skip
@@ -95,7 +95,7 @@ def make_image(image: Path, size_mb: int, uid: int, gid: int) -> None:
         file.truncate(size_mb * 1024 * 1024)
     os.chmod(image, 0o600)
     try:
-        _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E", f"root_owner={uid}:{gid}", str(image))
+        run_tool("mkfs.ext4", "-q", "-F", "-m", "0", "-E", f"root_owner={uid}:{gid}", str(image))
     except SandboxBroken as exc:
         image.unlink(missing_ok=True)
         raise SandboxBroken(f"cannot make a workspace file system: {exc}") from None
@@ -103,7 +103,7 @@ def make_image(image: Path, size_mb: int, uid: int, gid: int) -> None:
 
 def mount_image(image: Path, target: Path, *, fresh: bool = True) -> None:
     """Mount an image at `target`; a fresh one (make_image's) is left empty (no lost+found)."""
-    _run("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(target))
+    run_tool("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(target))
     if fresh:
         (target / "lost+found").rmdir()
 
@@ -123,7 +123,7 @@ def mount_tmp(target: Path, size_bytes: int, inodes: int) -> None:
     unmount(target)
     target.mkdir(mode=0o700, exist_ok=True)
     options = f"size={size_bytes},nr_inodes={inodes},mode=1777,nosuid,nodev,noatime"
-    _run("mount", "-t", "tmpfs", "-o", options, "stockade-tmp", str(target))
+    run_tool("mount", "-t", "tmpfs", "-o", options, "stockade-tmp", str(target))
 
 
 def unmount(target: Path) -> None:
@@ -131,9 +131,9 @@ def unmount(target: Path) -> None:
     if not target.is_mount():
         return
     try:
-        _run("umount", str(target))
+        run_tool("umount", str(target))
     except SandboxBroken:
-        _run("umount", "-l", str(target))
+        run_tool("umount", "-l", str(target))
 
 
 def unmount_all(under: Path) -> int:
@@ -157,7 +157,8 @@ def _unescape(field: str) -> str:
     return field
 
 
-def _run(*argv: str) -> None:
+def run_tool(*argv: str) -> None:
+    """Run a mount or file system tool; SandboxBroken with what it said when it fails."""
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
