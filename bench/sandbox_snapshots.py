@@ -46,7 +46,7 @@ from bench import RESULTS
 from bench.compare import read_results, write_results
 from bench.compare_stats import nearest_rank
 from bench.engines import ENGINES, bring_up
-from bench.served import served
+from bench.served import served, state_parent, without_journal
 from bench.stockade_runs import destroy, exec_true
 from bench.timing import progress
 from stockade.client import Stockade
@@ -231,6 +231,8 @@ def measure_engine(engine: str, files: int, mib: int, rounds: int, forks: int) -
         snapped = snapshots(client, sup.target, files, mib, forks)
     return {
         "started_at": started,
+        "state_parent": str(state_parent()),
+        "no_journal": without_journal(state_parent()),
         "load_average": {"before": load_before, "after": os.getloadavg()},
         "pause": paused,
         **snapped,
@@ -295,6 +297,12 @@ def section(engine: str, result: dict[str, Any]) -> str:
     if "restore_other_s" in result:
         lines.append(f"  {'  the same into a new key':44}{result['restore_other_s']:>9.2f}")
     lines += targets(result)
+    if result.get("no_journal"):
+        lines.append(
+            f"  note: {result['state_parent']} is an ext4 without a journal: files made just "
+            "after many were deleted are slow to create there (docs/benchmarks.md); "
+            "STOCKADE_BENCH_DIR=a folder elsewhere"
+        )
     ratio = result["store_over_one_copy"]
     verdict = "met" if ratio <= result["store_target"] else "MISSED"
     lines.append(

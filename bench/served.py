@@ -44,6 +44,32 @@ STATE_PARENT = "STOCKADE_BENCH_DIR"
 system is what snapshots, restores and forks write to."""
 
 
+def state_parent() -> Path:
+    """Where served() makes state directories (STOCKADE_BENCH_DIR, else /tmp)."""
+    return Path(os.environ.get(STATE_PARENT, "/tmp"))
+
+
+def without_journal(path: Path) -> bool:
+    """Whether `path` is on an ext4 file system without a journal: one that makes each new
+    inode skip every one deleted in the last minute (docs/benchmarks.md, layered
+    workspaces), so that creating files right after deleting many is slow there."""
+    try:
+        dev = os.stat(path).st_dev
+        with open("/proc/self/mountinfo") as mounts:
+            for line in mounts:
+                fields = line.split()
+                major, minor = fields[2].split(":")
+                if os.makedev(int(major), int(minor)) != dev:
+                    continue
+                after = fields[fields.index("-") + 1 :]
+                name = os.path.basename(after[1])
+                if after[0] == "ext4" and os.path.isdir(f"/proc/fs/ext4/{name}"):
+                    return not os.path.exists(f"/proc/fs/jbd2/{name}-8")
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
 @contextlib.contextmanager
 def served(
     engine: str,
@@ -54,7 +80,7 @@ def served(
 ) -> Iterator[Served]:
     """`auth`: the [auth] table (none by default; bench/console_cost.py gives a tokens file,
     which the console needs)."""
-    state_dir = Path(tempfile.mkdtemp(prefix="stkb", dir=os.environ.get(STATE_PARENT, "/tmp")))
+    state_dir = Path(tempfile.mkdtemp(prefix="stkb", dir=state_parent()))
     target = f"127.0.0.1:{free_port()}"
     config = state_dir / "stockade.toml"
     config.write_text(

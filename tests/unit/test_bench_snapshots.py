@@ -128,3 +128,26 @@ def test_write_keeps_the_rest_of_the_record(tmp_path: Path) -> None:
             "podman": {"snapshots": {"error": "x"}},
         },
     }
+
+
+def test_the_section_says_when_the_state_folder_has_no_journal() -> None:
+    plain = section("podman", measured())
+    assert "without a journal" not in plain
+    noted = section("podman", {**measured(), "no_journal": True, "state_parent": "/tmp"})
+    assert "/tmp is an ext4 without a journal" in noted
+    assert "STOCKADE_BENCH_DIR" in noted
+
+
+def test_without_journal_is_false_off_ext4(tmp_path: Path) -> None:
+    from bench.served import without_journal
+
+    assert without_journal(Path("/proc")) is False
+    assert without_journal(tmp_path / "missing") is False
+
+
+def test_a_restore_into_a_new_key_has_its_row_and_target() -> None:
+    lines = section("podman", {**measured(), "restore_other_s": 0.25}).splitlines()
+    assert any(line.strip().startswith("the same into a new key") for line in lines)
+    assert "target: a restore into a new key <= 0.3 s: 0.25 s   met" in [
+        line.strip() for line in lines
+    ]
