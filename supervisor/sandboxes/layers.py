@@ -13,9 +13,10 @@ metadata entry per file, not its bytes (issue 30).
     └── work/    overlayfs's own
 
 mounted at workspace/ as `overlay -o lowerdir=meta::data,upperdir=upper,workdir=work,
-metacopy=on` (data/ a data-only layer, Linux 6.5 or later), nosuid and nodev. Layout.mount
-mounts it before each container starts (a host's restart unmounts it) and unmounts it when
-the container goes, as a size-capped workspace's file system is.
+metacopy=on` (data/ a data-only layer, Linux 6.5 or later), nosuid and nodev. Layout's
+hand_over mounts it before each container starts, once the layers have the container's ids
+(a host's restart unmounts it), and it is unmounted when the container goes, as a
+size-capped workspace's file system is.
 
 What keeps it sound:
 - **The store is never written through it.** overlayfs never writes a lower layer: a write
@@ -23,10 +24,11 @@ What keeps it sound:
   store collects it (a deleted snapshot), so nothing pins the store; the store's own
   objects are never renamed or rewritten (content-addressed).
 - **A sandbox cannot steer a redirect.** The metacopy and redirect attributes are
-  `trusted.overlay.*`: overlayfs refuses its own attributes through the mount, and setting
-  any `trusted.*` attribute needs CAP_SYS_ADMIN in the host's user namespace, which no
-  sandbox has. A redirect reaches only data/, which holds this workspace's snapshot's own
-  objects (the tenant's, never another's).
+  `trusted.overlay.*`: through the mount, overlayfs keeps such a name set on a file escaped
+  (`trusted.overlay.overlay.*`), where it means nothing, and setting any `trusted.*`
+  attribute needs CAP_SYS_ADMIN in the host's user namespace, which no sandbox has. A
+  redirect reaches only data/, which holds this workspace's snapshot's own objects (the
+  tenant's, never another's).
 - **The workspace is marked by layers/ itself**, a root-owned folder beside workspace/ that
   sandbox code never sees. A switch to or from a layered workspace renames it in one step
   (staging.py); workspace/ below the mount point is then an empty folder.
@@ -38,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import shutil
 import tempfile
@@ -47,8 +48,6 @@ from typing import Final
 
 from stockade.supervisor.errors import SandboxBroken
 from stockade.supervisor.sandboxes import workspaces
-
-log = logging.getLogger("stockade")
 
 META, DATA, UPPER, WORK = "meta", "data", "upper", "work"
 METACOPY: Final = "trusted.overlay.metacopy"
