@@ -14,6 +14,7 @@ import pytest
 from stockade.client import Unavailable
 from stockade.supervisor.cli import launcher
 from stockade.supervisor.engines.services import ensure_podman_service
+from stockade.supervisor.sandboxes import workspaces
 from tests.integration.harness import Supervisor, bring_up, engine_url
 
 pytestmark = pytest.mark.timeout(300)
@@ -63,6 +64,7 @@ def test_engine_down_gives_unavailable_and_running_sandboxes_keep_working() -> N
         if service is not None:
             service.terminate()
             service.wait(10)
+        workspaces.unmount_all(state)  # /tmp tmpfs, layered workspaces
         shutil.rmtree(state, ignore_errors=True)
 
 
@@ -85,4 +87,5 @@ def test_serve_starts_its_own_podman_service() -> None:
     finally:
         sup.stop()
         launcher.remove_instance_containers("podman", engine_url("podman"), state)
+        workspaces.unmount_all(state)  # /tmp tmpfs, layered workspaces
         shutil.rmtree(state, ignore_errors=True)

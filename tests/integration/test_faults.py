@@ -22,6 +22,7 @@ from stockade.client import Stockade, StockadeError, ToolResult, Unavailable
 from stockade.supervisor.cli import launcher
 from stockade.supervisor.engines.backends.base import LABEL_KEY
 from stockade.supervisor.errors import EngineUnavailable
+from stockade.supervisor.sandboxes import workspaces
 from tests.integration.harness import (
     NO_RATE_LIMIT,
     PrivateEngine,
@@ -351,4 +352,5 @@ def test_engine_restart_during_calls(engine: str, private_engine: PrivateEngine)
         sup.stop()
         with contextlib.suppress(EngineUnavailable):  # the test's own failure says more
             launcher.remove_instance_containers(engine, private_engine.url, state)
+        workspaces.unmount_all(state)  # /tmp tmpfs, layered workspaces
         shutil.rmtree(state, ignore_errors=True)

@@ -26,7 +26,7 @@ from stockade.client import FailedPrecondition, NotFound, Sandbox, Stockade
 from stockade.supervisor.engines.backends.base import LABEL_INSTANCE
 from stockade.supervisor.keys import sandbox_id
 from stockade.supervisor.network import links
-from stockade.supervisor.sandboxes import hostfs
+from stockade.supervisor.sandboxes import hostfs, workspaces
 from tests.integration.harness import Supervisor, engine_cli, running_supervisor
 from tests.upstream import QuietHandler
 
@@ -96,6 +96,7 @@ def serving(engine: str, config: str) -> Iterator[Supervisor]:
             engine_cli(engine, "rm", "-f", container)
         for namespace in links.namespaces(links.instance_prefix(instance)):
             links.remove(namespace)
+        workspaces.unmount_all(state)  # /tmp tmpfs, layered workspaces
         with contextlib.suppress(OSError):
             hostfs.remove_tree(state)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from stockade.client import StockadeError
+from stockade.supervisor.sandboxes import workspaces
 from tests.integration.harness import (
     SANDBOX_UID,
     Supervisor,
@@ -79,4 +80,5 @@ def test_podmans_own_service_refuses_an_unknown_runtime(engine: str) -> None:
         assert "[engine.runtimes]" in said
     finally:
         sup.stop()
+        workspaces.unmount_all(state)  # /tmp tmpfs, layered workspaces
         shutil.rmtree(state, ignore_errors=True)
