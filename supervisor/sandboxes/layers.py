@@ -50,6 +50,8 @@ from stockade.supervisor.errors import SandboxBroken
 from stockade.supervisor.sandboxes import workspaces
 
 META, DATA, UPPER, WORK = "meta", "data", "upper", "work"
+OLD: Final = "layers.old"
+"""Where a sandbox's layers are renamed to, in one step, before they are removed."""
 METACOPY: Final = "trusted.overlay.metacopy"
 REDIRECT: Final = "trusted.overlay.redirect"
 OPTIONS: Final = "metacopy=on,redirect_dir=on,nosuid,nodev,noatime"

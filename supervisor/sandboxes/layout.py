@@ -323,7 +323,7 @@ def drop_layers(paths: Paths) -> None:
     """Remove a layered workspace's layers (renamed away first: one step unmarks it)."""
     if not paths.layers.is_dir():
         return
-    old = paths.root / "layers.old"
+    old = paths.root / layers.OLD
     if old.exists():
         hostfs.remove_tree(old)
     os.rename(paths.layers, old)

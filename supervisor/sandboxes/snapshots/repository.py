@@ -691,25 +691,25 @@ def _keys(entries: list[Entry]) -> Cache:
 
 
 def _delete(base: Path, name: str) -> int:
-    manifest = base / "manifests" / f"{name}.json.gz"
-    try:
-        freed = manifest.stat().st_size
-        manifest.unlink()
-    except FileNotFoundError:
-        raise SnapshotNotFound(f"no snapshot {name!r}") from None
-    return freed + _collect(base)
+    return _unlink_manifest(base, name).st_size + _collect(base)
 
 
-def _delete_added(base: Path, name: str, added: set[str]) -> int:
-    """_delete of a snapshot whose capture added `added` to the store: no manifest older than
-    it can name content that was new then (a capture holds the store; a collection removes
-    only what no manifest names), so only the manifests written since are read."""
+def _unlink_manifest(base: Path, name: str) -> os.stat_result:
+    """Remove the snapshot's manifest; what it was (SnapshotNotFound when there is none)."""
     manifest = base / "manifests" / f"{name}.json.gz"
     try:
         info = manifest.stat()
         manifest.unlink()
     except FileNotFoundError:
         raise SnapshotNotFound(f"no snapshot {name!r}") from None
+    return info
+
+
+def _delete_added(base: Path, name: str, added: set[str]) -> int:
+    """_delete of a snapshot whose capture added `added` to the store: no manifest older than
+    it can name content that was new then (a capture holds the store; a collection removes
+    only what no manifest names), so only the manifests written since are read."""
+    info = _unlink_manifest(base, name)
     for path in (base / "manifests").glob("*.json.gz"):
         if not added:
             break

@@ -45,8 +45,9 @@ from stockade.supervisor.sandboxes.snapshots.repository import Layer, SnapshotSt
 from stockade.supervisor.sandboxes.snapshots.restore import Reuse, restore
 
 MiB = 1 << 20
+STAGED_FOLDER = "workspace.restoring"
 STAGED_LAYERS = "layers.restoring"
-OLD_LAYERS = "layers.old"
+OLD_LAYERS = layers.OLD
 
 
 class SnapshotTooBig(InvalidRequest):
@@ -119,12 +120,12 @@ def stage(
     unchanged files switch() may link rather than copy (never with cap_mb: a link cannot
     cross file systems). `layered` (never with cap_mb or link): a layered workspace
     (layers.py). Anything that fails removes what was made and raises."""
-    discard(paths)  # what a crash left
-    folder = paths.root / "workspace.restoring"
     if layered:
         if cap_mb or link:
             raise ValueError("a layered workspace is neither capped nor linked")
         return stage_meta(stage_data(store, owner, name, paths), ids)
+    discard(paths)  # what a crash left
+    folder = paths.root / STAGED_FOLDER
     image = paths.root / "workspace.img.restoring" if cap_mb else None
     reuse = Reuse(paths.workspace) if link and image is None else None
     try:
@@ -161,7 +162,7 @@ def stage_data(store: SnapshotStore, owner: str, name: str, paths: Paths) -> Pla
     caller holds it for this half only: see stage_meta)."""
     discard(paths)  # what a crash left
     try:
-        (paths.root / "workspace.restoring").mkdir(mode=0o700)
+        (paths.root / STAGED_FOLDER).mkdir(mode=0o700)
         _, data = layers.make(paths.root / STAGED_LAYERS)
         layer = store.layer_data(owner, name, data)
     except BaseException:
@@ -182,7 +183,7 @@ def stage_meta(planned: Planned, ids: tuple[int, int]) -> Staged:
     except BaseException:
         discard(paths)
         raise
-    folder = paths.root / "workspace.restoring"
+    folder = paths.root / STAGED_FOLDER
     return Staged(
         paths, folder, None, planned.store, planned.owner, planned.name, ids, layers=staged
     )
@@ -190,7 +191,7 @@ def stage_meta(planned: Planned, ids: tuple[int, int]) -> Staged:
 
 def discard(paths: Paths) -> None:
     """Remove a staged workspace (mounted or not) and its image, if any."""
-    folder = paths.root / "workspace.restoring"
+    folder = paths.root / STAGED_FOLDER
     workspaces.unmount(folder)
     _remove(folder)
     (paths.root / "workspace.img.restoring").unlink(missing_ok=True)
