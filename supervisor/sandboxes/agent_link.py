@@ -206,6 +206,8 @@ class AgentLink(Protocol):
         self, files: list[str], links: list[str], write_probe: str, timeout: float
     ) -> AgentFacts: ...
 
+    def moved_to(self, address: AgentAddress | Path) -> bool: ...
+
     async def close(self) -> None: ...
 
 
@@ -571,6 +573,26 @@ class AgentConnection:
         return _TypedStream(
             self, self._frames, request.SerializeToString(), timeout, typed, message
         )
+
+    def moved_to(self, address: AgentAddress | Path) -> bool:
+        """Keep this link for the agent whose socket folder was renamed (a warm-pool
+        container taken by a key: pool.take): its open connections stay open (a connected
+        socket does not follow its path), later ones go to `address`. False when it cannot
+        follow (closed, an agent not greeted on its framed socket, or a gRPC channel made
+        to the old path): the caller makes a new link then."""
+        moved = UnixAddress(address) if isinstance(address, Path) else address
+        if self._closed:
+            return False
+        if moved == self.address:
+            return True
+        if not (self._all_framed and self._channel is None and self._frames is not None):
+            return False
+        if not isinstance(moved, UnixAddress):
+            return False
+        moved.check(len(FRAMES_SUFFIX))
+        self.address = moved
+        self._frames.path = moved.path.with_name(moved.path.name + FRAMES_SUFFIX)
+        return True
 
     async def close(self) -> None:
         """Close the channel and the framed connections; calls still in flight end with

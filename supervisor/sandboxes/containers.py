@@ -138,6 +138,15 @@ class Containers:
         """A channel to the agent of the container `info` (on `paths`): not yet connected."""
         return self._connect(self._address_of(info, paths))
 
+    async def carry(self, agent: AgentLink, info: ContainerInfo, paths: Paths) -> AgentLink:
+        """The link to the agent of `info`, whose folder is now `paths` (renamed: a warm-pool
+        container taken by a key): `agent`, moved there with its greeted connections, or,
+        when it cannot follow, a new link (not yet connected) and `agent` closed."""
+        if agent.moved_to(self._address_of(info, paths)):
+            return agent
+        await agent.close()
+        return self.link(info, paths)
+
     async def start(
         self,
         name: str,
@@ -187,16 +196,24 @@ class Containers:
         return container
 
     async def ready(
-        self, container: Container, network: SandboxNetwork, key: str, ids: tuple[int, int] | None
+        self,
+        container: Container,
+        network: SandboxNetwork,
+        key: str,
+        ids: tuple[int, int] | None,
+        *,
+        greeted: bool = False,
     ) -> None:
-        """Check the container's id map, attach its network (with a key), wait for the agent."""
+        """Check the container's id map, attach its network (with a key), wait for the agent
+        (`greeted`: its link answered Hello just now, over a connection it keeps)."""
         if ids is not None and not self.runtime.gvisor:
             # under gVisor the container's host process is gVisor's kernel, whose uid map says
             # nothing about the sandbox user's: the agent's start tells instead
             self._layout.check_mapped(container.info, ids)
         if key:
             await self._networks.attach(key, container, network)
-        await container.agent.wait_ready(self._config.sandbox.start_timeout_s)
+        if not greeted:
+            await container.agent.wait_ready(self._config.sandbox.start_timeout_s)
 
     async def stop(self, container: Container, *, keep_workspace_mounted: bool = False) -> None:
         """The one teardown: close the agent link, remove the egress link and the container,

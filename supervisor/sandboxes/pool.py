@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import secrets
 from collections.abc import Awaitable, Callable
@@ -49,6 +50,10 @@ POOL_CLOSE_S = 30.0
 """At close, how long a pool container being made may take beyond start_timeout_s."""
 POOL_PROBE_S = 2.0
 """How long a pool container's agent may take to answer before it is replaced."""
+REFILL_AFTER_S = 0.5
+"""How long after a key took a container the pool waits before it makes the next: the key's
+first calls run meanwhile without sharing the CPU with an engine's create and start (on two
+cores that made a key's first call ~2 ms slower, and its second: docs/benchmarks.md)."""
 CHOICES = (network_modes.KEPT, PROFILE_KEPT)
 """What a request's choices leave in a new key's folder before its container is made
 (manager._keep): a folder holding only these is still a new key's."""
@@ -88,8 +93,12 @@ class WarmPool:
         """How many containers are kept for each profile that keeps any."""
         self.ready: list[Container] = []
         self._wanted = asyncio.Event()
+        self._taken_at = -math.inf
+        """The loop's time of the last take (the filler waits REFILL_AFTER_S past it)."""
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._closed = asyncio.Event()
+        """Set by close(): ends the filler's wait after a take at once."""
 
     @property
     def profiles(self) -> tuple[SandboxProfile, ...]:
@@ -110,6 +119,7 @@ class WarmPool:
         """Let a container being made join first, then remove every pool container."""
         if self._task is not None:
             self._closing = True
+            self._closed.set()
             self._wanted.set()
             limit = self._config.sandbox.start_timeout_s + POOL_CLOSE_S
             with contextlib.suppress(TimeoutError):
@@ -137,6 +147,7 @@ class WarmPool:
         if pooled is None:
             return None
         self.ready.remove(pooled)
+        self._taken_at = asyncio.get_running_loop().time()
         self._wanted.set()
         if not await pooled.agent.answers(POOL_PROBE_S):
             log.warning("warm pool: container %s does not answer; dropped", pooled.info.name)
@@ -148,10 +159,11 @@ class WarmPool:
         write_key(pooled.paths.key_file, key)
         await asyncio.to_thread(carry_choices, paths.root, pooled.paths.root)
         os.rename(pooled.paths.root, paths.root)
-        await pooled.agent.close()
-        container = Container(info, self._containers.link(info, paths), paths, sid)
+        # the probe's connection stays the key's: no new link to greet (folder renamed)
+        agent = await self._containers.carry(pooled.agent, info, paths)
+        container = Container(info, agent, paths, sid)
         try:
-            await self._containers.ready(container, network, key, None)
+            await self._containers.ready(container, network, key, None, greeted=agent.is_ready())
         except SandboxBroken as exc:
             log.warning("sandbox %r: the pool container failed (%s); making one", key, exc)
             await self._containers.stop(container, keep_workspace_mounted=True)
@@ -213,8 +225,14 @@ class WarmPool:
         return reaped
 
     async def _fill(self) -> None:
+        loop = asyncio.get_running_loop()
         while not self._closing:
             await self._wanted.wait()
+            while (wait := self._taken_at + REFILL_AFTER_S - loop.time()) > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closed.wait(), wait)
+                if self._closing:
+                    return
             self._wanted.clear()
             for pooled in list(self.ready):
                 if not await pooled.agent.answers(POOL_PROBE_S) and pooled in self.ready:

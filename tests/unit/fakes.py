@@ -295,6 +295,13 @@ class FakeAgent:
         raise NotImplementedError("the fake agent keeps no files")
         yield AgentReply("", "", None)  # an async generator, as the real agent link's
 
+    def moved_to(self, address: AgentAddress | Path) -> bool:
+        """As the real link: kept, now at `address`, unless closed."""
+        if not self.ready:
+            return False
+        self.address = address
+        return True
+
     async def close(self) -> None:
         self.ready = False
 

@@ -66,4 +66,47 @@ def test_the_targets_are_judged_against_today_and_a_warm_call() -> None:
     text = stages_section("podman", results)
     assert "cold start 100.0 ms   target <= 106 ms" in text
     assert "this VM before issue 30)   met" in text
-    assert "from the pool 12.0 ms = 3.0x a warm call   target <= 2x   NOT met" in text
+    assert (
+        "from the pool 12.0 ms = 3.0x a warm call back to back (4.00 ms)   target <= 2x   "
+        "NOT met" in text
+    )
+    assert "like for like" not in text, "no reference was measured"
+
+
+def test_the_pool_is_judged_also_like_for_like() -> None:
+    """Each line with its own verdict: the issue's ratio is never replaced."""
+    results = {
+        "cold_start_pool": {"median_ms": 7.0, "warm_after_pause": {"median_ms": 5.0}},
+        "stockade_warm": {"median_ms": 3.0},
+    }
+    text = stages_section("docker", results)
+    assert (
+        "from the pool 7.0 ms = 2.3x a warm call back to back (3.00 ms)   target <= 2x   "
+        "NOT met" in text
+    )
+    assert (
+        "like for like, after the same 3 s pause: from the pool 7.0 ms = 1.4x a warm call "
+        "(5.00 ms)   target <= 2x   met" in text
+    )
+    assert "back to back: from" not in text, "no first call right after a warm one was measured"
+    both = {
+        "cold_start_pool": {
+            "median_ms": 7.0,
+            "warm_back_to_back": {"median_ms": 2.5},
+            "pool_after_warm": {"median_ms": 4.5},
+        },
+    }
+    text = stages_section("docker", both)
+    assert (
+        "from the pool 7.0 ms = 2.8x a warm call back to back (2.50 ms)   target <= 2x   "
+        "NOT met" in text
+    ), "without the run's warm call: the section's own back-to-back one"
+    assert (
+        "like for like, back to back: from the pool right after a warm call 4.5 ms = 1.8x "
+        "a warm call (2.50 ms)   target <= 2x   met" in text
+    )
+    slow = {
+        **results,
+        "cold_start_pool": {"median_ms": 11.0, "warm_after_pause": {"median_ms": 5.0}},
+    }
+    assert "2.2x a warm call (5.00 ms)   target <= 2x   NOT met" in stages_section("docker", slow)
