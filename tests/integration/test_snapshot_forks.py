@@ -158,6 +158,8 @@ def test_concurrent_fork_calls(supervisor: Supervisor, snaps: Snaps, key: str) -
     with supervisor.client() as c:
         source_runs_on(c, key, container, sleeper)
     check_forks(supervisor, key, [k for keys in groups for k in keys])
+    left = sorted(p.name for p in (supervisor.state_dir / "snapshots").rglob("~*"))
+    assert left == [], "each fork's capture and its lock file went, none took another's"
 
 
 def test_two_forks_racing_for_one_key_make_one_sandbox(

@@ -385,11 +385,13 @@ def test_a_transient_capture_deleted_by_what_it_added_leaves_what_a_collection_w
     store.capture("t", "before", tree)
     (tree / "new-a").write_text("only the transient capture has this")
     (tree / "new-b").write_text("a later snapshot takes this over")
+    hold = store.hold_transient("t", "~fork-00aa")  # as a fork holds its capture
     added = _transient(store, tree, "~fork-00aa")
     assert len(added) == 2
     (tree / "new-a").unlink()
     store.capture("t", "after", tree)
     store.delete("t", "~fork-00aa", added=added)
+    hold.release()
     digest = hashlib.sha256
     kept = _objects_in(store)
     assert digest(b"only the transient capture has this").hexdigest() not in kept
@@ -398,3 +400,99 @@ def test_a_transient_capture_deleted_by_what_it_added_leaves_what_a_collection_w
     assert _collect(store.root / "t") == 0
     with pytest.raises(SnapshotNotFound):
         store.delete("t", "~fork-00aa", added=added)
+
+
+# -- a fork's capture left by a process that died (SnapshotStore.hold_transient) ---------------
+
+
+def _manifests(store: SnapshotStore) -> set[str]:
+    return {p.name for p in (store.root / "t" / "manifests").iterdir()}
+
+
+def test_a_held_transient_capture_stays_and_an_unheld_one_goes_with_its_content(
+    store: SnapshotStore, tmp_path: Path
+) -> None:
+    """A fork that died after its capture (its lock released, as a process's end releases
+    it) leaves a manifest nobody holds: the owner's next operation removes it and the content
+    only it used; a live fork's capture, held, is untouched by the same operation."""
+    tree = tmp_path / "w"
+    tree.mkdir()
+    (tree / "shared").write_text("a listed snapshot has this too")
+    store.capture("t", "kept", tree)
+    (tree / "dead").write_text("only the dead fork's capture has this")
+    dead = store.hold_transient("t", "~fork-00dd")
+    _transient(store, tree, "~fork-00dd")
+    live = store.hold_transient("t", "~fork-00ee")
+    _transient(store, tree, "~fork-00ee")
+    os.close(dead._fd)  # the process died: its flock is gone, its files are not
+    dead._fd = -1
+    assert "~fork-00dd.json.gz" in _manifests(store)
+    (tree / "dead").unlink()
+    store.capture("t", "next", tree)  # any operation that takes the owner's store lock
+    assert _manifests(store) == {
+        "kept.json.gz", "next.json.gz", "~fork-00ee.json.gz", "~fork-00ee.held",
+    }  # fmt: skip
+    kept = _objects_in(store)
+    digest = hashlib.sha256
+    assert digest(b"a listed snapshot has this too").hexdigest() in kept
+    assert digest(b"only the dead fork's capture has this").hexdigest() in kept, (
+        "the live fork's capture uses it too"
+    )
+    store.delete("t", "~fork-00ee")
+    live.release()
+    assert digest(b"only the dead fork's capture has this").hexdigest() not in _objects_in(store)
+    assert _manifests(store) == {"kept.json.gz", "next.json.gz"}
+
+
+def test_a_transient_capture_of_an_older_supervisor_without_a_lock_file_goes(
+    store: SnapshotStore, tmp_path: Path
+) -> None:
+    """Left before forks held their captures (no lock file beside it): nobody holds it."""
+    tree = tmp_path / "w"
+    tree.mkdir()
+    (tree / "f").write_text("only the old fork's capture has this")
+    _transient(store, tree, "~fork-00aa")
+    assert store.usage("t").bytes > 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    store.capture("t", "empty", empty)
+    assert _manifests(store) == {"empty.json.gz"}
+    assert _objects_in(store) == set()
+
+
+def test_a_lock_file_left_without_its_manifest_goes_unless_held(store: SnapshotStore) -> None:
+    """A fork that died before its capture was written, or between its delete and its
+    release: the lock file alone, removed once nobody holds it."""
+    dead = store.hold_transient("t", "~fork-0001")
+    os.close(dead._fd)
+    dead._fd = -1
+    live = store.hold_transient("t", "~fork-0002")
+    assert _manifests(store) == {"~fork-0002.held"}, "the dead one's went at this open"
+    live.release()
+    assert _manifests(store) == set()
+
+
+def test_a_hold_is_refused_for_a_name_held_already_or_not_transient(
+    store: SnapshotStore,
+) -> None:
+    hold = store.hold_transient("t", "~fork-0003")
+    with pytest.raises(FileExistsError):
+        store.hold_transient("t", "~fork-0003")
+    with pytest.raises(InvalidRequest):
+        store.hold_transient("t", "../x")
+    hold.release()
+    hold.release()  # twice: nothing more happens
+
+
+def test_a_planted_link_as_a_lock_file_is_not_followed(
+    store: SnapshotStore, tmp_path: Path
+) -> None:
+    """The store is the supervisor's (no sandbox writes there), but a link in the place of a
+    lock file is still not opened through: it counts as no lock, and only the link goes."""
+    target = tmp_path / "elsewhere"
+    target.write_text("not the store's")
+    store.hold_transient("t", "~fork-0004").release()  # the owner's folders made
+    (store.root / "t" / "manifests" / "~fork-0005.held").symlink_to(target)
+    store.hold_transient("t", "~fork-0006").release()
+    assert target.read_text() == "not the store's"
+    assert _manifests(store) == set()

@@ -212,19 +212,24 @@ class Snapshots:
             for key in new_keys:  # each counts against the tenant's sandboxes from now on
                 parts.quotas.admit(key)
                 parts.starting.add(key)
-            taken = await self._capture(source, name, include_tmp, 0)
-            network, profile = self._inventory.settings_of(source)
+            # held while in use: the store removes it if this process dies before its delete
+            hold = await self.held.run(owner, self.store.hold_transient, owner, name)
             try:
-                done = await asyncio.gather(
-                    *(
-                        self._fork_one(k, source, owner, taken.snapshot, made, network, profile)
-                        for k in new_keys
-                    ),
-                    return_exceptions=True,
-                )
-            finally:  # what it added, left unused, goes; nothing else can have been
-                drop = functools.partial(self.store.delete, added=taken.added)
-                await self.held.run(owner, drop, owner, name)
+                taken = await self._capture(source, name, include_tmp, 0)
+                network, profile = self._inventory.settings_of(source)
+                try:
+                    done = await asyncio.gather(
+                        *(
+                            self._fork_one(k, source, owner, taken.snapshot, made, network, profile)
+                            for k in new_keys
+                        ),
+                        return_exceptions=True,
+                    )
+                finally:  # what it added, left unused, goes; nothing else can have been
+                    drop = functools.partial(self.store.delete, added=taken.added)
+                    await self.held.run(owner, drop, owner, name)
+            finally:
+                hold.release()
             failed = [e for e in done if isinstance(e, BaseException)]
             if failed:
                 raise failed[0]

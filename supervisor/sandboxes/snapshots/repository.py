@@ -44,10 +44,12 @@ Blocking: the manager calls these through asyncio.to_thread.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import gzip
 import hashlib
 import json
+import logging
 import os
 import re
 import threading
@@ -71,6 +73,8 @@ from stockade.supervisor.sandboxes.snapshots.capture import (
     hash_copy,
     json_quoted,
 )
+
+log = logging.getLogger("stockade")
 
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}")
 _TRANSIENT: Final = re.compile(r"~[a-z]{1,16}-[0-9a-f]{1,32}")
@@ -128,6 +132,63 @@ class Snapshot:
     @property
     def transient(self) -> bool:
         return self.name.startswith("~")
+
+
+HOLD_SUFFIX: Final = ".held"
+"""A transient capture's lock file: manifests/NAME.held (SnapshotStore.hold_transient)."""
+
+
+class TransientHold:
+    """A transient capture held in use (SnapshotStore.hold_transient): release() once its
+    manifest is deleted, or when it was never written."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self._fd = path, fd
+
+    def release(self) -> None:
+        if self._fd < 0:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # before the lock goes: nobody finds it unheld meanwhile
+        os.close(self._fd)
+        self._fd = -1
+
+
+def _drop_unheld_transients(base: Path) -> bool:
+    """Remove the transient captures nobody holds (a lock file that can be locked, or none at
+    all beside a transient manifest: a process that died mid-fork) and lock files left
+    without a manifest; whether a manifest was removed (its content then wants a collection).
+    Called with the owner's store lock held."""
+    manifests = base / "manifests"
+    dropped = False
+    names = {p.name.removesuffix(".json.gz") for p in manifests.glob("~*.json.gz")}
+    names |= {p.name.removesuffix(HOLD_SUFFIX) for p in manifests.glob(f"~*{HOLD_SUFFIX}")}
+    for name in names:
+        hold = manifests / f"{name}{HOLD_SUFFIX}"
+        try:
+            fd = os.open(hold, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            fd = -1
+        except OSError as exc:  # a link in its place: no lock, never followed
+            if exc.errno != errno.ELOOP:
+                raise
+            fd = -1
+        try:
+            if fd >= 0:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a live fork's
+            with contextlib.suppress(FileNotFoundError):
+                (manifests / f"{name}.json.gz").unlink()
+                dropped = True
+                log.warning("snapshot store: removed %s, a fork's capture left unheld", name)
+            with contextlib.suppress(FileNotFoundError):
+                hold.unlink()
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    return dropped
 
 
 @dataclass(frozen=True)
@@ -358,6 +419,19 @@ class SnapshotStore:
         except FileNotFoundError:
             return None
 
+    def hold_transient(self, owner: str, name: str) -> TransientHold:
+        """Hold the transient capture `name` (a fork's) for as long as it is in use: a lock
+        file beside its manifest, locked (flock) until release(). The store removes a
+        transient capture that nobody holds (its process died mid-fork) with the content only
+        it used, at the owner's next operation (_open)."""
+        _check(owner, "owner")
+        _check(name, "snapshot name", transient=True)
+        with self._owner(owner) as base:
+            path = base / "manifests" / f"{name}{HOLD_SUFFIX}"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return TransientHold(path, fd)
+
     # --- helpers ---------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -382,6 +456,8 @@ class SnapshotStore:
             fcntl.flock(fd, fcntl.LOCK_EX)
             for stale in (base / "objects").glob("tmp.*"):  # a capture that crashed
                 stale.unlink()
+            if _drop_unheld_transients(base):
+                _collect(base)
         except BaseException:
             os.close(fd)
             raise
