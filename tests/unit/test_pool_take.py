@@ -27,6 +27,15 @@ def manager(tmp_path: Path, backend: FakeBackend) -> SandboxManager:
     return fake_manager(config, backend)
 
 
+async def started(tmp_path: Path, backend: FakeBackend) -> SandboxManager:
+    """The manager started, housekeeping on, its pool of 2 made."""
+    mgr = manager(tmp_path, backend)
+    await mgr.start()
+    mgr.start_housekeeping()
+    await until_pooled(mgr, 2)
+    return mgr
+
+
 async def until_pooled(mgr: SandboxManager, n: int) -> None:
     async with asyncio.timeout(10):
         while len(mgr.pool.ready) != n:
@@ -35,11 +44,8 @@ async def until_pooled(mgr: SandboxManager, n: int) -> None:
 
 async def test_the_key_keeps_the_probed_link_moved_to_its_folder(tmp_path: Path) -> None:
     backend = FakeBackend()
-    mgr = manager(tmp_path, backend)
-    await mgr.start()
-    mgr.start_housekeeping()
+    mgr = await started(tmp_path, backend)
     try:
-        await until_pooled(mgr, 2)
         links = {c.info.id: c.agent for c in mgr.pool.ready}
         sandbox = await mgr.ensure("k")
         agent = sandbox.container.agent
@@ -56,12 +62,9 @@ async def test_a_link_that_cannot_move_is_replaced_and_greeted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     backend = FakeBackend()
-    mgr = manager(tmp_path, backend)
     monkeypatch.setattr(FakeAgent, "moved_to", lambda self, address: False)
-    await mgr.start()
-    mgr.start_housekeeping()
+    mgr = await started(tmp_path, backend)
     try:
-        await until_pooled(mgr, 2)
         links = {c.info.id: c.agent for c in mgr.pool.ready}
         sandbox = await mgr.ensure("k")
         assert sandbox.info.id in links, "still the pool's container"
@@ -79,12 +82,9 @@ async def test_the_pool_waits_after_a_take_before_it_makes_the_next(
 ) -> None:
     """A lower bound only: the filler sleeps at least the wait (sweeps' want() included)."""
     backend = FakeBackend()
-    mgr = manager(tmp_path, backend)
     monkeypatch.setattr(pool_module, "REFILL_AFTER_S", 1.0)
-    await mgr.start()
-    mgr.start_housekeeping()
+    mgr = await started(tmp_path, backend)
     try:
-        await until_pooled(mgr, 2)
         runs = backend.runs
         taken = time.monotonic()
         await mgr.ensure("k")
@@ -101,11 +101,8 @@ async def test_close_ends_the_wait_after_a_take(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     backend = FakeBackend()
-    mgr = manager(tmp_path, backend)
     monkeypatch.setattr(pool_module, "REFILL_AFTER_S", 3600.0)
-    await mgr.start()
-    mgr.start_housekeeping()
-    await until_pooled(mgr, 2)
+    mgr = await started(tmp_path, backend)
     await mgr.ensure("k")
     await asyncio.sleep(0.05)
     async with asyncio.timeout(10):  # not the hour, nor close's own limit for a filler
