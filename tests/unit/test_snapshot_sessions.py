@@ -131,6 +131,7 @@ def test_transient_captures_are_neither_listed_nor_counted_nor_nameable(
     store: SnapshotStore, tree: Path
 ) -> None:
     store.capture("t", "kept", tree)
+    hold = store.hold_transient("t", "~fork-00ff")  # as a fork holds its capture
     session = store.begin("t")
     try:
         session.capture("~fork-00ff", {MAIN: opener(tree)}, "box", {})
@@ -144,6 +145,7 @@ def test_transient_captures_are_neither_listed_nor_counted_nor_nameable(
     with pytest.raises(InvalidRequest):
         store.capture("t", "~fork-00ff", tree)  # the one-pass capture takes caller names
     store.delete("t", "~fork-00ff")
+    hold.release()
 
 
 @pytest.mark.parametrize("name", ["", "../x", "a/b", "x" * 129, "\x00", "é", ".hidden", "~mine"])

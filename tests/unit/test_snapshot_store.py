@@ -480,8 +480,24 @@ def test_a_hold_is_refused_for_a_name_held_already_or_not_transient(
         store.hold_transient("t", "~fork-0003")
     with pytest.raises(InvalidRequest):
         store.hold_transient("t", "../x")
+    with pytest.raises(InvalidRequest, match="only a fork's capture"):
+        store.hold_transient("t", "~ckpt-0001")
     hold.release()
     hold.release()  # twice: nothing more happens
+
+
+def test_other_transient_captures_are_never_taken_for_a_dead_fork_s(
+    store: SnapshotStore, tmp_path: Path
+) -> None:
+    """A checkpoint (`~ckpt-`, kept for undo) and a checkpoint diff's capture (`~now-`) are
+    held by nobody in this sense: they stay."""
+    tree = tmp_path / "w"
+    tree.mkdir()
+    (tree / "f").write_text("a checkpoint's content")
+    _transient(store, tree, "~ckpt-00aa")
+    _transient(store, tree, "~now-00bb")
+    store.capture("t", "next", tree)
+    assert _manifests(store) == {"~ckpt-00aa.json.gz", "~now-00bb.json.gz", "next.json.gz"}
 
 
 def test_a_planted_link_as_a_lock_file_is_not_followed(

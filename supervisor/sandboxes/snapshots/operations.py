@@ -66,6 +66,7 @@ from stockade.supervisor.sandboxes.snapshots import staging
 from stockade.supervisor.sandboxes.snapshots.capture import DIR_FLAGS, Cache, Known
 from stockade.supervisor.sandboxes.snapshots.held import Held, opened, whole
 from stockade.supervisor.sandboxes.snapshots.repository import (
+    FORK_PREFIX,
     MAIN,
     CaptureSession,
     CaptureStats,
@@ -206,7 +207,7 @@ class Snapshots:
         self._check_new(source, new_keys)
         parts = self._parts
         owner = owner_of(tenant)
-        name = f"~fork-{secrets.token_hex(8)}"
+        name = f"{FORK_PREFIX}{secrets.token_hex(8)}"
         made: list[str] = []
         try:
             for key in new_keys:  # each counts against the tenant's sandboxes from now on

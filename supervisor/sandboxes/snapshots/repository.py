@@ -135,7 +135,11 @@ class Snapshot:
 
 
 HOLD_SUFFIX: Final = ".held"
-"""A transient capture's lock file: manifests/NAME.held (SnapshotStore.hold_transient)."""
+"""A fork's capture's lock file: manifests/NAME.held (SnapshotStore.hold_transient)."""
+FORK_PREFIX: Final = "~fork-"
+"""The names of forks' captures, the transient captures that are held while in use; never
+another transient's (a checkpoint, `~ckpt-`, is kept for undo; `~now-`, a checkpoint diff's,
+is checkpoints.py's)."""
 
 
 class TransientHold:
@@ -155,14 +159,15 @@ class TransientHold:
 
 
 def _drop_unheld_transients(base: Path) -> bool:
-    """Remove the transient captures nobody holds (a lock file that can be locked, or none at
-    all beside a transient manifest: a process that died mid-fork) and lock files left
-    without a manifest; whether a manifest was removed (its content then wants a collection).
-    Called with the owner's store lock held."""
+    """Remove the forks' captures (FORK_PREFIX) nobody holds (a lock file that can be
+    locked, or none at all beside the manifest: a process that died mid-fork) and lock files
+    left without a manifest; whether a manifest was removed (its content then wants a
+    collection). Called with the owner's store lock held."""
     manifests = base / "manifests"
     dropped = False
-    names = {p.name.removesuffix(".json.gz") for p in manifests.glob("~*.json.gz")}
-    names |= {p.name.removesuffix(HOLD_SUFFIX) for p in manifests.glob(f"~*{HOLD_SUFFIX}")}
+    names = {p.name.removesuffix(".json.gz") for p in manifests.glob(f"{FORK_PREFIX}*.json.gz")}
+    held = manifests.glob(f"{FORK_PREFIX}*{HOLD_SUFFIX}")
+    names |= {p.name.removesuffix(HOLD_SUFFIX) for p in held}
     for name in names:
         hold = manifests / f"{name}{HOLD_SUFFIX}"
         try:
@@ -420,12 +425,14 @@ class SnapshotStore:
             return None
 
     def hold_transient(self, owner: str, name: str) -> TransientHold:
-        """Hold the transient capture `name` (a fork's) for as long as it is in use: a lock
-        file beside its manifest, locked (flock) until release(). The store removes a
-        transient capture that nobody holds (its process died mid-fork) with the content only
-        it used, at the owner's next operation (_open)."""
+        """Hold the fork's capture `name` (FORK_PREFIX) for as long as it is in use: a lock
+        file beside its manifest, locked (flock) until release(). The store removes a fork's
+        capture that nobody holds (its process died mid-fork) with the content only it used,
+        at the owner's next operation (_open)."""
         _check(owner, "owner")
         _check(name, "snapshot name", transient=True)
+        if not name.startswith(FORK_PREFIX):
+            raise InvalidRequest(f"only a fork's capture is held, not {name!r}")
         with self._owner(owner) as base:
             path = base / "manifests" / f"{name}{HOLD_SUFFIX}"
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
