@@ -84,7 +84,7 @@ def _row(label: str, r: dict[str, Any]) -> str:
         return f"{label:34}  n/a: {r['error']}"
     row = f"{label:34}{r['n']:>5}{r['min_ms']:>10.2f}{r['median_ms']:>10.2f}{r['p95_ms']:>10.2f}"
     if "from_pool" in r:
-        row += f"   ({r['from_pool']} of {r['n']} from the pool)"
+        row += f"   ({r['from_pool']} of {r.get('n_pooled', r['n'])} from the pool)"
     if "conmon_left_behind" in r:
         row += f"   ({r['conmon_left_behind']} exec conmons still alive)"
     return row

@@ -3,7 +3,7 @@ supervisor's CPU per warm `exec true` and that call over the health round trip, 
 
 from __future__ import annotations
 
-from bench.report import engine_section, summary
+from bench.report import _row, engine_section, summary
 
 
 def _figures(warm_ms: float, health_ms: float, cpu_us: float) -> dict[str, object]:
@@ -44,3 +44,11 @@ def test_the_side_by_side_summary_shows_the_cpu_of_each_engine() -> None:
         "docker": _figures(3.9, 0.6, 1330),
     }
     assert _line(summary(both), "supervisor CPU").split()[-2:] == ["480", "1330"]
+
+
+def test_the_pool_row_counts_every_pooled_sample() -> None:
+    """Each pooled sample comes with a second new key from the pool (bench/coldstart.py):
+    the row says how many of all of them the pool served, not of the first ones only."""
+    pooled = {"n": 3, "min_ms": 7.0, "median_ms": 8.0, "p95_ms": 9.0, "from_pool": 6}
+    assert "(6 of 6 from the pool)" in _row("pool", {**pooled, "n_pooled": 6})
+    assert "(3 of 3 from the pool)" in _row("pool", {**pooled, "from_pool": 3})
