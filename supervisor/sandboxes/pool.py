@@ -96,9 +96,8 @@ class WarmPool:
         self._taken_at = -math.inf
         """The loop's time of the last take (the filler waits REFILL_AFTER_S past it)."""
         self._task: asyncio.Task[None] | None = None
-        self._closing = False
-        self._closed = asyncio.Event()
-        """Set by close(): ends the filler's wait after a take at once."""
+        self._closing = asyncio.Event()
+        """Set by close(): the filler stops, its wait after a take ended at once."""
 
     @property
     def profiles(self) -> tuple[SandboxProfile, ...]:
@@ -118,8 +117,7 @@ class WarmPool:
     async def close(self) -> None:
         """Let a container being made join first, then remove every pool container."""
         if self._task is not None:
-            self._closing = True
-            self._closed.set()
+            self._closing.set()
             self._wanted.set()
             limit = self._config.sandbox.start_timeout_s + POOL_CLOSE_S
             with contextlib.suppress(TimeoutError):
@@ -226,12 +224,12 @@ class WarmPool:
 
     async def _fill(self) -> None:
         loop = asyncio.get_running_loop()
-        while not self._closing:
+        while not self._closing.is_set():
             await self._wanted.wait()
             while (wait := self._taken_at + REFILL_AFTER_S - loop.time()) > 0:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._closed.wait(), wait)
-                if self._closing:
+                    await asyncio.wait_for(self._closing.wait(), wait)
+                if self._closing.is_set():
                     return
             self._wanted.clear()
             for pooled in list(self.ready):
@@ -245,7 +243,7 @@ class WarmPool:
     async def _top_up(self, profile: SandboxProfile, size: int) -> bool:
         """Make containers of `profile` until it has `size`; False when one failed."""
         while sum(profile_of(c) == profile.name for c in self.ready) < size:
-            if self._closing:
+            if self._closing.is_set():
                 return False
             try:
                 hk, state_dir = self._config.housekeeping, self._config.state_dir

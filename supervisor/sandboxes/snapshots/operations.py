@@ -214,8 +214,7 @@ class Snapshots:
                 parts.quotas.admit(key)
                 parts.starting.add(key)
             # held while in use: the store removes it if this process dies before its delete
-            hold = await self.held.run(owner, self.store.hold_transient, owner, name)
-            try:
+            with await self.held.run(owner, self.store.hold_transient, owner, name):
                 taken = await self._capture(source, name, include_tmp, 0)
                 network, profile = self._inventory.settings_of(source)
                 try:
@@ -229,8 +228,6 @@ class Snapshots:
                 finally:  # what it added, left unused, goes; nothing else can have been
                     drop = functools.partial(self.store.delete, added=taken.added)
                     await self.held.run(owner, drop, owner, name)
-            finally:
-                hold.release()
             failed = [e for e in done if isinstance(e, BaseException)]
             if failed:
                 raise failed[0]

@@ -149,6 +149,12 @@ class TransientHold:
     def __init__(self, path: Path, fd: int) -> None:
         self.path, self._fd = path, fd
 
+    def __enter__(self) -> TransientHold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
     def release(self) -> None:
         if self._fd < 0:
             return
@@ -165,9 +171,12 @@ def _drop_unheld_transients(base: Path) -> bool:
     collection). Called with the owner's store lock held."""
     manifests = base / "manifests"
     dropped = False
-    names = {p.name.removesuffix(".json.gz") for p in manifests.glob(f"{FORK_PREFIX}*.json.gz")}
-    held = manifests.glob(f"{FORK_PREFIX}*{HOLD_SUFFIX}")
-    names |= {p.name.removesuffix(HOLD_SUFFIX) for p in held}
+    with os.scandir(manifests) as found:  # one pass: every store operation comes here
+        names = {
+            e.name.removesuffix(".json.gz").removesuffix(HOLD_SUFFIX)
+            for e in found
+            if e.name.startswith(FORK_PREFIX)
+        }
     for name in names:
         hold = manifests / f"{name}{HOLD_SUFFIX}"
         try:
