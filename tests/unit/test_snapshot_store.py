@@ -480,24 +480,61 @@ def test_a_hold_is_refused_for_a_name_held_already_or_not_transient(
         store.hold_transient("t", "~fork-0003")
     with pytest.raises(InvalidRequest):
         store.hold_transient("t", "../x")
-    with pytest.raises(InvalidRequest, match="only a fork's capture"):
+    with pytest.raises(InvalidRequest, match="only a fork's or a diff's capture"):
         store.hold_transient("t", "~ckpt-0001")
+    with pytest.raises(InvalidRequest, match="only a fork's or a diff's capture"):
+        store.hold_transient("t", "listed")
     hold.release()
     hold.release()  # twice: nothing more happens
 
 
-def test_other_transient_captures_are_never_taken_for_a_dead_fork_s(
+def test_a_checkpoint_is_never_taken_for_a_dead_process_s_capture(
     store: SnapshotStore, tmp_path: Path
 ) -> None:
-    """A checkpoint (`~ckpt-`, kept for undo) and a checkpoint diff's capture (`~now-`) are
-    held by nobody in this sense: they stay."""
+    """A checkpoint (`~ckpt-`) is kept for undo with nobody holding it: it stays, with its
+    content, through the sweep that removes a dead diff's capture beside it."""
     tree = tmp_path / "w"
     tree.mkdir()
     (tree / "f").write_text("a checkpoint's content")
     _transient(store, tree, "~ckpt-00aa")
-    _transient(store, tree, "~now-00bb")
+    _transient(store, tree, "~now-00bb")  # no lock file: left by a process that died
     store.capture("t", "next", tree)
-    assert _manifests(store) == {"~ckpt-00aa.json.gz", "~now-00bb.json.gz", "next.json.gz"}
+    assert _manifests(store) == {"~ckpt-00aa.json.gz", "next.json.gz"}
+    store.delete("t", "next")
+    assert hashlib.sha256(b"a checkpoint's content").hexdigest() in _objects_in(store)
+
+
+def test_a_checkpoint_diff_s_capture_is_held_as_a_fork_s(
+    store: SnapshotStore, tmp_path: Path
+) -> None:
+    """A diff's capture of now (`~now-`, checkpoints.py) whose process died goes with the
+    content only it used; a live diff's, held, stays through the same operation."""
+    tree = tmp_path / "w"
+    tree.mkdir()
+    store.capture("t", "kept", tree)
+    (tree / "dead").write_text("only the dead diff's capture has this")
+    dead = store.hold_transient("t", "~now-00dd")
+    _transient(store, tree, "~now-00dd")
+    (tree / "dead").unlink()
+    (tree / "live").write_text("only the live diff's capture has this")
+    live = store.hold_transient("t", "~now-00ee")
+    _transient(store, tree, "~now-00ee")
+    (tree / "live").unlink()
+    os.close(dead._fd)  # the process died: its flock is gone, its files are not
+    dead._fd = -1
+    store.capture("t", "next", tree)
+    assert _manifests(store) == {
+        "kept.json.gz", "next.json.gz", "~now-00ee.json.gz", "~now-00ee.held",
+    }  # fmt: skip
+    kept = _objects_in(store)
+    assert hashlib.sha256(b"only the dead diff's capture has this").hexdigest() not in kept
+    assert hashlib.sha256(b"only the live diff's capture has this").hexdigest() in kept
+    store.delete("t", "~now-00ee")
+    live.release()
+    assert _manifests(store) == {"kept.json.gz", "next.json.gz"}
+    assert hashlib.sha256(b"only the live diff's capture has this").hexdigest() not in (
+        _objects_in(store)
+    )
 
 
 def test_a_planted_link_as_a_lock_file_is_not_followed(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -41,7 +42,7 @@ from stockade.supervisor.sandboxes.snapshots.capture import Cache, Known
 from stockade.supervisor.sandboxes.snapshots.diffs import TreeDiff, diff_trees
 from stockade.supervisor.sandboxes.snapshots.held import acquired
 from stockade.supervisor.sandboxes.snapshots.operations import Snapshots, owner_of
-from stockade.supervisor.sandboxes.snapshots.repository import SnapshotStore
+from stockade.supervisor.sandboxes.snapshots.repository import NOW_PREFIX, SnapshotStore
 
 log = logging.getLogger("stockade.checkpoints")
 MiB: Final = 1 << 20
@@ -248,16 +249,20 @@ class Checkpoints:
     async def _diff(self, key: str, owner: str, point: Checkpoint) -> TreeDiff:
         """What changed since the checkpoint: a transient capture of now, compared."""
         freeze = self._parts.config.checkpoints.freeze
-        now = f"~now-{secrets.token_hex(8)}"
-        await self._snapshots._capture(key, now, False, 0, precopy=False, freeze=freeze)
-        try:
-            before = await asyncio.to_thread(self.store.tree, owner, point.name)
-            after = await asyncio.to_thread(self.store.tree, owner, now)
-            return await asyncio.to_thread(
-                diff_trees, before, after, lambda d, n: self.store.content(owner, d, n)
-            )
-        finally:
-            await self._snapshots.held.run(owner, self.store.delete, owner, now)
+        now = f"{NOW_PREFIX}{secrets.token_hex(8)}"
+        held = self._snapshots.held
+        # held while in use: the store removes it if this process dies before its delete
+        with await held.run(owner, self.store.hold_transient, owner, now):
+            taken = await self._snapshots._capture(key, now, False, 0, precopy=False, freeze=freeze)
+            try:
+                before = await asyncio.to_thread(self.store.tree, owner, point.name)
+                after = await asyncio.to_thread(self.store.tree, owner, now)
+                return await asyncio.to_thread(
+                    diff_trees, before, after, lambda d, n: self.store.content(owner, d, n)
+                )
+            finally:  # what it added, left unused, goes (a fork's capture is deleted so too)
+                drop = functools.partial(self.store.delete, added=taken.added)
+                await held.run(owner, drop, owner, now)
 
     async def _restore(self, key: str, owner: str, point: Checkpoint) -> None:
         snaps, parts = self._snapshots, self._parts

@@ -135,11 +135,15 @@ class Snapshot:
 
 
 HOLD_SUFFIX: Final = ".held"
-"""A fork's capture's lock file: manifests/NAME.held (SnapshotStore.hold_transient)."""
+"""A held capture's lock file: manifests/NAME.held (SnapshotStore.hold_transient)."""
 FORK_PREFIX: Final = "~fork-"
-"""The names of forks' captures, the transient captures that are held while in use; never
-another transient's (a checkpoint, `~ckpt-`, is kept for undo; `~now-`, a checkpoint diff's,
-is checkpoints.py's)."""
+"""The names of forks' captures (operations.py), held while in use."""
+NOW_PREFIX: Final = "~now-"
+"""The names of a checkpoint diff's capture of now (checkpoints.py), held while in use."""
+HELD_PREFIXES: Final = (FORK_PREFIX, NOW_PREFIX)
+"""The transient captures that live only while a call uses them, held meanwhile: one nobody
+holds was left by a process that died. Never a checkpoint's (`~ckpt-`), which is kept for
+undo with no process holding it."""
 
 
 class TransientHold:
@@ -165,8 +169,9 @@ class TransientHold:
 
 
 def _drop_unheld_transients(base: Path) -> bool:
-    """Remove the forks' captures (FORK_PREFIX) nobody holds (a lock file that can be
-    locked, or none at all beside the manifest: a process that died mid-fork) and lock files
+    """Remove the held kinds of transient captures (HELD_PREFIXES: a fork's, a checkpoint
+    diff's) nobody holds (a lock file that can be locked, or none at all beside the
+    manifest: a process that died mid-fork or mid-diff) and lock files
     left without a manifest; whether a manifest was removed (its content then wants a
     collection). Called with the owner's store lock held."""
     manifests = base / "manifests"
@@ -175,7 +180,7 @@ def _drop_unheld_transients(base: Path) -> bool:
         names = {
             e.name.removesuffix(".json.gz").removesuffix(HOLD_SUFFIX)
             for e in found
-            if e.name.startswith(FORK_PREFIX)
+            if e.name.startswith(HELD_PREFIXES)
         }
     for name in names:
         hold = manifests / f"{name}{HOLD_SUFFIX}"
@@ -192,11 +197,11 @@ def _drop_unheld_transients(base: Path) -> bool:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    continue  # a live fork's
+                    continue  # a live fork's or diff's
             with contextlib.suppress(FileNotFoundError):
                 (manifests / f"{name}.json.gz").unlink()
                 dropped = True
-                log.warning("snapshot store: removed %s, a fork's capture left unheld", name)
+                log.warning("snapshot store: removed %s, a transient capture left unheld", name)
             with contextlib.suppress(FileNotFoundError):
                 hold.unlink()
         finally:
@@ -434,14 +439,15 @@ class SnapshotStore:
             return None
 
     def hold_transient(self, owner: str, name: str) -> TransientHold:
-        """Hold the fork's capture `name` (FORK_PREFIX) for as long as it is in use: a lock
-        file beside its manifest, locked (flock) until release(). The store removes a fork's
-        capture that nobody holds (its process died mid-fork) with the content only it used,
-        at the owner's next operation (_open)."""
+        """Hold the transient capture `name` (a fork's or a checkpoint diff's: HELD_PREFIXES)
+        for as long as it is in use: a lock file beside its manifest, locked (flock) until
+        release(). The store removes such a capture that nobody holds (its process died
+        mid-fork or mid-diff) with the content only it used, at the owner's next operation
+        (_open)."""
         _check(owner, "owner")
         _check(name, "snapshot name", transient=True)
-        if not name.startswith(FORK_PREFIX):
-            raise InvalidRequest(f"only a fork's capture is held, not {name!r}")
+        if not name.startswith(HELD_PREFIXES):
+            raise InvalidRequest(f"only a fork's or a diff's capture is held, not {name!r}")
         with self._owner(owner) as base:
             path = base / "manifests" / f"{name}{HOLD_SUFFIX}"
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
