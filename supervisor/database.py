@@ -15,7 +15,7 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 Dialect = Literal["sqlite", "postgresql"]
 Kind = Literal["id", "time", "text", "count", "flag"]
@@ -92,6 +92,13 @@ class AuditIndex:
         )
 
 
+DECIDED: Final = ("allow-once", "allow-always", "deny", "timeout")
+"""The `approval` of a call an approver decided, or that timed out waiting for one
+(policy/approvals.py's DECISIONS, and the timeout): what the console's approvals page lists."""
+DECIDED_SQL: Final = f"approval IN ({', '.join(repr(d) for d in DECIDED)})"
+"""The filter of a decided call, as literals: a query with it uses the partial index
+audit_tenant_decided (SQLite uses a partial index only for a WHERE that implies the index's)."""
+
 AUDIT_INDEXES = (
     AuditIndex("audit_time", ("time",)),
     AuditIndex("audit_tenant_time", ("tenant", "time")),
@@ -99,6 +106,7 @@ AUDIT_INDEXES = (
     AuditIndex("audit_tenant_tool_time", ("tenant", "tool", "time")),
     AuditIndex("audit_tenant_agent_time", ("tenant", "agent_id", "time")),
     AuditIndex("audit_tenant_errors", ("tenant", "time"), "is_error = 1"),
+    AuditIndex("audit_tenant_decided", ("tenant", "time"), DECIDED_SQL),
 )
 """The same in both dialects (the same SQL too). They serve the filters of `stockade audit`
 and ListAudit, newest first: every query names a tenant, so each index starts with it and

@@ -208,7 +208,10 @@ async def test_a_database_of_an_older_version_is_migrated_and_trimmed(tmp_path: 
     mode = db.execute("PRAGMA journal_mode").fetchone()[0]
     db.close()
     assert "audit_key_time" not in indexes
-    assert {"audit_tenant_key_time", "audit_tenant_tool_time", "audit_tenant_errors"} <= indexes
+    assert {
+        "audit_tenant_key_time", "audit_tenant_tool_time", "audit_tenant_errors",
+        "audit_tenant_decided",
+    } <= indexes  # fmt: skip
     assert mode == "wal"
 
 
@@ -224,6 +227,8 @@ PLANS = [
         "audit_tenant_key_time",
     ),
     (AuditQuery(tool="exec", errors_only=True), "audit_tenant_errors"),
+    (AuditQuery(decided_only=True), "audit_tenant_decided"),
+    (AuditQuery(decided_only=True, errors_only=True, tool="exec"), "audit_tenant_decided"),
     (AuditQuery(tool="exec", agent_id="a"), "audit_tenant_agent_time"),
 ]
 

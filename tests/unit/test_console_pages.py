@@ -6,6 +6,7 @@ sandbox manager's stand-in are test_console.py's."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from typing import Any
@@ -13,12 +14,14 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from stockade.supervisor import database
 from stockade.supervisor.fronts.console.app import build_app
 from stockade.supervisor.fronts.console.context import ConsoleContext
 from stockade.supervisor.fronts.console.overview import quantile
 from stockade.supervisor.keys import scope
 from stockade.supervisor.observe.audit import AuditRecord
 from stockade.supervisor.observe.telemetry import CallObservation
+from stockade.supervisor.policy.approvals import DECISIONS
 from tests.unit.test_console import ALICE, BOB, OPS, ORIGIN, csrf_of, info, login, stand_in
 from tests.unit.test_console import client as client  # the fixtures
 from tests.unit.test_console import ctx as ctx
@@ -125,6 +128,49 @@ def test_an_approval_is_decided_from_the_console(client: TestClient, ctx: Consol
     assert outcome.allowed
     assert outcome.how == "allow-once"
     assert outcome.approver == "console:tenant:alice"
+
+
+def test_the_decided_list_finds_decisions_behind_many_later_calls(
+    client: TestClient, ctx: ConsoleContext
+) -> None:
+    """Each decided call (an approver's decision or a timeout), however many calls came after
+    it, newest first across the watched tenants; never another tenant's for a tenant user;
+    and a call that needed no approver, or was allowlisted or withdrawn, is not one."""
+    audit = ctx.policy.audit
+    assert audit is not None
+    start = time.time() - 10_000
+    for n, (tenant, approval, command) in enumerate(
+        [
+            ("alice", "deny", "rm -rf /old"),
+            ("bob", "allow-once", "bobs decided command"),
+            ("alice", "timeout", "sudo reboot"),
+            ("alice", "allowlist", "allowlisted command"),
+            ("alice", "withdrawn", "withdrawn command"),
+        ]
+    ):
+        audit.record(
+            dataclasses.replace(
+                record(tenant, "a1", "exec"), time=start + n, approval=approval,
+                arguments_json=json.dumps({"command": command}),
+            )
+        )  # fmt: skip
+    for n in range(600):  # more than the 500 latest calls the list once looked through
+        audit.record(dataclasses.replace(record("alice", "a1", "exec"), time=start + 100 + n))
+    audit.flush()
+    login(client, ALICE)
+    decided = client.get("/approvals").text.split('id="decided"', 1)[1]
+    assert decided.count("<tr><td>") == 2, decided
+    assert decided.index("sudo reboot") < decided.index("rm -rf /old")  # newest first
+    for other in ("bobs decided command", "allowlisted command", "withdrawn command", ">ls<"):
+        assert other not in decided
+    login(client, OPS)
+    decided = client.get("/approvals").text.split('id="decided"', 1)[1]
+    assert decided.count("<tr><td>") == 3, decided
+    assert "bobs decided command" in decided
+
+
+def test_the_decided_filter_is_every_decision_and_the_timeout() -> None:
+    assert (*DECISIONS, "timeout") == database.DECIDED
 
 
 def login_other(ctx: ConsoleContext, token: str) -> TestClient:

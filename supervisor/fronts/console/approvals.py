@@ -220,9 +220,10 @@ async def decided(ctx: ConsoleContext, tenants: list[str]) -> str:
     if audit is None:
         return "<p>The audit log is off.</p>"
     found = []
-    for tenant in tenants:
-        records = await audit.query(AuditQuery(tenant=tenant, limit=500))
-        found += [r for r in records if r.approval in (*DECISIONS, "timeout")]
+    for tenant in tenants:  # each its newest decided, through their index: however old
+        found += await audit.query(
+            AuditQuery(tenant=tenant, decided_only=True, limit=DECIDED_SHOWN)
+        )
     found.sort(key=lambda r: -r.time)
     return table(
         ("Time", "Tenant", "Key", "Command", "Decision", "Decided by"),
