@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -249,20 +248,13 @@ class Checkpoints:
     async def _diff(self, key: str, owner: str, point: Checkpoint) -> TreeDiff:
         """What changed since the checkpoint: a transient capture of now, compared."""
         freeze = self._parts.config.checkpoints.freeze
-        now = f"{NOW_PREFIX}{secrets.token_hex(8)}"
-        held = self._snapshots.held
-        # held while in use: the store removes it if this process dies before its delete
-        with await held.run(owner, self.store.hold_transient, owner, now):
-            taken = await self._snapshots._capture(key, now, False, 0, precopy=False, freeze=freeze)
-            try:
-                before = await asyncio.to_thread(self.store.tree, owner, point.name)
-                after = await asyncio.to_thread(self.store.tree, owner, now)
-                return await asyncio.to_thread(
-                    diff_trees, before, after, lambda d, n: self.store.content(owner, d, n)
-                )
-            finally:  # what it added, left unused, goes (a fork's capture is deleted so too)
-                drop = functools.partial(self.store.delete, added=taken.added)
-                await held.run(owner, drop, owner, now)
+        snaps = self._snapshots
+        async with snaps.held_capture(key, owner, NOW_PREFIX, precopy=False, freeze=freeze) as now:
+            before = await asyncio.to_thread(self.store.tree, owner, point.name)
+            after = await asyncio.to_thread(self.store.tree, owner, now.snapshot.name)
+            return await asyncio.to_thread(
+                diff_trees, before, after, lambda d, n: self.store.content(owner, d, n)
+            )
 
     async def _restore(self, key: str, owner: str, point: Checkpoint) -> None:
         snaps, parts = self._snapshots, self._parts

@@ -207,27 +207,20 @@ class Snapshots:
         self._check_new(source, new_keys)
         parts = self._parts
         owner = owner_of(tenant)
-        name = f"{FORK_PREFIX}{secrets.token_hex(8)}"
         made: list[str] = []
         try:
             for key in new_keys:  # each counts against the tenant's sandboxes from now on
                 parts.quotas.admit(key)
                 parts.starting.add(key)
-            # held while in use: the store removes it if this process dies before its delete
-            with await self.held.run(owner, self.store.hold_transient, owner, name):
-                taken = await self._capture(source, name, include_tmp, 0)
+            async with self.held_capture(source, owner, FORK_PREFIX, include_tmp) as taken:
                 network, profile = self._inventory.settings_of(source)
-                try:
-                    done = await asyncio.gather(
-                        *(
-                            self._fork_one(k, source, owner, taken.snapshot, made, network, profile)
-                            for k in new_keys
-                        ),
-                        return_exceptions=True,
-                    )
-                finally:  # what it added, left unused, goes; nothing else can have been
-                    drop = functools.partial(self.store.delete, added=taken.added)
-                    await self.held.run(owner, drop, owner, name)
+                done = await asyncio.gather(
+                    *(
+                        self._fork_one(k, source, owner, taken.snapshot, made, network, profile)
+                        for k in new_keys
+                    ),
+                    return_exceptions=True,
+                )
             failed = [e for e in done if isinstance(e, BaseException)]
             if failed:
                 raise failed[0]
@@ -261,6 +254,30 @@ class Snapshots:
             )
 
     # --- capture -------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def held_capture(
+        self,
+        key: str,
+        owner: str,
+        prefix: str,
+        include_tmp: bool = False,
+        *,
+        precopy: bool = True,
+        freeze: bool = True,
+    ) -> AsyncIterator[Taken]:
+        """A transient capture of `key` (named `prefix`: a fork's, an undo diff's) for the
+        block's length: held meanwhile (SnapshotStore.hold_transient: the store removes it
+        if this process dies before its delete), then deleted by what it added (only that
+        can have been left unused)."""
+        name = f"{prefix}{secrets.token_hex(8)}"
+        with await self.held.run(owner, self.store.hold_transient, owner, name):
+            taken = await self._capture(key, name, include_tmp, 0, precopy=precopy, freeze=freeze)
+            try:
+                yield taken
+            finally:
+                drop = functools.partial(self.store.delete, added=taken.added)
+                await self.held.run(owner, drop, owner, name)
 
     async def _capture(
         self,

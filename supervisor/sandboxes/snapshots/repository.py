@@ -169,11 +169,11 @@ class TransientHold:
 
 
 def _drop_unheld_transients(base: Path) -> bool:
-    """Remove the held kinds of transient captures (HELD_PREFIXES: a fork's, a checkpoint
-    diff's) nobody holds (a lock file that can be locked, or none at all beside the
-    manifest: a process that died mid-fork or mid-diff) and lock files
-    left without a manifest; whether a manifest was removed (its content then wants a
-    collection). Called with the owner's store lock held."""
+    """Remove the held kinds of transient captures (HELD_PREFIXES: a fork's, an undo
+    diff's) that nobody holds (a lock file that can be locked, or none beside the manifest:
+    a process that died mid-fork or mid-diff), and lock files left without a manifest;
+    whether a manifest was removed (its content then wants a collection). Called with the
+    owner's store lock held."""
     manifests = base / "manifests"
     dropped = False
     with os.scandir(manifests) as found:  # one pass: every store operation comes here
