@@ -93,8 +93,9 @@ def test_an_undo_s_diff_cut_by_the_supervisor_s_death_is_removed_after_the_resta
         with sup.client() as c:
             assert c.sandbox("src").exec(MANY).exit_code == 0
             assert c.sandbox("src").exec(CHANGE_ALL).exit_code == 0
-            deadline = time.monotonic() + 30  # its manifest is written beside the call
-            while len(points := transient(sup, "~ckpt-")) < 1:
+            deadline = time.monotonic() + 30  # its manifest is written beside the call (a
+            # .json.tmp renamed once whole)
+            while not (points := [n for n in transient(sup, "~ckpt-") if n.endswith(".gz")]):
                 assert time.monotonic() < deadline, "no checkpoint before the second command"
                 time.sleep(0.01)
             assert len(points) == 1, points  # the first command made the sandbox: none then
